@@ -1,0 +1,136 @@
+"""Frozen configuration with documented presets.
+
+Three presets, in the spirit of memberlist's: ``lan()`` for wired machines on one switch,
+``wifi()`` for laptops and Raspberry Pis on a lossy, bursty radio, ``local()`` for several
+fellows on one machine (tests, the demo). Every field carries its unit in its name.
+Derive a variant with ``dataclasses.replace``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from p2pswarm.errors import ConfigError
+
+DEFAULT_PORT = 7946
+
+
+@dataclass(frozen=True, slots=True)
+class TransportConfig:
+    max_datagram_bytes: int = 1400  # largest sealed datagram we send; fits one Ethernet MTU
+    max_frame_bytes: int = 64 * 1024 * 1024  # largest stream frame accepted (tensors, state)
+    stream_connect_timeout_s: float = 5.0  # giving up on a TCP connect
+    stream_idle_timeout_s: float = 60.0  # closing a stream that says nothing this long
+    receive_queue_datagrams: int = 1024  # datagrams buffered before new ones are dropped
+
+
+@dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    replay_window_datagrams: int = 1024  # sequence numbers remembered per sender epoch
+    handshake_timeout_s: float = 5.0  # a stream handshake must finish within this
+
+
+@dataclass(frozen=True, slots=True)
+class GossipConfig:
+    """SWIM + Lifeguard timing (see p2pswarm.membership)."""
+
+    probe_interval_s: float = 1.0  # one member probed per interval
+    probe_timeout_s: float = 0.5  # wait for a direct ack before asking others
+    indirect_checks: int = 3  # fellows asked to ping-req a target that missed its ack
+    suspicion_mult: float = 4.0  # suspicion timeout = mult * log10(max(N, 10)) * interval
+    suspicion_max_timeout_mult: float = 6.0  # upper bound of suspicion as a multiple of it
+    retransmit_mult: int = 4  # piggyback each update mult * log10(N + 1) times
+    gossip_interval_s: float = 0.2  # how often buffered updates are pushed to random fellows
+    gossip_nodes: int = 3  # fellows each gossip round goes to
+    push_pull_interval_s: float = 30.0  # full-state anti-entropy with one random fellow
+    awareness_max_multiplier: int = 8  # Lifeguard local health: probe slows up to this x
+    dead_reap_after_s: float = 60.0  # tombstone time before a dead member is forgotten
+    join_retry_max_s: float = 30.0  # upper bound of the backoff between join attempts
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionConfig:
+    election_timeout_min_s: float = 1.5  # a follower waits at least this long without a leader
+    election_timeout_max_s: float = 3.0  # ... and at most this long (randomised)
+    heartbeat_interval_s: float = 0.5  # leader's heartbeat period
+    leader_lease_s: float = 4.0  # a leader steps down after this long without a majority
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryConfig:
+    refresh_interval_s: float = 5.0  # how often cards are read again
+    gossip_step_bytes: int = 64 * 1024 * 1024  # memory moves smaller than this are not gossiped
+
+
+@dataclass(frozen=True, slots=True)
+class SwarmConfig:
+    preset: str = "lan"  # the preset this was derived from, for status output
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    gossip: GossipConfig = field(default_factory=GossipConfig)
+    election: ElectionConfig = field(default_factory=ElectionConfig)
+    inventory: InventoryConfig = field(default_factory=InventoryConfig)
+
+
+def lan() -> SwarmConfig:
+    """Wired machines on one switch: memberlist's LAN timings."""
+    return SwarmConfig(preset="lan")
+
+
+def wifi() -> SwarmConfig:
+    """Laptops and Pis on a radio that drops bursts of packets.
+
+    Probes go out as often as on a LAN (detection speed), but a member must miss acks
+    for longer before it is declared dead, because a burst of loss on a radio can last
+    a few seconds and every confirmation behind the same radio is lost together.
+    """
+    return SwarmConfig(
+        preset="wifi",
+        gossip=GossipConfig(
+            probe_timeout_s=0.5,
+            indirect_checks=4,
+            suspicion_mult=5.0,
+            retransmit_mult=5,
+            gossip_nodes=4,
+            push_pull_interval_s=20.0,
+        ),
+        election=ElectionConfig(election_timeout_min_s=2.0, election_timeout_max_s=4.0,
+                                leader_lease_s=6.0),
+    )
+
+
+def local() -> SwarmConfig:
+    """Several fellows on one machine: short timeouts, frequent anti-entropy."""
+    return SwarmConfig(
+        preset="local",
+        gossip=GossipConfig(
+            probe_interval_s=0.5,
+            probe_timeout_s=0.2,
+            suspicion_mult=3.0,
+            gossip_interval_s=0.1,
+            push_pull_interval_s=10.0,
+            dead_reap_after_s=30.0,
+        ),
+        election=ElectionConfig(election_timeout_min_s=0.5, election_timeout_max_s=1.0,
+                                heartbeat_interval_s=0.2, leader_lease_s=2.0),
+        inventory=InventoryConfig(refresh_interval_s=2.0),
+    )
+
+
+PRESETS = {"lan": lan, "wifi": wifi, "local": local}
+
+
+def preset(name: str) -> SwarmConfig:
+    """The preset called ``name``, or a ConfigError that lists the choices."""
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ConfigError(
+            f"unknown preset {name!r}: use one of {', '.join(sorted(PRESETS))}"
+        ) from None
+
+
+__all__ = [
+    "DEFAULT_PORT", "TransportConfig", "SecurityConfig", "GossipConfig", "ElectionConfig",
+    "InventoryConfig", "SwarmConfig", "lan", "wifi", "local", "preset", "replace",
+]

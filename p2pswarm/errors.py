@@ -1,0 +1,89 @@
+"""One error tree for everything p2pswarm raises on purpose.
+
+    SwarmError
+    ├── ProtocolError
+    │   ├── LocalProtocolError      we were about to send something invalid (a bug here)
+    │   └── RemoteProtocolError     a peer sent something invalid; drop it and count it
+    │       ├── VersionMismatch     the peer speaks a protocol major version we do not
+    │       └── AuthenticationError the bytes are not sealed under a key we hold,
+    │                               tampered with, replayed, or badly signed
+    ├── TransportError              sockets and streams: refused, reset, closed, timed out
+    ├── ConfigError                 bad settings, bad arguments, unusable state directory
+    │   └── TokenError              a join token that is mistyped or malformed
+    ├── ControlError                the local agent could not be reached or refused a request
+    └── PlacementError              the planner cannot place what was asked
+        └── PlanChanged             a pinned plan_id no longer matches the live view (409)
+
+Only the CLI turns these into exit codes and text. OS and trio errors are translated at
+the transport boundary with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SwarmError(Exception):
+    """Root of every error p2pswarm raises on purpose."""
+
+
+class ProtocolError(SwarmError):
+    """Something on the wire does not follow the protocol."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason  # short machine-readable reason, used as a counter key
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class LocalProtocolError(ProtocolError):
+    """We tried to encode or send something the protocol does not allow."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """A peer sent bytes that do not decode to a valid message."""
+
+
+class VersionMismatch(RemoteProtocolError):
+    """The peer speaks a protocol major version this node does not."""
+
+
+class AuthenticationError(RemoteProtocolError):
+    """Wrong key, tampered bytes, a replay, or a bad signature."""
+
+
+class TransportError(SwarmError):
+    """A datagram or stream operation failed."""
+
+
+class ConfigError(SwarmError):
+    """Bad configuration, arguments or state directory; the message says how to fix it."""
+
+
+class TokenError(ConfigError):
+    """A join token that cannot be used."""
+
+
+class ControlError(SwarmError):
+    """The local control API could not be reached, or refused the request."""
+
+
+class PlacementError(SwarmError):
+    """The planner cannot place what was asked."""
+
+
+class PlanChanged(PlacementError):
+    """A pinned plan no longer matches the live view: HTTP-style code 409."""
+
+    code = 409
+
+    def __init__(self, expected_plan_id: str, new_plan_id: str, changes: list[str],
+                 new_plan: Any = None) -> None:
+        self.expected_plan_id = expected_plan_id
+        self.new_plan_id = new_plan_id
+        self.changes = list(changes)
+        self.new_plan = new_plan
+        what = "; ".join(self.changes) if self.changes else "the live view differs"
+        super().__init__(
+            f"plan-changed (409): plan {expected_plan_id} is now {new_plan_id}: {what}"
+        )

@@ -1,0 +1,68 @@
+"""The Transport protocol: unreliable datagrams for gossip, framed streams for the rest.
+
+Two implementations ship in the package: ``UdpTcpTransport`` (real sockets, trio) and
+``MemoryNetwork`` (in-memory, virtual time, with loss, delay, partitions). The agent only
+sees this protocol, so the same agent runs on a real network and in simulation.
+
+Addresses are strings ``"host:port"``. Streams carry whole frames (bytes objects), not a
+byte stream: the TCP implementation adds a 4-byte length prefix, the memory one passes
+frames through a bounded channel. Security (sealing, handshakes) sits above this layer.
+"""
+
+from __future__ import annotations
+
+from typing import Awaitable, Callable, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Stream(Protocol):
+    """One bidirectional, ordered, reliable connection carrying frames."""
+
+    @property
+    def peer_addr(self) -> str: ...
+
+    async def send_frame(self, frame: bytes) -> None:
+        """Send one frame; blocks while the peer is not reading (backpressure).
+
+        Raises TransportError if the stream is closed or broken, or the frame is larger
+        than the transport's ``max_frame_bytes``.
+        """
+
+    async def receive_frame(self) -> bytes:
+        """The next frame. Raises TransportError when the peer closed or the stream broke."""
+
+    async def aclose(self) -> None:
+        """Close; idempotent. A blocked receive_frame on the other end raises TransportError."""
+
+
+StreamHandler = Callable[[Stream], Awaitable[None]]
+
+
+@runtime_checkable
+class Transport(Protocol):
+    @property
+    def local_addr(self) -> str:
+        """The address fellows reach this node at (bound port resolved)."""
+
+    async def send_datagram(self, addr: str, data: bytes) -> None:
+        """Best effort: may be lost, duplicated or reordered; never blocks for long.
+
+        Raises TransportError only for a local problem (closed transport, datagram too
+        large); an unreachable peer is silent.
+        """
+
+    async def receive_datagram(self) -> tuple[bytes, str]:
+        """The next datagram and the address it came from."""
+
+    async def open_stream(self, addr: str) -> Stream:
+        """Connect to a fellow's stream listener; TransportError if it cannot."""
+
+    async def serve_streams(self, handler: StreamHandler, *, task_status=...) -> None:  # type: ignore[no-untyped-def]
+        """Accept streams forever, running ``handler(stream)`` for each in its own task.
+
+        Calls ``task_status.started()`` once listening. A handler's exception is logged and
+        closes that stream only. The handler owns the stream and should close it.
+        """
+
+    async def aclose(self) -> None:
+        """Stop receiving and sending; idempotent."""

@@ -1,0 +1,17 @@
+"""Message types and their codec. Importing this package registers every message."""
+
+from p2pswarm.wire import base  # noqa: F401  (registers tags 0-9)
+from p2pswarm.wire.codec import (
+    PROTOCOL_MAJOR,
+    PROTOCOL_MINOR,
+    decode,
+    encode,
+    message,
+    message_types,
+    pack_compound,
+    struct,
+    tag_of,
+)
+
+__all__ = ["PROTOCOL_MAJOR", "PROTOCOL_MINOR", "decode", "encode", "message",
+           "message_types", "pack_compound", "struct", "tag_of"]

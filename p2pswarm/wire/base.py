@@ -1,0 +1,42 @@
+"""Messages every version and every fellow understands: refusal, ping and ack.
+
+Tag ranges (append-only, never reused): 0-9 here; 10-49 membership; 50-69 election;
+70-99 planning and loading; 100-149 serving; 150-199 training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from p2pswarm.wire.codec import message
+from p2pswarm.wire.schema import U16, U32, Addr, Name, NodeId, Reason
+
+
+@message(0)
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """'I will not talk to you, and here is why': layout frozen across protocol versions."""
+
+    major: U16
+    minor: U16
+    reason: Reason
+
+
+@message(1)
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """A fellow's plain liveness probe (before membership proper takes over)."""
+
+    seq: U32
+    node_id: NodeId
+    name: Name
+    addr: Addr
+
+
+@message(2)
+@dataclass(frozen=True, slots=True)
+class HelloAck:
+    seq: U32
+    node_id: NodeId
+    name: Name
+    addr: Addr

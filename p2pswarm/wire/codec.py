@@ -1,0 +1,310 @@
+"""The msgpack codec: frozen message values <-> validated bytes.
+
+An envelope is a msgpack array ``[major, minor, [[tag, [field, ...]], ...]]``: a protocol
+version, then one or more messages (several make a compound datagram). Decoding validates
+everything (types, arity, lengths, ranges, sizes) and raises ``RemoteProtocolError`` on
+anything else, never another exception: whatever a peer sends, the worst it can do is be
+dropped and counted. A peer with another major version gets ``VersionMismatch``, except for
+``Refusal`` (tag 0), whose layout is frozen for every version so a refusal always reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Callable, Iterable, TypeVar
+
+import msgpack
+
+from p2pswarm.errors import LocalProtocolError, RemoteProtocolError, VersionMismatch
+from p2pswarm.wire.schema import Items, Range, Size
+
+PROTOCOL_MAJOR = 1
+PROTOCOL_MINOR = 0
+
+DEFAULT_STR_CHARS = 1024
+DEFAULT_BYTES = 64 * 1024 * 1024
+DEFAULT_ITEMS = 4096
+MAX_DEPTH = 32
+
+Check = Callable[[Any], Any]  # validates a decoded value and returns the Python value
+Dump = Callable[[Any], Any]  # turns a Python value into msgpack-ready primitives
+
+M = TypeVar("M")
+
+
+class _Invalid(Exception):
+    """Internal: a field failed validation (turned into RemoteProtocolError at the edge)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Codec:
+    cls: type
+    tag: int | None
+    names: tuple[str, ...]
+    required: int  # fields without a default: a shorter array is invalid
+    checks: tuple[Check, ...]
+    dumps: tuple[Dump, ...]
+
+
+_BY_TAG: dict[int, _Codec] = {}
+_BY_CLASS: dict[type, _Codec] = {}
+
+
+def message(tag: int) -> Callable[[type[M]], type[M]]:
+    """Register a frozen dataclass as a top-level message with an append-only tag."""
+
+    def register(cls: type[M]) -> type[M]:
+        if tag in _BY_TAG:
+            raise TypeError(f"wire tag {tag} is already {_BY_TAG[tag].cls.__name__}")
+        codec = _build(cls, tag)
+        _BY_TAG[tag] = codec
+        return cls
+
+    return register
+
+
+def struct(cls: type[M]) -> type[M]:
+    """Register a frozen dataclass that travels only inside messages (no tag)."""
+    _build(cls, None)
+    return cls
+
+
+def tag_of(cls: type) -> int:
+    codec = _BY_CLASS.get(cls)
+    if codec is None or codec.tag is None:
+        raise LocalProtocolError("not-a-message", f"{cls.__name__} has no wire tag")
+    return codec.tag
+
+
+def message_types() -> dict[int, type]:
+    """Every registered message class by tag (for tests and docs)."""
+    return {tag: codec.cls for tag, codec in sorted(_BY_TAG.items())}
+
+
+# --- building validators from annotations ---------------------------------------------
+
+
+def _build(cls: type, tag: int | None) -> _Codec:
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.frozen:
+        raise TypeError(f"{cls.__name__} must be a frozen dataclass")
+    hints = typing.get_type_hints(cls, include_extras=True)
+    fields = dataclasses.fields(cls)
+    required = sum(
+        1 for f in fields
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+    checks, dumps = zip(*(_field(hints[f.name]) for f in fields)) if fields else ((), ())
+    codec = _Codec(cls, tag, tuple(f.name for f in fields), required, tuple(checks),
+                   tuple(dumps))
+    _BY_CLASS[cls] = codec
+    return codec
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _field(tp: Any, meta: tuple[Any, ...] = ()) -> tuple[Check, Dump]:
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        base, *extra = typing.get_args(tp)
+        return _field(base, meta + tuple(extra))
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) != len(typing.get_args(tp)) - 1 or len(args) != 1:
+            raise TypeError(f"only `X | None` unions are supported, not {tp}")
+        inner_check, inner_dump = _field(args[0], meta)
+
+        def check_optional(v: Any) -> Any:
+            return None if v is None else inner_check(v)
+
+        def dump_optional(v: Any) -> Any:
+            return None if v is None else inner_dump(v)
+
+        return check_optional, dump_optional
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) != 2 or args[1] is not Ellipsis:
+            raise TypeError(f"tuple fields must be tuple[X, ...], not {tp}")
+        most = next((m.high for m in meta if isinstance(m, Items)), DEFAULT_ITEMS)
+        item_check, item_dump = _field(args[0])
+
+        def check_tuple(v: Any) -> Any:
+            if type(v) is not list or len(v) > most:
+                raise _Invalid(f"expected a list of at most {most} items")
+            return tuple([item_check(x) for x in v])
+
+        def dump_tuple(v: Any) -> Any:
+            return [item_dump(x) for x in v]
+
+        return check_tuple, dump_tuple
+    if tp is bool:
+        def check_bool(v: Any) -> Any:
+            if type(v) is not bool:
+                raise _Invalid("expected a bool")
+            return v
+
+        return check_bool, _identity
+    if tp is int:
+        rng = next((m for m in meta if isinstance(m, Range)), Range(-(2**63), 2**64 - 1))
+        low, high = int(rng.low), int(rng.high)
+
+        def check_int(v: Any) -> Any:
+            if type(v) is not int or not low <= v <= high:
+                raise _Invalid(f"expected an int in [{low}, {high}]")
+            return v
+
+        return check_int, _identity
+    if tp is float:
+        rng = next((m for m in meta if isinstance(m, Range)), Range(-1e300, 1e300))
+        flow, fhigh = float(rng.low), float(rng.high)
+
+        def check_float(v: Any) -> Any:
+            if type(v) is int:
+                v = float(v)
+            if type(v) is not float or not flow <= v <= fhigh:  # NaN fails both comparisons
+                raise _Invalid(f"expected a number in [{flow}, {fhigh}]")
+            return v
+
+        return check_float, float
+    if tp is str or tp is bytes:
+        size = next((m for m in meta if isinstance(m, Size)),
+                    Size(0, DEFAULT_STR_CHARS if tp is str else DEFAULT_BYTES))
+        slow, shigh, kind = size.low, size.high, tp
+
+        def check_sized(v: Any) -> Any:
+            if type(v) is not kind or not slow <= len(v) <= shigh:
+                raise _Invalid(f"expected {kind.__name__} of length {slow}..{shigh}")
+            return v
+
+        return check_sized, _identity
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        codec = _BY_CLASS.get(tp)
+        if codec is None:
+            raise TypeError(f"{tp.__name__} must be registered with @struct before use")
+
+        def check_struct(v: Any) -> Any:
+            return _check_fields(codec, v)
+
+        def dump_struct(v: Any) -> Any:
+            return _dump_fields(codec, v)
+
+        return check_struct, dump_struct
+    raise TypeError(f"unsupported wire field type {tp!r}")
+
+
+def _check_fields(codec: _Codec, raw: Any) -> Any:
+    if type(raw) is not list:
+        raise _Invalid(f"{codec.cls.__name__}: expected a field list")
+    n = len(raw)
+    if n < codec.required or n > len(codec.names):
+        raise _Invalid(f"{codec.cls.__name__}: expected {codec.required}..{len(codec.names)}"
+                       f" fields, got {n}")
+    values = [check(v) for check, v in zip(codec.checks, raw)]
+    return codec.cls(*values)
+
+
+def _dump_fields(codec: _Codec, obj: Any) -> list[Any]:
+    if type(obj) is not codec.cls:
+        raise _Invalid(f"expected {codec.cls.__name__}, got {type(obj).__name__}")
+    return [dump(getattr(obj, name)) for dump, name in zip(codec.dumps, codec.names)]
+
+
+# --- envelopes ---------------------------------------------------------------------------
+
+
+def encode(*messages: Any, max_bytes: int | None = None) -> bytes:
+    """Encode one or more messages as one envelope; LocalProtocolError if invalid."""
+    if not messages:
+        raise LocalProtocolError("empty", "an envelope needs at least one message")
+    body = []
+    for msg in messages:
+        codec = _BY_CLASS.get(type(msg))
+        if codec is None or codec.tag is None:
+            raise LocalProtocolError("not-a-message", f"{type(msg).__name__} has no wire tag")
+        try:
+            fields = _dump_fields(codec, msg)
+            _check_fields(codec, fields)  # refuse to send what a peer would refuse
+        except _Invalid as exc:
+            raise LocalProtocolError("invalid-field", str(exc)) from None
+        body.append([codec.tag, fields])
+    data: bytes = msgpack.packb([PROTOCOL_MAJOR, PROTOCOL_MINOR, body], use_bin_type=True)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise LocalProtocolError("too-large", f"{len(data)} bytes, limit {max_bytes}")
+    return data
+
+
+def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES) -> list[Any]:
+    """Decode and validate an envelope; RemoteProtocolError on anything invalid."""
+    if len(data) > max_bytes:
+        raise RemoteProtocolError("too-large", f"{len(data)} bytes, limit {max_bytes}")
+    try:
+        top = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:  # msgpack raises many kinds; all mean "not our protocol"
+        raise RemoteProtocolError("malformed", type(exc).__name__) from None
+    if type(top) is not list or len(top) != 3 or type(top[0]) is not int \
+            or type(top[1]) is not int or type(top[2]) is not list or not top[2]:
+        raise RemoteProtocolError("malformed", "not an envelope")
+    major, minor, body = top
+    if major != PROTOCOL_MAJOR:
+        if len(body) == 1 and type(body[0]) is list and body[0][:1] == [0]:
+            return _decode_body(body)  # a Refusal reads across versions
+        raise VersionMismatch(
+            "version", f"peer speaks protocol {major}.{minor}, this node speaks "
+            f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}")
+    return _decode_body(body)
+
+
+def _decode_body(body: list[Any]) -> list[Any]:
+    out = []
+    try:
+        for item in body:
+            if type(item) is not list or len(item) != 2 or type(item[0]) is not int:
+                raise _Invalid("expected [tag, fields]")
+            codec = _BY_TAG.get(item[0])
+            if codec is None:
+                raise RemoteProtocolError("unknown-tag", f"tag {item[0]}")
+            out.append(_check_fields(codec, item[1]))
+    except _Invalid as exc:
+        raise RemoteProtocolError("invalid-field", str(exc)) from None
+    except RecursionError:
+        raise RemoteProtocolError("malformed", "nested too deeply") from None
+    except (TypeError, ValueError) as exc:  # a constructor's own __post_init__ checks
+        raise RemoteProtocolError("invalid-field", str(exc)) from None
+    return out
+
+
+def encode_one(msg: Any) -> bytes:
+    return encode(msg)
+
+
+def pack_compound(messages: Iterable[Any], max_bytes: int) -> tuple[list[bytes], list[Any]]:
+    """Pack messages into as few envelopes of at most ``max_bytes`` as fit, in order.
+
+    Returns the envelopes and the messages too large to travel alone in a datagram.
+    """
+    packets: list[bytes] = []
+    too_large: list[Any] = []
+    batch: list[Any] = []
+    for msg in messages:
+        try:
+            encode(*batch, msg, max_bytes=max_bytes)
+            batch.append(msg)
+            continue
+        except LocalProtocolError as exc:
+            if exc.reason != "too-large":
+                raise
+        if batch:
+            packets.append(encode(*batch))
+            batch = []
+        try:
+            encode(msg, max_bytes=max_bytes)
+            batch = [msg]
+        except LocalProtocolError:
+            too_large.append(msg)
+    if batch:
+        packets.append(encode(*batch))
+    return packets, too_large
