@@ -1,0 +1,31 @@
+"""Traffic counters: what came in, what went out, and what was dropped and why."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+
+class Counters:
+    def __init__(self) -> None:
+        self.datagrams_in = 0
+        self.datagrams_out = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.streams_in = 0
+        self.streams_out = 0
+        self.frames_in = 0
+        self.frames_out = 0
+        self.drops: Counter[str] = Counter()  # reason -> count
+
+    def drop(self, reason: str) -> None:
+        self.drops[reason] += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "datagrams_in": self.datagrams_in, "datagrams_out": self.datagrams_out,
+            "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+            "streams_in": self.streams_in, "streams_out": self.streams_out,
+            "frames_in": self.frames_in, "frames_out": self.frames_out,
+            "drops": dict(sorted(self.drops.items())),
+        }

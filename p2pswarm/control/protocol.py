@@ -1,0 +1,64 @@
+"""Control API framing and error mapping, shared by the agent's server and the CLI's client.
+
+A request and a response are each one msgpack map behind a 4-byte big-endian length.
+Requests: ``{"op": NAME, ...arguments}``. Responses: ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error": {"kind": CLASS, "message": TEXT, "data": {...}}}``; the client
+raises the matching SwarmError so the CLI reports it like a local one.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from p2pswarm import errors
+
+SOCKET_NAME = "agent.sock"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+HEADER = struct.Struct(">I")
+
+
+def socket_path(home: Path) -> Path:
+    return home / SOCKET_NAME
+
+
+def pack(obj: dict[str, Any]) -> bytes:
+    body: bytes = msgpack.packb(obj, use_bin_type=True)
+    return HEADER.pack(len(body)) + body
+
+
+def unpack(body: bytes) -> dict[str, Any]:
+    try:
+        obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:  # any msgpack failure means a bad frame
+        raise errors.ControlError(f"malformed control message ({type(exc).__name__})") from None
+    if not isinstance(obj, dict):
+        raise errors.ControlError("malformed control message (not a map)")
+    return obj
+
+
+def error_response(exc: BaseException) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    if isinstance(exc, errors.PlanChanged):
+        data = {"expected_plan_id": exc.expected_plan_id, "new_plan_id": exc.new_plan_id,
+                "changes": exc.changes, "new_plan": exc.new_plan}
+    kind = type(exc).__name__ if isinstance(exc, errors.SwarmError) else "SwarmError"
+    return {"ok": False, "error": {"kind": kind, "message": str(exc), "data": data}}
+
+
+def raise_error(error: dict[str, Any]) -> None:
+    """Re-raise an error response as the SwarmError it was on the agent."""
+    kind = str(error.get("kind", "SwarmError"))
+    message = str(error.get("message", "the agent refused the request"))
+    data = error.get("data") or {}
+    if kind == "PlanChanged":
+        raise errors.PlanChanged(data.get("expected_plan_id", ""), data.get("new_plan_id", ""),
+                                 list(data.get("changes", [])), data.get("new_plan"))
+    cls = getattr(errors, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.SwarmError)) or issubclass(
+            cls, errors.ProtocolError):
+        cls = errors.SwarmError
+    raise cls(message)
