@@ -132,5 +132,21 @@ def preset(name: str) -> SwarmConfig:
 
 __all__ = [
     "DEFAULT_PORT", "TransportConfig", "SecurityConfig", "GossipConfig", "ElectionConfig",
-    "InventoryConfig", "SwarmConfig", "lan", "wifi", "local", "preset", "replace",
+    "InventoryConfig", "SwarmConfig", "lan", "wifi", "local", "preset", "replace", "split_addr",
 ]
+
+
+def split_addr(text: str, *, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """``"host:port"`` (or ``"host"``, or ``"[v6]:port"``) as (host, port); ConfigError if bad."""
+    text = text.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep or (host.count(":") and not host.startswith("[")):
+        host, port_text = text, str(default_port)
+    host = host.strip("[]")
+    if not host:
+        raise ConfigError(f"address {text!r} has no host: write it as HOST:PORT, "
+                          "e.g. 192.168.1.20:7946")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"address {text!r} has a bad port: write it as HOST:PORT with "
+                          "a port from 0 to 65535, e.g. 192.168.1.20:7946")
+    return host, int(port_text)

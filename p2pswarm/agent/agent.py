@@ -67,6 +67,7 @@ class Agent:
         rng: random.Random,
         seeds: tuple[str, ...] = (),
         home: Path | None = None,
+        advertise: str | None = None,
     ) -> None:
         self.name = name
         self.transport = transport
@@ -76,6 +77,7 @@ class Agent:
         self.rng = rng
         self.seeds = seeds
         self.home = home
+        self.advertise = advertise  # the address fellows reach us at, if not the bound one
         self.counters = Counters()
         self.sealer = DatagramSealer(keyring, identity.node_id, epoch,
                                      config.security.replay_window_datagrams)
@@ -89,7 +91,7 @@ class Agent:
         self._stream_handlers: dict[type, StreamHandler] = {Hello: self._on_stream_hello}
         self.control_ops: dict[str, ControlHandler] = {"status": self._op_status}
         self._nursery: trio.Nursery | None = None
-        self._stopped = trio.Event()
+        self.stopped = trio.Event()  # set once the agent has been asked to stop
 
     # --- identity -------------------------------------------------------------------
 
@@ -99,7 +101,7 @@ class Agent:
 
     @property
     def addr(self) -> str:
-        return self.transport.local_addr
+        return self.advertise or self.transport.local_addr
 
     def on_datagram(self, message_type: type, handler: DatagramHandler) -> None:
         self._datagram_handlers[message_type] = handler
@@ -121,11 +123,11 @@ class Agent:
                 await nursery.start(serve_control, self.home, self._answer_control)
             log.info("%s listening on %s (id %s)", self.name, self.addr, self.node_id.hex()[:8])
             task_status.started()
-            await self._stopped.wait()
+            await self.stopped.wait()
             nursery.cancel_scope.cancel()
 
     def stop(self) -> None:
-        self._stopped.set()
+        self.stopped.set()
 
     # --- datagrams ------------------------------------------------------------------
 

@@ -1,0 +1,71 @@
+"""Running one real agent: state directory, sockets, signals. What `p2pswarm join` starts."""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from p2pswarm.agent.agent import Agent
+from p2pswarm.config import SwarmConfig, split_addr
+from p2pswarm.home import Home
+from p2pswarm.transport.udp_tcp import open_udp_tcp_transport
+
+log = logging.getLogger("p2pswarm.agent")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSettings:
+    home: Path
+    listen: str  # host:port to bind, port 0 for any
+    seeds: tuple[str, ...]
+    name: str
+    config: SwarmConfig
+    advertise: str | None = None  # host:port fellows should use, when listen is 0.0.0.0
+
+
+def advertised(listen_addr: str, advertise: str | None) -> str | None:
+    """The address to tell fellows, when the bound one is a wildcard."""
+    if advertise:
+        return advertise
+    host, port = split_addr(listen_addr)
+    if host not in ("0.0.0.0", "::"):
+        return None
+    return f"{socket.gethostbyname(socket.gethostname())}:{port}"
+
+
+async def run_node(settings: NodeSettings, *,
+                   task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run an agent until SIGINT/SIGTERM, then leave cleanly."""
+    home = Home(settings.home)
+    keyring = home.load_keyring()
+    identity = home.load_identity()
+    async with open_udp_tcp_transport(settings.listen, settings.config.transport) as transport:
+        agent = Agent(
+            name=settings.name, transport=transport, keyring=keyring, identity=identity,
+            config=settings.config,
+            epoch=time.time_ns() // 1000,  # grows across restarts: old packets stay stale
+            rng=random.Random(), seeds=settings.seeds, home=settings.home,
+            advertise=advertised(transport.local_addr, settings.advertise),
+        )
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(agent.run)
+                task_status.started(agent)
+
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        log.info("%s: leaving (signal %s)", settings.name,
+                                 signal.Signals(signum).name)
+                        agent.stop()
+                        return
+
+                nursery.start_soon(stop_on_signal)
+                await agent.stopped.wait()
+                nursery.cancel_scope.cancel()

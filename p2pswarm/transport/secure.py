@@ -1,0 +1,155 @@
+"""Encrypted, authenticated streams on top of any frame-oriented ``Stream``.
+
+``secure_connect`` and ``secure_accept`` run the handshake of ``p2pswarm.security`` over
+three frames (client hello, server hello, client finish) and return a ``SecureStream``
+that seals every frame it sends and opens every frame it receives. The handshake
+proves both ends hold a swarm key and authenticates each end's Ed25519 identity, so
+``peer_node_id`` can be trusted. On any handshake failure the underlying stream is
+closed: it carries nothing usable any more.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from p2pswarm.errors import AuthenticationError, TransportError
+from p2pswarm.security import (
+    SUITE_AES256GCM,
+    ClientHandshake,
+    Identity,
+    Keyring,
+    ServerHandshake,
+    StreamCipher,
+)
+from p2pswarm.transport.base import Stream
+
+__all__ = ["SecureStream", "secure_accept", "secure_connect"]
+
+
+class SecureStream:
+    """A ``Stream`` whose frames are sealed; the peer is an authenticated fellow."""
+
+    def __init__(
+        self, stream: Stream, cipher: StreamCipher, peer_public_key: bytes, peer_node_id: bytes
+    ) -> None:
+        self._stream = stream
+        self._cipher = cipher
+        self._peer_public_key = peer_public_key
+        self._peer_node_id = peer_node_id
+        # The frame counters are the nonces: sealing and sending (opening and receiving)
+        # must happen in the same order, so each direction runs one frame at a time.
+        self._send_lock = trio.StrictFIFOLock()
+        self._receive_lock = trio.StrictFIFOLock()
+        self._broken = False
+
+    @property
+    def peer_addr(self) -> str:
+        return self._stream.peer_addr
+
+    @property
+    def peer_node_id(self) -> bytes:
+        return self._peer_node_id
+
+    @property
+    def peer_public_key(self) -> bytes:
+        return self._peer_public_key
+
+    @property
+    def overhead_bytes(self) -> int:
+        """Bytes each frame grows by on the underlying stream."""
+        return self._cipher.overhead_bytes
+
+    async def send_frame(self, frame: bytes) -> None:
+        async with self._send_lock:
+            if self._broken:
+                raise TransportError("secure stream is broken")
+            try:
+                await self._stream.send_frame(self._cipher.seal_frame(frame))
+            except BaseException:
+                # The counter moved but the frame may not have: the peer would reject
+                # every later frame, so refuse to go on.
+                self._broken = True
+                raise
+
+    async def receive_frame(self) -> bytes:
+        async with self._receive_lock:
+            if self._broken:
+                raise TransportError("secure stream is broken")
+            frame = await self._stream.receive_frame()
+            try:
+                return self._cipher.open_frame(frame)
+            except AuthenticationError:
+                self._broken = True
+                await _close_quietly(self._stream)
+                raise
+
+    async def aclose(self) -> None:
+        self._broken = True
+        await self._stream.aclose()
+
+
+async def _close_quietly(stream: Stream) -> None:
+    with trio.CancelScope(shield=True):
+        try:
+            await stream.aclose()
+        except TransportError:
+            pass
+
+
+async def secure_connect(
+    stream: Stream,
+    keyring: Keyring,
+    identity: Identity,
+    timeout_s: float,
+    *,
+    expected_node_id: bytes | None = None,
+    suite: int = SUITE_AES256GCM,
+) -> SecureStream:
+    """Run the client side of the handshake on ``stream``.
+
+    ``expected_node_id``, when given, is the fellow we meant to reach; another
+    (authenticated) fellow answering raises AuthenticationError("wrong-peer").
+    Raises AuthenticationError for a failed handshake, TransportError when it times out
+    or the stream breaks; either way ``stream`` is closed.
+    """
+    handshake = ClientHandshake(keyring, identity, suite=suite)
+    try:
+        with trio.fail_after(timeout_s):
+            await stream.send_frame(handshake.hello())
+            server_hello = await stream.receive_frame()
+            client_finish, cipher = handshake.finish(server_hello)
+            await stream.send_frame(client_finish)
+    except trio.TooSlowError as exc:
+        await _close_quietly(stream)
+        raise TransportError(f"handshake timed out after {timeout_s} s") from exc
+    except BaseException:
+        await _close_quietly(stream)
+        raise
+    assert handshake.peer_public_key is not None and handshake.peer_node_id is not None
+    if expected_node_id is not None and handshake.peer_node_id != expected_node_id:
+        await _close_quietly(stream)
+        raise AuthenticationError(
+            "wrong-peer",
+            f"expected fellow {expected_node_id.hex()}, {handshake.peer_node_id.hex()} answered",
+        )
+    return SecureStream(stream, cipher, handshake.peer_public_key, handshake.peer_node_id)
+
+
+async def secure_accept(
+    stream: Stream, keyring: Keyring, identity: Identity, timeout_s: float
+) -> SecureStream:
+    """Run the server side of the handshake on ``stream`` (see ``secure_connect``)."""
+    handshake = ServerHandshake(keyring, identity)
+    try:
+        with trio.fail_after(timeout_s):
+            client_hello = await stream.receive_frame()
+            await stream.send_frame(handshake.respond(client_hello))
+            cipher = handshake.finish(await stream.receive_frame())
+    except trio.TooSlowError as exc:
+        await _close_quietly(stream)
+        raise TransportError(f"handshake timed out after {timeout_s} s") from exc
+    except BaseException:
+        await _close_quietly(stream)
+        raise
+    assert handshake.peer_public_key is not None and handshake.peer_node_id is not None
+    return SecureStream(stream, cipher, handshake.peer_public_key, handshake.peer_node_id)
