@@ -216,7 +216,7 @@ class Agent:
         self._heard(sender, msg.name, msg.addr)
         if self._nursery is not None:
             ack = HelloAck(msg.seq, self.node_id, self.name, self.addr)
-            self._nursery.start_soon(self.send, msg.addr, ack)
+            self._nursery.start_soon(self.send, addr, ack)  # where it came from: works via NAT
 
     def _on_hello_ack(self, msg: HelloAck, sender: bytes, addr: str) -> None:
         if msg.node_id != sender:

@@ -42,6 +42,12 @@ class SecureStream:
         self._receive_lock = trio.StrictFIFOLock()
         self._broken = False
 
+    async def __aenter__(self) -> SecureStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     @property
     def peer_addr(self) -> str:
         return self._stream.peer_addr
