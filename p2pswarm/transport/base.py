@@ -11,7 +11,15 @@ frames through a bounded channel. Security (sealing, handshakes) sits above this
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Protocol, runtime_checkable
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol, runtime_checkable
+
+import trio
+
+from p2pswarm.errors import SwarmError
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -66,3 +74,30 @@ class Transport(Protocol):
 
     async def aclose(self) -> None:
         """Stop receiving and sending; idempotent."""
+
+
+def _only_swarm_errors(exc: BaseException) -> bool:
+    """True for a SwarmError, or a group (from a handler's nursery) holding only those."""
+    inner = getattr(exc, "exceptions", None)
+    if isinstance(exc, SwarmError):
+        return True
+    return inner is not None and all(_only_swarm_errors(e) for e in inner)
+
+
+async def run_stream_handler(handler: StreamHandler, stream: Stream) -> None:
+    """Run ``handler`` on one accepted stream; whatever it raises ends that stream only.
+
+    Shared by the transports' ``serve_streams``. A peer that sends garbage makes the
+    handler raise a SwarmError, which is routine (debug); anything else is a bug in the
+    handler and is logged with its traceback. Cancellation passes through.
+    """
+    try:
+        await handler(stream)
+    except Exception as exc:
+        if _only_swarm_errors(exc):
+            log.debug("stream from %s ended: %s", stream.peer_addr, exc)
+        else:
+            log.warning("stream handler for %s failed", stream.peer_addr, exc_info=True)
+    finally:
+        with trio.CancelScope(shield=True):
+            await stream.aclose()

@@ -1,0 +1,984 @@
+"""MemoryNetwork: many fellows in one process, on virtual time, over a modelled radio.
+
+Theory of operation. Every packet's fate is decided when it is sent, from models that are
+plain frozen values: the directed link's ``LinkModel`` (delay, loss, duplication,
+reordering, bandwidth) and each node's radio (a loss model shared by all of that node's
+links, as on WiFi, where one bad radio loses everything it sends and hears). A packet
+that survives becomes an entry ``(deliver_at, src, dst, seq, ...)`` in ONE heap, and ONE
+scheduler task, ``MemoryNetwork.run``, sleeps until the earliest entry is due and delivers
+everything due at that instant in key order. The key holds no task-order information
+(``seq`` counts per link), so two fellows sending at the same instant are delivered in
+the same order on every run, whatever order trio woke them in. Partitions and downed
+nodes are checked at send time and again at delivery, so they also catch packets in
+flight.
+
+Run it under ``trio.testing.MockClock(autojump_threshold=0)`` and time costs nothing::
+
+    net = MemoryNetwork(seed=7)
+    net.set_default(LinkModel(delay=UniformDelay(0.002, 0.010), loss=Bernoulli(0.01)))
+    a, b = net.transport("a:7946"), net.transport("b:7946")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(net.run)  # the scheduler; packets move only while it runs
+        ...
+
+Loss in bursts (``GilbertElliott``) is a two-state chain in continuous time: the time in
+the bad state is what a radio fade lasts, independent of how many packets try to cross
+it. The chain is advanced lazily when a packet is sent; with exponential sojourns the
+state at that instant is drawn exactly from the chain's transition law, so a node that
+sent nothing for an hour costs one draw, not a walk through every fade it missed.
+
+Streams are reliable (TCP retransmits): frames see the link's delay and bandwidth, never
+its loss, and arrive in order; a per-direction window gives backpressure. A partition
+or a downed node breaks the streams across it at once: both ends raise TransportError.
+
+Randomness: each link and each radio has its own generator, seeded from the network seed
+and the names with blake2b, so one link's draws never depend on another's traffic. The
+generators are SplitMix64 in eight bytes of state rather than ``random.Random`` (2.5 KB
+each): a thousand fellows have up to a million links.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import trio
+
+from p2pswarm.config import TransportConfig
+from p2pswarm.errors import ConfigError, TransportError
+from p2pswarm.transport.base import StreamHandler, run_stream_handler
+
+_MASK64 = (1 << 64) - 1
+_TWO_PI = 2.0 * math.pi
+_ACCEPT_BACKLOG = 128
+
+# Outcome of a datagram; also the keys of the loss counters.
+DELIVERED = "delivered"
+LOST_LINK = "lost_link"  # the link's loss model
+LOST_RADIO = "lost_radio"  # the sender's or the receiver's radio
+LOST_PARTITION = "lost_partition"
+LOST_DOWN = "lost_down"
+LOST_UNREACHABLE = "lost_unreachable"  # nobody (open) at that address
+DROPPED_QUEUE_FULL = "dropped_queue_full"  # arrived, but the receiver's queue was full
+OUTCOMES = (DELIVERED, LOST_LINK, LOST_RADIO, LOST_PARTITION, LOST_DOWN, LOST_UNREACHABLE,
+            DROPPED_QUEUE_FULL)
+
+
+class _Rng:
+    """SplitMix64 with the few distributions the models need."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, *names: object) -> None:
+        key = "\x1f".join(str(name) for name in names).encode()
+        self._state = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
+
+    def random(self) -> float:
+        """Uniform on [0, 1)."""
+        self._state = z = (self._state + 0x9E3779B97F4A7C15) & _MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        return ((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0)
+
+    def chance(self, probability: float) -> bool:
+        # No draw for 0 and 1: certain outcomes stay independent of the generator.
+        if probability <= 0.0:
+            return False
+        return probability >= 1.0 or self.random() < probability
+
+    def exponential(self, mean: float) -> float:
+        return -mean * math.log(1.0 - self.random())
+
+    def normal(self) -> float:
+        radius = math.sqrt(-2.0 * math.log(1.0 - self.random()))
+        return radius * math.cos(_TWO_PI * self.random())
+
+    def pareto(self, alpha: float) -> float:
+        """Pareto with minimum 1 and tail index ``alpha``."""
+        return math.pow(1.0 - self.random(), -1.0 / alpha)
+
+
+def _check_probability(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{name} must be a probability in [0, 1], not {value}")
+
+
+def _check_non_negative(name: str, value: float) -> None:
+    if not value >= 0.0 or math.isinf(value):
+        raise ConfigError(f"{name} must be a finite number >= 0, not {value}")
+
+
+# --- delay models ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FixedDelay:
+    """Every packet takes exactly ``delay_s``."""
+
+    delay_s: float = 0.001
+
+    def __post_init__(self) -> None:
+        _check_non_negative("delay_s", self.delay_s)
+
+    def sample_s(self, rng: _Rng) -> float:
+        return self.delay_s
+
+
+@dataclass(frozen=True, slots=True)
+class UniformDelay:
+    """Uniform jitter: a delay between ``min_s`` and ``max_s``."""
+
+    min_s: float
+    max_s: float
+
+    def __post_init__(self) -> None:
+        _check_non_negative("min_s", self.min_s)
+        if not self.max_s >= self.min_s:
+            raise ConfigError(f"max_s ({self.max_s}) must be >= min_s ({self.min_s})")
+
+    def sample_s(self, rng: _Rng) -> float:
+        return self.min_s + (self.max_s - self.min_s) * rng.random()
+
+
+@dataclass(frozen=True, slots=True)
+class LognormalDelay:
+    """``base_s`` plus a lognormal extra with median ``median_extra_s``: a WiFi-like tail.
+
+    Quantile q is ``base_s + median_extra_s * exp(sigma * z_q)`` (z_q: normal quantile).
+    """
+
+    base_s: float
+    median_extra_s: float
+    sigma: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_non_negative("base_s", self.base_s)
+        _check_non_negative("median_extra_s", self.median_extra_s)
+        _check_non_negative("sigma", self.sigma)
+
+    def sample_s(self, rng: _Rng) -> float:
+        return self.base_s + self.median_extra_s * math.exp(self.sigma * rng.normal())
+
+
+@dataclass(frozen=True, slots=True)
+class ParetoDelay:
+    """``base_s`` plus a Lomax (shifted Pareto) extra: rare, very late packets.
+
+    Quantile q is ``base_s + scale_s * ((1 - q) ** (-1 / alpha) - 1)``; the mean is finite
+    for ``alpha > 1``.
+    """
+
+    base_s: float
+    scale_s: float
+    alpha: float = 2.0
+
+    def __post_init__(self) -> None:
+        _check_non_negative("base_s", self.base_s)
+        _check_non_negative("scale_s", self.scale_s)
+        if not self.alpha > 0.0:
+            raise ConfigError(f"alpha must be > 0, not {self.alpha}")
+
+    def sample_s(self, rng: _Rng) -> float:
+        return self.base_s + self.scale_s * (rng.pareto(self.alpha) - 1.0)
+
+
+DelayModel = FixedDelay | UniformDelay | LognormalDelay | ParetoDelay
+
+
+# --- loss models -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Bernoulli:
+    """Each packet is lost independently with probability ``loss``."""
+
+    loss: float
+
+    def __post_init__(self) -> None:
+        _check_probability("loss", self.loss)
+
+
+BurstShape = Literal["exponential", "pareto", "lognormal"]
+
+
+@dataclass(frozen=True, slots=True)
+class GilbertElliott:
+    """Bursty loss: a good and a bad state, with times (not packet counts) in each.
+
+    ``bad_fraction`` is the long-run fraction of time spent in the bad state and
+    ``mean_burst_s`` the mean time of one stay there; the mean time between bursts
+    follows (``mean_gap_s``) and is exponential. A packet is lost with ``loss_in_bad``
+    in the bad state and ``loss_in_good`` in the good one, so with the defaults (1 and 0)
+    the packet loss rate equals ``bad_fraction``. ``burst_shape`` makes bursts heavy
+    tailed with the same mean: ``"pareto"`` with tail index ``burst_tail`` (> 1), or
+    ``"lognormal"`` with sigma ``burst_tail``.
+    """
+
+    bad_fraction: float
+    mean_burst_s: float
+    loss_in_good: float = 0.0
+    loss_in_bad: float = 1.0
+    burst_shape: BurstShape = "exponential"
+    burst_tail: float = 1.5
+
+    def __post_init__(self) -> None:
+        _check_probability("bad_fraction", self.bad_fraction)
+        _check_probability("loss_in_good", self.loss_in_good)
+        _check_probability("loss_in_bad", self.loss_in_bad)
+        if not self.mean_burst_s > 0.0 or math.isinf(self.mean_burst_s):
+            raise ConfigError(f"mean_burst_s must be > 0, not {self.mean_burst_s}")
+        if self.burst_shape not in ("exponential", "pareto", "lognormal"):
+            raise ConfigError(f"burst_shape must be exponential, pareto or lognormal, "
+                              f"not {self.burst_shape!r}")
+        if self.burst_shape == "pareto" and not self.burst_tail > 1.0:
+            raise ConfigError(f"a pareto burst_tail must be > 1 (finite mean), "
+                              f"not {self.burst_tail}")
+        if self.burst_shape == "lognormal":
+            _check_non_negative("burst_tail", self.burst_tail)
+
+    @property
+    def mean_gap_s(self) -> float:
+        """Mean time in the good state between two bursts."""
+        if self.bad_fraction <= 0.0:
+            return math.inf
+        return self.mean_burst_s * (1.0 - self.bad_fraction) / self.bad_fraction
+
+    @property
+    def mean_loss(self) -> float:
+        """The long-run packet loss rate (for packets sent independently of the state)."""
+        f = self.bad_fraction
+        return f * self.loss_in_bad + (1.0 - f) * self.loss_in_good
+
+    def _burst_s(self, rng: _Rng) -> float:
+        mean = self.mean_burst_s
+        if self.burst_shape == "pareto":
+            return mean * (self.burst_tail - 1.0) / self.burst_tail * rng.pareto(self.burst_tail)
+        if self.burst_shape == "lognormal":
+            sigma = self.burst_tail
+            return mean * math.exp(sigma * rng.normal() - 0.5 * sigma * sigma)
+        return rng.exponential(mean)
+
+
+LossModel = Bernoulli | GilbertElliott
+
+
+@dataclass(frozen=True, slots=True)
+class LinkModel:
+    """How one directed link treats packets. The default is a clean 1 ms wire.
+
+    ``reorder_probability``: the fraction of datagrams held back by an extra
+    ``reorder_extra_s``, so later ones overtake them. ``duplicate_probability``: the
+    fraction delivered twice, the copy with its own delay. ``bandwidth_bytes_per_s``:
+    packets and frames queue behind each other for ``size / bandwidth``; None: no limit.
+    Streams use only delay and bandwidth.
+    """
+
+    delay: DelayModel = field(default_factory=FixedDelay)
+    loss: LossModel | None = None
+    duplicate_probability: float = 0.0
+    reorder_probability: float = 0.0
+    reorder_extra_s: float = 0.005
+    bandwidth_bytes_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_probability("duplicate_probability", self.duplicate_probability)
+        _check_probability("reorder_probability", self.reorder_probability)
+        _check_non_negative("reorder_extra_s", self.reorder_extra_s)
+        if self.bandwidth_bytes_per_s is not None and not self.bandwidth_bytes_per_s > 0:
+            raise ConfigError(f"bandwidth_bytes_per_s must be > 0 or None, "
+                              f"not {self.bandwidth_bytes_per_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class PacketRecord:
+    """One datagram's fate, kept when the network records (``record=True``).
+
+    ``seq`` numbers the sends on the link ``src -> dst``; a duplicate shares its
+    original's ``seq`` with ``copy=1``. ``at_s`` is when the outcome happened: the delivery
+    time, or the send time for a packet lost on the way out.
+    """
+
+    src: str
+    dst: str
+    seq: int
+    copy: int
+    size_bytes: int
+    sent_at_s: float
+    at_s: float
+    outcome: str
+
+
+# --- state behind the models -------------------------------------------------------------
+
+
+class _LossState:
+    """Where a loss chain stands; shared shape for links and radios."""
+
+    __slots__ = ("bad", "chain_model", "until_s")
+
+    def __init__(self) -> None:
+        self.chain_model: LossModel | None = None
+        self.bad = False
+        self.until_s = math.nan  # the current stay ends then; nan: not started
+
+
+def _lost(state: _LossState, model: LossModel, rng: _Rng, now: float) -> bool:
+    """Does a packet sent at ``now`` fall to ``model``? Advances the chain to ``now``."""
+    if isinstance(model, Bernoulli):
+        return rng.chance(model.loss)
+    f = model.bad_fraction
+    if state.chain_model is not model:
+        state.chain_model = model
+        state.until_s = math.nan
+    if f <= 0.0:
+        bad = False
+    elif f >= 1.0:
+        bad = True
+    elif math.isnan(state.until_s):
+        # Start in the stationary law. A heavy-tailed stay is drawn whole, not as the
+        # residual of a stay in progress: close enough for a start.
+        bad = state.bad = rng.random() < f
+        state.until_s = now + (model._burst_s(rng) if bad else rng.exponential(model.mean_gap_s))
+    elif now < state.until_s:
+        bad = state.bad
+    elif model.burst_shape == "exponential":
+        # The stay that ended at until_s flipped the state; from there the chain is
+        # Markov, so draw the state at `now` from its transition law, then a fresh stay.
+        flipped_bad = not state.bad
+        rate = 1.0 / model.mean_burst_s + 1.0 / model.mean_gap_s
+        p_bad = f + (float(flipped_bad) - f) * math.exp(-rate * (now - state.until_s))
+        bad = state.bad = rng.random() < p_bad
+        state.until_s = now + (rng.exponential(model.mean_burst_s) if bad
+                               else rng.exponential(model.mean_gap_s))
+    else:
+        while now >= state.until_s:
+            state.bad = not state.bad
+            state.until_s += (model._burst_s(rng) if state.bad
+                              else rng.exponential(model.mean_gap_s))
+        bad = state.bad
+    return rng.chance(model.loss_in_bad if bad else model.loss_in_good)
+
+
+class _Link(_LossState):
+    """One directed link: its generator, loss chain, sequence numbers and counters."""
+
+    __slots__ = ("busy_until_s", "counts", "dst", "explicit", "rng", "sends", "seq", "src")
+
+    def __init__(self, seed: int, src: str, dst: str) -> None:
+        super().__init__()
+        self.src = src
+        self.dst = dst
+        self.explicit: LinkModel | None = None
+        self.rng = _Rng(seed, "link", src, dst)
+        self.sends = 0  # datagrams sent, numbering PacketRecord.seq
+        self.seq = 0  # heap entries pushed: with (at, src, dst) a key unique and stable
+        self.busy_until_s = -math.inf
+        self.counts = [0] * (len(OUTCOMES) + 1)  # sent, then one per outcome
+
+
+_SENT = len(OUTCOMES)
+_OUTCOME_INDEX = {outcome: index for index, outcome in enumerate(OUTCOMES)}
+
+
+class _Node(_LossState):
+    """One address: whether it is up, its radio, its partition group, its transport."""
+
+    __slots__ = ("addr", "group", "radio", "rng", "transport", "up")
+
+    def __init__(self, seed: int, addr: str) -> None:
+        super().__init__()
+        self.addr = addr
+        self.up = True
+        self.radio: LossModel | None = None
+        self.rng = _Rng(seed, "radio", addr)
+        self.group: int | None = None
+        self.transport: MemoryTransport | None = None
+
+
+# --- the network -------------------------------------------------------------------------
+
+
+class MemoryNetwork:
+    """An in-memory network of MemoryTransports with modelled links; see the module doc.
+
+    ``config`` applies to every transport on it (datagram size, receive queue, frame
+    size, connect timeout). ``stream_window_bytes`` bounds what one stream direction
+    holds unread before ``send_frame`` blocks. ``record=True`` keeps a ``PacketRecord``
+    per datagram in ``trace``.
+    """
+
+    def __init__(self, seed: int = 0, *, config: TransportConfig | None = None,
+                 stream_window_bytes: int = 1 << 20, record: bool = False) -> None:
+        if stream_window_bytes <= 0:
+            raise ConfigError(f"stream_window_bytes must be > 0, not {stream_window_bytes}")
+        self.seed = seed
+        self.config = config or TransportConfig()
+        self.stream_window_bytes = stream_window_bytes
+        self.trace: list[PacketRecord] | None = [] if record else None
+        self.counters: dict[str, int] = dict.fromkeys(
+            ("sent", *OUTCOMES, "duplicated", "reordered", "streams_opened", "streams_broken",
+             "frames_sent"), 0)
+        self._default = LinkModel()
+        self._links: dict[tuple[str, str], _Link] = {}
+        self._nodes: dict[str, _Node] = {}
+        self._connections: dict[int, _Connection] = {}
+        self._next_connection_id = 0
+        self._heap: list[tuple[Any, ...]] = []
+        self._wakeup = trio.Event()
+        self._running = False
+
+    # configuration ---------------------------------------------------------------------
+
+    def transport(self, addr: str) -> MemoryTransport:
+        """A transport at ``addr``; a closed one there is replaced (a restarted fellow)."""
+        node = self._node(addr)
+        if node.transport is not None and not node.transport._closed:
+            raise TransportError(f"{addr} already has an open transport on this network")
+        node.transport = MemoryTransport(self, addr)
+        return node.transport
+
+    def set_default(self, model: LinkModel) -> None:
+        """The model of every link without one of its own."""
+        self._default = model
+
+    def set_link(self, src: str, dst: str, model: LinkModel | None) -> None:
+        """The model of the directed link ``src -> dst``; None: back to the default."""
+        self._link(src, dst).explicit = model
+
+    def set_radio(self, addr: str, loss: LossModel | None) -> None:
+        """A loss model for ``addr``'s radio, applied to every packet it sends or hears."""
+        self._node(addr).radio = loss
+
+    def partition(self, *groups: Iterable[str]) -> None:
+        """Cut every link between nodes of different groups (this replaces any earlier
+        partition). Nodes in no group keep all their links. Streams across a cut break."""
+        for node in self._nodes.values():
+            node.group = None
+        seen: set[str] = set()
+        for index, group in enumerate(groups):
+            if isinstance(group, str):
+                raise ConfigError(f"partition takes sets of addresses, not the string {group!r}")
+            for addr in sorted(set(group)):
+                if addr in seen:
+                    self.heal()
+                    raise ConfigError(f"{addr} is in more than one partition group")
+                seen.add(addr)
+                self._node(addr).group = index
+        self._break_connections(lambda c: not self._grouped_together(c.client, c.server),
+                                "partitioned")
+
+    def heal(self) -> None:
+        """Undo the partition: every link carries packets again (broken streams stay so)."""
+        for node in self._nodes.values():
+            node.group = None
+
+    def down(self, addr: str) -> None:
+        """Take ``addr`` off the network: it sends and hears nothing, its streams break."""
+        self._node(addr).up = False
+        self._break_connections(lambda c: addr in (c.client, c.server), f"{addr} went down")
+
+    def up(self, addr: str) -> None:
+        self._node(addr).up = True
+
+    def is_up(self, addr: str) -> bool:
+        node = self._nodes.get(addr)
+        return node is None or node.up
+
+    def reachable(self, src: str, dst: str) -> bool:
+        """Whether packets from ``src`` can reach ``dst`` now (up, same side of any cut)."""
+        return self.is_up(src) and self.is_up(dst) and self._grouped_together(src, dst)
+
+    def link_counters(self, src: str, dst: str) -> dict[str, int]:
+        """Datagram counts on the directed link ``src -> dst``: sent, and per outcome."""
+        link = self._links.get((src, dst))
+        counts = link.counts if link is not None else [0] * (len(OUTCOMES) + 1)
+        return {"sent": counts[_SENT], **dict(zip(OUTCOMES, counts))}
+
+    # the scheduler ---------------------------------------------------------------------
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Deliver packets until cancelled. Start it with ``await nursery.start(net.run)``;
+        sends made while it is not running wait in the heap."""
+        if self._running:
+            raise TransportError("this MemoryNetwork is already running")
+        self._running = True
+        heap = self._heap
+        try:
+            task_status.started()
+            while True:
+                now = trio.current_time()
+                while heap and heap[0][0] <= now:
+                    entry = heapq.heappop(heap)
+                    entry[4](*entry[5:])
+                self._wakeup = trio.Event()
+                with trio.move_on_at(heap[0][0] if heap else math.inf):
+                    await self._wakeup.wait()
+        finally:
+            self._running = False
+
+    def _push(self, at: float, link: _Link, action: Callable[..., None], *args: Any) -> None:
+        heap = self._heap
+        if not heap or at < heap[0][0]:
+            self._wakeup.set()
+        link.seq += 1
+        heapq.heappush(heap, (at, link.src, link.dst, link.seq, action, *args))
+
+    # datagrams -------------------------------------------------------------------------
+
+    def _send_datagram(self, src: str, dst: str, data: bytes) -> None:
+        now = trio.current_time()
+        link = self._link(src, dst)
+        model = link.explicit or self._default
+        link.counts[_SENT] += 1
+        self.counters["sent"] += 1
+        link.sends += 1
+        seq = link.sends
+        src_node = self._nodes[src]
+        dst_node = self._nodes.get(dst)
+        outcome = None
+        if not src_node.up or (dst_node is not None and not dst_node.up):
+            outcome = LOST_DOWN
+        elif dst_node is None or dst_node.transport is None or dst_node.transport._closed:
+            outcome = LOST_UNREACHABLE
+        elif not self._grouped_together(src, dst):
+            outcome = LOST_PARTITION
+        elif model.loss is not None and _lost(link, model.loss, link.rng, now):
+            outcome = LOST_LINK
+        elif ((src_node.radio is not None and _lost(src_node, src_node.radio, src_node.rng, now))
+              or (dst_node.radio is not None
+                  and _lost(dst_node, dst_node.radio, dst_node.rng, now))):
+            outcome = LOST_RADIO
+        if outcome is not None:
+            self._count(link, outcome, seq, 0, len(data), now, now)
+            return
+        rng = link.rng
+        departs = now
+        if model.bandwidth_bytes_per_s is not None:
+            departs = max(now, link.busy_until_s) + len(data) / model.bandwidth_bytes_per_s
+            link.busy_until_s = departs
+        delay_s = model.delay.sample_s(rng)
+        if rng.chance(model.reorder_probability):
+            delay_s += model.reorder_extra_s
+            self.counters["reordered"] += 1
+        self._push(departs + delay_s, link, self._deliver_datagram, link, seq, 0, data, now)
+        if rng.chance(model.duplicate_probability):
+            self.counters["duplicated"] += 1
+            self._push(departs + model.delay.sample_s(rng), link, self._deliver_datagram,
+                       link, seq, 1, data, now)
+
+    def _deliver_datagram(self, link: _Link, seq: int, copy: int, data: bytes,
+                          sent_at_s: float) -> None:
+        dst = self._nodes[link.dst]
+        transport = dst.transport
+        if not dst.up:
+            outcome = LOST_DOWN
+        elif not self._grouped_together(link.src, link.dst):
+            outcome = LOST_PARTITION
+        elif transport is None or transport._closed:
+            outcome = LOST_UNREACHABLE
+        else:
+            try:
+                transport._datagram_in.send_nowait((data, link.src))
+            except trio.WouldBlock:
+                transport.counters["datagrams_dropped_queue_full"] += 1
+                outcome = DROPPED_QUEUE_FULL
+            else:
+                transport.counters["datagrams_received"] += 1
+                outcome = DELIVERED
+        self._count(link, outcome, seq, copy, len(data), sent_at_s, trio.current_time())
+
+    def _count(self, link: _Link, outcome: str, seq: int, copy: int, size: int,
+               sent_at_s: float, at_s: float) -> None:
+        link.counts[_OUTCOME_INDEX[outcome]] += 1
+        self.counters[outcome] += 1
+        if self.trace is not None:
+            self.trace.append(PacketRecord(link.src, link.dst, seq, copy, size, sent_at_s,
+                                           at_s, outcome))
+
+    # streams ---------------------------------------------------------------------------
+
+    async def _open_stream(self, src: str, dst: str) -> MemoryStream:
+        """TCP's handshake in virtual time: one way to reach the listener, one way back;
+        silence (partition, down, nobody there) runs into the connect timeout."""
+        timeout_s = self.config.stream_connect_timeout_s
+        give_up_at = trio.current_time() + timeout_s
+        if not self.is_up(src):
+            await trio.lowlevel.checkpoint()
+            raise TransportError(f"cannot connect to {dst}: {src} is down")
+        await trio.sleep_until(min(give_up_at, self._stream_arrival(src, dst, 0)))
+        dst_node = self._nodes.get(dst)
+        transport = dst_node.transport if dst_node is not None else None
+        if (trio.current_time() >= give_up_at or not self.reachable(src, dst)
+                or transport is None or transport._closed):
+            await trio.sleep_until(give_up_at)
+            raise TransportError(f"connecting to {dst} timed out after {timeout_s} s")
+        listener = transport._listener
+        connection = None
+        if listener is not None:
+            connection = self._new_connection(src, dst)
+            try:
+                listener.send_nowait(connection.server_end)
+            except trio.WouldBlock:
+                connection.server_end._close_now()
+                connection.client_end._close_now()
+                connection = None
+        try:
+            await trio.sleep_until(self._stream_arrival(dst, src, 0))
+        except BaseException:
+            if connection is not None:
+                connection.client_end._close_now()
+            raise
+        if connection is None:
+            raise TransportError(f"connection refused by {dst}: it does not serve streams")
+        if connection.broken is not None:
+            raise TransportError(f"connection to {dst} broke: {connection.broken}")
+        self.counters["streams_opened"] += 1
+        return connection.client_end
+
+    def _new_connection(self, client: str, server: str) -> _Connection:
+        self._next_connection_id += 1
+        connection = _Connection(self, self._next_connection_id, client, server)
+        self._connections[connection.id] = connection
+        return connection
+
+    def _stream_arrival(self, src: str, dst: str, size: int) -> float:
+        """When ``size`` bytes sent now on ``src -> dst`` arrive (bandwidth, then delay)."""
+        link = self._link(src, dst)
+        model = link.explicit or self._default
+        departs = trio.current_time()
+        if model.bandwidth_bytes_per_s is not None and size:
+            departs = max(departs, link.busy_until_s) + size / model.bandwidth_bytes_per_s
+            link.busy_until_s = departs
+        return departs + model.delay.sample_s(link.rng)
+
+    def _send_on_pipe(self, pipe: _Pipe, frame: bytes | None) -> None:
+        """Schedule a frame (None: the end of the stream) after those already on ``pipe``."""
+        at = max(self._stream_arrival(pipe.src, pipe.dst, len(frame or b"")), pipe.last_at)
+        pipe.last_at = at
+        self._push(at, self._link(pipe.src, pipe.dst), pipe.arrive, frame)
+
+    def _break_connections(self, which: Callable[[_Connection], bool], reason: str) -> None:
+        for connection in list(self._connections.values()):  # insertion order
+            if connection.broken is None and which(connection):
+                self.counters["streams_broken"] += 1
+                connection.break_(reason)
+
+    # lookups ---------------------------------------------------------------------------
+
+    def _node(self, addr: str) -> _Node:
+        node = self._nodes.get(addr)
+        if node is None:
+            node = self._nodes[addr] = _Node(self.seed, addr)
+        return node
+
+    def _link(self, src: str, dst: str) -> _Link:
+        link = self._links.get((src, dst))
+        if link is None:
+            link = self._links[(src, dst)] = _Link(self.seed, src, dst)
+        return link
+
+    def _grouped_together(self, a: str, b: str) -> bool:
+        node_a, node_b = self._nodes.get(a), self._nodes.get(b)
+        group_a = node_a.group if node_a is not None else None
+        group_b = node_b.group if node_b is not None else None
+        return group_a is None or group_b is None or group_a == group_b
+
+
+class MemoryTransport:
+    """One fellow's Transport on a MemoryNetwork; get it from ``MemoryNetwork.transport``."""
+
+    def __init__(self, network: MemoryNetwork, addr: str) -> None:
+        self._network = network
+        self._addr = addr
+        self._closed = False
+        self._listener: trio.MemorySendChannel[MemoryStream] | None = None
+        self._streams: dict[MemoryStream, None] = {}
+        self._datagram_in: trio.MemorySendChannel[tuple[bytes, str]]
+        self._datagram_out: trio.MemoryReceiveChannel[tuple[bytes, str]]
+        self._datagram_in, self._datagram_out = trio.open_memory_channel(
+            network.config.receive_queue_datagrams)
+        self.counters: dict[str, int] = {
+            "datagrams_sent": 0,
+            "datagrams_received": 0,
+            "datagrams_dropped_queue_full": 0,
+            "streams_opened": 0,
+            "streams_accepted": 0,
+        }
+
+    @property
+    def local_addr(self) -> str:
+        return self._addr
+
+    async def send_datagram(self, addr: str, data: bytes) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        limit = self._network.config.max_datagram_bytes
+        if len(data) > limit:
+            raise TransportError(
+                f"datagram of {len(data)} bytes exceeds max_datagram_bytes ({limit})")
+        self.counters["datagrams_sent"] += 1
+        self._network._send_datagram(self._addr, addr, bytes(data))
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def receive_datagram(self) -> tuple[bytes, str]:
+        try:
+            return await self._datagram_out.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError) as exc:
+            raise TransportError(f"transport {self._addr} is closed") from exc
+
+    async def open_stream(self, addr: str) -> MemoryStream:
+        self._check_open()
+        stream = await self._network._open_stream(self._addr, addr)
+        if self._closed:  # closed while connecting
+            stream._close_now()
+            raise TransportError(f"transport {self._addr} is closed")
+        self._adopt(stream)
+        self.counters["streams_opened"] += 1
+        return stream
+
+    async def serve_streams(self, handler: StreamHandler, *,
+                            task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self._check_open()
+        if self._listener is not None:
+            raise TransportError(f"{self._addr} is already serving streams")
+        send: trio.MemorySendChannel[MemoryStream]
+        receive: trio.MemoryReceiveChannel[MemoryStream]
+        send, receive = trio.open_memory_channel(_ACCEPT_BACKLOG)
+        self._listener = send
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started()
+                async for stream in receive:
+                    self._adopt(stream)
+                    self.counters["streams_accepted"] += 1
+                    nursery.start_soon(run_stream_handler, handler, stream)
+                # The transport closed: its handlers go with it.
+                nursery.cancel_scope.cancel()
+        finally:
+            if self._listener is send:
+                self._listener = None
+            send.close()
+            # Connections that reached the backlog but no handler: refuse them visibly.
+            while True:
+                try:
+                    receive.receive_nowait()._close_now()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            receive.close()
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._datagram_in.close()
+            if self._listener is not None:
+                self._listener.close()
+            for stream in list(self._streams):
+                stream._close_now()
+        await trio.lowlevel.checkpoint()
+
+    def _adopt(self, stream: MemoryStream) -> None:
+        if self._closed:
+            stream._close_now()
+        else:
+            self._streams[stream] = None
+            stream._owner = self
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError(f"transport {self._addr} is closed")
+
+
+class _Pipe:
+    """One direction of a connection: frames on the way and frames waiting to be read."""
+
+    __slots__ = (
+        "connection",
+        "dst",
+        "fin",
+        "frames",
+        "last_at",
+        "readable",
+        "reader",
+        "reader_gone",
+        "src",
+        "unread_bytes",
+        "writable",
+    )
+
+    def __init__(self, connection: _Connection, src: str, dst: str) -> None:
+        self.connection = connection
+        self.src = src
+        self.dst = dst
+        self.reader: MemoryStream | None = None  # the end that reads: set by _Connection
+        self.frames: deque[bytes] = deque()  # arrived, not read
+        self.unread_bytes = 0  # sent and not yet read (on the way or arrived): the window
+        self.last_at = -math.inf  # arrival of the last thing sent: frames stay in order
+        self.fin = False  # the writer closed and that has arrived
+        self.reader_gone = False  # the reader closed and the writer has heard
+        self.readable = trio.lowlevel.ParkingLot()
+        self.writable = trio.lowlevel.ParkingLot()
+
+    def arrive(self, frame: bytes | None) -> None:
+        connection = self.connection
+        if connection.broken is not None:
+            return
+        if frame is None:
+            self.fin = True
+            connection.reverse(self).reader_gone = True
+            connection.reverse(self).writable.unpark_all()
+            connection.maybe_forget()
+        elif self.reader is not None and not self.reader._closed:
+            self.frames.append(frame)
+        self.readable.unpark_all()
+
+    def wake_all(self) -> None:
+        self.readable.unpark_all()
+        self.writable.unpark_all()
+
+
+class _Connection:
+    __slots__ = (
+        "broken",
+        "client",
+        "client_end",
+        "id",
+        "network",
+        "server",
+        "server_end",
+        "to_client",
+        "to_server",
+    )
+
+    def __init__(self, network: MemoryNetwork, connection_id: int, client: str,
+                 server: str) -> None:
+        self.network = network
+        self.id = connection_id
+        self.client = client
+        self.server = server
+        self.to_server = _Pipe(self, client, server)
+        self.to_client = _Pipe(self, server, client)
+        self.client_end = MemoryStream(self, server, inbound=self.to_client,
+                                       outbound=self.to_server)
+        self.server_end = MemoryStream(self, client, inbound=self.to_server,
+                                       outbound=self.to_client)
+        self.to_server.reader = self.server_end
+        self.to_client.reader = self.client_end
+        self.broken: str | None = None
+
+    def reverse(self, pipe: _Pipe) -> _Pipe:
+        return self.to_client if pipe is self.to_server else self.to_server
+
+    def break_(self, reason: str) -> None:
+        self.broken = reason
+        self.to_server.wake_all()
+        self.to_client.wake_all()
+        self.network._connections.pop(self.id, None)
+
+    def maybe_forget(self) -> None:
+        # Both sides closed and both ends of the stream have arrived: nothing left to track.
+        if self.to_server.fin and self.to_client.fin:
+            self.network._connections.pop(self.id, None)
+
+
+class MemoryStream:
+    """One end of an in-memory stream: ordered frames, a window, breakable."""
+
+    def __init__(self, connection: _Connection, peer_addr: str, *, inbound: _Pipe,
+                 outbound: _Pipe) -> None:
+        self._connection = connection
+        self._peer_addr = peer_addr
+        self._in = inbound
+        self._out = outbound
+        self._closed = False
+        self._owner: MemoryTransport | None = None
+
+    @property
+    def peer_addr(self) -> str:
+        return self._peer_addr
+
+    async def send_frame(self, frame: bytes) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        network = self._connection.network
+        size = len(frame)
+        limit = network.config.max_frame_bytes
+        if size > limit:
+            raise TransportError(
+                f"frame of {size} bytes to {self._peer_addr} exceeds max_frame_bytes ({limit})")
+        out = self._out
+        self._check_sendable()
+        # A frame larger than the whole window still goes, alone.
+        while out.unread_bytes and out.unread_bytes + size > network.stream_window_bytes:
+            await out.writable.park()
+            self._check_sendable()
+        out.unread_bytes += size
+        network.counters["frames_sent"] += 1
+        network._send_on_pipe(out, bytes(frame))
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def receive_frame(self) -> bytes:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        inbound = self._in
+        while True:
+            self._check_usable()
+            if inbound.frames:
+                break
+            if inbound.fin:
+                raise TransportError(f"{self._peer_addr} closed the stream")
+            await inbound.readable.park()
+        frame = inbound.frames.popleft()
+        inbound.unread_bytes -= len(frame)
+        inbound.writable.unpark_all()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return frame
+
+    async def aclose(self) -> None:
+        self._close_now()
+        await trio.lowlevel.checkpoint()
+
+    def _close_now(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._owner is not None:
+            self._owner._streams.pop(self, None)
+        connection = self._connection
+        self._in.frames.clear()
+        self._in.wake_all()
+        self._out.wake_all()
+        if connection.broken is None:
+            connection.network._send_on_pipe(self._out, None)
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise TransportError(f"stream to {self._peer_addr} is closed")
+        if self._connection.broken is not None:
+            raise TransportError(
+                f"stream to {self._peer_addr} broke: {self._connection.broken}")
+
+    def _check_sendable(self) -> None:
+        self._check_usable()
+        if self._out.reader_gone:
+            raise TransportError(f"{self._peer_addr} closed the stream")
+
+
+__all__ = [
+    "OUTCOMES",
+    "Bernoulli",
+    "DelayModel",
+    "FixedDelay",
+    "GilbertElliott",
+    "LinkModel",
+    "LognormalDelay",
+    "LossModel",
+    "MemoryNetwork",
+    "MemoryStream",
+    "MemoryTransport",
+    "PacketRecord",
+    "ParetoDelay",
+    "UniformDelay",
+]

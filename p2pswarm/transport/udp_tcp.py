@@ -1,0 +1,490 @@
+"""Real sockets: UDP datagrams for gossip, length-prefixed TCP frames for streams.
+
+One transport owns one port number on both protocols, so a fellow's single address
+``host:port`` reaches both its datagrams and its stream listener. Open it with::
+
+    async with open_udp_tcp_transport("0.0.0.0:7946", config) as transport:
+        ...
+
+which binds both sockets, runs the datagram receive loop in its own nursery and closes
+everything on exit. Datagrams land in a bounded queue; when the agent falls behind, new
+ones are dropped and counted (gossip tolerates loss, an unbounded queue does not tolerate
+a flood). A TCP frame is a 4-byte big-endian length and then that many bytes; a length
+above ``max_frame_bytes`` ends the connection, so a stray client can cost a connection but
+never the listener.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket as stdlib_socket
+import struct
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from p2pswarm.config import TransportConfig
+from p2pswarm.errors import TransportError
+from p2pswarm.transport.base import StreamHandler, run_stream_handler
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("!I")
+_RECEIVE_BUFFER_BYTES = 256 * 1024  # a frame below this is assembled in the stream's buffer
+_COALESCE_MAX_BYTES = 64 * 1024  # below this, header and frame go out in one send
+_DATAGRAM_BUFFER_BYTES = 65536  # largest UDP payload; anything above max is dropped anyway
+_ACCEPT_BACKLOG = 128
+_PORT_ZERO_ATTEMPTS = 64  # port 0: tries to find a number free for both UDP and TCP
+_ACCEPT_RETRY_S = 0.1  # out of file descriptors: pause accepting, like trio's serve_listeners
+
+# sendto failures that mean "the peer or the path is gone", which datagrams must not report.
+# EPERM: a firewall rule dropping on output (the namespace simulations use nftables).
+_SILENT_SEND_ERRNOS = frozenset(
+    getattr(errno, name) for name in (
+        "ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "EHOSTDOWN", "ENETDOWN", "EPERM",
+    ) if hasattr(errno, name)
+)
+_ACCEPT_SKIP_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("ECONNABORTED", "EPROTO", "ECONNRESET")
+    if hasattr(errno, name)
+)
+_ACCEPT_PAUSE_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("EMFILE", "ENFILE", "ENOMEM", "ENOBUFS")
+    if hasattr(errno, name)
+)
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """``"host:port"`` (or ``"[v6]:port"``) as (host, port); TransportError if malformed."""
+    host, sep, port_text = addr.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise TransportError(f"bad address {addr!r}: expected host:port, e.g. 10.0.0.5:7946")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise TransportError(f"bad address {addr!r}: write IPv6 hosts in brackets, [::1]:7946")
+    return host, int(port_text)
+
+
+def format_addr(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc) or type(exc).__name__
+
+
+class TcpStream:
+    """A Stream over one TCP connection, framed as length prefix + bytes.
+
+    Cancel-safe on receive: every byte read is kept in the stream's own state, so a
+    ``move_on_after`` around ``receive_frame`` never loses part of a frame. A send
+    cancelled halfway through a frame closes the stream, since the peer would otherwise
+    read the next frame's bytes as the rest of this one.
+    """
+
+    def __init__(self, sock: trio.socket.SocketType, peer_addr: str, max_frame_bytes: int,
+                 on_close: Callable[[TcpStream], None] | None = None) -> None:
+        self._sock = sock
+        self._peer_addr = peer_addr
+        self._max_frame_bytes = max_frame_bytes
+        self._on_close = on_close
+        self._closed = False
+        self._send_lock = trio.Lock()
+        self._receive_lock = trio.Lock()
+        self._buf = bytearray(_RECEIVE_BUFFER_BYTES)
+        self._start = 0  # first unread byte in _buf
+        self._end = 0  # one past the last received byte in _buf
+        self._want: int | None = None  # length of the frame being read, header consumed
+        self._big: bytearray | None = None  # a frame too large for _buf, being filled
+        self._big_got = 0
+
+    @property
+    def peer_addr(self) -> str:
+        return self._peer_addr
+
+    async def send_frame(self, frame: bytes) -> None:
+        size = len(frame)
+        if size > self._max_frame_bytes:
+            raise TransportError(
+                f"frame of {size} bytes to {self._peer_addr} exceeds max_frame_bytes "
+                f"({self._max_frame_bytes})"
+            )
+        header = _HEADER.pack(size)
+        chunks = [header + frame] if size <= _COALESCE_MAX_BYTES else [header, frame]
+        async with self._send_lock:
+            self._check_open()
+            started = False
+            try:
+                for chunk in chunks:
+                    view = memoryview(chunk)
+                    while view:
+                        sent = await self._sock.send(view)
+                        started = True
+                        view = view[sent:]
+            except (OSError, trio.ClosedResourceError) as exc:
+                self._close_now()
+                raise TransportError(
+                    f"sending to {self._peer_addr} failed: {_reason(exc)}") from exc
+            except BaseException:
+                if started:
+                    self._close_now()
+                raise
+
+    async def receive_frame(self) -> bytes:
+        async with self._receive_lock:
+            self._check_open()
+            try:
+                return await self._read_frame()
+            except (OSError, trio.ClosedResourceError) as exc:
+                self._close_now()
+                raise TransportError(
+                    f"receiving from {self._peer_addr} failed: {_reason(exc)}") from exc
+            except TransportError:
+                self._close_now()
+                raise
+
+    async def aclose(self) -> None:
+        self._close_now()
+        await trio.lowlevel.checkpoint()
+
+    def _close_now(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._sock.close()
+            if self._on_close is not None:
+                self._on_close(self)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError(f"stream to {self._peer_addr} is closed")
+
+    async def _read_frame(self) -> bytes:
+        if self._want is None:
+            await self._fill(_HEADER.size)
+            (size,) = _HEADER.unpack_from(self._buf, self._start)
+            if size > self._max_frame_bytes:
+                raise TransportError(
+                    f"{self._peer_addr} announced a frame of {size} bytes, above "
+                    f"max_frame_bytes ({self._max_frame_bytes})"
+                )
+            self._start += _HEADER.size
+            self._want = size
+        size = self._want
+        if size <= len(self._buf):
+            await self._fill(size)
+            frame = bytes(memoryview(self._buf)[self._start:self._start + size])
+            self._start += size
+            self._want = None
+            return frame
+        if self._big is None:
+            # Read straight into a buffer of the frame's size: no growing, no re-copying.
+            self._big = bytearray(size)
+            buffered = self._end - self._start
+            self._big[:buffered] = memoryview(self._buf)[self._start:self._end]
+            self._big_got = buffered
+            self._start = self._end = 0
+        view = memoryview(self._big)
+        while self._big_got < size:
+            got = await self._sock.recv_into(view[self._big_got:])
+            if got == 0:
+                raise TransportError(f"{self._peer_addr} closed the stream mid-frame")
+            self._big_got += got
+        frame = bytes(self._big)
+        self._big = None
+        self._want = None
+        return frame
+
+    async def _fill(self, count: int) -> None:
+        """Have at least ``count`` unread bytes in ``_buf``."""
+        if self._end - self._start >= count:
+            return
+        if self._start + count > len(self._buf):
+            pending = self._end - self._start
+            self._buf[:pending] = self._buf[self._start:self._end]
+            self._start, self._end = 0, pending
+        view = memoryview(self._buf)
+        while self._end - self._start < count:
+            got = await self._sock.recv_into(view[self._end:])
+            if got == 0:
+                if self._end == self._start and self._want is None:
+                    raise TransportError(f"{self._peer_addr} closed the stream")
+                raise TransportError(f"{self._peer_addr} closed the stream mid-frame")
+            self._end += got
+
+
+class UdpTcpTransport:
+    """UDP + TCP on one port. Build it with ``open_udp_tcp_transport``, not directly.
+
+    ``counters`` counts what the agent may want to report: datagrams sent, received,
+    dropped because the queue was full or they were too large, sends the network
+    refused (silently, as datagrams are best effort), streams opened and accepted.
+    """
+
+    def __init__(self, udp: trio.socket.SocketType, tcp: trio.socket.SocketType,
+                 local_addr: str, config: TransportConfig) -> None:
+        self._udp = udp
+        self._tcp = tcp
+        self._local_addr = local_addr
+        self._config = config
+        self._closed = False
+        self._serving = False
+        self._streams: dict[TcpStream, None] = {}  # opened by us, closed with the transport
+        self._datagram_in: trio.MemorySendChannel[tuple[bytes, str]]
+        self._datagram_out: trio.MemoryReceiveChannel[tuple[bytes, str]]
+        self._datagram_in, self._datagram_out = trio.open_memory_channel(
+            config.receive_queue_datagrams)
+        self.counters: dict[str, int] = {
+            "datagrams_sent": 0,
+            "datagrams_received": 0,
+            "datagrams_dropped_queue_full": 0,
+            "datagrams_dropped_oversize": 0,
+            "datagrams_send_refused": 0,
+            "streams_opened": 0,
+            "streams_accepted": 0,
+        }
+
+    @property
+    def local_addr(self) -> str:
+        return self._local_addr
+
+    async def send_datagram(self, addr: str, data: bytes) -> None:
+        self._check_open()
+        if len(data) > self._config.max_datagram_bytes:
+            raise TransportError(
+                f"datagram of {len(data)} bytes exceeds max_datagram_bytes "
+                f"({self._config.max_datagram_bytes})"
+            )
+        host, port = parse_addr(addr)
+        try:
+            await self._udp.sendto(data, (host, port))
+        except trio.ClosedResourceError as exc:
+            raise TransportError("transport is closed") from exc
+        except (stdlib_socket.gaierror, UnicodeError) as exc:  # idna refuses some names
+            raise TransportError(f"cannot resolve {addr}: {_reason(exc)}") from exc
+        except OSError as exc:
+            if exc.errno in _SILENT_SEND_ERRNOS:
+                self.counters["datagrams_send_refused"] += 1
+                return
+            raise TransportError(f"sending a datagram to {addr} failed: {_reason(exc)}") from exc
+        self.counters["datagrams_sent"] += 1
+
+    async def receive_datagram(self) -> tuple[bytes, str]:
+        try:
+            return await self._datagram_out.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError) as exc:
+            raise TransportError("transport is closed") from exc
+
+    async def open_stream(self, addr: str) -> TcpStream:
+        self._check_open()
+        host, port = parse_addr(addr)
+        timeout_s = self._config.stream_connect_timeout_s
+        try:
+            with trio.fail_after(timeout_s):
+                sock = await self._connect(addr, host, port)
+        except trio.TooSlowError as exc:
+            raise TransportError(f"connecting to {addr} timed out after {timeout_s} s") from exc
+        stream = TcpStream(sock, addr, self._config.max_frame_bytes, self._forget_stream)
+        self._streams[stream] = None
+        self.counters["streams_opened"] += 1
+        return stream
+
+    async def _connect(self, addr: str, host: str, port: int) -> trio.socket.SocketType:
+        try:
+            infos = await trio.socket.getaddrinfo(host, port, type=stdlib_socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            raise TransportError(f"cannot resolve {addr}: {_reason(exc)}") from exc
+        failure: OSError | None = None
+        for family, type_, proto, _, sockaddr in infos:
+            sock = trio.socket.socket(family, type_, proto)
+            try:
+                sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_NODELAY, 1)
+                await sock.connect(sockaddr)
+            except OSError as exc:
+                sock.close()
+                failure = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+        reason = _reason(failure) if failure is not None else "no usable address"
+        raise TransportError(f"cannot connect to {addr}: {reason}") from failure
+
+    async def serve_streams(self, handler: StreamHandler, *,
+                            task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self._check_open()
+        if self._serving:
+            raise TransportError(f"{self._local_addr} is already serving streams")
+        self._serving = True
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started()
+                await self._accept_loop(handler, nursery)
+                # The listener is closed: the transport is shutting down, handlers too.
+                nursery.cancel_scope.cancel()
+        finally:
+            self._serving = False
+
+    async def _accept_loop(self, handler: StreamHandler, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                sock, sockaddr = await self._tcp.accept()
+            except trio.ClosedResourceError:
+                return
+            except OSError as exc:
+                if exc.errno in _ACCEPT_SKIP_ERRNOS:
+                    continue
+                if exc.errno in _ACCEPT_PAUSE_ERRNOS:
+                    log.warning("accepting on %s: %s; pausing", self._local_addr, _reason(exc))
+                    await trio.sleep(_ACCEPT_RETRY_S)
+                    continue
+                raise TransportError(
+                    f"accepting streams on {self._local_addr} failed: {_reason(exc)}") from exc
+            try:
+                sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_NODELAY, 1)
+            except OSError:
+                sock.close()  # reset before we got to it
+                continue
+            peer = format_addr(sockaddr[0], sockaddr[1])
+            stream = TcpStream(sock, peer, self._config.max_frame_bytes)
+            self.counters["streams_accepted"] += 1
+            nursery.start_soon(run_stream_handler, handler, stream)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            # Closing wakes every task blocked on these sockets with ClosedResourceError:
+            # the receive loop ends (closing the queue), serve_streams cancels its handlers.
+            self._udp.close()
+            self._tcp.close()
+            for stream in list(self._streams):
+                stream._close_now()
+        await trio.lowlevel.checkpoint()
+
+    async def _receive_datagrams(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        buf = bytearray(_DATAGRAM_BUFFER_BYTES)
+        view = memoryview(buf)
+        limit = self._config.max_datagram_bytes
+        async with self._datagram_in:
+            task_status.started()
+            while True:
+                try:
+                    size, sender = await self._udp.recvfrom_into(buf)
+                except trio.ClosedResourceError:
+                    return
+                except OSError as exc:
+                    if self._closed:
+                        return
+                    # e.g. an ICMP error reported on some platforms: the socket is fine.
+                    log.debug("datagram receive on %s: %s", self._local_addr, _reason(exc))
+                    continue
+                if size > limit:
+                    self.counters["datagrams_dropped_oversize"] += 1
+                    continue
+                item = (bytes(view[:size]), format_addr(sender[0], sender[1]))
+                try:
+                    self._datagram_in.send_nowait(item)
+                except trio.WouldBlock:
+                    self.counters["datagrams_dropped_queue_full"] += 1
+                else:
+                    self.counters["datagrams_received"] += 1
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError(f"transport {self._local_addr} is closed")
+
+    def _forget_stream(self, stream: TcpStream) -> None:
+        self._streams.pop(stream, None)
+
+
+async def _bind_pair(listen_addr: str, host: str, port: int
+                     ) -> tuple[trio.socket.SocketType, trio.socket.SocketType]:
+    """A UDP socket and a listening TCP socket on the same port number."""
+    try:
+        infos = await trio.socket.getaddrinfo(
+            host or None, port, type=stdlib_socket.SOCK_DGRAM, flags=stdlib_socket.AI_PASSIVE)
+    except OSError as exc:
+        raise TransportError(f"cannot listen on {listen_addr}: {_reason(exc)}") from exc
+    family, _, _, _, sockaddr = infos[0]
+    attempts = _PORT_ZERO_ATTEMPTS if port == 0 else 1
+    for _ in range(attempts):
+        udp = trio.socket.socket(family, stdlib_socket.SOCK_DGRAM)
+        tcp = trio.socket.socket(family, stdlib_socket.SOCK_STREAM)
+        try:
+            await udp.bind(sockaddr)
+            bound_port = udp.getsockname()[1]
+            if sys.platform != "win32":
+                # Restarting an agent must not wait for old connections in TIME_WAIT.
+                tcp.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_REUSEADDR, 1)
+            await tcp.bind((sockaddr[0], bound_port, *sockaddr[2:]))
+            tcp.listen(_ACCEPT_BACKLOG)
+        except OSError as exc:
+            udp.close()
+            tcp.close()
+            if exc.errno == errno.EADDRINUSE:
+                if port == 0:
+                    continue  # the UDP port's number is taken for TCP: pick another
+                raise TransportError(
+                    f"cannot listen on {listen_addr}: address already in use (is another "
+                    f"agent running? choose another --listen port)"
+                ) from exc
+            raise TransportError(f"cannot listen on {listen_addr}: {_reason(exc)}") from exc
+        except BaseException:
+            udp.close()
+            tcp.close()
+            raise
+        return udp, tcp
+    raise TransportError(
+        f"cannot listen on {listen_addr}: found no port free for both UDP and TCP "
+        f"in {_PORT_ZERO_ATTEMPTS} tries"
+    )
+
+
+@asynccontextmanager
+async def open_udp_tcp_transport(listen_addr: str, config: TransportConfig | None = None, *,
+                                 advertise_addr: str | None = None
+                                 ) -> AsyncIterator[UdpTcpTransport]:
+    """Bind UDP and TCP on ``listen_addr`` (port 0: a free one) and run the transport.
+
+    ``local_addr`` is the bound address (numeric host, resolved port) unless
+    ``advertise_addr`` says how fellows reach us, e.g. when listening on 0.0.0.0.
+    Raises TransportError when the address cannot be bound.
+    """
+    config = config or TransportConfig()
+    host, port = parse_addr(listen_addr)
+    udp, tcp = await _bind_pair(listen_addr, host, port)
+    bound = udp.getsockname()
+    local_addr = advertise_addr or format_addr(bound[0], bound[1])
+    transport = UdpTcpTransport(udp, tcp, local_addr, config)
+    body_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(transport._receive_datagrams)
+            try:
+                yield transport
+            finally:
+                with trio.CancelScope(shield=True):
+                    await transport.aclose()
+    except BaseException as group:
+        # The receive loop never raises, so a group holds just what the body raised:
+        # hand that on as itself, as a plain resource would, not wrapped by our nursery.
+        inner = getattr(group, "exceptions", ())
+        if len(inner) != 1:
+            raise
+        body_error = inner[0]
+    finally:
+        udp.close()
+        tcp.close()
+    if body_error is not None:
+        raise body_error
+
+
+__all__ = ["TcpStream", "UdpTcpTransport", "format_addr", "open_udp_tcp_transport",
+           "parse_addr"]

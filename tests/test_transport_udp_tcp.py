@@ -1,0 +1,282 @@
+"""UdpTcpTransport on real loopback sockets.
+
+Nothing here sleeps to wait: each test waits for the event it expects (a datagram, a
+frame, a handler's report) under a generous ``fail_after``.
+"""
+
+from __future__ import annotations
+
+import random
+import socket as stdlib_socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+from p2pswarm.config import TransportConfig
+from p2pswarm.errors import TransportError
+from p2pswarm.transport import Stream, StreamHandler, Transport
+from p2pswarm.transport.udp_tcp import UdpTcpTransport, open_udp_tcp_transport, parse_addr
+
+LOOPBACK = "127.0.0.1:0"
+DEADLINE_S = 20
+
+
+async def echo(stream: Stream) -> None:
+    while True:
+        await stream.send_frame(await stream.receive_frame())
+
+
+@asynccontextmanager
+async def serving(handler: StreamHandler, config: TransportConfig | None = None
+                  ) -> AsyncIterator[tuple[UdpTcpTransport, UdpTcpTransport]]:
+    """Two transports on loopback, the second serving streams with ``handler``."""
+    async with open_udp_tcp_transport(LOOPBACK, config) as a, \
+            open_udp_tcp_transport(LOOPBACK, config) as b, trio.open_nursery() as nursery:
+        await nursery.start(b.serve_streams, handler)
+        yield a, b
+        nursery.cancel_scope.cancel()
+
+
+async def test_datagrams_both_ways() -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with open_udp_tcp_transport(LOOPBACK) as a, open_udp_tcp_transport(LOOPBACK) as b:
+            assert isinstance(a, Transport)
+            assert a.local_addr.startswith("127.0.0.1:") and a.local_addr != b.local_addr
+            await a.send_datagram(b.local_addr, b"ping")
+            assert await b.receive_datagram() == (b"ping", a.local_addr)
+            await b.send_datagram(a.local_addr, b"pong" * 350)  # exactly max_datagram_bytes
+            assert await a.receive_datagram() == (b"pong" * 350, b.local_addr)
+            with pytest.raises(TransportError, match="max_datagram_bytes"):
+                await a.send_datagram(b.local_addr, bytes(1401))
+            with pytest.raises(TransportError, match="bad address"):
+                await a.send_datagram("no-port", b"x")
+            assert a.counters["datagrams_sent"] == 1 and b.counters["datagrams_received"] == 1
+
+
+async def test_full_queue_drops_and_counts() -> None:
+    config = TransportConfig(receive_queue_datagrams=4)
+    with trio.fail_after(DEADLINE_S):
+        async with open_udp_tcp_transport(LOOPBACK) as a, \
+                open_udp_tcp_transport(LOOPBACK, config) as b:
+            for i in range(20):
+                await a.send_datagram(b.local_addr, bytes([i]))
+            # Wait for the receive loop to have taken all 20 off the socket.
+            while b.counters["datagrams_received"] + b.counters["datagrams_dropped_queue_full"] < 20:
+                await trio.testing.wait_all_tasks_blocked()
+            assert b.counters["datagrams_dropped_queue_full"] == 16
+            assert [(await b.receive_datagram())[0] for _ in range(4)] == [bytes([i]) for i in range(4)]
+
+
+@pytest.mark.parametrize("size", [0, 1, 1000, 65_535, 65_536, 65_537, 262_145, 1 << 20])
+async def test_frames_of_many_sizes_round_trip(size: int) -> None:
+    frame = random.Random(size).randbytes(size)
+    with trio.fail_after(DEADLINE_S):
+        async with serving(echo) as (a, b):
+            stream = await a.open_stream(b.local_addr)
+            assert stream.peer_addr == b.local_addr and isinstance(stream, Stream)
+            for _ in range(3):
+                await stream.send_frame(frame)
+            for _ in range(3):
+                assert await stream.receive_frame() == frame
+            await stream.aclose()
+
+
+async def test_many_small_frames_in_order_both_ways() -> None:
+    frames = [i.to_bytes(4, "big") * (i % 50) for i in range(2000)]
+    with trio.fail_after(DEADLINE_S):
+        async with serving(echo) as (a, b), trio.open_nursery() as nursery:
+            stream = await a.open_stream(b.local_addr)
+
+            async def send_all() -> None:
+                for frame in frames:
+                    await stream.send_frame(frame)
+
+            nursery.start_soon(send_all)
+            assert [await stream.receive_frame() for _ in frames] == frames
+
+
+async def test_port_in_use_gives_a_clear_error() -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with open_udp_tcp_transport(LOOPBACK) as a:
+            with pytest.raises(TransportError) as info:
+                async with open_udp_tcp_transport(a.local_addr):
+                    pass
+            message = str(info.value)
+            assert message == (f"cannot listen on {a.local_addr}: address already in use "
+                               f"(is another agent running? choose another --listen port)")
+            assert isinstance(info.value.__cause__, OSError)
+
+        # Only the TCP port taken (UDP free): the same error.
+        listener = stdlib_socket.socket(stdlib_socket.AF_INET, stdlib_socket.SOCK_STREAM)
+        with listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            addr = f"127.0.0.1:{listener.getsockname()[1]}"
+            with pytest.raises(TransportError, match="address already in use"):
+                async with open_udp_tcp_transport(addr):
+                    pass
+
+
+async def test_port_zero_is_free_for_both_and_advertise_is_used() -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with open_udp_tcp_transport(LOOPBACK, advertise_addr="fellow.lan:7946") as a:
+            assert a.local_addr == "fellow.lan:7946"
+        async with open_udp_tcp_transport(LOOPBACK) as a:
+            host, port = parse_addr(a.local_addr)
+            # Both protocols hold the port: a plain socket can take neither.
+            for kind in (stdlib_socket.SOCK_DGRAM, stdlib_socket.SOCK_STREAM):
+                with stdlib_socket.socket(stdlib_socket.AF_INET, kind) as other, \
+                        pytest.raises(OSError):
+                    other.bind((host, port))
+
+
+async def test_garbage_connections_never_break_the_listener() -> None:
+    config = TransportConfig(max_frame_bytes=1 << 20)
+    reports_in, reports_out = trio.open_memory_channel[str](100)
+
+    async def handler(stream: Stream) -> None:
+        try:
+            while True:
+                frame = await stream.receive_frame()
+                await stream.send_frame(frame)
+        except TransportError as exc:
+            reports_in.send_nowait(str(exc))
+            raise
+
+    async def raw_client(addr: str, payload: bytes) -> bytes:
+        """Send payload, half-close, return what comes back until the server closes."""
+        host, port = parse_addr(addr)
+        sock = trio.socket.socket()
+        with sock:
+            await sock.connect((host, port))
+            if payload:
+                await sock.send(payload)
+            sock.shutdown(stdlib_socket.SHUT_WR)
+            received = b""
+            while chunk := await sock.recv(65536):
+                received += chunk
+            return received
+
+    rng = random.Random(7)
+    garbage = [
+        b"",  # connect and close
+        b"\xff\xff\xff\xff" + rng.randbytes(100),  # a 4 GiB frame announced
+        ((1 << 20) + 1).to_bytes(4, "big"),  # just above max_frame_bytes
+        b"\x00\x00\x10\x00" + rng.randbytes(10),  # a frame cut short
+        b"\x00\x00",  # half a header
+        rng.randbytes(5000),  # noise
+    ]
+    with trio.fail_after(DEADLINE_S):
+        async with serving(handler, config) as (a, b):
+            for payload in garbage:
+                await raw_client(b.local_addr, payload)
+                report = await reports_out.receive()
+                assert "closed the stream" in report or "max_frame_bytes" in report, report
+            # A good client is served as before.
+            stream = await a.open_stream(b.local_addr)
+            await stream.send_frame(b"hello")
+            assert await stream.receive_frame() == b"hello"
+            with pytest.raises(TransportError, match="max_frame_bytes"):
+                await stream.send_frame(bytes((1 << 20) + 1))  # refused before sending
+            await stream.send_frame(b"still fine")
+            assert await stream.receive_frame() == b"still fine"
+            assert b.counters["streams_accepted"] == len(garbage) + 1
+
+
+async def test_a_failing_handler_closes_only_its_stream() -> None:
+    async def handler(stream: Stream) -> None:
+        if await stream.receive_frame() == b"boom":
+            raise ValueError("a bug in the handler")
+        await stream.send_frame(b"ok")
+
+    with trio.fail_after(DEADLINE_S):
+        async with serving(handler) as (a, b):
+            bad = await a.open_stream(b.local_addr)
+            await bad.send_frame(b"boom")
+            with pytest.raises(TransportError, match="closed the stream"):
+                await bad.receive_frame()
+            good = await a.open_stream(b.local_addr)
+            await good.send_frame(b"fine")
+            assert await good.receive_frame() == b"ok"
+
+
+async def test_connect_refused_is_a_transport_error() -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with open_udp_tcp_transport(LOOPBACK) as gone:
+            addr = gone.local_addr
+        async with open_udp_tcp_transport(LOOPBACK) as a:
+            with pytest.raises(TransportError, match="cannot connect"):
+                await a.open_stream(addr)
+            await a.send_datagram(addr, b"to nobody")  # silent
+
+
+async def test_aclose_is_clean() -> None:
+    handler_cancelled = trio.Event()
+    handler_started = trio.Event()
+    serve_returned = trio.Event()
+
+    async def handler(stream: Stream) -> None:
+        handler_started.set()
+        try:
+            await stream.receive_frame()
+        except trio.Cancelled:
+            handler_cancelled.set()
+            raise
+
+    with trio.fail_after(DEADLINE_S):
+        async with open_udp_tcp_transport(LOOPBACK) as a, trio.open_nursery() as outer:
+            async with open_udp_tcp_transport(LOOPBACK) as b:
+
+                async def serve() -> None:
+                    await b.serve_streams(handler)
+                    serve_returned.set()
+
+                async def receive_until_closed() -> None:
+                    with pytest.raises(TransportError, match="closed"):
+                        await b.receive_datagram()
+
+                outer.start_soon(serve)
+                outer.start_soon(receive_until_closed)
+                await trio.testing.wait_all_tasks_blocked()
+                stream = await a.open_stream(b.local_addr)
+                await handler_started.wait()
+                outgoing = await b.open_stream(a.local_addr)  # completes in a's backlog
+            # b is closed now: serve_streams returned, its handler was cancelled.
+            await serve_returned.wait()
+            assert handler_cancelled.is_set()
+            with pytest.raises(TransportError, match="closed"):
+                await stream.receive_frame()
+            with pytest.raises(TransportError, match="closed"):
+                await outgoing.send_frame(b"x")
+            with pytest.raises(TransportError, match="closed"):
+                await b.send_datagram(a.local_addr, b"x")
+            await b.aclose()  # idempotent
+
+
+async def test_errors_from_the_body_pass_through_unwrapped() -> None:
+    with pytest.raises(KeyError):  # as itself, not in an ExceptionGroup
+        async with open_udp_tcp_transport(LOOPBACK):
+            raise KeyError("mine")
+    with trio.move_on_after(0) as scope:
+        async with open_udp_tcp_transport(LOOPBACK):
+            await trio.sleep_forever()
+    assert scope.cancelled_caught
+
+
+async def test_ipv6_loopback() -> None:
+    if not stdlib_socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    try:
+        async with open_udp_tcp_transport("[::1]:0") as a, open_udp_tcp_transport("[::1]:0") as b:
+            assert a.local_addr.startswith("[::1]:")
+            with trio.fail_after(DEADLINE_S):
+                await a.send_datagram(b.local_addr, b"v6")
+                assert await b.receive_datagram() == (b"v6", a.local_addr)
+    except TransportError as exc:
+        if "cannot listen" in str(exc):
+            pytest.skip(f"no IPv6 loopback here: {exc}")
+        raise
