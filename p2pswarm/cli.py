@@ -235,6 +235,258 @@ def demo(
 
 
 # --- planning commands (plan, bench, cluster) ---
+
+_PLAN_HELP_MODEL = "Model directory, config.json path, or built-in name (e.g. tiny-llama)."
+
+
+def _agent_answer(home: Optional[Path], message: dict[str, Any], offline_hint: str) -> Any:
+    """The local agent's answer to a planning op; no agent -> one line saying what to do."""
+    directory = home_dir(home)
+    try:
+        from p2pswarm.control.client import request as agent_request
+    except ImportError:
+        fail(f"no agent running in {directory}: start one with `p2pswarm join`{offline_hint}",
+             EXIT_FAILURE)
+    try:
+        return agent_request(directory, message)
+    except ControlError as exc:
+        text = str(exc)
+        if text.startswith("no agent running"):
+            fail(f"no agent running in {directory}: start one with `p2pswarm join`"
+                 f"{offline_hint}", EXIT_FAILURE)
+        fail(text, EXIT_FAILURE)
+    except ConfigError as exc:
+        fail(str(exc))
+    except SwarmError as exc:
+        fail(str(exc), EXIT_FAILURE)
+
+
+def _read_cluster_file(path: Path) -> Any:
+    from p2pswarm.planner import cluster_from_dict
+
+    try:
+        data = json.loads(path.expanduser().read_text())
+    except OSError as exc:
+        fail(f"cannot read --cluster {path}: {exc.strerror}; export one with "
+             f"`p2pswarm cluster export --out FILE`")
+    except ValueError as exc:
+        fail(f"--cluster {path} is not JSON ({exc}): see docs/planner.md for the format")
+    try:
+        return cluster_from_dict(data)
+    except ConfigError as exc:
+        fail(f"--cluster {path}: {exc}")
+
+
+def _floors(items: list[str]) -> dict[str, str]:
+    floors = {}
+    for item in items:
+        kind, sep, size = item.partition("=")
+        if not sep or kind not in ("cuda", "cpu") or not size:
+            fail(f"--floor {item!r} must be KIND=SIZE with KIND cuda or cpu, e.g. cuda=2GB")
+        floors[kind] = size
+    return floors
+
+
+@app.command()
+def plan(
+    model: str = typer.Argument(..., help=_PLAN_HELP_MODEL),
+    context: Optional[int] = typer.Option(None, "--context", help="Context tokens per "
+                                          "sequence (default: 4096 or the model's maximum)."),
+    sequences: int = typer.Option(1, "--sequences", help="Sequences decoded together."),
+    stages: Optional[int] = typer.Option(None, "--stages", help="Fix the number of stages."),
+    weights_dtype: Optional[str] = typer.Option(None, "--weights-dtype",
+                                                help="f32, f16, bf16, int8 or int4."),
+    kv_dtype: str = typer.Option("f16", "--kv-dtype", help="f32, f16, bf16 or int8."),
+    maximize: Optional[str] = typer.Option(None, "--maximize",
+                                           help="speed, context (serve) or seq_len (train)."),
+    exclude: list[str] = typer.Option([], "--exclude", help="Leave a card out: FELLOW:INDEX "
+                                      "or FELLOW:cpu (repeatable)."),
+    floor: list[str] = typer.Option([], "--floor", help="Least free memory a card needs, "
+                                    "per kind: cuda=2GB, cpu=1GB (repeatable)."),
+    train: bool = typer.Option(False, "--train", help="Plan a training job, not serving."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Training sequence length."),
+    micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-batch."),
+    micro_batches: int = typer.Option(1, "--micro-batches", help="Micro-batches per step."),
+    steps: int = typer.Option(1000, "--steps", help="Training steps (for the time estimate)."),
+    optimizer: str = typer.Option("adamw", "--optimizer", help="adamw or sgd."),
+    lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="Train LoRA adapters "
+                                            "of this rank instead of all weights."),
+    lora_targets: str = typer.Option("q_proj,v_proj", "--lora-targets",
+                                     help="Modules LoRA adapts, comma-separated."),
+    no_checkpointing: bool = typer.Option(False, "--no-checkpointing",
+                                          help="Keep all activations (no recomputation)."),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="Plan offline against a "
+                                           "cluster file instead of asking the agent."),
+    home: Optional[Path] = HomeOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Show where MODEL would run: which fellow runs which layers on which card, and what
+    each card then holds. Exits 1 when the plan does not fit."""
+    from p2pswarm.planner import plan as make_plan
+    from p2pswarm.planner import profile_from_config, read_model_config, request_from_dict
+
+    request: dict[str, Any] = {
+        "kind": "train" if train else "serve", "stages": stages, "kv_dtype": kv_dtype,
+        "weights_dtype": weights_dtype, "maximize": maximize, "exclude": list(exclude),
+        "floors_bytes": _floors(floor),
+    }
+    if train:
+        request.update(seq_len=seq_len, micro_batch=micro_batch, micro_batches=micro_batches,
+                       steps=steps, optimizer=optimizer, checkpointing=not no_checkpointing,
+                       method="lora" if lora_rank is not None else "full")
+        if lora_rank is not None:
+            request.update(lora_rank=lora_rank,
+                           lora_targets=[t.strip() for t in lora_targets.split(",") if t.strip()])
+    else:
+        if seq_len is not None or lora_rank is not None:
+            fail("--seq-len and --lora-rank are training options: add --train")
+        request.update(context=context, sequences=sequences)
+    try:
+        name, config = read_model_config(model)
+        profile = profile_from_config(config, name)
+        checked = request_from_dict(request)
+    except ConfigError as exc:
+        fail(str(exc))
+    if cluster is not None:
+        view = _read_cluster_file(cluster)
+        try:
+            result = make_plan(profile, view, checked).to_dict()
+        except ConfigError as exc:
+            fail(str(exc))
+        except SwarmError as exc:
+            fail(str(exc), EXIT_FAILURE)
+    else:
+        message = {"model": {"name": name, "config": config}, **request}
+        result = _agent_answer(home, {"op": "plan", "request": message},
+                               ", or plan offline with --cluster FILE")
+    if as_json:
+        print_json(result)
+    else:
+        from rich.console import Console
+
+        from p2pswarm.planner.render import print_plan
+        print_plan(result, Console())
+    if not result.get("fits", False):
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _local_cards(gpus: Optional[str], cpu_memory: Optional[str], no_cpu: bool) -> Any:
+    from p2pswarm.inventory import local_card_source, read_inventory
+
+    try:
+        return read_inventory(local_card_source(gpus=gpus, cpu_memory=cpu_memory,
+                                                no_cpu=no_cpu)).cards
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+GpusOption = typer.Option(None, "--gpus", help="Offer only these GPUs, e.g. 0,2 (none: no GPU).")
+CpuMemoryOption = typer.Option(None, "--cpu-memory", help="Cap on the RAM offered, e.g. 6GB.")
+NoCpuOption = typer.Option(False, "--no-cpu", help="Do not offer the CPU as a card.")
+
+
+@app.command()
+def cards(
+    gpus: Optional[str] = GpusOption,
+    cpu_memory: Optional[str] = CpuMemoryOption,
+    no_cpu: bool = NoCpuOption,
+    home: Optional[Path] = HomeOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Show the cards this machine offers: memory, programs holding it, measured speed."""
+    from p2pswarm.bench import BenchmarkCache, benchmarks_for
+
+    found = _local_cards(gpus, cpu_memory, no_cpu)
+    try:
+        speeds = benchmarks_for(found, BenchmarkCache(home_dir(home)))
+    except ConfigError as exc:
+        fail(str(exc))
+    if as_json:
+        print_json({"cards": [{**c.to_dict(), "benchmark": speeds[c.key].to_dict()}
+                              for c in found]})
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from p2pswarm.planner.wording import card_label, gb
+    table = Table(title=f"{len(found)} card{'s' if len(found) != 1 else ''} on this machine")
+    for column in ("card", "total", "free", "held by others", "TFLOP/s", "GB/s", "speed"):
+        table.add_column(column)
+    for c in found:
+        bench = speeds[c.key]
+        held = ", ".join(f"{h.name} {gb(h.held_bytes)}" for h in c.held_by_others) or "-"
+        table.add_row(card_label(c.kind, c.index, c.name), gb(c.total_bytes), gb(c.free_bytes),
+                      held, f"{bench.flops / 1e12:.2f}", f"{bench.mem_bandwidth / 1e9:.0f}",
+                      "measured" if bench.measured else "estimate (run `p2pswarm bench`)")
+    Console().print(table)
+
+
+@app.command()
+def bench(
+    seconds: float = typer.Option(2.0, "--seconds", help="Seconds of measuring per card."),
+    gpus: Optional[str] = GpusOption,
+    cpu_memory: Optional[str] = CpuMemoryOption,
+    no_cpu: bool = NoCpuOption,
+    home: Optional[Path] = HomeOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Measure each local card's matmul FLOP/s and memory bandwidth, and cache them."""
+    from p2pswarm.bench import BenchmarkCache, benchmarks_for
+
+    if seconds <= 0 or seconds > 60:
+        fail(f"--seconds {seconds:g} must be more than 0 and at most 60, e.g. --seconds 2")
+    found = _local_cards(gpus, cpu_memory, no_cpu)
+    try:
+        speeds = benchmarks_for(found, BenchmarkCache(home_dir(home)), rerun=True,
+                                seconds=seconds)
+    except ConfigError as exc:
+        fail(str(exc))
+    if as_json:
+        print_json({"benchmarks": {k: v.to_dict() for k, v in sorted(speeds.items())}})
+        return
+    from p2pswarm.planner.wording import card_label
+    for c in found:
+        b = speeds[c.key]
+        typer.echo(f"{card_label(c.kind, c.index, c.name)}: {b.flops / 1e12:.3f} TFLOP/s "
+                   f"({b.dtype} matmul), {b.mem_bandwidth / 1e9:.1f} GB/s")
+    typer.echo(f"saved in {BenchmarkCache(home_dir(home)).path}")
+
+
+cluster_app = typer.Typer(help="The cluster view the planner plans on, as a file.",
+                          no_args_is_help=True)
+app.add_typer(cluster_app, name="cluster")
+
+
+@cluster_app.command("export")
+def cluster_export(
+    out: Optional[Path] = typer.Option(None, "--out", help="Write here (default: stdout)."),
+    home: Optional[Path] = HomeOption,
+) -> None:
+    """Write the agent's current view of the swarm as a cluster file (for `plan --cluster`)."""
+    data = _agent_answer(home, {"op": "cluster"}, "")
+    text = json.dumps(data, indent=2)
+    if out is None:
+        typer.echo(text)
+        return
+    try:
+        out.expanduser().write_text(text + "\n")
+    except OSError as exc:
+        fail(f"cannot write --out {out}: {exc.strerror}")
+    typer.echo(f"wrote {out}", err=True)
+
+
+@cluster_app.command("check")
+def cluster_check(path: Path = typer.Argument(..., help="A cluster file."),
+                  as_json: bool = JsonOption) -> None:
+    """Read a cluster file, say what is wrong with it, or print it back in canonical form."""
+    view = _read_cluster_file(path)
+    if as_json:
+        print_json(view.to_dict())
+        return
+    n_cards = sum(len(f.cards) for f in view.fellows)
+    typer.echo(f"{path}: {len(view.fellows)} fellows, {n_cards} cards")
+
+
 # --- end planning commands ---
 
 
