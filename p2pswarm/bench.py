@@ -1,0 +1,214 @@
+"""Measured speed of a card: matmul FLOP/s in its compute dtype and memory bandwidth.
+
+The planner's cost model is a roofline, so two numbers per card are enough. A
+measurement takes a few seconds; it is cached in the state directory under a
+fingerprint of the hardware and re-run with ``p2pswarm bench``. A card never measured
+gets a conservative estimate flagged ``measured=False``, so the plan can say its speed
+is a guess.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from p2pswarm.errors import ConfigError
+from p2pswarm.inventory import Card
+
+# Conservative guesses for cards never measured: a low-end GPU and a Raspberry Pi 4 class
+# CPU. Too slow is safer than too fast: the planner then prefers measured cards.
+ESTIMATED_FLOPS = {"cuda": 1.0e12, "cpu": 10.0e9}
+ESTIMATED_MEM_BANDWIDTH = {"cuda": 50.0e9, "cpu": 4.0e9}
+
+CACHE_FILE = "benchmarks.json"
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Benchmark:
+    flops: float  # FLOP/s of a large matmul in `dtype`
+    mem_bandwidth: float  # bytes/s moved by a large copy (read + write)
+    dtype: str  # compute dtype the matmul ran in: "f32", "f16", "bf16"
+    measured: bool  # False: a conservative estimate, never benchmarked
+    fingerprint: str  # which hardware this belongs to
+    seconds: float = 0.0  # how long the measurement ran
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"flops": self.flops, "mem_bandwidth": self.mem_bandwidth, "dtype": self.dtype,
+                "measured": self.measured, "fingerprint": self.fingerprint,
+                "seconds": self.seconds}
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> Benchmark:
+        return Benchmark(flops=float(data["flops"]), mem_bandwidth=float(data["mem_bandwidth"]),
+                         dtype=str(data.get("dtype", "f32")),
+                         measured=bool(data.get("measured", True)),
+                         fingerprint=str(data.get("fingerprint", "")),
+                         seconds=float(data.get("seconds", 0.0)))
+
+
+def fingerprint(card: Card) -> str:
+    """Same hardware, same fingerprint: kind, name, uuid and size of the card."""
+    text = f"{card.kind}|{card.name}|{card.uuid}|{card.total_bytes}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def estimate(card: Card) -> Benchmark:
+    """The conservative speed of a card never benchmarked."""
+    return Benchmark(flops=ESTIMATED_FLOPS[card.kind],
+                     mem_bandwidth=ESTIMATED_MEM_BANDWIDTH[card.kind],
+                     dtype="f32" if card.kind == "cpu" else "f16", measured=False,
+                     fingerprint=fingerprint(card))
+
+
+def _torch_device(torch: Any, card: Card) -> Any:
+    if card.kind == "cpu":
+        return torch.device("cpu")
+    # NVML counts GPUs in PCI order, CUDA fastest first unless told otherwise: match UUIDs
+    for i in range(torch.cuda.device_count()):
+        uuid = str(getattr(torch.cuda.get_device_properties(i), "uuid", ""))
+        if uuid and uuid in card.uuid:
+            return torch.device(f"cuda:{i}")
+    return torch.device(f"cuda:{card.index}")
+
+
+def compute_dtype(torch: Any, card: Card) -> str:
+    """f16 on GPUs with fast half precision (compute capability 7.0+), else f32."""
+    if card.kind == "cuda":
+        major, _ = torch.cuda.get_device_capability(_torch_device(torch, card))
+        return "f16" if major >= 7 else "f32"
+    return "f32"
+
+
+def measure(card: Card, seconds: float = 2.0, torch_module: Any = None,
+            clock: Callable[[], float] | None = None) -> Benchmark:
+    """Run the matmul and copy loops on ``card`` for about ``seconds`` in all."""
+    if clock is None:
+        import time  # imported here: the planner imports this module's estimates
+        clock = time.perf_counter
+    if seconds <= 0:
+        raise ConfigError(f"--seconds {seconds} must be more than zero: e.g. --seconds 2")
+    torch = torch_module
+    if torch is None:
+        import torch
+    device = _torch_device(torch, card)
+    dtype_name = compute_dtype(torch, card)
+    dtype = {"f32": torch.float32, "f16": torch.float16}[dtype_name]
+    sync = (lambda: torch.cuda.synchronize(device)) if card.kind == "cuda" else (lambda: None)
+    started = clock()
+
+    # small sizes when asked for a short run, so a test's 0.1 s stays 0.1 s on a Pi
+    n = 256 if seconds < 0.5 else (1024 if card.kind == "cpu" else 4096)
+    pair: list[Any] = [torch.randn(n, n, device=device, dtype=dtype),
+                       torch.randn(n, n, device=device, dtype=dtype)]
+    flops = _rate(lambda: torch.mm(*pair), 2.0 * n**3, seconds / 2, sync, clock)
+    pair.clear()  # free the matrices before the copy buffers
+
+    # larger than any cache (CPU L3, GPU L2), or the copy measures the cache
+    copy_bytes = (256 if card.kind == "cuda" else 64) * 2**20
+    src = torch.empty(copy_bytes // 4, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    bandwidth = _rate(lambda: dst.copy_(src), 2.0 * copy_bytes, seconds / 2, sync, clock)
+    return Benchmark(flops=flops, mem_bandwidth=bandwidth, dtype=dtype_name, measured=True,
+                     fingerprint=fingerprint(card), seconds=round(clock() - started, 3))
+
+
+def _rate(work: Callable[[], Any], units: float, budget_s: float, sync: Callable[[], None],
+          clock: Callable[[], float], windows: int = 4) -> float:
+    """Units per second of ``work``: a warm-up of a fifth of ``budget_s`` (thread pools,
+    page faults, kernel selection), then the best of ``windows`` equal windows, so a
+    burst of other work on the machine does not stick to the card."""
+    def run_for(seconds: float, least: int = 1) -> float:
+        count, start = 0, clock()
+        while True:
+            work()
+            count += 1
+            sync()
+            elapsed = clock() - start
+            if elapsed >= seconds and count >= least:
+                return units * count / elapsed
+
+    run_for(budget_s / 5, least=3)  # the first calls start thread pools and pick kernels
+    return max(run_for(budget_s * 4 / 5 / windows) for _ in range(windows))
+
+
+class BenchmarkCache:
+    """``benchmarks.json`` in the state directory, keyed by hardware fingerprint."""
+
+    def __init__(self, home: Path) -> None:
+        self.path = Path(home) / CACHE_FILE
+
+    def load(self) -> dict[str, Benchmark]:
+        try:
+            data = json.loads(self.path.read_text())
+            return {k: Benchmark.from_dict(v) for k, v in data.get("benchmarks", {}).items()}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(
+                f"cannot read {self.path} ({exc}): delete it and run `p2pswarm bench`"
+            ) from exc
+
+    def save(self, benchmarks: Mapping[str, Benchmark]) -> None:
+        data = {"version": CACHE_VERSION,
+                "benchmarks": {k: benchmarks[k].to_dict() for k in sorted(benchmarks)}}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=2))
+            os.replace(tmp, self.path)  # atomic: a crash never leaves half a file
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot write {self.path} ({exc}): check that --home is writable"
+            ) from exc
+
+
+def benchmarks_for(cards: Sequence[Card], cache: BenchmarkCache, rerun: bool = False,
+                   seconds: float = 2.0,
+                   measure_fn: Callable[[Card, float], Benchmark] | None = None
+                   ) -> dict[str, Benchmark]:
+    """Each card's benchmark by card key (``cuda:0``): cached, measured, or estimated.
+
+    With ``rerun`` every card is measured now and the cache updated; without it, a card
+    missing from the cache gets the conservative estimate (measuring is for `bench`).
+    """
+    run = measure_fn or (lambda card, s: measure(card, s))
+    cached = cache.load()
+    result: dict[str, Benchmark] = {}
+    for card in cards:
+        fp = fingerprint(card)
+        if rerun:
+            cached[fp] = run(card, seconds)
+        result[card.key] = cached.get(fp) or estimate(card)
+    if rerun:
+        cache.save(cached)
+    return result
+
+
+def benchmarks_to_dict(benchmarks: Mapping[str, Benchmark]) -> dict[str, Any]:
+    """Gossip form: ``{"cards": {"cuda:0": {...}, "cpu:0": {...}}}``."""
+    return {"cards": {k: benchmarks[k].to_dict() for k in sorted(benchmarks)}}
+
+
+def benchmarks_from_dict(data: Mapping[str, Any]) -> dict[str, Benchmark]:
+    return {k: Benchmark.from_dict(v) for k, v in data.get("cards", {}).items()}
+
+
+__all__ = [
+    "ESTIMATED_FLOPS",
+    "ESTIMATED_MEM_BANDWIDTH",
+    "Benchmark",
+    "BenchmarkCache",
+    "benchmarks_for",
+    "benchmarks_from_dict",
+    "benchmarks_to_dict",
+    "compute_dtype",
+    "estimate",
+    "fingerprint",
+    "measure",
+]

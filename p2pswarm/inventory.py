@@ -1,0 +1,392 @@
+"""The cards a fellow offers: NVIDIA GPUs through NVML, and the CPU with its RAM.
+
+A card source is a small seam (``CardSource.read() -> tuple[Card, ...]``) so that the agent
+reads real cards, while tests and simulations hand in fake ones. Reading never crashes:
+a machine without an NVIDIA driver offers its CPU only and says so in one log line.
+
+Memory this agent holds itself counts as free, not as "other programs": a new plan
+replaces what the agent holds, and a pinned re-plan after a load must see the same room
+it saw before the load.
+
+Inventories refresh every few seconds but are re-gossiped only when a value moves by
+more than a step (``changed_enough``), so the swarm's view does not churn on noise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from p2pswarm.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+CARD_KINDS = ("cuda", "cpu")
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A program that holds memory on a card: its pid, its name and how much."""
+
+    pid: int
+    name: str
+    held_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "name": self.name, "bytes": self.held_bytes}
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> Holder:
+        return Holder(pid=int(data.get("pid", 0)), name=str(data.get("name", "")),
+                      held_bytes=int(data["bytes"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    """One device a fellow offers. ``free_bytes`` is what p2pswarm may use now."""
+
+    index: int
+    kind: str  # "cuda" | "cpu"
+    name: str
+    uuid: str
+    total_bytes: int
+    free_bytes: int
+    held_by_others: tuple[Holder, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """``cuda:0`` or ``cpu:0``: unique within one fellow."""
+        return f"{self.kind}:{self.index}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "kind": self.kind, "name": self.name, "uuid": self.uuid,
+            "total_bytes": self.total_bytes, "free_bytes": self.free_bytes,
+            "held_by_others": [h.to_dict() for h in self.held_by_others],
+        }
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> Card:
+        kind = str(data.get("kind", "cuda"))
+        if kind not in CARD_KINDS:
+            raise ConfigError(f"card kind {kind!r} is not one of {', '.join(CARD_KINDS)}")
+        holders = tuple(sorted((Holder.from_dict(h) for h in data.get("held_by_others", ())),
+                               key=lambda h: (-h.held_bytes, h.pid, h.name)))
+        return Card(index=int(data.get("index", 0)), kind=kind, name=str(data.get("name", "")),
+                    uuid=str(data.get("uuid", "")), total_bytes=int(data["total_bytes"]),
+                    free_bytes=int(data["free_bytes"]), held_by_others=holders)
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """A fellow's cards in canonical order (GPUs by index, then the CPU)."""
+
+    cards: tuple[Card, ...] = ()
+
+    def __post_init__(self) -> None:
+        # canonical order, so two reads of the same machine compare and encode equal
+        ordered = tuple(sorted(self.cards, key=lambda c: (CARD_KINDS.index(c.kind), c.index)))
+        object.__setattr__(self, "cards", ordered)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cards": [c.to_dict() for c in self.cards]}
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> Inventory:
+        return Inventory(cards=tuple(Card.from_dict(c) for c in data.get("cards", ())))
+
+
+class CardSource(Protocol):
+    """Anything that can say which cards this machine offers right now."""
+
+    def read(self) -> tuple[Card, ...]: ...
+
+
+# --- sizes -----------------------------------------------------------------------------
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``6GB``, ``1.5GB``, ``512MiB``, ``4096``; GB is 10**9, GiB is 2**30."""
+    match = _SIZE.match(str(text))
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ConfigError(
+            f"cannot read the size {text!r}: write a number and a unit, e.g. 6GB or 512MiB"
+        )
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ConfigError(f"the size {text!r} must be more than zero: e.g. 6GB")
+    return value
+
+
+def parse_gpu_list(text: str) -> tuple[int, ...]:
+    """``0,2`` -> (0, 2); ``none`` -> () (offer no GPU)."""
+    if text.strip().lower() in ("none", ""):
+        return ()
+    try:
+        indexes = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise ConfigError(
+            f"cannot read --gpus {text!r}: give GPU indexes separated by commas, e.g. 0,2"
+        ) from None
+    if any(i < 0 for i in indexes):
+        raise ConfigError(f"--gpus {text!r} has a negative index: e.g. --gpus 0,2")
+    return indexes
+
+
+# --- NVIDIA GPUs through NVML ------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _nvml_errors(nvml: Any) -> tuple[type[BaseException], ...]:
+    """What an NVML call may raise: the binding's own error, or ctypes/OS trouble."""
+    own = getattr(nvml, "NVMLError", None)
+    extra = (own,) if isinstance(own, type) and issubclass(own, BaseException) else ()
+    return (*extra, OSError, AttributeError, ValueError)
+
+
+class NvmlCardSource:
+    """NVIDIA GPUs through NVML (``nvidia-ml-py``'s ``pynvml`` or anything shaped like it).
+
+    ``own_pids`` are this agent's processes: what they hold counts as free. ``gpus`` keeps
+    only those indexes (``--gpus 0,2``); None offers them all.
+    """
+
+    def __init__(self, nvml_module: Any = None, own_pids: Iterable[int] | None = None,
+                 gpus: Sequence[int] | None = None) -> None:
+        self._nvml = nvml_module
+        self._own_pids = frozenset(own_pids) if own_pids is not None else frozenset({os.getpid()})
+        self._gpus = None if gpus is None else frozenset(gpus)
+        self._ready = False
+        self._said_no_driver = False
+
+    def _start(self) -> Any:
+        if self._ready:
+            return self._nvml
+        try:
+            if self._nvml is None:
+                import pynvml  # the real NVML binding (nvidia-ml-py)
+                self._nvml = pynvml
+            self._nvml.nvmlInit()
+        except (ImportError, *_nvml_errors(self._nvml)) as exc:  # type: ignore[misc]
+            # no driver, no library, no permission: offer the CPU only
+            if not self._said_no_driver:
+                log.info("no NVIDIA driver here (%s): offering the CPU only", exc)
+                self._said_no_driver = True
+            return None
+        self._ready = True
+        return self._nvml
+
+    def close(self) -> None:
+        if self._ready:
+            self._ready = False
+            try:
+                self._nvml.nvmlShutdown()
+            except _nvml_errors(self._nvml) as exc:  # a library already gone is fine
+                log.debug("NVML shutdown: %s", exc)
+
+    def read(self) -> tuple[Card, ...]:
+        nvml = self._start()
+        if nvml is None:
+            return ()
+        errors = _nvml_errors(nvml)
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except errors as exc:
+            log.warning("NVML could not count GPUs (%s): offering the CPU only", exc)
+            return ()
+        if self._gpus is not None:
+            for missing in sorted(self._gpus - set(range(count))):
+                log.warning("--gpus names GPU %d but this machine has %d", missing, count)
+        cards = []
+        for index in range(count):
+            if self._gpus is not None and index not in self._gpus:
+                continue
+            try:
+                cards.append(self._read_one(nvml, index))
+            except errors as exc:  # one lost GPU must not hide the others
+                log.warning("GPU %d could not be read (%s): leaving it out", index, exc)
+        return tuple(cards)
+
+    def _read_one(self, nvml: Any, index: int) -> Card:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        errors = _nvml_errors(nvml)
+        used_by_pid: dict[int, int] = {}
+        for getter in ("nvmlDeviceGetComputeRunningProcesses",
+                       "nvmlDeviceGetGraphicsRunningProcesses"):
+            try:
+                processes = getattr(nvml, getter)(handle)
+            except errors as exc:  # not supported on this card or driver: skip that list
+                log.debug("GPU %d: %s unavailable (%s)", index, getter, exc)
+                continue
+            for proc in processes:
+                used = getattr(proc, "usedGpuMemory", None)  # None under WDDM
+                pid = int(proc.pid)
+                # a process with both contexts is listed twice with the same total
+                used_by_pid[pid] = max(used_by_pid.get(pid, 0), int(used or 0))
+        own_bytes = sum(b for pid, b in used_by_pid.items() if pid in self._own_pids)
+        holders = []
+        for pid, used in used_by_pid.items():
+            if pid in self._own_pids:
+                continue
+            try:
+                name = _text(nvml.nvmlSystemGetProcessName(pid))
+            except errors:  # gone meanwhile, or not ours to see
+                name = f"pid {pid}"
+            holders.append(Holder(pid=pid, name=name, held_bytes=used))
+        holders.sort(key=lambda h: (-h.held_bytes, h.pid))
+        total = int(memory.total)
+        return Card(index=index, kind="cuda", name=_text(nvml.nvmlDeviceGetName(handle)),
+                    uuid=_text(nvml.nvmlDeviceGetUUID(handle)), total_bytes=total,
+                    free_bytes=min(total, int(memory.free) + own_bytes),
+                    held_by_others=tuple(holders))
+
+
+# --- the CPU and its RAM ---------------------------------------------------------------
+
+
+def _cpu_name() -> str:
+    """x86: "model name"; a Raspberry Pi: its "Model" line (its cores have no name)."""
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                found.setdefault(key.strip().lower(), value.strip())
+    except OSError:
+        pass
+    for key in ("model name", "model", "hardware"):
+        if found.get(key):
+            return found[key]
+    return platform.processor() or platform.machine() or "CPU"
+
+
+class CpuCardSource:
+    """The CPU as one card: total and available RAM (psutil), capped by ``--cpu-memory``.
+
+    A capped CPU is offered as a card of the cap's size, so the plan's bar shows what
+    p2pswarm may use rather than RAM it was told to leave alone.
+    """
+
+    def __init__(self, psutil_module: Any = None, cap_bytes: int | None = None,
+                 name: str | None = None) -> None:
+        self._psutil = psutil_module
+        self._cap_bytes = cap_bytes
+        self._name = name
+
+    def read(self) -> tuple[Card, ...]:
+        if self._psutil is None:
+            import psutil
+            self._psutil = psutil
+        memory = self._psutil.virtual_memory()
+        total, free = int(memory.total), int(memory.available)
+        if self._cap_bytes is not None:
+            total, free = min(total, self._cap_bytes), min(free, self._cap_bytes)
+        name = self._name or _cpu_name()
+        uuid = f"cpu-{platform.node()}-{os.cpu_count() or 0}"
+        return (Card(index=0, kind="cpu", name=name, uuid=uuid, total_bytes=total,
+                     free_bytes=free),)
+
+
+@dataclass(slots=True)
+class FakeCardSource:
+    """Cards given by a test or a simulation; assign ``cards`` to change what it offers."""
+
+    cards: tuple[Card, ...] = ()
+
+    def read(self) -> tuple[Card, ...]:
+        return tuple(self.cards)
+
+
+@dataclass(slots=True)
+class CombinedCardSource:
+    """Several sources read as one (the GPUs, then the CPU)."""
+
+    sources: tuple[CardSource, ...] = field(default_factory=tuple)
+
+    def read(self) -> tuple[Card, ...]:
+        cards: list[Card] = []
+        for source in self.sources:
+            cards.extend(source.read())
+        return tuple(cards)
+
+
+def local_card_source(gpus: str | None = None, cpu_memory: str | None = None,
+                      no_cpu: bool = False, own_pids: Iterable[int] | None = None,
+                      nvml_module: Any = None, psutil_module: Any = None) -> CombinedCardSource:
+    """The source ``join``/``cards`` use, built from their options (ConfigError if bad)."""
+    if no_cpu and cpu_memory is not None:
+        raise ConfigError("--no-cpu and --cpu-memory contradict each other: drop one of them")
+    selected = None if gpus is None else parse_gpu_list(gpus)
+    sources: list[CardSource] = []
+    if selected != ():
+        sources.append(NvmlCardSource(nvml_module=nvml_module, own_pids=own_pids, gpus=selected))
+    if not no_cpu:
+        cap = None if cpu_memory is None else parse_size(cpu_memory)
+        sources.append(CpuCardSource(psutil_module=psutil_module, cap_bytes=cap))
+    return CombinedCardSource(tuple(sources))
+
+
+def read_inventory(source: CardSource) -> Inventory:
+    return Inventory(cards=source.read())
+
+
+# --- gossip rule -----------------------------------------------------------------------
+
+
+def changed_enough(old: Inventory | None, new: Inventory, step_bytes: int) -> bool:
+    """Whether ``new`` is worth gossiping, compared with the inventory last gossiped.
+
+    Compare against the last *gossiped* inventory, not the last read one, or a slow
+    drift of many small steps would never be announced.
+    """
+    if old is None:
+        return True
+    if [(c.key, c.name, c.uuid, c.total_bytes) for c in old.cards] != \
+            [(c.key, c.name, c.uuid, c.total_bytes) for c in new.cards]:
+        return True
+    for before, after in zip(old.cards, new.cards):
+        if abs(before.free_bytes - after.free_bytes) > step_bytes:
+            return True
+        held_before = {(h.pid, h.name): h.held_bytes for h in before.held_by_others}
+        held_after = {(h.pid, h.name): h.held_bytes for h in after.held_by_others}
+        # a program that comes or goes moves its bytes from or to zero
+        for holder in held_before.keys() | held_after.keys():
+            if abs(held_before.get(holder, 0) - held_after.get(holder, 0)) > step_bytes:
+                return True
+    return False
+
+
+__all__ = [
+    "CARD_KINDS",
+    "Card",
+    "CardSource",
+    "CombinedCardSource",
+    "CpuCardSource",
+    "FakeCardSource",
+    "Holder",
+    "Inventory",
+    "NvmlCardSource",
+    "changed_enough",
+    "local_card_source",
+    "parse_gpu_list",
+    "parse_size",
+    "read_inventory",
+]

@@ -1,0 +1,207 @@
+"""The shape of a Llama-family decoder, read from a Hugging Face ``config.json`` dict.
+
+One ``ModelConfig`` covers Llama 1/2/3, Mistral without a sliding window and Qwen2: they
+differ only in RoPE scaling, attention biases, head tying and sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from p2pswarm.errors import ConfigError
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """How RoPE frequencies are stretched for longer contexts.
+
+    ``linear`` divides every frequency by ``factor``. ``llama3`` divides only the low
+    frequencies (wavelength above ``original_max_context_tokens / low_freq_factor``),
+    keeps the high ones and blends smoothly in between.
+    """
+
+    kind: str  # "linear" | "llama3"
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_context_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("linear", "llama3"):
+            raise ConfigError(f"unsupported rope scaling {self.kind!r}; use linear or llama3")
+        if self.factor <= 0:
+            raise ConfigError(f"rope scaling factor must be positive, got {self.factor}")
+        if self.kind == "llama3" and self.high_freq_factor <= self.low_freq_factor:
+            raise ConfigError("llama3 rope scaling needs high_freq_factor > low_freq_factor")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Sizes and switches of one decoder; everything the stage runtime needs."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_context_tokens: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    qkv_bias: bool = False  # Qwen2 has biases on q, k, v only
+    o_bias: bool = False  # Llama's attention_bias puts one on o_proj as well
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default=())
+    pad_token_id: int | None = None
+    model_type: str = "llama"
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                    "num_heads", "num_kv_heads", "head_dim", "max_context_tokens")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model config: {name} must be positive")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model config: {self.num_heads} heads do not split into "
+                f"{self.num_kv_heads} key/value groups"
+            )
+        if self.head_dim % 2:
+            raise ConfigError("model config: head_dim must be even for RoPE")
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        """Read a Hugging Face ``config.json`` dict (transformers 4.x or 5.x layout)."""
+        model_type = hf.get("model_type", "llama")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(
+                f"model type {model_type!r} is not supported; "
+                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"activation {hf['hidden_act']!r} is not supported; need silu")
+        if hf.get("use_sliding_window") or (
+            model_type == "mistral" and hf.get("sliding_window") is not None
+        ):
+            raise ConfigError("sliding-window attention is not supported")
+        try:
+            hidden = int(hf["hidden_size"])
+            heads = int(hf["num_attention_heads"])
+            kv_heads = int(hf.get("num_key_value_heads") or heads)
+            head_dim = int(hf.get("head_dim") or hidden // heads)
+            eos = hf.get("eos_token_id")
+            eos_ids = tuple(int(i) for i in eos) if isinstance(eos, list) else (
+                () if eos is None else (int(eos),)
+            )
+            theta, scaling = _rope_from_hf(hf)
+            attention_bias = bool(hf.get("attention_bias", False))
+            return cls(
+                vocab_size=int(hf["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(hf["intermediate_size"]),
+                num_layers=int(hf["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=kv_heads,
+                head_dim=head_dim,
+                max_context_tokens=int(hf.get("max_position_embeddings", 2048)),
+                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                rope_theta=theta,
+                rope_scaling=scaling,
+                qkv_bias=model_type == "qwen2" or attention_bias,
+                o_bias=model_type != "qwen2" and attention_bias,
+                mlp_bias=bool(hf.get("mlp_bias", False)),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                bos_token_id=_optional_int(hf.get("bos_token_id")),
+                eos_token_ids=eos_ids,
+                pad_token_id=_optional_int(hf.get("pad_token_id")),
+                model_type=model_type,
+            )
+        except KeyError as exc:
+            raise ConfigError(f"model config lacks {exc.args[0]!r}") from exc
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"model config has a bad value: {exc}") from exc
+
+    def to_hf(self) -> dict[str, Any]:
+        """The ``config.json`` dict transformers would read back into this model."""
+        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_scaling is not None:
+            rope = {"rope_type": self.rope_scaling.kind, "rope_theta": self.rope_theta,
+                    "factor": self.rope_scaling.factor}
+            if self.rope_scaling.kind == "llama3":
+                rope.update(
+                    low_freq_factor=self.rope_scaling.low_freq_factor,
+                    high_freq_factor=self.rope_scaling.high_freq_factor,
+                    original_max_position_embeddings=self.rope_scaling.original_max_context_tokens,
+                )
+        eos: int | list[int] | None = (
+            None if not self.eos_token_ids
+            else self.eos_token_ids[0] if len(self.eos_token_ids) == 1
+            else list(self.eos_token_ids)
+        )
+        hf: dict[str, Any] = {
+            "model_type": self.model_type,
+            "architectures": ["Qwen2ForCausalLM" if self.model_type == "qwen2"
+                              else "LlamaForCausalLM"],
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": self.max_context_tokens,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": rope,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": eos,
+            "pad_token_id": self.pad_token_id,
+        }
+        if self.model_type != "qwen2":
+            hf["attention_bias"] = self.o_bias
+            hf["mlp_bias"] = self.mlp_bias
+        return hf
+
+
+def _optional_int(value: Any) -> int | None:
+    if isinstance(value, list):  # some configs list several; the first is the one used
+        value = value[0] if value else None
+    return None if value is None else int(value)
+
+
+def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    # transformers 5 writes "rope_parameters" (theta inside); 4.x wrote "rope_theta" and
+    # "rope_scaling" with "rope_type" or, older still, "type".
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind == "linear":
+        return theta, RopeScaling(kind="linear", factor=float(params["factor"]))
+    if kind == "llama3":
+        return theta, RopeScaling(
+            kind="llama3",
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_context_tokens=int(params["original_max_position_embeddings"]),
+        )
+    raise ConfigError(f"rope scaling {kind!r} is not supported; use linear or llama3")

@@ -1,0 +1,87 @@
+"""Bytes a stage's weights and KV cache take: the accounting plans are made of.
+
+Pure arithmetic on sizes (no torch), so the planner can import it. The runtime allocates
+exactly this; ``p2pswarm.runtime.memory.stage_memory`` adds it up per stage and a test
+checks it against what a loaded stage really holds.
+
+Weights (per linear of ``in`` inputs and ``out`` outputs; biases stay in the compute dtype):
+
+    scheme  weight bytes                  scale bytes
+    none    out * in * dtype_bytes        -
+    int8    out * in     (1 B/weight)     4 * out            float32 per output row
+    int4    out * in / 2 (0.5 B/weight)   2 * out * in / g   float16 per group of g inputs
+
+so int8 is 1 + 4/in bytes per weight, int4 0.5 + 2/g (0.5625 at g = 32, 0.53125 at 64).
+A quantized stage also holds one dequant workspace: its largest decoder-layer linear in
+the compute dtype, ``max(out * in) * dtype_bytes``.
+
+KV cache, per position per layer: ``2 * kv_heads * head_dim * kv_dtype_bytes``; int8 adds
+a float32 scale per kv head: ``2 * kv_heads * (head_dim + 4)``.
+"""
+
+from __future__ import annotations
+
+from p2pswarm.errors import ConfigError
+from p2pswarm.models.config import ModelConfig
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+KV_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+INT8_SCALE_BYTES = 4  # float32 per output row (weights) or per kv head and position (cache)
+INT4_SCALE_BYTES = 2  # float16 per group
+QUANT_SCHEMES = ("none", "int8", "int4")
+INT4_GROUP_SIZES = (32, 64)
+
+
+def check_quant(scheme: str, group_size: int) -> None:
+    if scheme not in QUANT_SCHEMES:
+        raise ConfigError(f"unknown quantization {scheme!r}; use one of {QUANT_SCHEMES}")
+    if scheme == "int4" and group_size not in INT4_GROUP_SIZES:
+        raise ConfigError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {group_size}")
+
+
+def linear_weight_bytes(in_features: int, out_features: int, *, scheme: str,
+                        dtype_bytes: int, group_size: int = 32) -> int:
+    """Bytes one linear's weight takes under ``scheme``, scales included, bias not."""
+    check_quant(scheme, group_size)
+    if scheme == "none":
+        return out_features * in_features * dtype_bytes
+    if scheme == "int8":
+        return out_features * in_features + INT8_SCALE_BYTES * out_features
+    groups = out_features * (in_features // group_size)
+    return out_features * in_features // 2 + INT4_SCALE_BYTES * groups
+
+
+def layer_linear_shapes(config: ModelConfig) -> list[tuple[int, int]]:
+    """(in, out) of the seven linears of a decoder layer: q, k, v, o, gate, up, down."""
+    h, q, kv, i = config.hidden_size, config.q_dim, config.kv_dim, config.intermediate_size
+    return [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
+
+
+def layer_bytes(config: ModelConfig, *, dtype: str, quant: str = "none",
+                group_size: int = 32) -> int:
+    """One decoder layer: seven linears (maybe quantized), their biases, two norms."""
+    db = DTYPE_BYTES[dtype]
+    total = sum(linear_weight_bytes(n_in, n_out, scheme=quant, dtype_bytes=db,
+                                    group_size=group_size)
+                for n_in, n_out in layer_linear_shapes(config))
+    h, q, kv, i = config.hidden_size, config.q_dim, config.kv_dim, config.intermediate_size
+    if config.qkv_bias:
+        total += (q + 2 * kv) * db
+    if config.o_bias:
+        total += h * db
+    if config.mlp_bias:
+        total += (2 * i + h) * db
+    return total + 2 * h * db
+
+
+def dequant_workspace_bytes(config: ModelConfig, *, dtype: str) -> int:
+    return max(n_in * n_out for n_in, n_out in layer_linear_shapes(config)) * DTYPE_BYTES[dtype]
+
+
+def kv_cache_bytes(*, num_layers: int, num_kv_heads: int, head_dim: int,
+                   max_context_tokens: int, max_sessions: int, kv_dtype: str) -> int:
+    """Bytes a KV cache of this size holds: keys and values, and int8 scales."""
+    per_vector = head_dim * KV_DTYPE_BYTES[kv_dtype]
+    if kv_dtype == "int8":
+        per_vector += INT8_SCALE_BYTES
+    return 2 * num_layers * max_sessions * num_kv_heads * max_context_tokens * per_vector

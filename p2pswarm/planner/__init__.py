@@ -1,0 +1,80 @@
+"""The placement planner: a pure, deterministic function of (model profile, cluster view,
+request) to a plan.
+
+Entry points:
+
+- ``plan(profile, view, request) -> Plan`` and ``Plan.to_dict()``;
+- ``plan_message(message, view) -> dict``: what the agent's control API calls for the
+  ``plan`` op: ``message`` is ``{"model": {"name", "config"}, ...request fields}``;
+- ``profile_from_config(config, name)``, ``load_profile(spec)``, ``BUILTIN_MODELS``;
+- ``cluster_from_dict`` / ``cluster_to_dict`` (the cluster file), ``fellow_view`` +
+  ``cluster_view`` (a view from membership's inventories and benchmarks);
+- ``diff_views`` / ``diff_plans``: what changed, for a refused pinned plan.
+
+Importing the planner pulls in no torch, trio, sockets or clock (``render`` uses rich
+and is imported on demand).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from p2pswarm.errors import ConfigError
+from p2pswarm.planner.cluster import (
+    CardView,
+    ClusterView,
+    Fellow,
+    Link,
+    cluster_from_dict,
+    cluster_to_dict,
+    cluster_view,
+    fellow_view,
+)
+from p2pswarm.planner.diff import diff_plans, diff_views
+from p2pswarm.planner.model_files import load_profile, read_model_config
+from p2pswarm.planner.plan import PLANNER_VERSION, Plan, plan
+from p2pswarm.planner.profile import (
+    BUILTIN_MODELS,
+    REFERENCE_CONFIGS,
+    ModelProfile,
+    profile_from_config,
+)
+from p2pswarm.planner.request import PlanRequest, request_from_dict
+
+
+def plan_message(message: Mapping[str, Any], view: ClusterView) -> dict[str, Any]:
+    """The ``plan`` op: ``{"model": {"name": str, "config": HF config dict}, **request}``
+    planned on ``view``, as the plan's dict. Raises ConfigError / PlacementError."""
+    model = message.get("model")
+    if not isinstance(model, Mapping) or not isinstance(model.get("config"), Mapping):
+        raise ConfigError("a plan request needs \"model\": {\"name\", \"config\"}")
+    profile = profile_from_config(model["config"], str(model.get("name") or "model"))
+    request = request_from_dict({k: v for k, v in message.items() if k != "model"})
+    return plan(profile, view, request).to_dict()
+
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "PLANNER_VERSION",
+    "REFERENCE_CONFIGS",
+    "CardView",
+    "ClusterView",
+    "Fellow",
+    "Link",
+    "ModelProfile",
+    "Plan",
+    "PlanRequest",
+    "cluster_from_dict",
+    "cluster_to_dict",
+    "cluster_view",
+    "diff_plans",
+    "diff_views",
+    "fellow_view",
+    "load_profile",
+    "plan",
+    "plan_message",
+    "profile_from_config",
+    "read_model_config",
+    "request_from_dict",
+]

@@ -1,0 +1,289 @@
+"""The cluster view the planner plans on, and the cluster file that writes it down.
+
+A view is a frozen value: fellows (sorted by id) with their cards (sorted by kind and
+index), connected/training flags, each card's speed, and the links between fellows.
+Building it sorts everything, so the order in which fellows and cards arrived (gossip
+order, file order) can never reach the plan.
+
+The cluster file (``p2pswarm plan --cluster FILE``, ``p2pswarm cluster export``)::
+
+    {"fellows": [{"id", "name", "connected", "training",
+                  "cards": [{"index", "kind": "cuda"|"cpu", "name", "total_bytes",
+                             "free_bytes", "held_by_others": [{"pid", "name", "bytes"}],
+                             "flops", "mem_bandwidth"}]}],
+     "links": {"default": {"bandwidth_bytes_s", "latency_s"},
+               "local": {...}, "FELLOW_A|FELLOW_B": {...}}}
+
+Sizes may be integers (bytes) or strings such as "24GB"; a card without ``flops`` and
+``mem_bandwidth`` gets the conservative estimate and the plan says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from p2pswarm.bench import ESTIMATED_FLOPS, ESTIMATED_MEM_BANDWIDTH, Benchmark
+from p2pswarm.errors import ConfigError
+from p2pswarm.inventory import CARD_KINDS, Holder, Inventory, parse_size
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    bandwidth_bytes_s: float
+    latency_s: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"bandwidth_bytes_s": self.bandwidth_bytes_s, "latency_s": self.latency_s}
+
+
+# Defaults when the file or the agent says nothing: gigabit Ethernet between fellows,
+# PCIe / shared memory between two cards of one fellow.
+DEFAULT_LINK = Link(bandwidth_bytes_s=100e6, latency_s=1e-3)
+LOCAL_LINK = Link(bandwidth_bytes_s=10e9, latency_s=2e-5)
+
+
+@dataclass(frozen=True, slots=True)
+class CardView:
+    index: int
+    kind: str
+    name: str
+    total_bytes: int
+    free_bytes: int  # what p2pswarm may use now
+    held_by_others: tuple[Holder, ...]
+    flops: float  # FLOP/s in the card's compute dtype
+    mem_bandwidth: float  # bytes/s
+    speed_measured: bool  # False: flops and mem_bandwidth are conservative estimates
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.index}"
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        return (CARD_KINDS.index(self.kind), self.index)
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "index": self.index, "kind": self.kind, "name": self.name,
+            "total_bytes": self.total_bytes, "free_bytes": self.free_bytes,
+            "held_by_others": [h.to_dict() for h in self.held_by_others],
+        }
+        if self.speed_measured:
+            data["flops"] = self.flops
+            data["mem_bandwidth"] = self.mem_bandwidth
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class Fellow:
+    id: str
+    name: str
+    connected: bool
+    training: bool
+    cards: tuple[CardView, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cards", tuple(sorted(self.cards, key=lambda c: c.sort_key)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "connected": self.connected,
+                "training": self.training, "cards": [c.to_dict() for c in self.cards]}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    fellows: tuple[Fellow, ...]
+    default_link: Link = DEFAULT_LINK
+    local_link: Link = LOCAL_LINK
+    links: tuple[tuple[tuple[str, str], Link], ...] = ()  # sorted (id_a, id_b) pairs
+
+    def __post_init__(self) -> None:
+        fellows = tuple(sorted(self.fellows, key=lambda f: f.id))
+        ids = [f.id for f in fellows]
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise ConfigError(f"fellow id {dup!r} appears twice: give each fellow its own id")
+        object.__setattr__(self, "fellows", fellows)
+        object.__setattr__(self, "links", tuple(sorted(self.links, key=lambda kv: kv[0])))
+
+    def fellow(self, fellow_id: str) -> Fellow | None:
+        for f in self.fellows:
+            if f.id == fellow_id:
+                return f
+        return None
+
+    def link(self, a: str, b: str) -> Link:
+        if a == b:
+            return self.local_link
+        pair = (a, b) if a < b else (b, a)
+        for key, link in self.links:
+            if key == pair:
+                return link
+        return self.default_link
+
+    def to_dict(self) -> dict[str, Any]:
+        """The cluster file form (links between two fellows keyed by their ids)."""
+        links: dict[str, Any] = {"default": self.default_link.to_dict(),
+                                 "local": self.local_link.to_dict()}
+        for (a, b), link in self.links:
+            links[f"{a}|{b}"] = link.to_dict()
+        return {"version": FORMAT_VERSION, "fellows": [f.to_dict() for f in self.fellows],
+                "links": links}
+
+
+# --- reading the cluster file / agent metadata -------------------------------------------
+
+
+def _size(value: Any, where: str, allow_zero: bool = True) -> int:
+    if isinstance(value, str):
+        return parse_size(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+            or (value == 0 and not allow_zero):
+        raise ConfigError(f"{where} must be a number of bytes (or e.g. \"24GB\"), got {value!r}")
+    return int(value)
+
+
+def _speed(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{where} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def card_view(data: Mapping[str, Any], where: str = "card",
+              benchmark: Benchmark | None = None) -> CardView:
+    """A card from its cluster-file or inventory dict, with its speed if known."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where} must be a JSON object")
+    kind = data.get("kind", "cuda")
+    if kind not in CARD_KINDS:
+        raise ConfigError(f"{where}.kind {kind!r} must be \"cuda\" or \"cpu\"")
+    index = data.get("index", 0)
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ConfigError(f"{where}.index must be a card index such as 0, got {index!r}")
+    if "total_bytes" not in data:
+        raise ConfigError(f"{where} has no total_bytes: add the card's memory, e.g. \"24GB\"")
+    total = _size(data["total_bytes"], f"{where}.total_bytes", allow_zero=False)
+    free = _size(data.get("free_bytes", total), f"{where}.free_bytes")
+    if free > total:
+        raise ConfigError(f"{where}: free_bytes {free} is more than total_bytes {total}")
+    holders = []
+    for i, h in enumerate(data.get("held_by_others") or ()):
+        hw = f"{where}.held_by_others[{i}]"
+        if not isinstance(h, Mapping) or "bytes" not in h:
+            raise ConfigError(f"{hw} must be {{\"pid\", \"name\", \"bytes\"}}")
+        holders.append(Holder(pid=int(h.get("pid", 0)), name=str(h.get("name", "?")),
+                              held_bytes=_size(h["bytes"], f"{hw}.bytes")))
+    holders.sort(key=lambda h: (-h.held_bytes, h.pid, h.name))
+    flops = _speed(data.get("flops"), f"{where}.flops")
+    bandwidth = _speed(data.get("mem_bandwidth"), f"{where}.mem_bandwidth")
+    if benchmark is not None and benchmark.measured:
+        flops, bandwidth = benchmark.flops, benchmark.mem_bandwidth
+    measured = flops is not None and bandwidth is not None
+    return CardView(
+        index=index, kind=kind, name=str(data.get("name") or ("CPU" if kind == "cpu" else "GPU")),
+        total_bytes=total, free_bytes=free, held_by_others=tuple(holders),
+        flops=flops if measured and flops else ESTIMATED_FLOPS[kind],
+        mem_bandwidth=bandwidth if measured and bandwidth else ESTIMATED_MEM_BANDWIDTH[kind],
+        speed_measured=measured,
+    )
+
+
+def fellow_view(fellow_id: str, name: str | None, inventory: Inventory | Mapping[str, Any],
+                benchmarks: Mapping[str, Benchmark] | None = None, connected: bool = True,
+                training: bool = False) -> Fellow:
+    """A fellow as the agent knows it from membership: its gossiped inventory (an
+    ``Inventory`` or its dict) and its benchmarks by card key (``cuda:0``)."""
+    inv = inventory.to_dict() if isinstance(inventory, Inventory) else inventory
+    cards = []
+    for i, c in enumerate(inv.get("cards", ())):
+        key = f"{c.get('kind', 'cuda')}:{c.get('index', 0)}"
+        bench = (benchmarks or {}).get(key)
+        cards.append(card_view(c, f"fellow {fellow_id} card {i}", bench))
+    return Fellow(id=str(fellow_id), name=str(name or fellow_id), connected=connected,
+                  training=training, cards=tuple(cards))
+
+
+def _link(data: Any, where: str) -> Link:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where} must be {{\"bandwidth_bytes_s\", \"latency_s\"}}")
+    bandwidth = _speed(data.get("bandwidth_bytes_s"), f"{where}.bandwidth_bytes_s")
+    latency = data.get("latency_s", 0.0)
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
+        raise ConfigError(f"{where}.latency_s must be zero or more seconds, got {latency!r}")
+    if bandwidth is None:
+        raise ConfigError(f"{where} needs bandwidth_bytes_s, e.g. 100e6 for gigabit Ethernet")
+    return Link(bandwidth_bytes_s=bandwidth, latency_s=float(latency))
+
+
+def cluster_view(fellows: Iterable[Fellow], links: Mapping[str, Any] | None = None) -> ClusterView:
+    """A view from fellows and a links dict keyed ``default``, ``local`` or ``A|B``
+    (A and B fellow ids or names)."""
+    fellows = tuple(fellows)
+    by_name = {f.name: f.id for f in fellows}
+    ids = {f.id for f in fellows}
+    default, local, pairs = DEFAULT_LINK, LOCAL_LINK, {}
+    for key in sorted((links or {}).keys()):
+        value = (links or {})[key]
+        where = f"links[{key!r}]"
+        if key == "default":
+            default = _link(value, where)
+        elif key == "local":
+            local = _link(value, where)
+        else:
+            parts = str(key).split("|")
+            if len(parts) != 2:
+                raise ConfigError(f"{where}: a link key is \"default\", \"local\" or \"A|B\"")
+            a, b = (p if p in ids else by_name.get(p, "") for p in parts)
+            if not a or not b:
+                raise ConfigError(f"{where} names a fellow that is not in the cluster")
+            pairs[(a, b) if a < b else (b, a)] = _link(value, where)
+    return ClusterView(fellows=fellows, default_link=default, local_link=local,
+                       links=tuple(pairs.items()))
+
+
+def cluster_from_dict(data: Mapping[str, Any]) -> ClusterView:
+    """Read a cluster file's dict (or ``cluster export``'s), checking every field."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("fellows"), list):
+        raise ConfigError("a cluster file is a JSON object with a \"fellows\" list: "
+                          "see docs/planner.md or `p2pswarm cluster export`")
+    fellows = []
+    for i, f in enumerate(data["fellows"]):
+        where = f"fellows[{i}]"
+        if not isinstance(f, Mapping) or not f.get("id"):
+            raise ConfigError(f"{where} needs an \"id\"")
+        cards = [card_view(c, f"{where}.cards[{j}]") for j, c in enumerate(f.get("cards") or ())]
+        keys = [c.key for c in cards]
+        if len(set(keys)) != len(keys):
+            raise ConfigError(f"{where} lists the same card twice: give each card its own index")
+        fellows.append(Fellow(id=str(f["id"]), name=str(f.get("name") or f["id"]),
+                              connected=bool(f.get("connected", True)),
+                              training=bool(f.get("training", False)), cards=tuple(cards)))
+    links = data.get("links") or {}
+    if not isinstance(links, Mapping):
+        raise ConfigError("\"links\" must be a JSON object keyed \"default\" or \"A|B\"")
+    return cluster_view(fellows, links)
+
+
+def cluster_to_dict(view: ClusterView) -> dict[str, Any]:
+    return view.to_dict()
+
+
+__all__ = [
+    "DEFAULT_LINK",
+    "LOCAL_LINK",
+    "CardView",
+    "ClusterView",
+    "Fellow",
+    "Link",
+    "card_view",
+    "cluster_from_dict",
+    "cluster_to_dict",
+    "cluster_view",
+    "fellow_view",
+]

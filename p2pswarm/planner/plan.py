@@ -1,0 +1,602 @@
+"""The plan: a pure function of (model profile, cluster view, request).
+
+``plan()`` decides which cards may be used and why the others may not, searches a
+placement (see ``placement``), then writes down per card the segments that add up to
+its memory, the stages, the sentence naming what limits the plan, an estimate, a
+summary, and the ``plan_id``.
+
+No I/O, no clock, no randomness. The view is sorted on construction and every list in
+the plan is ordered by ids and positions, never by arrival, so the same inputs in any
+order give a byte-identical plan. The ``plan_id`` is 16 hex characters of SHA-256 over
+a canonical JSON encoding of the planner version, the profile, the resolved request
+and the placement with each used card's byte claims; free memory itself is not part of
+it, so a pinned plan survives memory noise and changes when the placement does.
+
+Segments add up to the card's total: ``other_programs + claims + free == total`` when
+the plan fits the card; when it runs past the card's end, ``free`` is 0 and the
+segments add up to ``total + does_not_fit``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from p2pswarm.errors import ConfigError, PlacementError
+from p2pswarm.inventory import CARD_KINDS
+from p2pswarm.planner import wording
+from p2pswarm.planner.cluster import CardView, ClusterView, Fellow
+from p2pswarm.planner.costs import PREFILL_CHUNK_TOKENS, Claims, CostModel
+from p2pswarm.planner.placement import Placement, Search, Slot, most_tokens, pipeline_order
+from p2pswarm.planner.profile import INT4_GROUP, RUNTIME_KV, RUNTIME_WEIGHTS, ModelProfile
+from p2pswarm.planner.request import GRANULARITY_TOKENS, PlanRequest, resolve
+
+PLANNER_VERSION = "1"
+
+SEGMENT_NAMES = ("other_programs", "weights", "embeddings_head_buffers", "kv_cache",
+                 "activations", "optimizer", "lora", "workspace", "free", "does_not_fit")
+
+
+@dataclass(frozen=True, slots=True)
+class Segments:
+    other_programs: int = 0
+    weights: int = 0
+    embeddings_head_buffers: int = 0
+    kv_cache: int = 0
+    activations: int = 0
+    optimizer: int = 0
+    lora: int = 0
+    workspace: int = 0
+    free: int = 0
+    does_not_fit: int = 0  # how far the plan runs past the card's end
+
+    def to_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def claims_dict(self) -> dict[str, int]:
+        return {k: v for k, v in self.to_dict().items()
+                if k not in ("other_programs", "free", "does_not_fit")}
+
+
+@dataclass(frozen=True, slots=True)
+class CardPlan:
+    fellow_id: str
+    fellow: str
+    index: int
+    kind: str
+    name: str
+    total_bytes: int
+    free_bytes: int
+    used: bool
+    reason: str | None  # why a card is left out; None when used
+    layers: tuple[int, int] | None  # [start, end)
+    stage: int | None
+    segments: Segments
+    speed_measured: bool
+
+    @property
+    def label(self) -> str:
+        return wording.fellows_card(self.fellow, self.kind, self.index, self.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fellow_id": self.fellow_id, "fellow": self.fellow, "index": self.index,
+            "kind": self.kind, "name": self.name, "total_bytes": self.total_bytes,
+            "free_bytes": self.free_bytes, "used": self.used, "reason": self.reason,
+            "layers": list(self.layers) if self.layers else None, "stage": self.stage,
+            "segments": self.segments.to_dict(), "speed_measured": self.speed_measured,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    index: int
+    fellow_id: str
+    fellow: str
+    card_index: int
+    kind: str
+    name: str
+    layers: tuple[int, int]
+    time_s: float  # one decode step (serve) or one micro-batch (train) through it
+
+    @property
+    def label(self) -> str:
+        return wording.fellows_card(self.fellow, self.kind, self.card_index, self.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.index, "fellow_id": self.fellow_id, "fellow": self.fellow,
+                "index": self.card_index, "kind": self.kind, "name": self.name,
+                "layers": list(self.layers), "time_s": self.time_s}
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    sentence: str
+    quantity: str  # "context" | "seq_len"
+    requested: int
+    holds: int  # the most the usable cards hold, exact at 256 tokens (0: nothing fits)
+    fits: bool
+    limited_by: str  # "card" | "model" | "layers" | "nothing"
+    card: dict[str, Any] | None  # the card that fills first, when limited_by == "card"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sentence": self.sentence, "quantity": self.quantity,
+                "requested": self.requested, "holds": self.holds, "fits": self.fits,
+                "limited_by": self.limited_by, "card": self.card,
+                "granularity_tokens": GRANULARITY_TOKENS}
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    kind: str
+    stage_times_s: tuple[float, ...]
+    hop_times_s: tuple[float, ...]
+    bottleneck_stage: int | None
+    time_per_token_s: float  # serve: one decode step; train: one micro-batch
+    tokens_per_s: float
+    prefill_tokens_per_s: float = 0.0
+    time_per_step_s: float = 0.0
+    tokens_per_step: int = 0
+    total_time_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "stages": [{"stage": i, "time_s": t} for i, t in enumerate(self.stage_times_s)],
+            "hops": [{"from_stage": i, "to_stage": i + 1, "time_s": t}
+                     for i, t in enumerate(self.hop_times_s)],
+            "bottleneck_stage": self.bottleneck_stage, "tokens_per_s": self.tokens_per_s,
+        }
+        if self.kind == "serve":
+            data.update(time_per_token_s=self.time_per_token_s,
+                        prefill_tokens_per_s=self.prefill_tokens_per_s)
+        else:
+            data.update(time_per_microbatch_s=self.time_per_token_s,
+                        time_per_step_s=self.time_per_step_s,
+                        tokens_per_step=self.tokens_per_step, total_time_s=self.total_time_s)
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    plan_id: str
+    kind: str
+    fits: bool
+    profile: ModelProfile
+    request: PlanRequest  # resolved: every default filled in
+    cards: tuple[CardPlan, ...]  # every card, pipeline order grouped by fellow
+    stages: tuple[StagePlan, ...]
+    limit: Limit
+    summary: str
+    estimate: Estimate
+    notes: tuple[str, ...]
+
+    @property
+    def strip_text(self) -> str:
+        return " | ".join(f"{s.layers[0]}-{s.layers[1] - 1} {s.label}" for s in self.stages)
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.profile
+        return {
+            "plan_id": self.plan_id,
+            "planner_version": PLANNER_VERSION,
+            "kind": self.kind,
+            "fits": self.fits,
+            "model": {"name": p.name, "model_type": p.model_type, "layers": p.n_layers,
+                      "params": p.total_params(), "max_context": p.max_context},
+            "request": self.request.to_dict(),
+            "layout": {
+                "limit": self.limit.to_dict(),
+                "strip": [{"stage": s.index, "layers": list(s.layers), "fellow": s.fellow,
+                           "fellow_id": s.fellow_id, "card": wording.card_label(
+                               s.kind, s.card_index, s.name)} for s in self.stages],
+                "strip_text": self.strip_text,
+            },
+            "cards": [c.to_dict() for c in self.cards],
+            "stages": [s.to_dict() for s in self.stages],
+            "summary": self.summary,
+            "estimate": self.estimate.to_dict(),
+            "notes": list(self.notes),
+            "runtime": self.runtime(),
+        }
+
+    def runtime(self) -> dict[str, Any]:
+        """The runtime's names for what every stage of this plan allocates (the fields of
+        ``p2pswarm.runtime.spec.StageSpec`` besides the layer range and the device)."""
+        r = self.request
+        dtype, quant = RUNTIME_WEIGHTS[r.weights_dtype or "f16"]
+        data: dict[str, Any] = {"dtype": dtype, "quant": quant, "quant_group_size": INT4_GROUP,
+                                "prefill_chunk_tokens": PREFILL_CHUNK_TOKENS}
+        if r.kind == "serve":
+            data.update(kv_dtype=RUNTIME_KV[r.kv_dtype], max_context_tokens=r.context,
+                        max_sessions=r.sequences)
+        return data
+
+
+# --- who may be used ---------------------------------------------------------------------
+
+
+def _resolve_excludes(view: ClusterView, exclude: tuple[str, ...]) -> set[tuple[str, str, int]]:
+    """``fellow:index`` / ``fellow:cpu`` -> {(fellow id, kind, index)}; fellow by id or name."""
+    out = set()
+    for item in exclude:
+        who, _, which = item.rpartition(":")
+        fellow = view.fellow(who) or next((f for f in view.fellows if f.name == who), None)
+        if fellow is None:
+            raise ConfigError(f"--exclude {item}: no fellow {who!r} in the cluster; fellows: "
+                              f"{', '.join(f.name for f in view.fellows) or 'none'}")
+        if which == "cpu":
+            kind, index = "cpu", 0
+        elif which.isdigit():
+            kind, index = "cuda", int(which)
+        else:
+            raise ConfigError(f"--exclude {item}: give a GPU index or cpu, e.g. {who}:0")
+        card = next((c for c in fellow.cards if c.kind == kind and c.index == index), None)
+        if card is None:
+            have = ", ".join(f"{who}:{c.index if c.kind == 'cuda' else 'cpu'}"
+                             for c in fellow.cards)
+            raise ConfigError(f"--exclude {item}: {fellow.name} has no such card; it has "
+                              f"{have or 'no cards'}")
+        out.add((fellow.id, kind, index))
+    return out
+
+
+def _static_reason(fellow: Fellow, card: CardView, request: PlanRequest,
+                   excluded: set[tuple[str, str, int]]) -> str | None:
+    """Reasons that do not depend on the context: flags, the user, the floor."""
+    if not fellow.connected:
+        return wording.NOT_CONNECTED
+    if fellow.training:
+        return wording.TRAINING
+    if (fellow.id, card.kind, card.index) in excluded:
+        return wording.LEFT_OUT_BY_YOU
+    floor = request.floor_bytes(card.kind)
+    if card.free_bytes < floor:
+        # name the program to blame when the card would clear the floor without it
+        if card.held_by_others and card.free_bytes + card.held_by_others[0].held_bytes >= floor:
+            holder = card.held_by_others[0]
+            return wording.held_by(holder.held_bytes, holder.name)
+        return wording.below_floor(card.free_bytes, floor)
+    return None
+
+
+# --- the plan ----------------------------------------------------------------------------
+
+
+def _tokens_of(request: PlanRequest) -> int:
+    tokens = request.context if request.kind == "serve" else request.seq_len
+    return int(tokens or 0)
+
+
+def _with_tokens(request: PlanRequest, tokens: int) -> PlanRequest:
+    return (replace(request, context=tokens) if request.kind == "serve"
+            else replace(request, seq_len=tokens))
+
+
+def plan(profile: ModelProfile, view: ClusterView, request: PlanRequest) -> Plan:
+    """Plan ``request`` for ``profile`` on ``view``. Raises ConfigError for a request that
+    cannot apply (unknown card to exclude, too many stages) and PlacementError when a
+    fixed stage count exceeds the usable cards; a placement that does not fit is a plan
+    with ``fits`` False, not an error."""
+    r = resolve(request, profile)
+    excluded = _resolve_excludes(view, r.exclude)
+    reasons: dict[tuple[str, str, int], str] = {}
+    usable: list[Slot] = []
+    for fellow in view.fellows:
+        for card in fellow.cards:
+            why = _static_reason(fellow, card, r, excluded)
+            if why is None:
+                usable.append(Slot(fellow.id, card))
+            else:
+                reasons[(fellow.id, card.kind, card.index)] = why
+    slots = pipeline_order(usable)
+    if r.stages is not None and r.stages > len(slots):
+        raise PlacementError(
+            f"--stages {r.stages} needs {r.stages} usable cards but the cluster has "
+            f"{len(slots)}: use --stages {max(1, len(slots))} or free more cards"
+        )
+    pair_fellows = {x for (a, b), _ in view.links for x in (a, b)}
+
+    def search_at(tokens: int) -> Search:
+        return Search(CostModel(profile, _with_tokens(r, tokens), tokens), slots, view.link,
+                      lambda f: f in pair_fellows)
+
+    def holds_at(tokens: int) -> bool:
+        return search_at(tokens).holding(r.stages) is not None
+
+    most = most_tokens(holds_at, profile.max_context, GRANULARITY_TOKENS)
+    if r.maximize in ("context", "seq_len") and most > 0:
+        r = _with_tokens(r, most)
+    tokens = _tokens_of(r)
+    search = search_at(tokens)
+
+    placement: Placement | None = None
+    if r.maximize is not None:
+        found = search.fastest(r.stages)
+        placement = found[0] if found else None
+    else:
+        cut = profile.trained_cut
+        if cut is not None and r.stages in (None, len(cut) + 1):
+            found = search.fastest(cut=cut)
+            placement = found[0] if found else None
+        if placement is None:
+            placement = search.fewest_cards(r.stages)
+    fits = placement is not None
+    if placement is None:
+        placement = _best_effort(search, r.stages)
+
+    model = search.model
+    limit = _limit(profile, r, search_at, most, fits, tokens, slots,
+                   {f.id: f.name for f in view.fellows})
+    stage_plans, cards = _cards_and_stages(view, slots, placement, model, reasons, r)
+    estimate = _estimate(search, placement, r)
+    notes = tuple(f"the speed of {c.label} is an estimate (never benchmarked): run "
+                  f"`p2pswarm bench` on {c.fellow}" for c in cards
+                  if c.used and not c.speed_measured)
+    summary = _summary(profile, r, fits, stage_plans, cards, limit, estimate, notes)
+    plan_id = _plan_id(profile, r, fits, cards, stage_plans)
+    return Plan(plan_id=plan_id, kind=r.kind, fits=fits, profile=profile, request=r,
+                cards=cards, stages=stage_plans, limit=limit, summary=summary,
+                estimate=estimate, notes=notes)
+
+
+def _best_effort(search: Search, stages: int | None) -> Placement:
+    """For a plan that does not fit: the usable cards, layers in proportion to room,
+    each card's overflow then shows as ``does_not_fit``."""
+    n = len(search.slots)
+    if n == 0:
+        return ()
+    by_room = sorted(range(n), key=lambda i: (-search.room(i, False, False), i))
+    chosen = sorted(by_room[:min(stages or n, search.layers)])
+    return search.proportional(chosen, caps=False) or ()
+
+
+def _limit(profile: ModelProfile, r: PlanRequest, search_at: Any, most: int, fits: bool,
+           tokens: int, slots: tuple[Slot, ...], names: dict[str, str]) -> Limit:
+    n_usable, free_usable = len(slots), sum(s.card.free_bytes for s in slots)
+    quantity = "context" if r.kind == "serve" else "seq_len"
+    if r.kind == "serve":
+        head = f"Context {wording.tokens(tokens)} tokens"
+        if r.sequences > 1:
+            head += f" for {r.sequences} sequences"
+    else:
+        head = (f"Sequence length {wording.tokens(tokens)} tokens, "
+                f"micro-batch {r.micro_batch}")
+    if not fits:
+        head += " does not fit"
+    if most == 0:
+        if n_usable == 0:
+            tail = "no card is usable: see each card's reason"
+        else:
+            need = (profile.n_layers * profile.layer_weight_bytes(r.weights_dtype or "f16")
+                    + profile.embed_bytes(r.weights_dtype or "f16"))
+            tail = (f"the cards hold none: the weights alone need {wording.gb(need)} and the "
+                    f"{n_usable} usable card{'s' if n_usable != 1 else ''} have "
+                    f"{wording.gb(free_usable)} free")
+        return Limit(sentence=f"{head}; {tail}.", quantity=quantity, requested=tokens,
+                     holds=0, fits=fits, limited_by="nothing", card=None)
+    holds = f"the cards hold {wording.tokens(most)}"
+    if most + GRANULARITY_TOKENS > profile.max_context:
+        return Limit(sentence=f"{head}; {holds}, limited by the model's maximum context.",
+                     quantity=quantity, requested=tokens, holds=most, fits=fits,
+                     limited_by="model", card=None)
+    search = search_at(most)
+    held = search.holding(r.stages)
+    assert held is not None  # `most` is where something holds
+    if len(held) == profile.n_layers and len(search.slots) > profile.n_layers:
+        return Limit(sentence=f"{head}; {holds}, limited by layers: each of the "
+                              f"{profile.n_layers} layers already has a card of its own.",
+                     quantity=quantity, requested=tokens, holds=most, fits=fits,
+                     limited_by="layers", card=None)
+    # the card that fills first as the context grows, with the layers it holds at `most`
+    more = search_at(most + GRANULARITY_TOKENS).model
+    best: tuple[float, int] | None = None
+    chosen = held[0][0]
+    for pos, (i, n) in enumerate(held):
+        card = search.slots[i].card
+        first, last = pos == 0, pos == len(held) - 1
+        now = search.model.claims(card.kind, n, first, last).total
+        growth = more.claims(card.kind, n, first, last).total - now
+        room_tokens = ((card.free_bytes - now) / growth) if growth > 0 else float("inf")
+        if best is None or (room_tokens, pos) < best:
+            best, chosen = (room_tokens, pos), i
+    slot = search.slots[chosen]
+    fellow = names[slot.fellow_id]
+    label = wording.fellows_card(fellow, slot.card.kind, slot.card.index, slot.card.name)
+    return Limit(sentence=f"{head}; {holds}, limited by {label}.", quantity=quantity,
+                 requested=tokens, holds=most, fits=fits, limited_by="card",
+                 card={"fellow_id": slot.fellow_id, "fellow": fellow,
+                       "index": slot.card.index, "kind": slot.card.kind,
+                       "name": slot.card.name})
+
+
+def _cards_and_stages(view: ClusterView, slots: tuple[Slot, ...], placement: Placement,
+                      model: CostModel, reasons: dict[tuple[str, str, int], str],
+                      r: PlanRequest) -> tuple[tuple[StagePlan, ...], tuple[CardPlan, ...]]:
+    names = {f.id: f.name for f in view.fellows}
+    used: dict[tuple[str, str, int], tuple[int, int, int, Claims]] = {}
+    stage_plans = []
+    start = 0
+    for pos, (i, n) in enumerate(placement):
+        slot = slots[i]
+        last = pos == len(placement) - 1
+        claims = model.claims(slot.card.kind, n, pos == 0, last)
+        used[(slot.fellow_id, slot.card.kind, slot.card.index)] = (pos, start, start + n, claims)
+        stage_plans.append(StagePlan(
+            index=pos, fellow_id=slot.fellow_id, fellow=names[slot.fellow_id],
+            card_index=slot.card.index, kind=slot.card.kind, name=slot.card.name,
+            layers=(start, start + n), time_s=model.stage_time_s(slot.card, n, last)))
+        start += n
+    slot_pos = {(s.fellow_id, s.card.kind, s.card.index): k for k, s in enumerate(slots)}
+    need = {kind: model.stage_need_bytes(kind) for kind in CARD_KINDS}
+    cards = []
+    for fellow in view.fellows:
+        for card in fellow.cards:
+            key = (fellow.id, card.kind, card.index)
+            other = card.total_bytes - card.free_bytes
+            if key in used:
+                pos, a, b, claims = used[key]
+                claimed = claims.total
+                segments = Segments(
+                    other_programs=other, weights=claims.weights,
+                    embeddings_head_buffers=claims.embeddings_head_buffers,
+                    kv_cache=claims.kv_cache, activations=claims.activations,
+                    optimizer=claims.optimizer, lora=claims.lora, workspace=claims.workspace,
+                    free=max(0, card.free_bytes - claimed),
+                    does_not_fit=max(0, claimed - card.free_bytes))
+                cards.append(CardPlan(fellow.id, fellow.name, card.index, card.kind, card.name,
+                                      card.total_bytes, card.free_bytes, True, None, (a, b),
+                                      pos, segments, card.speed_measured))
+                continue
+            reason = reasons.get(key)
+            if reason is None:
+                reason = (wording.stage_needs(need[card.kind])
+                          if card.free_bytes < need[card.kind] else wording.NOT_NEEDED)
+            cards.append(CardPlan(fellow.id, fellow.name, card.index, card.kind, card.name,
+                                  card.total_bytes, card.free_bytes, False, reason, None, None,
+                                  Segments(other_programs=other, free=card.free_bytes),
+                                  card.speed_measured))
+    # pipeline order grouped by fellow: fellows by their first stage, then by their place
+    # in the pipeline order, then by id; in a fellow, used cards by stage, then the rest
+    first_stage: dict[str, int] = {}
+    first_slot: dict[str, int] = {}
+    for c in cards:
+        key = (c.fellow_id, c.kind, c.index)
+        if c.stage is not None:
+            first_stage[c.fellow_id] = min(first_stage.get(c.fellow_id, c.stage), c.stage)
+        if key in slot_pos:
+            first_slot[c.fellow_id] = min(first_slot.get(c.fellow_id, slot_pos[key]),
+                                          slot_pos[key])
+    big = 1 << 30
+    cards.sort(key=lambda c: (first_stage.get(c.fellow_id, big), first_slot.get(c.fellow_id, big),
+                              c.fellow_id, c.stage if c.stage is not None else big,
+                              slot_pos.get((c.fellow_id, c.kind, c.index), big),
+                              CARD_KINDS.index(c.kind), c.index))
+    return tuple(stage_plans), tuple(cards)
+
+
+def _estimate(search: Search, placement: Placement, r: PlanRequest) -> Estimate:
+    model = search.model
+    if not placement:
+        return Estimate(kind=r.kind, stage_times_s=(), hop_times_s=(), bottleneck_stage=None,
+                        time_per_token_s=0.0, tokens_per_s=0.0)
+    k = len(placement)
+    stage_times = tuple(model.stage_time_s(search.slots[i].card, n, pos == k - 1)
+                        for pos, (i, n) in enumerate(placement))
+    hops = tuple(search.hop_s(placement[j][0], placement[j + 1][0]) for j in range(k - 1))
+    total = search.time_s(placement)
+    bottleneck = max(range(k), key=lambda j: (stage_times[j], -j))
+    if r.kind == "serve":
+        prefill = sum(model.prefill_time_s(search.slots[i].card, n, pos == k - 1)
+                      for pos, (i, n) in enumerate(placement))
+        prefill += sum(model.hop_time_s(search.link(search.slots[placement[j][0]].fellow_id,
+                                                    search.slots[placement[j + 1][0]].fellow_id),
+                                        prefill=True) for j in range(k - 1))
+        chunk_tokens = r.sequences * min(PREFILL_CHUNK_TOKENS, model.tokens)
+        return Estimate(kind="serve", stage_times_s=stage_times, hop_times_s=hops,
+                        bottleneck_stage=bottleneck, time_per_token_s=total,
+                        tokens_per_s=r.sequences / total if total > 0 else 0.0,
+                        prefill_tokens_per_s=chunk_tokens / prefill if prefill > 0 else 0.0)
+    # a step pushes micro_batches through the pipeline; after the first, one finishes
+    # every bottleneck-stage time (1F1B steady state)
+    step = total + (r.micro_batches - 1) * stage_times[bottleneck]
+    tokens_per_step = r.micro_batches * r.micro_batch * model.tokens
+    return Estimate(kind="train", stage_times_s=stage_times, hop_times_s=hops,
+                    bottleneck_stage=bottleneck, time_per_token_s=total,
+                    tokens_per_s=tokens_per_step / step if step > 0 else 0.0,
+                    time_per_step_s=step, tokens_per_step=tokens_per_step,
+                    total_time_s=step * r.steps)
+
+
+def _seconds(t: float) -> str:
+    return f"{t:.2f} s" if t >= 1 else f"{t * 1000:.1f} ms" if t >= 1e-3 else f"{t * 1e6:.0f} µs"
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 10 else f"{x:.2f}"
+
+
+def _params_text(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n:,}"
+
+
+def _summary(profile: ModelProfile, r: PlanRequest, fits: bool,
+             stages: tuple[StagePlan, ...], cards: tuple[CardPlan, ...], limit: Limit,
+             estimate: Estimate, notes: tuple[str, ...]) -> str:
+    what = (f"{profile.name} ({_params_text(profile.total_params())} parameters, "
+            f"{r.weights_dtype} weights")
+    what += f", {r.kv_dtype} KV cache)" if r.kind == "serve" else ")"
+    if r.kind == "train":
+        how = "LoRA adapters" if r.method == "lora" else "all weights"
+        what = f"Training {how} of {what}"
+    fellows = sorted({s.fellow_id for s in stages})
+    parts = [f"{what} {'runs' if fits else 'would run'} in {len(stages)} "
+             f"stage{'s' if len(stages) != 1 else ''} on {len(fellows)} "
+             f"fellow{'s' if len(fellows) != 1 else ''}: "
+             + "; ".join(f"layers {s.layers[0]}-{s.layers[1] - 1} on {s.label}" for s in stages)
+             + "."] if stages else [f"{what}: no usable card."]
+    parts.append(limit.sentence)
+    if not fits:
+        over = sorted((c for c in cards if c.segments.does_not_fit > 0),
+                      key=lambda c: (-c.segments.does_not_fit, c.fellow_id, c.kind, c.index))
+        if over:
+            more = f"; and {len(over) - 3} more cards" if len(over) > 3 else ""
+            parts.append("It does not fit: " + "; ".join(
+                f"{c.label} would run {wording.gb(c.segments.does_not_fit)} past its end"
+                for c in over[:3]) + more + ".")
+    elif estimate.bottleneck_stage is not None:
+        slow = stages[estimate.bottleneck_stage]
+        if r.kind == "serve":
+            parts.append(f"Estimated {estimate.tokens_per_s:.1f} tokens/s "
+                         f"({_seconds(estimate.time_per_token_s)} per token), prefill "
+                         f"{_rate(estimate.prefill_tokens_per_s)} tokens/s; slowest stage "
+                         f"{slow.index} on {slow.label}.")
+        else:
+            parts.append(f"Estimated {_seconds(estimate.time_per_step_s)} per step "
+                         f"({estimate.tokens_per_s:,.0f} tokens/s); slowest stage "
+                         f"{slow.index} on {slow.label}.")
+    left = [c for c in cards if not c.used]
+    if left:
+        counts: dict[str, int] = {}
+        for c in left:
+            kind = c.reason or ""
+            kind = "held by other programs" if "(not p2pswarm)" in kind else \
+                "below the floor" if "floor" in kind else \
+                "too little free for a stage" if "a stage needs" in kind else \
+                "not needed" if kind == wording.NOT_NEEDED else kind
+            counts[kind] = counts.get(kind, 0) + 1
+        parts.append(f"{len(left)} card{'s' if len(left) != 1 else ''} left out ("
+                     + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + ").")
+    if notes:
+        parts.append("Some speeds are estimates: run `p2pswarm bench` on "
+                     + ", ".join(sorted({c.fellow for c in cards
+                                         if c.used and not c.speed_measured})) + ".")
+    return " ".join(parts)
+
+
+def _plan_id(profile: ModelProfile, r: PlanRequest, fits: bool, cards: tuple[CardPlan, ...],
+             stages: tuple[StagePlan, ...]) -> str:
+    by_key = {(c.fellow_id, c.kind, c.index): c for c in cards}
+    placement = []
+    for s in stages:
+        c = by_key[(s.fellow_id, s.kind, s.card_index)]
+        placement.append({"fellow_id": s.fellow_id, "kind": s.kind, "index": s.card_index,
+                          "layers": list(s.layers), "claims": c.segments.claims_dict()})
+    canonical = {"planner": PLANNER_VERSION, "profile": profile.to_dict(),
+                 "request": r.to_dict(), "fits": fits, "placement": placement}
+    encoded = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(encoded.encode()).hexdigest()[:16]
+
+
+__all__ = [
+    "PLANNER_VERSION",
+    "SEGMENT_NAMES",
+    "CardPlan",
+    "Estimate",
+    "Limit",
+    "Plan",
+    "Segments",
+    "StagePlan",
+    "plan",
+]
