@@ -1,0 +1,206 @@
+"""A Hugging Face model directory: ``config.json`` and safetensors weights, sharded or not.
+
+Only headers are read up front (8-byte little-endian length, then JSON naming each
+tensor's dtype, shape and byte range), so listing what a stage needs costs nothing.
+Weights are read with ``safe_open`` one tensor at a time, straight to the target device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from p2pswarm.errors import ConfigError
+from p2pswarm.models.config import ModelConfig
+from p2pswarm.models.llama import hf_tensor_map
+
+INDEX_FILE = "model.safetensors.index.json"
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """One tensor in a safetensors file: enough to ship its raw bytes and check them."""
+
+    name: str
+    file: str  # relative to the model directory
+    dtype: str  # safetensors dtype string: "BF16", "F16", "F32", ...
+    shape: tuple[int, ...]
+    offset_bytes: int  # where the tensor's bytes start in the file
+    nbytes: int
+
+
+class Checkpoint:
+    """Reads config and weights of one model directory."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        self.model_dir = Path(model_dir)
+        config_path = self.model_dir / "config.json"
+        try:
+            self.hf_config: dict[str, Any] = json.loads(config_path.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{config_path} not found: not a model directory") from exc
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {config_path}: {exc}") from exc
+        self.config = ModelConfig.from_hf(self.hf_config)
+        self._headers: dict[str, dict[str, TensorEntry]] = {}
+        self._weight_map = self._read_weight_map()
+
+    @property
+    def name(self) -> str:
+        return self.model_dir.name
+
+    def tensor_names(self) -> list[str]:
+        return sorted(self._weight_map)
+
+    def entry(self, name: str) -> TensorEntry:
+        try:
+            file = self._weight_map[name]
+        except KeyError:
+            raise ConfigError(f"{self.model_dir} has no tensor {name!r}") from None
+        try:
+            return self._header(file)[name]
+        except KeyError:
+            raise ConfigError(f"{file} does not hold {name!r} as its index says") from None
+
+    def read(self, names: Sequence[str],
+             device: torch.device | str) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (name, tensor) for ``names``, each loaded alone onto ``device`` as stored."""
+        by_file: dict[str, list[str]] = {}
+        for name in names:
+            by_file.setdefault(self.entry(name).file, []).append(name)
+        for file, file_names in by_file.items():
+            with safe_open(str(self.model_dir / file), framework="pt",
+                           device=str(device)) as handle:
+                for name in file_names:
+                    yield name, handle.get_tensor(name)
+
+    def _read_weight_map(self) -> dict[str, str]:
+        index_path = self.model_dir / INDEX_FILE
+        if index_path.exists():
+            try:
+                raw = json.loads(index_path.read_text())["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(f"cannot read {index_path}: {exc}") from exc
+            if not isinstance(raw, dict):
+                raise ConfigError(f"{index_path}: weight_map is not a mapping")
+            return {str(k): str(v) for k, v in raw.items()}
+        files = sorted(p.name for p in self.model_dir.glob("*.safetensors"))
+        if not files:
+            raise ConfigError(f"{self.model_dir} holds no *.safetensors weights")
+        weight_map: dict[str, str] = {}
+        for file in files:
+            for name in self._header(file):
+                weight_map[name] = file
+        return weight_map
+
+    def _header(self, file: str) -> dict[str, TensorEntry]:
+        if file not in self._headers:
+            self._headers[file] = read_safetensors_header(self.model_dir / file, file)
+        return self._headers[file]
+
+
+def read_safetensors_header(path: Path, file: str) -> dict[str, TensorEntry]:
+    """Tensor entries of one safetensors file, from its header alone."""
+    try:
+        with path.open("rb") as f:
+            size_bytes = int.from_bytes(f.read(8), "little")
+            if not 0 < size_bytes <= MAX_HEADER_BYTES:
+                raise ConfigError(f"{path}: implausible header size {size_bytes}")
+            header = json.loads(f.read(size_bytes))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"{path}: header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ConfigError(f"{path}: header is not a mapping")
+    data_start = 8 + size_bytes
+    entries: dict[str, TensorEntry] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = (int(x) for x in info["data_offsets"])
+            entries[name] = TensorEntry(
+                name=name, file=file, dtype=str(info["dtype"]),
+                shape=tuple(int(d) for d in info["shape"]),
+                offset_bytes=data_start + begin, nbytes=end - begin,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}: bad header entry for {name!r}") from exc
+    return entries
+
+
+def stage_tensor_names(config: ModelConfig, start_layer: int, end_layer: int) -> list[str]:
+    """Checkpoint tensor names a stage running layers [start_layer, end_layer) reads."""
+    return list(hf_tensor_map(config, start_layer, end_layer))
+
+
+def stage_tensors(checkpoint: Checkpoint, start_layer: int, end_layer: int) -> list[TensorEntry]:
+    """Where each tensor of a stage lives (file, byte range): what to ship to its fellow."""
+    return [checkpoint.entry(name)
+            for name in stage_tensor_names(checkpoint.config, start_layer, end_layer)]
+
+
+def read_tensor_bytes(checkpoint: Checkpoint, entry: TensorEntry) -> bytes:
+    """The raw bytes of one tensor as stored (little-endian, row-major)."""
+    with (checkpoint.model_dir / entry.file).open("rb") as f:
+        f.seek(entry.offset_bytes)
+        data = f.read(entry.nbytes)
+    if len(data) != entry.nbytes:
+        raise ConfigError(f"{entry.file} is truncated at {entry.name!r}")
+    return data
+
+
+def tensor_sha256(checkpoint: Checkpoint, entry: TensorEntry, chunk_bytes: int = 1 << 22) -> str:
+    """Hex SHA-256 of one tensor's stored bytes, read in chunks."""
+    digest = hashlib.sha256()
+    remaining = entry.nbytes
+    with (checkpoint.model_dir / entry.file).open("rb") as f:
+        f.seek(entry.offset_bytes)
+        while remaining:
+            chunk = f.read(min(chunk_bytes, remaining))
+            if not chunk:
+                raise ConfigError(f"{entry.file} is truncated at {entry.name!r}")
+            digest.update(chunk)
+            remaining -= len(chunk)
+    return digest.hexdigest()
+
+
+def save_checkpoint(hf_config: dict[str, Any], tensors: Sequence[tuple[str, torch.Tensor]],
+                    model_dir: str | Path, *, max_shard_bytes: int | None = None) -> Path:
+    """Write ``config.json`` and safetensors weights; sharded with an index when the
+    tensors exceed ``max_shard_bytes``. Returns the directory."""
+    from safetensors.torch import save_file
+
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True))
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    shard_bytes = 0
+    for name, tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if max_shard_bytes is not None and shards[-1] and shard_bytes + nbytes > max_shard_bytes:
+            shards.append({})
+            shard_bytes = 0
+        shards[-1][name] = tensor.detach().contiguous().cpu()
+        shard_bytes += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(model_dir / "model.safetensors"))
+        return model_dir
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards, start=1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(model_dir / file))
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for _, t in tensors)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (model_dir / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
+    return model_dir

@@ -1,0 +1,60 @@
+"""What a stage holds in memory, computed from its spec alone (pure: no torch).
+
+This is the claim a plan makes for one stage; ``Stage.allocated_bytes()`` reports what
+the loaded stage really holds, and the two are equal by construction (tested). Segments
+match the plan's: ``weights`` (decoder layers), ``embeddings_head_buffers`` (embedding
+table on the first stage; final norm and head on the last, unless the head is tied to an
+embedding the same stage holds; RoPE frequencies; the dequant workspace of a quantized
+stage) and ``kv_cache``. Activations are transient and not counted here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from p2pswarm.models.config import ModelConfig
+from p2pswarm.models.footprint import (
+    DTYPE_BYTES,
+    dequant_workspace_bytes,
+    kv_cache_bytes,
+    layer_bytes,
+)
+from p2pswarm.runtime.spec import StageSpec
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    weights_bytes: int
+    embeddings_head_buffers_bytes: int
+    kv_cache_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.embeddings_head_buffers_bytes + self.kv_cache_bytes
+
+
+def stage_memory(config: ModelConfig, spec: StageSpec) -> StageMemory:
+    db = DTYPE_BYTES[spec.dtype]
+    num_layers = spec.end_layer - spec.start_layer
+    is_first = spec.start_layer == 0
+    is_last = spec.end_layer == config.num_layers
+    table = config.vocab_size * config.hidden_size * db
+    ends = 0
+    if is_first:
+        ends += table
+    if is_last:
+        ends += config.hidden_size * db  # final norm
+        if not (config.tie_word_embeddings and is_first):
+            ends += table  # head (a tied head on a later stage is its own copy)
+    ends += config.head_dim // 2 * 4  # RoPE inverse frequencies, float32
+    if spec.quant != "none" and num_layers:
+        ends += dequant_workspace_bytes(config, dtype=spec.dtype)
+    return StageMemory(
+        weights_bytes=num_layers * layer_bytes(config, dtype=spec.dtype, quant=spec.quant,
+                                               group_size=spec.quant_group_size),
+        embeddings_head_buffers_bytes=ends,
+        kv_cache_bytes=kv_cache_bytes(
+            num_layers=num_layers, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+            max_context_tokens=spec.max_context_tokens, max_sessions=spec.max_sessions,
+            kv_dtype=spec.kv_dtype),
+    )
