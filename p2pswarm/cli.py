@@ -24,6 +24,7 @@ from p2pswarm.config import DEFAULT_PORT, preset, split_addr
 from p2pswarm.control.client import request as control_request
 from p2pswarm.errors import ConfigError, ControlError, SwarmError
 from p2pswarm.home import Home
+from p2pswarm.inventory import local_card_source
 from p2pswarm.security import SwarmSecret
 
 app = typer.Typer(
@@ -129,6 +130,12 @@ def join(
                                             help="HOST:PORT fellows should reach this one at."),
     name: Optional[str] = typer.Option(None, "--name", help="This fellow's name (hostname)."),
     preset_name: str = typer.Option("lan", "--preset", help="Timings: lan, wifi or local."),
+    leader_priority: int = typer.Option(0, "--leader-priority", min=0, max=255,
+                                        help="Prefer this fellow as leader (higher wins)."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="Offer only these GPUs, e.g. 0,2."),
+    cpu_memory: Optional[str] = typer.Option(None, "--cpu-memory",
+                                             help="Offer at most this much RAM, e.g. 6GB."),
+    no_cpu: bool = typer.Option(False, "--no-cpu", help="Do not offer the CPU as a card."),
     home: Optional[Path] = HomeOption,
     log_level: str = typer.Option("info", "--log-level", help="debug, info or warning."),
 ) -> None:
@@ -145,9 +152,12 @@ def join(
         if text is not None:
             state.join_swarm(SwarmSecret.from_token(text))
         state.load_keyring()  # refuse early: no swarm, or key files others can read
+        cards = local_card_source(gpus=gpus, cpu_memory=cpu_memory, no_cpu=no_cpu,
+                                  own_pids=[os.getpid()])
         settings = NodeSettings(home=directory, listen=listen, seeds=seed_addrs,
                                 name=name or socket.gethostname(), config=config,
-                                advertise=advertise)
+                                advertise=advertise, leader_priority=leader_priority,
+                                card_source=cards)
     except SwarmError as exc:
         fail(str(exc))
     setup_logging(log_level)
@@ -157,6 +167,13 @@ def join(
         pass
     except SwarmError as exc:
         fail(str(exc), EXIT_FAILURE)
+
+
+@app.command()
+def leave(home: Optional[Path] = HomeOption) -> None:
+    """Make the local agent leave the swarm gracefully (fellows mark it `left`) and exit."""
+    ask_agent(home, {"op": "leave"})
+    typer.echo("leaving the swarm")
 
 
 def setup_logging(level: str) -> None:
@@ -204,7 +221,8 @@ def render_status(data: dict[str, Any]) -> None:
     for m in data["members"]:
         cards = ", ".join(c.get("name", "?") for c in m.get("cards", [])) or "-"
         heard = m.get("last_heard_s")
-        table.add_row(m["name"], m["id"][:8], m["addr"], m["state"], str(m["incarnation"]),
+        name = m["name"] + (" (this one)" if m.get("self") else "")
+        table.add_row(name, m["id"][:8], m["addr"], m["state"], str(m["incarnation"]),
                       cards, "-" if heard is None else f"{heard:.1f} s ago")
     console.print(table)
     counters = data.get("counters", {})

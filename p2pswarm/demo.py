@@ -106,8 +106,9 @@ def run_demo(say: Say, render_status: Callable[[dict[str, Any]], None], *,
             addr = swarm.start(name, seeds=(seed,))
             say(f"{name} listening on {addr}, joining through {seed}")
         for name in names:
-            swarm.wait_for(name, lambda s: len(s["members"]) >= fellows - 1, timeout_s=60,
-                           what="the swarm to form")
+            swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
+                m["state"] == "alive" for m in s["members"]) == fellows, timeout_s=60,
+                what="the swarm to form and elect a leader")
         status = swarm.status(names[0])
         say(f"swarm formed in {time.monotonic() - started:.1f} s")
         render_status(status)

@@ -78,7 +78,7 @@ async def test_live_agent_survives_fuzzing_and_keeps_answering(tmp_path) -> None
             # garbage that happens to decode to a valid Hello from the (keyed) fuzzer itself.
             assert dropped >= 0.99 * counters["datagrams_in"]
             assert {"malformed", "bad-seal", "invalid-field"} <= set(counters["drops"])
-            assert {m["id"] for m in status["members"]} <= {sender_identity.node_id.hex()}
+            assert {m["name"] for m in status["members"]} == {"target"}
             nursery.cancel_scope.cancel()
 
 

@@ -1,29 +1,40 @@
-"""The agent: one trio nursery that owns the transport, the keys and the control API.
+"""The agent: one trio nursery that drives membership and election over a transport.
 
 Theory of operation. Datagrams arrive sealed; the agent opens them (wrong key, tampering,
 replays are dropped and counted by reason), decodes them (malformed ones likewise), and
-hands each message to the handler registered for its type. Streams run the secure
-handshake first, then carry request/response envelopes, one per frame. Nothing a peer
-sends can raise out of the receive loops: every failure is a counted drop.
+routes the messages: membership news to the membership machine as one batch, election
+messages to the election machine, anything else to a handler registered for its type.
+Streams run the secure handshake first, then carry request/response envelopes, one per
+frame. Nothing a peer sends can raise out of the receive loops: every failure is a
+counted drop.
 
-The agent takes its transport, clock (trio's, so a MockClock gives virtual time), keys and
-random generator as arguments, so the same code runs on real sockets and in simulation.
+Both machines are sans-I/O. The agent executes their effects: a datagram goes to the
+outbox (one sender task drains it), a stream request runs in its own task and feeds the
+reply back, an event becomes a log line. After every call it feeds the election the
+current membership view if that changed, and a timer task sleeps until the earliest
+deadline of either machine, woken early whenever a call may have moved it.
+
+The agent takes its transport, clock (trio's, so a MockClock gives virtual time), keys,
+card source and random generator as arguments: the same code runs on real sockets and in
+simulation.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+import msgpack
 import trio
 
 from p2pswarm import wire
 from p2pswarm.agent.counters import Counters
 from p2pswarm.config import SwarmConfig
 from p2pswarm.control.server import serve_control
+from p2pswarm.election import Election
 from p2pswarm.errors import (
     AuthenticationError,
     ControlError,
@@ -32,10 +43,16 @@ from p2pswarm.errors import (
     TransportError,
     VersionMismatch,
 )
-from p2pswarm.security import DatagramSealer, Identity, Keyring
+from p2pswarm.inventory import CardSource, Inventory, changed_enough, read_inventory
+from p2pswarm.membership import effects as fx
+from p2pswarm.membership.machine import Membership
+from p2pswarm.membership.member import LocalNode, Member
+from p2pswarm.security import DatagramSealer, Identity, Keyring, verify
 from p2pswarm.transport.base import Stream, Transport
 from p2pswarm.transport.secure import SecureStream, secure_accept, secure_connect
 from p2pswarm.wire.base import Hello, HelloAck, Refusal
+from p2pswarm.wire.gossip import ELECTION_TAGS, MEMBERSHIP_TAGS, Alive, MetaPull, Ping
+from p2pswarm.wire.gossip import SyncDigest, SyncRecords
 
 log = logging.getLogger("p2pswarm.agent")
 
@@ -43,15 +60,22 @@ DatagramHandler = Callable[[Any, bytes, str], None]  # (message, sender node id,
 StreamHandler = Callable[[Any, SecureStream], Awaitable[Any]]  # returns the reply message
 ControlHandler = Callable[[dict[str, Any]], Awaitable[Any]]
 
+OUTBOX_DATAGRAMS = 4096  # datagrams waiting for the sender task before new ones are dropped
+STREAM_REQUEST_TIMEOUT_S = 5.0  # a membership stream request gives up after this long
+LEAVE_LINGER_S = 1.0  # after saying goodbye, keep answering this long so it spreads
 
-@dataclass(frozen=True, slots=True)
-class Fellow:
-    """A fellow this agent has heard from (membership proper refines this)."""
+_MEMBERSHIP_STREAM_TYPES = (Ping, SyncDigest, SyncRecords, MetaPull, Alive)
+_LOGGED_EVENTS = {
+    fx.JOINED: logging.INFO, fx.MEMBER_JOINED: logging.INFO, fx.SUSPECT: logging.INFO,
+    fx.ALIVE: logging.INFO, fx.DEAD: logging.WARNING, fx.LEFT: logging.INFO,
+    fx.REFUTED: logging.INFO, fx.LEADER: logging.INFO, fx.NO_LEADER: logging.WARNING,
+    fx.ELECTED: logging.INFO, fx.STEPPED_DOWN: logging.WARNING, fx.REAPED: logging.DEBUG,
+    fx.METADATA: logging.DEBUG, fx.UPDATED: logging.INFO, fx.JOIN_RETRY: logging.INFO,
+}
 
-    node_id: bytes
-    name: str
-    addr: str
-    last_heard_s: float
+
+def _tag(message: Any) -> int:
+    return wire.tag_of(type(message))
 
 
 class Agent:
@@ -68,6 +92,8 @@ class Agent:
         seeds: tuple[str, ...] = (),
         home: Path | None = None,
         advertise: str | None = None,
+        leader_priority: int = 0,
+        card_source: CardSource | None = None,
     ) -> None:
         self.name = name
         self.transport = transport
@@ -78,20 +104,33 @@ class Agent:
         self.seeds = seeds
         self.home = home
         self.advertise = advertise  # the address fellows reach us at, if not the bound one
+        self.leader_priority = leader_priority
+        self.card_source = card_source
         self.counters = Counters()
         self.sealer = DatagramSealer(keyring, identity.node_id, epoch,
                                      config.security.replay_window_datagrams)
-        self.fellows: dict[bytes, Fellow] = {}
+        self.inventory: Inventory | None = None
+        self._gossiped_inventory: Inventory | None = None
+        self.extra_metadata: dict[str, Any] = {}  # what other services publish about us
+        self.membership: Membership | None = None
+        self.election: Election | None = None
+        self.events: list[fx.Event] = []  # recent events, newest last (for status)
         self.started_s = 0.0
-        self._hello_seq = 0
+        self._seen_version = -1
         self._refused_addrs: set[str] = set()
-        self._datagram_handlers: dict[type, DatagramHandler] = {
-            Hello: self._on_hello, HelloAck: self._on_hello_ack, Refusal: self._on_refusal,
-        }
+        self._datagram_handlers: dict[type, DatagramHandler] = {Refusal: self._on_refusal}
         self._stream_handlers: dict[type, StreamHandler] = {Hello: self._on_stream_hello}
-        self.control_ops: dict[str, ControlHandler] = {"status": self._op_status}
+        for t in _MEMBERSHIP_STREAM_TYPES:
+            self._stream_handlers[t] = self._on_membership_stream
+        self.control_ops: dict[str, ControlHandler] = {
+            "status": self._op_status, "leave": self._op_leave,
+        }
         self._nursery: trio.Nursery | None = None
+        self._kick = trio.Event()
+        self._outbox_in, self._outbox_out = trio.open_memory_channel[tuple[str, bytes]](
+            OUTBOX_DATAGRAMS)
         self.stopped = trio.Event()  # set once the agent has been asked to stop
+        self.left = False
 
     # --- identity -------------------------------------------------------------------
 
@@ -112,22 +151,163 @@ class Agent:
     # --- running --------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run until ``stop()`` or cancellation."""
-        self.started_s = trio.current_time()
+        """Join the swarm and run until ``stop()`` or cancellation."""
+        now = self.started_s = trio.current_time()
+        self.inventory = self._read_cards()
+        self._gossiped_inventory = self.inventory
+        local = LocalNode(self.node_id, self.name, self.addr, self.identity.public_key,
+                          self.leader_priority)
+        self.membership = Membership(
+            local, self.config.gossip, self.rng, sign=self.identity.sign, verify=verify,
+            now=now, metadata=self._metadata(),
+            datagram_budget_bytes=self.config.transport.max_datagram_bytes
+            - self.sealer.overhead_bytes)
+        self.election = Election(self.node_id, self.name, self.config.election, self.rng,
+                                 leader_priority=self.leader_priority, now=now)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.transport.serve_streams, self._serve_stream)
             nursery.start_soon(self._receive_datagrams)
-            nursery.start_soon(self._greet_loop)
+            nursery.start_soon(self._send_datagrams)
+            nursery.start_soon(self._timer_loop)
+            if self.card_source is not None:
+                nursery.start_soon(self._inventory_loop)
             if self.home is not None:
                 await nursery.start(serve_control, self.home, self._answer_control)
             log.info("%s listening on %s (id %s)", self.name, self.addr, self.node_id.hex()[:8])
+            self._apply(self.membership.join(self.seeds, now))
             task_status.started()
             await self.stopped.wait()
             nursery.cancel_scope.cancel()
 
     def stop(self) -> None:
         self.stopped.set()
+
+    async def leave(self) -> None:
+        """Leave gracefully: fellows mark us ``left``, not dead; then stop."""
+        if self.membership is None or self.election is None or self.left:
+            self.stop()
+            return
+        self.left = True
+        now = trio.current_time()
+        self._apply(self.election.leave(now) + self.membership.leave(now))
+        await trio.sleep(LEAVE_LINGER_S)  # the goodbye goes out and is answered
+        self.stop()
+
+    # --- the machines ---------------------------------------------------------------
+
+    def _apply(self, effects: list[Any]) -> None:
+        """Execute effects; keep the election fed; wake the timer (deadlines moved)."""
+        while effects:
+            for effect in effects:
+                t = type(effect)
+                if t is fx.SendDatagram:
+                    self._post(effect.addr, effect.messages)
+                elif t is fx.StreamRequest:
+                    if self._nursery is not None:
+                        self._nursery.start_soon(self._stream_request, effect)
+                elif t is fx.Event:
+                    self._note(effect)
+            effects = self._feed_election()
+        self._kick.set()
+
+    def _feed_election(self) -> list[Any]:
+        m, e = self.membership, self.election
+        if m is None or e is None or m.version == self._seen_version:
+            return []
+        self._seen_version = m.version
+        return e.update_members(m.members(), trio.current_time(), joined=m.joined)
+
+    def _note(self, event: fx.Event) -> None:
+        self.events.append(event)
+        del self.events[:-100]
+        level = _LOGGED_EVENTS.get(event.kind, logging.DEBUG)
+        who = f"{event.name} ({event.node_id.hex()[:8]})" if event.node_id else ""
+        log.log(level, "%s: %s %s%s", self.name, event.kind, who,
+                f": {event.detail}" if event.detail else "")
+
+    async def _timer_loop(self) -> None:
+        while True:
+            deadline = self._next_deadline()
+            self._kick = trio.Event()
+            with trio.move_on_at(deadline):
+                await self._kick.wait()
+            now = trio.current_time()
+            if now >= deadline and self.membership is not None and self.election is not None:
+                self._apply(self.membership.tick(now) + self.election.tick(now))
+
+    def _next_deadline(self) -> float:
+        deadlines = [d for d in (self.membership.next_deadline() if self.membership else None,
+                                 self.election.next_deadline() if self.election else None)
+                     if d is not None]
+        return min(deadlines, default=math.inf)
+
+    async def _stream_request(self, request: fx.StreamRequest) -> None:
+        try:
+            with trio.fail_after(STREAM_REQUEST_TIMEOUT_S):
+                reply = await self.call(request.addr, request.message)
+        except (SwarmError, trio.TooSlowError) as exc:
+            log.debug("stream request to %s failed: %s", request.addr, exc)
+            if self.membership is not None:
+                self._apply(self.membership.stream_failed(request.request_id,
+                                                          trio.current_time()))
+            return
+        if self.membership is not None:
+            self._apply(self.membership.handle_reply(request.request_id, reply,
+                                                     trio.current_time()))
+
+    async def _on_membership_stream(self, message: Any, stream: SecureStream) -> Any:
+        if self.membership is None:
+            return None
+        reply, effects = self.membership.handle_stream(message, stream.peer_addr,
+                                                       trio.current_time())
+        self._apply(effects)
+        return reply
+
+    # --- metadata: what this fellow says about itself --------------------------------
+
+    def _read_cards(self) -> Inventory | None:
+        if self.card_source is None:
+            return None
+        try:
+            return read_inventory(self.card_source)
+        except SwarmError as exc:
+            log.warning("reading cards failed: %s", exc)
+            return self.inventory
+
+    def _metadata(self) -> bytes:
+        meta: dict[str, Any] = {"cards": self.inventory.to_dict()["cards"] if self.inventory
+                                else []}
+        meta.update(self.extra_metadata)
+        return msgpack.packb(meta, use_bin_type=True)  # type: ignore[no-any-return]
+
+    def publish_metadata(self) -> None:
+        """Gossip a new version of what this fellow says about itself."""
+        if self.membership is not None:
+            self._apply(self.membership.set_metadata(self._metadata(), trio.current_time()))
+
+    async def _inventory_loop(self) -> None:
+        step = self.config.inventory.gossip_step_bytes
+        while True:
+            await trio.sleep(self.config.inventory.refresh_interval_s)
+            inventory = self._read_cards()
+            if inventory is None:
+                continue
+            self.inventory = inventory
+            if changed_enough(self._gossiped_inventory, inventory, step):
+                self._gossiped_inventory = inventory
+                self.publish_metadata()
+
+    @staticmethod
+    def member_metadata(member: Member) -> dict[str, Any]:
+        """A fellow's metadata as a dict ({} if not pulled yet or unreadable)."""
+        if not member.metadata:
+            return {}
+        try:
+            meta = msgpack.unpackb(member.metadata, raw=False, strict_map_key=False)
+        except Exception:  # signed by the fellow, but still only bytes to us
+            return {}
+        return meta if isinstance(meta, dict) else {}
 
     # --- datagrams ------------------------------------------------------------------
 
@@ -138,7 +318,26 @@ class Agent:
         for msg in too_large:
             log.warning("not sent to %s: %s does not fit in a datagram", addr, type(msg).__name__)
         for plaintext in packets:
-            packet = self.sealer.seal(plaintext)
+            self._post_sealed(addr, self.sealer.seal(plaintext))
+        await trio.lowlevel.checkpoint()
+
+    def _post(self, addr: str, messages: tuple[Any, ...]) -> None:
+        try:
+            plaintext = wire.encode(*messages)
+        except SwarmError as exc:
+            log.warning("not sent to %s: %s", addr, exc)
+            self.counters.drop("encode-failed")
+            return
+        self._post_sealed(addr, self.sealer.seal(plaintext))
+
+    def _post_sealed(self, addr: str, packet: bytes) -> None:
+        try:
+            self._outbox_in.send_nowait((addr, packet))
+        except trio.WouldBlock:
+            self.counters.drop("outbox-full")
+
+    async def _send_datagrams(self) -> None:
+        async for addr, packet in self._outbox_out:
             try:
                 await self.transport.send_datagram(addr, packet)
             except TransportError as exc:
@@ -154,7 +353,7 @@ class Agent:
             self.handle_datagram(data, addr)
 
     def handle_datagram(self, data: bytes, addr: str) -> None:
-        """Open, decode and dispatch one datagram; every failure is a counted drop."""
+        """Open, decode and route one datagram; every failure is a counted drop."""
         self.counters.datagrams_in += 1
         self.counters.bytes_in += len(data)
         try:
@@ -167,61 +366,36 @@ class Agent:
         except (AuthenticationError, RemoteProtocolError) as exc:
             self.counters.drop(exc.reason)
             return
-        for msg in messages:
-            handler = self._datagram_handlers.get(type(msg))
-            if handler is None:
-                self.counters.drop("unexpected-message")
-                continue
-            try:
-                handler(msg, sender, addr)
-            except RemoteProtocolError as exc:
-                self.counters.drop(exc.reason)
+        if self.membership is None or self.election is None or self.left:
+            return
+        now = trio.current_time()
+        gossip = [m for m in messages if _tag(m) in MEMBERSHIP_TAGS]
+        effects: list[Any] = []
+        try:
+            if gossip:
+                effects += self.membership.handle_datagram(gossip, addr, now)
+            for msg in messages:
+                tag = _tag(msg)
+                if tag in ELECTION_TAGS:
+                    effects += self.election.handle(msg, addr, now)
+                elif tag not in MEMBERSHIP_TAGS:
+                    handler = self._datagram_handlers.get(type(msg))
+                    if handler is None:
+                        self.counters.drop("unexpected-message")
+                    else:
+                        handler(msg, sender, addr)
+        except RemoteProtocolError as exc:
+            self.counters.drop(exc.reason)
+        self._apply(effects)
 
     def _refuse(self, addr: str, exc: VersionMismatch) -> None:
         if addr not in self._refused_addrs:  # say it once per address, not per packet
             self._refused_addrs.add(addr)
             log.warning("refusing %s: %s", addr, exc.detail)
-        if self._nursery is not None:
-            refusal = Refusal(wire.PROTOCOL_MAJOR, wire.PROTOCOL_MINOR, exc.detail)
-            self._nursery.start_soon(self.send, addr, refusal)
+        self._post(addr, (Refusal(wire.PROTOCOL_MAJOR, wire.PROTOCOL_MINOR, exc.detail),))
 
     def _on_refusal(self, msg: Refusal, sender: bytes, addr: str) -> None:
         log.warning("%s refused us: %s", addr, msg.reason)
-
-    # --- hello: liveness until membership proper runs -------------------------------
-
-    def _hello(self, cls: type = Hello) -> Any:
-        self._hello_seq = (self._hello_seq + 1) % 2**32
-        return cls(self._hello_seq, self.node_id, self.name, self.addr)
-
-    async def _greet_loop(self) -> None:
-        interval_s = self.config.gossip.probe_interval_s
-        while True:
-            targets = sorted(set(self.seeds) | {f.addr for f in self.fellows.values()})
-            for addr in targets:
-                if addr != self.addr:
-                    await self.send(addr, self._hello())
-            await trio.sleep(interval_s * (0.9 + 0.2 * self.rng.random()))
-
-    def _heard(self, node_id: bytes, name: str, addr: str) -> None:
-        if node_id == self.node_id:
-            return
-        if node_id not in self.fellows:
-            log.info("heard from fellow %s (%s) at %s", name, node_id.hex()[:8], addr)
-        self.fellows[node_id] = Fellow(node_id, name, addr, trio.current_time())
-
-    def _on_hello(self, msg: Hello, sender: bytes, addr: str) -> None:
-        if msg.node_id != sender:
-            raise RemoteProtocolError("identity-mismatch", "hello names another node")
-        self._heard(sender, msg.name, msg.addr)
-        if self._nursery is not None:
-            ack = HelloAck(msg.seq, self.node_id, self.name, self.addr)
-            self._nursery.start_soon(self.send, addr, ack)  # where it came from: works via NAT
-
-    def _on_hello_ack(self, msg: HelloAck, sender: bytes, addr: str) -> None:
-        if msg.node_id != sender:
-            raise RemoteProtocolError("identity-mismatch", "ack names another node")
-        self._heard(sender, msg.name, msg.addr)
 
     # --- streams --------------------------------------------------------------------
 
@@ -290,7 +464,7 @@ class Agent:
                 self.counters.drop("frame-" + exc.reason)
                 return
             if reply is None:
-                continue
+                return
             try:
                 await stream.send_frame(wire.encode(reply))
                 self.counters.frames_out += 1
@@ -300,7 +474,6 @@ class Agent:
     async def _on_stream_hello(self, msg: Hello, stream: SecureStream) -> HelloAck:
         if msg.node_id != stream.peer_node_id:
             raise RemoteProtocolError("identity-mismatch", "hello names another node")
-        self._heard(msg.node_id, msg.name, msg.addr)
         return HelloAck(msg.seq, self.node_id, self.name, self.addr)
 
     # --- control API ----------------------------------------------------------------
@@ -316,21 +489,51 @@ class Agent:
     async def _op_status(self, request: dict[str, Any]) -> dict[str, Any]:
         return self.status()
 
+    async def _op_leave(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self._nursery is not None:
+            self._nursery.start_soon(self.leave)
+        return {"leaving": True}
+
+    def fellows(self) -> list[Member]:
+        """Every fellow this agent knows, itself excluded, by name."""
+        if self.membership is None:
+            return []
+        return sorted((m for m in self.membership.members() if not m.is_self),
+                      key=lambda m: (m.name, m.node_id))
+
+    def leader(self) -> dict[str, Any] | None:
+        if self.election is None:
+            return None
+        s = self.election.status()
+        if s.leader_id is None:
+            return None
+        return {"id": s.leader_id.hex(), "name": s.leader_name, "term": s.term}
+
     def status(self) -> dict[str, Any]:
         now = trio.current_time()
-        members = [
-            {"id": f.node_id.hex(), "name": f.name, "addr": f.addr, "state": "alive",
-             "incarnation": 0, "cards": [], "last_heard_s": round(now - f.last_heard_s, 3)}
-            for f in sorted(self.fellows.values(), key=lambda f: (f.name, f.node_id))
-        ]
+
+        def row(m: Member) -> dict[str, Any]:
+            heard = None if m.last_heard_s is None else round(now - m.last_heard_s, 3)
+            return {"id": m.node_id.hex(), "name": m.name, "addr": m.addr, "state": m.state,
+                    "incarnation": m.incarnation,
+                    "cards": self.member_metadata(m).get("cards", []),
+                    "last_heard_s": heard, "self": m.is_self}
+
+        members = sorted(self.membership.members(), key=lambda m: (m.name, m.node_id)) \
+            if self.membership is not None else []
+        election = self.election.status() if self.election is not None else None
         return {
             "self": {"id": self.node_id.hex(), "name": self.name, "addr": self.addr},
             "preset": self.config.preset,
             "uptime_s": round(now - self.started_s, 3),
-            "members": members,
-            "leader": None,
+            "health": self.membership.health_score if self.membership else 0,
+            "members": [row(m) for m in members],
+            "leader": self.leader(),
+            "leader_note": election.sentence if election is not None else "starting",
+            "role": election.role if election is not None else "follower",
             "counters": self.counters.to_dict(),
+            "membership": self.membership.counters() if self.membership else {},
         }
 
 
-__all__ = ["Agent", "Counters", "Fellow", "SwarmError"]
+__all__ = ["Agent", "Counters"]

@@ -16,6 +16,7 @@ import trio
 from p2pswarm.agent.agent import Agent
 from p2pswarm.config import SwarmConfig, split_addr
 from p2pswarm.home import Home
+from p2pswarm.inventory import CardSource
 from p2pswarm.transport.udp_tcp import open_udp_tcp_transport
 
 log = logging.getLogger("p2pswarm.agent")
@@ -29,6 +30,8 @@ class NodeSettings:
     name: str
     config: SwarmConfig
     advertise: str | None = None  # host:port fellows should use, when listen is 0.0.0.0
+    leader_priority: int = 0  # higher: preferred as leader (a wired, always-on machine)
+    card_source: CardSource | None = None  # the cards this fellow offers
 
 
 def tune_allocator(pad_bytes: int = 64 * 1024 * 1024) -> bool:
@@ -77,6 +80,7 @@ async def run_node(settings: NodeSettings, *,
             epoch=time.time_ns() // 1000,  # grows across restarts: old packets stay stale
             rng=random.Random(), seeds=settings.seeds, home=settings.home,
             advertise=advertised(transport.local_addr, settings.advertise),
+            leader_priority=settings.leader_priority, card_source=settings.card_source,
         )
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
@@ -87,7 +91,7 @@ async def run_node(settings: NodeSettings, *,
                     async for signum in signals:
                         log.info("%s: leaving (signal %s)", settings.name,
                                  signal.Signals(signum).name)
-                        agent.stop()
+                        await agent.leave()
                         return
 
                 nursery.start_soon(stop_on_signal)
