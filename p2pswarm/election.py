@@ -1,0 +1,674 @@
+"""Leader election: terms, PreVote, deputies and a lease, as a sans-I/O state machine.
+
+Theory of operation.
+
+Terms and votes (Raft). Time is cut into terms; a candidate for term t needs votes from
+more than half of the electorate, and every node votes at most once per term (``term``
+and ``voted_for`` are the state to persist), so a term has at most one leader. Every
+election message carries its term; a node that sees a newer term adopts it, and orders
+carrying an older term are refused (``accepts_term``).
+
+PreVote. Before it raises its term, a would-be candidate asks "would you vote for me in
+t + 1?". Nothing changes at a voter for a PreVote, and a voter says yes only if it has no
+live leader itself. So a fellow coming back from a partition, or one whose own radio is
+flapping, cannot bump the term and depose a healthy leader: it never gets past PreVote.
+
+Who notices a dead leader, and fast. The leader sends a small beat every heartbeat
+interval to its deputies only: the first few fellows in the order of succession (highest
+``leader_priority`` first, then node id). A deputy that has missed beats for the election
+timeout (plus its rank times a spacing, so the first in line goes first) asks for
+PreVotes. A voter that still sees the leader alive in membership does not take the
+deputy's word for it: it sends the leader a ``LeaderCheck`` itself and grants only if no
+answer comes within the check timeout. Leadership therefore moves only when the leader is
+dead or gone according to membership, or when a majority independently cannot reach it,
+i.e. its lease truly lapsed; never because a datagram or two were lost. Any fellow (not
+only deputies) starts an election when membership declares the leader dead or left, or
+when it knows no leader at all.
+
+The electorate (the denominator of "majority"). A node counts every member it knows that
+has not left: alive, suspect, and dead until reaped, itself included; and never fewer
+than the electorate the current leader last announced. Dead members leave the electorate
+only when a leader (which by construction holds a majority) announces a smaller one after
+reaping them, or when they leave gracefully. So a minority side, e.g. 2 of 5 after a
+partition, can never elect, even after it has reaped the other 3: "no leader: this side
+sees 2 of 5 fellows". The price: if a majority of the swarm dies for good, the rest stay
+leaderless until the dead rejoin.
+
+The lease. A leader that sees no majority present (alive or suspect) for
+``leader_lease_s`` steps down on its own.
+
+Announcements. A new leader sends ``LeaderIs`` to every present fellow at once, again a
+few times shortly after (datagrams get lost), and every ``announce_interval_s``; a fellow
+that knows no leader asks a random fellow with ``LeaderQuery``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from p2pswarm.config import ElectionConfig
+from p2pswarm.membership.effects import (
+    ELECTED,
+    LEADER,
+    NO_LEADER,
+    STEPPED_DOWN,
+    Effect,
+    Event,
+    SendDatagram,
+)
+from p2pswarm.membership.member import Member
+from p2pswarm.wire.gossip import (
+    LeaderAck,
+    LeaderBeat,
+    LeaderCheck,
+    LeaderIs,
+    LeaderQuery,
+    StepDown,
+    VoteReply,
+    VoteRequest,
+)
+
+_INF = float("inf")
+_CHECK_REPLY_RANK = 255
+FOLLOWER, CANDIDATE, LEADER_ROLE = "follower", "candidate", "leader"
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionTuning:
+    """Tunables beyond ``ElectionConfig``; the defaults are the measured ones."""
+
+    deputies: int = 3  # fellows the leader beats; the first in line to succeed it
+    rank_spacing_s: float = 1.0  # each place further down the succession waits this longer
+    check_timeout_s: float = 0.5  # a voter's own check of the leader waits this long
+    vote_timeout_s: float = 1.5  # a candidate waits this long for (pre)votes
+    vote_resend_s: float = 0.3  # ... asking again those that have not answered this often
+    announce_retry_s: float = 0.2  # a new leader resends LeaderIs to the unacked this often
+    announce_retry_for_s: float = 5.0  # ... for this long
+    announce_relay: int = 2  # a fellow that learns of a new leader tells this many more
+    announce_interval_s: float = 15.0  # and to everyone every this often
+    query_interval_s: float = 2.0  # a fellow without a leader asks around this often
+    jitter_s: float = 0.2  # random extra wait before a candidacy
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionStatus:
+    leader_id: bytes | None
+    leader_name: str | None
+    term: int
+    role: str  # follower, candidate or leader
+    sees: int  # fellows present on this side (alive or suspect), this node included
+    electorate: int  # the denominator of a majority
+    sentence: str  # "leader fxserver (term 3)" / "no leader: this side sees 2 of 5 fellows"
+
+
+class Election:
+    """One node's part in electing and following a leader."""
+
+    def __init__(
+        self,
+        node_id: bytes,
+        name: str,
+        config: ElectionConfig,
+        rng: random.Random,
+        *,
+        leader_priority: int = 0,
+        now: float = 0.0,
+        term: int = 0,
+        voted_for: bytes | None = None,
+        tuning: ElectionTuning | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.name = name
+        self.config = config
+        self.rng = rng
+        self.priority = leader_priority
+        self.tuning = tuning or ElectionTuning()
+        self.term = term
+        self.voted_term = term if voted_for is not None else -1
+        self.voted_for = voted_for
+        self.role = FOLLOWER
+        self.leader: bytes | None = None
+        self._members: dict[bytes, Member] = {}
+        self._joined = False
+        self._leaving = False
+        self._announced = 0  # electorate the leader last announced
+        self._election_at = _INF
+        self._last_beat_at = -_INF  # as a deputy
+        self._rank = -1  # our place in the succession, from the leader's beats
+        self._deputy_term = -1
+        self._beats_lost = False
+        self._gone_reported: bytes | None = None
+        self._last_announce_s = -_INF
+        self._announce_due = _INF
+        # candidacy
+        self._cand_term = 0
+        self._cand_pre = False
+        self._grants: dict[bytes, None] = {}
+        self._cand_electorate = 0
+        self._cand_deadline = _INF
+        self._cand_answered: dict[bytes, None] = {}
+        self._cand_resend_at = _INF
+        self._prevote_answers: dict[tuple[bytes, int], tuple[bool, float]] = {}
+        # voter's checks of the leader: seq -> (deadline, [(addr, request)])
+        self._checks: dict[int, tuple[float, list[tuple[str, VoteRequest]]]] = {}
+        self._check_seq = rng.randrange(2**32)
+        self._check_result: tuple[float, bool] = (-_INF, False)  # (when, leader answered)
+        # leader duties
+        self._beat_seq = 0
+        self._next_beat_at = _INF
+        self._unacked: dict[bytes, None] = {}  # fellows yet to ack the new leader's LeaderIs
+        self._retry_at = _INF
+        self._retry_until = _INF
+        self._next_announce_at = _INF
+        self._last_announced_electorate = 0
+        self._minority_since: float | None = None
+        self._next_query_at = _INF
+        self.stats: dict[str, int] = {"elections": 0, "terms_won": 0, "checks": 0,
+                                      "conflicts": 0}
+
+    # --- views -------------------------------------------------------------------------
+
+    def accepts_term(self, term: int) -> bool:
+        """Whether an order stamped with ``term`` may be obeyed (it is not stale)."""
+        return term >= self.term
+
+    def persistent_state(self) -> tuple[int, bytes | None]:
+        """(term, voted_for): keep these across restarts."""
+        return self.term, self.voted_for if self.voted_term == self.term else None
+
+    def electorate(self) -> int:
+        counted = sum(1 for m in self._members.values() if m.state != "left")
+        return max(counted, self._announced, 1)
+
+    def present(self) -> int:
+        return sum(1 for m in self._members.values() if m.state in ("alive", "suspect"))
+
+    def status(self) -> ElectionStatus:
+        sees, total = self.present(), self.electorate()
+        name = None
+        if self.leader is not None:
+            m = self._members.get(self.leader)
+            name = m.name if m is not None else self.leader.hex()[:8]
+            if self._leader_gone():
+                sentence = f"no leader: {name} is gone; electing"
+                return ElectionStatus(None, None, self.term, self.role, sees, total, sentence)
+            sentence = f"leader {name} (term {self.term})"
+            return ElectionStatus(self.leader, name, self.term, self.role, sees, total,
+                                  sentence)
+        if 2 * sees <= total:
+            sentence = f"no leader: this side sees {sees} of {total} fellows"
+        else:
+            sentence = "no leader yet: electing"
+        return ElectionStatus(None, None, self.term, self.role, sees, total, sentence)
+
+    # --- driving -----------------------------------------------------------------------
+
+    def update_members(self, members: Iterable[Member], now: float, *,
+                       joined: bool = True) -> list[Effect]:
+        """Feed the current membership view (this node included) after every change."""
+        out: list[Effect] = []
+        self._members = {m.node_id: m for m in members}
+        if joined and not self._joined:
+            self._joined = True
+            self._next_query_at = now
+        if self.leader is not None and self._leader_gone() and self.role != LEADER_ROLE \
+                and self._gone_reported != self.leader:
+            self._gone_reported = self.leader  # say it once, when it happens
+            m = self._members.get(self.leader)
+            state = m.state if m is not None else "gone"
+            out.append(Event(NO_LEADER, self.leader, self._name(self.leader),
+                             f"leader {self._name(self.leader)} is {state}", term=self.term))
+        if self.role == LEADER_ROLE:
+            self._leader_upkeep(now, out)
+        self._reconsider(now)
+        return out
+
+    def leave(self, now: float) -> list[Effect]:
+        """Leaving: a leader hands over at once (``StepDown``)."""
+        out: list[Effect] = []
+        self._leaving = True
+        if self.role == LEADER_ROLE:
+            msg = StepDown(self.term, self.node_id, max(1, self.electorate() - 1))
+            for m in self._present_others():
+                out.append(SendDatagram(m.addr, (msg,)))
+            self._become_follower(now, out, "left the swarm")
+            self.leader = None
+        self._election_at = _INF
+        return out
+
+    def handle(self, message: Any, sender_addr: str, now: float) -> list[Effect]:
+        out: list[Effect] = []
+        t = type(message)
+        if t is VoteRequest:
+            self._on_vote_request(message, sender_addr, now, out)
+        elif t is VoteReply:
+            self._on_vote_reply(message, now, out)
+        elif t is LeaderBeat:
+            self._on_beat(message, sender_addr, now, out)
+        elif t is LeaderCheck:
+            if self.role == LEADER_ROLE and message.term <= self.term:
+                out.append(SendDatagram(sender_addr, (LeaderBeat(
+                    self.term, self.node_id, message.seq, self.electorate(),
+                    _CHECK_REPLY_RANK),)))
+        elif t is LeaderIs:
+            self._on_leader_is(message, sender_addr, now, out)
+        elif t is LeaderAck:
+            if self.role == LEADER_ROLE and message.term == self.term:
+                self._unacked.pop(message.source, None)
+        elif t is LeaderQuery:
+            if self.leader is not None and not self._leader_gone():
+                out.append(SendDatagram(sender_addr, (self._leader_is(),)))
+        elif t is StepDown:
+            if message.term == self.term and message.leader == self.leader:
+                self._announced = message.electorate
+                self.leader = None
+                self._deputy_term = -1
+                self._election_at = now + self._rank_delay() + self.rng.random() * \
+                    self.tuning.jitter_s
+                out.append(Event(NO_LEADER, message.leader, self._name(message.leader),
+                                 "the leader stepped down", term=self.term))
+        return out
+
+    def next_deadline(self) -> float | None:
+        t = min(self._election_at, self._cand_deadline, self._next_beat_at,
+                self._next_announce_at, self._announce_due)
+        if self.role == CANDIDATE:
+            t = min(t, self._cand_resend_at)
+        if self._unacked and self.role == LEADER_ROLE:
+            t = min(t, self._retry_at)
+        for deadline, _ in self._checks.values():
+            t = min(t, deadline)
+        if self.leader is None and self._joined and not self._leaving:
+            t = min(t, self._next_query_at)
+        if self.role == FOLLOWER and self._deputy_term == self.term and \
+                self.leader is not None:
+            t = min(t, self._beat_timeout_at())
+        return None if t == _INF else t
+
+    def tick(self, now: float) -> list[Effect]:
+        out: list[Effect] = []
+        for seq in [s for s, (d, _) in self._checks.items() if d <= now]:
+            _, waiting = self._checks.pop(seq)
+            self._check_result = (now, False)
+            for addr, req in waiting:  # the leader did not answer us either
+                out.extend(self._answer_vote(req, addr, now, leader_alive=False))
+        if self.role == CANDIDATE and now >= self._cand_deadline:
+            self._candidacy_failed(now)
+        elif self.role == CANDIDATE and now >= self._cand_resend_at:
+            self._cand_resend_at = now + self.tuning.vote_resend_s
+            self._ask_votes(out)
+        if self.role == LEADER_ROLE:
+            self._leader_upkeep(now, out)
+        elif self._deputy_term == self.term and self.leader is not None and \
+                now >= self._beat_timeout_at():
+            self._deputy_term = -1  # no beats: a deputy no more until the next one
+            self._beats_lost = True
+            self._election_at = min(self._election_at, now)
+        if now >= self._election_at and self.role != CANDIDATE:
+            self._election_at = _INF
+            if self._may_elect():
+                self._start_candidacy(True, now, out)
+            else:
+                self._reconsider(now)
+        if self.leader is None and self._joined and not self._leaving and \
+                now >= self._next_query_at:
+            self._next_query_at = now + self.tuning.query_interval_s
+            others = self._present_others()
+            if others:
+                target = others[self.rng.randrange(len(others))]
+                out.append(SendDatagram(target.addr, (LeaderQuery(self.term, self.node_id),)))
+        return out
+
+    # --- deciding to run ---------------------------------------------------------------
+
+    def _leader_gone(self) -> bool:
+        if self.leader is None:
+            return True
+        if self.leader == self.node_id:
+            return self.role != LEADER_ROLE
+        m = self._members.get(self.leader)
+        return m is None or m.state in ("dead", "left")
+
+    def _beat_timeout_at(self) -> float:
+        return (self._last_beat_at + self.config.election_timeout_min_s
+                + max(0, self._rank) * self.tuning.rank_spacing_s)
+
+    def _may_elect(self) -> bool:
+        if not self._joined or self._leaving or self.role == LEADER_ROLE:
+            return False
+        if 2 * self.present() <= self.electorate():
+            return False
+        if self._leader_gone():
+            return True
+        return self._beats_lost  # a deputy that missed the leader's beats
+
+    def _succession_rank(self) -> int:
+        order = sorted((m for m in self._members.values()
+                        if m.state in ("alive", "suspect") and m.node_id != self.leader),
+                       key=lambda m: (-m.priority, m.node_id))
+        for i, m in enumerate(order):
+            if m.node_id == self.node_id:
+                return i
+        return len(order)
+
+    def _rank_delay(self) -> float:
+        return min(self._succession_rank() * self.tuning.rank_spacing_s, 60.0)
+
+    def _reconsider(self, now: float) -> None:
+        if self.role != FOLLOWER:
+            return
+        if self._leader_gone() and self._may_elect():
+            if self._election_at == _INF:
+                lo, hi = self.config.election_timeout_min_s, self.config.election_timeout_max_s
+                self._election_at = (now + lo + self.rng.random() * max(0.0, hi - lo) * 0.25
+                                     + self._rank_delay())
+        elif not self._beats_lost:
+            self._election_at = _INF
+
+    # --- candidacy ---------------------------------------------------------------------
+
+    def _start_candidacy(self, pre: bool, now: float, out: list[Effect]) -> None:
+        self.role = CANDIDATE
+        self._cand_pre = pre
+        self._cand_term = self.term + 1
+        if not pre:
+            self.term = self._cand_term
+            self.voted_term, self.voted_for = self.term, self.node_id
+            self.leader = None
+            self.stats["elections"] += 1
+        self._grants = {self.node_id: None}
+        self._cand_answered = {self.node_id: None}
+        self._cand_electorate = self.electorate()
+        self._cand_deadline = now + self.tuning.vote_timeout_s
+        self._cand_resend_at = now + self.tuning.vote_resend_s
+        self._ask_votes(out)
+        self._count_votes(now, out)
+
+    def _ask_votes(self, out: list[Effect]) -> None:
+        """(Re)send the vote request to every present fellow that has not answered."""
+        msg = VoteRequest(self._cand_term, self.node_id, self.priority, self._cand_electorate,
+                          self._cand_pre)
+        for m in self._present_others():
+            if m.node_id not in self._cand_answered:
+                out.append(SendDatagram(m.addr, (msg,)))
+
+    def _count_votes(self, now: float, out: list[Effect]) -> None:
+        if 2 * len(self._grants) <= self._cand_electorate:
+            return
+        if self._cand_pre:
+            self._start_candidacy(False, now, out)
+        else:
+            self._become_leader(now, out)
+
+    def _candidacy_failed(self, now: float) -> None:
+        self.role = FOLLOWER
+        self._cand_deadline = _INF
+        self._cand_resend_at = _INF
+        self._grants = {}
+        lo, hi = self.config.election_timeout_min_s, self.config.election_timeout_max_s
+        self._election_at = (now + lo + self.rng.random() * max(0.0, hi - lo)
+                             + self._rank_delay())
+
+    def _on_vote_reply(self, msg: VoteReply, now: float, out: list[Effect]) -> None:
+        if self.role != CANDIDATE or msg.term != self._cand_term or \
+                msg.pre_vote != self._cand_pre:
+            return
+        self._cand_electorate = max(self._cand_electorate, msg.electorate)
+        self._cand_answered[msg.voter] = None
+        if msg.granted:
+            self._grants[msg.voter] = None
+            self._count_votes(now, out)
+
+    def _on_vote_request(self, msg: VoteRequest, addr: str, now: float,
+                         out: list[Effect]) -> None:
+        if msg.candidate == self.node_id:
+            return
+        if not msg.pre_vote and msg.term > self.term:
+            self._adopt_term(msg.term, now, out)
+        if msg.term <= self.term and msg.pre_vote or msg.term < self.term:
+            out.append(self._reply(msg, addr, False, "stale term"))
+            return
+        if self.role == LEADER_ROLE and msg.pre_vote:
+            out.append(self._reply(msg, addr, False, "I am the leader"))
+            return
+        if msg.pre_vote:  # asked again (our answer was lost): the same answer
+            cached = self._prevote_answers.get((msg.candidate, msg.term))
+            if cached is not None and now - cached[1] < 2.0:
+                out.extend(self._answer_vote(msg, addr, now, leader_alive=not cached[0]))
+                return
+            for _, waiting in self._checks.values():
+                if any(req.candidate == msg.candidate for _, req in waiting):
+                    return  # its answer is on the way
+        if msg.pre_vote and not self._leader_gone():
+            if self._deputy_term == self.term and \
+                    now - self._last_beat_at < self.config.election_timeout_min_s:
+                out.append(self._reply(msg, addr, False, "the leader beats"))
+                return
+            when, answered = self._check_result
+            if now - when < self.tuning.check_timeout_s:
+                out.extend(self._answer_vote(msg, addr, now, leader_alive=answered))
+                return
+            self._check_leader(msg, addr, now, out)
+            return
+        out.extend(self._answer_vote(msg, addr, now, leader_alive=False))
+
+    def _check_leader(self, msg: VoteRequest, addr: str, now: float,
+                      out: list[Effect]) -> None:
+        for _, waiting in self._checks.values():
+            waiting.append((addr, msg))
+            return
+        leader = self._members.get(self.leader) if self.leader is not None else None
+        if leader is None:
+            out.extend(self._answer_vote(msg, addr, now, leader_alive=False))
+            return
+        self._check_seq = (self._check_seq + 1) % 2**32
+        self._checks[self._check_seq] = (now + self.tuning.check_timeout_s, [(addr, msg)])
+        self.stats["checks"] += 1
+        out.append(SendDatagram(leader.addr, (LeaderCheck(self.term, self._check_seq,
+                                                           self.node_id),)))
+
+    def _answer_vote(self, msg: VoteRequest, addr: str, now: float, *,
+                     leader_alive: bool) -> list[Effect]:
+        if msg.pre_vote:
+            self._prevote_answers[(msg.candidate, msg.term)] = (not leader_alive, now)
+            if len(self._prevote_answers) > 64:
+                for key in list(self._prevote_answers)[:32]:
+                    del self._prevote_answers[key]
+        if leader_alive:
+            return [self._reply(msg, addr, False, "the leader answers me")]
+        if msg.pre_vote:
+            if msg.term <= self.term:
+                return [self._reply(msg, addr, False, "stale term")]
+            # give the candidate time before running ourselves
+            if self.role == FOLLOWER:
+                self._election_at = max(self._election_at if self._election_at != _INF
+                                        else now, now + self.tuning.vote_timeout_s
+                                        + self.tuning.rank_spacing_s)
+            return [self._reply(msg, addr, True, "")]
+        if msg.term != self.term:
+            return [self._reply(msg, addr, False, "stale term")]
+        if self.voted_term == self.term and self.voted_for not in (None, msg.candidate):
+            return [self._reply(msg, addr, False, "already voted in this term")]
+        self.voted_term, self.voted_for = self.term, msg.candidate
+        return [self._reply(msg, addr, True, "")]
+
+    def _reply(self, msg: VoteRequest, addr: str, granted: bool, reason: str) -> SendDatagram:
+        return SendDatagram(addr, (VoteReply(msg.term, self.node_id, granted, msg.pre_vote,
+                                             self.electorate(), reason),))
+
+    # --- leading -----------------------------------------------------------------------
+
+    def _become_leader(self, now: float, out: list[Effect]) -> None:
+        self.role = LEADER_ROLE
+        self.leader = self.node_id
+        self._cand_deadline = _INF
+        self._cand_resend_at = _INF
+        self._election_at = _INF
+        self._grants = {}
+        self._minority_since = None
+        self.stats["terms_won"] += 1
+        self._announced = self.electorate()
+        self._last_announced_electorate = self._announced
+        self._announce_all(out)
+        self._unacked = {m.node_id: None for m in self._present_others()}
+        self._retry_at = now + self.tuning.announce_retry_s
+        self._retry_until = now + self.tuning.announce_retry_for_s
+        self._next_announce_at = now + self.tuning.announce_interval_s
+        self._next_beat_at = now
+        out.append(Event(ELECTED, self.node_id, self.name,
+                         f"elected leader of term {self.term} by {self.present()} of "
+                         f"{self.electorate()} fellows", term=self.term))
+        out.append(Event(LEADER, self.node_id, self.name, f"leader of term {self.term}",
+                         term=self.term))
+
+    def _leader_is(self) -> LeaderIs:
+        return LeaderIs(self.term, self.leader or self.node_id, self.electorate())
+
+    def _announce_all(self, out: list[Effect]) -> None:
+        msg = self._leader_is()
+        for m in self._present_others():
+            out.append(SendDatagram(m.addr, (msg,)))
+
+    def _leader_upkeep(self, now: float, out: list[Effect]) -> None:
+        sees, total = self.present(), self.electorate()
+        if 2 * sees <= total:
+            if self._minority_since is None:
+                self._minority_since = now
+            elif now - self._minority_since >= self.config.leader_lease_s:
+                self._become_follower(now, out, f"this side sees {sees} of {total} fellows")
+                self.leader = None
+                self._reconsider(now)
+                return
+        else:
+            self._minority_since = None
+        changed = total != self._last_announced_electorate
+        if changed and now - self._last_announce_s < 1.0:
+            self._announce_due = self._last_announce_s + 1.0
+            changed = False
+        if self._unacked and now >= self._retry_at:
+            if now >= self._retry_until:
+                self._unacked = {}
+            else:
+                self._retry_at = now + self.tuning.announce_retry_s
+                msg = self._leader_is()
+                for m in self._present_others():
+                    if m.node_id in self._unacked:
+                        out.append(SendDatagram(m.addr, (msg,)))
+        if changed or now >= self._next_announce_at:
+            self._last_announce_s = now
+            self._announce_due = _INF
+            self._announced = total
+            self._last_announced_electorate = total
+            if now >= self._next_announce_at:
+                self._next_announce_at = now + self.tuning.announce_interval_s
+            self._announce_all(out)
+        if now >= self._next_beat_at:
+            self._next_beat_at = now + self.config.heartbeat_interval_s
+            self._beat_seq = (self._beat_seq + 1) % 2**32
+            for rank, m in enumerate(self._deputies()):
+                out.append(SendDatagram(m.addr, (LeaderBeat(self.term, self.node_id,
+                                                            self._beat_seq, total, rank),)))
+
+    def _deputies(self) -> list[Member]:
+        order = sorted((m for m in self._members.values()
+                        if m.state == "alive" and m.node_id != self.node_id),
+                       key=lambda m: (-m.priority, m.node_id))
+        return order[:self.tuning.deputies]
+
+    def _become_follower(self, now: float, out: list[Effect], why: str) -> None:
+        was = self.role
+        self.role = FOLLOWER
+        self._cand_deadline = _INF
+        self._cand_resend_at = _INF
+        self._next_beat_at = _INF
+        self._next_announce_at = _INF
+        self._announce_due = _INF
+        self._unacked = {}
+        self._minority_since = None
+        if was == LEADER_ROLE:
+            out.append(Event(STEPPED_DOWN, self.node_id, self.name,
+                             f"stepped down from term {self.term}: {why}", term=self.term))
+
+    # --- following ---------------------------------------------------------------------
+
+    def _adopt_term(self, term: int, now: float, out: list[Effect]) -> None:
+        if term <= self.term:
+            return
+        if self.role != FOLLOWER:
+            self._become_follower(now, out, f"a newer term {term} exists")
+        self.term = term
+        self.leader = None
+        self._deputy_term = -1
+        self._beats_lost = False
+
+    def _on_leader_is(self, msg: LeaderIs, addr: str, now: float, out: list[Effect]) -> None:
+        if msg.term < self.term:
+            if self.leader is not None and not self._leader_gone():
+                out.append(SendDatagram(addr, (self._leader_is(),)))  # you are behind
+            return
+        if msg.term == self.term and self.leader is not None and self.leader != msg.leader:
+            if not (self.role == CANDIDATE or self.leader == self.node_id):
+                self.stats["conflicts"] += 1
+                return
+        self._follow(msg.term, msg.leader, msg.electorate, now, out)
+        leader = self._members.get(msg.leader)
+        if self.leader == msg.leader and leader is not None and leader.addr == addr:
+            out.append(SendDatagram(addr, (LeaderAck(msg.term, self.node_id),)))
+
+    def _on_beat(self, msg: LeaderBeat, addr: str, now: float, out: list[Effect]) -> None:
+        if msg.rank == _CHECK_REPLY_RANK:
+            waiting = self._checks.pop(msg.seq, None)
+            if waiting is not None:
+                self._check_result = (now, True)
+                for req_addr, req in waiting[1]:
+                    out.extend(self._answer_vote(req, req_addr, now, leader_alive=True))
+            return
+        if msg.term < self.term:
+            return
+        self._follow(msg.term, msg.leader, msg.electorate, now, out)
+        if self.leader == msg.leader:
+            self._last_beat_at = now
+            self._rank = msg.rank
+            self._deputy_term = self.term
+            if self._beats_lost:
+                self._beats_lost = False
+                self._reconsider(now)
+
+    def _follow(self, term: int, leader: bytes, electorate: int, now: float,
+                out: list[Effect]) -> None:
+        if leader == self.node_id:
+            return
+        new = term > self.term or self.leader != leader
+        if term > self.term or self.role != FOLLOWER:
+            if self.role != FOLLOWER:
+                self._become_follower(now, out, f"{self._name(leader)} leads term {term}")
+            self.term = term
+        self._announced = electorate
+        if new:
+            self.leader = leader
+            self._deputy_term = -1
+            self._beats_lost = False
+            self._gone_reported = None
+            self._election_at = _INF
+            name = self._name(leader)
+            out.append(Event(LEADER, leader, name, f"leader {name} (term {term})", term=term))
+            others = [m for m in self._present_others() if m.node_id != leader]
+            k = min(self.tuning.announce_relay, len(others))
+            for m in self.rng.sample(others, k) if k else []:
+                out.append(SendDatagram(m.addr, (LeaderIs(term, leader, electorate),)))
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def _present_others(self) -> list[Member]:
+        return [m for m in self._members.values()
+                if m.state in ("alive", "suspect") and m.node_id != self.node_id]
+
+    def _name(self, node: bytes) -> str:
+        m = self._members.get(node)
+        return m.name if m is not None else node.hex()[:8]
+
+
+__all__ = ["Election", "ElectionStatus", "ElectionTuning", "FOLLOWER", "CANDIDATE",
+           "LEADER_ROLE"]

@@ -1,0 +1,67 @@
+"""What the membership and election machines ask their driver to do: plain values.
+
+The trio agent (or the simulation lab) executes these; the machines never touch a socket.
+
+- ``SendDatagram(addr, messages)``: encode ``messages`` as ONE envelope (the machine has
+  already made them fit its datagram budget), seal it and send it to ``addr``.
+- ``StreamRequest(addr, message, request_id)``: open a secure stream to ``addr``, send
+  ``message``, read one reply and feed it back with ``handle(reply, addr, now)``; if the
+  stream cannot be opened or no reply comes, call ``stream_failed(request_id, now)``.
+- ``Event(kind, node_id, name, detail)``: something a person or a log should see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+# Event kinds (membership)
+JOINED = "joined"  # this node joined the swarm (a seed answered) or founded it
+JOIN_RETRY = "join-retry"  # no seed answered; trying again later
+MEMBER_JOINED = "member-joined"  # a fellow we did not know is alive
+SUSPECT = "suspect"  # a fellow is suspected (detail says by whom)
+ALIVE = "alive"  # a suspected or dead fellow proved alive (refuted / came back)
+DEAD = "dead"
+LEFT = "left"  # a fellow left gracefully (or this node left)
+REAPED = "reaped"  # a dead or left fellow's tombstone was dropped
+METADATA = "metadata"  # a fellow's metadata changed (we hold the new version)
+UPDATED = "updated"  # a fellow's address, name or priority changed
+REFUTED = "refuted"  # this node was suspected or declared dead and refuted it
+# Event kinds (election)
+LEADER = "leader"  # a fellow (maybe this node) is the leader of a term
+NO_LEADER = "no-leader"  # the leader is gone and none is known yet (detail: why)
+ELECTED = "elected"  # this node won an election
+STEPPED_DOWN = "stepped-down"
+
+
+@dataclass(frozen=True, slots=True)
+class SendDatagram:
+    addr: str
+    messages: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRequest:
+    addr: str
+    message: Any
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: str
+    node_id: bytes
+    name: str
+    detail: str = ""
+    incarnation: int = 0
+    by: bytes = b""  # who reported it (a suspicion's accuser; this node's id if first-hand)
+    term: int = 0  # election events: the term
+
+
+Effect = Union[SendDatagram, StreamRequest, Event]
+
+__all__ = [
+    "SendDatagram", "StreamRequest", "Event", "Effect", "JOINED", "JOIN_RETRY",
+    "MEMBER_JOINED", "SUSPECT", "ALIVE", "DEAD", "LEFT", "REAPED", "METADATA", "UPDATED",
+    "REFUTED", "LEADER", "NO_LEADER", "ELECTED", "STEPPED_DOWN",
+]

@@ -1,0 +1,1400 @@
+"""Membership: SWIM with the Lifeguard refinements, as a sans-I/O state machine.
+
+Theory of operation.
+
+Failure detection. Once per probe interval this node pings one fellow: every second probe
+goes to its successor on a ring ordered by node id (so each fellow is checked at a
+steady pace, not only when a shuffled order happens to reach it), the others walk a
+shuffled round-robin. No ack within the probe timeout: k helpers are asked to ping it
+too (``PingReq``), and a stream ping is tried in parallel. A helper that gets no answer
+sends a ``Nack``, which proves that OUR link works; a probe that got neither an ack nor a
+single nack says nothing about the target (it is our own radio) and raises nothing.
+
+Doubt before suspicion. This node keeps an estimate of how many direct pings miss their
+ack. On a clean network one failed probe makes the target a suspect at once. On a lossy
+one the probe is repeated first, and only a second consecutive failure raises suspicion,
+so a single fade of the target's radio costs one extra probe, not a swarm-wide alarm.
+
+Suspicion. A suspect's timeout starts long and shrinks (Lifeguard, as memberlist) with
+each confirmation, down to a floor. Two things differ from memberlist, because on WiFi
+the loss sits on the suspect's own radio and every prober fails at the same moment:
+(1) confirmations closer together than the independence gap count once: confirmations
+only mean something if they span more time than a radio fade; (2) the floor itself
+grows with the measured loss, from under a second on a clean network to several seconds
+on a bursty one. Fellows that receive a suspicion probe the suspect themselves with a
+small probability (confirmations without a storm); the accuser and every confirmer keep
+watching it once per interval, pinging it with the suspicion attached (the buddy rule).
+
+The dead verdict. When a suspicion times out, only a node with fresh first-hand evidence
+(its own probe of the suspect failed, with nacks, moments ago) and good own health may
+declare it dead; any other node first probes the suspect itself. Others adopt a received
+``Dead`` at once. So a live fellow is declared dead only if it stayed unreachable through
+the whole floor and through a fresh check at the end, i.e. through an outage longer than
+the floor plus a probe.
+
+Refutation. A suspected fellow raises its incarnation and says ``Alive``: on the ack of
+the very ping that told it (buddy), by gossip, straight back to whoever sent the news, and
+pushed over a stream to its accuser, so one lost datagram cannot lose the refutation.
+
+Local health (Lifeguard LHM). Probes that miss the nacks they were owed and refuting a
+suspicion of ourselves raise a score; successful probes lower it; probe interval and
+timeout are multiplied by score + 1.
+
+Dissemination. Updates (``Alive``, ``Suspect``, ``Dead``, ``Left``) wait in a queue,
+one per fellow, and ride on every datagram this node sends, least-sent first, as many as
+fit the datagram budget; a gossip round every gossip interval sends them to a few random
+fellows (and to recently dead ones, which may refute). Each is sent
+``retransmit_mult * ceil(log10(N + 1))`` times.
+
+Anti-entropy. Every push-pull interval (longer past 32 fellows) this node sends one random
+fellow the hash of its view over a stream; the same hash ends it. Otherwise the fellow
+answers with one summary line per member, and this node sends the records the other side
+lacks and asks for those it lacks. A join is the same exchange with a seed, asking for
+everything; seeds are retried with exponential backoff until one answers.
+
+Metadata. A fellow's metadata is opaque, versioned bytes signed by its owner. Gossip only
+announces the version (in ``Alive``); whoever holds an older one pulls the bytes from the
+owner over a stream, and anti-entropy carries them too. A newer version always wins; an
+older one or a bad signature is ignored.
+
+Time comes in as ``now`` on every call; randomness from the injected ``random.Random``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import random
+import struct as _struct
+from bisect import bisect_left, bisect_right, insort
+from typing import Any, Callable, Iterable, Sequence
+
+from p2pswarm.config import GossipConfig
+from p2pswarm.membership.awareness import Awareness
+from p2pswarm.membership.broadcasts import ENVELOPE_BYTES, BroadcastQueue, item_bytes
+from p2pswarm.membership.effects import (
+    ALIVE,
+    DEAD,
+    JOIN_RETRY,
+    JOINED,
+    LEFT,
+    MEMBER_JOINED,
+    METADATA,
+    REAPED,
+    REFUTED,
+    SUSPECT,
+    UPDATED,
+    Effect,
+    Event,
+    SendDatagram,
+    StreamRequest,
+)
+from p2pswarm.membership.member import STATE_NAMES, LocalNode, Member, node_id_of
+from p2pswarm.membership.timing import (
+    Tuning,
+    lerp_by_loss,
+    push_pull_interval_s,
+    retransmit_limit,
+    suspicion_max_s,
+    suspicion_timeout_s,
+)
+from p2pswarm.wire.gossip import (  # importing it registers the messages with the codec
+    STATE_ALIVE,
+    STATE_DEAD,
+    STATE_LEFT,
+    STATE_SUSPECT,
+    Ack,
+    Alive,
+    Dead,
+    Left,
+    MemberRecord,
+    MemberSummary,
+    MetaPull,
+    MetaPush,
+    Nack,
+    Noted,
+    Ping,
+    PingReq,
+    Suspect,
+    SyncDigest,
+    SyncRecords,
+    SyncSame,
+    SyncSummary,
+)
+
+Signer = Callable[[bytes], bytes]
+Verifier = Callable[[bytes, bytes, bytes], object]  # (public_key, signature, data)
+
+_SEQ_MOD = 2**32
+_INF = float("inf")
+_PING_ITEM = item_bytes(Ping(_SEQ_MOD - 1, b"\0" * 16, b"\0" * 16))
+_ACK_ITEM = item_bytes(Ack(_SEQ_MOD - 1))
+_NACK_ITEM = item_bytes(Nack(_SEQ_MOD - 1))
+_DIRECT, _INDIRECT = 0, 1
+_META_DOMAIN = b"p2pswarm-meta\x00"
+_STREAM_PENDING_S = 60.0  # forget a stream request nobody answered after this long
+
+_ALIVE, _SUSPECT, _DEAD, _LEFT = STATE_ALIVE, STATE_SUSPECT, STATE_DEAD, STATE_LEFT
+
+
+def meta_signed_bytes(node_id: bytes, version: int, metadata: bytes) -> bytes:
+    """What an owner signs for its metadata."""
+    return _META_DOMAIN + node_id + _struct.pack(">Q", version) + metadata
+
+
+class _Entry:
+    __slots__ = ("node", "name", "addr", "public_key", "priority", "incarnation", "state",
+                 "state_at", "announced_meta", "meta_version", "metadata", "meta_signature",
+                 "last_heard")
+
+    def __init__(self, node: bytes, name: str, addr: str, public_key: bytes, priority: int,
+                 incarnation: int, state: int, now: float) -> None:
+        self.node = node
+        self.name = name
+        self.addr = addr
+        self.public_key = public_key
+        self.priority = priority
+        self.incarnation = incarnation
+        self.state = state
+        self.state_at = now
+        self.announced_meta = 0
+        self.meta_version = 0
+        self.metadata = b""
+        self.meta_signature: bytes | None = None
+        self.last_heard: float | None = None
+
+
+class _Suspicion:
+    __slots__ = ("incarnation", "start", "sources", "first_source", "counted", "last_count_at",
+                 "deadline", "expired", "min_s", "max_s", "expected")
+
+    def __init__(self, incarnation: int, start: float, source: bytes, min_s: float,
+                 max_s: float, expected: int) -> None:
+        self.incarnation = incarnation
+        self.start = start
+        self.sources: dict[bytes, None] = {source: None}
+        self.first_source = source
+        self.counted = 0
+        self.last_count_at = start
+        self.min_s = min_s
+        self.max_s = max_s
+        self.expected = expected
+        self.deadline = start + suspicion_timeout_s(0, expected, min_s, max_s)
+        self.expired = False
+
+
+class _Probe:
+    __slots__ = ("target", "addr", "seq", "started", "direct_deadline", "final_deadline",
+                 "phase", "direct_ok", "expected_nacks", "nacks", "watch")
+
+    def __init__(self, target: bytes, addr: str, seq: int, started: float,
+                 direct_deadline: float, final_deadline: float) -> None:
+        self.target = target
+        self.addr = addr
+        self.seq = seq
+        self.started = started
+        self.direct_deadline = direct_deadline
+        self.final_deadline = final_deadline
+        self.phase = _DIRECT
+        self.direct_ok = False
+        self.expected_nacks = 0
+        self.nacks = 0
+        self.watch = False
+
+
+class _Relay:
+    __slots__ = ("requester_addr", "req_seq", "nack_at", "target")
+
+    def __init__(self, requester_addr: str, req_seq: int, nack_at: float, target: bytes) -> None:
+        self.requester_addr = requester_addr
+        self.req_seq = req_seq
+        self.nack_at = nack_at
+        self.target = target
+
+
+class Membership:
+    """One node's view of the swarm; drive it with handle/tick/next_deadline."""
+
+    def __init__(
+        self,
+        local: LocalNode,
+        config: GossipConfig,
+        rng: random.Random,
+        *,
+        sign: Signer,
+        verify: Verifier,
+        now: float = 0.0,
+        incarnation: int = 0,
+        metadata: bytes = b"",
+        datagram_budget_bytes: int = 1340,
+        tuning: Tuning | None = None,
+    ) -> None:
+        self.local = local
+        self.config = config
+        self.tuning = tuning or Tuning()
+        self.rng = rng
+        self._sign = sign
+        self._verify = verify
+        self._budget = datagram_budget_bytes
+        self.incarnation = incarnation
+        self.meta_version = 1 if metadata else 0
+        self.metadata = metadata
+        self.meta_signature = self._sign_meta() if metadata else None
+        self._members: dict[bytes, _Entry] = {}
+        self._live: list[bytes] = []
+        self._live_pos: dict[bytes, int] = {}
+        self._ring: list[bytes] = [local.node_id]
+        self._order: list[bytes] = []
+        self._order_i = 0
+        self._probe: _Probe | None = None
+        self._probe_count = 0
+        self._next_probe_at = now + rng.random() * config.probe_interval_s
+        self._recheck: bytes | None = None
+        self._doubt: dict[bytes, tuple[float, int]] = {}
+        self._watch: dict[bytes, float] = {}
+        self._confirm: list[bytes] = []
+        self._own_fail: dict[bytes, float] = {}  # our latest failed probe of a fellow
+        # our unbroken run of failed probes of a fellow: (first start, latest start)
+        self._streak: dict[bytes, tuple[float, float]] = {}
+        self._last_rx = now
+        self._deaf = False
+        self._suspicions: dict[bytes, _Suspicion] = {}
+        self._relays: dict[int, _Relay] = {}
+        self._queue = BroadcastQueue()
+        self._next_gossip_at = now
+        self._next_sync_at = now + config.push_pull_interval_s * (0.5 + rng.random())
+        self._streams: dict[int, tuple[str, str, Any, float]] = {}  # kind, addr, extra, at
+        self._next_rid = 0
+        self._seq = rng.randrange(_SEQ_MOD)
+        self._reaps: list[tuple[float, bytes]] = []
+        self._recent_dead: dict[bytes, float] = {}
+        self._awareness = Awareness(config.awareness_max_multiplier)
+        self._silent_probes = 0
+        self._loss = self.tuning.loss_prior
+        self._joined = False
+        self._seeds: tuple[str, ...] = ()
+        self._join_attempt = 0
+        self._next_join_at = _INF
+        self._join_rids: dict[int, None] = {}
+        self._leaving = False
+        self._digest: bytes | None = None
+        self._meta_wait: dict[bytes, float] = {}
+        self._refute_streamed: dict[bytes, float] = {}
+        self._replying_to: str | None = None
+        self._reply_extra: list[Any] = []
+        self._quiet = False
+        self._bindings: dict[bytes, bytes] = {}
+        self.version = 0  # bumps on every change a view would show
+        self.stats: dict[str, int] = {
+            "probes": 0, "probes_failed": 0, "probes_inconclusive": 0, "suspicions_raised": 0,
+            "confirmations_sent": 0, "dead_declared": 0, "refutations": 0, "syncs": 0,
+            "bad_signatures": 0, "bad_bindings": 0,
+        }
+        self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
+            Ping: self._on_ping, Ack: self._on_ack, Nack: self._on_nack,
+            PingReq: self._on_ping_req, Alive: self._on_alive, Suspect: self._on_suspect,
+            Dead: self._on_dead, Left: self._on_left, SyncSame: self._on_nothing,
+            SyncSummary: self._on_sync_summary, SyncRecords: self._on_sync_records,
+            MetaPush: self._on_meta_push, Noted: self._on_nothing,
+        }
+
+    # --- views -------------------------------------------------------------------------
+
+    @property
+    def node_id(self) -> bytes:
+        return self.local.node_id
+
+    @property
+    def joined(self) -> bool:
+        return self._joined
+
+    @property
+    def leaving(self) -> bool:
+        return self._leaving
+
+    @property
+    def health_score(self) -> int:
+        """Lifeguard local health: 0 is healthy; probes slow down by score + 1."""
+        return self._awareness.score
+
+    @property
+    def loss_estimate(self) -> float:
+        """Fraction of recent direct pings that missed their ack."""
+        return self._loss
+
+    def live_count(self) -> int:
+        """Alive and suspect fellows, this node included."""
+        return len(self._live) + 1
+
+    def members(self) -> tuple[Member, ...]:
+        """Every fellow this node knows (this node included, ``is_self``), by node id."""
+        out = [self._self_view()]
+        out.extend(self._view(e) for e in self._members.values())
+        out.sort(key=lambda m: m.node_id)
+        return tuple(out)
+
+    def member(self, node_id: bytes) -> Member | None:
+        if node_id == self.node_id:
+            return self._self_view()
+        e = self._members.get(node_id)
+        return None if e is None else self._view(e)
+
+    def _view(self, e: _Entry) -> Member:
+        return Member(e.node, e.name, e.addr, STATE_NAMES[e.state], e.incarnation, e.metadata,
+                      e.meta_version, e.announced_meta, e.last_heard, e.state_at, e.priority,
+                      e.public_key)
+
+    def _self_view(self) -> Member:
+        loc = self.local
+        state = "left" if self._leaving else "alive"
+        return Member(loc.node_id, loc.name, loc.addr, state, self.incarnation, self.metadata,
+                      self.meta_version, self.meta_version, None, 0.0, loc.priority,
+                      loc.public_key, is_self=True)
+
+    def self_record(self) -> MemberRecord:
+        loc = self.local
+        return MemberRecord(loc.node_id, self.incarnation, _LEFT if self._leaving else _ALIVE,
+                            loc.name, loc.addr, loc.public_key, loc.priority, self.meta_version,
+                            self.metadata, self.meta_signature)
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.stats)
+
+    # --- driving -----------------------------------------------------------------------
+
+    def join(self, seed_addrs: Iterable[str], now: float) -> list[Effect]:
+        """Join through these seeds (retried with backoff); none: found a new swarm."""
+        seeds = tuple(a for a in seed_addrs if a != self.local.addr)
+        out: list[Effect] = []
+        self._seeds = seeds
+        if not seeds:
+            self._joined = True
+            out.append(Event(JOINED, self.node_id, self.local.name, "founded a new swarm"))
+            return out
+        self._join_attempt = 0
+        self._send_join(now, out)
+        return out
+
+    def leave(self, now: float) -> list[Effect]:
+        """Say goodbye: fellows mark this node ``left``, not dead. Keep ticking briefly."""
+        out: list[Effect] = []
+        if self._leaving:
+            return out
+        self._leaving = True
+        msg = Left(self.node_id, self.incarnation)
+        self._queue.add(self.node_id, msg)
+        for node in list(self._live):
+            out.append(SendDatagram(self._members[node].addr, (msg,)))
+        self._probe = None
+        self._changed()
+        out.append(Event(LEFT, self.node_id, self.local.name, "this node left the swarm",
+                         self.incarnation, self.node_id))
+        return out
+
+    def set_metadata(self, metadata: bytes, now: float) -> list[Effect]:
+        """Publish new metadata: a new version, announced by gossip, pulled by fellows."""
+        self.metadata = metadata
+        self.meta_version += 1
+        self.meta_signature = self._sign_meta()
+        self.incarnation += 1
+        self._queue.add(self.node_id, self._alive_msg())
+        self._changed()
+        return [Event(METADATA, self.node_id, self.local.name,
+                      f"published metadata version {self.meta_version}", self.incarnation,
+                      self.node_id)]
+
+    def piggyback(self, budget_bytes: int) -> list[Any]:
+        """Queued updates fitting in ``budget_bytes`` (item bytes, envelope not included)."""
+        return self._queue.take(budget_bytes, self._limit())
+
+    def handle(self, message: Any, sender_addr: str, now: float) -> list[Effect]:
+        """One message from a datagram, or the reply to one of our stream requests."""
+        out: list[Effect] = []
+        self._received(sender_addr, now, out)
+        handler = self._dispatch.get(type(message))
+        if handler is not None:
+            handler(message, sender_addr, now, out)
+        return out
+
+    def handle_datagram(self, messages: Sequence[Any], sender_addr: str,
+                        now: float) -> list[Effect]:
+        """All membership messages of one datagram: news first, then pings, so that the
+        ack of a ping carries the refutation of a suspicion that came with it."""
+        out: list[Effect] = []
+        pings = [m for m in messages if type(m) is Ping]
+        self._replying_to = sender_addr if pings else None
+        self._received(sender_addr, now, out)
+        for msg in messages:
+            if type(msg) is not Ping:
+                handler = self._dispatch.get(type(msg))
+                if handler is not None:
+                    handler(msg, sender_addr, now, out)
+        for msg in pings:
+            self._on_ping(msg, sender_addr, now, out)
+        self._replying_to = None
+        self._reply_extra = []
+        return out
+
+    def _received(self, sender_addr: str, now: float, out: list[Effect]) -> None:
+        """A datagram got through to us. After a long deafness (a probe of ours heard
+        nothing at all, and nothing else came for a while: our own radio was out),
+        fellows may be suspecting us: refute before they even tell us."""
+        deaf_s = now - self._last_rx
+        self._last_rx = now
+        if self._deaf and deaf_s >= self.tuning.deaf_refute_s and self._joined \
+                and not self._leaving:
+            self._refute(self.incarnation, None, sender_addr, now, out)
+        self._deaf = False
+
+    def handle_reply(self, request_id: int, reply: Any, now: float) -> list[Effect]:
+        """The reply to ``StreamRequest`` ``request_id``."""
+        pending = self._streams.pop(request_id, None)
+        self._join_rids.pop(request_id, None)
+        addr = pending[1] if pending is not None else ""
+        return self.handle(reply, addr, now)
+
+    def handle_stream(self, message: Any, sender_addr: str,
+                      now: float) -> tuple[Any | None, list[Effect]]:
+        """Answer a stream request from a fellow: (reply or None to close, effects)."""
+        out: list[Effect] = []
+        t = type(message)
+        if t is Ping:
+            if message.target != self.node_id:
+                return None, out
+            self._heard(message.source, now)
+            return Ack(message.seq), out
+        if t is SyncDigest:
+            self._heard(message.source, now)
+            self.stats["syncs"] += 1
+            if message.digest == self.digest():
+                return SyncSame(), out
+            return SyncSummary(self._summaries()), out
+        if t is SyncRecords:
+            self._heard(message.source, now)
+            self._merge_records(message.records, message.source, now, out)
+            if message.want_all:
+                records = self._all_records()
+            else:
+                records = tuple(r for r in (self._record(n) for n in message.want) if r)
+            return SyncRecords(self.node_id, records), out
+        if t is MetaPull:
+            records = tuple(r for r in (self._record(n) for n in message.nodes)
+                            if r is not None and r.meta_version > 0)
+            return MetaPush(records), out
+        if t is Alive:
+            self._on_alive(message, sender_addr, now, out)
+            return Noted(), out
+        return None, out
+
+    def stream_failed(self, request_id: int, now: float) -> list[Effect]:
+        out: list[Effect] = []
+        pending = self._streams.pop(request_id, None)
+        if request_id in self._join_rids:
+            del self._join_rids[request_id]
+            if not self._join_rids and not self._joined:
+                self._schedule_join_retry(now, out)
+        if pending is not None and pending[0] == "meta":
+            self._meta_wait[pending[2]] = now + self.tuning.meta_pull_retry_s
+        return out
+
+    def next_deadline(self) -> float | None:
+        t = _INF if self._joined else self._next_join_at
+        if not self._leaving:
+            p = self._probe
+            if p is None:
+                t = min(t, self._next_probe_at)
+            else:
+                t = min(t, p.direct_deadline if p.phase == _DIRECT else p.final_deadline)
+            if self._joined:
+                t = min(t, self._next_sync_at)
+        for r in self._relays.values():
+            if r.nack_at < t:
+                t = r.nack_at
+        for s in self._suspicions.values():
+            if not s.expired and s.deadline < t:
+                t = s.deadline
+        if len(self._queue) and self._live:
+            t = min(t, self._next_gossip_at)
+        if self._reaps and self._reaps[0][0] < t:
+            t = self._reaps[0][0]
+        return None if t == _INF else t
+
+    def tick(self, now: float) -> list[Effect]:
+        out: list[Effect] = []
+        if not self._joined and now >= self._next_join_at:
+            self._send_join(now, out)
+        if self._relays:
+            for seq in [s for s, r in self._relays.items() if r.nack_at <= now]:
+                r = self._relays.pop(seq)
+                self._send(out, r.requester_addr, [Nack(r.req_seq)], _NACK_ITEM)
+                self._relay_failed(r.target, now)
+        if not self._leaving:
+            p = self._probe
+            if p is not None:
+                if p.phase == _DIRECT and now >= p.direct_deadline:
+                    self._go_indirect(p, now, out)
+                if p.phase == _INDIRECT and now >= p.final_deadline:
+                    self._finish_probe(False, now, out)
+            if self._suspicions:
+                self._check_suspicions(now, out)
+            if self._probe is None and now >= self._next_probe_at:
+                self._start_probe(now, out)
+            if self._joined and now >= self._next_sync_at:
+                self._start_sync(now, out)
+        if len(self._queue) and now >= self._next_gossip_at:
+            self._gossip(now, out)
+        while self._reaps and self._reaps[0][0] <= now:
+            _, node = heapq.heappop(self._reaps)
+            self._reap(node, now, out)
+        return out
+
+    def merge_records(self, records: Iterable[MemberRecord], now: float, *,
+                      quiet: bool = False) -> list[Effect]:
+        """Take in full records (as from anti-entropy). ``quiet``: no gossip, no events;
+        for building an already converged swarm in simulations."""
+        out: list[Effect] = []
+        self._quiet = quiet
+        try:
+            self._merge_records(tuple(records), b"", now, out)
+        finally:
+            self._quiet = False
+        if quiet:
+            out = [e for e in out if not isinstance(e, Event)]
+        return out
+
+    # --- probing -----------------------------------------------------------------------
+
+    def _next_seq(self) -> int:
+        self._seq = (self._seq + 1) % _SEQ_MOD
+        return self._seq
+
+    def _scale(self) -> int:
+        return self._awareness.score + 1
+
+    def _start_probe(self, now: float, out: list[Effect]) -> None:
+        interval = self.config.probe_interval_s * self._scale()
+        self._next_probe_at = now + (interval * self.tuning.watch_fraction if self._watch
+                                     else interval)
+        self._retry_meta(now, out)
+        target = self._pick_target(now)
+        if target is None:
+            return
+        e = self._members[target]
+        seq = self._next_seq()
+        scale = self._scale()
+        timeout = self.config.probe_timeout_s * scale
+        watching = target in self._watch
+        if watching:  # a suspect: ask the helpers at once, and expect an answer soon
+            self._watch[target] = now
+            self._probe = _Probe(target, e.addr, seq, now, now, now + timeout * 1.2)
+            self._probe.watch = True
+        else:
+            final = max(interval, timeout + self.config.probe_timeout_s * 1.2)
+            self._probe = _Probe(target, e.addr, seq, now, now + timeout, now + final)
+        self.stats["probes"] += 1
+        msgs: list[Any] = [Ping(seq, target, self.node_id)]
+        size = _PING_ITEM
+        news = self._news_about(target)
+        if news is not None:
+            msgs.append(news)
+            size += item_bytes(news)
+        self._send(out, e.addr, msgs, size)
+        if watching:
+            self._go_indirect(self._probe, now, out, stream=False)
+
+    def _pick_target(self, now: float) -> bytes | None:
+        live = self._live_pos
+        if self._recheck is not None:
+            target, self._recheck = self._recheck, None
+            if target in live:
+                return target
+        if self._watch:
+            interval = self.config.probe_interval_s * self._scale() * self.tuning.watch_fraction
+            best, best_at = None, _INF
+            for node, last in list(self._watch.items()):
+                e = self._members.get(node)
+                if e is None or e.state != _SUSPECT:
+                    del self._watch[node]
+                    continue
+                if now - last >= interval and last < best_at:
+                    best, best_at = node, last
+            if best is not None:
+                return best
+        while self._confirm:
+            node = self._confirm.pop(0)
+            if node in live:
+                return node
+        if not self._live:
+            return None
+        self._probe_count += 1
+        every = self.tuning.ring_probe_every
+        if every > 0 and self._probe_count % every == 0:
+            successor = self._successor()
+            if successor is not None:
+                return successor
+        return self._round_robin()
+
+    def _successor(self) -> bytes | None:
+        ring = self._ring
+        n = len(ring)
+        i = bisect_right(ring, self.node_id)
+        for k in range(n - 1):
+            node = ring[(i + k) % n]
+            if node in self._live_pos:
+                return node
+        return None
+
+    def _round_robin(self) -> bytes | None:
+        for _ in range(2):
+            while self._order_i < len(self._order):
+                node = self._order[self._order_i]
+                self._order_i += 1
+                if node in self._live_pos:
+                    return node
+            self._order = list(self._live)
+            self.rng.shuffle(self._order)
+            self._order_i = 0
+        return None
+
+    def _news_about(self, node: bytes) -> Any | None:
+        """What a ping to ``node`` should tell it about itself (the buddy rule)."""
+        e = self._members.get(node)
+        if e is None:
+            return None
+        if e.state == _SUSPECT:
+            s = self._suspicions.get(node)
+            source = s.first_source if s is not None else self.node_id
+            return Suspect(node, e.incarnation, source)
+        if e.state == _DEAD:
+            return Dead(node, e.incarnation, self.node_id)
+        return None
+
+    def _go_indirect(self, p: _Probe, now: float, out: list[Effect], *,
+                     stream: bool = True) -> None:
+        p.phase = _INDIRECT
+        k = self.config.indirect_checks
+        helpers = [n for n in self._sample_live(k + 1) if n != p.target][:k]
+        e = self._members.get(p.target)
+        incarnation = e.incarnation if e is not None else 0
+        for helper in helpers:
+            req = PingReq(p.seq, p.target, p.addr, self.node_id, incarnation)
+            self._send(out, self._members[helper].addr, [req], item_bytes(req))
+        p.expected_nacks = len(helpers)
+        if stream:
+            rid = self._new_rid("ping", p.addr, p.seq, now)
+            out.append(StreamRequest(p.addr, Ping(p.seq, p.target, self.node_id), rid))
+
+    def _finish_probe(self, ok: bool, now: float, out: list[Effect]) -> None:
+        p = self._probe
+        assert p is not None
+        self._probe = None
+        t = self.tuning
+        loss_before = self._loss  # judge this probe by the link as it was before it
+        if not p.watch:
+            self._loss += t.loss_alpha * ((0.0 if p.direct_ok else 1.0) - self._loss)
+        target = p.target
+        e = self._members.get(target)
+        if ok:
+            self._awareness.apply(-1)
+            self._silent_probes = 0
+            self._doubt.pop(target, None)
+            self._own_fail.pop(target, None)
+            self._streak.pop(target, None)
+            if e is not None:
+                e.last_heard = now
+            return
+        self.stats["probes_failed"] += 1
+        if p.expected_nacks == 0 or p.nacks == 0:
+            # nobody answered us: our own link, most likely. Twice in a row: we are in
+            # trouble, slow down (Lifeguard); once is a fade like any other.
+            self._silent_probes += 1
+            self._deaf = True
+            if self._silent_probes >= 2:
+                self._awareness.apply(1)
+        else:
+            self._silent_probes = 0
+        if p.expected_nacks > 0 and p.nacks == 0:
+            self.stats["probes_inconclusive"] += 1
+            self._recheck = target  # we learned nothing about it: ask again
+            self._next_probe_at = now
+            return
+        if e is None or e.state not in (_ALIVE, _SUSPECT):
+            return
+        self._own_fail[target] = now
+        first, latest = self._streak.get(target, (p.started, p.started))
+        if p.started - latest > t.streak_max_gap_s:  # we looked away too long: start over
+            first = p.started
+        self._streak[target] = (first, p.started)
+        if e.state == _SUSPECT:
+            s = self._suspicions.get(target)
+            if s is None:
+                return
+            self._watch[target] = p.started
+            # our own failure, with nacks from helpers picked afresh, confirms too
+            self._count_confirmation(s, now)
+            if self.node_id not in s.sources:
+                s.sources[self.node_id] = None
+                msg = Suspect(target, e.incarnation, self.node_id)
+                self._queue.add(target, msg)
+                self.stats["confirmations_sent"] += 1
+                out.append(Event(SUSPECT, target, e.name, "confirmed by this node",
+                                 e.incarnation, self.node_id))
+            if s.expired and self._may_declare(target, s, now):
+                self._declare_dead(target, now, out)
+            return
+        first, count = self._doubt.get(target, (p.started, 0))
+        if now - first > 6 * self.config.probe_interval_s * self._scale():
+            first, count = p.started, 0
+        count += 1
+        needed = 2 if loss_before > t.recheck_above_loss else 1
+        if count >= needed:
+            self._doubt.pop(target, None)
+            self._start_suspicion(target, e.incarnation, self.node_id, first, now, out)
+        else:
+            self._doubt[target] = (first, count)
+            self._recheck = target
+            self._next_probe_at = now
+
+    def _relay_failed(self, target: bytes, now: float) -> None:
+        """We could not reach a fellow for someone else. One helper in k looks into it
+        itself, so a failing fellow soon has several independent probers."""
+        e = self._members.get(target)
+        if e is None or e.state not in (_ALIVE, _SUSPECT) or target in self._confirm:
+            return
+        if self.rng.random() * max(1, self.config.indirect_checks) < 1.0:
+            self._confirm.append(target)
+            if self._probe is None:
+                self._next_probe_at = min(self._next_probe_at, now)
+
+    def _sample_live(self, k: int) -> list[bytes]:
+        live = self._live
+        if len(live) <= k:
+            return list(live)
+        return self.rng.sample(live, k)
+
+    # --- suspicion ---------------------------------------------------------------------
+
+    def _suspicion_bounds(self) -> tuple[float, float, int]:
+        t = self.tuning
+        n = len(self._members) + 1
+        floor = lerp_by_loss(t.suspicion_floor_clean_s, t.suspicion_floor_lossy_s, self._loss,
+                             t.lossy_reference)
+        top = suspicion_max_s(self.config.suspicion_mult, n, self.config.probe_interval_s)
+        top = min(top, floor * max(1.0, self.config.suspicion_max_timeout_mult))
+        expected = t.confirmations_expected
+        if n - 2 < expected:
+            expected = 0
+        return floor, max(floor, top), expected
+
+    def _start_suspicion(self, node: bytes, incarnation: int, source: bytes, start: float,
+                         now: float, out: list[Effect]) -> None:
+        e = self._members[node]
+        first_hand = source == self.node_id
+        e.state = _SUSPECT
+        e.incarnation = incarnation
+        e.state_at = now
+        lo, hi, expected = self._suspicion_bounds()
+        self._suspicions[node] = _Suspicion(incarnation, start, source, lo, hi, expected)
+        msg = Suspect(node, incarnation, source)
+        self._broadcast(node, msg)
+        if first_hand:
+            self.stats["suspicions_raised"] += 1
+            self._watch[node] = -_INF  # keep watching it from now on
+        elif self._live and self.rng.random() < self.tuning.confirm_fanout / len(self._live):
+            self._confirm.append(node)
+            if self._probe is None:
+                self._next_probe_at = min(self._next_probe_at, now)
+        self._changed()
+        self._event(out, SUSPECT, e, "suspected by this node" if first_hand
+                    else f"suspected by {self._name_of(source)}", source)
+
+    def _confirm_suspicion(self, node: bytes, source: bytes, now: float, msg: Suspect) -> None:
+        s = self._suspicions.get(node)
+        if s is None or source in s.sources:
+            return
+        s.sources[source] = None
+        if self._count_confirmation(s, now) and not self._quiet:
+            self._queue.add(node, msg)
+
+    def _count_confirmation(self, s: _Suspicion, now: float) -> bool:
+        """Count one confirmation if it is independent of the last one counted: further
+        apart in time than a radio fade (on a lossy network)."""
+        gap = lerp_by_loss(self.tuning.independence_gap_clean_s,
+                           self.tuning.independence_gap_lossy_s, self._loss,
+                           self.tuning.lossy_reference)
+        if s.counted and now - s.last_count_at < gap:
+            return False
+        s.counted += 1
+        s.last_count_at = now
+        s.deadline = s.start + suspicion_timeout_s(s.counted, s.expected, s.min_s, s.max_s)
+        return True
+
+    def _check_suspicions(self, now: float, out: list[Effect]) -> None:
+        for node, s in list(self._suspicions.items()):
+            if s.expired or now < s.deadline:
+                continue
+            s.expired = True
+            if self._may_declare(node, s, now):
+                self._declare_dead(node, now, out)
+            else:
+                self._watch[node] = -_INF  # check it ourselves first
+                if self._probe is None:
+                    self._next_probe_at = min(self._next_probe_at, now)
+
+    def _may_declare(self, node: bytes, s: _Suspicion, now: float) -> bool:
+        """A dead verdict needs: our own probes of it have failed (with nacks) without a
+        break for at least the suspicion floor, the last one just now, and our own
+        health is good."""
+        if self._own_fail.get(node, -_INF) < now - self.tuning.evidence_fresh_s:
+            return False
+        first, latest = self._streak.get(node, (now, now))
+        if latest - first < s.min_s:  # unreachable at probes at least the floor apart
+            return False
+        return self._awareness.score <= self.tuning.declare_max_score
+
+    def _declare_dead(self, node: bytes, now: float, out: list[Effect]) -> None:
+        e = self._members[node]
+        self.stats["dead_declared"] += 1
+        self._set_dead(e, e.incarnation, self.node_id, now, out)
+
+    # --- refutation --------------------------------------------------------------------
+
+    def _alive_msg(self) -> Alive:
+        loc = self.local
+        return Alive(loc.node_id, self.incarnation, loc.name, loc.addr, loc.public_key,
+                     self.meta_version, loc.priority)
+
+    def _refute(self, seen_incarnation: int, accuser: bytes | None, sender_addr: str,
+                now: float, out: list[Effect]) -> None:
+        if self._leaving:
+            return
+        if seen_incarnation < self.incarnation:
+            # old news: the sender missed our refutation; tell it again, first hand
+            if sender_addr:
+                self._answer_with_alive(sender_addr, out)
+            return
+        self.incarnation = seen_incarnation + 1
+        self._awareness.apply(1)
+        self.stats["refutations"] += 1
+        alive = self._alive_msg()
+        self._queue.add(self.node_id, alive)
+        self._changed()
+        out.append(Event(REFUTED, self.node_id, self.local.name,
+                         f"refuted a suspicion by {self._name_of(accuser)}"
+                         if accuser else "refuted", self.incarnation, accuser or b""))
+        if sender_addr:
+            self._answer_with_alive(sender_addr, out)
+        if accuser is not None and accuser != self.node_id and self.tuning.refute_by_stream:
+            acc = self._members.get(accuser)
+            if acc is not None and acc.state in (_ALIVE, _SUSPECT):
+                last = self._refute_streamed.get(accuser, -_INF)
+                if now - last >= self.config.probe_interval_s:
+                    self._refute_streamed[accuser] = now
+                    rid = self._new_rid("refute", acc.addr, None, now)
+                    out.append(StreamRequest(acc.addr, alive, rid))
+
+    def _answer_with_alive(self, addr: str, out: list[Effect]) -> None:
+        """Send our current ``Alive`` to ``addr``: on the ack we are about to send if the
+        news came with a ping, else in a datagram of its own."""
+        alive = self._alive_msg()
+        if addr == self._replying_to:
+            if alive not in self._reply_extra:
+                self._reply_extra.append(alive)
+        else:
+            out.append(SendDatagram(addr, (alive,)))
+
+    # --- incoming ----------------------------------------------------------------------
+
+    def _on_nothing(self, msg: Any, addr: str, now: float, out: list[Effect]) -> None:
+        return
+
+    def _on_ping(self, msg: Ping, addr: str, now: float, out: list[Effect]) -> None:
+        if msg.target != self.node_id or self._leaving:
+            return
+        self._heard(msg.source, now)
+        msgs: list[Any] = [Ack(msg.seq)]
+        size = _ACK_ITEM
+        if self._reply_extra and addr == self._replying_to:
+            msgs.extend(self._reply_extra)
+            size += sum(item_bytes(m) for m in self._reply_extra)
+            self._reply_extra = []
+        news = self._news_about(msg.source)  # tell a suspect who pings us, too
+        if news is not None:
+            msgs.append(news)
+            size += item_bytes(news)
+        self._send(out, addr, msgs, size)
+
+    def _on_ack(self, msg: Ack, addr: str, now: float, out: list[Effect]) -> None:
+        p = self._probe
+        if p is not None and msg.seq == p.seq:
+            if p.phase == _DIRECT:
+                p.direct_ok = True
+            self._finish_probe(True, now, out)
+            return
+        r = self._relays.pop(msg.seq, None)
+        if r is not None:
+            self._heard(r.target, now)
+            self._send(out, r.requester_addr, [Ack(r.req_seq)], _ACK_ITEM)
+
+    def _on_nack(self, msg: Nack, addr: str, now: float, out: list[Effect]) -> None:
+        p = self._probe
+        if p is not None and msg.seq == p.seq:
+            p.nacks += 1
+            if p.nacks >= p.expected_nacks:  # every helper failed too: no need to wait
+                self._finish_probe(False, now, out)
+
+    def _on_ping_req(self, msg: PingReq, addr: str, now: float, out: list[Effect]) -> None:
+        if self._leaving:
+            return
+        self._heard(msg.source, now)
+        e = self._members.get(msg.target)
+        if e is not None and e.state in (_DEAD, _LEFT):
+            news = Dead(e.node, e.incarnation, self.node_id) if e.state == _DEAD \
+                else Left(e.node, e.incarnation)
+            self._send(out, addr, [Nack(msg.seq), news], _NACK_ITEM + item_bytes(news))
+            return
+        if e is not None and e.incarnation > msg.incarnation:
+            # the asker missed a refutation (or a rejoin): tell it, it may be all it needs
+            alive = Alive(e.node, e.incarnation, e.name, e.addr, e.public_key,
+                          e.announced_meta, e.priority)
+            out.append(SendDatagram(addr, (alive,)))
+        seq = self._next_seq()
+        nack_at = now + self.config.probe_timeout_s * self.tuning.nack_after_fraction
+        self._relays[seq] = _Relay(addr, msg.seq, nack_at, msg.target)
+        msgs: list[Any] = [Ping(seq, msg.target, self.node_id)]
+        size = _PING_ITEM
+        news = self._news_about(msg.target)
+        if news is not None:
+            msgs.append(news)
+            size += item_bytes(news)
+        self._send(out, msg.target_addr, msgs, size)
+
+    def _on_alive(self, msg: Alive, addr: str, now: float, out: list[Effect]) -> None:
+        node = msg.node
+        if node == self.node_id:
+            if msg.incarnation > self.incarnation or (
+                    msg.incarnation == self.incarnation
+                    and (msg.addr != self.local.addr or msg.public_key != self.local.public_key)):
+                self._refute(msg.incarnation, None, "", now, out)
+            return
+        e = self._members.get(node)
+        if e is None:
+            if not self._binding_ok(node, msg.public_key):
+                return
+            e = _Entry(node, msg.name, msg.addr, msg.public_key, msg.priority, msg.incarnation,
+                       _ALIVE, now)
+            e.announced_meta = msg.meta_version
+            self._add_entry(e)
+            if addr == msg.addr:
+                e.last_heard = now
+            self._broadcast(node, msg)
+            self._changed()
+            self._event(out, MEMBER_JOINED, e, f"joined at {msg.addr}", node)
+            self._want_meta(e, now, out)
+            return
+        if msg.incarnation <= e.incarnation:
+            return
+        if msg.public_key != e.public_key and not self._binding_ok(node, msg.public_key):
+            return
+        old = e.state
+        changed = (msg.name, msg.addr, msg.priority) != (e.name, e.addr, e.priority)
+        e.incarnation = msg.incarnation
+        e.name, e.addr, e.public_key, e.priority = msg.name, msg.addr, msg.public_key, msg.priority
+        e.announced_meta = max(e.announced_meta, msg.meta_version)
+        if addr == msg.addr:
+            e.last_heard = now
+        if old != _ALIVE:
+            e.state = _ALIVE
+            e.state_at = now
+            if old in (_DEAD, _LEFT):
+                self._live_add(node)
+                self._recent_dead.pop(node, None)
+            self._clear_suspicion(node)
+        self._broadcast(node, msg)
+        self._changed()
+        if old != _ALIVE:
+            self._event(out, ALIVE, e, f"alive again (incarnation {msg.incarnation})"
+                        if old == _SUSPECT else f"back after {STATE_NAMES[old]}", node)
+        elif changed:
+            self._event(out, UPDATED, e, f"now {msg.name} at {msg.addr}", node)
+        self._want_meta(e, now, out)
+
+    def _on_suspect(self, msg: Suspect, addr: str, now: float, out: list[Effect]) -> None:
+        node = msg.node
+        if node == self.node_id:
+            self._refute(msg.incarnation, msg.source, addr, now, out)
+            return
+        e = self._members.get(node)
+        if e is None or msg.incarnation < e.incarnation or e.state in (_DEAD, _LEFT):
+            return
+        if e.state == _SUSPECT and msg.incarnation == e.incarnation:
+            self._confirm_suspicion(node, msg.source, now, msg)
+            return
+        self._doubt.pop(node, None)
+        self._start_suspicion(node, msg.incarnation, msg.source, now, now, out)
+
+    def _on_dead(self, msg: Dead, addr: str, now: float, out: list[Effect]) -> None:
+        node = msg.node
+        if node == self.node_id:
+            self._refute(msg.incarnation, msg.source, addr, now, out)
+            return
+        e = self._members.get(node)
+        if e is None or msg.incarnation < e.incarnation:
+            return
+        if e.state in (_DEAD, _LEFT):
+            if e.state == _DEAD and msg.incarnation > e.incarnation:
+                e.incarnation = msg.incarnation
+            return
+        self._set_dead(e, msg.incarnation, msg.source, now, out, msg)
+
+    def _on_left(self, msg: Left, addr: str, now: float, out: list[Effect]) -> None:
+        node = msg.node
+        if node == self.node_id:
+            self._refute(msg.incarnation, None, addr, now, out)
+            return
+        e = self._members.get(node)
+        if e is None or msg.incarnation < e.incarnation or e.state == _LEFT:
+            return
+        was_live = e.state in (_ALIVE, _SUSPECT)
+        e.incarnation = msg.incarnation
+        e.state = _LEFT
+        e.state_at = now
+        if was_live:
+            self._live_remove(node)
+        self._clear_suspicion(node)
+        self._recent_dead.pop(node, None)
+        self._broadcast(node, msg)
+        heapq.heappush(self._reaps, (now + self.config.dead_reap_after_s, node))
+        self._changed()
+        self._event(out, LEFT, e, "left the swarm", node)
+
+    # --- state changes -----------------------------------------------------------------
+
+    def _set_dead(self, e: _Entry, incarnation: int, source: bytes, now: float,
+                  out: list[Effect], msg: Dead | None = None) -> None:
+        node = e.node
+        was_live = e.state in (_ALIVE, _SUSPECT)
+        e.incarnation = incarnation
+        e.state = _DEAD
+        e.state_at = now
+        if was_live:
+            self._live_remove(node)
+        self._clear_suspicion(node)
+        self._recent_dead[node] = now
+        self._broadcast(node, msg if msg is not None else Dead(node, incarnation, source))
+        heapq.heappush(self._reaps, (now + self.config.dead_reap_after_s, node))
+        self._changed()
+        self._event(out, DEAD, e, "declared dead by this node" if source == self.node_id
+                    else f"declared dead by {self._name_of(source)}", source)
+
+    def _clear_suspicion(self, node: bytes) -> None:
+        self._suspicions.pop(node, None)
+        self._watch.pop(node, None)
+        self._doubt.pop(node, None)
+        self._own_fail.pop(node, None)
+        self._streak.pop(node, None)
+
+    def _reap(self, node: bytes, now: float, out: list[Effect]) -> None:
+        e = self._members.get(node)
+        if e is None or e.state not in (_DEAD, _LEFT):
+            return
+        if now < e.state_at + self.config.dead_reap_after_s:
+            return
+        del self._members[node]
+        i = bisect_left(self._ring, node)
+        if i < len(self._ring) and self._ring[i] == node:
+            del self._ring[i]
+        self._recent_dead.pop(node, None)
+        self._meta_wait.pop(node, None)
+        self._changed()
+        self._event(out, REAPED, e, f"forgotten after {STATE_NAMES[e.state]}", node)
+
+    def _add_entry(self, e: _Entry) -> None:
+        self._members[e.node] = e
+        insort(self._ring, e.node)
+        if e.state in (_ALIVE, _SUSPECT):
+            self._live_add(e.node)
+            # a newcomer gets a random place in the rest of this round
+            lo = self._order_i
+            self._order.insert(self.rng.randint(lo, len(self._order)), e.node)
+
+    def _live_add(self, node: bytes) -> None:
+        if node not in self._live_pos:
+            self._live_pos[node] = len(self._live)
+            self._live.append(node)
+
+    def _live_remove(self, node: bytes) -> None:
+        i = self._live_pos.pop(node, None)
+        if i is None:
+            return
+        last = self._live.pop()
+        if last != node:
+            self._live[i] = last
+            self._live_pos[last] = i
+
+    def _changed(self) -> None:
+        self._digest = None
+        self.version += 1
+
+    def _broadcast(self, node: bytes, msg: Any) -> None:
+        if not self._quiet:
+            self._queue.add(node, msg)
+
+    def _event(self, out: list[Effect], kind: str, e: _Entry, detail: str, by: bytes) -> None:
+        if not self._quiet:
+            out.append(Event(kind, e.node, e.name, detail, e.incarnation, by))
+
+    def _heard(self, node: bytes, now: float) -> None:
+        e = self._members.get(node)
+        if e is not None:
+            e.last_heard = now
+            self._streak.pop(node, None)
+
+    def _name_of(self, node: bytes | None) -> str:
+        if node is None:
+            return "?"
+        if node == self.node_id:
+            return self.local.name
+        e = self._members.get(node)
+        return e.name if e is not None else node.hex()[:8]
+
+    def _binding_ok(self, node: bytes, public_key: bytes) -> bool:
+        if self._bindings.get(node) == public_key:
+            return True
+        if node_id_of(public_key) != node:
+            self.stats["bad_bindings"] += 1
+            return False
+        self._bindings[node] = public_key
+        return True
+
+    # --- sending -----------------------------------------------------------------------
+
+    def _limit(self) -> int:
+        return retransmit_limit(self.config.retransmit_mult, len(self._members) + 1)
+
+    def _send(self, out: list[Effect], addr: str, msgs: list[Any], size: int) -> None:
+        extra = self._queue.take(self._budget - ENVELOPE_BYTES - size, self._limit())
+        if extra:
+            msgs.extend(extra)
+        out.append(SendDatagram(addr, tuple(msgs)))
+
+    def _gossip(self, now: float, out: list[Effect]) -> None:
+        self._next_gossip_at = now + self.config.gossip_interval_s
+        k = self.config.gossip_nodes
+        if self._queue.has_fresh():  # news: spend its first sends wide (same total sends)
+            k *= self.tuning.fresh_fanout_mult
+        targets = self._sample_live(k)
+        if self._recent_dead:
+            horizon = now - self.tuning.gossip_to_dead_s
+            for node in [n for n, t in self._recent_dead.items() if t < horizon]:
+                del self._recent_dead[node]
+            dead = [n for n in self._recent_dead if n in self._members]
+            if dead and self.rng.random() < len(dead) / (len(dead) + len(self._live) + 1.0):
+                targets = targets[:-1] + [self.rng.choice(dead)] if targets else [
+                    self.rng.choice(dead)]
+        limit = self._limit()
+        budget = self._budget - ENVELOPE_BYTES
+        for node in targets:
+            msgs = self._queue.take(budget, limit)
+            if not msgs:
+                break
+            out.append(SendDatagram(self._members[node].addr, tuple(msgs)))
+
+    def _new_rid(self, kind: str, addr: str, extra: Any, now: float) -> int:
+        self._next_rid += 1
+        self._streams[self._next_rid] = (kind, addr, extra, now)
+        if len(self._streams) > 256:
+            for rid in list(self._streams)[:128]:
+                del self._streams[rid]
+        return self._next_rid
+
+    # --- joining -----------------------------------------------------------------------
+
+    def _send_join(self, now: float, out: list[Effect]) -> None:
+        self._join_attempt += 1
+        backoff = min(self.config.join_retry_max_s,
+                      self.tuning.join_retry_min_s * 2 ** (self._join_attempt - 1))
+        self._next_join_at = now + backoff + 5.0  # a safety net if no reply and no failure
+        request = SyncRecords(self.node_id, (self.self_record(),), (), True)
+        for seed in self._seeds:
+            rid = self._new_rid("join", seed, None, now)
+            self._join_rids[rid] = None
+            out.append(StreamRequest(seed, request, rid))
+
+    def _schedule_join_retry(self, now: float, out: list[Effect]) -> None:
+        backoff = min(self.config.join_retry_max_s,
+                      self.tuning.join_retry_min_s * 2 ** (self._join_attempt - 1))
+        self._next_join_at = now + backoff
+        out.append(Event(JOIN_RETRY, self.node_id, self.local.name,
+                         f"no seed answered; trying again in {backoff:.0f} s"))
+
+    # --- anti-entropy ------------------------------------------------------------------
+
+    def digest(self) -> bytes:
+        """SHA-256 over (id, incarnation, state, metadata version) of every member."""
+        if self._digest is None:
+            h = hashlib.sha256()
+            rows = [(self.node_id, self.incarnation, _LEFT if self._leaving else _ALIVE,
+                     self.meta_version)]
+            rows.extend((e.node, e.incarnation, e.state, e.meta_version)
+                        for e in self._members.values())
+            rows.sort()
+            for node, inc, state, meta in rows:
+                h.update(node)
+                h.update(_struct.pack(">IBI", inc, state, meta))
+            self._digest = h.digest()
+        return self._digest
+
+    def _summaries(self) -> tuple[MemberSummary, ...]:
+        rows = [MemberSummary(self.node_id, self.incarnation,
+                              _LEFT if self._leaving else _ALIVE, self.meta_version)]
+        rows.extend(MemberSummary(e.node, e.incarnation, e.state, e.meta_version)
+                    for e in self._members.values())
+        return tuple(rows)
+
+    def _record(self, node: bytes) -> MemberRecord | None:
+        if node == self.node_id:
+            return self.self_record()
+        e = self._members.get(node)
+        if e is None:
+            return None
+        return MemberRecord(e.node, e.incarnation, e.state, e.name, e.addr, e.public_key,
+                            e.priority, e.meta_version, e.metadata, e.meta_signature)
+
+    def _all_records(self) -> tuple[MemberRecord, ...]:
+        out = [self.self_record()]
+        out.extend(r for r in (self._record(n) for n in self._members) if r is not None)
+        return tuple(out)
+
+    def _start_sync(self, now: float, out: list[Effect]) -> None:
+        n = len(self._members) + 1
+        interval = push_pull_interval_s(self.config.push_pull_interval_s, n)
+        self._next_sync_at = now + interval * (0.75 + 0.5 * self.rng.random())
+        stale = now - _STREAM_PENDING_S
+        for rid in [r for r, v in self._streams.items() if v[3] < stale]:
+            del self._streams[rid]
+        if not self._live:
+            return
+        node = self.rng.choice(self._live)
+        addr = self._members[node].addr
+        rid = self._new_rid("sync", addr, None, now)
+        out.append(StreamRequest(addr, SyncDigest(self.node_id, self.digest(),
+                                                  len(self._members) + 1), rid))
+
+    def _on_sync_summary(self, msg: SyncSummary, addr: str, now: float,
+                         out: list[Effect]) -> None:
+        theirs = {s.node: s for s in msg.entries}
+        send: list[MemberRecord] = []
+        want: list[bytes] = []
+        mine = self._summaries()
+        for s in mine:
+            t = theirs.pop(s.node, None)
+            if t is None:
+                if s.state in (_ALIVE, _SUSPECT):
+                    record = self._record(s.node)
+                    if record is not None:
+                        send.append(record)
+                continue
+            if (s.incarnation, s.state) > (t.incarnation, t.state) or \
+                    s.meta_version > t.meta_version:
+                record = self._record(s.node)
+                if record is not None:
+                    send.append(record)
+            if (t.incarnation, t.state) > (s.incarnation, s.state) or \
+                    t.meta_version > s.meta_version:
+                want.append(s.node)
+        for node, t in theirs.items():
+            if t.state in (_ALIVE, _SUSPECT):
+                want.append(node)
+        if send or want:
+            rid = self._new_rid("sync", addr, None, now)
+            out.append(StreamRequest(addr, SyncRecords(self.node_id, tuple(send), tuple(want)),
+                                     rid))
+
+    def _on_sync_records(self, msg: SyncRecords, addr: str, now: float,
+                         out: list[Effect]) -> None:
+        self._heard(msg.source, now)
+        self._merge_records(msg.records, msg.source, now, out)
+        if not self._joined:
+            self._joined = True
+            self._join_rids.clear()
+            self._next_join_at = _INF
+            self._queue.add(self.node_id, self._alive_msg())
+            out.append(Event(JOINED, self.node_id, self.local.name,
+                             f"joined through {addr}; {len(self._live) + 1} fellows alive"))
+
+    def _merge_records(self, records: Sequence[MemberRecord], source: bytes, now: float,
+                       out: list[Effect]) -> None:
+        for r in records:
+            node = r.node
+            if node == self.node_id:
+                if r.incarnation >= self.incarnation and (
+                        r.state != _ALIVE or r.incarnation > self.incarnation
+                        or r.addr != self.local.addr):
+                    self._refute(r.incarnation, None, "", now, out)
+                continue
+            if r.state == _ALIVE:
+                self._on_alive(Alive(node, r.incarnation, r.name, r.addr, r.public_key,
+                                     r.meta_version, r.priority), "", now, out)
+            elif r.state == _LEFT:
+                self._on_left(Left(node, r.incarnation), "", now, out)
+            else:  # a remote verdict of dead is only a suspicion here (as memberlist)
+                e = self._members.get(node)
+                if e is None and r.state == _SUSPECT:
+                    self._on_alive(Alive(node, r.incarnation, r.name, r.addr, r.public_key,
+                                         r.meta_version, r.priority), "", now, out)
+                self._on_suspect(Suspect(node, r.incarnation, source or node), "", now, out)
+            self._merge_meta(r, now, out)
+
+    # --- metadata ----------------------------------------------------------------------
+
+    def _sign_meta(self) -> bytes:
+        return self._sign(meta_signed_bytes(self.node_id, self.meta_version, self.metadata))
+
+    def _merge_meta(self, r: MemberRecord, now: float, out: list[Effect]) -> None:
+        e = self._members.get(r.node)
+        if e is None or r.meta_version <= e.meta_version or r.meta_signature is None:
+            return
+        if not self._binding_ok(r.node, r.public_key) or r.public_key != e.public_key:
+            return
+        data = meta_signed_bytes(r.node, r.meta_version, r.metadata)
+        try:
+            ok = self._verify(e.public_key, r.meta_signature, data)
+        except Exception:  # the verifier raises AuthenticationError on a bad signature
+            ok = False
+        if ok is False:
+            self.stats["bad_signatures"] += 1
+            return
+        e.meta_version = r.meta_version
+        e.metadata = r.metadata
+        e.meta_signature = r.meta_signature
+        e.announced_meta = max(e.announced_meta, r.meta_version)
+        self._meta_wait.pop(r.node, None)
+        self._changed()
+        self._event(out, METADATA, e, f"metadata version {r.meta_version}", r.node)
+
+    def _want_meta(self, e: _Entry, now: float, out: list[Effect]) -> None:
+        if e.announced_meta <= e.meta_version or self._quiet:
+            return
+        if self._meta_wait.get(e.node, -_INF) > now:
+            return
+        self._meta_wait[e.node] = now + self.tuning.meta_pull_retry_s
+        rid = self._new_rid("meta", e.addr, e.node, now)
+        out.append(StreamRequest(e.addr, MetaPull((e.node,)), rid))
+
+    def _retry_meta(self, now: float, out: list[Effect]) -> None:
+        if not self._meta_wait:
+            return
+        for node, at in list(self._meta_wait.items()):
+            e = self._members.get(node)
+            if e is None or e.announced_meta <= e.meta_version:
+                del self._meta_wait[node]
+            elif at <= now and e.state in (_ALIVE, _SUSPECT):
+                self._want_meta(e, now, out)
+
+    def _on_meta_push(self, msg: MetaPush, addr: str, now: float, out: list[Effect]) -> None:
+        for r in msg.records:
+            self._merge_meta(r, now, out)
+
+
+__all__ = ["Membership", "Signer", "Verifier", "meta_signed_bytes"]

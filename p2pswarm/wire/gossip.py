@@ -1,0 +1,311 @@
+"""Membership (tags 10-49) and election (tags 50-69) messages.
+
+Datagrams carry the small, frequent messages: probes (``Ping``, ``Ack``, ``Nack``,
+``PingReq``), liveness updates piggybacked on them (``Alive``, ``Suspect``, ``Dead``,
+``Left``), and the election's beats, votes and announcements. Streams carry the rest: the
+stream ping fallback (a ``Ping`` answered by an ``Ack``), anti-entropy (``SyncDigest`` ->
+``SyncSame`` | ``SyncSummary``; ``SyncRecords`` -> ``SyncRecords``), metadata pulls
+(``MetaPull`` -> ``MetaPush``) and a refutation pushed to its accuser (``Alive`` ->
+``Noted``).
+
+A fellow's metadata (cards, benchmarks, role, ...) is opaque bytes here, signed by its
+owner and versioned; a datagram only ever carries its version number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from p2pswarm.wire.codec import message, struct
+from p2pswarm.wire.schema import (
+    U8,
+    U32,
+    U64,
+    Addr,
+    Digest,
+    Items,
+    Name,
+    NodeId,
+    PublicKey,
+    Range,
+    Reason,
+    Signature,
+    Size,
+)
+
+I32 = Annotated[int, Range(-(2**31), 2**31 - 1)]
+StateCode = Annotated[int, Range(0, 3)]  # 0 alive, 1 suspect, 2 dead, 3 left
+Metadata = Annotated[bytes, Size(0, 256 * 1024)]
+MAX_MEMBERS_PER_MESSAGE = 65536
+
+STATE_ALIVE, STATE_SUSPECT, STATE_DEAD, STATE_LEFT = 0, 1, 2, 3
+
+MEMBERSHIP_TAGS = range(10, 50)
+ELECTION_TAGS = range(50, 70)
+
+# --- probes ------------------------------------------------------------------------------
+
+
+@message(10)
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Are you there? ``target`` guards against an address now used by someone else."""
+
+    seq: U32
+    target: NodeId
+    source: NodeId
+
+
+@message(11)
+@dataclass(frozen=True, slots=True)
+class Ack:
+    seq: U32
+
+
+@message(12)
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """From a fellow asked to ping on our behalf: 'I tried, no answer' (so my link works)."""
+
+    seq: U32
+
+
+@message(13)
+@dataclass(frozen=True, slots=True)
+class PingReq:
+    """Please ping ``target`` at ``target_addr`` and relay its ack (or a nack) as ``seq``."""
+
+    seq: U32
+    target: NodeId
+    target_addr: Addr
+    source: NodeId
+    incarnation: U32 = 0  # the target's incarnation as the asker knows it (older: tell it)
+
+
+# --- liveness updates (piggybacked, gossiped) ---------------------------------------------
+
+
+@message(14)
+@dataclass(frozen=True, slots=True)
+class Alive:
+    """A fellow is alive at ``incarnation`` (it says so itself, first hand or relayed)."""
+
+    node: NodeId
+    incarnation: U32
+    name: Name
+    addr: Addr
+    public_key: PublicKey
+    meta_version: U32  # newest metadata version; pull the bytes over a stream
+    priority: I32 = 0  # leader priority: higher is preferred in an election
+
+
+@message(15)
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    node: NodeId
+    incarnation: U32
+    source: NodeId  # who failed to reach it (distinct sources confirm)
+
+
+@message(16)
+@dataclass(frozen=True, slots=True)
+class Dead:
+    node: NodeId
+    incarnation: U32
+    source: NodeId
+
+
+@message(17)
+@dataclass(frozen=True, slots=True)
+class Left:
+    """A graceful goodbye: the fellow is gone on purpose, not failed."""
+
+    node: NodeId
+    incarnation: U32
+
+
+# --- anti-entropy and metadata (streams) -------------------------------------------------
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class MemberSummary:
+    node: NodeId
+    incarnation: U32
+    state: StateCode
+    meta_version: U32
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    """Everything known of one fellow, including its signed metadata (if known)."""
+
+    node: NodeId
+    incarnation: U32
+    state: StateCode
+    name: Name
+    addr: Addr
+    public_key: PublicKey
+    priority: I32
+    meta_version: U32  # the version of ``metadata`` below (0: none)
+    metadata: Metadata
+    meta_signature: Signature | None
+
+
+@message(20)
+@dataclass(frozen=True, slots=True)
+class SyncDigest:
+    """Anti-entropy, step one: the hash of my view. Same hash: nothing to do."""
+
+    source: NodeId
+    digest: Digest
+    count: U32
+
+
+@message(21)
+@dataclass(frozen=True, slots=True)
+class SyncSame:
+    pass
+
+
+@message(22)
+@dataclass(frozen=True, slots=True)
+class SyncSummary:
+    """Step two: one line per member; the asker then sends only what differs."""
+
+    entries: Annotated[tuple[MemberSummary, ...], Items(MAX_MEMBERS_PER_MESSAGE)]
+
+
+@message(23)
+@dataclass(frozen=True, slots=True)
+class SyncRecords:
+    """Records the other side lacks, and the ids whose records I want back.
+
+    ``want_all`` (a join) asks for every record the answerer holds.
+    """
+
+    source: NodeId
+    records: Annotated[tuple[MemberRecord, ...], Items(MAX_MEMBERS_PER_MESSAGE)]
+    want: Annotated[tuple[NodeId, ...], Items(MAX_MEMBERS_PER_MESSAGE)] = ()
+    want_all: bool = False
+
+
+@message(24)
+@dataclass(frozen=True, slots=True)
+class MetaPull:
+    nodes: Annotated[tuple[NodeId, ...], Items(1024)]
+
+
+@message(25)
+@dataclass(frozen=True, slots=True)
+class MetaPush:
+    records: Annotated[tuple[MemberRecord, ...], Items(1024)]
+
+
+@message(26)
+@dataclass(frozen=True, slots=True)
+class Noted:
+    """A stream request was taken in (the reply to a pushed refutation)."""
+
+
+# --- election ----------------------------------------------------------------------------
+
+
+@message(50)
+@dataclass(frozen=True, slots=True)
+class LeaderBeat:
+    """The leader to its deputies (and the answer to a ``LeaderCheck``)."""
+
+    term: U64
+    leader: NodeId
+    seq: U32
+    electorate: U32
+    rank: U8  # the deputy's place in the succession (0 first); 255 for a check answer
+
+
+@message(51)
+@dataclass(frozen=True, slots=True)
+class LeaderCheck:
+    """A voter asked to depose a leader first checks, itself, whether it answers."""
+
+    term: U64
+    seq: U32
+    source: NodeId
+
+
+@message(52)
+@dataclass(frozen=True, slots=True)
+class VoteRequest:
+    term: U64  # the term the candidate would lead
+    candidate: NodeId
+    priority: I32
+    electorate: U32  # how many fellows the candidate counts
+    pre_vote: bool  # PreVote: 'would you?', changes nothing at the voter
+
+
+@message(53)
+@dataclass(frozen=True, slots=True)
+class VoteReply:
+    term: U64
+    voter: NodeId
+    granted: bool
+    pre_vote: bool
+    electorate: U32
+    reason: Reason = ""
+
+
+@message(54)
+@dataclass(frozen=True, slots=True)
+class LeaderIs:
+    """Announcement: ``leader`` leads ``term``, counting ``electorate`` fellows."""
+
+    term: U64
+    leader: NodeId
+    electorate: U32
+
+
+@message(55)
+@dataclass(frozen=True, slots=True)
+class LeaderQuery:
+    """'Who leads?' from a fellow that knows no leader; answered with ``LeaderIs``."""
+
+    term: U64
+    source: NodeId
+
+
+@message(56)
+@dataclass(frozen=True, slots=True)
+class StepDown:
+    """The leader leaves or loses its majority: elect another now."""
+
+    term: U64
+    leader: NodeId
+    electorate: U32
+
+
+@message(57)
+@dataclass(frozen=True, slots=True)
+class LeaderAck:
+    """A fellow got the leader's ``LeaderIs``; the leader stops resending it there."""
+
+    term: U64
+    source: NodeId
+
+
+def is_election(msg: Any) -> bool:
+    """Whether a decoded message belongs to the election (else to membership)."""
+    return isinstance(msg, _ELECTION_TYPES)
+
+
+_ELECTION_TYPES = (LeaderBeat, LeaderCheck, VoteRequest, VoteReply, LeaderIs, LeaderQuery,
+                   StepDown, LeaderAck)
+
+__all__ = [
+    "Ping", "Ack", "Nack", "PingReq", "Alive", "Suspect", "Dead", "Left", "MemberSummary",
+    "MemberRecord", "SyncDigest", "SyncSame", "SyncSummary", "SyncRecords", "MetaPull",
+    "MetaPush", "Noted", "LeaderBeat", "LeaderCheck", "VoteRequest", "VoteReply", "LeaderIs",
+    "LeaderQuery", "StepDown", "LeaderAck", "is_election", "STATE_ALIVE", "STATE_SUSPECT", "STATE_DEAD",
+    "STATE_LEFT", "MEMBERSHIP_TAGS", "ELECTION_TAGS",
+]
