@@ -32,6 +32,8 @@ import trio
 
 from p2pswarm import wire
 from p2pswarm.agent.counters import Counters
+from p2pswarm.agent.leadership import Leadership
+from p2pswarm.agent.planning import Planning
 from p2pswarm.config import SwarmConfig
 from p2pswarm.control.server import serve_control
 from p2pswarm.election import Election
@@ -131,6 +133,8 @@ class Agent:
             OUTBOX_DATAGRAMS)
         self.stopped = trio.Event()  # set once the agent has been asked to stop
         self.left = False
+        self.leadership = Leadership(self)
+        self.planning = Planning(self, self.leadership)
 
     # --- identity -------------------------------------------------------------------
 

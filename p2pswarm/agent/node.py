@@ -10,13 +10,16 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from p2pswarm.agent.agent import Agent
 from p2pswarm.config import SwarmConfig, split_addr
 from p2pswarm.home import Home
-from p2pswarm.inventory import CardSource
+from p2pswarm.bench import BenchmarkCache, benchmarks_to_dict, fingerprint
+from p2pswarm.errors import ConfigError
+from p2pswarm.inventory import CardSource, Inventory, read_inventory
 from p2pswarm.transport.udp_tcp import open_udp_tcp_transport
 
 log = logging.getLogger("p2pswarm.agent")
@@ -56,6 +59,24 @@ def tune_allocator(pad_bytes: int = 64 * 1024 * 1024) -> bool:
     ))
 
 
+def cached_benchmarks(home: Path, inventory: Inventory | None) -> dict[str, Any]:
+    """The measured speeds of this fellow's cards (``p2pswarm bench``), in gossip form.
+
+    Cards never measured are left out: the planner then uses its conservative estimate
+    and says so, rather than gossiping a guess as if it were a measurement.
+    """
+    if inventory is None:
+        return {}
+    try:
+        cached = BenchmarkCache(home).load()
+    except ConfigError as exc:
+        log.warning("%s", exc)
+        return {}
+    measured = {card.key: cached[fingerprint(card)] for card in inventory.cards
+                if fingerprint(card) in cached}
+    return benchmarks_to_dict(measured)
+
+
 def advertised(listen_addr: str, advertise: str | None) -> str | None:
     """The address to tell fellows, when the bound one is a wildcard."""
     if advertise:
@@ -82,6 +103,9 @@ async def run_node(settings: NodeSettings, *,
             advertise=advertised(transport.local_addr, settings.advertise),
             leader_priority=settings.leader_priority, card_source=settings.card_source,
         )
+        if settings.card_source is not None:
+            agent.extra_metadata["benchmarks"] = cached_benchmarks(
+                settings.home, read_inventory(settings.card_source))
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(agent.run)

@@ -1,0 +1,177 @@
+"""Real agents in virtual time: a swarm of ``Agent``s on one ``MemoryNetwork``.
+
+Every fellow runs the same agent code as ``p2pswarm join``, on an in-memory transport;
+run it under ``trio.testing.MockClock(autojump_threshold=0)`` and an hour of gossip takes
+seconds. Fellows can be crashed (their agent task is cancelled and their address goes
+down), restarted (a new agent at the same address with the same identity), and made to
+leave gracefully. Identities and randomness are derived from the seed, so a run replays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+
+import trio
+
+from p2pswarm.agent import Agent
+from p2pswarm.config import SwarmConfig, local
+from p2pswarm.inventory import Card, FakeCardSource
+from p2pswarm.security import Identity, Keyring, SwarmSecret
+from p2pswarm.transport.memory import MemoryNetwork
+
+
+def _seeded_bytes(seed: int, *names: object) -> bytes:
+    return hashlib.blake2b(repr((seed, *names)).encode(), digest_size=32).digest()
+
+
+def cpu_card(total_gb: float, free_gb: float | None = None, name: str = "CPU") -> Card:
+    total = int(total_gb * 1e9)
+    return Card(index=0, kind="cpu", name=name, uuid="", total_bytes=total,
+                free_bytes=int((free_gb if free_gb is not None else total_gb) * 1e9))
+
+
+@dataclass
+class Fellow:
+    index: int
+    name: str
+    addr: str
+    identity: Identity
+    cards: FakeCardSource
+    leader_priority: int = 0
+    agent: Agent | None = None
+    scope: trio.CancelScope | None = None
+    boots: int = 0
+
+
+@dataclass
+class VirtualSwarm:
+    """``n`` fellows; fellow 0 is the seed the others join through."""
+
+    n: int
+    seed: int = 1
+    config: SwarmConfig = field(default_factory=local)
+    net: MemoryNetwork = field(init=False)
+    fellows: list[Fellow] = field(init=False)
+    secret: SwarmSecret = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.net = MemoryNetwork(seed=self.seed)
+        self.secret = SwarmSecret(_seeded_bytes(self.seed, "secret"))
+        self.fellows = [
+            Fellow(i, f"f{i:03d}", f"10.0.{i // 250}.{i % 250 + 1}:7946",
+                   Identity.from_private_bytes(_seeded_bytes(self.seed, "identity", i)),
+                   FakeCardSource((cpu_card(16.0),)))
+            for i in range(self.n)
+        ]
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the network scheduler; start fellows with ``start``. Cancel to end."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.net.run)
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def start(self, i: int, seeds: tuple[str, ...] | None = None) -> Agent:
+        """Boot fellow ``i`` (again, after a crash: same identity, a later epoch)."""
+        assert self._nursery is not None, "run the swarm first"
+        fellow = self.fellows[i]
+        if seeds is None:
+            seeds = () if i == 0 else (self.fellows[0].addr,)
+        self.net.up(fellow.addr)
+        fellow.boots += 1
+        agent = Agent(
+            name=fellow.name, transport=self.net.transport(fellow.addr),
+            keyring=Keyring([self.secret]), identity=fellow.identity, config=self.config,
+            epoch=fellow.boots, rng=random.Random(int.from_bytes(
+                _seeded_bytes(self.seed, "rng", i, fellow.boots)[:8], "big")),
+            seeds=seeds, leader_priority=fellow.leader_priority, card_source=fellow.cards)
+        fellow.agent = agent
+        fellow.scope = await self._nursery.start(self._run_agent, agent)
+        return agent
+
+    async def _run_agent(self, agent: Agent, *,
+                         task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+        try:
+            with trio.CancelScope() as scope:
+                await agent.run(task_status=_Started(task_status, scope))
+        finally:
+            with trio.CancelScope(shield=True):
+                await agent.transport.aclose()  # the address may be booted again
+
+    async def start_all(self, stagger_s: float = 0.0) -> None:
+        for i in range(self.n):
+            await self.start(i)
+            if stagger_s:
+                await trio.sleep(stagger_s)
+
+    def crash(self, i: int) -> None:
+        """Kill fellow ``i`` without a goodbye: its agent stops, its address goes dark."""
+        fellow = self.fellows[i]
+        if fellow.scope is not None:
+            fellow.scope.cancel()
+        self.net.down(fellow.addr)
+        fellow.agent = None
+
+    async def leave(self, i: int) -> None:
+        agent = self.fellows[i].agent
+        assert agent is not None
+        await agent.leave()
+        self.fellows[i].agent = None
+
+    def live(self) -> list[Agent]:
+        return [f.agent for f in self.fellows if f.agent is not None]
+
+    def states_seen_by_all(self, i: int) -> set[str]:
+        """The states the other live fellows hold for fellow ``i``."""
+        target = self.fellows[i].identity.node_id
+        states = set()
+        for agent in self.live():
+            if agent.node_id == target or agent.membership is None:
+                continue
+            member = agent.membership.member(target)
+            states.add(member.state if member is not None else "unknown")
+        return states
+
+    def leaders(self) -> set[tuple[bytes | None, int]]:
+        """(leader id, term) as each live fellow sees it."""
+        out = set()
+        for agent in self.live():
+            assert agent.election is not None
+            status = agent.election.status()
+            out.add((status.leader_id, status.term))
+        return out
+
+    def converged(self) -> bool:
+        """Every live fellow sees every live fellow alive."""
+        live_ids = {a.node_id for a in self.live()}
+        for agent in self.live():
+            assert agent.membership is not None
+            alive = {m.node_id for m in agent.membership.members() if m.state == "alive"}
+            if not live_ids <= alive:
+                return False
+        return True
+
+
+class _Started:
+    """Pass the cancel scope up when the agent reports it has started."""
+
+    def __init__(self, task_status: trio.TaskStatus[trio.CancelScope],
+                 scope: trio.CancelScope) -> None:
+        self._task_status = task_status
+        self._scope = scope
+
+    def started(self, value: object = None) -> None:
+        self._task_status.started(self._scope)
+
+
+async def wait_until(predicate, *, timeout_s: float, step_s: float = 0.05) -> float:  # type: ignore[no-untyped-def]
+    """Virtual seconds until ``predicate()`` holds; TooSlowError after ``timeout_s``."""
+    start = trio.current_time()
+    with trio.fail_after(timeout_s):
+        while not predicate():
+            await trio.sleep(step_s)
+    return trio.current_time() - start

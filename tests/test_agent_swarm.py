@@ -1,0 +1,143 @@
+"""Membership and leadership through real agents on MemoryNetwork, in virtual time."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+async def test_five_fellows_form_elect_and_survive_a_crash(autojump_clock) -> None:
+    swarm = VirtualSwarm(5, seed=7)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        await swarm.start_all()
+        formed_s = await wait_until(swarm.converged, timeout_s=20)
+        assert formed_s < 10
+        await wait_until(lambda: len(swarm.leaders()) == 1
+                         and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=20)
+        ((leader_id, term),) = swarm.leaders()
+
+        # a follower crashes: every live fellow declares it dead; the leader stays
+        victim = next(i for i, f in enumerate(swarm.fellows)
+                      if f.identity.node_id != leader_id)
+        swarm.crash(victim)
+        dead_s = await wait_until(lambda: swarm.states_seen_by_all(victim) == {"dead"},
+                                  timeout_s=30)
+        assert dead_s < 10
+        assert swarm.leaders() == {(leader_id, term)}
+
+        # the leader crashes: the others agree on a new one, in a later term
+        old = next(i for i, f in enumerate(swarm.fellows) if f.identity.node_id == leader_id)
+        swarm.crash(old)
+        failover_s = await wait_until(
+            lambda: len(swarm.leaders()) == 1
+            and next(iter(swarm.leaders()))[0] not in (None, leader_id), timeout_s=30)
+        assert failover_s < 10
+        ((_, new_term),) = swarm.leaders()
+        assert new_term > term
+
+        # the first victim restarts: it rejoins with a higher incarnation
+        alive_seed = swarm.live()[0].addr
+        agent = await swarm.start(victim, seeds=(alive_seed,))
+        await wait_until(lambda: swarm.states_seen_by_all(victim) == {"alive"}, timeout_s=30)
+        seen = swarm.live()[0].membership.member(agent.node_id)
+        assert seen is not None and seen.incarnation > 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_leaving_is_left_not_dead(autojump_clock) -> None:
+    swarm = VirtualSwarm(4, seed=8)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        await swarm.start_all()
+        await wait_until(swarm.converged, timeout_s=20)
+        await swarm.leave(3)
+        await wait_until(lambda: swarm.states_seen_by_all(3) == {"left"}, timeout_s=10)
+        await trio.sleep(30)
+        assert swarm.states_seen_by_all(3) <= {"left", "unknown"}  # reaped later, never dead
+        nursery.cancel_scope.cancel()
+
+
+async def test_minority_side_of_a_partition_elects_no_leader(autojump_clock) -> None:
+    swarm = VirtualSwarm(5, seed=9)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        await swarm.start_all()
+        await wait_until(swarm.converged, timeout_s=20)
+        await wait_until(lambda: len(swarm.leaders()) == 1
+                         and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=20)
+        ((leader_id, _),) = swarm.leaders()
+        leader = next(i for i, f in enumerate(swarm.fellows) if f.identity.node_id == leader_id)
+        minority = [leader, (leader + 1) % 5]  # the leader lands on the small side
+        majority = [i for i in range(5) if i not in minority]
+        swarm.net.partition([swarm.fellows[i].addr for i in minority],
+                            [swarm.fellows[i].addr for i in majority])
+        await trio.sleep(60)
+        small = [swarm.fellows[i].agent for i in minority]
+        big = [swarm.fellows[i].agent for i in majority]
+        assert all(a.election.status().leader_id is None for a in small)
+        assert "no leader: this side sees 2 of 5 fellows" in {
+            a.status()["leader_note"] for a in small}
+        big_leaders = {(a.election.status().leader_id, a.election.status().term) for a in big}
+        assert len(big_leaders) == 1 and None not in {lid for lid, _ in big_leaders}
+        swarm.net.heal()
+        await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1, timeout_s=60)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_changed_inventory_reaches_every_fellow(autojump_clock) -> None:
+    swarm = VirtualSwarm(4, seed=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        await swarm.start_all()
+        await wait_until(swarm.converged, timeout_s=20)
+        target = swarm.fellows[2]
+        target.cards.cards = (cpu_card(16.0, free_gb=3.0),)
+
+        def everyone_sees_it() -> bool:
+            for agent in swarm.live():
+                member = agent.membership.member(target.identity.node_id)
+                cards = agent.member_metadata(member).get("cards", []) if member else []
+                if not cards or cards[0]["free_bytes"] != 3_000_000_000:
+                    return False
+            return True
+
+        await wait_until(everyone_sees_it, timeout_s=30)
+        nursery.cancel_scope.cancel()
+
+
+async def test_any_fellow_plans_through_the_leader(autojump_clock) -> None:
+    from p2pswarm.planner import REFERENCE_CONFIGS
+
+    swarm = VirtualSwarm(3, seed=11)
+    for fellow in swarm.fellows:  # 16 GB of weights on 8 GB machines: all three are needed
+        fellow.cards.cards = (cpu_card(8.0, name=f"{fellow.name} CPU"),)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        await swarm.start_all()
+        await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
+                         and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
+        ((leader_id, _),) = swarm.leaders()
+        follower = next(a for a in swarm.live() if a.node_id != leader_id)
+        request = {"model": {"name": "llama-3-8b", "config": REFERENCE_CONFIGS["llama-3-8b"]},
+                   "context": 2048, "sequences": 1}
+        plan = await follower.leadership.ask("plan", request)
+        same = await swarm.live()[0].leadership.ask("plan", request)
+        assert plan["plan_id"] == same["plan_id"]
+        assert {c["fellow"] for c in plan["cards"] if c["used"]} == {"f000", "f001", "f002"}
+        # a dead fellow's cards are left out with the reason
+        swarm.crash(2)
+        await wait_until(lambda: swarm.states_seen_by_all(2) == {"dead"}, timeout_s=30)
+        again = await follower.leadership.ask("plan", request)
+        left_out = [c for c in again["cards"] if c["fellow"] == "f002"]
+        assert left_out and left_out[0]["reason"] == "fellow not connected"
+        assert again["plan_id"] != plan["plan_id"] and not again["fits"]
+        nursery.cancel_scope.cancel()
