@@ -201,6 +201,13 @@ def status(home: Optional[Path] = HomeOption, as_json: bool = JsonOption) -> Non
     render_status(data)
 
 
+def card_summary(card: dict[str, Any]) -> str:
+    """``GPU 0 3.9/4.3 GB free`` / ``CPU 11.2/16.7 GB free``."""
+    label = f"GPU {card.get('index', 0)}" if card.get("kind") == "cuda" else "CPU"
+    free, total = card.get("free_bytes", 0) / 1e9, card.get("total_bytes", 0) / 1e9
+    return f"{label} {free:.1f}/{total:.1f} GB free"
+
+
 def render_status(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -219,7 +226,7 @@ def render_status(data: dict[str, Any]) -> None:
     for column in ("name", "id", "address", "state", "inc", "cards", "last heard"):
         table.add_column(column)
     for m in data["members"]:
-        cards = ", ".join(c.get("name", "?") for c in m.get("cards", [])) or "-"
+        cards = ", ".join(card_summary(c) for c in m.get("cards", [])) or "-"
         heard = m.get("last_heard_s")
         name = m["name"] + (" (this one)" if m.get("self") else "")
         table.add_row(name, m["id"][:8], m["addr"], m["state"], str(m["incarnation"]),

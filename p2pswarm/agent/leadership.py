@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2pswarm.agent")
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
-LEADER_CALL_TIMEOUT_S = 120.0  # a load may stream weights for a while
 
 
 def pack(obj: Any) -> bytes:
@@ -41,6 +40,16 @@ def unpack_body(body: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise ControlError("malformed request body (not a map)")
     return obj
+
+
+def _result(reply: Any, expected: type, who: str) -> Any:
+    """The result a LeaderReply/OrderReply carries, or the SwarmError it reports."""
+    if not isinstance(reply, expected):
+        raise ControlError(f"{who} answered {type(reply).__name__}, not {expected.__name__}")
+    result = msgpack.unpackb(reply.body, raw=False, strict_map_key=False)
+    if not reply.ok:
+        raise_error(result if isinstance(result, dict) else {})
+    return result
 
 
 def _answer(result: Any) -> tuple[bool, bytes]:
@@ -83,14 +92,8 @@ class Leadership:
             if self.agent.membership else None
         if member is None:
             raise PlacementError("the leader is not in this fellow's view yet; try again")
-        reply = await self.agent.call(member.addr, LeaderCall(self.term(), op, pack(body)),
-                                      timeout_s=None)
-        if not isinstance(reply, LeaderReply):
-            raise ControlError(f"the leader answered {type(reply).__name__}, not a reply")
-        result = msgpack.unpackb(reply.body, raw=False, strict_map_key=False)
-        if not reply.ok:
-            raise_error(result if isinstance(result, dict) else {})
-        return result
+        reply = await self.agent.call(member.addr, LeaderCall(self.term(), op, pack(body)))
+        return _result(reply, LeaderReply, "the leader")
 
     async def _on_leader_call(self, msg: LeaderCall, stream: SecureStream) -> LeaderReply:
         try:
@@ -114,12 +117,7 @@ class Leadership:
         if addr == self.agent.addr:
             return await self._run_order(self.term(), op, body)
         reply = await self.agent.call(addr, Order(self.term(), op, pack(body)))
-        if not isinstance(reply, OrderReply):
-            raise ControlError(f"{addr} answered {type(reply).__name__} to an order")
-        result = msgpack.unpackb(reply.body, raw=False, strict_map_key=False)
-        if not reply.ok:
-            raise_error(result if isinstance(result, dict) else {})
-        return result
+        return _result(reply, OrderReply, addr)
 
     async def _on_order(self, msg: Order, stream: SecureStream) -> OrderReply:
         try:
