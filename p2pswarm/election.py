@@ -188,6 +188,11 @@ class Election:
     def status(self) -> ElectionStatus:
         sees, total = self.present(), self.electorate()
         name = None
+        if self.leader is not None and 2 * sees <= total and self.role != LEADER_ROLE:
+            # A leader cannot hold its lease on a side that is a minority: whatever it
+            # last said, this side has no leader (it steps down, and says so, too).
+            sentence = f"no leader: this side sees {sees} of {total} fellows"
+            return ElectionStatus(None, None, self.term, self.role, sees, total, sentence)
         if self.leader is not None:
             m = self._members.get(self.leader)
             name = m.name if m is not None else self.leader.hex()[:8]
@@ -537,6 +542,10 @@ class Election:
             if self._minority_since is None:
                 self._minority_since = now
             elif now - self._minority_since >= self.config.leader_lease_s:
+                # Tell this side, so it reports "no leader" too; the electorate stays.
+                msg = StepDown(self.term, self.node_id, total)
+                for m in self._present_others():
+                    out.append(SendDatagram(m.addr, (msg,)))
                 self._become_follower(now, out, f"this side sees {sees} of {total} fellows")
                 self.leader = None
                 self._reconsider(now)
