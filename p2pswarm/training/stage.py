@@ -1,0 +1,182 @@
+"""One stage of a pipeline, trained: forward and backward per micro-batch, its own optimizer.
+
+The first stage takes token ids (B, T); the others take hidden states (B, T, hidden)
+from the stage before. Every stage but the last returns hidden states for the next; the
+last computes the mean cross-entropy of its micro-batch against the targets. ``backward``
+takes the gradient of the stage's output (the last stage starts from its loss) and
+returns the gradient of its input for the stage before. Tensors in and out are plain
+CPU-or-device tensors; the network layer carries them with ``runtime.encode_tensor``.
+
+A stage keeps, per micro-batch in flight, its input and output with their autograd
+graph until the backward; the schedule bounds how many are in flight.
+
+Tied embeddings across a cut: when the head shares the embedding's weight and the two
+sit on different stages, each stage holds a copy. After the backwards, the pipeline adds
+the two gradients (``tied_grad``/``set_tied_grad``) so both copies take the same step
+and stay equal, as Megatron-LM does; the sum is counted once in the global grad norm.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from p2pswarm.errors import RemoteProtocolError
+from p2pswarm.models.llama import StageModel
+from p2pswarm.training.job import OptimizerConfig
+
+
+class TrainStage:
+    def __init__(self, model: StageModel, optimizer: OptimizerConfig) -> None:
+        self.model = model
+        self.config = model.config
+        self.is_first = model.is_first
+        self.is_last = model.is_last
+        self.start_layer = model.start_layer
+        self.end_layer = model.end_layer
+        self.optimizer_config = optimizer
+        self.named_trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        # the tied copy is this stage's only when the other end lives on another stage
+        self.tied_name: str | None = None
+        if self.config.tie_word_embeddings and self.is_first != self.is_last:
+            self.tied_name = "embed_tokens.weight" if self.is_first else "lm_head.weight"
+            if self.tied_name not in dict(self.named_trainable):
+                self.tied_name = None  # frozen (LoRA): nothing to keep in step
+        self.optimizer = _make_optimizer(self.named_trainable, optimizer)
+        self.steps = 0
+        self._inputs: dict[int, torch.Tensor] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+
+    @property
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return [p for _, p in self.named_trainable]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # --- one micro-batch -----------------------------------------------------------------
+
+    def forward(self, micro: int, inputs: torch.Tensor,
+                targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states for the next stage, or on the last stage the micro-batch's mean
+        loss (a detached scalar); keeps what ``backward(micro)`` needs."""
+        if micro in self._outputs:
+            raise RemoteProtocolError("duplicate-micro-batch", f"micro-batch {micro} is in flight")
+        if self.is_first:
+            x = inputs.to(self.device, torch.long)
+        else:
+            x = inputs.detach().to(self.device).requires_grad_(True)
+        out: torch.Tensor = self.model(x)
+        if self.is_last:
+            if targets is None:
+                raise RemoteProtocolError("missing-targets", "the last stage needs targets")
+            out = F.cross_entropy(out.reshape(-1, out.shape[-1]),
+                                  targets.to(self.device, torch.long).reshape(-1))
+        self._inputs[micro] = x
+        self._outputs[micro] = out
+        return out.detach()
+
+    def backward(self, micro: int, grad_output: torch.Tensor | None = None, *,
+                 loss_scale: float = 1.0) -> torch.Tensor | None:
+        """Accumulate this micro-batch's gradients; the gradient for the stage before
+        (None on the first stage)."""
+        try:
+            x, out = self._inputs.pop(micro), self._outputs.pop(micro)
+        except KeyError:
+            raise RemoteProtocolError("unknown-micro-batch",
+                                      f"no forward of micro-batch {micro} to go back through"
+                                      ) from None
+        if self.is_last:
+            torch.autograd.backward(out * loss_scale)
+        else:
+            if grad_output is None:
+                raise RemoteProtocolError("missing-gradient", "a middle stage needs grad_output")
+            torch.autograd.backward(out, grad_output.to(out.device, out.dtype))
+        return None if self.is_first else x.grad
+
+    def drop_in_flight(self) -> None:
+        """Forget micro-batches whose backward will never come (a peer vanished)."""
+        self._inputs.clear()
+        self._outputs.clear()
+
+    # --- the step ------------------------------------------------------------------------
+
+    def tied_grad(self) -> torch.Tensor | None:
+        if self.tied_name is None:
+            return None
+        grad = dict(self.named_trainable)[self.tied_name].grad
+        return grad if grad is not None else None
+
+    def set_tied_grad(self, grad: torch.Tensor) -> None:
+        assert self.tied_name is not None
+        dict(self.named_trainable)[self.tied_name].grad = grad.to(self.device).clone()
+
+    def grad_sq_norm(self) -> float:
+        """Sum of squared gradient elements; a tied head counts on the first stage only."""
+        total = 0.0
+        for name, p in self.named_trainable:
+            if p.grad is None or (self.is_last and name == self.tied_name):
+                continue
+            total += float(p.grad.detach().float().pow(2).sum())
+        return total
+
+    def step(self, lr: float, clip_coef: float = 1.0) -> None:
+        """One optimizer step at ``lr``, gradients first scaled by ``clip_coef``."""
+        if clip_coef != 1.0:
+            for p in self.trainable:
+                if p.grad is not None:
+                    p.grad.mul_(clip_coef)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+
+    # --- state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "start_layer": self.start_layer, "end_layer": self.end_layer, "steps": self.steps,
+            "params": {n: p.detach().cpu().clone() for n, p in self.named_trainable},
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (state["start_layer"], state["end_layer"]) != (self.start_layer, self.end_layer):
+            raise RemoteProtocolError(
+                "stage-mismatch", f"shard of layers [{state['start_layer']}, "
+                f"{state['end_layer']}) given to stage [{self.start_layer}, {self.end_layer})")
+        params = dict(self.named_trainable)
+        if set(state["params"]) != set(params):
+            raise RemoteProtocolError("stage-mismatch", "shard holds other parameters")
+        with torch.no_grad():
+            for name, value in state["params"].items():
+                params[name].copy_(value)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])
+
+
+def clip_coefficient(sq_norms: list[float], max_norm: float) -> float:
+    """torch.nn.utils.clip_grad_norm_'s factor from every stage's squared grad norm."""
+    if max_norm <= 0:
+        return 1.0
+    total = math.sqrt(sum(sq_norms))
+    return min(1.0, max_norm / (total + 1e-6))
+
+
+def _make_optimizer(named: list[tuple[str, torch.nn.Parameter]],
+                    config: OptimizerConfig) -> torch.optim.Optimizer:
+    decay = [p for _, p in named if p.dim() >= 2]
+    no_decay = [p for _, p in named if p.dim() < 2]
+    groups: list[dict[str, Any]] = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    groups = [g for g in groups if g["params"]] or [{"params": [], "weight_decay": 0.0}]
+    if config.name == "sgd":
+        return torch.optim.SGD(groups, lr=0.0, momentum=config.momentum)
+    return torch.optim.AdamW(groups, lr=0.0, betas=config.betas, eps=config.eps)
