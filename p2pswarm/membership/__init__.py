@@ -10,7 +10,17 @@ from p2pswarm.membership.member import LocalNode, Member, MemberState, node_id_o
 from p2pswarm.membership.timing import Tuning, retransmit_limit, suspicion_timeout_s
 
 __all__ = [
-    "Effect", "Event", "SendDatagram", "StreamRequest", "Membership", "meta_signed_bytes",
-    "LocalNode", "Member", "MemberState", "node_id_of", "Tuning", "retransmit_limit",
+    "Effect",
+    "Event",
+    "LocalNode",
+    "Member",
+    "MemberState",
+    "Membership",
+    "SendDatagram",
+    "StreamRequest",
+    "Tuning",
+    "meta_signed_bytes",
+    "node_id_of",
+    "retransmit_limit",
     "suspicion_timeout_s",
 ]

@@ -1,7 +1,10 @@
 """The queue of updates waiting to be piggybacked (memberlist's TransmitLimitedQueue).
 
 One entry per fellow: a newer update about a fellow replaces the older one. Each time an
-update rides on a datagram its count goes up; after the retransmit limit it is dropped.
+update rides on a datagram its count goes up; once it reaches the retransmit limit it
+stops driving gossip rounds but lingers for ``linger_s`` more, riding only where a
+probe or an ack has room anyway: a fellow whose radio was out during the wave still gets
+the news from the next datagram it hears, at no extra datagram.
 The least-sent updates go first, newest first among equals, as many as fit the budget.
 """
 
@@ -27,58 +30,78 @@ def item_bytes(msg: Any) -> int:
 
 
 class _Item:
-    __slots__ = ("msg", "size", "sends", "order")
+    __slots__ = ("msg", "order", "retired_at", "sends", "size")
 
     def __init__(self, msg: Any, size: int, order: int) -> None:
         self.msg = msg
         self.size = size
         self.sends = 0
         self.order = order
+        self.retired_at: float | None = None
 
 
 class BroadcastQueue:
-    __slots__ = ("_items", "_order")
+    __slots__ = ("_active", "_items", "_order", "linger_s")
 
-    def __init__(self) -> None:
+    def __init__(self, linger_s: float = 0.0) -> None:
         self._items: dict[bytes, _Item] = {}
         self._order = 0
+        self._active = 0  # items still below their retransmit limit
+        self.linger_s = linger_s
 
     def __len__(self) -> int:
-        return len(self._items)
+        """Updates still to be sent (lingering ones do not count)."""
+        return self._active
 
     def add(self, key: bytes, msg: Any) -> None:
         self._order += 1
-        self._items.pop(key, None)
+        self.discard(key)
         self._items[key] = _Item(msg, item_bytes(msg), self._order)
+        self._active += 1
 
     def has_fresh(self) -> bool:
         """Whether some update has not been sent at all yet."""
         return any(item.sends == 0 for item in self._items.values())
 
     def discard(self, key: bytes) -> None:
-        self._items.pop(key, None)
+        item = self._items.pop(key, None)
+        if item is not None and item.retired_at is None:
+            self._active -= 1
 
-    def take(self, budget_bytes: int, limit: int) -> list[Any]:
-        """Updates fitting in ``budget_bytes`` of items; each counts as one more send."""
+    def take(self, budget_bytes: int, limit: int, now: float, *,
+             lingering: bool = True) -> list[Any]:
+        """Updates fitting in ``budget_bytes`` of items; each counts as one more send.
+        ``lingering``: fill what room is left with retired updates too."""
         if not self._items or budget_bytes <= 0:
             return []
         chosen: list[Any] = []
-        spent: list[tuple[bytes, _Item]] = []
-        for key, item in sorted(self._items.items(), key=lambda kv: (kv[1].sends, -kv[1].order)):
+        spent: list[_Item] = []
+        expired: list[bytes] = []
+        for key, item in sorted(self._items.items(), key=lambda kv: (
+                kv[1].retired_at is not None, kv[1].sends, -kv[1].order)):
+            if item.retired_at is not None:
+                if now - item.retired_at > self.linger_s:
+                    expired.append(key)
+                    continue
+                if not lingering:
+                    break
             if item.size <= budget_bytes:
                 budget_bytes -= item.size
                 chosen.append(item.msg)
-                spent.append((key, item))
+                spent.append(item)
                 if budget_bytes < 20:
                     break
-        for key, item in spent:
+        for key in expired:
+            del self._items[key]
+        for item in spent:
             item.sends += 1
-            if item.sends >= limit:
-                del self._items[key]
+            if item.sends >= limit and item.retired_at is None:
+                item.retired_at = now
+                self._active -= 1
         return chosen
 
     def messages(self) -> list[Any]:
         return [item.msg for item in self._items.values()]
 
 
-__all__ = ["BroadcastQueue", "item_bytes", "ENVELOPE_BYTES"]
+__all__ = ["ENVELOPE_BYTES", "BroadcastQueue", "item_bytes"]

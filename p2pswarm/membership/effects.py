@@ -13,7 +13,7 @@ The trio agent (or the simulation lab) executes these; the machines never touch 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 # Event kinds (membership)
 JOINED = "joined"  # this node joined the swarm (a seed answered) or founded it
@@ -58,10 +58,26 @@ class Event:
     term: int = 0  # election events: the term
 
 
-Effect = Union[SendDatagram, StreamRequest, Event]
+Effect = SendDatagram | StreamRequest | Event
 
 __all__ = [
-    "SendDatagram", "StreamRequest", "Event", "Effect", "JOINED", "JOIN_RETRY",
-    "MEMBER_JOINED", "SUSPECT", "ALIVE", "DEAD", "LEFT", "REAPED", "METADATA", "UPDATED",
-    "REFUTED", "LEADER", "NO_LEADER", "ELECTED", "STEPPED_DOWN",
+    "ALIVE",
+    "DEAD",
+    "ELECTED",
+    "JOINED",
+    "JOIN_RETRY",
+    "LEADER",
+    "LEFT",
+    "MEMBER_JOINED",
+    "METADATA",
+    "NO_LEADER",
+    "REAPED",
+    "REFUTED",
+    "STEPPED_DOWN",
+    "SUSPECT",
+    "UPDATED",
+    "Effect",
+    "Event",
+    "SendDatagram",
+    "StreamRequest",
 ]

@@ -2,55 +2,62 @@
 
 Theory of operation.
 
-Failure detection. Once per probe interval this node pings one fellow: every second probe
-goes to its successor on a ring ordered by node id (so each fellow is checked at a
-steady pace, not only when a shuffled order happens to reach it), the others walk a
-shuffled round-robin. No ack within the probe timeout: k helpers are asked to ping it
-too (``PingReq``), and a stream ping is tried in parallel. A helper that gets no answer
-sends a ``Nack``, which proves that OUR link works; a probe that got neither an ack nor a
-single nack says nothing about the target (it is our own radio) and raises nothing.
+Failure detection. Once per probe interval this node pings one fellow. Two probes in
+three go to its first and second successors on a ring ordered by node id, so every
+fellow is checked at a steady pace by two fellows that know it well; the third walks a
+shuffled round-robin, so every fellow is also checked by everyone now and then. No ack
+within the probe timeout: k helpers ping it too (``PingReq``) and a stream ping is tried
+in parallel. A helper that gets no answer sends a ``Nack``, which proves that OUR link
+works; a probe that heard neither an ack nor a single nack says nothing about the target
+(our own radio is out), raises nothing, and is repeated. A helper that failed to reach
+the target probes it itself now and then, so a failing fellow soon has several probers;
+a helper that knows the target under a newer incarnation (it refuted) says so at once.
 
 Doubt before suspicion. This node keeps an estimate of how many direct pings miss their
-ack. On a clean network one failed probe makes the target a suspect at once. On a lossy
-one the probe is repeated first, and only a second consecutive failure raises suspicion,
-so a single fade of the target's radio costs one extra probe, not a swarm-wide alarm.
+ack. On a clean network one failed probe makes the target a suspect. On a lossy one the
+target is looked at again at once, and only a second failure raises suspicion.
 
-Suspicion. A suspect's timeout starts long and shrinks (Lifeguard, as memberlist) with
-each confirmation, down to a floor. Two things differ from memberlist, because on WiFi
-the loss sits on the suspect's own radio and every prober fails at the same moment:
-(1) confirmations closer together than the independence gap count once: confirmations
-only mean something if they span more time than a radio fade; (2) the floor itself
-grows with the measured loss, from under a second on a clean network to several seconds
-on a bursty one. Fellows that receive a suspicion probe the suspect themselves with a
-small probability (confirmations without a storm); the accuser and every confirmer keep
-watching it once per interval, pinging it with the suspicion attached (the buddy rule).
+Watching. While a fellow is in doubt or suspected, this node probes it every half
+interval, asking ping and helpers at the same time (a short probe), with the suspicion
+attached to the ping (the buddy rule: the suspect learns it is suspected and refutes).
 
-The dead verdict. When a suspicion times out, only a node with fresh first-hand evidence
-(its own probe of the suspect failed, with nacks, moments ago) and good own health may
-declare it dead; any other node first probes the suspect itself. Others adopt a received
-``Dead`` at once. So a live fellow is declared dead only if it stayed unreachable through
-the whole floor and through a fresh check at the end, i.e. through an outage longer than
-the floor plus a probe.
+Suspicion and the dead verdict. A suspect's timeout starts long and shrinks (Lifeguard,
+as memberlist) with each confirmation, down to a floor; confirmations count only if they
+are further apart than a radio fade (on a lossy network), and a failed probe of our own,
+with nacks from freshly picked helpers, confirms too. On WiFi the loss sits on the
+suspect's own radio, so everybody fails at the same moment and a count of confirmations
+says little; what matters is for how long. So the floor grows with the measured loss
+(under a second when clean, 3 s when lossy) and a verdict needs more than the timer: this
+node's own probes of the suspect must have failed, with nacks, without a success and
+without looking away for long, over a run of at least the floor, the last one just now
+(another watcher's run, reported in its ``Suspect``, extends ours if the two touch).
+A live fellow is therefore declared dead only if it stayed unreachable through every
+probe of a run longer than the floor: a single fade shorter than the floor cannot do it.
+Others adopt a received ``Dead`` at once.
 
 Refutation. A suspected fellow raises its incarnation and says ``Alive``: on the ack of
-the very ping that told it (buddy), by gossip, straight back to whoever sent the news, and
-pushed over a stream to its accuser, so one lost datagram cannot lose the refutation.
+the very ping that told it, by gossip, straight back to whoever sent the news, and pushed
+over a stream to its accuser. A fellow whose probes heard nothing for a while (its radio
+was out) refutes unasked with the first datagram it hears again. Old news about itself
+is answered with its current ``Alive`` rather than a new incarnation.
 
-Local health (Lifeguard LHM). Probes that miss the nacks they were owed and refuting a
-suspicion of ourselves raise a score; successful probes lower it; probe interval and
-timeout are multiplied by score + 1.
+Local health (Lifeguard LHM). Two probes in a row that heard nothing at all, and having
+to refute a suspicion, raise a score; successful probes lower it; probe interval and
+timeout are multiplied by score + 1, and a node with a bad score passes no verdicts.
 
-Dissemination. Updates (``Alive``, ``Suspect``, ``Dead``, ``Left``) wait in a queue,
-one per fellow, and ride on every datagram this node sends, least-sent first, as many as
-fit the datagram budget; a gossip round every gossip interval sends them to a few random
-fellows (and to recently dead ones, which may refute). Each is sent
-``retransmit_mult * ceil(log10(N + 1))`` times.
+Dissemination. Updates (``Alive``, ``Suspect``, ``Dead``, ``Left``) wait in a queue, one
+per fellow, and ride on every datagram this node sends, least-sent first, as many as fit
+the datagram budget; a gossip round every gossip interval sends them to a few random
+fellows (twice as many when news is unsent; now and then a recently dead one, which may
+refute). Each is sent ``retransmit_mult * ceil(log10(N + 1))`` times, then lingers a few
+seconds more where a probe or an ack has room, for whoever missed the wave.
 
 Anti-entropy. Every push-pull interval (longer past 32 fellows) this node sends one random
 fellow the hash of its view over a stream; the same hash ends it. Otherwise the fellow
 answers with one summary line per member, and this node sends the records the other side
-lacks and asks for those it lacks. A join is the same exchange with a seed, asking for
-everything; seeds are retried with exponential backoff until one answers.
+lacks and asks for those it lacks. Now and then the same goes to a fellow held dead (or
+reaped), so both sides of a healed partition find each other again. A join is the same
+exchange with a seed, asking for everything; seeds are retried with backoff.
 
 Metadata. A fellow's metadata is opaque, versioned bytes signed by its owner. Gossip only
 announces the version (in ``Alive``); whoever holds an older one pulls the bytes from the
@@ -67,9 +74,11 @@ import heapq
 import random
 import struct as _struct
 from bisect import bisect_left, bisect_right, insort
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from p2pswarm.config import GossipConfig
+from p2pswarm.errors import AuthenticationError
 from p2pswarm.membership.awareness import Awareness
 from p2pswarm.membership.broadcasts import ENVELOPE_BYTES, BroadcastQueue, item_bytes
 from p2pswarm.membership.effects import (
@@ -89,7 +98,13 @@ from p2pswarm.membership.effects import (
     SendDatagram,
     StreamRequest,
 )
-from p2pswarm.membership.member import STATE_NAMES, LocalNode, Member, node_id_of
+from p2pswarm.membership.member import (
+    STATE_NAMES,
+    LocalNode,
+    Member,
+    MemberState,
+    node_id_of,
+)
 from p2pswarm.membership.timing import (
     Tuning,
     lerp_by_loss,
@@ -143,9 +158,21 @@ def meta_signed_bytes(node_id: bytes, version: int, metadata: bytes) -> bytes:
 
 
 class _Entry:
-    __slots__ = ("node", "name", "addr", "public_key", "priority", "incarnation", "state",
-                 "state_at", "announced_meta", "meta_version", "metadata", "meta_signature",
-                 "last_heard")
+    __slots__ = (
+        "addr",
+        "announced_meta",
+        "incarnation",
+        "last_heard",
+        "meta_signature",
+        "meta_version",
+        "metadata",
+        "name",
+        "node",
+        "priority",
+        "public_key",
+        "state",
+        "state_at",
+    )
 
     def __init__(self, node: bytes, name: str, addr: str, public_key: bytes, priority: int,
                  incarnation: int, state: int, now: float) -> None:
@@ -165,8 +192,21 @@ class _Entry:
 
 
 class _Suspicion:
-    __slots__ = ("incarnation", "start", "sources", "first_source", "counted", "last_count_at",
-                 "deadline", "expired", "min_s", "max_s", "expected")
+    __slots__ = (
+        "counted",
+        "deadline",
+        "expected",
+        "expired",
+        "first_source",
+        "incarnation",
+        "last_count_at",
+        "max_s",
+        "min_s",
+        "reported_at",
+        "reported_since",
+        "sources",
+        "start",
+    )
 
     def __init__(self, incarnation: int, start: float, source: bytes, min_s: float,
                  max_s: float, expected: int) -> None:
@@ -181,11 +221,31 @@ class _Suspicion:
         self.expected = expected
         self.deadline = start + suspicion_timeout_s(0, expected, min_s, max_s)
         self.expired = False
+        # the earliest time since which some fellow reported failing to reach it, and when
+        # that report came: other watchers' runs of failures extend ours if they touch
+        self.reported_since = _INF
+        self.reported_at = _INF
+
+    def report(self, silent_ms: int, now: float) -> None:
+        since = now - silent_ms / 1000.0
+        if silent_ms > 0 and since < self.reported_since:
+            self.reported_since, self.reported_at = since, now
 
 
 class _Probe:
-    __slots__ = ("target", "addr", "seq", "started", "direct_deadline", "final_deadline",
-                 "phase", "direct_ok", "expected_nacks", "nacks", "watch")
+    __slots__ = (
+        "addr",
+        "direct_deadline",
+        "direct_ok",
+        "expected_nacks",
+        "final_deadline",
+        "nacks",
+        "phase",
+        "seq",
+        "started",
+        "target",
+        "watch",
+    )
 
     def __init__(self, target: bytes, addr: str, seq: int, started: float,
                  direct_deadline: float, final_deadline: float) -> None:
@@ -203,7 +263,7 @@ class _Probe:
 
 
 class _Relay:
-    __slots__ = ("requester_addr", "req_seq", "nack_at", "target")
+    __slots__ = ("nack_at", "req_seq", "requester_addr", "target")
 
     def __init__(self, requester_addr: str, req_seq: int, nack_at: float, target: bytes) -> None:
         self.requester_addr = requester_addr
@@ -248,8 +308,10 @@ class Membership:
         self._order_i = 0
         self._probe: _Probe | None = None
         self._probe_count = 0
+        self._ring_turn = 0
         self._next_probe_at = now + rng.random() * config.probe_interval_s
         self._recheck: bytes | None = None
+        self._inconclusive: bytes | None = None  # the last target a probe said nothing of
         self._doubt: dict[bytes, tuple[float, int]] = {}
         self._watch: dict[bytes, float] = {}
         self._confirm: list[bytes] = []
@@ -258,16 +320,19 @@ class Membership:
         self._streak: dict[bytes, tuple[float, float]] = {}
         self._last_rx = now
         self._deaf = False
+        self._clock = now  # the latest `now` we were given
         self._suspicions: dict[bytes, _Suspicion] = {}
         self._relays: dict[int, _Relay] = {}
-        self._queue = BroadcastQueue()
+        self._queue = BroadcastQueue(self.tuning.linger_s)
         self._next_gossip_at = now
         self._next_sync_at = now + config.push_pull_interval_s * (0.5 + rng.random())
+        self._next_reconnect_at = now + self.tuning.reconnect_interval_s * (0.5 + rng.random())
         self._streams: dict[int, tuple[str, str, Any, float]] = {}  # kind, addr, extra, at
         self._next_rid = 0
         self._seq = rng.randrange(_SEQ_MOD)
         self._reaps: list[tuple[float, bytes]] = []
         self._recent_dead: dict[bytes, float] = {}
+        self._lost: dict[bytes, tuple[str, float]] = {}  # reaped dead: (addr, when), to retry
         self._awareness = Awareness(config.awareness_max_multiplier)
         self._silent_probes = 0
         self._loss = self.tuning.loss_prior
@@ -346,7 +411,7 @@ class Membership:
 
     def _self_view(self) -> Member:
         loc = self.local
-        state = "left" if self._leaving else "alive"
+        state: MemberState = "left" if self._leaving else "alive"
         return Member(loc.node_id, loc.name, loc.addr, state, self.incarnation, self.metadata,
                       self.meta_version, self.meta_version, None, 0.0, loc.priority,
                       loc.public_key, is_self=True)
@@ -364,6 +429,7 @@ class Membership:
 
     def join(self, seed_addrs: Iterable[str], now: float) -> list[Effect]:
         """Join through these seeds (retried with backoff); none: found a new swarm."""
+        self._clock = max(self._clock, now)
         seeds = tuple(a for a in seed_addrs if a != self.local.addr)
         out: list[Effect] = []
         self._seeds = seeds
@@ -377,6 +443,7 @@ class Membership:
 
     def leave(self, now: float) -> list[Effect]:
         """Say goodbye: fellows mark this node ``left``, not dead. Keep ticking briefly."""
+        self._clock = max(self._clock, now)
         out: list[Effect] = []
         if self._leaving:
             return out
@@ -393,6 +460,7 @@ class Membership:
 
     def set_metadata(self, metadata: bytes, now: float) -> list[Effect]:
         """Publish new metadata: a new version, announced by gossip, pulled by fellows."""
+        self._clock = max(self._clock, now)
         self.metadata = metadata
         self.meta_version += 1
         self.meta_signature = self._sign_meta()
@@ -403,12 +471,16 @@ class Membership:
                       f"published metadata version {self.meta_version}", self.incarnation,
                       self.node_id)]
 
-    def piggyback(self, budget_bytes: int) -> list[Any]:
-        """Queued updates fitting in ``budget_bytes`` (item bytes, envelope not included)."""
-        return self._queue.take(budget_bytes, self._limit())
+    def piggyback(self, budget_bytes: int, now: float | None = None) -> list[Any]:
+        """Queued updates fitting in ``budget_bytes`` (item bytes, envelope not included),
+        to ride on a datagram the driver sends anyway."""
+        if now is not None:
+            self._clock = max(self._clock, now)
+        return self._queue.take(budget_bytes, self._limit(), self._clock)
 
     def handle(self, message: Any, sender_addr: str, now: float) -> list[Effect]:
         """One message from a datagram, or the reply to one of our stream requests."""
+        self._clock = max(self._clock, now)
         out: list[Effect] = []
         self._received(sender_addr, now, out)
         handler = self._dispatch.get(type(message))
@@ -421,6 +493,7 @@ class Membership:
         """All membership messages of one datagram: news first, then pings, so that the
         ack of a ping carries the refutation of a suspicion that came with it."""
         out: list[Effect] = []
+        self._clock = max(self._clock, now)
         pings = [m for m in messages if type(m) is Ping]
         self._replying_to = sender_addr if pings else None
         self._received(sender_addr, now, out)
@@ -456,6 +529,7 @@ class Membership:
     def handle_stream(self, message: Any, sender_addr: str,
                       now: float) -> tuple[Any | None, list[Effect]]:
         """Answer a stream request from a fellow: (reply or None to close, effects)."""
+        self._clock = max(self._clock, now)
         out: list[Effect] = []
         t = type(message)
         if t is Ping:
@@ -474,8 +548,10 @@ class Membership:
             self._merge_records(message.records, message.source, now, out)
             if message.want_all:
                 records = self._all_records()
-            else:
-                records = tuple(r for r in (self._record(n) for n in message.want) if r)
+            else:  # what was asked for, and always our own (we may have just refuted)
+                wanted = [n for n in message.want if n != self.node_id]
+                records = (self.self_record(),) + tuple(
+                    r for r in (self._record(n) for n in wanted) if r)
             return SyncRecords(self.node_id, records), out
         if t is MetaPull:
             records = tuple(r for r in (self._record(n) for n in message.nodes)
@@ -487,6 +563,7 @@ class Membership:
         return None, out
 
     def stream_failed(self, request_id: int, now: float) -> list[Effect]:
+        self._clock = max(self._clock, now)
         out: list[Effect] = []
         pending = self._streams.pop(request_id, None)
         if request_id in self._join_rids:
@@ -502,14 +579,16 @@ class Membership:
         if not self._leaving:
             p = self._probe
             if p is None:
-                t = min(t, self._next_probe_at)
+                if self._live:
+                    t = min(t, self._next_probe_at)
             else:
                 t = min(t, p.direct_deadline if p.phase == _DIRECT else p.final_deadline)
-            if self._joined:
+            if self._joined and self._live:
                 t = min(t, self._next_sync_at)
+            if self._joined and (len(self._members) > len(self._live) or self._lost):
+                t = min(t, self._next_reconnect_at)
         for r in self._relays.values():
-            if r.nack_at < t:
-                t = r.nack_at
+            t = min(t, r.nack_at)
         for s in self._suspicions.values():
             if not s.expired and s.deadline < t:
                 t = s.deadline
@@ -520,6 +599,7 @@ class Membership:
         return None if t == _INF else t
 
     def tick(self, now: float) -> list[Effect]:
+        self._clock = max(self._clock, now)
         out: list[Effect] = []
         if not self._joined and now >= self._next_join_at:
             self._send_join(now, out)
@@ -541,6 +621,8 @@ class Membership:
                 self._start_probe(now, out)
             if self._joined and now >= self._next_sync_at:
                 self._start_sync(now, out)
+            if self._joined and now >= self._next_reconnect_at:
+                self._reconnect(now, out)
         if len(self._queue) and now >= self._next_gossip_at:
             self._gossip(now, out)
         while self._reaps and self._reaps[0][0] <= now:
@@ -613,7 +695,8 @@ class Membership:
             best, best_at = None, _INF
             for node, last in list(self._watch.items()):
                 e = self._members.get(node)
-                if e is None or e.state != _SUSPECT:
+                if e is None or not (e.state == _SUSPECT or
+                                     e.state == _ALIVE and node in self._doubt):
                     del self._watch[node]
                     continue
                 if now - last >= interval and last < best_at:
@@ -627,22 +710,28 @@ class Membership:
         if not self._live:
             return None
         self._probe_count += 1
-        every = self.tuning.ring_probe_every
-        if every > 0 and self._probe_count % every == 0:
-            successor = self._successor()
+        every = self.tuning.random_probe_every
+        if every > 1 and self._probe_count % every != 0:
+            self._ring_turn += 1
+            successor = self._successor(1 + self._ring_turn % self.tuning.ring_depth)
             if successor is not None:
                 return successor
         return self._round_robin()
 
-    def _successor(self) -> bytes | None:
+    def _successor(self, nth: int = 1) -> bytes | None:
+        """The ``nth`` live fellow after this node on the ring of node ids."""
         ring = self._ring
         n = len(ring)
         i = bisect_right(ring, self.node_id)
+        found = None
         for k in range(n - 1):
             node = ring[(i + k) % n]
             if node in self._live_pos:
-                return node
-        return None
+                found = node
+                nth -= 1
+                if nth == 0:
+                    break
+        return found
 
     def _round_robin(self) -> bytes | None:
         for _ in range(2):
@@ -697,7 +786,8 @@ class Membership:
         if ok:
             self._awareness.apply(-1)
             self._silent_probes = 0
-            self._doubt.pop(target, None)
+            if self._doubt.pop(target, None) is not None:
+                self._watch.pop(target, None)
             self._own_fail.pop(target, None)
             self._streak.pop(target, None)
             if e is not None:
@@ -715,9 +805,14 @@ class Membership:
             self._silent_probes = 0
         if p.expected_nacks > 0 and p.nacks == 0:
             self.stats["probes_inconclusive"] += 1
-            self._recheck = target  # we learned nothing about it: ask again
-            self._next_probe_at = now
+            if self._inconclusive != target:  # we learned nothing about it: ask once more
+                self._inconclusive = target
+                self._recheck = target
+                self._next_probe_at = now
+            else:
+                self._inconclusive = None
             return
+        self._inconclusive = None
         if e is None or e.state not in (_ALIVE, _SUSPECT):
             return
         self._own_fail[target] = now
@@ -734,7 +829,8 @@ class Membership:
             self._count_confirmation(s, now)
             if self.node_id not in s.sources:
                 s.sources[self.node_id] = None
-                msg = Suspect(target, e.incarnation, self.node_id)
+                msg = Suspect(target, e.incarnation, self.node_id,
+                              self._silent_ms(target, now))
                 self._queue.add(target, msg)
                 self.stats["confirmations_sent"] += 1
                 out.append(Event(SUSPECT, target, e.name, "confirmed by this node",
@@ -750,10 +846,14 @@ class Membership:
         if count >= needed:
             self._doubt.pop(target, None)
             self._start_suspicion(target, e.incarnation, self.node_id, first, now, out)
-        else:
+        else:  # look again soon, quickly, before telling anyone
             self._doubt[target] = (first, count)
-            self._recheck = target
+            self._watch[target] = -_INF
             self._next_probe_at = now
+
+    def _silent_ms(self, node: bytes, now: float) -> int:
+        run = self._streak.get(node)
+        return 0 if run is None else min(2**32 - 1, int((now - run[0]) * 1000))
 
     def _relay_failed(self, target: bytes, now: float) -> None:
         """We could not reach a fellow for someone else. One helper in k looks into it
@@ -787,15 +887,18 @@ class Membership:
         return floor, max(floor, top), expected
 
     def _start_suspicion(self, node: bytes, incarnation: int, source: bytes, start: float,
-                         now: float, out: list[Effect]) -> None:
+                         now: float, out: list[Effect], msg: Suspect | None = None) -> None:
         e = self._members[node]
         first_hand = source == self.node_id
         e.state = _SUSPECT
         e.incarnation = incarnation
         e.state_at = now
         lo, hi, expected = self._suspicion_bounds()
-        self._suspicions[node] = _Suspicion(incarnation, start, source, lo, hi, expected)
-        msg = Suspect(node, incarnation, source)
+        self._suspicions[node] = susp = _Suspicion(incarnation, start, source, lo, hi, expected)
+        if msg is None:
+            msg = Suspect(node, incarnation, source, self._silent_ms(node, now))
+        else:
+            susp.report(msg.silent_ms, now)
         self._broadcast(node, msg)
         if first_hand:
             self.stats["suspicions_raised"] += 1
@@ -813,6 +916,7 @@ class Membership:
         if s is None or source in s.sources:
             return
         s.sources[source] = None
+        s.report(msg.silent_ms, now)
         if self._count_confirmation(s, now) and not self._quiet:
             self._queue.add(node, msg)
 
@@ -848,6 +952,8 @@ class Membership:
         if self._own_fail.get(node, -_INF) < now - self.tuning.evidence_fresh_s:
             return False
         first, latest = self._streak.get(node, (now, now))
+        if s.reported_since < first <= s.reported_at + self.tuning.streak_max_gap_s:
+            first = s.reported_since  # another watcher's run of failures joins ours
         if latest - first < s.min_s:  # unreachable at probes at least the floor apart
             return False
         return self._awareness.score <= self.tuning.declare_max_score
@@ -963,10 +1069,10 @@ class Membership:
         self._relays[seq] = _Relay(addr, msg.seq, nack_at, msg.target)
         msgs: list[Any] = [Ping(seq, msg.target, self.node_id)]
         size = _PING_ITEM
-        news = self._news_about(msg.target)
-        if news is not None:
-            msgs.append(news)
-            size += item_bytes(news)
+        about = self._news_about(msg.target)
+        if about is not None:
+            msgs.append(about)
+            size += item_bytes(about)
         self._send(out, msg.target_addr, msgs, size)
 
     def _on_alive(self, msg: Alive, addr: str, now: float, out: list[Effect]) -> None:
@@ -1031,7 +1137,7 @@ class Membership:
             self._confirm_suspicion(node, msg.source, now, msg)
             return
         self._doubt.pop(node, None)
-        self._start_suspicion(node, msg.incarnation, msg.source, now, now, out)
+        self._start_suspicion(node, msg.incarnation, msg.source, now, now, out, msg)
 
     def _on_dead(self, msg: Dead, addr: str, now: float, out: list[Effect]) -> None:
         node = msg.node
@@ -1101,6 +1207,10 @@ class Membership:
         if now < e.state_at + self.config.dead_reap_after_s:
             return
         del self._members[node]
+        if e.state == _DEAD:  # a dead fellow may be alive behind a partition: keep trying
+            self._lost[node] = (e.addr, now)
+            while len(self._lost) > self.tuning.reconnect_max_lost:
+                del self._lost[next(iter(self._lost))]
         i = bisect_left(self._ring, node)
         if i < len(self._ring) and self._ring[i] == node:
             del self._ring[i]
@@ -1173,7 +1283,8 @@ class Membership:
         return retransmit_limit(self.config.retransmit_mult, len(self._members) + 1)
 
     def _send(self, out: list[Effect], addr: str, msgs: list[Any], size: int) -> None:
-        extra = self._queue.take(self._budget - ENVELOPE_BYTES - size, self._limit())
+        extra = self._queue.take(self._budget - ENVELOPE_BYTES - size, self._limit(),
+                                 self._clock)
         if extra:
             msgs.extend(extra)
         out.append(SendDatagram(addr, tuple(msgs)))
@@ -1195,7 +1306,7 @@ class Membership:
         limit = self._limit()
         budget = self._budget - ENVELOPE_BYTES
         for node in targets:
-            msgs = self._queue.take(budget, limit)
+            msgs = self._queue.take(budget, limit, now, lingering=False)
             if not msgs:
                 break
             out.append(SendDatagram(self._members[node].addr, tuple(msgs)))
@@ -1281,6 +1392,24 @@ class Membership:
         out.append(StreamRequest(addr, SyncDigest(self.node_id, self.digest(),
                                                   len(self._members) + 1), rid))
 
+    def _reconnect(self, now: float, out: list[Effect]) -> None:
+        """Anti-entropy with a fellow we hold dead: if it is alive after all (a partition
+        healed), the exchange tells each side about the other, and both converge."""
+        self._next_reconnect_at = now + self.tuning.reconnect_interval_s * (
+            0.75 + 0.5 * self.rng.random())
+        horizon = now - self.tuning.reconnect_for_s
+        for node in [n for n, (_, at) in self._lost.items()
+                     if at < horizon or n in self._members]:
+            del self._lost[node]
+        addrs = [e.addr for e in self._members.values() if e.state == _DEAD]
+        addrs += [addr for addr, _ in self._lost.values()]
+        if not addrs:
+            return
+        addr = addrs[self.rng.randrange(len(addrs))]
+        rid = self._new_rid("sync", addr, None, now)
+        out.append(StreamRequest(addr, SyncDigest(self.node_id, self.digest(),
+                                                  len(self._members) + 1), rid))
+
     def _on_sync_summary(self, msg: SyncSummary, addr: str, now: float,
                          out: list[Effect]) -> None:
         theirs = {s.node: s for s in msg.entries}
@@ -1360,7 +1489,7 @@ class Membership:
         data = meta_signed_bytes(r.node, r.meta_version, r.metadata)
         try:
             ok = self._verify(e.public_key, r.meta_signature, data)
-        except Exception:  # the verifier raises AuthenticationError on a bad signature
+        except AuthenticationError:
             ok = False
         if ok is False:
             self.stats["bad_signatures"] += 1

@@ -50,4 +50,4 @@ class Member:
         return self.state in ("alive", "suspect")
 
 
-__all__ = ["MemberState", "STATE_NAMES", "LocalNode", "Member", "node_id_of"]
+__all__ = ["STATE_NAMES", "LocalNode", "Member", "MemberState", "node_id_of"]

@@ -18,7 +18,8 @@ class Tuning:
     """Tunables beyond ``GossipConfig``; the defaults are the measured ones."""
 
     # Probing
-    ring_probe_every: int = 2  # every n-th probe goes to this node's ring successor
+    random_probe_every: int = 3  # every n-th probe walks the shuffled round-robin; the
+    ring_depth: int = 2  # others go to this node's ring successors, first, second, ... in turn
     nack_after_fraction: float = 0.8  # a helper sends its nack after this much of a timeout
     # Link-quality estimate (fraction of direct pings that missed their ack)
     loss_prior: float = 0.15  # where the estimate starts: cautious until measured
@@ -33,13 +34,17 @@ class Tuning:
     independence_gap_lossy_s: float = 0.4
     confirm_fanout: int = 4  # fellows expected to probe a suspect at once to confirm it
     evidence_fresh_s: float = 1.5  # a dead verdict needs a failed probe of our own this new
-    streak_max_gap_s: float = 1.3  # failed probes further apart do not make one run
+    streak_max_gap_s: float = 1.9  # failed probes further apart do not make one run
     watch_fraction: float = 0.5  # a watched suspect is probed every this much of an interval
     deaf_refute_s: float = 1.0  # heard nothing this long: refute any suspicion unasked
     declare_max_score: int = 2  # no dead verdicts from a node whose own health is worse
     # Dissemination and anti-entropy
+    linger_s: float = 4.0  # sent-out updates still ride where a datagram has room
     fresh_fanout_mult: int = 2  # a gossip round carrying unsent news goes to this many x
     gossip_to_dead_s: float = 30.0  # keep gossiping to a dead fellow this long (it may refute)
+    reconnect_interval_s: float = 10.0  # try anti-entropy with a dead fellow this often
+    reconnect_for_s: float = 24 * 3600.0  # ... even after its tombstone is reaped, this long
+    reconnect_max_lost: int = 256  # reaped fellows remembered for that
     refute_by_stream: bool = True  # push a refutation to its accuser over a stream too
     meta_pull_retry_s: float = 5.0  # how soon a failed metadata pull is tried again
     join_retry_min_s: float = 1.0  # first backoff between join attempts
@@ -74,5 +79,11 @@ def lerp_by_loss(clean: float, lossy: float, loss: float, reference: float) -> f
     return clean + (lossy - clean) * w
 
 
-__all__ = ["Tuning", "retransmit_limit", "suspicion_max_s", "suspicion_timeout_s",
-           "push_pull_interval_s", "lerp_by_loss"]
+__all__ = [
+    "Tuning",
+    "lerp_by_loss",
+    "push_pull_interval_s",
+    "retransmit_limit",
+    "suspicion_max_s",
+    "suspicion_timeout_s",
+]

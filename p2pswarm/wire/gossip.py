@@ -106,6 +106,7 @@ class Suspect:
     node: NodeId
     incarnation: U32
     source: NodeId  # who failed to reach it (distinct sources confirm)
+    silent_ms: U32 = 0  # how long the source has failed to reach it without a break
 
 
 @message(16)
@@ -303,9 +304,36 @@ _ELECTION_TYPES = (LeaderBeat, LeaderCheck, VoteRequest, VoteReply, LeaderIs, Le
                    StepDown, LeaderAck)
 
 __all__ = [
-    "Ping", "Ack", "Nack", "PingReq", "Alive", "Suspect", "Dead", "Left", "MemberSummary",
-    "MemberRecord", "SyncDigest", "SyncSame", "SyncSummary", "SyncRecords", "MetaPull",
-    "MetaPush", "Noted", "LeaderBeat", "LeaderCheck", "VoteRequest", "VoteReply", "LeaderIs",
-    "LeaderQuery", "StepDown", "LeaderAck", "is_election", "STATE_ALIVE", "STATE_SUSPECT", "STATE_DEAD",
-    "STATE_LEFT", "MEMBERSHIP_TAGS", "ELECTION_TAGS",
+    "ELECTION_TAGS",
+    "MEMBERSHIP_TAGS",
+    "STATE_ALIVE",
+    "STATE_DEAD",
+    "STATE_LEFT",
+    "STATE_SUSPECT",
+    "Ack",
+    "Alive",
+    "Dead",
+    "LeaderAck",
+    "LeaderBeat",
+    "LeaderCheck",
+    "LeaderIs",
+    "LeaderQuery",
+    "Left",
+    "MemberRecord",
+    "MemberSummary",
+    "MetaPull",
+    "MetaPush",
+    "Nack",
+    "Noted",
+    "Ping",
+    "PingReq",
+    "StepDown",
+    "Suspect",
+    "SyncDigest",
+    "SyncRecords",
+    "SyncSame",
+    "SyncSummary",
+    "VoteReply",
+    "VoteRequest",
+    "is_election",
 ]

@@ -1,0 +1,1 @@
+"""Simulation: many fellows on simulated networks, in virtual time."""

@@ -1,0 +1,319 @@
+"""The membership machine on its own: formulas, the queue, and hand-driven exchanges."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from p2pswarm.config import GossipConfig
+from p2pswarm.errors import AuthenticationError
+from p2pswarm.membership import (
+    Event,
+    LocalNode,
+    Membership,
+    SendDatagram,
+    StreamRequest,
+    node_id_of,
+    retransmit_limit,
+    suspicion_timeout_s,
+)
+from p2pswarm.membership.awareness import Awareness
+from p2pswarm.membership.broadcasts import BroadcastQueue
+from p2pswarm.membership.timing import push_pull_interval_s, suspicion_max_s
+from p2pswarm.sim.gossip_lab import fake_sign_for, fake_verify
+from p2pswarm.wire import gossip as g
+
+# --- formulas ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mult", "n", "limit"), [
+    (4, 1, 4), (4, 9, 4), (4, 10, 8), (4, 99, 8), (4, 100, 12), (5, 1000, 20), (3, 5, 3),
+])
+def test_retransmit_limit_grows_with_log_n(mult: int, n: int, limit: int) -> None:
+    assert retransmit_limit(mult, n) == limit
+
+
+@pytest.mark.parametrize(("confirmations", "expected_s"), [
+    (0, 8.0), (1, 8.0 - 7.0 * math.log(2) / math.log(3)), (2, 1.0), (5, 1.0),
+])
+def test_suspicion_timeout_shrinks_logarithmically(confirmations: int,
+                                                   expected_s: float) -> None:
+    assert suspicion_timeout_s(confirmations, 2, 1.0, 8.0) == pytest.approx(expected_s)
+
+
+def test_suspicion_max_and_push_pull_scale() -> None:
+    assert suspicion_max_s(4.0, 100, 1.0) == pytest.approx(8.0)
+    assert suspicion_max_s(4.0, 3, 1.0) == pytest.approx(4.0)  # log10(max(N, 10))
+    assert push_pull_interval_s(30.0, 32) == 30.0
+    assert push_pull_interval_s(30.0, 100) == 90.0
+    assert suspicion_timeout_s(3, 0, 2.0, 9.0) == 2.0  # too few fellows to confirm
+
+
+def test_awareness_is_bounded_and_scales() -> None:
+    a = Awareness(8)
+    for _ in range(20):
+        a.apply(1)
+    assert a.score == 7 and a.scale(0.5) == 4.0
+    for _ in range(20):
+        a.apply(-1)
+    assert a.score == 0 and a.scale(0.5) == 0.5
+
+
+def test_broadcast_queue_replaces_limits_and_lingers() -> None:
+    q = BroadcastQueue(linger_s=2.0)
+    q.add(b"a", g.Left(b"a" * 16, 1))
+    q.add(b"a", g.Left(b"a" * 16, 2))  # newer news about the same fellow replaces
+    q.add(b"b", g.Left(b"b" * 16, 1))
+    assert len(q) == 2
+    first = q.take(1000, limit=2, now=0.0)
+    assert [m.incarnation for m in first] == [1, 2]  # newest first among the least sent
+    q.take(1000, limit=2, now=0.0)
+    assert len(q) == 0  # both reached the limit: no more gossip rounds for them
+    assert q.take(1000, limit=2, now=0.0, lingering=False) == []
+    assert len(q.take(1000, limit=2, now=1.0)) == 2  # but they still ride along
+    assert q.take(1000, limit=2, now=3.5) == []  # until they expire
+    q.add(b"c", g.Left(b"c" * 16, 1))
+    assert q.take(5, limit=2, now=4.0) == []  # nothing fits
+
+
+# --- hand-driven machines ----------------------------------------------------------------
+
+
+def make(i: int, *, config: GossipConfig | None = None, metadata: bytes = b"") -> Membership:
+    key = bytes([i + 1]) * 32
+    local = LocalNode(node_id_of(key), f"n{i}", f"10.0.0.{i + 1}:7946", key)
+    return Membership(local, config or GossipConfig(), random.Random(i),
+                      sign=fake_sign_for(key), verify=fake_verify, metadata=metadata)
+
+
+def sends(effects: list) -> list[SendDatagram]:
+    return [e for e in effects if isinstance(e, SendDatagram)]
+
+
+def kinds(effects: list) -> list[str]:
+    return [e.kind for e in effects if isinstance(e, Event)]
+
+
+def joined_pair() -> tuple[Membership, Membership]:
+    a, b = make(0), make(1)
+    a.join((), 0.0)
+    (req,) = [e for e in b.join((a.local.addr,), 0.0) if isinstance(e, StreamRequest)]
+    reply, effects = a.handle_stream(req.message, b.local.addr, 0.0)
+    assert "member-joined" in kinds(effects)
+    assert "joined" in kinds(b.handle_reply(req.request_id, reply, 0.0))
+    return a, b
+
+
+def test_join_through_a_seed_exchanges_full_state() -> None:
+    a, b = joined_pair()
+    assert [m.name for m in a.members()] == sorted(["n0", "n1"], key=lambda n: {
+        "n0": a.node_id, "n1": b.node_id}[n])
+    assert b.member(a.node_id).state == "alive" and a.member(b.node_id).state == "alive"
+    assert a.digest() == b.digest()
+
+
+def test_join_retries_with_backoff_while_no_seed_answers() -> None:
+    b = make(1)
+    (req,) = [e for e in b.join(("10.9.9.9:7946",), 0.0) if isinstance(e, StreamRequest)]
+    assert "join-retry" in kinds(b.stream_failed(req.request_id, 5.0))
+    assert b.next_deadline() == pytest.approx(6.0)  # 1 s, then 2, 4, ... capped
+    (again,) = [e for e in b.tick(6.0) if isinstance(e, StreamRequest)]
+    b.stream_failed(again.request_id, 11.0)
+    assert b.next_deadline() == pytest.approx(13.0)
+
+
+def test_ping_is_acked_with_news_riding_along() -> None:
+    a, b = joined_pair()
+    (out,) = sends(a.handle_datagram([g.Ping(7, a.node_id, b.node_id)], b.local.addr, 1.0))
+    assert out.addr == b.local.addr and out.messages[0] == g.Ack(7)
+    assert sends(a.handle_datagram([g.Ping(8, b"x" * 16, b.node_id)], b.local.addr, 1.0)) == []
+
+
+def test_a_suspected_node_refutes_on_the_ack_itself() -> None:
+    a, b = joined_pair()
+    effects = a.handle_datagram([g.Ping(9, a.node_id, b.node_id),
+                                 g.Suspect(a.node_id, 0, b.node_id)], b.local.addr, 2.0)
+    assert a.incarnation == 1 and "refuted" in kinds(effects)
+    (ack,) = [s for s in sends(effects) if s.messages[0] == g.Ack(9)]
+    assert any(isinstance(m, g.Alive) and m.incarnation == 1 for m in ack.messages)
+    assert any(isinstance(e, StreamRequest) and isinstance(e.message, g.Alive)
+               for e in effects)  # and pushes it to its accuser over a stream
+
+
+def test_old_news_about_us_is_answered_not_refuted_again() -> None:
+    a, b = joined_pair()
+    a.handle(g.Suspect(a.node_id, 0, b.node_id), b.local.addr, 2.0)
+    assert a.incarnation == 1
+    effects = a.handle(g.Dead(a.node_id, 0, b.node_id), b.local.addr, 3.0)
+    assert a.incarnation == 1  # no new incarnation for stale news...
+    (reply,) = sends(effects)  # ...but the sender is told the current one
+    assert reply.messages == (a._alive_msg(),)
+
+
+def test_suspicion_refutation_and_incarnation_rules() -> None:
+    a, b = joined_pair()
+    bid = b.node_id
+    assert "suspect" in kinds(a.handle(g.Suspect(bid, 0, b"q" * 16), "x:1", 1.0))
+    a.handle(g.Alive(bid, 0, "n1", b.local.addr, b.local.public_key, 0), "x:1", 1.1)
+    assert a.member(bid).state == "suspect"  # same incarnation does not refute
+    assert "alive" in kinds(a.handle(g.Alive(bid, 1, "n1", b.local.addr, b.local.public_key, 0),
+                                     "x:1", 1.2))
+    assert a.member(bid).state == "alive"
+    a.handle(g.Dead(bid, 0, b"q" * 16), "x:1", 1.3)
+    assert a.member(bid).state == "alive"  # older incarnation: ignored
+    assert "dead" in kinds(a.handle(g.Dead(bid, 1, b"q" * 16), "x:1", 1.4))
+    a.handle(g.Suspect(bid, 1, b"q" * 16), "x:1", 1.5)
+    assert a.member(bid).state == "dead"  # a dead fellow is not merely suspect
+    assert "alive" in kinds(a.handle(g.Alive(bid, 2, "n1", b.local.addr, b.local.public_key, 0),
+                                     "x:1", 1.6))
+
+
+def test_leave_is_left_not_dead_and_reaped_later() -> None:
+    a, b = joined_pair()
+    effects = b.leave(5.0)
+    (left,) = {s.messages for s in sends(effects)}
+    assert "left" in kinds(a.handle(left[0], b.local.addr, 5.0))
+    assert a.member(b.node_id).state == "left"
+    a.handle(g.Dead(b.node_id, 0, b"q" * 16), "x:1", 6.0)
+    assert a.member(b.node_id).state == "left"
+    assert "reaped" in kinds(a.tick(5.0 + GossipConfig().dead_reap_after_s))
+    assert a.member(b.node_id) is None
+
+
+def test_an_alive_whose_key_does_not_match_its_id_is_dropped() -> None:
+    a = make(0)
+    a.join((), 0.0)
+    a.handle(g.Alive(b"f" * 16, 1, "fake", "10.0.0.9:7946", b"k" * 32, 0), "x:1", 0.0)
+    assert a.member(b"f" * 16) is None and a.counters()["bad_bindings"] == 1
+
+
+def test_a_restarted_node_rejoins_with_a_higher_incarnation() -> None:
+    a, b = joined_pair()
+    a.handle(g.Dead(b.node_id, 3, a.node_id), "x:1", 1.0)
+    b2 = make(1)  # same identity, fresh process, incarnation 0
+    (req,) = [e for e in b2.join((a.local.addr,), 2.0) if isinstance(e, StreamRequest)]
+    reply, _ = a.handle_stream(req.message, b2.local.addr, 2.0)
+    effects = b2.handle_reply(req.request_id, reply, 2.0)
+    assert b2.incarnation == 4 and "refuted" in kinds(effects)
+    alive = b2._alive_msg()
+    assert "alive" in kinds(a.handle(alive, b2.local.addr, 2.1))
+    assert a.member(b.node_id).incarnation == 4
+
+
+def test_failed_probe_with_nacks_raises_suspicion_on_a_clean_link() -> None:
+    a, b = joined_pair()
+    c = make(2)
+    t = 0.0
+    for _ in range(200):  # a clean history: every ping answered, helpers relay
+        t = a.next_deadline()
+        for s in sends(a.tick(t)):
+            first = s.messages[0]
+            if isinstance(first, g.Ping):
+                a.handle(g.Ack(first.seq), s.addr, t + 0.01)
+        if t > 40.0:
+            break
+    assert a.loss_estimate < 0.05
+    a.handle(c._alive_msg(), c.local.addr, t)
+    for _ in range(50):  # now b stops answering; c (the only helper) still works
+        t = a.next_deadline()
+        effects = a.tick(t)
+        for s in sends(effects):
+            first = s.messages[0]
+            if isinstance(first, g.Ping) and first.target == c.node_id:
+                a.handle(g.Ack(first.seq), c.local.addr, t + 0.01)
+            if isinstance(first, g.PingReq) and s.addr == c.local.addr:
+                assert any(isinstance(e, StreamRequest) for e in effects)  # stream fallback
+                effects = a.handle(g.Nack(first.seq), c.local.addr, t + 0.4)
+                assert "suspect" in kinds(effects)
+                assert a.member(b.node_id).state == "suspect"
+                return
+    raise AssertionError("b was never probed")
+
+
+def test_a_probe_that_hears_nothing_at_all_blames_ourselves() -> None:
+    a, b = joined_pair()
+    c = make(2)
+    a.handle(c._alive_msg(), c.local.addr, 0.0)
+    t = 0.0
+    for _ in range(10):  # acks and nacks never come back
+        t = a.next_deadline()
+        a.tick(t)
+    assert a.member(b.node_id).state == "alive" and a.member(c.node_id).state == "alive"
+    assert a.counters()["probes_inconclusive"] >= 2 and a.health_score > 0
+
+
+def ed25519() -> tuple[Ed25519PrivateKey, bytes]:
+    private = Ed25519PrivateKey.generate()
+    return private, private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def ed_verify(public_key: bytes, signature: bytes, data: bytes) -> None:
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, data)
+    except Exception as exc:
+        raise AuthenticationError("bad-signature") from exc
+
+
+def test_metadata_is_signed_pulled_and_newer_wins() -> None:
+    keys = [ed25519(), ed25519()]
+    nodes = []
+    for i, (private, public) in enumerate(keys):
+        local = LocalNode(node_id_of(public), f"n{i}", f"10.0.0.{i + 1}:7946", public)
+        nodes.append(Membership(local, GossipConfig(), random.Random(i), sign=private.sign,
+                                verify=ed_verify, metadata=b"cards v1" if i else b""))
+    a, b = nodes
+    a.join((), 0.0)
+    (req,) = [e for e in b.join((a.local.addr,), 0.0) if isinstance(e, StreamRequest)]
+    reply, _ = a.handle_stream(req.message, b.local.addr, 0.0)
+    b.handle_reply(req.request_id, reply, 0.0)
+    assert a.member(b.node_id).metadata == b"cards v1"  # came with the join
+    b.set_metadata(b"cards v2", 1.0)
+    effects = a.handle(b._alive_msg(), b.local.addr, 1.0)  # announced: version 2
+    (pull,) = [e for e in effects if isinstance(e, StreamRequest)]
+    assert pull.addr == b.local.addr and isinstance(pull.message, g.MetaPull)
+    answer, _ = b.handle_stream(pull.message, a.local.addr, 1.0)
+    assert "metadata" in kinds(a.handle_reply(pull.request_id, answer, 1.1))
+    assert a.member(b.node_id).metadata == b"cards v2"
+    v1 = req.message.records[0]  # b's own record as it joined: version 1, signed
+    assert v1.meta_version == 1
+    a.handle(g.MetaPush((v1,)), b.local.addr, 2.0)
+    assert a.member(b.node_id).metadata == b"cards v2"  # an old version never wins
+    forged = dataclasses.replace(v1, meta_version=9, metadata=b"evil")
+    a.handle(g.MetaPush((forged,)), b.local.addr, 2.0)
+    assert a.member(b.node_id).metadata == b"cards v2"  # nor a forged one
+    assert a.counters()["bad_signatures"] == 1
+
+
+def test_anti_entropy_sends_only_what_differs() -> None:
+    a, b = joined_pair()
+    (req,) = [e for e in a.tick(100.0) if isinstance(e, StreamRequest)]
+    assert isinstance(req.message, g.SyncDigest)
+    same, _ = b.handle_stream(req.message, a.local.addr, 100.0)
+    assert same == g.SyncSame()  # equal views: one hash each way, nothing else
+    c = make(2)
+    b.handle(c._alive_msg(), c.local.addr, 100.0)  # b learns of c; a does not
+    summary, _ = b.handle_stream(req.message, a.local.addr, 100.0)
+    assert isinstance(summary, g.SyncSummary) and len(summary.entries) == 3
+    (records_req,) = [e for e in a.handle_reply(req.request_id, summary, 100.0)
+                      if isinstance(e, StreamRequest)]
+    assert records_req.message.records == () and records_req.message.want == (c.node_id,)
+    answer, _ = b.handle_stream(records_req.message, a.local.addr, 100.0)
+    a.handle_reply(records_req.request_id, answer, 100.0)
+    assert a.member(c.node_id).state == "alive" and a.digest() == b.digest()
+
+
+def test_tick_always_makes_progress() -> None:
+    a, _ = joined_pair()
+    t = 0.0
+    for _ in range(500):
+        d = a.next_deadline()
+        assert d is not None and d >= t - 1e-9
+        t = max(t, d)
+        a.tick(t)
+        t += 1e-6
+    assert t > 100.0  # about one wake-up per half second, not a spin
