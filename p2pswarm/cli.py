@@ -246,17 +246,374 @@ def demo(
     keep: bool = typer.Option(False, "--keep", help="Keep the temporary state and logs."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Start a local swarm of fellows as separate processes on loopback, show it, clean up."""
+    """Serve a model no fellow could hold alone: a temporary swarm of fellows as separate
+    processes on loopback loads it across all of them and generates; then it cleans up."""
     from p2pswarm.demo import run_demo
 
     say = (lambda text: typer.echo(text, err=True)) if as_json else typer.echo
+
+    def render_plan(plan: dict[str, Any]) -> None:
+        from rich.console import Console
+
+        from p2pswarm.planner.render import print_plan
+        print_plan(plan, Console())
+
+    def write(text: str) -> None:
+        sys.stdout.write(_printable(text))
+        sys.stdout.flush()
+
     try:
         result = run_demo(say, (lambda data: None) if as_json else render_status,
+                          None if as_json else render_plan, None if as_json else write,
                           fellows=fellows, keep=keep)
     except SwarmError as exc:
         fail(str(exc), EXIT_FAILURE)
     if as_json:
         print_json(result)
+
+
+# --- serving commands (load, loads, unload, generate, chat) ---
+
+_PLAN_HELP_MODEL_SERVE = ("Model directory (config.json and *.safetensors) or built-in name "
+                          "(tiny-llama, small-llama).")
+
+_LOAD_TIMEOUT_S = 600.0  # the most a `load` waits between two words from its agent
+_GENERATE_TIMEOUT_S = 180.0  # ... and a `generate` between two tokens
+
+
+def _serve_message(model: str, context: Optional[int], sequences: int, stages: Optional[int],
+                   weights_dtype: Optional[str], kv_dtype: str, maximize: Optional[str],
+                   exclude: list[str], floor: list[str]) -> tuple[dict[str, Any], Optional[str]]:
+    """The plan request a load sends, and the model's directory when MODEL is one."""
+    from p2pswarm.planner import BUILTIN_MODELS, profile_from_config, read_model_config
+    from p2pswarm.planner import request_from_dict
+
+    request: dict[str, Any] = {
+        "kind": "serve", "stages": stages, "kv_dtype": kv_dtype, "weights_dtype": weights_dtype,
+        "maximize": maximize, "exclude": list(exclude), "floors_bytes": _floors(floor),
+        "context": context, "sequences": sequences,
+    }
+    try:
+        name, config = read_model_config(model)
+        profile_from_config(config, name)
+        request_from_dict(request)
+    except ConfigError as exc:
+        fail(str(exc))
+    path: Optional[str] = None
+    if model not in BUILTIN_MODELS:
+        where = Path(model).expanduser()
+        directory = where if where.is_dir() else where.parent
+        path = str(directory.resolve())
+    return {"model": {"name": name, "config": config}, **request}, path
+
+
+def _stream_agent(home: Optional[Path], message: dict[str, Any], on_event: Any,
+                  timeout_s: float) -> Any:
+    """A streamed request to the local agent; errors become one line and an exit code
+    (except plan-changed, which the caller explains)."""
+    from p2pswarm.control.client import stream as control_stream
+    from p2pswarm.errors import PlanChanged
+
+    try:
+        return control_stream(home_dir(home), message, on_event, timeout_s)
+    except PlanChanged:
+        raise
+    except ConfigError as exc:
+        fail(str(exc))
+    except SwarmError as exc:
+        fail(str(exc), EXIT_FAILURE)
+
+
+class _LoadProgress:
+    """Per-fellow progress of a load: bars on a terminal, a line per step elsewhere."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+        self.console = console
+        self.bars = Progress(TextColumn("{task.description}"), BarColumn(),
+                             DownloadColumn(), TextColumn("{task.fields[phase]}"),
+                             console=console, transient=False) if console.is_terminal else None
+        self.tasks: dict[tuple[int, str], Any] = {}
+        self.said: dict[tuple[int, str], tuple[str, int]] = {}
+
+    def __enter__(self) -> _LoadProgress:
+        if self.bars is not None:
+            self.bars.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bars is not None:
+            self.bars.stop()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        p = event.get("progress")
+        if not isinstance(p, dict):
+            return
+        key = (int(p.get("stage", 0)), str(p.get("fellow", "?")))
+        phase, done, total = str(p.get("phase")), int(p.get("done_bytes", 0)), \
+            int(p.get("total_bytes", 0))
+        if self.bars is not None:
+            if key not in self.tasks:
+                self.tasks[key] = self.bars.add_task(f"stage {key[0]} on {key[1]}",
+                                                     total=total or None, phase=phase)
+            self.bars.update(self.tasks[key], completed=done, total=total or None, phase=phase)
+            return
+        quarter = 4 * done // total if total else 0
+        if self.said.get(key) == (phase, quarter):
+            return
+        self.said[key] = (phase, quarter)
+        words = {"checked": "checked, memory reserved", "loading": "loading",
+                 "fetching": f"fetching weights {done / 1e6:,.1f} / {total / 1e6:,.1f} MB",
+                 "ready": f"ready, {done / 1e6:,.1f} MB allocated "
+                          f"(plan claimed {total / 1e6:,.1f} MB)"}
+        self.console.print(f"  stage {key[0]} on {key[1]}: {words.get(phase, phase)}")
+
+
+def _print_load(record: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    stages = record.get("stages", [])
+    load_s = record.get("load_s")
+    console.print(f"loaded plan [bold]{record['plan_id']}[/] ({record['model'].get('name')}): "
+                  f"{len(stages)} stages" + (f" in {load_s:.1f} s" if load_s else ""))
+    table = Table()
+    for column in ("stage", "fellow", "card", "layers", "allocated", "claimed", "fetched",
+                   "state"):
+        table.add_column(column)
+    for s in stages:
+        a, b = s["layers"]
+        table.add_row(str(s["stage"]), s["fellow"], s.get("card", ""), f"{a}-{b - 1}",
+                      f"{s.get('allocated_bytes', 0) / 1e6:,.1f} MB",
+                      f"{s.get('claim_bytes', 0) / 1e6:,.1f} MB",
+                      f"{s.get('fetched_bytes', 0) / 1e6:,.1f} MB"
+                      if "fetched_bytes" in s else "-", s.get("state", "alive"))
+    console.print(table)
+
+
+def _explain_plan_changed(exc: Any, model: str, as_json: bool) -> NoReturn:
+    if as_json:
+        print_json({"error": "plan-changed", "code": 409, "expected_plan_id":
+                    exc.expected_plan_id, "new_plan_id": exc.new_plan_id,
+                    "changes": exc.changes, "new_plan": exc.new_plan})
+        raise typer.Exit(EXIT_FAILURE)
+    from rich.console import Console
+
+    from p2pswarm.planner.render import print_plan
+
+    typer.echo(f"plan-changed (409): plan {exc.expected_plan_id} no longer holds; the "
+               f"swarm now gives {exc.new_plan_id}. What changed:", err=True)
+    for line in exc.changes or ["the live view differs"]:
+        typer.echo(f"  - {line}", err=True)
+    if isinstance(exc.new_plan, dict):
+        print_plan(exc.new_plan, Console())
+        if exc.new_plan.get("fits"):
+            typer.echo(f"To load the new plan: p2pswarm load {model} --plan-id "
+                       f"{exc.new_plan_id} (with the same options)", err=True)
+    raise typer.Exit(EXIT_FAILURE)
+
+
+@app.command()
+def load(
+    model: str = typer.Argument(..., help=_PLAN_HELP_MODEL_SERVE),
+    show_plan: bool = typer.Option(False, "--plan", help="Print the plan and its plan_id; "
+                                   "load nothing (the same as `p2pswarm plan`)."),
+    plan_id: Optional[str] = typer.Option(None, "--plan-id", help="Load exactly this plan, or "
+                                          "refuse with what changed (plan-changed, 409)."),
+    context: Optional[int] = typer.Option(None, "--context", help="Context tokens per "
+                                          "sequence (default: 4096 or the model's maximum)."),
+    sequences: int = typer.Option(1, "--sequences", help="Sequences decoded together."),
+    stages: Optional[int] = typer.Option(None, "--stages", help="Fix the number of stages."),
+    weights_dtype: Optional[str] = typer.Option(None, "--weights-dtype",
+                                                help="f32, f16, bf16, int8 or int4."),
+    kv_dtype: str = typer.Option("f16", "--kv-dtype", help="f32, f16, bf16 or int8."),
+    maximize: Optional[str] = typer.Option(None, "--maximize", help="speed or context."),
+    exclude: list[str] = typer.Option([], "--exclude", help="Leave a card out: FELLOW:INDEX "
+                                      "or FELLOW:cpu (repeatable)."),
+    floor: list[str] = typer.Option([], "--floor", help="Least free memory a card needs, "
+                                    "per kind: cuda=2GB, cpu=1GB (repeatable)."),
+    home: Optional[Path] = HomeOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Load MODEL across the swarm as planned, all or nothing (--plan-id: exactly that plan)."""
+    from rich.console import Console
+
+    from p2pswarm.errors import PlanChanged
+
+    message, path = _serve_message(model, context, sequences, stages, weights_dtype, kv_dtype,
+                                   maximize, exclude, floor)
+    if show_plan:
+        result = _agent_answer(home, {"op": "plan", "request": message}, "")
+        if as_json:
+            print_json(result)
+        else:
+            from p2pswarm.planner.render import print_plan
+            print_plan(result, Console())
+        if not result.get("fits", False):
+            raise typer.Exit(EXIT_FAILURE)
+        return
+    console = Console(stderr=as_json)
+    try:
+        with _LoadProgress(console) as progress:
+            record = _stream_agent(home, {"op": "load", "request": message, "plan_id": plan_id,
+                                          "path": path}, progress, _LOAD_TIMEOUT_S)
+    except PlanChanged as exc:
+        _explain_plan_changed(exc, model, as_json)
+    if as_json:
+        print_json(record)
+        return
+    _print_load(record, console)
+    console.print("generate with: p2pswarm generate \"Once upon a time\"")
+
+
+@app.command()
+def loads(home: Optional[Path] = HomeOption, as_json: bool = JsonOption) -> None:
+    """Show what is loaded in the swarm: each load's plan_id, model, and where its stages run."""
+    result = _agent_answer(home, {"op": "loads"}, "")
+    records = result.get("loads", [])
+    if as_json:
+        print_json(records)
+        return
+    from rich.console import Console
+
+    console = Console()
+    if not records:
+        console.print("nothing is loaded; load a model with `p2pswarm load MODEL`")
+        return
+    for record in records:
+        _print_load(record, console)
+        if not record.get("complete", True):
+            console.print("[bold red]incomplete:[/] a stage is missing or its fellow is gone; "
+                          f"`p2pswarm unload {record['plan_id']}` and load again")
+
+
+@app.command()
+def unload(
+    plan_id: Optional[str] = typer.Argument(None, help="The load to drop (default: the only one)."),
+    all_loads: bool = typer.Option(False, "--all", help="Unload everything."),
+    home: Optional[Path] = HomeOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Free the stages of a load on every fellow."""
+    result = _agent_answer(home, {"op": "unload", "plan_id": plan_id, "all": all_loads}, "")
+    if as_json:
+        print_json(result)
+        return
+    gone = result.get("unloaded", [])
+    typer.echo(f"unloaded {', '.join(gone)}" if gone else "nothing was loaded")
+
+
+def _printable(text: str) -> str:
+    """Model output is untrusted: no terminal control sequences reach the screen."""
+    return "".join(c if c.isprintable() or c in "\n\t" else "\ufffd" for c in text)
+
+
+def _print_generation_stats(result: dict[str, Any]) -> None:
+    n = len(result.get("token_ids", []))
+    typer.echo(f"\n{n} tokens ({result.get('stop_reason')}); first after "
+               f"{result.get('time_to_first_token_s', 0):.2f} s for {result.get('prompt_tokens')}"
+               f" prompt tokens; then {result.get('decode_tokens_per_s', 0):.1f} tokens/s", err=True)
+    parts = [f"stage {s['stage']} {s['fellow']} (layers {s['layers'][0]}-{s['layers'][1] - 1}) "
+             f"{s['ms_per_token']:.1f} ms" for s in result.get("stages", [])]
+    typer.echo("per token: " + ", ".join(parts)
+               + f", network {result.get('network_ms_per_token', 0):.1f} ms over "
+               f"{result.get('hops')} hops", err=True)
+
+
+def _generate_once(home: Optional[Path], prompt: str, options: dict[str, Any],
+                   as_json: bool) -> dict[str, Any]:
+    def on_event(event: dict[str, Any]) -> None:
+        if not as_json and isinstance(event.get("text"), str):
+            sys.stdout.write(_printable(event["text"]))
+            sys.stdout.flush()
+
+    return _stream_agent(home, {"op": "generate", "prompt": prompt, **options},  # type: ignore[no-any-return]
+                         on_event, _GENERATE_TIMEOUT_S)
+
+
+def _generate_options(max_tokens: int, temperature: float, top_k: int, top_p: float,
+                      seed: int, plan_id: Optional[str]) -> dict[str, Any]:
+    if max_tokens <= 0:
+        fail(f"--max-tokens {max_tokens} must be positive, e.g. --max-tokens 64")
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+        fail("--temperature and --top-k must be >= 0 and --top-p in (0, 1]")
+    return {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k,
+            "top_p": top_p, "seed": seed, "plan_id": plan_id}
+
+
+MaxTokensOption = typer.Option(64, "--max-tokens", help="The most new tokens.")
+TemperatureOption = typer.Option(0.0, "--temperature", help="0: greedy; else sample.")
+TopKOption = typer.Option(0, "--top-k", help="Sample among the k likeliest (0: all).")
+TopPOption = typer.Option(1.0, "--top-p", help="Sample within this probability mass.")
+SeedOption = typer.Option(0, "--seed", help="Seed of the sampler (same seed, same text).")
+PlanIdOption = typer.Option(None, "--plan-id", help="Which load (default: the only one).")
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="The text to continue."),
+    max_tokens: int = MaxTokensOption,
+    temperature: float = TemperatureOption,
+    top_k: int = TopKOption,
+    top_p: float = TopPOption,
+    seed: int = SeedOption,
+    plan_id: Optional[str] = PlanIdOption,
+    home: Optional[Path] = HomeOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Continue PROMPT with the loaded model, streaming tokens; then tokens/s per stage."""
+    options = _generate_options(max_tokens, temperature, top_k, top_p, seed, plan_id)
+    try:
+        result = _generate_once(home, prompt, options, as_json)
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted", err=True)
+        raise typer.Exit(130) from None
+    if as_json:
+        print_json(result)
+        return
+    _print_generation_stats(result)
+
+
+@app.command()
+def chat(
+    max_tokens: int = MaxTokensOption,
+    temperature: float = TemperatureOption,
+    top_k: int = TopKOption,
+    top_p: float = TopPOption,
+    seed: int = SeedOption,
+    plan_id: Optional[str] = PlanIdOption,
+    turns: int = typer.Option(4, "--turns", help="Earlier turns kept in the prompt."),
+    home: Optional[Path] = HomeOption,
+) -> None:
+    """Talk with the loaded model: each line you type is a turn (EOF or Ctrl-D ends)."""
+    options = _generate_options(max_tokens, temperature, top_k, top_p, seed, plan_id)
+    history: list[str] = []
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            typer.echo("> ", nl=False)
+        try:
+            line = sys.stdin.readline()
+        except KeyboardInterrupt:
+            break
+        if not line:
+            break
+        line = line.rstrip("\n")
+        if not line.strip():
+            continue
+        prompt = "".join(history[-turns:]) + f"User: {line}\nAssistant:"
+        try:
+            result = _generate_once(home, prompt, options, False)
+        except KeyboardInterrupt:
+            typer.echo("\ninterrupted", err=True)
+            continue
+        typer.echo("")
+        history.append(f"User: {line}\nAssistant:{result.get('text', '')}\n")
+    if interactive:
+        typer.echo("")
+
+
+# --- end serving commands ---
 
 
 # --- planning commands (plan, bench, cluster) ---
@@ -513,6 +870,132 @@ def cluster_check(path: Path = typer.Argument(..., help="A cluster file."),
 
 
 # --- end planning commands ---
+
+
+# --- simulation commands ---
+
+
+def _sim_progress(enabled: Optional[bool], label: str) -> Any:
+    """A rich progress bar on stderr for one run (virtual seconds), or None."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(),
+                    TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
+                    TimeElapsedColumn(), transient=True,
+                    console=__import__("rich.console").console.Console(stderr=True))
+
+
+def _sim_run(run: Any, bar: Any, label: str) -> Any:
+    if bar is None:
+        return run(None)
+    task = bar.add_task(label, total=1.0)
+
+    def progress(now_s: float, end_s: float) -> None:
+        bar.update(task, completed=now_s, total=end_s)
+
+    try:
+        return run(progress)
+    finally:
+        bar.remove_task(task)
+
+
+@app.command()
+def simulate(
+    scenario: str = typer.Argument(..., help="A scenario file, or a name in "
+                                   "simulations/scenarios/ (e.g. w3, clean, smoke)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed (default: the scenario's); "
+                                       "the same seed replays exactly."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="How many fellows "
+                                        "(default: the scenario's)."),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Virtual seconds to "
+                                             "run (default: the scenario's)."),
+    baseline: bool = typer.Option(False, "--baseline", help="Also run memberlist's LAN "
+                                  "defaults and report both side by side."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write result.json, report.md "
+                                       "and PNG plots into this directory."),
+    real: bool = typer.Option(False, "--real", help="Run real agent processes in network "
+                              "namespaces (root, Linux), then the same scenario in virtual "
+                              "time, and compare detection times."),
+    plant: Optional[str] = typer.Option(None, "--plant", help="Plant a known bug "
+                                        "(never-refutes) to see the oracle catch it."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress",
+                                            help="Progress bar (default: on a terminal)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Run a WiFi-dropout scenario on real agents in virtual time, judge it against the
+    truth, and report (exit 1 if the oracle finds a failure)."""
+    from p2pswarm.sim.harness import run_scenario, variant_for
+    from p2pswarm.sim.metrics import ks_two_sample
+    from p2pswarm.sim.report import markdown, public, to_json, write_reports
+    from p2pswarm.sim.scenario import load_scenario
+
+    try:
+        chosen = load_scenario(scenario).with_overrides(nodes=nodes, duration_s=duration,
+                                                        seed=seed)
+        variant_for(chosen, "ours", plant)
+        if real:
+            from p2pswarm.sim.netns import MAX_FELLOWS, missing_requirements
+            why = missing_requirements()
+            if why is not None:
+                fail(why)
+            if chosen.nodes > MAX_FELLOWS:
+                fail(f"real mode runs at most {MAX_FELLOWS} fellows; this scenario has "
+                     f"{chosen.nodes} (use --nodes)")
+    except SwarmError as exc:
+        fail(str(exc))
+    bar = _sim_progress(progress, chosen.name)
+    results: list[dict[str, Any]] = []
+    comparison: Optional[dict[str, Any]] = None
+    try:
+        if bar is not None:
+            bar.start()
+        if real:
+            from p2pswarm.sim.netns import run_real
+            results.append(_sim_run(lambda p: run_real(chosen, p), bar, "real"))
+        results.append(_sim_run(lambda p: run_scenario(chosen, "ours", planted=plant,
+                                                       progress=p), bar, "ours"))
+        if baseline:
+            results.append(_sim_run(lambda p: run_scenario(chosen, "baseline",
+                                                           planted=plant, progress=p),
+                                    bar, "baseline"))
+    except KeyboardInterrupt:
+        fail("interrupted", EXIT_FAILURE)
+    except SwarmError as exc:
+        fail(str(exc), EXIT_FAILURE)
+    finally:
+        if bar is not None:
+            bar.stop()
+    if real:
+        comparison = {"detection_ks": ks_two_sample(results[0]["_detect"],
+                                                    results[1]["_detect"])}
+    notes: list[str] = []
+    if out is not None:
+        notes = write_reports(results, out.expanduser())
+    if as_json:
+        doc: Any = [public(r) for r in results] if len(results) > 1 else public(results[0])
+        if comparison is not None:
+            doc = {"runs": doc, "comparison": comparison}
+        typer.echo(to_json(doc))
+    else:
+        typer.echo(markdown(results), nl=False)
+        if comparison is not None:
+            ks = comparison["detection_ks"]
+            typer.echo(f"detection time, real against virtual: two-sample KS D = "
+                       f"{ks['statistic']:.3f}, p = {ks['p_value']:.3g} "
+                       f"(n = {ks['n']}, m = {ks['m']}; {ks['method']})")
+        if out is not None:
+            typer.echo(f"wrote {out}/result.json, report.md and plots")
+    for note in notes:
+        typer.echo(note, err=True)
+    if not all(r["ok"] for r in results):
+        raise typer.Exit(EXIT_FAILURE)
+
+
+# --- end simulation commands ---
 
 
 def main() -> None:

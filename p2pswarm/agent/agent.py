@@ -34,6 +34,7 @@ from p2pswarm import wire
 from p2pswarm.agent.counters import Counters
 from p2pswarm.agent.leadership import Leadership
 from p2pswarm.agent.planning import Planning
+from p2pswarm.agent.serving import Serving
 from p2pswarm.config import SwarmConfig
 from p2pswarm.control.server import serve_control
 from p2pswarm.election import Election
@@ -59,7 +60,9 @@ from p2pswarm.wire.gossip import SyncDigest, SyncRecords
 log = logging.getLogger("p2pswarm.agent")
 
 DatagramHandler = Callable[[Any, bytes, str], None]  # (message, sender node id, sender addr)
-StreamHandler = Callable[[Any, SecureStream], Awaitable[Any]]  # returns the reply message
+# Returns the reply message, or None to end the stream. A handler may instead keep the
+# stream for itself (raw frames, e.g. tensors) and return None when it is done with it.
+StreamHandler = Callable[[Any, SecureStream], Awaitable[Any]]
 ControlHandler = Callable[[dict[str, Any]], Awaitable[Any]]
 
 OUTBOX_DATAGRAMS = 4096  # datagrams waiting for the sender task before new ones are dropped
@@ -119,6 +122,7 @@ class Agent:
         self.events: list[fx.Event] = []  # recent events, newest last (for status)
         self.started_s = 0.0
         self._seen_version = -1
+        self._lost: dict[bytes, str] = {}  # fellows declared dead -> their last address
         self._refused_addrs: set[str] = set()
         self._datagram_handlers: dict[type, DatagramHandler] = {Refusal: self._on_refusal}
         self._stream_handlers: dict[type, StreamHandler] = {Hello: self._on_stream_hello}
@@ -135,6 +139,7 @@ class Agent:
         self.left = False
         self.leadership = Leadership(self)
         self.planning = Planning(self, self.leadership)
+        self.serving = Serving(self, self.leadership)
 
     # --- identity -------------------------------------------------------------------
 
@@ -150,7 +155,14 @@ class Agent:
         self._datagram_handlers[message_type] = handler
 
     def on_stream(self, message_type: type, handler: StreamHandler) -> None:
+        """Answer streams whose first envelope is ``message_type`` (see StreamHandler)."""
         self._stream_handlers[message_type] = handler
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` in the agent's nursery: a service's timer or reporter that
+        ends with the agent. Ignored before the agent runs."""
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
 
     # --- running --------------------------------------------------------------------
 
@@ -174,6 +186,7 @@ class Agent:
             nursery.start_soon(self._receive_datagrams)
             nursery.start_soon(self._send_datagrams)
             nursery.start_soon(self._timer_loop)
+            nursery.start_soon(self._reconnect_loop)
             if self.card_source is not None:
                 nursery.start_soon(self._inventory_loop)
             if self.home is not None:
@@ -223,6 +236,10 @@ class Agent:
         return e.update_members(m.members(), trio.current_time(), joined=m.joined)
 
     def _note(self, event: fx.Event) -> None:
+        if event.kind == fx.DEAD and self.membership is not None:
+            member = self.membership.member(event.node_id)
+            if member is not None:  # remember where it was: after a partition, call again
+                self._lost[event.node_id] = member.addr
         self.events.append(event)
         del self.events[:-100]
         level = _LOGGED_EVENTS.get(event.kind, logging.DEBUG)
@@ -245,6 +262,28 @@ class Agent:
                                  self.election.next_deadline() if self.election else None)
                      if d is not None]
         return min(deadlines, default=math.inf)
+
+    async def _reconnect_loop(self) -> None:
+        """Now and then, sync with a fellow we lost (or a seed, when alone).
+
+        A partition longer than the tombstone time leaves each side with no trace of the
+        other, so gossip alone would never mend it; calling a lost address again does
+        (like Serf's reconnect). Costs one stream per interval while something is lost.
+        """
+        while True:
+            await trio.sleep(self.config.gossip.push_pull_interval_s
+                             * (0.5 + self.rng.random()))
+            if self.membership is None or self.left:
+                continue
+            present = {m.node_id for m in self.membership.members() if m.present}
+            for node_id in [n for n in self._lost if n in present]:
+                del self._lost[node_id]
+            candidates = sorted(set(self._lost.values()))
+            if len(present) <= 1:
+                candidates = sorted(set(candidates) | set(self.seeds))
+            if candidates:
+                addr = self.rng.choice(candidates)
+                self._apply(self.membership.join((addr,), trio.current_time()))
 
     async def _stream_request(self, request: fx.StreamRequest) -> None:
         try:

@@ -4,6 +4,10 @@ A request and a response are each one msgpack map behind a 4-byte big-endian len
 Requests: ``{"op": NAME, ...arguments}``. Responses: ``{"ok": true, "result": ...}`` or
 ``{"ok": false, "error": {"kind": CLASS, "message": TEXT, "data": {...}}}``; the client
 raises the matching SwarmError so the CLI reports it like a local one.
+
+A request with ``"stream": true`` may get any number of ``{"event": {...}}`` messages
+(progress, tokens) before its one final response; without it the agent sends the final
+response alone, so a one-shot client never sees an event.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ def socket_path(home: Path) -> Path:
 def pack(obj: dict[str, Any]) -> bytes:
     body: bytes = msgpack.packb(obj, use_bin_type=True)
     return HEADER.pack(len(body)) + body
+
+
+def is_event(message: dict[str, Any]) -> bool:
+    return "event" in message and "ok" not in message
 
 
 def unpack(body: bytes) -> dict[str, Any]:

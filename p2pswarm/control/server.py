@@ -1,21 +1,53 @@
-"""The agent's side of the control API: a Unix socket (mode 0600) in the state directory."""
+"""The agent's side of the control API: a Unix socket (mode 0600) in the state directory.
+
+A handler that has something to say before its result (load progress, generated tokens)
+calls ``emit(event)``: for a request that asked to stream, the event goes out at once;
+otherwise it is dropped. Handlers find the emitter through a context variable, so the
+ops keep their one-argument signature and a one-shot request costs nothing extra.
+"""
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import math
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import trio
 
-from p2pswarm.control.protocol import HEADER, MAX_MESSAGE_BYTES, error_response, pack, unpack
-from p2pswarm.control.protocol import socket_path
+from p2pswarm.control.protocol import (
+    HEADER,
+    MAX_MESSAGE_BYTES,
+    error_response,
+    pack,
+    socket_path,
+    unpack,
+)
 from p2pswarm.errors import ControlError, SwarmError, TransportError
 
 log = logging.getLogger("p2pswarm.control")
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
+Emit = Callable[[dict[str, Any]], None]
+
+_emitter: contextvars.ContextVar[Emit | None] = contextvars.ContextVar("control_emitter",
+                                                                      default=None)
+
+
+def emit(event: dict[str, Any]) -> None:
+    """Send ``event`` to the client of the request being answered, if it streams."""
+    send = _emitter.get()
+    if send is not None:
+        send(event)
+
+
+def current_emitter() -> Emit | None:
+    """The emitter of the request being answered (to hand to tasks that outlive the
+    context, e.g. a datagram handler), or None when the client does not stream."""
+    return _emitter.get()
 
 
 async def serve_control(home: Path, handle: Handler, *,
@@ -63,18 +95,61 @@ async def _answer(stream: trio.SocketStream, handle: Handler) -> None:
         except (ControlError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("control: dropped a bad request: %s", exc)
             return
-        try:
-            result = await handle(request)
-            response: dict[str, Any] = {"ok": True, "result": result}
-        except SwarmError as exc:
-            response = error_response(exc)
-        except Exception as exc:  # a bug must not take the agent down: report it
-            log.exception("control: %s failed", request.get("op"))
-            response = error_response(exc)
+        if request.get("stream") is True:
+            await _answer_streaming(stream, handle, request)
+            return
+        response = await _respond(handle, request)
         try:
             await stream.send_all(pack(response))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+
+
+async def _respond(handle: Handler, request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return {"ok": True, "result": await handle(request)}
+    except SwarmError as exc:
+        return error_response(exc)
+    except Exception as exc:  # a bug must not take the agent down: report it
+        log.exception("control: %s failed", request.get("op"))
+        return error_response(exc)
+
+
+async def _answer_streaming(stream: trio.SocketStream, handle: Handler,
+                            request: dict[str, Any]) -> None:
+    """Events as the handler emits them, then the response. A client that goes away
+    cancels the handler (a generation stops when its `generate` is interrupted)."""
+    events_in, events_out = trio.open_memory_channel[dict[str, Any]](math.inf)
+
+    def send(event: dict[str, Any]) -> None:
+        try:
+            events_in.send_nowait({"event": event})
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass  # the answer is complete or the client left
+
+    async def write_events(cancel: trio.CancelScope) -> None:
+        async for event in events_out:
+            try:
+                await stream.send_all(pack(event))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                cancel.cancel()
+                return
+
+    response: dict[str, Any] | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(write_events, nursery.cancel_scope)
+        token = _emitter.set(send)
+        try:
+            response = await _respond(handle, request)
+        finally:
+            _emitter.reset(token)
+            events_in.close()
+    if response is None:
+        return  # cancelled: the client is gone
+    try:
+        await stream.send_all(pack(response))
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
 
 
 async def _receive_request(stream: trio.SocketStream) -> dict[str, Any]:

@@ -10,10 +10,15 @@ leave gracefully. Identities and randomness are derived from the seed, so a run 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
+import trio.abc
 
 from p2pswarm.agent import Agent
 from p2pswarm.config import SwarmConfig, local
@@ -45,13 +50,25 @@ class Fellow:
     boots: int = 0
 
 
+def plain_agent(fellow: Fellow, **kwargs: Any) -> Agent:
+    return Agent(**kwargs)
+
+
+AgentFactory = Callable[..., Agent]  # (fellow, **Agent kwargs) -> Agent
+
+
 @dataclass
 class VirtualSwarm:
-    """``n`` fellows; fellow 0 is the seed the others join through."""
+    """``n`` fellows; fellow 0 is the seed the others join through.
+
+    ``agent_factory(fellow, **kwargs)`` builds each agent (default: a plain ``Agent``);
+    the simulation harness passes one that records events or plants a variant.
+    """
 
     n: int
     seed: int = 1
     config: SwarmConfig = field(default_factory=local)
+    agent_factory: AgentFactory = plain_agent
     net: MemoryNetwork = field(init=False)
     fellows: list[Fellow] = field(init=False)
     secret: SwarmSecret = field(init=False)
@@ -83,8 +100,8 @@ class VirtualSwarm:
             seeds = () if i == 0 else (self.fellows[0].addr,)
         self.net.up(fellow.addr)
         fellow.boots += 1
-        agent = Agent(
-            name=fellow.name, transport=self.net.transport(fellow.addr),
+        agent = self.agent_factory(
+            fellow, name=fellow.name, transport=self.net.transport(fellow.addr),
             keyring=Keyring([self.secret]), identity=fellow.identity, config=self.config,
             epoch=fellow.boots, rng=random.Random(int.from_bytes(
                 _seeded_bytes(self.seed, "rng", i, fellow.boots)[:8], "big")),
@@ -128,7 +145,7 @@ class VirtualSwarm:
     def states_seen_by_all(self, i: int) -> set[str]:
         """The states the other live fellows hold for fellow ``i``."""
         target = self.fellows[i].identity.node_id
-        states = set()
+        states: set[str] = set()
         for agent in self.live():
             if agent.node_id == target or agent.membership is None:
                 continue
@@ -154,6 +171,53 @@ class VirtualSwarm:
             if not live_ids <= alive:
                 return False
         return True
+
+
+class JumpClock(trio.abc.Clock):
+    """Virtual time that jumps to the next deadline whenever no task can run.
+
+    What ``trio.testing.MockClock(autojump_threshold=0)`` does, without its helper task
+    and idle bookkeeping: about a quarter faster for a swarm of agents. Only for worlds
+    with no real I/O (a MemoryNetwork); ``trio.testing.wait_all_tasks_blocked`` never
+    fires under it.
+    """
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self._now = start_s
+
+    def start_clock(self) -> None:
+        pass
+
+    def current_time(self) -> float:
+        return self._now
+
+    def deadline_to_sleep_time(self, deadline: float) -> float:
+        if deadline == math.inf:
+            return 86400.0  # nothing scheduled: a deadlock, as under MockClock
+        self._now = max(self._now, deadline)
+        return 0.0
+
+
+@contextmanager
+def seeded_scheduler(seed: int) -> Iterator[None]:
+    """Make trio's order of tasks woken at the same instant a function of ``seed``.
+
+    trio runs each batch of ready tasks in an order drawn from its module generator,
+    unseeded. As its hypothesis plugin does, this switches the scheduler to its
+    deterministic mode (the batch is sorted by task creation order, then shuffled with
+    that generator) and seeds the generator; both are restored on exit.
+    """
+    from trio._core import _run as run_module
+
+    saved_flag = run_module._ALLOW_DETERMINISTIC_SCHEDULING
+    saved_state = run_module._r.getstate()
+    run_module._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
+    run_module._r.seed(seed)
+    try:
+        yield
+    finally:
+        run_module._ALLOW_DETERMINISTIC_SCHEDULING = saved_flag  # type: ignore[misc]
+        run_module._r.setstate(saved_state)
 
 
 class _Started:

@@ -1,0 +1,488 @@
+"""Stage weights between fellows: a manifest with SHA-256 per tensor, a server on the
+fellow that holds the model directory, and a fetcher into a cache in the state directory.
+
+Theory of operation. The fellow where `load` runs holds the model directory. It makes a
+``Manifest``: each tensor's file, byte range, dtype, shape and SHA-256, plus the small
+files a driver needs to tokenize (``tokenizer.json``, ...), keyed by a hash of all that,
+and offers it. The leader passes the manifest in every stage order. A fellow other than
+the source works out which tensors its layers read and fetches exactly those over one
+sealed stream: a ``WeightsRequest``, then per tensor a ``WeightsItem`` header and the raw
+bytes in frames of ``CHUNK_BYTES``. Each tensor is hashed as it arrives and stored under
+its SHA-256 in ``HOME/weights/``; bytes that do not match the manifest are refused and
+never stored (files land by an atomic rename, so the cache holds only verified tensors).
+A stage then loads from the cache through ``CachedTensors``, a tensor source like
+``Checkpoint``, which checks each tensor's hash again as it reads it.
+
+The server hands out only what a manifest it offered names: a fellow cannot ask for an
+arbitrary file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import trio
+
+from p2pswarm import wire
+from p2pswarm.errors import ConfigError, PlacementError, RemoteProtocolError, TransportError
+from p2pswarm.wire.serving import WeightsItem, WeightsRefused, WeightsRequest
+
+if TYPE_CHECKING:
+    import torch
+
+    from p2pswarm.agent.agent import Agent
+    from p2pswarm.models.config import ModelConfig
+    from p2pswarm.transport.secure import SecureStream
+
+CHUNK_BYTES = 8 * 1024 * 1024  # one raw frame of tensor bytes
+HASH_CHUNK_BYTES = 4 * 1024 * 1024
+FETCH_IDLE_TIMEOUT_S = 60.0  # a source that sends nothing this long has failed
+# Small files a driver may need besides the tensors (to tokenize, to know the stops).
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
+               "tokenizer_config.json", "special_tokens_map.json")
+
+T = TypeVar("T")
+Run = Callable[[Callable[[], T]], Awaitable[T]]  # where blocking work runs (a thread, inline)
+OnBytes = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestTensor:
+    name: str
+    file: str  # relative to the model directory
+    dtype: str  # safetensors dtype string
+    shape: tuple[int, ...]
+    offset_bytes: int
+    nbytes: int
+    sha256: str
+
+    def to_list(self) -> list[Any]:
+        return [self.name, self.file, self.dtype, list(self.shape), self.offset_bytes,
+                self.nbytes, self.sha256]
+
+    @staticmethod
+    def from_list(raw: Sequence[Any]) -> ManifestTensor:
+        name, file, dtype, shape, offset, nbytes, sha = raw
+        return ManifestTensor(str(name), str(file), str(dtype), tuple(int(d) for d in shape),
+                              int(offset), int(nbytes), str(sha))
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestFile:
+    name: str
+    nbytes: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What a model directory holds, tensor by tensor, with hashes."""
+
+    key: str  # 16 hex chars over everything below but the path
+    name: str  # the directory's name
+    path: str  # on the source fellow
+    hf_config: dict[str, Any]
+    tensors: tuple[ManifestTensor, ...]
+    files: tuple[ManifestFile, ...]
+
+    def tensor(self, name: str) -> ManifestTensor:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise ConfigError(f"model {self.name} has no tensor {name!r}")
+
+    def stage_tensors(self, start_layer: int, end_layer: int) -> list[ManifestTensor]:
+        """The tensors a stage running layers [start_layer, end_layer) reads."""
+        from p2pswarm.models.checkpoint import stage_tensor_names
+        from p2pswarm.models.config import ModelConfig
+
+        by_name = {t.name: t for t in self.tensors}
+        names = stage_tensor_names(ModelConfig.from_hf(self.hf_config), start_layer, end_layer)
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise ConfigError(f"model {self.name} lacks {', '.join(missing[:3])}")
+        return [by_name[n] for n in names]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "name": self.name, "path": self.path, "config": self.hf_config,
+                "tensors": [t.to_list() for t in self.tensors],
+                "files": [[f.name, f.nbytes, f.sha256] for f in self.files]}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Manifest:
+        try:
+            return Manifest(
+                key=str(data["key"]), name=str(data["name"]), path=str(data["path"]),
+                hf_config=dict(data["config"]),
+                tensors=tuple(ManifestTensor.from_list(t) for t in data["tensors"]),
+                files=tuple(ManifestFile(str(n), int(b), str(s)) for n, b, s in data["files"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"malformed model manifest ({exc})") from None
+
+
+def _manifest_key(hf_config: dict[str, Any], tensors: Sequence[ManifestTensor],
+                  files: Sequence[ManifestFile]) -> str:
+    canon = json.dumps([hf_config, [t.to_list() for t in tensors],
+                        [[f.name, f.nbytes, f.sha256] for f in files]], sort_keys=True)
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build_manifest(model_dir: str | Path) -> Manifest:
+    """Read and hash a model directory (blocking: reads every tensor once)."""
+    from p2pswarm.models.checkpoint import Checkpoint, tensor_sha256
+
+    checkpoint = Checkpoint(model_dir)
+    tensors = []
+    for name in checkpoint.tensor_names():
+        e = checkpoint.entry(name)
+        tensors.append(ManifestTensor(e.name, e.file, e.dtype, e.shape, e.offset_bytes,
+                                      e.nbytes, tensor_sha256(checkpoint, e)))
+    files = []
+    for name in MODEL_FILES:
+        path = checkpoint.model_dir / name
+        if path.is_file():
+            files.append(ManifestFile(name, path.stat().st_size, _file_sha256(path)))
+    return Manifest(_manifest_key(checkpoint.hf_config, tensors, files), checkpoint.name,
+                    str(checkpoint.model_dir.resolve()), checkpoint.hf_config, tuple(tensors),
+                    tuple(files))
+
+
+def directory_fingerprint(model_dir: str | Path) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, mtime) of each file: a manifest made before is reused while it holds."""
+    out = []
+    for path in sorted(Path(model_dir).iterdir()):
+        if path.is_file():
+            st = path.stat()
+            out.append((path.name, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def check_source_files(manifest: Manifest, names: Sequence[str]) -> None:
+    """On the source fellow: the files still hold these tensors where the manifest says."""
+    from p2pswarm.models.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint(manifest.path)
+    for name in names:
+        want = manifest.tensor(name)
+        e = checkpoint.entry(name)
+        if (e.file, e.dtype, e.shape, e.offset_bytes, e.nbytes) != \
+                (want.file, want.dtype, want.shape, want.offset_bytes, want.nbytes):
+            raise ConfigError(f"{manifest.path}: {name} changed since the load began")
+
+
+# --- the cache ---------------------------------------------------------------------------
+
+
+class WeightsCache:
+    """Verified tensors and files by SHA-256 under ``root`` (``HOME/weights``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, sha256: str) -> Path:
+        return self.root / sha256[:2] / sha256
+
+    def has(self, sha256: str, nbytes: int) -> bool:
+        try:
+            return self.path(sha256).stat().st_size == nbytes
+        except OSError:
+            return False
+
+    def held(self) -> list[str]:
+        """Every hash held (for tests and `loads --json`)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.glob("??/*") if len(p.name) == 64)
+
+    def writer(self, sha256: str, nbytes: int) -> CacheWriter:
+        return CacheWriter(self, sha256, nbytes)
+
+    def model_dir(self, manifest: Manifest) -> Path:
+        """A directory holding the manifest's small files under their names (for a
+        tokenizer), made from cached copies; call once they are all cached."""
+        directory = self.root / "models" / manifest.key
+        directory.mkdir(parents=True, exist_ok=True)
+        for f in manifest.files:
+            target = directory / f.name
+            if not target.exists():
+                tmp = directory / f".{f.name}.tmp"
+                tmp.write_bytes(self.path(f.sha256).read_bytes())
+                tmp.replace(target)
+        return directory
+
+
+class CacheWriter:
+    """One incoming tensor: bytes to a temporary file and a running hash; ``commit``
+    renames it into the cache only when every byte came and the hash matches."""
+
+    def __init__(self, cache: WeightsCache, sha256: str, nbytes: int) -> None:
+        self.cache = cache
+        self.sha256 = sha256
+        self.nbytes = nbytes
+        self.received = 0
+        self._digest = hashlib.sha256()
+        final = cache.path(sha256)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".part-")
+        self._file = os.fdopen(fd, "wb")
+        self._tmp = Path(tmp)
+
+    def write(self, chunk: bytes) -> None:
+        self._digest.update(chunk)
+        self._file.write(chunk)
+        self.received += len(chunk)
+
+    def commit(self) -> bool:
+        """True when stored; False (and nothing kept) when the bytes do not match."""
+        self._file.close()
+        if self.received != self.nbytes or self._digest.hexdigest() != self.sha256:
+            self._tmp.unlink(missing_ok=True)
+            return False
+        self._tmp.replace(self.cache.path(self.sha256))
+        return True
+
+    def abort(self) -> None:
+        self._file.close()
+        self._tmp.unlink(missing_ok=True)
+
+
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16",
+                      "BF16": "bfloat16", "I64": "int64", "I32": "int32", "I16": "int16",
+                      "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+class CachedTensors:
+    """A stage's tensors from the cache: a tensor source like ``Checkpoint``."""
+
+    def __init__(self, manifest: Manifest, cache: WeightsCache) -> None:
+        from p2pswarm.models.config import ModelConfig
+
+        self.name = manifest.name
+        self.config: ModelConfig = ModelConfig.from_hf(manifest.hf_config)
+        self._manifest = manifest
+        self._cache = cache
+
+    def read(self, names: Sequence[str],
+             device: torch.device | str) -> Iterator[tuple[str, torch.Tensor]]:
+        import torch
+
+        for name in names:
+            entry = self._manifest.tensor(name)
+            try:
+                data = bytearray(self._cache.path(entry.sha256).read_bytes())
+            except OSError as exc:
+                raise ConfigError(f"cached tensor {name} is unreadable: {exc}") from exc
+            if len(data) != entry.nbytes or hashlib.sha256(data).hexdigest() != entry.sha256:
+                self._cache.path(entry.sha256).unlink(missing_ok=True)
+                raise PlacementError(f"cached tensor {name} no longer matches its SHA-256; "
+                                     "it was dropped, load again to fetch it")
+            dtype = getattr(torch, SAFETENSORS_DTYPES.get(entry.dtype, ""), None)
+            if not isinstance(dtype, torch.dtype):
+                raise ConfigError(f"tensor {name} has dtype {entry.dtype}, which p2pswarm "
+                                  "cannot read")
+            tensor = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+            yield name, tensor.reshape(entry.shape).to(device)
+
+
+# --- serving and fetching ------------------------------------------------------------------
+
+
+class WeightsServer:
+    """Hands out the tensors and files of the manifests this fellow offered."""
+
+    def __init__(self) -> None:
+        self.offers: dict[str, Manifest] = {}
+        self.sent_bytes = 0
+
+    def offer(self, manifest: Manifest) -> None:
+        self.offers[manifest.key] = manifest
+
+    async def serve(self, request: WeightsRequest, stream: SecureStream, run: Run[Any]) -> None:
+        manifest = self.offers.get(request.model_key)
+        if manifest is None:
+            await stream.send_frame(wire.encode(WeightsRefused(
+                f"model {request.model_key} is not offered here")))
+            return
+        tensors = {t.name: t for t in manifest.tensors}
+        files = {f.name: f for f in manifest.files}
+        unknown = [n for n in request.names if n not in tensors and n not in files]
+        if unknown:
+            await stream.send_frame(wire.encode(WeightsRefused(
+                f"model {manifest.name} has no {unknown[0]!r}")))
+            return
+        root = Path(manifest.path)
+        with contextlib.ExitStack() as files_open:
+            fds: dict[str, int] = {}
+            for name in request.names:
+                if name in tensors:
+                    t = tensors[name]
+                    where, offset, nbytes, sha = t.file, t.offset_bytes, t.nbytes, t.sha256
+                else:
+                    f = files[name]
+                    where, offset, nbytes, sha = f.name, 0, f.nbytes, f.sha256
+                if where not in fds:
+                    handle = await run(partial(open, root / where, "rb"))
+                    fds[where] = files_open.enter_context(handle).fileno()
+                fd = fds[where]
+                await stream.send_frame(wire.encode(WeightsItem(name, nbytes, sha)))
+                # read the next chunk while this one is sealed and sent
+                async with _Ahead(run) as ahead:
+                    sizes = [min(CHUNK_BYTES, nbytes - at) for at in range(0, nbytes,
+                                                                          CHUNK_BYTES)]
+                    if sizes:
+                        ahead.start(partial(os.pread, fd, sizes[0], offset))
+                    sent = 0
+                    for i, size in enumerate(sizes):
+                        chunk = await ahead.result()
+                        if i + 1 < len(sizes):
+                            ahead.start(partial(os.pread, fd, sizes[i + 1], offset + sent + size))
+                        if len(chunk) != size:
+                            raise ConfigError(f"{root / where} is truncated at {name}")
+                        await stream.send_frame(chunk)
+                        sent += size
+                        self.sent_bytes += size
+
+
+async def fetch(agent: Agent, addr: str, fellow_id: bytes, fellow_name: str, manifest: Manifest,
+                names: Sequence[str], cache: WeightsCache, run: Run[Any],
+                on_bytes: OnBytes | None = None) -> int:
+    """Fetch ``names`` of ``manifest`` from the fellow at ``addr`` into ``cache``; returns the
+    bytes received. PlacementError names a tensor whose bytes fail their SHA-256."""
+    if not names:
+        return 0
+    by_name: dict[str, tuple[int, str]] = {t.name: (t.nbytes, t.sha256) for t in manifest.tensors}
+    by_name.update({f.name: (f.nbytes, f.sha256) for f in manifest.files})
+    received = 0
+    stream = await agent.open_secure(addr)
+    try:
+        if stream.peer_node_id != fellow_id:
+            raise TransportError(f"{addr} is no longer {fellow_name}")
+        await stream.send_frame(wire.encode(WeightsRequest(manifest.key, tuple(names))))
+        for name in names:
+            nbytes, sha = by_name[name]
+            header = await _next_message(stream, agent, fellow_name)
+            if isinstance(header, WeightsRefused):
+                raise PlacementError(f"{fellow_name} would not send {name}: {header.reason}")
+            if not isinstance(header, WeightsItem) or header.name != name \
+                    or header.nbytes != nbytes or header.sha256 != sha:
+                raise RemoteProtocolError("weights-out-of-order",
+                                          f"{fellow_name} sent something else than {name}")
+            writer = await run(partial(cache.writer, sha, nbytes))
+            try:
+                # hash and write one chunk while the next arrives
+                async with _Ahead(run) as ahead:
+                    arrived = 0
+                    while arrived < nbytes:
+                        with trio.fail_after(FETCH_IDLE_TIMEOUT_S):
+                            chunk = await stream.receive_frame()
+                        if len(chunk) > nbytes - arrived:
+                            raise RemoteProtocolError("weights-overrun",
+                                                      f"{fellow_name} sent too much for {name}")
+                        arrived += len(chunk)
+                        await ahead.result()
+                        ahead.start(partial(writer.write, chunk))
+                        received += len(chunk)
+                        if on_bytes is not None:
+                            on_bytes(len(chunk))
+                    await ahead.result()
+            except BaseException:
+                writer.abort()
+                raise
+            if not await run(writer.commit):
+                raise PlacementError(
+                    f"tensor {name} from {fellow_name} failed its SHA-256 check (expected "
+                    f"{sha[:12]}...): refused, nothing of it kept")
+    except trio.TooSlowError:
+        raise TransportError(f"{fellow_name} stopped sending weights for "
+                             f"{FETCH_IDLE_TIMEOUT_S:g} s") from None
+    finally:
+        await stream.aclose()
+    return received
+
+
+class _Ahead:
+    """At most one blocking job running beside the caller: start it, go on, collect its
+    result (or its exception) later. Keeps a transfer's disk and hashing work overlapped
+    with its network work without an unbounded queue."""
+
+    def __init__(self, run: Run[Any]) -> None:
+        self._run = run
+        self._nursery: trio.Nursery | None = None
+        self._manager: Any = None
+        self._done: trio.Event | None = None
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    async def __aenter__(self) -> _Ahead:
+        self._manager = trio.open_nursery()
+        self._nursery = await self._manager.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if exc_info[0] is not None and self._nursery is not None:
+            self._nursery.cancel_scope.cancel()  # a failed transfer drops its job
+        # the job never raises (it keeps its exception), so this only waits for it; the
+        # caller's own exception goes on as it is, not wrapped in a group
+        await self._manager.__aexit__(None, None, None)
+
+    def start(self, fn: Callable[[], Any]) -> None:
+        assert self._nursery is not None and self._done is None, "one job at a time"
+        done = self._done = trio.Event()
+
+        async def job() -> None:
+            try:
+                self._value = await self._run(fn)
+            except Exception as exc:  # handed to whoever collects the result
+                self._error = exc
+            finally:
+                done.set()
+
+        self._nursery.start_soon(job)
+
+    async def result(self) -> Any:
+        """The running job's result (None when nothing runs); raises its exception."""
+        if self._done is None:
+            return None
+        await self._done.wait()
+        self._done = None
+        value, error, self._value, self._error = self._value, self._error, None, None
+        if error is not None:
+            raise error
+        return value
+
+
+async def _next_message(stream: SecureStream, agent: Agent, fellow_name: str) -> Any:
+    try:
+        with trio.fail_after(FETCH_IDLE_TIMEOUT_S):
+            frame = await stream.receive_frame()
+    except TransportError as exc:
+        raise TransportError(f"{fellow_name} stopped sending weights: {exc}") from exc
+    messages = wire.decode(frame, max_bytes=agent.config.transport.max_frame_bytes)
+    if len(messages) != 1:
+        raise RemoteProtocolError("weights-unexpected", f"{fellow_name} sent {len(messages)} "
+                                  "messages in one frame")
+    return messages[0]
+
+
+__all__ = [
+    "CHUNK_BYTES", "CachedTensors", "Manifest", "ManifestFile", "ManifestTensor",
+    "WeightsCache", "WeightsServer", "build_manifest", "check_source_files",
+    "directory_fingerprint", "fetch",
+]

@@ -1,0 +1,141 @@
+"""Messages of the data plane: sessions through a pipeline, and stage weights (tags 100-149).
+
+A session runs over one sealed stream per hop. The first frame on each is an envelope
+(``SessionOpen`` from the driver or the stage before, ``SessionReturn`` from the last
+stage back to the driver); after it the stream belongs to the session and every frame is
+one message: ``StepInput`` forward, ``StepOutput`` from the last stage to the driver,
+``SessionEnd`` to finish, ``SessionError`` in either direction when a stage fails or loses
+a neighbour. Tensors ride inside these as tensor frames (``p2pswarm.runtime.frame``:
+dtype, shape, raw bytes).
+
+Weights travel differently: a ``WeightsRequest`` names tensors; for each the server sends a
+``WeightsItem`` header and then the tensor's raw bytes as plain frames (no envelope), since
+a stage's weights may be gigabytes and copying them through msgpack would cost as much as
+sending them. ``LoadProgress`` is a best-effort datagram from a loading fellow to the
+fellow whose ``load`` command is waiting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from p2pswarm.wire.codec import message
+from p2pswarm.wire.schema import U16, U32, U64, Addr, Items, Name, Range, Reason, Seconds, Size
+
+Token = Annotated[str, Size(1, 64)]  # session ids, plan ids, load tickets, manifest keys
+TensorName = Annotated[str, Size(1, 256)]
+Sha256Hex = Annotated[str, Size(64, 64)]
+TensorFrame = Annotated[bytes, Size(0, 64 * 1024 * 1024)]
+StageTimes = Annotated[tuple[Seconds, ...], Items(256)]  # compute seconds, one per stage so far
+Phase = Annotated[str, Size(1, 32)]
+
+MAX_TENSORS_PER_REQUEST = 65536
+
+
+@message(100)
+@dataclass(frozen=True, slots=True)
+class WeightsRequest:
+    """Send me these tensors (or small files, e.g. ``tokenizer.json``) of an offered model."""
+
+    model_key: Token  # the manifest key the offering fellow announced
+    names: Annotated[tuple[TensorName, ...], Items(MAX_TENSORS_PER_REQUEST)]
+
+
+@message(101)
+@dataclass(frozen=True, slots=True)
+class WeightsItem:
+    """Header of one tensor; ``nbytes`` of raw frames follow."""
+
+    name: TensorName
+    nbytes: U64
+    sha256: Sha256Hex  # what the manifest says; the receiver checks the bytes against it
+
+
+@message(102)
+@dataclass(frozen=True, slots=True)
+class WeightsRefused:
+    reason: Reason
+
+
+@message(103)
+@dataclass(frozen=True, slots=True)
+class SessionOpen:
+    """Open a session at ``stage`` of load ``plan_id``; the stage opens the next hop."""
+
+    session: Token
+    plan_id: Token
+    stage: U16
+    return_addr: Addr  # where the last stage sends tokens: the driver's agent
+    temperature: Annotated[float, Range(0.0, 100.0)] = 0.0
+    top_k: U32 = 0
+    top_p: Annotated[float, Range(0.0, 1.0)] = 1.0
+    seed: U64 = 0
+    keep_logits: bool = False  # send the logits each token was drawn from (tests, tools)
+
+
+@message(104)
+@dataclass(frozen=True, slots=True)
+class SessionReturn:
+    """The last stage's stream back to the driver, for ``session``."""
+
+    session: Token
+
+
+@message(105)
+@dataclass(frozen=True, slots=True)
+class StepInput:
+    """Token ids (to stage 0) or hidden states (to the others) for positions
+    ``position``..; ``final``: the last chunk of this step, so the last stage samples."""
+
+    step: U32
+    position: U32
+    final: bool
+    stage_s: StageTimes
+    tensor: TensorFrame
+
+
+@message(106)
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """The token the last stage drew for ``step``, and what each stage spent on it."""
+
+    step: U32
+    token: U32
+    stage_s: StageTimes
+    logits: TensorFrame = b""  # float32 (vocab,), only with keep_logits
+
+
+@message(107)
+@dataclass(frozen=True, slots=True)
+class SessionEnd:
+    steps: U32  # steps the driver ran: a check, and a reason for the log
+
+
+@message(108)
+@dataclass(frozen=True, slots=True)
+class SessionError:
+    """A stage failed, or lost a neighbour: names the stage and fellow to blame."""
+
+    stage: U16
+    fellow: Name
+    reason: Reason
+
+
+@message(109)
+@dataclass(frozen=True, slots=True)
+class LoadProgress:
+    """How far one fellow is with its stage of a load (best effort, a datagram)."""
+
+    ticket: Token
+    stage: U16
+    fellow: Name
+    phase: Phase  # "checked" | "fetching" | "loading" | "ready"
+    done_bytes: U64
+    total_bytes: U64
+
+
+__all__ = [
+    "LoadProgress", "SessionEnd", "SessionError", "SessionOpen", "SessionReturn", "StepInput",
+    "StepOutput", "WeightsItem", "WeightsRefused", "WeightsRequest",
+]

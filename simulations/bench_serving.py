@@ -1,0 +1,451 @@
+"""Serving across fellows, measured on this machine: pipeline speed, memory, weights, demo.
+
+1. Decode tokens/s of a three-stage pipeline across three agents on real loopback
+   sockets (sealed TCP streams, one process), and across three `p2pswarm join`
+   processes, each against the same stages chained in one process (``LocalPipeline``),
+   runs alternating, from the median time between two tokens; the added latency per hop
+   is the difference per token over the hops a token crosses (driver -> stage 0 ->
+   stage 1 -> stage 2 -> driver: 4).
+2. The planner's memory claim for each stage on a CPU card (weights, embeddings/head/
+   buffers, KV cache) against what a fresh process lastingly grows by (RSS, freed heap
+   trimmed) when it loads the stage and fills its KV cache with a full-context prefill.
+3. Stage weights streamed from the fellow holding a model directory to one that lacks
+   it, on loopback: sealed, hashed, written to the cache.
+4. The demo (`p2pswarm demo`): time from `load` to the first generated token.
+
+One torch thread per stage everywhere, as on a machine whose cores the fellows share; on
+a machine other processes keep busy the figures are pessimistic.
+
+    python simulations/bench_serving.py [--models tiny-llama small-llama] [--tokens 64]
+                                        [--skip-processes] [--skip-demo] [--json | --markdown]
+"""
+
+from __future__ import annotations
+
+import os
+
+# One torch thread per stage, in every thread: OpenMP reads this once, when torch loads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse
+import itertools
+import json
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from p2pswarm.agent import Agent
+from p2pswarm.agent.node import tune_allocator
+from p2pswarm.agent.weights import WeightsCache, fetch
+from p2pswarm.config import local
+from p2pswarm.inventory import Card, FakeCardSource
+from p2pswarm.planner import BUILTIN_MODELS, cluster_from_dict, plan_message
+from p2pswarm.runtime import Sampler
+from p2pswarm.security import Identity, Keyring, SwarmSecret
+from p2pswarm.transport.udp_tcp import open_udp_tcp_transport
+
+HOPS = 4  # driver -> stage 0 -> stage 1 -> stage 2 -> driver
+RUNS = 5
+RUNTIME_FIELDS = ("dtype", "quant", "quant_group_size", "kv_dtype", "max_context_tokens",
+                  "max_sessions", "prefill_chunk_tokens")
+
+
+def params(model: str) -> str:
+    from p2pswarm.planner import profile_from_config
+
+    n = profile_from_config(BUILTIN_MODELS[model], model).total_params()
+    return f"{n / 1e6:.1f}M"
+
+
+def serve_request(model: str, **extra: Any) -> dict[str, Any]:
+    return {"model": {"name": model, "config": BUILTIN_MODELS[model]}, "stages": 3,
+            "weights_dtype": "f32", "kv_dtype": "f32", "context": 1024, **extra}
+
+
+class Ticks:
+    """When each token came, over several runs: a decode step is the time between two
+    tokens of one run, and the median step is robust to a busy machine's hiccups."""
+
+    def __init__(self) -> None:
+        self.runs: list[list[float]] = []
+
+    def run(self) -> Any:
+        times: list[float] = []
+        self.runs.append(times)
+        return lambda *token: times.append(time.perf_counter())
+
+    def per_s(self) -> float:
+        steps = [b - a for times in self.runs for a, b in itertools.pairwise(times)]
+        return 1.0 / statistics.median(steps)
+
+
+def _on_token_event(tick: Any, event: dict[str, Any]) -> None:
+    if "token" in event:
+        tick()
+
+
+def local_pipeline(plan: dict[str, Any], model: str) -> Any:
+    """The plan's stages chained in this process, warmed up."""
+    from p2pswarm.runtime import LocalPipeline, Stage, StageSpec
+
+    runtime = plan["runtime"]
+    pipeline = LocalPipeline([
+        Stage.from_builtin(model, StageSpec(s["layers"][0], s["layers"][1],
+                                            **{k: runtime[k] for k in RUNTIME_FIELDS}))
+        for s in plan["stages"]])
+    pipeline.generate([1, 2, 3, 4], 4, Sampler.greedy(), stop_token_ids=())
+    return pipeline
+
+
+# --- 1. a pipeline of agents on real loopback sockets ------------------------------------
+
+
+class LoopbackSwarm:
+    """Agents in this process, each on its own UDP+TCP sockets on 127.0.0.1."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.secret = SwarmSecret.generate()
+        self.agents: list[Agent] = []
+
+    async def run(self, body: Any) -> Any:
+        config = local()
+        async with trio.open_nursery() as nursery:
+            transports = []
+            for _ in range(self.n):
+                transports.append(await nursery.start(_transport, config))
+            for i, transport in enumerate(transports):
+                cards = FakeCardSource((Card(index=0, kind="cpu", name="CPU", uuid="",
+                                             total_bytes=16 * 10**9, free_bytes=16 * 10**9),))
+                agent = Agent(name=f"fellow-{i + 1}", transport=transport,
+                              keyring=Keyring([self.secret]), identity=Identity.generate(),
+                              config=config, epoch=time.time_ns() // 1000,
+                              rng=random.Random(i), card_source=cards,
+                              seeds=() if i == 0 else (transports[0].local_addr,))
+                self.agents.append(agent)
+                await nursery.start(agent.run)
+            while not self._ready():
+                await trio.sleep(0.05)
+            result = await body(self)
+            nursery.cancel_scope.cancel()
+        return result
+
+    def _ready(self) -> bool:
+        for agent in self.agents:
+            if agent.leader() is None or agent.membership is None:
+                return False
+            if sum(m.state == "alive" for m in agent.membership.members()) != self.n:
+                return False
+        return True
+
+    def by_name(self, name: str) -> Agent:
+        return next(a for a in self.agents if a.name == name)
+
+
+async def _transport(config: Any, *, task_status: Any) -> None:
+    async with open_udp_tcp_transport("127.0.0.1:0", config.transport) as transport:
+        task_status.started(transport)
+        await trio.sleep_forever()
+
+
+def pipeline_in_process(model: str, tokens: int, prompt: list[int]) -> dict[str, Any]:
+    async def body(swarm: LoopbackSwarm) -> dict[str, Any]:
+        message = serve_request(model)
+        plan = await swarm.agents[0].leadership.ask("plan", message)
+        began = time.perf_counter()
+        await swarm.agents[0].serving.load(message, plan_id=plan["plan_id"])
+        load_s = time.perf_counter() - began
+        driver = swarm.by_name(plan["stages"][0]["fellow"])
+        local = local_pipeline(plan, model)
+        await driver.serving.generate(prompt_ids=prompt[:8], max_tokens=4, stop_token_ids=())
+        swarm_ticks, local_ticks = Ticks(), Ticks()
+        for _ in range(RUNS):  # alternate, so both see the same load on a busy machine
+            await driver.serving.generate(prompt_ids=prompt, max_tokens=tokens,
+                                          stop_token_ids=(), on_token=swarm_ticks.run())
+            await trio.to_thread.run_sync(partial(
+                local.generate, prompt, tokens, Sampler.greedy(), stop_token_ids=(),
+                on_token=local_ticks.run()))
+        await swarm.agents[0].leadership.ask("unload", {})
+        return {"plan": plan, "load_s": load_s, "tokens_per_s": swarm_ticks.per_s(),
+                "local_tokens_per_s": local_ticks.per_s()}
+
+    return trio.run(LoopbackSwarm(3).run, body)
+
+
+def pipeline_in_processes(model: str, tokens: int, prompt_text: str) -> dict[str, Any]:
+    """Three `p2pswarm join` processes, driven through the control API as the CLI does."""
+    from p2pswarm.control.client import request, stream
+    from p2pswarm.demo import local_swarm
+    from p2pswarm.models import ByteTokenizer
+
+    with local_swarm(lambda text: None) as swarm:
+        names = ["fellow-1", "fellow-2", "fellow-3"]
+        seed = swarm.start(names[0], extra=("--log-level", "warning"))
+        for name in names[1:]:
+            swarm.start(name, seeds=(seed,), extra=("--log-level", "warning"))
+        for name in names:
+            swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
+                m["state"] == "alive" for m in s["members"]) == 3, timeout_s=60,
+                what="the swarm")
+        message = serve_request(model, floors_bytes={"cpu": "100MB"})
+        home = swarm.homes[names[0]]
+        plan = request(home, {"op": "plan", "request": message}, timeout_s=30)
+        driver = swarm.homes[plan["stages"][0]["fellow"]]
+        stream(home, {"op": "load", "request": message, "plan_id": plan["plan_id"]},
+               lambda e: None, timeout_s=300)
+        ask = {"op": "generate", "prompt": prompt_text, "max_tokens": tokens,
+               "stop_token_ids": []}
+        request(driver, {**ask, "max_tokens": 4}, timeout_s=120)
+        local = local_pipeline(plan, model)
+        prompt = ByteTokenizer().encode(prompt_text)
+        swarm_ticks, local_ticks = Ticks(), Ticks()
+        for _ in range(RUNS):
+            tick = swarm_ticks.run()
+            stream(driver, ask, partial(_on_token_event, tick), timeout_s=120)
+            local.generate(prompt, tokens, Sampler.greedy(), stop_token_ids=(),
+                           on_token=local_ticks.run())
+        request(home, {"op": "unload"}, timeout_s=60)
+    return {"plan": plan, "tokens_per_s": swarm_ticks.per_s(),
+            "local_tokens_per_s": local_ticks.per_s()}
+
+
+# --- 2. memory claims against a process's growth ------------------------------------------
+
+_MEASURE = r"""
+import ctypes, gc, json, sys, psutil, torch
+torch.set_num_threads(1)
+libc = ctypes.CDLL("libc.so.6")
+def settled_rss():
+    # freed heap goes back to the OS first, so RSS counts what is live (and fragmentation)
+    gc.collect()
+    libc.malloc_trim(0)
+    return process.memory_info().rss
+from p2pswarm.runtime import Stage, StageSpec
+args = json.loads(sys.argv[1])
+process = psutil.Process()
+# torch's one-time costs (kernels, thread pool, allocator) are not the stage's: run a
+# one-layer first and last stage of the same kind through a chunk, and drop them
+warm = dict(args["spec"], max_context_tokens=args["spec"]["prefill_chunk_tokens"])
+n = args["layers"]
+for a, b in ((0, 1), (n - 1, n)):
+    s = Stage.from_builtin(args["model"], StageSpec(**dict(warm, start_layer=a, end_layer=b)))
+    x = [1] * warm["max_context_tokens"] if s.is_first else torch.zeros(
+        warm["max_context_tokens"], s.config.hidden_size, dtype=s.dtype)
+    s.prefill("warm", x)
+    s.unload()
+    del s, x
+before = settled_rss()
+stage = Stage.from_builtin(args["model"], StageSpec(**args["spec"]))
+prompt = [1 + i % 250 for i in range(args["spec"]["max_context_tokens"])]
+x = prompt if stage.is_first else torch.zeros(len(prompt), stage.config.hidden_size,
+                                               dtype=stage.dtype)
+stage.prefill("fill", x)  # the whole context: every page of the KV cache is touched
+del x
+print(json.dumps({"rss_bytes": settled_rss() - before,
+                  "allocated_bytes": stage.allocated_bytes()}))
+"""
+
+
+def memory_rows(model: str, weights: str, kv: str, context: int) -> list[dict[str, Any]]:
+    view = cluster_from_dict({"fellows": [
+        {"id": f"{i:02x}", "name": f"fellow-{i + 1}",
+         "cards": [{"index": 0, "kind": "cpu", "name": "CPU", "total_bytes": "16GB"}]}
+        for i in range(3)]})
+    plan = plan_message(serve_request(model, weights_dtype=weights, kv_dtype=kv,
+                                      context=context), view)
+    runtime = plan["runtime"]
+    cards = {c["fellow_id"]: c for c in plan["cards"] if c["used"]}
+    rows = []
+    for s in plan["stages"]:
+        seg = cards[s["fellow_id"]]["segments"]
+        spec = {"start_layer": s["layers"][0], "end_layer": s["layers"][1],
+                **{k: runtime[k] for k in RUNTIME_FIELDS}}
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        out = subprocess.run([sys.executable, "-c", _MEASURE,
+                              json.dumps({"model": model, "spec": spec,
+                                          "layers": plan["model"]["layers"]})],
+                             capture_output=True, text=True, check=True, env=env)
+        measured = json.loads(out.stdout.strip().splitlines()[-1])
+        claim = seg["weights"] + seg["embeddings_head_buffers"] + seg["kv_cache"]
+        rows.append({"model": model, "weights": weights, "kv": kv, "context": context,
+                     "stage": s["stage"], "layers": s["layers"], "claim_bytes": claim,
+                     "activations_bytes": seg["activations"],
+                     "allocated_bytes": measured["allocated_bytes"],
+                     "rss_bytes": measured["rss_bytes"]})
+    return rows
+
+
+# --- 3. weights streamed between two fellows ----------------------------------------------
+
+
+def weights_throughput(model: str, runs: int = 3) -> dict[str, Any]:
+    from p2pswarm.models import write_builtin_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="p2pswarm-bench-") as tmp:
+        model_dir = write_builtin_checkpoint(model, Path(tmp) / model,
+                                             max_shard_bytes=200_000_000)
+
+        async def body(swarm: LoopbackSwarm) -> list[tuple[int, float]]:
+            source, sink = swarm.agents
+            manifest = await source.serving.offer(str(model_dir))
+            names = [t.name for t in manifest.tensors]
+            out = []
+            for run in range(runs):
+                cache = WeightsCache(Path(tmp) / f"cache-{run}")
+                began = time.perf_counter()
+                received = await fetch(sink, source.addr, source.node_id, source.name,
+                                       manifest, names, cache, sink.serving.run)
+                out.append((received, time.perf_counter() - began))
+            return out
+
+        results = trio.run(LoopbackSwarm(2).run, body)
+    best = max(results, key=lambda r: r[0] / r[1])
+    return {"bytes": best[0], "seconds": best[1], "mb_per_s": best[0] / best[1] / 1e6}
+
+
+def weights_in_a_load(model: str) -> dict[str, Any]:
+    """A real `load` of a model directory across two `join` processes: the fellow without
+    the files fetches its stage from the one that has them."""
+    from p2pswarm.control.client import request, stream
+    from p2pswarm.demo import local_swarm
+    from p2pswarm.models import write_builtin_checkpoint
+
+    with local_swarm(lambda text: None) as swarm:
+        model_dir = write_builtin_checkpoint(model, swarm.root / "model" / model,
+                                             max_shard_bytes=200_000_000)
+        seed = swarm.start("fellow-1", extra=("--log-level", "warning"))
+        swarm.start("fellow-2", seeds=(seed,), extra=("--log-level", "warning"))
+        for name in ("fellow-1", "fellow-2"):
+            swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
+                m["state"] == "alive" for m in s["members"]) == 2, timeout_s=60,
+                what="the swarm")
+        home = swarm.homes["fellow-1"]
+        message = {**serve_request(model, stages=2),
+                   "model": {"name": model, "config": json.loads(
+                       (model_dir / "config.json").read_text())}}
+        runs = []
+        for _ in range(3):
+            record = stream(home, {"op": "load", "request": message, "path": str(model_dir)},
+                            lambda e: None, timeout_s=300)
+            request(home, {"op": "unload"}, timeout_s=60)
+            (fetched,) = [s for s in record["stages"] if s["fetched_bytes"]]
+            runs.append((fetched["fetched_bytes"], fetched["fetch_s"]))
+            shutil.rmtree(swarm.homes[fetched["fellow"]] / "weights")  # fetch it all again
+    best = max(runs, key=lambda r: r[0] / r[1])
+    return {"bytes": best[0], "seconds": best[1], "mb_per_s": best[0] / best[1] / 1e6}
+
+
+# --- 4. the demo ------------------------------------------------------------------------------
+
+
+def demo_figures() -> dict[str, Any]:
+    from p2pswarm.demo import run_demo
+
+    result = run_demo(lambda text: None, lambda data: None)
+    return {"load_s": result["load"]["load_s"],
+            "load_to_first_token_s": result["load_to_first_token_s"],
+            "first_token_s": result["generation"]["time_to_first_token_s"],
+            "same": result["same_as_one_process"], "elapsed_s": result["elapsed_s"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["tiny-llama", "small-llama"])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--skip-processes", action="store_true")
+    parser.add_argument("--skip-demo", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="the table for the docs")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    tune_allocator()
+    prompt = [256, *range(32, 32 + 39)]  # 40 tokens
+    rows: list[tuple[str, str, str]] = []
+    data: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+                            f"Python {sys.version.split()[0]}, torch {torch.__version__}, "
+                            "one torch thread per stage"}
+
+    def speed_rows(model: str, where: str, pipeline_tps: float, local_tps: float) -> None:
+        ratio = pipeline_tps / local_tps
+        hop_ms = (1e3 / pipeline_tps - 1e3 / local_tps) / HOPS
+        size = f"{model} ({params(model)} parameters, f32)"
+        rows.append((f"{size}, 3 stages {where}: decode tokens/s, against one process",
+                     f"{pipeline_tps:.1f} / {local_tps:.1f} = {ratio:.2f}", ">= 0.8"))
+        rows.append((f"{size}, 3 stages {where}: added latency per hop ({HOPS} a token)",
+                     f"{hop_ms:.2f} ms", "<= 1.5 ms"))
+
+    for model in args.models:
+        out = pipeline_in_process(model, args.tokens, prompt)
+        data[f"pipeline_{model}"] = {k: v for k, v in out.items() if k != "plan"}
+        speed_rows(model, "(agents on loopback sockets)", out["tokens_per_s"],
+                   out["local_tokens_per_s"])
+        if not args.skip_processes:
+            procs = pipeline_in_processes(model, args.tokens, "The swarm " * 4)
+            data[f"processes_{model}"] = {k: v for k, v in procs.items() if k != "plan"}
+            speed_rows(model, "(3 `join` processes)", procs["tokens_per_s"],
+                       procs["local_tokens_per_s"])
+    memory = []
+    for model, weights, kv, context in (("tiny-llama", "f32", "f32", 2048),
+                                        ("small-llama", "f32", "f16", 2048),
+                                        ("small-llama", "f16", "f16", 4096),
+                                        ("small-llama", "int8", "int8", 2048)):
+        memory += memory_rows(model, weights, kv, context)
+    data["memory"] = memory
+    worst = max(memory, key=lambda r: abs(r["rss_bytes"] / r["claim_bytes"] - 1))
+    figure = ("memory: a process's lasting growth (RSS) from loading a stage and a "
+              f"full-context prefill, over the plan's claim (worst of {len(memory)} stages)")
+    rows.append((figure, f"{worst['rss_bytes'] / worst['claim_bytes']:.3f}", "within 10%"))
+    exact = all(r["allocated_bytes"] == r["claim_bytes"] for r in memory)
+    figure = "memory: tensors a stage holds = the plan's weights + embeddings + KV cache"
+    rows.append((figure, f"{'all' if exact else 'NOT all'} {len(memory)} equal", "exact"))
+    stream = weights_throughput("small-llama")
+    data["weights"] = stream
+    figure = (f"weights streamed between two agents in one process on loopback "
+              f"({stream['bytes'] / 1e6:.0f} MB, sealed, SHA-256 checked, cached)")
+    rows.append((figure, f"{stream['mb_per_s']:.0f} MB/s", ">= 200 MB/s"))
+    if not args.skip_processes:
+        loaded = weights_in_a_load("small-llama")
+        data["weights_in_a_load"] = loaded
+        figure = (f"stage weights fetched by a fellow during a `load`, two `join` processes "
+                  f"({loaded['bytes'] / 1e6:.0f} MB)")
+        rows.append((figure, f"{loaded['mb_per_s']:.0f} MB/s", ">= 200 MB/s"))
+    if not args.skip_demo:
+        demo = demo_figures()
+        data["demo"] = demo
+        figure = "`p2pswarm demo` (small-llama, 3 processes): from `load` to the first token"
+        rows.append((figure, f"{demo['load_to_first_token_s']:.1f} s", "reported"))
+    if args.json:
+        print(json.dumps({**data, "rows": rows}, indent=2))
+        return
+    if args.markdown:
+        print(f"machine: {data['machine']}\n\n| figure | target | measured |\n|---|---|---|")
+        for figure, value, target in rows:
+            print(f"| {figure} | {target} | {value} |")
+        return
+    print(f"machine: {data['machine']}")
+    width = max(len(r[0]) for r in rows)
+    for figure, value, target in rows:
+        print(f"{figure:<{width}}  {value:>22}  (target {target})")
+    print("\nmemory per stage (MB): claim = weights + embeddings/head/buffers + KV cache (the "
+          "plan's activations, transient, are claimed on top)")
+    for r in memory:
+        print(f"  {r['model']:<12} {r['weights']:>4} kv {r['kv']:<4} ctx {r['context']:>5} "
+              f"stage {r['stage']} layers {r['layers'][0]:>2}-{r['layers'][1] - 1:<2}  "
+              f"claim {r['claim_bytes'] / 1e6:7.1f}  rss {r['rss_bytes'] / 1e6:7.1f}  "
+              f"ratio {r['rss_bytes'] / r['claim_bytes']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

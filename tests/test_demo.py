@@ -1,0 +1,55 @@
+"""`p2pswarm demo` end to end: real processes on loopback, then nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+
+
+def test_demo_serves_across_three_fellows_and_leaves_cleanly() -> None:
+    # a short private TMPDIR: the demo's state goes there (Unix socket paths are short)
+    tmp = Path(tempfile.mkdtemp(prefix="p2ps-"))
+    try:
+        env = {**os.environ, "TMPDIR": str(tmp), "COLUMNS": "120"}
+        done = subprocess.run([sys.executable, "-m", "p2pswarm.cli", "demo"],
+                              capture_output=True, text=True, timeout=300, env=env,
+                              check=False)
+        out = done.stdout
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        root = re.search(r"on loopback in (\S+), each offering 360MB", out)
+        assert root is not None, out
+        assert "3 fellows" in out and "leader:" in out  # the status
+        assert "▕" in out and "plan_id" in out  # the plan's bars
+        plan_id = re.search(r"plan_id ([0-9a-f]{16})", out)
+        assert plan_id is not None
+        assert f"small-llama needs 3 of the 3 fellows; loading plan {plan_id[1]}" in out
+        ready = re.findall(r"stage (\d) on (fellow-\d): ready, ([\d.]+) MB allocated "
+                           r"\(plan claimed ([\d.]+) MB\)", out)
+        assert sorted(r[0] for r in ready) == ["0", "1", "2"]
+        assert len({r[1] for r in ready}) == 3 and all(r[2] == r[3] for r in ready)
+        assert re.search(r"32 tokens: first after [\d.]+ s, then [\d.]+ tokens/s", out)
+        assert re.search(r"per token: stage 0 on fellow-\d \(layers 0-\d+\) [\d.]+ ms, "
+                         r"stage 1 .* network [\d.]+ ms over 4 hops", out)
+        assert "checked against the same model in one process: the same tokens" in out
+        assert "unloaded; leaving" in out
+        # nothing left: no fellow process, no state
+        assert not Path(root[1]).exists()
+        # (torch keeps a compile cache of its own in TMPDIR; it is not the demo's state)
+        assert [p for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
+        strays = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if root[1] in " ".join(p.info["cmdline"] or []):
+                    strays.append(p.pid)
+            except psutil.Error:
+                continue
+        assert strays == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

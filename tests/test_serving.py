@@ -1,0 +1,296 @@
+"""Loads and generation across real agents on MemoryNetwork, in virtual time.
+
+Three fellows load a model as a three-stage pipeline through the leader and generate;
+the answers must equal the same model in one process. Torch runs inline
+(``Serving.inline_compute``), so compute takes no virtual time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import trio
+import trio.testing
+
+from p2pswarm.agent.weights import WeightsCache
+from p2pswarm.errors import PlacementError, PlanChanged, TransportError
+from p2pswarm.models import Checkpoint, stage_tensor_names, write_builtin_checkpoint
+from p2pswarm.planner import BUILTIN_MODELS
+from p2pswarm.runtime import LocalPipeline, Sampler, Stage, StageSpec
+from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
+
+MODEL = "tiny-llama"
+PROMPT = [256, *range(32, 127), *range(40, 240)]  # 296 tokens: two prefill chunks of 256
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Any:
+    # three fellows share this process; on a small, busy machine several torch threads
+    # per call only wait for each other
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def request(**extra: Any) -> dict[str, Any]:
+    return {"model": {"name": MODEL, "config": BUILTIN_MODELS[MODEL]}, "stages": 3,
+            "weights_dtype": "f32", "kv_dtype": "f32", "context": 512, **extra}
+
+
+async def start_swarm(nursery: trio.Nursery, tmp_path: Path, seed: int,
+                      n: int = 3) -> VirtualSwarm:
+    swarm = VirtualSwarm(n, seed=seed)
+    for fellow in swarm.fellows:
+        fellow.cards.cards = (cpu_card(16.0, name=f"{fellow.name} CPU"),)
+    await nursery.start(swarm.run)
+    for i in range(n):
+        agent = await swarm.start(i)
+        agent.serving.inline_compute = True
+        agent.serving.cache = WeightsCache(tmp_path / f"cache-{i}")
+    await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
+                     and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
+    return swarm
+
+
+def reference(plan: dict[str, Any], source: object) -> LocalPipeline:
+    """The same stages as the plan, in this process."""
+    runtime = plan["runtime"]
+    fields = ("dtype", "quant", "quant_group_size", "kv_dtype", "max_context_tokens",
+              "max_sessions", "prefill_chunk_tokens")
+    return LocalPipeline([
+        Stage.load(source, StageSpec(s["layers"][0], s["layers"][1],  # type: ignore[arg-type]
+                                     **{k: runtime[k] for k in fields}))
+        for s in plan["stages"]])
+
+
+def nothing_held(swarm: VirtualSwarm) -> bool:
+    return all(not a.serving.hosted and a.serving.allocated_bytes() == 0 for a in swarm.live())
+
+
+async def test_three_stages_across_fellows_equal_one_process(autojump_clock, tmp_path) -> None:
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=21)
+        driver = swarm.live()[1]
+        plan = await driver.leadership.ask("plan", request())
+        assert plan["fits"] and len({s["fellow"] for s in plan["stages"]}) == 3
+        assert plan["runtime"]["prefill_chunk_tokens"] < len(PROMPT)
+        loaded = await driver.serving.load(request(), plan_id=plan["plan_id"])
+        assert loaded["plan_id"] == plan["plan_id"]
+        for s in loaded["stages"]:  # what each stage holds is what the plan claims
+            assert s["allocated_bytes"] == s["claim_bytes"] > 0
+        await wait_until(lambda: all(
+            len(a.serving.loads_view()) == 1 and a.serving.loads_view()[0]["complete"]
+            for a in swarm.live()), timeout_s=10)
+
+        streamed: list[int] = []
+        began = trio.current_time()
+        result = await driver.serving.generate(
+            prompt_ids=PROMPT, max_tokens=12, stop_token_ids=(), keep_logits=True,
+            on_token=lambda token, text: streamed.append(token))
+        one_process = reference(plan, MODEL)
+        local = one_process.generate(PROMPT, 12, Sampler.greedy(), stop_token_ids=(),
+                                     keep_logits=True)
+        assert result.token_ids == local.token_ids and len(result.token_ids) == 12
+        assert streamed == list(result.token_ids)
+        for got, want in zip(result.logits, local.logits):
+            assert (got - want).abs().max().item() <= 1e-5
+        assert trio.current_time() - began < 1.0  # virtual: only the links' delays
+
+        # seeded sampling on the last stage equals the sampler in one process
+        sampled = await swarm.live()[2].serving.generate(
+            prompt_ids=PROMPT[:40], max_tokens=10, temperature=0.9, top_k=50, seed=7,
+            stop_token_ids=())
+        local_sampled = one_process.generate(PROMPT[:40], 10, Sampler(0.9, top_k=50, seed=7),
+                                             stop_token_ids=())
+        assert sampled.token_ids == local_sampled.token_ids
+
+        # every stage ended its sessions; unloading frees everything everywhere
+        await wait_until(lambda: all(not h.stage.sessions for a in swarm.live()
+                                     for h in a.serving.hosted.values()), timeout_s=5)
+        await driver.leadership.ask("unload", {"plan_id": plan["plan_id"]})
+        assert nothing_held(swarm)
+        nursery.cancel_scope.cancel()
+
+
+async def test_pinned_plan_refused_after_free_memory_drops(autojump_clock, tmp_path) -> None:
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=22)
+        asker = swarm.live()[0]
+        plan = await asker.leadership.ask("plan", request())
+        # f001's memory fills up; once the leader's view has it, the pin no longer holds
+        target = swarm.fellows[1]
+        target.cards.cards = (cpu_card(16.0, free_gb=1.2, name=f"{target.name} CPU"),)
+
+        def leader_sees_it() -> bool:
+            return all(next(c for f in a.planning.view().fellows if f.name == target.name
+                            for c in f.cards).free_bytes == 1_200_000_000 for a in swarm.live())
+
+        await wait_until(leader_sees_it, timeout_s=30)
+        with pytest.raises(PlanChanged) as refused:
+            await asker.serving.load(request(), plan_id=plan["plan_id"])
+        error = refused.value
+        assert error.code == 409 and error.expected_plan_id == plan["plan_id"]
+        assert error.new_plan_id != plan["plan_id"]
+        assert error.new_plan["plan_id"] == error.new_plan_id
+        assert "f001's CPU (f001 CPU) now has 1.2 GB free, was 16.0 GB" in error.changes
+        assert nothing_held(swarm)
+        nursery.cancel_scope.cancel()
+
+
+async def test_one_refusal_aborts_the_whole_load(autojump_clock, tmp_path) -> None:
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=23)
+        plan = await swarm.live()[0].leadership.ask("plan", request())
+        # a fellow that started training after the plan was made refuses its stage
+        busy = swarm.fellows[2].agent
+        busy.extra_metadata["training"] = True
+        with pytest.raises(PlacementError, match="f002: refuses stage .*: it is training") as e:
+            await swarm.live()[0].serving.load(request(), plan_id=plan["plan_id"])
+        assert "nothing loaded" in str(e.value)
+        assert nothing_held(swarm)
+        busy.extra_metadata.pop("training")
+        # and a fellow whose memory went before the leader heard of it refuses too
+        low = swarm.fellows[1]
+        low.cards.cards = (cpu_card(16.0, free_gb=0.1, name=f"{low.name} CPU"),)
+        with pytest.raises(PlacementError, match=r"f001: refuses stage \d: its CPU \(f001 CPU\) "
+                                                 r"has 0.1 GB free now, the stage needs"):
+            await swarm.live()[0].serving.load(request(), plan_id=plan["plan_id"])
+        assert nothing_held(swarm)
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_builtin_checkpoint(MODEL, tmp_path_factory.mktemp("model") / MODEL,
+                                    max_shard_bytes=4_000_000)
+
+
+async def test_fellows_fetch_exactly_their_stage_verified(autojump_clock, tmp_path,
+                                                          model_dir) -> None:
+    checkpoint = Checkpoint(model_dir)
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=24)
+        source = swarm.live()[0]  # the model directory is here only
+        message = {**request(), "model": {"name": MODEL, "config": checkpoint.hf_config}}
+        plan = await source.leadership.ask("plan", message)
+        loaded = await source.serving.load(message, plan_id=plan["plan_id"],
+                                           model_dir=str(model_dir))
+        manifest = source.serving.weights.offers[loaded["model"]["key"]]
+        for s, agent in ((s, next(a for a in swarm.live() if a.name == s["fellow"]))
+                         for s in loaded["stages"]):
+            names = stage_tensor_names(checkpoint.config, *s["layers"])
+            held = agent.serving.weights_cache().held()
+            if agent is source:
+                assert held == [] and s["fetched_bytes"] == 0
+                continue
+            want = {manifest.tensor(n).sha256: manifest.tensor(n).nbytes for n in names}
+            assert held == sorted(want)  # exactly its stage's tensors, under their hashes
+            assert s["fetched_bytes"] == sum(want.values())  # equal ones fetched once
+        result = await swarm.live()[2].serving.generate(prompt_ids=PROMPT[:60], max_tokens=6,
+                                                        stop_token_ids=(), keep_logits=True)
+        local = reference(plan, checkpoint).generate(PROMPT[:60], 6, Sampler.greedy(),
+                                                     stop_token_ids=(), keep_logits=True)
+        assert result.token_ids == local.token_ids
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_corrupted_tensor_is_refused(autojump_clock, tmp_path, model_dir,
+                                             tmp_path_factory) -> None:
+    bad_dir = write_builtin_checkpoint(MODEL, tmp_path_factory.mktemp("bad") / MODEL)
+    checkpoint = Checkpoint(bad_dir)
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=25)
+        source = swarm.live()[0]
+        message = {**request(), "model": {"name": MODEL, "config": checkpoint.hf_config}}
+        plan = await source.leadership.ask("plan", message)
+        await source.serving.offer(str(bad_dir))  # hashed while still intact
+        # then a byte of one of the last stage's tensors rots on the source's disk, silently
+        # (same size, same mtime: the manifest made before still stands)
+        last = plan["stages"][-1]
+        victim = checkpoint.entry(next(n for n in stage_tensor_names(
+            checkpoint.config, *last["layers"]) if n.endswith("q_proj.weight")))
+        path = bad_dir / victim.file
+        stat = path.stat()
+        with path.open("r+b") as f:
+            f.seek(victim.offset_bytes + 5)
+            byte = f.read(1)
+            f.seek(victim.offset_bytes + 5)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        with pytest.raises(PlacementError, match=f"tensor {victim.name} from f000 failed its "
+                                                 "SHA-256 check"):
+            await source.serving.load(message, plan_id=plan["plan_id"], model_dir=str(bad_dir))
+        assert nothing_held(swarm)
+        receiver = next(a for a in swarm.live() if a.name == last["fellow"])
+        manifest = next(iter(source.serving.weights.offers.values()))
+        assert manifest.tensor(victim.name).sha256 not in receiver.serving.weights_cache().held()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_vanished_stage_fellow_ends_generation_with_its_name(autojump_clock,
+                                                                     tmp_path) -> None:
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=26)
+        ((leader_id, _),) = swarm.leaders()
+        driver = next(a for a in swarm.live() if a.node_id == leader_id)
+        plan = await driver.leadership.ask("plan", request())
+        await driver.serving.load(request(), plan_id=plan["plan_id"])
+        middle = plan["stages"][1]["fellow"]
+        victim = next(i for i, f in enumerate(swarm.fellows) if f.name == middle)
+        if swarm.fellows[victim].agent is driver:  # crash a stage fellow, not the driver
+            middle = plan["stages"][2]["fellow"]
+            victim = next(i for i, f in enumerate(swarm.fellows) if f.name == middle)
+        seen: list[int] = []
+
+        def crash_after_three(token: int, text: str) -> None:
+            seen.append(token)
+            if len(seen) == 3:
+                swarm.crash(victim)
+
+        began = trio.current_time()
+        with pytest.raises(TransportError, match=f"on fellow {middle}") as error:
+            await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=200,
+                                          stop_token_ids=(), on_token=crash_after_three)
+        assert f"on fellow {middle} went away" in str(error.value)
+        assert str(error.value).endswith("stopped after 3 tokens")
+        assert len(seen) == 3 and trio.current_time() - began < 5
+        # asking again names the dead fellow at once, once membership has its verdict
+        await wait_until(lambda: swarm.states_seen_by_all(victim) == {"dead"}, timeout_s=30)
+        with pytest.raises(TransportError, match=f"on fellow {middle} is dead"):
+            await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=4)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_load_outlives_the_leader_that_made_it(autojump_clock, tmp_path) -> None:
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=27, n=4)
+        ((leader_id, _),) = swarm.leaders()
+        leader = next(a for a in swarm.live() if a.node_id == leader_id)
+        message = request(exclude=[f"{leader.name}:cpu"])  # the leader hosts no stage
+        plan = await leader.leadership.ask("plan", message)
+        await leader.serving.load(message, plan_id=plan["plan_id"])
+        await swarm.leave(next(i for i, f in enumerate(swarm.fellows)
+                               if f.identity.node_id == leader_id))
+        await wait_until(lambda: len(swarm.leaders()) == 1 and next(iter(swarm.leaders()))[0]
+                         not in (None, leader_id), timeout_s=30)
+        # the new leader knows the load only from what its fellows gossip, and that is enough
+        loads = await swarm.live()[0].serving.list_loads()
+        assert [r["plan_id"] for r in loads] == [plan["plan_id"]] and loads[0]["complete"]
+        result = await swarm.live()[0].serving.generate(prompt_ids=PROMPT[:20], max_tokens=5,
+                                                        stop_token_ids=())
+        local = reference(plan, MODEL).generate(PROMPT[:20], 5, Sampler.greedy(),
+                                                stop_token_ids=())
+        assert result.token_ids == local.token_ids
+        await swarm.live()[0].serving.leadership.ask("unload", {})
+        assert nothing_held(swarm)
+        nursery.cancel_scope.cancel()
