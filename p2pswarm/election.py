@@ -44,7 +44,7 @@ that knows no leader asks a random fellow with ``LeaderQuery``.
 
 from __future__ import annotations
 
-import random
+from random import Random
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -111,7 +111,7 @@ class Election:
         node_id: bytes,
         name: str,
         config: ElectionConfig,
-        rng: random.Random,
+        rng: Random,
         *,
         leader_priority: int = 0,
         now: float = 0.0,

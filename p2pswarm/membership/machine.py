@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import random
+from random import Random
 import struct as _struct
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Sequence
@@ -279,7 +279,7 @@ class Membership:
         self,
         local: LocalNode,
         config: GossipConfig,
-        rng: random.Random,
+        rng: Random,
         *,
         sign: Signer,
         verify: Verifier,
