@@ -24,6 +24,7 @@ from p2pswarm.config import DEFAULT_PORT, preset, split_addr
 from p2pswarm.control.client import request as control_request
 from p2pswarm.errors import ConfigError, ControlError, SwarmError
 from p2pswarm.home import Home
+from p2pswarm.http.app import http_settings
 from p2pswarm.inventory import local_card_source
 from p2pswarm.security import SwarmSecret
 
@@ -136,6 +137,10 @@ def join(
     cpu_memory: Optional[str] = typer.Option(None, "--cpu-memory",
                                              help="Offer at most this much RAM, e.g. 6GB."),
     no_cpu: bool = typer.Option(False, "--no-cpu", help="Do not offer the CPU as a card."),
+    http: Optional[str] = typer.Option(None, "--http", help="ADDR:PORT of the HTTP API, pages "
+                                       "and OpenAI endpoint (default 127.0.0.1:7780), or off."),
+    http_token: Optional[str] = typer.Option(None, "--http-token", help="Bearer token the HTTP "
+                                             "API requires; needed beyond loopback."),
     home: Optional[Path] = HomeOption,
     log_level: str = typer.Option("info", "--log-level", help="debug, info or warning."),
 ) -> None:
@@ -147,6 +152,7 @@ def join(
         split_addr(listen)
         if advertise:
             split_addr(advertise)
+        http_server = http_settings(http, http_token)
         text = read_token(token)
         state = Home(directory)
         if text is not None:
@@ -157,7 +163,7 @@ def join(
         settings = NodeSettings(home=directory, listen=listen, seeds=seed_addrs,
                                 name=name or socket.gethostname(), config=config,
                                 advertise=advertise, leader_priority=leader_priority,
-                                card_source=cards)
+                                card_source=cards, http=http_server)
     except SwarmError as exc:
         fail(str(exc))
     setup_logging(log_level)
@@ -872,6 +878,203 @@ def cluster_check(path: Path = typer.Argument(..., help="A cluster file."),
 # --- end planning commands ---
 
 
+# --- mcp command ---
+
+
+@app.command()
+def mcp(
+    home: Optional[Path] = HomeOption,
+    list_tools: bool = typer.Option(False, "--list-tools", help="Print the tools and exit."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Serve the swarm's tools (plan, load, train, status) to an MCP client on stdio;
+    the tools talk to the agent in --home, which `p2pswarm join` runs."""
+    try:
+        from p2pswarm.mcp_server import TOOL_NAMES, build_server, serve_stdio
+    except ImportError as exc:
+        fail(f"the MCP server needs the `mcp` package ({exc.name} is missing): "
+             f"pip install 'mcp>=2'", EXIT_FAILURE)
+    directory = home_dir(home)
+    if list_tools:
+        import anyio
+
+        tools = anyio.run(build_server(directory).list_tools, backend="trio")
+        if as_json:
+            print_json([{"name": t.name, "description": t.description} for t in tools])
+        else:
+            for tool in tools:
+                typer.echo(f"{tool.name}: {(tool.description or '').split(chr(10))[0]}")
+        return
+    if sys.stdin.isatty():
+        typer.echo(f"p2pswarm mcp: serving MCP on stdin/stdout for the agent in {directory} "
+                   f"({len(TOOL_NAMES)} tools); an MCP client starts this command", err=True)
+    try:
+        serve_stdio(directory)
+    except KeyboardInterrupt:
+        pass
+
+
+# --- end mcp command ---
+
+
+# --- training commands ---
+
+_TRAIN_TIMEOUT_S = 900.0  # the most `train` waits between two words from its agent
+
+
+def _read_job(path: Path) -> dict[str, Any]:
+    """job.json, checked and made canonical (paths absolute, defaults filled in)."""
+    from p2pswarm.training.job import JobConfig
+
+    try:
+        return JobConfig.from_json(path).to_dict()
+    except ConfigError as exc:
+        fail(f"{path}: {exc}")
+
+
+def _resume_config(resume: str) -> Optional[dict[str, Any]]:
+    """The job a checkpoint directory was written by (None: RESUME is a job id)."""
+    where = Path(resume).expanduser()
+    if not where.is_dir():
+        return None
+    from p2pswarm.training.checkpoint import CheckpointStore
+
+    try:
+        store = CheckpointStore(where)
+        step = store.latest()
+        if step is None:
+            fail(f"no complete checkpoint in {where}")
+        job = dict(store.manifest(step)["meta"]["job"])
+    except (ConfigError, KeyError, OSError) as exc:
+        fail(f"cannot read the checkpoint in {where}: {exc}")
+    job["checkpoint"] = {**job.get("checkpoint", {}), "dir": str(where.resolve())}
+    return job
+
+
+def _job_line(job: dict[str, Any]) -> str:
+    loss = job.get("loss")
+    text = (f"{job['job_id']} {job['state']}: step {job.get('step', 0)}/{job.get('steps', 0)}"
+            + (f", loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
+            + f", {job.get('tokens_per_s', 0.0):,.0f} tokens/s, "
+            f"{job.get('replicas', 0)} replica(s), {job.get('bytes_sent', 0) / 1e6:,.2f} MB "
+            "exchanged")
+    return text + (f" ({job['reason']})" if job.get("reason") else "")
+
+
+@app.command()
+def train(
+    config: Optional[Path] = typer.Option(None, "--config", help="The job: job.json."),
+    show_plan: bool = typer.Option(False, "--plan", help="Print the training plan and its "
+                                   "plan_id; start nothing."),
+    plan_id: Optional[str] = typer.Option(None, "--plan-id", help="Start exactly this plan, "
+                                          "or refuse with what changed (plan-changed, 409)."),
+    maximize_seq_len: bool = typer.Option(False, "--maximize-seq-len", help="With --plan: "
+                                          "the longest sequence length that fits now."),
+    stages: Optional[int] = typer.Option(None, "--stages", help="Fix the stages per replica."),
+    exclude: list[str] = typer.Option([], "--exclude", help="Leave a card out: FELLOW:INDEX "
+                                      "or FELLOW:cpu (repeatable)."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Continue job JOB (its id, "
+                                         "or its checkpoint directory) from its latest "
+                                         "checkpoint."),
+    detach: bool = typer.Option(False, "--detach", help="Submit and return; follow with "
+                                "`p2pswarm jobs`."),
+    home: Optional[Path] = HomeOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Train a model across the swarm as job.json says, with live progress."""
+    from rich.console import Console
+
+    from p2pswarm.errors import PlanChanged
+
+    if config is None and resume is None:
+        fail("give the job with --config job.json (or --resume JOB)")
+    job = _read_job(config) if config is not None else _resume_config(str(resume))
+    if show_plan:
+        if job is None:
+            fail("--plan needs --config job.json")
+        result = _agent_answer(home, {"op": "job_plan", "config": job, "stages": stages,
+                                      "exclude_cards": list(exclude),
+                                      "maximize": "seq_len" if maximize_seq_len else None}, "")
+        if as_json:
+            print_json(result)
+        else:
+            from p2pswarm.planner.render import print_plan
+            print_plan(result, Console())
+            for r in result.get("replicas", []):
+                typer.echo(f"replica {r['replica']}: {r['strip_text']}")
+            typer.echo(f"plan_id {result['plan_id']}: start it with p2pswarm train --config "
+                       f"{config} --plan-id {result['plan_id']}")
+        if not result.get("fits", False):
+            raise typer.Exit(EXIT_FAILURE)
+        return
+    console = Console(stderr=as_json)
+    said: dict[str, Any] = {}
+
+    def on_event(event: dict[str, Any]) -> None:
+        record = event.get("job")
+        if not isinstance(record, dict):
+            return
+        line = _job_line(record)
+        if said.get("line") == line:
+            return
+        said["line"] = line
+        if console.is_terminal and not as_json:
+            console.print(line, end="\r", overflow="ellipsis", soft_wrap=True)
+        else:
+            console.print(line)
+
+    message: dict[str, Any] = {"op": "job_submit", "config": job, "plan_id": plan_id,
+                               "stages": stages, "resume": resume or None}
+    try:
+        if detach:
+            record = _agent_answer(home, message, "")
+        else:
+            record = _stream_agent(home, message, on_event, _TRAIN_TIMEOUT_S)
+    except PlanChanged as exc:
+        _explain_plan_changed(exc, f"--config {config}", as_json)
+    if as_json:
+        print_json(record)
+    else:
+        console.print(_job_line(record))
+    if record.get("state") in ("failed", "cancelled"):
+        raise typer.Exit(EXIT_FAILURE)
+
+
+jobs_app = typer.Typer(help="Training jobs: list them, cancel one.")
+app.add_typer(jobs_app, name="jobs")
+
+
+@jobs_app.callback(invoke_without_command=True)
+def jobs(ctx: typer.Context, home: Optional[Path] = HomeOption,
+         as_json: bool = JsonOption) -> None:
+    """List the swarm's training jobs with their state."""
+    if ctx.invoked_subcommand is not None:
+        return
+    records = _agent_answer(home, {"op": "jobs"}, "")
+    if as_json:
+        print_json(records)
+        return
+    if not records:
+        typer.echo("no jobs; start one with p2pswarm train --config job.json")
+        return
+    for record in records:
+        typer.echo(_job_line(record))
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_id: str = typer.Argument(..., help="The job's id (see p2pswarm jobs)."),
+                home: Optional[Path] = HomeOption, as_json: bool = JsonOption) -> None:
+    """Cancel a job: its stages are released; its checkpoints stay."""
+    record = _agent_answer(home, {"op": "job_cancel", "job_id": job_id}, "")
+    if as_json:
+        print_json(record)
+    else:
+        typer.echo(f"cancelling {record['job_id']} (was {record['state']})")
+
+
+# --- end training commands ---
+
+
 # --- simulation commands ---
 
 
@@ -988,7 +1191,8 @@ def simulate(
                        f"{ks['statistic']:.3f}, p = {ks['p_value']:.3g} "
                        f"(n = {ks['n']}, m = {ks['m']}; {ks['method']})")
         if out is not None:
-            typer.echo(f"wrote {out}/result.json, report.md and plots")
+            written = "result.json, report.md" + ("" if notes else " and plots")
+            typer.echo(f"wrote {out}/{written}")
     for note in notes:
         typer.echo(note, err=True)
     if not all(r["ok"] for r in results):

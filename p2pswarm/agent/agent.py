@@ -35,6 +35,7 @@ from p2pswarm.agent.counters import Counters
 from p2pswarm.agent.leadership import Leadership
 from p2pswarm.agent.planning import Planning
 from p2pswarm.agent.serving import Serving
+from p2pswarm.agent.training import Training
 from p2pswarm.config import SwarmConfig
 from p2pswarm.control.server import serve_control
 from p2pswarm.election import Election
@@ -140,6 +141,7 @@ class Agent:
         self.leadership = Leadership(self)
         self.planning = Planning(self, self.leadership)
         self.serving = Serving(self, self.leadership)
+        self.training = Training(self, self.leadership)
 
     # --- identity -------------------------------------------------------------------
 

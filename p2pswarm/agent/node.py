@@ -17,6 +17,7 @@ import trio
 from p2pswarm.agent.agent import Agent
 from p2pswarm.config import SwarmConfig, split_addr
 from p2pswarm.home import Home
+from p2pswarm.http.app import HttpSettings
 from p2pswarm.bench import BenchmarkCache, benchmarks_to_dict, fingerprint
 from p2pswarm.errors import ConfigError
 from p2pswarm.inventory import CardSource, Inventory, read_inventory
@@ -35,6 +36,7 @@ class NodeSettings:
     advertise: str | None = None  # host:port fellows should use, when listen is 0.0.0.0
     leader_priority: int = 0  # higher: preferred as leader (a wired, always-on machine)
     card_source: CardSource | None = None  # the cards this fellow offers
+    http: HttpSettings | None = None  # the HTTP API and pages; None: off
 
 
 def tune_allocator(pad_bytes: int = 64 * 1024 * 1024) -> bool:
@@ -109,6 +111,10 @@ async def run_node(settings: NodeSettings, *,
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(agent.run)
+                if settings.http is not None:
+                    from p2pswarm.http import serve_http
+
+                    await nursery.start(serve_http, agent, settings.http)
                 task_status.started(agent)
 
                 async def stop_on_signal() -> None:

@@ -8,11 +8,12 @@ ops keep their one-argument signature and a one-shot request costs nothing extra
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import math
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,17 @@ def emit(event: dict[str, Any]) -> None:
     send = _emitter.get()
     if send is not None:
         send(event)
+
+
+@contextlib.contextmanager
+def emitting_to(send: Emit) -> Iterator[None]:
+    """Route what ops ``emit`` inside the block to ``send``: how an in-process caller (the
+    HTTP API) streams an op's events, as the control socket does for a streaming client."""
+    token = _emitter.set(send)
+    try:
+        yield
+    finally:
+        _emitter.reset(token)
 
 
 def current_emitter() -> Emit | None:
