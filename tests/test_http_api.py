@@ -175,12 +175,13 @@ def test_routes_methods_and_ops_the_agent_lacks(swarm: LoopbackSwarm,
             {op: h for op, h in taken.items() if h is not None}))
 
 
-def test_a_token_is_required_on_every_request_beyond_loopback(swarm: LoopbackSwarm) -> None:
+def test_a_token_is_required_on_every_data_request_beyond_loopback(
+        swarm: LoopbackSwarm) -> None:
     bound = swarm.serve_http(0, HttpSettings("0.0.0.0", 0, "s3cret-token"))
     assert bound is not None and bound.startswith("0.0.0.0:")
     url = f"http://127.0.0.1:{bound.rpartition(':')[2]}"
     with httpx.Client(base_url=url, timeout=30) as c:
-        for path in ("/api/status", "/v1/models", "/openapi.json", "/"):
+        for path in ("/api/status", "/v1/models", "/openapi.json"):
             error_of(c.get(path), 401, "unauthorized")
             wrong = c.get(path, headers={"authorization": "Bearer s3cret-tokeN"})
             assert "not this agent's" in error_of(wrong, 401, "unauthorized")["message"]
@@ -188,6 +189,11 @@ def test_a_token_is_required_on_every_request_beyond_loopback(swarm: LoopbackSwa
                         headers={"authorization": "Basic s3cret-token"}), 401, "unauthorized")
         ok = c.get("/api/status", headers={"authorization": "Bearer s3cret-token"})
         assert ok.status_code == 200 and ok.json()["self"]["name"] == "fellow-1"
+        # the pages hold no data: a browser opens /plan?token=T and the page sends it
+        page = c.get("/plan", params={"token": "s3cret-token"})
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert c.get("/static/common.js").status_code == 200
+        error_of(c.get("/static/../api/status"), 401, "unauthorized")
 
 
 def test_binding_beyond_loopback_needs_a_token(tmp_path: Path) -> None:

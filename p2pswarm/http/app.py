@@ -6,7 +6,9 @@ a request runs on the agent's event loop and calls the agent's control ops in-pr
 
 It binds 127.0.0.1 by default. Any other address needs a token, and then every request
 must carry ``Authorization: Bearer TOKEN`` (401 otherwise): the API can load models
-and spend every fellow's memory, so it is never open to a network by accident.
+and spend every fellow's memory, so it is never open to a network by accident. The pages
+and their static files hold no data, so a browser may fetch them without the header; the
+page takes the token from its address (``/plan?token=T``) and sends it on every API call.
 """
 
 from __future__ import annotations
@@ -270,6 +272,9 @@ class HttpApp:
     def _authorize(self, call: Call) -> None:
         if self.token is None:
             return
+        if call.method in ("GET", "HEAD") and (call.path in PAGES
+                                               or call.path.startswith("/static/")):
+            return  # code, not data: the page's own API calls carry the token
         scheme, _, given = call.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             raise HttpError("unauthorized", "this agent needs `Authorization: Bearer TOKEN` "
