@@ -37,6 +37,12 @@ leaderless until the dead rejoin.
 The lease. A leader that sees no majority present (alive or suspect) for
 ``leader_lease_s`` steps down on its own.
 
+Priority. The order of succession puts a higher ``leader_priority`` first, so a wired,
+always-on machine is the first deputy and wins the elections it runs; candidates that
+lose a round try again in that order, a rank apart, so rounds do not keep splitting. A
+leader that sees a fellow of higher priority alive for ``handover_after_s`` hands over
+on purpose (``StepDown``): a planned change, never one caused by loss.
+
 Announcements. A new leader sends ``LeaderIs`` to every present fellow at once, again a
 few times shortly after (datagrams get lost), and every ``announce_interval_s``; a fellow
 that knows no leader asks a random fellow with ``LeaderQuery``.
@@ -45,8 +51,9 @@ that knows no leader asks a random fellow with ``LeaderQuery``.
 from __future__ import annotations
 
 from random import Random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from p2pswarm.config import ElectionConfig
 from p2pswarm.membership.effects import (
@@ -90,6 +97,7 @@ class ElectionTuning:
     announce_interval_s: float = 15.0  # and to everyone every this often
     query_interval_s: float = 2.0  # a fellow without a leader asks around this often
     jitter_s: float = 0.2  # random extra wait before a candidacy
+    handover_after_s: float = 10.0  # a fellow of higher priority, alive this long, takes over
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +172,16 @@ class Election:
         self._next_announce_at = _INF
         self._last_announced_electorate = 0
         self._minority_since: float | None = None
+        self._better: tuple[bytes, float] | None = None  # (higher-priority fellow, since)
         self._next_query_at = _INF
         self.stats: dict[str, int] = {"elections": 0, "terms_won": 0, "checks": 0,
                                       "conflicts": 0}
+        self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
+            VoteRequest: self._on_vote_request, VoteReply: self._on_vote_reply,
+            LeaderBeat: self._on_beat, LeaderCheck: self._on_leader_check,
+            LeaderIs: self._on_leader_is, LeaderQuery: self._on_leader_query,
+            StepDown: self._on_step_down, LeaderAck: self._on_leader_ack,
+        }
 
     # --- views -------------------------------------------------------------------------
 
@@ -245,36 +260,35 @@ class Election:
 
     def handle(self, message: Any, sender_addr: str, now: float) -> list[Effect]:
         out: list[Effect] = []
-        t = type(message)
-        if t is VoteRequest:
-            self._on_vote_request(message, sender_addr, now, out)
-        elif t is VoteReply:
-            self._on_vote_reply(message, now, out)
-        elif t is LeaderBeat:
-            self._on_beat(message, sender_addr, now, out)
-        elif t is LeaderCheck:
-            if self.role == LEADER_ROLE and message.term <= self.term:
-                out.append(SendDatagram(sender_addr, (LeaderBeat(
-                    self.term, self.node_id, message.seq, self.electorate(),
-                    _CHECK_REPLY_RANK),)))
-        elif t is LeaderIs:
-            self._on_leader_is(message, sender_addr, now, out)
-        elif t is LeaderAck:
-            if self.role == LEADER_ROLE and message.term == self.term:
-                self._unacked.pop(message.source, None)
-        elif t is LeaderQuery:
-            if self.leader is not None and not self._leader_gone():
-                out.append(SendDatagram(sender_addr, (self._leader_is(),)))
-        elif t is StepDown:
-            if message.term == self.term and message.leader == self.leader:
-                self._announced = message.electorate
-                self.leader = None
-                self._deputy_term = -1
-                self._election_at = now + self._rank_delay() + self.rng.random() * \
-                    self.tuning.jitter_s
-                out.append(Event(NO_LEADER, message.leader, self._name(message.leader),
-                                 "the leader stepped down", term=self.term))
+        handler = self._dispatch.get(type(message))
+        if handler is not None:
+            handler(message, sender_addr, now, out)
         return out
+
+    def _on_leader_check(self, msg: LeaderCheck, addr: str, now: float,
+                         out: list[Effect]) -> None:
+        if self.role == LEADER_ROLE and msg.term <= self.term:
+            out.append(SendDatagram(addr, (LeaderBeat(
+                self.term, self.node_id, msg.seq, self.electorate(), _CHECK_REPLY_RANK),)))
+
+    def _on_leader_ack(self, msg: LeaderAck, addr: str, now: float, out: list[Effect]) -> None:
+        if self.role == LEADER_ROLE and msg.term == self.term:
+            self._unacked.pop(msg.source, None)
+
+    def _on_leader_query(self, msg: LeaderQuery, addr: str, now: float,
+                         out: list[Effect]) -> None:
+        if self.leader is not None and not self._leader_gone():
+            out.append(SendDatagram(addr, (self._leader_is(),)))
+
+    def _on_step_down(self, msg: StepDown, addr: str, now: float, out: list[Effect]) -> None:
+        if msg.term != self.term or msg.leader != self.leader:
+            return
+        self._announced = msg.electorate
+        self.leader = None
+        self._deputy_term = -1
+        self._election_at = now + self._rank_delay() + self.rng.random() * self.tuning.jitter_s
+        out.append(Event(NO_LEADER, msg.leader, self._name(msg.leader),
+                         "the leader stepped down", term=self.term))
 
     def next_deadline(self) -> float | None:
         t = min(self._election_at, self._cand_deadline, self._next_beat_at,
@@ -283,6 +297,8 @@ class Election:
             t = min(t, self._cand_resend_at)
         if self._unacked and self.role == LEADER_ROLE:
             t = min(t, self._retry_at)
+        if self._better is not None and self.role == LEADER_ROLE:
+            t = min(t, self._better[1] + self.tuning.handover_after_s)
         for deadline, _ in self._checks.values():
             t = min(t, deadline)
         if self.leader is None and self._joined and not self._leaving:
@@ -408,15 +424,16 @@ class Election:
             self._become_leader(now, out)
 
     def _candidacy_failed(self, now: float) -> None:
+        """Lost (a split vote, a leader that still answers, our own radio): try again
+        later, in the order of succession so that the next round does not split."""
         self.role = FOLLOWER
         self._cand_deadline = _INF
         self._cand_resend_at = _INF
         self._grants = {}
-        lo, hi = self.config.election_timeout_min_s, self.config.election_timeout_max_s
-        self._election_at = (now + lo + self.rng.random() * max(0.0, hi - lo)
-                             + self._rank_delay())
+        self._election_at = (now + self.tuning.rank_spacing_s * 0.5 + self._rank_delay()
+                             + self.rng.random() * self.tuning.jitter_s)
 
-    def _on_vote_reply(self, msg: VoteReply, now: float, out: list[Effect]) -> None:
+    def _on_vote_reply(self, msg: VoteReply, addr: str, now: float, out: list[Effect]) -> None:
         if self.role != CANDIDATE or msg.term != self._cand_term or \
                 msg.pre_vote != self._cand_pre:
             return
@@ -425,6 +442,11 @@ class Election:
         if msg.granted:
             self._grants[msg.voter] = None
             self._count_votes(now, out)
+        elif self.role == CANDIDATE:
+            unanswered = sum(1 for m in self._present_others()
+                             if m.node_id not in self._cand_answered)
+            if 2 * (len(self._grants) + unanswered) <= self._cand_electorate:
+                self._candidacy_failed(now)  # cannot win any more: do not wait it out
 
     def _on_vote_request(self, msg: VoteRequest, addr: str, now: float,
                          out: list[Effect]) -> None:
@@ -486,11 +508,9 @@ class Election:
         if msg.pre_vote:
             if msg.term <= self.term:
                 return [self._reply(msg, addr, False, "stale term")]
-            # give the candidate time before running ourselves
-            if self.role == FOLLOWER:
-                self._election_at = max(self._election_at if self._election_at != _INF
-                                        else now, now + self.tuning.vote_timeout_s
-                                        + self.tuning.rank_spacing_s)
+            # give the candidate time before running ourselves (if we were about to)
+            if self.role == FOLLOWER and self._election_at != _INF:
+                self._election_at = max(self._election_at, now + self.tuning.vote_timeout_s)
             return [self._reply(msg, addr, True, "")]
         if msg.term != self.term:
             return [self._reply(msg, addr, False, "stale term")]
@@ -552,6 +572,8 @@ class Election:
                 return
         else:
             self._minority_since = None
+        if self._hand_over(now, out):
+            return
         changed = total != self._last_announced_electorate
         if changed and now - self._last_announce_s < 1.0:
             self._announce_due = self._last_announce_s + 1.0
@@ -561,10 +583,10 @@ class Election:
                 self._unacked = {}
             else:
                 self._retry_at = now + self.tuning.announce_retry_s
-                msg = self._leader_is()
+                again = self._leader_is()
                 for m in self._present_others():
                     if m.node_id in self._unacked:
-                        out.append(SendDatagram(m.addr, (msg,)))
+                        out.append(SendDatagram(m.addr, (again,)))
         if changed or now >= self._next_announce_at:
             self._last_announce_s = now
             self._announce_due = _INF
@@ -579,6 +601,31 @@ class Election:
             for rank, m in enumerate(self._deputies()):
                 out.append(SendDatagram(m.addr, (LeaderBeat(self.term, self.node_id,
                                                             self._beat_seq, total, rank),)))
+
+    def _hand_over(self, now: float, out: list[Effect]) -> bool:
+        """A fellow with a higher leader priority (the wired machine the user prefers) that
+        has stayed alive for ``handover_after_s`` gets the leadership: we step down and it,
+        first in the succession, is elected at once. A planned change, not a failure."""
+        better = [m for m in self._members.values()
+                  if m.state == "alive" and m.priority > self.priority]
+        if not better:
+            self._better = None
+            return False
+        best = min(better, key=lambda m: (-m.priority, m.node_id))
+        if self._better is None or self._better[0] != best.node_id:
+            self._better = (best.node_id, now)
+            return False
+        if now - self._better[1] < self.tuning.handover_after_s:
+            return False
+        msg = StepDown(self.term, self.node_id, self.electorate())
+        for m in self._present_others():
+            out.append(SendDatagram(m.addr, (msg,)))
+        self._become_follower(now, out, f"handing over to {best.name} "
+                                        f"(leader priority {best.priority})")
+        self.leader = None
+        self._better = None
+        self._election_at = now + self.tuning.vote_timeout_s + self._rank_delay()
+        return True
 
     def _deputies(self) -> list[Member]:
         order = sorted((m for m in self._members.values()
@@ -611,16 +658,17 @@ class Election:
         self.leader = None
         self._deputy_term = -1
         self._beats_lost = False
+        self._reconsider(now)
 
     def _on_leader_is(self, msg: LeaderIs, addr: str, now: float, out: list[Effect]) -> None:
         if msg.term < self.term:
             if self.leader is not None and not self._leader_gone():
                 out.append(SendDatagram(addr, (self._leader_is(),)))  # you are behind
             return
-        if msg.term == self.term and self.leader is not None and self.leader != msg.leader:
-            if not (self.role == CANDIDATE or self.leader == self.node_id):
-                self.stats["conflicts"] += 1
-                return
+        if msg.term == self.term and self.leader not in (None, msg.leader, self.node_id) \
+                and self.role != CANDIDATE:
+            self.stats["conflicts"] += 1  # two leaders in one term: cannot happen; keep ours
+            return
         self._follow(msg.term, msg.leader, msg.electorate, now, out)
         leader = self._members.get(msg.leader)
         if self.leader == msg.leader and leader is not None and leader.addr == addr:
@@ -679,5 +727,11 @@ class Election:
         return m.name if m is not None else node.hex()[:8]
 
 
-__all__ = ["Election", "ElectionStatus", "ElectionTuning", "FOLLOWER", "CANDIDATE",
-           "LEADER_ROLE"]
+__all__ = [
+    "CANDIDATE",
+    "FOLLOWER",
+    "LEADER_ROLE",
+    "Election",
+    "ElectionStatus",
+    "ElectionTuning",
+]

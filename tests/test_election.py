@@ -1,0 +1,196 @@
+"""The election: by hand for the rules, on gossip_lab for the scenarios."""
+
+from __future__ import annotations
+
+import random
+
+from p2pswarm.config import ElectionConfig
+from p2pswarm.election import Election
+from p2pswarm.membership import Event, Member, SendDatagram
+from p2pswarm.sim.gossip_lab import GossipLab, proposed
+from p2pswarm.transport.memory import GilbertElliott
+from p2pswarm.wire import gossip as g
+
+IDS = [bytes([i]) * 16 for i in range(6)]
+
+
+def member(i: int, state: str = "alive", priority: int = 0) -> Member:
+    return Member(IDS[i], f"n{i}", f"10.0.0.{i}:7946", state, 0, b"", 0, 0, None, 0.0,
+                  priority, b"", is_self=False)
+
+
+def view(n: int, **states: str) -> list[Member]:
+    return [member(i, states.get(f"n{i}", "alive")) for i in range(n)]
+
+
+def election(i: int, n: int = 5, **states: str) -> Election:
+    e = Election(IDS[i], f"n{i}", ElectionConfig(), random.Random(i))
+    e.update_members(view(n, **states), 0.0)
+    return e
+
+
+def replies(effects: list) -> list[g.VoteReply]:
+    return [m for e in effects if isinstance(e, SendDatagram) for m in e.messages
+            if isinstance(m, g.VoteReply)]
+
+
+def test_a_vote_is_given_once_per_term() -> None:
+    e = election(0)
+    (yes,) = replies(e.handle(g.VoteRequest(1, IDS[1], 0, 5, False), "a:1", 1.0))
+    (no,) = replies(e.handle(g.VoteRequest(1, IDS[2], 0, 5, False), "b:1", 1.0))
+    (again,) = replies(e.handle(g.VoteRequest(1, IDS[1], 0, 5, False), "a:1", 1.1))
+    assert (yes.granted, no.granted, again.granted) == (True, False, True)
+    assert e.persistent_state() == (1, IDS[1])
+    (stale,) = replies(e.handle(g.VoteRequest(0, IDS[3], 0, 5, False), "c:1", 1.2))
+    assert not stale.granted and stale.reason == "stale term"
+
+
+def test_prevote_changes_nothing_and_a_live_leader_is_checked_first() -> None:
+    e = election(0)
+    e.handle(g.LeaderIs(3, IDS[4], 5), "10.0.0.4:7946", 1.0)
+    assert e.term == 3 and e.status().leader_id == IDS[4]
+    effects = e.handle(g.VoteRequest(4, IDS[1], 0, 5, True), "a:1", 2.0)
+    assert replies(effects) == []  # not yet: it asks the leader itself
+    (check,) = [x for x in effects if isinstance(x, SendDatagram)
+                and isinstance(x.messages[0], g.LeaderCheck)]
+    assert check.addr == "10.0.0.4:7946"
+    seq = check.messages[0].seq
+    (denied,) = replies(e.handle(g.LeaderBeat(3, IDS[4], seq, 5, 255), check.addr, 2.1))
+    assert not denied.granted and e.term == 3 and e.status().leader_id == IDS[4]
+    effects = e.handle(g.VoteRequest(4, IDS[2], 0, 5, True), "b:1", 5.0)
+    (granted,) = replies(e.tick(5.0 + 1.0))  # the leader did not answer this time
+    assert granted.granted and e.term == 3  # a PreVote does not move the term
+
+
+def test_stale_terms_are_refused() -> None:
+    e = election(0)
+    e.handle(g.LeaderIs(5, IDS[2], 5), "10.0.0.2:7946", 1.0)
+    e.handle(g.LeaderIs(4, IDS[3], 5), "10.0.0.3:7946", 1.1)
+    assert e.status().leader_id == IDS[2] and e.term == 5
+    assert e.accepts_term(5) and e.accepts_term(6) and not e.accepts_term(4)
+
+
+def test_a_minority_says_why_it_has_no_leader() -> None:
+    e = election(0, n3="dead", n4="dead")  # 2 of 5 reachable... and n2 gone too:
+    e.update_members(view(5, n2="dead", n3="dead", n4="dead"), 0.0)
+    assert e.status().sentence == "no leader: this side sees 2 of 5 fellows"
+    for t in range(1, 30):
+        assert not [x for x in e.tick(float(t)) if isinstance(x, SendDatagram)
+                    and isinstance(x.messages[0], g.VoteRequest)]
+
+
+def test_a_lone_founder_elects_itself() -> None:
+    e = Election(IDS[0], "n0", ElectionConfig(), random.Random(0))
+    e.update_members([member(0)], 0.0)
+    events: list = []
+    t = 0.0
+    while e.role != "leader" and t < 10.0:
+        t = e.next_deadline()
+        events += e.tick(t)
+    assert e.role == "leader" and e.term == 1
+    assert "elected" in [x.kind for x in events if isinstance(x, Event)]
+
+
+# --- scenarios ---------------------------------------------------------------------------
+
+
+def single_leader(lab: GossipLab, nodes: list[int] | None = None) -> bytes | None:
+    seen = {lab.leader_seen(i) for i in (nodes if nodes is not None else
+                                         [n.index for n in lab.live()])}
+    return seen.pop() if len(seen) == 1 else None
+
+
+def one_leader_per_term(lab: GossipLab) -> None:
+    assert all(len(winners) == 1 for winners in lab.leaders_per_term().values()), \
+        lab.leaders_per_term()
+
+
+def test_partition_three_two_minority_elects_none_then_heals() -> None:
+    lab = GossipLab(5, seed=11, config=proposed("lan"))
+    lab.start(converged=True)
+    lab.run_until(20.0)
+    leader = single_leader(lab)
+    assert leader is not None
+    old = lab.node_by_id(leader).index
+    major = [old] + [i for i in range(5) if i != old][:2]
+    minor = [i for i in range(5) if i not in major]
+    lab.partition(major, minor)
+    lab.run_until(100.0)  # long enough for the minority to reap the majority
+    assert single_leader(lab, major) == leader  # the majority keeps its leader
+    for i in minor:
+        status = lab.nodes[i].election.status()
+        assert status.leader_id is None
+        assert status.sentence == "no leader: this side sees 2 of 5 fellows"
+    lab.heal()
+    lab.run_until(200.0)
+    assert single_leader(lab) == leader and lab.all_see_all()
+    one_leader_per_term(lab)
+
+
+def test_the_minority_leader_steps_down_and_the_majority_elects() -> None:
+    lab = GossipLab(5, seed=12, config=proposed("lan"))
+    lab.start(converged=True)
+    lab.run_until(20.0)
+    old = lab.node_by_id(single_leader(lab)).index
+    minor = [old, (old + 1) % 5]
+    major = [i for i in range(5) if i not in minor]
+    lab.partition(minor, major)
+    lab.run_until(40.0)
+    new = single_leader(lab, major)
+    assert new is not None and new != lab.nodes[old].node_id
+    assert all(lab.nodes[i].election.status().leader_id is None for i in minor)
+    lab.heal()
+    lab.run_until(120.0)
+    assert single_leader(lab) == new and lab.all_see_all()
+    one_leader_per_term(lab)
+
+
+def test_leader_killed_everyone_follows_a_new_one_fast() -> None:
+    lab = GossipLab(20, seed=13, config=proposed("wifi"),
+                    radio=GilbertElliott(bad_fraction=0.05, mean_burst_s=0.3))
+    lab.start(converged=True)
+    lab.run_until(30.0)
+    for _ in range(3):
+        old = single_leader(lab)
+        assert old is not None
+        victim = lab.node_by_id(old)
+        t0 = lab.now
+        lab.crash(victim.index)
+        while lab.now - t0 < 10.0:
+            lab.run_for(0.05)
+            new = single_leader(lab)
+            if new is not None and new != old:
+                break
+        assert new not in (None, old) and lab.now - t0 <= 6.0, lab.now - t0
+        lab.restart(victim.index)
+        lab.run_for(20.0)
+    one_leader_per_term(lab)
+
+
+def test_a_flapping_fellow_causes_no_leader_change() -> None:
+    lab = GossipLab(10, seed=14, config=proposed("wifi"))
+    lab.start(converged=True)
+    lab.run_until(20.0)
+    leader = single_leader(lab)
+    assert leader is not None
+    term = lab.nodes[0].election.term
+    flapper = next(n for n in lab.nodes if n.node_id != leader)
+    lab.set_radio(flapper.index, GilbertElliott(bad_fraction=0.5, mean_burst_s=2.0))
+    for k in range(60):  # and every 10 s it drops off the network for 3 s
+        lab.at(30.0 + 10.0 * k, lambda: lab.partition([flapper.index]))
+        lab.at(33.0 + 10.0 * k, lab.heal)
+    lab.run_until(630.0)
+    assert single_leader(lab) == leader
+    assert all(n.election.term == term for n in lab.nodes if n is not flapper)
+    assert lab.oracle.leader_changes == 1  # the first election, nothing since
+
+
+def test_leader_priority_picks_the_wired_machine() -> None:
+    lab = GossipLab(8, seed=15, config=proposed("lan"), priorities={5: 10, 2: 5})
+    lab.start()
+    lab.run_until(30.0)
+    assert single_leader(lab) == lab.nodes[5].node_id
+    lab.crash(5)
+    lab.run_until(45.0)
+    assert single_leader(lab) == lab.nodes[2].node_id
+    one_leader_per_term(lab)
