@@ -968,8 +968,8 @@ def train(
                                    "plan_id; start nothing."),
     plan_id: Optional[str] = typer.Option(None, "--plan-id", help="Start exactly this plan, "
                                           "or refuse with what changed (plan-changed, 409)."),
-    maximize_seq_len: bool = typer.Option(False, "--maximize-seq-len", help="With --plan: "
-                                          "the longest sequence length that fits now."),
+    maximize_seq_len: bool = typer.Option(False, "--maximize-seq-len", help="Plan and train "
+                                          "at the longest sequence length that fits now."),
     stages: Optional[int] = typer.Option(None, "--stages", help="Fix the stages per replica."),
     exclude: list[str] = typer.Option([], "--exclude", help="Leave a card out: FELLOW:INDEX "
                                       "or FELLOW:cpu (repeatable)."),
@@ -1024,7 +1024,8 @@ def train(
             console.print(line)
 
     message: dict[str, Any] = {"op": "job_submit", "config": job, "plan_id": plan_id,
-                               "stages": stages, "resume": resume or None}
+                               "stages": stages, "resume": resume or None,
+                               "maximize": "seq_len" if maximize_seq_len else None}
     try:
         if detach:
             record = _agent_answer(home, message, "")

@@ -289,6 +289,36 @@ def test_metadata_is_signed_pulled_and_newer_wins() -> None:
     assert a.counters()["bad_signatures"] == 1
 
 
+def test_a_restarted_node_publishes_above_its_old_metadata() -> None:
+    private, public = ed25519()
+    other_private, other_public = ed25519()
+
+    def node(i: int, key, pub, metadata: bytes) -> Membership:  # type: ignore[no-untyped-def]
+        local = LocalNode(node_id_of(pub), f"n{i}", f"10.0.0.{i + 1}:7946", pub)
+        return Membership(local, GossipConfig(), random.Random(i), sign=key.sign,
+                          verify=ed_verify, metadata=metadata)
+
+    def join(b: Membership, a: Membership, now: float) -> None:
+        (req,) = [e for e in b.join((a.local.addr,), now) if isinstance(e, StreamRequest)]
+        reply, _ = a.handle_stream(req.message, b.local.addr, now)
+        b.handle_reply(req.request_id, reply, now)
+
+    a = node(0, other_private, other_public, b"")
+    a.join((), 0.0)
+    b = node(1, private, public, b"cards v1")
+    join(b, a, 0.0)
+    for version in range(2, 6):  # a long life: metadata version 5
+        b.set_metadata(b"training %d" % version, float(version))
+        a.handle(b._alive_msg(), b.local.addr, float(version))
+    a.handle(g.MetaPush((b.self_record(),)), b.local.addr, 6.0)
+    assert a.member(b.node_id).metadata == b"training 5"
+    b2 = node(1, private, public, b"idle")  # restarted: version 1 again
+    join(b2, a, 10.0)  # learns its old self at version 5 and publishes above it
+    assert b2.meta_version > 5
+    a.handle(g.MetaPush((b2.self_record(),)), b2.local.addr, 11.0)
+    assert a.member(b.node_id).metadata == b"idle"
+
+
 def test_anti_entropy_sends_only_what_differs() -> None:
     a, b = joined_pair()
     (req,) = [e for e in a.tick(100.0) if isinstance(e, StreamRequest)]

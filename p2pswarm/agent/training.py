@@ -28,10 +28,14 @@ its own optimizer. With one replica this is exactly ``LocalTrainPipeline``.
 Between replicas the driver keeps each stage's ``OuterSync``: every ``inner_steps`` steps it
 collects every replica's compressed pseudo-gradients, closes the round and sends each
 stage the encoded update (DiLoCo, as ``training.LocalRun``). A replica whose fellow drops
-or fails is paused: it leaves the rounds and the others go on; the job fails only when no
-replica is left. Checkpoints gather every stage's shard (parameters, optimizer, sync
-state) with the data positions into a ``CheckpointStore``; ``resume`` continues from the
-latest one with the same loss trajectory. Progress (step, loss, tokens/s, replicas,
+or fails is paused: it leaves the rounds and the others go on. Every ``retry_s`` the
+driver places a paused replica again (same cut, cards nobody trains on); at the next
+round boundary its stages take the keepers' global parameters and version and it trains
+in that round. The job fails only when no replica is left and none is being placed
+again. Checkpoints gather every stage's shard (parameters, optimizer, sync state) with
+the data positions into a ``CheckpointStore``, copied to two more fellows
+(``train_copies``); ``resume`` continues from the latest one with the same loss
+trajectory, fetching from those fellows what the leader's own copy lacks. Progress (step, loss, tokens/s, replicas,
 bytes) lives in the job record; the fellow whose ``job_submit`` streams follows it.
 """
 
@@ -40,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +54,7 @@ import trio
 
 from p2pswarm import wire
 from p2pswarm.agent.planning import fellow_id
+from p2pswarm.agent.train_copies import TrainCopies
 from p2pswarm.control.server import current_emitter
 from p2pswarm.errors import (
     ConfigError,
@@ -59,6 +65,7 @@ from p2pswarm.errors import (
     SwarmError,
     TransportError,
 )
+from p2pswarm.planner import plan_message
 from p2pswarm.planner.wording import card_label, gb
 from p2pswarm.wire.training import TrainCtl, TrainError, TrainOpen, TrainTensor
 
@@ -70,6 +77,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("p2pswarm.training")
 
+_JOB_ID = re.compile(r"job-[0-9a-f]{8}")
 STATES = ("pending", "running", "finished", "failed", "cancelled")
 TERMINAL = ("finished", "failed", "cancelled")
 CHANGED = "the cluster changed since the plan was shown: "
@@ -124,11 +132,13 @@ class Job:
     bytes_sent: int = 0
     samples: int = 0
     checkpoint: str = ""
+    copies: dict[str, list[str]] = field(default_factory=dict)  # shard -> fellows holding it
     placement: list[list[dict[str, Any]]] = field(default_factory=list)
     rejoins: int = 0
     rounds: list[dict[str, Any]] = field(default_factory=list)
     maximize: str | None = None
     scope: trio.CancelScope | None = None
+    driver: Any = None  # the _Driver while it runs
     cancel_asked: bool = False
 
     def record(self) -> dict[str, Any]:
@@ -139,6 +149,7 @@ class Job:
                 "bytes_sent": self.bytes_sent, "samples": self.samples,
                 "plan_id": self.plan_id, "pinned": self.pinned,
                 "model": self.config.get("model"), "checkpoint": self.checkpoint,
+                "checkpoint_copies": self.copies,
                 "seq_len": int(self.config.get("seq_len", 0)), "rejoins": self.rejoins,
                 "rounds": self.rounds[-ROUNDS_KEPT:],
                 "stages": [[{k: s[k] for k in ("stage", "fellow", "layers", "card")}
@@ -280,6 +291,9 @@ class Training:
         self.step_timeout_s = 120.0  # the most the driver waits for one stage's step
         self.open_timeout_s = 30.0
         self.retry_s = 5.0  # a pending job tries its fellows again this often
+        # simulations only: the virtual seconds one step of a hosted stage takes (compute
+        # runs inline and takes none); 0 in the real world
+        self.simulated_step_s = 0.0
         self._shown: OrderedDict[str, dict[str, Any]] = OrderedDict()
         agent.control_ops.update({"job_plan": self._op_plan, "job_submit": self._op_submit,
                                   "jobs": self._op_jobs, "job_cancel": self._op_cancel})
@@ -289,6 +303,7 @@ class Training:
         leadership.order_ops.update({"train-prepare": self._order_prepare,
                                      "train-release": self._order_release})
         agent.on_stream(TrainOpen, self._on_train_open)
+        self.copies = TrainCopies(agent)
 
     async def run(self, fn: Any, limiter: trio.CapacityLimiter | None = None) -> Any:
         """Torch work: on a worker thread, or inline in virtual time (as serving)."""
@@ -326,9 +341,12 @@ class Training:
         plan_id = request.get("plan_id")
         if plan_id is not None and not isinstance(plan_id, str):
             raise ConfigError("plan_id must be a string")
+        maximize = request.get("maximize")
+        if maximize not in (None, "seq_len"):
+            raise ConfigError(f"maximize {maximize!r} for a job must be \"seq_len\" or null")
         return await self.submit(body["config"], plan_id=plan_id or None,
                                  stages=body["stages"], resume=str(resume or ""),
-                                 follow=current_emitter() is not None)
+                                 follow=current_emitter() is not None, maximize=maximize)
 
     async def _op_jobs(self, request: dict[str, Any]) -> Any:
         return await self.list_jobs()
@@ -341,13 +359,15 @@ class Training:
 
     async def submit(self, config: dict[str, Any] | None, *, plan_id: str | None = None,
                      stages: int | None = None, resume: str = "",
-                     follow: bool = False) -> dict[str, Any]:
+                     follow: bool = False, maximize: str | None = None) -> dict[str, Any]:
         """Submit a job to the leader; with ``follow``, stream its record (control events
-        ``{"job": record}``) until it ends, and return the last one."""
+        ``{"job": record}``) until it ends, and return the last one. ``maximize="seq_len"``
+        trains at the longest sequence length that fits now."""
         from p2pswarm.control.server import emit
 
         record: dict[str, Any] = await self.leadership.ask("job-submit", {
-            "config": config, "plan_id": plan_id, "stages": stages, "resume": resume})
+            "config": config, "plan_id": plan_id, "stages": stages, "resume": resume,
+            "maximize": maximize})
         if not follow:
             return record
         emit({"job": record})
@@ -439,8 +459,10 @@ class Training:
             config = self._resume_config(resume, config)
         _job_config(config)
         expected = body.get("plan_id")
+        maximize = body.get("maximize") if body.get("maximize") == "seq_len" else None
         try:
-            plan = await self.plan({"config": config, "stages": body.get("stages")})
+            plan = await self.plan({"config": config, "stages": body.get("stages"),
+                                    "maximize": maximize})
         except PlacementError as exc:
             if not expected:
                 raise
@@ -455,10 +477,14 @@ class Training:
         busy = [j for j in self.jobs.values() if j.state in ("pending", "running")]
         if resume and any(j.job_id == resume for j in busy):
             raise PlacementError(f"job {resume} is still {self.jobs[resume].state}")
-        job_id = resume if resume in self.jobs else f"job-{self.agent.rng.getrandbits(32):08x}"
-        job = Job(job_id, dict(config), str(plan["plan_id"]), pinned=bool(expected),  # type: ignore[arg-type]
+        job_id = resume if resume in self.jobs or _JOB_ID.fullmatch(resume) \
+            else f"job-{self.agent.rng.getrandbits(32):08x}"
+        config = dict(config)  # type: ignore[arg-type]
+        if maximize:  # the job runs at the sequence length the plan found
+            config["seq_len"] = int(plan["request"]["seq_len"])
+        job = Job(job_id, config, str(plan["plan_id"]), pinned=bool(expected),
                   stages=body.get("stages"), resume=bool(resume),
-                  reason="waiting for its fellows to take their stages")
+                  reason="waiting for its fellows to take their stages", maximize=maximize)
         self.jobs[job_id] = job
         self.agent.spawn(self._drive, job)
         return job.record()
@@ -496,7 +522,7 @@ class Training:
                 scope.cancel()
             try:
                 placement = await self._place(job)
-                driver = _Driver(self, job, placement)
+                driver = job.driver = _Driver(self, job, placement)
                 await driver.run()
                 job.state, job.reason = "finished", ""
             except SwarmError as exc:
@@ -514,7 +540,10 @@ class Training:
         its stage; the job stays pending (with why) until then."""
         while True:
             try:
-                plan = await self.plan({"config": job.config, "stages": job.stages})
+                plan = await self.plan({"config": job.config, "stages": job.stages,
+                                        "maximize": job.maximize})
+                if job.maximize and not job.pinned:
+                    job.config["seq_len"] = int(plan["request"]["seq_len"])
                 if job.pinned and plan["plan_id"] != job.plan_id:
                     raise PlacementError(CHANGED + "; ".join(self._changes(job.plan_id, plan)))
                 if not plan.get("fits"):
@@ -568,7 +597,7 @@ class Training:
         old = job.placement[replica]
         message = {"model": _model_message(cfg), **cfg.plan_request(), "stages": len(old),
                    "maximize": None, "exclude": []}
-        plan = await self.agent.planning.plan(message)
+        plan = plan_message(message, self._view_for_training())
         if not plan.get("fits"):
             raise PlacementError(plan["layout"]["limit"]["sentence"])
         if len(plan["stages"]) != len(old):
@@ -578,6 +607,27 @@ class Training:
         for new, was in zip(stages, old):
             new["layers"] = list(was["layers"])
         return stages
+
+    def _view_for_training(self) -> Any:
+        """The leader's view with each fellow's ``training`` flag from the leader's own
+        record (the fellows holding live stages of its jobs), not from gossip: a fellow
+        restarted after a crash may still be gossiped with the flag its old self set."""
+        from dataclasses import replace
+
+        from p2pswarm.planner import ClusterView
+
+        busy: set[str] = set()
+        for job in self.jobs.values():
+            if job.state in TERMINAL:
+                continue
+            idle = {r.index for r in job.driver.replicas if r.paused and not r.joining} \
+                if job.driver is not None else set()
+            busy.update(s["fellow_id"] for i, stages in enumerate(job.placement)
+                        if i not in idle for s in stages)
+        busy.update(fellow_id(self.agent.node_id) for _ in self.hosts)
+        view = self.agent.planning.view()
+        fellows = tuple(replace(f, training=f.id in busy) for f in view.fellows)
+        return ClusterView(fellows, view.default_link, view.local_link, view.links)
 
     def _member(self, fid: str) -> Any:
         membership = self.agent.membership
@@ -855,6 +905,8 @@ class Training:
             total = _tensor((await _receive(control, TrainTensor, "the driver")).tensor)
             stage.set_tied_grad(total)
         await self.run(lambda: stage.step(msg.value, apply.value), host.limiter)
+        if self.simulated_step_s:
+            await trio.sleep(self.simulated_step_s)
         await _send(control, TrainCtl("ok", step))
 
     async def _upstream_receive(self, host: TrainHost) -> TrainTensor:
@@ -874,6 +926,25 @@ def _grad_sq_without_tied(stage: Any) -> float:
             continue
         total += float(p.grad.detach().float().pow(2).sum())
     return total
+
+
+async def _together(fns: list[Any]) -> None:
+    """Run ``fns`` concurrently; the first failure cancels the rest and is raised as
+    itself (not as an exception group), so a caller's ``except SwarmError`` sees it."""
+    errors: list[BaseException] = []
+
+    async def guard(fn: Any, scope: trio.CancelScope) -> None:
+        try:
+            await fn()
+        except (SwarmError, trio.TooSlowError) as exc:
+            errors.append(exc)
+            scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for fn in fns:
+            nursery.start_soon(guard, fn, nursery.cancel_scope)
+    if errors:
+        raise errors[0]
 
 
 async def _quietly(stream: SecureStream, msg: Any) -> None:
@@ -1102,9 +1173,7 @@ class _Driver:
             if msg.count:
                 tied[link.stage] = _tensor((await link.receive(TrainTensor)).tensor)
 
-        async with trio.open_nursery() as nursery:
-            for link in r.links:
-                nursery.start_soon(report, link)
+        await _together([lambda link=link: report(link) for link in r.links])
         total_sq = sum(reports[s].value for s in sorted(reports))
         tied_sum = None
         if len(tied) == 2:
@@ -1231,6 +1300,13 @@ class _Driver:
                 "job_id": self.job.job_id}
         path = await self.training.run(lambda: self.store.write(self.job.step, shards, meta))
         self.job.checkpoint = str(path)
+        self.job.copies = await self.training.copies.spread(
+            self.job.job_id, self.job.step, path, self.cfg.checkpoint.copies)
+        thin = sorted(n for n, h in self.job.copies.items() if len(h) < self.cfg.checkpoint.copies)
+        if thin:
+            log.warning("job %s: checkpoint %d has fewer than %d copies on fellows of %s",
+                        self.job.job_id, self.job.step, self.cfg.checkpoint.copies,
+                        ", ".join(thin))
 
     async def _resume(self) -> None:
         from p2pswarm.training.checkpoint import shard_bytes
@@ -1238,9 +1314,10 @@ class _Driver:
 
         if self.store is None:
             raise ConfigError("the job names no checkpoint.dir to resume from")
-        step = self.store.latest()
+        step = await self.training.copies.restore(self.job.job_id, self.store)
         if step is None:
-            raise ConfigError(f"no complete checkpoint in {self.cfg.checkpoint.dir}")
+            raise ConfigError(f"no complete checkpoint of {self.job.job_id} in "
+                              f"{self.cfg.checkpoint.dir} or on any connected fellow")
         meta = self.store.manifest(step)["meta"]
         if _comparable(meta["job"]) != _comparable(self.cfg.to_dict()):
             raise ConfigError("the checkpoint was written by a different job.json; resume "

@@ -471,6 +471,17 @@ class Membership:
                       f"published metadata version {self.meta_version}", self.incarnation,
                       self.node_id)]
 
+    def _outdo_old_metadata(self, seen_version: int, seen_incarnation: int, now: float,
+                            out: list[Effect]) -> None:
+        """Fellows still hold metadata of ours from before a restart, at a version as high
+        as our fresh one: publish ours again above it, or theirs would keep winning. (A
+        version above ours, or ours with an incarnation above ours, can only be that.)"""
+        stale = seen_version > self.meta_version or (
+            seen_version == self.meta_version and seen_incarnation > self.incarnation)
+        if stale and self.metadata and not self._leaving:
+            self.meta_version = seen_version
+            out.extend(self.set_metadata(self.metadata, now))
+
     def piggyback(self, budget_bytes: int, now: float | None = None) -> list[Any]:
         """Queued updates fitting in ``budget_bytes`` (item bytes, envelope not included),
         to ride on a datagram the driver sends anyway."""
@@ -1078,6 +1089,7 @@ class Membership:
     def _on_alive(self, msg: Alive, addr: str, now: float, out: list[Effect]) -> None:
         node = msg.node
         if node == self.node_id:
+            self._outdo_old_metadata(msg.meta_version, msg.incarnation, now, out)
             if msg.incarnation > self.incarnation or (
                     msg.incarnation == self.incarnation
                     and (msg.addr != self.local.addr or msg.public_key != self.local.public_key)):
@@ -1457,6 +1469,7 @@ class Membership:
         for r in records:
             node = r.node
             if node == self.node_id:
+                self._outdo_old_metadata(r.meta_version, r.incarnation, now, out)
                 if r.incarnation >= self.incarnation and (
                         r.state != _ALIVE or r.incarnation > self.incarnation
                         or r.addr != self.local.addr):

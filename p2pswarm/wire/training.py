@@ -15,10 +15,18 @@ and targets from the driver, activations, gradients, the tied-embedding gradient
   anchored on version ``step``; ``update``: the keeper's update to version ``step``;
 - ``state`` / ``load``: a stage's shard (``torch.save`` bytes, read back weights-only)
   for checkpoints and resume; ``tied`` / ``tied-weight``: the first stage's embedding
-  for a last stage holding a tied head, after a sync round;
+  for a last stage holding a tied head, after a sync round; ``reset``: a replica placed
+  again takes the keeper's global parameters (``blob``) at version ``step``;
 - ``ok`` acknowledges, ``stop`` ends the stream.
 
 ``TrainError`` names the stage and fellow that failed and why, in either direction.
+
+Checkpoint copies travel on streams of their own. ``TrainShard`` opens one from the
+leader to a holder: the shard ``name`` of checkpoint ``step`` of ``job_id`` with its
+SHA-256, as frames of at most ``SHARD_CHUNK_BYTES`` (``offset`` into ``total``); the
+holder answers ``TrainCtl("ok")`` once it has the whole shard on disk, or ``TrainError``.
+``TrainFetch`` asks a holder for a shard (``step`` 0: the newest step it holds whole);
+it answers the shard as ``TrainShard`` frames, or ``TrainError``.
 """
 
 from __future__ import annotations
@@ -27,11 +35,13 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from p2pswarm.wire.codec import message
-from p2pswarm.wire.schema import F64, U16, U32, Name, Reason, Size
+from p2pswarm.wire.schema import F64, U16, U32, U64, Name, Reason, Size
 
 Token = Annotated[str, Size(1, 64)]
 Word = Annotated[str, Size(1, 32)]
 Blob = Annotated[bytes, Size(0, 64 * 1024 * 1024)]
+Hex = Annotated[str, Size(0, 64)]
+SHARD_CHUNK_BYTES = 16 * 1024 * 1024
 
 
 @message(110)
@@ -76,4 +86,25 @@ class TrainError:
     reason: Reason
 
 
-__all__ = ["TrainCtl", "TrainError", "TrainOpen", "TrainTensor"]
+@message(114)
+@dataclass(frozen=True, slots=True)
+class TrainShard:
+    job_id: Token
+    step: U32
+    name: Token
+    sha256: Hex
+    offset: U64
+    total: U64
+    data: Blob
+
+
+@message(115)
+@dataclass(frozen=True, slots=True)
+class TrainFetch:
+    job_id: Token
+    step: U32  # 0: the newest complete step the holder has
+    name: Token
+
+
+__all__ = ["SHARD_CHUNK_BYTES", "TrainCtl", "TrainError", "TrainFetch", "TrainOpen",
+           "TrainShard", "TrainTensor"]
