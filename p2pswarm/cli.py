@@ -1025,7 +1025,8 @@ def train(
 
     message: dict[str, Any] = {"op": "job_submit", "config": job, "plan_id": plan_id,
                                "stages": stages, "resume": resume or None,
-                               "maximize": "seq_len" if maximize_seq_len else None}
+                               "maximize": "seq_len" if maximize_seq_len else None,
+                               "exclude_cards": list(exclude)}
     try:
         if detach:
             record = _agent_answer(home, message, "")

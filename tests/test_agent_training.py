@@ -109,6 +109,26 @@ async def test_pinned_plan_on_a_changed_cluster_is_refused(autojump_clock) -> No
         nursery.cancel_scope.cancel()
 
 
+async def test_a_pin_made_with_cards_left_out_holds_only_with_them_left_out(
+        autojump_clock) -> None:
+    config = job_config(steps=1000)
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery)
+        asker = swarm.live()[1]
+        whole = await asker.training._op_plan({"config": config, "stages": 2})
+        left_out = f"{whole['stages'][0]['fellow_id']}:cpu"
+        plan = await asker.training._op_plan({"config": config, "stages": 2,
+                                              "exclude_cards": [left_out]})
+        assert plan["plan_id"] != whole["plan_id"]
+        with pytest.raises(PlanChanged):  # the same pin without the exclusion
+            await asker.training.submit(config, plan_id=plan["plan_id"], stages=2)
+        record = await asker.training.submit(config, plan_id=plan["plan_id"], stages=2,
+                                             exclude_cards=[left_out])
+        assert record["plan_id"] == plan["plan_id"]
+        await asker.training._op_cancel({"job_id": record["job_id"]})
+        nursery.cancel_scope.cancel()
+
+
 async def test_pinned_job_whose_fellow_changed_stays_pending(autojump_clock) -> None:
     config = job_config()
     async with trio.open_nursery() as nursery:

@@ -88,6 +88,13 @@ LOSSES_KEPT = 1000  # per-step losses a job record carries
 ROUNDS_KEPT = 200  # sync rounds a job record carries
 
 
+def _exclude_cards(request: dict[str, Any]) -> list[str]:
+    exclude = request.get("exclude_cards") or []
+    if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
+        raise ConfigError("exclude_cards must be a list of \"FELLOW:INDEX\" strings")
+    return list(exclude)
+
+
 def _job_config(config: Any) -> JobConfig:
     from p2pswarm.training.job import JobConfig
 
@@ -137,6 +144,7 @@ class Job:
     rejoins: int = 0
     rounds: list[dict[str, Any]] = field(default_factory=list)
     maximize: str | None = None
+    exclude_cards: list[str] = field(default_factory=list)  # cards the user left out
     scope: trio.CancelScope | None = None
     driver: Any = None  # the _Driver while it runs
     cancel_asked: bool = False
@@ -322,9 +330,7 @@ class Training:
         return {"config": config, "stages": stages}
 
     async def _op_plan(self, request: dict[str, Any]) -> Any:
-        exclude = request.get("exclude_cards") or []
-        if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
-            raise ConfigError("exclude_cards must be a list of \"FELLOW:INDEX\" strings")
+        exclude = _exclude_cards(request)
         maximize = request.get("maximize")
         if maximize not in (None, "seq_len", "speed"):
             raise ConfigError(f"maximize {maximize!r} must be \"seq_len\", \"speed\" or null")
@@ -346,7 +352,8 @@ class Training:
             raise ConfigError(f"maximize {maximize!r} for a job must be \"seq_len\" or null")
         return await self.submit(body["config"], plan_id=plan_id or None,
                                  stages=body["stages"], resume=str(resume or ""),
-                                 follow=current_emitter() is not None, maximize=maximize)
+                                 follow=current_emitter() is not None, maximize=maximize,
+                                 exclude_cards=_exclude_cards(request))
 
     async def _op_jobs(self, request: dict[str, Any]) -> Any:
         return await self.list_jobs()
@@ -359,7 +366,8 @@ class Training:
 
     async def submit(self, config: dict[str, Any] | None, *, plan_id: str | None = None,
                      stages: int | None = None, resume: str = "",
-                     follow: bool = False, maximize: str | None = None) -> dict[str, Any]:
+                     follow: bool = False, maximize: str | None = None,
+                     exclude_cards: list[str] | None = None) -> dict[str, Any]:
         """Submit a job to the leader; with ``follow``, stream its record (control events
         ``{"job": record}``) until it ends, and return the last one. ``maximize="seq_len"``
         trains at the longest sequence length that fits now."""
@@ -367,7 +375,7 @@ class Training:
 
         record: dict[str, Any] = await self.leadership.ask("job-submit", {
             "config": config, "plan_id": plan_id, "stages": stages, "resume": resume,
-            "maximize": maximize})
+            "maximize": maximize, "exclude_cards": exclude_cards or []})
         if not follow:
             return record
         emit({"job": record})
@@ -460,9 +468,10 @@ class Training:
         _job_config(config)
         expected = body.get("plan_id")
         maximize = body.get("maximize") if body.get("maximize") == "seq_len" else None
+        exclude = [str(e) for e in body.get("exclude_cards") or []]
         try:
             plan = await self.plan({"config": config, "stages": body.get("stages"),
-                                    "maximize": maximize})
+                                    "maximize": maximize, "exclude_cards": exclude})
         except PlacementError as exc:
             if not expected:
                 raise
@@ -484,7 +493,8 @@ class Training:
             config["seq_len"] = int(plan["request"]["seq_len"])
         job = Job(job_id, config, str(plan["plan_id"]), pinned=bool(expected),
                   stages=body.get("stages"), resume=bool(resume),
-                  reason="waiting for its fellows to take their stages", maximize=maximize)
+                  reason="waiting for its fellows to take their stages", maximize=maximize,
+                  exclude_cards=exclude)
         self.jobs[job_id] = job
         self.agent.spawn(self._drive, job)
         return job.record()
@@ -541,7 +551,8 @@ class Training:
         while True:
             try:
                 plan = await self.plan({"config": job.config, "stages": job.stages,
-                                        "maximize": job.maximize})
+                                        "maximize": job.maximize,
+                                        "exclude_cards": job.exclude_cards})
                 if job.maximize and not job.pinned:
                     job.config["seq_len"] = int(plan["request"]["seq_len"])
                 if job.pinned and plan["plan_id"] != job.plan_id:
@@ -596,7 +607,7 @@ class Training:
         cfg = _job_config(job.config)
         old = job.placement[replica]
         message = {"model": _model_message(cfg), **cfg.plan_request(), "stages": len(old),
-                   "maximize": None, "exclude": []}
+                   "maximize": None, "exclude": sorted(job.exclude_cards)}
         plan = plan_message(message, self._view_for_training())
         if not plan.get("fits"):
             raise PlacementError(plan["layout"]["limit"]["sentence"])

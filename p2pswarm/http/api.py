@@ -25,7 +25,7 @@ SERVE_FIELDS = ("model", "context", "stages", "kv_dtype", "weights_dtype", "sequ
 LOAD_FIELDS = (*SERVE_FIELDS, "plan_id")
 UNLOAD_FIELDS = ("plan_id", "all")
 JOB_PLAN_FIELDS = ("config", "exclude_cards", "maximize")
-JOB_SUBMIT_FIELDS = ("config", "plan_id")
+JOB_SUBMIT_FIELDS = ("config", "plan_id", "exclude_cards", "maximize")
 PLAN_ID = re.compile(r"^[0-9a-f]{16}$")
 
 
@@ -167,8 +167,13 @@ class Api:
         body = await call.json()
         check_fields(body, JOB_SUBMIT_FIELDS)
         config = _job_config(body)
+        maximize = body.get("maximize")
+        if maximize not in (None, "seq_len"):
+            raise HttpError("bad-request", f"maximize {maximize!r}: a training job "
+                                           "maximizes \"seq_len\" or nothing")
         await call.respond_json(await self.op("job_submit", {
-            "config": config, "plan_id": plan_id_field(body)}))
+            "config": config, "plan_id": plan_id_field(body),
+            "exclude_cards": exclude_field(body), "maximize": maximize}))
 
     async def jobs(self, call: Call) -> None:
         await call.respond_json(await self.op("jobs", {}))

@@ -131,7 +131,11 @@ def openapi_document() -> dict[str, Any]:
                         op_id="jobs_submit", body={
                             "type": "object", "additionalProperties": False,
                             "required": ["config"], "properties": {
-                                "config": _OBJECT, "plan_id": {"type": ["string", "null"]}}}),
+                                "config": _OBJECT, "plan_id": {"type": ["string", "null"]},
+                                "exclude_cards": {"type": "array",
+                                                  "items": {"type": "string"}},
+                                "maximize": {"type": ["string", "null"],
+                                             "enum": ["seq_len", None]}}}),
             "get": _op("Training jobs", _OBJECT, "not-available", op_id="jobs_list")},
         "/api/jobs/{job_id}/cancel": {"post": {
             **_op("Stop a training job", _OBJECT, "not-found", "not-available",
