@@ -8,6 +8,12 @@ about a third of the built-in ``small-llama`` at float32 (12 layers, 38 M parame
 0.15 GB of weights, plus its KV cache): the plan needs all three. The demo shows the
 status and the plan, loads exactly that plan (``--plan-id``), generates, checks the
 tokens against the same model run in this one process, and leaves.
+
+``demo --train`` starts the fellows with more room (training plans keep the planner's
+1 GB floor), trains a small llama from scratch on the shipped corpus as one pipeline over
+all of them (the job pinned to the plan it shows), exports the job's final checkpoint as
+a Hugging Face directory recording the cut, serves that on the same cut with a pinned
+plan, generates after two prompts, and leaves.
 """
 
 from __future__ import annotations
@@ -123,6 +129,26 @@ def local_swarm(say: Say, keep: bool = False) -> Iterator[LocalSwarm]:
             shutil.rmtree(root, ignore_errors=True)
 
 
+def form_swarm(swarm: LocalSwarm, names: list[str], cap: tuple[str, ...], memory: str,
+               say: Say, started: float) -> dict[str, Any]:
+    """Start ``names`` as fellows joining through the first; the status once every one
+    sees all the others alive and a leader."""
+    say(f"starting {len(names)} fellows on loopback in {swarm.root}, each offering "
+        f"{memory} of RAM")
+    seed = swarm.start(names[0], extra=cap)
+    say(f"{names[0]} listening on {seed}")
+    for name in names[1:]:
+        swarm.launch(name, seeds=(seed,), extra=cap)
+    for name in names[1:]:
+        say(f"{name} listening on {swarm.address(name)}, joining through {seed}")
+    for name in names:
+        swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
+            m["state"] == "alive" for m in s["members"]) == len(names), timeout_s=60,
+            what="the swarm to form and elect a leader")
+    say(f"swarm formed in {time.monotonic() - started:.1f} s")
+    return swarm.status(names[0])
+
+
 def demo_request(model: str = DEMO_MODEL) -> dict[str, Any]:
     """The plan request the demo loads: float32 weights, the planner's other defaults."""
     from p2pswarm.planner import BUILTIN_MODELS
@@ -141,20 +167,7 @@ def run_demo(say: Say, render_status: Show, render_plan: Show | None = None,
     names = [f"fellow-{i + 1}" for i in range(fellows)]
     cap = ("--cpu-memory", DEMO_CPU_MEMORY, "--log-level", "warning")
     with local_swarm(say, keep) as swarm:
-        say(f"starting {fellows} fellows on loopback in {swarm.root}, each offering "
-            f"{DEMO_CPU_MEMORY} of RAM")
-        seed = swarm.start(names[0], extra=cap)
-        say(f"{names[0]} listening on {seed}")
-        for name in names[1:]:
-            swarm.launch(name, seeds=(seed,), extra=cap)
-        for name in names[1:]:
-            say(f"{name} listening on {swarm.address(name)}, joining through {seed}")
-        for name in names:
-            swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
-                m["state"] == "alive" for m in s["members"]) == fellows, timeout_s=60,
-                what="the swarm to form and elect a leader")
-        status = swarm.status(names[0])
-        say(f"swarm formed in {time.monotonic() - started:.1f} s")
+        status = form_swarm(swarm, names, cap, DEMO_CPU_MEMORY, say, started)
         render_status(status)
 
         home = swarm.homes[names[0]]
@@ -236,3 +249,208 @@ def one_process_tokens(plan: dict[str, Any], prompt: str, max_tokens: int) -> li
     finally:
         torch.set_num_threads(threads)
     return list(generation.token_ids)
+
+
+# --- `p2pswarm demo --train` ---------------------------------------------------------------
+
+# A llama shaped to learn the shipped corpus (39 KB of founding documents, byte-level) in
+# about a minute of two CPU cores: 6 layers of width 128, 1.2 M parameters.
+DEMO_TRAIN_MODEL: dict[str, Any] = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 128,
+    "intermediate_size": 384, "num_hidden_layers": 6, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 32, "hidden_act": "silu",
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "tie_word_embeddings": True, "vocab_size": 259, "bos_token_id": 256,
+    "eos_token_id": 257, "pad_token_id": 258,
+}
+DEMO_TRAIN_STEPS = 300
+DEMO_TRAIN_MEMORY = "1500MB"  # per fellow: above the planner's 1 GB floor for training
+DEMO_TRAIN_PROMPTS = ("We the People", "Congress shall")
+DEMO_TRAIN_TOKENS = 64
+LIVE_EVERY_S = 5.0  # a progress line this often when the output is not a terminal
+
+
+def demo_job(steps: int, checkpoint_dir: Path) -> dict[str, Any]:
+    """The demo's job.json: one pipeline over the fellows, on the shipped corpus."""
+    return {"model": {"config": DEMO_TRAIN_MODEL}, "seq_len": 128, "micro_batch": 4,
+            "micro_batches": 1, "steps": steps, "replicas": 1,
+            "lr": {"peak": 4e-3, "min": 4e-4, "warmup_steps": min(10, steps - 1)},
+            "checkpoint": {"dir": str(checkpoint_dir), "interval_steps": steps, "keep": 1,
+                           "copies": 2}, "seed": 0}
+
+
+def progress_line(record: dict[str, Any]) -> str:
+    """One line of a training job's progress."""
+    loss = record.get("loss")
+    return (f"step {record.get('step', 0)}/{record.get('steps', 0)}"
+            + (f"  loss {loss:.3f}" if isinstance(loss, (int, float)) else "")
+            + f"  {record.get('tokens_per_s', 0.0):,.0f} tokens/s"
+            + f"  {record.get('replicas', 0)} replica(s)"
+            + f"  {record.get('bytes_sent', 0) / 1e6:,.2f} MB exchanged")
+
+
+def loss_curve_text(losses: list[float], points: int = 10) -> str:
+    """The mean loss of ``points`` equal spans of the run, first to last."""
+    if not losses:
+        return "no steps"
+    n = min(points, len(losses))
+    spans = [losses[len(losses) * i // n:len(losses) * (i + 1) // n] for i in range(n)]
+    return " -> ".join(f"{sum(s) / len(s):.2f}" for s in spans if s)
+
+
+def run_train_demo(say: Say, render_status: Show, render_plan: Show | None = None,
+                   write: Callable[[str], None] | None = None,
+                   live: Callable[[str], None] | None = None, *, fellows: int = 3,
+                   keep: bool = False, steps: int = DEMO_TRAIN_STEPS,
+                   max_tokens: int = DEMO_TRAIN_TOKENS) -> dict[str, Any]:
+    """Form a swarm of ``fellows`` processes on loopback, train a small model as one
+    pipeline across all of them on the shipped corpus, export it, serve it on the cut it
+    trained with (a pinned plan), generate, and clean up. ``live`` gets the progress line
+    as it changes (a terminal rewrites it in place); without it, ``say`` gets one every
+    few seconds."""
+    from p2pswarm.training.job import JobConfig
+
+    if steps < 1:
+        raise SwarmError(f"steps must be at least 1, got {steps}")
+    layers = int(DEMO_TRAIN_MODEL["num_hidden_layers"])
+    if fellows > layers:
+        raise SwarmError(f"the demo model has {layers} layers: train it on at most {layers} "
+                         f"fellows, not {fellows}")
+    started = time.monotonic()
+    names = [f"fellow-{i + 1}" for i in range(fellows)]
+    cap = ("--cpu-memory", DEMO_TRAIN_MEMORY, "--log-level", "warning")
+    with local_swarm(say, keep) as swarm:
+        status = form_swarm(swarm, names, cap, DEMO_TRAIN_MEMORY, say, started)
+        render_status(status)
+        home = swarm.homes[names[0]]
+        job = JobConfig.from_dict(demo_job(steps, swarm.root / "checkpoints")).to_dict()
+
+        plan = request(home, {"op": "job_plan", "config": job, "stages": fellows},
+                       timeout_s=60)
+        if render_plan is not None:
+            render_plan(plan)
+        if not plan["fits"]:
+            raise SwarmError(f"the demo job does not fit: {plan['layout']['limit']['sentence']}")
+        say(f"training a {_params(DEMO_TRAIN_MODEL) / 1e6:.1f} M-parameter llama for {steps} "
+            f"steps on the shipped corpus, one pipeline of {fellows} stages: "
+            f"{plan['layout']['strip_text']} (train --plan-id {plan['plan_id']})")
+
+        shown = {"line": "", "at": time.monotonic()}
+
+        def progress(event: dict[str, Any]) -> None:
+            record = event.get("job")
+            if not isinstance(record, dict) or record.get("state") != "running":
+                return
+            line = progress_line(record)
+            if line == shown["line"]:
+                return
+            shown["line"] = line
+            if live is not None:
+                live(line)
+            elif time.monotonic() - shown["at"] >= LIVE_EVERY_S:
+                shown["at"] = time.monotonic()
+                say("  " + line)
+
+        train_began = time.monotonic()
+        record = stream(home, {"op": "job_submit", "config": job, "plan_id": plan["plan_id"],
+                               "stages": fellows}, progress, timeout_s=300)
+        train_s = time.monotonic() - train_began
+        if live is not None:
+            live("")
+        if record["state"] != "finished":
+            raise SwarmError(f"the demo job ended {record['state']}: {record['reason']}")
+        losses = [float(x) for x in record["losses"]]
+        final = sum(losses[-10:]) / len(losses[-10:])
+        say(f"trained {record['step']} steps in {train_s:.1f} s "
+            f"({record['tokens_per_s']:,.0f} tokens/s)")
+        say(f"loss {loss_curve_text(losses)} (first step {losses[0]:.2f}, last ten "
+            f"{final:.2f})")
+
+        model_dir, cut, holdout = export_trained(job, swarm.root / "trained")
+        say(f"exported to {model_dir} (a Hugging Face directory recording the cut "
+            f"{cut}); held-out loss {holdout:.2f}")
+
+        from p2pswarm.planner import read_model_config
+
+        name, config = read_model_config(str(model_dir))
+        message = {"model": {"name": name, "config": config}, "kind": "serve",
+                   "weights_dtype": "f32", "floors_bytes": {"cpu": DEMO_FLOOR}}
+        serve_plan = request(home, {"op": "plan", "request": message}, timeout_s=30)
+        if not serve_plan["fits"]:
+            raise SwarmError("the trained model does not fit: "
+                             + serve_plan["layout"]["limit"]["sentence"])
+        served_cut = [s["layers"][0] for s in serve_plan["stages"][1:]]
+        say(f"serving it on the cut it trained with ({served_cut}): load {model_dir.name} "
+            f"--plan-id {serve_plan['plan_id']}")
+        stream(home, {"op": "load", "request": message, "plan_id": serve_plan["plan_id"],
+                      "path": str(model_dir)}, lambda event: None, timeout_s=120)
+        samples: dict[str, str] = {}
+        for prompt in DEMO_TRAIN_PROMPTS:
+            pieces: list[str] = []
+
+            def token(event: dict[str, Any]) -> None:
+                if isinstance(event.get("text"), str):
+                    pieces.append(event["text"])
+                    if write is not None:
+                        write(event["text"])
+
+            if write is not None:
+                write(prompt)
+            stream(home, {"op": "generate", "prompt": prompt, "max_tokens": max_tokens},
+                   token, timeout_s=120)
+            if write is not None:
+                write("\n")
+            samples[prompt] = prompt + "".join(pieces)
+        request(home, {"op": "unload", "plan_id": serve_plan["plan_id"]}, timeout_s=30)
+        say("unloaded; leaving")
+    return {"status": status, "plan_id": plan["plan_id"], "job": record,
+            "loss_curve": losses, "final_loss": final, "first_loss": losses[0],
+            "holdout_loss": holdout, "train_s": train_s, "cut": cut,
+            "serve_plan_id": serve_plan["plan_id"], "served_cut": served_cut,
+            "samples": samples, "elapsed_s": time.monotonic() - started}
+
+
+def _params(config: dict[str, Any]) -> int:
+    h, i, n = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+    return n * per_layer + config["vocab_size"] * h + h
+
+
+def export_trained(job: dict[str, Any], out_dir: Path) -> tuple[Path, list[int], float]:
+    """The job's latest checkpoint as a Hugging Face directory: (its path, the cut, the
+    held-out loss of the trained model)."""
+    import torch
+
+    from p2pswarm.training.checkpoint import CheckpointStore
+    from p2pswarm.training.export import export_hf
+    from p2pswarm.training.job import JobConfig
+    from p2pswarm.training.pipeline import LocalTrainPipeline
+    from p2pswarm.training.replica import build_stages
+    from p2pswarm.training.run import job_data
+    from p2pswarm.training.source import open_job_model
+
+    config = JobConfig.from_dict(job)
+    assert config.checkpoint.dir is not None
+    store = CheckpointStore(config.checkpoint.dir)
+    step = store.latest()
+    if step is None:
+        raise SwarmError(f"the job left no complete checkpoint in {config.checkpoint.dir}")
+    cut = [int(c) for c in store.manifest(step)["meta"]["cut"]]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        source = open_job_model(config.model, config.seed)
+        stages = build_stages(config, source, cut)
+        for i, stage in enumerate(stages):
+            stage.load_state_dict(store.read(step, f"replica-0.stage-{i}")["stage"])
+        pipeline = LocalTrainPipeline(stages, lr=config.lr)
+        pipeline.copy_tied_weight()
+        data = job_data(config)
+        holdout = pipeline.evaluate(data.holdout_batches(config.seq_len, config.micro_batch, 8))
+        hf_config = getattr(source, "hf_config", None) or source.config.to_hf()
+        with torch.no_grad():
+            path = export_hf([s.model for s in stages], hf_config, out_dir)
+    finally:
+        torch.set_num_threads(threads)
+    return Path(path), cut, float(holdout)

@@ -155,3 +155,126 @@ async def test_lora_job_trains_and_syncs_only_the_adapters(autojump_clock) -> No
         assert 0 < job.bytes_sent <= rounds * 2 * (2 * 2 * keeper_values + 64)
         await leader.training._leader_cancel({"job_id": job.job_id})
         nursery.cancel_scope.cancel()
+
+
+async def test_a_slow_replica_never_holds_the_rounds_past_their_deadline(
+        autojump_clock) -> None:
+    deadline_s = 6.0
+    config = job_config(replicas="auto", steps=24, micro_batch=2,
+                        sync={"inner_steps": 4, "codec": "fp16", "round_deadline_s": deadline_s,
+                              "staleness_bound": 1, "staleness_decay": 0.5})
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery)
+        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        slow = next(a for a in swarm.live() if a is not leader)
+        slow.training.simulated_step_s = 5 * STEP_S  # one fellow five times slower
+        began = trio.current_time()
+        record = await leader.training.submit(config)
+        record = await finished(leader, record["job_id"])
+        took_s = trio.current_time() - began
+        nursery.cancel_scope.cancel()
+    assert record["state"] == "finished", record["reason"]
+    assert record["replicas"] == 3 and record["step"] == 24
+    names = {s["fellow"]: f"replica-{i}" for i, stages in enumerate(record["stages"])
+             for s in stages}
+    slow_replica = names[slow.name]
+    steps = record["replica_steps"]
+    fast = [n for n in steps if n != slow_replica]
+    # the fast replicas kept stepping: they took the job's steps, the slow one far fewer
+    assert all(steps[n] >= 20 for n in fast), steps
+    assert steps[slow_replica] * 3 <= min(steps[n] for n in fast), steps
+    # no round waited for the slow replica past its deadline
+    rounds = record["rounds"]
+    closes = [r["closed_at_s"] for r in rounds]
+    assert max(b - a for a, b in zip(closes, closes[1:])) <= deadline_s + 0.5, closes
+    assert any(slow_replica not in r["replicas"] for r in rounds)
+    # its late contribution was down-weighted or dropped ...
+    late = [x for r in rounds for x in r["late"] if x["replica"] == slow_replica]
+    assert late and all(x["weight"] < 1.0 for x in late), rounds
+    # ... and with a smaller step budget by its measured speed it sent in time again
+    assert any(slow_replica in r["replicas"] for r in rounds[-3:]), rounds
+    # the fast replicas never idled: the job took about their 24 steps (a round in lock
+    # step would take the slow one's 5 s a step: 120 s)
+    assert took_s < 24 * STEP_S * 1.5, took_s
+    losses = record["losses"]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.1
+
+
+async def test_a_lone_replica_that_loses_a_fellow_waits_and_resumes_from_its_checkpoint(
+        autojump_clock, tmp_path: Any) -> None:
+    from p2pswarm.training import JobConfig, LocalRun
+
+    config = job_config(steps=8, checkpoint={"dir": str(tmp_path / "ckpt"),
+                                             "interval_steps": 3})
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery)
+        for a in swarm.live():
+            a.training.copies._root = tmp_path / a.name
+        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        record = await leader.training.submit(config, stages=3)
+        job = leader.training.jobs[record["job_id"]]
+        await wait_until(lambda: job.step >= 4, timeout_s=60, step_s=0.01)
+        cut = [s["layers"][0] for s in job.placement[0][1:]]
+        victim = next(i for i, f in enumerate(swarm.fellows) if f.agent is not leader)
+        swarm.crash(victim)
+        await wait_until(lambda: job.state == "pending", timeout_s=60, step_s=0.01)
+        # paused, not failed: pending with why, and no stage held anywhere meanwhile
+        assert "waiting for cards to resume from its checkpoint of step 3" in job.reason
+        assert swarm.fellows[victim].name in job.reason
+        # the retries find no cards for three stages on the two fellows left (each
+        # offers one card): nothing stays held while it waits
+        await wait_until(lambda: not any(a.training.hosts for a in swarm.live()),
+                         timeout_s=120)
+        await trio.sleep(10 * STEP_S)
+        assert job.state == "pending" and job.step == 4
+        assert not any(a.training.hosts for a in swarm.live())
+        tune(await swarm.start(victim))  # a card again
+        again = swarm.fellows[victim].agent
+        again.training.copies._root = tmp_path / f"{again.name}-again"
+        record = await finished(leader, record["job_id"])
+        nursery.cancel_scope.cancel()
+    assert record["state"] == "finished", record["reason"]
+    assert record["paused_times"] == 1 and record["step"] == 8
+    # the trajectory goes on from the checkpoint as if never interrupted
+    local = LocalRun(JobConfig.from_dict({**config, "checkpoint": {}}), cut=cut).run()
+    assert len(record["losses"]) == 8
+    for got, want in zip(record["losses"], local):
+        assert abs(got - want) <= 1e-4
+
+
+async def test_a_lone_replica_without_a_checkpoint_dir_fails_saying_why(
+        autojump_clock) -> None:
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery)
+        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        record = await leader.training.submit(job_config(steps=1000), stages=3)
+        job = leader.training.jobs[record["job_id"]]
+        await wait_until(lambda: job.step >= 2, timeout_s=60, step_s=0.01)
+        swarm.crash(next(i for i, f in enumerate(swarm.fellows) if f.agent is not leader))
+        record = await finished(leader, record["job_id"])
+        nursery.cancel_scope.cancel()
+    assert record["state"] == "failed"
+    assert "the job names no checkpoint.dir to resume from" in record["reason"]
+
+
+async def test_equally_fast_replicas_train_as_one_process_round_for_round(
+        autojump_clock) -> None:
+    from p2pswarm.training import JobConfig, LocalRun
+
+    config = job_config(replicas=2, steps=8, sync={"inner_steps": 2, "codec": "int8"})
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery)
+        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        record = await leader.training.submit(config)
+        record = await finished(leader, record["job_id"])
+        nursery.cancel_scope.cancel()
+    assert record["state"] == "finished", record["reason"]
+    assert [len(r["replicas"]) for r in record["rounds"]] == [2, 2, 2, 2]
+    assert all(not r["late"] for r in record["rounds"])
+    cut = [s["layers"][0] for s in record["stages"][0][1:]]
+    local = LocalRun(JobConfig.from_dict(config), cut=cut, replicas=2)
+    want = local.run()
+    assert len(record["losses"]) == 8
+    for got, expected in zip(record["losses"], want):
+        assert abs(got - expected) <= 1e-4
+    assert record["bytes_sent"] == local.bytes_sent

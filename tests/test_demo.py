@@ -53,3 +53,40 @@ def test_demo_serves_across_three_fellows_and_leaves_cleanly() -> None:
         assert strays == []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_demo_train_learns_serves_the_result_and_leaves_cleanly() -> None:
+    """A shortened `demo --train`: three fellows train one pipeline, the exported model
+    is served on the cut it trained with, and nothing is left behind."""
+    import json
+
+    tmp = Path(tempfile.mkdtemp(prefix="p2ps-"))
+    try:
+        env = {**os.environ, "TMPDIR": str(tmp), "COLUMNS": "120"}
+        done = subprocess.run([sys.executable, "-m", "p2pswarm.cli", "demo", "--train",
+                               "--steps", "20", "--json"], capture_output=True, text=True,
+                              timeout=300, env=env, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        result = json.loads(done.stdout)
+        root = re.search(r"on loopback in (\S+), each offering", done.stderr)
+        assert root is not None, done.stderr
+        assert result["job"]["state"] == "finished" and result["job"]["step"] == 20
+        curve = result["loss_curve"]
+        assert len(curve) == 20 and result["final_loss"] < result["first_loss"] - 1.0
+        assert len(set(s["fellow"] for s in result["job"]["stages"][0])) == 3
+        assert result["cut"] == result["served_cut"] and len(result["cut"]) == 2
+        assert set(result["samples"]) == {"We the People", "Congress shall"}
+        assert all(len(text) > len(prompt) for prompt, text in result["samples"].items())
+        assert "step 20/20" not in done.stdout  # progress goes to stderr under --json
+        assert not Path(root[1]).exists()
+        assert [p for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
+        strays = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if root[1] in " ".join(p.info["cmdline"] or []):
+                    strays.append(p.pid)
+            except psutil.Error:
+                continue
+        assert strays == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

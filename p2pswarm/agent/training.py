@@ -25,18 +25,26 @@ reports its squared gradient norm (and a tied-embedding gradient, which the driv
 up for both copies); the driver answers with the clip coefficient and every stage steps
 its own optimizer. With one replica this is exactly ``LocalTrainPipeline``.
 
-Between replicas the driver keeps each stage's ``OuterSync``: every ``inner_steps`` steps it
-collects every replica's compressed pseudo-gradients, closes the round and sends each
-stage the encoded update (DiLoCo, as ``training.LocalRun``). A replica whose fellow drops
-or fails is paused: it leaves the rounds and the others go on. Every ``retry_s`` the
-driver places a paused replica again (same cut, cards nobody trains on); at the next
-round boundary its stages take the keepers' global parameters and version and it trains
-in that round. The job fails only when no replica is left and none is being placed
-again. Checkpoints gather every stage's shard (parameters, optimizer, sync state) with
-the data positions into a ``CheckpointStore``, copied to two more fellows
-(``train_copies``); ``resume`` continues from the latest one with the same loss
-trajectory, fetching from those fellows what the leader's own copy lacks. Progress (step, loss, tokens/s, replicas,
-bytes) lives in the job record; the fellow whose ``job_submit`` streams follows it.
+Between replicas the driver keeps each stage's ``OuterSync`` and runs the rounds
+asynchronously, by the rule of ``training.virtual.VirtualSwarm``: each replica trains in
+its own task, takes its step budget (``step_budgets`` by measured speed: the fastest
+``inner_steps``), and sends its compressed pseudo-gradients tagged with the version it is
+anchored on. A round closes when every member has sent or at its deadline, with whatever
+arrived; a late delta is down-weighted by its staleness, or dropped beyond the bound. A
+replica whose delta was fresh waits for its round to close while the others should send
+within about one of its steps (so equal speeds give ``training.LocalRun`` round for
+round); otherwise it trains on and applies each update before its next step. A replica
+whose fellow drops or fails is paused: it leaves the rounds and the others go on. Every
+``retry_s`` the driver places a paused replica again (same cut, cards nobody trains on);
+after the next round closes its stages take the keepers' global parameters and version
+and it trains from there. The job fails only when no replica is left and none is being
+placed again; a job of one replica instead waits ``pending`` for cards and resumes from
+its latest checkpoint. Checkpoints gather every stage's shard (parameters, optimizer,
+sync state) with the data positions into a ``CheckpointStore``, copied to two more
+fellows (``train_copies``); ``resume`` continues from the latest one with the same loss
+trajectory, fetching from those fellows what the leader's own copy lacks. Progress
+(step, loss, tokens/s, replicas, bytes) lives in the job record; the fellow whose
+``job_submit`` streams follows it.
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ import logging
 import math
 import re
 from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,6 +96,12 @@ SHOWN_PLANS = 64
 FOLLOW_POLL_S = 0.5  # how often a streaming job_submit asks the leader for the record
 LOSSES_KEPT = 1000  # per-step losses a job record carries
 ROUNDS_KEPT = 200  # sync rounds a job record carries
+SAME_SPEED = 0.9  # replicas measured within this fraction of the fastest get its budget
+WAIT_STEPS = 1.5  # a replica waits for its round while the rest should send within this
+
+
+class ReplicaLost(PlacementError):
+    """No replica of a running job is left training."""
 
 
 def _exclude_cards(request: dict[str, Any]) -> list[str]:
@@ -139,10 +155,13 @@ class Job:
     bytes_sent: int = 0
     samples: int = 0
     checkpoint: str = ""
+    checkpoint_step: int = 0
     copies: dict[str, list[str]] = field(default_factory=dict)  # shard -> fellows holding it
     placement: list[list[dict[str, Any]]] = field(default_factory=list)
     rejoins: int = 0
+    paused_times: int = 0  # a lone replica lost a fellow and the job waited to resume
     rounds: list[dict[str, Any]] = field(default_factory=list)
+    replica_steps: dict[str, int] = field(default_factory=dict)  # local steps per replica
     maximize: str | None = None
     exclude_cards: list[str] = field(default_factory=list)  # cards the user left out
     scope: trio.CancelScope | None = None
@@ -159,7 +178,8 @@ class Job:
                 "model": self.config.get("model"), "checkpoint": self.checkpoint,
                 "checkpoint_copies": self.copies,
                 "seq_len": int(self.config.get("seq_len", 0)), "rejoins": self.rejoins,
-                "rounds": self.rounds[-ROUNDS_KEPT:],
+                "paused_times": self.paused_times,
+                "rounds": self.rounds[-ROUNDS_KEPT:], "replica_steps": self.replica_steps,
                 "stages": [[{k: s[k] for k in ("stage", "fellow", "layers", "card")}
                             for s in replica] for replica in self.placement]}
 
@@ -281,6 +301,16 @@ class _Replica:
     generation: int = 0  # how many times the replica was placed again
     joining: bool = False  # placed again, links open: joins at the next round boundary
     placing: bool = False
+    # asynchronous rounds (several replicas)
+    version: int = 0  # the global version its stages are anchored on
+    in_round: int = 0  # local steps taken of this round's budget
+    rounds_done: int = 0  # budgets sent, or rounds caught up to (its place in the job)
+    sent_version: int = -1  # the version its last fresh delta was anchored on
+    budget: int = 0  # local steps this round (by measured speed)
+    step_s: float = 0.0  # measured seconds per step (moving average); 0: not yet measured
+    running: bool = False  # its training task is alive
+    finished: bool = False  # trained to the job's end and sent everything
+    lock: trio.Lock = field(default_factory=trio.Lock)  # one command sequence at a time
 
     @property
     def name(self) -> str:
@@ -532,8 +562,18 @@ class Training:
                 scope.cancel()
             try:
                 placement = await self._place(job)
-                driver = job.driver = _Driver(self, job, placement)
-                await driver.run()
+                while True:
+                    driver = job.driver = _Driver(self, job, placement)
+                    try:
+                        await driver.run()
+                        break
+                    except ReplicaLost as exc:
+                        if len(placement) != 1:
+                            raise
+                        with trio.CancelScope(shield=True):
+                            await driver.close()
+                        driver = job.driver = None
+                        placement = await self._wait_to_resume(job, exc)
                 job.state, job.reason = "finished", ""
             except SwarmError as exc:
                 job.state, job.reason = "failed", str(exc)
@@ -561,7 +601,7 @@ class Training:
                     raise PlacementError(plan["layout"]["limit"]["sentence"])
                 job.plan_id = plan["plan_id"]
                 placement = self._placement(plan)
-                refusals = await self._prepare(job, placement)
+                refusals = await self._prepare(job, placement, None, job.paused_times)
                 if not refusals:
                     job.placement = placement
                     return placement
@@ -575,6 +615,45 @@ class Training:
                 job.state, job.reason = "pending", reason
                 log.info("job %s pending: %s", job.job_id, exc)
             await trio.sleep(self.retry_s)
+
+    async def _wait_to_resume(self, job: Job, lost: ReplicaLost) -> list[list[dict[str, Any]]]:
+        """A lone replica lost a fellow: the job waits ``pending`` until cards take its
+        stages again (a pinned job: its own plan; otherwise any free cards, on the cut
+        it trained with), then resumes from its latest checkpoint (or from the start
+        when it has written none yet). Without a checkpoint directory it fails."""
+        cfg = _job_config(job.config)
+        if cfg.checkpoint.dir is None:
+            raise PlacementError(f"{lost}; the job names no checkpoint.dir to resume from")
+        if job.checkpoint:
+            job.resume = True
+            whence = f"resume from its checkpoint of step {job.checkpoint_step}"
+        else:
+            job.resume = False
+            job.step, job.loss, job.losses, job.samples = 0, None, [], 0
+            whence = "start again (it wrote no checkpoint yet)"
+        gone = sorted({s["fellow"] for s in (job.placement or [[]])[0] if s["addr"] in str(lost)})
+        paused = (f"lost {', '.join(gone)}: " if gone else "") + f"{lost}; waiting for " \
+            f"cards to {whence}"
+        job.state, job.reason = "pending", paused
+        job.paused_times += 1
+        log.warning("job %s: %s", job.job_id, paused)
+        if job.pinned:
+            return await self._place(job)
+        while True:
+            await trio.sleep(self.retry_s)
+            try:
+                stages = await self._replacement(job, 0)
+                refusals = await self._prepare(job, [stages], None, job.paused_times)
+                if not refusals:
+                    job.placement = [stages]
+                    return [stages]
+                await self._release_job(job, 0, sorted({s["addr"] for s in stages}),
+                                        job.paused_times)
+                why = "; ".join(refusals)
+            except PlacementError as exc:
+                why = str(exc)
+            job.reason = f"{paused} ({why})"
+            log.info("job %s still pending: %s", job.job_id, why)
 
     def _placement(self, plan: dict[str, Any]) -> list[list[dict[str, Any]]]:
         cards = {(c["fellow_id"], c["kind"], c["index"]): c for c in plan["cards"] if c["used"]}
@@ -629,8 +708,8 @@ class Training:
 
         busy: set[str] = set()
         for job in self.jobs.values():
-            if job.state in TERMINAL:
-                continue
+            if job.state in TERMINAL or job.driver is None:
+                continue  # a pending job holds no stages
             idle = {r.index for r in job.driver.replicas if r.paused and not r.joining} \
                 if job.driver is not None else set()
             busy.update(s["fellow_id"] for i, stages in enumerate(job.placement)
@@ -684,7 +763,8 @@ class Training:
         if addrs is None:
             addrs = sorted({s["addr"] for r, stages in enumerate(job.placement)
                             for s in stages if replica is None or r == replica})
-        if not job.placement and replica is None:  # a failed prepare: every fellow that may hold a stage
+        if not job.placement and replica is None:
+            # a failed prepare: every fellow that may hold a stage
             addrs = sorted({m.addr for m in (self.agent.membership.members()
                                               if self.agent.membership else ())
                             if m.state in ("alive", "suspect")})
@@ -958,6 +1038,15 @@ async def _together(fns: list[Any]) -> None:
         raise errors[0]
 
 
+@asynccontextmanager
+async def _all_locks(locks: list[trio.Lock]) -> AsyncIterator[None]:
+    """Hold every lock, taken in the given order."""
+    async with AsyncExitStack() as stack:
+        for lock in locks:
+            await stack.enter_async_context(lock)
+        yield
+
+
 async def _quietly(stream: SecureStream, msg: Any) -> None:
     try:
         await _send(stream, msg)
@@ -976,12 +1065,18 @@ class _Driver:
         self.job = job
         self.cfg = _job_config(job.config)
         self.replicas = [_Replica(i, [_Link(s["stage"], s["fellow"], s["addr"])
-                                      for s in stages])
+                                      for s in stages], generation=job.paused_times)
                          for i, stages in enumerate(placement)]
         self.keepers: list[Any] = []
         self.store: Any = None
         self.started_s = 0.0
         self.tokens = 0
+        self._buckets: dict[int, list[float]] = {}  # job step -> the replicas' losses there
+        self._wake = trio.Event()  # something the round-closer should look at happened
+        self._closed = trio.Event()  # set (and replaced) when a round closes
+        self._late: list[dict[str, Any]] = []  # late contributions of the open round
+        self._nursery: trio.Nursery | None = None
+        self._checkpointed = 0
 
     @property
     def active(self) -> list[_Replica]:
@@ -1012,23 +1107,25 @@ class _Driver:
         job.state, job.reason = "running", ""
         job.replicas = len(self.active)
         self.started_s = trio.current_time()
-        async with trio.open_nursery() as nursery:
-            if self.synced:
-                nursery.start_soon(self._place_again_loop)
+        if not self.synced:
             await self._train()
+            return
+        failed: list[SwarmError] = []  # raised as itself, not in an exception group
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._place_again_loop)
+            try:
+                await self._rounds(nursery)
+            except SwarmError as exc:
+                failed.append(exc)
             nursery.cancel_scope.cancel()
+        if failed:
+            raise failed[0]
 
     async def _train(self) -> None:
         cfg, job = self.cfg, self.job
         while job.step < cfg.steps:
-            if self.synced and job.step % cfg.sync.inner_steps == 0:
-                await self._admit()
             if not self.active:
-                if any(r.joining or r.placing for r in self.replicas):
-                    await trio.sleep(self.training.retry_s / 5)
-                    continue
-                raise PlacementError("every replica lost a fellow: " + "; ".join(
-                    r.paused for r in self.replicas))
+                raise ReplicaLost("; ".join(r.paused for r in self.replicas))
             losses: dict[int, float] = {}
 
             async def one(r: _Replica) -> None:
@@ -1049,8 +1146,6 @@ class _Driver:
             self.tokens += per_step * cfg.seq_len * len(losses)
             job.loss = sum(losses[i] for i in sorted(losses)) / len(losses)
             job.losses.append(job.loss)
-            if self.synced and (job.step % cfg.sync.inner_steps == 0 or job.step == cfg.steps):
-                await self._sync_round()
             if self.store is not None and job.step % cfg.checkpoint.interval_steps == 0:
                 await self._checkpoint()
             elapsed = trio.current_time() - self.started_s
@@ -1112,6 +1207,7 @@ class _Driver:
             r.links = [_Link(s["stage"], s["fellow"], s["addr"]) for s in stages]
             await self._open_links(r)
             r.joining = True
+            self._poke()
             log.info("job %s: %s placed again on %s", self.job.job_id, r.name,
                      ", ".join(s["fellow"] for s in stages))
         except (SwarmError, trio.TooSlowError) as exc:
@@ -1120,29 +1216,6 @@ class _Driver:
             await self._close_links(r)
         finally:
             r.placing = False
-
-    async def _admit(self) -> None:
-        """At a round boundary: replicas placed again take the keepers' current global
-        parameters and version, and train in the round that starts now."""
-        for r in self.replicas:
-            if not r.joining:
-                continue
-            try:
-                for link, keeper in zip(r.links, self.keepers):
-                    state = keeper.join(r.name)
-                    await link.send(TrainCtl("reset", state.version,
-                                             blob=_tensor_bytes(state.params)))
-                    await link.receive(TrainCtl)
-                    self.job.bytes_sent += state.nbytes
-                await self._copy_tied(r)
-            except SwarmError as exc:
-                await self._pause(r, exc)
-                continue
-            r.joining, r.paused = False, ""
-            r.samples_unsent = r.steps_unsent = 0
-            self.job.rejoins += 1
-            log.info("job %s: %s rejoined at step %d", self.job.job_id, r.name,
-                     self.job.step)
 
     async def _close_links(self, r: _Replica) -> None:
         for link in r.links:
@@ -1157,15 +1230,17 @@ class _Driver:
         for r in self.replicas:
             await self._close_links(r)
 
-    async def _step(self, r: _Replica) -> float:
+    async def _step(self, r: _Replica, position: int | None = None) -> float:
+        """One optimizer step of replica ``r``; ``position`` is its place in the
+        learning-rate schedule (default: the steps it has taken)."""
         from p2pswarm.training.stage import clip_coefficient
 
         cfg = self.cfg
-        step = self.job.step
+        step = r.steps
         batch = r.stream.next_micro_batches(cfg.micro_batches, cfg.micro_batch)
         inputs, targets = batch[..., :-1], batch[..., 1:]
         n_micro = batch.shape[0]
-        lr = cfg.lr.lr_at(r.steps)
+        lr = cfg.lr.lr_at(r.steps if position is None else position)
         first, last = r.links[0], r.links[-1]
         for link in r.links:
             await link.send(TrainCtl("step", step, n_micro, lr))
@@ -1216,59 +1291,248 @@ class _Driver:
                 keeper.join(replica.name)
             self.keepers.append(keeper)
 
-    async def _sync_round(self) -> None:
+    # --- asynchronous rounds (several replicas) ---------------------------------------------
+
+    async def _rounds(self, nursery: trio.Nursery) -> None:
+        """Every replica trains in its own task; this one closes each stage's round when
+        every member has sent or at the round's deadline, with whatever arrived (as
+        ``training.virtual.VirtualSwarm``), admits replicas placed again, checkpoints."""
+        self._nursery = nursery
+        self._checkpointed = self.job.step
+        for i, loss in enumerate(self.job.losses):  # a resumed job's record goes on
+            self._buckets[i + 1] = [loss]
+        now = trio.current_time()
+        for keeper in self.keepers:
+            keeper.deadline = now + self.cfg.sync.round_deadline_s
+        for r in self.active:
+            r.running = True
+            nursery.start_soon(self._replica_loop, r)
+        keeper = self.keepers[0]
+        while True:
+            if not any(r.running for r in self.replicas) and any(
+                    r.joining for r in self.replicas):
+                await self._admit()  # no round would close to let it in
+            now = trio.current_time()
+            if not any(r.running for r in self.replicas):
+                if any(r.finished for r in self.replicas):
+                    await self._close_round(now)  # what the last budgets sent
+                    return
+                if not any(r.joining or r.placing for r in self.replicas):
+                    raise ReplicaLost("every replica lost a fellow: " + "; ".join(
+                        r.paused for r in self.replicas))
+            if keeper.ready(now) or now >= keeper.next_deadline():
+                await self._close_round(now)
+                continue
+            with trio.move_on_at(keeper.next_deadline()):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    def _poke(self) -> None:
+        self._wake.set()
+
+    async def _close_round(self, now: float) -> None:
+        results = [keeper.close_round(now) for keeper in self.keepers]
+        first = results[0]
+        if first is None:
+            return  # nothing arrived: the deadline moved on
+        self.job.rounds.append({
+            "step": self.job.step, "version": first.version, "closed_at_s": round(now, 3),
+            "replicas": list(dict.fromkeys(a.replica for a in first.applied)),
+            "dropped": list(dict.fromkeys(a.replica for a in first.dropped)),
+            "late": self._late})
+        self._late = []
+        closed, self._closed = self._closed, trio.Event()
+        closed.set()
+        await self._admit()
+        due = self.cfg.checkpoint.interval_steps
+        if self.store is not None and self.job.step // due > self._checkpointed // due:
+            async with _all_locks([r.lock for r in self.replicas]):
+                await self._checkpoint()
+            self._checkpointed = self.job.step
+
+    def _budget(self, r: _Replica) -> int:
+        """Local steps this round: the fastest replica takes ``inner_steps``, a slower one
+        what it manages in the same time (``training.sync.step_budgets``)."""
+        from p2pswarm.training.sync import step_budgets
+
+        inner = self.cfg.sync.inner_steps
+        if not self.cfg.sync.speed_aware or r.step_s <= 0:
+            return inner
+        speeds = {x.name: 1.0 / x.step_s for x in self.replicas
+                  if x.running and x.step_s > 0}
+        fastest = max(speeds.values())
+        # within a tenth of the fastest counts as as fast: jitter must not halve a budget
+        even = {n: fastest if v >= SAME_SPEED * fastest else v for n, v in speeds.items()}
+        return step_budgets(even, inner)[r.name]
+
+    def _position(self, r: _Replica) -> float:
+        """Where the replica stands in the job: its rounds done (budgets sent, or rounds
+        closed since, whichever is more), plus its share of the current one."""
+        inner = self.cfg.sync.inner_steps
+        return r.rounds_done * inner + r.in_round * inner / max(1, r.budget)
+
+    def _worth_waiting(self, r: _Replica) -> bool:
+        """Whether every replica yet to send this round should send within about one of
+        ``r``'s steps (or is not measured yet): then the round closes soon and ``r`` waits
+        for it, so that equally fast replicas train exactly as one process would;
+        otherwise ``r`` trains on and applies the update when it comes."""
+        version = self.keepers[0].version
+        for x in self.replicas:
+            if x is r or not x.running or x.sent_version == version:
+                continue
+            if x.step_s <= 0 or r.step_s <= 0:
+                return True
+            if max(0, x.budget - x.in_round) * x.step_s > WAIT_STEPS * r.step_s:
+                return False
+        return True
+
+    async def _replica_loop(self, r: _Replica) -> None:
+        """Catch up on the updates, take this round's budget of steps, send the deltas;
+        wait for the round only while it is open (never past its deadline)."""
+        cfg = self.cfg
+        try:
+            while True:
+                async with r.lock:
+                    await self._catch_up(r)
+                r.budget, r.in_round = self._budget(r), 0
+                if self._position(r) >= cfg.steps or self.job.step >= cfg.steps:
+                    break  # its own end, or the furthest replica's (a slow one stops)
+                while r.in_round < r.budget and self._position(r) < cfg.steps:
+                    async with r.lock:
+                        await self._catch_up(r)  # a round that closed meanwhile
+                        began = trio.current_time()
+                        with trio.fail_after(self.training.step_timeout_s):
+                            loss = await self._step(r, min(int(self._position(r)),
+                                                           cfg.steps - 1))
+                    took = trio.current_time() - began
+                    r.step_s = took if r.step_s <= 0 else 0.5 * r.step_s + 0.5 * took
+                    r.in_round += 1
+                    self._count(r, loss)
+                async with r.lock:
+                    version, fresh = await self._contribute(r)
+                r.rounds_done += 1
+                if fresh:
+                    r.sent_version = version
+                if fresh and self._worth_waiting(r):
+                    while self.keepers[0].version <= version:
+                        await self._closed.wait()
+            async with r.lock:
+                if r.samples_unsent:
+                    await self._contribute(r)
+            r.finished = True
+        except (SwarmError, trio.TooSlowError) as exc:
+            await self._pause(r, exc)
+        finally:
+            r.running = False
+            for keeper in self.keepers:
+                keeper.leave(r.name)
+            self._poke()
+
+    def _count(self, r: _Replica, loss: float) -> None:
+        """A replica's step into the job's record: the job's step is the furthest
+        replica's place; each step's loss is the mean of the replicas' losses there."""
+        cfg, job = self.cfg, self.job
+        at = min(cfg.steps, max(1, math.ceil(self._position(r) - 1e-9)))
+        self._buckets.setdefault(at, []).append(loss)
+        job.step = max(job.step, at)
+        job.losses = [sum(v) / len(v) for _, v in sorted(self._buckets.items())]
+        job.loss = job.losses[-1]
+        per_step = cfg.micro_batch * cfg.micro_batches
+        job.samples += per_step
+        self.tokens += per_step * cfg.seq_len
+        elapsed = trio.current_time() - self.started_s
+        job.tokens_per_s = self.tokens / elapsed if elapsed > 0 else 0.0
+        job.replicas = len(self.active)
+        job.replica_steps = {x.name: x.steps for x in self.replicas}
+
+    async def _contribute(self, r: _Replica) -> tuple[int, bool]:
+        """Send each stage's delta to its keeper; (the version it is anchored on, whether
+        it is fresh: for the round still open)."""
         from p2pswarm.training.codec import Encoded, make_codec
 
-        cfg = self.cfg
-        codec = make_codec(cfg.sync.codec, **cfg.sync.codec_kwargs())
-        deltas: dict[int, list[tuple[Encoded, int]]] = {}
+        codec = make_codec(self.cfg.sync.codec, **self.cfg.sync.codec_kwargs())
+        deltas = []
+        for link in r.links:
+            await link.send(TrainCtl("take"))
+            msg = await link.receive(TrainCtl)
+            deltas.append((Encoded.from_bytes(msg.blob), msg.step))
+        now = trio.current_time()
+        version = deltas[0][1]
+        verdict = None
+        for keeper, (encoded, v) in zip(self.keepers, deltas):
+            verdict = keeper.contribute(r.name, v, codec.decode(encoded), r.samples_unsent,
+                                        now)
+            self.job.bytes_sent += encoded.nbytes
+        assert verdict is not None
+        if verdict.staleness:
+            decay = self.cfg.sync.staleness_decay ** verdict.staleness
+            self._late.append({"replica": r.name, "staleness": verdict.staleness,
+                               "samples": r.samples_unsent,
+                               "weight": 0.0 if not verdict.accepted else decay,
+                               "dropped": not verdict.accepted})
+            log.info("job %s: %s sent %d round(s) late: %s", self.job.job_id, r.name,
+                     verdict.staleness, "dropped" if not verdict.accepted
+                     else f"weighed {decay:g}")
+        r.samples_unsent = r.steps_unsent = 0
+        self._poke()
+        return version, verdict.accepted and verdict.staleness == 0
 
-        async def take(r: _Replica) -> None:
-            try:
-                out = []
-                for link in r.links:
-                    await link.send(TrainCtl("take"))
-                    msg = await link.receive(TrainCtl)
-                    out.append((Encoded.from_bytes(msg.blob), msg.step))
-                deltas[r.index] = out
-            except SwarmError as exc:
-                await self._pause(r, exc)
-
-        async with trio.open_nursery() as nursery:
-            for r in self.active:
-                nursery.start_soon(take, r)
-        replicas = [r for r in self.active if r.index in deltas]
-        updates = []
-        for s, keeper in enumerate(self.keepers):
-            for r in replicas:
-                encoded, version = deltas[r.index][s]
-                keeper.contribute(r.name, version, codec.decode(encoded), r.samples_unsent)
-            result = keeper.close_round(float(self.job.step))
-            if result is None:
-                return
-            updates.append(result)
-        self.job.rounds.append({
-            "step": self.job.step, "version": updates[0].version,
-            "replicas": [a.replica for a in updates[0].applied],
-            "dropped": [a.replica for a in updates[0].dropped]})
-        self.job.bytes_sent += sum(e.nbytes for r in replicas for e, _ in deltas[r.index])
-        self.job.bytes_sent += len(replicas) * sum(u.update.nbytes for u in updates)
-        for r in replicas:
-            r.samples_unsent = 0
-            r.steps_unsent = 0
-
-        async def apply(r: _Replica) -> None:
-            try:
-                for link, u in zip(r.links, updates):
-                    await link.send(TrainCtl("update", u.version, blob=u.update.to_bytes()))
+    async def _catch_up(self, r: _Replica) -> None:
+        """Apply the updates the replica has not had (or, when the keepers no longer hold
+        them, start it over from the global parameters)."""
+        target = self.keepers[0].version
+        if r.version >= target:
+            return
+        missed = [keeper.updates_since(r.version) for keeper in self.keepers]
+        if any(m is None for m in missed):
+            for link, keeper in zip(r.links, self.keepers):
+                state = keeper.join(r.name)
+                await link.send(TrainCtl("reset", state.version,
+                                         blob=_tensor_bytes(state.params)))
+                await link.receive(TrainCtl)
+                self.job.bytes_sent += state.nbytes
+            r.samples_unsent = r.steps_unsent = 0
+        else:
+            for i in range(target - r.version):
+                for link, updates in zip(r.links, missed):
+                    assert updates is not None
+                    await link.send(TrainCtl("update", r.version + i + 1,
+                                             blob=updates[i].to_bytes()))
                     await link.receive(TrainCtl)
-                await self._copy_tied(r)
-            except SwarmError as exc:
-                await self._pause(r, exc)
+                    self.job.bytes_sent += updates[i].nbytes
+        r.version = target
+        r.rounds_done = max(r.rounds_done, target)
+        await self._copy_tied(r)
 
-        async with trio.open_nursery() as nursery:
-            for r in replicas:
-                nursery.start_soon(apply, r)
+    async def _admit(self) -> None:
+        """After a round closes (or when no replica is training): replicas placed again
+        take the keepers' current global parameters and version and start training in
+        the round that opens now."""
+        for r in self.replicas:
+            if not r.joining:
+                continue
+            try:
+                with trio.fail_after(self.training.step_timeout_s):
+                    for link, keeper in zip(r.links, self.keepers):
+                        state = keeper.join(r.name)
+                        await link.send(TrainCtl("reset", state.version,
+                                                 blob=_tensor_bytes(state.params)))
+                        await link.receive(TrainCtl)
+                        self.job.bytes_sent += state.nbytes
+                    await self._copy_tied(r)
+            except (SwarmError, trio.TooSlowError) as exc:
+                await self._pause(r, exc)
+                continue
+            r.joining, r.paused = False, ""
+            r.samples_unsent = r.steps_unsent = 0
+            r.version, r.in_round, r.step_s = self.keepers[0].version, 0, 0.0
+            r.rounds_done, r.sent_version = r.version, -1
+            r.running, r.finished = True, False
+            self.job.rejoins += 1
+            assert self._nursery is not None
+            self._nursery.start_soon(self._replica_loop, r)
+            log.info("job %s: %s rejoined at step %d", self.job.job_id, r.name,
+                     self.job.step)
 
     async def _copy_tied(self, r: _Replica) -> None:
         """The last stage's tied head takes the first stage's synced embedding."""
@@ -1311,6 +1575,7 @@ class _Driver:
                 "job_id": self.job.job_id}
         path = await self.training.run(lambda: self.store.write(self.job.step, shards, meta))
         self.job.checkpoint = str(path)
+        self.job.checkpoint_step = self.job.step
         self.job.copies = await self.training.copies.spread(
             self.job.job_id, self.job.step, path, self.cfg.checkpoint.copies)
         thin = sorted(n for n, h in self.job.copies.items() if len(h) < self.cfg.checkpoint.copies)
@@ -1345,6 +1610,7 @@ class _Driver:
                     {"stage": state["stage"], "sync": state["sync"]})))
                 await link.receive(TrainCtl)
                 r.stream.position = int(state["data_position"])
+                r.version = r.rounds_done = int(state["sync"]["version"])
                 r.steps = int(state["pipeline_steps"])
                 r.samples_unsent = int(state["samples_unsent"])
                 r.steps_unsent = int(state["steps_unsent"])
