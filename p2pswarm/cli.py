@@ -940,6 +940,7 @@ def mcp(
 # --- training commands ---
 
 _TRAIN_TIMEOUT_S = 900.0  # the most `train` waits between two words from its agent
+_EXPORT_TIMEOUT_S = 1800.0  # fetching a checkpoint's shards and writing the export
 
 
 def _read_job(path: Path) -> dict[str, Any]:
@@ -1092,6 +1093,65 @@ def jobs_cancel(job_id: str = typer.Argument(..., help="The job's id (see p2pswa
         print_json(record)
     else:
         typer.echo(f"cancelling {record['job_id']} (was {record['state']})")
+
+
+def _print_export(result: dict[str, Any]) -> None:
+    where = result["path"]
+    cut = result.get("cut") or []
+    cut_text = f"cut at layers {cut}" if cut else "one stage, no cut"
+    if result["kind"] == "adapter":
+        typer.echo(f"exported the LoRA adapters of {result['job_id'] or 'the job'} (step "
+                   f"{result['step']}, {cut_text}) to {where}; base: {result['base']}")
+        typer.echo(f"serve them with: p2pswarm load {result['base']} --adapter {where}")
+    else:
+        typer.echo(f"exported {result['job_id'] or 'the job'} (step {result['step']}, "
+                   f"{cut_text}) to {where}")
+        typer.echo(f"serve it on the cut it trained with: p2pswarm load {where}")
+
+
+@jobs_app.command("export")
+def jobs_export(job: str = typer.Argument(..., help="The job's id (see p2pswarm jobs), or "
+                                          "its checkpoint directory."),
+                out: Path = typer.Option(..., "--out", help="A new (or empty) directory to "
+                                         "write into."),
+                home: Optional[Path] = HomeOption, as_json: bool = JsonOption) -> None:
+    """Export a job's latest checkpoint: a Hugging Face model directory recording the cut
+    it trained with, or, for a LoRA job, its adapters on their own."""
+    from p2pswarm.training.job_export import check_out_dir
+
+    try:
+        out_dir = check_out_dir(out)
+    except ConfigError as exc:
+        fail(str(exc))
+    where = Path(job).expanduser()
+    if where.is_dir():  # a checkpoint directory: exported here, no agent needed
+        from p2pswarm.training.checkpoint import CheckpointStore
+        from p2pswarm.training.job_export import export_checkpoint
+
+        try:
+            result = export_checkpoint(CheckpointStore(where), out_dir).to_dict()
+        except (SwarmError, OSError) as exc:
+            fail(f"cannot export {where}: {exc}", EXIT_FAILURE)
+    else:
+        from p2pswarm.control.client import request as agent_request
+
+        directory = home_dir(home)
+        try:
+            result = agent_request(directory, {"op": "job_export", "job_id": job,
+                                               "out": str(out_dir)}, _EXPORT_TIMEOUT_S)
+        except ControlError as exc:
+            if str(exc).startswith("no agent running"):
+                fail(f"no agent running in {directory}: start one with `p2pswarm join`, or "
+                     "give the job's checkpoint directory instead of its id", EXIT_FAILURE)
+            fail(str(exc), EXIT_FAILURE)
+        except ConfigError as exc:
+            fail(str(exc))
+        except SwarmError as exc:
+            fail(str(exc), EXIT_FAILURE)
+    if as_json:
+        print_json(result)
+    else:
+        _print_export(result)
 
 
 # --- end training commands ---

@@ -418,39 +418,17 @@ def _params(config: dict[str, Any]) -> int:
 
 
 def export_trained(job: dict[str, Any], out_dir: Path) -> tuple[Path, list[int], float]:
-    """The job's latest checkpoint as a Hugging Face directory: (its path, the cut, the
-    held-out loss of the trained model)."""
-    import torch
-
+    """The job's latest checkpoint as a Hugging Face directory (``jobs export``): (its
+    path, the cut, the held-out loss of the trained model)."""
     from p2pswarm.training.checkpoint import CheckpointStore
-    from p2pswarm.training.export import export_hf
     from p2pswarm.training.job import JobConfig
-    from p2pswarm.training.pipeline import LocalTrainPipeline
-    from p2pswarm.training.replica import build_stages
-    from p2pswarm.training.run import job_data
-    from p2pswarm.training.source import open_job_model
+    from p2pswarm.training.job_export import export_checkpoint
 
     config = JobConfig.from_dict(job)
     assert config.checkpoint.dir is not None
     store = CheckpointStore(config.checkpoint.dir)
-    step = store.latest()
-    if step is None:
+    if store.latest() is None:
         raise SwarmError(f"the job left no complete checkpoint in {config.checkpoint.dir}")
-    cut = [int(c) for c in store.manifest(step)["meta"]["cut"]]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        source = open_job_model(config.model, config.seed)
-        stages = build_stages(config, source, cut)
-        for i, stage in enumerate(stages):
-            stage.load_state_dict(store.read(step, f"replica-0.stage-{i}")["stage"])
-        pipeline = LocalTrainPipeline(stages, lr=config.lr)
-        pipeline.copy_tied_weight()
-        data = job_data(config)
-        holdout = pipeline.evaluate(data.holdout_batches(config.seq_len, config.micro_batch, 8))
-        hf_config = getattr(source, "hf_config", None) or source.config.to_hf()
-        with torch.no_grad():
-            path = export_hf([s.model for s in stages], hf_config, out_dir)
-    finally:
-        torch.set_num_threads(threads)
-    return Path(path), cut, float(holdout)
+    exported = export_checkpoint(store, out_dir, holdout_batches=8)
+    assert exported.holdout_loss is not None
+    return exported.path, list(exported.cut), exported.holdout_loss

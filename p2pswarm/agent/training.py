@@ -334,10 +334,12 @@ class Training:
         self.simulated_step_s = 0.0
         self._shown: OrderedDict[str, dict[str, Any]] = OrderedDict()
         agent.control_ops.update({"job_plan": self._op_plan, "job_submit": self._op_submit,
-                                  "jobs": self._op_jobs, "job_cancel": self._op_cancel})
+                                  "jobs": self._op_jobs, "job_cancel": self._op_cancel,
+                                  "job_export": self._op_export})
         leadership.leader_ops.update({"job-plan": self.plan, "job-submit": self._leader_submit,
                                       "jobs": self._leader_jobs,
-                                      "job-cancel": self._leader_cancel})
+                                      "job-cancel": self._leader_cancel,
+                                      "job-config": self._leader_config})
         leadership.order_ops.update({"train-prepare": self._order_prepare,
                                      "train-release": self._order_release})
         agent.on_stream(TrainOpen, self._on_train_open)
@@ -393,6 +395,57 @@ class Training:
         if not isinstance(job_id, str) or not job_id:
             raise ConfigError("job_cancel needs a \"job_id\"")
         return await self.leadership.ask("job-cancel", {"job_id": job_id})
+
+    async def _op_export(self, request: dict[str, Any]) -> Any:
+        job_id = request.get("job_id")
+        out = request.get("out")
+        if not isinstance(job_id, str) or not job_id:
+            raise ConfigError("job_export needs a \"job_id\"")
+        if not isinstance(out, str) or not out:
+            raise ConfigError("job_export needs an \"out\" directory")
+        return (await self.export(job_id, out)).to_dict()
+
+    async def export(self, job_id: str, out: str) -> Any:
+        """Export job ``job_id``'s latest checkpoint into ``out`` on this fellow (a Hugging
+        Face directory, or LoRA adapters): the leader's copy where this fellow leads, the
+        shards fetched from the fellows holding copies where it lacks them or leads not."""
+        import shutil
+        import tempfile
+
+        from p2pswarm.training.checkpoint import CheckpointStore
+        from p2pswarm.training.job_export import check_out_dir, export_checkpoint
+
+        out_dir = check_out_dir(out)  # refused before anything is fetched
+        info = await self.leadership.ask("job-config", {"job_id": job_id})
+        config = _job_config(info["config"])
+        if config.checkpoint.dir is None:
+            raise ConfigError(f"job {job_id} names no checkpoint.dir: it keeps no checkpoint "
+                              "to export")
+        staging: Path | None = None
+        if self.leadership.is_leader():
+            where = Path(config.checkpoint.dir)
+        else:  # fetch the shards from the fellows holding copies into a scratch store
+            root = self.copies.root.parent if self.agent.home is not None else None
+            staging = where = Path(tempfile.mkdtemp(prefix=".export-", dir=root))
+        try:
+            store = CheckpointStore(where, keep=max(1, config.checkpoint.keep))
+            if staging is None and info["state"] not in TERMINAL:
+                # the job still writes here: read its newest checkpoint as it is (restoring
+                # could race a checkpoint being written and point "latest" back at an older one)
+                step = store.latest()
+            else:
+                step = await self.copies.restore(job_id, store)
+            if step is None:
+                raise ConfigError(
+                    f"job {job_id} has no checkpoint yet (state {info['state']}, step "
+                    f"{info['step']}; it writes one every "
+                    f"{config.checkpoint.interval_steps} steps)")
+            exported = await self.run(lambda: export_checkpoint(store, out_dir, step=step))
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+        log.info("job %s: checkpoint %d exported to %s", job_id, exported.step, exported.path)
+        return exported
 
     async def submit(self, config: dict[str, Any] | None, *, plan_id: str | None = None,
                      stages: int | None = None, resume: str = "",
@@ -540,6 +593,14 @@ class Training:
 
     async def _leader_jobs(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         return [j.record() for j in self.jobs.values()]
+
+    async def _leader_config(self, body: dict[str, Any]) -> dict[str, Any]:
+        job = self.jobs.get(str(body.get("job_id")))
+        if job is None:
+            raise ConfigError(f"no job {body.get('job_id')!r}; jobs: "
+                              f"{', '.join(self.jobs) or 'none'}")
+        return {"config": job.config, "state": job.state, "step": job.step,
+                "checkpoint_step": job.checkpoint_step}
 
     async def _leader_cancel(self, body: dict[str, Any]) -> dict[str, Any]:
         job = self.jobs.get(str(body.get("job_id")))
