@@ -615,7 +615,7 @@ class Election:
         if self._better is None or self._better[0] != best.node_id:
             self._better = (best.node_id, now)
             return False
-        if now - self._better[1] < self.tuning.handover_after_s:
+        if now < self._better[1] + self.tuning.handover_after_s:  # as next_deadline sums it
             return False
         msg = StepDown(self.term, self.node_id, self.electorate())
         for m in self._present_others():

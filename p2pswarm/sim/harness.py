@@ -1,0 +1,717 @@
+"""The WiFi-dropout harness: a scenario run on real agents in virtual time, judged.
+
+Theory of operation. ``run_scenario`` builds a ``VirtualSwarm`` of real ``Agent``s on
+one ``MemoryNetwork``, gives each fellow the radio of its profile (loss on everything it
+sends and hears, the profile's delay on its links), and runs one trio program under a
+jumping virtual clock with trio's scheduler seeded (``seeded_scheduler``), so the run is
+a function of the scenario and its seed. A director task turns the scenario into one
+timeline of actions (starts, scripted events, events drawn at rates, roaming outages),
+all drawn up front from generators seeded by the scenario's seed, and executes them in
+order; each action tells the oracle what it did. Every agent is a ``SimAgent``, which
+hands each membership and election event to the oracle with the virtual time.
+
+Alongside, small tasks measure: the leader is asked for a plan of a fixed request every
+``plan.every_s`` (the plan's ``plan_id`` must not change unless a card or fellow really
+changed); a few fellows' views are sampled every ``sample_every_s``; after a leader is
+killed, every fellow's election status is polled until all agree on a new leader
+(failover time). Traffic comes from each agent's own counters.
+
+Variants. ``ours`` runs the scenario's preset. ``baseline`` runs memberlist's LAN
+defaults (``p2pswarm.sim.baseline``). A variant may also swap the membership machine
+for a subclass (a planted bug, to show the oracle catches it). The agent builds its
+machines itself; the harness hands them their tuning by binding ``Membership`` and
+``Election`` in the agent module to tuned subclasses for the length of the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import resource
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+import p2pswarm.agent.agent as agent_module
+from p2pswarm.agent import Agent
+from p2pswarm.config import SwarmConfig, preset
+from p2pswarm.election import Election, ElectionTuning
+from p2pswarm.errors import ConfigError, SwarmError
+from p2pswarm.membership import effects as fx
+from p2pswarm.membership.machine import Membership
+from p2pswarm.membership.timing import Tuning
+from p2pswarm.planner import BUILTIN_MODELS, REFERENCE_CONFIGS
+from p2pswarm.sim.baseline import (
+    memberlist_config,
+    memberlist_election_tuning,
+    memberlist_tuning,
+    missing_switches,
+)
+from p2pswarm.sim.metrics import summary
+from p2pswarm.sim.oracle import Oracle
+from p2pswarm.sim.profiles import Profile, link_delay, link_loss, profile
+from p2pswarm.sim.scenario import Scenario
+from p2pswarm.sim.virtual import Fellow, JumpClock, VirtualSwarm, cpu_card, seeded_scheduler
+from p2pswarm.transport.memory import Bernoulli, LinkModel
+
+ProgressFn = Callable[[float, float], None]  # (virtual now, virtual end)
+VIEW_OBSERVERS = 16  # fellows whose whole view is sampled
+FAILOVER_POLL_S = 0.05
+FAILOVER_GIVE_UP_S = 120.0
+
+
+# --- variants ---------------------------------------------------------------------------
+
+
+class NeverRefutes(Membership):
+    """A planted bug: a fellow that never refutes a suspicion of itself."""
+
+    def _refute(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+PLANTED: dict[str, type[Membership]] = {"never-refutes": NeverRefutes}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    config: SwarmConfig
+    tuning: Tuning | None = None
+    election_tuning: ElectionTuning | None = None
+    membership_class: type[Membership] = Membership
+
+
+def variant_for(scenario: Scenario, name: str, planted: str | None = None) -> Variant:
+    if name == "ours":
+        v = Variant("ours", preset(scenario.preset))
+    elif name == "baseline":
+        v = Variant("baseline", memberlist_config(), memberlist_tuning(scenario.nodes),
+                    memberlist_election_tuning())
+    else:
+        raise ConfigError(f"unknown variant {name!r}: use ours or baseline")
+    if planted is not None:
+        if planted not in PLANTED:
+            raise ConfigError(f"unknown planted bug {planted!r}: use one of "
+                              f"{', '.join(PLANTED)}")
+        v = Variant(f"{v.name}+{planted}", v.config, v.tuning, v.election_tuning,
+                    PLANTED[planted])
+    return v
+
+
+@contextlib.contextmanager
+def machines_of(variant: Variant) -> Iterator[None]:
+    """Agents built inside this block get the variant's machines and tunings."""
+    base_m = variant.membership_class
+    tuning, election_tuning = variant.tuning, variant.election_tuning
+
+    class SimMembership(base_m):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if tuning is not None:
+                kwargs.setdefault("tuning", tuning)
+            super().__init__(*args, **kwargs)
+
+    class SimElection(Election):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if election_tuning is not None:
+                kwargs.setdefault("tuning", election_tuning)
+            super().__init__(*args, **kwargs)
+
+    saved = agent_module.Membership, agent_module.Election
+    agent_module.Membership, agent_module.Election = SimMembership, SimElection  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        agent_module.Membership, agent_module.Election = saved  # type: ignore[misc]
+
+
+class SimAgent(Agent):
+    """The real agent, with every event it notes handed to the harness."""
+
+    def __init__(self, *, sim_run: ScenarioRun, sim_index: int, **kwargs: Any) -> None:
+        self.sim_run = sim_run
+        self.sim_index = sim_index
+        super().__init__(**kwargs)
+
+    def _note(self, event: fx.Event) -> None:
+        self.sim_run.on_event(self, event)
+        super()._note(event)
+
+    def form(self, records: list[Any]) -> None:
+        """Take in every fellow's record quietly, as after a long calm."""
+        if self.membership is not None:
+            self._apply(self.membership.merge_records(records, trio.current_time(),
+                                                      quiet=True))
+
+
+def plan_message(request: dict[str, Any]) -> dict[str, Any]:
+    """A scenario's plan request as the agent's plan op takes it."""
+    message = dict(request)
+    model = message.get("model")
+    if isinstance(model, str):
+        config = BUILTIN_MODELS.get(model) or REFERENCE_CONFIGS.get(model)
+        if config is None:
+            raise ConfigError(f"unknown model {model!r} in the scenario's plan request")
+        message["model"] = {"name": model, "config": dict(config)}
+    return message
+
+
+def _link_model(a: Profile, b: Profile) -> LinkModel:
+    loss = link_loss(a, b)
+    return LinkModel(delay=link_delay(a, b), loss=Bernoulli(loss) if loss > 0 else None)
+
+
+class StallGuard(trio.abc.Instrument):
+    """Ends a run whose virtual time stops moving: some task is busy at one instant (a
+    deadline that never advances), which would otherwise spin forever."""
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self.limit = limit
+        self.scope: trio.CancelScope | None = None
+        self.stuck_at: float | None = None
+        self._t = -1.0
+        self._n = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        t = trio.current_time()
+        if t != self._t:
+            self._t, self._n = t, 0
+            return
+        self._n += 1
+        if self._n == self.limit and self.scope is not None:
+            self.stuck_at = t
+            self.scope.cancel()
+
+
+# --- one run ----------------------------------------------------------------------------
+
+
+@dataclass(order=True)
+class _Action:
+    at_s: float
+    seq: int
+    kind: str = field(compare=False)
+    fellow: int | str | None = field(compare=False, default=None)
+    args: dict[str, Any] = field(compare=False, default_factory=dict)
+
+
+def build_timeline(s: Scenario, profiles: list[Profile], starters: int) -> list[_Action]:
+    """Every action of a run, in order: starts, scripted events, events drawn at the
+    scenario's rates, roaming outages. Drawn from generators seeded by the scenario."""
+    actions: list[_Action] = []
+    seq = 0
+
+    def add(at: float, kind: str, fellow: int | str | None = None, **args: Any) -> None:
+        nonlocal seq
+        if at <= s.duration_s:
+            seq += 1
+            actions.append(_Action(at, seq, kind, fellow, args))
+
+    if s.formed:
+        add(0.0, "form")
+    else:
+        for i in range(starters):
+            add(i * s.stagger_s, "start", i)
+    for e in s.events:
+        add(e.at_s, e.kind, e.fellow, groups=e.groups, split=e.split, free_gb=e.free_gb,
+            count=e.count, restart_after_s=e.restart_after_s)
+    rates = s.rates
+    gen = random.Random(f"rates:{s.seed}")
+    for kind, per_hour in (("crash", rates.crash_per_hour), ("leave", rates.leave_per_hour),
+                           ("card_change", rates.card_change_per_hour),
+                           ("leader_kill", rates.leader_kill_per_hour),
+                           ("partition", rates.partition_per_hour)):
+        if per_hour <= 0:
+            continue
+        t = s.warmup_s
+        while True:
+            t += gen.expovariate(per_hour / 3600.0)
+            if t >= s.duration_s:
+                break
+            add(t, "rate_" + kind, "random")
+    outages = random.Random(f"outages:{s.seed}")
+    for i, p in enumerate(profiles):
+        for begin, end in p.outages(outages, s.warmup_s, s.duration_s):
+            add(begin, "outage_begin", i)
+            add(min(end, s.duration_s), "outage_end", i)
+    actions.sort()
+    return actions
+
+
+class ScenarioRun:
+    def __init__(self, scenario: Scenario, variant: Variant,
+                 progress: ProgressFn | None = None) -> None:
+        self.scenario = scenario
+        self.variant = variant
+        self.progress = progress
+        n = scenario.nodes
+        self.n = n
+        self.rng = random.Random(f"director:{scenario.seed}")
+        self.swarm = VirtualSwarm(n, seed=scenario.seed, config=variant.config,
+                                  agent_factory=self._make_agent)
+        self.net = self.swarm.net
+        self.layout = scenario.profiles()
+        self.profiles: list[Profile] = [profile(p) for p, _, _ in self.layout]
+        for f, (_, priority, cpu_gb) in zip(self.swarm.fellows, self.layout):
+            f.leader_priority = priority
+            f.cards.cards = (cpu_card(cpu_gb),)
+        self.cpu_gb = [gb for _, _, gb in self.layout]
+        self.index_of = {f.identity.node_id: f.index for f in self.swarm.fellows}
+        self.oracle = Oracle(n, scenario.checks, measure_from_s=scenario.warmup_s,
+                             gossip_interval_s=variant.config.gossip.gossip_interval_s,
+                             plan_grace_s=scenario.plan.grace_s)
+        self.ever_started = [False] * n
+        self.cut = [False] * n
+        self.next_join = scenario.start if scenario.start is not None else n
+        self.traffic = [[0, 0, 0, 0, 0] for _ in range(n)]  # d_out, b_out, d_in, b_in, streams
+        self.offset: dict[int, list[int]] = {}
+        self.partition_active = False
+        self.guard = StallGuard()
+        self.end_s = 0.0
+        self.notes: list[str] = []
+        if variant.name.startswith("baseline") and missing_switches():
+            self.notes.append("this membership machine lacks the baseline switches "
+                              f"{', '.join(missing_switches())}: left at our defaults")
+        self._apply_profiles()
+
+    # the network --------------------------------------------------------------------
+
+    def _apply_profiles(self) -> None:
+        counts: dict[str, int] = {}
+        for p in self.profiles:
+            counts[p.name] = counts.get(p.name, 0) + 1
+        common = profile(max(sorted(counts), key=lambda k: counts[k]))
+        default = _link_model(common, common)
+        self.net.set_default(default)
+        addrs = [f.addr for f in self.swarm.fellows]
+        for i, p in enumerate(self.profiles):
+            self.net.set_radio(addrs[i], p.radio)
+        if len(counts) > 1:
+            for i, a in enumerate(self.profiles):
+                for j, b in enumerate(self.profiles):
+                    if i != j and (a.name != common.name or b.name != common.name):
+                        model = _link_model(a, b)
+                        if model != default:
+                            self.net.set_link(addrs[i], addrs[j], model)
+
+    def _make_agent(self, fellow: Fellow, **kwargs: Any) -> Agent:
+        return SimAgent(sim_run=self, sim_index=fellow.index, **kwargs)
+
+    # events from agents ---------------------------------------------------------------
+
+    def on_event(self, agent: SimAgent, event: fx.Event) -> None:
+        subject = self.index_of.get(event.node_id, -1)
+        version = 0
+        if event.kind == fx.METADATA and agent.membership is not None:
+            if subject == agent.sim_index:
+                version = agent.membership.meta_version
+            else:
+                member = agent.membership.member(event.node_id)
+                version = member.meta_version if member is not None else 0
+        self.oracle.event(trio.current_time(), agent.sim_index, event.kind, subject,
+                          event.incarnation, event.term, version,
+                          bool(event.by) and event.by == agent.node_id)
+
+    # the timeline ---------------------------------------------------------------------
+
+    def timeline(self) -> list[_Action]:
+        return build_timeline(self.scenario, self.profiles, self.next_join)
+
+    async def director(self, nursery: trio.Nursery) -> None:
+        for action in self.timeline():
+            await trio.sleep_until(action.at_s)
+            await self.execute(action, nursery)
+        await trio.sleep_until(self.scenario.duration_s)
+
+    # actions --------------------------------------------------------------------------
+
+    def running(self, i: int) -> bool:
+        return self.swarm.fellows[i].agent is not None and self.oracle.running[i]
+
+    def _pick(self, fellow: int | str | None, *, want_running: bool = True) -> int | None:
+        if isinstance(fellow, int):
+            return fellow
+        pool = [i for i in range(self.n) if self.running(i) == want_running
+                and self.ever_started[i] and not self.cut[i]]
+        return self.rng.choice(pool) if pool else None
+
+    def _seeds(self, exclude: int) -> tuple[str, ...]:
+        live = [i for i in range(self.n) if i != exclude and self.running(i) and not self.cut[i]]
+        return tuple(self.swarm.fellows[i].addr for i in live[:3])
+
+    def _range(self, pair: tuple[float, float] | None) -> float | None:
+        return None if pair is None else self.rng.uniform(*pair)
+
+    async def execute(self, a: _Action, nursery: trio.Nursery) -> None:
+        kind, now = a.kind, trio.current_time()
+        if kind == "start":
+            await self.start(int(a.fellow), nursery)  # type: ignore[arg-type]
+        elif kind == "form":
+            await self.form()
+        elif kind in ("crash", "rate_crash"):
+            i = self._pick(a.fellow)
+            if i is not None and self.running(i):
+                self.crash(i)
+                after = a.args.get("restart_after_s") if kind == "crash" else \
+                    self._range(self.scenario.rates.crash_restart_after_s)
+                if after is not None:
+                    nursery.start_soon(self._later, after, "restart", i)
+        elif kind in ("restart", "rejoin"):
+            i = int(a.fellow) if isinstance(a.fellow, int) else \
+                self._pick(a.fellow, want_running=False)
+            if i is not None and not self.running(i):
+                await self.start(i, nursery)
+        elif kind in ("leave", "rate_leave"):
+            i = self._pick(a.fellow)
+            if i is not None and self.running(i):
+                nursery.start_soon(self.leave, i)
+                if kind == "rate_leave":
+                    after = self._range(self.scenario.rates.leave_rejoin_after_s)
+                    if after is not None:
+                        nursery.start_soon(self._later, after + 2.0, "rejoin", i)
+        elif kind in ("card_fill", "card_free", "rate_card_change"):
+            i = self._pick(a.fellow)
+            if i is None:
+                return
+            card = self.swarm.fellows[i].cards.cards[0]
+            if kind == "rate_card_change":
+                filling = card.free_bytes >= card.total_bytes
+                free_gb = self.rng.uniform(*self.scenario.rates.card_fill_free_gb)
+            else:
+                filling = kind == "card_fill"
+                free_gb = a.args.get("free_gb") or 1.0
+            total = self.cpu_gb[i]
+            self.swarm.fellows[i].cards.cards = (cpu_card(total, min(total, free_gb)
+                                                          if filling else total),)
+            self.oracle.card_changed(i, now)
+        elif kind in ("leader_kill", "rate_leader_kill"):
+            leader = self.current_leader()
+            if leader is None:
+                self.notes.append(f"{now:.1f} s: no leader to kill")
+                return
+            old_id = self.swarm.fellows[leader].identity.node_id
+            self.crash(leader)
+            nursery.start_soon(self.watch_failover, now, leader, old_id)
+            after = a.args.get("restart_after_s") if kind == "leader_kill" else \
+                self._range(self.scenario.rates.leader_restart_after_s)
+            if after is not None:
+                nursery.start_soon(self._later, after, "restart", leader)
+        elif kind in ("partition", "rate_partition"):
+            if kind == "rate_partition" and self.partition_active:
+                return
+            groups = [list(g) for g in a.args.get("groups") or ()]
+            if not groups:
+                split = float(a.args.get("split") or 0.5) if kind == "partition" else \
+                    self.rng.uniform(*self.scenario.rates.partition_split)
+                order = list(range(self.n))
+                self.rng.shuffle(order)
+                k = max(1, round(split * self.n))
+                groups = [sorted(order[:k]), sorted(order[k:])]
+            self.net.partition(*[{self.swarm.fellows[i].addr for i in g} for g in groups])
+            self.oracle.partitioned(groups, now)
+            self.partition_active = True
+            if kind == "rate_partition":
+                heal = self.rng.uniform(*self.scenario.rates.partition_heal_after_s)
+                nursery.start_soon(self._later, heal, "heal", None)
+        elif kind == "heal":
+            self.net.heal()
+            self.oracle.healed(now)
+            self.partition_active = False
+        elif kind == "join_burst":
+            for _ in range(int(a.args.get("count") or 0)):
+                if self.next_join >= self.n:
+                    break
+                await self.start(self.next_join, nursery)
+                self.next_join += 1
+        elif kind in ("outage_begin", "link_down"):
+            i = int(a.fellow)  # type: ignore[arg-type]
+            if self.running(i) and not self.cut[i]:
+                self.cut[i] = True
+                self.net.down(self.swarm.fellows[i].addr)
+                self.oracle.cut(i, now)
+        elif kind in ("outage_end", "link_up"):
+            i = int(a.fellow)  # type: ignore[arg-type]
+            if self.cut[i]:
+                self.cut[i] = False
+                if self.running(i):
+                    self.net.up(self.swarm.fellows[i].addr)
+                self.oracle.uncut(i, now)
+        else:
+            raise ConfigError(f"unknown action {kind!r}")
+
+    async def _later(self, after_s: float, kind: str, fellow: int | None) -> None:
+        await trio.sleep(after_s)
+        if trio.current_time() >= self.scenario.duration_s:
+            return
+        await self.execute(_Action(trio.current_time(), 0, kind, fellow), self._nursery)
+
+    async def start(self, i: int, nursery: trio.Nursery) -> None:
+        seeds = None if not self.ever_started[i] and i == 0 else self._seeds(i)
+        if not self.ever_started[i] and i != 0 and not seeds:
+            seeds = (self.swarm.fellows[0].addr,)
+        self.cut[i] = False
+        await self.swarm.start(i, seeds=seeds)
+        self.ever_started[i] = True
+        self.oracle.started(i, trio.current_time())
+        if trio.current_time() >= self.scenario.warmup_s:
+            self.offset[i] = [0, 0, 0, 0, 0]
+
+    async def form(self) -> None:
+        """Start the first fellows at once, each already knowing all the others."""
+        starters = range(self.next_join)
+        for i in starters:
+            await self.swarm.start(i, seeds=())
+            self.ever_started[i] = True
+            self.oracle.started(i, trio.current_time())
+        records = [self.swarm.fellows[i].agent.membership.self_record()  # type: ignore[union-attr]
+                   for i in starters]
+        for i in starters:
+            agent = self.swarm.fellows[i].agent
+            assert isinstance(agent, SimAgent)
+            agent.form([r for k, r in zip(starters, records) if k != i])
+
+    def crash(self, i: int) -> None:
+        self._account(i)
+        if self.cut[i]:
+            self.cut[i] = False
+        self.swarm.crash(i)
+        self.oracle.crashed(i, trio.current_time())
+
+    async def leave(self, i: int) -> None:
+        agent = self.swarm.fellows[i].agent
+        if agent is None:
+            return
+        self.oracle.left_swarm(i, trio.current_time())
+        await self.swarm.leave(i)
+        self._account_agent(i, agent)
+
+    def _account(self, i: int) -> None:
+        agent = self.swarm.fellows[i].agent
+        if agent is not None:
+            self._account_agent(i, agent)
+
+    def _account_agent(self, i: int, agent: Agent) -> None:
+        c = agent.counters
+        now = (c.datagrams_out, c.bytes_out, c.datagrams_in, c.bytes_in, c.streams_out)
+        base = self.offset.pop(i, None)
+        if base is None:
+            return  # stopped before measuring began
+        for k in range(5):
+            self.traffic[i][k] += now[k] - base[k]
+
+    def _snapshot_offsets(self) -> None:
+        for i, f in enumerate(self.swarm.fellows):
+            if f.agent is not None:
+                c = f.agent.counters
+                self.offset[i] = [c.datagrams_out, c.bytes_out, c.datagrams_in, c.bytes_in,
+                                  c.streams_out]
+
+    # measurements ---------------------------------------------------------------------
+
+    def current_leader(self) -> int | None:
+        best: tuple[int, int] | None = None
+        for i, f in enumerate(self.swarm.fellows):
+            agent = f.agent
+            if agent is None or agent.election is None or not self.oracle.running[i]:
+                continue
+            status = agent.election.status()
+            if status.leader_id == agent.node_id and (best is None or status.term > best[0]):
+                best = (status.term, i)
+        return None if best is None else best[1]
+
+    async def watch_failover(self, killed_at: float, old: int, old_id: bytes) -> None:
+        give_up = killed_at + FAILOVER_GIVE_UP_S
+        while trio.current_time() < min(give_up, self.scenario.duration_s):
+            await trio.sleep(FAILOVER_POLL_S)
+            leaders = set()
+            for i, f in enumerate(self.swarm.fellows):
+                if f.agent is None or f.agent.election is None or self.cut[i]:
+                    continue
+                if not self.oracle.running[i] or not f.agent.membership \
+                        or not f.agent.membership.joined:
+                    continue
+                leaders.add(f.agent.election.status().leader_id)
+                if len(leaders) > 1:
+                    break
+            if len(leaders) == 1:
+                (leader,) = leaders
+                if leader is not None and leader != old_id:
+                    self.oracle.failover(killed_at, trio.current_time(), old,
+                                         self.index_of.get(leader))
+                    return
+        self.oracle.failover(killed_at, None, old, None)
+
+    async def plan_probe(self) -> None:
+        probe = self.scenario.plan
+        if probe.every_s <= 0:
+            return
+        message = plan_message(probe.request)
+        await trio.sleep_until(self.scenario.warmup_s)
+        while True:
+            leader = self.current_leader()
+            plan_id = None
+            if leader is not None:
+                agent = self.swarm.fellows[leader].agent
+                assert agent is not None
+                try:
+                    result = await agent.planning.plan(message)
+                    plan_id = str(result.get("plan_id"))
+                except SwarmError as exc:
+                    plan_id = f"error: {exc}"[:80]
+            self.oracle.plan_sample(trio.current_time(), -1 if leader is None else leader,
+                                    plan_id)
+            await trio.sleep(probe.every_s)
+
+    async def sample_views(self) -> None:
+        every = self.scenario.sample_every_s
+        if every <= 0:
+            return
+        while True:
+            await trio.sleep(every)
+            running = [i for i in range(self.n) if self.running(i)]
+            step = max(1, len(running) // VIEW_OBSERVERS)
+            observers = running[::step][:VIEW_OBSERVERS]
+            running_ids = {self.swarm.fellows[i].identity.node_id for i in running}
+            tally = {"alive": 0, "suspect": 0, "dead": 0, "left": 0, "missing": 0}
+            for i in observers:
+                agent = self.swarm.fellows[i].agent
+                if agent is None or agent.membership is None:
+                    continue
+                seen = set()
+                for m in agent.membership.members():
+                    if m.node_id in running_ids and not m.is_self:
+                        tally[m.state] += 1
+                        seen.add(m.node_id)
+                tally["missing"] += len(running_ids) - 1 - len(seen)
+            total = max(1, sum(tally.values()))
+            self.oracle.view_sample({
+                "t": round(trio.current_time(), 3), "running": len(running),
+                "cut": sum(self.cut), "leader": self.current_leader(),
+                **{k: round(v / total, 5) for k, v in tally.items()}})
+
+    async def report_progress(self) -> None:
+        if self.progress is None:
+            return
+        end = self.scenario.duration_s
+        step = max(1.0, end / 400)
+        while True:
+            self.progress(trio.current_time(), end)
+            await trio.sleep(step)
+
+    async def main(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.guard.scope = nursery.cancel_scope
+            await nursery.start(self.swarm.run)
+            nursery.start_soon(self.plan_probe)
+            nursery.start_soon(self.sample_views)
+            nursery.start_soon(self.report_progress)
+            nursery.start_soon(self._offsets_at_warmup)
+            await self.director(nursery)
+            self.end_s = trio.current_time()
+            nursery.cancel_scope.cancel()
+        if self.guard.stuck_at is not None:
+            self.end_s = self.guard.stuck_at
+
+    async def _offsets_at_warmup(self) -> None:
+        await trio.sleep_until(self.scenario.warmup_s)
+        self._snapshot_offsets()
+
+    # the result -----------------------------------------------------------------------
+
+    def result(self) -> dict[str, Any]:
+        end = self.end_s
+        for i in range(self.n):
+            self._account(i)
+        judged = self.oracle.finish(end)
+        if self.guard.stuck_at is not None:
+            judged["ok"] = False
+            judged["failures"].insert(0, f"virtual time stopped at {self.guard.stuck_at:.3f} s: "
+                                         "a task kept running at that instant (a deadline "
+                                         "that never advances); the run was ended there")
+        seconds = [self.oracle.run_seconds[i] for i in range(self.n)]
+        rates: dict[str, list[float]] = {"datagrams_out": [], "bytes_out": [],
+                                         "datagrams_in": [], "bytes_in": [],
+                                         "streams_out": []}
+        for i in range(self.n):
+            if seconds[i] <= 0:
+                continue
+            for k, key in enumerate(rates):
+                rates[key].append(self.traffic[i][k] / seconds[i])
+        traffic: dict[str, Any] = {f"{k}_per_fellow_s": summary(v, 2)
+                                   for k, v in rates.items()}
+        traffic["_bytes_out_per_fellow_s"] = [round(v, 2) for v in rates["bytes_out"]]
+        by_profile: dict[str, list[float]] = {}
+        for i in range(self.n):
+            if seconds[i] > 0:
+                by_profile.setdefault(self.profiles[i].name, []).append(
+                    self.traffic[i][1] / seconds[i])
+        traffic["bytes_out_per_fellow_s_by_profile"] = {
+            k: round(sum(v) / len(v), 2) for k, v in sorted(by_profile.items())}
+        return {
+            "scenario": self.scenario.to_dict(),
+            "variant": self.variant.name,
+            "preset": self.variant.config.preset,
+            "seed": self.scenario.seed,
+            "nodes": self.n,
+            "duration_s": self.scenario.duration_s,
+            "warmup_s": self.scenario.warmup_s,
+            "profiles": {p: sum(1 for q in self.profiles if q.name == p)
+                         for p in sorted({q.name for q in self.profiles})},
+            **judged,
+            "traffic": traffic,
+            "network": dict(self.net.counters),
+            "views": self.oracle.view_samples,
+            "notes": self.notes,
+        }
+
+
+def run_scenario(scenario: Scenario, variant: str = "ours", *, planted: str | None = None,
+                 progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Run ``scenario`` once (its own seed) and return the judged result."""
+    v = variant_for(scenario, variant, planted)
+    run = ScenarioRun(scenario, v, progress)
+    wall0, cpu0 = time.perf_counter(), _cpu_s()
+    with seeded_scheduler(scenario.seed), machines_of(v), quiet_agents():
+        trio.run(run.main, clock=JumpClock(), instruments=[run.guard])
+    result = run.result()
+    wall, cpu = time.perf_counter() - wall0, _cpu_s() - cpu0
+    result["wall_s"] = round(wall, 2)
+    result["cpu_s"] = round(cpu, 2)
+    result["virtual_per_cpu_s"] = round(scenario.duration_s / cpu, 2) if cpu > 0 else None
+    return result
+
+
+@contextlib.contextmanager
+def quiet_agents() -> Iterator[None]:
+    """Agents' log lines off for a run (the oracle has every event)."""
+    logger = logging.getLogger("p2pswarm")
+    saved = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(saved)
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+__all__ = [
+    "PLANTED",
+    "NeverRefutes",
+    "ScenarioRun",
+    "SimAgent",
+    "Variant",
+    "build_timeline",
+    "machines_of",
+    "plan_message",
+    "run_scenario",
+    "variant_for",
+]

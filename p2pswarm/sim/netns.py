@@ -1,0 +1,530 @@
+"""Real-network mode: the scenario run by real agent processes in network namespaces.
+
+Theory of operation. Each fellow is a ``p2pswarm join`` process in its own network
+namespace, with one veth pair whose other end sits on a bridge in the root namespace
+(no address on the bridge: the fellows talk only among themselves). Loss is an nftables
+table inside each namespace: ``numgen random mod 100 < P`` drops on input and output
+(a radio's loss applies to what the fellow sends and what it hears; a link loss only on
+input, so each packet meets it once). WiFi bursts are not reproduced: a Gilbert-Elliott
+radio becomes independent loss at its mean rate (its delay, too, is the host's). Link
+outages are ``ip link set eth0 down`` in the namespace; a partition adds a drop rule per
+address of the other side; a crash is SIGKILL; a restart is the same home (same
+identity) started again.
+
+The harness polls every fellow's control API (``status``) a few times a second and turns
+changes of what each believes into the same events the virtual oracle judges, so both
+worlds give the same figures, at the resolution of the polling.
+
+Tear-down: every namespace, veth, bridge and nftables table this module makes carries
+the run's tag; ``Netns.close`` kills the processes it started and removes all of them.
+It runs on exit from the ``with`` block, on Ctrl-C, on SIGTERM and on a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from p2pswarm.control.client import request as control_request
+from p2pswarm.errors import ConfigError, ControlError, SwarmError
+from p2pswarm.sim.metrics import summary
+from p2pswarm.sim.oracle import Oracle
+from p2pswarm.sim.profiles import Profile, profile
+from p2pswarm.sim.scenario import Scenario
+
+MAX_FELLOWS = 20
+PORT = 7946
+POLL_S = 0.2
+AGENT_CMD = [sys.executable, "-c", "from p2pswarm.cli import main; main()"]
+ProgressFn = Callable[[float, float], None]
+
+
+def missing_requirements() -> str | None:
+    """Why real mode cannot run here, or None if it can."""
+    if sys.platform != "linux":
+        return "real mode needs Linux network namespaces"
+    if os.geteuid() != 0:
+        return "real mode needs root (network namespaces, nftables)"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"real mode needs `{tool}` (apt-get install iproute2 nftables)"
+    return None
+
+
+def _run(*args: str, check: bool = True, input_text: str | None = None) -> str:
+    proc = subprocess.run(args, capture_output=True, text=True, input=input_text, timeout=30,
+                          check=False)
+    if check and proc.returncode != 0:
+        raise SwarmError(f"{' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+@dataclass
+class RealFellow:
+    index: int
+    name: str
+    ns: str
+    veth: str
+    ip: str
+    home: Path
+    profile: Profile
+    priority: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    log: Any = None
+    node_id: str = ""
+    blocked: list[str] = field(default_factory=list)
+
+    @property
+    def addr(self) -> str:
+        return f"{self.ip}:{PORT}"
+
+
+class Netns:
+    """The namespaces, links and rules of one real run. Use as a context manager."""
+
+    def __init__(self, n: int, profiles: list[Profile], priorities: list[int],
+                 work: Path, tag: str | None = None) -> None:
+        if not 2 <= n <= MAX_FELLOWS:
+            raise ConfigError(f"real mode runs 2 to {MAX_FELLOWS} fellows, not {n}")
+        self.tag = tag or f"{os.getpid() % 100000:05d}"
+        self.bridge = f"p2sb{self.tag}"
+        subnet = 10 + int(self.tag) % 240
+        self.work = work
+        self.fellows = [
+            RealFellow(i, f"f{i:03d}", f"p2s-{self.tag}-{i}", f"p2s{self.tag}v{i}",
+                       f"10.213.{subnet}.{i + 1}", work / f"f{i:03d}", profiles[i],
+                       priorities[i])
+            for i in range(n)]
+        self._made_ns: list[str] = []
+        self._made_bridge = False
+        self._closed = False
+
+    # --- building and tearing down --------------------------------------------------
+
+    def __enter__(self) -> Netns:
+        self._old_term = signal.signal(signal.SIGTERM, self._on_term)
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        signal.signal(signal.SIGTERM, self._old_term)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # unwinds through __exit__, which tears down
+
+    def _build(self) -> None:
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        self._made_bridge = True
+        _run("ip", "link", "set", self.bridge, "up")
+        for f in self.fellows:
+            _run("ip", "netns", "add", f.ns)
+            self._made_ns.append(f.ns)
+            _run("ip", "link", "add", f.veth, "type", "veth", "peer", "name", "eth0",
+                 "netns", f.ns)
+            _run("ip", "link", "set", f.veth, "master", self.bridge)
+            _run("ip", "link", "set", f.veth, "up")
+            _run("ip", "-n", f.ns, "addr", "add", f"{f.ip}/24", "dev", "eth0")
+            _run("ip", "-n", f.ns, "link", "set", "eth0", "up")
+            _run("ip", "-n", f.ns, "link", "set", "lo", "up")
+            self._set_rules(f)
+
+    def _set_rules(self, f: RealFellow) -> None:
+        radio = round(100 * f.profile.mean_loss)
+        link = round(100 * f.profile.link_loss)
+        lines = ["table inet p2pswarm_sim {",
+                 "  chain input { type filter hook input priority 0; policy accept;"]
+        for addr in f.blocked:
+            lines.append(f"    iifname \"eth0\" ip saddr {addr} drop")
+        if radio + link:
+            lines.append(f"    iifname \"eth0\" numgen random mod 100 < {min(100, radio + link)} drop")
+        lines.append("  }")
+        lines.append("  chain output { type filter hook output priority 0; policy accept;")
+        if radio:
+            lines.append(f"    oifname \"eth0\" numgen random mod 100 < {radio} drop")
+        lines.append("  }")
+        lines.append("}")
+        _run("ip", "netns", "exec", f.ns, "nft", "delete", "table", "inet", "p2pswarm_sim",
+             check=False)
+        _run("ip", "netns", "exec", f.ns, "nft", "-f", "-", input_text="\n".join(lines) + "\n")
+
+    def close(self) -> None:
+        """Kill what this run started and remove every namespace, link and rule it made."""
+        if self._closed:
+            return
+        self._closed = True
+        for f in self.fellows:
+            self.kill(f.index)
+        for f in self.fellows:
+            if f.ns in self._made_ns:
+                _run("ip", "netns", "exec", f.ns, "nft", "delete", "table", "inet",
+                     "p2pswarm_sim", check=False)
+                # the host end first: a namespace outlives its deletion while sockets in
+                # TIME_WAIT hold it, and its veth pair with it
+                _run("ip", "link", "del", f.veth, check=False)
+                _run("ip", "netns", "del", f.ns, check=False)
+        if self._made_bridge:
+            _run("ip", "link", "del", self.bridge, check=False)
+        self._made_ns.clear()
+        self._made_bridge = False
+
+    def leftovers(self) -> list[str]:
+        """Namespaces or links of this run still present (empty after ``close``)."""
+        out = []
+        names = _run("ip", "netns", "list", check=False)
+        out += [line.split()[0] for line in names.splitlines()
+                if line.startswith(f"p2s-{self.tag}-")]
+        links = _run("ip", "-o", "link", "show", check=False)
+        out += [line.split(":")[1].strip().split("@")[0] for line in links.splitlines()
+                if f"p2s{self.tag}v" in line or self.bridge in line]
+        return out
+
+    # --- processes ------------------------------------------------------------------
+
+    def init_swarm(self) -> str:
+        out = _run(*AGENT_CMD, "init", "--home", str(self.fellows[0].home), "--json")
+        return str(json.loads(out)["token"])
+
+    def start(self, i: int, token: str, seeds: list[str], preset_name: str) -> None:
+        f = self.fellows[i]
+        f.home.mkdir(parents=True, exist_ok=True)
+        if f.log is None:
+            f.log = open(self.work / f"{f.name}.log", "ab")
+        args = ["ip", "netns", "exec", f.ns, *AGENT_CMD, "join", *seeds, "--token", token,
+                "--listen", f.addr, "--name", f.name, "--preset", preset_name,
+                "--home", str(f.home), "--leader-priority", str(f.priority),
+                "--cpu-memory", "4GB", "--log-level", "info"]
+        f.proc = subprocess.Popen(args, stdout=f.log, stderr=f.log, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)
+
+    def kill(self, i: int) -> None:
+        f = self.fellows[i]
+        if f.proc is not None and f.proc.poll() is None:
+            try:
+                os.killpg(f.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            f.proc.wait(timeout=10)
+        f.proc = None
+
+    def leave(self, i: int) -> None:
+        f = self.fellows[i]
+        if f.proc is not None and f.proc.poll() is None:
+            f.proc.send_signal(signal.SIGINT)  # the agent leaves gracefully
+            try:
+                f.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill(i)
+        f.proc = None
+
+    def link(self, i: int, up: bool) -> None:
+        _run("ip", "-n", self.fellows[i].ns, "link", "set", "eth0", "up" if up else "down")
+
+    def partition(self, groups: list[list[int]]) -> None:
+        side = {i: g for g, members in enumerate(groups) for i in members}
+        for f in self.fellows:
+            f.blocked = [o.ip for o in self.fellows
+                         if f.index in side and o.index in side
+                         and side[o.index] != side[f.index]]
+            self._set_rules(f)
+
+    def heal(self) -> None:
+        for f in self.fellows:
+            if f.blocked:
+                f.blocked = []
+                self._set_rules(f)
+
+    def status(self, i: int) -> dict[str, Any] | None:
+        f = self.fellows[i]
+        if f.proc is None or f.proc.poll() is not None:
+            return None
+        try:
+            result = control_request(f.home, {"op": "status"}, timeout_s=2.0)
+        except (ControlError, SwarmError, OSError):
+            return None
+        return result if isinstance(result, dict) else None
+
+
+def run_real(scenario: Scenario, progress: ProgressFn | None = None,
+             keep_dir: Path | None = None) -> dict[str, Any]:
+    """Run ``scenario`` with real processes in namespaces; return a result like the
+    virtual harness's (figures at the polling resolution)."""
+    why = missing_requirements()
+    if why is not None:
+        raise ConfigError(why)
+    from p2pswarm.sim.harness import build_timeline
+
+    n = scenario.nodes
+    layout = scenario.profiles()
+    profiles = [profile(p) for p, _, _ in layout]
+    work = Path(tempfile.mkdtemp(prefix="p2pswarm-real-")) if keep_dir is None else keep_dir
+    rng = random.Random(f"director:{scenario.seed}")
+    oracle = Oracle(n, scenario.checks, measure_from_s=scenario.warmup_s,
+                    plan_grace_s=scenario.plan.grace_s)
+    notes: list[str] = []
+    traffic = [[0.0, 0.0, 0.0, 0.0] for _ in range(n)]
+    last_counters: dict[int, list[float]] = {}
+    belief: dict[tuple[int, int], str] = {}
+    leader_seen: dict[int, tuple[str, int] | None] = {}
+    started = [False] * n
+    cut = [False] * n
+    wall0 = time.monotonic()
+    try:
+        with Netns(n, profiles, [p for _, p, _ in layout], work) as world:
+            token = world.init_swarm()
+            index_of: dict[str, int] = {}
+            t0 = time.monotonic()
+
+            def now() -> float:
+                return time.monotonic() - t0
+
+            def start(i: int) -> None:
+                live = [f.addr for f in world.fellows if f.proc is not None and f.index != i]
+                seeds = live[:3] if live else ([] if i == 0 else [world.fellows[0].addr])
+                world.start(i, token, seeds, scenario.preset)
+                started[i] = True
+                cut[i] = False
+                oracle.started(i, now())
+                for key in [k for k in belief if k[0] == i]:
+                    del belief[key]
+
+            def account(i: int) -> None:
+                c = last_counters.pop(i, None)
+                if c is not None:
+                    for k in range(4):
+                        traffic[i][k] += c[k]
+
+            def crash(i: int) -> None:
+                account(i)
+                world.kill(i)
+                oracle.crashed(i, now())
+
+            def pick(fellow: Any, want_running: bool = True) -> int | None:
+                if isinstance(fellow, int):
+                    return fellow
+                pool = [k for k in range(n) if (world.fellows[k].proc is not None) ==
+                        want_running and started[k] and not cut[k]]
+                return rng.choice(pool) if pool else None
+
+            def current_leader() -> int | None:
+                best = None
+                for i in range(n):
+                    seen = leader_seen.get(i)
+                    if seen and index_of.get(seen[0]) == i and (best is None or seen[1] > best[0]):
+                        best = (seen[1], i)
+                return None if best is None else best[1]
+
+            later: list[tuple[float, str, int]] = []
+            if scenario.formed:
+                notes.append("a formed start is virtual only: here fellows join through "
+                             "fellow 0")
+            actions = build_timeline(replace(scenario, formed=False,
+                                             stagger_s=max(scenario.stagger_s, 0.2)),
+                                     profiles, scenario.start or n)
+            failovers: list[tuple[float, int, str]] = []
+            k = 0
+            end = scenario.duration_s
+            while True:
+                t = now()
+                if t >= end:
+                    break
+                while k < len(actions) and actions[k].at_s <= t:
+                    a = actions[k]
+                    k += 1
+                    kind = a.kind
+                    if kind == "start":
+                        start(int(a.fellow))  # type: ignore[arg-type]
+                        if a.fellow == 0:
+                            _wait_socket(world, 0)
+                    elif kind in ("crash", "rate_crash"):
+                        i = pick(a.fellow)
+                        if i is not None and world.fellows[i].proc is not None:
+                            crash(i)
+                            after = a.args.get("restart_after_s") if kind == "crash" else (
+                                None if scenario.rates.crash_restart_after_s is None
+                                else rng.uniform(*scenario.rates.crash_restart_after_s))
+                            if after is not None:
+                                later.append((t + after, "restart", i))
+                    elif kind in ("restart", "rejoin"):
+                        i = pick(a.fellow, want_running=False)
+                        if i is not None and world.fellows[i].proc is None:
+                            start(i)
+                    elif kind in ("leave", "rate_leave"):
+                        i = pick(a.fellow)
+                        if i is not None:
+                            account(i)
+                            oracle.left_swarm(i, t)
+                            world.leave(i)
+                    elif kind in ("link_down", "outage_begin"):
+                        i = int(a.fellow)  # type: ignore[arg-type]
+                        if world.fellows[i].proc is not None and not cut[i]:
+                            world.link(i, False)
+                            cut[i] = True
+                            oracle.cut(i, t)
+                    elif kind in ("link_up", "outage_end"):
+                        i = int(a.fellow)  # type: ignore[arg-type]
+                        if cut[i]:
+                            world.link(i, True)
+                            cut[i] = False
+                            oracle.uncut(i, t)
+                    elif kind in ("leader_kill", "rate_leader_kill"):
+                        i = current_leader()
+                        if i is None:
+                            notes.append(f"{t:.1f} s: no leader to kill")
+                        else:
+                            failovers.append((t, i, world.fellows[i].node_id))
+                            crash(i)
+                            after = a.args.get("restart_after_s") if kind == "leader_kill" \
+                                else (None if scenario.rates.leader_restart_after_s is None
+                                      else rng.uniform(*scenario.rates.leader_restart_after_s))
+                            if after is not None:
+                                later.append((t + after, "restart", i))
+                    elif kind in ("partition", "rate_partition"):
+                        groups = [list(g) for g in a.args.get("groups") or ()]
+                        if not groups:
+                            split = a.args.get("split") or rng.uniform(
+                                *scenario.rates.partition_split)
+                            order = list(range(n))
+                            rng.shuffle(order)
+                            m = max(1, round(split * n))
+                            groups = [sorted(order[:m]), sorted(order[m:])]
+                        world.partition(groups)
+                        oracle.partitioned(groups, t)
+                        if kind == "rate_partition":
+                            later.append((t + rng.uniform(*scenario.rates.partition_heal_after_s),
+                                          "heal", -1))
+                    elif kind == "heal":
+                        world.heal()
+                        oracle.healed(t)
+                    else:
+                        notes.append(f"{kind} is not modelled in real mode; skipped")
+                for item in sorted(later):
+                    if item[0] <= t:
+                        later.remove(item)
+                        if item[1] == "restart" and world.fellows[item[2]].proc is None:
+                            start(item[2])
+                        elif item[1] == "heal":
+                            world.heal()
+                            oracle.healed(t)
+                _poll(world, oracle, now, belief, leader_seen, index_of, last_counters)
+                for f_at, old, old_id in list(failovers):
+                    agreed: set[str | None] = {
+                        _leader_id(leader_seen.get(i)) for i in range(n)
+                        if world.fellows[i].proc is not None and not cut[i]}
+                    if len(agreed) == 1 and None not in agreed and old_id not in agreed:
+                        oracle.failover(f_at, now(), old, index_of.get(str(next(iter(agreed)))))
+                        failovers.remove((f_at, old, old_id))
+                    elif now() - f_at > 120:
+                        oracle.failover(f_at, None, old, None)
+                        failovers.remove((f_at, old, old_id))
+                if progress is not None:
+                    progress(now(), end)
+                time.sleep(max(0.0, POLL_S - (now() - t)))
+            end_s = now()
+            for i in range(n):
+                account(i)
+        leftovers = world.leftovers()
+    finally:
+        if keep_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    judged = oracle.finish(end_s)
+    rates = []
+    for i in range(n):
+        if oracle.run_seconds[i] > 0:
+            rates.append(traffic[i][1] / oracle.run_seconds[i])
+    return {
+        "scenario": scenario.to_dict(), "variant": "real", "preset": scenario.preset,
+        "seed": scenario.seed, "nodes": n, "duration_s": scenario.duration_s,
+        "warmup_s": scenario.warmup_s,
+        **judged,
+        "trace_hash": "-",
+        "traffic": {"bytes_out_per_fellow_s": summary(rates, 2),
+                    "datagrams_out_per_fellow_s": summary(
+                        [traffic[i][0] / oracle.run_seconds[i] for i in range(n)
+                         if oracle.run_seconds[i] > 0], 2),
+                    "_bytes_out_per_fellow_s": [round(v, 2) for v in rates]},
+        "views": oracle.view_samples, "notes": notes + [
+            f"figures at the polling resolution ({POLL_S:g} s); bursts are independent loss "
+            "at the profile's mean"],
+        "leftovers": leftovers, "wall_s": round(time.monotonic() - wall0, 2),
+    }
+
+
+def _leader_id(seen: tuple[str, int] | None) -> str | None:
+    return None if seen is None else seen[0]
+
+
+def _wait_socket(world: Netns, i: int, timeout_s: float = 20.0) -> None:
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        if world.status(i) is not None:
+            return
+        time.sleep(0.1)
+    raise SwarmError(f"fellow {i} did not start within {timeout_s:g} s "
+                     f"(see {world.work / world.fellows[i].name}.log)")
+
+
+_STATE_EVENT = {"suspect": "suspect", "dead": "dead", "left": "left", "alive": "alive"}
+
+
+def _poll(world: Netns, oracle: Oracle, now: Callable[[], float],
+          belief: dict[tuple[int, int], str], leader_seen: dict[int, Any],
+          index_of: dict[str, int], last_counters: dict[int, list[float]]) -> None:
+    """One round of status calls, turned into the oracle's events."""
+    for f in world.fellows:
+        status = world.status(f.index)
+        if status is None:
+            continue
+        t = now()
+        f.node_id = status["self"]["id"]
+        index_of[f.node_id] = f.index
+        c = status.get("counters", {})
+        last_counters[f.index] = [float(c.get("datagrams_out", 0)), float(c.get("bytes_out", 0)),
+                                  float(c.get("datagrams_in", 0)), float(c.get("bytes_in", 0))]
+        for m in status.get("members", []):
+            if m.get("self"):
+                continue
+            s = index_of.get(m["id"])
+            if s is None:
+                s = next((g.index for g in world.fellows if g.name == m["name"]), -1)
+                if s < 0:
+                    continue
+                index_of[m["id"]] = s
+            key = (f.index, s)
+            state = m["state"]
+            before = belief.get(key)
+            if before == state:
+                continue
+            belief[key] = state
+            if before is None and state == "alive":
+                continue
+            kind = _STATE_EVENT.get(state)
+            if kind is not None:
+                oracle.event(t, f.index, kind, s, int(m.get("incarnation", 0)), 0)
+        leader = status.get("leader")
+        seen = (leader["id"], int(leader["term"])) if leader else None
+        if seen != leader_seen.get(f.index):
+            leader_seen[f.index] = seen
+            if seen is not None:
+                who = index_of.get(seen[0], -1)
+                oracle.event(t, f.index, "leader", who, 0, seen[1])
+                if who == f.index:
+                    oracle.event(t, f.index, "elected", who, 0, seen[1])
+
+
+__all__ = ["MAX_FELLOWS", "Netns", "missing_requirements", "run_real"]
