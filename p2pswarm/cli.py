@@ -403,6 +403,11 @@ def _print_load(record: dict[str, Any], console: Any) -> None:
     load_s = record.get("load_s")
     console.print(f"loaded plan [bold]{record['plan_id']}[/] ({record['model'].get('name')}): "
                   f"{len(stages)} stages" + (f" in {load_s:.1f} s" if load_s else ""))
+    adapter = record.get("adapter")
+    if isinstance(adapter, dict):
+        console.print(f"  with LoRA adapter {adapter.get('name')} (rank {adapter.get('rank')}, "
+                      f"{', '.join(adapter.get('targets') or [])}; sha256 "
+                      f"{str(adapter.get('sha256', ''))[:16]}), merged into the weights")
     table = Table()
     for column in ("stage", "fellow", "card", "layers", "allocated", "claimed", "fetched",
                    "state"):
@@ -458,6 +463,10 @@ def load(
                                       "or FELLOW:cpu (repeatable)."),
     floor: list[str] = typer.Option([], "--floor", help="Least free memory a card needs, "
                                     "per kind: cuda=2GB, cpu=1GB (repeatable)."),
+    adapter: Optional[Path] = typer.Option(None, "--adapter", help="Serve LoRA adapters on "
+                                           "top of MODEL: a directory `p2pswarm jobs export` "
+                                           "wrote (adapter_config.json and "
+                                           "adapter_model.safetensors)."),
     home: Optional[Path] = HomeOption,
     as_json: bool = JsonOption,
 ) -> None:
@@ -468,6 +477,17 @@ def load(
 
     message, path = _serve_message(model, context, sequences, stages, weights_dtype, kv_dtype,
                                    maximize, exclude, floor)
+    adapter_dir: Optional[str] = None
+    if adapter is not None:
+        from p2pswarm.agent.adapter import check_adapter, read_adapter
+
+        try:
+            found = read_adapter(adapter)
+            check_adapter(found, message["model"]["config"], message["model"]["name"], path)
+        except ConfigError as exc:
+            fail(str(exc))
+        adapter_dir = found.path
+        message["adapter"] = found.sha256  # the plan, and its plan_id, name the adapter
     if show_plan:
         result = _agent_answer(home, {"op": "plan", "request": message}, "")
         if as_json:
@@ -482,7 +502,8 @@ def load(
     try:
         with _LoadProgress(console) as progress:
             record = _stream_agent(home, {"op": "load", "request": message, "plan_id": plan_id,
-                                          "path": path}, progress, _LOAD_TIMEOUT_S)
+                                          "path": path, "adapter": adapter_dir}, progress,
+                                   _LOAD_TIMEOUT_S)
     except PlanChanged as exc:
         _explain_plan_changed(exc, model, as_json)
     if as_json:

@@ -143,6 +143,7 @@ class StageOrder:
     model: dict[str, Any]  # identity: {"kind": "builtin", "name"} or {"kind": "files", ...}
     progress_addr: str = ""
     ticket: str = ""
+    adapter: dict[str, Any] = field(default_factory=dict)  # LoRA on top: this stage's part
 
     @property
     def card_key(self) -> str:
@@ -166,7 +167,8 @@ class StageOrder:
                 "card_index": self.card_index, "card_name": self.card_name,
                 "claim_bytes": self.claim_bytes, "need_bytes": self.need_bytes,
                 "runtime": self.runtime, "model": self.model,
-                "progress_addr": self.progress_addr, "ticket": self.ticket}
+                "progress_addr": self.progress_addr, "ticket": self.ticket,
+                "adapter": self.adapter}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> StageOrder:
@@ -181,7 +183,7 @@ class StageOrder:
                 claim_bytes=int(data["claim_bytes"]), need_bytes=int(data["need_bytes"]),
                 runtime=dict(data["runtime"]), model=dict(data["model"]),
                 progress_addr=str(data.get("progress_addr", "")),
-                ticket=str(data.get("ticket", "")))
+                ticket=str(data.get("ticket", "")), adapter=dict(data.get("adapter") or {}))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"malformed stage order ({exc})") from None
 
@@ -222,6 +224,12 @@ class GenerationResult:
             "network_ms_per_token": max(per_token - compute, 0.0) * 1e3,
             "hops": len(self.route) + 1,
         }
+
+
+def _public_adapter(adapter: dict[str, Any]) -> dict[str, Any]:
+    """What records and gossip show of an adapter (no tensor list)."""
+    keys = ("name", "path", "sha256", "base", "rank", "alpha", "targets", "source")
+    return {k: adapter[k] for k in keys if k in adapter}
 
 
 # --- state on a fellow that hosts stages ---------------------------------------------------
@@ -328,7 +336,10 @@ class Serving:
         shown = leadership.leader_ops.get("plan")
         if shown is not None:
             async def plan_and_remember(message: dict[str, Any]) -> Any:
-                return self._remember(await shown(message))
+                from p2pswarm.agent.adapter import adapted_plan
+
+                return self._remember(adapted_plan(await shown(message),
+                                                   message.get("adapter")))
             leadership.leader_ops["plan"] = plan_and_remember
         leadership.leader_ops.update({"load": self._leader_load, "loads": self._leader_loads,
                                       "unload": self._leader_unload})
@@ -371,9 +382,10 @@ class Serving:
         message = request.get("request")
         if not isinstance(message, dict):
             raise ConfigError("a load op needs a \"request\" map, as the plan op")
-        path = request.get("path")
+        path, adapter = request.get("path"), request.get("adapter")
         return await self.load(message, plan_id=request.get("plan_id") or None,
                                model_dir=str(path) if path else None,
+                               adapter_dir=str(adapter) if adapter else None,
                                on_progress=current_emitter())
 
     async def _op_loads(self, request: dict[str, Any]) -> Any:
@@ -410,20 +422,47 @@ class Serving:
     # --- loading: the asking side -------------------------------------------------------
 
     async def load(self, message: dict[str, Any], *, plan_id: str | None = None,
-                   model_dir: str | None = None,
+                   model_dir: str | None = None, adapter_dir: str | None = None,
                    on_progress: Emit | None = None) -> dict[str, Any]:
         """Ask the leader to load ``message`` (a plan request), pinned to ``plan_id`` if
-        given; ``model_dir``: the model's directory on this fellow (else a built-in)."""
+        given; ``model_dir``: the model's directory on this fellow (else a built-in);
+        ``adapter_dir``: LoRA adapters on this fellow to serve on top of the model."""
         model = await self._model_identity(message, model_dir)
+        adapter = None
+        if adapter_dir is not None:
+            adapter = await self._adapter_identity(message, model, adapter_dir)
+            message = {**message, "adapter": adapter["sha256"]}
+        elif message.get("adapter"):
+            raise ConfigError("the request names an adapter: give its directory (--adapter)")
         ticket = f"{self.agent.rng.getrandbits(64):016x}"
         if on_progress is not None:
             self._progress_sinks[ticket] = on_progress
         try:
             return await self.leadership.ask("load", {  # type: ignore[no-any-return]
-                "request": message, "plan_id": plan_id, "model": model,
+                "request": message, "plan_id": plan_id, "model": model, "adapter": adapter,
                 "progress": {"addr": self.agent.addr, "ticket": ticket}})
         finally:
             self._progress_sinks.pop(ticket, None)
+
+    async def _adapter_identity(self, message: dict[str, Any], model: dict[str, Any],
+                                adapter_dir: str) -> dict[str, Any]:
+        """Read, hash and check the adapter against the planned base, and offer its
+        tensors; what the leader passes on (each stage gets its own layers' part)."""
+        from p2pswarm.agent.adapter import check_adapter, read_adapter
+
+        try:
+            adapter = await self.run(lambda: read_adapter(adapter_dir))
+        except OSError as exc:
+            raise ConfigError(f"cannot read the adapter directory {adapter_dir}: {exc}") from exc
+        wanted = message.get("adapter")
+        if wanted and wanted != adapter.sha256:
+            raise ConfigError(f"the adapter in {adapter.path} changed since it was hashed "
+                              "for this request: run the command again")
+        check_adapter(adapter, message["model"]["config"], str(model.get("name")),
+                      model.get("path") if model.get("kind") == "files" else None)
+        self.weights.offer(adapter.manifest)
+        return {**adapter.public(), "source_id": self.agent.node_id.hex(),
+                "source": self.agent.name, "manifest": adapter.manifest.to_dict()}
 
     async def _model_identity(self, message: dict[str, Any],
                               model_dir: str | None) -> dict[str, Any]:
@@ -501,11 +540,18 @@ class Serving:
         message, model = body.get("request"), body.get("model")
         if not isinstance(message, dict) or not isinstance(model, dict):
             raise ConfigError("a load needs a request and a model")
+        from p2pswarm.agent.adapter import adapted_plan
+
         expected = body.get("plan_id")
         progress = body.get("progress") or {}
+        adapter = body.get("adapter") or None
+        if (adapter or {}).get("sha256") != (message.get("adapter") or None) and (
+                adapter or message.get("adapter")):
+            raise ConfigError("the load's adapter is not the one its request names")
         async with self._load_lock:
             try:
-                plan = await self.agent.planning.plan(message)
+                plan = adapted_plan(await self.agent.planning.plan(message),
+                                    message.get("adapter"))
             except PlacementError as exc:
                 if not expected:
                     raise
@@ -529,9 +575,9 @@ class Serving:
                 raise PlacementError(f"plan {plan_id} is already loaded: `p2pswarm loads` "
                                      "shows it; unload it first to load it again")
             self._check_model(message, model)
-            orders = self._stage_orders(plan, model, progress)
+            orders = self._stage_orders(plan, model, progress, adapter)
             addrs = self._order_addrs(orders)
-            return await self._bring_up(plan, orders, addrs, model)
+            return await self._bring_up(plan, orders, addrs, model, adapter)
 
     def _check_model(self, message: dict[str, Any], model: dict[str, Any]) -> None:
         from p2pswarm.planner.profile import BUILTIN_MODELS
@@ -547,7 +593,10 @@ class Serving:
             raise ConfigError(f"unknown model kind {model.get('kind')!r}")
 
     def _stage_orders(self, plan: dict[str, Any], model: dict[str, Any],
-                      progress: dict[str, Any]) -> list[StageOrder]:
+                      progress: dict[str, Any],
+                      adapter: dict[str, Any] | None = None) -> list[StageOrder]:
+        from p2pswarm.agent.adapter import stage_block
+
         cards = {(c["fellow_id"], c["kind"], c["index"]): c for c in plan["cards"] if c["used"]}
         orders = []
         for s in plan["stages"]:
@@ -562,7 +611,8 @@ class Serving:
                 card_index=s["index"], card_name=s["name"], claim_bytes=claim,
                 need_bytes=need, runtime=dict(plan["runtime"]), model=model,
                 progress_addr=str(progress.get("addr", "")),
-                ticket=str(progress.get("ticket", ""))))
+                ticket=str(progress.get("ticket", "")),
+                adapter=stage_block(adapter, s["layers"][0], s["layers"][1]) if adapter else {}))
         return orders
 
     def _order_addrs(self, orders: Sequence[StageOrder]) -> dict[int, tuple[str, str, str]]:
@@ -577,7 +627,8 @@ class Serving:
 
     async def _bring_up(self, plan: dict[str, Any], orders: list[StageOrder],
                         addrs: dict[int, tuple[str, str, str]],
-                        model: dict[str, Any]) -> dict[str, Any]:
+                        model: dict[str, Any],
+                        adapter: dict[str, Any] | None = None) -> dict[str, Any]:
         plan_id = plan["plan_id"]
         began = time.perf_counter()
         prepared = await self._order_all(orders, addrs, "stage-prepare", self.prepare_timeout_s,
@@ -614,6 +665,8 @@ class Serving:
         public_model = {k: v for k, v in model.items() if k != "manifest"}
         record = {"plan_id": plan_id, "model": public_model, "runtime": dict(plan["runtime"]),
                   "stages": route, "load_s": time.perf_counter() - began}
+        if adapter:
+            record["adapter"] = _public_adapter(adapter)
         self.loads[plan_id] = record
         self._unloaded.pop(plan_id, None)
         return record
@@ -717,6 +770,8 @@ class Serving:
                                   if member is not None else {})})
             records[plan_id] = {"plan_id": plan_id, "model": first.get("model", {}),
                                 "runtime": first.get("runtime", {}), "stages": stages}
+            if first.get("adapter"):
+                records[plan_id]["adapter"] = first["adapter"]
         out = []
         for plan_id in sorted(records):
             record = records[plan_id]
@@ -750,6 +805,7 @@ class Serving:
                             "claim_bytes": o.claim_bytes, "allocated_bytes": h.allocated_bytes,
                             "runtime": o.runtime,
                             "model": {k: v for k, v in o.model.items() if k != "manifest"},
+                            **({"adapter": _public_adapter(o.adapter)} if o.adapter else {}),
                             "route": [{k: r[k] for k in _ROUTE_KEYS if k in r}
                                       for r in h.route]})
         if entries:
@@ -770,6 +826,8 @@ class Serving:
             raise PlacementError(f"{self.agent.name} already holds stage {order.stage} of "
                                  f"{order.plan_id}")
         reason = await self._refusal(order)
+        if reason is None and order.adapter:
+            reason = await self._adapter_refusal(order)
         if reason is not None:
             raise PlacementError(f"refuses stage {order.stage}: {reason}")
         hosted = HostedStage(order, self.leadership.term(),
@@ -823,6 +881,53 @@ class Serving:
                     "(which has them) is not connected")
         return None
 
+    async def _adapter_refusal(self, order: StageOrder) -> str | None:
+        """Why this fellow cannot get the adapter tensors of ``order``; None if it can."""
+        from p2pswarm.agent.adapter import block_manifest
+
+        block = order.adapter
+        try:
+            manifest = block_manifest(block)
+        except ConfigError as exc:
+            return str(exc)
+        if block.get("source_id") == self.agent.node_id.hex():
+            if not Path(manifest.path).is_dir():
+                return f"the adapter directory {manifest.path} is not readable any more"
+            return None
+        cache = self.weights_cache()
+        if all(cache.has(t.sha256, t.nbytes) for t in manifest.tensors):
+            return None
+        source = self._member(str(block.get("source_id", "")))
+        if source is None or source.state not in ("alive", "suspect"):
+            return (f"the adapter is not here and {block.get('source', 'its fellow')} "
+                    "(which has it) is not connected")
+        return None
+
+    async def _stage_adapter(self, order: StageOrder) -> tuple[dict[str, Any], int]:
+        """This stage's adapter tensors (fetched first when this fellow lacks them),
+        verified against their SHA-256; and the bytes fetched."""
+        from p2pswarm.agent.adapter import block_manifest, read_adapter_tensors
+
+        block = order.adapter
+        if not block:
+            return {}, 0
+        manifest = block_manifest(block)
+        local = block.get("source_id") == self.agent.node_id.hex()
+        cache = self.weights_cache()
+        fetched = 0
+        if not local:
+            missing = list({t.sha256: t for t in manifest.tensors
+                            if not cache.has(t.sha256, t.nbytes)}.values())
+            if missing:
+                source = self._member(str(block.get("source_id", "")))
+                if source is None:
+                    raise PlacementError(f"{block.get('source')} (which has the adapter) is "
+                                         "not in this fellow's view")
+                fetched = await fetch(self.agent, source.addr, source.node_id, source.name,
+                                      manifest, [t.name for t in missing], cache, self.run)
+        tensors = await self.run(lambda: read_adapter_tensors(block, cache, local))
+        return tensors, fetched
+
     def _live_cards(self) -> tuple[Any, ...]:
         source = self.agent.card_source
         if source is not None:
@@ -852,8 +957,10 @@ class Serving:
         began = time.perf_counter()
         try:
             source, fetched, fetch_s = await self._stage_source(order)
+            adapter, adapter_bytes = await self._stage_adapter(order)
+            fetched += adapter_bytes
             await self._report(order, "loading", 0, order.claim_bytes)
-            stage = await self.run(lambda: self._build(source, order), hosted.limiter)
+            stage = await self.run(lambda: self._build(source, order, adapter), hosted.limiter)
         except BaseException:
             if self.hosted.get(key) is hosted:
                 hosted.state = "reserved"  # the leader releases it
@@ -878,9 +985,16 @@ class Serving:
                 "load_s": time.perf_counter() - began}
 
     @staticmethod
-    def _build(source: Any, order: StageOrder) -> Stage:
+    def _build(source: Any, order: StageOrder, adapter: dict[str, Any] | None = None) -> Stage:
         from p2pswarm.runtime.stage import Stage
 
+        if order.adapter:  # merge W += scale * B @ A as the stage reads its weights
+            from p2pswarm.agent.adapter import AdaptedSource
+            from p2pswarm.models.loader import open_model
+
+            if isinstance(source, (str, Path)):
+                source = open_model(source)
+            source = AdaptedSource(source, order.adapter, adapter or {}, *order.layers)
         try:
             return Stage.load(source, order.spec())
         except (RuntimeError, MemoryError) as exc:  # torch's out-of-memory and kin

@@ -1,0 +1,281 @@
+"""LoRA adapters served on top of their base: read, checked, shipped per stage, merged.
+
+Theory of operation. ``load MODEL --adapter DIR`` reads the adapter directory where the
+load runs (``adapter_config.json`` and ``adapter_model.safetensors``, as ``save_adapters``
+and ``jobs export`` write them) and makes an ``AdapterManifest``: each adapter tensor's
+byte range and SHA-256, and a content hash over the config and every tensor. Before the
+leader is asked, the adapter is checked against the base: the base it names, its target
+modules (the model must have them) and every tensor's shape. The load request carries
+the content hash, so the plan and its ``plan_id`` differ with and without an adapter
+(``adapted_plan``), and a pin made for one is never taken for the other.
+
+The adapter's tensors travel like weights (``p2pswarm.agent.weights``): the fellow where
+``load`` runs offers them, each stage order names only its own layers' tensors, and a
+stage fellow fetches those into its verified cache (or, on the fellow that has the
+directory, reads them from it and checks them there). ``AdaptedSource`` wraps the stage's
+tensor source and merges ``W + (alpha / rank) * B @ A`` (in float32) into each adapted
+weight as the stage reads it, before any cast or quantization: the stage holds exactly
+the base's bytes, so decode costs nothing extra and the plan's memory claim stays true.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from p2pswarm.agent.weights import (
+    SAFETENSORS_DTYPES,
+    Manifest,
+    ManifestTensor,
+    WeightsCache,
+)
+from p2pswarm.errors import ConfigError, PlacementError
+
+if TYPE_CHECKING:
+    import torch
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PROJ_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
+               "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+_NAME = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\."
+                   r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+                   r"\.lora_([AB])\.weight$")
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterManifest:
+    """An adapter directory, tensor by tensor, with hashes; ``sha256``: its content."""
+
+    path: str
+    name: str
+    base: str  # the base it names (base_model_name_or_path), "" if none
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+    sha256: str
+    manifest: Manifest  # the tensors, served and fetched like a model's
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def public(self) -> dict[str, Any]:
+        return {"name": self.name, "path": self.path, "sha256": self.sha256, "base": self.base,
+                "rank": self.rank, "alpha": self.alpha, "targets": list(self.targets)}
+
+
+def read_adapter(adapter_dir: str | Path) -> AdapterManifest:
+    """Read and hash an adapter directory (blocking); ConfigError says what is wrong."""
+    from p2pswarm.models.checkpoint import read_safetensors_header
+
+    root = Path(adapter_dir).expanduser().resolve()
+    if not root.is_dir():
+        raise ConfigError(f"adapter directory {root} does not exist")
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        if not (root / name).is_file():
+            raise ConfigError(f"{root} has no {name}: not a LoRA adapter directory "
+                              "(`p2pswarm jobs export` writes one)")
+    try:
+        raw = json.loads((root / ADAPTER_CONFIG).read_text())
+        rank, alpha = int(raw["r"]), float(raw["lora_alpha"])
+        targets = tuple(sorted(str(t) for t in raw["target_modules"]))
+        base = str(raw.get("base_model_name_or_path") or "")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"cannot read {root / ADAPTER_CONFIG}: {exc}") from None
+    if rank < 1:
+        raise ConfigError(f"{root / ADAPTER_CONFIG}: rank r must be at least 1, got {rank}")
+    entries = read_safetensors_header(root / ADAPTER_WEIGHTS, ADAPTER_WEIGHTS)
+    tensors = []
+    for name in sorted(entries):
+        e = entries[name]
+        if not _NAME.match(name):
+            raise ConfigError(f"{root / ADAPTER_WEIGHTS}: {name!r} is not a LoRA adapter "
+                              "tensor of a layer's projection")
+        if e.dtype not in _FLOAT_DTYPES:
+            raise ConfigError(f"{root / ADAPTER_WEIGHTS}: {name} has dtype {e.dtype}")
+        digest = hashlib.sha256()
+        with (root / ADAPTER_WEIGHTS).open("rb") as f:
+            f.seek(e.offset_bytes)
+            data = f.read(e.nbytes)
+        if len(data) != e.nbytes:
+            raise ConfigError(f"{root / ADAPTER_WEIGHTS} is truncated at {name}")
+        digest.update(data)
+        tensors.append(ManifestTensor(name, ADAPTER_WEIGHTS, e.dtype, e.shape, e.offset_bytes,
+                                      e.nbytes, digest.hexdigest()))
+    if not tensors:
+        raise ConfigError(f"{root / ADAPTER_WEIGHTS} holds no adapter tensors")
+    config = {"r": rank, "lora_alpha": alpha, "target_modules": list(targets), "base": base}
+    canon = json.dumps([config, [t.to_list()[:1] + t.to_list()[2:] for t in tensors]],
+                       sort_keys=True)
+    sha = hashlib.sha256(canon.encode()).hexdigest()
+    manifest = Manifest(key=sha[:16], name=root.name, path=str(root), hf_config=config,
+                        tensors=tuple(tensors), files=())
+    return AdapterManifest(path=str(root), name=root.name, base=base, rank=rank, alpha=alpha,
+                           targets=targets, sha256=sha, manifest=manifest)
+
+
+def _base_matches(base: str, model_name: str, model_path: str | None) -> bool:
+    if not base:
+        return True  # nothing named: the shapes decide
+    if base == model_name:
+        return True
+    where = Path(base).expanduser()
+    if model_path is not None:
+        try:
+            if where.resolve() == Path(model_path).resolve():
+                return True
+        except OSError:
+            pass
+    return where.name == model_name  # a path, or a hub id "org/name", ending in the name
+
+
+def check_adapter(adapter: AdapterManifest, hf_config: dict[str, Any], model_name: str,
+                  model_path: str | None = None) -> None:
+    """Refuse (ConfigError) an adapter that is not for this base: another base named,
+    target modules the model lacks, or any tensor's shape not the base's."""
+    from p2pswarm.models.checkpoint import stage_tensor_names
+    from p2pswarm.models.config import ModelConfig
+
+    where = adapter.path
+    if not _base_matches(adapter.base, model_name, model_path):
+        raise ConfigError(f"adapter {where} is for the base {adapter.base!r}, not "
+                          f"{model_name!r}: load it on its own base")
+    config = ModelConfig.from_hf(hf_config)
+    names = set(stage_tensor_names(config, 0, config.num_layers))
+    lacking = [t for t in adapter.targets
+               if t not in PROJ_PARENT or f"model.layers.0.{PROJ_PARENT[t]}.{t}.weight" not in names]
+    if lacking:
+        raise ConfigError(f"adapter {where} targets {', '.join(lacking)}, which {model_name} "
+                          "does not have")
+    q = config.num_heads * config.head_dim
+    kv = config.num_kv_heads * config.head_dim
+    h, m = config.hidden_size, config.intermediate_size
+    dims = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q),
+            "gate_proj": (m, h), "up_proj": (m, h), "down_proj": (h, m)}
+    by_name = {t.name: t for t in adapter.manifest.tensors}
+    for t in adapter.manifest.tensors:
+        layer, _, proj, which = _NAME.match(t.name).groups()  # type: ignore[union-attr]
+        if int(layer) >= config.num_layers:
+            raise ConfigError(f"adapter {where} has layer {layer}; {model_name} has "
+                              f"{config.num_layers} layers: not an adapter for this base")
+        if proj not in adapter.targets:
+            raise ConfigError(f"adapter {where}: {t.name} is not among its target_modules")
+        out_f, in_f = dims[proj]
+        want = (adapter.rank, in_f) if which == "A" else (out_f, adapter.rank)
+        if t.shape != want:
+            raise ConfigError(f"adapter {where}: {t.name} has shape {list(t.shape)}, "
+                              f"{model_name} needs {list(want)}: not an adapter for this base")
+        pair = t.name[:-len("A.weight")] + ("B" if which == "A" else "A") + ".weight"
+        if pair not in by_name:
+            raise ConfigError(f"adapter {where} lacks {pair}")
+
+
+def adapter_hash(adapter_dir: str | Path) -> str:
+    return read_adapter(adapter_dir).sha256
+
+
+def adapted_plan(plan: Any, adapter_sha256: Any) -> Any:
+    """The plan with the adapter in it: its content hash, and a ``plan_id`` that differs
+    from the base's (and from any other adapter's)."""
+    if not isinstance(plan, dict) or not isinstance(plan.get("plan_id"), str) \
+            or not adapter_sha256:
+        return plan
+    sha = str(adapter_sha256)
+    if not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise ConfigError("\"adapter\" in a plan request must be the adapter's SHA-256")
+    plan_id = hashlib.sha256(f"{plan['plan_id']}/adapter/{sha}".encode()).hexdigest()[:16]
+    return {**plan, "plan_id": plan_id, "base_plan_id": plan["plan_id"], "adapter": sha}
+
+
+# --- on the stage's fellow ---------------------------------------------------------------
+
+
+def stage_block(adapter: dict[str, Any], start_layer: int, end_layer: int) -> dict[str, Any]:
+    """What one stage's order carries of the adapter: its config and source, and only its
+    own layers' tensors."""
+    manifest = Manifest.from_dict(adapter.get("manifest") or {})
+    mine = [t.to_list() for t in manifest.tensors
+            if start_layer <= int(_NAME.match(t.name).group(1)) < end_layer]  # type: ignore[union-attr]
+    return {**adapter, "manifest": {**manifest.to_dict(), "tensors": mine}}
+
+
+def block_manifest(block: dict[str, Any]) -> Manifest:
+    return Manifest.from_dict(block.get("manifest") or {})
+
+
+def read_adapter_tensors(block: dict[str, Any], cache: WeightsCache | None,
+                         local: bool) -> dict[str, torch.Tensor]:
+    """This stage's adapter tensors as float32, each checked against its SHA-256, from the
+    adapter directory (``local``: this fellow has it) or the cache."""
+    import torch
+
+    manifest = block_manifest(block)
+    out: dict[str, torch.Tensor] = {}
+    for t in manifest.tensors:
+        try:
+            if local:
+                with (Path(manifest.path) / t.file).open("rb") as f:
+                    f.seek(t.offset_bytes)
+                    data = bytearray(f.read(t.nbytes))
+            else:
+                assert cache is not None
+                data = bytearray(cache.path(t.sha256).read_bytes())
+        except OSError as exc:
+            raise ConfigError(f"adapter tensor {t.name} is unreadable: {exc}") from None
+        if len(data) != t.nbytes or hashlib.sha256(data).hexdigest() != t.sha256:
+            if not local and cache is not None:
+                cache.path(t.sha256).unlink(missing_ok=True)
+            raise PlacementError(f"adapter tensor {t.name} does not match its SHA-256 "
+                                 "(the adapter changed since the load began?): refused")
+        dtype = getattr(torch, SAFETENSORS_DTYPES.get(t.dtype, ""), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ConfigError(f"adapter tensor {t.name} has dtype {t.dtype}")
+        out[t.name] = torch.frombuffer(data, dtype=dtype).reshape(t.shape).float()
+    return out
+
+
+class AdaptedSource:
+    """A tensor source whose adapted weights come out merged: ``W + scale * B @ A``."""
+
+    def __init__(self, source: Any, block: dict[str, Any], tensors: dict[str, torch.Tensor],
+                 start_layer: int, end_layer: int) -> None:
+        self._source = source
+        self.name = source.name
+        self.config = source.config
+        self.scale = float(block["alpha"]) / int(block["rank"])
+        self._pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for name, a in tensors.items():
+            layer, parent, proj, which = _NAME.match(name).groups()  # type: ignore[union-attr]
+            if which != "A":
+                continue
+            if not start_layer <= int(layer) < end_layer:
+                raise PlacementError(f"adapter tensor {name} is not of this stage's layers")
+            b = tensors.get(name[:-len("A.weight")] + "B.weight")
+            if b is None:
+                raise ConfigError(f"the adapter lacks the B of {name}")
+            self._pairs[f"model.layers.{layer}.{parent}.{proj}.weight"] = (a, b)
+
+    def read(self, names: Sequence[str], device: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        import torch
+
+        absent = sorted(set(self._pairs) - set(names))
+        if absent:
+            raise PlacementError(f"the model has no {absent[0]} for the adapter to go on")
+        for name, tensor in self._source.read(names, device):
+            pair = self._pairs.get(name)
+            if pair is not None:
+                a, b = pair
+                delta = (b @ a) * self.scale
+                if tuple(delta.shape) != tuple(tensor.shape):
+                    raise PlacementError(f"adapter for {name} has shape {list(delta.shape)}, "
+                                         f"the base's is {list(tensor.shape)}: refused")
+                with torch.no_grad():
+                    tensor = tensor.float() + delta.to(tensor.device)
+            yield name, tensor
