@@ -194,3 +194,18 @@ def test_leader_priority_picks_the_wired_machine() -> None:
     lab.run_until(45.0)
     assert single_leader(lab) == lab.nodes[2].node_id
     one_leader_per_term(lab)
+
+
+def test_the_preferred_fellow_back_takes_over_on_purpose() -> None:
+    lab = GossipLab(8, seed=15, config=proposed("lan"), priorities={5: 10, 2: 5})
+    lab.start()
+    lab.run_until(30.0)
+    lab.crash(5)
+    lab.run_until(45.0)
+    assert single_leader(lab) == lab.nodes[2].node_id
+    lab.restart(5)
+    lab.run_until(50.0)
+    assert single_leader(lab) == lab.nodes[2].node_id  # not before handover_after_s
+    lab.run_until(75.0)
+    assert single_leader(lab) == lab.nodes[5].node_id  # handed over, not lost
+    one_leader_per_term(lab)
