@@ -122,6 +122,31 @@ async def test_three_stages_across_fellows_equal_one_process(autojump_clock, tmp
         nursery.cancel_scope.cancel()
 
 
+async def test_a_loaded_cpu_stage_is_not_offered_again(autojump_clock, tmp_path) -> None:
+    # fake cards report a fixed free size, as a CPU capped with --cpu-memory does
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=23)
+        asker = swarm.live()[0]
+        plan = await asker.leadership.ask("plan", request())
+        await asker.serving.load(request(), plan_id=plan["plan_id"])
+        need = {a.name: sum(h.order.need_bytes for h in a.serving.hosted.values())
+                for a in swarm.live()}
+        assert all(need.values())
+
+        def everyone_sees_it() -> bool:
+            return all(c.free_bytes == 16_000_000_000 - need[f.name]
+                       for a in swarm.live() for f in a.planning.view().fellows
+                       for c in f.cards)
+
+        await wait_until(everyone_sees_it, timeout_s=30)
+        assert (await asker.leadership.ask("plan", request()))["plan_id"] != plan["plan_id"]
+        await asker.serving._op_unload({"plan_id": plan["plan_id"]})
+        await wait_until(lambda: all(c.free_bytes == 16_000_000_000 for a in swarm.live()
+                                     for f in a.planning.view().fellows for c in f.cards),
+                         timeout_s=30)
+        nursery.cancel_scope.cancel()
+
+
 async def test_pinned_plan_refused_after_free_memory_drops(autojump_clock, tmp_path) -> None:
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, tmp_path, seed=22)

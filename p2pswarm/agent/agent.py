@@ -21,6 +21,7 @@ simulation.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -315,7 +316,9 @@ class Agent:
         if self.card_source is None:
             return None
         try:
-            return read_inventory(self.card_source)
+            inventory = read_inventory(self.card_source)
+            return dataclasses.replace(
+                inventory, cards=self.serving.less_live_stages(tuple(inventory.cards)))
         except SwarmError as exc:
             log.warning("reading cards failed: %s", exc)
             return self.inventory

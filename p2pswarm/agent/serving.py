@@ -53,6 +53,7 @@ while torch works, so the simulation sets it and compute takes no virtual time a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import tempfile
@@ -932,10 +933,26 @@ class Serving:
         source = self.agent.card_source
         if source is not None:
             try:
-                return tuple(source.read())
+                return self.less_live_stages(tuple(source.read()))
             except SwarmError as exc:
                 log.warning("reading cards failed: %s", exc)
         return tuple(self.agent.inventory.cards) if self.agent.inventory else ()
+
+    def less_live_stages(self, cards: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Cards with what our loaded CPU stages hold taken out of the free bytes. The
+        machine's available RAM already lacks it, but a CPU capped with ``--cpu-memory``
+        reports the cap: without this it would look whole while holding a stage."""
+        out = []
+        for card in cards:
+            held = sum(h.order.need_bytes for h in self.hosted.values()
+                       if h.order.card_kind == "cpu" and card.kind == "cpu"
+                       and h.order.card_index == card.index
+                       and h.state in ("loaded", "active"))
+            if held:
+                card = dataclasses.replace(
+                    card, free_bytes=max(0, min(card.free_bytes, card.total_bytes - held)))
+            out.append(card)
+        return tuple(out)
 
     def _member(self, fid: str) -> Any:
         membership = self.agent.membership
