@@ -30,11 +30,6 @@ def make_agent(transport, name: str, secret: SwarmSecret = SECRET, seeds=(), see
                  rng=random.Random(seed), seeds=tuple(seeds))
 
 
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
 async def test_agents_find_each_other_and_an_outsider_is_dropped(autojump_clock) -> None:
     net = MemoryNetwork(seed=3)
     a = make_agent(net.transport("a:1"), "a")

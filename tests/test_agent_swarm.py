@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import trio
 import trio.testing
 
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
-
-
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 async def test_five_fellows_form_elect_and_survive_a_crash(autojump_clock) -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import trio
 import trio.testing
 
@@ -20,17 +19,7 @@ from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
 from p2pswarm.training import JobConfig, LocalRun
 
 
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def job_config(**extra: Any) -> dict[str, Any]:

@@ -16,17 +16,7 @@ from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
 from tests.test_agent_training import finished, job_config
 
 
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 STEP_S = 1.0  # the virtual seconds one stage step takes

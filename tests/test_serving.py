@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import trio
 import trio.testing
 
@@ -27,19 +26,7 @@ MODEL = "tiny-llama"
 PROMPT = [256, *range(32, 127), *range(40, 240)]  # 296 tokens: two prefill chunks of 256
 
 
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Any:
-    # three fellows share this process; on a small, busy machine several torch threads
-    # per call only wait for each other
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def request(**extra: Any) -> dict[str, Any]:

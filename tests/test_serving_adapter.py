@@ -30,17 +30,7 @@ PROMPT = [256, *range(32, 100)]
 LORA = LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj"))
 
 
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_adapter(out: Path, *, base: str = MODEL, config: LoraConfig = LORA) -> Path:

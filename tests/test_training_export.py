@@ -27,12 +27,7 @@ runner = CliRunner()
 CUT = [3, 6]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def job(tmp_path: Path, **extra: Any) -> JobConfig:
@@ -215,9 +210,3 @@ async def test_a_swarm_job_exports_from_a_fellow_that_does_not_lead(autojump_clo
     again = LocalRun(JobConfig.from_dict({**config, "model": str(tmp_path / "out"),
                                           "checkpoint": {}}), cut=cut, data=local.data)
     assert abs(again.evaluate(4) - local.evaluate(4)) <= 1e-4
-
-
-@pytest.fixture
-def autojump_clock() -> Any:
-    import trio.testing
-    return trio.testing.MockClock(autojump_threshold=0)

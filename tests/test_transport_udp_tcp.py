@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 import socket as stdlib_socket
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 

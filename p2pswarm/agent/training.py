@@ -68,7 +68,6 @@ from p2pswarm.agent.train_copies import TrainCopies
 from p2pswarm.control.server import current_emitter
 from p2pswarm.errors import (
     ConfigError,
-    ControlError,
     PlacementError,
     PlanChanged,
     RemoteProtocolError,
