@@ -13,6 +13,21 @@ from pathlib import Path
 import psutil
 
 
+def assert_nothing_left(tmp: Path, root: str) -> None:
+    """No fellow process, no state: the demo's directory and TMPDIR are empty again
+    (torch keeps a compile cache of its own in TMPDIR; it is not the demo's state)."""
+    assert not Path(root).exists()
+    assert [p for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
+    strays = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if root in " ".join(p.info["cmdline"] or []):
+                strays.append(p.pid)
+        except psutil.Error:
+            continue
+    assert strays == []
+
+
 def test_demo_serves_across_three_fellows_and_leaves_cleanly() -> None:
     # a short private TMPDIR: the demo's state goes there (Unix socket paths are short)
     tmp = Path(tempfile.mkdtemp(prefix="p2ps-"))
@@ -39,18 +54,7 @@ def test_demo_serves_across_three_fellows_and_leaves_cleanly() -> None:
                          r"stage 1 .* network [\d.]+ ms over 4 hops", out)
         assert "checked against the same model in one process: the same tokens" in out
         assert "unloaded; leaving" in out
-        # nothing left: no fellow process, no state
-        assert not Path(root[1]).exists()
-        # (torch keeps a compile cache of its own in TMPDIR; it is not the demo's state)
-        assert [p for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
-        strays = []
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                if root[1] in " ".join(p.info["cmdline"] or []):
-                    strays.append(p.pid)
-            except psutil.Error:
-                continue
-        assert strays == []
+        assert_nothing_left(tmp, root[1])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -78,15 +82,6 @@ def test_demo_train_learns_serves_the_result_and_leaves_cleanly() -> None:
         assert set(result["samples"]) == {"We the People", "Congress shall"}
         assert all(len(text) > len(prompt) for prompt, text in result["samples"].items())
         assert "step 20/20" not in done.stdout  # progress goes to stderr under --json
-        assert not Path(root[1]).exists()
-        assert [p for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
-        strays = []
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                if root[1] in " ".join(p.info["cmdline"] or []):
-                    strays.append(p.pid)
-            except psutil.Error:
-                continue
-        assert strays == []
+        assert_nothing_left(tmp, root[1])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
