@@ -60,6 +60,17 @@ def print_json(data: Any) -> None:
 
 HomeOption = typer.Option(None, "--home", help="State directory (default $P2PSWARM_HOME or ~/.p2pswarm).")
 JsonOption = typer.Option(False, "--json", help="Print machine-readable JSON.")
+# what a plan asks for, shared by `plan` and `load`
+ContextOption = typer.Option(None, "--context", help="Context tokens per sequence (default: "
+                             "4096 or the model's maximum).")
+SequencesOption = typer.Option(1, "--sequences", help="Sequences decoded together.")
+StagesOption = typer.Option(None, "--stages", help="Fix the number of stages.")
+WeightsDtypeOption = typer.Option(None, "--weights-dtype", help="f32, f16, bf16, int8 or int4.")
+KvDtypeOption = typer.Option("f16", "--kv-dtype", help="f32, f16, bf16 or int8.")
+ExcludeOption = typer.Option([], "--exclude", help="Leave a card out: FELLOW:INDEX or "
+                             "FELLOW:cpu (repeatable).")
+FloorOption = typer.Option([], "--floor", help="Least free memory a card needs, per kind: "
+                           "cuda=2GB, cpu=1GB (repeatable).")
 
 
 def _version(value: bool) -> None:
@@ -451,18 +462,14 @@ def load(
                                    "load nothing (the same as `p2pswarm plan`)."),
     plan_id: Optional[str] = typer.Option(None, "--plan-id", help="Load exactly this plan, or "
                                           "refuse with what changed (plan-changed, 409)."),
-    context: Optional[int] = typer.Option(None, "--context", help="Context tokens per "
-                                          "sequence (default: 4096 or the model's maximum)."),
-    sequences: int = typer.Option(1, "--sequences", help="Sequences decoded together."),
-    stages: Optional[int] = typer.Option(None, "--stages", help="Fix the number of stages."),
-    weights_dtype: Optional[str] = typer.Option(None, "--weights-dtype",
-                                                help="f32, f16, bf16, int8 or int4."),
-    kv_dtype: str = typer.Option("f16", "--kv-dtype", help="f32, f16, bf16 or int8."),
+    context: Optional[int] = ContextOption,
+    sequences: int = SequencesOption,
+    stages: Optional[int] = StagesOption,
+    weights_dtype: Optional[str] = WeightsDtypeOption,
+    kv_dtype: str = KvDtypeOption,
     maximize: Optional[str] = typer.Option(None, "--maximize", help="speed or context."),
-    exclude: list[str] = typer.Option([], "--exclude", help="Leave a card out: FELLOW:INDEX "
-                                      "or FELLOW:cpu (repeatable)."),
-    floor: list[str] = typer.Option([], "--floor", help="Least free memory a card needs, "
-                                    "per kind: cuda=2GB, cpu=1GB (repeatable)."),
+    exclude: list[str] = ExcludeOption,
+    floor: list[str] = FloorOption,
     adapter: Optional[Path] = typer.Option(None, "--adapter", help="Serve LoRA adapters on "
                                            "top of MODEL: a directory `p2pswarm jobs export` "
                                            "wrote (adapter_config.json and "
@@ -719,19 +726,15 @@ def _floors(items: list[str]) -> dict[str, str]:
 @app.command()
 def plan(
     model: str = typer.Argument(..., help=_PLAN_HELP_MODEL),
-    context: Optional[int] = typer.Option(None, "--context", help="Context tokens per "
-                                          "sequence (default: 4096 or the model's maximum)."),
-    sequences: int = typer.Option(1, "--sequences", help="Sequences decoded together."),
-    stages: Optional[int] = typer.Option(None, "--stages", help="Fix the number of stages."),
-    weights_dtype: Optional[str] = typer.Option(None, "--weights-dtype",
-                                                help="f32, f16, bf16, int8 or int4."),
-    kv_dtype: str = typer.Option("f16", "--kv-dtype", help="f32, f16, bf16 or int8."),
+    context: Optional[int] = ContextOption,
+    sequences: int = SequencesOption,
+    stages: Optional[int] = StagesOption,
+    weights_dtype: Optional[str] = WeightsDtypeOption,
+    kv_dtype: str = KvDtypeOption,
     maximize: Optional[str] = typer.Option(None, "--maximize",
                                            help="speed, context (serve) or seq_len (train)."),
-    exclude: list[str] = typer.Option([], "--exclude", help="Leave a card out: FELLOW:INDEX "
-                                      "or FELLOW:cpu (repeatable)."),
-    floor: list[str] = typer.Option([], "--floor", help="Least free memory a card needs, "
-                                    "per kind: cuda=2GB, cpu=1GB (repeatable)."),
+    exclude: list[str] = ExcludeOption,
+    floor: list[str] = FloorOption,
     train: bool = typer.Option(False, "--train", help="Plan a training job, not serving."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Training sequence length."),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-batch."),
@@ -1013,8 +1016,7 @@ def train(
     maximize_seq_len: bool = typer.Option(False, "--maximize-seq-len", help="Plan and train "
                                           "at the longest sequence length that fits now."),
     stages: Optional[int] = typer.Option(None, "--stages", help="Fix the stages per replica."),
-    exclude: list[str] = typer.Option([], "--exclude", help="Leave a card out: FELLOW:INDEX "
-                                      "or FELLOW:cpu (repeatable)."),
+    exclude: list[str] = ExcludeOption,
     resume: Optional[str] = typer.Option(None, "--resume", help="Continue job JOB (its id, "
                                          "or its checkpoint directory) from its latest "
                                          "checkpoint."),
