@@ -26,12 +26,11 @@ from typing import Any
 
 from p2pswarm.config import preset
 from p2pswarm.sim.baseline import memberlist_config, memberlist_tuning
-from p2pswarm.sim.gossip_lab import GossipLab
+from p2pswarm.sim.gossip_lab import HopLab
 from p2pswarm.sim.harness import run_scenario
 from p2pswarm.sim.metrics import ks_two_sample, summary
 from p2pswarm.sim.report import to_json
 from p2pswarm.sim.scenario import load_scenario
-from p2pswarm.wire.gossip import Alive
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -71,34 +70,16 @@ def fmt(v: Any, unit: str = "") -> str:
     return f"{v:,.3g}{unit}" if isinstance(v, float) else f"{v:,}{unit}"
 
 
-class _HopLab(GossipLab):
-    """Counts, for one update, the forwarding generation at which each fellow got it."""
-
-    watch: tuple[bytes, int] | None = None  # (origin id, incarnation) being followed
-    hops: dict[int, int]
-
-    def _deliver(self, node: Any, msgs: tuple[Any, ...], src_addr: str) -> None:
-        if self.watch is not None and node.index not in self.hops:
-            origin, inc = self.watch
-            for m in msgs:
-                if type(m) is Alive and m.node == origin and m.incarnation >= inc:
-                    src = self._by_addr[src_addr]
-                    if src.index in self.hops:
-                        self.hops[node.index] = self.hops[src.index] + 1
-                    break
-        super()._deliver(node, msgs, src_addr)
-
-
 def spread_rounds(args: tuple[str, int, int, float, int, str]) -> list[float]:
     """Gossip rounds until each of ``updates`` metadata updates reaches 99.99% of ``n``
     fellows on links losing ``loss`` of datagrams (the pure machines in gossip_lab, no
     agents). A round is one generation of forwarding; ``inf`` when 30 s did not do."""
     variant, seed, n, loss, updates, preset_name = args
     if variant == "ours":
-        lab = _HopLab(n, seed=seed, config=preset(preset_name), link_loss=loss,
+        lab = HopLab(n, seed=seed, config=preset(preset_name), link_loss=loss,
                       election=False)
     else:
-        lab = _HopLab(n, seed=seed, config=memberlist_config(), link_loss=loss,
+        lab = HopLab(n, seed=seed, config=memberlist_config(), link_loss=loss,
                       election=False, tuning=memberlist_tuning(n))
     lab.start(converged=True)
     lab.run_until(5.0)
@@ -109,6 +90,7 @@ def spread_rounds(args: tuple[str, int, int, float, int, str]) -> list[float]:
         origin = lab.nodes[pick.randrange(n)]
         t0 = lab.now
         lab.hops = {origin.index: 0}
+        lab.reached_at = {origin.index: lab.now}
         lab.watch = (origin.node_id, origin.membership.incarnation + 1)
         lab.set_metadata(origin.index, b"inventory %d" % pick.randrange(10**9))
         while lab.now - t0 < 30.0 and len(lab.hops) < need:

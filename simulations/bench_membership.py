@@ -22,9 +22,8 @@ from typing import Any
 import logging
 
 from p2pswarm.config import lan, wifi
-from p2pswarm.sim.gossip_lab import SEAL_OVERHEAD_BYTES, GossipLab, proposed
+from p2pswarm.sim.gossip_lab import SEAL_OVERHEAD_BYTES, GossipLab, HopLab, proposed
 from p2pswarm.transport.memory import GilbertElliott
-from p2pswarm.wire.gossip import Alive
 
 BURSTY_20 = GilbertElliott(bad_fraction=0.2, mean_burst_s=0.3)
 BURSTY_5 = GilbertElliott(bad_fraction=0.05, mean_burst_s=0.3)
@@ -109,32 +108,12 @@ def calm_figure(preset: str, link_loss: float, bad_fraction: float, n: int, hour
 # --- dissemination ------------------------------------------------------------------------
 
 
-class _HopLab(GossipLab):
-    """Counts, for one update, how many forwarding hops it took to reach each fellow."""
-
-    watch: tuple[bytes, int] | None = None  # (origin id, incarnation) being followed
-    hops: dict[int, int]
-    reached_at: dict[int, float]
-
-    def _deliver(self, node: Any, msgs: tuple[Any, ...], src_addr: str) -> None:
-        if self.watch is not None and node.index not in self.hops:
-            origin, inc = self.watch
-            for m in msgs:
-                if type(m) is Alive and m.node == origin and m.incarnation >= inc:
-                    src = self._by_addr[src_addr]
-                    if src.index in self.hops:
-                        self.hops[node.index] = self.hops[src.index] + 1
-                        self.reached_at[node.index] = self.now
-                    break
-        super()._deliver(node, msgs, src_addr)
-
-
 def dissemination(seed: int, n: int, loss: float, updates: int) -> list[tuple[int, float]]:
     """(gossip rounds, seconds) until an update reaches 99.99% of n fellows. A round is
     one generation of forwarding: the update reached at round r came from a fellow that
     got it at round r - 1."""
     config = wifi()
-    lab = _HopLab(n, seed=seed, config=config, link_loss=loss, election=False)
+    lab = HopLab(n, seed=seed, config=config, link_loss=loss, election=False)
     lab.start(converged=True)
     lab.run_until(5.0)
     need = math.ceil(0.9999 * n)  # fellows, the origin included

@@ -241,9 +241,8 @@ def _tensor(blob: bytes) -> Any:
 
 def _build_host(body: dict[str, Any]) -> TrainHost:
     """The stage an order asks for, built on this fellow (torch)."""
-    from p2pswarm.training.lora import apply_lora
-    from p2pswarm.training.replica import synced_tensors
-    from p2pswarm.training.source import open_job_model, trainable_stage
+    from p2pswarm.training.replica import job_stage_model, synced_tensors
+    from p2pswarm.training.source import open_job_model
     from p2pswarm.training.stage import TrainStage
     from p2pswarm.training.sync import LocalSync
 
@@ -252,13 +251,7 @@ def _build_host(body: dict[str, Any]) -> TrainHost:
     device = "cpu" if body["card_kind"] == "cpu" else f"cuda:{int(body['card_index'])}"
     source = open_job_model(job.model, job.seed)
     try:
-        if job.lora is not None:
-            quant = job.lora.base_dtype if job.lora.base_dtype in ("int8", "int4") else "none"
-            dtype = "f32" if quant != "none" else job.lora.base_dtype
-            model = trainable_stage(source, start, end, dtype=dtype, quant=quant, device=device)
-            apply_lora(model, job.lora, job.seed)
-        else:
-            model = trainable_stage(source, start, end, dtype=job.weights_dtype, device=device)
+        model = job_stage_model(source, job, start, end, device)
     except (RuntimeError, MemoryError) as exc:  # torch's out-of-memory and kin
         raise PlacementError(f"stage {body['stage']} could not be built on {device}: "
                              f"{exc}") from exc

@@ -52,7 +52,7 @@ from p2pswarm.membership import (
 )
 from p2pswarm.transport.memory import Bernoulli, GilbertElliott
 from p2pswarm.wire.codec import encode
-from p2pswarm.wire.gossip import is_election
+from p2pswarm.wire.gossip import Alive, is_election
 
 _WAKE, _DGRAM, _STREAM_AT_SERVER, _STREAM_REPLY, _STREAM_FAILED, _ACTION = range(6)
 _INF = float("inf")
@@ -641,10 +641,33 @@ class GossipLab:
         return self._by_id.get(node_id)
 
 
+class HopLab(GossipLab):
+    """A lab that follows one update (``watch``: origin id and incarnation): for each
+    fellow, the forwarding generation at which it got it (``hops``) and when
+    (``reached_at``). Set both maps and ``watch`` before the update is made."""
+
+    watch: tuple[bytes, int] | None = None
+    hops: dict[int, int]
+    reached_at: dict[int, float]
+
+    def _deliver(self, node: LabNode, msgs: tuple[Any, ...], src_addr: str) -> None:
+        if self.watch is not None and node.index not in self.hops:
+            origin, inc = self.watch
+            for m in msgs:
+                if type(m) is Alive and m.node == origin and m.incarnation >= inc:
+                    src = self._by_addr[src_addr]
+                    if src.index in self.hops:
+                        self.hops[node.index] = self.hops[src.index] + 1
+                        self.reached_at[node.index] = self.now
+                    break
+        super()._deliver(node, msgs, src_addr)
+
+
 __all__ = [
     "PROPOSED_ELECTION",
     "SEAL_OVERHEAD_BYTES",
     "GossipLab",
+    "HopLab",
     "LabNode",
     "Oracle",
     "Radio",

@@ -44,15 +44,22 @@ def build_stages(job: JobConfig, source: TensorSource, cut: Sequence[int], *,
     bounds = stage_bounds(source.config.num_layers, cut)
     for i, (start, end) in enumerate(bounds):
         device = devices[i] if devices is not None else "cpu"
-        if job.lora is not None:
-            quant = job.lora.base_dtype if job.lora.base_dtype in ("int8", "int4") else "none"
-            dtype = "f32" if quant != "none" else job.lora.base_dtype
-            model = trainable_stage(source, start, end, dtype=dtype, quant=quant, device=device)
-            apply_lora(model, job.lora, job.seed)
-        else:
-            model = trainable_stage(source, start, end, dtype=job.weights_dtype, device=device)
+        model = job_stage_model(source, job, start, end, device)
         stages.append(TrainStage(model, job.optimizer))
     return stages
+
+
+def job_stage_model(source: Any, job: JobConfig, start: int, end: int,
+                    device: str = "cpu") -> Any:
+    """Layers ``start:end`` of the job's model, ready to train: the whole stage for full
+    training, or a frozen (perhaps quantised) base with LoRA adapters."""
+    if job.lora is None:
+        return trainable_stage(source, start, end, dtype=job.weights_dtype, device=device)
+    quant = job.lora.base_dtype if job.lora.base_dtype in ("int8", "int4") else "none"
+    dtype = "f32" if quant != "none" else job.lora.base_dtype
+    model = trainable_stage(source, start, end, dtype=dtype, quant=quant, device=device)
+    apply_lora(model, job.lora, job.seed)
+    return model
 
 
 def synced_tensors(stage: TrainStage) -> list[torch.Tensor]:
