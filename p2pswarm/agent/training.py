@@ -1538,12 +1538,7 @@ class _Driver:
             return
         missed = [keeper.updates_since(r.version) for keeper in self.keepers]
         if any(m is None for m in missed):
-            for link, keeper in zip(r.links, self.keepers):
-                state = keeper.join(r.name)
-                await link.send(TrainCtl("reset", state.version,
-                                         blob=_tensor_bytes(state.params)))
-                await link.receive(TrainCtl)
-                self.job.bytes_sent += state.nbytes
+            await self._send_global_state(r)
             r.samples_unsent = r.steps_unsent = 0
         else:
             for i in range(target - r.version):
@@ -1557,6 +1552,14 @@ class _Driver:
         r.rounds_done = max(r.rounds_done, target)
         await self._copy_tied(r)
 
+    async def _send_global_state(self, r: _Replica) -> None:
+        """Every stage of replica ``r`` takes its keeper's global parameters and version."""
+        for link, keeper in zip(r.links, self.keepers):
+            state = keeper.join(r.name)
+            await link.send(TrainCtl("reset", state.version, blob=_tensor_bytes(state.params)))
+            await link.receive(TrainCtl)
+            self.job.bytes_sent += state.nbytes
+
     async def _admit(self) -> None:
         """After a round closes (or when no replica is training): replicas placed again
         take the keepers' current global parameters and version and start training in
@@ -1566,12 +1569,7 @@ class _Driver:
                 continue
             try:
                 with trio.fail_after(self.training.step_timeout_s):
-                    for link, keeper in zip(r.links, self.keepers):
-                        state = keeper.join(r.name)
-                        await link.send(TrainCtl("reset", state.version,
-                                                 blob=_tensor_bytes(state.params)))
-                        await link.receive(TrainCtl)
-                        self.job.bytes_sent += state.nbytes
+                    await self._send_global_state(r)
                     await self._copy_tied(r)
             except (SwarmError, trio.TooSlowError) as exc:
                 await self._pause(r, exc)
