@@ -135,3 +135,22 @@ async def test_any_fellow_plans_through_the_leader(autojump_clock) -> None:
         assert left_out and left_out[0]["reason"] == "fellow not connected"
         assert again["plan_id"] != plan["plan_id"] and not again["fits"]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_restarted_fellow_keeps_its_term_and_vote(autojump_clock) -> None:
+    # one vote per term holds across a crash only if the vote is remembered
+    swarm = VirtualSwarm(5, seed=11)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        await swarm.start_all()
+        await wait_until(lambda: len(swarm.leaders()) == 1
+                         and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
+        ((leader_id, term),) = swarm.leaders()
+        voter = next(i for i, f in enumerate(swarm.fellows)
+                     if f.identity.node_id != leader_id
+                     and f.agent.election.persistent_state() == (term, leader_id))
+        swarm.crash(voter)
+        await trio.sleep(1)
+        agent = await swarm.start(voter, seeds=(swarm.live()[0].addr,))
+        assert agent.election.persistent_state() == (term, leader_id)
+        nursery.cancel_scope.cancel()

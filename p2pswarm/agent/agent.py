@@ -37,6 +37,7 @@ from p2pswarm.agent.leadership import Leadership
 from p2pswarm.agent.planning import Planning
 from p2pswarm.agent.serving import Serving
 from p2pswarm.agent.training import Training
+from p2pswarm.agent.votes import VOTES_FILE, VoteRecord
 from p2pswarm.config import SwarmConfig
 from p2pswarm.control.server import serve_control
 from p2pswarm.election import Election
@@ -101,6 +102,7 @@ class Agent:
         advertise: str | None = None,
         leader_priority: int = 0,
         card_source: CardSource | None = None,
+        votes: VoteRecord | None = None,
     ) -> None:
         self.name = name
         self.transport = transport
@@ -113,6 +115,9 @@ class Agent:
         self.advertise = advertise  # the address fellows reach us at, if not the bound one
         self.leader_priority = leader_priority
         self.card_source = card_source
+        # term and vote survive a restart (one vote per term, however often we crash)
+        self.votes = votes if votes is not None else (
+            VoteRecord.open(home / VOTES_FILE) if home is not None else VoteRecord())
         self.counters = Counters()
         self.sealer = DatagramSealer(keyring, identity.node_id, epoch,
                                      config.security.replay_window_datagrams)
@@ -182,7 +187,8 @@ class Agent:
             datagram_budget_bytes=self.config.transport.max_datagram_bytes
             - self.sealer.overhead_bytes)
         self.election = Election(self.node_id, self.name, self.config.election, self.rng,
-                                 leader_priority=self.leader_priority, now=now)
+                                 leader_priority=self.leader_priority, now=now,
+                                 term=self.votes.term, voted_for=self.votes.voted_for)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.transport.serve_streams, self._serve_stream)
@@ -219,6 +225,8 @@ class Agent:
     def _apply(self, effects: list[Any]) -> None:
         """Execute effects; keep the election fed; wake the timer (deadlines moved)."""
         while effects:
+            if self.election is not None:  # on disk before any vote or candidacy leaves
+                self.votes.keep(*self.election.persistent_state())
             for effect in effects:
                 t = type(effect)
                 if t is fx.SendDatagram:

@@ -21,6 +21,7 @@ import trio
 import trio.abc
 
 from p2pswarm.agent import Agent
+from p2pswarm.agent.votes import VoteRecord
 from p2pswarm.config import SwarmConfig, local
 from p2pswarm.inventory import Card, FakeCardSource
 from p2pswarm.security import Identity, Keyring, SwarmSecret
@@ -48,6 +49,7 @@ class Fellow:
     agent: Agent | None = None
     scope: trio.CancelScope | None = None
     boots: int = 0
+    votes: VoteRecord = field(default_factory=VoteRecord)  # kept across restarts
 
 
 def plain_agent(fellow: Fellow, **kwargs: Any) -> Agent:
@@ -105,7 +107,8 @@ class VirtualSwarm:
             keyring=Keyring([self.secret]), identity=fellow.identity, config=self.config,
             epoch=fellow.boots, rng=random.Random(int.from_bytes(
                 _seeded_bytes(self.seed, "rng", i, fellow.boots)[:8], "big")),
-            seeds=seeds, leader_priority=fellow.leader_priority, card_source=fellow.cards)
+            seeds=seeds, leader_priority=fellow.leader_priority, card_source=fellow.cards,
+            votes=fellow.votes)
         fellow.agent = agent
         fellow.scope = await self._nursery.start(self._run_agent, agent)
         return agent
