@@ -291,10 +291,12 @@ class Election:
                          "the leader stepped down", term=self.term))
 
     def next_deadline(self) -> float | None:
-        t = min(self._election_at, self._cand_deadline, self._next_beat_at,
-                self._next_announce_at, self._announce_due)
-        if self.role == CANDIDATE:
+        t = min(self._cand_deadline, self._next_beat_at, self._next_announce_at,
+                self._announce_due)
+        if self.role == CANDIDATE:  # a candidacy under way: tick leaves _election_at alone
             t = min(t, self._cand_resend_at)
+        else:
+            t = min(t, self._election_at)
         if self._unacked and self.role == LEADER_ROLE:
             t = min(t, self._retry_at)
         if self._better is not None and self.role == LEADER_ROLE:

@@ -215,6 +215,24 @@ async def test_radio_loss_is_shared_by_all_links_of_a_node(
     assert net.trace[-1].outcome == "lost_radio"
 
 
+async def test_a_watched_radio_reports_every_fade_that_loses_packets(
+        autojump_clock: trio.abc.Clock) -> None:
+    """What the radio drops is exactly what falls inside the bad stays it reports."""
+    fade = GilbertElliott(bad_fraction=0.2, mean_burst_s=0.3, burst_shape="pareto")
+    net = MemoryNetwork(seed=15, config=BIG_QUEUE, record=True)
+    a, _ = net.transport("a:1"), net.transport("b:1")
+    net.set_radio("a:1", fade)
+    stays: list[tuple[float, float]] = []
+    net.watch_radio("a:1", lambda start, end: stays.append((start, end)))
+    async with running(net):
+        await send_rounds(net, [(a, "b:1")], 2000, 0.01)
+        await trio.sleep(1)
+    assert net.trace is not None and stays
+    for record in net.trace:
+        inside = any(start <= record.sent_at_s < end for start, end in stays)
+        assert inside == (record.outcome == "lost_radio"), record
+
+
 # --- delay ---------------------------------------------------------------------------------
 
 STANDARD_NORMAL = NormalDist()

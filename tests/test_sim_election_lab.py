@@ -28,3 +28,9 @@ def test_the_check_catches_a_fellow_that_forgets_its_vote_on_restart() -> None:
 
 def test_a_run_replays_from_its_seed() -> None:
     assert safety_run(4).as_dict() == safety_run(4).as_dict()
+
+
+def test_a_deputy_that_misses_beats_while_pre_voting_does_not_spin() -> None:
+    # seed 287 once had a pre-voting deputy ask to be woken at the same instant forever
+    run = safety_run(287)
+    assert run.settled and not run.two_leaders

@@ -98,6 +98,23 @@ def test_the_oracle_flags_two_leaders_in_one_term_and_judges_deaths() -> None:
     assert r["false_deaths"] == 2 and r["false_deaths_unexcused"] == 1
 
 
+def test_suspecting_a_fellow_cut_off_is_excused_and_a_reachable_one_is_not() -> None:
+    oracle = Oracle(3, Checks())
+    for i in range(3):
+        oracle.started(i, 0.0)
+    oracle.event(2.0, 0, "suspect", 1, 0, 0)  # 1 is reachable: a false suspicion
+    oracle.cut(2, 10.0)
+    oracle.event(12.0, 0, "suspect", 2, 0, 0)  # during 2's outage: excused
+    oracle.uncut(2, 14.0)
+    oracle.event(16.0, 1, "suspect", 2, 0, 0)  # the same episode, however far it spreads
+    oracle.event(30.0, 0, "suspect", 2, 1, 0)  # long after the outage: false again
+    oracle.blackout(1, 35.0, 39.0)  # 1's radio passes nothing for 4 s: as good as cut
+    oracle.event(38.0, 2, "dead", 1, 1, 0)
+    r = oracle.finish(40.0)
+    assert r["false_suspicions"] == 3 and r["false_suspicions_unexcused"] == 2
+    assert r["false_deaths"] == 1 and r["false_deaths_unexcused"] == 0
+
+
 def test_plan_changes_without_a_real_change_fail() -> None:
     oracle = Oracle(2, Checks(), plan_grace_s=10.0)
     oracle.started(0, 0.0)

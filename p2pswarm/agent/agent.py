@@ -140,6 +140,7 @@ class Agent:
         }
         self._nursery: trio.Nursery | None = None
         self._kick = trio.Event()
+        self._timer_at = -math.inf  # when the timer task wakes next (kick it for sooner)
         self._outbox_in, self._outbox_out = trio.open_memory_channel[tuple[str, bytes]](
             OUTBOX_DATAGRAMS)
         self.stopped = trio.Event()  # set once the agent has been asked to stop
@@ -237,7 +238,8 @@ class Agent:
                 elif t is fx.Event:
                     self._note(effect)
             effects = self._feed_election()
-        self._kick.set()
+        if self._next_deadline() < self._timer_at:  # the timer sleeps past new work
+            self._kick.set()
 
     def _feed_election(self) -> list[Any]:
         m, e = self.membership, self.election
@@ -260,7 +262,7 @@ class Agent:
 
     async def _timer_loop(self) -> None:
         while True:
-            deadline = self._next_deadline()
+            deadline = self._timer_at = self._next_deadline()
             self._kick = trio.Event()
             with trio.move_on_at(deadline):
                 await self._kick.wait()

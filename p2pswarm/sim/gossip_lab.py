@@ -59,6 +59,7 @@ _INF = float("inf")
 SEAL_OVERHEAD_BYTES = 60  # AEAD tag, nonce, sender id and epoch around every datagram
 FRAME_OVERHEAD_BYTES = 40  # per stream frame (length, AEAD tag)
 HANDSHAKE_BYTES = 400  # both directions of a stream's secure handshake
+SPIN_LIMIT = 1000  # ticks of one node at one instant before the lab calls it a livelock
 
 
 PROPOSED_ELECTION = {
@@ -200,6 +201,8 @@ class LabNode:
     seen_version: int = -1
     left: bool = False
     crashed_at: float | None = None
+    last_tick_at: float = -1.0
+    ticks_at_once: int = 0  # ticks in a row at the same instant (a machine that spins)
     sent_datagrams: int = 0
     sent_bytes: int = 0
     stream_bytes: int = 0
@@ -427,6 +430,15 @@ class GossipLab:
 
     def _tick(self, node: LabNode) -> None:
         now = self.now
+        if now == node.last_tick_at:
+            node.ticks_at_once += 1
+            if node.ticks_at_once > SPIN_LIMIT:
+                raise RuntimeError(
+                    f"{node.name} asks to be woken at {now:.6f} s again and again: membership "
+                    f"deadline {node.membership.next_deadline()}, election deadline "
+                    f"{node.election.next_deadline() if node.election else None}")
+        else:
+            node.last_tick_at, node.ticks_at_once = now, 0
         effects = node.membership.tick(now)
         if node.election is not None:
             effects += node.election.tick(now)

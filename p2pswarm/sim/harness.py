@@ -26,6 +26,7 @@ machines itself; the harness hands them their tuning by binding ``Membership`` a
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import resource
@@ -290,6 +291,8 @@ class ScenarioRun:
         addrs = [f.addr for f in self.swarm.fellows]
         for i, p in enumerate(self.profiles):
             self.net.set_radio(addrs[i], p.radio)
+            if p.radio is not None:
+                self.net.watch_radio(addrs[i], functools.partial(self._bad_stay, i))
         if len(counts) > 1:
             for i, a in enumerate(self.profiles):
                 for j, b in enumerate(self.profiles):
@@ -297,6 +300,10 @@ class ScenarioRun:
                         model = _link_model(a, b)
                         if model != default:
                             self.net.set_link(addrs[i], addrs[j], model)
+
+    def _bad_stay(self, i: int, start: float, end: float) -> None:
+        if end - start >= self.scenario.checks.blackout_min_s:
+            self.oracle.blackout(i, start, end)
 
     def _make_agent(self, fellow: Fellow, **kwargs: Any) -> Agent:
         return SimAgent(sim_run=self, sim_index=fellow.index, **kwargs)

@@ -8,9 +8,12 @@ at once, because the truth at that instant is known:
 
 - a ``dead`` verdict about a crashed fellow is a detection (its latency is recorded per
   crash and observer); about a running one it is a false death, "excused" if the two
-  were cut apart (roaming outage, link down, partition) within ``excuse_window_s``;
+  were cut apart (roaming outage, link down, partition, or a radio fade that passed
+  nothing for ``blackout_min_s`` or longer) within ``excuse_window_s``;
 - a ``suspect`` about a running fellow is a false suspicion (counted once per subject
-  and incarnation: one episode, however far it spreads; and once per first-hand raise);
+  and incarnation: one episode, however far it spreads; and once per first-hand raise),
+  "excused" if the episode began while, or ``suspect_excuse_window_s`` after, the two
+  were cut apart: a fellow in a roaming outage really cannot be reached;
 - ``alive`` about a running fellow after it was suspected or declared dead is a flap
   (counted once per subject and incarnation);
 - ``elected`` and ``leader`` events give, per term, who won and whom fellows followed:
@@ -31,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +79,7 @@ class Oracle:
     run_seconds: list[float] = field(init=False)
     stops: list[list[float]] = field(init=False)  # per fellow: when its process stopped
     cuts: list[list[list[float]]] = field(init=False)  # per fellow: [start, end] cut off
+    blackouts: list[list[tuple[float, float]]] = field(init=False)  # long radio fades
     partitions: list[tuple[float, float, dict[int, int]]] = field(default_factory=list)
     _partition_open: tuple[float, dict[int, int]] | None = None
     real_changes: list[float] = field(default_factory=list)  # crash/leave/restart/card
@@ -87,6 +91,7 @@ class Oracle:
     events: list[tuple[float, int, str, int, int, int]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     false_suspicion_episodes: set[tuple[int, int]] = field(default_factory=set)
+    excused_suspicion_episodes: set[tuple[int, int]] = field(default_factory=set)
     false_suspicion_times: list[float] = field(default_factory=list)
     false_suspect_first_hand: int = 0
     false_deaths: list[dict[str, Any]] = field(default_factory=list)
@@ -110,6 +115,7 @@ class Oracle:
         self.run_seconds = [0.0] * self.n
         self.stops = [[] for _ in range(self.n)]
         self.cuts = [[] for _ in range(self.n)]
+        self.blackouts = [[] for _ in range(self.n)]
 
     # --- truth ----------------------------------------------------------------------
 
@@ -151,6 +157,15 @@ class Oracle:
             self.cuts[i].append([t, math.inf])
             self.cut_changes.append(t)
 
+    def blackout(self, i: int, start: float, end: float) -> None:
+        """Fellow ``i``'s radio passes nothing over [start, end]: as good as cut off."""
+        insort(self.blackouts[i], (start, end))
+        insort(self.cut_changes, start)
+        insort(self.cut_changes, end)
+
+    def _cut_spans(self, i: int) -> list[Any]:
+        return [*self.cuts[i], *self.blackouts[i]]
+
     def uncut(self, i: int, t: float) -> None:
         self._close_cut(i, t)
 
@@ -174,15 +189,13 @@ class Oracle:
     def card_changed(self, i: int, t: float) -> None:
         self.real_changes.append(t)
 
-    def _apart(self, a: int, b: int, t: float) -> bool:
-        """Were ``a`` and ``b`` cut apart at some time in [t - window, t]?"""
-        since = t - self.checks.excuse_window_s
+    def _apart(self, a: int, b: int, t: float, window_s: float) -> bool:
+        """Were ``a`` and ``b`` cut apart at some time in [t - window_s, t]?"""
+        since = t - window_s
         for i in (a, b):
-            for start, end in reversed(self.cuts[i]):
+            for start, end in self._cut_spans(i):
                 if start <= t and end >= since:
                     return True
-                if end < since:
-                    break
         spans = list(self.partitions)
         if self._partition_open is not None:
             spans.append((self._partition_open[0], math.inf, self._partition_open[1]))
@@ -223,6 +236,8 @@ class Oracle:
                 if episode not in self.false_suspicion_episodes:
                     self.false_suspicion_episodes.add(episode)
                     self.false_suspicion_times.append(t)
+                    if self._apart(observer, subject, t, self.checks.suspect_excuse_window_s):
+                        self.excused_suspicion_episodes.add(episode)
                 if by_self:
                     self.false_suspect_first_hand += 1
             return
@@ -235,7 +250,7 @@ class Oracle:
             elif subject in self.left:
                 self.dead_after_leave += 1
             elif running and measuring:
-                excused = self._apart(observer, subject, t)
+                excused = self._apart(observer, subject, t, self.checks.excuse_window_s)
                 self.false_deaths.append({"t": round(t, 3), "observer": observer,
                                           "subject": subject, "incarnation": incarnation,
                                           "excused": excused})
@@ -266,7 +281,7 @@ class Oracle:
         never)."""
         latest = t0
         for i in (a, b):
-            for start, end in self.cuts[i]:
+            for start, end in self._cut_spans(i):
                 if start <= t1 and end >= t0:
                     latest = max(latest, min(end, t1))
         spans = list(self.partitions)
@@ -364,6 +379,8 @@ class Oracle:
                             f"{self.checks.max_suspect_s:g} s, e.g. fellow {s['subject']} "
                             f"at observer {s['observer']} from {s['since']} s for "
                             f"{s['for_s']} s")
+        unexcused_suspicions = len(self.false_suspicion_episodes
+                                   - self.excused_suspicion_episodes)
         unexcused = [d for d in self.false_deaths if not d["excused"]]
         unexcused_episodes = {(d["subject"], d["incarnation"]) for d in unexcused}
         if self.checks.require_no_false_deaths and unexcused:
@@ -397,6 +414,9 @@ class Oracle:
             "false_suspicions": len(self.false_suspicion_episodes),
             "false_suspicions_per_node_hour": round(per_node_hour(
                 len(self.false_suspicion_episodes), node_s), 5),
+            "false_suspicions_unexcused": unexcused_suspicions,
+            "false_suspicions_unexcused_per_node_hour": round(per_node_hour(
+                unexcused_suspicions, node_s), 5),
             "false_suspicions_first_hand": self.false_suspect_first_hand,
             "false_deaths": len(self._false_death_episodes),
             "false_deaths_unexcused": len(unexcused_episodes),

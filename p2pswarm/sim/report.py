@@ -38,6 +38,7 @@ ROWS: list[tuple[str, Any]] = [
     ("detections (crash x observer)", lambda r: _fmt(r["crash_to_dead_s"]["count"])),
     ("false suspicions (episodes)", lambda r: _fmt(r["false_suspicions"])),
     ("false suspicions per node-hour", lambda r: _fmt(r["false_suspicions_per_node_hour"])),
+    ("... of reachable fellows", lambda r: _fmt(r["false_suspicions_unexcused"])),
     ("false deaths (episodes)", lambda r: _fmt(r["false_deaths"])),
     ("... of reachable fellows", lambda r: _fmt(r["false_deaths_unexcused"])),
     ("false deaths per node-hour", lambda r: _fmt(r["false_deaths_per_node_hour"])),

@@ -97,6 +97,8 @@ class Checks:
     max_suspect_s: float = 120.0  # no running, reachable fellow stays suspect longer
     converge_within_s: float = 120.0  # after the last fault, every view agrees again
     excuse_window_s: float = 30.0  # a verdict this soon after a cut is excused
+    suspect_excuse_window_s: float = 5.0  # a suspicion this soon after a cut is excused
+    blackout_min_s: float = 2.0  # a radio fade this long is a cut, like a roaming outage
     require_no_false_deaths: bool = False  # also fail on unexcused false deaths
     require_plan_stable: bool = True
 

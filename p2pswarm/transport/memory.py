@@ -319,12 +319,13 @@ class PacketRecord:
 class _LossState:
     """Where a loss chain stands; shared shape for links and radios."""
 
-    __slots__ = ("bad", "chain_model", "until_s")
+    __slots__ = ("bad", "chain_model", "on_bad_stay", "until_s")
 
     def __init__(self) -> None:
         self.chain_model: LossModel | None = None
         self.bad = False
         self.until_s = math.nan  # the current stay ends then; nan: not started
+        self.on_bad_stay: Callable[[float, float], None] | None = None  # (start, end)
 
 
 def _lost(state: _LossState, model: LossModel, rng: _Rng, now: float) -> bool:
@@ -344,6 +345,8 @@ def _lost(state: _LossState, model: LossModel, rng: _Rng, now: float) -> bool:
         # residual of a stay in progress: close enough for a start.
         bad = state.bad = rng.random() < f
         state.until_s = now + (model._burst_s(rng) if bad else rng.exponential(model.mean_gap_s))
+        if bad and state.on_bad_stay is not None:
+            state.on_bad_stay(now, state.until_s)
     elif now < state.until_s:
         bad = state.bad
     elif model.burst_shape == "exponential":
@@ -355,11 +358,16 @@ def _lost(state: _LossState, model: LossModel, rng: _Rng, now: float) -> bool:
         bad = state.bad = rng.random() < p_bad
         state.until_s = now + (rng.exponential(model.mean_burst_s) if bad
                                else rng.exponential(model.mean_gap_s))
+        if bad and state.on_bad_stay is not None:
+            state.on_bad_stay(now, state.until_s)
     else:
         while now >= state.until_s:
             state.bad = not state.bad
+            start = state.until_s
             state.until_s += (model._burst_s(rng) if state.bad
                               else rng.exponential(model.mean_gap_s))
+            if state.bad and state.on_bad_stay is not None:
+                state.on_bad_stay(start, state.until_s)
         bad = state.bad
     return rng.chance(model.loss_in_bad if bad else model.loss_in_good)
 
@@ -453,6 +461,11 @@ class MemoryNetwork:
     def set_radio(self, addr: str, loss: LossModel | None) -> None:
         """A loss model for ``addr``'s radio, applied to every packet it sends or hears."""
         self._node(addr).radio = loss
+
+    def watch_radio(self, addr: str, on_bad_stay: Callable[[float, float], None]) -> None:
+        """Call ``on_bad_stay(start, end)`` for each bad stay of ``addr``'s radio, as it
+        is drawn (when a packet first meets it)."""
+        self._node(addr).on_bad_stay = on_bad_stay
 
     def partition(self, *groups: Iterable[str]) -> None:
         """Cut every link between nodes of different groups (this replaces any earlier
