@@ -31,7 +31,9 @@ than the electorate the current leader last announced. Dead members leave the el
 only when a leader (which by construction holds a majority) announces a smaller one after
 reaping them, or when they leave gracefully. So a minority side, e.g. 2 of 5 after a
 partition, can never elect, even after it has reaped the other 3: "no leader: this side
-sees 2 of 5 fellows". The price: if a majority of the swarm dies for good, the rest stay
+sees 2 of 5 fellows". The announced electorate is kept across restarts with the vote: a
+fellow restarted while the others are down knows only itself, and would otherwise be a
+majority of one. The price: if a majority of the swarm dies for good, the rest stay
 leaderless until the dead rejoin.
 
 The lease. A leader that sees no majority present (alive or suspect) for
@@ -125,6 +127,7 @@ class Election:
         now: float = 0.0,
         term: int = 0,
         voted_for: bytes | None = None,
+        electorate: int = 0,
         tuning: ElectionTuning | None = None,
     ) -> None:
         self.node_id = node_id
@@ -141,7 +144,7 @@ class Election:
         self._members: dict[bytes, Member] = {}
         self._joined = False
         self._leaving = False
-        self._announced = 0  # electorate the leader last announced
+        self._announced = electorate  # electorate the leader last announced
         self._election_at = _INF
         self._last_beat_at = -_INF  # as a deputy
         self._rank = -1  # our place in the succession, from the leader's beats
@@ -189,9 +192,11 @@ class Election:
         """Whether an order stamped with ``term`` may be obeyed (it is not stale)."""
         return term >= self.term
 
-    def persistent_state(self) -> tuple[int, bytes | None]:
-        """(term, voted_for): keep these across restarts."""
-        return self.term, self.voted_for if self.voted_term == self.term else None
+    def persistent_state(self) -> tuple[int, bytes | None, int]:
+        """(term, voted_for, electorate last announced): keep these across restarts. A
+        fellow that forgot the electorate would, restarted alone, be a majority of one."""
+        return (self.term, self.voted_for if self.voted_term == self.term else None,
+                self._announced)
 
     def electorate(self) -> int:
         counted = sum(1 for m in self._members.values() if m.state != "left")

@@ -40,7 +40,7 @@ def test_a_vote_is_given_once_per_term() -> None:
     (no,) = replies(e.handle(g.VoteRequest(1, IDS[2], 0, 5, False), "b:1", 1.0))
     (again,) = replies(e.handle(g.VoteRequest(1, IDS[1], 0, 5, False), "a:1", 1.1))
     assert (yes.granted, no.granted, again.granted) == (True, False, True)
-    assert e.persistent_state() == (1, IDS[1])
+    assert e.persistent_state()[:2] == (1, IDS[1])
     (stale,) = replies(e.handle(g.VoteRequest(0, IDS[3], 0, 5, False), "c:1", 1.2))
     assert not stale.granted and stale.reason == "stale term"
 
@@ -89,6 +89,18 @@ def test_a_lone_founder_elects_itself() -> None:
         events += e.tick(t)
     assert e.role == "leader" and e.term == 1
     assert "elected" in [x.kind for x in events if isinstance(x, Event)]
+
+
+def test_a_fellow_restarted_alone_is_not_a_majority_of_one() -> None:
+    # it kept term, vote and the electorate its leader announced (3): alone, it waits
+    e = Election(IDS[0], "n0", ElectionConfig(), random.Random(0), term=4, electorate=3)
+    e.update_members([member(0)], 0.0)
+    t = 0.0
+    while t < 60.0:
+        t = e.next_deadline() or 60.0
+        e.tick(t)
+    assert e.role != "leader" and e.term == 4
+    assert e.status().sentence == "no leader: this side sees 1 of 3 fellows"
 
 
 # --- scenarios ---------------------------------------------------------------------------

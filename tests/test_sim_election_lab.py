@@ -9,8 +9,8 @@ from p2pswarm.sim.gossip_lab import GossipLab
 class ForgetfulLab(GossipLab):
     """A planted bug: a restarted fellow forgets its term and vote."""
 
-    def _new_election(self, node, term=0, voted_for=None):
-        return super()._new_election(node, 0, None)
+    def _new_election(self, node, term=0, voted_for=None, electorate=0):
+        return super()._new_election(node, 0, None, electorate)
 
 
 def test_partitions_flaps_and_crashes_never_give_a_term_two_leaders() -> None:

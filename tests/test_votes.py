@@ -12,10 +12,10 @@ def test_a_vote_kept_on_disk_is_read_back(tmp_path) -> None:
     path = tmp_path / "election.json"
     assert VoteRecord.open(path) == VoteRecord(path)  # no file yet: term 0, no vote
     record = VoteRecord.open(path)
-    record.keep(7, b"\x01" * 32)
-    assert VoteRecord.open(path) == VoteRecord(path, 7, b"\x01" * 32)
-    record.keep(8, None)  # a later term, no vote in it yet
-    assert VoteRecord.open(path) == VoteRecord(path, 8, None)
+    record.keep(7, b"\x01" * 32, 5)
+    assert VoteRecord.open(path) == VoteRecord(path, 7, b"\x01" * 32, 5)
+    record.keep(8, None, 5)  # a later term, no vote in it yet
+    assert VoteRecord.open(path) == VoteRecord(path, 8, None, 5)
     assert not path.with_suffix(".tmp").exists()
 
 

@@ -115,7 +115,8 @@ class Agent:
         self.advertise = advertise  # the address fellows reach us at, if not the bound one
         self.leader_priority = leader_priority
         self.card_source = card_source
-        # term and vote survive a restart (one vote per term, however often we crash)
+        # term, vote and electorate survive a restart (one vote per term, however
+        # often we crash; never a majority of one)
         self.votes = votes if votes is not None else (
             VoteRecord.open(home / VOTES_FILE) if home is not None else VoteRecord())
         self.counters = Counters()
@@ -189,7 +190,8 @@ class Agent:
             - self.sealer.overhead_bytes)
         self.election = Election(self.node_id, self.name, self.config.election, self.rng,
                                  leader_priority=self.leader_priority, now=now,
-                                 term=self.votes.term, voted_for=self.votes.voted_for)
+                                 term=self.votes.term, voted_for=self.votes.voted_for,
+                                 electorate=self.votes.electorate)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.transport.serve_streams, self._serve_stream)

@@ -295,13 +295,14 @@ class GossipLab:
                           datagram_budget_bytes=self.config.transport.max_datagram_bytes
                           - SEAL_OVERHEAD_BYTES)
 
-    def _new_election(self, node: LabNode, term: int = 0,
-                      voted_for: bytes | None = None) -> Election | None:
+    def _new_election(self, node: LabNode, term: int = 0, voted_for: bytes | None = None,
+                      electorate: int = 0) -> Election | None:
         if not self.use_election:
             return None
         return Election(node.node_id, node.name, self.config.election, node.rng,
                         leader_priority=node.priority, now=self.now, term=term,
-                        voted_for=voted_for, tuning=self.election_tuning)
+                        voted_for=voted_for, electorate=electorate,
+                        tuning=self.election_tuning)
 
     def start(self, *, converged: bool = False, seed_index: int = 0,
               stagger_s: float = 0.0) -> None:
@@ -340,14 +341,15 @@ class GossipLab:
     def restart(self, i: int, seeds: Iterable[str] | None = None) -> None:
         """Bring a crashed node back as a fresh process with the same identity."""
         node = self.nodes[i]
-        term, voted = node.election.persistent_state() if node.election else (0, None)
+        term, voted, electorate = (node.election.persistent_state() if node.election
+                                   else (0, None, 0))
         node.proc += 1
         node.up = True
         node.left = False
         node.crashed_at = None
         node.membership = self._new_membership(i, node.addr, node.public_key, node.node_id,
                                                node.priority, node.rng)
-        node.election = self._new_election(node, term, voted)
+        node.election = self._new_election(node, term, voted, electorate)
         node.seen_version = -1
         if seeds is None:
             seeds = [n.addr for n in self.nodes if n.up and not n.left and n is not node][:1]
