@@ -387,7 +387,9 @@ class Election:
     def _reconsider(self, now: float) -> None:
         if self.role != FOLLOWER:
             return
-        if self._leader_gone() and self._may_elect():
+        # the leader is gone, or (as a deputy) we missed its beats: run once we may,
+        # e.g. when the fellows we need for a majority are back
+        if self._may_elect():
             if self._election_at == _INF:
                 lo, hi = self.config.election_timeout_min_s, self.config.election_timeout_max_s
                 self._election_at = (now + lo + self.rng.random() * max(0.0, hi - lo) * 0.25

@@ -22,7 +22,7 @@ def test_partitions_flaps_and_crashes_never_give_a_term_two_leaders() -> None:
 
 
 def test_the_check_catches_a_fellow_that_forgets_its_vote_on_restart() -> None:
-    runs = [safety_run(seed, lab_class=ForgetfulLab) for seed in range(1, 6)]
+    runs = [safety_run(seed, lab_class=ForgetfulLab) for seed in range(1, 16)]
     assert any(r.two_leaders or r.two_followed for r in runs)
 
 

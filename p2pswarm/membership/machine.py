@@ -435,6 +435,7 @@ class Membership:
         self._seeds = seeds
         if not seeds:
             self._joined = True
+            self._changed()  # the election waits for this
             out.append(Event(JOINED, self.node_id, self.local.name, "founded a new swarm"))
             return out
         self._join_attempt = 0
@@ -1458,6 +1459,7 @@ class Membership:
         self._merge_records(msg.records, msg.source, now, out)
         if not self._joined:
             self._joined = True
+            self._changed()  # the election waits for this, even if no record was new
             self._join_rids.clear()
             self._next_join_at = _INF
             self._queue.add(self.node_id, self._alive_msg())
