@@ -34,3 +34,10 @@ def test_a_deputy_that_misses_beats_while_pre_voting_does_not_spin() -> None:
     # seed 287 once had a pre-voting deputy ask to be woken at the same instant forever
     run = safety_run(287)
     assert run.settled and not run.two_leaders
+
+
+def test_a_deputy_runs_once_a_majority_is_back_beside_the_old_leader() -> None:
+    # seed 239: the leader crashed and came back as a follower that others still
+    # followed; the deputy that missed its beats had to wait for a majority, then never
+    # ran, and the restarted fellow's election never heard its membership had joined
+    assert safety_run(239).settled
