@@ -144,6 +144,9 @@ class Agent:
         self._timer_at = -math.inf  # when the timer task wakes next (kick it for sooner)
         self._outbox_in, self._outbox_out = trio.open_memory_channel[tuple[str, bytes]](
             OUTBOX_DATAGRAMS)
+        # a transport that takes a datagram without waiting (in memory) is sent to directly
+        self._send_now: Callable[[str, bytes], None] | None = getattr(
+            transport, "send_datagram_nowait", None)
         self.stopped = trio.Event()  # set once the agent has been asked to stop
         self.left = False
         self.leadership = Leadership(self)
@@ -196,7 +199,8 @@ class Agent:
             self._nursery = nursery
             await nursery.start(self.transport.serve_streams, self._serve_stream)
             nursery.start_soon(self._receive_datagrams)
-            nursery.start_soon(self._send_datagrams)
+            if self._send_now is None:
+                nursery.start_soon(self._send_datagrams)
             nursery.start_soon(self._timer_loop)
             nursery.start_soon(self._reconnect_loop)
             if self.card_source is not None:
@@ -391,6 +395,14 @@ class Agent:
         self._post_sealed(addr, self.sealer.seal(plaintext))
 
     def _post_sealed(self, addr: str, packet: bytes) -> None:
+        if self._send_now is not None:  # a transport that never waits: no sender task
+            try:
+                self._send_now(addr, packet)
+            except TransportError as exc:
+                self._send_failed(addr, exc)
+            else:
+                self._sent(packet)
+            return
         try:
             self._outbox_in.send_nowait((addr, packet))
         except trio.WouldBlock:
@@ -401,11 +413,17 @@ class Agent:
             try:
                 await self.transport.send_datagram(addr, packet)
             except TransportError as exc:
-                log.debug("send to %s failed: %s", addr, exc)
-                self.counters.drop("send-failed")
+                self._send_failed(addr, exc)
                 continue
-            self.counters.datagrams_out += 1
-            self.counters.bytes_out += len(packet)
+            self._sent(packet)
+
+    def _sent(self, packet: bytes) -> None:
+        self.counters.datagrams_out += 1
+        self.counters.bytes_out += len(packet)
+
+    def _send_failed(self, addr: str, exc: TransportError) -> None:
+        log.debug("send to %s failed: %s", addr, exc)
+        self.counters.drop("send-failed")
 
     async def _receive_datagrams(self) -> None:
         while True:

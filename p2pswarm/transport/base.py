@@ -59,6 +59,10 @@ class Transport(Protocol):
         large); an unreachable peer is silent.
         """
 
+    # A transport whose sends never wait may also offer
+    # ``send_datagram_nowait(addr, data) -> None`` (same contract, synchronous); the
+    # agent then sends from where it posts, with no sender task in between.
+
     async def receive_datagram(self) -> tuple[bytes, str]:
         """The next datagram and the address it came from."""
 

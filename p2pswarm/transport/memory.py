@@ -729,6 +729,11 @@ class MemoryTransport:
 
     async def send_datagram(self, addr: str, data: bytes) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
+        self.send_datagram_nowait(addr, data)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def send_datagram_nowait(self, addr: str, data: bytes) -> None:
+        """``send_datagram`` without waiting: the network takes a datagram at once."""
         self._check_open()
         limit = self._network.config.max_datagram_bytes
         if len(data) > limit:
@@ -736,7 +741,6 @@ class MemoryTransport:
                 f"datagram of {len(data)} bytes exceeds max_datagram_bytes ({limit})")
         self.counters["datagrams_sent"] += 1
         self._network._send_datagram(self._addr, addr, bytes(data))
-        await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def receive_datagram(self) -> tuple[bytes, str]:
         try:
