@@ -1,8 +1,9 @@
-"""Fixtures shared by the tests that run agents in virtual time."""
+"""Fixtures shared by the tests: virtual time, torch threads, a stand-in agent."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import trio.testing
@@ -24,3 +25,16 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def agent(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A stand-in agent behind the control client, for the CLI tests: it answers each
+    op from a table (``tests.test_serving_cli.FakeAgent``)."""
+    import p2pswarm.control.client as control_client
+    from tests.test_serving_cli import FakeAgent
+
+    fake = FakeAgent({})
+    monkeypatch.setattr(control_client, "request", fake.request)
+    monkeypatch.setattr(control_client, "stream", fake.stream)
+    return fake

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 from typer.testing import CliRunner
 
@@ -61,14 +60,6 @@ class FakeAgent:
         if isinstance(answer, Exception):
             raise answer
         return answer(req) if callable(answer) else answer
-
-
-@pytest.fixture
-def agent(monkeypatch: pytest.MonkeyPatch) -> FakeAgent:
-    fake = FakeAgent({})
-    monkeypatch.setattr(control_client, "request", fake.request)
-    monkeypatch.setattr(control_client, "stream", fake.stream)
-    return fake
 
 
 def test_load_with_plan_prints_the_plan_and_loads_nothing(agent: FakeAgent) -> None:

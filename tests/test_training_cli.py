@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import p2pswarm.control.client as control_client
 from p2pswarm.cli import app
 from p2pswarm.errors import ConfigError
 from p2pswarm.planner import BUILTIN_MODELS, cluster_from_dict, plan_message
@@ -40,14 +39,6 @@ def record(state: str = "running", **extra: Any) -> dict[str, Any]:
             "replicas": 2, "bytes_sent": 4_000_000, "samples": 12, "plan_id": "0" * 16,
             "pinned": False, "model": "tiny-llama", "checkpoint": "", "stages": [],
             **extra}
-
-
-@pytest.fixture
-def agent(monkeypatch: pytest.MonkeyPatch) -> FakeAgent:
-    fake = FakeAgent({})
-    monkeypatch.setattr(control_client, "request", fake.request)
-    monkeypatch.setattr(control_client, "stream", fake.stream)
-    return fake
 
 
 @pytest.fixture

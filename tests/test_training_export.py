@@ -11,7 +11,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import p2pswarm.control.client as control_client
 from p2pswarm.cli import app
 from p2pswarm.errors import ConfigError
 from p2pswarm.planner import plan_message, read_model_config
@@ -21,7 +20,6 @@ from p2pswarm.training.checkpoint import CheckpointStore
 from p2pswarm.training.job_export import export_checkpoint
 from p2pswarm.training.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_tensors
 
-from tests.test_serving_cli import FakeAgent
 
 runner = CliRunner()
 CUT = [3, 6]
@@ -130,14 +128,6 @@ def test_bad_exports_are_refused_and_touch_nothing(trained_full, tmp_path) -> No
 
 
 # --- the CLI ---------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def agent(monkeypatch: pytest.MonkeyPatch) -> FakeAgent:
-    fake = FakeAgent({})
-    monkeypatch.setattr(control_client, "request", fake.request)
-    monkeypatch.setattr(control_client, "stream", fake.stream)
-    return fake
 
 
 def test_cli_exports_a_checkpoint_directory_without_an_agent(trained_full, tmp_path,

@@ -131,12 +131,9 @@ def plot(results: list[dict[str, Any]], out_dir: Path) -> list[str]:
     ax.set_xlabel("crash to dead at an observer (s)")
     ax.set_ylabel("fraction of (crash, observer)")
     ax.set_title(f"{name}: detection time CDF")
-    ax.grid(alpha=0.3)
     if any(r["_detect"] for r in results):
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "detection_cdf.png", dpi=110)
-    plt.close(fig)
+    _save(fig, ax, out_dir / "detection_cdf.png")
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for k, r in enumerate(results):
@@ -147,11 +144,8 @@ def plot(results: list[dict[str, Any]], out_dir: Path) -> list[str]:
     ax.set_xlabel("virtual time (s)")
     ax.set_ylabel("false suspicions so far (episodes)")
     ax.set_title(f"{name}: false suspicions over time")
-    ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "false_suspicions.png", dpi=110)
-    plt.close(fig)
+    _save(fig, ax, out_dir / "false_suspicions.png")
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for k, r in enumerate(results):
@@ -161,11 +155,8 @@ def plot(results: list[dict[str, Any]], out_dir: Path) -> list[str]:
     ax.set_xlabel("fellows, sorted")
     ax.set_ylabel("datagram bytes sent per second")
     ax.set_title(f"{name}: bytes per fellow")
-    ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "bytes_per_fellow.png", dpi=110)
-    plt.close(fig)
+    _save(fig, ax, out_dir / "bytes_per_fellow.png")
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     colors = {"alive": "tab:green", "suspect": "tab:orange", "dead": "tab:red",
@@ -182,12 +173,19 @@ def plot(results: list[dict[str, Any]], out_dir: Path) -> list[str]:
     ax.set_ylabel("fraction of beliefs about running fellows")
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_title(f"{name}: membership view over time")
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out_dir / "membership_view.png", dpi=110)
-    plt.close(fig)
+    _save(fig, ax, out_dir / "membership_view.png")
     return []
+
+
+def _save(fig: Any, ax: Any, path: Path) -> None:
+    """Every plot's finish: a light grid, a tight layout, a PNG, the figure closed."""
+    import matplotlib.pyplot as plt
+
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 __all__ = ["markdown", "plot", "public", "to_json", "write_reports"]
