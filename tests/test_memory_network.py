@@ -714,3 +714,42 @@ async def test_a_thousand_fellows(autojump_clock: trio.abc.Clock) -> None:
     received = sum(len(drain(t)) for t in transports)
     assert received == net.counters["delivered"]
     assert received + net.counters["lost_link"] == 20_000
+
+
+# --- the network's own event loop: direct delivery and alarms --------------------------------
+
+async def _deliveries_and_alarms(net: MemoryNetwork) -> list[tuple[float, str]]:
+    """What a fellow on deliver_to/call_at sees: every datagram and alarm, with its time."""
+    net.set_default(LinkModel(delay=FixedDelay(0.25)))
+    a, b = net.transport("a:1"), net.transport("b:1")
+    seen: list[tuple[float, str]] = []
+    b.deliver_to(lambda data, addr: seen.append((trio.current_time(), f"{addr} {data!r}")))
+    async with running(net):
+        b.call_at(1.0, lambda: seen.append((trio.current_time(), "alarm 1")))
+        b.call_at(0.5, lambda: seen.append((trio.current_time(), "alarm 0.5")))
+        await a.send_datagram("b:1", b"hello")
+        await trio.sleep(0.75)
+        b.close_now()  # as a crash: the alarm still pending never rings
+        await a.send_datagram("b:1", b"late")
+        await trio.sleep(1.0)
+    assert net.counters["delivered"] == 1 and net.counters["lost_unreachable"] == 1
+    with pytest.raises(TransportError, match="closed"):
+        b.call_at(5.0, lambda: None)
+    return seen
+
+
+async def test_deliver_to_and_call_at_run_on_the_network_loop(
+        autojump_clock: trio.abc.Clock) -> None:
+    seen = await _deliveries_and_alarms(MemoryNetwork(seed=40))
+    assert seen == [(0.25, "a:1 b'hello'"), (0.5, "alarm 0.5")]
+
+
+def test_the_jump_clock_wakes_the_network_loop_as_mock_time_does() -> None:
+    from p2pswarm.sim.virtual import JumpClock
+
+    async def main() -> list[tuple[float, str]]:
+        return await _deliveries_and_alarms(MemoryNetwork(seed=40))
+
+    jumped = trio.run(main, clock=JumpClock())
+    mocked = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert jumped == mocked == [(0.25, "a:1 b'hello'"), (0.5, "alarm 0.5")]

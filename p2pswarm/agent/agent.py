@@ -11,8 +11,13 @@ counted drop.
 Both machines are sans-I/O. The agent executes their effects: a datagram goes to the
 outbox (one sender task drains it), a stream request runs in its own task and feeds the
 reply back, an event becomes a log line. After every call it feeds the election the
-current membership view if that changed, and a timer task sleeps until the earliest
-deadline of either machine, woken early whenever a call may have moved it.
+current membership view if that changed, and sets its alarm to the earliest deadline of
+either machine; when the alarm rings, both machines tick.
+
+A transport that runs its own event loop (MemoryNetwork) may take over the plumbing:
+``send_datagram_nowait`` sends where the agent posts, ``deliver_to`` hands each datagram
+over where it lands, and ``call_at`` rings the alarm. Then the agent runs no sender,
+receiver or timer task, and a simulated swarm costs a fraction of the task switches.
 
 The agent takes its transport, clock (trio's, so a MockClock gives virtual time), keys,
 card source and random generator as arguments: the same code runs on real sockets and in
@@ -140,13 +145,18 @@ class Agent:
             "status": self._op_status, "leave": self._op_leave,
         }
         self._nursery: trio.Nursery | None = None
-        self._kick = trio.Event()
-        self._timer_at = -math.inf  # when the timer task wakes next (kick it for sooner)
+        self._alarm_at = math.inf  # when both machines tick next
+        self._alarm = trio.CancelScope()  # the timer task sleeps in it until _alarm_at
         self._outbox_in, self._outbox_out = trio.open_memory_channel[tuple[str, bytes]](
             OUTBOX_DATAGRAMS)
         # a transport that takes a datagram without waiting (in memory) is sent to directly
         self._send_now: Callable[[str, bytes], None] | None = getattr(
             transport, "send_datagram_nowait", None)
+        # ... one that runs its own loop may also deliver datagrams and ring the alarm
+        self._deliver_to: Callable[[Callable[[bytes, str], None] | None], None] | None = \
+            getattr(transport, "deliver_to", None)
+        self._call_at: Callable[[float, Callable[[], None]], None] | None = getattr(
+            transport, "call_at", None)
         self.stopped = trio.Event()  # set once the agent has been asked to stop
         self.left = False
         self.leadership = Leadership(self)
@@ -198,10 +208,14 @@ class Agent:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.transport.serve_streams, self._serve_stream)
-            nursery.start_soon(self._receive_datagrams)
+            if self._deliver_to is not None:
+                self._deliver_to(self._arrived)
+            else:
+                nursery.start_soon(self._receive_datagrams)
             if self._send_now is None:
                 nursery.start_soon(self._send_datagrams)
-            nursery.start_soon(self._timer_loop)
+            if self._call_at is None:
+                nursery.start_soon(self._timer_loop)
             nursery.start_soon(self._reconnect_loop)
             if self.card_source is not None:
                 nursery.start_soon(self._inventory_loop)
@@ -244,14 +258,19 @@ class Agent:
                 elif t is fx.Event:
                     self._note(effect)
             effects = self._feed_election()
-        if self._next_deadline() < self._timer_at:  # the timer sleeps past new work
-            self._kick.set()
+        deadline = self._next_deadline()
+        if deadline < self._alarm_at:  # the alarm would ring too late for new work
+            self._alarm_at = deadline
+            if self._call_at is not None:
+                self._call_at(deadline, lambda: self._ring(deadline))
+            else:
+                self._alarm.deadline = deadline
 
     def _feed_election(self) -> list[Any]:
         m, e = self.membership, self.election
-        if m is None or e is None or m.version == self._seen_version:
+        if m is None or e is None or m.roster_version == self._seen_version:
             return []
-        self._seen_version = m.version
+        self._seen_version = m.roster_version
         return e.update_members(m.members(), trio.current_time(), joined=m.joined)
 
     def _note(self, event: fx.Event) -> None:
@@ -268,13 +287,19 @@ class Agent:
 
     async def _timer_loop(self) -> None:
         while True:
-            deadline = self._timer_at = self._next_deadline()
-            self._kick = trio.Event()
-            with trio.move_on_at(deadline):
-                await self._kick.wait()
+            self._alarm = trio.CancelScope(deadline=self._alarm_at)
+            with self._alarm:  # _apply moves its deadline sooner: no wakeup to recompute
+                await trio.sleep_forever()
+            self._ring(self._alarm_at)
+
+    def _ring(self, deadline: float) -> None:
+        """The alarm set for ``deadline`` rings: tick both machines, unless it was moved."""
+        if deadline != self._alarm_at or self.stopped.is_set():
+            return
+        self._alarm_at = math.inf  # _apply sets the next one
+        if self.membership is not None and self.election is not None:
             now = trio.current_time()
-            if now >= deadline and self.membership is not None and self.election is not None:
-                self._apply(self.membership.tick(now) + self.election.tick(now))
+            self._apply(self.membership.tick(now) + self.election.tick(now))
 
     def _next_deadline(self) -> float:
         deadlines = [d for d in (self.membership.next_deadline() if self.membership else None,
@@ -428,6 +453,10 @@ class Agent:
     async def _receive_datagrams(self) -> None:
         while True:
             data, addr = await self.transport.receive_datagram()
+            self.handle_datagram(data, addr)
+
+    def _arrived(self, data: bytes, addr: str) -> None:  # from deliver_to
+        if not self.stopped.is_set():
             self.handle_datagram(data, addr)
 
     def handle_datagram(self, data: bytes, addr: str) -> None:

@@ -350,6 +350,7 @@ class Membership:
         self._quiet = False
         self._bindings: dict[bytes, bytes] = {}
         self.version = 0  # bumps on every change a view would show
+        self.roster_version = 0  # bumps when who is in, where, in what state changes
         self.stats: dict[str, int] = {
             "probes": 0, "probes_failed": 0, "probes_inconclusive": 0, "suspicions_raised": 0,
             "confirmations_sent": 0, "dead_declared": 0, "refutations": 0, "syncs": 0,
@@ -467,7 +468,7 @@ class Membership:
         self.meta_signature = self._sign_meta()
         self.incarnation += 1
         self._queue.add(self.node_id, self._alive_msg())
-        self._changed()
+        self._changed(roster=False)
         return [Event(METADATA, self.node_id, self.local.name,
                       f"published metadata version {self.meta_version}", self.incarnation,
                       self.node_id)]
@@ -996,7 +997,7 @@ class Membership:
         self.stats["refutations"] += 1
         alive = self._alive_msg()
         self._queue.add(self.node_id, alive)
-        self._changed()
+        self._changed(roster=False)
         out.append(Event(REFUTED, self.node_id, self.local.name,
                          f"refuted a suspicion by {self._name_of(accuser)}"
                          if accuser else "refuted", self.incarnation, accuser or b""))
@@ -1130,7 +1131,7 @@ class Membership:
                 self._recent_dead.pop(node, None)
             self._clear_suspicion(node)
         self._broadcast(node, msg)
-        self._changed()
+        self._changed(roster=changed or old != _ALIVE)
         if old != _ALIVE:
             self._event(out, ALIVE, e, f"alive again (incarnation {msg.incarnation})"
                         if old == _SUSPECT else f"back after {STATE_NAMES[old]}", node)
@@ -1255,9 +1256,13 @@ class Membership:
             self._live[i] = last
             self._live_pos[last] = i
 
-    def _changed(self) -> None:
+    def _changed(self, roster: bool = True) -> None:
+        """Something a view shows changed; ``roster``: a fellow's presence, state, name,
+        address or priority (what an election reads), not just metadata or incarnation."""
         self._digest = None
         self.version += 1
+        if roster:
+            self.roster_version += 1
 
     def _broadcast(self, node: bytes, msg: Any) -> None:
         if not self._quiet:
@@ -1514,7 +1519,7 @@ class Membership:
         e.meta_signature = r.meta_signature
         e.announced_meta = max(e.announced_meta, r.meta_version)
         self._meta_wait.pop(r.node, None)
-        self._changed()
+        self._changed(roster=False)
         self._event(out, METADATA, e, f"metadata version {r.meta_version}", r.node)
 
     def _want_meta(self, e: _Entry, now: float, out: list[Effect]) -> None:

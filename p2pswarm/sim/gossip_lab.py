@@ -478,9 +478,9 @@ class GossipLab:
 
     def _after(self, node: LabNode) -> list[Any]:
         m = node.membership
-        if node.election is None or m.version == node.seen_version:
+        if node.election is None or m.roster_version == node.seen_version:
             return []
-        node.seen_version = m.version
+        node.seen_version = m.roster_version
         return node.election.update_members(m.members(), self.now, joined=m.joined)
 
     def _reschedule(self, node: LabNode) -> None:

@@ -25,7 +25,7 @@ from p2pswarm.agent.votes import VoteRecord
 from p2pswarm.config import SwarmConfig, local
 from p2pswarm.inventory import Card, FakeCardSource
 from p2pswarm.security import Identity, Keyring, SwarmSecret
-from p2pswarm.transport.memory import MemoryNetwork
+from p2pswarm.transport.memory import MemoryNetwork, MemoryTransport
 
 
 def _seeded_bytes(seed: int, *names: object) -> bytes:
@@ -133,6 +133,8 @@ class VirtualSwarm:
         fellow = self.fellows[i]
         if fellow.scope is not None:
             fellow.scope.cancel()
+        if fellow.agent is not None and isinstance(fellow.agent.transport, MemoryTransport):
+            fellow.agent.transport.close_now()  # at once: not one more packet or alarm
         self.net.down(fellow.addr)
         fellow.agent = None
 
@@ -187,6 +189,7 @@ class JumpClock(trio.abc.Clock):
 
     def __init__(self, start_s: float = 0.0) -> None:
         self._now = start_s
+        self._waiter: tuple[Callable[[], float], trio.lowlevel.Task] | None = None
 
     def start_clock(self) -> None:
         pass
@@ -194,7 +197,27 @@ class JumpClock(trio.abc.Clock):
     def current_time(self) -> float:
         return self._now
 
+    def wake_when_due(self, next_s: Callable[[], float], task: trio.lowlevel.Task) -> None:
+        """Reschedule ``task`` (parked in ``wait_task_rescheduled``) once no task can
+        run and ``next_s()`` comes no later than every trio deadline, time jumped there.
+
+        An event loop inside the run (MemoryNetwork's packets and alarms) waits so with
+        no cancel scope and no Cancelled per event: half its cost. One wake per call.
+        """
+        self._waiter = (next_s, task)
+
+    def forget_waiter(self) -> None:
+        self._waiter = None
+
     def deadline_to_sleep_time(self, deadline: float) -> float:
+        if self._waiter is not None:
+            next_s, task = self._waiter
+            at = next_s()
+            if at <= deadline and at != math.inf:
+                self._waiter = None
+                self._now = max(self._now, at)
+                trio.lowlevel.reschedule(task)
+                return 0.0
         if deadline == math.inf:
             return 86400.0  # nothing scheduled: a deadlock, as under MockClock
         self._now = max(self._now, deadline)

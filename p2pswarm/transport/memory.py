@@ -437,7 +437,8 @@ class MemoryNetwork:
         self._connections: dict[int, _Connection] = {}
         self._next_connection_id = 0
         self._heap: list[tuple[Any, ...]] = []
-        self._wakeup = trio.Event()
+        self._alarm = trio.CancelScope()  # the scheduler sleeps until its deadline
+        self._calls = 0  # alarms set through MemoryTransport.call_at
         self._running = False
 
     # configuration ---------------------------------------------------------------------
@@ -521,6 +522,16 @@ class MemoryNetwork:
             raise TransportError("this MemoryNetwork is already running")
         self._running = True
         heap = self._heap
+        clock = trio.lowlevel.current_clock()
+        wake_when_due = getattr(clock, "wake_when_due", None)  # a JumpClock's fast path
+
+        def next_s() -> float:
+            return heap[0][0] if heap else math.inf
+
+        def forget(_: Any) -> trio.lowlevel.Abort:
+            clock.forget_waiter()
+            return trio.lowlevel.Abort.SUCCEEDED
+
         try:
             task_status.started()
             while True:
@@ -528,18 +539,34 @@ class MemoryNetwork:
                 while heap and heap[0][0] <= now:
                     entry = heapq.heappop(heap)
                     entry[4](*entry[5:])
-                self._wakeup = trio.Event()
-                with trio.move_on_at(heap[0][0] if heap else math.inf):
-                    await self._wakeup.wait()
+                if wake_when_due is not None:
+                    wake_when_due(next_s, trio.lowlevel.current_task())
+                    await trio.lowlevel.wait_task_rescheduled(forget)
+                    continue
+                # a sooner packet moves this deadline (see _push): no wakeup to recompute
+                self._alarm = trio.CancelScope(deadline=next_s())
+                with self._alarm:
+                    await trio.sleep_forever()
         finally:
             self._running = False
 
     def _push(self, at: float, link: _Link, action: Callable[..., None], *args: Any) -> None:
-        heap = self._heap
-        if not heap or at < heap[0][0]:
-            self._wakeup.set()
+        if at < self._alarm.deadline:
+            self._alarm.deadline = at
         link.seq += 1
-        heapq.heappush(heap, (at, link.src, link.dst, link.seq, action, *args))
+        heapq.heappush(self._heap, (at, link.src, link.dst, link.seq, action, *args))
+
+    def _call_at(self, at: float, transport: MemoryTransport, fn: Callable[[], None]) -> None:
+        if at < self._alarm.deadline:
+            self._alarm.deadline = at
+        self._calls += 1  # ("" sorts before any peer: a fellow's alarm, then its packets)
+        heapq.heappush(self._heap, (at, transport._addr, "", self._calls, self._ring,
+                                    transport, fn))
+
+    @staticmethod
+    def _ring(transport: MemoryTransport, fn: Callable[[], None]) -> None:
+        if not transport._closed:
+            fn()
 
     # datagrams -------------------------------------------------------------------------
 
@@ -588,12 +615,17 @@ class MemoryNetwork:
                           sent_at_s: float) -> None:
         dst = self._nodes[link.dst]
         transport = dst.transport
+        sink = None
         if not dst.up:
             outcome = LOST_DOWN
         elif not self._grouped_together(link.src, link.dst):
             outcome = LOST_PARTITION
         elif transport is None or transport._closed:
             outcome = LOST_UNREACHABLE
+        elif transport._sink is not None:  # handed over where it lands (deliver_to)
+            sink = transport._sink
+            transport.counters["datagrams_received"] += 1
+            outcome = DELIVERED
         else:
             try:
                 transport._datagram_in.send_nowait((data, link.src))
@@ -604,6 +636,8 @@ class MemoryNetwork:
                 transport.counters["datagrams_received"] += 1
                 outcome = DELIVERED
         self._count(link, outcome, seq, copy, len(data), sent_at_s, trio.current_time())
+        if sink is not None:
+            sink(data, link.src)
 
     def _count(self, link: _Link, outcome: str, seq: int, copy: int, size: int,
                sent_at_s: float, at_s: float) -> None:
@@ -711,6 +745,7 @@ class MemoryTransport:
         self._closed = False
         self._listener: trio.MemorySendChannel[MemoryStream] | None = None
         self._streams: dict[MemoryStream, None] = {}
+        self._sink: Callable[[bytes, str], None] | None = None
         self._datagram_in: trio.MemorySendChannel[tuple[bytes, str]]
         self._datagram_out: trio.MemoryReceiveChannel[tuple[bytes, str]]
         self._datagram_in, self._datagram_out = trio.open_memory_channel(
@@ -741,6 +776,17 @@ class MemoryTransport:
                 f"datagram of {len(data)} bytes exceeds max_datagram_bytes ({limit})")
         self.counters["datagrams_sent"] += 1
         self._network._send_datagram(self._addr, addr, bytes(data))
+
+    def deliver_to(self, sink: Callable[[bytes, str], None] | None) -> None:
+        """Have the network's scheduler call ``sink(data, addr)`` as each datagram arrives,
+        instead of queueing it for ``receive_datagram`` (None: queue again)."""
+        self._sink = sink
+
+    def call_at(self, at: float, fn: Callable[[], None]) -> None:
+        """Have the network's scheduler call ``fn()`` at virtual time ``at``, unless this
+        transport is closed by then. Several may be pending; none can be withdrawn."""
+        self._check_open()
+        self._network._call_at(at, self, fn)
 
     async def receive_datagram(self) -> tuple[bytes, str]:
         try:
@@ -789,14 +835,19 @@ class MemoryTransport:
             receive.close()
 
     async def aclose(self) -> None:
+        self.close_now()
+        await trio.lowlevel.checkpoint()
+
+    def close_now(self) -> None:
+        """``aclose`` without waiting, as when a process dies: nothing more arrives."""
         if not self._closed:
             self._closed = True
+            self._sink = None
             self._datagram_in.close()
             if self._listener is not None:
                 self._listener.close()
             for stream in list(self._streams):
                 stream._close_now()
-        await trio.lowlevel.checkpoint()
 
     def _adopt(self, stream: MemoryStream) -> None:
         if self._closed:
