@@ -24,7 +24,7 @@ from p2pswarm.membership import (
 )
 from p2pswarm.membership.awareness import Awareness
 from p2pswarm.membership.broadcasts import BroadcastQueue
-from p2pswarm.membership.timing import push_pull_interval_s, suspicion_max_s
+from p2pswarm.membership.timing import Tuning, push_pull_interval_s, suspicion_max_s
 from p2pswarm.sim.gossip_lab import fake_sign_for, fake_verify
 from p2pswarm.wire import gossip as g
 
@@ -233,6 +233,44 @@ def test_failed_probe_with_nacks_raises_suspicion_on_a_clean_link() -> None:
                 assert a.member(b.node_id).state == "suspect"
                 return
     raise AssertionError("b was never probed")
+
+
+def _fade(fade_s: float, until: float = 30.0) -> tuple[float | None, float]:
+    """a probes b, whose radio goes out for ``fade_s`` from a's first ping of it after 5 s;
+    helper c answers a's pings and nacks whatever it was asked about b meanwhile. Returns
+    when a suspected b (None: never) and when the fade began."""
+    a, b = joined_pair()
+    c = make(2)
+    a.handle(c._alive_msg(), c.local.addr, 0.0)
+    assert a.loss_estimate > 0.05  # a has not measured its links yet: it assumes lossy
+    fade_at = math.inf
+    t = 0.0
+    while t < until:
+        t = a.next_deadline()
+        effects = a.tick(t)
+        for s in sends(effects):
+            msg = s.messages[0]
+            if isinstance(msg, g.Ping) and msg.target == c.node_id:
+                effects += a.handle(g.Ack(msg.seq), c.local.addr, t + 0.01)
+            elif isinstance(msg, g.Ping):
+                if t >= 5.0 and fade_at == math.inf:
+                    fade_at = t
+                if not fade_at <= t < fade_at + fade_s:
+                    effects += a.handle(g.Ack(msg.seq), b.local.addr, t + 0.01)
+            elif isinstance(msg, g.PingReq) and s.addr == c.local.addr:
+                effects += a.handle(g.Nack(msg.seq), c.local.addr, t + 0.3)
+        if "suspect" in kinds(effects):
+            return t, fade_at
+    return None, fade_at
+
+
+def test_on_a_lossy_link_a_short_fade_is_doubt_and_a_long_one_suspicion() -> None:
+    span = Tuning().doubt_span_lossy_s * Tuning().loss_prior / Tuning().lossy_reference
+    assert span > 1.2
+    suspected, _ = _fade(1.2)  # two probes fail, but within 1.2 s
+    assert suspected is None
+    suspected, fade_at = _fade(60.0)
+    assert suspected is not None and suspected - fade_at >= span
 
 
 def test_a_probe_that_hears_nothing_at_all_blames_ourselves() -> None:

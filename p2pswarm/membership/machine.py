@@ -15,7 +15,9 @@ a helper that knows the target under a newer incarnation (it refuted) says so at
 
 Doubt before suspicion. This node keeps an estimate of how many direct pings miss their
 ack. On a clean network one failed probe makes the target a suspect. On a lossy one the
-target is looked at again at once, and only a second failure raises suspicion.
+target is looked at again at once, and only failures spanning a radio fade (2 s when
+lossy, less as the loss is less) raise suspicion: a fellow whose radio dropped out for a
+second is in doubt, not suspected. The dead verdict still counts from the first failure.
 
 Watching. While a fellow is in doubt or suspected, this node probes it every half
 interval, asking ping and helpers at the same time (a short probe), with the suspicion
@@ -855,8 +857,11 @@ class Membership:
         if now - first > 6 * self.config.probe_interval_s * self._scale():
             first, count = p.started, 0
         count += 1
-        needed = 2 if loss_before > t.recheck_above_loss else 1
-        if count >= needed:
+        needed, span = 1, 0.0
+        if loss_before > t.recheck_above_loss:  # lossy: a second failure, across a fade
+            needed = 2
+            span = lerp_by_loss(0.0, t.doubt_span_lossy_s, loss_before, t.lossy_reference)
+        if count >= needed and p.started - first >= span:
             self._doubt.pop(target, None)
             self._start_suspicion(target, e.incarnation, self.node_id, first, now, out)
         else:  # look again soon, quickly, before telling anyone
