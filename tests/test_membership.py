@@ -84,11 +84,13 @@ def test_broadcast_queue_replaces_limits_and_lingers() -> None:
 # --- hand-driven machines ----------------------------------------------------------------
 
 
-def make(i: int, *, config: GossipConfig | None = None, metadata: bytes = b"") -> Membership:
+def make(i: int, *, config: GossipConfig | None = None, metadata: bytes = b"",
+         tuning: Tuning | None = None) -> Membership:
     key = bytes([i + 1]) * 32
     local = LocalNode(node_id_of(key), f"n{i}", f"10.0.0.{i + 1}:7946", key)
     return Membership(local, config or GossipConfig(), random.Random(i),
-                      sign=fake_sign_for(key), verify=fake_verify, metadata=metadata)
+                      sign=fake_sign_for(key), verify=fake_verify, metadata=metadata,
+                      tuning=tuning)
 
 
 def sends(effects: list) -> list[SendDatagram]:
@@ -99,8 +101,8 @@ def kinds(effects: list) -> list[str]:
     return [e.kind for e in effects if isinstance(e, Event)]
 
 
-def joined_pair() -> tuple[Membership, Membership]:
-    a, b = make(0), make(1)
+def joined_pair(tuning: Tuning | None = None) -> tuple[Membership, Membership]:
+    a, b = make(0, tuning=tuning), make(1)
     a.join((), 0.0)
     (req,) = [e for e in b.join((a.local.addr,), 0.0) if isinstance(e, StreamRequest)]
     reply, effects = a.handle_stream(req.message, b.local.addr, 0.0)
@@ -239,10 +241,10 @@ def _fade(fade_s: float, until: float = 30.0) -> tuple[float | None, float]:
     """a probes b, whose radio goes out for ``fade_s`` from a's first ping of it after 5 s;
     helper c answers a's pings and nacks whatever it was asked about b meanwhile. Returns
     when a suspected b (None: never) and when the fade began."""
-    a, b = joined_pair()
+    lossy = Tuning(loss_prior=Tuning().lossy_reference)  # a believes its links lossy
+    a, b = joined_pair(lossy)
     c = make(2)
     a.handle(c._alive_msg(), c.local.addr, 0.0)
-    assert a.loss_estimate > 0.05  # a has not measured its links yet: it assumes lossy
     fade_at = math.inf
     t = 0.0
     while t < until:
@@ -265,9 +267,9 @@ def _fade(fade_s: float, until: float = 30.0) -> tuple[float | None, float]:
 
 
 def test_on_a_lossy_link_a_short_fade_is_doubt_and_a_long_one_suspicion() -> None:
-    span = Tuning().doubt_span_lossy_s * Tuning().loss_prior / Tuning().lossy_reference
-    assert span > 1.2
-    suspected, _ = _fade(1.2)  # two probes fail, but within 1.2 s
+    span = Tuning().doubt_span_lossy_s
+    assert span > 0.9  # a fade of 0.9 s fails two probes in a row: no longer enough
+    suspected, _ = _fade(0.9)
     assert suspected is None
     suspected, fade_at = _fade(60.0)
     assert suspected is not None and suspected - fade_at >= span

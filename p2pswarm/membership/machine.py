@@ -15,8 +15,8 @@ a helper that knows the target under a newer incarnation (it refuted) says so at
 
 Doubt before suspicion. This node keeps an estimate of how many direct pings miss their
 ack. On a clean network one failed probe makes the target a suspect. On a lossy one the
-target is looked at again at once, and only failures spanning a radio fade (2 s when
-lossy, less as the loss is less) raise suspicion: a fellow whose radio dropped out for a
+target is looked at again at once, and only failures spanning a second (when lossy;
+less as the loss is less) raise suspicion: a fellow whose radio dropped out for under a
 second is in doubt, not suspected. The dead verdict still counts from the first failure.
 
 Watching. While a fellow is in doubt or suspected, this node probes it every half

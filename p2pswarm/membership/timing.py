@@ -26,8 +26,9 @@ class Tuning:
     loss_alpha: float = 1.0 / 16.0  # EWMA weight of one probe
     lossy_reference: float = 0.2  # at this estimate the "lossy" settings apply in full
     recheck_above_loss: float = 0.05  # above it, a failed probe is repeated before suspecting
-    doubt_span_lossy_s: float = 2.0  # ... and on a lossy network, failed probes spanning
-    # this long (less as the loss is less) raise suspicion: a shorter radio fade is doubt
+    doubt_span_lossy_s: float = 1.0  # ... and on a lossy network, failed probes spanning
+    # this long (less as the loss is less) raise suspicion: a shorter radio fade is doubt.
+    # 2 s halves W3's false suspicions again, but detects crashes under bursty loss later.
     # Suspicion
     suspicion_floor_clean_s: float = 0.8  # shortest suspicion on a clean network
     suspicion_floor_lossy_s: float = 3.0  # ... on a lossy, bursty one (spans radio fades)
