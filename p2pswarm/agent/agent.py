@@ -205,27 +205,33 @@ class Agent:
                                  leader_priority=self.leader_priority, now=now,
                                  term=self.votes.term, voted_for=self.votes.voted_for,
                                  electorate=self.votes.electorate)
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await nursery.start(self.transport.serve_streams, self._serve_stream)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self.transport.serve_streams, self._serve_stream)
+                if self._deliver_to is not None:
+                    self._deliver_to(self._arrived)
+                else:
+                    nursery.start_soon(self._receive_datagrams)
+                if self._send_now is None:
+                    nursery.start_soon(self._send_datagrams)
+                if self._call_at is None:
+                    nursery.start_soon(self._timer_loop)
+                nursery.start_soon(self._reconnect_loop)
+                if self.card_source is not None:
+                    nursery.start_soon(self._inventory_loop)
+                if self.home is not None:
+                    await nursery.start(serve_control, self.home, self._answer_control)
+                log.info("%s listening on %s (id %s)", self.name, self.addr,
+                         self.node_id.hex()[:8])
+                self._apply(self.membership.join(self.seeds, now))
+                task_status.started()
+                await self.stopped.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._nursery = None  # what the transport still delivers or rings is dropped
             if self._deliver_to is not None:
-                self._deliver_to(self._arrived)
-            else:
-                nursery.start_soon(self._receive_datagrams)
-            if self._send_now is None:
-                nursery.start_soon(self._send_datagrams)
-            if self._call_at is None:
-                nursery.start_soon(self._timer_loop)
-            nursery.start_soon(self._reconnect_loop)
-            if self.card_source is not None:
-                nursery.start_soon(self._inventory_loop)
-            if self.home is not None:
-                await nursery.start(serve_control, self.home, self._answer_control)
-            log.info("%s listening on %s (id %s)", self.name, self.addr, self.node_id.hex()[:8])
-            self._apply(self.membership.join(self.seeds, now))
-            task_status.started()
-            await self.stopped.wait()
-            nursery.cancel_scope.cancel()
+                self._deliver_to(None)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -294,7 +300,7 @@ class Agent:
 
     def _ring(self, deadline: float) -> None:
         """The alarm set for ``deadline`` rings: tick both machines, unless it was moved."""
-        if deadline != self._alarm_at or self.stopped.is_set():
+        if deadline != self._alarm_at or self._nursery is None or self.stopped.is_set():
             return
         self._alarm_at = math.inf  # _apply sets the next one
         if self.membership is not None and self.election is not None:
@@ -456,7 +462,7 @@ class Agent:
             self.handle_datagram(data, addr)
 
     def _arrived(self, data: bytes, addr: str) -> None:  # from deliver_to
-        if not self.stopped.is_set():
+        if self._nursery is not None and not self.stopped.is_set():
             self.handle_datagram(data, addr)
 
     def handle_datagram(self, data: bytes, addr: str) -> None:
