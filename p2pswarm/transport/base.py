@@ -61,7 +61,10 @@ class Transport(Protocol):
 
     # A transport whose sends never wait may also offer
     # ``send_datagram_nowait(addr, data) -> None`` (same contract, synchronous); the
-    # agent then sends from where it posts, with no sender task in between.
+    # agent then sends from where it posts, with no sender task in between. One that runs
+    # its own event loop (MemoryNetwork) may offer ``deliver_to(handler)`` (call
+    # ``handler(data, addr)`` as each datagram lands) and ``call_at(t, fn)`` (call ``fn()``
+    # at time t unless closed); the agent then runs no receive or timer task either.
 
     async def receive_datagram(self) -> tuple[bytes, str]:
         """The next datagram and the address it came from."""

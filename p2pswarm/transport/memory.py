@@ -12,6 +12,12 @@ the same order on every run, whatever order trio woke them in. Partitions and do
 nodes are checked at send time and again at delivery, so they also catch packets in
 flight.
 
+The same heap holds alarms (``MemoryTransport.call_at``), and a transport may have its
+datagrams handed to a function where they land (``deliver_to``) instead of queued: an
+agent on it then needs no receive or timer task, and a swarm's packets and timers all run
+in this one loop. Under the simulation's ``JumpClock`` the loop is woken by the clock
+itself when nothing else can run (``JumpClock.wake_when_due``), with no cancel scope.
+
 Run it under ``trio.testing.MockClock(autojump_threshold=0)`` and time costs nothing::
 
     net = MemoryNetwork(seed=7)
