@@ -549,7 +549,7 @@ class MemoryNetwork:
                     wake_when_due(next_s, trio.lowlevel.current_task())
                     await trio.lowlevel.wait_task_rescheduled(forget)
                     continue
-                # a sooner packet moves this deadline (see _push): no wakeup to recompute
+                # a sooner entry moves this deadline (see _enqueue): no wakeup to recompute
                 self._alarm = trio.CancelScope(deadline=next_s())
                 with self._alarm:
                     await trio.sleep_forever()
@@ -557,17 +557,17 @@ class MemoryNetwork:
             self._running = False
 
     def _push(self, at: float, link: _Link, action: Callable[..., None], *args: Any) -> None:
-        if at < self._alarm.deadline:
-            self._alarm.deadline = at
         link.seq += 1
-        heapq.heappush(self._heap, (at, link.src, link.dst, link.seq, action, *args))
+        self._enqueue((at, link.src, link.dst, link.seq, action, *args))
 
     def _call_at(self, at: float, transport: MemoryTransport, fn: Callable[[], None]) -> None:
-        if at < self._alarm.deadline:
-            self._alarm.deadline = at
         self._calls += 1  # ("" sorts before any peer: a fellow's alarm, then its packets)
-        heapq.heappush(self._heap, (at, transport._addr, "", self._calls, self._ring,
-                                    transport, fn))
+        self._enqueue((at, transport._addr, "", self._calls, self._ring, transport, fn))
+
+    def _enqueue(self, entry: tuple[Any, ...]) -> None:
+        if entry[0] < self._alarm.deadline:  # the loop sleeps past it: move its deadline
+            self._alarm.deadline = entry[0]
+        heapq.heappush(self._heap, entry)
 
     @staticmethod
     def _ring(transport: MemoryTransport, fn: Callable[[], None]) -> None:
