@@ -237,15 +237,19 @@ def test_failed_probe_with_nacks_raises_suspicion_on_a_clean_link() -> None:
     raise AssertionError("b was never probed")
 
 
-def _fade(fade_s: float, until: float = 30.0) -> tuple[float | None, float]:
-    """a probes b, whose radio goes out for ``fade_s`` from a's first ping of it after 5 s;
-    helper c answers a's pings and nacks whatever it was asked about b meanwhile. Returns
-    when a suspected b (None: never) and when the fade began."""
+def _fade(fade_s: float, until: float = 30.0, seen: tuple[float, ...] = (),
+          a: Membership | None = None) -> tuple[float | None, float]:
+    """a probes b, whose radio goes out for ``fade_s`` from a's first ping of it after 5 s
+    (after fades of ``seen`` seconds, 10 s apart, first); helper c answers a's pings and
+    nacks whatever it was asked about b meanwhile. Returns when a suspected b during the
+    last fade (None: never) and when that fade began."""
     lossy = Tuning(loss_prior=Tuning().lossy_reference)  # a believes its links lossy
     a, b = joined_pair(lossy)
     c = make(2)
     a.handle(c._alive_msg(), c.local.addr, 0.0)
-    fade_at = math.inf
+    fades = [*seen, fade_s]
+    until += 10.0 * len(seen)
+    fade_at, fade_len = math.inf, 0.0
     t = 0.0
     while t < until:
         t = a.next_deadline()
@@ -255,13 +259,18 @@ def _fade(fade_s: float, until: float = 30.0) -> tuple[float | None, float]:
             if isinstance(msg, g.Ping) and msg.target == c.node_id:
                 effects += a.handle(g.Ack(msg.seq), c.local.addr, t + 0.01)
             elif isinstance(msg, g.Ping):
-                if t >= 5.0 and fade_at == math.inf:
-                    fade_at = t
-                if not fade_at <= t < fade_at + fade_s:
+                due = 5.0 + 10.0 * (len(seen) + 1 - len(fades))
+                if fades and t >= due and not fade_at <= t < fade_at + fade_len:
+                    fade_at, fade_len = t, fades.pop(0)
+                if not fade_at <= t < fade_at + fade_len:
                     effects += a.handle(g.Ack(msg.seq), b.local.addr, t + 0.01)
+                    if a.member(b.node_id).state == "suspect":  # b heard of it: refutes
+                        inc = a.member(b.node_id).incarnation
+                        b.handle(g.Suspect(b.node_id, inc, a.node_id), a.local.addr, t)
+                        effects += a.handle(b._alive_msg(), b.local.addr, t + 0.02)
             elif isinstance(msg, g.PingReq) and s.addr == c.local.addr:
                 effects += a.handle(g.Nack(msg.seq), c.local.addr, t + 0.3)
-        if "suspect" in kinds(effects):
+        if "suspect" in kinds(effects) and not fades:
             return t, fade_at
     return None, fade_at
 
@@ -273,6 +282,18 @@ def test_on_a_lossy_link_a_short_fade_is_doubt_and_a_long_one_suspicion() -> Non
     assert suspected is None
     suspected, fade_at = _fade(60.0)
     assert suspected is not None and suspected - fade_at >= span
+
+
+def test_a_node_that_saw_long_fades_end_waits_them_out() -> None:
+    """The span grows to the fades this node has seen fellows come back from: after
+    eight 1.7 s fades, a 1.4 s fade is doubt, where with no such history it is suspicion."""
+    assert Tuning().doubt_span_max_s >= 1.7
+    suspected, _ = _fade(1.4)
+    assert suspected is not None
+    suspected, _ = _fade(1.4, seen=(1.7,) * 8)
+    assert suspected is None
+    suspected, fade_at = _fade(60.0, seen=(1.7,) * 8)  # a crash is still found
+    assert suspected is not None and suspected - fade_at >= 1.7
 
 
 def test_a_probe_that_hears_nothing_at_all_blames_ourselves() -> None:

@@ -453,6 +453,60 @@ async def test_stream_connects_in_one_round_trip_and_keeps_order(
             await stream2.send_frame(bytes(net.config.max_frame_bytes + 1))
 
 
+async def test_a_radio_fade_holds_stream_frames_back_in_order(
+        autojump_clock: trio.abc.Clock) -> None:
+    """Streams meet the radio's loss as TCP does: a frame sent into a fade goes again
+    after 0.2 s, 0.4 s, ... and frames sent after it wait behind it."""
+    net = MemoryNetwork(seed=23)
+    net.set_default(LinkModel(delay=FixedDelay(0.01)))
+    a, b = net.transport("a:1"), net.transport("b:1")
+    received: list[tuple[float, bytes]] = []
+
+    async def record(stream: Stream) -> None:
+        while True:
+            frame = await stream.receive_frame()
+            received.append((trio.current_time(), frame))
+
+    async with running(net) as nursery:
+        await nursery.start(b.serve_streams, record)
+        stream = await a.open_stream("b:1")
+        net.set_radio("b:1", Bernoulli(1.0))  # the fade: nothing crosses b's radio
+        start = trio.current_time()
+        for i in range(3):
+            await stream.send_frame(bytes([i]))
+        await trio.sleep(1.0)
+        assert received == [] and net.counters["retransmitted"] == 3  # at 0, 0.2, 0.6 s
+        net.set_radio("b:1", None)
+        await trio.sleep(2.0)
+    # the next try is 1.4 s after the first: then all three, in order, one delay later
+    assert [frame for _, frame in received] == [b"\x00", b"\x01", b"\x02"]
+    assert [t - start for t, _ in received] == pytest.approx([1.41] * 3)
+
+
+async def test_a_lost_handshake_is_sent_again_after_a_second(
+        autojump_clock: trio.abc.Clock) -> None:
+    net = MemoryNetwork(seed=24, config=TransportConfig(stream_connect_timeout_s=10.0))
+    net.set_default(LinkModel(delay=FixedDelay(0.01)))
+    a, b = net.transport("a:1"), net.transport("b:1")
+    async with running(net) as nursery:
+        await nursery.start(b.serve_streams, echo_handler)
+        net.set_radio("a:1", Bernoulli(1.0))
+        start = trio.current_time()
+        async with trio.open_nursery() as inner:
+            async def fade_ends() -> None:
+                await trio.sleep(1.5)
+                net.set_radio("a:1", None)
+            inner.start_soon(fade_ends)
+            await a.open_stream("b:1")
+        # SYN lost at 0 and at 1 s; the one at 3 s gets through and back
+        assert trio.current_time() - start == pytest.approx(3.02)
+        net.set_radio("a:1", Bernoulli(1.0))
+        start = trio.current_time()
+        with pytest.raises(TransportError, match="timed out"):
+            await a.open_stream("b:1")
+        assert trio.current_time() - start == pytest.approx(10.0)
+
+
 async def test_stream_backpressure(autojump_clock: trio.abc.Clock) -> None:
     net = MemoryNetwork(seed=23, stream_window_bytes=4096)
     a, b = net.transport("a:1"), net.transport("b:1")

@@ -76,6 +76,7 @@ import heapq
 from random import Random
 import struct as _struct
 from bisect import bisect_left, bisect_right, insort
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -200,12 +201,14 @@ class _Suspicion:
         "expected",
         "expired",
         "first_source",
+        "heard_back",
         "incarnation",
         "last_count_at",
         "max_s",
         "min_s",
         "reported_at",
         "reported_since",
+        "silent_since",
         "sources",
         "start",
     )
@@ -216,6 +219,8 @@ class _Suspicion:
         self.start = start
         self.sources: dict[bytes, None] = {source: None}
         self.first_source = source
+        self.heard_back = False  # a probe of ours reached it again (its fade ended)
+        self.silent_since = start  # our first failed probe of it, if we raised it
         self.counted = 0
         self.last_count_at = start
         self.min_s = min_s
@@ -315,6 +320,8 @@ class Membership:
         self._recheck: bytes | None = None
         self._inconclusive: bytes | None = None  # the last target a probe said nothing of
         self._doubt: dict[bytes, tuple[float, int]] = {}
+        self._fades: deque[float] = deque(maxlen=self.tuning.fade_samples)  # silences
+        # of fellows that came back, first failed probe to the probe that reached them
         self._watch: dict[bytes, float] = {}
         self._confirm: list[bytes] = []
         self._own_fail: dict[bytes, float] = {}  # our latest failed probe of a fellow
@@ -801,8 +808,15 @@ class Membership:
         if ok:
             self._awareness.apply(-1)
             self._silent_probes = 0
-            if self._doubt.pop(target, None) is not None:
+            doubt = self._doubt.pop(target, None)
+            if doubt is not None:
                 self._watch.pop(target, None)
+                self._fades.append(p.started - doubt[0])
+            elif e is not None and e.state == _SUSPECT:
+                s = self._suspicions.get(target)
+                if s is not None and s.first_source == self.node_id and not s.heard_back:
+                    s.heard_back = True
+                    self._fades.append(p.started - s.silent_since)
             self._own_fail.pop(target, None)
             self._streak.pop(target, None)
             if e is not None:
@@ -857,17 +871,31 @@ class Membership:
         if now - first > 6 * self.config.probe_interval_s * self._scale():
             first, count = p.started, 0
         count += 1
-        needed, span = 1, 0.0
+        needed, base, span = 1, 0.0, 0.0
         if loss_before > t.recheck_above_loss:  # lossy: a second failure, across a fade
             needed = 2
-            span = lerp_by_loss(0.0, t.doubt_span_lossy_s, loss_before, t.lossy_reference)
+            base = lerp_by_loss(0.0, t.doubt_span_lossy_s, loss_before, t.lossy_reference)
+            span = max(base, self._fade_span())
         if count >= needed and p.started - first >= span:
             self._doubt.pop(target, None)
-            self._start_suspicion(target, e.incarnation, self.node_id, first, now, out)
+            # the suspicion counts from the first failure, but waiting out a longer fade
+            # must not shorten the time it leaves the fellow to refute
+            start = max(first, p.started - base)
+            self._start_suspicion(target, e.incarnation, self.node_id, start, now, out)
+            self._suspicions[target].silent_since = first
         else:  # look again soon, quickly, before telling anyone
             self._doubt[target] = (first, count)
             self._watch[target] = -_INF
             self._next_probe_at = now
+
+    def _fade_span(self) -> float:
+        """How long the fades this node has seen fellows come back from last (a high
+        quantile), capped; 0 until it has seen a few."""
+        if len(self._fades) < 8:
+            return 0.0
+        ordered = sorted(self._fades)
+        q = ordered[int(self.tuning.fade_quantile * (len(ordered) - 1))]
+        return min(self.tuning.doubt_span_max_s, q)
 
     def _silent_ms(self, node: bytes, now: float) -> int:
         run = self._streak.get(node)

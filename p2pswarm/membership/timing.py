@@ -28,7 +28,10 @@ class Tuning:
     recheck_above_loss: float = 0.05  # above it, a failed probe is repeated before suspecting
     doubt_span_lossy_s: float = 1.0  # ... and on a lossy network, failed probes spanning
     # this long (less as the loss is less) raise suspicion: a shorter radio fade is doubt.
-    # 2 s halves W3's false suspicions again, but detects crashes under bursty loss later.
+    fade_quantile: float = 0.9  # the span also covers this share of the silences this
+    fade_samples: int = 64  # node last saw fellows come back from (once it has seen 8),
+    doubt_span_max_s: float = 2.0  # up to this: heavy-tailed fades wait longer, short
+    # bursts (where crashes must be found fast) keep the span short.
     # Suspicion
     suspicion_floor_clean_s: float = 0.8  # shortest suspicion on a clean network
     suspicion_floor_lossy_s: float = 3.0  # ... on a lossy, bursty one (spans radio fades)

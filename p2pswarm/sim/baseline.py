@@ -68,6 +68,7 @@ def _memberlist_switches(n_members: int) -> dict[str, object]:
         loss_prior=0.0,
         recheck_above_loss=1.0,
         doubt_span_lossy_s=0.0,
+        doubt_span_max_s=0.0,
         suspicion_floor_clean_s=floor_s,
         suspicion_floor_lossy_s=floor_s,
         confirmations_expected=int(MEMBERLIST_SUSPICION_MULT) - 2,

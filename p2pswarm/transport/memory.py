@@ -33,9 +33,12 @@ it. The chain is advanced lazily when a packet is sent; with exponential sojourn
 state at that instant is drawn exactly from the chain's transition law, so a node that
 sent nothing for an hour costs one draw, not a walk through every fade it missed.
 
-Streams are reliable (TCP retransmits): frames see the link's delay and bandwidth, never
-its loss, and arrive in order; a per-direction window gives backpressure. A partition
-or a downed node breaks the streams across it at once: both ends raise TransportError.
+Streams are reliable, as TCP is: each frame (one segment) and each handshake packet
+meets the same loss as a datagram (the link's model and both radios), and a lost one is
+sent again after TCP's retransmission timer, 200 ms for data and 1 s for a handshake,
+doubling each time. Frames arrive in order, so one frame waiting out a radio fade holds
+back those sent after it. A per-direction window gives backpressure. A partition or a
+downed node breaks the streams across it at once: both ends raise TransportError.
 
 Randomness: each link and each radio has its own generator, seeded from the network seed
 and the names with blake2b, so one link's draws never depend on another's traffic. The
@@ -62,6 +65,9 @@ from p2pswarm.transport.base import StreamHandler, run_stream_handler
 _MASK64 = (1 << 64) - 1
 _TWO_PI = 2.0 * math.pi
 _ACCEPT_BACKLOG = 128
+_RTO_MIN_S = 0.2  # Linux's minimum retransmission timeout: a lost frame goes again then
+_RTO_SYN_S = 1.0  # ... and a lost handshake packet after this (RFC 6298's initial RTO)
+_RTO_MAX_S = 60.0
 
 # Outcome of a datagram; also the keys of the loss counters.
 DELIVERED = "delivered"
@@ -281,7 +287,7 @@ class LinkModel:
     ``reorder_extra_s``, so later ones overtake them. ``duplicate_probability``: the
     fraction delivered twice, the copy with its own delay. ``bandwidth_bytes_per_s``:
     packets and frames queue behind each other for ``size / bandwidth``; None: no limit.
-    Streams use only delay and bandwidth.
+    Streams see the same loss, as retransmissions (see the module docstring).
     """
 
     delay: DelayModel = field(default_factory=FixedDelay)
@@ -436,7 +442,7 @@ class MemoryNetwork:
         self.trace: list[PacketRecord] | None = [] if record else None
         self.counters: dict[str, int] = dict.fromkeys(
             ("sent", *OUTCOMES, "duplicated", "reordered", "streams_opened", "streams_broken",
-             "frames_sent"), 0)
+             "frames_sent", "retransmitted"), 0)
         self._default = LinkModel()
         self._links: dict[tuple[str, str], _Link] = {}
         self._nodes: dict[str, _Node] = {}
@@ -663,10 +669,10 @@ class MemoryNetwork:
         if not self.is_up(src):
             await trio.lowlevel.checkpoint()
             raise TransportError(f"cannot connect to {dst}: {src} is down")
-        await trio.sleep_until(min(give_up_at, self._stream_arrival(src, dst, 0)))
+        arrived = await self._handshake_leg(src, dst, give_up_at)
         dst_node = self._nodes.get(dst)
         transport = dst_node.transport if dst_node is not None else None
-        if (trio.current_time() >= give_up_at or not self.reachable(src, dst)
+        if (not arrived or not self.reachable(src, dst)
                 or transport is None or transport._closed):
             await trio.sleep_until(give_up_at)
             raise TransportError(f"connecting to {dst} timed out after {timeout_s} s")
@@ -681,11 +687,15 @@ class MemoryNetwork:
                 connection.client_end._close_now()
                 connection = None
         try:
-            await trio.sleep_until(self._stream_arrival(dst, src, 0))
+            arrived = await self._handshake_leg(dst, src, give_up_at)
         except BaseException:
             if connection is not None:
                 connection.client_end._close_now()
             raise
+        if not arrived:
+            if connection is not None:
+                connection.client_end._close_now()
+            raise TransportError(f"connecting to {dst} timed out after {timeout_s} s")
         if connection is None:
             raise TransportError(f"connection refused by {dst}: it does not serve streams")
         if connection.broken is not None:
@@ -699,6 +709,34 @@ class MemoryNetwork:
         self._connections[connection.id] = connection
         return connection
 
+    async def _handshake_leg(self, src: str, dst: str, give_up_at: float) -> bool:
+        """One handshake packet from ``src`` to ``dst``, sent again after 1 s, 2 s, ...
+        while it is lost. False if it has not arrived by ``give_up_at``."""
+        rto = _RTO_SYN_S
+        while self._segment_lost(src, dst):
+            self.counters["retransmitted"] += 1
+            if trio.current_time() + rto >= give_up_at:
+                await trio.sleep_until(give_up_at)
+                return False
+            await trio.sleep(rto)
+            rto = min(2.0 * rto, _RTO_MAX_S)
+        arrival = self._stream_arrival(src, dst, 0)
+        await trio.sleep_until(min(give_up_at, arrival))
+        return arrival < give_up_at
+
+    def _segment_lost(self, src: str, dst: str) -> bool:
+        """Does one stream packet sent now fall to the link's loss or either radio?"""
+        link = self._link(src, dst)
+        model = link.explicit or self._default
+        now = trio.current_time()
+        if model.loss is not None and _lost(link, model.loss, link.rng, now):
+            return True
+        src_node, dst_node = self._nodes.get(src), self._nodes.get(dst)
+        return ((src_node is not None and src_node.radio is not None
+                 and _lost(src_node, src_node.radio, src_node.rng, now))
+                or (dst_node is not None and dst_node.radio is not None
+                    and _lost(dst_node, dst_node.radio, dst_node.rng, now)))
+
     def _stream_arrival(self, src: str, dst: str, size: int) -> float:
         """When ``size`` bytes sent now on ``src -> dst`` arrive (bandwidth, then delay)."""
         link = self._link(src, dst)
@@ -711,9 +749,38 @@ class MemoryNetwork:
 
     def _send_on_pipe(self, pipe: _Pipe, frame: bytes | None) -> None:
         """Schedule a frame (None: the end of the stream) after those already on ``pipe``."""
+        if pipe.stalled is not None:  # an earlier frame waits to be sent again: in order
+            pipe.stalled.append(frame)
+        else:
+            self._transmit(pipe, frame, _RTO_MIN_S)
+
+    def _transmit(self, pipe: _Pipe, frame: bytes | None, rto: float) -> bool:
+        """Send ``frame`` now; if it is lost, send it again after ``rto`` and hold back
+        what comes after it (``pipe.stalled``). True if it got through."""
+        link = self._link(pipe.src, pipe.dst)
+        if self._segment_lost(pipe.src, pipe.dst):
+            self.counters["retransmitted"] += 1
+            if pipe.stalled is None:
+                pipe.stalled = deque()
+            self._push(trio.current_time() + rto, link, self._retransmit, pipe, frame,
+                       min(2.0 * rto, _RTO_MAX_S))
+            return False
         at = max(self._stream_arrival(pipe.src, pipe.dst, len(frame or b"")), pipe.last_at)
         pipe.last_at = at
-        self._push(at, self._link(pipe.src, pipe.dst), pipe.arrive, frame)
+        self._push(at, link, pipe.arrive, frame)
+        return True
+
+    def _retransmit(self, pipe: _Pipe, frame: bytes | None, rto: float) -> None:
+        if pipe.connection.broken is not None:
+            return
+        waiting, pipe.stalled = pipe.stalled, None
+        if not self._transmit(pipe, frame, rto):
+            pipe.stalled = waiting
+            return
+        while waiting:
+            if not self._transmit(pipe, waiting.popleft(), _RTO_MIN_S):
+                pipe.stalled.extend(waiting)  # type: ignore[union-attr]
+                return
 
     def _break_connections(self, which: Callable[[_Connection], bool], reason: str) -> None:
         for connection in list(self._connections.values()):  # insertion order
@@ -880,6 +947,7 @@ class _Pipe:
         "reader",
         "reader_gone",
         "src",
+        "stalled",
         "unread_bytes",
         "writable",
     )
@@ -892,6 +960,7 @@ class _Pipe:
         self.frames: deque[bytes] = deque()  # arrived, not read
         self.unread_bytes = 0  # sent and not yet read (on the way or arrived): the window
         self.last_at = -math.inf  # arrival of the last thing sent: frames stay in order
+        self.stalled: deque[bytes | None] | None = None  # sent after a frame now being resent
         self.fin = False  # the writer closed and that has arrived
         self.reader_gone = False  # the reader closed and the writer has heard
         self.readable = trio.lowlevel.ParkingLot()
