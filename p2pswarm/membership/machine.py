@@ -17,7 +17,12 @@ Doubt before suspicion. This node keeps an estimate of how many direct pings mis
 ack. On a clean network one failed probe makes the target a suspect. On a lossy one the
 target is looked at again at once, and only failures spanning a second (when lossy;
 less as the loss is less) raise suspicion: a fellow whose radio dropped out for under a
-second is in doubt, not suspected. The dead verdict still counts from the first failure.
+second is in doubt, not suspected. The span also grows to cover the silences this node
+has seen fellows come back from (their 90th percentile, up to 2 s): where fades are
+heavy-tailed (bad WiFi) it waits them out; where bursts are short it stays a second, so
+crashes are still found fast. The dead verdict counts from the first failure, or from
+one second before the suspicion if the span was longer, so the fellow keeps its time to
+refute.
 
 Watching. While a fellow is in doubt or suspected, this node probes it every half
 interval, asking ping and helpers at the same time (a short probe), with the suspicion
@@ -881,8 +886,8 @@ class Membership:
             # the suspicion counts from the first failure, but waiting out a longer fade
             # must not shorten the time it leaves the fellow to refute
             start = max(first, p.started - base)
-            self._start_suspicion(target, e.incarnation, self.node_id, start, now, out)
-            self._suspicions[target].silent_since = first
+            self._start_suspicion(target, e.incarnation, self.node_id, start, now, out,
+                                  silent_since=first)
         else:  # look again soon, quickly, before telling anyone
             self._doubt[target] = (first, count)
             self._watch[target] = -_INF
@@ -933,7 +938,8 @@ class Membership:
         return floor, max(floor, top), expected
 
     def _start_suspicion(self, node: bytes, incarnation: int, source: bytes, start: float,
-                         now: float, out: list[Effect], msg: Suspect | None = None) -> None:
+                         now: float, out: list[Effect], msg: Suspect | None = None,
+                         silent_since: float | None = None) -> None:
         e = self._members[node]
         first_hand = source == self.node_id
         e.state = _SUSPECT
@@ -941,6 +947,8 @@ class Membership:
         e.state_at = now
         lo, hi, expected = self._suspicion_bounds()
         self._suspicions[node] = susp = _Suspicion(incarnation, start, source, lo, hi, expected)
+        if silent_since is not None:
+            susp.silent_since = silent_since
         if msg is None:
             msg = Suspect(node, incarnation, source, self._silent_ms(node, now))
         else:
