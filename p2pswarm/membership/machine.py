@@ -1170,7 +1170,9 @@ class Membership:
             if old in (_DEAD, _LEFT):
                 self._live_add(node)
                 self._recent_dead.pop(node, None)
-            self._clear_suspicion(node)
+        # news it signed since: whatever failed probes we were still doubting it on are
+        # older than that proof of life, and must not carry over to its new incarnation
+        self._clear_suspicion(node)
         self._broadcast(node, msg)
         self._changed(roster=changed or old != _ALIVE)
         if old != _ALIVE:
