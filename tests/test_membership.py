@@ -238,11 +238,12 @@ def test_failed_probe_with_nacks_raises_suspicion_on_a_clean_link() -> None:
 
 
 def _fade(fade_s: float, until: float = 30.0, seen: tuple[float, ...] = (),
-          a: Membership | None = None) -> tuple[float | None, float]:
+          refute_after: float = math.inf) -> tuple[float | None, float]:
     """a probes b, whose radio goes out for ``fade_s`` from a's first ping of it after 5 s
     (after fades of ``seen`` seconds, 10 s apart, first); helper c answers a's pings and
-    nacks whatever it was asked about b meanwhile. Returns when a suspected b during the
-    last fade (None: never) and when that fade began."""
+    nacks whatever it was asked about b meanwhile. ``refute_after`` s into the last fade a
+    newer incarnation of b reaches a (b refuted someone else's suspicion). Returns when a
+    suspected b during the last fade (None: never) and when that fade began."""
     lossy = Tuning(loss_prior=Tuning().lossy_reference)  # a believes its links lossy
     a, b = joined_pair(lossy)
     c = make(2)
@@ -254,6 +255,10 @@ def _fade(fade_s: float, until: float = 30.0, seen: tuple[float, ...] = (),
     while t < until:
         t = a.next_deadline()
         effects = a.tick(t)
+        if not fades and t >= fade_at + refute_after:
+            refute_after = math.inf
+            b.handle(g.Suspect(b.node_id, b.incarnation, c.node_id), c.local.addr, t)
+            effects += a.handle(b._alive_msg(), c.local.addr, t)
         for s in sends(effects):
             msg = s.messages[0]
             if isinstance(msg, g.Ping) and msg.target == c.node_id:
@@ -294,6 +299,14 @@ def test_a_node_that_saw_long_fades_end_waits_them_out() -> None:
     assert suspected is None
     suspected, fade_at = _fade(60.0, seen=(1.7,) * 8)  # a crash is still found
     assert suspected is not None and suspected - fade_at >= 1.7
+
+
+def test_a_newer_incarnation_restarts_the_doubt() -> None:
+    """Failed probes from before a fellow's refutation do not count against the new
+    incarnation: the span of failures starts again after it."""
+    span = Tuning().doubt_span_lossy_s
+    suspected, fade_at = _fade(60.0, refute_after=0.8)
+    assert suspected is not None and suspected - (fade_at + 0.8) >= span
 
 
 def test_a_probe_that_hears_nothing_at_all_blames_ourselves() -> None:
