@@ -19,8 +19,8 @@ target is looked at again at once, and only failures spanning a second (when los
 less as the loss is less) raise suspicion: a fellow whose radio dropped out for under a
 second is in doubt, not suspected. The span also grows to cover the silences this node
 has seen fellows come back from (their 90th percentile, up to 2 s): where fades are
-heavy-tailed (bad WiFi) it waits them out; where bursts are short it stays a second, so
-crashes are still found fast. The dead verdict counts from the first failure, or from
+heavy-tailed (bad WiFi) it waits them out; short bursts give it less to grow on, so
+crashes are still found fast there. The dead verdict counts from the first failure, or from
 one second before the suspicion if the span was longer, so the fellow keeps its time to
 refute.
 

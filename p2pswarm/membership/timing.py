@@ -31,7 +31,7 @@ class Tuning:
     fade_quantile: float = 0.9  # the span also covers this share of the silences this
     fade_samples: int = 64  # node last saw fellows come back from (once it has seen 8),
     doubt_span_max_s: float = 2.0  # up to this: heavy-tailed fades wait longer, short
-    # bursts (where crashes must be found fast) keep the span short.
+    # bursts (where crashes must be found fast) give it less to grow on.
     # Suspicion
     suspicion_floor_clean_s: float = 0.8  # shortest suspicion on a clean network
     suspicion_floor_lossy_s: float = 3.0  # ... on a lossy, bursty one (spans radio fades)
