@@ -599,12 +599,8 @@ class MemoryNetwork:
             outcome = LOST_UNREACHABLE
         elif not self._grouped_together(src, dst):
             outcome = LOST_PARTITION
-        elif model.loss is not None and _lost(link, model.loss, link.rng, now):
-            outcome = LOST_LINK
-        elif ((src_node.radio is not None and _lost(src_node, src_node.radio, src_node.rng, now))
-              or (dst_node.radio is not None
-                  and _lost(dst_node, dst_node.radio, dst_node.rng, now))):
-            outcome = LOST_RADIO
+        else:
+            outcome = self._loss_on_the_way(link, model, src_node, dst_node, now)
         if outcome is not None:
             self._count(link, outcome, seq, 0, len(data), now, now)
             return
@@ -727,15 +723,22 @@ class MemoryNetwork:
     def _segment_lost(self, src: str, dst: str) -> bool:
         """Does one stream packet sent now fall to the link's loss or either radio?"""
         link = self._link(src, dst)
-        model = link.explicit or self._default
-        now = trio.current_time()
+        return self._loss_on_the_way(link, link.explicit or self._default,
+                                     self._nodes.get(src), self._nodes.get(dst),
+                                     trio.current_time()) is not None
+
+    @staticmethod
+    def _loss_on_the_way(link: _Link, model: LinkModel, src: _Node | None, dst: _Node | None,
+                         now: float) -> str | None:
+        """LOST_LINK or LOST_RADIO for a packet sent now that the link's loss or either
+        end's radio takes (drawn in that order), None if it gets through."""
         if model.loss is not None and _lost(link, model.loss, link.rng, now):
-            return True
-        src_node, dst_node = self._nodes.get(src), self._nodes.get(dst)
-        return ((src_node is not None and src_node.radio is not None
-                 and _lost(src_node, src_node.radio, src_node.rng, now))
-                or (dst_node is not None and dst_node.radio is not None
-                    and _lost(dst_node, dst_node.radio, dst_node.rng, now)))
+            return LOST_LINK
+        for node in (src, dst):
+            if node is not None and node.radio is not None and _lost(node, node.radio,
+                                                                     node.rng, now):
+                return LOST_RADIO
+        return None
 
     def _stream_arrival(self, src: str, dst: str, size: int) -> float:
         """When ``size`` bytes sent now on ``src -> dst`` arrive (bandwidth, then delay)."""
