@@ -346,21 +346,50 @@ def test_metadata_is_signed_pulled_and_newer_wins() -> None:
     reply, _ = a.handle_stream(req.message, b.local.addr, 0.0)
     b.handle_reply(req.request_id, reply, 0.0)
     assert a.member(b.node_id).metadata == b"cards v1"  # came with the join
-    b.set_metadata(b"cards v2", 1.0)
+    v2 = b"cards v2 " * 64  # too big to ride in an Alive: announced, then pulled
+    b.set_metadata(v2, 1.0)
     effects = a.handle(b._alive_msg(), b.local.addr, 1.0)  # announced: version 2
     (pull,) = [e for e in effects if isinstance(e, StreamRequest)]
     assert pull.addr == b.local.addr and isinstance(pull.message, g.MetaPull)
     answer, _ = b.handle_stream(pull.message, a.local.addr, 1.0)
     assert "metadata" in kinds(a.handle_reply(pull.request_id, answer, 1.1))
-    assert a.member(b.node_id).metadata == b"cards v2"
+    assert a.member(b.node_id).metadata == v2
     v1 = req.message.records[0]  # b's own record as it joined: version 1, signed
     assert v1.meta_version == 1
     a.handle(g.MetaPush((v1,)), b.local.addr, 2.0)
-    assert a.member(b.node_id).metadata == b"cards v2"  # an old version never wins
+    assert a.member(b.node_id).metadata == v2  # an old version never wins
     forged = dataclasses.replace(v1, meta_version=9, metadata=b"evil")
     a.handle(g.MetaPush((forged,)), b.local.addr, 2.0)
-    assert a.member(b.node_id).metadata == b"cards v2"  # nor a forged one
+    assert a.member(b.node_id).metadata == v2  # nor a forged one
     assert a.counters()["bad_signatures"] == 1
+
+
+def test_small_metadata_rides_in_the_alive_that_announces_it() -> None:
+    keys = [ed25519(), ed25519()]
+    nodes = []
+    for i, (private, public) in enumerate(keys):
+        local = LocalNode(node_id_of(public), f"n{i}", f"10.0.0.{i + 1}:7946", public)
+        nodes.append(Membership(local, GossipConfig(), random.Random(i), sign=private.sign,
+                                verify=ed_verify, metadata=b"cards v1" if i else b""))
+    a, b = nodes
+    a.join((), 0.0)
+    (req,) = [e for e in b.join((a.local.addr,), 0.0) if isinstance(e, StreamRequest)]
+    b.handle_reply(req.request_id, a.handle_stream(req.message, b.local.addr, 0.0)[0], 0.0)
+    b.set_metadata(b"cards v2", 1.0)
+    alive = b._alive_msg()
+    assert alive.metadata == b"cards v2" and alive.meta_signature is not None
+    forged = dataclasses.replace(alive, meta_version=3, metadata=b"evil")
+    a.handle(forged, b.local.addr, 1.0)
+    assert a.member(b.node_id).metadata == b"cards v1"  # a forged one never lands
+    assert a.counters()["bad_signatures"] == 1
+    effects = a.handle(alive, b.local.addr, 1.0)
+    assert not [e for e in effects if isinstance(e, StreamRequest)]  # nothing to pull
+    assert "metadata" in kinds(effects) and a.member(b.node_id).metadata == b"cards v2"
+    b.tick(60.0)  # long after the news: a refutation only announces the version
+    b.handle(g.Suspect(b.node_id, b.incarnation, a.node_id), a.local.addr, 60.0)
+    refutation = b._alive_msg()
+    assert refutation.incarnation > alive.incarnation and refutation.meta_signature is None
+    assert refutation.meta_version == 2
 
 
 def test_a_restarted_node_publishes_above_its_old_metadata() -> None:

@@ -66,8 +66,9 @@ lacks and asks for those it lacks. Now and then the same goes to a fellow held d
 reaped), so both sides of a healed partition find each other again. A join is the same
 exchange with a seed, asking for everything; seeds are retried with backoff.
 
-Metadata. A fellow's metadata is opaque, versioned bytes signed by its owner. Gossip only
-announces the version (in ``Alive``); whoever holds an older one pulls the bytes from the
+Metadata. A fellow's metadata is opaque, versioned bytes signed by its owner. Gossip
+announces the version (in ``Alive``), with the signed bytes riding along when they are small
+(``Tuning.meta_inline_bytes``); whoever still holds an older one pulls the bytes from the
 owner over a stream, and anti-entropy carries them too. A newer version always wins; an
 older one or a bad signature is ignored.
 
@@ -312,6 +313,7 @@ class Membership:
         self.meta_version = 1 if metadata else 0
         self.metadata = metadata
         self.meta_signature = self._sign_meta() if metadata else None
+        self._meta_news_until = -_INF  # our Alives carry our metadata until then
         self._members: dict[bytes, _Entry] = {}
         self._live: list[bytes] = []
         self._live_pos: dict[bytes, int] = {}
@@ -481,6 +483,7 @@ class Membership:
         self.meta_version += 1
         self.meta_signature = self._sign_meta()
         self.incarnation += 1
+        self._news_of_metadata(now)
         self._queue.add(self.node_id, self._alive_msg())
         self._changed(roster=False)
         return [Event(METADATA, self.node_id, self.local.name,
@@ -1021,8 +1024,23 @@ class Membership:
 
     def _alive_msg(self) -> Alive:
         loc = self.local
+        meta = self._inline_meta(self.metadata, self.meta_signature) \
+            if self._clock < self._meta_news_until else (b"", None)
         return Alive(loc.node_id, self.incarnation, loc.name, loc.addr, loc.public_key,
-                     self.meta_version, loc.priority)
+                     self.meta_version, loc.priority, *meta)
+
+    def _news_of_metadata(self, now: float) -> None:
+        """Our Alives carry our metadata while gossip spreads its news (a join or a new
+        version): a refutation then does not take it out of the queue. Later Alives only
+        announce the version, so refutations stay small."""
+        self._meta_news_until = now + self._limit() * self.config.gossip_interval_s
+
+    def _inline_meta(self, metadata: bytes, signature: bytes | None
+                     ) -> tuple[bytes, bytes | None]:
+        """The (metadata, signature) an Alive carries: the signed bytes if small, or none."""
+        if signature is None or not 0 < len(metadata) <= self.tuning.meta_inline_bytes:
+            return b"", None
+        return metadata, signature
 
     def _refute(self, seen_incarnation: int, accuser: bytes | None, sender_addr: str,
                 now: float, out: list[Effect]) -> None:
@@ -1116,7 +1134,9 @@ class Membership:
         if e is not None and e.incarnation > msg.incarnation:
             # the asker missed a refutation (or a rejoin): tell it, it may be all it needs
             alive = Alive(e.node, e.incarnation, e.name, e.addr, e.public_key,
-                          e.announced_meta, e.priority)
+                          e.announced_meta, e.priority, *(self._inline_meta(
+                              e.metadata, e.meta_signature)
+                              if e.meta_version == e.announced_meta else (b"", None)))
             out.append(SendDatagram(addr, (alive,)))
         seq = self._next_seq()
         nack_at = now + self.config.probe_timeout_s * self.tuning.nack_after_fraction
@@ -1151,8 +1171,10 @@ class Membership:
             self._broadcast(node, msg)
             self._changed()
             self._event(out, MEMBER_JOINED, e, f"joined at {msg.addr}", node)
+            self._merge_inline_meta(msg, out)
             self._want_meta(e, now, out)
             return
+        self._merge_inline_meta(msg, out)
         if msg.incarnation <= e.incarnation:
             return
         if msg.public_key != e.public_key and not self._binding_ok(node, msg.public_key):
@@ -1510,6 +1532,7 @@ class Membership:
             self._changed()  # the election waits for this, even if no record was new
             self._join_rids.clear()
             self._next_join_at = _INF
+            self._news_of_metadata(now)
             self._queue.add(self.node_id, self._alive_msg())
             out.append(Event(JOINED, self.node_id, self.local.name,
                              f"joined through {addr}; {len(self._live) + 1} fellows alive"))
@@ -1527,7 +1550,9 @@ class Membership:
                 continue
             if r.state == _ALIVE:
                 self._on_alive(Alive(node, r.incarnation, r.name, r.addr, r.public_key,
-                                     r.meta_version, r.priority), "", now, out)
+                                     r.meta_version, r.priority,
+                                     *self._inline_meta(r.metadata, r.meta_signature)),
+                               "", now, out)
             elif r.state == _LEFT:
                 self._on_left(Left(node, r.incarnation), "", now, out)
             else:  # a remote verdict of dead is only a suspicion here (as memberlist)
@@ -1536,34 +1561,41 @@ class Membership:
                     self._on_alive(Alive(node, r.incarnation, r.name, r.addr, r.public_key,
                                          r.meta_version, r.priority), "", now, out)
                 self._on_suspect(Suspect(node, r.incarnation, source or node), "", now, out)
-            self._merge_meta(r, now, out)
+            self._merge_meta(node, r.public_key, r.meta_version, r.metadata, r.meta_signature,
+                             out)
 
     # --- metadata ----------------------------------------------------------------------
 
     def _sign_meta(self) -> bytes:
         return self._sign(meta_signed_bytes(self.node_id, self.meta_version, self.metadata))
 
-    def _merge_meta(self, r: MemberRecord, now: float, out: list[Effect]) -> None:
-        e = self._members.get(r.node)
-        if e is None or r.meta_version <= e.meta_version or r.meta_signature is None:
+    def _merge_meta(self, node: bytes, public_key: bytes, version: int, metadata: bytes,
+                    signature: bytes | None, out: list[Effect]) -> None:
+        e = self._members.get(node)
+        if e is None or version <= e.meta_version or signature is None:
             return
-        if not self._binding_ok(r.node, r.public_key) or r.public_key != e.public_key:
+        if not self._binding_ok(node, public_key) or public_key != e.public_key:
             return
-        data = meta_signed_bytes(r.node, r.meta_version, r.metadata)
+        data = meta_signed_bytes(node, version, metadata)
         try:
-            ok = self._verify(e.public_key, r.meta_signature, data)
+            ok = self._verify(e.public_key, signature, data)
         except AuthenticationError:
             ok = False
         if ok is False:
             self.stats["bad_signatures"] += 1
             return
-        e.meta_version = r.meta_version
-        e.metadata = r.metadata
-        e.meta_signature = r.meta_signature
-        e.announced_meta = max(e.announced_meta, r.meta_version)
-        self._meta_wait.pop(r.node, None)
+        e.meta_version = version
+        e.metadata = metadata
+        e.meta_signature = signature
+        e.announced_meta = max(e.announced_meta, version)
+        self._meta_wait.pop(node, None)
         self._changed(roster=False)
-        self._event(out, METADATA, e, f"metadata version {r.meta_version}", r.node)
+        self._event(out, METADATA, e, f"metadata version {version}", node)
+
+    def _merge_inline_meta(self, msg: Alive, out: list[Effect]) -> None:
+        if msg.meta_signature is not None:
+            self._merge_meta(msg.node, msg.public_key, msg.meta_version, msg.metadata,
+                             msg.meta_signature, out)
 
     def _want_meta(self, e: _Entry, now: float, out: list[Effect]) -> None:
         if e.announced_meta <= e.meta_version or self._quiet:
@@ -1586,7 +1618,8 @@ class Membership:
 
     def _on_meta_push(self, msg: MetaPush, addr: str, now: float, out: list[Effect]) -> None:
         for r in msg.records:
-            self._merge_meta(r, now, out)
+            self._merge_meta(r.node, r.public_key, r.meta_version, r.metadata,
+                             r.meta_signature, out)
 
 
 __all__ = ["Membership", "Signer", "Verifier", "meta_signed_bytes"]

@@ -53,6 +53,8 @@ class Tuning:
     reconnect_max_lost: int = 256  # reaped fellows remembered for that
     refute_by_stream: bool = True  # push a refutation to its accuser over a stream too
     meta_pull_retry_s: float = 5.0  # how soon a failed metadata pull is tried again
+    meta_inline_bytes: int = 512  # metadata up to this size rides in its Alive (memberlist's
+    # limit): gossip spreads it where a pull over a lossy link waits out TCP's timers
     join_retry_min_s: float = 1.0  # first backoff between join attempts
 
 

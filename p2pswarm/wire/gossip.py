@@ -96,8 +96,10 @@ class Alive:
     name: Name
     addr: Addr
     public_key: PublicKey
-    meta_version: U32  # newest metadata version; pull the bytes over a stream
+    meta_version: U32  # newest metadata version; pull the bytes over a stream if not below
     priority: I32 = 0  # leader priority: higher is preferred in an election
+    metadata: Metadata = b""  # that version's bytes, when small enough to ride along
+    meta_signature: Signature | None = None  # the owner's signature over them (None: absent)
 
 
 @message(15)
