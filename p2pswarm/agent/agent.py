@@ -630,7 +630,8 @@ class Agent:
             return {"id": m.node_id.hex(), "name": m.name, "addr": m.addr, "state": m.state,
                     "incarnation": m.incarnation,
                     "cards": self.member_metadata(m).get("cards", []),
-                    "last_heard_s": heard, "self": m.is_self}
+                    "last_heard_s": heard, "in_state_s": round(now - m.state_since_s, 3),
+                    "self": m.is_self}
 
         members = sorted(self.membership.members(), key=lambda m: (m.name, m.node_id)) \
             if self.membership is not None else []

@@ -13,7 +13,9 @@ identity) started again.
 
 The harness polls every fellow's control API (``status``) a few times a second and turns
 changes of what each believes into the same events the virtual oracle judges, so both
-worlds give the same figures, at the resolution of the polling.
+worlds give the same figures. A change is dated by how long the fellow says the member
+has been in its state (``in_state_s``), not by when the poll saw it: a round of polls
+takes a good part of a second, which would otherwise add to every detection time.
 
 Tear-down: every namespace, veth, bridge and nftables table this module makes carries
 the run's tag; ``Netns.close`` kills the processes it started and removes all of them.
@@ -263,7 +265,7 @@ class Netns:
 def run_real(scenario: Scenario, progress: ProgressFn | None = None,
              keep_dir: Path | None = None) -> dict[str, Any]:
     """Run ``scenario`` with real processes in namespaces; return a result like the
-    virtual harness's (figures at the polling resolution)."""
+    virtual harness's (each change dated by the fellow's own ``in_state_s``)."""
     why = missing_requirements()
     if why is not None:
         raise ConfigError(why)
@@ -279,6 +281,7 @@ def run_real(scenario: Scenario, progress: ProgressFn | None = None,
     notes: list[str] = []
     traffic = [[0.0, 0.0, 0.0, 0.0] for _ in range(n)]
     last_counters: dict[int, list[float]] = {}
+    polled_at: dict[int, float] = {}  # when each fellow last answered a poll
     belief: dict[tuple[int, int], str] = {}
     leader_seen: dict[int, tuple[str, int] | None] = {}
     started = [False] * n
@@ -421,7 +424,8 @@ def run_real(scenario: Scenario, progress: ProgressFn | None = None,
                         elif item[1] == "heal":
                             world.heal()
                             oracle.healed(t)
-                _poll(world, oracle, now, belief, leader_seen, index_of, last_counters)
+                _poll(world, oracle, now, belief, leader_seen, index_of, last_counters,
+                      polled_at)
                 for f_at, old, old_id in list(failovers):
                     agreed: set[str | None] = {
                         _leader_id(leader_seen.get(i)) for i in range(n)
@@ -459,8 +463,8 @@ def run_real(scenario: Scenario, progress: ProgressFn | None = None,
                          if oracle.run_seconds[i] > 0], 2),
                     "_bytes_out_per_fellow_s": [round(v, 2) for v in rates]},
         "views": oracle.view_samples, "notes": notes + [
-            f"figures at the polling resolution ({POLL_S:g} s); bursts are independent loss "
-            "at the profile's mean"],
+            f"changes seen by polling every {POLL_S:g} s, dated by each fellow's in_state_s; "
+            "bursts are independent loss at the profile's mean"],
         "leftovers": leftovers, "wall_s": round(time.monotonic() - wall0, 2),
     }
 
@@ -484,13 +488,17 @@ _STATE_EVENT = {"suspect": "suspect", "dead": "dead", "left": "left", "alive": "
 
 def _poll(world: Netns, oracle: Oracle, now: Callable[[], float],
           belief: dict[tuple[int, int], str], leader_seen: dict[int, Any],
-          index_of: dict[str, int], last_counters: dict[int, list[float]]) -> None:
+          index_of: dict[str, int], last_counters: dict[int, list[float]],
+          polled_at: dict[int, float]) -> None:
     """One round of status calls, turned into the oracle's events."""
     for f in world.fellows:
+        asked = now()
         status = world.status(f.index)
         if status is None:
             continue
-        t = now()
+        t = (asked + now()) / 2.0  # when the fellow answered, give or take half the call
+        since_last_poll = polled_at.get(f.index, 0.0)
+        polled_at[f.index] = t
         f.node_id = status["self"]["id"]
         index_of[f.node_id] = f.index
         c = status.get("counters", {})
@@ -515,7 +523,8 @@ def _poll(world: Netns, oracle: Oracle, now: Callable[[], float],
                 continue
             kind = _STATE_EVENT.get(state)
             if kind is not None:
-                oracle.event(t, f.index, kind, s, int(m.get("incarnation", 0)), 0)
+                changed_at = min(t, max(since_last_poll, t - float(m.get("in_state_s", 0.0))))
+                oracle.event(changed_at, f.index, kind, s, int(m.get("incarnation", 0)), 0)
         leader = status.get("leader")
         seen = (leader["id"], int(leader["term"])) if leader else None
         if seen != leader_seen.get(f.index):
