@@ -27,6 +27,11 @@ async def test_five_fellows_form_elect_and_survive_a_crash(autojump_clock) -> No
                                   timeout_s=30)
         assert dead_s < 10
         assert swarm.leaders() == {(leader_id, term)}
+        await trio.sleep(2.0)  # status rows say how long ago (real mode dates changes so)
+        victim_id = swarm.fellows[victim].identity.node_id.hex()
+        for agent in swarm.live():
+            (row,) = [r for r in agent.status()["members"] if r["id"] == victim_id]
+            assert row["state"] == "dead" and 2.0 <= row["in_state_s"] <= 2.0 + dead_s
 
         # the leader crashes: the others agree on a new one, in a later term
         old = next(i for i, f in enumerate(swarm.fellows) if f.identity.node_id == leader_id)
