@@ -233,8 +233,26 @@ class Election:
     def update_members(self, members: Iterable[Member], now: float, *,
                        joined: bool = True) -> list[Effect]:
         """Feed the current membership view (this node included) after every change."""
-        out: list[Effect] = []
         self._members = {m.node_id: m for m in members}
+        return self._members_changed(now, joined)
+
+    def update_changed(self, changed: Iterable[Member], gone: Iterable[bytes], now: float,
+                       *, joined: bool = True) -> list[Effect]:
+        """Feed only what changed in the membership view since the last feed
+        (``Membership.roster_changes``): new views, and ids no longer known."""
+        members = self._members
+        added = False
+        for m in changed:
+            added = added or m.node_id not in members
+            members[m.node_id] = m
+        for node in gone:
+            members.pop(node, None)
+        if added:  # kept in node-id order, as a full view is
+            self._members = dict(sorted(members.items()))
+        return self._members_changed(now, joined)
+
+    def _members_changed(self, now: float, joined: bool) -> list[Effect]:
+        out: list[Effect] = []
         if joined and not self._joined:
             self._joined = True
             self._next_query_at = now

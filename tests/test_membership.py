@@ -111,6 +111,22 @@ def joined_pair(tuning: Tuning | None = None) -> tuple[Membership, Membership]:
     return a, b
 
 
+def test_roster_changes_give_an_election_only_what_changed() -> None:
+    a, b = joined_pair()
+    changed, gone = a.roster_changes()  # the first call: everyone, this node included
+    assert {m.node_id for m in changed} == {a.node_id, b.node_id} and gone == ()
+    assert a.roster_changes() == ((), ())
+    a.handle(g.Suspect(b.node_id, 0, a.node_id), b.local.addr, 1.0)
+    a.set_metadata(b"cards", 1.0)  # not roster news
+    changed, gone = a.roster_changes()
+    assert [(m.node_id, m.state) for m in changed] == [(b.node_id, "suspect")]
+    a.handle(g.Dead(b.node_id, 0, a.node_id), b.local.addr, 2.0)
+    assert [m.state for m in a.roster_changes()[0]] == ["dead"]
+    a.tick(2.0 + 61.0)  # the tombstone is reaped: gone
+    assert a.roster_changes() == ((), (b.node_id,))
+    assert a.member(b.node_id) is None
+
+
 def test_join_through_a_seed_exchanges_full_state() -> None:
     a, b = joined_pair()
     assert [m.name for m in a.members()] == sorted(["n0", "n1"], key=lambda n: {

@@ -277,7 +277,8 @@ class Agent:
         if m is None or e is None or m.roster_version == self._seen_version:
             return []
         self._seen_version = m.roster_version
-        return e.update_members(m.members(), trio.current_time(), joined=m.joined)
+        changed, gone = m.roster_changes()
+        return e.update_changed(changed, gone, trio.current_time(), joined=m.joined)
 
     def _note(self, event: fx.Event) -> None:
         if event.kind == fx.DEAD and self.membership is not None:

@@ -315,6 +315,7 @@ class Membership:
         self.meta_signature = self._sign_meta() if metadata else None
         self._meta_news_until = -_INF  # our Alives carry our metadata until then
         self._members: dict[bytes, _Entry] = {}
+        self._roster_dirty: set[bytes] = {local.node_id}  # for roster_changes()
         self._live: list[bytes] = []
         self._live_pos: dict[bytes, int] = {}
         self._ring: list[bytes] = [local.node_id]
@@ -414,6 +415,24 @@ class Membership:
         out.extend(self._view(e) for e in self._members.values())
         out.sort(key=lambda m: m.node_id)
         return tuple(out)
+
+    def roster_changes(self) -> tuple[tuple[Member, ...], tuple[bytes, ...]]:
+        """What changed in the roster since the last call (an election's feed, which then
+        costs what changed, not the size of the swarm): the views of fellows whose
+        presence, state, name, address or priority changed, this node included, and the ids
+        of those no longer known. The first call gives everyone."""
+        dirty, self._roster_dirty = self._roster_dirty, set()
+        changed: list[Member] = []
+        gone: list[bytes] = []
+        for node in sorted(dirty):
+            e = self._members.get(node)
+            if node == self.node_id:
+                changed.append(self._self_view())
+            elif e is None:
+                gone.append(node)
+            else:
+                changed.append(self._view(e))
+        return tuple(changed), tuple(gone)
 
     def member(self, node_id: bytes) -> Member | None:
         if node_id == self.node_id:
@@ -964,7 +983,7 @@ class Membership:
             self._confirm.append(node)
             if self._probe is None:
                 self._next_probe_at = min(self._next_probe_at, now)
-        self._changed()
+        self._changed(node=node)
         self._event(out, SUSPECT, e, "suspected by this node" if first_hand
                     else f"suspected by {self._name_of(source)}", source)
 
@@ -1169,7 +1188,7 @@ class Membership:
             if addr == msg.addr:
                 e.last_heard = now
             self._broadcast(node, msg)
-            self._changed()
+            self._changed(node=node)
             self._event(out, MEMBER_JOINED, e, f"joined at {msg.addr}", node)
             self._merge_inline_meta(msg, out)
             self._want_meta(e, now, out)
@@ -1196,7 +1215,7 @@ class Membership:
         # older than that proof of life, and must not carry over to its new incarnation
         self._clear_suspicion(node)
         self._broadcast(node, msg)
-        self._changed(roster=changed or old != _ALIVE)
+        self._changed(roster=changed or old != _ALIVE, node=node)
         if old != _ALIVE:
             self._event(out, ALIVE, e, f"alive again (incarnation {msg.incarnation})"
                         if old == _SUSPECT else f"back after {STATE_NAMES[old]}", node)
@@ -1250,7 +1269,7 @@ class Membership:
         self._recent_dead.pop(node, None)
         self._broadcast(node, msg)
         heapq.heappush(self._reaps, (now + self.config.dead_reap_after_s, node))
-        self._changed()
+        self._changed(node=node)
         self._event(out, LEFT, e, "left the swarm", node)
 
     # --- state changes -----------------------------------------------------------------
@@ -1268,7 +1287,7 @@ class Membership:
         self._recent_dead[node] = now
         self._broadcast(node, msg if msg is not None else Dead(node, incarnation, source))
         heapq.heappush(self._reaps, (now + self.config.dead_reap_after_s, node))
-        self._changed()
+        self._changed(node=node)
         self._event(out, DEAD, e, "declared dead by this node" if source == self.node_id
                     else f"declared dead by {self._name_of(source)}", source)
 
@@ -1295,7 +1314,7 @@ class Membership:
             del self._ring[i]
         self._recent_dead.pop(node, None)
         self._meta_wait.pop(node, None)
-        self._changed()
+        self._changed(node=node)
         self._event(out, REAPED, e, f"forgotten after {STATE_NAMES[e.state]}", node)
 
     def _add_entry(self, e: _Entry) -> None:
@@ -1321,13 +1340,15 @@ class Membership:
             self._live[i] = last
             self._live_pos[last] = i
 
-    def _changed(self, roster: bool = True) -> None:
-        """Something a view shows changed; ``roster``: a fellow's presence, state, name,
-        address or priority (what an election reads), not just metadata or incarnation."""
+    def _changed(self, roster: bool = True, node: bytes | None = None) -> None:
+        """Something a view shows changed; ``roster``: ``node``'s (default: this node's)
+        presence, state, name, address or priority (what an election reads), not just
+        metadata or incarnation."""
         self._digest = None
         self.version += 1
         if roster:
             self.roster_version += 1
+            self._roster_dirty.add(self.node_id if node is None else node)
 
     def _broadcast(self, node: bytes, msg: Any) -> None:
         if not self._quiet:

@@ -481,7 +481,8 @@ class GossipLab:
         if node.election is None or m.roster_version == node.seen_version:
             return []
         node.seen_version = m.roster_version
-        return node.election.update_members(m.members(), self.now, joined=m.joined)
+        changed, gone = m.roster_changes()
+        return node.election.update_changed(changed, gone, self.now, joined=m.joined)
 
     def _reschedule(self, node: LabNode) -> None:
         if not node.up:
