@@ -271,6 +271,21 @@ class Bench:
                  p["changes_unexplained"] == 0,
                  f"simulate cards --baseline ({p['planned']} plans)")
 
+    def training(self) -> None:
+        ours, base, calm = self.runs([("train-w2", "ours", 1, None, None),
+                                      ("train-w2", "baseline", 1, None, None),
+                                      ("train-calm", "ours", 1, None, None)])
+
+        def fig(r: dict[str, Any]) -> str:
+            t = r["training"] or {}
+            if t.get("state") != "finished":
+                return f"{t.get('state', 'no job')}: {t.get('reason', '')}"
+            return (f"{fmt(t['samples_per_s'])} samples/s, loss {fmt(t['loss_first'])} -> "
+                    f"{fmt(t['loss_end'])}, {t['rejoins']} rejoins")
+        self.row("training under dropouts (train-w2): samples/s, loss at the first step -> "
+                 "mean of the last 5", fig(ours), fig(base), "reported", None,
+                 f"simulate train-w2 --baseline; with no faults (train-calm): {fig(calm)}")
+
     def n1000(self, duration: float) -> None:
         (r,) = self.runs([("update-1000", "ours", 1, None, duration)])
         u = r["update_rounds"]
@@ -335,7 +350,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only",
-                        default="speed,w3,failover,cards,flaps,flaplab,lab1000,n1000,real")
+                        default="speed,w3,failover,cards,flaps,flaplab,training,lab1000,n1000,"
+                                "real")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--fresh", action="store_true", help="Run again, ignoring saved runs.")
@@ -357,6 +373,7 @@ def main() -> None:
     figures: dict[str, Callable[[], None]] = {
         "speed": bench.speed_and_crash, "w3": bench.w3, "failover": bench.failover,
         "cards": bench.cards, "flaps": bench.flaps, "flaplab": bench.flap_lab,
+        "training": bench.training,
         "n1000": lambda: bench.n1000(args.n1000_duration),
         "lab1000": lambda: bench.lab1000(args.updates, args.lab1000_preset), "real": bench.real}
     for name in args.only.split(","):

@@ -139,12 +139,35 @@ def test_scenarios_in_the_repository_load_and_bad_ones_say_why() -> None:
            ({**SMALL, "events": [{"at_s": 1, "kind": "explode"}]}, "unknown event kind"),
            ({**SMALL, "events": [{"at_s": 1, "kind": "crash", "fellow": 9}]}, "names fellow 9"),
            ({**SMALL, "fellows": [{"profile": "W9"}]}, "profile"),
-           ({**SMALL, "fellows": [{"profile": "W1", "count": 9}]}, "count")]
+           ({**SMALL, "fellows": [{"profile": "W1", "count": 9}]}, "count"),
+           ({**SMALL, "training": {"jobs": {}}}, "training takes job"),
+           ({**SMALL, "training": {"job": {}, "step_s": 0}}, "step_s")]
     for d, words in bad:
         with pytest.raises(ConfigError, match=words):
             scenario_from_dict(d)
     with pytest.raises(ConfigError, match="no scenario"):
         load_scenario("no-such-scenario")
+
+
+def test_a_training_job_runs_through_a_crash_and_is_measured() -> None:
+    job = {"model": "tiny-llama", "seq_len": 16, "micro_batch": 2, "micro_batches": 1,
+           "steps": 16, "lr": {"peak": 0.001, "schedule": "constant"}, "seed": 3,
+           "replicas": "auto", "sync": {"inner_steps": 2, "codec": "int8"}}
+    d = {"name": "train-small", "nodes": 3, "duration_s": 90, "warmup_s": 20,
+         "formed": True, "preset": "wifi",
+         "fellows": [{"profile": "wired", "count": 1, "leader_priority": 5},
+                     {"profile": "W1"}],
+         "events": [{"at_s": 23, "kind": "crash", "fellow": 2, "restart_after_s": 6}],
+         "training": {"job": job, "step_s": 1.0}, "sample_every_s": 1}
+    result = run_scenario(scenario_from_dict(d))
+    t = result["training"]
+    assert result["ok"] and t["leader"] == 0 and t["state"] == "finished", t
+    assert t["steps"] == t["of"] == 16 and t["rejoins"] >= 1  # never restarted
+    replicas = [r[4] for r in t["timeline"] if r[1] > 0]
+    assert min(replicas) == 2 < t["replicas"] == 3  # lost one, got it back
+    assert 0 < t["samples_per_s"] and t["samples"] < 16 * 3 * 2  # 3 replicas of 2 a step
+    assert t["loss_end"] < t["loss_first"]
+    assert run_scenario(scenario_from_dict({**d, "training": {}}))["training"] is None
 
 
 def test_rates_and_outages_make_a_seeded_timeline() -> None:

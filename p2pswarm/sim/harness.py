@@ -274,6 +274,7 @@ class ScenarioRun:
         self.guard = StallGuard()
         self.end_s = 0.0
         self.notes: list[str] = []
+        self.training: dict[str, Any] = {}  # the training job's figures, if one ran
         if variant.name.startswith("baseline") and missing_switches():
             self.notes.append("this membership machine lacks the baseline switches "
                               f"{', '.join(missing_switches())}: left at our defaults")
@@ -306,7 +307,14 @@ class ScenarioRun:
             self.oracle.blackout(i, start, end)
 
     def _make_agent(self, fellow: Fellow, **kwargs: Any) -> Agent:
-        return SimAgent(sim_run=self, sim_index=fellow.index, **kwargs)
+        agent = SimAgent(sim_run=self, sim_index=fellow.index, **kwargs)
+        spec = self.scenario.training
+        if spec.job:  # stage compute inline; each step takes step_s of virtual time
+            agent.serving.inline_compute = True
+            agent.training.simulated_step_s = spec.step_s
+            agent.training.step_timeout_s = 10.0 * spec.step_s
+            agent.training.retry_s = 2.0
+        return agent
 
     # events from agents ---------------------------------------------------------------
 
@@ -600,6 +608,48 @@ class ScenarioRun:
                 "cut": sum(self.cut), "leader": self.current_leader(),
                 **{k: round(v / total, 5) for k, v in tally.items()}})
 
+    async def train(self) -> None:
+        """Give the leader the scenario's training job once warm, then follow the job's
+        record until it ends (or its leader is gone): ``training`` in the result."""
+        spec = self.scenario.training
+        if not spec.job:
+            return
+        await trio.sleep_until(self.scenario.warmup_s)
+        while (leader := self.current_leader()) is None:
+            await trio.sleep(1.0)
+        agent = self.swarm.fellows[leader].agent
+        assert agent is not None
+        self.training["leader"] = leader
+        try:
+            record = await agent.training.submit(dict(spec.job))
+        except SwarmError as exc:
+            self.training.update(state="refused", reason=str(exc))
+            return
+        job = agent.training.jobs[record["job_id"]]
+        started = trio.current_time()
+        timeline: list[list[Any]] = []
+        self.training.update(started_s=round(started, 3), timeline=timeline)
+        while True:
+            now = trio.current_time()
+            timeline.append([round(now, 3), job.step, job.samples, job.loss, job.replicas])
+            if job.state in ("finished", "failed", "cancelled"):
+                break
+            if self.swarm.fellows[leader].agent is not agent:
+                self.training["reason"] = "its leader was stopped"
+                break
+            await trio.sleep(min(self.scenario.sample_every_s, 5.0))
+        took = now - started
+        losses = job.losses
+        self.training.update(
+            state=job.state, reason=self.training.get("reason") or job.reason,
+            steps=job.step, of=int(spec.job.get("steps", 0)), seconds=round(took, 3),
+            samples=job.samples,
+            samples_per_s=round(job.samples / took, 4) if took > 0 else None,
+            loss_first=losses[0] if losses else None,
+            loss_end=sum(losses[-5:]) / len(losses[-5:]) if losses else None,  # last 5 steps
+            replicas=job.replicas, rejoins=job.rejoins, paused_times=job.paused_times,
+            bytes_sent=job.bytes_sent)
+
     async def report_progress(self) -> None:
         if self.progress is None:
             return
@@ -618,6 +668,7 @@ class ScenarioRun:
             nursery.start_soon(self.sample_views)
             nursery.start_soon(self.report_progress)
             nursery.start_soon(self._offsets_at_warmup)
+            nursery.start_soon(self.train)
             await self.director(nursery)
             self.end_s = trio.current_time()
             nursery.cancel_scope.cancel()
@@ -673,6 +724,7 @@ class ScenarioRun:
             "traffic": traffic,
             "network": dict(self.net.counters),
             "views": self.oracle.view_samples,
+            "training": self.training or None,
             "notes": self.notes,
         }
 
@@ -683,7 +735,8 @@ def run_scenario(scenario: Scenario, variant: str = "ours", *, planted: str | No
     v = variant_for(scenario, variant, planted)
     run = ScenarioRun(scenario, v, progress)
     wall0, cpu0 = time.perf_counter(), _cpu_s()
-    with seeded_scheduler(scenario.seed), machines_of(v), quiet_agents():
+    with seeded_scheduler(scenario.seed), machines_of(v), quiet_agents(), \
+            one_torch_thread(bool(scenario.training.job)):
         trio.run(run.main, clock=JumpClock(), instruments=[run.guard])
     result = run.result()
     wall, cpu = time.perf_counter() - wall0, _cpu_s() - cpu0
@@ -691,6 +744,21 @@ def run_scenario(scenario: Scenario, variant: str = "ours", *, planted: str | No
     result["cpu_s"] = round(cpu, 2)
     result["virtual_per_cpu_s"] = round(scenario.duration_s / cpu, 2) if cpu > 0 else None
     return result
+
+
+@contextlib.contextmanager
+def one_torch_thread(needed: bool) -> Iterator[None]:
+    """Training stages on one torch thread for a run: the same arithmetic run after run."""
+    if not needed:
+        yield
+        return
+    import torch
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 @contextlib.contextmanager

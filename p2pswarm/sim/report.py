@@ -56,6 +56,9 @@ ROWS: list[tuple[str, Any]] = [
     ("datagrams out per fellow-s", lambda r: _fmt(r["traffic"]["datagrams_out_per_fellow_s"]
                                                   ["mean"])),
     ("bytes out per fellow-s", lambda r: _fmt(r["traffic"]["bytes_out_per_fellow_s"]["mean"])),
+    ("training: samples/s", lambda r: _fmt(r["training"]["samples_per_s"])),
+    ("training: loss first -> last 5", lambda r: f"{_fmt(r['training']['loss_first'])} -> "
+                                                 f"{_fmt(r['training']['loss_end'])}"),
     ("wall / CPU seconds", lambda r: f"{_fmt(r.get('wall_s'))} / {_fmt(r.get('cpu_s'))}"),
     ("trace hash", lambda r: r["trace_hash"][:16]),
 ]

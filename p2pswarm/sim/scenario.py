@@ -44,7 +44,7 @@ EVENT_KINDS = ("crash", "restart", "leave", "rejoin", "partition", "heal", "card
 RATE_KINDS = ("crash", "leave", "card_change", "leader_kill", "partition")
 _TOP_KEYS = {"name", "description", "nodes", "start", "formed", "duration_s", "warmup_s", "stagger_s",
              "preset", "seed", "fellows", "events", "rates", "plan", "sample_every_s",
-             "checks", "real"}
+             "checks", "real", "training"}
 DEFAULT_PLAN_REQUEST: dict[str, Any] = {"model": "llama-2-13b", "kind": "serve",
                                         "context": 4096}
 
@@ -92,6 +92,15 @@ class PlanProbe:
 
 
 @dataclass(frozen=True, slots=True)
+class TrainingSpec:
+    """A training job the leader is given once the warm-up is over (``job``: a job.json;
+    empty: none). Stage compute runs inline and each step takes ``step_s`` virtual
+    seconds, so samples/s and loss under the scenario's faults come out exact."""
+    job: dict[str, Any] = field(default_factory=dict)
+    step_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class Checks:
     detect_within_s: float = 60.0  # every observer must see a crash as dead within this
     max_suspect_s: float = 120.0  # no running, reachable fellow stays suspect longer
@@ -122,6 +131,7 @@ class Scenario:
     sample_every_s: float = 10.0
     checks: Checks = field(default_factory=Checks)
     real: dict[str, Any] = field(default_factory=dict)
+    training: TrainingSpec = field(default_factory=TrainingSpec)
 
     def profiles(self) -> list[tuple[str, int, float]]:
         """(profile, leader priority, CPU GB) for each fellow, in index order."""
@@ -237,6 +247,19 @@ def _event(d: Any, where: str) -> ScriptedEvent:
                          None if restart is None else float(restart))
 
 
+def _training(d: Any, name: str) -> TrainingSpec:
+    if not isinstance(d, dict) or set(d) - {"job", "step_s"}:
+        raise ConfigError(f"scenario {name}: training takes job (a job.json table) and "
+                          f"step_s, not {d!r}")
+    job = d.get("job", {})
+    if not isinstance(job, dict):
+        raise ConfigError(f"scenario {name}: training.job must be a table/object")
+    step_s = _number(d, "step_s", 1.0, "training")
+    if not step_s > 0:
+        raise ConfigError(f"scenario {name}: training.step_s must be > 0")
+    return TrainingSpec(dict(job), step_s)
+
+
 def scenario_from_dict(d: dict[str, Any], name: str = "scenario") -> Scenario:
     if not isinstance(d, dict):
         raise ConfigError(f"scenario {name}: the file must hold one table/object")
@@ -292,7 +315,7 @@ def scenario_from_dict(d: dict[str, Any], name: str = "scenario") -> Scenario:
                             key=lambda e: e.at_s)),
         rates=Rates(**rate_kw), plan=plan,
         sample_every_s=_number(d, "sample_every_s", 10.0, name), checks=checks,
-        real=dict(d.get("real", {})))
+        real=dict(d.get("real", {})), training=_training(d.get("training", {}), name))
     if scenario.preset not in ("lan", "wifi", "local"):
         raise ConfigError(f"scenario {name}: preset must be lan, wifi or local")
     scenario.validate()
@@ -353,6 +376,7 @@ __all__ = [
     "Rates",
     "Scenario",
     "ScriptedEvent",
+    "TrainingSpec",
     "available_scenarios",
     "find_scenario",
     "load_scenario",
