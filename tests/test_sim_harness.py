@@ -167,6 +167,9 @@ def test_a_training_job_runs_through_a_crash_and_is_measured() -> None:
     assert min(replicas) == 2 < t["replicas"] == 3  # lost one, got it back
     assert 0 < t["samples_per_s"] and t["samples"] < 16 * 3 * 2  # 3 replicas of 2 a step
     assert t["loss_end"] < t["loss_first"]
+    cut_short = run_scenario(scenario_from_dict({**d, "duration_s": 28}))["training"]
+    assert cut_short["state"] == "running" and cut_short["reason"] == "the run ended first"
+    assert 0 < cut_short["steps"] < 16 and cut_short["samples_per_s"] > 0
     assert run_scenario(scenario_from_dict({**d, "training": {}}))["training"] is None
 
 

@@ -629,17 +629,25 @@ class ScenarioRun:
         started = trio.current_time()
         timeline: list[list[Any]] = []
         self.training.update(started_s=round(started, 3), timeline=timeline)
-        while True:
-            now = trio.current_time()
-            timeline.append([round(now, 3), job.step, job.samples, job.loss, job.replicas])
-            if job.state in ("finished", "failed", "cancelled"):
-                break
-            if self.swarm.fellows[leader].agent is not agent:
-                self.training["reason"] = "its leader was stopped"
-                break
-            await trio.sleep(min(self.scenario.sample_every_s, 5.0))
+        try:
+            while True:
+                timeline.append([round(trio.current_time(), 3), job.step, job.samples,
+                                 job.loss, job.replicas])
+                if job.state in ("finished", "failed", "cancelled"):
+                    break
+                if self.swarm.fellows[leader].agent is not agent:
+                    self.training["reason"] = "its leader was stopped"
+                    break
+                await trio.sleep(min(self.scenario.sample_every_s, 5.0))
+        finally:  # also when the run ends first: the figures so far
+            self._training_figures(job, started, timeline[-1][0])
+
+    def _training_figures(self, job: Any, started: float, now: float) -> None:
+        spec = self.scenario.training
         took = now - started
         losses = job.losses
+        if job.state in ("pending", "running") and not self.training.get("reason"):
+            self.training["reason"] = "the run ended first"
         self.training.update(
             state=job.state, reason=self.training.get("reason") or job.reason,
             steps=job.step, of=int(spec.job.get("steps", 0)), seconds=round(took, 3),
