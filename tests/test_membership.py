@@ -349,10 +349,10 @@ def ed_verify(public_key: bytes, signature: bytes, data: bytes) -> None:
         raise AuthenticationError("bad-signature") from exc
 
 
-def test_metadata_is_signed_pulled_and_newer_wins() -> None:
-    keys = [ed25519(), ed25519()]
+def signed_pair() -> tuple[Membership, Membership, StreamRequest]:
+    """a, and b joined through it with metadata b"cards v1" (Ed25519), and b's join."""
     nodes = []
-    for i, (private, public) in enumerate(keys):
+    for i, (private, public) in enumerate([ed25519(), ed25519()]):
         local = LocalNode(node_id_of(public), f"n{i}", f"10.0.0.{i + 1}:7946", public)
         nodes.append(Membership(local, GossipConfig(), random.Random(i), sign=private.sign,
                                 verify=ed_verify, metadata=b"cards v1" if i else b""))
@@ -361,6 +361,11 @@ def test_metadata_is_signed_pulled_and_newer_wins() -> None:
     (req,) = [e for e in b.join((a.local.addr,), 0.0) if isinstance(e, StreamRequest)]
     reply, _ = a.handle_stream(req.message, b.local.addr, 0.0)
     b.handle_reply(req.request_id, reply, 0.0)
+    return a, b, req
+
+
+def test_metadata_is_signed_pulled_and_newer_wins() -> None:
+    a, b, req = signed_pair()
     assert a.member(b.node_id).metadata == b"cards v1"  # came with the join
     v2 = b"cards v2 " * 64  # too big to ride in an Alive: announced, then pulled
     b.set_metadata(v2, 1.0)
@@ -381,16 +386,7 @@ def test_metadata_is_signed_pulled_and_newer_wins() -> None:
 
 
 def test_small_metadata_rides_in_the_alive_that_announces_it() -> None:
-    keys = [ed25519(), ed25519()]
-    nodes = []
-    for i, (private, public) in enumerate(keys):
-        local = LocalNode(node_id_of(public), f"n{i}", f"10.0.0.{i + 1}:7946", public)
-        nodes.append(Membership(local, GossipConfig(), random.Random(i), sign=private.sign,
-                                verify=ed_verify, metadata=b"cards v1" if i else b""))
-    a, b = nodes
-    a.join((), 0.0)
-    (req,) = [e for e in b.join((a.local.addr,), 0.0) if isinstance(e, StreamRequest)]
-    b.handle_reply(req.request_id, a.handle_stream(req.message, b.local.addr, 0.0)[0], 0.0)
+    a, b, _ = signed_pair()
     b.set_metadata(b"cards v2", 1.0)
     alive = b._alive_msg()
     assert alive.metadata == b"cards v2" and alive.meta_signature is not None
