@@ -110,9 +110,8 @@ def spread_rounds(args: tuple[str, int, int, float, int, str]) -> dict[str, list
         while lab.now - t0 < 30.0 and len(lab.hops) < need:
             lab.run_for(0.05)
         done = len(lab.hops) >= need
-        out["rounds"].append(sorted(lab.reached_at.values())[need - 1] - t0 if done
-                             else math.inf)
-        out["rounds"][-1] /= interval
+        took = sorted(lab.reached_at.values())[need - 1] - t0 if done else math.inf
+        out["rounds"].append(took / interval)
         out["generations"].append(float(sorted(lab.hops.values())[need - 1]) if done
                                   else math.inf)
         lab.watch = None
