@@ -1152,10 +1152,9 @@ class Membership:
             return
         if e is not None and e.incarnation > msg.incarnation:
             # the asker missed a refutation (or a rejoin): tell it, it may be all it needs
+            held = e.meta_signature if e.meta_version == e.announced_meta else None
             alive = Alive(e.node, e.incarnation, e.name, e.addr, e.public_key,
-                          e.announced_meta, e.priority, *(self._inline_meta(
-                              e.metadata, e.meta_signature)
-                              if e.meta_version == e.announced_meta else (b"", None)))
+                          e.announced_meta, e.priority, *self._inline_meta(e.metadata, held))
             out.append(SendDatagram(addr, (alive,)))
         seq = self._next_seq()
         nack_at = now + self.config.probe_timeout_s * self.tuning.nack_after_fraction
@@ -1569,7 +1568,7 @@ class Membership:
                         or r.addr != self.local.addr):
                     self._refute(r.incarnation, None, "", now, out)
                 continue
-            if r.state == _ALIVE:
+            if r.state == _ALIVE:  # small metadata inside: merged before a pull is asked
                 self._on_alive(Alive(node, r.incarnation, r.name, r.addr, r.public_key,
                                      r.meta_version, r.priority,
                                      *self._inline_meta(r.metadata, r.meta_signature)),

@@ -640,7 +640,7 @@ class ScenarioRun:
                     break
                 await trio.sleep(min(self.scenario.sample_every_s, 5.0))
         finally:  # also when the run ends first: the figures so far
-            self._training_figures(job, started, timeline[-1][0])
+            self._training_figures(job, started, trio.current_time())
 
     def _training_figures(self, job: Any, started: float, now: float) -> None:
         spec = self.scenario.training
