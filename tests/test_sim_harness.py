@@ -115,6 +115,25 @@ def test_suspecting_a_fellow_cut_off_is_excused_and_a_reachable_one_is_not() -> 
     assert r["false_deaths"] == 1 and r["false_deaths_unexcused"] == 0
 
 
+def test_false_deaths_can_be_judged_again_on_stricter_terms() -> None:
+    oracle = Oracle(3, Checks(blackout_min_s=2.0))
+    for i in range(3):
+        oracle.started(i, 0.0)
+    oracle.blackout(1, 10.0, 12.5)  # a 2.5 s fade: a cut at 2 s, not at 3 s
+    oracle.event(14.0, 0, "dead", 1, 4, 0)
+    oracle.event(14.2, 2, "dead", 1, 4, 0)  # the same episode, seen by another
+    oracle.cut(2, 40.0)
+    oracle.uncut(2, 48.0)
+    oracle.event(58.0, 0, "dead", 2, 7, 0)  # 10 s after a roaming outage
+    r = oracle.finish(60.0)
+    assert r["false_deaths"] == 2 and r["false_deaths_unexcused"] == 0
+    assert oracle.false_deaths_judged(30.0, 2.0) == {"verdicts": 0, "episodes": 0}
+    assert oracle.false_deaths_judged(30.0, 3.0) == {"verdicts": 2, "episodes": 1}
+    assert oracle.false_deaths_judged(5.0, 2.0) == {"verdicts": 1, "episodes": 1}
+    with pytest.raises(ConfigError, match="blackout_min_s"):
+        oracle.false_deaths_judged(30.0, 1.0)
+
+
 def test_plan_changes_without_a_real_change_fail() -> None:
     oracle = Oracle(2, Checks(), plan_grace_s=10.0)
     oracle.started(0, 0.0)

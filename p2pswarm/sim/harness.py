@@ -740,18 +740,24 @@ class ScenarioRun:
 def run_scenario(scenario: Scenario, variant: str = "ours", *, planted: str | None = None,
                  progress: ProgressFn | None = None) -> dict[str, Any]:
     """Run ``scenario`` once (its own seed) and return the judged result."""
-    v = variant_for(scenario, variant, planted)
-    run = ScenarioRun(scenario, v, progress)
     wall0, cpu0 = time.perf_counter(), _cpu_s()
-    with seeded_scheduler(scenario.seed), machines_of(v), quiet_agents(), \
-            one_torch_thread(bool(scenario.training.job)):
-        trio.run(run.main, clock=JumpClock(), instruments=[run.guard])
-    result = run.result()
+    result = play_scenario(scenario, variant, planted=planted, progress=progress).result()
     wall, cpu = time.perf_counter() - wall0, _cpu_s() - cpu0
     result["wall_s"] = round(wall, 2)
     result["cpu_s"] = round(cpu, 2)
     result["virtual_per_cpu_s"] = round(scenario.duration_s / cpu, 2) if cpu > 0 else None
     return result
+
+
+def play_scenario(scenario: Scenario, variant: str = "ours", *, planted: str | None = None,
+                  progress: ProgressFn | None = None) -> ScenarioRun:
+    """Run ``scenario`` once (its own seed); the finished run's oracle holds every verdict."""
+    v = variant_for(scenario, variant, planted)
+    run = ScenarioRun(scenario, v, progress)
+    with seeded_scheduler(scenario.seed), machines_of(v), quiet_agents(), \
+            one_torch_thread(bool(scenario.training.job)):
+        trio.run(run.main, clock=JumpClock(), instruments=[run.guard])
+    return run
 
 
 @contextlib.contextmanager

@@ -39,6 +39,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2pswarm.errors import ConfigError
 from p2pswarm.sim.metrics import per_node_hour, summary
 from p2pswarm.sim.scenario import Checks
 
@@ -163,8 +164,9 @@ class Oracle:
         insort(self.cut_changes, start)
         insort(self.cut_changes, end)
 
-    def _cut_spans(self, i: int) -> list[Any]:
-        return [*self.cuts[i], *self.blackouts[i]]
+    def _cut_spans(self, i: int, min_fade_s: float = 0.0) -> list[Any]:
+        fades = [b for b in self.blackouts[i] if b[1] - b[0] >= min_fade_s]
+        return [*self.cuts[i], *fades]
 
     def uncut(self, i: int, t: float) -> None:
         self._close_cut(i, t)
@@ -189,11 +191,13 @@ class Oracle:
     def card_changed(self, i: int, t: float) -> None:
         self.real_changes.append(t)
 
-    def _apart(self, a: int, b: int, t: float, window_s: float) -> bool:
-        """Were ``a`` and ``b`` cut apart at some time in [t - window_s, t]?"""
+    def _apart(self, a: int, b: int, t: float, window_s: float,
+               min_fade_s: float = 0.0) -> bool:
+        """Were ``a`` and ``b`` cut apart at some time in [t - window_s, t]? (A radio fade
+        counts only if it lasted ``min_fade_s``.)"""
         since = t - window_s
         for i in (a, b):
-            for start, end in self._cut_spans(i):
+            for start, end in self._cut_spans(i, min_fade_s):
                 if start <= t and end >= since:
                     return True
         spans = list(self.partitions)
@@ -263,6 +267,20 @@ class Oracle:
                     self._flap_episodes.add((subject, incarnation))
         elif kind == LEFT:
             self._not_alive.pop(key, None)
+
+    def false_deaths_judged(self, window_s: float, min_fade_s: float) -> dict[str, int]:
+        """The false deaths judged again on stricter terms: a verdict is excused only if
+        the two were cut apart within ``window_s`` before it, a radio fade counting as a
+        cut only if it lasted ``min_fade_s``. Fades shorter than ``checks.blackout_min_s``
+        were never recorded, so the cut can only be raised."""
+        if min_fade_s < self.checks.blackout_min_s:
+            raise ConfigError(f"min_fade_s must be at least the run's blackout_min_s "
+                              f"({self.checks.blackout_min_s:g} s), not {min_fade_s:g}")
+        unexcused = [d for d in self.false_deaths
+                     if not self._apart(d["observer"], d["subject"], d["t"], window_s,
+                                        min_fade_s)]
+        return {"verdicts": len(unexcused),
+                "episodes": len({(d["subject"], d["incarnation"]) for d in unexcused})}
 
     def _judge_belief(self, observer: int, subject: int, since: float, until: float) -> None:
         """``observer`` held ``subject`` suspect or dead over [since, until]: a failure if
