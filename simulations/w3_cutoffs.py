@@ -1,14 +1,14 @@
 """What the W3 false-death figure rests on: the same verdicts judged on stricter terms.
 
-    python simulations/w3_cutoffs.py --seeds 6 --jobs 2
+    python simulations/w3_cutoffs.py --seeds 8 --jobs 2
 
 The `w3` scenario excuses a false death if the two fellows were cut apart (a roaming
 outage, or a radio fade of 2 s or more: `checks.blackout_min_s`) within 30 s before the
-verdict (`checks.excuse_window_s`). This runs seeded W3 hours with real agents, the same
-runs as `bench_harness.py --only w3` (seed s is hour s), and judges every false-death
-verdict again with a shorter window and with fades counting as a cut only from 3 s, the
-cut-off of the pure machines' `false_dead` figure. Each hour's counts are saved under
---out and reused unless --fresh. Prints one markdown table.
+verdict (`checks.excuse_window_s`). This runs seeded W3 hours with real agents at this
+code (the scenario and seeds of `bench_harness.py --only w3`: seed s is hour s) and
+judges every false-death verdict again with a shorter window and with fades counting as
+a cut only from 3 s, the cut-off of the pure machines' `false_dead` figure. Each hour's
+counts are saved under --out and reused unless --fresh. Prints one markdown table.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def judge_hour(args: tuple[int, str, bool]) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", type=int, default=6, help="seeded W3 hours (1..N)")
+    ap.add_argument("--seeds", type=int, default=8, help="seeded W3 hours (1..N)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--fresh", action="store_true", help="run again, ignoring saved hours")
