@@ -404,6 +404,25 @@ def test_small_metadata_rides_in_the_alive_that_announces_it() -> None:
     assert refutation.meta_version == 2
 
 
+def test_an_alive_is_relayed_with_its_metadata_only_while_that_is_news() -> None:
+    a, b, _ = signed_pair()
+    b.set_metadata(b"cards v2", 1.0)
+    news = b._alive_msg()
+    a.handle(news, b.local.addr, 1.0)
+
+    def relayed() -> g.Alive:
+        (alive,) = [m for m in a.piggyback(10_000, 1.0) if isinstance(m, g.Alive)]
+        return alive
+
+    assert relayed().metadata == b"cards v2"  # news here: the bytes spread with it
+    # a refutation learnt later with the same bytes (as from a sync record): not news
+    again = dataclasses.replace(news, incarnation=news.incarnation + 1)
+    a.handle(again, "", 2.0)
+    alive = relayed()
+    assert alive.incarnation == again.incarnation and alive.meta_version == 2
+    assert alive.metadata == b"" and alive.meta_signature is None
+
+
 def test_a_restarted_node_publishes_above_its_old_metadata() -> None:
     private, public = ed25519()
     other_private, other_public = ed25519()

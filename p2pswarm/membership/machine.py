@@ -1192,7 +1192,7 @@ class Membership:
             self._merge_inline_meta(msg, out)
             self._want_meta(e, now, out)
             return
-        self._merge_inline_meta(msg, out)
+        meta_news = self._merge_inline_meta(msg, out)
         if msg.incarnation <= e.incarnation:
             return
         if msg.public_key != e.public_key and not self._binding_ok(node, msg.public_key):
@@ -1213,7 +1213,10 @@ class Membership:
         # news it signed since: whatever failed probes we were still doubting it on are
         # older than that proof of life, and must not carry over to its new incarnation
         self._clear_suspicion(node)
-        self._broadcast(node, msg)
+        # relay the bytes only while they are news: a refutation learnt with bytes we
+        # already hold (from a sync record, say) must not crowd the gossip it rides in
+        self._broadcast(node, msg if meta_news or msg.meta_signature is None
+                        else _without_meta(msg))
         self._changed(roster=changed or old != _ALIVE, node=node)
         if old != _ALIVE:
             self._event(out, ALIVE, e, f"alive again (incarnation {msg.incarnation})"
@@ -1590,12 +1593,13 @@ class Membership:
         return self._sign(meta_signed_bytes(self.node_id, self.meta_version, self.metadata))
 
     def _merge_meta(self, node: bytes, public_key: bytes, version: int, metadata: bytes,
-                    signature: bytes | None, out: list[Effect]) -> None:
+                    signature: bytes | None, out: list[Effect]) -> bool:
+        """Take ``node``'s signed metadata if newer than ours; True if it was taken."""
         e = self._members.get(node)
         if e is None or version <= e.meta_version or signature is None:
-            return
+            return False
         if not self._binding_ok(node, public_key) or public_key != e.public_key:
-            return
+            return False
         data = meta_signed_bytes(node, version, metadata)
         try:
             ok = self._verify(e.public_key, signature, data)
@@ -1603,7 +1607,7 @@ class Membership:
             ok = False
         if ok is False:
             self.stats["bad_signatures"] += 1
-            return
+            return False
         e.meta_version = version
         e.metadata = metadata
         e.meta_signature = signature
@@ -1611,11 +1615,11 @@ class Membership:
         self._meta_wait.pop(node, None)
         self._changed(roster=False)
         self._event(out, METADATA, e, f"metadata version {version}", node)
+        return True
 
-    def _merge_inline_meta(self, msg: Alive, out: list[Effect]) -> None:
-        if msg.meta_signature is not None:
-            self._merge_meta(msg.node, msg.public_key, msg.meta_version, msg.metadata,
-                             msg.meta_signature, out)
+    def _merge_inline_meta(self, msg: Alive, out: list[Effect]) -> bool:
+        return msg.meta_signature is not None and self._merge_meta(
+            msg.node, msg.public_key, msg.meta_version, msg.metadata, msg.meta_signature, out)
 
     def _want_meta(self, e: _Entry, now: float, out: list[Effect]) -> None:
         if e.announced_meta <= e.meta_version or self._quiet:
@@ -1640,6 +1644,11 @@ class Membership:
         for r in msg.records:
             self._merge_meta(r.node, r.public_key, r.meta_version, r.metadata,
                              r.meta_signature, out)
+
+
+def _without_meta(msg: Alive) -> Alive:
+    return Alive(msg.node, msg.incarnation, msg.name, msg.addr, msg.public_key,
+                 msg.meta_version, msg.priority)
 
 
 __all__ = ["Membership", "Signer", "Verifier", "meta_signed_bytes"]
