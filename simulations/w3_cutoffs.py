@@ -7,8 +7,10 @@ outage, or a radio fade of 2 s or more: `checks.blackout_min_s`) within 30 s bef
 verdict (`checks.excuse_window_s`). This runs seeded W3 hours with real agents at this
 code (the scenario and seeds of `bench_harness.py --only w3`: seed s is hour s) and
 judges every false-death verdict again with a shorter window and with fades counting as
-a cut only from 3 s, the cut-off of the pure machines' `false_dead` figure. Each hour's
-counts are saved under --out and reused unless --fresh. Prints one markdown table.
+a cut only from 3 s, the cut-off of the pure machines' `false_dead` figure. It also
+counts the hours' false suspicions (of reachable fellows, and all). Each hour's counts
+are saved under --out and reused unless --fresh. Prints the totals and one markdown
+table.
 """
 
 from __future__ import annotations
@@ -31,12 +33,17 @@ def judge_hour(args: tuple[int, str, bool]) -> dict[str, Any]:
     seed, out, fresh = args
     path = Path(out) / f"w3cut-s{seed}.json"
     if path.exists() and not fresh:
-        return json.loads(path.read_text())
+        saved = json.loads(path.read_text())
+        if "suspicions" in saved:
+            return saved
     scenario = load_scenario("w3").with_overrides(duration_s=3660.0, seed=seed)
     oracle = play_scenario(scenario).oracle
     hour: dict[str, Any] = {
         "seed": seed,
         "verdicts": len(oracle.false_deaths),
+        "suspicions": len(oracle.false_suspicion_episodes),
+        "suspicions_reachable": len(oracle.false_suspicion_episodes
+                                    - oracle.excused_suspicion_episodes),
         "judged": {f"{w:g}/{c:g}": oracle.false_deaths_judged(w, c)
                    for w in WINDOWS_S for c in FADE_CUTS_S},
     }
@@ -57,8 +64,12 @@ def main() -> int:
     tasks = [(s, str(args.out), args.fresh) for s in range(1, args.seeds + 1)]
     with ProcessPoolExecutor(args.jobs) as pool:
         hours = list(pool.map(judge_hour, tasks))
-    print(f"N = 50, W3, ours, {len(hours)} seeded hours, "
-          f"{sum(h['verdicts'] for h in hours):,} false-death verdicts in all\n")
+    print(f"N = 50, W3, ours, {len(hours)} seeded hours: "
+          f"{sum(h['verdicts'] for h in hours):,} false-death verdicts in all; false "
+          f"suspicions of reachable fellows {sum(h['suspicions_reachable'] for h in hours):,}"
+          f" (all {sum(h['suspicions'] for h in hours):,}), per hour "
+          f"{min(h['suspicions_reachable'] for h in hours)} to "
+          f"{max(h['suspicions_reachable'] for h in hours)}\n")
     print("| excused if cut apart within | radio fades that count as a cut | "
           "unexcused verdicts | unexcused episodes | episodes per hour |")
     print("|---|---|---|---|---|")
