@@ -68,9 +68,10 @@ exchange with a seed, asking for everything; seeds are retried with backoff.
 
 Metadata. A fellow's metadata is opaque, versioned bytes signed by its owner. Gossip
 announces the version (in ``Alive``), with the signed bytes riding along when they are small
-(``Tuning.meta_inline_bytes``); whoever still holds an older one pulls the bytes from the
-owner over a stream, and anti-entropy carries them too. A newer version always wins; an
-older one or a bad signature is ignored.
+(``Tuning.meta_inline_bytes``) and news to the fellow passing them on, so a mere refutation
+stays small; whoever still holds an older one pulls the bytes from the owner over a
+stream, and anti-entropy carries them too. A newer version always wins; an older one or
+a bad signature is ignored.
 
 Time comes in as ``now`` on every call; randomness from the injected ``random.Random``.
 """
