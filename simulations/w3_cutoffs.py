@@ -1,6 +1,6 @@
 """What the W3 false-death figure rests on: the same verdicts judged on stricter terms.
 
-    python simulations/w3_cutoffs.py --seeds 8 --jobs 2
+    python simulations/w3_cutoffs.py --seeds 24 --jobs 2
 
 The `w3` scenario excuses a false death if the two fellows were cut apart (a roaming
 outage, or a radio fade of 2 s or more: `checks.blackout_min_s`) within 30 s before the
@@ -53,7 +53,7 @@ def judge_hour(args: tuple[int, str, bool]) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", type=int, default=8, help="seeded W3 hours (1..N)")
+    ap.add_argument("--seeds", type=int, default=24, help="seeded W3 hours (1..N)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--fresh", action="store_true", help="run again, ignoring saved hours")
