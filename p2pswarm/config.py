@@ -4,6 +4,13 @@ Three presets, in the spirit of memberlist's: ``lan()`` for wired machines on on
 ``wifi()`` for laptops and Raspberry Pis on a lossy, bursty radio, ``local()`` for several
 fellows on one machine (tests, the demo). Every field carries its unit in its name.
 Derive a variant with ``dataclasses.replace``.
+
+One config holds everything the machines are tuned by, as memberlist's ``Config`` does:
+``GossipConfig`` carries the SWIM timings and, in ``tuning``, the Lifeguard refinements
+beyond them (``GossipTuning``); ``ElectionConfig`` carries the election's timings and,
+in ``tuning``, its finer knobs (``ElectionTuning``). The tunings' defaults are the
+measured ones and every preset keeps them; the memberlist-defaults baseline the
+simulation compares against is one more such function (``p2pswarm.sim.baseline``).
 """
 
 from __future__ import annotations
@@ -31,6 +38,52 @@ class SecurityConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GossipTuning:
+    """The membership machine's knobs beyond SWIM's timings (the Lifeguard refinements
+    and ours; see ``p2pswarm.membership.machine``); the defaults are the measured ones."""
+
+    # Probing
+    random_probe_every: int = 3  # every n-th probe walks the shuffled round-robin; the
+    ring_depth: int = 2  # others go to this node's ring successors, first, second, ... in turn
+    nack_after_fraction: float = 0.8  # a helper sends its nack after this much of a timeout
+    # Link-quality estimate (fraction of direct pings that missed their ack)
+    loss_prior: float = 0.15  # where the estimate starts: cautious until measured
+    loss_alpha: float = 1.0 / 16.0  # EWMA weight of one probe
+    lossy_reference: float = 0.2  # at this estimate the "lossy" settings apply in full
+    recheck_above_loss: float = 0.05  # above it, a failed probe is repeated before suspecting
+    doubt_span_lossy_s: float = 1.0  # ... and on a lossy network, failed probes spanning
+    # this long (less as the loss is less) raise suspicion: a shorter radio fade is doubt.
+    fade_quantile: float = 0.9  # the span also covers this share of the silences this
+    fade_samples: int = 64  # node last saw fellows come back from (once it has seen 8),
+    doubt_span_max_s: float = 2.0  # up to this: heavy-tailed fades wait longer, short
+    # bursts (where crashes must be found fast) give it less to grow on.
+    # Suspicion
+    suspicion_floor_clean_s: float = 0.8  # shortest suspicion on a clean network
+    suspicion_floor_lossy_s: float = 3.0  # ... on a lossy, bursty one (spans radio fades)
+    confirmations_expected: int = 2  # confirmations that bring the timeout to its floor
+    independence_gap_clean_s: float = 0.0  # confirmations closer than this count once
+    independence_gap_lossy_s: float = 0.4
+    confirm_fanout: int = 4  # fellows expected to probe a suspect at once to confirm it
+    evidence_fresh_s: float = 1.5  # a dead verdict needs a failed probe of our own this new
+    streak_max_gap_s: float = 1.9  # failed probes further apart do not make one run
+    watch_fraction: float = 0.5  # a watched suspect is probed every this much of an interval
+    deaf_refute_s: float = 1.0  # heard nothing this long: refute any suspicion unasked
+    declare_max_score: int = 2  # no dead verdicts from a node whose own health is worse
+    # Dissemination and anti-entropy
+    linger_s: float = 4.0  # sent-out updates still ride where a datagram has room
+    fresh_fanout_mult: int = 2  # a gossip round carrying unsent news goes to this many x
+    gossip_to_dead_s: float = 30.0  # keep gossiping to a dead fellow this long (it may refute)
+    reconnect_interval_s: float = 10.0  # try anti-entropy with a dead fellow this often
+    reconnect_for_s: float = 24 * 3600.0  # ... even after its tombstone is reaped, this long
+    reconnect_max_lost: int = 256  # reaped fellows remembered for that
+    refute_by_stream: bool = True  # push a refutation to its accuser over a stream too
+    meta_pull_retry_s: float = 5.0  # how soon a failed metadata pull is tried again
+    meta_inline_bytes: int = 512  # metadata up to this size rides in its Alive (memberlist's
+    # limit): gossip spreads it where a pull over a lossy link waits out TCP's timers
+    join_retry_min_s: float = 1.0  # first backoff between join attempts
+
+
+@dataclass(frozen=True, slots=True)
 class GossipConfig:
     """SWIM + Lifeguard timing (see p2pswarm.membership)."""
 
@@ -46,6 +99,26 @@ class GossipConfig:
     awareness_max_multiplier: int = 8  # Lifeguard local health: probe slows up to this x
     dead_reap_after_s: float = 60.0  # tombstone time before a dead member is forgotten
     join_retry_max_s: float = 30.0  # upper bound of the backoff between join attempts
+    tuning: GossipTuning = field(default_factory=GossipTuning)  # the finer knobs (above)
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionTuning:
+    """The election's knobs beyond its timings (see ``p2pswarm.election``); the defaults
+    are the measured ones."""
+
+    deputies: int = 3  # fellows the leader beats; the first in line to succeed it
+    rank_spacing_s: float = 1.0  # each place further down the succession waits this longer
+    check_timeout_s: float = 0.5  # a voter's own check of the leader waits this long
+    vote_timeout_s: float = 1.5  # a candidate waits this long for (pre)votes
+    vote_resend_s: float = 0.3  # ... asking again those that have not answered this often
+    announce_retry_s: float = 0.2  # a new leader resends LeaderIs to the unacked this often
+    announce_retry_for_s: float = 5.0  # ... for this long
+    announce_relay: int = 2  # a fellow that learns of a new leader tells this many more
+    announce_interval_s: float = 15.0  # and to everyone every this often
+    query_interval_s: float = 2.0  # a fellow without a leader asks around this often
+    jitter_s: float = 0.2  # random extra wait before a candidacy
+    handover_after_s: float = 10.0  # a fellow of higher priority, alive this long, takes over
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +127,7 @@ class ElectionConfig:
     election_timeout_max_s: float = 3.0  # ... and at most this long (randomised)
     heartbeat_interval_s: float = 0.5  # leader's heartbeat period
     leader_lease_s: float = 4.0  # a leader steps down after this long without a majority
+    tuning: ElectionTuning = field(default_factory=ElectionTuning)  # the finer knobs (above)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +205,8 @@ def preset(name: str) -> SwarmConfig:
 
 
 __all__ = [
-    "DEFAULT_PORT", "TransportConfig", "SecurityConfig", "GossipConfig", "ElectionConfig",
-    "InventoryConfig", "SwarmConfig", "lan", "wifi", "local", "preset", "replace", "split_addr",
+    "DEFAULT_PORT", "TransportConfig", "SecurityConfig", "GossipTuning", "GossipConfig",
+    "ElectionTuning", "ElectionConfig", "InventoryConfig", "SwarmConfig", "lan", "wifi", "local", "preset", "replace", "split_addr",
 ]
 
 

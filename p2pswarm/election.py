@@ -85,24 +85,6 @@ FOLLOWER, CANDIDATE, LEADER_ROLE = "follower", "candidate", "leader"
 
 
 @dataclass(frozen=True, slots=True)
-class ElectionTuning:
-    """Tunables beyond ``ElectionConfig``; the defaults are the measured ones."""
-
-    deputies: int = 3  # fellows the leader beats; the first in line to succeed it
-    rank_spacing_s: float = 1.0  # each place further down the succession waits this longer
-    check_timeout_s: float = 0.5  # a voter's own check of the leader waits this long
-    vote_timeout_s: float = 1.5  # a candidate waits this long for (pre)votes
-    vote_resend_s: float = 0.3  # ... asking again those that have not answered this often
-    announce_retry_s: float = 0.2  # a new leader resends LeaderIs to the unacked this often
-    announce_retry_for_s: float = 5.0  # ... for this long
-    announce_relay: int = 2  # a fellow that learns of a new leader tells this many more
-    announce_interval_s: float = 15.0  # and to everyone every this often
-    query_interval_s: float = 2.0  # a fellow without a leader asks around this often
-    jitter_s: float = 0.2  # random extra wait before a candidacy
-    handover_after_s: float = 10.0  # a fellow of higher priority, alive this long, takes over
-
-
-@dataclass(frozen=True, slots=True)
 class ElectionStatus:
     leader_id: bytes | None
     leader_name: str | None
@@ -128,14 +110,13 @@ class Election:
         term: int = 0,
         voted_for: bytes | None = None,
         electorate: int = 0,
-        tuning: ElectionTuning | None = None,
     ) -> None:
         self.node_id = node_id
         self.name = name
         self.config = config
         self.rng = rng
         self.priority = leader_priority
-        self.tuning = tuning or ElectionTuning()
+        self.tuning = config.tuning
         self.term = term
         self.voted_term = term if voted_for is not None else -1
         self.voted_for = voted_for
@@ -760,5 +741,4 @@ __all__ = [
     "LEADER_ROLE",
     "Election",
     "ElectionStatus",
-    "ElectionTuning",
 ]

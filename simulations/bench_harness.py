@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pswarm.config import preset
-from p2pswarm.sim.baseline import memberlist_config, memberlist_tuning
+from p2pswarm.sim.baseline import memberlist_config
 from p2pswarm.sim.election_lab import safety_run
 from p2pswarm.sim.gossip_lab import HopLab
 from p2pswarm.sim.harness import run_scenario
@@ -91,9 +91,8 @@ def spread_rounds(args: tuple[str, int, int, float, int, str]) -> dict[str, list
         config = preset(preset_name)
         lab = HopLab(n, seed=seed, config=config, link_loss=loss, election=False)
     else:
-        config = memberlist_config()
-        lab = HopLab(n, seed=seed, config=config, link_loss=loss, election=False,
-                     tuning=memberlist_tuning(n))
+        config = memberlist_config(n)
+        lab = HopLab(n, seed=seed, config=config, link_loss=loss, election=False)
     interval = config.gossip.gossip_interval_s
     lab.start(converged=True)
     lab.run_until(5.0)

@@ -47,6 +47,7 @@ import trio
 from p2pswarm.agent import Agent
 from p2pswarm.agent.node import tune_allocator
 from p2pswarm.agent.weights import WeightsCache, fetch
+from p2pswarm.agent.world import AgentWorld
 from p2pswarm.config import local
 from p2pswarm.inventory import Card, FakeCardSource
 from p2pswarm.planner import BUILTIN_MODELS, cluster_from_dict, plan_message
@@ -127,11 +128,12 @@ class LoopbackSwarm:
             for i, transport in enumerate(transports):
                 cards = FakeCardSource((Card(index=0, kind="cpu", name="CPU", uuid="",
                                              total_bytes=16 * 10**9, free_bytes=16 * 10**9),))
-                agent = Agent(name=f"fellow-{i + 1}", transport=transport,
-                              keyring=Keyring([self.secret]), identity=Identity.generate(),
-                              config=config, epoch=time.time_ns() // 1000,
-                              rng=random.Random(i), card_source=cards,
-                              seeds=() if i == 0 else (transports[0].local_addr,))
+                agent = Agent(AgentWorld(
+                    name=f"fellow-{i + 1}", transport=transport,
+                    keyring=Keyring([self.secret]), identity=Identity.generate(),
+                    config=config, epoch=time.time_ns() // 1000,
+                    rng=random.Random(i), card_source=cards,
+                    seeds=() if i == 0 else (transports[0].local_addr,)))
                 self.agents.append(agent)
                 await nursery.start(agent.run)
             while not self._ready():

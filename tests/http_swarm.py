@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import trio
 
 from p2pswarm.agent import Agent
-from p2pswarm.agent.weights import WeightsCache
+from p2pswarm.agent.world import AgentWorld, Compute
 from p2pswarm.config import local
 from p2pswarm.http.app import HttpSettings, serve_http
 from p2pswarm.inventory import Card, FakeCardSource
@@ -114,12 +114,13 @@ class LoopbackSwarm:
             transports = [await nursery.start(_transport, config) for _ in range(self.n)]
             for i, transport in enumerate(transports):
                 cards = FakeCardSource((cpu_card(),))
-                agent = Agent(name=f"fellow-{i + 1}", transport=transport,
-                              keyring=Keyring([secret]), identity=Identity.generate(),
-                              config=config, epoch=time.time_ns() // 1000,
-                              rng=random.Random(i), card_source=cards,
-                              seeds=() if i == 0 else (transports[0].local_addr,))
-                agent.serving.cache = WeightsCache(self.root / f"cache-{i}")
+                agent = Agent(AgentWorld(
+                    name=f"fellow-{i + 1}", transport=transport,
+                    keyring=Keyring([secret]), identity=Identity.generate(),
+                    config=config, epoch=time.time_ns() // 1000,
+                    rng=random.Random(i), card_source=cards,
+                    seeds=() if i == 0 else (transports[0].local_addr,),
+                    compute=Compute(weights_dir=self.root / f"cache-{i}")))
                 self.agents.append(agent)
                 self.cards.append(cards)
                 await nursery.start(agent.run)

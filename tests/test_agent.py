@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from p2pswarm.agent import Agent
+from p2pswarm.agent.world import AgentWorld
 from p2pswarm.config import local
 from p2pswarm.errors import TransportError
 from p2pswarm.security import Identity, Keyring, SwarmSecret
@@ -25,9 +26,9 @@ OTHER_SECRET = SwarmSecret(bytes(range(1, 33)))
 
 
 def make_agent(transport, name: str, secret: SwarmSecret = SECRET, seeds=(), seed: int = 0):
-    return Agent(name=name, transport=transport, keyring=Keyring([secret]),
-                 identity=Identity.generate(), config=local(), epoch=1,
-                 rng=random.Random(seed), seeds=tuple(seeds))
+    return Agent(AgentWorld(name=name, transport=transport, keyring=Keyring([secret]),
+                            identity=Identity.generate(), config=local(), epoch=1,
+                            rng=random.Random(seed), seeds=tuple(seeds)))
 
 
 async def test_agents_find_each_other_and_an_outsider_is_dropped(autojump_clock) -> None:

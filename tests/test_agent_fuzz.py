@@ -9,6 +9,7 @@ import trio
 
 from p2pswarm import wire
 from p2pswarm.agent import Agent
+from p2pswarm.agent.world import AgentWorld
 from p2pswarm.config import local, split_addr
 from p2pswarm.control.client import request
 from p2pswarm.security import DatagramSealer, Identity, Keyring, SwarmSecret
@@ -44,9 +45,9 @@ async def test_live_agent_survives_fuzzing_and_keeps_answering(tmp_path) -> None
     config = local()
     rng = random.Random(11)
     async with open_udp_tcp_transport("127.0.0.1:0", config.transport) as transport:
-        agent = Agent(name="target", transport=transport, keyring=Keyring([SECRET]),
-                      identity=Identity.generate(), config=config, epoch=1,
-                      rng=random.Random(1), home=tmp_path)
+        agent = Agent(AgentWorld(name="target", transport=transport, keyring=Keyring([SECRET]),
+                                 identity=Identity.generate(), config=config, epoch=1,
+                                 rng=random.Random(1), home=tmp_path))
         sender_identity = Identity.generate()
         sealer = DatagramSealer(Keyring([SECRET]), sender_identity.node_id, epoch=1)
         host, port = split_addr(transport.local_addr)

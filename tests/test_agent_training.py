@@ -15,6 +15,7 @@ import trio
 import trio.testing
 
 from p2pswarm.errors import ConfigError, PlanChanged
+from p2pswarm.agent.world import Compute
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
 from p2pswarm.training import JobConfig, LocalRun
 
@@ -29,13 +30,12 @@ def job_config(**extra: Any) -> dict[str, Any]:
 
 
 async def start_swarm(nursery: trio.Nursery, n: int = 3, seed: int = 5) -> VirtualSwarm:
-    swarm = VirtualSwarm(n, seed=seed)
+    swarm = VirtualSwarm(n, seed=seed, compute=Compute(inline=True))
     for fellow in swarm.fellows:
         fellow.cards.cards = (cpu_card(16.0, name=f"{fellow.name} CPU"),)
     await nursery.start(swarm.run)
     for i in range(n):
-        agent = await swarm.start(i)
-        agent.serving.inline_compute = True
+        await swarm.start(i)
     await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
                      and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
     return swarm
@@ -228,7 +228,6 @@ async def test_resume_continues_the_loss_trajectory_from_surviving_copies(
         swarm.crash(victim)
         await trio.sleep(1)
         again = await swarm.start(victim)  # back, its disk gone
-        again.serving.inline_compute = True
         again.training.copies._root = tmp_path / f"{again.name}-again"
         assert again.training.copies.held(job_id) == {}
         await wait_until(lambda: swarm.converged(), timeout_s=60)

@@ -11,6 +11,7 @@ import torch
 import trio
 import trio.testing
 
+from p2pswarm.agent.world import Compute
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
 
 from tests.test_agent_training import finished, job_config
@@ -22,21 +23,18 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 STEP_S = 1.0  # the virtual seconds one stage step takes
 
 
-def tune(agent: Any) -> Any:
-    agent.serving.inline_compute = True
-    agent.training.simulated_step_s = STEP_S
-    agent.training.step_timeout_s = 10.0
-    agent.training.retry_s = 2.0
-    return agent
+# stage compute inline; each step takes STEP_S of virtual time
+COMPUTE = Compute(inline=True, training_step_s=STEP_S, training_step_timeout_s=10.0,
+                  training_retry_s=2.0)
 
 
 async def start_swarm(nursery: trio.Nursery, n: int = 3, seed: int = 5) -> VirtualSwarm:
-    swarm = VirtualSwarm(n, seed=seed)
+    swarm = VirtualSwarm(n, seed=seed, compute=COMPUTE)
     for fellow in swarm.fellows:
         fellow.cards.cards = (cpu_card(16.0, name=f"{fellow.name} CPU"),)
     await nursery.start(swarm.run)
     for i in range(n):
-        tune(await swarm.start(i))
+        await swarm.start(i)
     await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
                      and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
     return swarm
@@ -63,7 +61,7 @@ async def three_replicas(churn: bool) -> dict[str, Any]:
             swarm.crash(victim)
             await wait_until(lambda: job.replicas == 2, timeout_s=60)
             paused_at = job.step
-            tune(await swarm.start(victim))
+            await swarm.start(victim)
         record = await finished(leader, job_id)
         if churn:
             record["paused_at"] = paused_at
@@ -218,7 +216,7 @@ async def test_a_lone_replica_that_loses_a_fellow_waits_and_resumes_from_its_che
         await trio.sleep(10 * STEP_S)
         assert job.state == "pending" and job.step == 4
         assert not any(a.training.hosts for a in swarm.live())
-        tune(await swarm.start(victim))  # a card again
+        await swarm.start(victim)  # a card again
         again = swarm.fellows[victim].agent
         again.training.copies._root = tmp_path / f"{again.name}-again"
         record = await finished(leader, record["job_id"])

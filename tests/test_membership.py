@@ -10,7 +10,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from p2pswarm.config import GossipConfig
+from p2pswarm.config import GossipConfig, GossipTuning
 from p2pswarm.errors import AuthenticationError
 from p2pswarm.membership import (
     Event,
@@ -24,7 +24,7 @@ from p2pswarm.membership import (
 )
 from p2pswarm.membership.awareness import Awareness
 from p2pswarm.membership.broadcasts import BroadcastQueue
-from p2pswarm.membership.timing import Tuning, push_pull_interval_s, suspicion_max_s
+from p2pswarm.membership.timing import push_pull_interval_s, suspicion_max_s
 from p2pswarm.sim.gossip_lab import fake_sign_for, fake_verify
 from p2pswarm.wire import gossip as g
 
@@ -85,12 +85,14 @@ def test_broadcast_queue_replaces_limits_and_lingers() -> None:
 
 
 def make(i: int, *, config: GossipConfig | None = None, metadata: bytes = b"",
-         tuning: Tuning | None = None) -> Membership:
+         tuning: GossipTuning | None = None) -> Membership:
     key = bytes([i + 1]) * 32
     local = LocalNode(node_id_of(key), f"n{i}", f"10.0.0.{i + 1}:7946", key)
-    return Membership(local, config or GossipConfig(), random.Random(i),
-                      sign=fake_sign_for(key), verify=fake_verify, metadata=metadata,
-                      tuning=tuning)
+    config = config or GossipConfig()
+    if tuning is not None:
+        config = dataclasses.replace(config, tuning=tuning)
+    return Membership(local, config, random.Random(i),
+                      sign=fake_sign_for(key), verify=fake_verify, metadata=metadata)
 
 
 def sends(effects: list) -> list[SendDatagram]:
@@ -101,7 +103,7 @@ def kinds(effects: list) -> list[str]:
     return [e.kind for e in effects if isinstance(e, Event)]
 
 
-def joined_pair(tuning: Tuning | None = None) -> tuple[Membership, Membership]:
+def joined_pair(tuning: GossipTuning | None = None) -> tuple[Membership, Membership]:
     a, b = make(0, tuning=tuning), make(1)
     a.join((), 0.0)
     (req,) = [e for e in b.join((a.local.addr,), 0.0) if isinstance(e, StreamRequest)]
@@ -260,7 +262,7 @@ def _fade(fade_s: float, until: float = 30.0, seen: tuple[float, ...] = (),
     nacks whatever it was asked about b meanwhile. ``refute_after`` s into the last fade a
     newer incarnation of b reaches a (b refuted someone else's suspicion). Returns when a
     suspected b during the last fade (None: never) and when that fade began."""
-    lossy = Tuning(loss_prior=Tuning().lossy_reference)  # a believes its links lossy
+    lossy = GossipTuning(loss_prior=GossipTuning().lossy_reference)  # a believes its links lossy
     a, b = joined_pair(lossy)
     c = make(2)
     a.handle(c._alive_msg(), c.local.addr, 0.0)
@@ -297,7 +299,7 @@ def _fade(fade_s: float, until: float = 30.0, seen: tuple[float, ...] = (),
 
 
 def test_on_a_lossy_link_a_short_fade_is_doubt_and_a_long_one_suspicion() -> None:
-    span = Tuning().doubt_span_lossy_s
+    span = GossipTuning().doubt_span_lossy_s
     assert span > 0.9  # a fade of 0.9 s fails two probes in a row: no longer enough
     suspected, _ = _fade(0.9)
     assert suspected is None
@@ -308,7 +310,7 @@ def test_on_a_lossy_link_a_short_fade_is_doubt_and_a_long_one_suspicion() -> Non
 def test_a_node_that_saw_long_fades_end_waits_them_out() -> None:
     """The span grows to the fades this node has seen fellows come back from: after
     eight 1.7 s fades, a 1.4 s fade is doubt, where with no such history it is suspicion."""
-    assert Tuning().doubt_span_max_s >= 1.7
+    assert GossipTuning().doubt_span_max_s >= 1.7
     suspected, _ = _fade(1.4)
     assert suspected is not None
     suspected, _ = _fade(1.4, seen=(1.7,) * 8)
@@ -320,7 +322,7 @@ def test_a_node_that_saw_long_fades_end_waits_them_out() -> None:
 def test_a_newer_incarnation_restarts_the_doubt() -> None:
     """Failed probes from before a fellow's refutation do not count against the new
     incarnation: the span of failures starts again after it."""
-    span = Tuning().doubt_span_lossy_s
+    span = GossipTuning().doubt_span_lossy_s
     suspected, fade_at = _fade(60.0, refute_after=0.8)
     assert suspected is not None and suspected - (fade_at + 0.8) >= span
 

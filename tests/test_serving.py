@@ -8,6 +8,7 @@ the answers must equal the same model in one process. Torch runs inline
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,13 @@ import pytest
 import trio
 import trio.testing
 
-from p2pswarm.agent.weights import WeightsCache
+from p2pswarm.agent import Agent
+from p2pswarm.agent.world import AgentWorld, Compute
 from p2pswarm.errors import PlacementError, PlanChanged, TransportError
 from p2pswarm.models import Checkpoint, stage_tensor_names, write_builtin_checkpoint
 from p2pswarm.planner import BUILTIN_MODELS
 from p2pswarm.runtime import LocalPipeline, Sampler, Stage, StageSpec
-from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
+from p2pswarm.sim.virtual import Fellow, VirtualSwarm, cpu_card, wait_until
 
 MODEL = "tiny-llama"
 PROMPT = [256, *range(32, 127), *range(40, 240)]  # 296 tokens: two prefill chunks of 256
@@ -36,14 +38,16 @@ def request(**extra: Any) -> dict[str, Any]:
 
 async def start_swarm(nursery: trio.Nursery, tmp_path: Path, seed: int,
                       n: int = 3) -> VirtualSwarm:
-    swarm = VirtualSwarm(n, seed=seed)
+    def inline_with_own_cache(fellow: Fellow, world: AgentWorld) -> Agent:
+        return Agent(replace(world, compute=Compute(
+            inline=True, weights_dir=tmp_path / f"cache-{fellow.index}")))
+
+    swarm = VirtualSwarm(n, seed=seed, agent_factory=inline_with_own_cache)
     for fellow in swarm.fellows:
         fellow.cards.cards = (cpu_card(16.0, name=f"{fellow.name} CPU"),)
     await nursery.start(swarm.run)
     for i in range(n):
-        agent = await swarm.start(i)
-        agent.serving.inline_compute = True
-        agent.serving.cache = WeightsCache(tmp_path / f"cache-{i}")
+        await swarm.start(i)
     await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
                      and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
     return swarm

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from p2pswarm.cli import app
 from p2pswarm.errors import ConfigError
-from p2pswarm.sim.baseline import memberlist_config, memberlist_min_suspicion_s, memberlist_tuning
+from p2pswarm.sim.baseline import memberlist_config, memberlist_min_suspicion_s
 from p2pswarm.sim.harness import build_timeline, run_scenario
 from p2pswarm.sim.metrics import ks_two_sample, percentile, summary
 from p2pswarm.sim.oracle import Oracle
@@ -207,13 +207,13 @@ def test_rates_and_outages_make_a_seeded_timeline() -> None:
 
 
 def test_the_baseline_is_memberlists_lan_defaults() -> None:
-    config = memberlist_config()
+    config = memberlist_config(100)
     g = config.gossip
     assert (g.probe_interval_s, g.probe_timeout_s, g.indirect_checks) == (1.0, 0.5, 3)
     assert (g.gossip_interval_s, g.gossip_nodes, g.retransmit_mult) == (0.2, 3, 4)
     assert g.push_pull_interval_s == 30.0 and g.suspicion_max_timeout_mult == 6.0
     assert memberlist_min_suspicion_s(100) == pytest.approx(8.0)
-    t = memberlist_tuning(100)
+    t = g.tuning
     assert t.suspicion_floor_clean_s == t.suspicion_floor_lossy_s == pytest.approx(8.0)
     assert t.confirmations_expected == 2 and t.confirm_fanout == 0 and t.refute_by_stream is False
 

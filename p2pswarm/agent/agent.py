@@ -19,9 +19,11 @@ A transport that runs its own event loop (MemoryNetwork) may take over the plumb
 over where it lands, and ``call_at`` rings the alarm. Then the agent runs no sender,
 receiver or timer task, and a simulated swarm costs a fraction of the task switches.
 
-The agent takes its transport, clock (trio's, so a MockClock gives virtual time), keys,
-card source and random generator as arguments: the same code runs on real sockets and in
-simulation.
+The agent is built from one value, its world (``AgentWorld``): transport, keys, config
+(the machines' tunings among it), card source, random generator, an event sink, the
+machines to build and how compute runs. Its clock is trio's, so a MockClock gives virtual
+time: the same code runs on real sockets and in simulation, and a simulation variant is
+another world, never a patched module.
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import random
-from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import msgpack
@@ -43,7 +43,8 @@ from p2pswarm.agent.planning import Planning
 from p2pswarm.agent.serving import Serving
 from p2pswarm.agent.training import Training
 from p2pswarm.agent.votes import VOTES_FILE, VoteRecord
-from p2pswarm.config import SwarmConfig
+from p2pswarm.agent.weights import WeightsCache
+from p2pswarm.agent.world import AgentWorld, Compute
 from p2pswarm.control.server import serve_control
 from p2pswarm.election import Election
 from p2pswarm.errors import (
@@ -54,16 +55,16 @@ from p2pswarm.errors import (
     TransportError,
     VersionMismatch,
 )
-from p2pswarm.inventory import CardSource, Inventory, changed_enough, read_inventory
+from p2pswarm.inventory import Inventory, changed_enough, read_inventory
 from p2pswarm.membership import effects as fx
 from p2pswarm.membership.machine import Membership
 from p2pswarm.membership.member import LocalNode, Member
-from p2pswarm.security import DatagramSealer, Identity, Keyring, verify
-from p2pswarm.transport.base import Stream, Transport
+from p2pswarm.security import DatagramSealer, verify
+from p2pswarm.transport.base import DeliversDatagrams, RingsAlarms, SendsNowait, Stream
 from p2pswarm.transport.secure import SecureStream, secure_accept, secure_connect
 from p2pswarm.wire.base import Hello, HelloAck, Refusal
-from p2pswarm.wire.gossip import ELECTION_TAGS, MEMBERSHIP_TAGS, Alive, MetaPull, Ping
-from p2pswarm.wire.gossip import SyncDigest, SyncRecords
+from p2pswarm.wire.gossip import ELECTION_TAGS, MEMBERSHIP_TAGS, Alive, MemberRecord, MetaPull
+from p2pswarm.wire.gossip import Ping, SyncDigest, SyncRecords
 
 log = logging.getLogger("p2pswarm.agent")
 
@@ -92,44 +93,30 @@ def _tag(message: Any) -> int:
 
 
 class Agent:
-    def __init__(
-        self,
-        *,
-        name: str,
-        transport: Transport,
-        keyring: Keyring,
-        identity: Identity,
-        config: SwarmConfig,
-        epoch: int,
-        rng: random.Random,
-        seeds: tuple[str, ...] = (),
-        home: Path | None = None,
-        advertise: str | None = None,
-        leader_priority: int = 0,
-        card_source: CardSource | None = None,
-        votes: VoteRecord | None = None,
-    ) -> None:
-        self.name = name
-        self.transport = transport
-        self.keyring = keyring
-        self.identity = identity
-        self.config = config
-        self.rng = rng
-        self.seeds = seeds
-        self.home = home
-        self.advertise = advertise  # the address fellows reach us at, if not the bound one
-        self.leader_priority = leader_priority
-        self.card_source = card_source
+    def __init__(self, world: AgentWorld) -> None:
+        self.world = world
+        self.name = world.name
+        self.transport = world.transport
+        self.keyring = world.keyring
+        self.identity = world.identity
+        self.config = config = world.config
+        self.rng = world.rng
+        self.seeds = world.seeds
+        self.home = home = world.home
+        self.advertise = world.advertise  # the address fellows reach us at, if not the bound one
+        self.leader_priority = world.leader_priority
+        self.card_source = world.card_source
         # term, vote and electorate survive a restart (one vote per term, however
         # often we crash; never a majority of one)
-        self.votes = votes if votes is not None else (
+        self.votes = world.votes if world.votes is not None else (
             VoteRecord.open(home / VOTES_FILE) if home is not None else VoteRecord())
         self.counters = Counters()
-        self.sealer = DatagramSealer(keyring, identity.node_id, epoch,
+        self.sealer = DatagramSealer(world.keyring, world.identity.node_id, world.epoch,
                                      config.security.replay_window_datagrams)
         self.inventory: Inventory | None = None
         self._gossiped_inventory: Inventory | None = None
-        self.extra_metadata: dict[str, Any] = {}  # what other services publish about us
+        # what other services publish about us
+        self.extra_metadata: dict[str, Any] = dict(world.metadata)
         self.membership: Membership | None = None
         self.election: Election | None = None
         self.events: list[fx.Event] = []  # recent events, newest last (for status)
@@ -150,19 +137,32 @@ class Agent:
         self._outbox_in, self._outbox_out = trio.open_memory_channel[tuple[str, bytes]](
             OUTBOX_DATAGRAMS)
         # a transport that takes a datagram without waiting (in memory) is sent to directly
-        self._send_now: Callable[[str, bytes], None] | None = getattr(
-            transport, "send_datagram_nowait", None)
+        transport = world.transport
+        self._send_now: Callable[[str, bytes], None] | None = \
+            transport.send_datagram_nowait if isinstance(transport, SendsNowait) else None
         # ... one that runs its own loop may also deliver datagrams and ring the alarm
         self._deliver_to: Callable[[Callable[[bytes, str], None] | None], None] | None = \
-            getattr(transport, "deliver_to", None)
-        self._call_at: Callable[[float, Callable[[], None]], None] | None = getattr(
-            transport, "call_at", None)
+            transport.deliver_to if isinstance(transport, DeliversDatagrams) else None
+        self._call_at: Callable[[float, Callable[[], None]], None] | None = \
+            transport.call_at if isinstance(transport, RingsAlarms) else None
         self.stopped = trio.Event()  # set once the agent has been asked to stop
         self.left = False
         self.leadership = Leadership(self)
         self.planning = Planning(self, self.leadership)
         self.serving = Serving(self, self.leadership)
         self.training = Training(self, self.leadership)
+        self._run_compute(world.compute)
+
+    def _run_compute(self, compute: Compute) -> None:
+        """Hand the services how this world runs their compute (see ``Compute``)."""
+        self.serving.inline_compute = compute.inline
+        if compute.weights_dir is not None:
+            self.serving.cache = WeightsCache(compute.weights_dir)
+        self.training.simulated_step_s = compute.training_step_s
+        if compute.training_step_timeout_s is not None:
+            self.training.step_timeout_s = compute.training_step_timeout_s
+        if compute.training_retry_s is not None:
+            self.training.retry_s = compute.training_retry_s
 
     # --- identity -------------------------------------------------------------------
 
@@ -196,12 +196,12 @@ class Agent:
         self._gossiped_inventory = self.inventory
         local = LocalNode(self.node_id, self.name, self.addr, self.identity.public_key,
                           self.leader_priority)
-        self.membership = Membership(
+        self.membership = self.world.membership(
             local, self.config.gossip, self.rng, sign=self.identity.sign, verify=verify,
             now=now, metadata=self._metadata(),
             datagram_budget_bytes=self.config.transport.max_datagram_bytes
             - self.sealer.overhead_bytes)
-        self.election = Election(self.node_id, self.name, self.config.election, self.rng,
+        self.election = self.world.election(self.node_id, self.name, self.config.election, self.rng,
                                  leader_priority=self.leader_priority, now=now,
                                  term=self.votes.term, voted_for=self.votes.voted_for,
                                  electorate=self.votes.electorate)
@@ -281,6 +281,8 @@ class Agent:
         return e.update_changed(changed, gone, trio.current_time(), joined=m.joined)
 
     def _note(self, event: fx.Event) -> None:
+        if self.world.on_event is not None:
+            self.world.on_event(event)
         if event.kind == fx.DEAD and self.membership is not None:
             member = self.membership.member(event.node_id)
             if member is not None:  # remember where it was: after a partition, call again
@@ -376,6 +378,14 @@ class Agent:
                                 else []}
         meta.update(self.extra_metadata)
         return msgpack.packb(meta, use_bin_type=True)  # type: ignore[no-any-return]
+
+    def merge_records(self, records: list[MemberRecord], *, quiet: bool = False) -> None:
+        """Take in fellows' membership records (``Membership.self_record``) as anti-entropy
+        would; ``quiet``: as after a long calm, with no news to spread (a simulation that
+        starts with its swarm formed)."""
+        if self.membership is not None:
+            self._apply(self.membership.merge_records(records, trio.current_time(),
+                                                      quiet=quiet))
 
     def publish_metadata(self) -> None:
         """Gossip a new version of what this fellow says about itself."""

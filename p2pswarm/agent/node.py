@@ -15,6 +15,7 @@ from typing import Any
 import trio
 
 from p2pswarm.agent.agent import Agent
+from p2pswarm.agent.world import AgentWorld
 from p2pswarm.config import SwarmConfig, split_addr
 from p2pswarm.home import Home
 from p2pswarm.http.app import HttpSettings
@@ -97,17 +98,17 @@ async def run_node(settings: NodeSettings, *,
     keyring = home.load_keyring()
     identity = home.load_identity()
     async with open_udp_tcp_transport(settings.listen, settings.config.transport) as transport:
-        agent = Agent(
+        benchmarks: dict[str, Any] = {} if settings.card_source is None else {
+            "benchmarks": cached_benchmarks(settings.home, read_inventory(settings.card_source))}
+        agent = Agent(AgentWorld(
             name=settings.name, transport=transport, keyring=keyring, identity=identity,
             config=settings.config,
             epoch=time.time_ns() // 1000,  # grows across restarts: old packets stay stale
             rng=random.Random(), seeds=settings.seeds, home=settings.home,
             advertise=advertised(transport.local_addr, settings.advertise),
             leader_priority=settings.leader_priority, card_source=settings.card_source,
-        )
-        if settings.card_source is not None:
-            agent.extra_metadata["benchmarks"] = cached_benchmarks(
-                settings.home, read_inventory(settings.card_source))
+            metadata=benchmarks,
+        ))
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(agent.run)

@@ -7,7 +7,7 @@ Importing this package registers the membership and election wire messages.
 from p2pswarm.membership.effects import Effect, Event, SendDatagram, StreamRequest
 from p2pswarm.membership.machine import Membership, meta_signed_bytes
 from p2pswarm.membership.member import LocalNode, Member, MemberState, node_id_of
-from p2pswarm.membership.timing import Tuning, retransmit_limit, suspicion_timeout_s
+from p2pswarm.membership.timing import retransmit_limit, suspicion_timeout_s
 
 __all__ = [
     "Effect",
@@ -18,7 +18,6 @@ __all__ = [
     "Membership",
     "SendDatagram",
     "StreamRequest",
-    "Tuning",
     "meta_signed_bytes",
     "node_id_of",
     "retransmit_limit",

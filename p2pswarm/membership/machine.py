@@ -68,8 +68,8 @@ exchange with a seed, asking for everything; seeds are retried with backoff.
 
 Metadata. A fellow's metadata is opaque, versioned bytes signed by its owner. Gossip
 announces the version (in ``Alive``), with the signed bytes riding along when they are small
-(``Tuning.meta_inline_bytes``) and news to the fellow passing them on, so a mere refutation
-stays small; whoever still holds an older one pulls the bytes from the owner over a
+(``GossipTuning.meta_inline_bytes``) and news to the fellow passing them on, so a mere
+refutation stays small; whoever still holds an older one pulls the bytes from the owner over a
 stream, and anti-entropy carries them too. A newer version always wins; an older one or
 a bad signature is ignored.
 
@@ -116,7 +116,6 @@ from p2pswarm.membership.member import (
     node_id_of,
 )
 from p2pswarm.membership.timing import (
-    Tuning,
     lerp_by_loss,
     push_pull_interval_s,
     retransmit_limit,
@@ -301,11 +300,10 @@ class Membership:
         incarnation: int = 0,
         metadata: bytes = b"",
         datagram_budget_bytes: int = 1340,
-        tuning: Tuning | None = None,
     ) -> None:
         self.local = local
         self.config = config
-        self.tuning = tuning or Tuning()
+        self.tuning = config.tuning
         self.rng = rng
         self._sign = sign
         self._verify = verify

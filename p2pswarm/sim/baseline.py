@@ -6,8 +6,9 @@ retransmit multiplier 4, push-pull every 30 s. Its suspicion timeout starts at
 ``6 * 4 * log10(N) * 1 s`` and shrinks with confirmations (``4 - 2`` expected) to
 ``4 * log10(N) * 1 s``.
 
-Our membership machine carries refinements beyond Lifeguard; ``memberlist_tuning`` sets
-each switch it exposes to memberlist's behaviour:
+The baseline is one more config preset, ``memberlist_config(N)``: memberlist's timings in
+``gossip``, and in ``gossip.tuning`` every switch our membership machine exposes beyond
+Lifeguard set to memberlist's behaviour (the suspicion floor depends on N):
 
 - probe order: plain shuffled round-robin (no ring successors);
 - an update rides on datagrams its retransmit limit of times, not longer;
@@ -26,7 +27,7 @@ neither an ack nor a nack raises no suspicion; suspects are still preferred as p
 targets. Our ``suspicion_timeout_s`` caps its top at ``suspicion_max_s(mult)``, so the
 baseline passes ``suspicion_mult = 4 * 6`` to make the top memberlist's ``6 x`` the
 minimum; the floor comes from the tuning. memberlist has no leader election: the
-baseline runs our election with the ``lan`` timings and default tuning on top.
+baseline runs our election with the ``lan`` timings and tuning on top.
 """
 
 from __future__ import annotations
@@ -34,9 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from p2pswarm.config import GossipConfig, SwarmConfig, lan
-from p2pswarm.election import ElectionTuning
-from p2pswarm.membership.timing import Tuning
+from p2pswarm.config import GossipConfig, GossipTuning, SwarmConfig, lan
 
 MEMBERLIST_SUSPICION_MULT = 4.0
 MEMBERLIST_SUSPICION_MAX_MULT = 6.0
@@ -49,13 +48,15 @@ def memberlist_min_suspicion_s(n_members: int, probe_interval_s: float = 1.0) ->
         * probe_interval_s
 
 
-def memberlist_config() -> SwarmConfig:
+def memberlist_config(n_members: int) -> SwarmConfig:
+    """memberlist's LAN defaults for a swarm of ``n_members``: its timings, and every
+    switch of our machine set to its behaviour (the election is ``lan``'s)."""
     gossip = GossipConfig(
         probe_interval_s=1.0, probe_timeout_s=0.5, indirect_checks=3,
         suspicion_mult=MEMBERLIST_SUSPICION_MULT * MEMBERLIST_SUSPICION_MAX_MULT,
         suspicion_max_timeout_mult=MEMBERLIST_SUSPICION_MAX_MULT, retransmit_mult=4,
         gossip_interval_s=0.2, gossip_nodes=3, push_pull_interval_s=30.0,
-        awareness_max_multiplier=8)
+        awareness_max_multiplier=8, tuning=_memberlist_tuning(n_members))
     return replace(lan(), preset="memberlist", gossip=gossip)
 
 
@@ -85,29 +86,24 @@ def _memberlist_switches(n_members: int) -> dict[str, object]:
     )
 
 
-def memberlist_tuning(n_members: int) -> Tuning:
+def _memberlist_tuning(n_members: int) -> GossipTuning:
     """Our tuning with every switch the machine has set to memberlist's behaviour (a
     switch this version of the machine lacks is skipped: see ``missing_switches``)."""
-    fields = Tuning.__dataclass_fields__
-    return Tuning(**{k: v for k, v in _memberlist_switches(n_members).items()  # type: ignore[arg-type]
+    fields = GossipTuning.__dataclass_fields__
+    return GossipTuning(**{k: v for k, v in _memberlist_switches(n_members).items()  # type: ignore[arg-type]
                      if k in fields})
 
 
 def missing_switches() -> list[str]:
     """Switches the baseline would set that this version of the machine does not have."""
-    fields = Tuning.__dataclass_fields__
+    fields = GossipTuning.__dataclass_fields__
     renamed = {"ring_probe_every": "random_probe_every", "random_probe_every": "ring_probe_every"}
     return [k for k in _memberlist_switches(10)
             if k not in fields and renamed.get(k) not in fields]
 
 
-def memberlist_election_tuning() -> ElectionTuning:
-    return ElectionTuning()
-
-
 __all__ = [
     "memberlist_config",
-    "memberlist_election_tuning",
     "memberlist_min_suspicion_s",
-    "memberlist_tuning",
+    "missing_switches",
 ]

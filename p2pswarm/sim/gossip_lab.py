@@ -40,14 +40,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p2pswarm.config import ElectionConfig, SwarmConfig, lan, preset, replace
-from p2pswarm.election import Election, ElectionTuning
+from p2pswarm.election import Election
 from p2pswarm.membership import (
     Event,
     LocalNode,
     Membership,
     SendDatagram,
     StreamRequest,
-    Tuning,
     node_id_of,
 )
 from p2pswarm.transport.memory import Bernoulli, GilbertElliott
@@ -235,8 +234,6 @@ class GossipLab:
         radio: GilbertElliott | None = None,
         delay_s: tuple[float, float] = (0.001, 0.004),
         election: bool = True,
-        tuning: Tuning | None = None,
-        election_tuning: ElectionTuning | None = None,
         priorities: dict[int, int] | None = None,
         measure_bytes: bool = False,
         stream_timeout_s: float = 5.0,
@@ -249,8 +246,6 @@ class GossipLab:
         self.radio_model = radio
         self.delay_s = delay_s
         self.use_election = election
-        self.tuning = tuning
-        self.election_tuning = election_tuning
         self.measure_bytes = measure_bytes
         self.stream_timeout_s = stream_timeout_s
         self.keep_trace = keep_trace
@@ -291,7 +286,7 @@ class GossipLab:
                         priority: int, rng: random.Random) -> Membership:
         local = LocalNode(node_id, f"n{i:03d}", addr, public_key, priority)
         return Membership(local, self.config.gossip, rng, sign=fake_sign_for(public_key),
-                          verify=fake_verify, now=self.now, tuning=self.tuning,
+                          verify=fake_verify, now=self.now,
                           datagram_budget_bytes=self.config.transport.max_datagram_bytes
                           - SEAL_OVERHEAD_BYTES)
 
@@ -301,8 +296,7 @@ class GossipLab:
             return None
         return Election(node.node_id, node.name, self.config.election, node.rng,
                         leader_priority=node.priority, now=self.now, term=term,
-                        voted_for=voted_for, electorate=electorate,
-                        tuning=self.election_tuning)
+                        voted_for=voted_for, electorate=electorate)
 
     def start(self, *, converged: bool = False, seed_index: int = 0,
               stagger_s: float = 0.0) -> None:

@@ -7,8 +7,8 @@ jumping virtual clock with trio's scheduler seeded (``seeded_scheduler``), so th
 a function of the scenario and its seed. A director task turns the scenario into one
 timeline of actions (starts, scripted events, events drawn at rates, roaming outages),
 all drawn up front from generators seeded by the scenario's seed, and executes them in
-order; each action tells the oracle what it did. Every agent is a ``SimAgent``, which
-hands each membership and election event to the oracle with the virtual time.
+order; each action tells the oracle what it did. Every agent's world has the oracle as
+its event sink: each membership and election event reaches it with the virtual time.
 
 Alongside, small tasks measure: the leader is asked for a plan of a fixed request every
 ``plan.every_s`` (the plan's ``plan_id`` must not change unless a card or fellow really
@@ -17,10 +17,10 @@ killed, every fellow's election status is polled until all agree on a new leader
 (failover time). Traffic comes from each agent's own counters.
 
 Variants. ``ours`` runs the scenario's preset. ``baseline`` runs memberlist's LAN
-defaults (``p2pswarm.sim.baseline``). A variant may also swap the membership machine
-for a subclass (a planted bug, to show the oracle catches it). The agent builds its
-machines itself; the harness hands them their tuning by binding ``Membership`` and
-``Election`` in the agent module to tuned subclasses for the length of the run.
+defaults (``p2pswarm.sim.baseline``), a config like any preset, its machines' tunings
+included. A variant may also swap the membership machine for a subclass (a planted bug,
+to show the oracle catches it). Each variant is handed to the agents as their world
+(``AgentWorld``): its config, the machine it builds, the oracle as its event sink.
 """
 
 from __future__ import annotations
@@ -32,26 +32,19 @@ import random
 import resource
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
 
-import p2pswarm.agent.agent as agent_module
 from p2pswarm.agent import Agent
+from p2pswarm.agent.world import AgentWorld, Compute, MembershipFactory
 from p2pswarm.config import SwarmConfig, preset
-from p2pswarm.election import Election, ElectionTuning
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.membership import effects as fx
 from p2pswarm.membership.machine import Membership
-from p2pswarm.membership.timing import Tuning
 from p2pswarm.planner import BUILTIN_MODELS, REFERENCE_CONFIGS
-from p2pswarm.sim.baseline import (
-    memberlist_config,
-    memberlist_election_tuning,
-    memberlist_tuning,
-    missing_switches,
-)
+from p2pswarm.sim.baseline import memberlist_config, missing_switches
 from p2pswarm.sim.metrics import summary
 from p2pswarm.sim.oracle import Oracle
 from p2pswarm.sim.profiles import Profile, link_delay, link_loss, profile
@@ -81,72 +74,23 @@ PLANTED: dict[str, type[Membership]] = {"never-refutes": NeverRefutes}
 @dataclass(frozen=True)
 class Variant:
     name: str
-    config: SwarmConfig
-    tuning: Tuning | None = None
-    election_tuning: ElectionTuning | None = None
-    membership_class: type[Membership] = Membership
+    config: SwarmConfig  # the machines' tunings included
+    membership: MembershipFactory = Membership  # builds each agent's membership machine
 
 
 def variant_for(scenario: Scenario, name: str, planted: str | None = None) -> Variant:
     if name == "ours":
         v = Variant("ours", preset(scenario.preset))
     elif name == "baseline":
-        v = Variant("baseline", memberlist_config(), memberlist_tuning(scenario.nodes),
-                    memberlist_election_tuning())
+        v = Variant("baseline", memberlist_config(scenario.nodes))
     else:
         raise ConfigError(f"unknown variant {name!r}: use ours or baseline")
     if planted is not None:
         if planted not in PLANTED:
             raise ConfigError(f"unknown planted bug {planted!r}: use one of "
                               f"{', '.join(PLANTED)}")
-        v = Variant(f"{v.name}+{planted}", v.config, v.tuning, v.election_tuning,
-                    PLANTED[planted])
+        v = Variant(f"{v.name}+{planted}", v.config, PLANTED[planted])
     return v
-
-
-@contextlib.contextmanager
-def machines_of(variant: Variant) -> Iterator[None]:
-    """Agents built inside this block get the variant's machines and tunings."""
-    base_m = variant.membership_class
-    tuning, election_tuning = variant.tuning, variant.election_tuning
-
-    class SimMembership(base_m):  # type: ignore[valid-type,misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            if tuning is not None:
-                kwargs.setdefault("tuning", tuning)
-            super().__init__(*args, **kwargs)
-
-    class SimElection(Election):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            if election_tuning is not None:
-                kwargs.setdefault("tuning", election_tuning)
-            super().__init__(*args, **kwargs)
-
-    saved = agent_module.Membership, agent_module.Election
-    agent_module.Membership, agent_module.Election = SimMembership, SimElection  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        agent_module.Membership, agent_module.Election = saved  # type: ignore[misc]
-
-
-class SimAgent(Agent):
-    """The real agent, with every event it notes handed to the harness."""
-
-    def __init__(self, *, sim_run: ScenarioRun, sim_index: int, **kwargs: Any) -> None:
-        self.sim_run = sim_run
-        self.sim_index = sim_index
-        super().__init__(**kwargs)
-
-    def _note(self, event: fx.Event) -> None:
-        self.sim_run.on_event(self, event)
-        super()._note(event)
-
-    def form(self, records: list[Any]) -> None:
-        """Take in every fellow's record quietly, as after a long calm."""
-        if self.membership is not None:
-            self._apply(self.membership.merge_records(records, trio.current_time(),
-                                                      quiet=True))
 
 
 def plan_message(request: dict[str, Any]) -> dict[str, Any]:
@@ -252,8 +196,13 @@ class ScenarioRun:
         n = scenario.nodes
         self.n = n
         self.rng = random.Random(f"director:{scenario.seed}")
+        spec = scenario.training
+        # a training job's stage compute runs inline; each step takes step_s of virtual time
+        compute = Compute(inline=True, training_step_s=spec.step_s,
+                          training_step_timeout_s=10.0 * spec.step_s,
+                          training_retry_s=2.0) if spec.job else Compute()
         self.swarm = VirtualSwarm(n, seed=scenario.seed, config=variant.config,
-                                  agent_factory=self._make_agent)
+                                  agent_factory=self._make_agent, compute=compute)
         self.net = self.swarm.net
         self.layout = scenario.profiles()
         self.profiles: list[Profile] = [profile(p) for p, _, _ in self.layout]
@@ -306,28 +255,29 @@ class ScenarioRun:
         if end - start >= self.scenario.checks.blackout_min_s:
             self.oracle.blackout(i, start, end)
 
-    def _make_agent(self, fellow: Fellow, **kwargs: Any) -> Agent:
-        agent = SimAgent(sim_run=self, sim_index=fellow.index, **kwargs)
-        spec = self.scenario.training
-        if spec.job:  # stage compute inline; each step takes step_s of virtual time
-            agent.serving.inline_compute = True
-            agent.training.simulated_step_s = spec.step_s
-            agent.training.step_timeout_s = 10.0 * spec.step_s
-            agent.training.retry_s = 2.0
+    def _make_agent(self, fellow: Fellow, world: AgentWorld) -> Agent:
+        """The real agent in this run's world: the variant's machine, and every event it
+        notes handed to the oracle."""
+        index = fellow.index
+
+        def on_event(event: fx.Event) -> None:
+            self.on_event(agent, index, event)
+
+        agent = Agent(replace(world, on_event=on_event, membership=self.variant.membership))
         return agent
 
     # events from agents ---------------------------------------------------------------
 
-    def on_event(self, agent: SimAgent, event: fx.Event) -> None:
+    def on_event(self, agent: Agent, index: int, event: fx.Event) -> None:
         subject = self.index_of.get(event.node_id, -1)
         version = 0
         if event.kind == fx.METADATA and agent.membership is not None:
-            if subject == agent.sim_index:
+            if subject == index:
                 version = agent.membership.meta_version
             else:
                 member = agent.membership.member(event.node_id)
                 version = member.meta_version if member is not None else 0
-        self.oracle.event(trio.current_time(), agent.sim_index, event.kind, subject,
+        self.oracle.event(trio.current_time(), index, event.kind, subject,
                           event.incarnation, event.term, version,
                           bool(event.by) and event.by == agent.node_id)
 
@@ -486,8 +436,8 @@ class ScenarioRun:
                    for i in starters]
         for i in starters:
             agent = self.swarm.fellows[i].agent
-            assert isinstance(agent, SimAgent)
-            agent.form([r for k, r in zip(starters, records) if k != i])
+            assert agent is not None
+            agent.merge_records([r for k, r in zip(starters, records) if k != i], quiet=True)
 
     def crash(self, i: int) -> None:
         self._account(i)
@@ -754,7 +704,7 @@ def play_scenario(scenario: Scenario, variant: str = "ours", *, planted: str | N
     """Run ``scenario`` once (its own seed); the finished run's oracle holds every verdict."""
     v = variant_for(scenario, variant, planted)
     run = ScenarioRun(scenario, v, progress)
-    with seeded_scheduler(scenario.seed), machines_of(v), quiet_agents(), \
+    with seeded_scheduler(scenario.seed), quiet_agents(), \
             one_torch_thread(bool(scenario.training.job)):
         trio.run(run.main, clock=JumpClock(), instruments=[run.guard])
     return run
@@ -796,10 +746,8 @@ __all__ = [
     "PLANTED",
     "NeverRefutes",
     "ScenarioRun",
-    "SimAgent",
     "Variant",
     "build_timeline",
-    "machines_of",
     "plan_message",
     "run_scenario",
     "variant_for",

@@ -15,13 +15,13 @@ import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import trio
 import trio.abc
 
 from p2pswarm.agent import Agent
 from p2pswarm.agent.votes import VoteRecord
+from p2pswarm.agent.world import AgentWorld, Compute
 from p2pswarm.config import SwarmConfig, local
 from p2pswarm.inventory import Card, FakeCardSource
 from p2pswarm.security import Identity, Keyring, SwarmSecret
@@ -52,25 +52,28 @@ class Fellow:
     votes: VoteRecord = field(default_factory=VoteRecord)  # kept across restarts
 
 
-def plain_agent(fellow: Fellow, **kwargs: Any) -> Agent:
-    return Agent(**kwargs)
+def plain_agent(fellow: Fellow, world: AgentWorld) -> Agent:
+    return Agent(world)
 
 
-AgentFactory = Callable[..., Agent]  # (fellow, **Agent kwargs) -> Agent
+AgentFactory = Callable[[Fellow, AgentWorld], Agent]  # (fellow, its world) -> its agent
 
 
 @dataclass
 class VirtualSwarm:
     """``n`` fellows; fellow 0 is the seed the others join through.
 
-    ``agent_factory(fellow, **kwargs)`` builds each agent (default: a plain ``Agent``);
-    the simulation harness passes one that records events or plants a variant.
+    ``agent_factory(fellow, world)`` builds each agent from the world this swarm made for
+    it (default: a plain ``Agent(world)``); the simulation harness passes one that adds
+    its event sink or a variant's machines to that world. ``compute`` is how every
+    fellow's compute runs (``Compute(inline=True)`` for torch work in virtual time).
     """
 
     n: int
     seed: int = 1
     config: SwarmConfig = field(default_factory=local)
     agent_factory: AgentFactory = plain_agent
+    compute: Compute = field(default_factory=Compute)
     net: MemoryNetwork = field(init=False)
     fellows: list[Fellow] = field(init=False)
     secret: SwarmSecret = field(init=False)
@@ -102,13 +105,13 @@ class VirtualSwarm:
             seeds = () if i == 0 else (self.fellows[0].addr,)
         self.net.up(fellow.addr)
         fellow.boots += 1
-        agent = self.agent_factory(
-            fellow, name=fellow.name, transport=self.net.transport(fellow.addr),
+        agent = self.agent_factory(fellow, AgentWorld(
+            name=fellow.name, transport=self.net.transport(fellow.addr),
             keyring=Keyring([self.secret]), identity=fellow.identity, config=self.config,
             epoch=fellow.boots, rng=random.Random(int.from_bytes(
                 _seeded_bytes(self.seed, "rng", i, fellow.boots)[:8], "big")),
             seeds=seeds, leader_priority=fellow.leader_priority, card_source=fellow.cards,
-            votes=fellow.votes)
+            votes=fellow.votes, compute=self.compute))
         fellow.agent = agent
         fellow.scope = await self._nursery.start(self._run_agent, agent)
         return agent

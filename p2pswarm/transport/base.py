@@ -59,12 +59,9 @@ class Transport(Protocol):
         large); an unreachable peer is silent.
         """
 
-    # A transport whose sends never wait may also offer
-    # ``send_datagram_nowait(addr, data) -> None`` (same contract, synchronous); the
-    # agent then sends from where it posts, with no sender task in between. One that runs
-    # its own event loop (MemoryNetwork) may offer ``deliver_to(handler)`` (call
-    # ``handler(data, addr)`` as each datagram lands) and ``call_at(t, fn)`` (call ``fn()``
-    # at time t unless closed); the agent then runs no receive or timer task either.
+    # Optional capabilities (the protocols below, checked with isinstance): a transport
+    # whose sends never wait may be ``SendsNowait``; one that runs its own event loop
+    # (MemoryNetwork) may also be ``DeliversDatagrams`` and ``RingsAlarms``.
 
     async def receive_datagram(self) -> tuple[bytes, str]:
         """The next datagram and the address it came from."""
@@ -81,6 +78,32 @@ class Transport(Protocol):
 
     async def aclose(self) -> None:
         """Stop receiving and sending; idempotent."""
+
+
+@runtime_checkable
+class SendsNowait(Protocol):
+    """A transport whose sends never wait: the agent sends from where it posts, with no
+    sender task in between."""
+
+    def send_datagram_nowait(self, addr: str, data: bytes) -> None:
+        """``send_datagram``'s contract, synchronous."""
+
+
+@runtime_checkable
+class DeliversDatagrams(Protocol):
+    """A transport that runs its own event loop and hands datagrams over as they land:
+    the agent runs no receive task."""
+
+    def deliver_to(self, sink: Callable[[bytes, str], None] | None) -> None:
+        """Call ``sink(data, addr)`` as each datagram lands; None: stop delivering."""
+
+
+@runtime_checkable
+class RingsAlarms(Protocol):
+    """A transport that runs its own clock: the agent runs no timer task."""
+
+    def call_at(self, at: float, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` at time ``at``, unless the transport is closed by then."""
 
 
 def _only_swarm_errors(exc: BaseException) -> bool:
