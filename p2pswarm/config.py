@@ -206,7 +206,8 @@ def preset(name: str) -> SwarmConfig:
 
 __all__ = [
     "DEFAULT_PORT", "TransportConfig", "SecurityConfig", "GossipTuning", "GossipConfig",
-    "ElectionTuning", "ElectionConfig", "InventoryConfig", "SwarmConfig", "lan", "wifi", "local", "preset", "replace", "split_addr",
+    "ElectionTuning", "ElectionConfig", "InventoryConfig", "SwarmConfig", "lan", "wifi",
+    "local", "preset", "replace", "split_addr",
 ]
 
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import trio
 
 from p2pswarm.agent import Agent
-from p2pswarm.agent.world import AgentWorld, Compute
+from p2pswarm.agent.world import AgentWorld, Services
 from p2pswarm.config import local
 from p2pswarm.http.app import HttpSettings, serve_http
 from p2pswarm.inventory import Card, FakeCardSource
@@ -120,7 +120,7 @@ class LoopbackSwarm:
                     config=config, epoch=time.time_ns() // 1000,
                     rng=random.Random(i), card_source=cards,
                     seeds=() if i == 0 else (transports[0].local_addr,),
-                    compute=Compute(weights_dir=self.root / f"cache-{i}")))
+                    services=Services(weights_dir=self.root / f"cache-{i}")))
                 self.agents.append(agent)
                 self.cards.append(cards)
                 await nursery.start(agent.run)

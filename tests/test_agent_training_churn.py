@@ -11,7 +11,7 @@ import torch
 import trio
 import trio.testing
 
-from p2pswarm.agent.world import Compute
+from p2pswarm.agent.world import Services
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
 
 from tests.test_agent_training import finished, job_config
@@ -23,13 +23,13 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 STEP_S = 1.0  # the virtual seconds one stage step takes
 
 
-# stage compute inline; each step takes STEP_S of virtual time
-COMPUTE = Compute(inline=True, training_step_s=STEP_S, training_step_timeout_s=10.0,
-                  training_retry_s=2.0)
+# stage compute runs inline; each step takes STEP_S of virtual time
+SERVICES = Services(training_step_s=STEP_S, training_step_timeout_s=10.0,
+                    training_retry_s=2.0)
 
 
 async def start_swarm(nursery: trio.Nursery, n: int = 3, seed: int = 5) -> VirtualSwarm:
-    swarm = VirtualSwarm(n, seed=seed, compute=COMPUTE)
+    swarm = VirtualSwarm(n, seed=seed, inline_compute=True, services=SERVICES)
     for fellow in swarm.fellows:
         fellow.cards.cards = (cpu_card(16.0, name=f"{fellow.name} CPU"),)
     await nursery.start(swarm.run)
@@ -49,7 +49,7 @@ async def three_replicas(churn: bool) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
         leader = next(a for a in swarm.live() if a.leadership.is_leader())
-        plan = await leader.leadership.ask("job-plan", {"config": churn_config()})
+        plan = await leader.leadership.ask_op("job-plan", {"config": churn_config()})
         assert len(plan["replicas"]) == 3
         assert len({s["fellow"] for r in plan["replicas"] for s in r["stages"]}) == 3
         record = await leader.training.submit(churn_config())

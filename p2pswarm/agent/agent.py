@@ -44,7 +44,7 @@ from p2pswarm.agent.serving import Serving
 from p2pswarm.agent.training import Training
 from p2pswarm.agent.votes import VOTES_FILE, VoteRecord
 from p2pswarm.agent.weights import WeightsCache
-from p2pswarm.agent.world import AgentWorld, Compute
+from p2pswarm.agent.world import AgentWorld, Services
 from p2pswarm.control.server import serve_control
 from p2pswarm.election import Election
 from p2pswarm.errors import (
@@ -106,6 +106,7 @@ class Agent:
         self.advertise = world.advertise  # the address fellows reach us at, if not the bound one
         self.leader_priority = world.leader_priority
         self.card_source = world.card_source
+        self.compute = world.compute  # where torch work runs: worker threads, or inline
         # term, vote and electorate survive a restart (one vote per term, however
         # often we crash; never a majority of one)
         self.votes = world.votes if world.votes is not None else (
@@ -151,18 +152,17 @@ class Agent:
         self.planning = Planning(self, self.leadership)
         self.serving = Serving(self, self.leadership)
         self.training = Training(self, self.leadership)
-        self._run_compute(world.compute)
+        self._set_up_services(world.services)
 
-    def _run_compute(self, compute: Compute) -> None:
-        """Hand the services how this world runs their compute (see ``Compute``)."""
-        self.serving.inline_compute = compute.inline
-        if compute.weights_dir is not None:
-            self.serving.cache = WeightsCache(compute.weights_dir)
-        self.training.simulated_step_s = compute.training_step_s
-        if compute.training_step_timeout_s is not None:
-            self.training.step_timeout_s = compute.training_step_timeout_s
-        if compute.training_retry_s is not None:
-            self.training.retry_s = compute.training_retry_s
+    def _set_up_services(self, services: Services) -> None:
+        """Hand serving and training what this world sets for them (see ``Services``)."""
+        if services.weights_dir is not None:
+            self.serving.cache = WeightsCache(services.weights_dir)
+        self.training.simulated_step_s = services.training_step_s
+        if services.training_step_timeout_s is not None:
+            self.training.step_timeout_s = services.training_step_timeout_s
+        if services.training_retry_s is not None:
+            self.training.retry_s = services.training_retry_s
 
     # --- identity -------------------------------------------------------------------
 
@@ -624,6 +624,15 @@ class Agent:
             return []
         return sorted((m for m in self.membership.members() if not m.is_self),
                       key=lambda m: (m.name, m.node_id))
+
+    def fellow(self, fellow_id: str) -> Member | None:
+        """The fellow plans and records name by ``fellow_id`` (its node id in hex)."""
+        if self.membership is None or not fellow_id:
+            return None
+        try:
+            return self.membership.member(bytes.fromhex(fellow_id))
+        except ValueError:
+            return None
 
     def leader(self) -> dict[str, Any] | None:
         if self.election is None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from p2pswarm.agent.compute import Compute
 from p2pswarm.agent.votes import VoteRecord
 from p2pswarm.config import SwarmConfig
 from p2pswarm.election import Election
@@ -32,13 +33,12 @@ ElectionFactory = Callable[..., Election]  # called as Election(...) is
 
 
 @dataclass(frozen=True, slots=True)
-class Compute:
-    """How the agent's torch work runs. The defaults are the real world's: torch on
-    worker threads, the services' own timeouts, weights cached under the state directory.
-    A simulation runs it inline, so compute takes no virtual time, and may make each
-    training step take some virtual time instead."""
+class Services:
+    """What serving and training are given beyond the config. The defaults are the real
+    world's: the services' own timeouts, weights cached under the state directory. A
+    simulation may make each hosted training step take some virtual time (its compute
+    runs inline and takes none) and wait less for it."""
 
-    inline: bool = False  # run torch on the agent's own thread (tests, simulations)
     training_step_s: float = 0.0  # virtual seconds each hosted training step takes
     training_step_timeout_s: float | None = None  # the driver's wait for a step; None: default
     training_retry_s: float | None = None  # a pending job retries this often; None: default
@@ -66,7 +66,10 @@ class AgentWorld:
     on_event: EventSink | None = None  # also told each event the agent notes
     membership: MembershipFactory = Membership  # builds the membership machine
     election: ElectionFactory = Election  # builds the election machine
-    compute: Compute = field(default_factory=Compute)
+    compute: Compute = field(default_factory=Compute)  # torch on worker threads, or inline
+    services: Services = field(default_factory=Services)
 
 
-__all__ = ["AgentWorld", "Compute", "ElectionFactory", "EventSink", "MembershipFactory"]
+__all__ = [
+    "AgentWorld", "Compute", "ElectionFactory", "EventSink", "MembershipFactory", "Services",
+]

@@ -38,7 +38,7 @@ from typing import Any
 import trio
 
 from p2pswarm.agent import Agent
-from p2pswarm.agent.world import AgentWorld, Compute, MembershipFactory
+from p2pswarm.agent.world import AgentWorld, MembershipFactory, Services
 from p2pswarm.config import SwarmConfig, preset
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.membership import effects as fx
@@ -198,11 +198,12 @@ class ScenarioRun:
         self.rng = random.Random(f"director:{scenario.seed}")
         spec = scenario.training
         # a training job's stage compute runs inline; each step takes step_s of virtual time
-        compute = Compute(inline=True, training_step_s=spec.step_s,
-                          training_step_timeout_s=10.0 * spec.step_s,
-                          training_retry_s=2.0) if spec.job else Compute()
+        services = Services(training_step_s=spec.step_s,
+                            training_step_timeout_s=10.0 * spec.step_s,
+                            training_retry_s=2.0) if spec.job else Services()
         self.swarm = VirtualSwarm(n, seed=scenario.seed, config=variant.config,
-                                  agent_factory=self._make_agent, compute=compute)
+                                  agent_factory=self._make_agent,
+                                  inline_compute=bool(spec.job), services=services)
         self.net = self.swarm.net
         self.layout = scenario.profiles()
         self.profiles: list[Profile] = [profile(p) for p, _, _ in self.layout]

@@ -20,8 +20,9 @@ import trio
 import trio.abc
 
 from p2pswarm.agent import Agent
+from p2pswarm.agent.compute import Compute
 from p2pswarm.agent.votes import VoteRecord
-from p2pswarm.agent.world import AgentWorld, Compute
+from p2pswarm.agent.world import AgentWorld, Services
 from p2pswarm.config import SwarmConfig, local
 from p2pswarm.inventory import Card, FakeCardSource
 from p2pswarm.security import Identity, Keyring, SwarmSecret
@@ -65,15 +66,17 @@ class VirtualSwarm:
 
     ``agent_factory(fellow, world)`` builds each agent from the world this swarm made for
     it (default: a plain ``Agent(world)``); the simulation harness passes one that adds
-    its event sink or a variant's machines to that world. ``compute`` is how every
-    fellow's compute runs (``Compute(inline=True)`` for torch work in virtual time).
+    its event sink or a variant's machines to that world. ``inline_compute`` runs every
+    fellow's torch work inline (it then takes no virtual time); ``services`` is what
+    every fellow's serving and training are given (``Services``).
     """
 
     n: int
     seed: int = 1
     config: SwarmConfig = field(default_factory=local)
     agent_factory: AgentFactory = plain_agent
-    compute: Compute = field(default_factory=Compute)
+    inline_compute: bool = False
+    services: Services = field(default_factory=Services)
     net: MemoryNetwork = field(init=False)
     fellows: list[Fellow] = field(init=False)
     secret: SwarmSecret = field(init=False)
@@ -111,7 +114,8 @@ class VirtualSwarm:
             epoch=fellow.boots, rng=random.Random(int.from_bytes(
                 _seeded_bytes(self.seed, "rng", i, fellow.boots)[:8], "big")),
             seeds=seeds, leader_priority=fellow.leader_priority, card_source=fellow.cards,
-            votes=fellow.votes, compute=self.compute))
+            votes=fellow.votes, compute=Compute(inline=self.inline_compute),
+            services=self.services))
         fellow.agent = agent
         fellow.scope = await self._nursery.start(self._run_agent, agent)
         return agent
