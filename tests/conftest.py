@@ -30,9 +30,9 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.fixture
 def agent(monkeypatch: pytest.MonkeyPatch) -> Any:
     """A stand-in agent behind the control client, for the CLI tests: it answers each
-    op from a table (``tests.test_serving_cli.FakeAgent``)."""
+    op from a table (``tests.fakes.FakeAgent``)."""
     import p2pswarm.control.client as control_client
-    from tests.test_serving_cli import FakeAgent
+    from tests.fakes import FakeAgent
 
     fake = FakeAgent({})
     monkeypatch.setattr(control_client, "request", fake.request)

@@ -14,7 +14,7 @@ import trio.testing
 from p2pswarm.agent.world import Services
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
 
-from tests.test_agent_training import finished, job_config
+from tests.training_swarm import finished, job_config
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -24,7 +24,7 @@ from p2pswarm.planner.placement import (
 )
 from p2pswarm.planner.profile import profile_from_config
 from p2pswarm.planner.request import resolve
-from tests.test_planner import GB, MB, MID, card, cluster, fellow, make, random_cluster, reference
+from tests.planner_cases import GB, MB, MID, card, cluster, fellow, make, random_cluster, reference
 
 
 def searches_for(data: dict[str, Any], request: dict[str, Any], layers: int, seed: int):

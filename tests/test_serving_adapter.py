@@ -23,7 +23,7 @@ from p2pswarm.planner import BUILTIN_MODELS
 from p2pswarm.runtime import LocalPipeline, Sampler, Stage, StageSpec
 from p2pswarm.training.job import LoraConfig
 from p2pswarm.training.lora import ADAPTER_WEIGHTS, apply_lora, load_adapters, save_adapters
-from tests.test_serving import nothing_held, reference, request, start_swarm
+from tests.serving_swarm import nothing_held, reference, request, start_swarm
 
 MODEL = "tiny-llama"
 PROMPT = [256, *range(32, 100)]
@@ -152,17 +152,14 @@ async def test_an_adapter_for_another_base_is_refused(autojump_clock, tmp_path) 
         nursery.cancel_scope.cancel()
 
 
-def test_cli_load_adapter_sends_it_and_shows_it(monkeypatch, tmp_path) -> None:
-    import p2pswarm.control.client as control_client
+def test_cli_load_adapter_sends_it_and_shows_it(agent, tmp_path) -> None:
     from typer.testing import CliRunner
 
     from p2pswarm.cli import app
-    from tests.test_serving_cli import RECORD, FakeAgent
+    from tests.fakes import RECORD
 
     adapter = make_adapter(tmp_path / "adapter")
-    fake = FakeAgent({})
-    monkeypatch.setattr(control_client, "request", fake.request)
-    monkeypatch.setattr(control_client, "stream", fake.stream)
+    fake = agent  # the stand-in behind the control client (conftest)
     sha = read_adapter(adapter).sha256
     fake.answers["load"] = {**RECORD, "adapter": {"name": "adapter", "rank": 4, "sha256": sha,
                                                   "targets": ["down_proj", "q_proj", "v_proj"]}}

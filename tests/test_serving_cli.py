@@ -18,6 +18,7 @@ from p2pswarm.cli import app
 from p2pswarm.control.server import emit, serve_control
 from p2pswarm.errors import PlanChanged
 from p2pswarm.planner import BUILTIN_MODELS, cluster_from_dict, plan_message
+from tests.fakes import RECORD, FakeAgent
 
 runner = CliRunner()
 
@@ -29,37 +30,6 @@ def a_plan(free: str = "16GB") -> dict[str, Any]:
                     "free_bytes": free if i == 1 else "16GB"}]} for i in range(3)]})
     return plan_message({"model": {"name": "small-llama", "config": BUILTIN_MODELS[
         "small-llama"]}, "stages": 3, "weights_dtype": "f32"}, view)
-
-
-RECORD = {"plan_id": "0123456789abcdef", "model": {"kind": "builtin", "name": "small-llama"},
-          "load_s": 1.5, "stages": [
-              {"stage": i, "fellow": f"fellow-{i + 1}", "fellow_id": f"{i:02x}", "addr": "x:1",
-               "layers": [4 * i, 4 * i + 4], "card": "CPU", "claim_bytes": 59_000_000,
-               "allocated_bytes": 59_000_000, "fetched_bytes": 0, "state": "alive"}
-              for i in range(3)], "complete": True}
-
-
-class FakeAgent:
-    """Answers control requests as the agent would, and records them."""
-
-    def __init__(self, answers: dict[str, Any], events: dict[str, list[Any]] | None = None
-                 ) -> None:
-        self.answers = answers
-        self.events = events or {}
-        self.requests: list[dict[str, Any]] = []
-
-    def request(self, home: Path, req: dict[str, Any], timeout_s: float = 30.0) -> Any:
-        return self.stream(home, req, lambda e: None, timeout_s)
-
-    def stream(self, home: Path, req: dict[str, Any], on_event: Any,
-               timeout_s: float = 30.0) -> Any:
-        self.requests.append(req)
-        for event in self.events.get(req["op"], []):
-            on_event(event)
-        answer = self.answers[req["op"]]
-        if isinstance(answer, Exception):
-            raise answer
-        return answer(req) if callable(answer) else answer
 
 
 def test_load_with_plan_prints_the_plan_and_loads_nothing(agent: FakeAgent) -> None:

@@ -169,7 +169,7 @@ async def test_a_swarm_job_exports_from_a_fellow_that_does_not_lead(autojump_clo
 
     import trio
 
-    from tests.test_agent_training import finished, job_config, start_swarm
+    from tests.training_swarm import finished, job_config, start_swarm
 
     config = job_config(steps=2, checkpoint={"dir": str(tmp_path / "ckpt"),
                                              "interval_steps": 2, "copies": 2})

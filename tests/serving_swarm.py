@@ -1,0 +1,58 @@
+"""A swarm that serves, for the serving tests: three fellows in virtual time with their
+torch work inline (it takes no virtual time) and each its own weights cache; the request
+they load; the same stages in one process to compare with."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from p2pswarm.agent import Agent
+from p2pswarm.agent.world import AgentWorld, Services
+from p2pswarm.planner import BUILTIN_MODELS
+from p2pswarm.runtime import LocalPipeline, Stage, StageSpec
+from p2pswarm.sim.virtual import Fellow, VirtualSwarm, cpu_card, wait_until
+
+MODEL = "tiny-llama"
+PROMPT = [256, *range(32, 127), *range(40, 240)]  # 296 tokens: two prefill chunks of 256
+
+
+def request(**extra: Any) -> dict[str, Any]:
+    return {"model": {"name": MODEL, "config": BUILTIN_MODELS[MODEL]}, "stages": 3,
+            "weights_dtype": "f32", "kv_dtype": "f32", "context": 512, **extra}
+
+
+async def start_swarm(nursery: trio.Nursery, tmp_path: Path, seed: int,
+                      n: int = 3) -> VirtualSwarm:
+    def own_weights_cache(fellow: Fellow, world: AgentWorld) -> Agent:
+        return Agent(replace(world, services=Services(
+            weights_dir=tmp_path / f"cache-{fellow.index}")))
+
+    swarm = VirtualSwarm(n, seed=seed, agent_factory=own_weights_cache,
+                         inline_compute=True)
+    for fellow in swarm.fellows:
+        fellow.cards.cards = (cpu_card(16.0, name=f"{fellow.name} CPU"),)
+    await nursery.start(swarm.run)
+    for i in range(n):
+        await swarm.start(i)
+    await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
+                     and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
+    return swarm
+
+
+def reference(plan: dict[str, Any], source: object) -> LocalPipeline:
+    """The same stages as the plan, in this process."""
+    runtime = plan["runtime"]
+    fields = ("dtype", "quant", "quant_group_size", "kv_dtype", "max_context_tokens",
+              "max_sessions", "prefill_chunk_tokens")
+    return LocalPipeline([
+        Stage.load(source, StageSpec(s["layers"][0], s["layers"][1],  # type: ignore[arg-type]
+                                     **{k: runtime[k] for k in fields}))
+        for s in plan["stages"]])
+
+
+def nothing_held(swarm: VirtualSwarm) -> bool:
+    return all(not a.serving.hosted and a.serving.allocated_bytes() == 0 for a in swarm.live())
