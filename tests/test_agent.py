@@ -7,6 +7,7 @@ sockets on loopback.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import trio
@@ -14,21 +15,61 @@ import trio.testing
 
 from p2pswarm.agent import Agent
 from p2pswarm.agent.world import AgentWorld
-from p2pswarm.config import local
+from p2pswarm.config import GossipTuning, local
 from p2pswarm.errors import TransportError
+from p2pswarm.membership import Event, Membership
 from p2pswarm.security import Identity, Keyring, SwarmSecret
+from p2pswarm.transport.base import DeliversDatagrams, RingsAlarms, SendsNowait
 from p2pswarm.transport.memory import MemoryNetwork
-from p2pswarm.transport.udp_tcp import open_udp_tcp_transport
+from p2pswarm.transport.udp_tcp import UdpTcpTransport, open_udp_tcp_transport
 from p2pswarm.wire.base import Hello, HelloAck
 
 SECRET = SwarmSecret(bytes(range(32)))
 OTHER_SECRET = SwarmSecret(bytes(range(1, 33)))
 
 
+def world(transport, name: str, secret: SwarmSecret = SECRET, seeds=(), seed: int = 0):
+    return AgentWorld(name=name, transport=transport, keyring=Keyring([secret]),
+                      identity=Identity.generate(), config=local(), epoch=1,
+                      rng=random.Random(seed), seeds=tuple(seeds))
+
+
 def make_agent(transport, name: str, secret: SwarmSecret = SECRET, seeds=(), seed: int = 0):
-    return Agent(AgentWorld(name=name, transport=transport, keyring=Keyring([secret]),
-                            identity=Identity.generate(), config=local(), epoch=1,
-                            rng=random.Random(seed), seeds=tuple(seeds)))
+    return Agent(world(transport, name, secret, seeds, seed))
+
+
+async def test_the_world_builds_the_machines_and_hears_every_event(autojump_clock) -> None:
+    net = MemoryNetwork(seed=4)
+    heard: list[Event] = []
+    built: list[Membership] = []
+
+    def membership(*args, **kwargs) -> Membership:
+        built.append(Membership(*args, **kwargs))
+        return built[-1]
+
+    slow = replace(local(), gossip=replace(local().gossip, tuning=GossipTuning(linger_s=0.5)))
+    a = Agent(replace(world(net.transport("a:1"), "a"), config=slow, on_event=heard.append,
+                      membership=membership, metadata={"note": "hello"}))
+    b = make_agent(net.transport("b:1"), "b", seeds=["a:1"])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(net.run)
+        for agent in (a, b):
+            await nursery.start(agent.run)
+        await trio.sleep(5)
+        assert a.membership is built[0] and len(built) == 1
+        assert a.membership.tuning.linger_s == 0.5  # the tuning rides in the config
+        assert {"joined", "member-joined", "leader"} <= {e.kind for e in heard}
+        assert heard == a.events  # the same events the agent notes for its status
+        (fellow,) = b.fellows()
+        assert Agent.member_metadata(fellow)["note"] == "hello"
+        nursery.cancel_scope.cancel()
+
+
+def test_optional_transport_capabilities_are_protocols() -> None:
+    memory = MemoryNetwork(seed=1).transport("a:1")
+    for capability in (SendsNowait, DeliversDatagrams, RingsAlarms):
+        assert isinstance(memory, capability)
+        assert not issubclass(UdpTcpTransport, capability)
 
 
 async def test_agents_find_each_other_and_an_outsider_is_dropped(autojump_clock) -> None:
