@@ -11,8 +11,8 @@ Entry points:
   ``cluster_view`` (a view from membership's inventories and benchmarks);
 - ``diff_views`` / ``diff_plans``: what changed, for a refused pinned plan.
 
-Importing the planner pulls in no torch, trio, sockets or clock (``render`` uses rich
-and is imported on demand).
+Importing the planner pulls in no torch, trio, sockets or clock. Showing a plan to a
+person is the CLI's job (``p2pswarm.cli.render``).
 """
 
 from __future__ import annotations
