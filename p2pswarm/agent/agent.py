@@ -44,6 +44,7 @@ from p2pswarm.agent.serving import Serving
 from p2pswarm.agent.training import Training
 from p2pswarm.agent.votes import VOTES_FILE, VoteRecord
 from p2pswarm.config import SwarmConfig
+from p2pswarm.cards import Inventory
 from p2pswarm.control.server import serve_control
 from p2pswarm.election import Election
 from p2pswarm.errors import (
@@ -54,7 +55,7 @@ from p2pswarm.errors import (
     TransportError,
     VersionMismatch,
 )
-from p2pswarm.inventory import CardSource, Inventory, changed_enough, read_inventory
+from p2pswarm.inventory import CardSource, changed_enough, read_inventory
 from p2pswarm.membership import effects as fx
 from p2pswarm.membership.machine import Membership
 from p2pswarm.membership.member import LocalNode, Member
