@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from p2pswarm.errors import ConfigError, PlacementError
+from p2pswarm.models.files import load_profile
 from p2pswarm.planner import (
     ModelProfile,
     Plan,
     cluster_from_dict,
-    load_profile,
     plan,
     plan_message,
     profile_from_config,
