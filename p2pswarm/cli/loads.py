@@ -33,12 +33,8 @@ def _serve_message(model: str, context: Optional[int], sequences: int, stages: O
                    weights_dtype: Optional[str], kv_dtype: str, maximize: Optional[str],
                    exclude: list[str], floor: list[str]) -> tuple[dict[str, Any], Optional[str]]:
     """The plan request a load sends, and the model's directory when MODEL is one."""
-    from p2pswarm.planner import (
-        BUILTIN_MODELS,
-        profile_from_config,
-        read_model_config,
-        request_from_dict,
-    )
+    from p2pswarm.models.files import read_model_config
+    from p2pswarm.planner import BUILTIN_MODELS, profile_from_config, request_from_dict
 
     request: dict[str, Any] = {
         "kind": "serve", "stages": stages, "kv_dtype": kv_dtype, "weights_dtype": weights_dtype,

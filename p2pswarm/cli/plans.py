@@ -74,7 +74,8 @@ def plan(
     """Show where MODEL would run: which fellow runs which layers on which card, and what
     each card then holds. Exits 1 when the plan does not fit."""
     from p2pswarm.planner import plan as make_plan
-    from p2pswarm.planner import profile_from_config, read_model_config, request_from_dict
+    from p2pswarm.models.files import read_model_config
+    from p2pswarm.planner import profile_from_config, request_from_dict
 
     request: dict[str, Any] = {
         "kind": "train" if train else "serve", "stages": stages, "kv_dtype": kv_dtype,
