@@ -476,8 +476,10 @@ class Retransmission:
 
     def attempts(self, sent_at_s: float, give_up_at_s: float = _INF) -> Iterator[float]:
         """When a packet first sent at ``sent_at_s`` is sent, each time it is lost: the
-        first send, then each retry before ``give_up_at_s``."""
+        first send and each retry, all before ``give_up_at_s``."""
         t, rto = sent_at_s, self.first_rto_s
+        if t >= give_up_at_s:
+            return
         while True:
             yield t
             nxt = self.retry(t, rto, give_up_at_s)
