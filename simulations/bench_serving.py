@@ -161,7 +161,7 @@ async def _transport(config: Any, *, task_status: Any) -> None:
 def pipeline_in_process(model: str, tokens: int, prompt: list[int]) -> dict[str, Any]:
     async def body(swarm: LoopbackSwarm) -> dict[str, Any]:
         message = serve_request(model)
-        plan = await swarm.agents[0].leadership.ask("plan", message)
+        plan = await swarm.agents[0].planning.ask_plan(message)
         began = time.perf_counter()
         await swarm.agents[0].serving.load(message, plan_id=plan["plan_id"])
         load_s = time.perf_counter() - began
@@ -175,7 +175,7 @@ def pipeline_in_process(model: str, tokens: int, prompt: list[int]) -> dict[str,
             await trio.to_thread.run_sync(partial(
                 local.generate, prompt, tokens, Sampler.greedy(), stop_token_ids=(),
                 on_token=local_ticks.run()))
-        await swarm.agents[0].leadership.ask("unload", {})
+        await swarm.agents[0].leadership.ask_op("unload", {})
         return {"plan": plan, "load_s": load_s, "tokens_per_s": swarm_ticks.per_s(),
                 "local_tokens_per_s": local_ticks.per_s()}
 

@@ -128,14 +128,14 @@ async def test_any_fellow_plans_through_the_leader(autojump_clock) -> None:
         follower = next(a for a in swarm.live() if a.node_id != leader_id)
         request = {"model": {"name": "llama-3-8b", "config": REFERENCE_CONFIGS["llama-3-8b"]},
                    "context": 2048, "sequences": 1}
-        plan = await follower.leadership.ask("plan", request)
-        same = await swarm.live()[0].leadership.ask("plan", request)
+        plan = await follower.planning.ask_plan(request)
+        same = await swarm.live()[0].planning.ask_plan(request)
         assert plan["plan_id"] == same["plan_id"]
         assert {c["fellow"] for c in plan["cards"] if c["used"]} == {"f000", "f001", "f002"}
         # a dead fellow's cards are left out with the reason
         swarm.crash(2)
         await wait_until(lambda: swarm.states_seen_by_all(2) == {"dead"}, timeout_s=30)
-        again = await follower.leadership.ask("plan", request)
+        again = await follower.planning.ask_plan(request)
         left_out = [c for c in again["cards"] if c["fellow"] == "f002"]
         assert left_out and left_out[0]["reason"] == "fellow not connected"
         assert again["plan_id"] != plan["plan_id"] and not again["fits"]

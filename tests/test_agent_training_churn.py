@@ -51,7 +51,7 @@ async def three_replicas(churn: bool) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
         leader = next(a for a in swarm.live() if a.leadership.is_leader())
-        plan = await leader.leadership.ask("job-plan", {"config": churn_config()})
+        plan = await leader.leadership.ask_op("job-plan", {"config": churn_config()})
         assert len(plan["replicas"]) == 3
         assert len({s["fellow"] for r in plan["replicas"] for s in r["stages"]}) == 3
         record = await leader.training.submit(churn_config())

@@ -68,7 +68,7 @@ async def test_three_stages_across_fellows_equal_one_process(autojump_clock, tmp
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, tmp_path, seed=21)
         driver = swarm.live()[1]
-        plan = await driver.leadership.ask("plan", request())
+        plan = await driver.planning.ask_plan(request())
         assert plan["fits"] and len({s["fellow"] for s in plan["stages"]}) == 3
         assert plan["runtime"]["prefill_chunk_tokens"] < len(PROMPT)
         loaded = await driver.serving.load(request(), plan_id=plan["plan_id"])
@@ -104,7 +104,7 @@ async def test_three_stages_across_fellows_equal_one_process(autojump_clock, tmp
         # every stage ended its sessions; unloading frees everything everywhere
         await wait_until(lambda: all(not h.stage.sessions for a in swarm.live()
                                      for h in a.serving.hosted.values()), timeout_s=5)
-        await driver.leadership.ask("unload", {"plan_id": plan["plan_id"]})
+        await driver.leadership.ask_op("unload", {"plan_id": plan["plan_id"]})
         assert nothing_held(swarm)
         nursery.cancel_scope.cancel()
 
@@ -114,7 +114,7 @@ async def test_a_loaded_cpu_stage_is_not_offered_again(autojump_clock, tmp_path)
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, tmp_path, seed=23)
         asker = swarm.live()[0]
-        plan = await asker.leadership.ask("plan", request())
+        plan = await asker.planning.ask_plan(request())
         await asker.serving.load(request(), plan_id=plan["plan_id"])
         need = {a.name: sum(h.order.need_bytes for h in a.serving.hosted.values())
                 for a in swarm.live()}
@@ -126,7 +126,7 @@ async def test_a_loaded_cpu_stage_is_not_offered_again(autojump_clock, tmp_path)
                        for c in f.cards)
 
         await wait_until(everyone_sees_it, timeout_s=30)
-        assert (await asker.leadership.ask("plan", request()))["plan_id"] != plan["plan_id"]
+        assert (await asker.planning.ask_plan(request()))["plan_id"] != plan["plan_id"]
         await asker.serving._op_unload({"plan_id": plan["plan_id"]})
         await wait_until(lambda: all(c.free_bytes == 16_000_000_000 for a in swarm.live()
                                      for f in a.planning.view().fellows for c in f.cards),
@@ -138,7 +138,7 @@ async def test_pinned_plan_refused_after_free_memory_drops(autojump_clock, tmp_p
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, tmp_path, seed=22)
         asker = swarm.live()[0]
-        plan = await asker.leadership.ask("plan", request())
+        plan = await asker.planning.ask_plan(request())
         # f001's memory fills up; once the leader's view has it, the pin no longer holds
         target = swarm.fellows[1]
         target.cards.cards = (cpu_card(16.0, free_gb=1.2, name=f"{target.name} CPU"),)
@@ -162,7 +162,7 @@ async def test_pinned_plan_refused_after_free_memory_drops(autojump_clock, tmp_p
 async def test_one_refusal_aborts_the_whole_load(autojump_clock, tmp_path) -> None:
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, tmp_path, seed=23)
-        plan = await swarm.live()[0].leadership.ask("plan", request())
+        plan = await swarm.live()[0].planning.ask_plan(request())
         # a fellow that started training after the plan was made refuses its stage
         busy = swarm.fellows[2].agent
         busy.extra_metadata["training"] = True
@@ -194,7 +194,7 @@ async def test_fellows_fetch_exactly_their_stage_verified(autojump_clock, tmp_pa
         swarm = await start_swarm(nursery, tmp_path, seed=24)
         source = swarm.live()[0]  # the model directory is here only
         message = {**request(), "model": {"name": MODEL, "config": checkpoint.hf_config}}
-        plan = await source.leadership.ask("plan", message)
+        plan = await source.planning.ask_plan(message)
         loaded = await source.serving.load(message, plan_id=plan["plan_id"],
                                            model_dir=str(model_dir))
         manifest = source.serving.weights.offers[loaded["model"]["key"]]
@@ -224,7 +224,7 @@ async def test_a_corrupted_tensor_is_refused(autojump_clock, tmp_path, model_dir
         swarm = await start_swarm(nursery, tmp_path, seed=25)
         source = swarm.live()[0]
         message = {**request(), "model": {"name": MODEL, "config": checkpoint.hf_config}}
-        plan = await source.leadership.ask("plan", message)
+        plan = await source.planning.ask_plan(message)
         await source.serving.offer(str(bad_dir))  # hashed while still intact
         # then a byte of one of the last stage's tensors rots on the source's disk, silently
         # (same size, same mtime: the manifest made before still stands)
@@ -255,7 +255,7 @@ async def test_a_vanished_stage_fellow_ends_generation_with_its_name(autojump_cl
         swarm = await start_swarm(nursery, tmp_path, seed=26)
         ((leader_id, _),) = swarm.leaders()
         driver = next(a for a in swarm.live() if a.node_id == leader_id)
-        plan = await driver.leadership.ask("plan", request())
+        plan = await driver.planning.ask_plan(request())
         await driver.serving.load(request(), plan_id=plan["plan_id"])
         middle = plan["stages"][1]["fellow"]
         victim = next(i for i, f in enumerate(swarm.fellows) if f.name == middle)
@@ -289,7 +289,7 @@ async def test_a_load_outlives_the_leader_that_made_it(autojump_clock, tmp_path)
         ((leader_id, _),) = swarm.leaders()
         leader = next(a for a in swarm.live() if a.node_id == leader_id)
         message = request(exclude=[f"{leader.name}:cpu"])  # the leader hosts no stage
-        plan = await leader.leadership.ask("plan", message)
+        plan = await leader.planning.ask_plan(message)
         await leader.serving.load(message, plan_id=plan["plan_id"])
         await swarm.leave(next(i for i, f in enumerate(swarm.fellows)
                                if f.identity.node_id == leader_id))
@@ -303,6 +303,6 @@ async def test_a_load_outlives_the_leader_that_made_it(autojump_clock, tmp_path)
         local = reference(plan, MODEL).generate(PROMPT[:20], 5, Sampler.greedy(),
                                                 stop_token_ids=())
         assert result.token_ids == local.token_ids
-        await swarm.live()[0].serving.leadership.ask("unload", {})
+        await swarm.live()[0].serving.leadership.ask_op("unload", {})
         assert nothing_held(swarm)
         nursery.cancel_scope.cancel()

@@ -60,10 +60,10 @@ async def test_adapter_across_three_fellows_equals_one_process(autojump_clock,
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, tmp_path, seed=31)
         driver = swarm.live()[1]
-        base_plan = await driver.leadership.ask("plan", request())
+        base_plan = await driver.planning.ask_plan(request())
         # the plan a load with this adapter shows: its own plan_id
         sha = read_adapter(adapter).sha256
-        plan = await driver.leadership.ask("plan", request(adapter=sha))
+        plan = await driver.planning.ask_plan(request(adapter=sha))
         assert plan["plan_id"] != base_plan["plan_id"] and plan["adapter"] == sha
         assert plan["stages"] == base_plan["stages"] and len(plan["stages"]) == 3
         # a pin made for the base is not taken for the adapter
@@ -101,7 +101,7 @@ async def test_adapter_across_three_fellows_equals_one_process(autojump_clock,
                                                stop_token_ids=(), keep_logits=True)
         assert (result.logits[0] - base.logits[0]).abs().max().item() > 1e-3  # it did act
 
-        await driver.leadership.ask("unload", {"plan_id": plan["plan_id"]})
+        await driver.leadership.ask_op("unload", {"plan_id": plan["plan_id"]})
         assert nothing_held(swarm)
         nursery.cancel_scope.cancel()
 

@@ -37,6 +37,7 @@ import msgpack
 import trio
 
 from p2pswarm import wire
+from p2pswarm.agent.compute import Compute
 from p2pswarm.agent.counters import Counters
 from p2pswarm.agent.leadership import Leadership
 from p2pswarm.agent.planning import Planning
@@ -108,6 +109,7 @@ class Agent:
         leader_priority: int = 0,
         card_source: CardSource | None = None,
         votes: VoteRecord | None = None,
+        compute: Compute | None = None,
     ) -> None:
         self.name = name
         self.transport = transport
@@ -120,6 +122,7 @@ class Agent:
         self.advertise = advertise  # the address fellows reach us at, if not the bound one
         self.leader_priority = leader_priority
         self.card_source = card_source
+        self.compute = compute if compute is not None else Compute()
         # term, vote and electorate survive a restart (one vote per term, however
         # often we crash; never a majority of one)
         self.votes = votes if votes is not None else (
@@ -614,6 +617,15 @@ class Agent:
             return []
         return sorted((m for m in self.membership.members() if not m.is_self),
                       key=lambda m: (m.name, m.node_id))
+
+    def fellow(self, fellow_id: str) -> Member | None:
+        """The fellow plans and records name by ``fellow_id`` (its node id in hex)."""
+        if self.membership is None or not fellow_id:
+            return None
+        try:
+            return self.membership.member(bytes.fromhex(fellow_id))
+        except ValueError:
+            return None
 
     def leader(self) -> dict[str, Any] | None:
         if self.election is None:

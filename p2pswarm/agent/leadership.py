@@ -1,23 +1,37 @@
 """Asking the leader, and taking the leader's orders, over sealed streams.
 
-Any fellow's CLI talks to its own agent; what only the leader may decide (a plan, a load)
-is forwarded with ``LeaderCall`` to the leader this agent knows, which runs the handler
-registered for the op and answers ``LeaderReply``. The leader's orders to fellows
-(``Order``) carry its term: a fellow refuses an order from a stale term. Results and
-errors travel as msgpack documents; errors keep their SwarmError kind end to end, so a
-refused pin is still ``plan-changed`` (409) at the CLI of whichever fellow asked.
+Any fellow's CLI talks to its own agent; what only the leader may decide (a plan, a load,
+a job) is a *call*: a typed message (``PlanAsk``, ...) that this agent runs itself when it
+leads, or sends to the leader it knows, which dispatches on the message's type and answers
+with the call's reply type or ``CallFailed``. The leader's *orders* to fellows (take a
+stage, release it, ...) are typed messages too. Every call and order carries ``term`` as
+its last field, stamped here: a fellow refuses an order from a stale term. Errors keep
+their SwarmError kind end to end, so a refused pin is still ``plan-changed`` (409) at the
+CLI of whichever fellow asked.
+
+A feature registers its calls with ``serve`` and its orders with ``obey``; callers use
+``ask(call, ReplyType)`` and ``order(addr, order, ReplyType)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
 import msgpack
 
 from p2pswarm.control.protocol import error_response, raise_error
-from p2pswarm.errors import ControlError, PlacementError, SwarmError
-from p2pswarm.wire.orders import LeaderCall, LeaderReply, Order, OrderReply
+from p2pswarm.errors import ControlError, PlacementError, RemoteProtocolError, SwarmError
+from p2pswarm.wire.orders import (
+    CallFailed,
+    LeaderCall,
+    LeaderReply,
+    Order,
+    OrderReply,
+    pack_doc,
+    unpack_doc,
+)
 
 if TYPE_CHECKING:
     from p2pswarm.agent.agent import Agent
@@ -25,50 +39,64 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("p2pswarm.agent")
 
-Handler = Callable[[dict[str, Any]], Awaitable[Any]]
+M = TypeVar("M")
+R = TypeVar("R")
+TypedHandler = Callable[[Any], Awaitable[Any]]  # a call or order -> its reply message
+Handler = Callable[[dict[str, Any]], Awaitable[Any]]  # untyped ops, being retired
 
 
-def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+def call_failed(exc: SwarmError) -> CallFailed:
+    """A SwarmError as the reply that carries it to the caller."""
+    error = error_response(exc)["error"]
+    data = pack_doc(error["data"]) if error["data"] else b""
+    return CallFailed(error["kind"][:64], error["message"][:4096], data)
 
 
-def unpack_body(body: bytes) -> dict[str, Any]:
-    try:
-        obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
-    except Exception as exc:  # any msgpack failure: the body is not a document
-        raise ControlError(f"malformed request body ({type(exc).__name__})") from None
-    if not isinstance(obj, dict):
-        raise ControlError("malformed request body (not a map)")
-    return obj
+def raise_failure(failed: CallFailed) -> None:
+    """Re-raise the SwarmError a ``CallFailed`` carries, as the class it was."""
+    data: dict[str, Any] = {}
+    if failed.data:
+        try:
+            data = unpack_doc(failed.data)
+        except RemoteProtocolError:
+            data = {}
+    raise_error({"kind": failed.kind, "message": failed.text, "data": data})
 
 
-def _result(reply: Any, expected: type, who: str) -> Any:
-    """The result a LeaderReply/OrderReply carries, or the SwarmError it reports."""
-    if not isinstance(reply, expected):
-        raise ControlError(f"{who} answered {type(reply).__name__}, not {expected.__name__}")
-    result = msgpack.unpackb(reply.body, raw=False, strict_map_key=False)
-    if not reply.ok:
-        raise_error(result if isinstance(result, dict) else {})
-    return result
-
-
-def _answer(result: Any) -> tuple[bool, bytes]:
-    return True, pack(result)
-
-
-def _failure(exc: BaseException) -> tuple[bool, bytes]:
-    return False, pack(error_response(exc)["error"])
+def expect_reply(reply: Any, reply_type: type[R], who: str) -> R:
+    """``reply`` if it is a ``reply_type``; the error a ``CallFailed`` carries; else a
+    protocol error naming what ``who`` sent instead."""
+    if isinstance(reply, reply_type):
+        return reply
+    if isinstance(reply, CallFailed):
+        raise_failure(reply)
+    raise RemoteProtocolError("unexpected-message", f"{who} answered "
+                              f"{type(reply).__name__}, not {reply_type.__name__}")
 
 
 class Leadership:
-    """Leader ops (served when this agent leads) and orders (served on every fellow)."""
+    """Calls the leader serves (when this agent leads) and orders every fellow obeys."""
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
+        self._calls: dict[type, TypedHandler] = {}
+        self._orders: dict[type, TypedHandler] = {}
         self.leader_ops: dict[str, Handler] = {}
         self.order_ops: dict[str, Handler] = {}
-        agent.on_stream(LeaderCall, self._on_leader_call)
-        agent.on_stream(Order, self._on_order)
+        agent.on_stream(LeaderCall, self._on_leader_call_untyped)
+        agent.on_stream(Order, self._on_order_untyped)
+
+    # --- registering ------------------------------------------------------------------
+
+    def serve(self, call_type: type[M], handler: Callable[[M], Awaitable[Any]]) -> None:
+        """The leader answers ``call_type`` with ``handler`` (its reply message)."""
+        self._calls[call_type] = handler
+        self.agent.on_stream(call_type, self._on_call)
+
+    def obey(self, order_type: type[M], handler: Callable[[M], Awaitable[Any]]) -> None:
+        """This fellow carries out ``order_type`` with ``handler`` (its reply message)."""
+        self._orders[order_type] = handler
+        self.agent.on_stream(order_type, self._on_order)
 
     # --- asking the leader ---------------------------------------------------------
 
@@ -80,22 +108,81 @@ class Leadership:
         e = self.agent.election
         return e.term if e is not None else 0
 
-    async def ask(self, op: str, body: dict[str, Any]) -> Any:
-        """Run leader op ``op``: here if this agent leads, else on the leader."""
+    async def ask(self, call: Any, reply_type: type[R]) -> R:
+        """Run ``call`` on the leader (here, if this agent leads) and return its reply."""
+        call = dataclasses.replace(call, term=self.term())
         if self.is_leader():
-            return await self.leader_ops[op](body)
+            return expect_reply(await self._calls[type(call)](call), reply_type, "the leader")
+        reply = await self.agent.call(self._leader_addr(), call)
+        return expect_reply(reply, reply_type, "the leader")
+
+    def _leader_addr(self) -> str:
         leader = self.agent.leader()
         if leader is None:
             note = self.agent.status()["leader_note"]
             raise PlacementError(f"no leader to ask: {note}; wait for one to be elected")
-        member = self.agent.membership.member(bytes.fromhex(leader["id"])) \
-            if self.agent.membership else None
+        member = self.agent.fellow(leader["id"])
         if member is None:
             raise PlacementError("the leader is not in this fellow's view yet; try again")
-        reply = await self.agent.call(member.addr, LeaderCall(self.term(), op, pack(body)))
-        return _result(reply, LeaderReply, "the leader")
+        return member.addr
 
-    async def _on_leader_call(self, msg: LeaderCall, stream: SecureStream) -> LeaderReply:
+    async def _on_call(self, msg: Any, stream: SecureStream) -> Any:
+        try:
+            if not self.is_leader():
+                leader = self.agent.leader()
+                where = f"the leader is {leader['name']}" if leader else "no leader yet"
+                raise PlacementError(f"{self.agent.name} is not the leader ({where}); "
+                                     "try again")
+            return await self._calls[type(msg)](msg)
+        except RemoteProtocolError:
+            raise  # a malformed body: the agent drops and counts it like any bad frame
+        except SwarmError as exc:
+            return call_failed(exc)
+
+    # --- the leader's orders -------------------------------------------------------
+
+    async def order(self, addr: str, order: Any, reply_type: type[R]) -> R:
+        """Send ``order`` to the fellow at ``addr`` (or run it here); return its reply."""
+        order = dataclasses.replace(order, term=self.term())
+        if addr == self.agent.addr:
+            return expect_reply(await self._run_order(order), reply_type, addr)
+        return expect_reply(await self.agent.call(addr, order), reply_type, addr)
+
+    async def _on_order(self, msg: Any, stream: SecureStream) -> Any:
+        try:
+            return await self._run_order(msg)
+        except RemoteProtocolError:
+            raise
+        except SwarmError as exc:
+            return call_failed(exc)
+
+    async def _run_order(self, order: Any) -> Any:
+        self._check_term(order.term)
+        return await self._orders[type(order)](order)
+
+    def _check_term(self, term: int) -> None:
+        e = self.agent.election
+        if e is not None and not e.accepts_term(term):
+            raise PlacementError(f"order from stale term {term} refused (this fellow is at "
+                                 f"term {e.term})")
+
+    # --- untyped ops (being retired: each moves to a message type of its own) ------------
+
+    async def ask_op(self, op: str, body: dict[str, Any]) -> Any:
+        if self.is_leader():
+            return await self.leader_ops[op](body)
+        reply = await self.agent.call(self._leader_addr(),
+                                      LeaderCall(self.term(), op, pack_doc(body)))
+        return _untyped_result(reply, LeaderReply, "the leader")
+
+    async def order_op(self, addr: str, op: str, body: dict[str, Any]) -> Any:
+        if addr == self.agent.addr:
+            return await self._run_order_untyped(self.term(), op, body)
+        reply = await self.agent.call(addr, Order(self.term(), op, pack_doc(body)))
+        return _untyped_result(reply, OrderReply, addr)
+
+    async def _on_leader_call_untyped(self, msg: LeaderCall, stream: SecureStream
+                                      ) -> LeaderReply:
         try:
             if not self.is_leader():
                 leader = self.agent.leader()
@@ -105,33 +192,36 @@ class Leadership:
             handler = self.leader_ops.get(msg.op)
             if handler is None:
                 raise ControlError(f"the leader does not know op {msg.op!r}")
-            ok, body = _answer(await handler(unpack_body(msg.body)))
+            return LeaderReply(True, pack_doc(await handler(_body(msg.body))))
         except SwarmError as exc:
-            ok, body = _failure(exc)
-        return LeaderReply(ok, body)
+            return LeaderReply(False, pack_doc(error_response(exc)["error"]))
 
-    # --- the leader's orders -------------------------------------------------------
-
-    async def order(self, addr: str, op: str, body: dict[str, Any]) -> Any:
-        """Send an order to the fellow at ``addr`` (or run it here) and return its result."""
-        if addr == self.agent.addr:
-            return await self._run_order(self.term(), op, body)
-        reply = await self.agent.call(addr, Order(self.term(), op, pack(body)))
-        return _result(reply, OrderReply, addr)
-
-    async def _on_order(self, msg: Order, stream: SecureStream) -> OrderReply:
+    async def _on_order_untyped(self, msg: Order, stream: SecureStream) -> OrderReply:
         try:
-            ok, body = _answer(await self._run_order(msg.term, msg.op, unpack_body(msg.body)))
+            result = await self._run_order_untyped(msg.term, msg.op, _body(msg.body))
+            return OrderReply(True, pack_doc(result))
         except SwarmError as exc:
-            ok, body = _failure(exc)
-        return OrderReply(ok, body)
+            return OrderReply(False, pack_doc(error_response(exc)["error"]))
 
-    async def _run_order(self, term: int, op: str, body: dict[str, Any]) -> Any:
-        e = self.agent.election
-        if e is not None and not e.accepts_term(term):
-            raise PlacementError(f"order from stale term {term} refused (this fellow is at "
-                                 f"term {e.term})")
+    async def _run_order_untyped(self, term: int, op: str, body: dict[str, Any]) -> Any:
+        self._check_term(term)
         handler = self.order_ops.get(op)
         if handler is None:
             raise ControlError(f"this fellow does not know order {op!r}")
         return await handler(body)
+
+
+def _body(data: bytes) -> dict[str, Any]:
+    try:
+        return unpack_doc(data)
+    except RemoteProtocolError as exc:
+        raise ControlError(f"malformed request body ({exc})") from None
+
+
+def _untyped_result(reply: Any, expected: type, who: str) -> Any:
+    if not isinstance(reply, expected):
+        raise ControlError(f"{who} answered {type(reply).__name__}, not {expected.__name__}")
+    result = msgpack.unpackb(reply.body, raw=False, strict_map_key=False)
+    if not reply.ok:
+        raise_error(result if isinstance(result, dict) else {})
+    return result

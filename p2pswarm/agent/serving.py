@@ -59,7 +59,6 @@ import math
 import tempfile
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -70,6 +69,7 @@ import trio
 
 from p2pswarm import wire
 from p2pswarm.agent.planning import fellow_id
+from p2pswarm.agent.streams import send_best_effort
 from p2pswarm.agent.weights import (
     CachedTensors,
     Manifest,
@@ -85,7 +85,6 @@ from p2pswarm.errors import (
     ConfigError,
     ControlError,
     PlacementError,
-    PlanChanged,
     RemoteProtocolError,
     SwarmError,
     TransportError,
@@ -114,7 +113,6 @@ log = logging.getLogger("p2pswarm.serving")
 
 T = TypeVar("T")
 
-SHOWN_PLANS = 64  # plans the leader remembers, to say what changed when a pin is refused
 UNLOAD_TOMBSTONE_S = 60.0  # gossip of an unloaded stage may lag; ignore it this long
 MEMBER_WATCH_S = 0.25  # how often a driver looks at its stage fellows' membership state
 _ROUTE_KEYS = ("stage", "fellow_id", "fellow", "addr", "layers", "card", "claim_bytes",
@@ -320,13 +318,11 @@ class Serving:
         self.weights = WeightsServer()
         self.cache: WeightsCache | None = \
             WeightsCache(agent.home / "weights") if agent.home is not None else None
-        self.inline_compute = False
         self.step_timeout_s = 60.0  # the most a driver waits for one token
         self.session_idle_s = 600.0  # a stage drops a session whose driver fell silent
         self.prepare_timeout_s = 30.0
         self.load_timeout_s = 3600.0  # fetching and loading a big stage takes a while
         self.reservation_s = 120.0  # a stage reserved or loaded but never started
-        self._shown: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._unloaded: dict[str, float] = {}
         self._load_lock = trio.Lock()
         self._manifests: dict[str, tuple[Any, Manifest]] = {}
@@ -334,14 +330,6 @@ class Serving:
         self._returns: dict[str, _ReturnSlot] = {}
         agent.control_ops.update({"load": self._op_load, "loads": self._op_loads,
                                   "unload": self._op_unload, "generate": self._op_generate})
-        shown = leadership.leader_ops.get("plan")
-        if shown is not None:
-            async def plan_and_remember(message: dict[str, Any]) -> Any:
-                from p2pswarm.agent.adapter import adapted_plan
-
-                return self._remember(adapted_plan(await shown(message),
-                                                   message.get("adapter")))
-            leadership.leader_ops["plan"] = plan_and_remember
         leadership.leader_ops.update({"load": self._leader_load, "loads": self._leader_loads,
                                       "unload": self._leader_unload})
         leadership.order_ops.update({
@@ -360,13 +348,15 @@ class Serving:
     # --- where blocking work runs ----------------------------------------------------
 
     async def run(self, fn: Callable[[], T], limiter: trio.CapacityLimiter | None = None) -> T:
-        """``fn()`` on a worker thread (one at a time under ``limiter``), or inline."""
-        if not self.inline_compute:
-            return await trio.to_thread.run_sync(fn, limiter=limiter)
-        if limiter is None:
-            return fn()
-        async with limiter:
-            return fn()
+        return await self.agent.compute.run(fn, limiter)
+
+    @property
+    def inline_compute(self) -> bool:
+        return self.agent.compute.inline
+
+    @inline_compute.setter
+    def inline_compute(self, inline: bool) -> None:
+        self.agent.compute.inline = inline
 
     def weights_cache(self) -> WeightsCache:
         if self.cache is None:  # an agent without a state directory (a bare simulation)
@@ -393,7 +383,7 @@ class Serving:
         return {"loads": await self.list_loads()}
 
     async def _op_unload(self, request: dict[str, Any]) -> Any:
-        return await self.leadership.ask("unload", {"plan_id": request.get("plan_id") or None,
+        return await self.leadership.ask_op("unload", {"plan_id": request.get("plan_id") or None,
                                                     "all": bool(request.get("all"))})
 
     async def _op_generate(self, request: dict[str, Any]) -> Any:
@@ -439,7 +429,7 @@ class Serving:
         if on_progress is not None:
             self._progress_sinks[ticket] = on_progress
         try:
-            return await self.leadership.ask("load", {  # type: ignore[no-any-return]
+            return await self.leadership.ask_op("load", {  # type: ignore[no-any-return]
                 "request": message, "plan_id": plan_id, "model": model, "adapter": adapter,
                 "progress": {"addr": self.agent.addr, "ticket": ticket}})
         finally:
@@ -527,22 +517,10 @@ class Serving:
 
     # --- loading: the leader -------------------------------------------------------------
 
-    def _remember(self, plan: Any) -> Any:
-        if isinstance(plan, dict) and isinstance(plan.get("plan_id"), str):
-            self._shown[plan["plan_id"]] = plan
-            self._shown.move_to_end(plan["plan_id"])
-            while len(self._shown) > SHOWN_PLANS:
-                self._shown.popitem(last=False)
-        return plan
-
     async def _leader_load(self, body: dict[str, Any]) -> dict[str, Any]:
-        from p2pswarm.planner import diff_plans
-
         message, model = body.get("request"), body.get("model")
         if not isinstance(message, dict) or not isinstance(model, dict):
             raise ConfigError("a load needs a request and a model")
-        from p2pswarm.agent.adapter import adapted_plan
-
         expected = body.get("plan_id")
         progress = body.get("progress") or {}
         adapter = body.get("adapter") or None
@@ -551,21 +529,13 @@ class Serving:
             raise ConfigError("the load's adapter is not the one its request names")
         async with self._load_lock:
             try:
-                plan = adapted_plan(await self.agent.planning.plan(message),
-                                    message.get("adapter"))
+                plan = await self.agent.planning.plan(message)
             except PlacementError as exc:
                 if not expected:
                     raise
                 raise PlacementError(f"plan {expected} no longer holds, and no plan does: "
                                      f"{exc}") from exc
-            if expected and plan["plan_id"] != expected:
-                old = self._shown.get(str(expected))
-                changes = diff_plans(old, plan) if old is not None else [
-                    (f"plan {expected} is not one the leader ({self.agent.name}) has shown; "
-                     "the swarm has changed since, or it was made under another leader")]
-                self._remember(plan)
-                raise PlanChanged(str(expected), plan["plan_id"], changes, plan)
-            self._remember(plan)
+            self.agent.planning.shown.check_pin(str(expected) if expected else None, plan)
             if plan.get("kind") != "serve":
                 raise ConfigError("load serves a model: plan it without --train")
             if not plan.get("fits"):
@@ -620,7 +590,7 @@ class Serving:
         """stage -> (fellow id hex, name, addr), from this leader's membership view."""
         out = {}
         for order in orders:
-            member = self._member(order.fellow_id)
+            member = self.agent.fellow(order.fellow_id)
             if member is None or member.state not in ("alive", "suspect"):
                 raise PlacementError(f"stage {order.stage}'s fellow is not connected")
             out[order.stage] = (order.fellow_id, member.name, member.addr)
@@ -682,7 +652,7 @@ class Serving:
             addr = addrs[order.stage][2]
             try:
                 with trio.fail_after(timeout_s):
-                    results[order.stage] = await self.leadership.order(addr, op, body(order))
+                    results[order.stage] = await self.leadership.order_op(addr, op, body(order))
             except SwarmError as exc:
                 results[order.stage] = exc
             except trio.TooSlowError:
@@ -701,7 +671,7 @@ class Serving:
         async def one(addr: str) -> None:
             try:
                 with trio.fail_after(self.prepare_timeout_s):
-                    await self.leadership.order(addr, "stage-release", {"plan_id": plan_id})
+                    await self.leadership.order_op(addr, "stage-release", {"plan_id": plan_id})
             except (SwarmError, trio.TooSlowError) as exc:
                 log.warning("release of %s on %s failed: %s", plan_id, addr, exc)
 
@@ -788,7 +758,7 @@ class Serving:
     async def list_loads(self) -> list[dict[str, Any]]:
         """The leader's answer, or this fellow's own view when no leader answers."""
         try:
-            answer = await self.leadership.ask("loads", {})
+            answer = await self.leadership.ask_op("loads", {})
         except (PlacementError, TransportError, ControlError) as exc:
             log.info("loads from this fellow's view (%s)", exc)
             return self.loads_view()
@@ -876,7 +846,7 @@ class Serving:
         cache = self.weights_cache()
         if all(cache.has(manifest.tensor(n).sha256, manifest.tensor(n).nbytes) for n in names):
             return None
-        source = self._member(str(model.get("source_id", "")))
+        source = self.agent.fellow(str(model.get("source_id", "")))
         if source is None or source.state not in ("alive", "suspect"):
             return (f"the model files are not here and {model.get('source', 'their fellow')} "
                     "(which has them) is not connected")
@@ -898,7 +868,7 @@ class Serving:
         cache = self.weights_cache()
         if all(cache.has(t.sha256, t.nbytes) for t in manifest.tensors):
             return None
-        source = self._member(str(block.get("source_id", "")))
+        source = self.agent.fellow(str(block.get("source_id", "")))
         if source is None or source.state not in ("alive", "suspect"):
             return (f"the adapter is not here and {block.get('source', 'its fellow')} "
                     "(which has it) is not connected")
@@ -920,7 +890,7 @@ class Serving:
             missing = list({t.sha256: t for t in manifest.tensors
                             if not cache.has(t.sha256, t.nbytes)}.values())
             if missing:
-                source = self._member(str(block.get("source_id", "")))
+                source = self.agent.fellow(str(block.get("source_id", "")))
                 if source is None:
                     raise PlacementError(f"{block.get('source')} (which has the adapter) is "
                                          "not in this fellow's view")
@@ -954,14 +924,6 @@ class Serving:
             out.append(card)
         return tuple(out)
 
-    def _member(self, fid: str) -> Any:
-        membership = self.agent.membership
-        if membership is None or not fid:
-            return
-        try:
-            return membership.member(bytes.fromhex(fid))
-        except ValueError:
-            return
 
     async def _order_load(self, body: dict[str, Any]) -> dict[str, Any]:
         key = (str(body.get("plan_id")), int(body.get("stage", -1)))
@@ -1036,7 +998,7 @@ class Serving:
         fetched = 0
         began = time.perf_counter()
         if missing:
-            source = self._member(str(model.get("source_id", "")))
+            source = self.agent.fellow(str(model.get("source_id", "")))
             if source is None:
                 raise PlacementError(f"{model.get('source')} (which has the model files) is "
                                      "not in this fellow's view")
@@ -1117,7 +1079,7 @@ class Serving:
         hosted = self.hosted.get((msg.plan_id, msg.stage))
         me = self.agent.name
         if hosted is None or hosted.state != "active" or hosted.stage is None:
-            await _send_quietly(upstream, SessionError(
+            await send_best_effort(upstream, SessionError(
                 msg.stage, me, f"holds no stage {msg.stage} of plan {msg.plan_id} (unloaded?)"))
             return
         nxt = hosted.next_hop
@@ -1132,7 +1094,7 @@ class Serving:
                 await downstream.send_frame(wire.encode(SessionReturn(msg.session)))
         except SwarmError as exc:
             blame = (msg.stage + 1, nxt["fellow"]) if nxt is not None else (msg.stage, me)
-            await _send_quietly(upstream, SessionError(
+            await send_best_effort(upstream, SessionError(
                 blame[0], blame[1], f"is unreachable from {me}: {exc}"[:500]))
             return
         session = _StageSession(msg, hosted, upstream, downstream)
@@ -1174,7 +1136,7 @@ class Serving:
                     why = (f"fell silent (nothing for {me} in {self.session_idle_s:g} s)"
                            if isinstance(exc, trio.TooSlowError)
                            else f"went away (its stream to {me} broke)")
-                    await _send_quietly(s.downstream, SessionError(prev["stage"],
+                    await send_best_effort(s.downstream, SessionError(prev["stage"],
                                                                    prev["fellow"], why))
                 return
             if isinstance(msg, StepInput):
@@ -1183,8 +1145,8 @@ class Serving:
                                                decode=msg.step > 0)
                 except (SwarmError, RuntimeError, ValueError) as exc:
                     error = SessionError(hosted.order.stage, me, f"failed: {exc}"[:500])
-                    await _send_quietly(s.upstream, error)
-                    await _send_quietly(s.downstream, error)
+                    await send_best_effort(s.upstream, error)
+                    await send_best_effort(s.downstream, error)
                     return
                 if out is None:
                     continue
@@ -1195,10 +1157,10 @@ class Serving:
                     return
             elif isinstance(msg, SessionEnd):
                 s.ending = True
-                await _send_quietly(s.downstream, msg)
+                await send_best_effort(s.downstream, msg)
                 return
             elif isinstance(msg, SessionError):
-                await _send_quietly(s.downstream, msg)  # relay towards the driver
+                await send_best_effort(s.downstream, msg)  # relay towards the driver
                 return
             else:
                 return
@@ -1250,14 +1212,14 @@ class Serving:
                 await self._lost_downstream(s)
             msg = None
         if isinstance(msg, SessionError):
-            await _send_quietly(s.upstream, msg)
+            await send_best_effort(s.upstream, msg)
         if s.scope is not None:
             s.scope.cancel()
 
     async def _lost_downstream(self, s: _StageSession) -> None:
         nxt = s.hosted.next_hop
         if nxt is not None:  # the last stage losing the driver has no one to tell
-            await _send_quietly(s.upstream, SessionError(
+            await send_best_effort(s.upstream, SessionError(
                 nxt["stage"], nxt["fellow"], f"went away (its stream from {self.agent.name} "
                 "broke)"))
         if s.scope is not None:
@@ -1315,7 +1277,7 @@ class Serving:
         cache = self.weights_cache()
         missing = [f.name for f in manifest.files if not cache.has(f.sha256, f.nbytes)]
         if missing:
-            source = self._member(str(model.get("source_id", "")))
+            source = self.agent.fellow(str(model.get("source_id", "")))
             if source is None or source.state not in ("alive", "suspect"):
                 raise PlacementError(f"the tokenizer is on {model.get('source')}, which is "
                                      "not connected")
@@ -1383,7 +1345,7 @@ class Serving:
                 with trio.CancelScope(shield=True):
                     if failure.error is None:
                         with trio.move_on_after(1.0):
-                            await _send_quietly(upstream, SessionEnd(0))
+                            await send_best_effort(upstream, SessionEnd(0))
                     await upstream.aclose()
         finally:
             slot.done.set()
@@ -1516,7 +1478,7 @@ class Serving:
         fellow behind a lossy link never breaks the stream itself."""
         while True:
             for hop in route:
-                member = self._member(hop["fellow_id"])
+                member = self.agent.fellow(hop["fellow_id"])
                 state = member.state if member is not None else "unknown"
                 if state in ("dead", "left", "unknown"):
                     failure.set(TransportError(f"stage {hop['stage']} on fellow "
@@ -1557,15 +1519,6 @@ def _import_runtime() -> None:
 
 def _session_error(msg: SessionError) -> TransportError:
     return TransportError(f"stage {msg.stage} on fellow {msg.fellow} {msg.reason}")
-
-
-async def _send_quietly(stream: SecureStream, msg: Any) -> None:
-    """Best effort: the stream may already be gone, which is what is being reported."""
-    try:
-        with trio.move_on_after(5.0):
-            await stream.send_frame(wire.encode(msg))
-    except SwarmError:
-        pass
 
 
 __all__ = ["GenerationResult", "HostedStage", "Serving", "StageOrder", "TextStream"]

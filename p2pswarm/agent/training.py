@@ -53,7 +53,6 @@ import hashlib
 import logging
 import math
 import re
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -63,13 +62,14 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm import wire
+from p2pswarm.agent.pins import ShownPlans
 from p2pswarm.agent.planning import fellow_id
+from p2pswarm.agent.streams import send_best_effort
 from p2pswarm.agent.train_copies import TrainCopies
 from p2pswarm.control.server import current_emitter
 from p2pswarm.errors import (
     ConfigError,
     PlacementError,
-    PlanChanged,
     RemoteProtocolError,
     SwarmError,
     TransportError,
@@ -91,7 +91,6 @@ STATES = ("pending", "running", "finished", "failed", "cancelled")
 TERMINAL = ("finished", "failed", "cancelled")
 CHANGED = "the cluster changed since the plan was shown: "
 MAX_AUTO_REPLICAS = 8  # "replicas": "auto" plans at most this many pipelines
-SHOWN_PLANS = 64
 FOLLOW_POLL_S = 0.5  # how often a streaming job_submit asks the leader for the record
 LOSSES_KEPT = 1000  # per-step losses a job record carries
 ROUNDS_KEPT = 200  # sync rounds a job record carries
@@ -324,7 +323,7 @@ class Training:
         # simulations only: the virtual seconds one step of a hosted stage takes (compute
         # runs inline and takes none); 0 in the real world
         self.simulated_step_s = 0.0
-        self._shown: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.shown = ShownPlans(agent.name)  # job plans this leader has shown
         agent.control_ops.update({"job_plan": self._op_plan, "job_submit": self._op_submit,
                                   "jobs": self._op_jobs, "job_cancel": self._op_cancel,
                                   "job_export": self._op_export})
@@ -338,8 +337,7 @@ class Training:
         self.copies = TrainCopies(agent)
 
     async def run(self, fn: Any, limiter: trio.CapacityLimiter | None = None) -> Any:
-        """Torch work: on a worker thread, or inline in virtual time (as serving)."""
-        return await self.agent.serving.run(fn, limiter)
+        return await self.agent.compute.run(fn, limiter)
 
     # --- control ops (the CLI's own agent) ------------------------------------------------
 
@@ -358,7 +356,7 @@ class Training:
         maximize = request.get("maximize")
         if maximize not in (None, "seq_len", "speed"):
             raise ConfigError(f"maximize {maximize!r} must be \"seq_len\", \"speed\" or null")
-        return await self.leadership.ask("job-plan", {**self._body(request),
+        return await self.leadership.ask_op("job-plan", {**self._body(request),
                                                       "exclude_cards": exclude,
                                                       "maximize": maximize})
 
@@ -386,7 +384,7 @@ class Training:
         job_id = request.get("job_id")
         if not isinstance(job_id, str) or not job_id:
             raise ConfigError("job_cancel needs a \"job_id\"")
-        return await self.leadership.ask("job-cancel", {"job_id": job_id})
+        return await self.leadership.ask_op("job-cancel", {"job_id": job_id})
 
     async def _op_export(self, request: dict[str, Any]) -> Any:
         job_id = request.get("job_id")
@@ -408,7 +406,7 @@ class Training:
         from p2pswarm.training.job_export import check_out_dir, export_checkpoint
 
         out_dir = check_out_dir(out)  # refused before anything is fetched
-        info = await self.leadership.ask("job-config", {"job_id": job_id})
+        info = await self.leadership.ask_op("job-config", {"job_id": job_id})
         config = _job_config(info["config"])
         if config.checkpoint.dir is None:
             raise ConfigError(f"job {job_id} names no checkpoint.dir: it keeps no checkpoint "
@@ -448,7 +446,7 @@ class Training:
         trains at the longest sequence length that fits now."""
         from p2pswarm.control.server import emit
 
-        record: dict[str, Any] = await self.leadership.ask("job-submit", {
+        record: dict[str, Any] = await self.leadership.ask_op("job-submit", {
             "config": config, "plan_id": plan_id, "stages": stages, "resume": resume,
             "maximize": maximize, "exclude_cards": exclude_cards or []})
         if not follow:
@@ -457,7 +455,7 @@ class Training:
         while record["state"] not in TERMINAL:
             await trio.sleep(FOLLOW_POLL_S)
             try:
-                jobs = await self.leadership.ask("jobs", {})
+                jobs = await self.leadership.ask_op("jobs", {})
             except (PlacementError, TransportError) as exc:
                 log.info("following job %s: %s", record["job_id"], exc)
                 continue
@@ -471,7 +469,7 @@ class Training:
         return record
 
     async def list_jobs(self) -> list[dict[str, Any]]:
-        return list(await self.leadership.ask("jobs", {}))
+        return list(await self.leadership.ask_op("jobs", {}))
 
     # --- the leader: plans ------------------------------------------------------------------
 
@@ -511,27 +509,7 @@ class Training:
                               f"steps ({job.sync.codec}). Replica 0: {plans[0]['summary']}")
         out["job"] = {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
                       "replicas": len(plans)}
-        self._remember(out)
-        return out
-
-    def _remember(self, plan: dict[str, Any]) -> None:
-        self._shown[plan["plan_id"]] = plan
-        self._shown.move_to_end(plan["plan_id"])
-        while len(self._shown) > SHOWN_PLANS:
-            self._shown.popitem(last=False)
-
-    def _changes(self, expected: str, plan: dict[str, Any]) -> list[str]:
-        from p2pswarm.planner import diff_plans
-
-        old = self._shown.get(expected)
-        if old is None:
-            return [f"plan {expected} is not one the leader ({self.agent.name}) has shown; "
-                    "the swarm has changed since, or it was made under another leader"]
-        changes = list(diff_plans(old, plan))
-        if len(old.get("replicas", [])) != len(plan.get("replicas", [])):
-            changes.append(f"{len(old.get('replicas', []))} replicas then, "
-                           f"{len(plan.get('replicas', []))} now")
-        return changes or ["the placement differs"]
+        return self.shown.remember(out)  # type: ignore[no-any-return]
 
     # --- the leader: jobs -------------------------------------------------------------------
 
@@ -552,9 +530,7 @@ class Training:
                 raise
             raise PlacementError(f"plan {expected} no longer holds, and no plan does: "
                                  f"{exc}") from exc
-        if expected and plan["plan_id"] != expected:
-            raise PlanChanged(str(expected), plan["plan_id"], self._changes(expected, plan),
-                              plan)
+        self.shown.check_pin(str(expected) if expected else None, plan)
         if not plan.get("fits"):
             raise PlacementError(f"plan {plan['plan_id']} does not fit: "
                                  f"{plan['layout']['limit']['sentence']}")
@@ -649,7 +625,7 @@ class Training:
                 if job.maximize and not job.pinned:
                     job.config["seq_len"] = int(plan["request"]["seq_len"])
                 if job.pinned and plan["plan_id"] != job.plan_id:
-                    raise PlacementError(CHANGED + "; ".join(self._changes(job.plan_id, plan)))
+                    raise PlacementError(CHANGED + "; ".join(self.shown.changes(job.plan_id, plan)))
                 if not plan.get("fits"):
                     raise PlacementError(plan["layout"]["limit"]["sentence"])
                 job.plan_id = plan["plan_id"]
@@ -714,7 +690,7 @@ class Training:
         for replica in plan["replicas"]:
             stages = []
             for s in replica["stages"]:
-                member = self._member(s["fellow_id"])
+                member = self.agent.fellow(s["fellow_id"])
                 if member is None or member.state not in ("alive", "suspect"):
                     raise PlacementError(f"stage {s['stage']}'s fellow {s['fellow']} is not "
                                          "connected")
@@ -772,14 +748,6 @@ class Training:
         fellows = tuple(replace(f, training=f.id in busy) for f in view.fellows)
         return ClusterView(fellows, view.default_link, view.local_link, view.links)
 
-    def _member(self, fid: str) -> Any:
-        membership = self.agent.membership
-        if membership is None or not fid:
-            return None
-        try:
-            return membership.member(bytes.fromhex(fid))
-        except ValueError:
-            return None
 
     async def _prepare(self, job: Job, placement: list[list[dict[str, Any]]],
                        replicas: list[int] | None = None, generation: int = 0) -> list[str]:
@@ -794,7 +762,7 @@ class Training:
                     "config": job.config, "generation": generation}
             try:
                 with trio.fail_after(self.open_timeout_s):
-                    await self.leadership.order(s["addr"], "train-prepare", body)
+                    await self.leadership.order_op(s["addr"], "train-prepare", body)
             except SwarmError as exc:
                 refusals.append(f"{s['fellow']}: {exc}")
             except trio.TooSlowError:
@@ -825,7 +793,7 @@ class Training:
         async def one(addr: str) -> None:
             try:
                 with trio.fail_after(self.open_timeout_s):
-                    await self.leadership.order(addr, "train-release",
+                    await self.leadership.order_op(addr, "train-release",
                                                 {"job_id": job.job_id, "replica": replica,
                                                  "generation": generation})
             except (SwarmError, trio.TooSlowError) as exc:
@@ -900,7 +868,7 @@ class Training:
     async def _on_train_open(self, msg: TrainOpen, stream: SecureStream) -> None:
         host = self.hosts.get((msg.job_id, msg.replica, msg.stage))
         if host is None:
-            await _quietly(stream, TrainError(msg.stage, self.agent.name,
+            await send_best_effort(stream, TrainError(msg.stage, self.agent.name,
                                               f"holds no stage {msg.stage} of replica "
                                               f"{msg.replica} of {msg.job_id}"))
             return None
@@ -923,7 +891,7 @@ class Training:
             reason = str(exc) if isinstance(exc, SwarmError) else "a neighbour fell silent"
             log.warning("%s: stage %d of %s: %s", self.agent.name, host.index, host.job_id,
                         reason)
-            await _quietly(stream, TrainError(host.index, self.agent.name, reason[:500]))
+            await send_best_effort(stream, TrainError(host.index, self.agent.name, reason[:500]))
         finally:
             host.done.set()
             if downstream is not None:
@@ -1100,12 +1068,6 @@ async def _all_locks(locks: list[trio.Lock]) -> AsyncIterator[None]:
         yield
 
 
-async def _quietly(stream: SecureStream, msg: Any) -> None:
-    try:
-        await _send(stream, msg)
-    except (SwarmError, trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-
 
 # --- the driver: one job on the leader -----------------------------------------------------
 
@@ -1276,7 +1238,7 @@ class _Driver:
                 stream, link.stream = link.stream, None
                 with trio.CancelScope(shield=True):
                     with trio.move_on_after(1.0):
-                        await _quietly(stream, TrainCtl("stop"))
+                        await send_best_effort(stream, TrainCtl("stop"))
                     await stream.aclose()
 
     async def close(self) -> None:

@@ -1,17 +1,81 @@
 """Messages between a fellow and the leader, and the leader's orders (tags 70-99).
 
-Requests and results are nested documents (plan requests, plans, stage orders) that the
-planner and the runtime validate themselves, so they travel as msgpack bytes inside a
-strictly checked envelope: the codec bounds their size, the receiver their meaning.
+Every operation is its own message type, and the leader and the fellows dispatch on the
+type (``p2pswarm.agent.leadership``). A call or an order carries ``term`` as its last
+field: the term the sender believes current, stamped by the leadership layer, so a fellow
+refuses an order from a stale term and the leader a call from a newer one. A call is
+answered by its own reply type or by ``CallFailed``, which carries the SwarmError's kind,
+so a refused pin is still ``plan-changed`` (409) at the CLI of whichever fellow asked.
+
+Planner documents (plan requests, plans) are nested maps that the planner validates
+itself, so they travel as ``Doc``: msgpack bytes whose size the codec bounds and whose
+meaning the receiver checks (``unpack_doc`` refuses anything but a map).
+
+Tags 70-73 (the untyped ``LeaderCall`` / ``LeaderReply`` / ``Order`` / ``OrderReply``)
+are on their way out: the ops still on them move to types of their own, then the tags are
+retired and never reused.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
+import msgpack
+
+from p2pswarm.errors import RemoteProtocolError
 from p2pswarm.wire.codec import message
 from p2pswarm.wire.schema import U64, Size
+
+DOC_BYTES = 16 * 1024 * 1024
+Doc = Annotated[bytes, Size(0, DOC_BYTES)]  # a msgpack map the receiver validates
+ErrorKind = Annotated[str, Size(1, 64)]
+ErrorText = Annotated[str, Size(0, 4096)]
+
+
+def pack_doc(obj: Any) -> bytes:
+    """A planner document (a map of plain values) as ``Doc`` bytes."""
+    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpack_doc(data: bytes) -> dict[str, Any]:
+    """``Doc`` bytes back as a map; anything else is the sender's protocol error."""
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # any msgpack failure: the bytes are not a document
+        raise RemoteProtocolError("malformed-doc", f"not a document ({type(exc).__name__})") \
+            from None
+    if not isinstance(obj, dict):
+        raise RemoteProtocolError("malformed-doc", "a document must be a map")
+    return obj
+
+
+@message(74)
+@dataclass(frozen=True, slots=True)
+class CallFailed:
+    """A call or an order was refused: the SwarmError's class name, text and details."""
+
+    kind: ErrorKind
+    text: ErrorText
+    data: Doc = b""  # e.g. plan-changed's expected and new plan ids, changes, new plan
+
+
+@message(75)
+@dataclass(frozen=True, slots=True)
+class PlanAsk:
+    """Plan ``request`` (a plan request document) on the leader's current view."""
+
+    request: Doc
+    term: U64 = 0
+
+
+@message(76)
+@dataclass(frozen=True, slots=True)
+class PlanShown:
+    """The plan the leader made (and remembers, so a pin on it can say what changed)."""
+
+    plan: Doc
+
 
 Body = Annotated[bytes, Size(0, 16 * 1024 * 1024)]
 Op = Annotated[str, Size(1, 32)]
@@ -20,9 +84,9 @@ Op = Annotated[str, Size(1, 32)]
 @message(70)
 @dataclass(frozen=True, slots=True)
 class LeaderCall:
-    """A fellow asks the leader to do ``op`` (plan, load, ...) with a msgpack body."""
+    """(untyped, being retired) A fellow asks the leader to do ``op`` with a msgpack body."""
 
-    term: U64  # the term the caller believes current; the leader refuses a newer one
+    term: U64
     op: Op
     body: Body
 
@@ -30,8 +94,6 @@ class LeaderCall:
 @message(71)
 @dataclass(frozen=True, slots=True)
 class LeaderReply:
-    """The leader's answer: ``ok`` and a msgpack result, or an error document."""
-
     ok: bool
     body: Body
 
@@ -39,7 +101,7 @@ class LeaderReply:
 @message(72)
 @dataclass(frozen=True, slots=True)
 class Order:
-    """The leader orders a fellow to do ``op`` (e.g. take a stage); fenced by ``term``."""
+    """(untyped, being retired) The leader orders a fellow to do ``op``; fenced by ``term``."""
 
     term: U64
     op: Op
@@ -51,3 +113,7 @@ class Order:
 class OrderReply:
     ok: bool
     body: Body
+
+
+__all__ = ["DOC_BYTES", "CallFailed", "Doc", "PlanAsk", "PlanShown", "pack_doc", "unpack_doc",
+           "LeaderCall", "LeaderReply", "Order", "OrderReply"]
