@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from p2pswarm.errors import ConfigError
+from p2pswarm.sim.gossip_lab import RandomDraws
 from p2pswarm.transport.netmodel import (
     DATA_RETRANSMISSION,
     HANDSHAKE_RETRANSMISSION,
     RTO_MAX_S,
     FadeTimeline,
     GilbertElliott,
-    RandomDraws,
     Retransmission,
     _LossState,
     _lost,

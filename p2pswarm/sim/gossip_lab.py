@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import heapq
+import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -61,7 +62,6 @@ from p2pswarm.transport.netmodel import (
     Bernoulli,
     FadeTimeline,
     GilbertElliott,
-    RandomDraws,
     Retransmission,
     UniformDelay,
     _LossState,
@@ -79,6 +79,27 @@ SPIN_LIMIT = 1000  # ticks of one node at one instant before the lab calls it a 
 LAB_STREAM_RTO_S = 0.25  # the first retransmission timer of a leg after the TCP connect
 
 Radio = FadeTimeline  # a node's radio: its Gilbert-Elliott fades, drawn ahead
+
+
+class RandomDraws(random.Random):
+    """A ``random.Random`` with the models' draws, each from the standard library's own
+    (``expovariate``, ``gauss``): a seeded lab's generator, same stream as before."""
+
+    def chance(self, probability: float) -> bool:
+        # No draw for 0 and 1, as with _Rng.
+        if probability <= 0.0:
+            return False
+        return probability >= 1.0 or self.random() < probability
+
+    def exponential(self, mean: float) -> float:
+        return self.expovariate(1.0 / mean)
+
+    def normal(self) -> float:
+        return self.gauss(0.0, 1.0)
+
+    def pareto(self, alpha: float) -> float:
+        """Pareto with minimum 1 and tail index ``alpha``."""
+        return math.pow(1.0 - self.random(), -1.0 / alpha)
 
 
 PROPOSED_ELECTION = {
@@ -628,6 +649,7 @@ __all__ = [
     "LabNode",
     "Oracle",
     "Radio",
+    "RandomDraws",
     "fake_keys",
     "fake_sign_for",
     "fake_verify",

@@ -1,10 +1,10 @@
 """The network model: delays, losses, links and TCP's retransmission timer, as values.
 
 Theory of operation. Everything here is pure: no trio, no clock, no global ``random``.
-Time comes in as ``now`` (seconds) and randomness as a generator passed in, either the
-SplitMix64 ``_Rng`` (eight bytes of state, seeded from names: MemoryNetwork has one per
-link and per radio) or ``RandomDraws`` (a ``random.Random`` with the same few draws:
-GossipLab's seeded generators). Both worlds that simulate a network, ``MemoryNetwork``
+Time comes in as ``now`` (seconds) and randomness as a generator passed in that makes the few
+draws of ``Draws``: the SplitMix64 ``_Rng`` (eight bytes of state, seeded from names:
+MemoryNetwork has one per link and per radio), or GossipLab's seeded ``random.Random``
+with those draws added (``p2pswarm.sim.gossip_lab.RandomDraws``). Both worlds that simulate a network, ``MemoryNetwork``
 (trio, virtual time) and ``GossipLab`` (the pure machines on one heap), decide a
 packet's fate with these models, so they share one definition of each.
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import random
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ RTO_MAX_S = 60.0  # the timer doubles up to this
 
 
 class Draws(Protocol):
-    """The few draws the models make; ``_Rng`` and ``RandomDraws`` provide them."""
+    """The few draws the models make; ``_Rng`` and gossip_lab's ``RandomDraws`` make them."""
 
     def random(self) -> float: ...
 
@@ -88,27 +87,6 @@ class _Rng:
     def normal(self) -> float:
         radius = math.sqrt(-2.0 * math.log(1.0 - self.random()))
         return radius * math.cos(_TWO_PI * self.random())
-
-    def pareto(self, alpha: float) -> float:
-        """Pareto with minimum 1 and tail index ``alpha``."""
-        return math.pow(1.0 - self.random(), -1.0 / alpha)
-
-
-class RandomDraws(random.Random):
-    """A ``random.Random`` with the models' draws, each from the standard library's own
-    (``expovariate``, ``gauss``): a seeded lab's generator, same stream as before."""
-
-    def chance(self, probability: float) -> bool:
-        # No draw for 0 and 1, as with _Rng.
-        if probability <= 0.0:
-            return False
-        return probability >= 1.0 or self.random() < probability
-
-    def exponential(self, mean: float) -> float:
-        return self.expovariate(1.0 / mean)
-
-    def normal(self) -> float:
-        return self.gauss(0.0, 1.0)
 
     def pareto(self, alpha: float) -> float:
         """Pareto with minimum 1 and tail index ``alpha``."""
@@ -520,7 +498,6 @@ __all__ = [
     "LognormalDelay",
     "LossModel",
     "ParetoDelay",
-    "RandomDraws",
     "Retransmission",
     "UniformDelay",
 ]
