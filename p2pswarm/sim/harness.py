@@ -9,8 +9,8 @@ timeline of typed actions (``p2pswarm.sim.actions``: starts, scripted events, ev
 drawn at rates, roaming outages), all drawn up front from generators seeded by the
 scenario's seed, and the ``Director`` (``p2pswarm.sim.director``) performs them in order
 on this run, which is its virtual ``World``; each thing the world does, it tells the
-oracle. Every agent is a ``SimAgent``, which
-hands each membership and election event to the oracle with the virtual time.
+oracle. Every agent is a ``SimAgent``, which hands each membership and election event
+to the oracle with the virtual time.
 
 Alongside, small tasks measure: the leader is asked for a plan of a fixed request every
 ``plan.every_s`` (the plan's ``plan_id`` must not change unless a card or fellow really
