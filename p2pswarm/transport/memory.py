@@ -36,9 +36,10 @@ sent nothing for an hour costs one draw, not a walk through every fade it missed
 Streams are reliable, as TCP is: each frame (one segment) and each handshake packet
 meets the same loss as a datagram (the link's model and both radios), and a lost one is
 sent again after TCP's retransmission timer, 200 ms for data and 1 s for a handshake,
-doubling each time (``DATA_RETRANSMISSION``, ``HANDSHAKE_RETRANSMISSION``). Frames arrive in order, so one frame waiting out a radio fade holds
-back those sent after it. A per-direction window gives backpressure. A partition or a
-downed node breaks the streams across it at once: both ends raise TransportError.
+doubling each time (``DATA_RETRANSMISSION``, ``HANDSHAKE_RETRANSMISSION``). Frames
+arrive in order, so one frame waiting out a radio fade holds back those sent after it.
+A per-direction window gives backpressure. A partition or a downed node breaks the
+streams across it at once: both ends raise TransportError.
 
 The models (delays, losses, links, the retransmission timer) are pure values from
 ``p2pswarm.transport.netmodel``, which GossipLab uses too; they are re-exported here.

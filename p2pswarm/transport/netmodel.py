@@ -1,12 +1,13 @@
 """The network model: delays, losses, links and TCP's retransmission timer, as values.
 
 Theory of operation. Everything here is pure: no trio, no clock, no global ``random``.
-Time comes in as ``now`` (seconds) and randomness as a generator passed in that makes the few
-draws of ``Draws``: the SplitMix64 ``_Rng`` (eight bytes of state, seeded from names:
+Time comes in as ``now`` (seconds) and randomness as a generator passed in that makes the
+few draws of ``Draws``: the SplitMix64 ``_Rng`` (eight bytes of state, seeded from names:
 MemoryNetwork has one per link and per radio), or GossipLab's seeded ``random.Random``
-with those draws added (``p2pswarm.sim.gossip_lab.RandomDraws``). Both worlds that simulate a network, ``MemoryNetwork``
-(trio, virtual time) and ``GossipLab`` (the pure machines on one heap), decide a
-packet's fate with these models, so they share one definition of each.
+with those draws added (``p2pswarm.sim.gossip_lab.RandomDraws``). Both worlds that
+simulate a network, ``MemoryNetwork`` (trio, virtual time) and ``GossipLab`` (the pure
+machines on one heap), decide a packet's fate with these models, so they share one
+definition of each.
 
 - Delay models (``FixedDelay``, ``UniformDelay``, ``LognormalDelay``, ``ParetoDelay``):
   ``sample_s(rng)`` is one packet's one-way delay.
