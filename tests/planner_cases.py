@@ -9,8 +9,14 @@ import random
 from pathlib import Path
 from typing import Any
 
-from p2pswarm.planner import ModelProfile, Plan, cluster_from_dict, plan, profile_from_config
-from p2pswarm.planner import request_from_dict
+from p2pswarm.planner import (
+    ModelProfile,
+    Plan,
+    cluster_from_dict,
+    plan,
+    profile_from_config,
+    request_from_dict,
+)
 
 REFERENCE = Path(__file__).resolve().parent.parent / "simulations" / "clusters" / "reference.json"
 GB = 10**9

@@ -19,7 +19,6 @@ from p2pswarm.sim.virtual import cpu_card, wait_until
 from p2pswarm.training import JobConfig, LocalRun
 from tests.training_swarm import finished, job_config, start_swarm
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

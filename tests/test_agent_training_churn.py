@@ -13,9 +13,7 @@ import trio.testing
 
 from p2pswarm.agent.world import Services
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
-
 from tests.training_swarm import finished, job_config
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

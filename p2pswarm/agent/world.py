@@ -22,7 +22,7 @@ from p2pswarm.agent.votes import VoteRecord
 from p2pswarm.config import SwarmConfig
 from p2pswarm.election import Election
 from p2pswarm.inventory import CardSource
-from p2pswarm.membership.effects import Event
+from p2pswarm.effects import Event
 from p2pswarm.membership.machine import Membership
 from p2pswarm.security import Identity, Keyring
 from p2pswarm.transport.base import Transport
