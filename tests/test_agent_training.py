@@ -1,6 +1,6 @@
 """Training jobs across real agents on MemoryNetwork, in virtual time.
 
-Torch runs inline (``Serving.inline_compute``), so compute takes no virtual time; the
+Torch runs inline (``agent.compute.inline``), so compute takes no virtual time; the
 models are the built-in tiny one, the steps few.
 """
 
@@ -35,7 +35,7 @@ async def start_swarm(nursery: trio.Nursery, n: int = 3, seed: int = 5) -> Virtu
     await nursery.start(swarm.run)
     for i in range(n):
         agent = await swarm.start(i)
-        agent.serving.inline_compute = True
+        agent.compute.inline = True
     await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
                      and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
     return swarm
@@ -228,7 +228,7 @@ async def test_resume_continues_the_loss_trajectory_from_surviving_copies(
         swarm.crash(victim)
         await trio.sleep(1)
         again = await swarm.start(victim)  # back, its disk gone
-        again.serving.inline_compute = True
+        again.compute.inline = True
         again.training.copies._root = tmp_path / f"{again.name}-again"
         assert again.training.copies.held(job_id) == {}
         await wait_until(lambda: swarm.converged(), timeout_s=60)

@@ -23,7 +23,7 @@ STEP_S = 1.0  # the virtual seconds one stage step takes
 
 
 def tune(agent: Any) -> Any:
-    agent.serving.inline_compute = True
+    agent.compute.inline = True
     agent.training.simulated_step_s = STEP_S
     agent.training.step_timeout_s = 10.0
     agent.training.retry_s = 2.0

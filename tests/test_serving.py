@@ -2,7 +2,7 @@
 
 Three fellows load a model as a three-stage pipeline through the leader and generate;
 the answers must equal the same model in one process. Torch runs inline
-(``Serving.inline_compute``), so compute takes no virtual time.
+(``agent.compute.inline``), so compute takes no virtual time.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from p2pswarm.models import Checkpoint, stage_tensor_names, write_builtin_checkp
 from p2pswarm.planner import BUILTIN_MODELS
 from p2pswarm.runtime import LocalPipeline, Sampler, Stage, StageSpec
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
+from p2pswarm.wire.loads import UnloadAsk, Unloaded
 
 MODEL = "tiny-llama"
 PROMPT = [256, *range(32, 127), *range(40, 240)]  # 296 tokens: two prefill chunks of 256
@@ -42,7 +43,7 @@ async def start_swarm(nursery: trio.Nursery, tmp_path: Path, seed: int,
     await nursery.start(swarm.run)
     for i in range(n):
         agent = await swarm.start(i)
-        agent.serving.inline_compute = True
+        agent.compute.inline = True
         agent.serving.cache = WeightsCache(tmp_path / f"cache-{i}")
     await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
                      and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
@@ -104,7 +105,7 @@ async def test_three_stages_across_fellows_equal_one_process(autojump_clock, tmp
         # every stage ended its sessions; unloading frees everything everywhere
         await wait_until(lambda: all(not h.stage.sessions for a in swarm.live()
                                      for h in a.serving.hosted.values()), timeout_s=5)
-        await driver.leadership.ask_op("unload", {"plan_id": plan["plan_id"]})
+        await driver.leadership.ask(UnloadAsk(plan["plan_id"]), Unloaded)
         assert nothing_held(swarm)
         nursery.cancel_scope.cancel()
 
@@ -303,6 +304,6 @@ async def test_a_load_outlives_the_leader_that_made_it(autojump_clock, tmp_path)
         local = reference(plan, MODEL).generate(PROMPT[:20], 5, Sampler.greedy(),
                                                 stop_token_ids=())
         assert result.token_ids == local.token_ids
-        await swarm.live()[0].serving.leadership.ask_op("unload", {})
+        await swarm.live()[0].serving.leadership.ask(UnloadAsk(), Unloaded)
         assert nothing_held(swarm)
         nursery.cancel_scope.cancel()

@@ -310,7 +310,7 @@ class ScenarioRun:
         agent = SimAgent(sim_run=self, sim_index=fellow.index, **kwargs)
         spec = self.scenario.training
         if spec.job:  # stage compute inline; each step takes step_s of virtual time
-            agent.serving.inline_compute = True
+            agent.compute.inline = True
             agent.training.simulated_step_s = spec.step_s
             agent.training.step_timeout_s = 10.0 * spec.step_s
             agent.training.retry_s = 2.0
