@@ -30,6 +30,7 @@ from typing import Any
 
 from p2pswarm.agent.weights import Manifest, ManifestTensor
 from p2pswarm.errors import ConfigError
+from p2pswarm.models.config import ModelConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -132,8 +133,7 @@ def check_adapter(adapter: AdapterManifest, hf_config: dict[str, Any], model_nam
                   model_path: str | None = None) -> None:
     """Refuse (ConfigError) an adapter that is not for this base: another base named,
     target modules the model lacks, or any tensor's shape not the base's."""
-    from p2pswarm.models.checkpoint import stage_tensor_names
-    from p2pswarm.models.config import ModelConfig
+    from p2pswarm.models.checkpoint import stage_tensor_names  # imports torch
 
     where = adapter.path
     if not _base_matches(adapter.base, model_name, model_path):

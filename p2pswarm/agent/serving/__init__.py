@@ -54,8 +54,10 @@ class Serving:
                  runtime: StageRuntime | None = None) -> None:
         self.agent = agent
         self.leadership = leadership
-        lazy = TorchOnFirstUse() if runtime is None else None
-        self.runtime: StageRuntime = runtime if runtime is not None else lazy  # type: ignore[assignment]
+        lazy = None
+        if runtime is None:  # torch's, imported on first use
+            runtime = lazy = TorchOnFirstUse()
+        self.runtime = runtime
         self.offers = Offers(agent)
         self.progress = Progress(agent)
         self.leader = Loads(agent, leadership)

@@ -93,7 +93,7 @@ class TextStream:
 
     def push(self, token: int) -> str:
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
+        text: str = self.tokenizer.decode(self.ids)
         if text.endswith("\ufffd") or not text.startswith(self.text):
             return ""  # wait for the rest of the character
         piece, self.text = text[len(self.text):], text

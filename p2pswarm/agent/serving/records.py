@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import trio
 
@@ -22,6 +23,7 @@ from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
     from p2pswarm.agent.serving.runtime import LoadedStage
+    from p2pswarm.agent.weights import Manifest, WeightsCache
 
 ROUTE_KEYS = ("stage", "fellow_id", "fellow", "addr", "layers", "card", "claim_bytes",
               "allocated_bytes")
@@ -87,6 +89,18 @@ class StageOrder:
             need_bytes=order.need_bytes,
             runtime={k: getattr(block, k) for k in _SPEC_FIELDS}, model=model,
             progress_addr=order.progress_addr, ticket=order.ticket, adapter=adapter)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedWeights:
+    """A stage's weight source: its tensors of ``manifest`` in this fellow's verified
+    cache (the other sources are a built-in model's name and a model directory)."""
+
+    manifest: Manifest
+    cache: WeightsCache
+
+
+WeightSource: TypeAlias = "str | Path | CachedWeights"  # a built-in's name, a directory
 
 
 def route_hop(hop: dict[str, Any]) -> RouteHop:
@@ -183,9 +197,11 @@ class GenerationResult:
 
 __all__ = [
     "ROUTE_KEYS",
+    "CachedWeights",
     "GenerationResult",
     "HostedStage",
     "StageOrder",
+    "WeightSource",
     "public_adapter",
     "public_model",
     "route_dict",

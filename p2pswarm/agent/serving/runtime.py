@@ -14,17 +14,12 @@ import importlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.serving.records import StageOrder
-    from p2pswarm.agent.weights import CachedTensors
+    from p2pswarm.agent.serving.records import StageOrder, WeightSource
 
 log = logging.getLogger("p2pswarm.serving")
-
-# What a stage loads from: a built-in model's name, a model directory, cached tensors.
-WeightSource = "str | Path | CachedTensors"
 
 
 class LoadedStage(Protocol):
@@ -55,7 +50,7 @@ class Stepped:
 
 
 class StageRuntime(Protocol):
-    def build(self, order: StageOrder, source: str | Path | CachedTensors,
+    def build(self, order: StageOrder, source: WeightSource,
               adapter: dict[str, Any]) -> LoadedStage:
         """The stage ``order`` asks for, built from ``source`` with ``adapter``'s tensors
         (by name, verified) merged in; PlacementError when the card cannot hold it."""
@@ -98,7 +93,7 @@ class TorchOnFirstUse:
         except Exception:  # the load that needs it will say what is wrong
             log.debug("importing the runtime ahead failed", exc_info=True)
 
-    def build(self, order: StageOrder, source: str | Path | CachedTensors,
+    def build(self, order: StageOrder, source: WeightSource,
               adapter: dict[str, Any]) -> LoadedStage:
         return self._runtime().build(order, source, adapter)
 

@@ -24,14 +24,16 @@ from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
 from p2pswarm.agent.serving.records import (
     ROUTE_KEYS,
+    CachedWeights,
     HostedStage,
     StageOrder,
+    WeightSource,
     public_adapter,
     public_model,
     route_dict,
 )
 from p2pswarm.agent.serving.runtime import StageRuntime
-from p2pswarm.agent.weights import CachedTensors, Manifest, check_source_files, fetch
+from p2pswarm.agent.weights import Manifest, check_source_files, fetch
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
 from p2pswarm.planner.profile import BUILTIN_MODELS
 from p2pswarm.planner.wording import card_label, gb
@@ -227,8 +229,7 @@ class StageHost:
         await self.progress.report(order, "ready", allocated, order.claim_bytes)
         return StageLoaded(allocated, fetched, fetch_s, time.perf_counter() - began)
 
-    async def _stage_source(self, order: StageOrder) -> tuple[str | Path | CachedTensors,
-                                                               int, float]:
+    async def _stage_source(self, order: StageOrder) -> tuple[WeightSource, int, float]:
         """What the stage loads from (built-in name, model directory, cached tensors),
         fetching the tensors this fellow lacks first; the bytes fetched, and how long."""
         model = order.model
@@ -264,7 +265,7 @@ class StageHost:
             fetched = await fetch(self.agent, source.addr, source.node_id, source.name,
                                   manifest, [t.name for t in missing], cache,
                                   self.agent.compute.run, on_bytes)
-        return CachedTensors(manifest, cache), fetched, time.perf_counter() - began
+        return CachedWeights(manifest, cache), fetched, time.perf_counter() - began
 
     async def _stage_adapter(self, order: StageOrder) -> tuple[dict[str, Any], int]:
         """This stage's adapter tensors (fetched first when this fellow lacks them),

@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from p2pswarm.agent.adapter import TENSOR_NAME, block_manifest
-from p2pswarm.agent.serving.records import StageOrder
+from p2pswarm.agent.serving.records import CachedWeights, StageOrder, WeightSource
 from p2pswarm.agent.serving.runtime import Stepped
-from p2pswarm.agent.weights import SAFETENSORS_DTYPES, CachedTensors, WeightsCache
+from p2pswarm.agent.weights import Manifest, WeightsCache
 from p2pswarm.errors import ConfigError, PlacementError
+from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.loader import open_model
 from p2pswarm.runtime.frame import decode_tensor, encode_tensor
 from p2pswarm.runtime.sampler import Sampler
@@ -32,9 +33,11 @@ from p2pswarm.runtime.stage import Stage
 class TorchRuntime:
     """``StageRuntime`` on torch: ``p2pswarm.runtime.Stage`` per stage."""
 
-    def build(self, order: StageOrder, source: str | Path | CachedTensors,
+    def build(self, order: StageOrder, source: WeightSource,
               adapter: dict[str, Any]) -> Stage:
         tensors: Any = source
+        if isinstance(source, CachedWeights):
+            tensors = CachedTensors(source.manifest, source.cache)
         if order.adapter:  # merge W += scale * B @ A as the stage reads its weights
             if isinstance(tensors, (str, Path)):
                 tensors = open_model(tensors)
@@ -71,6 +74,41 @@ class TorchRuntime:
     def adapter_tensors(self, block: dict[str, Any], cache: WeightsCache | None,
                         local: bool) -> dict[str, torch.Tensor]:
         return read_adapter_tensors(block, cache, local)
+
+
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16",
+                      "BF16": "bfloat16", "I64": "int64", "I32": "int32", "I16": "int16",
+                      "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+class CachedTensors:
+    """A stage's tensors from the verified cache: a tensor source like ``Checkpoint``,
+    which checks each tensor's SHA-256 again as it reads it."""
+
+    def __init__(self, manifest: Manifest, cache: WeightsCache) -> None:
+        self.name = manifest.name
+        self.config: ModelConfig = ModelConfig.from_hf(manifest.hf_config)
+        self._manifest = manifest
+        self._cache = cache
+
+    def read(self, names: Sequence[str],
+             device: torch.device | str) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in names:
+            entry = self._manifest.tensor(name)
+            try:
+                data = bytearray(self._cache.path(entry.sha256).read_bytes())
+            except OSError as exc:
+                raise ConfigError(f"cached tensor {name} is unreadable: {exc}") from exc
+            if len(data) != entry.nbytes or hashlib.sha256(data).hexdigest() != entry.sha256:
+                self._cache.path(entry.sha256).unlink(missing_ok=True)
+                raise PlacementError(f"cached tensor {name} no longer matches its SHA-256; "
+                                     "it was dropped, load again to fetch it")
+            dtype = getattr(torch, SAFETENSORS_DTYPES.get(entry.dtype, ""), None)
+            if not isinstance(dtype, torch.dtype):
+                raise ConfigError(f"tensor {name} has dtype {entry.dtype}, which p2pswarm "
+                                  "cannot read")
+            tensor = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+            yield name, tensor.reshape(entry.shape).to(device)
 
 
 def read_adapter_tensors(block: dict[str, Any], cache: WeightsCache | None,
@@ -142,4 +180,4 @@ class AdaptedSource:
             yield name, tensor
 
 
-__all__ = ["AdaptedSource", "TorchRuntime", "read_adapter_tensors"]
+__all__ = ["AdaptedSource", "CachedTensors", "TorchRuntime", "read_adapter_tensors"]
