@@ -137,8 +137,17 @@ class Serving:
     async def tokenizer(self, record: dict[str, Any]) -> Any:
         return await self.driver.tokenizer(record)
 
-    async def generate(self, prompt: str | None = None, **options: Any) -> GenerationResult:
-        return await self.driver.generate(prompt, **options)
+    async def generate(self, prompt: str | None = None, *,
+                       prompt_ids: Sequence[int] | None = None, plan_id: str | None = None,
+                       max_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+                       top_p: float = 1.0, seed: int = 0,
+                       stop_token_ids: Sequence[int] | None = None, keep_logits: bool = False,
+                       on_token: Callable[[int, str], None] | None = None) -> GenerationResult:
+        """Run a session through a loaded pipeline from this fellow (``generation``)."""
+        return await self.driver.generate(
+            prompt, prompt_ids=prompt_ids, plan_id=plan_id, max_tokens=max_tokens,
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            stop_token_ids=stop_token_ids, keep_logits=keep_logits, on_token=on_token)
 
     # --- control ops (the CLI's own agent) ------------------------------------------------
 
@@ -171,16 +180,17 @@ class Serving:
                                       and all(isinstance(t, int) for t in stops)):
             raise ConfigError("\"stop_token_ids\" must be a list of token ids")
         try:
-            options = {"max_tokens": int(request.get("max_tokens", 64)),
-                       "temperature": float(request.get("temperature", 0.0)),
-                       "top_k": int(request.get("top_k", 0)),
-                       "top_p": float(request.get("top_p", 1.0)),
-                       "seed": int(request.get("seed", 0))}
+            max_tokens = int(request.get("max_tokens", 64))
+            temperature = float(request.get("temperature", 0.0))
+            top_k = int(request.get("top_k", 0))
+            top_p = float(request.get("top_p", 1.0))
+            seed = int(request.get("seed", 0))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"generate: a bad number ({exc})") from None
-        stop_ids: Sequence[int] | None = stops
         result = await self.generate(prompt, plan_id=request.get("plan_id") or None,
-                                     stop_token_ids=stop_ids, on_token=on_token, **options)
+                                     max_tokens=max_tokens, temperature=temperature,
+                                     top_k=top_k, top_p=top_p, seed=seed,
+                                     stop_token_ids=stops, on_token=on_token)
         return result.to_dict()
 
 

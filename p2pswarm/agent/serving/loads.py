@@ -46,6 +46,7 @@ from p2pswarm.errors import (
     ConfigError,
     ControlError,
     PlacementError,
+    RemoteProtocolError,
     SwarmError,
     TransportError,
 )
@@ -260,7 +261,7 @@ class Loads:
         """The leader's answer, or this fellow's own view when no leader answers."""
         try:
             answer = await self.leadership.ask(LoadsAsk(), LoadsShown)
-        except (PlacementError, TransportError, ControlError) as exc:
+        except (PlacementError, TransportError, ControlError, RemoteProtocolError) as exc:
             log.info("loads from this fellow's view (%s)", exc)
             return self.loads_view()
         return [unpack_doc(r) for r in answer.loads]
