@@ -162,7 +162,6 @@ class AdaptedSource:
             self._pairs[f"model.layers.{layer}.{parent}.{proj}.weight"] = (a, b)
 
     def read(self, names: Sequence[str], device: Any) -> Iterator[tuple[str, torch.Tensor]]:
-        import torch
 
         absent = sorted(set(self._pairs) - set(names))
         if absent:
