@@ -118,7 +118,7 @@ def _job_config(config: Any) -> JobConfig:
 
 
 def _model_message(job: JobConfig) -> dict[str, Any]:
-    from p2pswarm.planner import read_model_config
+    from p2pswarm.models.files import read_model_config
 
     if job.model.init_config is not None:
         return {"name": "scratch", "config": dict(job.model.init_config)}

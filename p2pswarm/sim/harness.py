@@ -38,11 +38,11 @@ from typing import Any
 import trio
 
 import p2pswarm.agent.agent as agent_module
+from p2pswarm import effects as fx
 from p2pswarm.agent import Agent
 from p2pswarm.config import SwarmConfig, preset
 from p2pswarm.election import Election, ElectionTuning
 from p2pswarm.errors import ConfigError, SwarmError
-from p2pswarm.membership import effects as fx
 from p2pswarm.membership.machine import Membership
 from p2pswarm.membership.timing import Tuning
 from p2pswarm.planner import BUILTIN_MODELS, REFERENCE_CONFIGS
