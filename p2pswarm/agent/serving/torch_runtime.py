@@ -162,7 +162,6 @@ class AdaptedSource:
             self._pairs[f"model.layers.{layer}.{parent}.{proj}.weight"] = (a, b)
 
     def read(self, names: Sequence[str], device: Any) -> Iterator[tuple[str, torch.Tensor]]:
-
         absent = sorted(set(self._pairs) - set(names))
         if absent:
             raise PlacementError(f"the model has no {absent[0]} for the adapter to go on")
