@@ -12,11 +12,11 @@ the content hash, so the plan and its ``plan_id`` differ with and without an ada
 The adapter's tensors travel like weights (``p2pswarm.agent.weights``): the fellow where
 ``load`` runs offers them, each stage order names only its own layers' tensors, and a
 stage fellow fetches those into its verified cache (or, on the fellow that has the
-directory, reads them from it and checks them there). The torch runtime
-(``p2pswarm.agent.serving.torch_runtime``: ``read_adapter_tensors``, ``AdaptedSource``)
-wraps the stage's tensor source and merges ``W + (alpha / rank) * B @ A`` (in float32) into each adapted
-weight as the stage reads it, before any cast or quantization: the stage holds exactly
-the base's bytes, so decode costs nothing extra and the plan's memory claim stays true.
+directory, reads them from it and checks them there). The torch runtime's
+``AdaptedSource`` (``p2pswarm.agent.serving.torch_runtime``) wraps the stage's tensor
+source and merges ``W + (alpha / rank) * B @ A`` (in float32) into each adapted weight
+as the stage reads it, before any cast or quantization: the stage holds exactly the
+base's bytes, so decode costs nothing extra and the plan's memory claim stays true.
 """
 
 from __future__ import annotations

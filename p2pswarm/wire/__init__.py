@@ -1,11 +1,13 @@
 """Message types and their codec. Importing this package registers every message."""
 
-from p2pswarm.wire import base  # noqa: F401  (registers tags 0-9)
-from p2pswarm.wire import gossip  # noqa: F401  (registers tags 10-69)
-from p2pswarm.wire import orders  # noqa: F401  (registers tags 70-76)
-from p2pswarm.wire import loads  # noqa: F401  (registers tags 77-99)
-from p2pswarm.wire import serving  # noqa: F401  (registers tags 100-109)
-from p2pswarm.wire import training  # noqa: F401  (registers tags 110-129)
+from p2pswarm.wire import (
+    base,  # noqa: F401  (registers tags 0-9)
+    gossip,  # noqa: F401  (registers tags 10-69)
+    loads,  # noqa: F401  (registers tags 77-99)
+    orders,  # noqa: F401  (registers tags 70-76)
+    serving,  # noqa: F401  (registers tags 100-109)
+    training,  # noqa: F401  (registers tags 110-129)
+)
 from p2pswarm.wire.codec import (
     PROTOCOL_MAJOR,
     PROTOCOL_MINOR,
