@@ -21,7 +21,6 @@ from p2pswarm.training.checkpoint import CheckpointStore
 from p2pswarm.training.job_export import export_checkpoint
 from p2pswarm.training.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_tensors
 
-
 runner = CliRunner()
 CUT = [3, 6]
 

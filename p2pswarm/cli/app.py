@@ -22,7 +22,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-HomeOption = typer.Option(None, "--home", help="State directory (default $P2PSWARM_HOME or ~/.p2pswarm).")
+HomeOption = typer.Option(None, "--home", help="State directory (default $P2PSWARM_HOME or "
+                          "~/.p2pswarm).")
 JsonOption = typer.Option(False, "--json", help="Print machine-readable JSON.")
 
 

@@ -20,7 +20,8 @@ def _print_generation_stats(result: dict[str, Any]) -> None:
     n = len(result.get("token_ids", []))
     typer.echo(f"\n{n} tokens ({result.get('stop_reason')}); first after "
                f"{result.get('time_to_first_token_s', 0):.2f} s for {result.get('prompt_tokens')}"
-               f" prompt tokens; then {result.get('decode_tokens_per_s', 0):.1f} tokens/s", err=True)
+               f" prompt tokens; then {result.get('decode_tokens_per_s', 0):.1f} tokens/s",
+               err=True)
     parts = [f"stage {s['stage']} {s['fellow']} (layers {s['layers'][0]}-{s['layers'][1] - 1}) "
              f"{s['ms_per_token']:.1f} ms" for s in result.get("stages", [])]
     typer.echo("per token: " + ", ".join(parts)

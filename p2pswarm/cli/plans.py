@@ -73,8 +73,8 @@ def plan(
 ) -> None:
     """Show where MODEL would run: which fellow runs which layers on which card, and what
     each card then holds. Exits 1 when the plan does not fit."""
-    from p2pswarm.planner import plan as make_plan
     from p2pswarm.models.files import read_model_config
+    from p2pswarm.planner import plan as make_plan
     from p2pswarm.planner import profile_from_config, request_from_dict
 
     request: dict[str, Any] = {
