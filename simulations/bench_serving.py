@@ -178,7 +178,7 @@ def pipeline_in_process(model: str, tokens: int, prompt: list[int]) -> dict[str,
             await trio.to_thread.run_sync(partial(
                 local.generate, prompt, tokens, Sampler.greedy(), stop_token_ids=(),
                 on_token=local_ticks.run()))
-        await swarm.agents[0].leadership.ask_op("unload", {})
+        await swarm.agents[0].serving.unload()
         return {"plan": plan, "load_s": load_s, "tokens_per_s": swarm_ticks.per_s(),
                 "local_tokens_per_s": local_ticks.per_s()}
 

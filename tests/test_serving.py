@@ -18,6 +18,7 @@ from p2pswarm.errors import PlacementError, PlanChanged, TransportError
 from p2pswarm.models import Checkpoint, stage_tensor_names, write_builtin_checkpoint
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import cpu_card, wait_until
+from p2pswarm.wire.loads import UnloadAsk, Unloaded
 from tests.serving_swarm import MODEL, PROMPT, nothing_held, reference, request, start_swarm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -63,7 +64,7 @@ async def test_three_stages_across_fellows_equal_one_process(autojump_clock, tmp
         # every stage ended its sessions; unloading frees everything everywhere
         await wait_until(lambda: all(not h.stage.sessions for a in swarm.live()
                                      for h in a.serving.hosted.values()), timeout_s=5)
-        await driver.leadership.ask_op("unload", {"plan_id": plan["plan_id"]})
+        await driver.leadership.ask(UnloadAsk(plan["plan_id"]), Unloaded)
         assert nothing_held(swarm)
         nursery.cancel_scope.cancel()
 
@@ -262,6 +263,6 @@ async def test_a_load_outlives_the_leader_that_made_it(autojump_clock, tmp_path)
         local = reference(plan, MODEL).generate(PROMPT[:20], 5, Sampler.greedy(),
                                                 stop_token_ids=())
         assert result.token_ids == local.token_ids
-        await swarm.live()[0].serving.leadership.ask_op("unload", {})
+        await swarm.live()[0].serving.leadership.ask(UnloadAsk(), Unloaded)
         assert nothing_held(swarm)
         nursery.cancel_scope.cancel()

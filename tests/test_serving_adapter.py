@@ -23,6 +23,7 @@ from p2pswarm.planner import BUILTIN_MODELS
 from p2pswarm.runtime import LocalPipeline, Sampler, Stage, StageSpec
 from p2pswarm.training.job import LoraConfig
 from p2pswarm.training.lora import ADAPTER_WEIGHTS, apply_lora, load_adapters, save_adapters
+from p2pswarm.wire.loads import UnloadAsk, Unloaded
 from tests.serving_swarm import nothing_held, reference, request, start_swarm
 
 MODEL = "tiny-llama"
@@ -101,7 +102,7 @@ async def test_adapter_across_three_fellows_equals_one_process(autojump_clock,
                                                stop_token_ids=(), keep_logits=True)
         assert (result.logits[0] - base.logits[0]).abs().max().item() > 1e-3  # it did act
 
-        await driver.leadership.ask_op("unload", {"plan_id": plan["plan_id"]})
+        await driver.leadership.ask(UnloadAsk(plan["plan_id"]), Unloaded)
         assert nothing_held(swarm)
         nursery.cancel_scope.cancel()
 

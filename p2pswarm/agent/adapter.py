@@ -12,10 +12,11 @@ the content hash, so the plan and its ``plan_id`` differ with and without an ada
 The adapter's tensors travel like weights (``p2pswarm.agent.weights``): the fellow where
 ``load`` runs offers them, each stage order names only its own layers' tensors, and a
 stage fellow fetches those into its verified cache (or, on the fellow that has the
-directory, reads them from it and checks them there). ``AdaptedSource`` wraps the stage's
-tensor source and merges ``W + (alpha / rank) * B @ A`` (in float32) into each adapted
-weight as the stage reads it, before any cast or quantization: the stage holds exactly
-the base's bytes, so decode costs nothing extra and the plan's memory claim stays true.
+directory, reads them from it and checks them there). The torch runtime's
+``AdaptedSource`` (``p2pswarm.agent.serving.torch_runtime``) wraps the stage's tensor
+source and merges ``W + (alpha / rank) * B @ A`` (in float32) into each adapted weight
+as the stage reads it, before any cast or quantization: the stage holds exactly the
+base's bytes, so decode costs nothing extra and the plan's memory claim stays true.
 """
 
 from __future__ import annotations
@@ -23,27 +24,19 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from p2pswarm.agent.weights import (
-    SAFETENSORS_DTYPES,
-    Manifest,
-    ManifestTensor,
-    WeightsCache,
-)
-from p2pswarm.errors import ConfigError, PlacementError
-
-if TYPE_CHECKING:
-    import torch
+from p2pswarm.agent.weights import Manifest, ManifestTensor
+from p2pswarm.errors import ConfigError
+from p2pswarm.models.config import ModelConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PROJ_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
                "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
-_NAME = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\."
+TENSOR_NAME = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\."
                    r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
                    r"\.lora_([AB])\.weight$")
 _FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
@@ -95,7 +88,7 @@ def read_adapter(adapter_dir: str | Path) -> AdapterManifest:
     tensors = []
     for name in sorted(entries):
         e = entries[name]
-        if not _NAME.match(name):
+        if not TENSOR_NAME.match(name):
             raise ConfigError(f"{root / ADAPTER_WEIGHTS}: {name!r} is not a LoRA adapter "
                               "tensor of a layer's projection")
         if e.dtype not in _FLOAT_DTYPES:
@@ -140,8 +133,7 @@ def check_adapter(adapter: AdapterManifest, hf_config: dict[str, Any], model_nam
                   model_path: str | None = None) -> None:
     """Refuse (ConfigError) an adapter that is not for this base: another base named,
     target modules the model lacks, or any tensor's shape not the base's."""
-    from p2pswarm.models.checkpoint import stage_tensor_names
-    from p2pswarm.models.config import ModelConfig
+    from p2pswarm.models.checkpoint import stage_tensor_names  # imports torch
 
     where = adapter.path
     if not _base_matches(adapter.base, model_name, model_path):
@@ -161,7 +153,7 @@ def check_adapter(adapter: AdapterManifest, hf_config: dict[str, Any], model_nam
             "gate_proj": (m, h), "up_proj": (m, h), "down_proj": (h, m)}
     by_name = {t.name: t for t in adapter.manifest.tensors}
     for t in adapter.manifest.tensors:
-        layer, _, proj, which = _NAME.match(t.name).groups()  # type: ignore[union-attr]
+        layer, _, proj, which = TENSOR_NAME.match(t.name).groups()  # type: ignore[union-attr]
         if int(layer) >= config.num_layers:
             raise ConfigError(f"adapter {where} has layer {layer}; {model_name} has "
                               f"{config.num_layers} layers: not an adapter for this base")
@@ -202,80 +194,9 @@ def stage_block(adapter: dict[str, Any], start_layer: int, end_layer: int) -> di
     own layers' tensors."""
     manifest = Manifest.from_dict(adapter.get("manifest") or {})
     mine = [t.to_list() for t in manifest.tensors
-            if start_layer <= int(_NAME.match(t.name).group(1)) < end_layer]  # type: ignore[union-attr]
+            if start_layer <= int(TENSOR_NAME.match(t.name).group(1)) < end_layer]  # type: ignore[union-attr]
     return {**adapter, "manifest": {**manifest.to_dict(), "tensors": mine}}
 
 
 def block_manifest(block: dict[str, Any]) -> Manifest:
     return Manifest.from_dict(block.get("manifest") or {})
-
-
-def read_adapter_tensors(block: dict[str, Any], cache: WeightsCache | None,
-                         local: bool) -> dict[str, torch.Tensor]:
-    """This stage's adapter tensors as float32, each checked against its SHA-256, from the
-    adapter directory (``local``: this fellow has it) or the cache."""
-    import torch
-
-    manifest = block_manifest(block)
-    out: dict[str, torch.Tensor] = {}
-    for t in manifest.tensors:
-        try:
-            if local:
-                with (Path(manifest.path) / t.file).open("rb") as f:
-                    f.seek(t.offset_bytes)
-                    data = bytearray(f.read(t.nbytes))
-            else:
-                assert cache is not None
-                data = bytearray(cache.path(t.sha256).read_bytes())
-        except OSError as exc:
-            raise ConfigError(f"adapter tensor {t.name} is unreadable: {exc}") from None
-        if len(data) != t.nbytes or hashlib.sha256(data).hexdigest() != t.sha256:
-            if not local and cache is not None:
-                cache.path(t.sha256).unlink(missing_ok=True)
-            raise PlacementError(f"adapter tensor {t.name} does not match its SHA-256 "
-                                 "(the adapter changed since the load began?): refused")
-        dtype = getattr(torch, SAFETENSORS_DTYPES.get(t.dtype, ""), None)
-        if not isinstance(dtype, torch.dtype):
-            raise ConfigError(f"adapter tensor {t.name} has dtype {t.dtype}")
-        out[t.name] = torch.frombuffer(data, dtype=dtype).reshape(t.shape).float()
-    return out
-
-
-class AdaptedSource:
-    """A tensor source whose adapted weights come out merged: ``W + scale * B @ A``."""
-
-    def __init__(self, source: Any, block: dict[str, Any], tensors: dict[str, torch.Tensor],
-                 start_layer: int, end_layer: int) -> None:
-        self._source = source
-        self.name = source.name
-        self.config = source.config
-        self.scale = float(block["alpha"]) / int(block["rank"])
-        self._pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for name, a in tensors.items():
-            layer, parent, proj, which = _NAME.match(name).groups()  # type: ignore[union-attr]
-            if which != "A":
-                continue
-            if not start_layer <= int(layer) < end_layer:
-                raise PlacementError(f"adapter tensor {name} is not of this stage's layers")
-            b = tensors.get(name[:-len("A.weight")] + "B.weight")
-            if b is None:
-                raise ConfigError(f"the adapter lacks the B of {name}")
-            self._pairs[f"model.layers.{layer}.{parent}.{proj}.weight"] = (a, b)
-
-    def read(self, names: Sequence[str], device: Any) -> Iterator[tuple[str, torch.Tensor]]:
-        import torch
-
-        absent = sorted(set(self._pairs) - set(names))
-        if absent:
-            raise PlacementError(f"the model has no {absent[0]} for the adapter to go on")
-        for name, tensor in self._source.read(names, device):
-            pair = self._pairs.get(name)
-            if pair is not None:
-                a, b = pair
-                delta = (b @ a) * self.scale
-                if tuple(delta.shape) != tuple(tensor.shape):
-                    raise PlacementError(f"adapter for {name} has shape {list(delta.shape)}, "
-                                         f"the base's is {list(tensor.shape)}: refused")
-                with torch.no_grad():
-                    tensor = tensor.float() + delta.to(tensor.device)
-            yield name, tensor

@@ -10,8 +10,9 @@ sealed stream: a ``WeightsRequest``, then per tensor a ``WeightsItem`` header an
 bytes in frames of ``CHUNK_BYTES``. Each tensor is hashed as it arrives and stored under
 its SHA-256 in ``HOME/weights/``; bytes that do not match the manifest are refused and
 never stored (files land by an atomic rename, so the cache holds only verified tensors).
-A stage then loads from the cache through ``CachedTensors``, a tensor source like
-``Checkpoint``, which checks each tensor's hash again as it reads it.
+A stage then loads from the cache through the torch runtime's ``CachedTensors``
+(``p2pswarm.agent.serving.torch_runtime``), a tensor source like ``Checkpoint``, which
+checks each tensor's hash again as it reads it.
 
 The server hands out only what a manifest it offered names: a fellow cannot ask for an
 arbitrary file.
@@ -24,7 +25,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -34,13 +35,11 @@ import trio
 
 from p2pswarm import wire
 from p2pswarm.errors import ConfigError, PlacementError, RemoteProtocolError, TransportError
+from p2pswarm.models.config import ModelConfig
 from p2pswarm.wire.serving import WeightsItem, WeightsRefused, WeightsRequest
 
 if TYPE_CHECKING:
-    import torch
-
     from p2pswarm.agent.agent import Agent
-    from p2pswarm.models.config import ModelConfig
     from p2pswarm.transport.secure import SecureStream
 
 CHUNK_BYTES = 8 * 1024 * 1024  # one raw frame of tensor bytes
@@ -102,8 +101,7 @@ class Manifest:
 
     def stage_tensors(self, start_layer: int, end_layer: int) -> list[ManifestTensor]:
         """The tensors a stage running layers [start_layer, end_layer) reads."""
-        from p2pswarm.models.checkpoint import stage_tensor_names
-        from p2pswarm.models.config import ModelConfig
+        from p2pswarm.models.checkpoint import stage_tensor_names  # imports torch
 
         by_name = {t.name: t for t in self.tensors}
         names = stage_tensor_names(ModelConfig.from_hf(self.hf_config), start_layer, end_layer)
@@ -261,44 +259,6 @@ class CacheWriter:
     def abort(self) -> None:
         self._file.close()
         self._tmp.unlink(missing_ok=True)
-
-
-SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16",
-                      "BF16": "bfloat16", "I64": "int64", "I32": "int32", "I16": "int16",
-                      "I8": "int8", "U8": "uint8", "BOOL": "bool"}
-
-
-class CachedTensors:
-    """A stage's tensors from the cache: a tensor source like ``Checkpoint``."""
-
-    def __init__(self, manifest: Manifest, cache: WeightsCache) -> None:
-        from p2pswarm.models.config import ModelConfig
-
-        self.name = manifest.name
-        self.config: ModelConfig = ModelConfig.from_hf(manifest.hf_config)
-        self._manifest = manifest
-        self._cache = cache
-
-    def read(self, names: Sequence[str],
-             device: torch.device | str) -> Iterator[tuple[str, torch.Tensor]]:
-        import torch
-
-        for name in names:
-            entry = self._manifest.tensor(name)
-            try:
-                data = bytearray(self._cache.path(entry.sha256).read_bytes())
-            except OSError as exc:
-                raise ConfigError(f"cached tensor {name} is unreadable: {exc}") from exc
-            if len(data) != entry.nbytes or hashlib.sha256(data).hexdigest() != entry.sha256:
-                self._cache.path(entry.sha256).unlink(missing_ok=True)
-                raise PlacementError(f"cached tensor {name} no longer matches its SHA-256; "
-                                     "it was dropped, load again to fetch it")
-            dtype = getattr(torch, SAFETENSORS_DTYPES.get(entry.dtype, ""), None)
-            if not isinstance(dtype, torch.dtype):
-                raise ConfigError(f"tensor {name} has dtype {entry.dtype}, which p2pswarm "
-                                  "cannot read")
-            tensor = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
-            yield name, tensor.reshape(entry.shape).to(device)
 
 
 # --- serving and fetching ------------------------------------------------------------------
@@ -482,7 +442,7 @@ async def _next_message(stream: SecureStream, agent: Agent, fellow_name: str) ->
 
 
 __all__ = [
-    "CHUNK_BYTES", "CachedTensors", "Manifest", "ManifestFile", "ManifestTensor",
+    "CHUNK_BYTES", "Manifest", "ManifestFile", "ManifestTensor",
     "WeightsCache", "WeightsServer", "build_manifest", "check_source_files",
     "directory_fingerprint", "fetch",
 ]

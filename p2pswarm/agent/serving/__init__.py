@@ -1,0 +1,198 @@
+"""Serving: loads placed by the leader, stages hosted by fellows, sessions through them.
+
+The rooms, one role each:
+
+- ``loads``: the leader's side: two-phase bring-up of a plan (plan check, stage orders,
+  release on failure), unload, and what is loaded;
+- ``asking``: the fellow where ``load`` runs: the model's and the adapter's identity,
+  the ``LoadAsk``, progress to its CLI (``progress``);
+- ``stage_host``: a fellow's side of a load: prepare, load, start, release orders,
+  reservations and their expiry, live-card accounting;
+- ``stage_session``: a hosted stage serving a session: the step loop, relays to and from
+  its neighbours;
+- ``generation``: the driver: route, prompt, sampling loop, output, watching members;
+- ``offers``: the weights this fellow offers and the cache of those it fetched;
+- ``records``: the values (``StageOrder``, ``HostedStage``, ``GenerationResult``, routes);
+- ``runtime``: the ``StageRuntime`` seam to compute; ``torch_runtime`` its torch side.
+
+``Serving`` wires them together for one agent and answers the control ops ``load``,
+``loads``, ``unload`` and ``generate``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import trio
+
+from p2pswarm.agent.serving.asking import LoadAsker
+from p2pswarm.agent.serving.generation import Generation, TextStream
+from p2pswarm.agent.serving.loads import Loads
+from p2pswarm.agent.serving.offers import Offers
+from p2pswarm.agent.serving.progress import Progress
+from p2pswarm.agent.serving.records import GenerationResult, HostedStage, StageOrder
+from p2pswarm.agent.serving.runtime import StageRuntime, TorchOnFirstUse
+from p2pswarm.agent.serving.stage_host import StageHost
+from p2pswarm.agent.serving.stage_session import StageSessions
+from p2pswarm.agent.weights import Manifest, WeightsCache, WeightsServer
+from p2pswarm.control.server import Emit, current_emitter, emit
+from p2pswarm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.leadership import Leadership
+
+T = TypeVar("T")
+
+
+class Serving:
+    """One agent's serving: the rooms above, and the control ops of its CLI."""
+
+    def __init__(self, agent: Agent, leadership: Leadership,
+                 runtime: StageRuntime | None = None) -> None:
+        self.agent = agent
+        self.leadership = leadership
+        lazy = None
+        if runtime is None:  # torch's, imported on first use
+            runtime = lazy = TorchOnFirstUse()
+        self.runtime = runtime
+        self.offers = Offers(agent)
+        self.progress = Progress(agent)
+        self.leader = Loads(agent, leadership)
+        self.asker = LoadAsker(agent, leadership, self.offers, self.progress)
+        self.host = StageHost(agent, leadership, self.runtime, self.offers, self.progress)
+        self.sessions = StageSessions(agent, self.runtime, self.host.hosted)
+        self.driver = Generation(agent, self.runtime, self.leader, self.offers)
+        agent.control_ops.update({"load": self._op_load, "loads": self._op_loads,
+                                  "unload": self._op_unload, "generate": self._op_generate})
+        if lazy is not None and agent.home is not None and agent.card_source is not None:
+            # A fellow that offers cards will likely host a stage, and importing torch
+            # takes seconds on a small machine: pay it now, beside startup, not in `load`.
+            threading.Thread(target=lazy.warm_up, name="p2pswarm-warm-up",
+                             daemon=True).start()
+
+    # --- what other parts of the agent (and tests) use ----------------------------------
+
+    @property
+    def hosted(self) -> dict[tuple[str, int], HostedStage]:
+        return self.host.hosted
+
+    @property
+    def loads(self) -> dict[str, dict[str, Any]]:
+        return self.leader.loads
+
+    @property
+    def weights(self) -> WeightsServer:
+        return self.offers.server
+
+    @property
+    def cache(self) -> WeightsCache | None:
+        return self.offers.cache
+
+    @cache.setter
+    def cache(self, cache: WeightsCache | None) -> None:
+        self.offers.cache = cache
+
+    async def run(self, fn: Callable[[], T], limiter: trio.CapacityLimiter | None = None) -> T:
+        return await self.agent.compute.run(fn, limiter)
+
+    def weights_cache(self) -> WeightsCache:
+        return self.offers.weights_cache()
+
+    def allocated_bytes(self) -> int:
+        return self.host.allocated_bytes()
+
+    def less_live_stages(self, cards: tuple[Any, ...]) -> tuple[Any, ...]:
+        return self.host.less_live_stages(cards)
+
+    def _live_cards(self) -> tuple[Any, ...]:
+        return self.host.live_cards()
+
+    async def offer(self, model_dir: str) -> Manifest:
+        return await self.offers.offer(model_dir)
+
+    async def load(self, message: dict[str, Any], *, plan_id: str | None = None,
+                   model_dir: str | None = None, adapter_dir: str | None = None,
+                   on_progress: Emit | None = None) -> dict[str, Any]:
+        return await self.asker.load(message, plan_id=plan_id, model_dir=model_dir,
+                                     adapter_dir=adapter_dir, on_progress=on_progress)
+
+    async def unload(self, plan_id: str | None = None, *, all: bool = False) -> dict[str, Any]:
+        return await self.asker.unload(plan_id, all=all)
+
+    async def release(self, plan_id: str) -> list[int]:
+        return await self.host.release(plan_id)
+
+    def loads_view(self) -> list[dict[str, Any]]:
+        return self.leader.loads_view()
+
+    async def list_loads(self) -> list[dict[str, Any]]:
+        return await self.leader.list_loads()
+
+    async def find_load(self, plan_id: str | None = None) -> dict[str, Any]:
+        return await self.driver.find_load(plan_id)
+
+    async def tokenizer(self, record: dict[str, Any]) -> Any:
+        return await self.driver.tokenizer(record)
+
+    async def generate(self, prompt: str | None = None, *,
+                       prompt_ids: Sequence[int] | None = None, plan_id: str | None = None,
+                       max_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+                       top_p: float = 1.0, seed: int = 0,
+                       stop_token_ids: Sequence[int] | None = None, keep_logits: bool = False,
+                       on_token: Callable[[int, str], None] | None = None) -> GenerationResult:
+        """Run a session through a loaded pipeline from this fellow (``generation``)."""
+        return await self.driver.generate(
+            prompt, prompt_ids=prompt_ids, plan_id=plan_id, max_tokens=max_tokens,
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            stop_token_ids=stop_token_ids, keep_logits=keep_logits, on_token=on_token)
+
+    # --- control ops (the CLI's own agent) ------------------------------------------------
+
+    async def _op_load(self, request: dict[str, Any]) -> Any:
+        message = request.get("request")
+        if not isinstance(message, dict):
+            raise ConfigError("a load op needs a \"request\" map, as the plan op")
+        path, adapter = request.get("path"), request.get("adapter")
+        return await self.load(message, plan_id=request.get("plan_id") or None,
+                               model_dir=str(path) if path else None,
+                               adapter_dir=str(adapter) if adapter else None,
+                               on_progress=current_emitter())
+
+    async def _op_loads(self, request: dict[str, Any]) -> Any:
+        return {"loads": await self.list_loads()}
+
+    async def _op_unload(self, request: dict[str, Any]) -> Any:
+        return await self.unload(request.get("plan_id") or None, all=bool(request.get("all")))
+
+    async def _op_generate(self, request: dict[str, Any]) -> Any:
+        prompt = request.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise ConfigError("generate needs a non-empty \"prompt\"")
+
+        def on_token(token: int, piece: str) -> None:
+            emit({"token": token, "text": piece})
+
+        stops = request.get("stop_token_ids")
+        if stops is not None and not (isinstance(stops, list)
+                                      and all(isinstance(t, int) for t in stops)):
+            raise ConfigError("\"stop_token_ids\" must be a list of token ids")
+        try:
+            max_tokens = int(request.get("max_tokens", 64))
+            temperature = float(request.get("temperature", 0.0))
+            top_k = int(request.get("top_k", 0))
+            top_p = float(request.get("top_p", 1.0))
+            seed = int(request.get("seed", 0))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"generate: a bad number ({exc})") from None
+        result = await self.generate(prompt, plan_id=request.get("plan_id") or None,
+                                     max_tokens=max_tokens, temperature=temperature,
+                                     top_k=top_k, top_p=top_p, seed=seed,
+                                     stop_token_ids=stops, on_token=on_token)
+        return result.to_dict()
+
+
+__all__ = ["GenerationResult", "HostedStage", "Serving", "StageOrder", "StageRuntime",
+           "TextStream"]

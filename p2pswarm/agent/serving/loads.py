@@ -1,0 +1,350 @@
+"""The leader's loads: two-phase bring-up of a plan, unload, and what is loaded.
+
+Loading is the leader's job (``LoadAsk``), all or nothing. The leader plans the request
+again on its current view; a pinned ``plan_id`` that no longer comes out is refused as
+``plan-changed`` (409) with what changed (``diff_plans`` against the plan the leader
+showed) and the new plan. Otherwise three rounds of term-fenced orders go out, one per
+stage, concurrently:
+
+1. ``StagePrepare``: the fellow checks its own live view before allocating anything
+   (the card is still offered, its free memory still covers the stage's claim, it is not
+   training, the model's files are readable and match, or are cached, or the fellow that
+   has them is connected) and reserves, or refuses with a reason. One refusal and the
+   leader orders every fellow to release what it reserved.
+2. ``StageLoad``: the fellow fetches the tensors it lacks (``p2pswarm.agent.weights``),
+   builds the stage on its card and compares what it really allocated with the plan's
+   claim, refusing a stage that outgrows it. One failure and everything is released.
+3. ``StageStart``: every stage learns the whole route (so each knows the next hop) and
+   goes live; the fellow gossips what it now serves, route included (metadata
+   ``stages``), so any fellow, a new leader too, can find the load.
+
+What is loaded (``loads_view``) is the loads this agent led plus those fellows gossip
+that they serve, each stage with its fellow's membership state; an unloaded plan's
+gossip may lag, so it is ignored for ``UNLOAD_TOMBSTONE_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import trio
+
+from p2pswarm.agent.adapter import stage_block
+from p2pswarm.agent.planning import fellow_id
+from p2pswarm.agent.serving.records import (
+    ROUTE_KEYS,
+    StageOrder,
+    public_adapter,
+    public_model,
+    route_hop,
+)
+from p2pswarm.agent.weights import Manifest
+from p2pswarm.errors import (
+    ConfigError,
+    ControlError,
+    PlacementError,
+    RemoteProtocolError,
+    SwarmError,
+    TransportError,
+)
+from p2pswarm.planner.profile import BUILTIN_MODELS
+from p2pswarm.planner.wording import card_label
+from p2pswarm.wire.loads import (
+    LoadAsk,
+    LoadDone,
+    LoadsAsk,
+    LoadsShown,
+    StageLoad,
+    StageLoaded,
+    StagePrepare,
+    StagePrepared,
+    StageRelease,
+    StageReleased,
+    StageStart,
+    StageStarted,
+    UnloadAsk,
+    Unloaded,
+)
+from p2pswarm.wire.orders import pack_doc, unpack_doc
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.leadership import Leadership
+
+log = logging.getLogger("p2pswarm.serving")
+
+R = TypeVar("R")
+Addrs = dict[int, tuple[str, str, str]]  # stage -> (fellow id hex, name, addr)
+
+UNLOAD_TOMBSTONE_S = 60.0  # gossip of an unloaded stage may lag; ignore it this long
+
+
+class Loads:
+    def __init__(self, agent: Agent, leadership: Leadership) -> None:
+        self.agent = agent
+        self.leadership = leadership
+        self.loads: dict[str, dict[str, Any]] = {}  # loads this agent led, by plan_id
+        self.prepare_timeout_s = 30.0
+        self.load_timeout_s = 3600.0  # fetching and loading a big stage takes a while
+        self._unloaded: dict[str, float] = {}
+        self._lock = trio.Lock()
+        leadership.serve(LoadAsk, self._leader_load)
+        leadership.serve(LoadsAsk, self._leader_loads)
+        leadership.serve(UnloadAsk, self._leader_unload)
+
+    # --- loading ---------------------------------------------------------------------
+
+    async def _leader_load(self, call: LoadAsk) -> LoadDone:
+        message, model = unpack_doc(call.request), unpack_doc(call.model)
+        adapter = unpack_doc(call.adapter) if call.adapter else None
+        expected = call.plan_id or None
+        if (adapter or {}).get("sha256") != (message.get("adapter") or None) and (
+                adapter or message.get("adapter")):
+            raise ConfigError("the load's adapter is not the one its request names")
+        async with self._lock:
+            try:
+                plan = await self.agent.planning.plan(message)
+            except PlacementError as exc:
+                if not expected:
+                    raise
+                raise PlacementError(f"plan {expected} no longer holds, and no plan does: "
+                                     f"{exc}") from exc
+            self.agent.planning.shown.check_pin(expected, plan)
+            if plan.get("kind") != "serve":
+                raise ConfigError("load serves a model: plan it without --train")
+            if not plan.get("fits"):
+                raise PlacementError(f"plan {plan['plan_id']} does not fit: "
+                                     f"{plan['layout']['limit']['sentence']}")
+            plan_id = plan["plan_id"]
+            if any(r["plan_id"] == plan_id for r in self.loads_view()):
+                raise PlacementError(f"plan {plan_id} is already loaded: `p2pswarm loads` "
+                                     "shows it; unload it first to load it again")
+            _check_model(message, model)
+            orders = _stage_orders(plan, model, call.progress_addr, call.ticket, adapter)
+            addrs = self._order_addrs(orders)
+            record = await self._bring_up(plan, orders, addrs, model, adapter)
+            return LoadDone(pack_doc(record))
+
+    def _order_addrs(self, orders: Sequence[StageOrder]) -> Addrs:
+        """stage -> (fellow id hex, name, addr), from this leader's membership view."""
+        out = {}
+        for order in orders:
+            member = self.agent.fellow(order.fellow_id)
+            if member is None or member.state not in ("alive", "suspect"):
+                raise PlacementError(f"stage {order.stage}'s fellow is not connected")
+            out[order.stage] = (order.fellow_id, member.name, member.addr)
+        return out
+
+    async def _bring_up(self, plan: dict[str, Any], orders: list[StageOrder], addrs: Addrs,
+                        model: dict[str, Any],
+                        adapter: dict[str, Any] | None = None) -> dict[str, Any]:
+        plan_id = plan["plan_id"]
+        began = time.perf_counter()
+        prepared = await self._order_all(
+            orders, addrs, "stage-prepare", self.prepare_timeout_s, StagePrepared,
+            lambda o: StagePrepare(o.to_wire()))
+        refusals = [f"{addrs[i][1]}: {r}" for i, r in prepared.items()
+                    if isinstance(r, SwarmError)]
+        if refusals:
+            await self.release_all(plan_id, addrs)
+            raise PlacementError(f"load of plan {plan_id} refused, nothing loaded: "
+                                 + "; ".join(refusals))
+        loaded = await self._order_all(
+            orders, addrs, "stage-load", self.load_timeout_s, StageLoaded,
+            lambda o: StageLoad(plan_id, o.stage))
+        failures = [f"{addrs[i][1]}: {r}" for i, r in loaded.items() if isinstance(r, SwarmError)]
+        if failures:
+            await self.release_all(plan_id, addrs)
+            raise PlacementError(f"load of plan {plan_id} failed, everything released: "
+                                 + "; ".join(failures))
+        route = []
+        for o in orders:
+            done = loaded[o.stage]
+            assert isinstance(done, StageLoaded)
+            route.append({"stage": o.stage, "fellow_id": addrs[o.stage][0],
+                          "fellow": addrs[o.stage][1], "addr": addrs[o.stage][2],
+                          "layers": list(o.layers),
+                          "card": card_label(o.card_kind, o.card_index, o.card_name),
+                          "claim_bytes": o.claim_bytes,
+                          "allocated_bytes": done.allocated_bytes,
+                          "fetched_bytes": done.fetched_bytes, "fetch_s": done.fetch_s})
+        hops = tuple(route_hop(r) for r in route)
+        started = await self._order_all(
+            orders, addrs, "stage-start", self.prepare_timeout_s, StageStarted,
+            lambda o: StageStart(plan_id, hops))
+        failures = [f"{addrs[i][1]}: {r}" for i, r in started.items()
+                    if isinstance(r, SwarmError)]
+        if failures:
+            await self.release_all(plan_id, addrs)
+            raise PlacementError(f"load of plan {plan_id} failed to start, everything "
+                                 "released: " + "; ".join(failures))
+        record = {"plan_id": plan_id, "model": public_model(model),
+                  "runtime": dict(plan["runtime"]), "stages": route,
+                  "load_s": time.perf_counter() - began}
+        if adapter:
+            record["adapter"] = public_adapter(adapter)
+        self.loads[plan_id] = record
+        self._unloaded.pop(plan_id, None)
+        return record
+
+    async def _order_all(self, orders: Sequence[StageOrder], addrs: Addrs, what: str,
+                         timeout_s: float, reply_type: type[R],
+                         make: Callable[[StageOrder], Any]) -> dict[int, R | SwarmError]:
+        """Send each stage's fellow its order at once; stage -> reply or SwarmError."""
+        results: dict[int, R | SwarmError] = {}
+
+        async def one(order: StageOrder) -> None:
+            addr = addrs[order.stage][2]
+            try:
+                with trio.fail_after(timeout_s):
+                    results[order.stage] = await self.leadership.order(addr, make(order),
+                                                                       reply_type)
+            except SwarmError as exc:
+                results[order.stage] = exc
+            except trio.TooSlowError:
+                results[order.stage] = TransportError(f"no answer to {what} within "
+                                                      f"{timeout_s:g} s")
+
+        async with trio.open_nursery() as nursery:
+            for order in orders:
+                nursery.start_soon(one, order)
+        return results
+
+    async def release_all(self, plan_id: str, addrs: Addrs) -> None:
+        """Order every fellow of a load to drop what it holds of it (best effort: one that
+        cannot be reached drops an unstarted reservation by itself)."""
+        targets = sorted({addr for _, _, addr in addrs.values()})
+
+        async def one(addr: str) -> None:
+            try:
+                with trio.fail_after(self.prepare_timeout_s):
+                    await self.leadership.order(addr, StageRelease(plan_id), StageReleased)
+            except (SwarmError, trio.TooSlowError) as exc:
+                log.warning("release of %s on %s failed: %s", plan_id, addr, exc)
+
+        with trio.CancelScope(shield=True):
+            async with trio.open_nursery() as nursery:
+                for addr in targets:
+                    nursery.start_soon(one, addr)
+
+    # --- what is loaded, and unloading -------------------------------------------------
+
+    async def _leader_loads(self, call: LoadsAsk) -> LoadsShown:
+        return LoadsShown(tuple(pack_doc(r) for r in self.loads_view()))
+
+    async def _leader_unload(self, call: UnloadAsk) -> Unloaded:
+        async with self._lock:
+            views = self.loads_view()
+            wanted = call.plan_id
+            if wanted:
+                chosen = [r for r in views if r["plan_id"] == wanted]
+                if not chosen:
+                    raise PlacementError(f"plan {wanted} is not loaded; loaded: "
+                                         f"{', '.join(r['plan_id'] for r in views) or 'nothing'}")
+            elif call.all or len(views) <= 1:
+                chosen = views
+            else:
+                raise ConfigError(f"{len(views)} loads: name one (`p2pswarm unload PLAN_ID`) "
+                                  "or pass --all")
+            for record in chosen:
+                addrs = {s["stage"]: (s["fellow_id"], s["fellow"], s["addr"])
+                         for s in record["stages"] if s.get("state") in ("alive", "suspect")}
+                await self.release_all(record["plan_id"], addrs)
+                self.loads.pop(record["plan_id"], None)
+                self._unloaded[record["plan_id"]] = trio.current_time()
+            return Unloaded(tuple(r["plan_id"] for r in chosen))
+
+    async def list_loads(self) -> list[dict[str, Any]]:
+        """The leader's answer, or this fellow's own view when no leader answers."""
+        try:
+            answer = await self.leadership.ask(LoadsAsk(), LoadsShown)
+        except (PlacementError, TransportError, ControlError, RemoteProtocolError) as exc:
+            log.info("loads from this fellow's view (%s)", exc)
+            return self.loads_view()
+        return [unpack_doc(r) for r in answer.loads]
+
+    def loads_view(self) -> list[dict[str, Any]]:
+        """Loads as this agent knows them: those it led, and those fellows gossip that
+        they serve; each stage with its fellow's membership state."""
+        now = trio.current_time()
+        self._unloaded = {p: t for p, t in self._unloaded.items()
+                          if now - t < UNLOAD_TOMBSTONE_S}
+        members = {}
+        gossiped: dict[str, dict[int, dict[str, Any]]] = {}
+        membership = self.agent.membership
+        for m in membership.members() if membership is not None else ():
+            members[fellow_id(m.node_id)] = m
+            for entry in self.agent.member_metadata(m).get("stages", []) or []:
+                if not isinstance(entry, dict) or "plan_id" not in entry:
+                    continue
+                gossiped.setdefault(str(entry["plan_id"]), {})[int(entry["stage"])] = {
+                    **entry, "fellow_id": fellow_id(m.node_id), "fellow": m.name,
+                    "addr": m.addr}
+        records = {p: {**r, "stages": [dict(s) for s in r["stages"]]}
+                   for p, r in self.loads.items()}
+        for plan_id, entries in gossiped.items():
+            if plan_id in records or plan_id in self._unloaded:
+                continue
+            # every stage fellow gossips the whole route: one entry heard is enough
+            first = entries[min(entries)]
+            stages = []
+            for hop in first.get("route") or list(entries.values()):
+                member = members.get(str(hop.get("fellow_id")))
+                stages.append({**{k: hop[k] for k in ROUTE_KEYS if k in hop},
+                               **{k: v for k, v in entries.get(int(hop["stage"]), {}).items()
+                                  if k in ROUTE_KEYS},
+                               **({"fellow": member.name, "addr": member.addr}
+                                  if member is not None else {})})
+            records[plan_id] = {"plan_id": plan_id, "model": first.get("model", {}),
+                                "runtime": first.get("runtime", {}), "stages": stages}
+            if first.get("adapter"):
+                records[plan_id]["adapter"] = first["adapter"]
+        out = []
+        for plan_id in sorted(records):
+            record = records[plan_id]
+            for s in record["stages"]:
+                member = members.get(s["fellow_id"])
+                s["state"] = member.state if member is not None else "unknown"
+            present = sorted(s["stage"] for s in record["stages"])
+            record["complete"] = present == list(range(len(present))) and all(
+                s["state"] in ("alive", "suspect") for s in record["stages"])
+            out.append(record)
+        return out
+
+
+def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
+    config = message["model"]["config"]
+    if model.get("kind") == "builtin":
+        if dict(BUILTIN_MODELS.get(str(model.get("name")), {})) != config:
+            raise ConfigError(f"built-in {model.get('name')!r} is not the planned model")
+    elif model.get("kind") == "files":
+        if Manifest.from_dict(model.get("manifest") or {}).hf_config != config:
+            raise ConfigError("the model files are not the planned model")
+    else:
+        raise ConfigError(f"unknown model kind {model.get('kind')!r}")
+
+
+def _stage_orders(plan: dict[str, Any], model: dict[str, Any], progress_addr: str,
+                  ticket: str, adapter: dict[str, Any] | None = None) -> list[StageOrder]:
+    cards = {(c["fellow_id"], c["kind"], c["index"]): c for c in plan["cards"] if c["used"]}
+    orders = []
+    for s in plan["stages"]:
+        card = cards[(s["fellow_id"], s["kind"], s["index"])]
+        seg = card["segments"]
+        claim = seg["weights"] + seg["embeddings_head_buffers"] + seg["kv_cache"]
+        need = sum(v for k, v in seg.items()
+                   if k not in ("other_programs", "free", "does_not_fit"))
+        orders.append(StageOrder(
+            plan_id=plan["plan_id"], stage=s["stage"], n_stages=len(plan["stages"]),
+            fellow_id=s["fellow_id"], layers=(s["layers"][0], s["layers"][1]),
+            card_kind=s["kind"], card_index=s["index"], card_name=s["name"],
+            claim_bytes=claim, need_bytes=need, runtime=dict(plan["runtime"]), model=model,
+            progress_addr=progress_addr, ticket=ticket,
+            adapter=stage_block(adapter, s["layers"][0], s["layers"][1]) if adapter else {}))
+    return orders
+
+
+__all__ = ["UNLOAD_TOMBSTONE_S", "Loads"]

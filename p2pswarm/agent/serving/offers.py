@@ -1,0 +1,57 @@
+"""A fellow's weights: the model directories and adapters it offers to the others (hashed
+once while unchanged), the verified cache of tensors it fetched, and the stream that
+serves its offers (``WeightsRequest``). How tensors travel: ``p2pswarm.agent.weights``."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from p2pswarm.agent.weights import (
+    Manifest,
+    WeightsCache,
+    WeightsServer,
+    build_manifest,
+    directory_fingerprint,
+)
+from p2pswarm.errors import ConfigError
+from p2pswarm.wire.serving import WeightsRequest
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.agent import Agent
+    from p2pswarm.transport.secure import SecureStream
+
+
+class Offers:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.server = WeightsServer()
+        self.cache: WeightsCache | None = \
+            WeightsCache(agent.home / "weights") if agent.home is not None else None
+        self._manifests: dict[str, tuple[Any, Manifest]] = {}
+        agent.on_stream(WeightsRequest, self._on_weights_request)
+
+    def weights_cache(self) -> WeightsCache:
+        if self.cache is None:  # an agent without a state directory (a bare simulation)
+            self.cache = WeightsCache(Path(tempfile.mkdtemp(prefix="p2pswarm-weights-")))
+        return self.cache
+
+    async def offer(self, model_dir: str) -> Manifest:
+        """Hash a model directory (once while it stays unchanged) and serve its tensors."""
+        run = self.agent.compute.run
+        path = str(Path(model_dir).expanduser().resolve())
+        try:
+            stamp = await run(lambda: directory_fingerprint(path))
+        except OSError as exc:
+            raise ConfigError(f"cannot read the model directory {path}: {exc}") from exc
+        known = self._manifests.get(path)
+        if known is None or known[0] != stamp:
+            manifest = await run(lambda: build_manifest(path))
+            self._manifests[path] = (stamp, manifest)
+        manifest = self._manifests[path][1]
+        self.server.offer(manifest)
+        return manifest
+
+    async def _on_weights_request(self, msg: WeightsRequest, stream: SecureStream) -> None:
+        await self.server.serve(msg, stream, self.agent.compute.run)

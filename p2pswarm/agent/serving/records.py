@@ -1,0 +1,209 @@
+"""Serving's values: a stage order, a stage a fellow hosts, a generation's result, and how
+loads and routes look in records, gossip and on the wire.
+
+A ``StageOrder`` is what the leader asks one fellow to host; on the wire it is a typed
+``StageAssignment`` (``p2pswarm.wire.loads``), whose model identity and adapter block
+travel as documents. A route is the load's stages in pipeline order; records and gossip
+keep it as plain maps (``route_dict``), the ``StageStart`` order as typed ``RouteHop``s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import trio
+
+from p2pswarm.errors import ConfigError, RemoteProtocolError
+from p2pswarm.runtime.spec import StageSpec
+from p2pswarm.wire.loads import RouteHop, RuntimeBlock, StageAssignment
+from p2pswarm.wire.orders import pack_doc, unpack_doc
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.serving.runtime import LoadedStage
+    from p2pswarm.agent.weights import Manifest, WeightsCache
+
+ROUTE_KEYS = ("stage", "fellow_id", "fellow", "addr", "layers", "card", "claim_bytes",
+              "allocated_bytes")
+_SPEC_FIELDS = ("dtype", "quant", "quant_group_size", "kv_dtype", "max_context_tokens",
+                "max_sessions", "prefill_chunk_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class StageOrder:
+    """What the leader asks one fellow to host: a stage of a plan, on one of its cards."""
+
+    plan_id: str
+    stage: int
+    n_stages: int
+    fellow_id: str  # the fellow the plan puts it on (hex node id)
+    layers: tuple[int, int]
+    card_kind: str
+    card_index: int
+    card_name: str
+    claim_bytes: int  # what the stage allocates: weights, embeddings/head/buffers, KV cache
+    need_bytes: int  # what must be free: the claim plus activations and workspace
+    runtime: dict[str, Any]  # the plan's runtime block (StageSpec fields)
+    model: dict[str, Any]  # identity: {"kind": "builtin", "name"} or {"kind": "files", ...}
+    progress_addr: str = ""
+    ticket: str = ""
+    adapter: dict[str, Any] = field(default_factory=dict)  # LoRA on top: this stage's part
+
+    @property
+    def card_key(self) -> str:
+        return f"{self.card_kind}:{self.card_index}"
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.card_kind == "cpu" else f"cuda:{self.card_index}"
+
+    def spec(self) -> StageSpec:
+        return StageSpec(self.layers[0], self.layers[1], device=self.device,
+                         **{k: self.runtime[k] for k in _SPEC_FIELDS if k in self.runtime})
+
+    def to_wire(self) -> StageAssignment:
+        defaults = StageSpec(0, 0)
+        block = RuntimeBlock(**{k: self.runtime.get(k, getattr(defaults, k))
+                                for k in _SPEC_FIELDS})
+        return StageAssignment(
+            self.plan_id, self.stage, self.n_stages, self.fellow_id, self.layers[0],
+            self.layers[1], self.card_kind, self.card_index, self.card_name,
+            self.claim_bytes, self.need_bytes, block, pack_doc(self.model),
+            self.progress_addr, self.ticket, pack_doc(self.adapter) if self.adapter else b"")
+
+    @staticmethod
+    def from_wire(order: StageAssignment) -> StageOrder:
+        try:
+            model = unpack_doc(order.model)
+            adapter = unpack_doc(order.adapter) if order.adapter else {}
+        except RemoteProtocolError as exc:
+            raise ConfigError(f"malformed stage order ({exc})") from None
+        block = order.runtime
+        return StageOrder(
+            plan_id=order.plan_id, stage=order.stage, n_stages=order.n_stages,
+            fellow_id=order.fellow_id, layers=(order.start_layer, order.end_layer),
+            card_kind=order.card_kind, card_index=order.card_index,
+            card_name=order.card_name, claim_bytes=order.claim_bytes,
+            need_bytes=order.need_bytes,
+            runtime={k: getattr(block, k) for k in _SPEC_FIELDS}, model=model,
+            progress_addr=order.progress_addr, ticket=order.ticket, adapter=adapter)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedWeights:
+    """A stage's weight source: its tensors of ``manifest`` in this fellow's verified
+    cache (the other sources are a built-in model's name and a model directory)."""
+
+    manifest: Manifest
+    cache: WeightsCache
+
+
+WeightSource: TypeAlias = "str | Path | CachedWeights"  # a built-in's name, a directory
+
+
+def route_hop(hop: dict[str, Any]) -> RouteHop:
+    """A route entry of a record as the ``StageStart`` order carries it."""
+    return RouteHop(int(hop["stage"]), str(hop["fellow_id"]), str(hop["fellow"]),
+                    str(hop["addr"]), int(hop["layers"][0]), int(hop["layers"][1]),
+                    str(hop.get("card", "")), int(hop.get("claim_bytes", 0)),
+                    int(hop.get("allocated_bytes", 0)), int(hop.get("fetched_bytes", 0)),
+                    float(hop.get("fetch_s", 0.0)))
+
+
+def route_dict(hop: RouteHop) -> dict[str, Any]:
+    """A ``RouteHop`` as records and gossip keep it."""
+    return {"stage": hop.stage, "fellow_id": hop.fellow_id, "fellow": hop.fellow,
+            "addr": hop.addr, "layers": [hop.start_layer, hop.end_layer], "card": hop.card,
+            "claim_bytes": hop.claim_bytes, "allocated_bytes": hop.allocated_bytes,
+            "fetched_bytes": hop.fetched_bytes, "fetch_s": hop.fetch_s}
+
+
+def public_adapter(adapter: dict[str, Any]) -> dict[str, Any]:
+    """What records and gossip show of an adapter (no tensor list)."""
+    keys = ("name", "path", "sha256", "base", "rank", "alpha", "targets", "source")
+    return {k: adapter[k] for k in keys if k in adapter}
+
+
+def public_model(model: dict[str, Any]) -> dict[str, Any]:
+    """What records and gossip show of a model's identity (no manifest)."""
+    return {k: v for k, v in model.items() if k != "manifest"}
+
+
+class HostedStage:
+    """One stage this fellow holds, from reservation to release."""
+
+    def __init__(self, order: StageOrder, term: int, expires_s: float) -> None:
+        self.order = order
+        self.term = term
+        self.state = "reserved"  # -> loading -> loaded -> active; released when dropped
+        self.expires_s = expires_s
+        self.stage: LoadedStage | None = None
+        self.limiter = trio.CapacityLimiter(1)  # torch calls of one stage run one at a time
+        self.allocated_bytes = 0
+        self.decode_s = math.inf  # smoothed compute time of one decode step
+        self.route: list[dict[str, Any]] = []
+        self.sessions: set[str] = set()
+
+    @property
+    def next_hop(self) -> dict[str, Any] | None:
+        i = self.order.stage + 1
+        return self.route[i] if i < len(self.route) else None
+
+    @property
+    def previous_hop(self) -> dict[str, Any] | None:
+        i = self.order.stage - 1
+        return self.route[i] if 0 <= i < len(self.route) else None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    plan_id: str
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    text: str
+    stop_reason: str  # "stop_token" | "max_tokens"
+    time_to_first_token_s: float
+    decode_s: float
+    stage_decode_s: tuple[float, ...]  # compute per stage over the decode steps
+    route: tuple[dict[str, Any], ...]
+    logits: tuple[Any, ...] = ()  # (vocab,) float32 tensors, one per token, with keep_logits
+
+    @property
+    def decode_steps(self) -> int:
+        return max(len(self.token_ids) - 1, 0)  # the first token comes out of the prefill
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decode_steps / self.decode_s if self.decode_steps and self.decode_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        steps = self.decode_steps
+        per_token = self.decode_s / steps if steps else 0.0
+        compute = sum(self.stage_decode_s) / steps if steps else 0.0
+        return {
+            "plan_id": self.plan_id, "prompt_tokens": len(self.prompt_ids),
+            "token_ids": list(self.token_ids), "text": self.text,
+            "stop_reason": self.stop_reason,
+            "time_to_first_token_s": self.time_to_first_token_s, "decode_s": self.decode_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "stages": [{**r, "ms_per_token": 1e3 * s / steps if steps else 0.0}
+                       for r, s in zip(self.route, self.stage_decode_s)],
+            "network_ms_per_token": max(per_token - compute, 0.0) * 1e3,
+            "hops": len(self.route) + 1,
+        }
+
+
+__all__ = [
+    "ROUTE_KEYS",
+    "CachedWeights",
+    "GenerationResult",
+    "HostedStage",
+    "StageOrder",
+    "WeightSource",
+    "public_adapter",
+    "public_model",
+    "route_dict",
+    "route_hop",
+]

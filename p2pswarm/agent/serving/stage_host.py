@@ -1,0 +1,359 @@
+"""A fellow's side of loading: the leader's stage orders (prepare, load, start, release),
+its reservations and their expiry, and what its live cards have left.
+
+``StagePrepare`` is checked against this fellow's own live view before anything is
+allocated, and reserved or refused with a reason. ``StageLoad`` fetches the tensors this
+fellow lacks, builds the stage through the ``StageRuntime`` and refuses one that
+allocates more than the plan claims. ``StageStart`` hands every stage the route and
+gossips what this fellow now serves (metadata ``stages``). A reservation that is never
+started (the leader died mid-load) is released by itself after ``reservation_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from p2pswarm.agent.adapter import block_manifest
+from p2pswarm.agent.serving.offers import Offers
+from p2pswarm.agent.serving.progress import Progress
+from p2pswarm.agent.serving.records import (
+    ROUTE_KEYS,
+    CachedWeights,
+    HostedStage,
+    StageOrder,
+    WeightSource,
+    public_adapter,
+    public_model,
+    route_dict,
+)
+from p2pswarm.agent.serving.runtime import StageRuntime
+from p2pswarm.agent.weights import Manifest, check_source_files, fetch
+from p2pswarm.errors import ConfigError, PlacementError, SwarmError
+from p2pswarm.planner.profile import BUILTIN_MODELS
+from p2pswarm.planner.wording import card_label, gb
+from p2pswarm.wire.loads import (
+    StageLoad,
+    StageLoaded,
+    StagePrepare,
+    StagePrepared,
+    StageRelease,
+    StageReleased,
+    StageStart,
+    StageStarted,
+)
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.weights import WeightsCache
+
+log = logging.getLogger("p2pswarm.serving")
+
+PROGRESS_STEP = 0.05  # fetch progress is reported every 5% of a stage's bytes
+
+
+class StageHost:
+    def __init__(self, agent: Agent, leadership: Leadership, runtime: StageRuntime,
+                 offers: Offers, progress: Progress) -> None:
+        self.agent = agent
+        self.leadership = leadership
+        self.runtime = runtime
+        self.offers = offers
+        self.progress = progress
+        self.hosted: dict[tuple[str, int], HostedStage] = {}
+        self.reservation_s = 120.0  # a stage reserved or loaded but never started
+        leadership.obey(StagePrepare, self._prepare)
+        leadership.obey(StageLoad, self._load)
+        leadership.obey(StageStart, self._start)
+        leadership.obey(StageRelease, self._release)
+
+    def allocated_bytes(self) -> int:
+        """What the stages this fellow holds really allocate."""
+        return sum(h.allocated_bytes for h in self.hosted.values())
+
+    # --- prepare: check and reserve ------------------------------------------------------
+
+    async def _prepare(self, call: StagePrepare) -> StagePrepared:
+        order = StageOrder.from_wire(call.order)
+        key = (order.plan_id, order.stage)
+        if order.fellow_id != self.agent.node_id.hex():
+            raise PlacementError(f"{self.agent.name} got the order for stage {order.stage}, "
+                                 "which the plan gives another fellow")
+        if key in self.hosted:
+            raise PlacementError(f"{self.agent.name} already holds stage {order.stage} of "
+                                 f"{order.plan_id}")
+        reason = await self._refusal(order)
+        if reason is None and order.adapter:
+            reason = await self._adapter_refusal(order)
+        if reason is not None:
+            raise PlacementError(f"refuses stage {order.stage}: {reason}")
+        hosted = HostedStage(order, self.leadership.term(),
+                             trio.current_time() + self.reservation_s)
+        self.hosted[key] = hosted
+        self.agent.spawn(self._expire, key, hosted)
+        await self.progress.report(order, "checked", 0, order.claim_bytes)
+        return StagePrepared(order.need_bytes)
+
+    async def _refusal(self, order: StageOrder) -> str | None:
+        """Why this fellow cannot take ``order`` now, on its own live view; None if it can."""
+        if self.agent.extra_metadata.get("training"):
+            return "it is training"
+        label = card_label(order.card_kind, order.card_index, order.card_name)
+        cards = self.live_cards()
+        card = next((c for c in cards if c.kind == order.card_kind
+                     and c.index == order.card_index), None)
+        if card is None:
+            return f"its {label} is not offered any more"
+        # Memory the plan counted as free but this fellow has promised since: reservations
+        # not yet allocated; on a GPU also live stages, whose memory NVML still calls ours.
+        promised = sum(h.order.need_bytes for h in self.hosted.values()
+                       if h.order.card_key == order.card_key
+                       and (h.state in ("reserved", "loading") or card.kind != "cpu"))
+        available = card.free_bytes - promised
+        if available < order.need_bytes:
+            return (f"its {label} has {gb(available)} free now, the stage needs "
+                    f"{gb(order.need_bytes)}")
+        model = order.model
+        if model.get("kind") == "builtin":
+            return None if model.get("name") in BUILTIN_MODELS else \
+                f"it does not know a built-in model {model.get('name')!r}"
+        try:
+            manifest = Manifest.from_dict(model.get("manifest") or {})
+            names = [t.name for t in manifest.stage_tensors(*order.layers)]
+        except ConfigError as exc:
+            return str(exc)
+        if model.get("source_id") == self.agent.node_id.hex():
+            try:
+                await self.agent.compute.run(lambda: check_source_files(manifest, names))
+            except (ConfigError, OSError) as exc:
+                return f"the model files are not readable as planned: {exc}"
+            return None
+        cache = self.offers.weights_cache()
+        if all(cache.has(manifest.tensor(n).sha256, manifest.tensor(n).nbytes) for n in names):
+            return None
+        source = self.agent.fellow(str(model.get("source_id", "")))
+        if source is None or source.state not in ("alive", "suspect"):
+            return (f"the model files are not here and {model.get('source', 'their fellow')} "
+                    "(which has them) is not connected")
+        return None
+
+    async def _adapter_refusal(self, order: StageOrder) -> str | None:
+        """Why this fellow cannot get the adapter tensors of ``order``; None if it can."""
+        block = order.adapter
+        try:
+            manifest = block_manifest(block)
+        except ConfigError as exc:
+            return str(exc)
+        if block.get("source_id") == self.agent.node_id.hex():
+            if not Path(manifest.path).is_dir():
+                return f"the adapter directory {manifest.path} is not readable any more"
+            return None
+        cache = self.offers.weights_cache()
+        if all(cache.has(t.sha256, t.nbytes) for t in manifest.tensors):
+            return None
+        source = self.agent.fellow(str(block.get("source_id", "")))
+        if source is None or source.state not in ("alive", "suspect"):
+            return (f"the adapter is not here and {block.get('source', 'its fellow')} "
+                    "(which has it) is not connected")
+        return None
+
+    def live_cards(self) -> tuple[Any, ...]:
+        source = self.agent.card_source
+        if source is not None:
+            try:
+                return self.less_live_stages(tuple(source.read()))
+            except SwarmError as exc:
+                log.warning("reading cards failed: %s", exc)
+        return tuple(self.agent.inventory.cards) if self.agent.inventory else ()
+
+    def less_live_stages(self, cards: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Cards with what our loaded CPU stages hold taken out of the free bytes. The
+        machine's available RAM already lacks it, but a CPU capped with ``--cpu-memory``
+        reports the cap: without this it would look whole while holding a stage."""
+        out = []
+        for card in cards:
+            held = sum(h.order.need_bytes for h in self.hosted.values()
+                       if h.order.card_kind == "cpu" and card.kind == "cpu"
+                       and h.order.card_index == card.index
+                       and h.state in ("loaded", "active"))
+            if held:
+                card = dataclasses.replace(
+                    card, free_bytes=max(0, min(card.free_bytes, card.total_bytes - held)))
+            out.append(card)
+        return tuple(out)
+
+    # --- load: fetch and build -----------------------------------------------------------
+
+    async def _load(self, call: StageLoad) -> StageLoaded:
+        key = (call.plan_id, call.stage)
+        hosted = self.hosted.get(key)
+        if hosted is None or hosted.state != "reserved":
+            raise PlacementError(f"{self.agent.name} holds no reservation for stage {key[1]} "
+                                 f"of {key[0]} (it expired, or was released)")
+        hosted.state = "loading"
+        order = hosted.order
+        run = self.agent.compute.run
+        began = time.perf_counter()
+        try:
+            source, fetched, fetch_s = await self._stage_source(order)
+            adapter, adapter_bytes = await self._stage_adapter(order)
+            fetched += adapter_bytes
+            await self.progress.report(order, "loading", 0, order.claim_bytes)
+            stage = await run(lambda: self.runtime.build(order, source, adapter),
+                              hosted.limiter)
+        except BaseException:
+            if self.hosted.get(key) is hosted:
+                hosted.state = "reserved"  # the leader releases it
+            raise
+        allocated = stage.allocated_bytes()
+        if self.hosted.get(key) is not hosted:  # released while it loaded
+            await run(stage.unload, hosted.limiter)
+            raise PlacementError(f"stage {order.stage} of {order.plan_id} was released "
+                                 "while it loaded")
+        if allocated > order.claim_bytes:
+            await run(stage.unload, hosted.limiter)
+            hosted.state = "reserved"
+            raise PlacementError(
+                f"stage {order.stage} allocated {allocated:,} bytes, more than the "
+                f"{order.claim_bytes:,} the plan claims for it: refused")
+        hosted.stage = stage
+        hosted.allocated_bytes = allocated
+        hosted.state = "loaded"
+        hosted.expires_s = trio.current_time() + self.reservation_s
+        await self.progress.report(order, "ready", allocated, order.claim_bytes)
+        return StageLoaded(allocated, fetched, fetch_s, time.perf_counter() - began)
+
+    async def _stage_source(self, order: StageOrder) -> tuple[WeightSource, int, float]:
+        """What the stage loads from (built-in name, model directory, cached tensors),
+        fetching the tensors this fellow lacks first; the bytes fetched, and how long."""
+        model = order.model
+        if model.get("kind") == "builtin":
+            return str(model["name"]), 0, 0.0
+        manifest = Manifest.from_dict(model["manifest"])
+        if model.get("source_id") == self.agent.node_id.hex():
+            return Path(manifest.path), 0, 0.0
+        cache = self.offers.weights_cache()
+        wanted = manifest.stage_tensors(*order.layers)
+        # equal tensors (norms of ones, say) share one cached copy: fetch each hash once
+        missing = list({t.sha256: t for t in wanted
+                        if not cache.has(t.sha256, t.nbytes)}.values())
+        total = sum(t.nbytes for t in missing)
+        fetched = 0
+        began = time.perf_counter()
+        if missing:
+            source = self.agent.fellow(str(model.get("source_id", "")))
+            if source is None:
+                raise PlacementError(f"{model.get('source')} (which has the model files) is "
+                                     "not in this fellow's view")
+            done = 0
+            reported = 0.0
+
+            def on_bytes(n: int) -> None:
+                nonlocal done, reported
+                done += n
+                if done == total or done / total - reported >= PROGRESS_STEP:
+                    reported = done / total
+                    self.agent.spawn(self.progress.report, order, "fetching", done, total)
+
+            await self.progress.report(order, "fetching", 0, total)
+            fetched = await fetch(self.agent, source.addr, source.node_id, source.name,
+                                  manifest, [t.name for t in missing], cache,
+                                  self.agent.compute.run, on_bytes)
+        return CachedWeights(manifest, cache), fetched, time.perf_counter() - began
+
+    async def _stage_adapter(self, order: StageOrder) -> tuple[dict[str, Any], int]:
+        """This stage's adapter tensors (fetched first when this fellow lacks them),
+        verified against their SHA-256; and the bytes fetched."""
+        block = order.adapter
+        if not block:
+            return {}, 0
+        manifest = block_manifest(block)
+        local = block.get("source_id") == self.agent.node_id.hex()
+        cache: WeightsCache = self.offers.weights_cache()
+        fetched = 0
+        if not local:
+            missing = list({t.sha256: t for t in manifest.tensors
+                            if not cache.has(t.sha256, t.nbytes)}.values())
+            if missing:
+                source = self.agent.fellow(str(block.get("source_id", "")))
+                if source is None:
+                    raise PlacementError(f"{block.get('source')} (which has the adapter) is "
+                                         "not in this fellow's view")
+                fetched = await fetch(self.agent, source.addr, source.node_id, source.name,
+                                      manifest, [t.name for t in missing], cache,
+                                      self.agent.compute.run)
+        tensors = await self.agent.compute.run(
+            lambda: self.runtime.adapter_tensors(block, cache, local))
+        return tensors, fetched
+
+    # --- start, release, expiry --------------------------------------------------------
+
+    async def _start(self, call: StageStart) -> StageStarted:
+        plan_id = call.plan_id
+        mine = [h for (p, _), h in self.hosted.items() if p == plan_id]
+        # a fellow with two stages of the plan (two cards) gets this order twice
+        if not mine or any(h.state not in ("loaded", "active") for h in mine):
+            raise PlacementError(f"{self.agent.name} has no loaded stage of {plan_id} to start")
+        for h in mine:
+            h.route = [route_dict(hop) for hop in call.route]
+            h.state = "active"
+        self._publish_stages()
+        return StageStarted(tuple(h.order.stage for h in mine))
+
+    async def _release(self, call: StageRelease) -> StageReleased:
+        return StageReleased(tuple(await self.release(call.plan_id)))
+
+    async def release(self, plan_id: str) -> list[int]:
+        """Drop every stage of ``plan_id`` this fellow holds; returns their indexes."""
+        dropped = [(k, h) for k, h in self.hosted.items() if k[0] == plan_id]
+        was_active = any(h.state == "active" for _, h in dropped)
+        for key, hosted in dropped:
+            del self.hosted[key]
+            hosted.state = "released"
+        for _, hosted in dropped:
+            stage, hosted.stage, hosted.allocated_bytes = hosted.stage, None, 0
+            if stage is not None:  # after the call in flight
+                await self.agent.compute.run(stage.unload, hosted.limiter)
+        if was_active:
+            self._publish_stages()
+        return [k[1] for k, _ in dropped]
+
+    async def _expire(self, key: tuple[str, int], hosted: HostedStage) -> None:
+        """Drop a reservation the leader never started (it died, or lost us)."""
+        while True:
+            await trio.sleep_until(hosted.expires_s)
+            if self.hosted.get(key) is not hosted or hosted.state == "active":
+                return
+            if hosted.state == "loading":
+                hosted.expires_s = trio.current_time() + self.reservation_s
+                continue
+            log.warning("%s: stage %d of %s was never started; releasing it", self.agent.name,
+                        key[1], key[0])
+            await self.release(key[0])
+            return
+
+    def _publish_stages(self) -> None:
+        entries = []
+        for h in sorted(self.hosted.values(), key=lambda h: (h.order.plan_id, h.order.stage)):
+            if h.state != "active":
+                continue
+            o = h.order
+            entries.append({"plan_id": o.plan_id, "stage": o.stage, "n_stages": o.n_stages,
+                            "layers": list(o.layers),
+                            "card": card_label(o.card_kind, o.card_index, o.card_name),
+                            "claim_bytes": o.claim_bytes, "allocated_bytes": h.allocated_bytes,
+                            "runtime": o.runtime, "model": public_model(o.model),
+                            **({"adapter": public_adapter(o.adapter)} if o.adapter else {}),
+                            "route": [{k: r[k] for k in ROUTE_KEYS if k in r}
+                                      for r in h.route]})
+        if entries:
+            self.agent.extra_metadata["stages"] = entries
+        else:
+            self.agent.extra_metadata.pop("stages", None)
+        self.agent.publish_metadata()

@@ -1,0 +1,230 @@
+"""A hosted stage serving sessions: the step loop, and relays to and from its neighbours.
+
+The data path is a ring through the driver (``generation``): the driver opens a sealed
+stream to stage 0, stage 0 one to stage 1, and so on; the last stage opens one back to
+the driver. These streams stay open for the whole session. Each stage keeps its
+session's KV cache; hidden states flow stage to stage as tensor frames; the last stage
+samples (seeded) and sends the token straight to the driver.
+
+Failures are named, never waited out. A stage that cannot reach its next hop, or loses
+it, sends ``SessionError`` upstream; one that loses the hop before it sends it
+downstream; both get relayed, so whichever end the driver hears first names the same
+fellow.
+
+Each stage's compute runs one call at a time (a per-stage ``CapacityLimiter(1)``) on a
+worker thread, so a long prefill never stalls gossip and heartbeats; a decode step the
+stage does in under ``INLINE_STEP_S`` runs on the trio thread: the loop can spare that
+long, and handing a short step to a thread and back (two wake-ups) adds a millisecond
+or more to every hop on a busy machine. With ``agent.compute.inline`` every call runs on
+the trio thread: in virtual time (MockClock) a thread would let the clock jump while
+torch works, so the simulation sets it and compute takes no virtual time at all.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import trio
+
+from p2pswarm import wire
+from p2pswarm.agent.serving.records import HostedStage
+from p2pswarm.agent.serving.runtime import StageRuntime
+from p2pswarm.agent.streams import send_best_effort
+from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError, TransportError
+from p2pswarm.wire.serving import (
+    SessionEnd,
+    SessionError,
+    SessionOpen,
+    SessionReturn,
+    StepInput,
+    StepOutput,
+)
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.agent import Agent
+    from p2pswarm.transport.secure import SecureStream
+
+T = TypeVar("T")
+
+INLINE_STEP_S = 0.025  # decode steps faster than this skip the worker thread
+
+
+class StageSession:
+    """One session at one stage: its two streams and, on the last stage, its sampler."""
+
+    def __init__(self, msg: SessionOpen, hosted: HostedStage, upstream: SecureStream,
+                 downstream: SecureStream) -> None:
+        self.msg = msg
+        self.hosted = hosted
+        self.upstream = upstream
+        self.downstream = downstream
+        self.ending = False
+        self.scope: trio.CancelScope | None = None
+        self.sampler: Any = None
+
+
+async def open_hop(agent: Agent, hop: dict[str, Any]) -> SecureStream:
+    """A stream to the fellow a route names, checked to be that fellow."""
+    stream = await agent.open_secure(str(hop["addr"]))
+    if stream.peer_node_id.hex() != hop["fellow_id"]:
+        await stream.aclose()
+        raise TransportError(f"{hop['addr']} is no longer {hop['fellow']}")
+    return stream
+
+
+class StageSessions:
+    def __init__(self, agent: Agent, runtime: StageRuntime,
+                 hosted: dict[tuple[str, int], HostedStage]) -> None:
+        self.agent = agent
+        self.runtime = runtime
+        self.hosted = hosted
+        self.session_idle_s = 600.0  # a stage drops a session whose driver fell silent
+        agent.on_stream(SessionOpen, self._on_session_open)
+
+    async def _on_session_open(self, msg: SessionOpen, upstream: SecureStream) -> None:
+        """Host one session at one stage: open the next hop, then run steps until the
+        session ends or fails. The stream is this handler's until it returns."""
+        hosted = self.hosted.get((msg.plan_id, msg.stage))
+        me = self.agent.name
+        if hosted is None or hosted.state != "active" or hosted.stage is None:
+            await send_best_effort(upstream, SessionError(
+                msg.stage, me, f"holds no stage {msg.stage} of plan {msg.plan_id} (unloaded?)"))
+            return
+        nxt = hosted.next_hop
+        try:
+            if nxt is not None:
+                downstream = await open_hop(self.agent, nxt)
+                await downstream.send_frame(wire.encode(SessionOpen(
+                    msg.session, msg.plan_id, msg.stage + 1, msg.return_addr, msg.temperature,
+                    msg.top_k, msg.top_p, msg.seed, msg.keep_logits)))
+            else:
+                downstream = await self.agent.open_secure(msg.return_addr)
+                await downstream.send_frame(wire.encode(SessionReturn(msg.session)))
+        except SwarmError as exc:
+            blame = (msg.stage + 1, nxt["fellow"]) if nxt is not None else (msg.stage, me)
+            await send_best_effort(upstream, SessionError(
+                blame[0], blame[1], f"is unreachable from {me}: {exc}"[:500]))
+            return
+        session = StageSession(msg, hosted, upstream, downstream)
+        hosted.sessions.add(msg.session)
+        try:
+            async with trio.open_nursery() as nursery:
+                session.scope = nursery.cancel_scope
+                nursery.start_soon(self._relay_from_downstream, session)
+                await self._run_steps(session)
+                session.ending = True
+                nursery.cancel_scope.cancel()
+        finally:
+            hosted.sessions.discard(msg.session)
+            with trio.CancelScope(shield=True):
+                await downstream.aclose()
+                stage = hosted.stage
+                if stage is not None and msg.session in stage.sessions:
+                    await self.agent.compute.run(lambda: stage.end_session(msg.session),
+                                                 hosted.limiter)
+
+    async def _run_steps(self, s: StageSession) -> None:
+        hosted, me = s.hosted, self.agent.name
+        max_bytes = self.agent.config.transport.max_frame_bytes
+        while True:
+            try:
+                with trio.fail_after(self.session_idle_s):
+                    frame = await s.upstream.receive_frame()
+                (msg,) = wire.decode(frame, max_bytes=max_bytes)
+            except (TransportError, RemoteProtocolError, ValueError, trio.TooSlowError) as exc:
+                prev = hosted.previous_hop
+                if prev is not None:  # the driver's own end needs no word
+                    why = (f"fell silent (nothing for {me} in {self.session_idle_s:g} s)"
+                           if isinstance(exc, trio.TooSlowError)
+                           else f"went away (its stream to {me} broke)")
+                    await send_best_effort(s.downstream, SessionError(prev["stage"],
+                                                                   prev["fellow"], why))
+                return
+            if isinstance(msg, StepInput):
+                try:
+                    out = await self._run_step(hosted, partial(self._compute, s, msg),
+                                               decode=msg.step > 0)
+                except (SwarmError, RuntimeError, ValueError) as exc:
+                    error = SessionError(hosted.order.stage, me, f"failed: {exc}"[:500])
+                    await send_best_effort(s.upstream, error)
+                    await send_best_effort(s.downstream, error)
+                    return
+                if out is None:
+                    continue
+                try:
+                    await s.downstream.send_frame(out)
+                except TransportError:
+                    await self._lost_downstream(s)
+                    return
+            elif isinstance(msg, SessionEnd):
+                s.ending = True
+                await send_best_effort(s.downstream, msg)
+                return
+            elif isinstance(msg, SessionError):
+                await send_best_effort(s.downstream, msg)  # relay towards the driver
+                return
+            else:
+                return
+
+    async def _run_step(self, hosted: HostedStage, compute: Callable[[], T], *,
+                        decode: bool) -> T:
+        """A decode step this stage has been doing in under ``INLINE_STEP_S`` runs on the
+        trio thread (see the module's comment); prompt chunks and slow steps go to the
+        worker thread."""
+        if decode and hosted.decode_s < INLINE_STEP_S and not self.agent.compute.inline:
+            async with hosted.limiter:
+                return compute()
+        return await self.agent.compute.run(compute, hosted.limiter)
+
+    def _compute(self, s: StageSession, msg: StepInput) -> bytes | None:
+        """One chunk through this stage (on the stage's worker): the frame to send on."""
+        stage = s.hosted.stage
+        if stage is None:
+            raise PlacementError("the stage was unloaded")
+        began = time.perf_counter()
+        sampler = None
+        if stage.is_last and msg.final:
+            if s.sampler is None:
+                m = s.msg
+                s.sampler = self.runtime.sampler(m.temperature, m.top_k, m.top_p, m.seed)
+            sampler = s.sampler
+        out = self.runtime.step(stage, s.msg.session, msg.tensor, msg.position, sampler,
+                                s.msg.keep_logits)
+        if msg.step > 0:  # a decode step: how long this stage takes for one (smoothed)
+            took = out.forward_s
+            h = s.hosted
+            h.decode_s = took if math.isinf(h.decode_s) else 0.8 * h.decode_s + 0.2 * took
+        stage_s = msg.stage_s + (time.perf_counter() - began,)
+        if not stage.is_last:
+            return wire.encode(StepInput(msg.step, msg.position, msg.final, stage_s, out.frame))
+        if out.token is None:
+            return None  # a prompt chunk before the last: its cache is what counts
+        return wire.encode(StepOutput(msg.step, out.token, stage_s, out.logits))
+
+    async def _relay_from_downstream(self, s: StageSession) -> None:
+        """Errors coming back from the next hop go upstream; so does its loss."""
+        max_bytes = self.agent.config.transport.max_frame_bytes
+        try:
+            frame = await s.downstream.receive_frame()
+            (msg,) = wire.decode(frame, max_bytes=max_bytes)
+        except (TransportError, RemoteProtocolError, ValueError):
+            if not s.ending:
+                await self._lost_downstream(s)
+            msg = None
+        if isinstance(msg, SessionError):
+            await send_best_effort(s.upstream, msg)
+        if s.scope is not None:
+            s.scope.cancel()
+
+    async def _lost_downstream(self, s: StageSession) -> None:
+        nxt = s.hosted.next_hop
+        if nxt is not None:  # the last stage losing the driver has no one to tell
+            await send_best_effort(s.upstream, SessionError(
+                nxt["stage"], nxt["fellow"], f"went away (its stream from {self.agent.name} "
+                "broke)"))
+        if s.scope is not None:
+            s.scope.cancel()

@@ -1,0 +1,227 @@
+"""Loading: the leader's calls and the stage orders it sends (tags 77-99).
+
+A fellow asks the leader to ``LoadAsk`` a plan request (answered ``LoadDone`` with the
+load's record), to show ``LoadsAsk`` what is loaded (``LoadsShown``) and to ``UnloadAsk``
+(``Unloaded``). The leader brings a load up with three rounds of orders, one per stage:
+``StagePrepare`` (check and reserve, ``StagePrepared``), ``StageLoad`` (fetch and build,
+``StageLoaded``), ``StageStart`` (learn the route and go live, ``StageStarted``), and
+takes it down with ``StageRelease`` (``StageReleased``). A refusal travels as
+``CallFailed`` (``p2pswarm.wire.orders``) with its text, e.g. ``refuses stage 1: it is
+training``.
+
+Every call and order carries ``term`` as its last field (stamped by the leadership
+layer). The stage order is a typed struct, so the codec bounds every field; the model's
+identity (its manifest: files and tensors), an adapter's block and the load records the
+leader shows are open-ended planner documents and travel as ``Doc``, checked by the
+receiver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from p2pswarm.wire.codec import message, struct
+from p2pswarm.wire.orders import Doc
+from p2pswarm.wire.schema import U16, U32, U64, Addr, Items, Name, Seconds, Size
+
+PlanId = Annotated[str, Size(1, 64)]
+MaybePlanId = Annotated[str, Size(0, 64)]  # "" when none is named
+Ticket = Annotated[str, Size(0, 64)]  # "" when nobody waits for progress
+MaybeAddr = Annotated[str, Size(0, 128)]
+FellowHex = Annotated[str, Size(1, 64)]  # a fellow's node id in hex, as plans name it
+CardKind = Annotated[str, Size(1, 16)]  # "cpu" | "cuda"
+CardName = Annotated[str, Size(0, 256)]
+CardLabel = Annotated[str, Size(0, 320)]
+Word = Annotated[str, Size(1, 32)]  # a dtype or quantisation name
+
+MAX_STAGES = 256
+MAX_LOADS = 1024
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class RuntimeBlock:
+    """The plan's runtime block: what every stage allocates (``StageSpec``'s fields besides
+    the layer range and the device)."""
+
+    dtype: Word
+    quant: Word
+    quant_group_size: U32
+    kv_dtype: Word
+    max_context_tokens: U32
+    max_sessions: U32
+    prefill_chunk_tokens: U32
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class StageAssignment:
+    """One stage of a plan, on one of the ordered fellow's cards."""
+
+    plan_id: PlanId
+    stage: U16
+    n_stages: U16
+    fellow_id: FellowHex  # the fellow the plan puts it on
+    start_layer: U32
+    end_layer: U32
+    card_kind: CardKind
+    card_index: U16
+    card_name: CardName
+    claim_bytes: U64  # what the stage allocates: weights, embeddings/head/buffers, KV cache
+    need_bytes: U64  # what must be free: the claim plus activations and workspace
+    runtime: RuntimeBlock
+    model: Doc  # identity: {"kind": "builtin", "name"} or {"kind": "files", ...}
+    progress_addr: MaybeAddr = ""
+    ticket: Ticket = ""
+    adapter: Doc = b""  # this stage's part of a LoRA adapter; b"" for none
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class RouteHop:
+    """One stage of a load as every stage learns it when the load starts."""
+
+    stage: U16
+    fellow_id: FellowHex
+    fellow: Name
+    addr: Addr
+    start_layer: U32
+    end_layer: U32
+    card: CardLabel
+    claim_bytes: U64
+    allocated_bytes: U64
+    fetched_bytes: U64
+    fetch_s: Seconds
+
+
+Route = Annotated[tuple[RouteHop, ...], Items(MAX_STAGES)]
+Stages = Annotated[tuple[U16, ...], Items(MAX_STAGES)]
+
+
+# --- the leader's stage orders ----------------------------------------------------------
+
+
+@message(77)
+@dataclass(frozen=True, slots=True)
+class StagePrepare:
+    """Check your own live view and reserve this stage, or refuse with a reason."""
+
+    order: StageAssignment
+    term: U64 = 0
+
+
+@message(78)
+@dataclass(frozen=True, slots=True)
+class StagePrepared:
+    reserved_bytes: U64
+
+
+@message(79)
+@dataclass(frozen=True, slots=True)
+class StageLoad:
+    """Fetch what you lack of the reserved stage and build it on its card."""
+
+    plan_id: PlanId
+    stage: U16
+    term: U64 = 0
+
+
+@message(80)
+@dataclass(frozen=True, slots=True)
+class StageLoaded:
+    allocated_bytes: U64
+    fetched_bytes: U64
+    fetch_s: Seconds
+    load_s: Seconds
+
+
+@message(81)
+@dataclass(frozen=True, slots=True)
+class StageStart:
+    """Your loaded stages of ``plan_id`` go live on ``route``."""
+
+    plan_id: PlanId
+    route: Route
+    term: U64 = 0
+
+
+@message(82)
+@dataclass(frozen=True, slots=True)
+class StageStarted:
+    stages: Stages
+
+
+@message(83)
+@dataclass(frozen=True, slots=True)
+class StageRelease:
+    """Drop whatever you hold of ``plan_id``."""
+
+    plan_id: PlanId
+    term: U64 = 0
+
+
+@message(84)
+@dataclass(frozen=True, slots=True)
+class StageReleased:
+    stages: Stages
+
+
+# --- calls the leader answers -----------------------------------------------------------
+
+
+@message(85)
+@dataclass(frozen=True, slots=True)
+class LoadAsk:
+    """Load ``request`` (a plan request), pinned to ``plan_id`` when one is named, from
+    ``model`` (its identity) with ``adapter`` (b"" for none); progress goes to
+    ``progress_addr`` under ``ticket``."""
+
+    request: Doc
+    plan_id: MaybePlanId
+    model: Doc
+    adapter: Doc = b""
+    progress_addr: MaybeAddr = ""
+    ticket: Ticket = ""
+    term: U64 = 0
+
+
+@message(86)
+@dataclass(frozen=True, slots=True)
+class LoadDone:
+    record: Doc  # the load: plan id, model, runtime, stages (the route), load time
+
+
+@message(87)
+@dataclass(frozen=True, slots=True)
+class LoadsAsk:
+    term: U64 = 0
+
+
+@message(88)
+@dataclass(frozen=True, slots=True)
+class LoadsShown:
+    loads: Annotated[tuple[Doc, ...], Items(MAX_LOADS)]
+
+
+@message(89)
+@dataclass(frozen=True, slots=True)
+class UnloadAsk:
+    """Unload ``plan_id``; or, with none named, the only load, or every load with ``all``."""
+
+    plan_id: MaybePlanId = ""
+    all: bool = False
+    term: U64 = 0
+
+
+@message(90)
+@dataclass(frozen=True, slots=True)
+class Unloaded:
+    plan_ids: Annotated[tuple[PlanId, ...], Items(MAX_LOADS)]
+
+
+__all__ = [
+    "LoadAsk", "LoadDone", "LoadsAsk", "LoadsShown", "RouteHop", "RuntimeBlock",
+    "StageAssignment", "StageLoad", "StageLoaded", "StagePrepare", "StagePrepared",
+    "StageRelease", "StageReleased", "StageStart", "StageStarted", "UnloadAsk", "Unloaded",
+]

@@ -1,0 +1,51 @@
+"""Serving's values on the wire: a stage order and a route keep every field, and the
+codec bounds them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from p2pswarm import wire
+from p2pswarm.agent.serving.records import StageOrder, route_dict, route_hop
+from p2pswarm.errors import ConfigError, LocalProtocolError
+from p2pswarm.wire.loads import StagePrepare, StageStart
+
+RUNTIME = {"dtype": "float16", "quant": "int4", "quant_group_size": 32,
+           "prefill_chunk_tokens": 256, "kv_dtype": "float16", "max_context_tokens": 4096,
+           "max_sessions": 2}
+ORDER = StageOrder(
+    plan_id="0123456789abcdef", stage=1, n_stages=3, fellow_id="ab" * 16, layers=(4, 9),
+    card_kind="cuda", card_index=0, card_name="GTX 1050 Ti", claim_bytes=3 * 2**30,
+    need_bytes=3 * 2**30 + 12345, runtime=RUNTIME,
+    model={"kind": "files", "name": "m", "manifest": {"files": [], "tensors": []}},
+    progress_addr="10.0.0.2:7000", ticket="00ff", adapter={"rank": 8, "alpha": 16})
+HOP = {"stage": 0, "fellow_id": "cd" * 16, "fellow": "fxserver", "addr": "10.0.0.3:7000",
+       "layers": [0, 4], "card": "CPU", "claim_bytes": 10, "allocated_bytes": 9,
+       "fetched_bytes": 0, "fetch_s": 0.5}
+
+
+def test_a_stage_order_crosses_the_wire_whole() -> None:
+    (msg,) = wire.decode(wire.encode(StagePrepare(ORDER.to_wire(), 7)), max_bytes=1 << 20)
+    assert msg.term == 7
+    assert StageOrder.from_wire(msg.order) == ORDER
+
+
+def test_a_route_crosses_the_wire_whole() -> None:
+    (msg,) = wire.decode(wire.encode(StageStart("0123456789abcdef", (route_hop(HOP),))),
+                         max_bytes=1 << 20)
+    assert [route_dict(h) for h in msg.route] == [HOP]
+
+
+def test_out_of_bounds_fields_do_not_travel() -> None:
+    with pytest.raises(LocalProtocolError):
+        wire.encode(StagePrepare(dataclasses.replace(ORDER, stage=70000).to_wire()))
+    with pytest.raises(LocalProtocolError):
+        wire.encode(StagePrepare(dataclasses.replace(ORDER, plan_id="").to_wire()))
+
+
+def test_a_model_that_is_not_a_document_is_a_malformed_order() -> None:
+    bad = dataclasses.replace(ORDER.to_wire(), model=b"\xc1")
+    with pytest.raises(ConfigError, match="malformed stage order"):
+        StageOrder.from_wire(bad)
