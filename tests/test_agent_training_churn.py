@@ -51,7 +51,7 @@ async def three_replicas(churn: bool) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
         leader = next(a for a in swarm.live() if a.leadership.is_leader())
-        plan = await leader.leadership.ask_op("job-plan", {"config": churn_config()})
+        plan = await leader.training.ask_plan(churn_config())
         assert len(plan["replicas"]) == 3
         assert len({s["fellow"] for r in plan["replicas"] for s in r["stages"]}) == 3
         record = await leader.training.submit(churn_config())
@@ -143,7 +143,7 @@ async def test_lora_job_trains_and_syncs_only_the_adapters(autojump_clock) -> No
         assert keeper_values == per_replica
         rounds = job.step // 2
         assert 0 < job.bytes_sent <= rounds * 2 * (2 * 2 * keeper_values + 64)
-        await leader.training._leader_cancel({"job_id": job.job_id})
+        await leader.training.leader.cancel(job.job_id)
         nursery.cancel_scope.cancel()
 
 
