@@ -138,7 +138,7 @@ async def test_lora_job_trains_and_syncs_only_the_adapters(autojump_clock) -> No
         assert any(not torch.equal(adapters_before[k], adapters_after[k])
                    for k in adapters_before)
         # what the keepers sync is exactly the adapters of a replica's stages
-        keeper_values = sum(k.params.numel() for k in job.driver.keepers)
+        keeper_values = sum(k.outer.params.numel() for k in job.driver.keepers)
         per_replica = sum(p.numel() for p in adapters_before.values()) // 2
         assert keeper_values == per_replica
         rounds = job.step // 2
