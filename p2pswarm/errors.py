@@ -11,8 +11,11 @@
     ├── ConfigError                 bad settings, bad arguments, unusable state directory
     │   └── TokenError              a join token that is mistyped or malformed
     ├── ControlError                the local agent could not be reached or refused a request
-    └── PlacementError              the planner cannot place what was asked
-        └── PlanChanged             a pinned plan_id no longer matches the live view (409)
+    ├── PlacementError              the planner cannot place what was asked
+    │   ├── PlanChanged             a pinned plan_id no longer matches the live view (409)
+    │   └── ReplicaLost             a training replica lost a fellow (the job goes on or waits)
+    └── HttpError                   an HTTP API answer that is an error (http.problems: code,
+                                    sentence, status)
 
 Only the CLI turns these into exit codes and text. OS and trio errors are translated at
 the transport boundary with ``raise ... from exc``.
@@ -70,6 +73,10 @@ class ControlError(SwarmError):
 
 class PlacementError(SwarmError):
     """The planner cannot place what was asked."""
+
+
+class ReplicaLost(PlacementError):
+    """A training replica lost a fellow or a stage failed: it is paused, the job goes on."""
 
 
 class PlanChanged(PlacementError):

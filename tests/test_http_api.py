@@ -149,12 +149,12 @@ def test_plan_a_stale_pin_load_loads_and_unload(swarm: LoopbackSwarm,
 def test_malformed_requests_are_a_clear_400_and_change_nothing(
         swarm: LoopbackSwarm, client: httpx.Client, path: str, body: bytes, status: int,
         code: str, words: str) -> None:
-    shown_before = swarm.run_sync(lambda: dict(swarm.leader().serving._shown))
+    shown_before = swarm.run_sync(lambda: swarm.leader().planning.shown.plan_ids())
     response = client.post(path, content=body, headers={"content-type": "application/json"})
     assert words in error_of(response, status, code)["message"]
     assert client.get("/api/models/loads").json() == {"loads": []}
     assert nothing_loaded(swarm)
-    assert swarm.run_sync(lambda: dict(swarm.leader().serving._shown)) == shown_before
+    assert swarm.run_sync(lambda: swarm.leader().planning.shown.plan_ids()) == shown_before
 
 
 def test_routes_methods_and_ops_the_agent_lacks(swarm: LoopbackSwarm,

@@ -35,6 +35,10 @@ class ShownPlans:
     def get(self, plan_id: str) -> dict[str, Any] | None:
         return self._plans.get(plan_id)
 
+    def plan_ids(self) -> list[str]:
+        """The remembered plans' ids, oldest first."""
+        return list(self._plans)
+
     def changes(self, expected: str, plan: dict[str, Any]) -> list[str]:
         """What differs between the shown plan ``expected`` and ``plan``, in words."""
         old = self._plans.get(expected)

@@ -44,7 +44,7 @@ _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 _NO_LEADER = ("no leader to ask", "the leader is not in this fellow's view")
 
 
-class HttpError(Exception):
+class HttpError(SwarmError):
     """An answer that is an error: its code, its sentence, and anything more to say."""
 
     def __init__(self, code: str, message: str, extra: dict[str, Any] | None = None) -> None:
@@ -65,6 +65,8 @@ class HttpError(Exception):
 
 def from_swarm_error(exc: SwarmError) -> HttpError:
     """The HTTP answer for what an agent op raised."""
+    if isinstance(exc, HttpError):
+        return exc  # already an answer
     message = str(exc)
     if isinstance(exc, PlanChanged):
         return HttpError("plan-changed", message, {
