@@ -31,9 +31,9 @@ from p2pswarm.agent.streams import send_best_effort
 from p2pswarm.agent.training.checkpoints import Checkpoints
 from p2pswarm.agent.training.jobs import TERMINAL, Job, job_config
 from p2pswarm.agent.training.links import Link
-from p2pswarm.agent.training.placement import Placement, ReplicaLost
+from p2pswarm.agent.training.placement import Placement
 from p2pswarm.agent.training.rounds import SyncRounds
-from p2pswarm.errors import PlacementError, SwarmError
+from p2pswarm.errors import PlacementError, ReplicaLost, SwarmError
 from p2pswarm.wire.training import (
     Ack,
     Params,

@@ -22,7 +22,7 @@ import trio
 
 from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.training.jobs import CHANGED, TERMINAL, Job, job_config, model_message
-from p2pswarm.errors import PlacementError, SwarmError
+from p2pswarm.errors import PlacementError, ReplicaLost, SwarmError
 from p2pswarm.planner import ClusterView, plan_message
 from p2pswarm.planner.wording import card_label
 from p2pswarm.wire.jobs import TrainPrepare, TrainPrepared, TrainRelease, TrainReleased
@@ -34,10 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2pswarm.training")
 
 Placement = list[list[dict[str, Any]]]  # per replica, its stages with their fellows
-
-
-class ReplicaLost(PlacementError):
-    """No replica of a running job is left training."""
 
 
 class Placer:
@@ -231,4 +227,4 @@ class Placer:
                 nursery.start_soon(one, addr)
 
 
-__all__ = ["Placement", "Placer", "ReplicaLost"]
+__all__ = ["Placement", "Placer"]

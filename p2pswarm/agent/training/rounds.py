@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.training.jobs import model_message
-from p2pswarm.agent.training.placement import ReplicaLost
-from p2pswarm.errors import SwarmError
+from p2pswarm.errors import ReplicaLost, SwarmError
 from p2pswarm.training.round_rule import (
     delta_weight,
     round_budgets,
