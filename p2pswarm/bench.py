@@ -5,65 +5,26 @@ measurement takes a few seconds; it is cached in the state directory under a
 fingerprint of the hardware and re-run with ``p2pswarm bench``. A card never measured
 gets a conservative estimate flagged ``measured=False``, so the plan can say its speed
 is a guess.
+
+This is the measuring side (torch, the cache file); the numbers themselves
+(``Benchmark``, the estimates, ``fingerprint`` and the gossip form) are pure and live in
+``p2pswarm.cards``, where the planner finds them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from p2pswarm.cards import Benchmark, Card, estimate, fingerprint
 from p2pswarm.errors import ConfigError
-from p2pswarm.inventory import Card
-
-# Conservative guesses for cards never measured: a low-end GPU and a Raspberry Pi 4 class
-# CPU. Too slow is safer than too fast: the planner then prefers measured cards.
-ESTIMATED_FLOPS = {"cuda": 1.0e12, "cpu": 10.0e9}
-ESTIMATED_MEM_BANDWIDTH = {"cuda": 50.0e9, "cpu": 4.0e9}
 
 CACHE_FILE = "benchmarks.json"
 CACHE_VERSION = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Benchmark:
-    flops: float  # FLOP/s of a large matmul in `dtype`
-    mem_bandwidth: float  # bytes/s moved by a large copy (read + write)
-    dtype: str  # compute dtype the matmul ran in: "f32", "f16", "bf16"
-    measured: bool  # False: a conservative estimate, never benchmarked
-    fingerprint: str  # which hardware this belongs to
-    seconds: float = 0.0  # how long the measurement ran
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"flops": self.flops, "mem_bandwidth": self.mem_bandwidth, "dtype": self.dtype,
-                "measured": self.measured, "fingerprint": self.fingerprint,
-                "seconds": self.seconds}
-
-    @staticmethod
-    def from_dict(data: Mapping[str, Any]) -> Benchmark:
-        return Benchmark(flops=float(data["flops"]), mem_bandwidth=float(data["mem_bandwidth"]),
-                         dtype=str(data.get("dtype", "f32")),
-                         measured=bool(data.get("measured", True)),
-                         fingerprint=str(data.get("fingerprint", "")),
-                         seconds=float(data.get("seconds", 0.0)))
-
-
-def fingerprint(card: Card) -> str:
-    """Same hardware, same fingerprint: kind, name, uuid and size of the card."""
-    text = f"{card.kind}|{card.name}|{card.uuid}|{card.total_bytes}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def estimate(card: Card) -> Benchmark:
-    """The conservative speed of a card never benchmarked."""
-    return Benchmark(flops=ESTIMATED_FLOPS[card.kind],
-                     mem_bandwidth=ESTIMATED_MEM_BANDWIDTH[card.kind],
-                     dtype="f32" if card.kind == "cpu" else "f16", measured=False,
-                     fingerprint=fingerprint(card))
 
 
 def _torch_device(torch: Any, card: Card) -> Any:
@@ -89,7 +50,6 @@ def measure(card: Card, seconds: float = 2.0, torch_module: Any = None,
             clock: Callable[[], float] | None = None) -> Benchmark:
     """Run the matmul and copy loops on ``card`` for about ``seconds`` in all."""
     if clock is None:
-        import time  # imported here: the planner imports this module's estimates
         clock = time.perf_counter
     if seconds <= 0:
         raise ConfigError(f"--seconds {seconds} must be more than zero: e.g. --seconds 2")
@@ -190,25 +150,9 @@ def benchmarks_for(cards: Sequence[Card], cache: BenchmarkCache, rerun: bool = F
     return result
 
 
-def benchmarks_to_dict(benchmarks: Mapping[str, Benchmark]) -> dict[str, Any]:
-    """Gossip form: ``{"cards": {"cuda:0": {...}, "cpu:0": {...}}}``."""
-    return {"cards": {k: benchmarks[k].to_dict() for k in sorted(benchmarks)}}
-
-
-def benchmarks_from_dict(data: Mapping[str, Any]) -> dict[str, Benchmark]:
-    return {k: Benchmark.from_dict(v) for k, v in data.get("cards", {}).items()}
-
-
 __all__ = [
-    "ESTIMATED_FLOPS",
-    "ESTIMATED_MEM_BANDWIDTH",
-    "Benchmark",
     "BenchmarkCache",
     "benchmarks_for",
-    "benchmarks_from_dict",
-    "benchmarks_to_dict",
     "compute_dtype",
-    "estimate",
-    "fingerprint",
     "measure",
 ]

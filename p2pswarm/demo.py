@@ -370,7 +370,7 @@ def run_train_demo(say: Say, render_status: Show, render_plan: Show | None = Non
         say(f"exported to {model_dir} (a Hugging Face directory recording the cut "
             f"{cut}); held-out loss {holdout:.2f}")
 
-        from p2pswarm.planner import read_model_config
+        from p2pswarm.models.files import read_model_config
 
         name, config = read_model_config(str(model_dir))
         message = {"model": {"name": name, "config": config}, "kind": "serve",

@@ -52,13 +52,12 @@ that knows no leader asks a random fellow with ``LeaderQuery``.
 
 from __future__ import annotations
 
-from random import Random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p2pswarm.config import ElectionConfig
-from p2pswarm.membership.effects import (
+from p2pswarm.effects import (
     ELECTED,
     LEADER,
     NO_LEADER,
@@ -78,6 +77,9 @@ from p2pswarm.wire.gossip import (
     VoteReply,
     VoteRequest,
 )
+
+if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or not
+    from random import Random
 
 _INF = float("inf")
 _CHECK_REPLY_RANK = 255

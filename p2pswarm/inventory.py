@@ -10,6 +10,9 @@ it saw before the load.
 
 Inventories refresh every few seconds but are re-gossiped only when a value moves by
 more than a step (``changed_enough``), so the swarm's view does not churn on noise.
+
+This is the hardware side; the values it reads into (``Card``, ``Holder``, ``Inventory``,
+``parse_size``) are pure and live in ``p2pswarm.cards``, where the planner finds them.
 """
 
 from __future__ import annotations
@@ -17,88 +20,14 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from p2pswarm.cards import Card, Holder, Inventory, parse_size
 from p2pswarm.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-CARD_KINDS = ("cuda", "cpu")
-
-
-@dataclass(frozen=True, slots=True)
-class Holder:
-    """A program that holds memory on a card: its pid, its name and how much."""
-
-    pid: int
-    name: str
-    held_bytes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"pid": self.pid, "name": self.name, "bytes": self.held_bytes}
-
-    @staticmethod
-    def from_dict(data: Mapping[str, Any]) -> Holder:
-        return Holder(pid=int(data.get("pid", 0)), name=str(data.get("name", "")),
-                      held_bytes=int(data["bytes"]))
-
-
-@dataclass(frozen=True, slots=True)
-class Card:
-    """One device a fellow offers. ``free_bytes`` is what p2pswarm may use now."""
-
-    index: int
-    kind: str  # "cuda" | "cpu"
-    name: str
-    uuid: str
-    total_bytes: int
-    free_bytes: int
-    held_by_others: tuple[Holder, ...] = ()
-
-    @property
-    def key(self) -> str:
-        """``cuda:0`` or ``cpu:0``: unique within one fellow."""
-        return f"{self.kind}:{self.index}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index, "kind": self.kind, "name": self.name, "uuid": self.uuid,
-            "total_bytes": self.total_bytes, "free_bytes": self.free_bytes,
-            "held_by_others": [h.to_dict() for h in self.held_by_others],
-        }
-
-    @staticmethod
-    def from_dict(data: Mapping[str, Any]) -> Card:
-        kind = str(data.get("kind", "cuda"))
-        if kind not in CARD_KINDS:
-            raise ConfigError(f"card kind {kind!r} is not one of {', '.join(CARD_KINDS)}")
-        holders = tuple(sorted((Holder.from_dict(h) for h in data.get("held_by_others", ())),
-                               key=lambda h: (-h.held_bytes, h.pid, h.name)))
-        return Card(index=int(data.get("index", 0)), kind=kind, name=str(data.get("name", "")),
-                    uuid=str(data.get("uuid", "")), total_bytes=int(data["total_bytes"]),
-                    free_bytes=int(data["free_bytes"]), held_by_others=holders)
-
-
-@dataclass(frozen=True, slots=True)
-class Inventory:
-    """A fellow's cards in canonical order (GPUs by index, then the CPU)."""
-
-    cards: tuple[Card, ...] = ()
-
-    def __post_init__(self) -> None:
-        # canonical order, so two reads of the same machine compare and encode equal
-        ordered = tuple(sorted(self.cards, key=lambda c: (CARD_KINDS.index(c.kind), c.index)))
-        object.__setattr__(self, "cards", ordered)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"cards": [c.to_dict() for c in self.cards]}
-
-    @staticmethod
-    def from_dict(data: Mapping[str, Any]) -> Inventory:
-        return Inventory(cards=tuple(Card.from_dict(c) for c in data.get("cards", ())))
 
 
 class CardSource(Protocol):
@@ -107,29 +36,7 @@ class CardSource(Protocol):
     def read(self) -> tuple[Card, ...]: ...
 
 
-# --- sizes -----------------------------------------------------------------------------
-
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_size(text: str) -> int:
-    """Bytes in ``6GB``, ``1.5GB``, ``512MiB``, ``4096``; GB is 10**9, GiB is 2**30."""
-    match = _SIZE.match(str(text))
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
-        raise ConfigError(
-            f"cannot read the size {text!r}: write a number and a unit, e.g. 6GB or 512MiB"
-        )
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise ConfigError(f"the size {text!r} must be more than zero: e.g. 6GB")
-    return value
+# --- options -------------------------------------------------------------------------
 
 
 def parse_gpu_list(text: str) -> tuple[int, ...]:
@@ -375,18 +282,13 @@ def changed_enough(old: Inventory | None, new: Inventory, step_bytes: int) -> bo
 
 
 __all__ = [
-    "CARD_KINDS",
-    "Card",
     "CardSource",
     "CombinedCardSource",
     "CpuCardSource",
     "FakeCardSource",
-    "Holder",
-    "Inventory",
     "NvmlCardSource",
     "changed_enough",
     "local_card_source",
     "parse_gpu_list",
-    "parse_size",
     "read_inventory",
 ]

@@ -117,8 +117,8 @@ class SwarmTools:
                       weights_dtype: str | None) -> tuple[dict[str, Any], str | None]:
         """The planner request for a model (checked here, so a typo answers at once), and
         the model's directory when it is not a built-in one."""
-        from p2pswarm.planner import BUILTIN_MODELS, profile_from_config, read_model_config
-        from p2pswarm.planner import request_from_dict
+        from p2pswarm.models.files import read_model_config
+        from p2pswarm.planner import BUILTIN_MODELS, profile_from_config, request_from_dict
 
         request: dict[str, Any] = {
             "kind": "serve", "context": context, "sequences": sequences, "stages": stages,

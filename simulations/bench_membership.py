@@ -11,6 +11,7 @@ scenario. Every run is seeded; the same arguments print the same table.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import random
 import sys
@@ -18,8 +19,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
-
-import logging
 
 from p2pswarm.config import lan, wifi
 from p2pswarm.sim.gossip_lab import SEAL_OVERHEAD_BYTES, GossipLab, HopLab, proposed

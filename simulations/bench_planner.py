@@ -30,10 +30,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from p2pswarm.planner import cluster_from_dict, load_profile, plan, request_from_dict
+from p2pswarm.models.files import load_profile
+from p2pswarm.planner import cluster_from_dict, plan, request_from_dict
 from p2pswarm.planner.cluster import ClusterView
 from p2pswarm.planner.costs import CostModel
-from p2pswarm.planner.oracle import fastest_exhaustive, most_tokens_exhaustive
+from p2pswarm.planner.exhaustive import fastest_exhaustive, most_tokens_exhaustive
 from p2pswarm.planner.placement import Placement, Search, Slot, pipeline_order
 from p2pswarm.planner.profile import ModelProfile, profile_from_config
 from p2pswarm.planner.request import PlanRequest, resolve

@@ -47,8 +47,9 @@ import trio
 from p2pswarm.agent import Agent
 from p2pswarm.agent.node import tune_allocator
 from p2pswarm.agent.weights import WeightsCache, fetch
+from p2pswarm.cards import Card
 from p2pswarm.config import local
-from p2pswarm.inventory import Card, FakeCardSource
+from p2pswarm.inventory import FakeCardSource
 from p2pswarm.planner import BUILTIN_MODELS, cluster_from_dict, plan_message
 from p2pswarm.runtime import Sampler
 from p2pswarm.security import Identity, Keyring, SwarmSecret

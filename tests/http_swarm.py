@@ -18,9 +18,10 @@ import trio
 
 from p2pswarm.agent import Agent
 from p2pswarm.agent.weights import WeightsCache
+from p2pswarm.cards import Card
 from p2pswarm.config import local
 from p2pswarm.http.app import HttpSettings, serve_http
-from p2pswarm.inventory import Card, FakeCardSource
+from p2pswarm.inventory import FakeCardSource
 from p2pswarm.planner import BUILTIN_MODELS
 from p2pswarm.security import Identity, Keyring, SwarmSecret
 from p2pswarm.transport.udp_tcp import open_udp_tcp_transport

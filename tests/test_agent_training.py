@@ -18,7 +18,6 @@ from p2pswarm.errors import ConfigError, PlanChanged
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
 from p2pswarm.training import JobConfig, LocalRun
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

@@ -12,9 +12,7 @@ import trio
 import trio.testing
 
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
-
 from tests.test_agent_training import finished, job_config
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -7,19 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from p2pswarm.bench import (
+from p2pswarm.bench import BenchmarkCache, benchmarks_for, measure
+from p2pswarm.cards import (
     ESTIMATED_FLOPS,
     Benchmark,
-    BenchmarkCache,
-    benchmarks_for,
+    Card,
     benchmarks_from_dict,
     benchmarks_to_dict,
     estimate,
     fingerprint,
-    measure,
 )
 from p2pswarm.errors import ConfigError
-from p2pswarm.inventory import Card
 
 CPU = Card(index=0, kind="cpu", name="Test CPU", uuid="cpu-test", total_bytes=16 * 10**9,
            free_bytes=8 * 10**9)

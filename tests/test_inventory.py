@@ -10,18 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from p2pswarm.cards import Card, Holder, Inventory, parse_size
 from p2pswarm.errors import ConfigError
 from p2pswarm.inventory import (
-    Card,
     CpuCardSource,
     FakeCardSource,
-    Holder,
-    Inventory,
     NvmlCardSource,
     changed_enough,
     local_card_source,
     parse_gpu_list,
-    parse_size,
     read_inventory,
 )
 

@@ -23,9 +23,10 @@ pytest.importorskip("mcp", reason="the MCP server needs the `mcp` package (test 
 from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 
 from p2pswarm.agent.node import NodeSettings, run_node  # noqa: E402
+from p2pswarm.cards import Card  # noqa: E402
 from p2pswarm.config import preset  # noqa: E402
 from p2pswarm.home import Home  # noqa: E402
-from p2pswarm.inventory import Card, FakeCardSource  # noqa: E402
+from p2pswarm.inventory import FakeCardSource  # noqa: E402
 from p2pswarm.mcp_server import TOOL_NAMES  # noqa: E402
 
 GB = 10**9

@@ -20,8 +20,15 @@ from typing import Any
 
 import pytest
 
-from p2pswarm.planner import BUILTIN_MODELS, REFERENCE_CONFIGS, cluster_from_dict
-from p2pswarm.planner import diff_plans, plan_message, profile_from_config, read_model_config
+from p2pswarm.models.files import read_model_config
+from p2pswarm.planner import (
+    BUILTIN_MODELS,
+    REFERENCE_CONFIGS,
+    cluster_from_dict,
+    diff_plans,
+    plan_message,
+    profile_from_config,
+)
 
 STATIC = Path(__file__).resolve().parents[1] / "p2pswarm" / "http" / "static"
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from p2pswarm.errors import ConfigError, PlacementError
+from p2pswarm.models.files import load_profile
 from p2pswarm.planner import (
     ModelProfile,
     Plan,
     cluster_from_dict,
-    load_profile,
     plan,
     plan_message,
     profile_from_config,
@@ -468,8 +468,7 @@ def test_cluster_file_round_trip_and_errors() -> None:
 
 
 def test_a_view_from_membership_metadata() -> None:
-    from p2pswarm.bench import Benchmark
-    from p2pswarm.inventory import Card, Holder, Inventory
+    from p2pswarm.cards import Benchmark, Card, Holder, Inventory
     from p2pswarm.planner import cluster_view, fellow_view
 
     gpu = Card(0, "cuda", "RTX 3090", "GPU-1", 24 * GB, 20 * GB,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from p2pswarm.errors import ConfigError
-from p2pswarm.planner import BUILTIN_MODELS, load_profile, profile_from_config
+from p2pswarm.models.files import load_profile, read_model_config
+from p2pswarm.planner import BUILTIN_MODELS, profile_from_config
 from p2pswarm.planner.costs import CostModel
-from p2pswarm.planner.model_files import read_model_config
 from p2pswarm.planner.request import request_from_dict, resolve
 
 LLAMA_3_8B = {  # Meta-Llama-3-8B/config.json

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from p2pswarm.planner import cluster_from_dict, diff_plans, diff_views, request_from_dict
 from p2pswarm.planner.costs import CostModel
-from p2pswarm.planner.oracle import every_placement, fastest_exhaustive, most_tokens_exhaustive
+from p2pswarm.planner.exhaustive import every_placement, fastest_exhaustive, most_tokens_exhaustive
 from p2pswarm.planner.placement import (
     Search,
     Slot,

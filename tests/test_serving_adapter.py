@@ -153,9 +153,9 @@ async def test_an_adapter_for_another_base_is_refused(autojump_clock, tmp_path) 
 
 
 def test_cli_load_adapter_sends_it_and_shows_it(monkeypatch, tmp_path) -> None:
-    import p2pswarm.control.client as control_client
     from typer.testing import CliRunner
 
+    import p2pswarm.control.client as control_client
     from p2pswarm.cli import app
     from tests.test_serving_cli import RECORD, FakeAgent
 

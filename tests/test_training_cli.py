@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 from p2pswarm.cli import app
 from p2pswarm.errors import ConfigError
 from p2pswarm.planner import BUILTIN_MODELS, cluster_from_dict, plan_message
-
 from tests.test_serving_cli import FakeAgent
 
 runner = CliRunner()

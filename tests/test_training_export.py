@@ -13,13 +13,13 @@ from typer.testing import CliRunner
 
 from p2pswarm.cli import app
 from p2pswarm.errors import ConfigError
-from p2pswarm.planner import plan_message, read_model_config
+from p2pswarm.models.files import read_model_config
+from p2pswarm.planner import plan_message
 from p2pswarm.planner.profile import profile_from_config
 from p2pswarm.training import JobConfig, LocalRun
 from p2pswarm.training.checkpoint import CheckpointStore
 from p2pswarm.training.job_export import export_checkpoint
 from p2pswarm.training.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_tensors
-
 
 runner = CliRunner()
 CUT = [3, 6]

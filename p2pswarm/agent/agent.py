@@ -36,6 +36,7 @@ from typing import Any, Awaitable, Callable
 import msgpack
 import trio
 
+from p2pswarm import effects as fx
 from p2pswarm import wire
 from p2pswarm.agent.compute import Compute
 from p2pswarm.agent.counters import Counters
@@ -44,6 +45,7 @@ from p2pswarm.agent.planning import Planning
 from p2pswarm.agent.serving import Serving
 from p2pswarm.agent.training import Training
 from p2pswarm.agent.votes import VOTES_FILE, VoteRecord
+from p2pswarm.cards import Inventory
 from p2pswarm.config import SwarmConfig
 from p2pswarm.control.server import serve_control
 from p2pswarm.election import Election
@@ -55,8 +57,7 @@ from p2pswarm.errors import (
     TransportError,
     VersionMismatch,
 )
-from p2pswarm.inventory import CardSource, Inventory, changed_enough, read_inventory
-from p2pswarm.membership import effects as fx
+from p2pswarm.inventory import CardSource, changed_enough, read_inventory
 from p2pswarm.membership.machine import Membership
 from p2pswarm.membership.member import LocalNode, Member
 from p2pswarm.security import DatagramSealer, Identity, Keyring, verify

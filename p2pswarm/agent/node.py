@@ -18,9 +18,10 @@ from p2pswarm.agent.agent import Agent
 from p2pswarm.config import SwarmConfig, split_addr
 from p2pswarm.home import Home
 from p2pswarm.http.app import HttpSettings
-from p2pswarm.bench import BenchmarkCache, benchmarks_to_dict, fingerprint
+from p2pswarm.bench import BenchmarkCache
+from p2pswarm.cards import Inventory, benchmarks_to_dict, fingerprint
 from p2pswarm.errors import ConfigError
-from p2pswarm.inventory import CardSource, Inventory, read_inventory
+from p2pswarm.inventory import CardSource, read_inventory
 from p2pswarm.transport.udp_tcp import open_udp_tcp_transport
 
 log = logging.getLogger("p2pswarm.agent")

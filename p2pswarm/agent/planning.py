@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from p2pswarm.agent.adapter import adapted_plan
 from p2pswarm.agent.pins import ShownPlans
-from p2pswarm.bench import benchmarks_from_dict
+from p2pswarm.cards import benchmarks_from_dict
 from p2pswarm.errors import ConfigError
 from p2pswarm.planner import ClusterView, cluster_to_dict, cluster_view, fellow_view
 from p2pswarm.planner import plan_message

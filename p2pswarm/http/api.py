@@ -58,8 +58,8 @@ def exclude_field(body: Mapping[str, Any]) -> list[str]:
 def serve_message(body: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The plan request a serving plan or load sends (as ``p2pswarm plan`` builds it),
     and the model's directory on this fellow when the model is not a built-in."""
-    from p2pswarm.planner import BUILTIN_MODELS, profile_from_config, read_model_config
-    from p2pswarm.planner import request_from_dict
+    from p2pswarm.models.files import read_model_config
+    from p2pswarm.planner import BUILTIN_MODELS, profile_from_config, request_from_dict
 
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():

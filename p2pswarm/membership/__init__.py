@@ -4,7 +4,7 @@ A sans-I/O SWIM + Lifeguard state machine (``Membership``) and the values it dea
 Importing this package registers the membership and election wire messages.
 """
 
-from p2pswarm.membership.effects import Effect, Event, SendDatagram, StreamRequest
+from p2pswarm.effects import Effect, Event, SendDatagram, StreamRequest
 from p2pswarm.membership.machine import Membership, meta_signed_bytes
 from p2pswarm.membership.member import LocalNode, Member, MemberState, node_id_of
 from p2pswarm.membership.timing import Tuning, retransmit_limit, suspicion_timeout_s

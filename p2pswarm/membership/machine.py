@@ -80,18 +80,14 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from random import Random
 import struct as _struct
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p2pswarm.config import GossipConfig
-from p2pswarm.errors import AuthenticationError
-from p2pswarm.membership.awareness import Awareness
-from p2pswarm.membership.broadcasts import ENVELOPE_BYTES, BroadcastQueue, item_bytes
-from p2pswarm.membership.effects import (
+from p2pswarm.effects import (
     ALIVE,
     DEAD,
     JOIN_RETRY,
@@ -105,9 +101,13 @@ from p2pswarm.membership.effects import (
     UPDATED,
     Effect,
     Event,
+    EventKind,
     SendDatagram,
     StreamRequest,
 )
+from p2pswarm.errors import AuthenticationError
+from p2pswarm.membership.awareness import Awareness
+from p2pswarm.membership.broadcasts import ENVELOPE_BYTES, BroadcastQueue, item_bytes
 from p2pswarm.membership.member import (
     STATE_NAMES,
     LocalNode,
@@ -146,6 +146,9 @@ from p2pswarm.wire.gossip import (  # importing it registers the messages with t
     SyncSame,
     SyncSummary,
 )
+
+if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or not
+    from random import Random
 
 Signer = Callable[[bytes], bytes]
 Verifier = Callable[[bytes, bytes, bytes], object]  # (public_key, signature, data)
@@ -1357,7 +1360,7 @@ class Membership:
         if not self._quiet:
             self._queue.add(node, msg)
 
-    def _event(self, out: list[Effect], kind: str, e: _Entry, detail: str, by: bytes) -> None:
+    def _event(self, out: list[Effect], kind: EventKind, e: _Entry, detail: str, by: bytes) -> None:
         if not self._quiet:
             out.append(Event(kind, e.node, e.name, detail, e.incarnation, by))
 

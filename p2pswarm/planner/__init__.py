@@ -6,13 +6,14 @@ Entry points:
 - ``plan(profile, view, request) -> Plan`` and ``Plan.to_dict()``;
 - ``plan_message(message, view) -> dict``: what the agent's control API calls for the
   ``plan`` op: ``message`` is ``{"model": {"name", "config"}, ...request fields}``;
-- ``profile_from_config(config, name)``, ``load_profile(spec)``, ``BUILTIN_MODELS``;
+- ``profile_from_config(config, name)``, ``BUILTIN_MODELS`` (a model's config from a name
+  or a path: ``p2pswarm.models.files``, which reads files);
 - ``cluster_from_dict`` / ``cluster_to_dict`` (the cluster file), ``fellow_view`` +
   ``cluster_view`` (a view from membership's inventories and benchmarks);
 - ``diff_views`` / ``diff_plans``: what changed, for a refused pinned plan.
 
-Importing the planner pulls in no torch, trio, sockets or clock (``render`` uses rich
-and is imported on demand).
+Importing the planner pulls in no torch, trio, sockets or clock. Showing a plan to a
+person is the CLI's job (``p2pswarm.cli.render``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from p2pswarm.planner.cluster import (
     fellow_view,
 )
 from p2pswarm.planner.diff import diff_plans, diff_views
-from p2pswarm.planner.model_files import load_profile, read_model_config
 from p2pswarm.planner.plan import PLANNER_VERSION, Plan, plan
 from p2pswarm.planner.profile import (
     BUILTIN_MODELS,
@@ -71,10 +71,8 @@ __all__ = [
     "diff_plans",
     "diff_views",
     "fellow_view",
-    "load_profile",
     "plan",
     "plan_message",
     "profile_from_config",
-    "read_model_config",
     "request_from_dict",
 ]

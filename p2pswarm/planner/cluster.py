@@ -24,9 +24,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from p2pswarm.bench import ESTIMATED_FLOPS, ESTIMATED_MEM_BANDWIDTH, Benchmark
+from p2pswarm.cards import (
+    CARD_KINDS,
+    ESTIMATED_FLOPS,
+    ESTIMATED_MEM_BANDWIDTH,
+    Benchmark,
+    Holder,
+    Inventory,
+    parse_size,
+)
 from p2pswarm.errors import ConfigError
-from p2pswarm.inventory import CARD_KINDS, Holder, Inventory, parse_size
 
 FORMAT_VERSION = 1
 

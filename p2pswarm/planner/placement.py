@@ -184,9 +184,9 @@ class Search:
             done.append((current_fellow, current))
             for s in range(S):
                 g = global_min[s]
-                for l in range(L + 1):
-                    if current[s][l][0] < g[l][0]:
-                        g[l] = current[s][l]
+                for m in range(L + 1):
+                    if current[s][m][0] < g[m][0]:
+                        g[m] = current[s][m]
 
         for i in range(C):
             slot = self.slots[i]
@@ -257,9 +257,9 @@ class Search:
                                 back[i][s][L] = (prev, start)
             for s in range(S):
                 cur = current[s]
-                for l in range(1, L + 1):
-                    if row[s][l] < cur[l][0]:
-                        cur[l] = (row[s][l], i)
+                for m in range(1, L + 1):
+                    if row[s][m] < cur[m][0]:
+                        cur[m] = (row[s][m], i)
         end_s = S - 1
         winner, best_cost = -1, INF
         for i in range(C):

@@ -24,8 +24,8 @@ import json
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from p2pswarm.cards import CARD_KINDS
 from p2pswarm.errors import ConfigError, PlacementError
-from p2pswarm.inventory import CARD_KINDS
 from p2pswarm.planner import wording
 from p2pswarm.planner.cluster import CardView, ClusterView, Fellow
 from p2pswarm.planner.costs import PREFILL_CHUNK_TOKENS, Claims, CostModel

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from p2pswarm.cards import CARD_KINDS, parse_size
 from p2pswarm.errors import ConfigError
-from p2pswarm.inventory import CARD_KINDS, parse_size
 from p2pswarm.planner.profile import (
     KV_DTYPES,
     LORA_MODULES,

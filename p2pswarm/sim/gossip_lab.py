@@ -7,19 +7,26 @@ the earlier of the two ``next_deadline()``s. Datagrams carry the message objects
 themselves (no encoding, unless byte counting is on), so a simulated hour of 50 fellows
 takes seconds.
 
-The network. Each datagram's fate is decided when it is sent: per-link Bernoulli loss;
-each node's radio, a Gilbert-Elliott chain in TIME (``GilbertElliott`` from
-``p2pswarm.transport.memory``: fraction of time bad, mean fade length in seconds,
-exponential or heavy-tailed), which loses what its node sends while bad and what arrives
-while bad; partitions; downed (crashed) nodes; a uniform delay. The radio's fades are
-generated ahead as a list of switch times, so the lab can ask "was it bad then, and for
-how long?" when it judges a verdict (``longest_outage_s``).
+The network. The models are MemoryNetwork's, from ``p2pswarm.transport.netmodel``; the
+lab only keeps their state. Each datagram's fate is decided when it is sent: per-link
+``Bernoulli`` loss; each node's radio, a Gilbert-Elliott chain in TIME
+(``GilbertElliott``: fraction of time bad, mean fade length in seconds, exponential or
+heavy-tailed), which loses what its node sends while bad and what arrives while bad;
+partitions; downed (crashed) nodes; a ``UniformDelay``. The radio's fades are drawn ahead
+as switch times (``Radio``, netmodel's ``FadeTimeline``), so the lab can ask "was it bad
+then, and for how long?" when it judges a verdict (``longest_outage_s``).
 
 Streams (anti-entropy, joins, stream pings, metadata pulls, pushed refutations) are
 reliable but not free: a request/reply is six one-way legs (TCP connect, secure
-handshake, request, reply), each retried after a TCP-like retransmission timeout while a
-leg is lost (the same link and radio models decide), and given up after
-``stream_timeout_s``, when the requester gets ``stream_failed``.
+handshake, request, reply), each sent again on netmodel's ``Retransmission`` timer while
+a leg is lost (the same link and radio models decide), and given up after
+``stream_timeout_s``, when the requester gets ``stream_failed``. The timers are TCP's
+(``RTO_SYN_S`` for the connect legs, doubling, capped at ``RTO_MAX_S``) except one: the
+lab's legs after the connect start at ``stream_rto_s`` = 0.25 s (``LAB_STREAM_RTO_S``),
+not TCP's 0.2 s, because the lab's figures were measured with it; it is a parameter.
+(The lab once capped the timer at 3 s: with ``stream_timeout_s`` up to 6.75 s, the
+default 5 s included, no leg lives long enough for a cap under 4 s to act, so TCP's 60 s
+cap gives the same runs.)
 
 Determinism. One seed derives every generator (one per node, one for the network, one
 per radio); the heap key is (time, sequence number), and nothing iterates a set, so the
@@ -34,7 +41,6 @@ import hashlib
 import heapq
 import math
 import random
-from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +56,17 @@ from p2pswarm.membership import (
     Tuning,
     node_id_of,
 )
-from p2pswarm.transport.memory import Bernoulli, GilbertElliott
+from p2pswarm.transport.netmodel import (
+    RTO_MAX_S,
+    RTO_SYN_S,
+    Bernoulli,
+    FadeTimeline,
+    GilbertElliott,
+    Retransmission,
+    UniformDelay,
+    _LossState,
+    _lost,
+)
 from p2pswarm.wire.codec import encode
 from p2pswarm.wire.gossip import Alive, is_election
 
@@ -60,6 +76,30 @@ SEAL_OVERHEAD_BYTES = 60  # AEAD tag, nonce, sender id and epoch around every da
 FRAME_OVERHEAD_BYTES = 40  # per stream frame (length, AEAD tag)
 HANDSHAKE_BYTES = 400  # both directions of a stream's secure handshake
 SPIN_LIMIT = 1000  # ticks of one node at one instant before the lab calls it a livelock
+LAB_STREAM_RTO_S = 0.25  # the first retransmission timer of a leg after the TCP connect
+
+Radio = FadeTimeline  # a node's radio: its Gilbert-Elliott fades, drawn ahead
+
+
+class RandomDraws(random.Random):
+    """A ``random.Random`` with the models' draws, each from the standard library's own
+    (``expovariate``, ``gauss``): a seeded lab's generator, same stream as before."""
+
+    def chance(self, probability: float) -> bool:
+        # No draw for 0 and 1, as with _Rng.
+        if probability <= 0.0:
+            return False
+        return probability >= 1.0 or self.random() < probability
+
+    def exponential(self, mean: float) -> float:
+        return self.expovariate(1.0 / mean)
+
+    def normal(self) -> float:
+        return self.gauss(0.0, 1.0)
+
+    def pareto(self, alpha: float) -> float:
+        """Pareto with minimum 1 and tail index ``alpha``."""
+        return math.pow(1.0 - self.random(), -1.0 / alpha)
 
 
 PROPOSED_ELECTION = {
@@ -96,89 +136,6 @@ def fake_sign_for(public_key: bytes) -> Callable[[bytes], bytes]:
 
 def fake_verify(public_key: bytes, signature: bytes, data: bytes) -> bool:
     return hashlib.sha512(public_key + data).digest() == signature
-
-
-class Radio:
-    """A Gilbert-Elliott radio in continuous time, generated ahead as switch times."""
-
-    __slots__ = ("_bad0", "_flips", "_gap_mean", "_horizon", "model", "rng")
-
-    def __init__(self, model: GilbertElliott, rng: random.Random) -> None:
-        self.model = model
-        self.rng = rng
-        self._gap_mean = model.mean_gap_s
-        self._bad0 = rng.random() < model.bad_fraction  # state before the first flip
-        self._flips: list[float] = []
-        self._horizon = 0.0
-        self._extend(0.0, self._bad0)
-
-    def _stay(self, bad: bool) -> float:
-        m = self.model
-        if not bad:
-            if self._gap_mean == _INF:
-                return _INF
-            return float(self.rng.expovariate(1.0 / self._gap_mean))
-        mean = m.mean_burst_s
-        if m.burst_shape == "pareto":
-            a = m.burst_tail
-            return float(mean * (a - 1.0) / a * (1.0 - self.rng.random()) ** (-1.0 / a))
-        if m.burst_shape == "lognormal":
-            s = m.burst_tail
-            return mean * math.exp(s * self.rng.gauss(0.0, 1.0) - 0.5 * s * s)
-        return self.rng.expovariate(1.0 / mean)
-
-    def _extend(self, t: float, bad: bool) -> None:
-        self._horizon = t + self._stay(bad)
-        self._flips.append(self._horizon)
-
-    def _state_after_last(self) -> bool:
-        return self._bad0 ^ (len(self._flips) % 2 == 1)
-
-    def bad_at(self, t: float) -> bool:
-        while self._horizon <= t and self._horizon < _INF:
-            self._extend(self._horizon, self._state_after_last())
-        return self._bad0 ^ (bisect_right(self._flips, t) % 2 == 1)
-
-    def lost_at(self, t: float) -> bool:
-        m = self.model
-        p = m.loss_in_bad if self.bad_at(t) else m.loss_in_good
-        return p >= 1.0 or (p > 0.0 and self.rng.random() < p)
-
-    def prune(self, before: float) -> None:
-        i = bisect_right(self._flips, before)
-        if i > 4096:
-            drop = i - 1024
-            self._bad0 ^= drop % 2 == 1
-            del self._flips[:drop]
-
-    def bad_runs(self, t0: float, t1: float) -> list[tuple[float, float]]:
-        """The fades overlapping [t0, t1], clipped to it."""
-        self.bad_at(t1)
-        runs: list[tuple[float, float]] = []
-        i = bisect_right(self._flips, t0)
-        bad = self._bad0 ^ (i % 2 == 1)
-        start = t0
-        while True:
-            end = self._flips[i] if i < len(self._flips) else _INF
-            if bad:
-                runs.append((start, min(end, t1)))
-            if end >= t1:
-                break
-            start, bad, i = end, not bad, i + 1
-        return runs
-
-    def longest_outage_s(self, t0: float, t1: float, merge_gap_s: float = 0.0) -> float:
-        """The longest fade in [t0, t1]; fades separated by less than ``merge_gap_s`` of
-        good radio count as one."""
-        best = 0.0
-        cur: tuple[float, float] | None = None
-        for a, b in self.bad_runs(t0, t1):
-            if cur is not None and a - cur[1] < merge_gap_s:
-                cur = (cur[0], b)
-            else:
-                cur = (a, b)
-            best = max(best, cur[1] - cur[0])
-        return best
 
 
 @dataclass
@@ -242,12 +199,19 @@ class GossipLab:
         stream_timeout_s: float = 5.0,
         keep_trace: bool = False,
         merge_gap_s: float = 0.0,
+        handshake_rto_s: float = RTO_SYN_S,
+        stream_rto_s: float = LAB_STREAM_RTO_S,
+        max_rto_s: float = RTO_MAX_S,
     ) -> None:
         self.seed = seed
         self.config = config or lan()
         self.link = Bernoulli(link_loss)
+        self._link_state = _LossState()
         self.radio_model = radio
         self.delay_s = delay_s
+        self.delay = UniformDelay(*delay_s)
+        self.handshake_timer = Retransmission(handshake_rto_s, max_rto_s)
+        self.stream_timer = Retransmission(stream_rto_s, max_rto_s)
         self.use_election = election
         self.tuning = tuning
         self.election_tuning = election_tuning
@@ -256,7 +220,7 @@ class GossipLab:
         self.keep_trace = keep_trace
         self.now = 0.0
         self._master = random.Random(seed)
-        self._net = random.Random(self._master.getrandbits(64))
+        self._net = RandomDraws(self._master.getrandbits(64))
         self._heap: list[tuple[float, int, int, Any, Any, Any]] = []
         self._seq = 0
         self._hash = hashlib.sha256()
@@ -281,7 +245,7 @@ class GossipLab:
                        self._new_membership(i, addr, public_key, node_id, priority, rng), None)
         node.election = self._new_election(node)
         if self.radio_model is not None:
-            node.radio = Radio(self.radio_model, random.Random(self._master.getrandbits(64)))
+            node.radio = Radio(self.radio_model, RandomDraws(self._master.getrandbits(64)))
         self.nodes.append(node)
         self._by_addr[addr] = node
         self._by_id[node_id] = node
@@ -384,7 +348,7 @@ class GossipLab:
 
     def set_radio(self, i: int, model: GilbertElliott | None) -> None:
         node = self.nodes[i]
-        node.radio = None if model is None else Radio(model, random.Random(
+        node.radio = None if model is None else Radio(model, RandomDraws(
             self._master.getrandbits(64)))
 
     # --- running -----------------------------------------------------------------------
@@ -508,15 +472,14 @@ class GossipLab:
     def _datagram_lost(self, src: LabNode, dst: LabNode, t_send: float, t_arrive: float) -> bool:
         if not dst.up or src.group != dst.group:
             return True
-        if self.link.loss > 0.0 and self._net.random() < self.link.loss:
+        if _lost(self._link_state, self.link, self._net, t_send):
             return True
         if src.radio is not None and src.radio.lost_at(t_send):
             return True
         return dst.radio is not None and dst.radio.lost_at(t_arrive)
 
     def _delay(self) -> float:
-        lo, hi = self.delay_s
-        return lo + (hi - lo) * self._net.random()
+        return self.delay.sample_s(self._net)
 
     def _send(self, src: LabNode, addr: str, msgs: tuple[Any, ...]) -> None:
         dst = self._by_addr.get(addr)
@@ -530,15 +493,13 @@ class GossipLab:
             return
         self._push(arrive, _DGRAM, dst, msgs, src.addr)
 
-    def _leg(self, a: LabNode, b: LabNode, t: float, rto_s: float, give_up: float) -> float | None:
+    def _leg(self, a: LabNode, b: LabNode, t: float, timer: Retransmission,
+             give_up: float) -> float | None:
         """When a one-way stream packet sent at ``t`` gets through (retransmitted)."""
-        while t <= give_up:
-            arrive = t + self._delay()
-            if not self._datagram_lost(a, b, t, arrive) and a.up:
-                return arrive
-            t += rto_s
-            rto_s = min(rto_s * 2.0, 3.0)
-        return None
+        def attempt(at: float) -> float | None:
+            arrive = at + self._delay()
+            return None if self._datagram_lost(a, b, at, arrive) or not a.up else arrive
+        return timer.first_arrival(t, give_up, attempt)
 
     def _request(self, src: LabNode, req: StreamRequest) -> None:
         dst = self._by_addr.get(req.addr)
@@ -548,9 +509,10 @@ class GossipLab:
         if dst is not None and dst is not src:
             t = self.now
             # SYN, SYN-ACK, the secure handshake both ways, the request
-            for a, b, rto in ((src, dst, 1.0), (dst, src, 1.0), (src, dst, 0.25),
-                              (dst, src, 0.25), (src, dst, 0.25)):
-                t = self._leg(a, b, t, rto, give_up)
+            syn, data = self.handshake_timer, self.stream_timer
+            for a, b, timer in ((src, dst, syn), (dst, src, syn), (src, dst, data),
+                                (dst, src, data), (src, dst, data)):
+                t = self._leg(a, b, t, timer, give_up)
                 if t is None:
                     break
         if t is None or dst is None:
@@ -574,7 +536,7 @@ class GossipLab:
             return
         if self.measure_bytes:
             dst.stream_bytes += len(encode(reply)) + FRAME_OVERHEAD_BYTES
-        t = self._leg(dst, src, self.now, 0.25, give_up)
+        t = self._leg(dst, src, self.now, self.stream_timer, give_up)
         if t is None:
             self._push(give_up, _STREAM_FAILED, token, None, None)
         else:
@@ -679,6 +641,7 @@ class HopLab(GossipLab):
 
 
 __all__ = [
+    "LAB_STREAM_RTO_S",
     "PROPOSED_ELECTION",
     "SEAL_OVERHEAD_BYTES",
     "GossipLab",
@@ -686,6 +649,7 @@ __all__ = [
     "LabNode",
     "Oracle",
     "Radio",
+    "RandomDraws",
     "fake_keys",
     "fake_sign_for",
     "fake_verify",

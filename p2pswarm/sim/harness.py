@@ -5,10 +5,12 @@ one ``MemoryNetwork``, gives each fellow the radio of its profile (loss on every
 sends and hears, the profile's delay on its links), and runs one trio program under a
 jumping virtual clock with trio's scheduler seeded (``seeded_scheduler``), so the run is
 a function of the scenario and its seed. A director task turns the scenario into one
-timeline of actions (starts, scripted events, events drawn at rates, roaming outages),
-all drawn up front from generators seeded by the scenario's seed, and executes them in
-order; each action tells the oracle what it did. Every agent is a ``SimAgent``, which
-hands each membership and election event to the oracle with the virtual time.
+timeline of typed actions (``p2pswarm.sim.actions``: starts, scripted events, events
+drawn at rates, roaming outages), all drawn up front from generators seeded by the
+scenario's seed, and the ``Director`` (``p2pswarm.sim.director``) performs them in order
+on this run, which is its virtual ``World``; each thing the world does, it tells the
+oracle. Every agent is a ``SimAgent``, which hands each membership and election event
+to the oracle with the virtual time.
 
 Alongside, small tasks measure: the leader is asked for a plan of a fixed request every
 ``plan.every_s`` (the plan's ``plan_id`` must not change unless a card or fellow really
@@ -32,26 +34,28 @@ import random
 import resource
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 import p2pswarm.agent.agent as agent_module
+from p2pswarm import effects as fx
 from p2pswarm.agent import Agent
 from p2pswarm.config import SwarmConfig, preset
 from p2pswarm.election import Election, ElectionTuning
 from p2pswarm.errors import ConfigError, SwarmError
-from p2pswarm.membership import effects as fx
 from p2pswarm.membership.machine import Membership
 from p2pswarm.membership.timing import Tuning
 from p2pswarm.planner import BUILTIN_MODELS, REFERENCE_CONFIGS
+from p2pswarm.sim.actions import TimedAction, build_timeline
 from p2pswarm.sim.baseline import (
     memberlist_config,
     memberlist_election_tuning,
     memberlist_tuning,
     missing_switches,
 )
+from p2pswarm.sim.director import Director
 from p2pswarm.sim.metrics import summary
 from p2pswarm.sim.oracle import Oracle
 from p2pswarm.sim.profiles import Profile, link_delay, link_loss, profile
@@ -191,58 +195,6 @@ class StallGuard(trio.abc.Instrument):
 # --- one run ----------------------------------------------------------------------------
 
 
-@dataclass(order=True)
-class _Action:
-    at_s: float
-    seq: int
-    kind: str = field(compare=False)
-    fellow: int | str | None = field(compare=False, default=None)
-    args: dict[str, Any] = field(compare=False, default_factory=dict)
-
-
-def build_timeline(s: Scenario, profiles: list[Profile], starters: int) -> list[_Action]:
-    """Every action of a run, in order: starts, scripted events, events drawn at the
-    scenario's rates, roaming outages. Drawn from generators seeded by the scenario."""
-    actions: list[_Action] = []
-    seq = 0
-
-    def add(at: float, kind: str, fellow: int | str | None = None, **args: Any) -> None:
-        nonlocal seq
-        if at <= s.duration_s:
-            seq += 1
-            actions.append(_Action(at, seq, kind, fellow, args))
-
-    if s.formed:
-        add(0.0, "form")
-    else:
-        for i in range(starters):
-            add(i * s.stagger_s, "start", i)
-    for e in s.events:
-        add(e.at_s, e.kind, e.fellow, groups=e.groups, split=e.split, free_gb=e.free_gb,
-            count=e.count, restart_after_s=e.restart_after_s)
-    rates = s.rates
-    gen = random.Random(f"rates:{s.seed}")
-    for kind, per_hour in (("crash", rates.crash_per_hour), ("leave", rates.leave_per_hour),
-                           ("card_change", rates.card_change_per_hour),
-                           ("leader_kill", rates.leader_kill_per_hour),
-                           ("partition", rates.partition_per_hour)):
-        if per_hour <= 0:
-            continue
-        t = s.warmup_s
-        while True:
-            t += gen.expovariate(per_hour / 3600.0)
-            if t >= s.duration_s:
-                break
-            add(t, "rate_" + kind, "random")
-    outages = random.Random(f"outages:{s.seed}")
-    for i, p in enumerate(profiles):
-        for begin, end in p.outages(outages, s.warmup_s, s.duration_s):
-            add(begin, "outage_begin", i)
-            add(min(end, s.duration_s), "outage_end", i)
-    actions.sort()
-    return actions
-
-
 class ScenarioRun:
     def __init__(self, scenario: Scenario, variant: Variant,
                  progress: ProgressFn | None = None) -> None:
@@ -333,138 +285,76 @@ class ScenarioRun:
 
     # the timeline ---------------------------------------------------------------------
 
-    def timeline(self) -> list[_Action]:
+    def timeline(self) -> list[TimedAction]:
         return build_timeline(self.scenario, self.profiles, self.next_join)
 
     async def director(self, nursery: trio.Nursery) -> None:
-        for action in self.timeline():
-            await trio.sleep_until(action.at_s)
-            await self.execute(action, nursery)
-        await trio.sleep_until(self.scenario.duration_s)
+        director = Director(self, self.scenario, self.n, self.next_join, self.rng)
+        await director.run(self.timeline(), nursery)
 
-    # actions --------------------------------------------------------------------------
+    # the world the director acts on (p2pswarm.sim.director.World) ----------------------
+
+    def now(self) -> float:
+        return trio.current_time()
+
+    async def sleep_until(self, t: float) -> None:
+        await trio.sleep_until(t)
 
     def running(self, i: int) -> bool:
         return self.swarm.fellows[i].agent is not None and self.oracle.running[i]
 
-    def _pick(self, fellow: int | str | None, *, want_running: bool = True) -> int | None:
-        if isinstance(fellow, int):
-            return fellow
-        pool = [i for i in range(self.n) if self.running(i) == want_running
-                and self.ever_started[i] and not self.cut[i]]
-        return self.rng.choice(pool) if pool else None
+    def has_started(self, i: int) -> bool:
+        return self.ever_started[i]
+
+    def is_cut(self, i: int) -> bool:
+        return self.cut[i]
 
     def _seeds(self, exclude: int) -> tuple[str, ...]:
         live = [i for i in range(self.n) if i != exclude and self.running(i) and not self.cut[i]]
         return tuple(self.swarm.fellows[i].addr for i in live[:3])
 
-    def _range(self, pair: tuple[float, float] | None) -> float | None:
-        return None if pair is None else self.rng.uniform(*pair)
+    def link_down(self, i: int) -> None:
+        self.cut[i] = True
+        self.net.down(self.swarm.fellows[i].addr)
+        self.oracle.cut(i, trio.current_time())
 
-    async def execute(self, a: _Action, nursery: trio.Nursery) -> None:
-        kind, now = a.kind, trio.current_time()
-        if kind == "start":
-            await self.start(int(a.fellow), nursery)  # type: ignore[arg-type]
-        elif kind == "form":
-            await self.form()
-        elif kind in ("crash", "rate_crash"):
-            i = self._pick(a.fellow)
-            if i is not None and self.running(i):
-                self.crash(i)
-                after = a.args.get("restart_after_s") if kind == "crash" else \
-                    self._range(self.scenario.rates.crash_restart_after_s)
-                if after is not None:
-                    nursery.start_soon(self._later, after, "restart", i)
-        elif kind in ("restart", "rejoin"):
-            i = int(a.fellow) if isinstance(a.fellow, int) else \
-                self._pick(a.fellow, want_running=False)
-            if i is not None and not self.running(i):
-                await self.start(i, nursery)
-        elif kind in ("leave", "rate_leave"):
-            i = self._pick(a.fellow)
-            if i is not None and self.running(i):
-                nursery.start_soon(self.leave, i)
-                if kind == "rate_leave":
-                    after = self._range(self.scenario.rates.leave_rejoin_after_s)
-                    if after is not None:
-                        nursery.start_soon(self._later, after + 2.0, "rejoin", i)
-        elif kind in ("card_fill", "card_free", "rate_card_change"):
-            i = self._pick(a.fellow)
-            if i is None:
-                return
-            card = self.swarm.fellows[i].cards.cards[0]
-            if kind == "rate_card_change":
-                filling = card.free_bytes >= card.total_bytes
-                free_gb = self.rng.uniform(*self.scenario.rates.card_fill_free_gb)
-            else:
-                filling = kind == "card_fill"
-                free_gb = a.args.get("free_gb") or 1.0
-            total = self.cpu_gb[i]
-            self.swarm.fellows[i].cards.cards = (cpu_card(total, min(total, free_gb)
-                                                          if filling else total),)
-            self.oracle.card_changed(i, now)
-        elif kind in ("leader_kill", "rate_leader_kill"):
-            leader = self.current_leader()
-            if leader is None:
-                self.notes.append(f"{now:.1f} s: no leader to kill")
-                return
-            old_id = self.swarm.fellows[leader].identity.node_id
-            self.crash(leader)
-            nursery.start_soon(self.watch_failover, now, leader, old_id)
-            after = a.args.get("restart_after_s") if kind == "leader_kill" else \
-                self._range(self.scenario.rates.leader_restart_after_s)
-            if after is not None:
-                nursery.start_soon(self._later, after, "restart", leader)
-        elif kind in ("partition", "rate_partition"):
-            if kind == "rate_partition" and self.partition_active:
-                return
-            groups = [list(g) for g in a.args.get("groups") or ()]
-            if not groups:
-                split = float(a.args.get("split") or 0.5) if kind == "partition" else \
-                    self.rng.uniform(*self.scenario.rates.partition_split)
-                order = list(range(self.n))
-                self.rng.shuffle(order)
-                k = max(1, round(split * self.n))
-                groups = [sorted(order[:k]), sorted(order[k:])]
-            self.net.partition(*[{self.swarm.fellows[i].addr for i in g} for g in groups])
-            self.oracle.partitioned(groups, now)
-            self.partition_active = True
-            if kind == "rate_partition":
-                heal = self.rng.uniform(*self.scenario.rates.partition_heal_after_s)
-                nursery.start_soon(self._later, heal, "heal", None)
-        elif kind == "heal":
-            self.net.heal()
-            self.oracle.healed(now)
-            self.partition_active = False
-        elif kind == "join_burst":
-            for _ in range(int(a.args.get("count") or 0)):
-                if self.next_join >= self.n:
-                    break
-                await self.start(self.next_join, nursery)
-                self.next_join += 1
-        elif kind in ("outage_begin", "link_down"):
-            i = int(a.fellow)  # type: ignore[arg-type]
-            if self.running(i) and not self.cut[i]:
-                self.cut[i] = True
-                self.net.down(self.swarm.fellows[i].addr)
-                self.oracle.cut(i, now)
-        elif kind in ("outage_end", "link_up"):
-            i = int(a.fellow)  # type: ignore[arg-type]
-            if self.cut[i]:
-                self.cut[i] = False
-                if self.running(i):
-                    self.net.up(self.swarm.fellows[i].addr)
-                self.oracle.uncut(i, now)
-        else:
-            raise ConfigError(f"unknown action {kind!r}")
+    def link_up(self, i: int) -> None:
+        self.cut[i] = False
+        if self.running(i):
+            self.net.up(self.swarm.fellows[i].addr)
+        self.oracle.uncut(i, trio.current_time())
 
-    async def _later(self, after_s: float, kind: str, fellow: int | None) -> None:
-        await trio.sleep(after_s)
-        if trio.current_time() >= self.scenario.duration_s:
-            return
-        await self.execute(_Action(trio.current_time(), 0, kind, fellow), self._nursery)
+    def partition(self, groups: list[list[int]]) -> None:
+        self.net.partition(*[{self.swarm.fellows[i].addr for i in g} for g in groups])
+        self.oracle.partitioned(groups, trio.current_time())
 
-    async def start(self, i: int, nursery: trio.Nursery) -> None:
+    def heal(self) -> None:
+        self.net.heal()
+        self.oracle.healed(trio.current_time())
+
+    def leader(self) -> int | None:
+        return self.current_leader()
+
+    def kill_leader(self, i: int, nursery: trio.Nursery) -> None:
+        now = trio.current_time()
+        old_id = self.swarm.fellows[i].identity.node_id
+        self.crash(i)
+        nursery.start_soon(self.watch_failover, now, i, old_id)
+
+    def card_is_free(self, i: int) -> bool:
+        card = self.swarm.fellows[i].cards.cards[0]
+        return card.free_bytes >= card.total_bytes
+
+    def set_card(self, i: int, free_gb: float | None) -> None:
+        total = self.cpu_gb[i]
+        self.swarm.fellows[i].cards.cards = (
+            cpu_card(total, total if free_gb is None else min(total, free_gb)),)
+        self.oracle.card_changed(i, trio.current_time())
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    async def start(self, i: int) -> None:
         seeds = None if not self.ever_started[i] and i == 0 else self._seeds(i)
         if not self.ever_started[i] and i != 0 and not seeds:
             seeds = (self.swarm.fellows[0].addr,)

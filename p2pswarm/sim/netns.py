@@ -11,7 +11,12 @@ outages are ``ip link set eth0 down`` in the namespace; a partition adds a drop 
 address of the other side; a crash is SIGKILL; a restart is the same home (same
 identity) started again.
 
-The harness polls every fellow's control API (``status``) a few times a second and turns
+The scenario's timeline is performed by the same ``Director`` as a virtual run
+(``p2pswarm.sim.director``), on a ``NetnsWorld``: one trio program in real time, where
+the director's actions and a watcher task take turns. Card changes are not modelled
+here (noted and skipped); a formed start becomes joins through fellow 0.
+
+The watcher polls every fellow's control API (``status``) a few times a second and turns
 changes of what each believes into the same events the virtual oracle judges, so both
 worlds give the same figures. A change is dated by how long the fellow says the member
 has been in its state (``in_state_s``), not by when the poll saw it: a round of polls
@@ -38,8 +43,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from p2pswarm.control.client import request as control_request
 from p2pswarm.errors import ConfigError, ControlError, SwarmError
+from p2pswarm.sim.actions import build_timeline
+from p2pswarm.sim.director import Director
 from p2pswarm.sim.metrics import summary
 from p2pswarm.sim.oracle import Oracle
 from p2pswarm.sim.profiles import Profile, profile
@@ -262,6 +271,157 @@ class Netns:
         return result if isinstance(result, dict) else None
 
 
+class NetnsWorld:
+    """The director's ``World`` in namespaces: real processes, real time (seconds since
+    the run began). It tells the oracle what it does, and a watcher task polls every
+    fellow's status into the oracle's events (``_poll``)."""
+
+    def __init__(self, netns: Netns, scenario: Scenario, oracle: Oracle, token: str,
+                 notes: list[str]) -> None:
+        self.netns = netns
+        self.scenario = scenario
+        self.oracle = oracle
+        self.token = token
+        self.notes = notes
+        n = len(netns.fellows)
+        self.n = n
+        self.rng = random.Random(f"director:{scenario.seed}")
+        self.started = [False] * n
+        self.cut = [False] * n
+        self.traffic = [[0.0, 0.0, 0.0, 0.0] for _ in range(n)]
+        self.last_counters: dict[int, list[float]] = {}
+        self.polled_at: dict[int, float] = {}  # when each fellow last answered a poll
+        self.belief: dict[tuple[int, int], str] = {}
+        self.leader_seen: dict[int, tuple[str, int] | None] = {}
+        self.index_of: dict[str, int] = {}
+        self.failovers: list[tuple[float, int, str]] = []
+        self.t0 = 0.0
+        self.end_s = 0.0
+
+    async def main(self, progress: ProgressFn | None) -> None:
+        """Run the scenario's timeline, watching every fellow, until its end."""
+        s = self.scenario
+        actions = build_timeline(replace(s, formed=False, stagger_s=max(s.stagger_s, 0.2)),
+                                 [f.profile for f in self.netns.fellows], s.start or self.n)
+        self.t0 = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.watch, progress)
+            director = Director(self, s, self.n, s.start or self.n, self.rng)
+            await director.run(actions, nursery)
+            self.end_s = self.now()
+            nursery.cancel_scope.cancel()
+
+    async def watch(self, progress: ProgressFn | None) -> None:
+        """Poll every fellow a few times a second; judge failovers; report progress."""
+        while True:
+            t = self.now()
+            _poll(self.netns, self.oracle, self.now, self.belief, self.leader_seen,
+                  self.index_of, self.last_counters, self.polled_at)
+            for f_at, old, old_id in list(self.failovers):
+                agreed: set[str | None] = {
+                    _leader_id(self.leader_seen.get(i)) for i in range(self.n)
+                    if self.running(i) and not self.cut[i]}
+                if len(agreed) == 1 and None not in agreed and old_id not in agreed:
+                    self.oracle.failover(f_at, self.now(), old,
+                                         self.index_of.get(str(next(iter(agreed)))))
+                    self.failovers.remove((f_at, old, old_id))
+                elif self.now() - f_at > 120:
+                    self.oracle.failover(f_at, None, old, None)
+                    self.failovers.remove((f_at, old, old_id))
+            if progress is not None:
+                progress(self.now(), self.scenario.duration_s)
+            await trio.sleep(max(0.0, POLL_S - (self.now() - t)))
+
+    def account(self, i: int) -> None:
+        c = self.last_counters.pop(i, None)
+        if c is not None:
+            for k in range(4):
+                self.traffic[i][k] += c[k]
+
+    # the World -------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return trio.current_time() - self.t0
+
+    async def sleep_until(self, t: float) -> None:
+        await trio.sleep_until(self.t0 + t)
+
+    def running(self, i: int) -> bool:
+        return self.netns.fellows[i].proc is not None
+
+    def has_started(self, i: int) -> bool:
+        return self.started[i]
+
+    def is_cut(self, i: int) -> bool:
+        return self.cut[i]
+
+    async def start(self, i: int) -> None:
+        fellows = self.netns.fellows
+        first = not self.started[i]
+        live = [f.addr for f in fellows if f.proc is not None and f.index != i]
+        seeds = live[:3] if live else ([] if i == 0 else [fellows[0].addr])
+        self.netns.start(i, self.token, seeds, self.scenario.preset)
+        self.started[i] = True
+        self.cut[i] = False
+        self.oracle.started(i, self.now())
+        for key in [k for k in self.belief if k[0] == i]:
+            del self.belief[key]
+        if first and i == 0:  # the others join through it: wait until it listens
+            _wait_socket(self.netns, 0)
+
+    async def form(self) -> None:
+        self.note("a formed start is virtual only: here fellows join through fellow 0")
+
+    def crash(self, i: int) -> None:
+        self.account(i)
+        self.netns.kill(i)
+        self.oracle.crashed(i, self.now())
+
+    async def leave(self, i: int) -> None:
+        self.account(i)
+        self.oracle.left_swarm(i, self.now())
+        self.netns.leave(i)
+
+    def link_down(self, i: int) -> None:
+        self.netns.link(i, False)
+        self.cut[i] = True
+        self.oracle.cut(i, self.now())
+
+    def link_up(self, i: int) -> None:
+        self.netns.link(i, True)
+        self.cut[i] = False
+        self.oracle.uncut(i, self.now())
+
+    def partition(self, groups: list[list[int]]) -> None:
+        self.netns.partition(groups)
+        self.oracle.partitioned(groups, self.now())
+
+    def heal(self) -> None:
+        self.netns.heal()
+        self.oracle.healed(self.now())
+
+    def leader(self) -> int | None:
+        best: tuple[int, int] | None = None
+        for i in range(self.n):
+            seen = self.leader_seen.get(i)
+            if seen and self.index_of.get(seen[0]) == i and (best is None or seen[1] > best[0]):
+                best = (seen[1], i)
+        return None if best is None else best[1]
+
+    def kill_leader(self, i: int, nursery: trio.Nursery) -> None:
+        self.failovers.append((self.now(), i, self.netns.fellows[i].node_id))
+        self.crash(i)
+
+    def card_is_free(self, i: int) -> bool:
+        return True
+
+    def set_card(self, i: int, free_gb: float | None) -> None:
+        self.note(f"{self.now():.1f} s: card changes are not modelled in real mode; skipped")
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
 def run_real(scenario: Scenario, progress: ProgressFn | None = None,
              keep_dir: Path | None = None) -> dict[str, Any]:
     """Run ``scenario`` with real processes in namespaces; return a result like the
@@ -269,180 +429,25 @@ def run_real(scenario: Scenario, progress: ProgressFn | None = None,
     why = missing_requirements()
     if why is not None:
         raise ConfigError(why)
-    from p2pswarm.sim.harness import build_timeline
-
     n = scenario.nodes
     layout = scenario.profiles()
     profiles = [profile(p) for p, _, _ in layout]
     work = Path(tempfile.mkdtemp(prefix="p2pswarm-real-")) if keep_dir is None else keep_dir
-    rng = random.Random(f"director:{scenario.seed}")
     oracle = Oracle(n, scenario.checks, measure_from_s=scenario.warmup_s,
                     plan_grace_s=scenario.plan.grace_s)
     notes: list[str] = []
-    traffic = [[0.0, 0.0, 0.0, 0.0] for _ in range(n)]
-    last_counters: dict[int, list[float]] = {}
-    polled_at: dict[int, float] = {}  # when each fellow last answered a poll
-    belief: dict[tuple[int, int], str] = {}
-    leader_seen: dict[int, tuple[str, int] | None] = {}
-    started = [False] * n
-    cut = [False] * n
+    if scenario.formed:
+        notes.append("a formed start is virtual only: here fellows join through fellow 0")
     wall0 = time.monotonic()
     try:
-        with Netns(n, profiles, [p for _, p, _ in layout], work) as world:
-            token = world.init_swarm()
-            index_of: dict[str, int] = {}
-            t0 = time.monotonic()
-
-            def now() -> float:
-                return time.monotonic() - t0
-
-            def start(i: int) -> None:
-                live = [f.addr for f in world.fellows if f.proc is not None and f.index != i]
-                seeds = live[:3] if live else ([] if i == 0 else [world.fellows[0].addr])
-                world.start(i, token, seeds, scenario.preset)
-                started[i] = True
-                cut[i] = False
-                oracle.started(i, now())
-                for key in [k for k in belief if k[0] == i]:
-                    del belief[key]
-
-            def account(i: int) -> None:
-                c = last_counters.pop(i, None)
-                if c is not None:
-                    for k in range(4):
-                        traffic[i][k] += c[k]
-
-            def crash(i: int) -> None:
-                account(i)
-                world.kill(i)
-                oracle.crashed(i, now())
-
-            def pick(fellow: Any, want_running: bool = True) -> int | None:
-                if isinstance(fellow, int):
-                    return fellow
-                pool = [k for k in range(n) if (world.fellows[k].proc is not None) ==
-                        want_running and started[k] and not cut[k]]
-                return rng.choice(pool) if pool else None
-
-            def current_leader() -> int | None:
-                best = None
-                for i in range(n):
-                    seen = leader_seen.get(i)
-                    if seen and index_of.get(seen[0]) == i and (best is None or seen[1] > best[0]):
-                        best = (seen[1], i)
-                return None if best is None else best[1]
-
-            later: list[tuple[float, str, int]] = []
-            if scenario.formed:
-                notes.append("a formed start is virtual only: here fellows join through "
-                             "fellow 0")
-            actions = build_timeline(replace(scenario, formed=False,
-                                             stagger_s=max(scenario.stagger_s, 0.2)),
-                                     profiles, scenario.start or n)
-            failovers: list[tuple[float, int, str]] = []
-            k = 0
-            end = scenario.duration_s
-            while True:
-                t = now()
-                if t >= end:
-                    break
-                while k < len(actions) and actions[k].at_s <= t:
-                    a = actions[k]
-                    k += 1
-                    kind = a.kind
-                    if kind == "start":
-                        start(int(a.fellow))  # type: ignore[arg-type]
-                        if a.fellow == 0:
-                            _wait_socket(world, 0)
-                    elif kind in ("crash", "rate_crash"):
-                        i = pick(a.fellow)
-                        if i is not None and world.fellows[i].proc is not None:
-                            crash(i)
-                            after = a.args.get("restart_after_s") if kind == "crash" else (
-                                None if scenario.rates.crash_restart_after_s is None
-                                else rng.uniform(*scenario.rates.crash_restart_after_s))
-                            if after is not None:
-                                later.append((t + after, "restart", i))
-                    elif kind in ("restart", "rejoin"):
-                        i = pick(a.fellow, want_running=False)
-                        if i is not None and world.fellows[i].proc is None:
-                            start(i)
-                    elif kind in ("leave", "rate_leave"):
-                        i = pick(a.fellow)
-                        if i is not None:
-                            account(i)
-                            oracle.left_swarm(i, t)
-                            world.leave(i)
-                    elif kind in ("link_down", "outage_begin"):
-                        i = int(a.fellow)  # type: ignore[arg-type]
-                        if world.fellows[i].proc is not None and not cut[i]:
-                            world.link(i, False)
-                            cut[i] = True
-                            oracle.cut(i, t)
-                    elif kind in ("link_up", "outage_end"):
-                        i = int(a.fellow)  # type: ignore[arg-type]
-                        if cut[i]:
-                            world.link(i, True)
-                            cut[i] = False
-                            oracle.uncut(i, t)
-                    elif kind in ("leader_kill", "rate_leader_kill"):
-                        i = current_leader()
-                        if i is None:
-                            notes.append(f"{t:.1f} s: no leader to kill")
-                        else:
-                            failovers.append((t, i, world.fellows[i].node_id))
-                            crash(i)
-                            after = a.args.get("restart_after_s") if kind == "leader_kill" \
-                                else (None if scenario.rates.leader_restart_after_s is None
-                                      else rng.uniform(*scenario.rates.leader_restart_after_s))
-                            if after is not None:
-                                later.append((t + after, "restart", i))
-                    elif kind in ("partition", "rate_partition"):
-                        groups = [list(g) for g in a.args.get("groups") or ()]
-                        if not groups:
-                            split = a.args.get("split") or rng.uniform(
-                                *scenario.rates.partition_split)
-                            order = list(range(n))
-                            rng.shuffle(order)
-                            m = max(1, round(split * n))
-                            groups = [sorted(order[:m]), sorted(order[m:])]
-                        world.partition(groups)
-                        oracle.partitioned(groups, t)
-                        if kind == "rate_partition":
-                            later.append((t + rng.uniform(*scenario.rates.partition_heal_after_s),
-                                          "heal", -1))
-                    elif kind == "heal":
-                        world.heal()
-                        oracle.healed(t)
-                    else:
-                        notes.append(f"{kind} is not modelled in real mode; skipped")
-                for item in sorted(later):
-                    if item[0] <= t:
-                        later.remove(item)
-                        if item[1] == "restart" and world.fellows[item[2]].proc is None:
-                            start(item[2])
-                        elif item[1] == "heal":
-                            world.heal()
-                            oracle.healed(t)
-                _poll(world, oracle, now, belief, leader_seen, index_of, last_counters,
-                      polled_at)
-                for f_at, old, old_id in list(failovers):
-                    agreed: set[str | None] = {
-                        _leader_id(leader_seen.get(i)) for i in range(n)
-                        if world.fellows[i].proc is not None and not cut[i]}
-                    if len(agreed) == 1 and None not in agreed and old_id not in agreed:
-                        oracle.failover(f_at, now(), old, index_of.get(str(next(iter(agreed)))))
-                        failovers.remove((f_at, old, old_id))
-                    elif now() - f_at > 120:
-                        oracle.failover(f_at, None, old, None)
-                        failovers.remove((f_at, old, old_id))
-                if progress is not None:
-                    progress(now(), end)
-                time.sleep(max(0.0, POLL_S - (now() - t)))
-            end_s = now()
+        with Netns(n, profiles, [p for _, p, _ in layout], work) as netns:
+            world = NetnsWorld(netns, scenario, oracle, netns.init_swarm(), notes)
+            trio.run(world.main, progress)
+            end_s = world.end_s
             for i in range(n):
-                account(i)
-        leftovers = world.leftovers()
+                world.account(i)
+            traffic = world.traffic
+        leftovers = netns.leftovers()
     finally:
         if keep_dir is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -536,4 +541,4 @@ def _poll(world: Netns, oracle: Oracle, now: Callable[[], float],
                     oracle.event(t, f.index, "elected", who, 0, seen[1])
 
 
-__all__ = ["MAX_FELLOWS", "Netns", "missing_requirements", "run_real"]
+__all__ = ["MAX_FELLOWS", "Netns", "NetnsWorld", "missing_requirements", "run_real"]

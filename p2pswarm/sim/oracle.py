@@ -43,7 +43,7 @@ from p2pswarm.errors import ConfigError
 from p2pswarm.sim.metrics import per_node_hour, summary
 from p2pswarm.sim.scenario import Checks
 
-# event kinds (as in p2pswarm.membership.effects)
+# event kinds (as in p2pswarm.effects)
 SUSPECT, ALIVE, DEAD, LEFT, REAPED, METADATA = "suspect", "alive", "dead", "left", \
     "reaped", "metadata"
 REFUTED, ELECTED, LEADER, MEMBER_JOINED = "refuted", "elected", "leader", "member-joined"

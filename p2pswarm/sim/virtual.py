@@ -22,8 +22,9 @@ import trio.abc
 
 from p2pswarm.agent import Agent
 from p2pswarm.agent.votes import VoteRecord
+from p2pswarm.cards import Card
 from p2pswarm.config import SwarmConfig, local
-from p2pswarm.inventory import Card, FakeCardSource
+from p2pswarm.inventory import FakeCardSource
 from p2pswarm.security import Identity, Keyring, SwarmSecret
 from p2pswarm.transport.memory import MemoryNetwork, MemoryTransport
 

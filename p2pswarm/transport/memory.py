@@ -36,9 +36,14 @@ sent nothing for an hour costs one draw, not a walk through every fade it missed
 Streams are reliable, as TCP is: each frame (one segment) and each handshake packet
 meets the same loss as a datagram (the link's model and both radios), and a lost one is
 sent again after TCP's retransmission timer, 200 ms for data and 1 s for a handshake,
-doubling each time. Frames arrive in order, so one frame waiting out a radio fade holds
-back those sent after it. A per-direction window gives backpressure. A partition or a
-downed node breaks the streams across it at once: both ends raise TransportError.
+doubling each time (``DATA_RETRANSMISSION``, ``HANDSHAKE_RETRANSMISSION``). Frames
+arrive in order, so one frame waiting out a radio fade holds back those sent after it.
+A per-direction window gives backpressure. A partition or a downed node breaks the
+streams across it at once: both ends raise TransportError.
+
+The models (delays, losses, links, the retransmission timer) are pure values from
+``p2pswarm.transport.netmodel``, which GossipLab uses too; they are re-exported here.
+This module keeps their state per link and per node and moves packets in virtual time.
 
 Randomness: each link and each radio has its own generator, seeded from the network seed
 and the names with blake2b, so one link's draws never depend on another's traffic. The
@@ -48,26 +53,40 @@ each): a thousand fellows have up to a million links.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import trio
 
 from p2pswarm.config import TransportConfig
 from p2pswarm.errors import ConfigError, TransportError
 from p2pswarm.transport.base import StreamHandler, run_stream_handler
+from p2pswarm.transport.netmodel import (  # the models, re-exported: tests import them here
+    DATA_RETRANSMISSION,
+    HANDSHAKE_RETRANSMISSION,
+    RTO_MAX_S,
+    RTO_MIN_S,
+    RTO_SYN_S,
+    Bernoulli,
+    BurstShape,
+    DelayModel,
+    FixedDelay,
+    GilbertElliott,
+    LinkModel,
+    LognormalDelay,
+    LossModel,
+    ParetoDelay,
+    UniformDelay,
+    _LossState,
+    _lost,
+    _Rng,
+)
 
-_MASK64 = (1 << 64) - 1
-_TWO_PI = 2.0 * math.pi
 _ACCEPT_BACKLOG = 128
-_RTO_MIN_S = 0.2  # Linux's minimum retransmission timeout: a lost frame goes again then
-_RTO_SYN_S = 1.0  # ... and a lost handshake packet after this (RFC 6298's initial RTO)
-_RTO_MAX_S = 60.0
 
 # Outcome of a datagram; also the keys of the loss counters.
 DELIVERED = "delivered"
@@ -79,231 +98,6 @@ LOST_UNREACHABLE = "lost_unreachable"  # nobody (open) at that address
 DROPPED_QUEUE_FULL = "dropped_queue_full"  # arrived, but the receiver's queue was full
 OUTCOMES = (DELIVERED, LOST_LINK, LOST_RADIO, LOST_PARTITION, LOST_DOWN, LOST_UNREACHABLE,
             DROPPED_QUEUE_FULL)
-
-
-class _Rng:
-    """SplitMix64 with the few distributions the models need."""
-
-    __slots__ = ("_state",)
-
-    def __init__(self, *names: object) -> None:
-        key = "\x1f".join(str(name) for name in names).encode()
-        self._state = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
-
-    def random(self) -> float:
-        """Uniform on [0, 1)."""
-        self._state = z = (self._state + 0x9E3779B97F4A7C15) & _MASK64
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        return ((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0)
-
-    def chance(self, probability: float) -> bool:
-        # No draw for 0 and 1: certain outcomes stay independent of the generator.
-        if probability <= 0.0:
-            return False
-        return probability >= 1.0 or self.random() < probability
-
-    def exponential(self, mean: float) -> float:
-        return -mean * math.log(1.0 - self.random())
-
-    def normal(self) -> float:
-        radius = math.sqrt(-2.0 * math.log(1.0 - self.random()))
-        return radius * math.cos(_TWO_PI * self.random())
-
-    def pareto(self, alpha: float) -> float:
-        """Pareto with minimum 1 and tail index ``alpha``."""
-        return math.pow(1.0 - self.random(), -1.0 / alpha)
-
-
-def _check_probability(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{name} must be a probability in [0, 1], not {value}")
-
-
-def _check_non_negative(name: str, value: float) -> None:
-    if not value >= 0.0 or math.isinf(value):
-        raise ConfigError(f"{name} must be a finite number >= 0, not {value}")
-
-
-# --- delay models ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class FixedDelay:
-    """Every packet takes exactly ``delay_s``."""
-
-    delay_s: float = 0.001
-
-    def __post_init__(self) -> None:
-        _check_non_negative("delay_s", self.delay_s)
-
-    def sample_s(self, rng: _Rng) -> float:
-        return self.delay_s
-
-
-@dataclass(frozen=True, slots=True)
-class UniformDelay:
-    """Uniform jitter: a delay between ``min_s`` and ``max_s``."""
-
-    min_s: float
-    max_s: float
-
-    def __post_init__(self) -> None:
-        _check_non_negative("min_s", self.min_s)
-        if not self.max_s >= self.min_s:
-            raise ConfigError(f"max_s ({self.max_s}) must be >= min_s ({self.min_s})")
-
-    def sample_s(self, rng: _Rng) -> float:
-        return self.min_s + (self.max_s - self.min_s) * rng.random()
-
-
-@dataclass(frozen=True, slots=True)
-class LognormalDelay:
-    """``base_s`` plus a lognormal extra with median ``median_extra_s``: a WiFi-like tail.
-
-    Quantile q is ``base_s + median_extra_s * exp(sigma * z_q)`` (z_q: normal quantile).
-    """
-
-    base_s: float
-    median_extra_s: float
-    sigma: float = 1.0
-
-    def __post_init__(self) -> None:
-        _check_non_negative("base_s", self.base_s)
-        _check_non_negative("median_extra_s", self.median_extra_s)
-        _check_non_negative("sigma", self.sigma)
-
-    def sample_s(self, rng: _Rng) -> float:
-        return self.base_s + self.median_extra_s * math.exp(self.sigma * rng.normal())
-
-
-@dataclass(frozen=True, slots=True)
-class ParetoDelay:
-    """``base_s`` plus a Lomax (shifted Pareto) extra: rare, very late packets.
-
-    Quantile q is ``base_s + scale_s * ((1 - q) ** (-1 / alpha) - 1)``; the mean is finite
-    for ``alpha > 1``.
-    """
-
-    base_s: float
-    scale_s: float
-    alpha: float = 2.0
-
-    def __post_init__(self) -> None:
-        _check_non_negative("base_s", self.base_s)
-        _check_non_negative("scale_s", self.scale_s)
-        if not self.alpha > 0.0:
-            raise ConfigError(f"alpha must be > 0, not {self.alpha}")
-
-    def sample_s(self, rng: _Rng) -> float:
-        return self.base_s + self.scale_s * (rng.pareto(self.alpha) - 1.0)
-
-
-DelayModel = FixedDelay | UniformDelay | LognormalDelay | ParetoDelay
-
-
-# --- loss models -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Bernoulli:
-    """Each packet is lost independently with probability ``loss``."""
-
-    loss: float
-
-    def __post_init__(self) -> None:
-        _check_probability("loss", self.loss)
-
-
-BurstShape = Literal["exponential", "pareto", "lognormal"]
-
-
-@dataclass(frozen=True, slots=True)
-class GilbertElliott:
-    """Bursty loss: a good and a bad state, with times (not packet counts) in each.
-
-    ``bad_fraction`` is the long-run fraction of time spent in the bad state and
-    ``mean_burst_s`` the mean time of one stay there; the mean time between bursts
-    follows (``mean_gap_s``) and is exponential. A packet is lost with ``loss_in_bad``
-    in the bad state and ``loss_in_good`` in the good one, so with the defaults (1 and 0)
-    the packet loss rate equals ``bad_fraction``. ``burst_shape`` makes bursts heavy
-    tailed with the same mean: ``"pareto"`` with tail index ``burst_tail`` (> 1), or
-    ``"lognormal"`` with sigma ``burst_tail``.
-    """
-
-    bad_fraction: float
-    mean_burst_s: float
-    loss_in_good: float = 0.0
-    loss_in_bad: float = 1.0
-    burst_shape: BurstShape = "exponential"
-    burst_tail: float = 1.5
-
-    def __post_init__(self) -> None:
-        _check_probability("bad_fraction", self.bad_fraction)
-        _check_probability("loss_in_good", self.loss_in_good)
-        _check_probability("loss_in_bad", self.loss_in_bad)
-        if not self.mean_burst_s > 0.0 or math.isinf(self.mean_burst_s):
-            raise ConfigError(f"mean_burst_s must be > 0, not {self.mean_burst_s}")
-        if self.burst_shape not in ("exponential", "pareto", "lognormal"):
-            raise ConfigError(f"burst_shape must be exponential, pareto or lognormal, "
-                              f"not {self.burst_shape!r}")
-        if self.burst_shape == "pareto" and not self.burst_tail > 1.0:
-            raise ConfigError(f"a pareto burst_tail must be > 1 (finite mean), "
-                              f"not {self.burst_tail}")
-        if self.burst_shape == "lognormal":
-            _check_non_negative("burst_tail", self.burst_tail)
-
-    @property
-    def mean_gap_s(self) -> float:
-        """Mean time in the good state between two bursts."""
-        if self.bad_fraction <= 0.0:
-            return math.inf
-        return self.mean_burst_s * (1.0 - self.bad_fraction) / self.bad_fraction
-
-    @property
-    def mean_loss(self) -> float:
-        """The long-run packet loss rate (for packets sent independently of the state)."""
-        f = self.bad_fraction
-        return f * self.loss_in_bad + (1.0 - f) * self.loss_in_good
-
-    def _burst_s(self, rng: _Rng) -> float:
-        mean = self.mean_burst_s
-        if self.burst_shape == "pareto":
-            return mean * (self.burst_tail - 1.0) / self.burst_tail * rng.pareto(self.burst_tail)
-        if self.burst_shape == "lognormal":
-            sigma = self.burst_tail
-            return mean * math.exp(sigma * rng.normal() - 0.5 * sigma * sigma)
-        return rng.exponential(mean)
-
-
-LossModel = Bernoulli | GilbertElliott
-
-
-@dataclass(frozen=True, slots=True)
-class LinkModel:
-    """How one directed link treats packets. The default is a clean 1 ms wire.
-
-    ``reorder_probability``: the fraction of datagrams held back by an extra
-    ``reorder_extra_s``, so later ones overtake them. ``duplicate_probability``: the
-    fraction delivered twice, the copy with its own delay. ``bandwidth_bytes_per_s``:
-    packets and frames queue behind each other for ``size / bandwidth``; None: no limit.
-    Streams see the same loss, as retransmissions (see the module docstring).
-    """
-
-    delay: DelayModel = field(default_factory=FixedDelay)
-    loss: LossModel | None = None
-    duplicate_probability: float = 0.0
-    reorder_probability: float = 0.0
-    reorder_extra_s: float = 0.005
-    bandwidth_bytes_per_s: float | None = None
-
-    def __post_init__(self) -> None:
-        _check_probability("duplicate_probability", self.duplicate_probability)
-        _check_probability("reorder_probability", self.reorder_probability)
-        _check_non_negative("reorder_extra_s", self.reorder_extra_s)
-        if self.bandwidth_bytes_per_s is not None and not self.bandwidth_bytes_per_s > 0:
-            raise ConfigError(f"bandwidth_bytes_per_s must be > 0 or None, "
-                              f"not {self.bandwidth_bytes_per_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,62 +120,6 @@ class PacketRecord:
 
 
 # --- state behind the models -------------------------------------------------------------
-
-
-class _LossState:
-    """Where a loss chain stands; shared shape for links and radios."""
-
-    __slots__ = ("bad", "chain_model", "on_bad_stay", "until_s")
-
-    def __init__(self) -> None:
-        self.chain_model: LossModel | None = None
-        self.bad = False
-        self.until_s = math.nan  # the current stay ends then; nan: not started
-        self.on_bad_stay: Callable[[float, float], None] | None = None  # (start, end)
-
-
-def _lost(state: _LossState, model: LossModel, rng: _Rng, now: float) -> bool:
-    """Does a packet sent at ``now`` fall to ``model``? Advances the chain to ``now``."""
-    if isinstance(model, Bernoulli):
-        return rng.chance(model.loss)
-    f = model.bad_fraction
-    if state.chain_model is not model:
-        state.chain_model = model
-        state.until_s = math.nan
-    if f <= 0.0:
-        bad = False
-    elif f >= 1.0:
-        bad = True
-    elif math.isnan(state.until_s):
-        # Start in the stationary law. A heavy-tailed stay is drawn whole, not as the
-        # residual of a stay in progress: close enough for a start.
-        bad = state.bad = rng.random() < f
-        state.until_s = now + (model._burst_s(rng) if bad else rng.exponential(model.mean_gap_s))
-        if bad and state.on_bad_stay is not None:
-            state.on_bad_stay(now, state.until_s)
-    elif now < state.until_s:
-        bad = state.bad
-    elif model.burst_shape == "exponential":
-        # The stay that ended at until_s flipped the state; from there the chain is
-        # Markov, so draw the state at `now` from its transition law, then a fresh stay.
-        flipped_bad = not state.bad
-        rate = 1.0 / model.mean_burst_s + 1.0 / model.mean_gap_s
-        p_bad = f + (float(flipped_bad) - f) * math.exp(-rate * (now - state.until_s))
-        bad = state.bad = rng.random() < p_bad
-        state.until_s = now + (rng.exponential(model.mean_burst_s) if bad
-                               else rng.exponential(model.mean_gap_s))
-        if bad and state.on_bad_stay is not None:
-            state.on_bad_stay(now, state.until_s)
-    else:
-        while now >= state.until_s:
-            state.bad = not state.bad
-            start = state.until_s
-            state.until_s += (model._burst_s(rng) if state.bad
-                              else rng.exponential(model.mean_gap_s))
-            if state.bad and state.on_bad_stay is not None:
-                state.on_bad_stay(start, state.until_s)
-        bad = state.bad
-    return rng.chance(model.loss_in_bad if bad else model.loss_in_good)
 
 
 class _Link(_LossState):
@@ -708,14 +446,16 @@ class MemoryNetwork:
     async def _handshake_leg(self, src: str, dst: str, give_up_at: float) -> bool:
         """One handshake packet from ``src`` to ``dst``, sent again after 1 s, 2 s, ...
         while it is lost. False if it has not arrived by ``give_up_at``."""
-        rto = _RTO_SYN_S
+        timer = HANDSHAKE_RETRANSMISSION
+        rto = timer.first_rto_s
         while self._segment_lost(src, dst):
             self.counters["retransmitted"] += 1
-            if trio.current_time() + rto >= give_up_at:
+            again = timer.retry(trio.current_time(), rto, give_up_at)
+            if again is None:
                 await trio.sleep_until(give_up_at)
                 return False
-            await trio.sleep(rto)
-            rto = min(2.0 * rto, _RTO_MAX_S)
+            again_at, rto = again
+            await trio.sleep_until(again_at)
         arrival = self._stream_arrival(src, dst, 0)
         await trio.sleep_until(min(give_up_at, arrival))
         return arrival < give_up_at
@@ -755,7 +495,7 @@ class MemoryNetwork:
         if pipe.stalled is not None:  # an earlier frame waits to be sent again: in order
             pipe.stalled.append(frame)
         else:
-            self._transmit(pipe, frame, _RTO_MIN_S)
+            self._transmit(pipe, frame, DATA_RETRANSMISSION.first_rto_s)
 
     def _transmit(self, pipe: _Pipe, frame: bytes | None, rto: float) -> bool:
         """Send ``frame`` now; if it is lost, send it again after ``rto`` and hold back
@@ -765,8 +505,9 @@ class MemoryNetwork:
             self.counters["retransmitted"] += 1
             if pipe.stalled is None:
                 pipe.stalled = deque()
-            self._push(trio.current_time() + rto, link, self._retransmit, pipe, frame,
-                       min(2.0 * rto, _RTO_MAX_S))
+            again = DATA_RETRANSMISSION.retry(trio.current_time(), rto)
+            assert again is not None  # no give-up: a stream breaks instead (partition, down)
+            self._push(again[0], link, self._retransmit, pipe, frame, again[1])
             return False
         at = max(self._stream_arrival(pipe.src, pipe.dst, len(frame or b"")), pipe.last_at)
         pipe.last_at = at
@@ -781,7 +522,7 @@ class MemoryNetwork:
             pipe.stalled = waiting
             return
         while waiting:
-            if not self._transmit(pipe, waiting.popleft(), _RTO_MIN_S):
+            if not self._transmit(pipe, waiting.popleft(), DATA_RETRANSMISSION.first_rto_s):
                 pipe.stalled.extend(waiting)  # type: ignore[union-attr]
                 return
 
@@ -1113,8 +854,14 @@ class MemoryStream:
 
 
 __all__ = [
+    "DATA_RETRANSMISSION",
+    "HANDSHAKE_RETRANSMISSION",
     "OUTCOMES",
+    "RTO_MAX_S",
+    "RTO_MIN_S",
+    "RTO_SYN_S",
     "Bernoulli",
+    "BurstShape",
     "DelayModel",
     "FixedDelay",
     "GilbertElliott",

@@ -1,11 +1,13 @@
 """Message types and their codec. Importing this package registers every message."""
 
-from p2pswarm.wire import base  # noqa: F401  (registers tags 0-9)
-from p2pswarm.wire import gossip  # noqa: F401  (registers tags 10-69)
-from p2pswarm.wire import jobs  # noqa: F401  (registers tags 150-179)
-from p2pswarm.wire import orders  # noqa: F401  (registers tags 70-99)
-from p2pswarm.wire import serving  # noqa: F401  (registers tags 100-109)
-from p2pswarm.wire import training  # noqa: F401  (registers tags 110-129, 180-199)
+from p2pswarm.wire import (
+    base,  # noqa: F401  (registers tags 0-9)
+    gossip,  # noqa: F401  (registers tags 10-69)
+    jobs,  # noqa: F401  (registers tags 150-179)
+    orders,  # noqa: F401  (registers tags 70-99)
+    serving,  # noqa: F401  (registers tags 100-109)
+    training,  # noqa: F401  (registers tags 110-129, 180-199)
+)
 from p2pswarm.wire.codec import (
     PROTOCOL_MAJOR,
     PROTOCOL_MINOR,

@@ -187,10 +187,10 @@ def _field(tp: Any, meta: tuple[Any, ...] = ()) -> tuple[Check, Dump]:
         base, *extra = typing.get_args(tp)
         return _field(base, meta + tuple(extra))
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) != len(typing.get_args(tp)) - 1 or len(args) != 1:
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(options) != len(typing.get_args(tp)) - 1 or len(options) != 1:
             raise TypeError(f"only `X | None` unions are supported, not {tp}")
-        inner_check, inner_dump = _field(args[0], meta)
+        inner_check, inner_dump = _field(options[0], meta)
 
         def check_optional(v: Any) -> Any:
             return None if v is None else inner_check(v)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.errors import ConfigError, PlacementError
-from p2pswarm.planner import read_model_config
+from p2pswarm.models.files import read_model_config
 from p2pswarm.training.job import JobConfig
 from p2pswarm.wire.jobs import (
     JobCancel,

@@ -1,6 +1,7 @@
 """Finding a model's config: a built-in name, a model directory, or a config.json path.
 
-The one place in the planner that reads files; the planner itself only sees the dict.
+The planner itself reads no files and only sees the dict; this module, beside the model
+code that reads checkpoints, turns a name or a path into that dict.
 The CLI sends the dict (not the path) to the agent, because the leader that plans may
 run on another machine where the path means nothing.
 """

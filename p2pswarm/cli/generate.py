@@ -1,0 +1,124 @@
+"""Using a load: generate (continue a prompt, streaming tokens, then speed per stage) and
+chat (a line is a turn)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from p2pswarm.cli.app import HomeOption, JsonOption, app, print_json, printable
+from p2pswarm.cli.exits import exits_on, fail
+from p2pswarm.cli.local_agent import stream_agent
+
+_GENERATE_TIMEOUT_S = 180.0  # the most a `generate` waits between two tokens
+
+
+def _print_generation_stats(result: dict[str, Any]) -> None:
+    n = len(result.get("token_ids", []))
+    typer.echo(f"\n{n} tokens ({result.get('stop_reason')}); first after "
+               f"{result.get('time_to_first_token_s', 0):.2f} s for {result.get('prompt_tokens')}"
+               f" prompt tokens; then {result.get('decode_tokens_per_s', 0):.1f} tokens/s",
+               err=True)
+    parts = [f"stage {s['stage']} {s['fellow']} (layers {s['layers'][0]}-{s['layers'][1] - 1}) "
+             f"{s['ms_per_token']:.1f} ms" for s in result.get("stages", [])]
+    typer.echo("per token: " + ", ".join(parts)
+               + f", network {result.get('network_ms_per_token', 0):.1f} ms over "
+               f"{result.get('hops')} hops", err=True)
+
+
+def _generate_once(home: Optional[Path], prompt: str, options: dict[str, Any],
+                   as_json: bool) -> dict[str, Any]:
+    def on_event(event: dict[str, Any]) -> None:
+        if not as_json and isinstance(event.get("text"), str):
+            sys.stdout.write(printable(event["text"]))
+            sys.stdout.flush()
+
+    return stream_agent(home, {"op": "generate", "prompt": prompt, **options},  # type: ignore[no-any-return]
+                        on_event, _GENERATE_TIMEOUT_S)
+
+
+def _generate_options(max_tokens: int, temperature: float, top_k: int, top_p: float,
+                      seed: int, plan_id: Optional[str]) -> dict[str, Any]:
+    if max_tokens <= 0:
+        fail(f"--max-tokens {max_tokens} must be positive, e.g. --max-tokens 64")
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+        fail("--temperature and --top-k must be >= 0 and --top-p in (0, 1]")
+    return {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k,
+            "top_p": top_p, "seed": seed, "plan_id": plan_id}
+
+
+MaxTokensOption = typer.Option(64, "--max-tokens", help="The most new tokens.")
+TemperatureOption = typer.Option(0.0, "--temperature", help="0: greedy; else sample.")
+TopKOption = typer.Option(0, "--top-k", help="Sample among the k likeliest (0: all).")
+TopPOption = typer.Option(1.0, "--top-p", help="Sample within this probability mass.")
+SeedOption = typer.Option(0, "--seed", help="Seed of the sampler (same seed, same text).")
+PlanIdOption = typer.Option(None, "--plan-id", help="Which load (default: the only one).")
+
+
+@app.command()
+@exits_on()
+def generate(
+    prompt: str = typer.Argument(..., help="The text to continue."),
+    max_tokens: int = MaxTokensOption,
+    temperature: float = TemperatureOption,
+    top_k: int = TopKOption,
+    top_p: float = TopPOption,
+    seed: int = SeedOption,
+    plan_id: Optional[str] = PlanIdOption,
+    home: Optional[Path] = HomeOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Continue PROMPT with the loaded model, streaming tokens; then tokens/s per stage."""
+    options = _generate_options(max_tokens, temperature, top_k, top_p, seed, plan_id)
+    try:
+        result = _generate_once(home, prompt, options, as_json)
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted", err=True)
+        raise typer.Exit(130) from None
+    if as_json:
+        print_json(result)
+        return
+    _print_generation_stats(result)
+
+
+@app.command()
+@exits_on()
+def chat(
+    max_tokens: int = MaxTokensOption,
+    temperature: float = TemperatureOption,
+    top_k: int = TopKOption,
+    top_p: float = TopPOption,
+    seed: int = SeedOption,
+    plan_id: Optional[str] = PlanIdOption,
+    turns: int = typer.Option(4, "--turns", help="Earlier turns kept in the prompt."),
+    home: Optional[Path] = HomeOption,
+) -> None:
+    """Talk with the loaded model: each line you type is a turn (EOF or Ctrl-D ends)."""
+    options = _generate_options(max_tokens, temperature, top_k, top_p, seed, plan_id)
+    history: list[str] = []
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            typer.echo("> ", nl=False)
+        try:
+            line = sys.stdin.readline()
+        except KeyboardInterrupt:
+            break
+        if not line:
+            break
+        line = line.rstrip("\n")
+        if not line.strip():
+            continue
+        prompt = "".join(history[-turns:]) + f"User: {line}\nAssistant:"
+        try:
+            result = _generate_once(home, prompt, options, False)
+        except KeyboardInterrupt:
+            typer.echo("\ninterrupted", err=True)
+            continue
+        typer.echo("")
+        history.append(f"User: {line}\nAssistant:{result.get('text', '')}\n")
+    if interactive:
+        typer.echo("")

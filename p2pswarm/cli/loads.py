@@ -1,0 +1,226 @@
+"""Serving placements: load a model across the swarm as planned (with per-fellow progress),
+show what is loaded, unload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from p2pswarm.cli.app import HomeOption, JsonOption, app, print_json
+from p2pswarm.cli.exits import EXIT_FAILURE, exits_on
+from p2pswarm.cli.local_agent import agent_answer, stream_agent
+from p2pswarm.cli.plan_changed import explain_plan_changed
+from p2pswarm.cli.plan_request import (
+    ContextOption,
+    ExcludeOption,
+    FloorOption,
+    KvDtypeOption,
+    SequencesOption,
+    StagesOption,
+    WeightsDtypeOption,
+    floors,
+)
+
+_PLAN_HELP_MODEL_SERVE = ("Model directory (config.json and *.safetensors) or built-in name "
+                          "(tiny-llama, small-llama).")
+
+_LOAD_TIMEOUT_S = 600.0  # the most a `load` waits between two words from its agent
+
+
+def _serve_message(model: str, context: Optional[int], sequences: int, stages: Optional[int],
+                   weights_dtype: Optional[str], kv_dtype: str, maximize: Optional[str],
+                   exclude: list[str], floor: list[str]) -> tuple[dict[str, Any], Optional[str]]:
+    """The plan request a load sends, and the model's directory when MODEL is one."""
+    from p2pswarm.models.files import read_model_config
+    from p2pswarm.planner import BUILTIN_MODELS, profile_from_config, request_from_dict
+
+    request: dict[str, Any] = {
+        "kind": "serve", "stages": stages, "kv_dtype": kv_dtype, "weights_dtype": weights_dtype,
+        "maximize": maximize, "exclude": list(exclude), "floors_bytes": floors(floor),
+        "context": context, "sequences": sequences,
+    }
+    name, config = read_model_config(model)
+    profile_from_config(config, name)
+    request_from_dict(request)
+    path: Optional[str] = None
+    if model not in BUILTIN_MODELS:
+        where = Path(model).expanduser()
+        directory = where if where.is_dir() else where.parent
+        path = str(directory.resolve())
+    return {"model": {"name": name, "config": config}, **request}, path
+
+
+class _LoadProgress:
+    """Per-fellow progress of a load: bars on a terminal, a line per step elsewhere."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+        self.console = console
+        self.bars = Progress(TextColumn("{task.description}"), BarColumn(),
+                             DownloadColumn(), TextColumn("{task.fields[phase]}"),
+                             console=console, transient=False) if console.is_terminal else None
+        self.tasks: dict[tuple[int, str], Any] = {}
+        self.said: dict[tuple[int, str], tuple[str, int]] = {}
+
+    def __enter__(self) -> _LoadProgress:
+        if self.bars is not None:
+            self.bars.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bars is not None:
+            self.bars.stop()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        p = event.get("progress")
+        if not isinstance(p, dict):
+            return
+        key = (int(p.get("stage", 0)), str(p.get("fellow", "?")))
+        phase, done, total = str(p.get("phase")), int(p.get("done_bytes", 0)), \
+            int(p.get("total_bytes", 0))
+        if self.bars is not None:
+            if key not in self.tasks:
+                self.tasks[key] = self.bars.add_task(f"stage {key[0]} on {key[1]}",
+                                                     total=total or None, phase=phase)
+            self.bars.update(self.tasks[key], completed=done, total=total or None, phase=phase)
+            return
+        quarter = 4 * done // total if total else 0
+        if self.said.get(key) == (phase, quarter):
+            return
+        self.said[key] = (phase, quarter)
+        words = {"checked": "checked, memory reserved", "loading": "loading",
+                 "fetching": f"fetching weights {done / 1e6:,.1f} / {total / 1e6:,.1f} MB",
+                 "ready": f"ready, {done / 1e6:,.1f} MB allocated "
+                          f"(plan claimed {total / 1e6:,.1f} MB)"}
+        self.console.print(f"  stage {key[0]} on {key[1]}: {words.get(phase, phase)}")
+
+
+def _print_load(record: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    stages = record.get("stages", [])
+    load_s = record.get("load_s")
+    console.print(f"loaded plan [bold]{record['plan_id']}[/] ({record['model'].get('name')}): "
+                  f"{len(stages)} stages" + (f" in {load_s:.1f} s" if load_s else ""))
+    adapter = record.get("adapter")
+    if isinstance(adapter, dict):
+        console.print(f"  with LoRA adapter {adapter.get('name')} (rank {adapter.get('rank')}, "
+                      f"{', '.join(adapter.get('targets') or [])}; sha256 "
+                      f"{str(adapter.get('sha256', ''))[:16]}), merged into the weights")
+    table = Table()
+    for column in ("stage", "fellow", "card", "layers", "allocated", "claimed", "fetched",
+                   "state"):
+        table.add_column(column)
+    for s in stages:
+        a, b = s["layers"]
+        table.add_row(str(s["stage"]), s["fellow"], s.get("card", ""), f"{a}-{b - 1}",
+                      f"{s.get('allocated_bytes', 0) / 1e6:,.1f} MB",
+                      f"{s.get('claim_bytes', 0) / 1e6:,.1f} MB",
+                      f"{s.get('fetched_bytes', 0) / 1e6:,.1f} MB"
+                      if "fetched_bytes" in s else "-", s.get("state", "alive"))
+    console.print(table)
+
+
+@app.command()
+@exits_on()
+def load(
+    model: str = typer.Argument(..., help=_PLAN_HELP_MODEL_SERVE),
+    show_plan: bool = typer.Option(False, "--plan", help="Print the plan and its plan_id; "
+                                   "load nothing (the same as `p2pswarm plan`)."),
+    plan_id: Optional[str] = typer.Option(None, "--plan-id", help="Load exactly this plan, or "
+                                          "refuse with what changed (plan-changed, 409)."),
+    context: Optional[int] = ContextOption,
+    sequences: int = SequencesOption,
+    stages: Optional[int] = StagesOption,
+    weights_dtype: Optional[str] = WeightsDtypeOption,
+    kv_dtype: str = KvDtypeOption,
+    maximize: Optional[str] = typer.Option(None, "--maximize", help="speed or context."),
+    exclude: list[str] = ExcludeOption,
+    floor: list[str] = FloorOption,
+    adapter: Optional[Path] = typer.Option(None, "--adapter", help="Serve LoRA adapters on "
+                                           "top of MODEL: a directory `p2pswarm jobs export` "
+                                           "wrote (adapter_config.json and "
+                                           "adapter_model.safetensors)."),
+    home: Optional[Path] = HomeOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Load MODEL across the swarm as planned, all or nothing (--plan-id: exactly that plan)."""
+    from rich.console import Console
+
+    from p2pswarm.errors import PlanChanged
+
+    message, path = _serve_message(model, context, sequences, stages, weights_dtype, kv_dtype,
+                                   maximize, exclude, floor)
+    adapter_dir: Optional[str] = None
+    if adapter is not None:
+        from p2pswarm.agent.adapter import check_adapter, read_adapter
+
+        found = read_adapter(adapter)
+        check_adapter(found, message["model"]["config"], message["model"]["name"], path)
+        adapter_dir = found.path
+        message["adapter"] = found.sha256  # the plan, and its plan_id, name the adapter
+    if show_plan:
+        result = agent_answer(home, {"op": "plan", "request": message}, "")
+        if as_json:
+            print_json(result)
+        else:
+            from p2pswarm.cli.render import print_plan
+            print_plan(result, Console())
+        if not result.get("fits", False):
+            raise typer.Exit(EXIT_FAILURE)
+        return
+    console = Console(stderr=as_json)
+    try:
+        with _LoadProgress(console) as progress:
+            record = stream_agent(home, {"op": "load", "request": message, "plan_id": plan_id,
+                                         "path": path, "adapter": adapter_dir}, progress,
+                                  _LOAD_TIMEOUT_S)
+    except PlanChanged as exc:
+        explain_plan_changed(exc, model, as_json)
+    if as_json:
+        print_json(record)
+        return
+    _print_load(record, console)
+    console.print("generate with: p2pswarm generate \"Once upon a time\"")
+
+
+@app.command()
+@exits_on()
+def loads(home: Optional[Path] = HomeOption, as_json: bool = JsonOption) -> None:
+    """Show what is loaded in the swarm: each load's plan_id, model, and where its stages run."""
+    result = agent_answer(home, {"op": "loads"}, "")
+    records = result.get("loads", [])
+    if as_json:
+        print_json(records)
+        return
+    from rich.console import Console
+
+    console = Console()
+    if not records:
+        console.print("nothing is loaded; load a model with `p2pswarm load MODEL`")
+        return
+    for record in records:
+        _print_load(record, console)
+        if not record.get("complete", True):
+            console.print("[bold red]incomplete:[/] a stage is missing or its fellow is gone; "
+                          f"`p2pswarm unload {record['plan_id']}` and load again")
+
+
+@app.command()
+@exits_on()
+def unload(
+    plan_id: Optional[str] = typer.Argument(None, help="The load to drop (default: the only one)."),
+    all_loads: bool = typer.Option(False, "--all", help="Unload everything."),
+    home: Optional[Path] = HomeOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Free the stages of a load on every fellow."""
+    result = agent_answer(home, {"op": "unload", "plan_id": plan_id, "all": all_loads}, "")
+    if as_json:
+        print_json(result)
+        return
+    gone = result.get("unloaded", [])
+    typer.echo(f"unloaded {', '.join(gone)}" if gone else "nothing was loaded")

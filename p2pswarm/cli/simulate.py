@@ -1,0 +1,132 @@
+"""`p2pswarm simulate`: a WiFi-dropout scenario on real agents in virtual time (or in
+network namespaces with --real), judged against the truth, with reports."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from p2pswarm.cli.app import JsonOption, app
+from p2pswarm.cli.exits import EXIT_FAILURE, EXIT_USAGE, exits_on, fail
+
+
+def _sim_progress(enabled: Optional[bool], label: str) -> Any:
+    """A rich progress bar on stderr for one run (virtual seconds), or None."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(),
+                    TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
+                    TimeElapsedColumn(), transient=True,
+                    console=__import__("rich.console").console.Console(stderr=True))
+
+
+def _sim_run(run: Any, bar: Any, label: str) -> Any:
+    if bar is None:
+        return run(None)
+    task = bar.add_task(label, total=1.0)
+
+    def progress(now_s: float, end_s: float) -> None:
+        bar.update(task, completed=now_s, total=end_s)
+
+    try:
+        return run(progress)
+    finally:
+        bar.remove_task(task)
+
+
+@app.command()
+@exits_on()
+def simulate(
+    scenario: str = typer.Argument(..., help="A scenario file, or a name in "
+                                   "simulations/scenarios/ (e.g. w3, clean, smoke)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed (default: the scenario's); "
+                                       "the same seed replays exactly."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="How many fellows "
+                                        "(default: the scenario's)."),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Virtual seconds to "
+                                             "run (default: the scenario's)."),
+    baseline: bool = typer.Option(False, "--baseline", help="Also run memberlist's LAN "
+                                  "defaults and report both side by side."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write result.json, report.md "
+                                       "and PNG plots into this directory."),
+    real: bool = typer.Option(False, "--real", help="Run real agent processes in network "
+                              "namespaces (root, Linux), then the same scenario in virtual "
+                              "time, and compare detection times."),
+    plant: Optional[str] = typer.Option(None, "--plant", help="Plant a known bug "
+                                        "(never-refutes) to see the oracle catch it."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress",
+                                            help="Progress bar (default: on a terminal)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Run a WiFi-dropout scenario on real agents in virtual time, judge it against the
+    truth, and report (exit 1 if the oracle finds a failure)."""
+    from p2pswarm.sim.harness import run_scenario, variant_for
+    from p2pswarm.sim.metrics import ks_two_sample
+    from p2pswarm.sim.report import markdown, public, to_json, write_reports
+    from p2pswarm.sim.scenario import load_scenario
+
+    with exits_on(EXIT_USAGE):
+        chosen = load_scenario(scenario).with_overrides(nodes=nodes, duration_s=duration,
+                                                        seed=seed)
+        variant_for(chosen, "ours", plant)
+        if real:
+            from p2pswarm.sim.netns import MAX_FELLOWS, missing_requirements
+            why = missing_requirements()
+            if why is not None:
+                fail(why)
+            if chosen.nodes > MAX_FELLOWS:
+                fail(f"real mode runs at most {MAX_FELLOWS} fellows; this scenario has "
+                     f"{chosen.nodes} (use --nodes)")
+    bar = _sim_progress(progress, chosen.name)
+    results: list[dict[str, Any]] = []
+    comparison: Optional[dict[str, Any]] = None
+    try:
+        if bar is not None:
+            bar.start()
+        with exits_on(EXIT_FAILURE):
+            if real:
+                from p2pswarm.sim.netns import run_real
+                results.append(_sim_run(lambda p: run_real(chosen, p), bar, "real"))
+            results.append(_sim_run(lambda p: run_scenario(chosen, "ours", planted=plant,
+                                                           progress=p), bar, "ours"))
+            if baseline:
+                results.append(_sim_run(lambda p: run_scenario(chosen, "baseline",
+                                                               planted=plant, progress=p),
+                                        bar, "baseline"))
+    except KeyboardInterrupt:
+        fail("interrupted", EXIT_FAILURE)
+    finally:
+        if bar is not None:
+            bar.stop()
+    if real:
+        comparison = {"detection_ks": ks_two_sample(results[0]["_detect"],
+                                                    results[1]["_detect"])}
+    notes: list[str] = []
+    if out is not None:
+        notes = write_reports(results, out.expanduser())
+    if as_json:
+        doc: Any = [public(r) for r in results] if len(results) > 1 else public(results[0])
+        if comparison is not None:
+            doc = {"runs": doc, "comparison": comparison}
+        typer.echo(to_json(doc))
+    else:
+        typer.echo(markdown(results), nl=False)
+        if comparison is not None:
+            ks = comparison["detection_ks"]
+            typer.echo(f"detection time, real against virtual: two-sample KS D = "
+                       f"{ks['statistic']:.3f}, p = {ks['p_value']:.3g} "
+                       f"(n = {ks['n']}, m = {ks['m']}; {ks['method']})")
+        if out is not None:
+            written = "result.json, report.md" + ("" if notes else " and plots")
+            typer.echo(f"wrote {out}/{written}")
+    for note in notes:
+        typer.echo(note, err=True)
+    if not all(r["ok"] for r in results):
+        raise typer.Exit(EXIT_FAILURE)

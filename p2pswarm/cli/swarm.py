@@ -1,0 +1,191 @@
+"""Being in a swarm: init (a new secret and its join token), join (run the agent), leave,
+and status (this fellow, the fellows it knows, the leader, traffic)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from p2pswarm.cli.app import HomeOption, JsonOption, app, home_dir, print_json
+from p2pswarm.cli.exits import EXIT_FAILURE, EXIT_USAGE, exits_on, fail
+from p2pswarm.cli.local_agent import ask_agent
+from p2pswarm.config import DEFAULT_PORT, split_addr
+
+
+def seed_list(seeds: list[str]) -> tuple[str, ...]:
+    out = []
+    for seed in seeds:
+        host, port = split_addr(seed)
+        out.append(f"{host}:{port}")
+    return tuple(out)
+
+
+def read_token(token: Optional[str]) -> Optional[str]:
+    """--token, else $P2PSWARM_TOKEN, else the file named by $P2PSWARM_TOKEN_FILE."""
+    if token:
+        return token
+    if os.environ.get("P2PSWARM_TOKEN"):
+        return os.environ["P2PSWARM_TOKEN"]
+    path = os.environ.get("P2PSWARM_TOKEN_FILE")
+    if path:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            fail(f"cannot read P2PSWARM_TOKEN_FILE {path}: {exc.strerror}")
+    return None
+
+
+@app.command()
+@exits_on()
+def init(
+    home: Optional[Path] = HomeOption,
+    force: bool = typer.Option(False, "--force", help="Replace a swarm already in --home."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Make a new swarm: a secret in the state directory, and a join token to share."""
+    from p2pswarm.home import Home
+
+    directory = home_dir(home)
+    with exits_on(EXIT_USAGE):
+        secret = Home(directory).init(force=force)
+    token = secret.token()
+    if as_json:
+        print_json({"home": str(directory), "token": token})
+        return
+    typer.echo(f"New swarm in {directory}.\nJoin token (keep it secret; anyone holding it "
+               f"can join):\n\n  {token}\n\nOn every machine:  p2pswarm join SEED:7946 "
+               f"--token {token}")
+
+
+@app.command()
+@exits_on()
+def join(
+    seeds: list[str] = typer.Argument(None, help="HOST:PORT of fellows already in the swarm."),
+    token: Optional[str] = typer.Option(None, "--token", help="Join token from `p2pswarm init` "
+                                        "(or $P2PSWARM_TOKEN)."),
+    listen: str = typer.Option(f"0.0.0.0:{DEFAULT_PORT}", "--listen",
+                               help="HOST:PORT to listen on (UDP and TCP)."),
+    advertise: Optional[str] = typer.Option(None, "--advertise",
+                                            help="HOST:PORT fellows should reach this one at."),
+    name: Optional[str] = typer.Option(None, "--name", help="This fellow's name (hostname)."),
+    preset_name: str = typer.Option("lan", "--preset", help="Timings: lan, wifi or local."),
+    leader_priority: int = typer.Option(0, "--leader-priority", min=0, max=255,
+                                        help="Prefer this fellow as leader (higher wins)."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="Offer only these GPUs, e.g. 0,2."),
+    cpu_memory: Optional[str] = typer.Option(None, "--cpu-memory",
+                                             help="Offer at most this much RAM, e.g. 6GB."),
+    no_cpu: bool = typer.Option(False, "--no-cpu", help="Do not offer the CPU as a card."),
+    http: Optional[str] = typer.Option(None, "--http", help="ADDR:PORT of the HTTP API, pages "
+                                       "and OpenAI endpoint (default 127.0.0.1:7780), or off."),
+    http_token: Optional[str] = typer.Option(None, "--http-token", help="Bearer token the HTTP "
+                                             "API requires; needed beyond loopback."),
+    home: Optional[Path] = HomeOption,
+    log_level: str = typer.Option("info", "--log-level", help="debug, info or warning."),
+) -> None:
+    """Run this machine's agent in the foreground and join the swarm (Ctrl-C leaves)."""
+    import trio
+
+    from p2pswarm.agent.node import NodeSettings, run_node
+    from p2pswarm.config import preset
+    from p2pswarm.home import Home
+    from p2pswarm.http.app import http_settings
+    from p2pswarm.inventory import local_card_source
+    from p2pswarm.security import SwarmSecret
+
+    directory = home_dir(home)
+    with exits_on(EXIT_USAGE):
+        config = preset(preset_name)
+        seed_addrs = seed_list(seeds or [])
+        split_addr(listen)
+        if advertise:
+            split_addr(advertise)
+        http_server = http_settings(http, http_token)
+        text = read_token(token)
+        state = Home(directory)
+        if text is not None:
+            state.join_swarm(SwarmSecret.from_token(text))
+        state.load_keyring()  # refuse early: no swarm, or key files others can read
+        cards = local_card_source(gpus=gpus, cpu_memory=cpu_memory, no_cpu=no_cpu,
+                                  own_pids=[os.getpid()])
+        settings = NodeSettings(home=directory, listen=listen, seeds=seed_addrs,
+                                name=name or socket.gethostname(), config=config,
+                                advertise=advertise, leader_priority=leader_priority,
+                                card_source=cards, http=http_server)
+    setup_logging(log_level)
+    with exits_on(EXIT_FAILURE):
+        try:
+            trio.run(run_node, settings)
+        except KeyboardInterrupt:
+            pass
+
+
+@app.command()
+@exits_on()
+def leave(home: Optional[Path] = HomeOption) -> None:
+    """Make the local agent leave the swarm gracefully (fellows mark it `left`) and exit."""
+    ask_agent(home, {"op": "leave"})
+    typer.echo("leaving the swarm")
+
+
+def setup_logging(level: str) -> None:
+    levels = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+    if level not in levels:
+        fail(f"unknown --log-level {level!r}: use debug, info or warning")
+    logging.basicConfig(level=levels[level], stream=sys.stderr,
+                        format="%(asctime)s %(levelname)-7s %(message)s", datefmt="%H:%M:%S")
+
+
+@app.command()
+@exits_on()
+def status(home: Optional[Path] = HomeOption, as_json: bool = JsonOption) -> None:
+    """Show this fellow, the fellows it knows, the leader and traffic counters."""
+    data = ask_agent(home, {"op": "status"})
+    if as_json:
+        print_json(data)
+        return
+    render_status(data)
+
+
+def card_summary(card: dict[str, Any]) -> str:
+    """``GPU 0 3.9/4.3 GB free`` / ``CPU 11.2/16.7 GB free``."""
+    label = f"GPU {card.get('index', 0)}" if card.get("kind") == "cuda" else "CPU"
+    free, total = card.get("free_bytes", 0) / 1e9, card.get("total_bytes", 0) / 1e9
+    return f"{label} {free:.1f}/{total:.1f} GB free"
+
+
+def render_status(data: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    me = data["self"]
+    leader = data.get("leader")
+    console.print(f"[bold]{me['name']}[/] ({me['id'][:8]}) at {me['addr']}, "
+                  f"preset {data.get('preset')}, health {data.get('health', 0)}")
+    if leader:
+        console.print(f"leader: [bold]{leader['name']}[/] ({leader['id'][:8]}), "
+                      f"term {leader['term']}")
+    else:
+        console.print(f"leader: {data.get('leader_note') or 'none yet'}")
+    table = Table(title=f"{len(data['members'])} fellows")
+    for column in ("name", "id", "address", "state", "inc", "cards", "last heard"):
+        table.add_column(column)
+    for m in data["members"]:
+        cards = ", ".join(card_summary(c) for c in m.get("cards", [])) or "-"
+        heard = m.get("last_heard_s")
+        name = m["name"] + (" (this one)" if m.get("self") else "")
+        table.add_row(name, m["id"][:8], m["addr"], m["state"], str(m["incarnation"]),
+                      cards, "-" if heard is None else f"{heard:.1f} s ago")
+    console.print(table)
+    counters = data.get("counters", {})
+    drops = counters.get("drops") or {}
+    console.print(
+        f"datagrams in/out {counters.get('datagrams_in', 0)}/{counters.get('datagrams_out', 0)}"
+        f", streams in/out {counters.get('streams_in', 0)}/{counters.get('streams_out', 0)}"
+        + (", drops: " + ", ".join(f"{k} {v}" for k, v in drops.items()) if drops else ""))
