@@ -27,7 +27,7 @@ async def test_one_replica_three_stages_equals_one_process(autojump_clock) -> No
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
         asker = swarm.live()[1]
-        plan = await asker.leadership.ask_op("job-plan", {"config": config, "stages": 3})
+        plan = await asker.training.ask_plan(config, stages=3)
         assert plan["fits"] and len(plan["replicas"]) == 1
         assert len({s["fellow"] for s in plan["stages"]}) == 3
         record = await asker.training.submit(config, plan_id=plan["plan_id"], stages=3)
@@ -48,8 +48,7 @@ async def test_pinned_plan_on_a_changed_cluster_is_refused(autojump_clock) -> No
     config = job_config()
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
-        plan = await swarm.live()[0].leadership.ask_op("job-plan", {"config": config,
-                                                                 "stages": 2})
+        plan = await swarm.live()[0].training.ask_plan(config, stages=2)
         used = {s["fellow"] for s in plan["stages"]}
         asker = next((a for a in swarm.live() if a.name not in used), swarm.live()[0])
         gone = next(i for i, f in enumerate(swarm.fellows)
@@ -90,7 +89,7 @@ async def test_pinned_job_whose_fellow_changed_stays_pending(autojump_clock) -> 
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
         asker = swarm.live()[0]
-        plan = await asker.leadership.ask_op("job-plan", {"config": config, "stages": 3})
+        plan = await asker.training.ask_plan(config, stages=3)
         # a fellow's memory is taken before its gossip says so: the leader's view still
         # gives the plan, the fellow's live view refuses its stage
         victim = next(f for f in swarm.fellows if f.name == plan["stages"][1]["fellow"])
@@ -111,7 +110,7 @@ async def test_pinned_job_whose_fellow_changed_stays_pending(autojump_clock) -> 
         assert now["state"] == "pending" and now["step"] == 0
         assert now["reason"].startswith("the cluster changed since the plan was shown: ")
         assert all(not a.training.hosts for a in swarm.live())
-        cancelled = await asker.leadership.ask_op("job-cancel", {"job_id": job_id})
+        cancelled = await asker.training.ask_cancel(job_id)
         assert cancelled["job_id"] == job_id
         await wait_until(lambda: asker.training is not None, timeout_s=1)
         await trio.sleep(1)
@@ -202,7 +201,7 @@ async def test_resume_continues_the_loss_trajectory_from_surviving_copies(
         assert resumed["job_id"] == job_id
         record = await finished(asker, job_id)
         assert record["state"] == "finished", record["reason"]
-        plan = await asker.leadership.ask_op("job-plan", {"config": config, "stages": 3})
+        plan = await asker.training.ask_plan(config, stages=3)
         cut = [s["layers"][0] for s in plan["stages"][1:]]
         local = LocalRun(JobConfig.from_dict({**config, "checkpoint": {}}), cut=cut).run()
         assert len(record["losses"]) == 6

@@ -47,7 +47,7 @@ async def three_replicas(churn: bool) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
         leader = next(a for a in swarm.live() if a.leadership.is_leader())
-        plan = await leader.leadership.ask_op("job-plan", {"config": churn_config()})
+        plan = await leader.training.ask_plan(churn_config())
         assert len(plan["replicas"]) == 3
         assert len({s["fellow"] for r in plan["replicas"] for s in r["stages"]}) == 3
         record = await leader.training.submit(churn_config())
@@ -134,12 +134,12 @@ async def test_lora_job_trains_and_syncs_only_the_adapters(autojump_clock) -> No
         assert any(not torch.equal(adapters_before[k], adapters_after[k])
                    for k in adapters_before)
         # what the keepers sync is exactly the adapters of a replica's stages
-        keeper_values = sum(k.params.numel() for k in job.driver.keepers)
+        keeper_values = sum(k.outer.params.numel() for k in job.driver.keepers)
         per_replica = sum(p.numel() for p in adapters_before.values()) // 2
         assert keeper_values == per_replica
         rounds = job.step // 2
         assert 0 < job.bytes_sent <= rounds * 2 * (2 * 2 * keeper_values + 64)
-        await leader.training._leader_cancel({"job_id": job.job_id})
+        await leader.training.leader.cancel(job.job_id)
         nursery.cancel_scope.cancel()
 
 

@@ -30,15 +30,19 @@ virtual-time simulation drive it alike.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from p2pswarm.errors import ConfigError, RemoteProtocolError
+from p2pswarm.errors import RemoteProtocolError
 from p2pswarm.training.codec import Codec, Encoded, ErrorFeedback, make_codec
 from p2pswarm.training.job import SyncConfig
+from p2pswarm.training.round_rule import (
+    delta_weight,
+    step_budgets,  # noqa: F401  (re-exported)
+)
 
 HISTORY_UPDATES = 8  # updates a keeper keeps for replicas catching up
 
@@ -60,17 +64,6 @@ def write_flat(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
             offset += n
     if offset != flat.numel():
         raise RemoteProtocolError("bad-delta", f"{flat.numel()} values for {offset} parameters")
-
-
-def step_budgets(speeds: Mapping[str, float], inner_steps: int) -> dict[str, int]:
-    """Local steps per round by measured speed (steps/s): the fastest replica takes
-    ``inner_steps``, the others what they manage in the same time (at least one)."""
-    if not speeds:
-        return {}
-    fastest = max(speeds.values())
-    if fastest <= 0:
-        raise ConfigError("replica speeds must be positive")
-    return {r: max(1, int(inner_steps * s / fastest + 1e-9)) for r, s in speeds.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +163,8 @@ class OuterSync:
         return Verdict(True, staleness)
 
     def ready(self, now: float) -> bool:
-        """Whether the round should close now: everyone sent, or the deadline passed."""
+        """Whether the round should close now: everyone sent, or the deadline passed (with
+        something arrived); ``round_rule.round_closes`` is the whole rule."""
         if not self._pending:
             return False
         return now >= self.deadline or (bool(self.members) and self.members <= self._fresh)
@@ -190,11 +184,13 @@ class OuterSync:
         # sorted, not arrival order: the same contributions give the same sum to the bit
         for (replica, round), (delta, samples) in sorted(self._pending.items()):
             staleness = self.version - round
-            weight = samples * self.config.staleness_decay ** staleness
-            entry = Applied(replica, round, samples, weight)
+            weight = delta_weight(samples, staleness, self.config.staleness_decay,
+                                  self.config.staleness_bound)
             if staleness > self.config.staleness_bound:
-                dropped.append(entry)
+                dropped.append(Applied(replica, round, samples,
+                                       samples * self.config.staleness_decay ** staleness))
                 continue
+            entry = Applied(replica, round, samples, weight)
             grad.add_(delta, alpha=weight)
             total_samples += samples
             applied.append(entry)

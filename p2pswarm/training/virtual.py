@@ -7,10 +7,11 @@ replica. Only time is simulated: a step of a fellow with ``speed`` s takes 1/s v
 seconds, and every message crosses one shared medium (WiFi: transfers queue one after
 another at ``bandwidth_bps``, plus half the round-trip time), so bytes cost time.
 
-Each fellow takes its step budget (``sync.step_budgets`` by speed), then catches up on
+Each fellow takes its step budget (``round_rule.round_budgets`` by speed), then catches up on
 updates it missed, sends its contribution and goes straight on training. The keepers
 close a round when every member has sent or at the deadline, and send the update to
-every member that is online. Faults: a fellow may miss a round (offline from one
+every member that is online, by the rule of ``training.round_rule`` that the
+agent's driver runs too (here a fellow never waits for its round to close). Faults: a fellow may miss a round (offline from one
 budget's end to the next: nothing sent, updates missed, fetched on return), or be
 killed (its process and state gone; the round stops waiting for it) and later rejoin
 (a fresh process pulls the current global parameters and trains on). Nothing else
@@ -36,7 +37,8 @@ from p2pswarm.training.data import TokenData
 from p2pswarm.training.job import JobConfig
 from p2pswarm.training.pipeline import LocalTrainPipeline
 from p2pswarm.training.replica import Contribution, Replica, build_stages, synced_tensors
-from p2pswarm.training.sync import OuterSync, flatten, step_budgets, write_flat
+from p2pswarm.training.round_rule import round_budgets, round_closes
+from p2pswarm.training.sync import OuterSync, flatten, write_flat
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +137,7 @@ class VirtualSwarm:
         self.eval_batches = list(eval_batches)
         self.eval_every = eval_every
         speeds = {f.name: f.speed for f in fellows}
-        budgets = (step_budgets(speeds, job.sync.inner_steps) if job.sync.speed_aware
-                   else dict.fromkeys(speeds, job.sync.inner_steps))
+        budgets = round_budgets(speeds, job.sync.inner_steps, job.sync.speed_aware)
         self.fellows = {f.name: _Fellow(f, i, self._build(f.name, i), budgets[f.name])
                         for i, f in enumerate(fellows)}
         first = next(iter(self.fellows.values())).replica
@@ -263,7 +264,7 @@ class VirtualSwarm:
         if accepted and f.rejoined_at is not None:
             self.rejoin_to_useful.append(self.now - f.rejoined_at)
             f.rejoined_at = None
-        if self.keepers[0].ready(self.now):
+        if round_closes(self.keepers[0], self.now):
             return self._close()
         return None
 

@@ -1,30 +1,33 @@
-"""Messages of training jobs: a replica's pipeline and its sync (tags 110-129).
+"""Messages of training jobs: a replica's pipeline and its sync (tags 110-129, 180-199).
 
 A job's driver (the leader) opens one sealed stream to every stage of every replica; its
 first frame is ``TrainOpen`` with role ``control``. Stage ``s`` opens one to stage
 ``s + 1`` of its replica with role ``data``: activations go down it, their gradients
 come back up it. After the envelope every frame is one message: ``TrainTensor`` (inputs
-and targets from the driver, activations, gradients, the tied-embedding gradient) or
-``TrainCtl``, the driver's commands and the stage's answers, whose ``op`` says which:
+and targets from the driver, activations, gradients, the tied-embedding gradient), or one
+of the driver's commands, each its own type, and the stage's answer:
 
-- ``step`` (driver): run step ``step`` with ``count`` micro-batches at learning rate
-  ``value``; the stage answers ``report`` (``value`` its squared gradient norm without a
-  tied copy, ``value2`` the sum of its micro-batch losses on the last stage);
-- ``apply`` (driver): take the optimizer step with clip coefficient ``value``;
-- ``take`` / ``delta``: the stage's pseudo-gradient, an encoded vector in ``blob``
-  anchored on version ``step``; ``update``: the keeper's update to version ``step``;
-- ``state`` / ``load``: a stage's shard (``torch.save`` bytes, read back weights-only)
-  for checkpoints and resume; ``tied`` / ``tied-weight``: the first stage's embedding
-  for a last stage holding a tied head, after a sync round; ``reset``: a replica placed
-  again takes the keeper's global parameters (``blob``) at version ``step``;
-- ``ok`` acknowledges, ``stop`` ends the stream.
+- ``StepRun`` (run step ``step`` with ``micro_batches`` micro-batches at learning rate
+  ``lr``) -> ``StepReport`` (its squared gradient norm without a tied copy, whether a
+  tied-embedding gradient follows, the sum of its micro-batch losses on the last stage);
+  then ``StepApply`` (take the optimizer step with clip coefficient ``clip``) -> ``Ack``;
+- ``TakeDelta`` -> ``Delta``: the stage's pseudo-gradient, an encoded vector anchored on
+  ``version``; ``Update``: the keeper's update to ``version`` -> ``Ack``;
+- ``ParamsAsk`` -> ``Params``: the stage's synced parameters (the keeper starts there);
+- ``StateAsk`` -> ``State`` / ``StateLoad`` -> ``Ack``: a stage's shard (``torch.save``
+  bytes, read back weights-only) for checkpoints and resume;
+- ``TiedAsk`` -> ``Tied`` / ``TiedWeight`` -> ``Ack``: the first stage's embedding for a
+  last stage holding a tied head, after a sync round;
+- ``Reset``: a replica placed again takes the keeper's global parameters at ``version``
+  -> ``Ack``; ``Stop`` ends the stream. ``Ack`` also answers the control stream's open.
 
 ``TrainError`` names the stage and fellow that failed and why, in either direction.
+Tag 112 (the untyped ``TrainCtl``) is retired and never reused.
 
 Checkpoint copies travel on streams of their own. ``TrainShard`` opens one from the
 leader to a holder: the shard ``name`` of checkpoint ``step`` of ``job_id`` with its
 SHA-256, as frames of at most ``SHARD_CHUNK_BYTES`` (``offset`` into ``total``); the
-holder answers ``TrainCtl("ok")`` once it has the whole shard on disk, or ``TrainError``.
+holder answers ``Ack`` once it has the whole shard on disk, or ``TrainError``.
 ``TrainFetch`` asks a holder for a shard (``step`` 0: the newest step it holds whole);
 it answers the shard as ``TrainShard`` frames, or ``TrainError``.
 """
@@ -67,17 +70,6 @@ class TrainTensor:
     tensor: Blob
 
 
-@message(112)
-@dataclass(frozen=True, slots=True)
-class TrainCtl:
-    op: Word
-    step: U32 = 0
-    count: U32 = 0
-    value: F64 = 0.0
-    value2: F64 = 0.0
-    blob: Blob = b""
-
-
 @message(113)
 @dataclass(frozen=True, slots=True)
 class TrainError:
@@ -106,5 +98,147 @@ class TrainFetch:
     name: Token
 
 
-__all__ = ["SHARD_CHUNK_BYTES", "TrainCtl", "TrainError", "TrainFetch", "TrainOpen",
-           "TrainShard", "TrainTensor"]
+# --- the driver's commands and the stage's answers (tag 112, TrainCtl, is retired) --------
+
+
+@message(116)
+@dataclass(frozen=True, slots=True)
+class StepRun:
+    """Run step ``step``: ``micro_batches`` forwards and backwards at learning rate ``lr``."""
+
+    step: U32
+    micro_batches: U32
+    lr: F64
+
+
+@message(117)
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """A stage's step done: its squared gradient norm (less a tied copy), whether a
+    tied-embedding gradient follows as ``TrainTensor("tied")``, its micro-batch losses'
+    sum (the last stage; 0 elsewhere)."""
+
+    step: U32
+    has_tied_grad: bool
+    grad_sq: F64
+    loss_sum: F64
+
+
+@message(118)
+@dataclass(frozen=True, slots=True)
+class StepApply:
+    """Take the optimizer step of ``step`` with gradient clip coefficient ``clip``."""
+
+    step: U32
+    clip: F64
+
+
+@message(119)
+@dataclass(frozen=True, slots=True)
+class TakeDelta:
+    """Send the stage's pseudo-gradient since the last one."""
+
+
+@message(120)
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """An encoded pseudo-gradient anchored on global version ``version``."""
+
+    version: U32
+    blob: Blob
+
+
+@message(121)
+@dataclass(frozen=True, slots=True)
+class Update:
+    """The keeper's encoded update that takes the stage to version ``version``."""
+
+    version: U32
+    blob: Blob
+
+
+@message(122)
+@dataclass(frozen=True, slots=True)
+class ParamsAsk:
+    """Send the stage's synced parameters."""
+
+
+@message(123)
+@dataclass(frozen=True, slots=True)
+class Params:
+    """The stage's synced parameters as one flat tensor frame."""
+
+    blob: Blob
+
+
+@message(124)
+@dataclass(frozen=True, slots=True)
+class StateAsk:
+    """Send the stage's checkpoint shard."""
+
+
+@message(125)
+@dataclass(frozen=True, slots=True)
+class State:
+    """A stage's checkpoint shard (``torch.save`` bytes: stage and sync state)."""
+
+    blob: Blob
+
+
+@message(126)
+@dataclass(frozen=True, slots=True)
+class StateLoad:
+    """Load this checkpoint shard (as ``State``'s blob) into the stage."""
+
+    blob: Blob
+
+
+@message(127)
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """Start over from the keeper's global parameters (a tensor frame) at ``version``."""
+
+    version: U32
+    blob: Blob
+
+
+@message(128)
+@dataclass(frozen=True, slots=True)
+class TiedAsk:
+    """Send the first stage's (tied) input embedding."""
+
+
+@message(129)
+@dataclass(frozen=True, slots=True)
+class Tied:
+    """The first stage's input embedding as a tensor frame."""
+
+    blob: Blob
+
+
+@message(180)
+@dataclass(frozen=True, slots=True)
+class TiedWeight:
+    """The last stage's tied head takes this embedding (a tensor frame)."""
+
+    blob: Blob
+
+
+@message(181)
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Done (``step``: the step or version done, where there is one)."""
+
+    step: U32 = 0
+
+
+@message(182)
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The driver is done with the stage: end the stream."""
+
+
+__all__ = ["SHARD_CHUNK_BYTES", "Ack", "Delta", "Params", "ParamsAsk", "Reset", "State",
+           "StateAsk", "StateLoad", "StepApply", "StepReport", "StepRun", "Stop",
+           "TakeDelta", "Tied", "TiedAsk", "TiedWeight", "TrainError", "TrainFetch",
+           "TrainOpen", "TrainShard", "TrainTensor", "Update"]

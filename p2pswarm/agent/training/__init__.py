@@ -1,0 +1,269 @@
+"""Training jobs: placed by the leader, stages hosted by fellows, replicas synced DiLoCo-style.
+
+``Training`` is what the agent constructs; it joins the rooms, one role each:
+
+- ``jobs``: the leader's job records and the calls it serves (plan, submit, jobs, cancel,
+  config);
+- ``placement``: ordering fellows to take a job's stages, releasing them, retrying;
+- ``stage_host``: a fellow hosting stages (the orders, the control and data streams);
+- ``driver``: the leader driving a job (streams, steps, pauses, placing again);
+- ``rounds``: DiLoCo sync rounds between replicas (``training.round_rule``);
+- ``checkpoints``: checkpoints gathered, stored, copied to fellows, resumed;
+- ``runtime`` / ``torch_runtime``: the seam to torch, loaded on first use.
+
+Here: the control ops of the CLI's own agent (``job_plan``, ``job_submit``, ``jobs``,
+``job_cancel``, ``job_export``), which ask the leader with typed calls; the fellow whose
+``job_submit`` streams follows the job's record until it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from p2pswarm.agent.pins import ShownPlans
+from p2pswarm.agent.training.checkpoints import TrainCopies
+from p2pswarm.agent.training.driver import drive
+from p2pswarm.agent.training.jobs import (
+    CHANGED,
+    STATES,
+    TERMINAL,
+    Job,
+    LeaderJobs,
+    job_config,
+)
+from p2pswarm.agent.training.placement import Placer
+from p2pswarm.agent.training.stage_host import StageHosts, TrainHost
+from p2pswarm.control.server import current_emitter, emit
+from p2pswarm.errors import ConfigError, PlacementError, TransportError
+from p2pswarm.wire.jobs import (
+    JobCancel,
+    JobConfigAsk,
+    JobConfigShown,
+    JobList,
+    JobPlanAsk,
+    JobPlanShown,
+    JobRecord,
+    JobsAsk,
+    JobSubmit,
+)
+from p2pswarm.wire.orders import pack_doc, unpack_doc
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.training.runtime import TrainRuntime
+
+log = logging.getLogger("p2pswarm.training")
+
+FOLLOW_POLL_S = 0.5  # how often a streaming job_submit asks the leader for the record
+MAX_STAGES = 65535  # the most stages a job may ask each pipeline to take
+
+
+def _exclude_cards(request: dict[str, Any]) -> list[str]:
+    exclude = request.get("exclude_cards") or []
+    if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
+        raise ConfigError("exclude_cards must be a list of \"FELLOW:INDEX\" strings")
+    return list(exclude)
+
+
+def _stages(request: dict[str, Any]) -> int | None:
+    stages = request.get("stages")
+    if stages is not None and (isinstance(stages, bool) or not isinstance(stages, int)
+                               or not 1 <= stages <= MAX_STAGES):
+        raise ConfigError(f"stages must be a whole number of at least 1, got {stages!r}")
+    return stages
+
+
+class Training:
+    """Jobs (the leader's calls), hosted training stages (orders, streams) and the control
+    ops ``job_plan``, ``job_submit``, ``jobs``, ``job_cancel``, ``job_export`` of one
+    agent."""
+
+    def __init__(self, agent: Agent, leadership: Leadership,
+                 runtime: TrainRuntime | None = None) -> None:
+        self.agent = agent
+        self.leadership = leadership
+        self._runtime = runtime
+        self.step_timeout_s = 120.0  # the most the driver waits for one stage's step
+        self.open_timeout_s = 30.0
+        self.retry_s = 5.0  # a pending job tries its fellows again this often
+        # simulations only: the virtual seconds one step of a hosted stage takes (compute
+        # runs inline and takes none); 0 in the real world
+        self.simulated_step_s = 0.0
+        self.shown = ShownPlans(agent.name)  # job plans this leader has shown
+        self.leader = LeaderJobs(self)
+        self.placer = Placer(self)
+        self.stages = StageHosts(self)
+        self.copies = TrainCopies(agent)
+        agent.control_ops.update({"job_plan": self._op_plan, "job_submit": self._op_submit,
+                                  "jobs": self._op_jobs, "job_cancel": self._op_cancel,
+                                  "job_export": self._op_export})
+
+    @property
+    def runtime(self) -> TrainRuntime:
+        """The torch side (``torch_runtime.TorchRuntime``), loaded on first use."""
+        if self._runtime is None:
+            from p2pswarm.agent.training.torch_runtime import TorchRuntime
+
+            self._runtime = TorchRuntime()
+        return self._runtime
+
+    @property
+    def hosts(self) -> dict[tuple[str, int, int], TrainHost]:
+        """The stages this fellow hosts, by (job, replica, stage)."""
+        return self.stages.hosts
+
+    @property
+    def jobs(self) -> dict[str, Job]:
+        """The jobs this agent leads, by id."""
+        return self.leader.jobs
+
+    async def drive(self, job: Job) -> None:
+        await drive(self, job)
+
+    # --- asking the leader ----------------------------------------------------------------
+
+    async def ask_plan(self, config: Any, *, stages: int | None = None,
+                       maximize: str | None = None,
+                       exclude_cards: list[str] | None = None) -> dict[str, Any]:
+        """The leader's plan for job ``config``: one pipeline per replica."""
+        call = JobPlanAsk(pack_doc(config), stages, maximize or "",
+                          tuple(exclude_cards or ()))
+        return unpack_doc((await self.leadership.ask(call, JobPlanShown)).plan)
+
+    async def ask_cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel job ``job_id`` on the leader; its record."""
+        return unpack_doc((await self.leadership.ask(JobCancel(job_id), JobRecord)).record)
+
+    async def list_jobs(self) -> list[dict[str, Any]]:
+        reply = await self.leadership.ask(JobsAsk(), JobList)
+        return [unpack_doc(r) for r in reply.records]
+
+    async def submit(self, config: dict[str, Any] | None, *, plan_id: str | None = None,
+                     stages: int | None = None, resume: str = "",
+                     follow: bool = False, maximize: str | None = None,
+                     exclude_cards: list[str] | None = None) -> dict[str, Any]:
+        """Submit a job to the leader; with ``follow``, stream its record (control events
+        ``{"job": record}``) until it ends, and return the last one. ``maximize="seq_len"``
+        trains at the longest sequence length that fits now."""
+        call = JobSubmit(None if config is None else pack_doc(config), plan_id or "", stages,
+                         resume, maximize or "", tuple(exclude_cards or ()))
+        record = unpack_doc((await self.leadership.ask(call, JobRecord)).record)
+        if not follow:
+            return record
+        emit({"job": record})
+        while record["state"] not in TERMINAL:
+            await trio.sleep(FOLLOW_POLL_S)
+            try:
+                jobs = await self.list_jobs()
+            except (PlacementError, TransportError) as exc:
+                log.info("following job %s: %s", record["job_id"], exc)
+                continue
+            now = next((j for j in jobs if j["job_id"] == record["job_id"]), None)
+            if now is None:
+                raise PlacementError(f"the leader no longer knows job {record['job_id']} "
+                                     "(a new leader?); resume it with --resume")
+            if now != record:
+                record = now
+                emit({"job": record})
+        return record
+
+    async def export(self, job_id: str, out: str) -> Any:
+        """Export job ``job_id``'s latest checkpoint into ``out`` on this fellow (a Hugging
+        Face directory, or LoRA adapters): the leader's copy where this fellow leads, the
+        shards fetched from the fellows holding copies where it lacks them or leads not."""
+        runtime = self.runtime
+        out_dir = runtime.check_out_dir(out)  # refused before anything is fetched
+        info = await self.leadership.ask(JobConfigAsk(job_id), JobConfigShown)
+        config = job_config(unpack_doc(info.config))
+        if config.checkpoint.dir is None:
+            raise ConfigError(f"job {job_id} names no checkpoint.dir: it keeps no checkpoint "
+                              "to export")
+        staging: Path | None = None
+        if self.leadership.is_leader():
+            where = Path(config.checkpoint.dir)
+        else:  # fetch the shards from the fellows holding copies into a scratch store
+            root = self.copies.root.parent if self.agent.home is not None else None
+            staging = where = Path(tempfile.mkdtemp(prefix=".export-", dir=root))
+        try:
+            store = runtime.checkpoint_store(where, max(1, config.checkpoint.keep))
+            if staging is None and info.state not in TERMINAL:
+                # the job still writes here: read its newest checkpoint as it is (restoring
+                # could race a checkpoint being written and point "latest" back at an older one)
+                step = store.latest()
+            else:
+                step = await self.copies.restore(job_id, store)
+            if step is None:
+                raise ConfigError(
+                    f"job {job_id} has no checkpoint yet (state {info.state}, step "
+                    f"{info.step}; it writes one every "
+                    f"{config.checkpoint.interval_steps} steps)")
+            found = step
+            exported = await self.agent.compute.run(
+                lambda: runtime.export(store, out_dir, found))
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+        log.info("job %s: checkpoint %d exported to %s", job_id, exported.step, exported.path)
+        return exported
+
+    # --- control ops (the CLI's own agent) ------------------------------------------------
+
+    @staticmethod
+    def _checked(request: dict[str, Any]) -> tuple[Any, int | None]:
+        config = request.get("config")
+        job_config(config)  # a bad job.json is refused here, before the leader is asked
+        return config, _stages(request)
+
+    async def _op_plan(self, request: dict[str, Any]) -> Any:
+        exclude = _exclude_cards(request)
+        maximize = request.get("maximize")
+        if maximize not in (None, "seq_len", "speed"):
+            raise ConfigError(f"maximize {maximize!r} must be \"seq_len\", \"speed\" or null")
+        config, stages = self._checked(request)
+        return await self.ask_plan(config, stages=stages, maximize=maximize,
+                                   exclude_cards=exclude)
+
+    async def _op_submit(self, request: dict[str, Any]) -> Any:
+        resume = request.get("resume")
+        if resume and request.get("config") is None:
+            config, stages = None, _stages(request)
+        else:
+            config, stages = self._checked(request)
+        plan_id = request.get("plan_id")
+        if plan_id is not None and not isinstance(plan_id, str):
+            raise ConfigError("plan_id must be a string")
+        maximize = request.get("maximize")
+        if maximize not in (None, "seq_len"):
+            raise ConfigError(f"maximize {maximize!r} for a job must be \"seq_len\" or null")
+        return await self.submit(config, plan_id=plan_id or None, stages=stages,
+                                 resume=str(resume or ""),
+                                 follow=current_emitter() is not None, maximize=maximize,
+                                 exclude_cards=_exclude_cards(request))
+
+    async def _op_jobs(self, request: dict[str, Any]) -> Any:
+        return await self.list_jobs()
+
+    async def _op_cancel(self, request: dict[str, Any]) -> Any:
+        job_id = request.get("job_id")
+        if not isinstance(job_id, str) or not job_id:
+            raise ConfigError("job_cancel needs a \"job_id\"")
+        return await self.ask_cancel(job_id)
+
+    async def _op_export(self, request: dict[str, Any]) -> Any:
+        job_id = request.get("job_id")
+        out = request.get("out")
+        if not isinstance(job_id, str) or not job_id:
+            raise ConfigError("job_export needs a \"job_id\"")
+        if not isinstance(out, str) or not out:
+            raise ConfigError("job_export needs an \"out\" directory")
+        return (await self.export(job_id, out)).to_dict()
+
+
+__all__ = ["CHANGED", "STATES", "TERMINAL", "Job", "TrainHost", "Training"]

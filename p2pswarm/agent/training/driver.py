@@ -1,0 +1,368 @@
+"""The leader driving one job: a stream to every stage, steps, pauses, placing again.
+
+``drive`` is a job's life on the leader: place it (waiting while pending), drive it,
+release its stages. The ``Driver`` opens one sealed control stream to every stage (last
+first: each stage opens its data stream on to the next); activations flow down those and
+their gradients back up, micro-batch by micro-batch in the order the schedule gives each
+stage. The driver holds each replica's data stream: inputs go to the first stage,
+targets to the last. After the backwards each stage reports its squared gradient norm
+(and a tied-embedding gradient, which the driver adds up for both copies); the driver
+answers with the clip coefficient and every stage steps its own optimizer. With one
+replica this is exactly ``LocalTrainPipeline``; with several, ``rounds`` syncs them.
+
+A replica whose fellow drops or fails is paused: it leaves the rounds and the others go
+on. Every ``retry_s`` the driver places a paused replica again (same cut, cards nobody
+trains on); after the next round closes it joins (``rounds``). The job fails only when no
+replica is left and none is being placed again; a job of one replica instead waits
+``pending`` for cards and resumes from its latest checkpoint (``checkpoints``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
+
+import trio
+
+from p2pswarm.agent.streams import send_best_effort
+from p2pswarm.agent.training.checkpoints import Checkpoints
+from p2pswarm.agent.training.jobs import TERMINAL, Job, job_config
+from p2pswarm.agent.training.links import Link
+from p2pswarm.agent.training.placement import Placement
+from p2pswarm.agent.training.rounds import SyncRounds
+from p2pswarm.errors import PlacementError, ReplicaLost, SwarmError
+from p2pswarm.wire.training import (
+    Ack,
+    Params,
+    ParamsAsk,
+    StepApply,
+    StepReport,
+    StepRun,
+    Stop,
+    TrainOpen,
+    TrainTensor,
+)
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.training import Training
+    from p2pswarm.agent.training.runtime import ReplicaData, StageKeeper
+
+log = logging.getLogger("p2pswarm.training")
+
+
+@dataclass
+class Replica:
+    """The driver's view of one replica: its links, data, place in the job and rounds."""
+
+    index: int
+    links: list[Link]
+    data: ReplicaData | None = None
+    steps: int = 0  # optimizer steps taken (the learning-rate schedule's position)
+    samples_unsent: int = 0
+    steps_unsent: int = 0
+    paused: str = ""
+    generation: int = 0  # how many times the replica was placed again
+    joining: bool = False  # placed again, links open: joins at the next round boundary
+    placing: bool = False
+    # asynchronous rounds (several replicas)
+    version: int = 0  # the global version its stages are anchored on
+    in_round: int = 0  # local steps taken of this round's budget
+    rounds_done: int = 0  # budgets sent, or rounds caught up to (its place in the job)
+    sent_version: int = -1  # the version its last fresh delta was anchored on
+    budget: int = 0  # local steps this round (by measured speed)
+    step_s: float = 0.0  # measured seconds per step (moving average); 0: not yet measured
+    running: bool = False  # its training task is alive
+    finished: bool = False  # trained to the job's end and sent everything
+    lock: trio.Lock = field(default_factory=trio.Lock)  # one command sequence at a time
+
+    @property
+    def name(self) -> str:
+        return f"replica-{self.index}"
+
+    @property
+    def stream(self) -> ReplicaData:
+        assert self.data is not None
+        return self.data
+
+
+async def run_all_or_fail_first(fns: list[Callable[[], Awaitable[None]]]) -> None:
+    """Run ``fns`` concurrently; the first failure cancels the rest and is raised as
+    itself (not as an exception group), so a caller's ``except SwarmError`` sees it."""
+    errors: list[BaseException] = []
+
+    async def guard(fn: Callable[[], Awaitable[None]], scope: trio.CancelScope) -> None:
+        try:
+            await fn()
+        except (SwarmError, trio.TooSlowError) as exc:
+            errors.append(exc)
+            scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for fn in fns:
+            nursery.start_soon(guard, fn, nursery.cancel_scope)
+    if errors:
+        raise errors[0]
+
+
+async def drive(training: Training, job: Job) -> None:
+    """Place the job (waiting while pending), train it, release its stages."""
+    driver: Driver | None = None
+    placer = training.placer
+    with trio.CancelScope() as scope:
+        job.scope = scope
+        if job.cancel_asked:
+            scope.cancel()
+        try:
+            placement = await placer.place(job)
+            while True:
+                driver = job.driver = Driver(training, job, placement)
+                try:
+                    await driver.run()
+                    break
+                except ReplicaLost as exc:
+                    if len(placement) != 1:
+                        raise
+                    with trio.CancelScope(shield=True):
+                        await driver.close()
+                    driver = job.driver = None
+                    placement = await placer.wait_to_resume(job, exc)
+            job.state, job.reason = "finished", ""
+        except SwarmError as exc:
+            job.state, job.reason = "failed", str(exc)
+            log.warning("job %s failed: %s", job.job_id, exc)
+    if scope.cancelled_caught or (job.cancel_asked and job.state not in TERMINAL):
+        job.state, job.reason = "cancelled", "cancelled by request"
+    with trio.CancelScope(shield=True):
+        if driver is not None:
+            await driver.close()
+        await placer.release(job)
+
+
+class Driver(SyncRounds, Checkpoints):
+    """One job on the leader, from its placement to its end."""
+
+    def __init__(self, training: Training, job: Job, placement: Placement) -> None:
+        self.training = training
+        self.agent = training.agent
+        self.runtime = training.runtime
+        self.job = job
+        self.cfg = job_config(job.config)
+        self.replicas = [Replica(i, [Link(s["stage"], s["fellow"], s["addr"])
+                                     for s in stages], generation=job.paused_times)
+                         for i, stages in enumerate(placement)]
+        self.keepers: list[StageKeeper] = []
+        self.started_s = 0.0
+        self.tokens = 0
+        self.init_rounds()
+        self.init_checkpoints()
+
+    @property
+    def active(self) -> list[Replica]:
+        return [r for r in self.replicas if not r.paused]
+
+    @property
+    def synced(self) -> bool:
+        return len(self.replicas) > 1
+
+    async def run(self) -> None:
+        cfg, job, runtime = self.cfg, self.job, self.runtime
+        data = await self.agent.compute.run(lambda: runtime.replica_data(cfg,
+                                                                         len(self.replicas)))
+        for r, stream in zip(self.replicas, data):
+            r.data = stream
+        async with trio.open_nursery() as nursery:
+            for r in self.replicas:
+                nursery.start_soon(self._open, r)
+        if self.synced:
+            await self._make_keepers()
+        if cfg.checkpoint.dir is not None:
+            self.store = runtime.checkpoint_store(cfg.checkpoint.dir, cfg.checkpoint.keep)
+        if job.resume:
+            await self.resume()
+        job.state, job.reason = "running", ""
+        job.replicas = len(self.active)
+        self.started_s = trio.current_time()
+        if not self.synced:
+            await self._train()
+            return
+        failed: list[SwarmError] = []  # raised as itself, not in an exception group
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._place_again_loop)
+            try:
+                await self.run_rounds(nursery)
+            except SwarmError as exc:
+                failed.append(exc)
+            nursery.cancel_scope.cancel()
+        if failed:
+            raise failed[0]
+
+    async def _train(self) -> None:
+        """One replica (or replicas in lockstep, unsynced): step after step."""
+        cfg, job = self.cfg, self.job
+        while job.step < cfg.steps:
+            if not self.active:
+                raise ReplicaLost("; ".join(r.paused for r in self.replicas))
+            losses: dict[int, float] = {}
+
+            async def one(r: Replica, losses: dict[int, float]) -> None:
+                try:
+                    with trio.fail_after(self.training.step_timeout_s):
+                        losses[r.index] = await self.step(r)
+                except (SwarmError, trio.TooSlowError) as exc:
+                    await self.pause(r, exc)
+
+            async with trio.open_nursery() as nursery:
+                for r in self.active:
+                    nursery.start_soon(one, r, losses)
+            if not losses:
+                continue
+            job.step += 1
+            per_step = cfg.micro_batch * cfg.micro_batches
+            job.samples += per_step * len(losses)
+            self.tokens += per_step * cfg.seq_len * len(losses)
+            job.loss = sum(losses[i] for i in sorted(losses)) / len(losses)
+            job.losses.append(job.loss)
+            if self.store is not None and job.step % cfg.checkpoint.interval_steps == 0:
+                await self.checkpoint()
+            elapsed = trio.current_time() - self.started_s
+            job.tokens_per_s = self.tokens / elapsed if elapsed > 0 else 0.0
+            job.replicas = len(self.active)
+
+    async def _open(self, r: Replica) -> None:
+        try:
+            await self._open_links(r)
+        except (SwarmError, trio.TooSlowError) as exc:
+            await self.pause(r, exc)
+
+    async def _open_links(self, r: Replica) -> None:
+        """Control streams to every stage, last first (each opens its data stream on)."""
+        with trio.fail_after(self.training.open_timeout_s):
+            for link in reversed(r.links):
+                link.stream = await self.agent.open_secure(link.addr)
+                await link.ask(TrainOpen(self.job.job_id, r.index, link.stage, "control"),
+                               Ack)
+
+    async def pause(self, r: Replica, exc: BaseException) -> None:
+        why = str(exc) if isinstance(exc, SwarmError) else "a stage fell silent"
+        r.paused = f"{r.name} paused: {why}"
+        r.joining = False
+        log.warning("job %s: %s", self.job.job_id, r.paused)
+        for keeper in self.keepers:
+            keeper.leave(r.name)
+        await self._close_links(r)
+        # released in the background: a dead fellow's silence must not hold the others up
+        addrs = sorted({s["addr"] for s in self.job.placement[r.index]})
+        self.agent.spawn(self.training.placer.release, self.job, r.index, addrs,
+                         r.generation)
+
+    # --- rejoin: a paused replica placed again ----------------------------------------------
+
+    async def _place_again_loop(self) -> None:
+        """Every ``retry_s``, try to place each paused replica again (on its fellow, alive
+        again, or on free cards); it joins the rounds at the next round boundary."""
+        while True:
+            await trio.sleep(self.training.retry_s)
+            for r in self.replicas:
+                if r.paused and not r.joining:
+                    await self._place_again(r)
+
+    async def _place_again(self, r: Replica) -> None:
+        placer = self.training.placer
+        r.placing = True
+        try:
+            stages = await placer.replacement(self.job, r.index)
+            generation = r.generation + 1
+            placement = [stages if i == r.index else [] for i in range(len(self.replicas))]
+            refusals = await placer.prepare(self.job, placement, [r.index], generation)
+            if refusals:
+                await placer.release(self.job, r.index, sorted({s["addr"] for s in stages}),
+                                     generation)
+                raise PlacementError("; ".join(refusals))
+            r.generation = generation
+            self.job.placement[r.index] = stages
+            r.links = [Link(s["stage"], s["fellow"], s["addr"]) for s in stages]
+            await self._open_links(r)
+            r.joining = True
+            self.wake_round_closer()
+            log.info("job %s: %s placed again on %s", self.job.job_id, r.name,
+                     ", ".join(s["fellow"] for s in stages))
+        except (SwarmError, trio.TooSlowError) as exc:
+            why = str(exc) if isinstance(exc, SwarmError) else "a stage fell silent"
+            log.info("job %s: %s not placed again yet: %s", self.job.job_id, r.name, why)
+            await self._close_links(r)
+        finally:
+            r.placing = False
+
+    async def _close_links(self, r: Replica) -> None:
+        for link in r.links:
+            if link.stream is not None:
+                stream, link.stream = link.stream, None
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_after(1.0):
+                        await send_best_effort(stream, Stop())
+                    await stream.aclose()
+
+    async def close(self) -> None:
+        for r in self.replicas:
+            await self._close_links(r)
+
+    # --- one step of one replica ------------------------------------------------------------
+
+    async def step(self, r: Replica, position: int | None = None) -> float:
+        """One optimizer step of replica ``r``; ``position`` is its place in the
+        learning-rate schedule (default: the steps it has taken)."""
+        cfg = self.cfg
+        step = r.steps
+        inputs, targets = r.stream.next_step(cfg.micro_batches, cfg.micro_batch)
+        n_micro = len(inputs)
+        lr = cfg.lr.lr_at(r.steps if position is None else position)
+        first, last = r.links[0], r.links[-1]
+        for link in r.links:
+            await link.send(StepRun(step, n_micro, lr))
+        for m in range(n_micro):
+            await first.send(TrainTensor("input", step, m, inputs[m]))
+        for m in range(n_micro):
+            await last.send(TrainTensor("target", step, m, targets[m]))
+        reports: dict[int, StepReport] = {}
+        tied: dict[int, bytes] = {}
+
+        async def report(link: Link) -> None:
+            msg = await link.receive(StepReport)
+            reports[link.stage] = msg
+            if msg.has_tied_grad:
+                tied[link.stage] = (await link.receive(TrainTensor)).tensor
+
+        await run_all_or_fail_first([partial(report, link) for link in r.links])
+        total_sq = sum(reports[s].grad_sq for s in sorted(reports))
+        tied_sum = None
+        if len(tied) == 2:
+            a, b = (tied[s] for s in sorted(tied))
+            tied_sum, tied_sq = self.runtime.tied_total(a, b)
+            total_sq += tied_sq
+        coef = self.runtime.clip_coefficient([total_sq], cfg.optimizer.grad_clip)
+        for link in r.links:
+            await link.send(StepApply(step, coef))
+            if link.stage in tied:
+                await link.send(TrainTensor("tied", step, 0, tied_sum if tied_sum is not None
+                                            else tied[link.stage]))
+        for link in r.links:
+            await link.receive(Ack)
+        r.steps += 1
+        r.samples_unsent += n_micro * cfg.micro_batch
+        r.steps_unsent += 1
+        return reports[last.stage].loss_sum / n_micro
+
+    async def _make_keepers(self) -> None:
+        r = self.active[0] if self.active else self.replicas[0]
+        for link in r.links:
+            params = await link.ask(ParamsAsk(), Params)
+            keeper = self.runtime.keeper(params.blob, self.cfg)
+            for replica in self.replicas:
+                keeper.join(replica.name)
+            self.keepers.append(keeper)
+
+
+__all__ = ["Driver", "Replica", "drive", "run_all_or_fail_first"]

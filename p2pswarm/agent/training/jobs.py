@@ -1,0 +1,261 @@
+"""The leader's jobs: their records and the calls that plan, submit, list, cancel them.
+
+A job is ``job.json`` (``training.JobConfig``). The leader plans it (``JobPlanAsk``): one
+pipeline with the planner's ``kind="train"`` request, then, while the job asks for more
+replicas (or ``replicas: "auto"`` and more fit), another pipeline on the cards still
+unused. One replica's plan keeps the planner's ``plan_id``; several get one ``plan_id``
+over all of theirs. A submit (``JobSubmit``) pinned to a ``plan_id`` that the leader's
+current view no longer gives is refused at once as ``plan-changed`` (409) with what
+changed, as a pinned load is. Otherwise the job is recorded ``pending`` and placed
+(``placement``), then driven (``driver``). Progress (step, loss, tokens/s, replicas,
+bytes) lives in the job record (``Job.record``), which ``JobsAsk`` lists; ``JobCancel``
+cancels a job and ``JobConfigAsk`` shows its config (for an export).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from p2pswarm.errors import ConfigError, PlacementError
+from p2pswarm.models.files import read_model_config
+from p2pswarm.training.job import JobConfig
+from p2pswarm.wire.jobs import (
+    JobCancel,
+    JobConfigAsk,
+    JobConfigShown,
+    JobList,
+    JobPlanAsk,
+    JobPlanShown,
+    JobRecord,
+    JobsAsk,
+    JobSubmit,
+)
+from p2pswarm.wire.orders import pack_doc, unpack_doc
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.training import Training
+    from p2pswarm.agent.training.driver import Driver
+
+JOB_ID = re.compile(r"job-[0-9a-f]{8}")
+STATES = ("pending", "running", "finished", "failed", "cancelled")
+TERMINAL = ("finished", "failed", "cancelled")
+CHANGED = "the cluster changed since the plan was shown: "
+MAX_AUTO_REPLICAS = 8  # "replicas": "auto" plans at most this many pipelines
+LOSSES_KEPT = 1000  # per-step losses a job record carries
+ROUNDS_KEPT = 200  # sync rounds a job record carries
+
+
+def job_config(config: Any) -> JobConfig:
+    """``config`` (the contents of job.json) as a checked ``JobConfig``."""
+    if not isinstance(config, dict):
+        raise ConfigError("a job needs \"config\": the contents of job.json")
+    return JobConfig.from_dict(config)
+
+
+def model_message(job: JobConfig) -> dict[str, Any]:
+    """The planner's ``model`` for the job: a scratch config or the named model's."""
+    if job.model.init_config is not None:
+        return {"name": "scratch", "config": dict(job.model.init_config)}
+    name, config = read_model_config(str(job.model.name))
+    return {"name": name, "config": config}
+
+
+def card_key(stage: dict[str, Any]) -> str:
+    """How ``exclude`` names a plan stage's card."""
+    which = "cpu" if stage["kind"] == "cpu" else str(stage["index"])
+    return f"{stage['fellow_id']}:{which}"
+
+
+@dataclass
+class Job:
+    """The leader's record of one job."""
+
+    job_id: str
+    config: dict[str, Any]
+    plan_id: str
+    pinned: bool
+    stages: int | None
+    resume: bool = False
+    state: str = "pending"
+    reason: str = ""
+    step: int = 0
+    loss: float | None = None
+    losses: list[float] = field(default_factory=list)
+    tokens_per_s: float = 0.0
+    replicas: int = 0
+    bytes_sent: int = 0
+    samples: int = 0
+    checkpoint: str = ""
+    checkpoint_step: int = 0
+    copies: dict[str, list[str]] = field(default_factory=dict)  # shard -> fellows holding it
+    placement: list[list[dict[str, Any]]] = field(default_factory=list)
+    rejoins: int = 0
+    paused_times: int = 0  # a lone replica lost a fellow and the job waited to resume
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    replica_steps: dict[str, int] = field(default_factory=dict)  # local steps per replica
+    maximize: str | None = None
+    exclude_cards: list[str] = field(default_factory=list)  # cards the user left out
+    scope: trio.CancelScope | None = None
+    driver: Driver | None = None  # while it runs
+    cancel_asked: bool = False
+
+    def record(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "state": self.state, "reason": self.reason,
+                "step": self.step, "steps": int(self.config.get("steps", 0)),
+                "loss": self.loss, "losses": self.losses[-LOSSES_KEPT:],
+                "tokens_per_s": self.tokens_per_s, "replicas": self.replicas,
+                "bytes_sent": self.bytes_sent, "samples": self.samples,
+                "plan_id": self.plan_id, "pinned": self.pinned,
+                "model": self.config.get("model"), "checkpoint": self.checkpoint,
+                "checkpoint_copies": self.copies,
+                "seq_len": int(self.config.get("seq_len", 0)), "rejoins": self.rejoins,
+                "paused_times": self.paused_times,
+                "rounds": self.rounds[-ROUNDS_KEPT:], "replica_steps": self.replica_steps,
+                "stages": [[{k: s[k] for k in ("stage", "fellow", "layers", "card")}
+                            for s in replica] for replica in self.placement]}
+
+
+class LeaderJobs:
+    """The leader's side: the job calls it serves and the jobs it leads."""
+
+    def __init__(self, training: Training) -> None:
+        self.training = training
+        self.agent = training.agent
+        self.jobs: dict[str, Job] = {}  # jobs this agent leads, by id
+        serve = training.leadership.serve
+        serve(JobPlanAsk, self._serve_plan)
+        serve(JobSubmit, self._serve_submit)
+        serve(JobsAsk, self._serve_jobs)
+        serve(JobCancel, self._serve_cancel)
+        serve(JobConfigAsk, self._serve_config)
+
+    # --- plans ----------------------------------------------------------------------------
+
+    async def plan(self, config: Any, *, stages: int | None = None,
+                   maximize: str | None = None,
+                   exclude_cards: list[str] | None = None) -> dict[str, Any]:
+        """The job's plan on this leader's view: one pipeline per replica."""
+        job = job_config(config)
+        model = model_message(job)
+        exclude = list(exclude_cards or [])
+        wanted = job.replicas
+        plans: list[dict[str, Any]] = []
+        for r in range(wanted or MAX_AUTO_REPLICAS):
+            message = {"model": model, **job.plan_request(), "stages": stages,
+                       "maximize": maximize, "exclude": sorted(exclude)}
+            try:
+                plan = await self.agent.planning.plan(message)
+            except PlacementError:
+                if r == 0 or wanted:
+                    raise
+                break
+            if not plan.get("fits"):
+                if r == 0:
+                    return plan  # says why; nothing to run
+                if wanted:
+                    raise PlacementError(f"only {r} of the {wanted} replicas asked for fit: "
+                                         f"{plan['layout']['limit']['sentence']}")
+                break
+            plans.append(plan)
+            exclude += [card_key(s) for s in plan["stages"]]
+        out = dict(plans[0])
+        out["replicas"] = [{"replica": i, "plan_id": p["plan_id"], "stages": p["stages"],
+                            "strip_text": p["layout"]["strip_text"]}
+                           for i, p in enumerate(plans)]
+        if len(plans) > 1:
+            joined = ",".join(p["plan_id"] for p in plans)
+            out["plan_id"] = hashlib.sha256(f"job|{joined}".encode()).hexdigest()[:16]
+            out["summary"] = (f"{len(plans)} replicas, synced every {job.sync.inner_steps} "
+                              f"steps ({job.sync.codec}). Replica 0: {plans[0]['summary']}")
+        out["job"] = {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
+                      "replicas": len(plans)}
+        return self.training.shown.remember(out)  # type: ignore[no-any-return]
+
+    async def _serve_plan(self, call: JobPlanAsk) -> JobPlanShown:
+        plan = await self.plan(unpack_doc(call.config), stages=call.stages,
+                               maximize=call.maximize or None,
+                               exclude_cards=list(call.exclude_cards))
+        return JobPlanShown(pack_doc(plan))
+
+    # --- jobs -----------------------------------------------------------------------------
+
+    async def _serve_submit(self, call: JobSubmit) -> JobRecord:
+        resume = call.resume
+        config: Any = None if call.config is None else unpack_doc(call.config)
+        if resume:
+            config = self._resume_config(resume, config)
+        job_config(config)
+        expected = call.plan_id or None
+        maximize = "seq_len" if call.maximize == "seq_len" else None
+        exclude = list(call.exclude_cards)
+        try:
+            plan = await self.plan(config, stages=call.stages, maximize=maximize,
+                                   exclude_cards=exclude)
+        except PlacementError as exc:
+            if not expected:
+                raise
+            raise PlacementError(f"plan {expected} no longer holds, and no plan does: "
+                                 f"{exc}") from exc
+        self.training.shown.check_pin(expected, plan)
+        if not plan.get("fits"):
+            raise PlacementError(f"plan {plan['plan_id']} does not fit: "
+                                 f"{plan['layout']['limit']['sentence']}")
+        busy = [j for j in self.jobs.values() if j.state in ("pending", "running")]
+        if resume and any(j.job_id == resume for j in busy):
+            raise PlacementError(f"job {resume} is still {self.jobs[resume].state}")
+        job_id = resume if resume in self.jobs or JOB_ID.fullmatch(resume) \
+            else f"job-{self.agent.rng.getrandbits(32):08x}"
+        config = dict(config)
+        if maximize:  # the job runs at the sequence length the plan found
+            config["seq_len"] = int(plan["request"]["seq_len"])
+        job = Job(job_id, config, str(plan["plan_id"]), pinned=bool(expected),
+                  stages=call.stages, resume=bool(resume),
+                  reason="waiting for its fellows to take their stages", maximize=maximize,
+                  exclude_cards=exclude)
+        self.jobs[job_id] = job
+        self.agent.spawn(self.training.drive, job)
+        return JobRecord(pack_doc(job.record()))
+
+    def _resume_config(self, resume: str, config: Any) -> dict[str, Any]:
+        if isinstance(config, dict):
+            return config
+        known = self.jobs.get(resume)
+        if known is not None:
+            return known.config
+        raise ConfigError(f"the leader does not know job {resume}: give its job.json "
+                          "(--config) or its checkpoint directory")
+
+    async def _serve_jobs(self, call: JobsAsk) -> JobList:
+        return JobList(tuple(pack_doc(j.record()) for j in self.jobs.values()))
+
+    def _known(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise ConfigError(f"no job {job_id!r}; jobs: {', '.join(self.jobs) or 'none'}")
+        return job
+
+    async def _serve_config(self, call: JobConfigAsk) -> JobConfigShown:
+        job = self._known(call.job_id)
+        return JobConfigShown(pack_doc(job.config), job.state, job.step, job.checkpoint_step)
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel job ``job_id`` (this agent leads it); its record."""
+        job = self._known(job_id)
+        if job.state in TERMINAL:
+            raise PlacementError(f"job {job.job_id} is already {job.state}")
+        job.cancel_asked = True
+        if job.scope is not None:
+            job.scope.cancel()
+        return job.record()
+
+    async def _serve_cancel(self, call: JobCancel) -> JobRecord:
+        return JobRecord(pack_doc(await self.cancel(call.job_id)))
+
+
+__all__ = ["CHANGED", "STATES", "TERMINAL", "Job", "LeaderJobs", "card_key", "job_config",
+           "model_message"]

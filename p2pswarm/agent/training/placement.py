@@ -1,0 +1,230 @@
+"""Placing a job's replicas: ordering fellows to take stages, releasing them, retrying.
+
+The leader orders every stage's fellow to take its stage (``TrainPrepare``; the fellow's
+side is ``stage_host``). A refusal releases everything (``TrainRelease``); the job stays
+``pending`` with the reason, and the leader tries again every ``retry_s``: a pinned job
+only on its own placement (its reason is then ``the cluster changed since the plan was
+shown: ...``; it never starts elsewhere), an unpinned one on whatever the swarm now gives.
+
+A replica paused by a lost fellow is placed again on the cards nobody trains on, keeping
+the job's cut (``replacement``), so its stages still sync with the other replicas'. A job
+of one replica that lost a fellow waits ``pending`` for cards the same way and resumes
+from its latest checkpoint (``wait_to_resume``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from p2pswarm.agent.planning import fellow_id
+from p2pswarm.agent.training.jobs import CHANGED, TERMINAL, Job, job_config, model_message
+from p2pswarm.errors import PlacementError, ReplicaLost, SwarmError
+from p2pswarm.planner import ClusterView, plan_message
+from p2pswarm.planner.wording import card_label
+from p2pswarm.wire.jobs import TrainPrepare, TrainPrepared, TrainRelease, TrainReleased
+from p2pswarm.wire.orders import pack_doc
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.training import Training
+
+log = logging.getLogger("p2pswarm.training")
+
+Placement = list[list[dict[str, Any]]]  # per replica, its stages with their fellows
+
+
+class Placer:
+    """The leader's side of placing jobs' stages on fellows."""
+
+    def __init__(self, training: Training) -> None:
+        self.training = training
+        self.agent = training.agent
+
+    async def place(self, job: Job) -> Placement:
+        """Each replica's stages with their fellows' addresses, once every fellow took
+        its stage; the job stays pending (with why) until then."""
+        while True:
+            try:
+                plan = await self.training.leader.plan(
+                    job.config, stages=job.stages, maximize=job.maximize,
+                    exclude_cards=job.exclude_cards)
+                if job.maximize and not job.pinned:
+                    job.config["seq_len"] = int(plan["request"]["seq_len"])
+                if job.pinned and plan["plan_id"] != job.plan_id:
+                    raise PlacementError(CHANGED + "; ".join(
+                        self.training.shown.changes(job.plan_id, plan)))
+                if not plan.get("fits"):
+                    raise PlacementError(plan["layout"]["limit"]["sentence"])
+                job.plan_id = plan["plan_id"]
+                placement = self.placement(plan)
+                refusals = await self.prepare(job, placement, None, job.paused_times)
+                if not refusals:
+                    job.placement = placement
+                    return placement
+                await self.release(job)
+                raise PlacementError((CHANGED if job.pinned else "waiting for fellows: ")
+                                     + "; ".join(refusals))
+            except PlacementError as exc:
+                reason = str(exc)
+                if job.pinned and not reason.startswith(CHANGED):
+                    reason = CHANGED + reason
+                job.state, job.reason = "pending", reason
+                log.info("job %s pending: %s", job.job_id, exc)
+            await trio.sleep(self.training.retry_s)
+
+    async def wait_to_resume(self, job: Job, lost: ReplicaLost) -> Placement:
+        """A lone replica lost a fellow: the job waits ``pending`` until cards take its
+        stages again (a pinned job: its own plan; otherwise any free cards, on the cut
+        it trained with), then resumes from its latest checkpoint (or from the start
+        when it has written none yet). Without a checkpoint directory it fails."""
+        cfg = job_config(job.config)
+        if cfg.checkpoint.dir is None:
+            raise PlacementError(f"{lost}; the job names no checkpoint.dir to resume from")
+        if job.checkpoint:
+            job.resume = True
+            whence = f"resume from its checkpoint of step {job.checkpoint_step}"
+        else:
+            job.resume = False
+            job.step, job.loss, job.losses, job.samples = 0, None, [], 0
+            whence = "start again (it wrote no checkpoint yet)"
+        gone = sorted({s["fellow"] for s in (job.placement or [[]])[0] if s["addr"] in str(lost)})
+        paused = (f"lost {', '.join(gone)}: " if gone else "") + f"{lost}; waiting for " \
+            f"cards to {whence}"
+        job.state, job.reason = "pending", paused
+        job.paused_times += 1
+        log.warning("job %s: %s", job.job_id, paused)
+        if job.pinned:
+            return await self.place(job)
+        while True:
+            await trio.sleep(self.training.retry_s)
+            try:
+                stages = await self.replacement(job, 0)
+                refusals = await self.prepare(job, [stages], None, job.paused_times)
+                if not refusals:
+                    job.placement = [stages]
+                    return [stages]
+                await self.release(job, 0, sorted({s["addr"] for s in stages}),
+                                   job.paused_times)
+                why = "; ".join(refusals)
+            except PlacementError as exc:
+                why = str(exc)
+            job.reason = f"{paused} ({why})"
+            log.info("job %s still pending: %s", job.job_id, why)
+
+    def placement(self, plan: dict[str, Any]) -> Placement:
+        cards = {(c["fellow_id"], c["kind"], c["index"]): c for c in plan["cards"] if c["used"]}
+        out = []
+        for replica in plan["replicas"]:
+            stages = []
+            for s in replica["stages"]:
+                member = self.agent.fellow(s["fellow_id"])
+                if member is None or member.state not in ("alive", "suspect"):
+                    raise PlacementError(f"stage {s['stage']}'s fellow {s['fellow']} is not "
+                                         "connected")
+                seg = (cards.get((s["fellow_id"], s["kind"], s["index"])) or {}).get(
+                    "segments", {})
+                need = sum(v for k, v in seg.items()
+                           if k not in ("other_programs", "free", "does_not_fit"))
+                stages.append({"stage": s["stage"], "fellow_id": s["fellow_id"],
+                               "fellow": member.name, "addr": member.addr,
+                               "layers": list(s["layers"]), "card_kind": s["kind"],
+                               "card_index": s["index"],
+                               "card": card_label(s["kind"], s["index"], s["name"]),
+                               "need_bytes": need})
+            out.append(stages)
+        return out
+
+    async def replacement(self, job: Job, replica: int) -> list[dict[str, Any]]:
+        """Cards for a paused replica, on this leader's view now: the planner places one
+        pipeline on the cards nobody trains on (the replica's own fellow, alive again, or
+        free ones); the replica keeps the job's cut, so its stages still sync with the
+        other replicas' stages."""
+        cfg = job_config(job.config)
+        old = job.placement[replica]
+        message = {"model": model_message(cfg), **cfg.plan_request(), "stages": len(old),
+                   "maximize": None, "exclude": sorted(job.exclude_cards)}
+        plan = plan_message(message, self._view_for_training())
+        if not plan.get("fits"):
+            raise PlacementError(plan["layout"]["limit"]["sentence"])
+        if len(plan["stages"]) != len(old):
+            raise PlacementError(f"the free cards give {len(plan['stages'])} stages, the job "
+                                 f"is cut in {len(old)}")
+        stages = self.placement({**plan, "replicas": [{"stages": plan["stages"]}]})[0]
+        for new, was in zip(stages, old):
+            new["layers"] = list(was["layers"])
+        return stages
+
+    def _view_for_training(self) -> ClusterView:
+        """The leader's view with each fellow's ``training`` flag from the leader's own
+        record (the fellows holding live stages of its jobs), not from gossip: a fellow
+        restarted after a crash may still be gossiped with the flag its old self set."""
+        busy: set[str] = set()
+        for job in self.training.jobs.values():
+            if job.state in TERMINAL or job.driver is None:
+                continue  # a pending job holds no stages
+            idle = {r.index for r in job.driver.replicas if r.paused and not r.joining}
+            busy.update(s["fellow_id"] for i, stages in enumerate(job.placement)
+                        if i not in idle for s in stages)
+        busy.update(fellow_id(self.agent.node_id) for _ in self.training.hosts)
+        view = self.agent.planning.view()
+        fellows = tuple(replace(f, training=f.id in busy) for f in view.fellows)
+        return ClusterView(fellows, view.default_link, view.local_link, view.links)
+
+    async def prepare(self, job: Job, placement: Placement, replicas: list[int] | None = None,
+                      generation: int = 0) -> list[str]:
+        """Order every stage of ``replicas`` (default: all) onto its fellow; the refusals."""
+        refusals: list[str] = []
+        config = pack_doc(job.config)
+        timeout_s = self.training.open_timeout_s
+
+        async def one(r: int, s: dict[str, Any], n_stages: int, next_addr: str) -> None:
+            start, end = s["layers"]
+            order = TrainPrepare(job.job_id, r, s["stage"], n_stages, s["fellow_id"],
+                                 int(start), int(end), s["card_kind"], int(s["card_index"]),
+                                 int(s["need_bytes"]), next_addr, config, generation)
+            try:
+                with trio.fail_after(timeout_s):
+                    await self.training.leadership.order(s["addr"], order, TrainPrepared)
+            except SwarmError as exc:
+                refusals.append(f"{s['fellow']}: {exc}")
+            except trio.TooSlowError:
+                refusals.append(f"{s['fellow']}: no answer within {timeout_s:g} s")
+
+        async with trio.open_nursery() as nursery:
+            for r, stages in enumerate(placement):
+                if replicas is not None and r not in replicas:
+                    continue
+                for i, s in enumerate(stages):
+                    nxt = stages[i + 1]["addr"] if i + 1 < len(stages) else ""
+                    nursery.start_soon(one, r, s, len(stages), nxt)
+        return sorted(refusals)
+
+    async def release(self, job: Job, replica: int | None = None,
+                      addrs: list[str] | None = None, generation: int | None = None) -> None:
+        """Order the job's stages (of one replica, up to one placement of it) released."""
+        if addrs is None:
+            addrs = sorted({s["addr"] for r, stages in enumerate(job.placement)
+                            for s in stages if replica is None or r == replica})
+        if not job.placement and replica is None:
+            # a failed prepare: every fellow that may hold a stage
+            membership = self.agent.membership
+            addrs = sorted({m.addr for m in (membership.members() if membership else ())
+                            if m.state in ("alive", "suspect")})
+        order = TrainRelease(job.job_id, replica, generation)
+
+        async def one(addr: str) -> None:
+            try:
+                with trio.fail_after(self.training.open_timeout_s):
+                    await self.training.leadership.order(addr, order, TrainReleased)
+            except (SwarmError, trio.TooSlowError) as exc:
+                log.info("release of %s on %s: %s", job.job_id, addr, exc)
+
+        async with trio.open_nursery() as nursery:
+            for addr in addrs:
+                nursery.start_soon(one, addr)
+
+
+__all__ = ["Placement", "Placer"]

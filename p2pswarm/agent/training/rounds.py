@@ -1,0 +1,329 @@
+"""DiLoCo sync rounds between a job's replicas, run by the driver on the leader.
+
+The driver keeps each stage's keeper (``OuterSync``, through the ``TrainRuntime``) and
+runs the rounds asynchronously, by the rule of ``training.round_rule`` (the one
+``training.virtual.VirtualSwarm`` plays in virtual time): each replica trains in its own
+task, takes its step budget (by measured speed: the fastest ``inner_steps``), and sends
+its compressed pseudo-gradients tagged with the version it is anchored on. A round closes
+when every member has sent or at its deadline, with whatever arrived; a late delta is
+down-weighted by its staleness, or dropped beyond the bound. A replica whose delta was
+fresh waits for its round to close while the others should send within about one of its
+steps (so equal speeds give ``training.LocalRun`` round for round); otherwise it trains
+on and applies each update before its next step. A replica placed again joins after the
+next round closes: its stages take the keepers' global parameters and version and it
+trains from there.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from p2pswarm.agent.training.jobs import model_message
+from p2pswarm.errors import ReplicaLost, SwarmError
+from p2pswarm.training.round_rule import (
+    delta_weight,
+    round_budgets,
+    round_closes,
+    worth_waiting,
+)
+from p2pswarm.wire.training import (
+    Ack,
+    Delta,
+    Reset,
+    TakeDelta,
+    Tied,
+    TiedAsk,
+    TiedWeight,
+    Update,
+)
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.training import Training
+    from p2pswarm.agent.training.driver import Replica
+    from p2pswarm.agent.training.jobs import Job
+    from p2pswarm.agent.training.runtime import StageKeeper
+    from p2pswarm.training.job import JobConfig
+
+log = logging.getLogger("p2pswarm.training")
+
+
+class SyncRounds:
+    """The driver's rounds (a mixin of ``driver.Driver``, which holds the state below)."""
+
+    training: Training
+    job: Job
+    cfg: JobConfig
+    replicas: list[Replica]
+    keepers: list[StageKeeper]
+    tokens: int
+    started_s: float
+    store: Any
+
+    def init_rounds(self) -> None:
+        self._buckets: dict[int, list[float]] = {}  # job step -> the replicas' losses there
+        self._wake = trio.Event()  # something the round-closer should look at happened
+        self._closed = trio.Event()  # set (and replaced) when a round closes
+        self._late: list[dict[str, Any]] = []  # late contributions of the open round
+        self._nursery: trio.Nursery | None = None
+        self._checkpointed = 0
+
+    if TYPE_CHECKING:  # provided by the driver and its other rooms
+        @property
+        def active(self) -> list[Replica]: ...
+
+        async def step(self, r: Replica, position: int | None = None) -> float: ...
+
+        async def pause(self, r: Replica, exc: BaseException) -> None: ...
+
+        async def checkpoint(self) -> None: ...
+
+    @asynccontextmanager
+    async def all_locks(self) -> AsyncIterator[None]:
+        """Hold every replica's lock, taken in replica order."""
+        async with AsyncExitStack() as stack:
+            for r in self.replicas:
+                await stack.enter_async_context(r.lock)
+            yield
+
+    # --- the round-closer -------------------------------------------------------------------
+
+    async def run_rounds(self, nursery: trio.Nursery) -> None:
+        """Every replica trains in its own task; this one closes each stage's round by
+        ``round_rule.round_closes``, admits replicas placed again, checkpoints."""
+        self._nursery = nursery
+        self._checkpointed = self.job.step
+        for i, loss in enumerate(self.job.losses):  # a resumed job's record goes on
+            self._buckets[i + 1] = [loss]
+        now = trio.current_time()
+        for keeper in self.keepers:
+            keeper.restart_deadline(now)
+        for r in self.active:
+            r.running = True
+            nursery.start_soon(self._replica_loop, r)
+        keeper = self.keepers[0]
+        while True:
+            if not any(r.running for r in self.replicas) and any(
+                    r.joining for r in self.replicas):
+                await self._admit()  # no round would close to let it in
+            now = trio.current_time()
+            if not any(r.running for r in self.replicas):
+                if any(r.finished for r in self.replicas):
+                    await self._close_round(now)  # what the last budgets sent
+                    return
+                if not any(r.joining or r.placing for r in self.replicas):
+                    raise ReplicaLost("every replica lost a fellow: " + "; ".join(
+                        r.paused for r in self.replicas))
+            if round_closes(keeper, now):
+                await self._close_round(now)
+                continue
+            with trio.move_on_at(keeper.next_deadline()):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    def wake_round_closer(self) -> None:
+        self._wake.set()
+
+    async def _close_round(self, now: float) -> None:
+        results = [keeper.close_round(now) for keeper in self.keepers]
+        first = results[0]
+        if first is None:
+            return  # nothing arrived: the deadline moved on
+        self.job.rounds.append({
+            "step": self.job.step, "version": first.version, "closed_at_s": round(now, 3),
+            "replicas": list(dict.fromkeys(a.replica for a in first.applied)),
+            "dropped": list(dict.fromkeys(a.replica for a in first.dropped)),
+            "late": self._late})
+        self._late = []
+        closed, self._closed = self._closed, trio.Event()
+        closed.set()
+        await self._admit()
+        due = self.cfg.checkpoint.interval_steps
+        if self.store is not None and self.job.step // due > self._checkpointed // due:
+            async with self.all_locks():
+                await self.checkpoint()
+            self._checkpointed = self.job.step
+
+    # --- one replica's task -----------------------------------------------------------------
+
+    def _budget(self, r: Replica) -> int:
+        """Local steps this round, by ``round_rule.round_budgets``."""
+        inner = self.cfg.sync.inner_steps
+        if not self.cfg.sync.speed_aware or r.step_s <= 0:
+            return inner
+        speeds = {x.name: 1.0 / x.step_s for x in self.replicas
+                  if x.running and x.step_s > 0}
+        return round_budgets(speeds, inner)[r.name]
+
+    def _position(self, r: Replica) -> float:
+        """Where the replica stands in the job: its rounds done (budgets sent, or rounds
+        closed since, whichever is more), plus its share of the current one."""
+        inner = self.cfg.sync.inner_steps
+        return r.rounds_done * inner + r.in_round * inner / max(1, r.budget)
+
+    def _worth_waiting(self, r: Replica) -> bool:
+        """``round_rule.worth_waiting`` over the replicas yet to send this round."""
+        version = self.keepers[0].version
+        unsent = [(x.budget - x.in_round, x.step_s) for x in self.replicas
+                  if x is not r and x.running and x.sent_version != version]
+        return worth_waiting(r.step_s, unsent)
+
+    async def _replica_loop(self, r: Replica) -> None:
+        """Catch up on the updates, take this round's budget of steps, send the deltas;
+        wait for the round only while it is open (never past its deadline)."""
+        cfg = self.cfg
+        try:
+            while True:
+                async with r.lock:
+                    await self._catch_up(r)
+                r.budget, r.in_round = self._budget(r), 0
+                if self._position(r) >= cfg.steps or self.job.step >= cfg.steps:
+                    break  # its own end, or the furthest replica's (a slow one stops)
+                while r.in_round < r.budget and self._position(r) < cfg.steps:
+                    async with r.lock:
+                        await self._catch_up(r)  # a round that closed meanwhile
+                        began = trio.current_time()
+                        with trio.fail_after(self.training.step_timeout_s):
+                            loss = await self.step(r, min(int(self._position(r)),
+                                                          cfg.steps - 1))
+                    took = trio.current_time() - began
+                    r.step_s = took if r.step_s <= 0 else 0.5 * r.step_s + 0.5 * took
+                    r.in_round += 1
+                    self._count(r, loss)
+                async with r.lock:
+                    version, fresh = await self._contribute(r)
+                r.rounds_done += 1
+                if fresh:
+                    r.sent_version = version
+                if fresh and self._worth_waiting(r):
+                    while self.keepers[0].version <= version:
+                        await self._closed.wait()
+            async with r.lock:
+                if r.samples_unsent:
+                    await self._contribute(r)
+            r.finished = True
+        except (SwarmError, trio.TooSlowError) as exc:
+            await self.pause(r, exc)
+        finally:
+            r.running = False
+            for keeper in self.keepers:
+                keeper.leave(r.name)
+            self.wake_round_closer()
+
+    def _count(self, r: Replica, loss: float) -> None:
+        """A replica's step into the job's record: the job's step is the furthest
+        replica's place; each step's loss is the mean of the replicas' losses there."""
+        cfg, job = self.cfg, self.job
+        at = min(cfg.steps, max(1, math.ceil(self._position(r) - 1e-9)))
+        self._buckets.setdefault(at, []).append(loss)
+        job.step = max(job.step, at)
+        job.losses = [sum(v) / len(v) for _, v in sorted(self._buckets.items())]
+        job.loss = job.losses[-1]
+        per_step = cfg.micro_batch * cfg.micro_batches
+        job.samples += per_step
+        self.tokens += per_step * cfg.seq_len
+        elapsed = trio.current_time() - self.started_s
+        job.tokens_per_s = self.tokens / elapsed if elapsed > 0 else 0.0
+        job.replicas = len(self.active)
+        job.replica_steps = {x.name: x.steps for x in self.replicas}
+
+    # --- sync traffic -----------------------------------------------------------------------
+
+    async def _contribute(self, r: Replica) -> tuple[int, bool]:
+        """Send each stage's delta to its keeper; (the version it is anchored on, whether
+        it is fresh: for the round still open)."""
+        deltas = [await link.ask(TakeDelta(), Delta) for link in r.links]
+        now = trio.current_time()
+        version = deltas[0].version
+        verdict = None
+        for keeper, delta in zip(self.keepers, deltas):
+            verdict = keeper.contribute(r.name, delta.version, delta.blob, r.samples_unsent,
+                                        now)
+            self.job.bytes_sent += len(delta.blob)
+        assert verdict is not None
+        if verdict.staleness:
+            sync = self.cfg.sync
+            decay = sync.staleness_decay ** verdict.staleness
+            weight = delta_weight(1, verdict.staleness, sync.staleness_decay,
+                                  sync.staleness_bound) if verdict.accepted else 0.0
+            self._late.append({"replica": r.name, "staleness": verdict.staleness,
+                               "samples": r.samples_unsent, "weight": weight,
+                               "dropped": not verdict.accepted})
+            log.info("job %s: %s sent %d round(s) late: %s", self.job.job_id, r.name,
+                     verdict.staleness, "dropped" if not verdict.accepted
+                     else f"weighed {decay:g}")
+        r.samples_unsent = r.steps_unsent = 0
+        self.wake_round_closer()
+        return version, verdict.accepted and verdict.staleness == 0
+
+    async def _catch_up(self, r: Replica) -> None:
+        """Apply the updates the replica has not had (or, when the keepers no longer hold
+        them, start it over from the global parameters)."""
+        target = self.keepers[0].version
+        if r.version >= target:
+            return
+        missed = [keeper.updates_since(r.version) for keeper in self.keepers]
+        if any(m is None for m in missed):
+            await self._send_global_state(r)
+            r.samples_unsent = r.steps_unsent = 0
+        else:
+            for i in range(target - r.version):
+                for link, updates in zip(r.links, missed):
+                    assert updates is not None
+                    await link.ask(Update(r.version + i + 1, updates[i]), Ack)
+                    self.job.bytes_sent += len(updates[i])
+        r.version = target
+        r.rounds_done = max(r.rounds_done, target)
+        await self.copy_tied(r)
+
+    async def _send_global_state(self, r: Replica) -> None:
+        """Every stage of replica ``r`` takes its keeper's global parameters and version."""
+        for link, keeper in zip(r.links, self.keepers):
+            version, params, nbytes = keeper.join_state(r.name)
+            await link.ask(Reset(version, params), Ack)
+            self.job.bytes_sent += nbytes
+
+    async def _admit(self) -> None:
+        """After a round closes (or when no replica is training): replicas placed again
+        take the keepers' current global parameters and version and start training in
+        the round that opens now."""
+        for r in self.replicas:
+            if not r.joining:
+                continue
+            try:
+                with trio.fail_after(self.training.step_timeout_s):
+                    await self._send_global_state(r)
+                    await self.copy_tied(r)
+            except (SwarmError, trio.TooSlowError) as exc:
+                await self.pause(r, exc)
+                continue
+            r.joining, r.paused = False, ""
+            r.samples_unsent = r.steps_unsent = 0
+            r.version, r.in_round, r.step_s = self.keepers[0].version, 0, 0.0
+            r.rounds_done, r.sent_version = r.version, -1
+            r.running, r.finished = True, False
+            self.job.rejoins += 1
+            assert self._nursery is not None
+            self._nursery.start_soon(self._replica_loop, r)
+            log.info("job %s: %s rejoined at step %d", self.job.job_id, r.name,
+                     self.job.step)
+
+    async def copy_tied(self, r: Replica) -> None:
+        """The last stage's tied head takes the first stage's synced embedding."""
+        if len(r.links) < 2 or not self._tied():
+            return
+        first, last = r.links[0], r.links[-1]
+        weight = (await first.ask(TiedAsk(), Tied)).blob
+        await last.ask(TiedWeight(weight), Ack)
+
+    def _tied(self) -> bool:
+        model = model_message(self.cfg)["config"]
+        return bool(model.get("tie_word_embeddings")) and self.cfg.lora is None
+
+
+__all__ = ["SyncRounds"]

@@ -1,0 +1,140 @@
+"""The seam between the agent's training and torch: ``TrainRuntime`` and what it builds.
+
+The agent moves bytes and decides; torch computes. Everything the agent asks of torch
+goes through these protocols, in tensor frames and checkpoint bytes, so no agent module
+imports torch and a test or a simulation may hand ``Training`` another runtime.
+``torch_runtime.TorchRuntime`` is the real one, loaded on first use.
+
+- ``StageCompute``: one stage a fellow hosts (model, optimizer, its side of sync):
+  forward, backward, step; its delta, updates, parameters, checkpoint shard, tied weight.
+- ``ReplicaData``: a replica's data stream, one step's micro-batches at a time.
+- ``StageKeeper``: the driver's keeper of one stage's global parameters (``OuterSync``).
+- ``TrainRuntime``: builds those, and reads and writes checkpoints and exports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from p2pswarm.training.checkpoint import CheckpointStore
+    from p2pswarm.training.job import JobConfig
+    from p2pswarm.training.sync import RoundResult, Verdict
+    from p2pswarm.wire.jobs import TrainPrepare
+
+
+class StageCompute(Protocol):
+    """One hosted stage; tensors come and go as tensor frames (``runtime.frame``)."""
+
+    is_first: bool
+    is_last: bool
+    stage: Any  # the ``training.TrainStage`` (for inspection)
+
+    def forward(self, micro: int, x: bytes, target: bytes | None) -> bytes | float:
+        """The activation frame for the next stage, or on the last stage the loss."""
+
+    def backward(self, micro: int, grad: bytes | None, loss_scale: float) -> bytes | None:
+        """The gradient frame for the stage before (None on the first stage)."""
+
+    def finish(self) -> tuple[bytes | None, float]:
+        """After the backwards: the tied-embedding gradient frame (None without one) and
+        the squared gradient norm without it."""
+
+    def apply(self, lr: float, clip: float, tied_total: bytes | None) -> None:
+        """Take the optimizer step (with the summed tied gradient, when there is one)."""
+
+    def take_delta(self) -> tuple[int, bytes]:
+        """(the version it is anchored on, the encoded pseudo-gradient)."""
+
+    def apply_update(self, version: int, update: bytes) -> None: ...
+
+    def params(self) -> bytes:
+        """The synced parameters as one flat tensor frame."""
+
+    def state(self) -> bytes:
+        """The stage's checkpoint shard (stage and sync state)."""
+
+    def load_state(self, shard: bytes) -> None: ...
+
+    def reset(self, version: int, params: bytes) -> None:
+        """Start over from the keeper's global parameters at ``version``."""
+
+    def tied(self) -> bytes:
+        """The tied embedding (first stage) as a tensor frame."""
+
+    def set_tied(self, weight: bytes) -> None: ...
+
+
+class ReplicaData(Protocol):
+    position: int
+
+    def next_step(self, micro_batches: int, micro_batch: int
+                  ) -> tuple[list[bytes], list[bytes]]:
+        """One optimizer step's inputs and targets, one tensor frame per micro-batch."""
+
+
+class StageKeeper(Protocol):
+    """One stage's global parameters, rounds and outer optimizer (``OuterSync``)."""
+
+    @property
+    def members(self) -> set[str]: ...
+
+    @property
+    def version(self) -> int: ...
+
+    def ready(self, now: float) -> bool: ...
+
+    def next_deadline(self) -> float: ...
+
+    def restart_deadline(self, now: float) -> None: ...
+
+    def join(self, replica: str) -> None:
+        """Count ``replica`` in for the rounds to come."""
+
+    def join_state(self, replica: str) -> tuple[int, bytes, int]:
+        """Count ``replica`` in; (the version, the global parameters as a tensor frame,
+        their size in bytes as the traffic counts them)."""
+
+    def leave(self, replica: str) -> None: ...
+
+    def contribute(self, replica: str, version: int, delta: bytes, samples: int,
+                   now: float) -> Verdict: ...
+
+    def close_round(self, now: float) -> RoundResult | None: ...
+
+    def updates_since(self, version: int) -> list[bytes] | None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any], now: float) -> None: ...
+
+
+class TrainRuntime(Protocol):
+    def build_stage(self, order: TrainPrepare, job: JobConfig) -> StageCompute:
+        """The stage ``order`` asks for, on its card (PlacementError when it cannot be)."""
+
+    def replica_data(self, job: JobConfig, replicas: int) -> list[ReplicaData]:
+        """Each replica's data stream (reads and tokenizes the job's data)."""
+
+    def keeper(self, params: bytes, job: JobConfig) -> StageKeeper: ...
+
+    def tied_total(self, a: bytes, b: bytes) -> tuple[bytes, float]:
+        """Two tied-gradient frames summed, and the sum's squared norm."""
+
+    def clip_coefficient(self, sq_norms: list[float], max_norm: float) -> float:
+        """The gradient clip coefficient from every stage's squared gradient norm."""
+
+    def read_shard(self, shard: bytes) -> dict[str, Any]: ...
+
+    def shard_bytes(self, state: dict[str, Any]) -> bytes: ...
+
+    def checkpoint_store(self, directory: str | Path, keep: int) -> CheckpointStore: ...
+
+    def export(self, store: CheckpointStore, out_dir: Path, step: int) -> Any:
+        """Export checkpoint ``step`` into ``out_dir`` (``job_export.Exported``)."""
+
+    def check_out_dir(self, out: str) -> Path: ...
+
+
+__all__ = ["ReplicaData", "StageCompute", "StageKeeper", "TrainRuntime"]

@@ -1,0 +1,327 @@
+"""A fellow hosting training stages: the leader's orders, the control and data streams.
+
+``TrainPrepare`` asks this fellow to take one stage of a replica: it checks its own live
+view first (the order is for it, the card still offered, enough memory free after what it
+already promised, not serving a load on that card) and builds the stage (through the
+``TrainRuntime``), or refuses with why. ``TrainRelease`` lets go of a job's stages (of one
+replica, of its placements up to a generation).
+
+The driver then opens a control stream (``TrainOpen`` role ``control``); this fellow
+opens a data stream on to the next stage of the replica (role ``data``) and answers the
+driver's commands, each its own message type, until ``Stop``. A step (``StepRun``) takes
+the driver's inputs (first stage) and targets (last stage), runs forwards and backwards
+in the order the pipeline schedule gives this stage, activations down the data stream
+and gradients back up it, reports its squared gradient norm and losses, and takes the
+optimizer step with the driver's clip coefficient (``StepApply``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from p2pswarm.agent.planning import fellow_id
+from p2pswarm.agent.streams import send_best_effort, send_message
+from p2pswarm.agent.training.jobs import job_config
+from p2pswarm.agent.training.links import receive_answer
+from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError
+from p2pswarm.planner.wording import card_label, gb
+from p2pswarm.training.schedule import stage_ops
+from p2pswarm.wire.jobs import (
+    StageKey,
+    TrainPrepare,
+    TrainPrepared,
+    TrainRelease,
+    TrainReleased,
+)
+from p2pswarm.wire.orders import unpack_doc
+from p2pswarm.wire.training import (
+    Ack,
+    Delta,
+    Params,
+    ParamsAsk,
+    Reset,
+    State,
+    StateAsk,
+    StateLoad,
+    StepApply,
+    StepReport,
+    StepRun,
+    Stop,
+    TakeDelta,
+    Tied,
+    TiedAsk,
+    TiedWeight,
+    TrainError,
+    TrainOpen,
+    TrainTensor,
+    Update,
+)
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.training import Training
+    from p2pswarm.agent.training.runtime import StageCompute
+    from p2pswarm.training.job import JobConfig
+    from p2pswarm.transport.secure import SecureStream
+
+log = logging.getLogger("p2pswarm.training")
+
+PIPELINE_SCHEDULE = "1f1b"  # the order a stage runs its micro-batches' passes in
+
+
+class TrainHost:
+    """One stage of a job this fellow holds, from ``TrainPrepare`` to release."""
+
+    def __init__(self, order: TrainPrepare, job: JobConfig, compute: StageCompute) -> None:
+        self.job_id = order.job_id
+        self.replica = order.replica
+        self.index = order.stage
+        self.n_stages = order.n_stages
+        self.card_key = f"{order.card_kind}:{order.card_index}"
+        self.need_bytes = order.need_bytes
+        self.next_addr = order.next_addr
+        self.schedule = PIPELINE_SCHEDULE
+        self.generation = order.generation  # which placement of the replica
+        self.job = job
+        self.compute = compute
+        self.limiter = trio.CapacityLimiter(1)
+        self.upstream: SecureStream | None = None
+        self.upstream_ready = trio.Event()
+        self.done = trio.Event()
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.job_id, self.replica, self.index)
+
+    @property
+    def stage(self) -> Any:
+        """The ``training.TrainStage`` this host trains."""
+        return self.compute.stage
+
+
+Command = Callable[[TrainHost, Any, "SecureStream"], Awaitable[None]]
+
+
+class StageHosts:
+    """The stages this fellow hosts: orders, streams, steps."""
+
+    def __init__(self, training: Training) -> None:
+        self.training = training
+        self.agent = training.agent
+        self.hosts: dict[tuple[str, int, int], TrainHost] = {}
+        self._commands: dict[type, Command] = {
+            TakeDelta: self._take_delta, Update: self._update, ParamsAsk: self._params,
+            StateAsk: self._state, StateLoad: self._load, Reset: self._reset,
+            TiedAsk: self._tied, TiedWeight: self._tied_weight,
+        }
+        training.leadership.obey(TrainPrepare, self.prepare)
+        training.leadership.obey(TrainRelease, self.release)
+        self.agent.on_stream(TrainOpen, self._on_train_open)
+
+    async def run(self, fn: Callable[[], Any], host: TrainHost) -> Any:
+        return await self.agent.compute.run(fn, host.limiter)
+
+    # --- orders ---------------------------------------------------------------------------
+
+    async def prepare(self, order: TrainPrepare) -> TrainPrepared:
+        key = (order.job_id, order.replica, order.stage)
+        kind, index, need = order.card_kind, order.card_index, order.need_bytes
+        if order.fellow_id != fellow_id(self.agent.node_id):
+            raise PlacementError(f"{self.agent.name} got the order for stage {key[2]}, which "
+                                 "the plan gives another fellow")
+        old = self.hosts.get(key)
+        if old is not None:
+            if old.generation >= order.generation:
+                raise PlacementError(f"{self.agent.name} already holds stage {key[2]} of "
+                                     f"replica {key[1]} of {key[0]}")
+            self.hosts.pop(key).done.set()  # an earlier placement the leader moved on from
+        cards = self.agent.serving._live_cards()
+        card = next((c for c in cards if c.kind == kind and c.index == index), None)
+        label = card_label(kind, index, getattr(card, "name", ""))
+        if card is None:
+            raise PlacementError(f"refuses stage {key[2]}: its {label} is not offered any more")
+        promised = sum(h.need_bytes for h in self.hosts.values()
+                       if h.card_key == f"{kind}:{index}")
+        available = card.free_bytes - promised
+        if available < need:
+            raise PlacementError(f"refuses stage {key[2]}: its {label} has {gb(available)} "
+                                 f"free now, the stage needs {gb(need)}")
+        if self.agent.serving.hosted and kind != "cpu":
+            raise PlacementError(f"refuses stage {key[2]}: it is serving a load")
+        job = job_config(unpack_doc(order.config))
+        runtime = self.training.runtime
+        compute = await self.agent.compute.run(lambda: runtime.build_stage(order, job))
+        if key in self.hosts:
+            raise PlacementError(f"stage {key[2]} of {key[0]} was taken twice")
+        self.hosts[key] = TrainHost(order, job, compute)
+        self._publish()
+        return TrainPrepared()
+
+    async def release(self, order: TrainRelease) -> TrainReleased:
+        dropped = [k for k, h in self.hosts.items()
+                   if k[0] == order.job_id and (order.replica is None or k[1] == order.replica)
+                   and (order.generation is None or h.generation <= order.generation)]
+        for key in dropped:
+            self.hosts.pop(key).done.set()
+        if dropped:
+            self._publish()
+        return TrainReleased(tuple(StageKey(k[1], k[2]) for k in dropped))
+
+    def _publish(self) -> None:
+        training = bool(self.hosts)
+        if bool(self.agent.extra_metadata.get("training")) != training:
+            if training:
+                self.agent.extra_metadata["training"] = True
+            else:
+                self.agent.extra_metadata.pop("training", None)
+            self.agent.publish_metadata()
+
+    # --- streams --------------------------------------------------------------------------
+
+    async def _on_train_open(self, msg: TrainOpen, stream: SecureStream) -> None:
+        host = self.hosts.get((msg.job_id, msg.replica, msg.stage))
+        if host is None:
+            await send_best_effort(stream, TrainError(msg.stage, self.agent.name,
+                                                      f"holds no stage {msg.stage} of replica "
+                                                      f"{msg.replica} of {msg.job_id}"))
+            return
+        if msg.role == "data":
+            host.upstream = stream
+            host.upstream_ready.set()
+            await host.done.wait()
+            return
+        if msg.role != "control":
+            raise RemoteProtocolError("bad-role", f"role {msg.role!r}")
+        downstream: SecureStream | None = None
+        try:
+            if host.next_addr:
+                downstream = await self.agent.open_secure(host.next_addr)
+                await send_message(downstream, TrainOpen(host.job_id, host.replica,
+                                                         host.index + 1, "data"))
+            await send_message(stream, Ack())
+            await self._serve_stage(host, stream, downstream)
+        except (SwarmError, trio.TooSlowError) as exc:
+            reason = str(exc) if isinstance(exc, SwarmError) else "a neighbour fell silent"
+            log.warning("%s: stage %d of %s: %s", self.agent.name, host.index, host.job_id,
+                        reason)
+            await send_best_effort(stream, TrainError(host.index, self.agent.name,
+                                                      reason[:500]))
+        finally:
+            host.done.set()
+            if downstream is not None:
+                with trio.CancelScope(shield=True):
+                    await downstream.aclose()
+        return
+
+    async def _serve_stage(self, host: TrainHost, control: SecureStream,
+                           downstream: SecureStream | None) -> None:
+        """Answer the driver's commands until it says stop."""
+        while True:
+            msg = await receive_answer(control, object, "the driver")
+            if isinstance(msg, Stop):
+                return
+            if isinstance(msg, StepRun):
+                await self._step(host, control, downstream, msg)
+                continue
+            command = self._commands.get(type(msg))
+            if command is None:
+                raise RemoteProtocolError("bad-op", f"the driver sent {type(msg).__name__}, "
+                                          "not a training command")
+            await command(host, msg, control)
+
+    # --- the driver's commands ------------------------------------------------------------
+
+    async def _take_delta(self, host: TrainHost, msg: TakeDelta, control: SecureStream
+                          ) -> None:
+        version, blob = await self.run(host.compute.take_delta, host)
+        await send_message(control, Delta(version, blob))
+
+    async def _update(self, host: TrainHost, msg: Update, control: SecureStream) -> None:
+        await self.run(lambda: host.compute.apply_update(msg.version, msg.blob), host)
+        await send_message(control, Ack(msg.version))
+
+    async def _params(self, host: TrainHost, msg: ParamsAsk, control: SecureStream) -> None:
+        await send_message(control, Params(await self.run(host.compute.params, host)))
+
+    async def _state(self, host: TrainHost, msg: StateAsk, control: SecureStream) -> None:
+        await send_message(control, State(await self.run(host.compute.state, host)))
+
+    async def _load(self, host: TrainHost, msg: StateLoad, control: SecureStream) -> None:
+        await self.run(lambda: host.compute.load_state(msg.blob), host)
+        await send_message(control, Ack())
+
+    async def _reset(self, host: TrainHost, msg: Reset, control: SecureStream) -> None:
+        await self.run(lambda: host.compute.reset(msg.version, msg.blob), host)
+        await send_message(control, Ack(msg.version))
+
+    async def _tied(self, host: TrainHost, msg: TiedAsk, control: SecureStream) -> None:
+        await send_message(control, Tied(host.compute.tied()))
+
+    async def _tied_weight(self, host: TrainHost, msg: TiedWeight, control: SecureStream
+                           ) -> None:
+        host.compute.set_tied(msg.blob)
+        await send_message(control, Ack())
+
+    async def _step(self, host: TrainHost, control: SecureStream,
+                    downstream: SecureStream | None, msg: StepRun) -> None:
+        compute, n_micro, step = host.compute, msg.micro_batches, msg.step
+        first, last = compute.is_first, compute.is_last
+        inputs: dict[int, bytes] = {}
+        targets: dict[int, bytes] = {}
+        for _ in range(n_micro * (int(first) + int(last))):
+            t = await receive_answer(control, TrainTensor, "the driver")
+            (inputs if t.kind == "input" else targets)[t.micro] = t.tensor
+        losses: list[float] = []
+        for op in stage_ops(host.schedule, host.index, host.n_stages, n_micro):
+            m = op.micro
+            if op.kind == "F":
+                x = inputs.pop(m) if first else (await self._upstream_receive(host)).tensor
+                out = await self.run(partial(compute.forward, m, x, targets.get(m)), host)
+                if isinstance(out, float):
+                    losses.append(out)
+                else:
+                    assert downstream is not None
+                    await send_message(downstream, TrainTensor("activation", step, m, out))
+            else:
+                g = None
+                if not last:
+                    assert downstream is not None
+                    g = (await receive_answer(downstream, TrainTensor,
+                                              "the next stage")).tensor
+                grad_in = await self.run(partial(compute.backward, m, g, 1.0 / n_micro), host)
+                if grad_in is not None:
+                    assert host.upstream is not None
+                    await send_message(host.upstream,
+                                       TrainTensor("gradient", step, m, grad_in))
+        tied, sq = compute.finish()
+        loss_sum = sum(losses)
+        if not math.isfinite(loss_sum) or not math.isfinite(sq):
+            raise PlacementError(f"stage {host.index}: the loss or gradients are not finite "
+                                 "(lower lr.peak)")
+        await send_message(control, StepReport(step, tied is not None, sq, loss_sum))
+        if tied is not None:
+            await send_message(control, TrainTensor("tied", step, 0, tied))
+        apply = await receive_answer(control, StepApply, "the driver")
+        total = None
+        if tied is not None:
+            total = (await receive_answer(control, TrainTensor, "the driver")).tensor
+        await self.run(lambda: compute.apply(msg.lr, apply.clip, total), host)
+        if self.training.simulated_step_s:
+            await trio.sleep(self.training.simulated_step_s)
+        await send_message(control, Ack(step))
+
+    async def _upstream_receive(self, host: TrainHost) -> TrainTensor:
+        if host.upstream is None:
+            with trio.fail_after(self.training.open_timeout_s):
+                await host.upstream_ready.wait()
+        assert host.upstream is not None
+        with trio.fail_after(self.training.step_timeout_s):
+            return await receive_answer(host.upstream, TrainTensor, "the stage before")
+
+
+__all__ = ["PIPELINE_SCHEDULE", "StageHosts", "TrainHost"]

@@ -1,0 +1,173 @@
+"""Training jobs' calls to the leader and the leader's orders to fellows (tags 150-179).
+
+A fellow asks the leader to plan a job (``JobPlanAsk``), submit one (``JobSubmit``), list
+its jobs (``JobsAsk``), cancel one (``JobCancel``) or show one's config (``JobConfigAsk``).
+The leader orders a fellow to take a stage of a job (``TrainPrepare``) and to let go of
+stages (``TrainRelease``). Each carries ``term`` as its last field (stamped by the
+leadership layer) and is answered by its own reply type or ``CallFailed``.
+
+A job's config (``job.json``), a plan and a job's record are nested documents that
+``training.JobConfig``, the planner and the CLI read; they travel as ``Doc``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from p2pswarm.wire.codec import message, struct
+from p2pswarm.wire.orders import Doc
+from p2pswarm.wire.schema import U16, U32, U64, Items, Size
+
+JobId = Annotated[str, Size(1, 64)]
+MaybeJobId = Annotated[str, Size(0, 64)]  # "" when there is none
+CardKey = Annotated[str, Size(1, 96)]  # "FELLOW:INDEX" or "FELLOW:cpu"
+Maximize = Annotated[str, Size(0, 16)]  # "", "seq_len" or "speed"
+PlanId = Annotated[str, Size(0, 64)]  # "" when not pinned
+FellowId = Annotated[str, Size(1, 64)]
+CardKind = Annotated[str, Size(1, 16)]
+Address = Annotated[str, Size(0, 128)]  # "" for the last stage
+MAX_CARDS = 1024
+MAX_JOBS = 4096
+MAX_STAGES = 1024
+
+
+# --- calls to the leader -------------------------------------------------------------------
+
+
+@message(150)
+@dataclass(frozen=True, slots=True)
+class JobPlanAsk:
+    """Plan a job: one pipeline per replica on the leader's current view."""
+
+    config: Doc  # job.json
+    stages: U16 | None = None  # how many stages each pipeline takes (None: the planner's)
+    maximize: Maximize = ""
+    exclude_cards: Annotated[tuple[CardKey, ...], Items(MAX_CARDS)] = ()
+    term: U64 = 0
+
+
+@message(151)
+@dataclass(frozen=True, slots=True)
+class JobPlanShown:
+    plan: Doc
+
+
+@message(152)
+@dataclass(frozen=True, slots=True)
+class JobSubmit:
+    """Place and run a job (or ``resume`` one from its latest checkpoint); pinned to
+    ``plan_id`` when one is given."""
+
+    config: Doc | None = None  # None: resume a job the leader knows, with its own config
+    plan_id: PlanId = ""
+    stages: U16 | None = None
+    resume: MaybeJobId = ""
+    maximize: Maximize = ""
+    exclude_cards: Annotated[tuple[CardKey, ...], Items(MAX_CARDS)] = ()
+    term: U64 = 0
+
+
+@message(153)
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A job's record as the leader keeps it (state, progress, placement)."""
+
+    record: Doc
+
+
+@message(154)
+@dataclass(frozen=True, slots=True)
+class JobsAsk:
+    term: U64 = 0
+
+
+@message(155)
+@dataclass(frozen=True, slots=True)
+class JobList:
+    records: Annotated[tuple[Doc, ...], Items(MAX_JOBS)]
+
+
+@message(156)
+@dataclass(frozen=True, slots=True)
+class JobCancel:
+    job_id: JobId
+    term: U64 = 0
+
+
+@message(157)
+@dataclass(frozen=True, slots=True)
+class JobConfigAsk:
+    job_id: JobId
+    term: U64 = 0
+
+
+@message(158)
+@dataclass(frozen=True, slots=True)
+class JobConfigShown:
+    config: Doc
+    state: Annotated[str, Size(1, 16)]
+    step: U64
+    checkpoint_step: U64
+
+
+# --- the leader's orders -------------------------------------------------------------------
+
+
+@message(159)
+@dataclass(frozen=True, slots=True)
+class TrainPrepare:
+    """Take stage ``stage`` (layers ``layer_start:layer_end``) of replica ``replica`` of a
+    job on card ``card_kind:card_index``, which needs ``need_bytes`` free; ``next_addr``
+    is the next stage's fellow; ``generation`` counts the replica's placements."""
+
+    job_id: JobId
+    replica: U16
+    stage: U16
+    n_stages: U16
+    fellow_id: FellowId
+    layer_start: U32
+    layer_end: U32
+    card_kind: CardKind
+    card_index: U16
+    need_bytes: U64
+    next_addr: Address
+    config: Doc
+    generation: U32 = 0
+    term: U64 = 0
+
+
+@message(160)
+@dataclass(frozen=True, slots=True)
+class TrainPrepared:
+    """The stage is built and waits for the driver."""
+
+
+@message(161)
+@dataclass(frozen=True, slots=True)
+class TrainRelease:
+    """Let go of the job's stages (of one replica; of its placements up to
+    ``generation``)."""
+
+    job_id: JobId
+    replica: U16 | None = None
+    generation: U32 | None = None
+    term: U64 = 0
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class StageKey:
+    replica: U16
+    stage: U16
+
+
+@message(162)
+@dataclass(frozen=True, slots=True)
+class TrainReleased:
+    released: Annotated[tuple[StageKey, ...], Items(MAX_STAGES)]
+
+
+__all__ = ["JobCancel", "JobConfigAsk", "JobConfigShown", "JobList", "JobPlanAsk",
+           "JobPlanShown", "JobRecord", "JobSubmit", "JobsAsk", "StageKey", "TrainPrepare",
+           "TrainPrepared", "TrainRelease", "TrainReleased"]
