@@ -19,19 +19,9 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
-import msgpack
-
 from p2pswarm.control.protocol import error_response, raise_error
-from p2pswarm.errors import ControlError, PlacementError, RemoteProtocolError, SwarmError
-from p2pswarm.wire.orders import (
-    CallFailed,
-    LeaderCall,
-    LeaderReply,
-    Order,
-    OrderReply,
-    pack_doc,
-    unpack_doc,
-)
+from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError
+from p2pswarm.wire.orders import CallFailed, pack_doc, unpack_doc
 
 if TYPE_CHECKING:
     from p2pswarm.agent.agent import Agent
@@ -42,7 +32,6 @@ log = logging.getLogger("p2pswarm.agent")
 M = TypeVar("M")
 R = TypeVar("R")
 TypedHandler = Callable[[Any], Awaitable[Any]]  # a call or order -> its reply message
-Handler = Callable[[dict[str, Any]], Awaitable[Any]]  # untyped ops, being retired
 
 
 def call_failed(exc: SwarmError) -> CallFailed:
@@ -81,10 +70,6 @@ class Leadership:
         self.agent = agent
         self._calls: dict[type, TypedHandler] = {}
         self._orders: dict[type, TypedHandler] = {}
-        self.leader_ops: dict[str, Handler] = {}
-        self.order_ops: dict[str, Handler] = {}
-        agent.on_stream(LeaderCall, self._on_leader_call_untyped)
-        agent.on_stream(Order, self._on_order_untyped)
 
     # --- registering ------------------------------------------------------------------
 
@@ -165,63 +150,3 @@ class Leadership:
         if e is not None and not e.accepts_term(term):
             raise PlacementError(f"order from stale term {term} refused (this fellow is at "
                                  f"term {e.term})")
-
-    # --- untyped ops (being retired: each moves to a message type of its own) ------------
-
-    async def ask_op(self, op: str, body: dict[str, Any]) -> Any:
-        if self.is_leader():
-            return await self.leader_ops[op](body)
-        reply = await self.agent.call(self._leader_addr(),
-                                      LeaderCall(self.term(), op, pack_doc(body)))
-        return _untyped_result(reply, LeaderReply, "the leader")
-
-    async def order_op(self, addr: str, op: str, body: dict[str, Any]) -> Any:
-        if addr == self.agent.addr:
-            return await self._run_order_untyped(self.term(), op, body)
-        reply = await self.agent.call(addr, Order(self.term(), op, pack_doc(body)))
-        return _untyped_result(reply, OrderReply, addr)
-
-    async def _on_leader_call_untyped(self, msg: LeaderCall, stream: SecureStream
-                                      ) -> LeaderReply:
-        try:
-            if not self.is_leader():
-                leader = self.agent.leader()
-                where = f"the leader is {leader['name']}" if leader else "no leader yet"
-                raise PlacementError(f"{self.agent.name} is not the leader ({where}); "
-                                     "try again")
-            handler = self.leader_ops.get(msg.op)
-            if handler is None:
-                raise ControlError(f"the leader does not know op {msg.op!r}")
-            return LeaderReply(True, pack_doc(await handler(_body(msg.body))))
-        except SwarmError as exc:
-            return LeaderReply(False, pack_doc(error_response(exc)["error"]))
-
-    async def _on_order_untyped(self, msg: Order, stream: SecureStream) -> OrderReply:
-        try:
-            result = await self._run_order_untyped(msg.term, msg.op, _body(msg.body))
-            return OrderReply(True, pack_doc(result))
-        except SwarmError as exc:
-            return OrderReply(False, pack_doc(error_response(exc)["error"]))
-
-    async def _run_order_untyped(self, term: int, op: str, body: dict[str, Any]) -> Any:
-        self._check_term(term)
-        handler = self.order_ops.get(op)
-        if handler is None:
-            raise ControlError(f"this fellow does not know order {op!r}")
-        return await handler(body)
-
-
-def _body(data: bytes) -> dict[str, Any]:
-    try:
-        return unpack_doc(data)
-    except RemoteProtocolError as exc:
-        raise ControlError(f"malformed request body ({exc})") from None
-
-
-def _untyped_result(reply: Any, expected: type, who: str) -> Any:
-    if not isinstance(reply, expected):
-        raise ControlError(f"{who} answered {type(reply).__name__}, not {expected.__name__}")
-    result = msgpack.unpackb(reply.body, raw=False, strict_map_key=False)
-    if not reply.ok:
-        raise_error(result if isinstance(result, dict) else {})
-    return result

@@ -20,8 +20,8 @@ import msgpack
 from p2pswarm.errors import LocalProtocolError, RemoteProtocolError, VersionMismatch
 from p2pswarm.wire.schema import Items, Range, Size
 
-PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 1
+PROTOCOL_MAJOR = 2  # 2: every call, order and training message is its own type
+PROTOCOL_MINOR = 0
 
 DEFAULT_STR_CHARS = 1024
 DEFAULT_BYTES = 64 * 1024 * 1024

@@ -11,9 +11,8 @@ Planner documents (plan requests, plans) are nested maps that the planner valida
 itself, so they travel as ``Doc``: msgpack bytes whose size the codec bounds and whose
 meaning the receiver checks (``unpack_doc`` refuses anything but a map).
 
-Tags 70-73 (the untyped ``LeaderCall`` / ``LeaderReply`` / ``Order`` / ``OrderReply``)
-are on their way out: the ops still on them move to types of their own, then the tags are
-retired and never reused.
+Tags 70-73 (the untyped ``LeaderCall`` / ``LeaderReply`` / ``Order`` / ``OrderReply`` of
+protocol 1, an ``op`` string with a msgpack body) are retired and never reused.
 """
 
 from __future__ import annotations
@@ -77,43 +76,4 @@ class PlanShown:
     plan: Doc
 
 
-Body = Annotated[bytes, Size(0, 16 * 1024 * 1024)]
-Op = Annotated[str, Size(1, 32)]
-
-
-@message(70)
-@dataclass(frozen=True, slots=True)
-class LeaderCall:
-    """(untyped, being retired) A fellow asks the leader to do ``op`` with a msgpack body."""
-
-    term: U64
-    op: Op
-    body: Body
-
-
-@message(71)
-@dataclass(frozen=True, slots=True)
-class LeaderReply:
-    ok: bool
-    body: Body
-
-
-@message(72)
-@dataclass(frozen=True, slots=True)
-class Order:
-    """(untyped, being retired) The leader orders a fellow to do ``op``; fenced by ``term``."""
-
-    term: U64
-    op: Op
-    body: Body
-
-
-@message(73)
-@dataclass(frozen=True, slots=True)
-class OrderReply:
-    ok: bool
-    body: Body
-
-
-__all__ = ["DOC_BYTES", "CallFailed", "Doc", "PlanAsk", "PlanShown", "pack_doc", "unpack_doc",
-           "LeaderCall", "LeaderReply", "Order", "OrderReply"]
+__all__ = ["DOC_BYTES", "CallFailed", "Doc", "PlanAsk", "PlanShown", "pack_doc", "unpack_doc"]
