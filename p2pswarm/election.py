@@ -48,6 +48,9 @@ on purpose (``StepDown``): a planned change, never one caused by loss.
 Announcements. A new leader sends ``LeaderIs`` to every present fellow at once, again a
 few times shortly after (datagrams get lost), and every ``announce_interval_s``; a fellow
 that knows no leader asks a random fellow with ``LeaderQuery``.
+
+One coherent algorithm (terms, PreVote, deputies, lease and their persistence work on one
+state), so one file.
 """
 
 from __future__ import annotations

@@ -74,6 +74,11 @@ stream, and anti-entropy carries them too. A newer version always wins; an older
 a bad signature is ignored.
 
 Time comes in as ``now`` on every call; randomness from the injected ``random.Random``.
+
+One coherent algorithm, so one file (as memberlist's ``state.go``): the parts above share
+one view of the fellows and one clock, and each section below is one of them. The pieces
+that stand alone already live beside it (``awareness``, ``broadcasts``, ``member``,
+``timing``).
 """
 
 from __future__ import annotations

@@ -49,6 +49,9 @@ Randomness: each link and each radio has its own generator, seeded from the netw
 and the names with blake2b, so one link's draws never depend on another's traffic. The
 generators are SplitMix64 in eight bytes of state rather than ``random.Random`` (2.5 KB
 each): a thousand fellows have up to a million links.
+
+One coherent algorithm (one heap, one scheduler, the streams and datagrams it delivers),
+so one file; the pure network model it draws fates from is ``transport.netmodel``.
 """
 
 from __future__ import annotations
