@@ -19,7 +19,7 @@ from p2pswarm.sim.virtual import cpu_card, wait_until
 from p2pswarm.training import JobConfig, LocalRun
 from tests.training_swarm import finished, job_config, start_swarm
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 async def test_one_replica_three_stages_equals_one_process(autojump_clock) -> None:

@@ -15,7 +15,7 @@ from p2pswarm.agent.world import Services
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
 from tests.training_swarm import finished, job_config
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 STEP_S = 1.0  # the virtual seconds one stage step takes

@@ -11,6 +11,9 @@ import tempfile
 from pathlib import Path
 
 import psutil
+import pytest
+
+pytestmark = pytest.mark.slow  # real processes: minutes, not seconds
 
 
 def assert_nothing_left(tmp: Path, root: str) -> None:

@@ -21,7 +21,7 @@ from p2pswarm.sim.virtual import cpu_card, wait_until
 from p2pswarm.wire.loads import UnloadAsk, Unloaded
 from tests.serving_swarm import MODEL, PROMPT, nothing_held, reference, request, start_swarm
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 async def test_three_stages_across_fellows_equal_one_process(autojump_clock, tmp_path) -> None:

@@ -31,7 +31,7 @@ PROMPT = [256, *range(32, 100)]
 LORA = LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj"))
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def make_adapter(out: Path, *, base: str = MODEL, config: LoraConfig = LORA) -> Path:

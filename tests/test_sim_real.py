@@ -14,6 +14,8 @@ import pytest
 from p2pswarm.sim.netns import missing_requirements, run_real
 from p2pswarm.sim.scenario import load_scenario
 
+pytestmark = pytest.mark.slow  # real processes: minutes, not seconds
+
 WHY = missing_requirements()
 
 

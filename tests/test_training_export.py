@@ -25,7 +25,7 @@ runner = CliRunner()
 CUT = [3, 6]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def job(tmp_path: Path, **extra: Any) -> JobConfig:
