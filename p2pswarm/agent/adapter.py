@@ -169,10 +169,6 @@ def check_adapter(adapter: AdapterManifest, hf_config: dict[str, Any], model_nam
             raise ConfigError(f"adapter {where} lacks {pair}")
 
 
-def adapter_hash(adapter_dir: str | Path) -> str:
-    return read_adapter(adapter_dir).sha256
-
-
 def adapted_plan(plan: Any, adapter_sha256: Any) -> Any:
     """The plan with the adapter in it: its content hash, and a ``plan_id`` that differs
     from the base's (and from any other adapter's)."""

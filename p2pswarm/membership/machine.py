@@ -399,10 +399,6 @@ class Membership:
         return self._joined
 
     @property
-    def leaving(self) -> bool:
-        return self._leaving
-
-    @property
     def health_score(self) -> int:
         """Lifeguard local health: 0 is healthy; probes slow down by score + 1."""
         return self._awareness.score
@@ -411,10 +407,6 @@ class Membership:
     def loss_estimate(self) -> float:
         """Fraction of recent direct pings that missed their ack."""
         return self._loss
-
-    def live_count(self) -> int:
-        """Alive and suspect fellows, this node included."""
-        return len(self._live) + 1
 
     def members(self) -> tuple[Member, ...]:
         """Every fellow this node knows (this node included, ``is_self``), by node id."""

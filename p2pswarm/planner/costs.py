@@ -149,10 +149,6 @@ class CostModel:
     def claims(self, kind: str, n: int, first: bool, last: bool) -> Claims:
         return self.fixed_claims(kind, first, last).plus_layers(self._per_layer, n)
 
-    @property
-    def per_layer_bytes(self) -> int:
-        return self._per_layer_total
-
     def fixed_bytes(self, kind: str, first: bool, last: bool) -> int:
         key = (kind, first, last)
         if key not in self._fixed_total:

@@ -87,10 +87,6 @@ class Profile:
     description: str = ""
 
     @property
-    def wired(self) -> bool:
-        return self.radio is None
-
-    @property
     def mean_loss(self) -> float:
         """The radio's long-run loss (each packet crosses the radios at both ends)."""
         if self.radio is None:

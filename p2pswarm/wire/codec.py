@@ -342,10 +342,6 @@ def _decode_body(body: list[Any]) -> list[Any]:
     return out
 
 
-def encode_one(msg: Any) -> bytes:
-    return encode(msg)
-
-
 def pack_compound(messages: Iterable[Any], max_bytes: int) -> tuple[list[bytes], list[Any]]:
     """Pack messages into as few envelopes of at most ``max_bytes`` as fit, in order.
 
