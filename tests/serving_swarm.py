@@ -14,7 +14,8 @@ from p2pswarm.agent import Agent
 from p2pswarm.agent.world import AgentWorld, Services
 from p2pswarm.planner import BUILTIN_MODELS
 from p2pswarm.runtime import LocalPipeline, Stage, StageSpec
-from p2pswarm.sim.virtual import Fellow, VirtualSwarm, cpu_card, wait_until
+from p2pswarm.sim.virtual import Fellow, VirtualSwarm
+from tests.cpu_swarm import start_cpu_swarm
 
 MODEL = "tiny-llama"
 PROMPT = [256, *range(32, 127), *range(40, 240)]  # 296 tokens: two prefill chunks of 256
@@ -31,16 +32,7 @@ async def start_swarm(nursery: trio.Nursery, tmp_path: Path, seed: int,
         return Agent(replace(world, services=Services(
             weights_dir=tmp_path / f"cache-{fellow.index}")))
 
-    swarm = VirtualSwarm(n, seed=seed, agent_factory=own_weights_cache,
-                         inline_compute=True)
-    for fellow in swarm.fellows:
-        fellow.cards.cards = (cpu_card(16.0, name=f"{fellow.name} CPU"),)
-    await nursery.start(swarm.run)
-    for i in range(n):
-        await swarm.start(i)
-    await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
-                     and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
-    return swarm
+    return await start_cpu_swarm(nursery, n, seed, agent_factory=own_weights_cache)
 
 
 def reference(plan: dict[str, Any], source: object) -> LocalPipeline:

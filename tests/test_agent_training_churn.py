@@ -12,7 +12,8 @@ import trio
 import trio.testing
 
 from p2pswarm.agent.world import Services
-from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
+from p2pswarm.sim.virtual import VirtualSwarm, wait_until
+from tests.cpu_swarm import start_cpu_swarm
 from tests.training_swarm import finished, job_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
@@ -27,15 +28,7 @@ SERVICES = Services(training_step_s=STEP_S, training_step_timeout_s=10.0,
 
 
 async def start_swarm(nursery: trio.Nursery, n: int = 3, seed: int = 5) -> VirtualSwarm:
-    swarm = VirtualSwarm(n, seed=seed, inline_compute=True, services=SERVICES)
-    for fellow in swarm.fellows:
-        fellow.cards.cards = (cpu_card(16.0, name=f"{fellow.name} CPU"),)
-    await nursery.start(swarm.run)
-    for i in range(n):
-        await swarm.start(i)
-    await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
-                     and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
-    return swarm
+    return await start_cpu_swarm(nursery, n, seed, services=SERVICES)
 
 
 def churn_config() -> dict[str, Any]:

@@ -78,7 +78,7 @@ def test_an_upward_import_breaks_the_layers(tmp_path: Path) -> None:
     plant(root, "p2pswarm/inventory.py", "import p2pswarm.planner")
     result = lint_imports(root)
     assert result.returncode != 0
-    assert "Layers: imports point downward only (ARCHITECTURE.md) BROKEN" in result.stdout
+    assert "Layers: imports point downward only (docs/architecture.md) BROKEN" in result.stdout
     assert "p2pswarm.inventory is not allowed to import p2pswarm.planner" in result.stdout
     assert "Pure cores: no trio, torch, sockets, clock or global random KEPT" in result.stdout
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import trio
 
-from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
+from p2pswarm.sim.virtual import VirtualSwarm
+from tests.cpu_swarm import start_cpu_swarm
 
 
 def job_config(**extra: Any) -> dict[str, Any]:
@@ -18,15 +19,7 @@ def job_config(**extra: Any) -> dict[str, Any]:
 
 
 async def start_swarm(nursery: trio.Nursery, n: int = 3, seed: int = 5) -> VirtualSwarm:
-    swarm = VirtualSwarm(n, seed=seed, inline_compute=True)
-    for fellow in swarm.fellows:
-        fellow.cards.cards = (cpu_card(16.0, name=f"{fellow.name} CPU"),)
-    await nursery.start(swarm.run)
-    for i in range(n):
-        await swarm.start(i)
-    await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
-                     and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
-    return swarm
+    return await start_cpu_swarm(nursery, n, seed)
 
 
 async def finished(agent: Any, job_id: str, timeout_s: float = 600) -> dict[str, Any]:
