@@ -99,6 +99,7 @@ class GossipConfig:
     awareness_max_multiplier: int = 8  # Lifeguard local health: probe slows up to this x
     dead_reap_after_s: float = 60.0  # tombstone time before a dead member is forgotten
     join_retry_max_s: float = 30.0  # upper bound of the backoff between join attempts
+    leave_timeout_s: float = 2.0  # a leaver waits at most this long for its goodbye to spread
     tuning: GossipTuning = field(default_factory=GossipTuning)  # the finer knobs (above)
 
 

@@ -129,8 +129,19 @@ def join(
 @exits_on()
 def leave(home: Optional[Path] = HomeOption) -> None:
     """Make the local agent leave the swarm gracefully (fellows mark it `left`) and exit."""
-    ask_agent(home, {"op": "leave"})
-    typer.echo("leaving the swarm")
+    outcome = ask_agent(home, {"op": "leave"})
+    typer.echo(leave_sentence(outcome))
+
+
+def leave_sentence(outcome: dict[str, Any]) -> str:
+    """``left the swarm: 3 of 3 fellows acknowledged`` (and what happens when not all did)."""
+    acknowledged, fellows = int(outcome.get("acknowledged", 0)), int(outcome.get("fellows", 0))
+    if fellows == 0:
+        return "left the swarm (no fellow was connected)"
+    sentence = f"left the swarm: {acknowledged} of {fellows} fellows acknowledged"
+    if not outcome.get("spread", True):
+        sentence += "; the rest hear it by gossip (one that misses it records this fellow dead)"
+    return sentence
 
 
 def setup_logging(level: str) -> None:
