@@ -709,6 +709,7 @@ class Agent:
             "members": [row(m) for m in members],
             "leader": self.leader(),
             "leader_note": election.sentence if election is not None else "starting",
+            "stages_held": self.serving.held_stages(),
             "role": election.role if election is not None else "follower",
             "counters": self.counters.to_dict(),
             "membership": self.membership.counters() if self.membership else {},
