@@ -150,7 +150,8 @@ def _interrupted(home: Optional[Path], job_id: Optional[str], console: Any) -> N
     console.print()  # past a progress line that ended in a carriage return
     if job_id is None:
         console.print("interrupted before the leader answered: the job may still start; "
-                      f"`p2pswarm jobs` lists it, `{stop}` stops it")
+                      f"`p2pswarm jobs` lists it, `{stop}` stops it", soft_wrap=True,
+                      markup=False, highlight=False)
         raise typer.Exit(EXIT_INTERRUPTED)
     if sys.stdin.isatty():
         try:
@@ -163,7 +164,8 @@ def _interrupted(home: Optional[Path], job_id: Optional[str], console: Any) -> N
             console.print(f"cancelling {record['job_id']} (was {record['state']}); its "
                           "checkpoints stay")
             raise typer.Exit(EXIT_INTERRUPTED)
-    console.print(f"job {job_id} keeps running; stop it with: {stop}")
+    console.print(f"job {job_id} keeps running; stop it with: {stop}", soft_wrap=True,
+                  markup=False, highlight=False)  # one line, as it is to be copied
     raise typer.Exit(EXIT_INTERRUPTED)
 
 
