@@ -194,6 +194,11 @@ def render_status(data: dict[str, Any]) -> None:
         table.add_row(name, m["id"][:8], m["addr"], m["state"], str(m["incarnation"]),
                       cards, "-" if heard is None else f"{heard:.1f} s ago")
     console.print(table)
+    held = data.get("stages_held") or []
+    if held:
+        console.print("holds: " + ", ".join(
+            f"stage {h['stage']} of {h['plan_id']} ({h['state']}, "
+            f"{h.get('claim_bytes', 0) / 1e6:,.1f} MB claimed)" for h in held))
     counters = data.get("counters", {})
     drops = counters.get("drops") or {}
     console.print(

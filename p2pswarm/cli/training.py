@@ -142,6 +142,11 @@ def train(
         raise typer.Exit(EXIT_FAILURE)
 
 
+def interactive() -> bool:
+    """Whether a person can answer a question here (stdin is a terminal)."""
+    return sys.stdin.isatty()
+
+
 def _interrupted(home: Optional[Path], job_id: Optional[str], console: Any) -> NoReturn:
     """Ctrl-C during `train`: on a terminal, ask whether to cancel the job or leave it
     running; elsewhere leave it running and say how to stop it. Exit 130 either way."""
@@ -153,7 +158,7 @@ def _interrupted(home: Optional[Path], job_id: Optional[str], console: Any) -> N
                       f"`p2pswarm jobs` lists it, `{stop}` stops it", soft_wrap=True,
                       markup=False, highlight=False)
         raise typer.Exit(EXIT_INTERRUPTED)
-    if sys.stdin.isatty():
+    if interactive():
         try:
             cancel = typer.confirm(f"cancel job {job_id}? (no: it keeps running)",
                                    default=False, err=console.stderr)
