@@ -119,3 +119,38 @@ def test_status_lists_the_stages_this_fellow_holds(agent: FakeAgent) -> None:
     result = runner.invoke(app, ["status"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "holds: stage 1 of 0123456789abcdef (releasing, 67.1 MB claimed)" in result.stdout
+
+
+async def test_a_streaming_client_that_hangs_up_cancels_its_op_at_once(
+        tmp_path: Path) -> None:
+    import socket
+
+    import trio
+
+    from p2pswarm.control.protocol import pack, socket_path
+    from p2pswarm.control.server import serve_control
+
+    home = tmp_path / "h"
+    home.mkdir()
+    began, ended = trio.Event(), trio.Event()
+
+    async def handle(request: dict[str, Any]) -> Any:
+        began.set()
+        try:
+            await trio.sleep_forever()  # a load waiting on its stages, emitting nothing
+        finally:
+            ended.set()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_control, home, handle)
+
+        def ask_then_hang_up() -> None:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(str(socket_path(home)))
+                sock.sendall(pack({"op": "load", "stream": True}))
+                trio.from_thread.run(began.wait)
+
+        await trio.to_thread.run_sync(ask_then_hang_up)
+        with trio.fail_after(5):
+            await ended.wait()
+        nursery.cancel_scope.cancel()
