@@ -5,6 +5,7 @@ virtual time."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 import trio
@@ -128,6 +129,21 @@ def test_a_leaver_publishes_no_metadata_and_refutes_nothing() -> None:
     assert not [m for m in gossip if isinstance(m, g.Alive) and m.node == leaver.node_id]
 
 
+def test_fellows_leaving_together_acknowledge_each_others_goodbye() -> None:
+    nodes = fellows(3)
+    a, b, stays = nodes
+    a_says, b_says = a.leave(0.0), b.leave(0.0)
+    # a leaver answers the goodbye ping of another leaver, and nothing else
+    deliver(nodes, a, a_says, 0.01, to={b.local.addr})
+    assert b.member(a.node_id).state == "left"
+    back = [s for s in sends(deliver(nodes, b, b_says, 0.01, to={a.local.addr}))]
+    assert back and all(s.addr == b.local.addr for s in back)
+    for reply in back:
+        b.handle_datagram(list(reply.messages), a.local.addr, 0.02)
+    assert b.leave_acknowledgements() == (1, 2)
+    assert not a.handle(g.Ping(7, a.node_id, stays.node_id), stays.local.addr, 0.03)
+
+
 def test_a_goodbye_heard_late_turns_dead_into_left() -> None:
     nodes = fellows(3)
     leaver, late = nodes[0], nodes[1]
@@ -193,4 +209,28 @@ async def test_a_card_change_while_leaving_does_not_bring_the_leaver_back(
         await trio.sleep(30)
         assert swarm.states_seen_by_all(3) <= {"left", "unknown"}
         assert not [d for d in deaths if d[1] == leaver.identity.node_id]
+        nursery.cancel_scope.cancel()
+
+
+async def test_fellows_leaving_at_once_do_not_wait_out_the_bound(
+        autojump_clock: trio.testing.MockClock) -> None:
+    swarm, deaths = swarm_noting_deaths(4, seed=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        await swarm.start_all()
+        await wait_until(swarm.converged, timeout_s=30)
+        outcomes: dict[int, tuple[dict[str, Any], float]] = {}
+
+        async def leave(i: int) -> None:
+            began = trio.current_time()
+            outcomes[i] = (await swarm.leave(i), trio.current_time() - began)
+
+        async with trio.open_nursery() as leaving:  # as a whole swarm shut down at once
+            for i in (1, 2, 3):
+                leaving.start_soon(leave, i)
+        for outcome, took_s in outcomes.values():
+            assert outcome == {"acknowledged": 3, "fellows": 3, "spread": True}
+            assert took_s < swarm.config.gossip.leave_timeout_s / 2
+        assert all(swarm.states_seen_by_all(i) == {"left"} for i in (1, 2, 3))
+        assert deaths == set()
         nursery.cancel_scope.cancel()

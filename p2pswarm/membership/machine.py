@@ -65,8 +65,10 @@ answers the ping, so its ``Ack`` proves it holds the leave. Fellows that have no
 acknowledged are asked again every probe timeout, for ``leave_timeout_s`` at most. The
 goodbye has spread (``leave_spread``) once every fellow asked has acknowledged (or is no
 longer live), or once ``indirect_checks`` have and gossip has sent it its full count: those
-fellows pass it on. A leaving node answers no pings, refutes nothing and publishes no new
-metadata: a new incarnation would undo its goodbye, and it would be recorded dead.
+fellows pass it on. A leaving node answers no pings (but the goodbye pings of other
+leavers: a swarm shut down at once does not wait out the bound), refutes nothing and
+publishes no new metadata: a new incarnation would undo its goodbye, and it would be
+recorded dead.
 
 Anti-entropy. Every push-pull interval (longer past 32 fellows) this node sends one random
 fellow the hash of its view over a stream; the same hash ends it. Otherwise the fellow
@@ -1160,8 +1162,12 @@ class Membership:
         return
 
     def _on_ping(self, msg: Ping, addr: str, now: float, out: list[Effect]) -> None:
-        if msg.target != self.node_id or self._leaving:
+        if msg.target != self.node_id:
             return
+        if self._leaving:  # answer only the goodbye of another leaver (fellows leaving
+            e = self._members.get(msg.source)  # together each wait for the others' acks)
+            if e is None or e.state != _LEFT:
+                return
         self._heard(msg.source, now)
         msgs: list[Any] = [Ack(msg.seq)]
         size = _ACK_ITEM

@@ -119,7 +119,8 @@ class Loads:
         self._lock = trio.Lock()
         self._in_flight: dict[str, _InFlight] = {}  # ticket -> the bring-up under way
         self._finished: OrderedDict[str, str] = OrderedDict()  # ticket -> plan_id loaded
-        self._cancelled: OrderedDict[str, str] = OrderedDict()  # tickets cancelled early
+        # tickets whose load ended without coming up, or was cancelled before it came
+        self._cancelled: OrderedDict[str, str] = OrderedDict()  # -> plan_id, if planned
         leadership.serve(LoadAsk, self._leader_load)
         leadership.serve(LoadsAsk, self._leader_loads)
         leadership.serve(UnloadAsk, self._leader_unload)
