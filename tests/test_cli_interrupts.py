@@ -154,3 +154,11 @@ async def test_a_streaming_client_that_hangs_up_cancels_its_op_at_once(
         with trio.fail_after(5):
             await ended.wait()
         nursery.cancel_scope.cancel()
+
+
+def test_a_second_ctrl_c_stops_waiting_for_the_cancel(agent: FakeAgent) -> None:
+    agent.answers["load"] = interrupted
+    agent.answers["load_cancel"] = interrupted
+    result = runner.invoke(app, ["load", "small-llama"])
+    assert result.exit_code == 130, result.output
+    assert "not waiting: the agent goes on cancelling it" in result.stdout

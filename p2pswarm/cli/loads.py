@@ -195,8 +195,13 @@ def load(
 def _cancel_load(home: Optional[Path], load_id: str, console: Any) -> None:
     """Ctrl-C during `load`: cancel it all or nothing, say what became of it, exit 130."""
     console.print("interrupted: cancelling the load, releasing every stage ...")
-    result = agent_answer(home, {"op": "load_cancel", "load_id": load_id}, "",
-                          _CANCEL_TIMEOUT_S)
+    try:
+        result = agent_answer(home, {"op": "load_cancel", "load_id": load_id}, "",
+                              _CANCEL_TIMEOUT_S)
+    except KeyboardInterrupt:  # again: stop waiting; the agent goes on cancelling
+        console.print("not waiting: the agent goes on cancelling it; `p2pswarm loads` shows "
+                      "what is loaded")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     plan, outcome = result.get("plan_id"), result.get("outcome")
     if outcome == "unloaded":
         console.print(f"load cancelled: plan {plan} had just come up, and is unloaded again; "
