@@ -116,9 +116,10 @@ class LoadAsker:
             raise ConfigError("a load_id is 1-64 letters, digits, '-' or '_'")
         if load_id in self._asking:
             raise PlacementError(f"load {load_id} was asked for already (or cancelled)")
+        ended = [k for k, a in self._asking.items() if a.done.is_set()]
+        for old in ended[:max(0, len(self._asking) + 1 - LOADS_KEPT)]:
+            del self._asking[old]  # the oldest that ended; one under way stays findable
         self._asking[load_id] = asking
-        while len(self._asking) > LOADS_KEPT:
-            self._asking.popitem(last=False)
         return asking
 
     async def _cancel_on_leader(self, ticket: str, asking: _Asking) -> None:
