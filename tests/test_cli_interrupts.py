@@ -23,6 +23,8 @@ def interrupted(req: dict[str, Any]) -> Any:
 @pytest.mark.parametrize(("outcome", "said"), [
     ({"acknowledged": 3, "fellows": 3, "spread": True},
      "left the swarm: 3 of 3 fellows acknowledged\n"),
+    ({"acknowledged": 3, "fellows": 5, "spread": True},
+     "left the swarm: 3 of 5 fellows acknowledged, gossip carries it to the rest\n"),
     ({"acknowledged": 1, "fellows": 3, "spread": False},
      "left the swarm: 1 of 3 fellows acknowledged; the rest hear it by gossip (one that "
      "misses it records this fellow dead)\n"),

@@ -141,6 +141,8 @@ def leave_sentence(outcome: dict[str, Any]) -> str:
     sentence = f"left the swarm: {acknowledged} of {fellows} fellows acknowledged"
     if not outcome.get("spread", True):
         sentence += "; the rest hear it by gossip (one that misses it records this fellow dead)"
+    elif acknowledged < fellows:
+        sentence += ", gossip carries it to the rest"
     return sentence
 
 
