@@ -119,6 +119,7 @@ class ElectionTuning:
     query_interval_s: float = 2.0  # a fellow without a leader asks around this often
     jitter_s: float = 0.2  # random extra wait before a candidacy
     handover_after_s: float = 10.0  # a fellow of higher priority, alive this long, takes over
+    settle_s: float = 3.0  # a fellow just joined (or restarted) neither runs nor votes this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,7 @@ class ElectionConfig:
     election_timeout_max_s: float = 3.0  # ... and at most this long (randomised)
     heartbeat_interval_s: float = 0.5  # leader's heartbeat period
     leader_lease_s: float = 4.0  # a leader steps down after this long without a majority
+    electorate_dead_after_s: float = 240.0  # a dead fellow stops counting in majorities after
     tuning: ElectionTuning = field(default_factory=ElectionTuning)  # the finer knobs (above)
 
 

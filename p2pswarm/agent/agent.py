@@ -205,7 +205,7 @@ class Agent:
         self.election = self.world.election(self.node_id, self.name, self.config.election, self.rng,
                                  leader_priority=self.leader_priority, now=now,
                                  term=self.votes.term, voted_for=self.votes.voted_for,
-                                 electorate=self.votes.electorate)
+                                 voters=self.votes.electorate)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
