@@ -32,6 +32,7 @@ class LocalSwarm:
     root: Path
     secret: SwarmSecret
     say: Say
+    start_timeout_s: float = 30.0  # a busy machine starts many fellows slowly
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     homes: dict[str, Path] = field(default_factory=dict)
 
@@ -42,7 +43,8 @@ class LocalSwarm:
 
     def address(self, name: str) -> str:
         """A launched fellow's address, once its agent answers."""
-        status = self.wait_for(name, lambda s: True, timeout_s=30, what="its agent to start")
+        status = self.wait_for(name, lambda s: True, timeout_s=self.start_timeout_s,
+                               what="its agent to start")
         return str(status["self"]["addr"])
 
     def launch(self, name: str, seeds: tuple[str, ...] = (), extra: tuple[str, ...] = (),
@@ -98,9 +100,11 @@ class LocalSwarm:
 
 
 @contextmanager
-def local_swarm(say: Say, keep: bool = False) -> Iterator[LocalSwarm]:
+def local_swarm(say: Say, keep: bool = False, *,
+                start_timeout_s: float = 30.0) -> Iterator[LocalSwarm]:
     root = Path(tempfile.mkdtemp(prefix="p2pswarm-demo-"))
-    swarm = LocalSwarm(root=root, secret=SwarmSecret.generate(), say=say)
+    swarm = LocalSwarm(root=root, secret=SwarmSecret.generate(), say=say,
+                       start_timeout_s=start_timeout_s)
     try:
         yield swarm
     finally:
