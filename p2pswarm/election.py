@@ -148,6 +148,7 @@ class Election:
             self._voters[bytes(v)] = now
         self._voters_kept: tuple[bytes, ...] | None = None  # persistent_state's cache
         self._expired: dict[bytes, None] = {}  # dropped for being dead too long
+        self._arrived: list[Member] = []  # fellows that became present since the last feed
         self._settle_until = _INF  # set on joining; -inf once a leader is known
         self._election_at = _INF
         self._last_beat_at = -_INF  # as a deputy
@@ -274,6 +275,8 @@ class Election:
         if new is not None and new.state in _PRESENT:
             self._expired.pop(new.node_id, None)
             self._add_voter(new.node_id, now)
+            if (old is None or old.state not in _PRESENT) and new.node_id != self.node_id:
+                self._arrived.append(new)
         elif new is not None and new.state == "left" and new.node_id != self.node_id:
             if self._voters.pop(new.node_id, None) is not None:
                 self._voters_kept = None
@@ -328,9 +331,23 @@ class Election:
             out.append(Event(NO_LEADER, self.leader, self._name(self.leader),
                              f"leader {self._name(self.leader)} is {state}", term=self.term))
         if self.role == LEADER_ROLE:
+            self._greet(self._arrived, now, out)
             self._leader_upkeep(now, out)
+        self._arrived = []
         self._reconsider(now)
         return out
+
+    def _greet(self, arrived: list[Member], now: float, out: list[Effect]) -> None:
+        """Tell fellows that just arrived who leads, at once and until they ack: one that
+        joined a led swarm must not find itself leaderless, and run, while it settles."""
+        if not arrived:
+            return
+        msg = self._leader_is()
+        for m in arrived:
+            out.append(SendDatagram(m.addr, (msg,)))
+            self._unacked[m.node_id] = None
+        self._retry_at = min(self._retry_at, now + self.tuning.announce_retry_s)
+        self._retry_until = max(self._retry_until, now + self.tuning.announce_retry_for_s)
 
     def leave(self, now: float) -> list[Effect]:
         """Leaving: a leader hands over at once (``StepDown``)."""
@@ -553,10 +570,10 @@ class Election:
         if not msg.pre_vote and msg.term > self.term:
             self._adopt_term(msg.term, now, out)
         if msg.term <= self.term and msg.pre_vote or msg.term < self.term:
-            out.append(self._reply(msg, addr, False, "stale term"))
+            out.append(self._deny_naming_leader(msg, addr, "stale term"))
             return
         if self.role == LEADER_ROLE and msg.pre_vote:
-            out.append(self._reply(msg, addr, False, "I am the leader"))
+            out.append(self._deny_naming_leader(msg, addr, "I am the leader"))
             return
         if msg.pre_vote:  # asked again (our answer was lost): the same answer
             cached = self._prevote_answers.get((msg.candidate, msg.term))
@@ -616,6 +633,14 @@ class Election:
             return [self._reply(msg, addr, False, "already voted in this term")]
         self.voted_term, self.voted_for = self.term, msg.candidate
         return [self._reply(msg, addr, True, "")]
+
+    def _deny_naming_leader(self, msg: VoteRequest, addr: str, reason: str) -> SendDatagram:
+        """A refusal that, when we know a live leader, also names it: a candidate that
+        missed the leader (it has just joined) follows it rather than running on."""
+        refusal = self._reply(msg, addr, False, reason)
+        if self.leader is None or self._leader_gone():
+            return refusal
+        return SendDatagram(addr, (self._leader_is(), *refusal.messages))
 
     def _reply(self, msg: VoteRequest, addr: str, granted: bool, reason: str) -> SendDatagram:
         return SendDatagram(addr, (VoteReply(msg.term, self.node_id, granted, msg.pre_vote,

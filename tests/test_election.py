@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-
 from dataclasses import replace
 
 from p2pswarm.config import ElectionConfig, ElectionTuning
@@ -296,3 +295,28 @@ def test_the_preferred_fellow_back_takes_over_on_purpose() -> None:
     lab.run_until(75.0)
     assert single_leader(lab) == lab.nodes[5].node_id  # handed over, not lost
     one_leader_per_term(lab)
+
+
+def test_a_leader_greets_a_fellow_that_arrives_until_it_acks() -> None:
+    e = election(0, n=2)
+    e.term = 3
+    e._become_leader(1.0, [])
+    out = e.update_changed([member(4)], [], 2.0)  # n4 arrives
+    greet = [x for x in out if isinstance(x, SendDatagram) and x.addr == member(4).addr
+             and isinstance(x.messages[0], g.LeaderIs)]
+    assert greet and greet[0].messages[0].leader == IDS[0]
+    again = e.tick(2.0 + SETTLED.tuning.announce_retry_s)
+    assert any(x.addr == member(4).addr for x in again if isinstance(x, SendDatagram))
+    e.handle(g.LeaderAck(3, IDS[4]), member(4).addr, 2.5)
+    later = e.tick(2.5 + SETTLED.tuning.announce_retry_s)
+    assert not any(x.addr == member(4).addr and isinstance(x.messages[0], g.LeaderIs)
+                   for x in later if isinstance(x, SendDatagram))
+
+
+def test_a_refusal_names_the_live_leader_to_a_candidate_that_missed_it() -> None:
+    e = election(0)
+    e.handle(g.LeaderIs(3, IDS[4], 5), "10.0.0.4:7946", 1.0)
+    (sent,) = [x for x in e.handle(g.VoteRequest(3, IDS[1], 0, 5, True), "a:1", 1.5)
+               if isinstance(x, SendDatagram)]
+    leader_is, refusal = sent.messages
+    assert leader_is == g.LeaderIs(3, IDS[4], e.electorate()) and not refusal.granted

@@ -27,7 +27,7 @@ from p2pswarm.errors import ControlError, SwarmError
 from p2pswarm.sim.processes import LocalSwarm
 
 # "12:00:01 INFO    b: leader a (aa5eee8d): leader a (term 3)" or "...: leader of term 3"
-_LEADER_LINE = re.compile(r"\s(\S+): leader (\S+) \([0-9a-f]{8}\): leader .*term (\d+)\)?$")
+_LEADER_LINE = re.compile(r"\s(\S+): leader \S+ \(([0-9a-f]{8})\): leader .*term (\d+)\)?$")
 
 
 def free_address() -> str:
@@ -38,7 +38,8 @@ def free_address() -> str:
 
 
 def followed_per_term(swarm: LocalSwarm) -> dict[int, set[str]]:
-    """Per term, the leaders the fellows followed (from every fellow's log)."""
+    """Per term, the leaders (id prefixes) the fellows followed, from every fellow's log
+    (by id: a fellow may not know the leader's name yet when it first follows it)."""
     terms: dict[int, set[str]] = {}
     for name in swarm.homes:
         log = swarm.root / f"{name}.log"
