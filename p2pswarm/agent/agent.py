@@ -151,7 +151,7 @@ class Agent:
         self.left = False
         self.leadership = Leadership(self)
         self.planning = Planning(self, self.leadership)
-        self.serving = Serving(self, self.leadership)
+        self.serving = Serving(self, self.leadership, world.services.stage_runtime)
         self.training = Training(self, self.leadership)
         self._set_up_services(world.services)
 
