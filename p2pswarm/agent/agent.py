@@ -28,7 +28,6 @@ another world, never a patched module.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from typing import Any, Awaitable, Callable
@@ -38,6 +37,7 @@ import trio
 
 from p2pswarm import effects as fx
 from p2pswarm import wire
+from p2pswarm.agent.card_news import CardNews
 from p2pswarm.agent.counters import Counters
 from p2pswarm.agent.leadership import Leadership
 from p2pswarm.agent.planning import Planning
@@ -57,7 +57,6 @@ from p2pswarm.errors import (
     TransportError,
     VersionMismatch,
 )
-from p2pswarm.inventory import changed_enough, read_inventory
 from p2pswarm.membership.machine import Membership
 from p2pswarm.membership.member import LocalNode, Member
 from p2pswarm.security import DatagramSealer, verify
@@ -115,8 +114,9 @@ class Agent:
         self.counters = Counters()
         self.sealer = DatagramSealer(world.keyring, world.identity.node_id, world.epoch,
                                      config.security.replay_window_datagrams)
-        self.inventory: Inventory | None = None
-        self._gossiped_inventory: Inventory | None = None
+        self.inventory: Inventory | None = None  # the cards as last read
+        self.gossiped_inventory: Inventory | None = None  # ... as last told the swarm
+        self.card_news = CardNews(self)
         # what other services publish about us
         self.extra_metadata: dict[str, Any] = dict(world.metadata)
         self.membership: Membership | None = None
@@ -193,8 +193,7 @@ class Agent:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Join the swarm and run until ``stop()`` or cancellation."""
         now = self.started_s = trio.current_time()
-        self.inventory = self._read_cards()
-        self._gossiped_inventory = self.inventory
+        self.card_news.start()
         local = LocalNode(self.node_id, self.name, self.addr, self.identity.public_key,
                           self.leader_priority)
         self.membership = self.world.membership(
@@ -220,7 +219,7 @@ class Agent:
                     nursery.start_soon(self._timer_loop)
                 nursery.start_soon(self._reconnect_loop)
                 if self.card_source is not None:
-                    nursery.start_soon(self._inventory_loop)
+                    nursery.start_soon(self.card_news.run)
                 if self.home is not None:
                     await nursery.start(serve_control, self.home, self._answer_control)
                 log.info("%s listening on %s (id %s)", self.name, self.addr,
@@ -363,20 +362,9 @@ class Agent:
 
     # --- metadata: what this fellow says about itself --------------------------------
 
-    def _read_cards(self) -> Inventory | None:
-        if self.card_source is None:
-            return None
-        try:
-            inventory = read_inventory(self.card_source)
-            return dataclasses.replace(
-                inventory, cards=self.serving.less_live_stages(tuple(inventory.cards)))
-        except SwarmError as exc:
-            log.warning("reading cards failed: %s", exc)
-            return self.inventory
-
     def _metadata(self) -> bytes:
-        meta: dict[str, Any] = {"cards": self.inventory.to_dict()["cards"] if self.inventory
-                                else []}
+        cards = self.gossiped_inventory
+        meta: dict[str, Any] = {"cards": cards.to_dict()["cards"] if cards else []}
         meta.update(self.extra_metadata)
         return msgpack.packb(meta, use_bin_type=True)  # type: ignore[no-any-return]
 
@@ -392,18 +380,6 @@ class Agent:
         """Gossip a new version of what this fellow says about itself."""
         if self.membership is not None:
             self._apply(self.membership.set_metadata(self._metadata(), trio.current_time()))
-
-    async def _inventory_loop(self) -> None:
-        step = self.config.inventory.gossip_step_bytes
-        while True:
-            await trio.sleep(self.config.inventory.refresh_interval_s)
-            inventory = self._read_cards()
-            if inventory is None:
-                continue
-            self.inventory = inventory
-            if changed_enough(self._gossiped_inventory, inventory, step):
-                self._gossiped_inventory = inventory
-                self.publish_metadata()
 
     @staticmethod
     def member_metadata(member: Member) -> dict[str, Any]:

@@ -15,13 +15,11 @@ from typing import Any
 import trio
 
 from p2pswarm.agent.agent import Agent
+from p2pswarm.agent.card_news import cached_benchmarks
 from p2pswarm.agent.world import AgentWorld
 from p2pswarm.config import SwarmConfig, split_addr
 from p2pswarm.home import Home
 from p2pswarm.http.app import HttpSettings
-from p2pswarm.bench import BenchmarkCache
-from p2pswarm.cards import Inventory, benchmarks_to_dict, fingerprint
-from p2pswarm.errors import ConfigError
 from p2pswarm.inventory import CardSource, read_inventory
 from p2pswarm.transport.udp_tcp import open_udp_tcp_transport
 
@@ -61,24 +59,6 @@ def tune_allocator(pad_bytes: int = 64 * 1024 * 1024) -> bool:
         (m_trim_threshold, 4 * pad_bytes),
         (m_top_pad, pad_bytes),
     ))
-
-
-def cached_benchmarks(home: Path, inventory: Inventory | None) -> dict[str, Any]:
-    """The measured speeds of this fellow's cards (``p2pswarm bench``), in gossip form.
-
-    Cards never measured are left out: the planner then uses its conservative estimate
-    and says so, rather than gossiping a guess as if it were a measurement.
-    """
-    if inventory is None:
-        return {}
-    try:
-        cached = BenchmarkCache(home).load()
-    except ConfigError as exc:
-        log.warning("%s", exc)
-        return {}
-    measured = {card.key: cached[fingerprint(card)] for card in inventory.cards
-                if fingerprint(card) in cached}
-    return benchmarks_to_dict(measured)
 
 
 def advertised(listen_addr: str, advertise: str | None) -> str | None:
