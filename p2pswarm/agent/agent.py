@@ -634,7 +634,8 @@ class Agent:
             if self.membership is not None else []
         election = self.election.status() if self.election is not None else None
         return {
-            "self": {"id": self.node_id.hex(), "name": self.name, "addr": self.addr},
+            "self": {"id": self.node_id.hex(), "name": self.name, "addr": self.addr,
+                     "listen": self.transport.local_addr},
             "preset": self.config.preset,
             "uptime_s": round(now - self.started_s, 3),
             "health": self.membership.health_score if self.membership else 0,

@@ -6,7 +6,6 @@ import ctypes
 import logging
 import random
 import signal
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +13,11 @@ from typing import Any
 
 import trio
 
+from p2pswarm.agent.address import advertised
 from p2pswarm.agent.agent import Agent
 from p2pswarm.agent.card_news import cached_benchmarks
 from p2pswarm.agent.world import AgentWorld
-from p2pswarm.config import SwarmConfig, split_addr
+from p2pswarm.config import SwarmConfig
 from p2pswarm.home import Home
 from p2pswarm.http.app import HttpSettings
 from p2pswarm.inventory import CardSource, read_inventory
@@ -61,16 +61,6 @@ def tune_allocator(pad_bytes: int = 64 * 1024 * 1024) -> bool:
     ))
 
 
-def advertised(listen_addr: str, advertise: str | None) -> str | None:
-    """The address to tell fellows, when the bound one is a wildcard."""
-    if advertise:
-        return advertise
-    host, port = split_addr(listen_addr)
-    if host not in ("0.0.0.0", "::"):
-        return None
-    return f"{socket.gethostbyname(socket.gethostname())}:{port}"
-
-
 async def run_node(settings: NodeSettings, *,
                    task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
     """Run an agent until SIGINT/SIGTERM, then leave cleanly."""
@@ -86,7 +76,7 @@ async def run_node(settings: NodeSettings, *,
             config=settings.config,
             epoch=time.time_ns() // 1000,  # grows across restarts: old packets stay stale
             rng=random.Random(), seeds=settings.seeds, home=settings.home,
-            advertise=advertised(transport.local_addr, settings.advertise),
+            advertise=advertised(transport.local_addr, settings.advertise, settings.seeds),
             leader_priority=settings.leader_priority, card_source=settings.card_source,
             metadata=benchmarks,
         ))

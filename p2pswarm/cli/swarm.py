@@ -166,8 +166,12 @@ def render_status(data: dict[str, Any]) -> None:
     console = Console()
     me = data["self"]
     leader = data.get("leader")
-    console.print(f"[bold]{me['name']}[/] ({me['id'][:8]}) at {me['addr']}, "
-                  f"preset {data.get('preset')}, health {data.get('health', 0)}")
+    # the address fellows are told, never cut short: it is what a user checks first
+    listen = me.get("listen")
+    bound = f" (listening on {listen})" if listen and listen != me["addr"] else ""
+    console.print(f"[bold]{me['name']}[/] ({me['id'][:8]}) at {me['addr']}{bound}, "
+                  f"preset {data.get('preset')}, health {data.get('health', 0)}",
+                  soft_wrap=True)
     if leader:
         console.print(f"leader: [bold]{leader['name']}[/] ({leader['id'][:8]}), "
                       f"term {leader['term']}")
@@ -175,7 +179,8 @@ def render_status(data: dict[str, Any]) -> None:
         console.print(f"leader: {data.get('leader_note') or 'none yet'}")
     table = Table(title=f"{len(data['members'])} fellows")
     for column in ("name", "id", "address", "state", "inc", "cards", "last heard"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold" if column == "address" else "ellipsis",
+                         min_width=21 if column == "address" else None)
     for m in data["members"]:
         cards = ", ".join(card_summary(c) for c in m.get("cards", [])) or "-"
         heard = m.get("last_heard_s")
