@@ -52,8 +52,10 @@ from p2pswarm.election import Election
 from p2pswarm.errors import (
     AuthenticationError,
     ControlError,
+    HandshakeRefused,
     RemoteProtocolError,
     SwarmError,
+    TokenRefused,
     TransportError,
     VersionMismatch,
 )
@@ -77,6 +79,7 @@ ControlHandler = Callable[[dict[str, Any]], Awaitable[Any]]
 OUTBOX_DATAGRAMS = 4096  # datagrams waiting for the sender task before new ones are dropped
 STREAM_REQUEST_TIMEOUT_S = 5.0  # a membership stream request gives up after this long
 LEAVE_LINGER_S = 1.0  # after saying goodbye, keep answering this long so it spreads
+JOIN_REFUSALS = 3  # handshakes seeds refuse, none let in, before joining gives up
 
 _MEMBERSHIP_STREAM_TYPES = (Ping, SyncDigest, SyncRecords, MetaPull, Alive)
 _LOGGED_EVENTS = {
@@ -126,6 +129,8 @@ class Agent:
         self._seen_version = -1
         self._lost: dict[bytes, str] = {}  # fellows declared dead -> their last address
         self._refused_addrs: set[str] = set()
+        self._join_refusals = 0  # seeds' refused handshakes in a row, before we are in
+        self.failure: SwarmError | None = None  # why the agent stopped itself, if it did
         self._datagram_handlers: dict[type, DatagramHandler] = {Refusal: self._on_refusal}
         self._stream_handlers: dict[type, StreamHandler] = {Hello: self._on_stream_hello}
         for t in _MEMBERSHIP_STREAM_TYPES:
@@ -344,13 +349,31 @@ class Agent:
                 reply = await self.call(request.addr, request.message)
         except (SwarmError, trio.TooSlowError) as exc:
             log.debug("stream request to %s failed: %s", request.addr, exc)
+            if isinstance(exc, HandshakeRefused):
+                self._refused_at_join(request.addr)
             if self.membership is not None:
                 self._apply(self.membership.stream_failed(request.request_id,
                                                           trio.current_time()))
             return
+        self._join_refusals = 0
         if self.membership is not None:
             self._apply(self.membership.handle_reply(request.request_id, reply,
                                                      trio.current_time()))
+
+    def _refused_at_join(self, addr: str) -> None:
+        """A seed refused our handshake before any let us in: after a few, the token is
+        not the seeds' swarm, and retrying forever would only hide it. Stop and say so."""
+        if self.membership is None or self.membership.joined or addr not in self.seeds:
+            return
+        self._join_refusals += 1
+        if self._join_refusals < JOIN_REFUSALS or self.failure is not None:
+            return
+        self.failure = TokenRefused(
+            f"the seed {addr} refused this fellow's handshake {self._join_refusals} times: "
+            "the join token is not its swarm's. Use the token `p2pswarm init` printed for "
+            "that swarm: p2pswarm join SEED --token TOKEN")
+        log.debug("%s: %s", self.name, self.failure)
+        self.stop()
 
     async def _on_membership_stream(self, message: Any, stream: SecureStream) -> Any:
         if self.membership is None:

@@ -99,3 +99,5 @@ async def run_node(settings: NodeSettings, *,
                 nursery.start_soon(stop_on_signal)
                 await agent.stopped.wait()
                 nursery.cancel_scope.cancel()
+    if agent.failure is not None:  # the agent stopped itself: `join` says why and fails
+        raise agent.failure
