@@ -76,3 +76,27 @@ def test_real_sockets_with_a_seed_on_loopback() -> None:
     host = advertised_host([], SocketRoutes())
     others = [a for a in SocketRoutes().local_addresses() if not a.startswith("127.")]
     assert not host.startswith("127.") or not others
+
+
+def test_status_shows_the_advertised_address_in_full(agent, tmp_path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from p2pswarm.cli import app
+
+    monkeypatch.setenv("COLUMNS", "60")  # a narrow terminal
+    addr = "[2001:db8:85a3::8a2e:370:7334]:7946"
+    me = {"id": "ab" * 16, "name": "laptop-with-a-long-name", "addr": addr, "listen": "[::]:7946"}
+    agent.answers["status"] = {
+        "self": me, "preset": "lan", "health": 0, "leader": None, "leader_note": "none yet",
+        "members": [{"id": me["id"], "name": me["name"], "addr": addr, "state": "alive",
+                     "incarnation": 1, "cards": [], "last_heard_s": None, "self": True}],
+        "counters": {}}
+    result = CliRunner().invoke(app, ["status", "--home", str(tmp_path)],
+                                env={"P2PSWARM_HOME": ""})
+    assert result.exit_code == 0, result.output
+    first = result.output.splitlines()[0]
+    assert f"at {addr} (listening on [::]:7946)" in first
+    # in the table, folded over lines if it must, never cut short
+    cell = "".join(line.split("│")[3].strip() for line in result.output.splitlines()
+                   if line.count("│") > 4)
+    assert addr in cell
