@@ -366,7 +366,11 @@ class Agent:
         if self.membership is None or self.membership.joined or addr not in self.seeds:
             return
         self._join_refusals += 1
-        if self._join_refusals < JOIN_REFUSALS or self.failure is not None:
+        if self._join_refusals < JOIN_REFUSALS:
+            log.warning("%s: the seed %s refused our handshake (%d of %d): is the join token "
+                        "this swarm's?", self.name, addr, self._join_refusals, JOIN_REFUSALS)
+            return
+        if self.failure is not None:
             return
         self.failure = TokenRefused(
             f"the seed {addr} refused this fellow's handshake {self._join_refusals} times: "
