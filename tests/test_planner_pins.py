@@ -94,3 +94,14 @@ def test_a_shown_placement_no_longer_holds_after_a_real_change() -> None:
     assert pinned(data, shown, **request, exclude=[f"{used}:0"]) is None
     other = pinned(data, shown, **{**request, "context": 1024})
     assert other is None or other.plan_id != shown.plan_id
+
+
+def test_a_maximised_context_is_pinned_at_the_context_it_was_shown_with() -> None:
+    request = {"floors_bytes": LOW_FLOORS, "maximize": "context", "sequences": 8}
+    shown = make(MID, three_alike((1.0, 1.0, 1.0)), **request)
+    roomier = three_alike((1.6, 1.6, 1.6))  # the cards now hold a longer context
+    again = make(MID, roomier, **request)
+    assert again.request.context > shown.request.context
+    held = pinned(roomier, shown, **request)
+    assert held is not None and held.plan_id == shown.plan_id
+    assert held.request.context == shown.request.context
