@@ -1,6 +1,7 @@
 """`join` with another swarm's token, on real processes: the seed refuses the handshake,
 join says so in one line and stops; the home is left as it was, so the right token then
-simply works; a home holding another swarm names the option that replaces it."""
+simply works; a home holding another swarm names the option that replaces it. And a
+running agent picks up the speeds `bench` writes, with no restart."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from p2pswarm.bench import BenchmarkCache
+from p2pswarm.cards import Benchmark, fingerprint
 from p2pswarm.cli import app
 from p2pswarm.control import client as control_client
 from p2pswarm.errors import SwarmError
 from p2pswarm.home import Home
+from p2pswarm.inventory import local_card_source
 from p2pswarm.security import SwarmSecret
 
 pytestmark = pytest.mark.slow  # real processes
@@ -33,10 +37,11 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def join(home: Path, *args: str) -> subprocess.Popen[str]:
+def join(home: Path, *args: str, cards: tuple[str, ...] = ("--no-cpu",)
+         ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "p2pswarm.cli", "join", "--home", str(home), "--preset",
-         "local", "--no-cpu", "--http", "off", *args],
+         "local", *cards, "--http", "off", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
 
 
@@ -117,13 +122,28 @@ def test_a_home_of_another_swarm_names_the_option_that_replaces_it(tmp_path: Pat
     assert Home(tmp_path).load_keyring().secrets == (OTHER_SECRET,)  # nothing changed
 
 
-def test_join_force_replaces_the_swarm_a_home_holds(tmp_path: Path) -> None:
+def test_join_force_replaces_the_swarm_a_home_holds_and_bench_needs_no_restart(
+        tmp_path: Path) -> None:
     home = tmp_path / "h"
     Home(home).join_swarm(OTHER_SECRET)
     process = join(home, "--listen", "127.0.0.1:0", "--name", "solo", "--token",
-                   SEED_SECRET.token(), "--force")
+                   SEED_SECRET.token(), "--force",
+                   cards=("--cpu-memory", "1GB", "--gpus", "none"))
     try:
         wait_for_fellows(home, process, 1)
         assert Home(home).load_keyring().secrets == (SEED_SECRET,)
+        # what `p2pswarm bench --cpu-memory 1GB` writes, while the agent runs
+        (cpu,) = local_card_source(cpu_memory="1GB", gpus="none").read()
+        measured = Benchmark(flops=1.25e11, mem_bandwidth=3.5e9, dtype="f32", measured=True,
+                             fingerprint=fingerprint(cpu))
+        BenchmarkCache(home).save({fingerprint(cpu): measured})
+        deadline = time.monotonic() + 60
+        while True:  # the agent reads it at its next inventory refresh, and gossips it
+            cluster = control_client.request(home, {"op": "cluster"}, timeout_s=10)
+            cards = [c for f in cluster["fellows"] for c in f["cards"]]
+            if cards and cards[0].get("flops") == 1.25e11:
+                break
+            assert time.monotonic() < deadline, cluster
+            time.sleep(0.2)
     finally:
         stop(process)
