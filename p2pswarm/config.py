@@ -134,8 +134,21 @@ class ElectionConfig:
 
 @dataclass(frozen=True, slots=True)
 class InventoryConfig:
+    """When a fellow tells the swarm its cards again (``p2pswarm.inventory.GossipRule``).
+
+    A card's free memory (or what another program holds on it) has moved when it is more
+    than ``max(gossip_step_bytes, gossip_step_fraction x the card's total)`` away from
+    the value last gossiped. A move is gossiped once it has held for
+    ``gossip_settle_reads`` reads in a row, at once when it passes
+    ``gossip_urgent_fraction`` of the card. A card appearing, going or changing, and this
+    fellow's own stages loading or unloading, are gossiped at once.
+    """
+
     refresh_interval_s: float = 5.0  # how often cards are read again
-    gossip_step_bytes: int = 64 * 1024 * 1024  # memory moves smaller than this are not gossiped
+    gossip_step_bytes: int = 256 * 1024 * 1024  # smaller moves are never news
+    gossip_step_fraction: float = 1 / 16  # ... nor moves under this share of the card
+    gossip_settle_reads: int = 2  # a move must hold this many reads in a row (not a spike)
+    gossip_urgent_fraction: float = 1 / 4  # a move past this share of the card: at once
 
 
 @dataclass(frozen=True, slots=True)
