@@ -29,8 +29,9 @@ from typing import Any
 
 import pytest
 
-from p2pswarm.demo import DEMO_TRAIN_MEMORY, LocalSwarm, demo_job, local_swarm
+from p2pswarm.demo import DEMO_TRAIN_MEMORY, demo_job
 from p2pswarm.errors import ControlError
+from p2pswarm.sim.processes import LocalSwarm, local_swarm
 
 pytestmark = pytest.mark.slow  # real processes: a minute or two, not seconds
 
