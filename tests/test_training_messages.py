@@ -30,12 +30,13 @@ def test_job_messages_use_their_own_tags() -> None:
     assert tags and all(150 <= t <= 179 for t in tags)
 
 
-def test_the_untyped_training_command_is_retired() -> None:
-    assert 112 not in message_types()
-    assert not hasattr(training, "TrainCtl")
+def test_the_untyped_command_and_the_one_frame_state_are_retired() -> None:
+    assert not {112, 125, 126} & set(message_types())
+    assert not hasattr(training, "TrainCtl") and not hasattr(training, "State")
     commands = [training.StepRun, training.StepReport, training.StepApply, training.TakeDelta,
                 training.Delta, training.Update, training.ParamsAsk, training.Params,
-                training.StateAsk, training.State, training.StateLoad, training.Reset,
+                training.StateAsk, training.StateHead, training.StateLoadHead,
+                training.StatePart, training.Reset,
                 training.TiedAsk, training.Tied, training.TiedWeight, training.Ack,
                 training.Stop]
     tags = [wire.tag_of(cls) for cls in commands]
@@ -47,6 +48,8 @@ def test_the_untyped_training_command_is_retired() -> None:
     training.StepRun(3, 4, 0.001), training.StepReport(3, True, 1.5, 2.25),
     training.StepApply(3, 0.5), training.TakeDelta(), training.Delta(7, b"\x01\x02"),
     training.Update(8, b"u"), training.Reset(8, b"p"), training.Ack(3), training.Stop(),
+    training.StateHead(1 << 40, "ab" * 32), training.StateLoadHead(5, "cd" * 32),
+    training.StatePart(1 << 33, b"part"),
     jobs.TrainPrepare("job-0000abcd", 1, 2, 3, "ab" * 16, 4, 8, "cuda", 0, 1 << 30,
                       "10.0.0.2:7000", pack_doc({"steps": 3}), 2, 9),
     jobs.TrainRelease("job-0000abcd", None, None, 4),
@@ -64,6 +67,8 @@ def test_values_out_of_bounds_are_refused() -> None:
         wire.encode(training.StepReport(1, True, float("nan"), 0.0))
     with pytest.raises(ProtocolError):
         wire.encode(jobs.JobCancel(""))
+    with pytest.raises(ProtocolError):  # a state travels in parts, none above the chunk
+        wire.encode(training.StatePart(0, bytes(training.SHARD_CHUNK_BYTES + 1)))
 
 
 def test_importing_the_agent_does_not_import_torch() -> None:

@@ -30,10 +30,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -60,4 +60,4 @@ def shard_holders(shards: Sequence[str], fellows: Sequence[str],
     return holders
 
 
-__all__ = ["LATEST", "MANIFEST", "atomic_write_bytes", "shard_holders"]
+__all__ = ["LATEST", "MANIFEST", "atomic_write_bytes", "fsync_dir", "shard_holders"]

@@ -14,15 +14,18 @@ of the driver's commands, each its own type, and the stage's answer:
 - ``TakeDelta`` -> ``Delta``: the stage's pseudo-gradient, an encoded vector anchored on
   ``version``; ``Update``: the keeper's update to ``version`` -> ``Ack``;
 - ``ParamsAsk`` -> ``Params``: the stage's synced parameters (the keeper starts there);
-- ``StateAsk`` -> ``State`` / ``StateLoad`` -> ``Ack``: a stage's shard (``torch.save``
-  bytes, read back weights-only) for checkpoints and resume;
+- ``StateAsk`` -> ``StateHead`` and ``StatePart`` frames / ``StateLoadHead`` and
+  ``StatePart`` frames -> ``Ack``: a stage's state (``torch.save`` bytes, read back
+  weights-only) for checkpoints and resume, of any size: the head announces its size and
+  SHA-256, the parts (at most ``SHARD_CHUNK_BYTES`` each) follow in order;
 - ``TiedAsk`` -> ``Tied`` / ``TiedWeight`` -> ``Ack``: the first stage's embedding for a
   last stage holding a tied head, after a sync round;
 - ``Reset``: a replica placed again takes the keeper's global parameters at ``version``
   -> ``Ack``; ``Stop`` ends the stream. ``Ack`` also answers the control stream's open.
 
 ``TrainError`` names the stage and fellow that failed and why, in either direction.
-Tag 112 (the untyped ``TrainCtl``) is retired and never reused.
+Tag 112 (the untyped ``TrainCtl``) is retired and never reused, and so are 125 and 126
+(``State``, ``StateLoad``: a stage's whole state in one frame, capped at 64 MiB).
 
 Checkpoint copies travel on streams of their own. ``TrainShard`` opens one from the
 leader to a holder: the shard ``name`` of checkpoint ``step`` of ``job_id`` with its
@@ -45,6 +48,7 @@ Word = Annotated[str, Size(1, 32)]
 Blob = Annotated[bytes, Size(0, 64 * 1024 * 1024)]
 Hex = Annotated[str, Size(0, 64)]
 SHARD_CHUNK_BYTES = 16 * 1024 * 1024
+Chunk = Annotated[bytes, Size(0, SHARD_CHUNK_BYTES)]
 
 
 @message(110)
@@ -87,7 +91,7 @@ class TrainShard:
     sha256: Hex
     offset: U64
     total: U64
-    data: Blob
+    data: Chunk
 
 
 @message(115)
@@ -177,22 +181,6 @@ class StateAsk:
     """Send the stage's checkpoint shard."""
 
 
-@message(125)
-@dataclass(frozen=True, slots=True)
-class State:
-    """A stage's checkpoint shard (``torch.save`` bytes: stage and sync state)."""
-
-    blob: Blob
-
-
-@message(126)
-@dataclass(frozen=True, slots=True)
-class StateLoad:
-    """Load this checkpoint shard (as ``State``'s blob) into the stage."""
-
-    blob: Blob
-
-
 @message(127)
 @dataclass(frozen=True, slots=True)
 class Reset:
@@ -238,7 +226,36 @@ class Stop:
     """The driver is done with the stage: end the stream."""
 
 
-__all__ = ["SHARD_CHUNK_BYTES", "Ack", "Delta", "Params", "ParamsAsk", "Reset", "State",
-           "StateAsk", "StateLoad", "StepApply", "StepReport", "StepRun", "Stop",
-           "TakeDelta", "Tied", "TiedAsk", "TiedWeight", "TrainError", "TrainFetch",
+@message(190)
+@dataclass(frozen=True, slots=True)
+class StateHead:
+    """The stage's state (answering ``StateAsk``): ``total`` bytes with SHA-256 ``sha256``
+    follow as ``StatePart`` frames."""
+
+    total: U64
+    sha256: Hex
+
+
+@message(191)
+@dataclass(frozen=True, slots=True)
+class StateLoadHead:
+    """Load this state into the stage: ``total`` bytes with SHA-256 ``sha256`` follow as
+    ``StatePart`` frames; the stage answers ``Ack`` once it holds them."""
+
+    total: U64
+    sha256: Hex
+
+
+@message(192)
+@dataclass(frozen=True, slots=True)
+class StatePart:
+    """``data`` of a stage's state at ``offset``: parts come in order, none empty."""
+
+    offset: U64
+    data: Chunk
+
+
+__all__ = ["SHARD_CHUNK_BYTES", "Ack", "Delta", "Params", "ParamsAsk", "Reset",
+           "StateAsk", "StateHead", "StateLoadHead", "StatePart", "StepApply", "StepReport",
+           "StepRun", "Stop", "TakeDelta", "Tied", "TiedAsk", "TiedWeight", "TrainError", "TrainFetch",
            "TrainOpen", "TrainShard", "TrainTensor", "Update"]

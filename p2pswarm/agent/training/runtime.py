@@ -131,6 +131,9 @@ class TrainRuntime(Protocol):
 
     def checkpoint_store(self, directory: str | Path, keep: int) -> CheckpointStore: ...
 
+    def reshard(self, store: CheckpointStore, step: int, cut: list[int]) -> CheckpointStore:
+        """Checkpoint ``step`` re-sharded onto ``cut``, as a scratch store of its own."""
+
     def export(self, store: CheckpointStore, out_dir: Path, step: int) -> Any:
         """Export checkpoint ``step`` into ``out_dir`` (``job_export.Exported``)."""
 

@@ -17,6 +17,7 @@ optimizer step with the driver's clip coefficient (``StepApply``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,14 @@ from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.streams import send_best_effort, send_message
 from p2pswarm.agent.training.jobs import job_config
 from p2pswarm.agent.training.links import receive_answer
+from p2pswarm.agent.training.transfer import (
+    Landing,
+    check_part,
+    check_room,
+    parts_of,
+    receive_state_parts,
+    send_state_parts,
+)
 from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError
 from p2pswarm.planner.wording import card_label, gb
 from p2pswarm.training.schedule import stage_ops
@@ -46,9 +55,9 @@ from p2pswarm.wire.training import (
     Params,
     ParamsAsk,
     Reset,
-    State,
     StateAsk,
-    StateLoad,
+    StateHead,
+    StateLoadHead,
     StepApply,
     StepReport,
     StepRun,
@@ -116,7 +125,7 @@ class StageHosts:
         self.hosts: dict[tuple[str, int, int], TrainHost] = {}
         self._commands: dict[type, Command] = {
             TakeDelta: self._take_delta, Update: self._update, ParamsAsk: self._params,
-            StateAsk: self._state, StateLoad: self._load, Reset: self._reset,
+            StateAsk: self._state, StateLoadHead: self._load, Reset: self._reset,
             TiedAsk: self._tied, TiedWeight: self._tied_weight,
         }
         training.leadership.obey(TrainPrepare, self.prepare)
@@ -249,10 +258,24 @@ class StageHosts:
         await send_message(control, Params(await self.run(host.compute.params, host)))
 
     async def _state(self, host: TrainHost, msg: StateAsk, control: SecureStream) -> None:
-        await send_message(control, State(await self.run(host.compute.state, host)))
+        state = await self.run(host.compute.state, host)
+        digest = await self.run(lambda: hashlib.sha256(state).hexdigest(), host)
+        await send_message(control, StateHead(len(state), digest))
+        await send_state_parts(control, parts_of(state))
 
-    async def _load(self, host: TrainHost, msg: StateLoad, control: SecureStream) -> None:
-        await self.run(lambda: host.compute.load_state(msg.blob), host)
+    async def _load(self, host: TrainHost, msg: StateLoadHead, control: SecureStream
+                    ) -> None:
+        """The driver's state for this stage, in parts, through a verified file."""
+        incoming = self.training.copies.incoming
+        what = f"the state of stage {host.index}"
+        check_room(msg.total, self.agent.config.transport.max_shard_bytes, incoming, what)
+        path = incoming / check_part(f"{host.job_id}.{host.replica}.{host.index}.pt")
+        try:
+            await receive_state_parts(control, Landing(path, msg.total, msg.sha256, what),
+                                      "the driver")
+            await self.run(lambda: host.compute.load_state(path.read_bytes()), host)
+        finally:
+            path.unlink(missing_ok=True)
         await send_message(control, Ack())
 
     async def _reset(self, host: TrainHost, msg: Reset, control: SecureStream) -> None:
