@@ -125,12 +125,15 @@ class ModelState:
         names = list(params)
         groups = _groups_by_name(names, params, stage["optimizer"])
         opt_state = stage["optimizer"]["state"]
+        for n in names:  # in the stage's own order, which the flat vectors follow
+            self._put(_global(n, start), params[n])
         for names_in, group in zip(groups, stage["optimizer"]["param_groups"], strict=True):
             decay = params[names_in[0]].dim() >= 2
             self.group_settings.setdefault(
                 decay, {k: v for k, v in group.items() if k != "params"})
             for n, pid in zip(names_in, group["params"], strict=True):
-                self._put(_global(n, start), params[n], dict(opt_state.get(pid, {})), decay)
+                entry = self.params[_global(n, start)]
+                entry.optimizer, entry.decay = dict(opt_state.get(pid, {})), decay
         synced = _synced_names(stage, names, is_first, sync)
         if is_last and not is_first and HEAD in names and HEAD not in synced:
             self.tied = True
@@ -147,11 +150,10 @@ class ModelState:
                 for g, piece in _split(flat, glob, sizes, f"sync {key}").items():
                     self.params[g].flats[key] = piece
 
-    def _put(self, name: str, value: torch.Tensor, optimizer: dict[str, Any],
-             decay: bool) -> None:
+    def _put(self, name: str, value: torch.Tensor) -> None:
         if name in self.params:
             raise ConfigError(f"the checkpoint holds parameter {name} twice")
-        self.params[name] = ParamState(value, optimizer, decay, synced=True)
+        self.params[name] = ParamState(value, {}, value.dim() >= 2, synced=True)
         self.order.append(name)
 
     def names_for(self, start: int, end: int) -> list[str]:
