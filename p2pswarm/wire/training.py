@@ -27,6 +27,10 @@ of the driver's commands, each its own type, and the stage's answer:
 Tag 112 (the untyped ``TrainCtl``) is retired and never reused, and so are 125 and 126
 (``State``, ``StateLoad``: a stage's whole state in one frame, capped at 64 MiB).
 
+Job data (the text and token files a job trains on, read where the job was submitted)
+travels on streams of its own too: ``DataPut`` and its parts store a file under its
+SHA-256 on the fellow that drives the job; ``DataFetch`` asks a fellow for one.
+
 Checkpoint copies travel on streams of their own. ``TrainShard`` opens one from the
 leader to a holder: the shard ``name`` of checkpoint ``step`` of ``job_id`` with its
 SHA-256, as frames of at most ``SHARD_CHUNK_BYTES`` (``offset`` into ``total``); the
@@ -249,13 +253,33 @@ class StateLoadHead:
 @message(192)
 @dataclass(frozen=True, slots=True)
 class StatePart:
-    """``data`` of a stage's state at ``offset``: parts come in order, none empty."""
+    """``data`` at ``offset`` of the bytes a head announced (``StateHead``,
+    ``StateLoadHead``, ``DataPut``): parts come in order, none empty."""
 
     offset: U64
     data: Chunk
 
 
-__all__ = ["SHARD_CHUNK_BYTES", "Ack", "Delta", "Params", "ParamsAsk", "Reset",
+@message(193)
+@dataclass(frozen=True, slots=True)
+class DataPut:
+    """A job's data file, ``total`` bytes with SHA-256 ``sha256`` (its name in the store),
+    follows as ``StatePart`` frames; answered ``Ack`` once stored, or ``TrainError``. Also
+    the answer to ``DataFetch``."""
+
+    sha256: Hex
+    total: U64
+
+
+@message(194)
+@dataclass(frozen=True, slots=True)
+class DataFetch:
+    """Send the job data file named ``sha256`` (as ``DataPut``), or ``TrainError``."""
+
+    sha256: Hex
+
+
+__all__ = ["SHARD_CHUNK_BYTES", "Ack", "DataFetch", "DataPut", "Delta", "Params", "ParamsAsk", "Reset",
            "StateAsk", "StateHead", "StateLoadHead", "StatePart", "StepApply", "StepReport",
            "StepRun", "Stop", "TakeDelta", "Tied", "TiedAsk", "TiedWeight", "TrainError", "TrainFetch",
            "TrainOpen", "TrainShard", "TrainTensor", "Update"]

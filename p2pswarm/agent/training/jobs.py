@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from p2pswarm.agent.training.job_data import refuse_paths
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.models.files import read_model_config
 from p2pswarm.training.job import JobConfig
@@ -189,7 +190,7 @@ class LeaderJobs:
         config: Any = None if call.config is None else unpack_doc(call.config)
         if resume:
             config = self._resume_config(resume, config)
-        job_config(config)
+        refuse_paths(job_config(config))  # data comes with the job, never from this disk
         expected = call.plan_id or None
         maximize = "seq_len" if call.maximize == "seq_len" else None
         exclude = list(call.exclude_cards)
