@@ -35,12 +35,11 @@ from p2pswarm.agent.training.transfer import (
     check_hash,
     check_part,
     check_room,
-    file_parts,
     file_sha256,
     receive_shard_file,
     receive_state_parts,
     send_shard_file,
-    send_state_parts,
+    send_state_file,
 )
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
 from p2pswarm.training.checkpoint_files import (
@@ -155,7 +154,8 @@ class Checkpoints:
         check_room(head.total, self._max_shard_bytes, dest.parent, what)
         assert link.stream is not None
         await receive_state_parts(link.stream, Landing(dest, head.total, head.sha256, what),
-                                  f"stage {link.stage} on {link.fellow}")
+                                  f"stage {link.stage} on {link.fellow}",
+                                  self.training.agent.compute.run)
         return head.sha256
 
     async def resume(self) -> None:
@@ -200,7 +200,7 @@ class Checkpoints:
                 path = store.step_dir(step) / f"{name}.pt"
                 await link.send(StateLoadHead(path.stat().st_size, digests[name]))
                 assert link.stream is not None
-                await send_state_parts(link.stream, file_parts(path))
+                await send_state_file(link.stream, path, self.training.agent.compute.run)
                 await link.receive(Ack)
                 # checkpoints written before the positions moved to the manifest keep
                 # them in each shard
@@ -272,7 +272,8 @@ class TrainCopies:
             filename = _filename(first.name)
             cap = MAX_MANIFEST_BYTES if first.name == MANIFEST else self._cap
             directory.mkdir(parents=True, exist_ok=True)
-            await receive_shard_file(first, stream, directory / filename, cap)
+            await receive_shard_file(first, stream, directory / filename, cap,
+                                     self.agent.compute.run)
             if first.name == MANIFEST:
                 self._prune(first.job_id)
         except (SwarmError, OSError) as exc:
@@ -297,7 +298,8 @@ class TrainCopies:
             why = str(exc) if isinstance(exc, SwarmError) else f"cannot read: {exc.strerror}"
             await send_best_effort(stream, TrainError(0, self.agent.name, why[:500]))
             return
-        await send_shard_file(stream, msg.job_id, step, msg.name, path, digest)
+        await send_shard_file(stream, msg.job_id, step, msg.name, path, digest,
+                              self.agent.compute.run)
 
     def _prune(self, job_id: str) -> None:
         for step in sorted(self.held(job_id))[:-KEEP_STEPS]:
@@ -348,7 +350,8 @@ class TrainCopies:
                     sha256: str) -> None:
         with trio.fail_after(_copy_timeout_s(path.stat().st_size)):
             async with await self.agent.open_secure(addr) as stream:
-                await send_shard_file(stream, job_id, step, name, path, sha256)
+                await send_shard_file(stream, job_id, step, name, path, sha256,
+                                      self.agent.compute.run)
                 await receive_answer(stream, Ack, f"the holder at {addr}", name_stage=False)
 
     async def _fetch_one(self, fellow: str, addr: str, ask: TrainFetch, dest: Path,
@@ -364,7 +367,8 @@ class TrainCopies:
                             or (sha256 is not None and first.sha256 != sha256)):
                         raise ConfigError(f"{fellow} holds another {ask.name}")
                     with trio.fail_after(_copy_timeout_s(first.total)):
-                        await receive_shard_file(first, stream, dest, cap)
+                        await receive_shard_file(first, stream, dest, cap,
+                                                 self.agent.compute.run)
                     return first.step
         except (SwarmError, OSError, trio.TooSlowError) as exc:
             log.info("fetching %s of %s from %s: %s", ask.name, ask.job_id, fellow, exc)

@@ -34,9 +34,8 @@ from p2pswarm.agent.training.transfer import (
     Landing,
     check_hash,
     check_room,
-    file_parts,
     receive_state_parts,
-    send_state_parts,
+    send_state_file,
 )
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.training.job import (
@@ -135,9 +134,9 @@ class JobData:
                 self._make_room(size)
                 landing = Landing(self.path(sha256), size, sha256, f"data file {src}")
                 try:
-                    for offset, part in file_parts(src):
-                        if part:
-                            landing.add(offset, part)
+                    with open(src, "rb") as f:
+                        while part := f.read(1 << 20):
+                            landing.add(landing.have, part)
                     landing.finish()
                 finally:
                     landing.abort()
@@ -158,7 +157,7 @@ class JobData:
             with trio.fail_after(DATA_TIMEOUT_S + size / DATA_FLOOR_BYTES_PER_S):
                 async with await self.agent.open_secure(addr) as stream:
                     await send_message(stream, DataPut(sha256, size))
-                    await send_state_parts(stream, file_parts(path))
+                    await send_state_file(stream, path, self.agent.compute.run)
                     await receive_answer(stream, Ack, f"the fellow at {addr}",
                                          name_stage=False)
 
@@ -211,7 +210,8 @@ class JobData:
         self._make_room(head.total)
         check_room(head.total, self.cap, self.root, what)
         await receive_state_parts(stream, Landing(self.path(head.sha256), head.total,
-                                                  head.sha256, what), who)
+                                                  head.sha256, what), who,
+                                  self.agent.compute.run)
 
     async def _on_put(self, msg: DataPut, stream: SecureStream) -> None:
         try:
@@ -233,7 +233,7 @@ class JobData:
             await send_best_effort(stream, TrainError(0, self.agent.name, why[:500]))
             return
         await send_message(stream, DataPut(msg.sha256, size))
-        await send_state_parts(stream, file_parts(path))
+        await send_state_file(stream, path, self.agent.compute.run)
 
     def _make_room(self, size: int) -> None:
         """Evict the least recently used files until ``size`` more fits the store's cap."""

@@ -34,7 +34,6 @@ from p2pswarm.agent.training.transfer import (
     Landing,
     check_part,
     check_room,
-    parts_of,
     receive_state_parts,
     send_state_parts,
 )
@@ -261,7 +260,7 @@ class StageHosts:
         state = await self.run(host.compute.state, host)
         digest = await self.run(lambda: hashlib.sha256(state).hexdigest(), host)
         await send_message(control, StateHead(len(state), digest))
-        await send_state_parts(control, parts_of(state))
+        await send_state_parts(control, state)
 
     async def _load(self, host: TrainHost, msg: StateLoadHead, control: SecureStream
                     ) -> None:
@@ -272,7 +271,7 @@ class StageHosts:
         path = incoming / check_part(f"{host.job_id}.{host.replica}.{host.index}.pt")
         try:
             await receive_state_parts(control, Landing(path, msg.total, msg.sha256, what),
-                                      "the driver")
+                                      "the driver", partial(self.run, host=host))
             await self.run(lambda: host.compute.load_state(path.read_bytes()), host)
         finally:
             path.unlink(missing_ok=True)

@@ -17,9 +17,10 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from functools import partial
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from p2pswarm.agent.streams import send_message
 from p2pswarm.agent.training.links import receive_answer
@@ -28,6 +29,8 @@ from p2pswarm.training.checkpoint_files import fsync_dir
 from p2pswarm.transport.secure import SecureStream
 from p2pswarm.wire.training import SHARD_CHUNK_BYTES, StatePart, TrainShard
 
+Run = Callable[[Callable[[], Any]], Awaitable[Any]]  # where blocking work runs (the
+# agent's ``compute.run``: a worker thread, or inline in virtual time)
 PART_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 HASH_NAME = re.compile(r"[0-9a-f]{64}")
 READ_BYTES = SHARD_CHUNK_BYTES
@@ -126,46 +129,59 @@ def parts_of(data: bytes) -> Iterator[tuple[int, bytes]]:
             return
 
 
-def file_parts(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(offset, part) of the file at ``path``, read a part at a time."""
-    with open(path, "rb") as f:
+async def file_parts(path: Path, run: Run) -> AsyncIterator[tuple[int, bytes]]:
+    """(offset, part) of the file at ``path``, read a part at a time where ``run`` runs
+    blocking work; one empty part for an empty file."""
+    f: BinaryIO = await run(partial(open, path, "rb"))
+    try:
         offset = 0
         while True:
-            part = f.read(SHARD_CHUNK_BYTES)
+            part: bytes = await run(partial(f.read, SHARD_CHUNK_BYTES))
             if part or offset == 0:
                 yield offset, part
             offset += len(part)
-            if not part or len(part) < SHARD_CHUNK_BYTES:
+            if len(part) < SHARD_CHUNK_BYTES:
                 return
+    finally:
+        f.close()
 
 
-async def send_state_parts(stream: SecureStream, parts: Iterator[tuple[int, bytes]]) -> None:
-    for offset, part in parts:
+async def send_state_parts(stream: SecureStream, data: bytes) -> None:
+    """``data`` (announced by its head) as ``StatePart`` frames."""
+    for offset, part in parts_of(data):
         if part:
             await send_message(stream, StatePart(offset, part))
 
 
-async def receive_state_parts(stream: SecureStream, landing: Landing, who: str) -> None:
+async def send_state_file(stream: SecureStream, path: Path, run: Run) -> None:
+    """The file at ``path`` (announced by its head) as ``StatePart`` frames."""
+    async for offset, part in file_parts(path, run):
+        if part:
+            await send_message(stream, StatePart(offset, part))
+
+
+async def receive_state_parts(stream: SecureStream, landing: Landing, who: str,
+                              run: Run) -> None:
     """``StatePart`` frames into ``landing`` until it is whole, then into place."""
     try:
         while not landing.complete:
             part = await receive_answer(stream, StatePart, who)
-            landing.add(part.offset, part.data)
-        landing.finish()
+            await run(partial(landing.add, part.offset, part.data))
+        await run(landing.finish)
     finally:
         landing.abort()
 
 
 async def send_shard_file(stream: SecureStream, job_id: str, step: int, name: str,
-                          path: Path, sha256: str) -> None:
+                          path: Path, sha256: str, run: Run) -> None:
     """The file at ``path`` as ``TrainShard`` frames."""
-    total = path.stat().st_size
-    for offset, part in file_parts(path):
+    total = (await run(path.stat)).st_size
+    async for offset, part in file_parts(path, run):
         await send_message(stream, TrainShard(job_id, step, name, sha256, offset, total, part))
 
 
 async def receive_shard_file(first: TrainShard, stream: SecureStream, dest: Path,
-                             cap: int) -> None:
+                             cap: int, run: Run) -> None:
     """The shard whose first frame is ``first`` into ``dest`` (atomically, verified)."""
     what = f"shard {first.name}"
     if first.offset != 0:
@@ -179,15 +195,15 @@ async def receive_shard_file(first: TrainShard, stream: SecureStream, dest: Path
                     first.job_id, first.name, first.step, first.total, first.sha256):
                 raise RemoteProtocolError("bad-shard", f"{what}: a frame of another shard")
             if msg.data or msg.total:
-                landing.add(msg.offset, msg.data)
+                await run(partial(landing.add, msg.offset, msg.data))
             if landing.complete:
                 break
             msg = await receive_answer(stream, TrainShard, "the sender", name_stage=False)
-        landing.finish()
+        await run(landing.finish)
     finally:
         landing.abort()
 
 
-__all__ = ["Landing", "check_hash", "check_part", "check_room", "file_parts", "file_sha256",
-           "parts_of", "receive_shard_file", "receive_state_parts", "send_shard_file",
-           "send_state_parts"]
+__all__ = ["Landing", "Run", "check_hash", "check_part", "check_room", "file_parts",
+           "file_sha256", "parts_of", "receive_shard_file", "receive_state_parts",
+           "send_shard_file", "send_state_file", "send_state_parts"]
