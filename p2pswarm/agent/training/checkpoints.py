@@ -1,19 +1,24 @@
 """Checkpoints of a job: gathered by the driver, stored by the leader, copied to fellows.
 
-Every ``checkpoint.interval_steps`` the driver gathers every stage's shard (parameters,
-optimizer, sync state, as ``State``) with the replicas' data positions and the keepers'
-state into the leader's ``CheckpointStore`` (atomic files, manifest last), then spreads
-it: each shard goes to the ``copies`` fellows ``shard_holders`` picks among the connected
-fellows other than the leader (rendezvous hashing: stable as unrelated fellows come and
-go), and the manifest to every holder, last. A holder writes each shard atomically under
-``<home>/checkpoint-copies/<job>/step-NNNNNNNN/`` after checking its SHA-256, and keeps
-the newest ``KEEP_STEPS`` steps it has a manifest for. With the leader's copy and two
-more on distinct fellows, losing any one fellow (its disk included) loses no shard.
+Every ``checkpoint.interval_steps`` the driver asks every stage for its state
+(``StateAsk``); each answers in parts (``transfer``: size and SHA-256 first, then
+``StatePart`` frames), written straight into the shard's file in the step directory of
+the leader's ``CheckpointStore``, so no message or memory cap limits a checkpoint. The
+replicas' data positions and the keepers' state join them, and the manifest goes last.
+Then the leader spreads it: each shard goes to the ``copies`` fellows ``shard_holders``
+picks among the connected fellows other than the leader (rendezvous hashing: stable as
+unrelated fellows come and go), and the manifest to every holder, last. A holder writes
+each shard under ``<home>/checkpoint-copies/<job>/step-NNNNNNNN/`` as its frames arrive,
+renaming it into place once its SHA-256 matches, and keeps the newest ``KEEP_STEPS``
+steps it has a manifest for. With the leader's copy and two more on distinct fellows,
+losing any one fellow (its disk included) loses no shard.
 
 Resuming, the leader reads its own copy; a shard missing or damaged there (or the whole
 checkpoint directory gone) is fetched from whichever connected fellow holds it, checked
-against the manifest and written back into the leader's store; every stage then loads
-its shard (``StateLoad``) and training goes on with the same loss trajectory.
+against the manifest and written back into the leader's store. Where the swarm now cuts
+the model differently, the runtime re-shards the checkpoint onto the new cut
+(``training.reshard``) in a scratch store. Every stage then loads its shard
+(``StateLoadHead`` and parts) and training goes on with the same loss trajectory.
 """
 
 from __future__ import annotations
