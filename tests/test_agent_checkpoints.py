@@ -145,3 +145,39 @@ async def test_a_checkpoint_resumed_on_another_cut_is_re_sharded(
         calm = LocalRun(JobConfig.from_dict({**config, "checkpoint": {}}), cut=old_cut).run()
         assert record["losses"] == pytest.approx(calm, abs=1e-4)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_resume_keeps_the_checkpoints_cut_where_the_cards_hold_it(
+        autojump_clock, tmp_path: Path) -> None:
+    """Trained in two stages, resumed without saying how many: the cards would hold the
+    model in one, but the leader keeps the checkpoint's cut, so nothing is re-sharded."""
+    config = job_config(model={"config": SMALL}, steps=4,
+                        checkpoint={"dir": str(tmp_path / "ckpt"), "interval_steps": 2})
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, n=3)
+        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        asker = next(a for a in swarm.live() if a is not leader)
+        free_plan = await asker.training.ask_plan(config)
+        assert len(free_plan["stages"]) == 1  # left to itself, the planner takes one card
+        record = await asker.training.submit(config, stages=2)
+        job_id = record["job_id"]
+        job = leader.training.jobs[job_id]
+
+        def stop_after_the_checkpoint() -> bool:
+            if job.step >= 3 and job.scope is not None:
+                job.cancel_asked = True
+                job.scope.cancel()
+                return True
+            return False
+
+        await wait_until(stop_after_the_checkpoint, timeout_s=120, step_s=0.0005)
+        old_cut = [s["layers"][0] for s in job.placement[0][1:]]
+        assert (await finished(asker, job_id))["state"] == "cancelled"
+        await asker.training.submit(None, resume=job_id)
+        record = await finished(asker, job_id)
+        assert record["state"] == "finished", record["reason"]
+        again = leader.training.jobs[job_id]
+        assert [s["layers"][0] for s in again.placement[0][1:]] == old_cut
+        calm = LocalRun(JobConfig.from_dict({**config, "checkpoint": {}}), cut=old_cut).run()
+        assert record["losses"] == pytest.approx(calm, abs=1e-4)
+        nursery.cancel_scope.cancel()

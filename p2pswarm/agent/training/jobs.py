@@ -139,10 +139,14 @@ class LeaderJobs:
 
     async def plan(self, config: Any, *, stages: int | None = None,
                    maximize: str | None = None,
-                   exclude_cards: list[str] | None = None) -> dict[str, Any]:
-        """The job's plan on this leader's view: one pipeline per replica."""
+                   exclude_cards: list[str] | None = None,
+                   cut: list[int] | None = None) -> dict[str, Any]:
+        """The job's plan on this leader's view: one pipeline per replica (on ``cut``,
+        a resumed checkpoint's, where the cards hold it)."""
         job = job_config(config)
         model = model_message(job)
+        if cut:  # the planner keeps a model's trained cut where it fits
+            model = {**model, "config": {**model["config"], "p2pswarm_stage_cut": cut}}
         exclude = list(exclude_cards or [])
         wanted = job.replicas
         plans: list[dict[str, Any]] = []
