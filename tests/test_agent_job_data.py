@@ -109,3 +109,38 @@ async def test_a_leader_without_the_data_fetches_it_and_bad_data_never_lands(
         with pytest.raises(RemoteProtocolError):
             third.training.data.path("../../etc/passwd")
         nursery.cancel_scope.cancel()
+
+
+def test_train_from_another_directory_sends_the_jobs_text_to_the_leader(
+        tmp_path: Path) -> None:
+    """Real processes: two `join` fellows on loopback; `train --config job/job.json` run
+    from an unrelated directory on the fellow that does not lead: the relative text file
+    is read there, sent to the leader under its hash, and the job trains on it."""
+    import os
+    import subprocess
+    import sys
+
+    from p2pswarm.demo import form_swarm, local_swarm
+
+    _job_file(tmp_path / "job")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    digest = hashlib.sha256(TEXT.encode()).hexdigest()
+    with local_swarm(lambda text: None) as swarm:
+        names = ["fellow-1", "fellow-2"]
+        status = form_swarm(swarm, names, ("--cpu-memory", "1500MB", "--log-level",
+                                           "warning"), "1500MB", lambda text: None, 0.0)
+        leader = status["leader"]["name"]
+        submitter = next(n for n in names if n != leader)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
+        done = subprocess.run(
+            [sys.executable, "-m", "p2pswarm.cli", "train", "--config", "../job/job.json",
+             "--home", str(swarm.homes[submitter]), "--json"],
+            cwd=elsewhere, capture_output=True, text=True, timeout=240, env=env,
+            check=False)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        record = json.loads(done.stdout)
+        assert record["state"] == "finished" and record["step"] == 3
+        stored = swarm.homes[leader] / "job-data" / digest
+        assert stored.read_text() == TEXT
+        assert (swarm.homes[submitter] / "job-data" / digest).is_file()
