@@ -5,6 +5,7 @@ virtual time, torch inline, on the built-in tiny model (and a smaller one)."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 from typing import Any
@@ -180,4 +181,42 @@ async def test_a_resume_keeps_the_checkpoints_cut_where_the_cards_hold_it(
         assert [s["layers"][0] for s in again.placement[0][1:]] == old_cut
         calm = LocalRun(JobConfig.from_dict({**config, "checkpoint": {}}), cut=old_cut).run()
         assert record["losses"] == pytest.approx(calm, abs=1e-4)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_copy_that_lies_about_its_name_size_or_bytes_never_lands(
+        autojump_clock, tmp_path: Path) -> None:
+    from p2pswarm.agent.streams import send_message
+    from p2pswarm.agent.training.links import receive_answer
+    from p2pswarm.errors import TransportError
+    from p2pswarm.wire.training import Ack, TrainShard
+
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, n=2)
+        sender, holder = swarm.live()
+        holder.training.copies._root = tmp_path / "copies"
+        good = hashlib.sha256(b"shard").hexdigest()
+        cap = holder.config.transport.max_shard_bytes
+
+        async def offer(*frames: TrainShard) -> str:
+            async with await sender.open_secure(holder.addr) as stream:
+                for frame in frames:
+                    await send_message(stream, frame)
+                with pytest.raises(TransportError) as refused:
+                    await receive_answer(stream, Ack, "holder", name_stage=False)
+            return str(refused.value)
+
+        assert "bad name" in await offer(TrainShard("job-0000abcd", 1, "../evil", good, 0, 5,
+                                                    b"shard"))
+        assert "bad name" in await offer(TrainShard("..", 1, "replica-0.stage-0", good, 0, 5,
+                                                    b"shard"))
+        assert "over the" in await offer(TrainShard("job-0000abcd", 1, "replica-0.stage-0",
+                                                    good, 0, cap + 1, b"shard"))
+        assert "does not match" in await offer(TrainShard(
+            "job-0000abcd", 1, "replica-0.stage-0", good, 0, 5, b"sharp"))
+        assert "a part at" in await offer(
+            TrainShard("job-0000abcd", 1, "replica-0.stage-0", good, 0, 5, b"sh"),
+            TrainShard("job-0000abcd", 1, "replica-0.stage-0", good, 3, 5, b"ard"))
+        left = [p for p in (tmp_path / "copies").rglob("*") if p.is_file()]
+        assert left == []  # nothing half-written, nothing outside its directory
         nursery.cancel_scope.cancel()

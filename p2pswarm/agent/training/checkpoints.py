@@ -363,18 +363,18 @@ class TrainCopies:
                          cap: int, sha256: str | None) -> int | None:
         """``ask`` of one fellow into ``dest``: the step it sent, or None."""
         try:
-            with trio.fail_after(COPY_TIMEOUT_S):
-                async with await self.agent.open_secure(addr) as stream:
+            async with await self.agent.open_secure(addr) as stream:
+                with trio.fail_after(COPY_TIMEOUT_S):
                     await send_message(stream, ask)
                     first = await receive_answer(stream, TrainShard, fellow,
                                                  name_stage=False)
-                    if (first.name != ask.name or (ask.step and first.step != ask.step)
-                            or (sha256 is not None and first.sha256 != sha256)):
-                        raise ConfigError(f"{fellow} holds another {ask.name}")
-                    with trio.fail_after(_copy_timeout_s(first.total)):
-                        await receive_shard_file(first, stream, dest, cap,
-                                                 self.agent.compute.run)
-                    return first.step
+                if (first.name != ask.name or (ask.step and first.step != ask.step)
+                        or (sha256 is not None and first.sha256 != sha256)):
+                    raise ConfigError(f"{fellow} holds another {ask.name}")
+                with trio.fail_after(_copy_timeout_s(first.total)):
+                    await receive_shard_file(first, stream, dest, cap,
+                                             self.agent.compute.run)
+                return first.step
         except (SwarmError, OSError, trio.TooSlowError) as exc:
             log.info("fetching %s of %s from %s: %s", ask.name, ask.job_id, fellow, exc)
             return None

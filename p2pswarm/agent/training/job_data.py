@@ -186,16 +186,15 @@ class JobData:
                          if m.state == "alive" and m.node_id != self.agent.node_id)
         for name, addr in fellows:
             try:
-                with trio.fail_after(DATA_TIMEOUT_S):
-                    async with await self.agent.open_secure(addr) as stream:
+                async with await self.agent.open_secure(addr) as stream:
+                    with trio.fail_after(DATA_TIMEOUT_S):
                         await send_message(stream, DataFetch(sha256))
                         head = await receive_answer(stream, DataPut, name, name_stage=False)
-                        if head.sha256 != sha256:
-                            raise ConfigError(f"{name} sent another file")
-                        with trio.fail_after(DATA_TIMEOUT_S
-                                             + head.total / DATA_FLOOR_BYTES_PER_S):
-                            await self._receive(head, stream, name)
-                        return True
+                    if head.sha256 != sha256:
+                        raise ConfigError(f"{name} sent another file")
+                    with trio.fail_after(DATA_TIMEOUT_S + head.total / DATA_FLOOR_BYTES_PER_S):
+                        await self._receive(head, stream, name)
+                    return True
             except (SwarmError, OSError, trio.TooSlowError) as exc:
                 log.info("fetching data file %s from %s: %s", sha256[:12], name, exc)
         return False
