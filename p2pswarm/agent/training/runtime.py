@@ -125,10 +125,6 @@ class TrainRuntime(Protocol):
     def clip_coefficient(self, sq_norms: list[float], max_norm: float) -> float:
         """The gradient clip coefficient from every stage's squared gradient norm."""
 
-    def read_shard(self, shard: bytes) -> dict[str, Any]: ...
-
-    def shard_bytes(self, state: dict[str, Any]) -> bytes: ...
-
     def checkpoint_store(self, directory: str | Path, keep: int) -> CheckpointStore: ...
 
     def reshard(self, store: CheckpointStore, step: int, cut: list[int]) -> CheckpointStore:
