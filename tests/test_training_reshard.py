@@ -118,3 +118,15 @@ def test_a_damaged_stage_state_is_refused_with_why(tmp_path: Path) -> None:
     old[1]["sync"]["anchor"] = old[1]["sync"]["anchor"][:-1]
     with pytest.raises(ConfigError, match="sync anchor"):
         reshard_stages(old, [2])
+
+
+def test_lora_adapters_re_shard_too(tmp_path: Path) -> None:
+    lora = {"mode": "lora", "lora": {"rank": 2}, "lr": {"peak": 0.01, "schedule": "constant"}}
+    calm = LocalRun(_job(tmp_path, "calm", **lora), cut=[4], replicas=2).run()
+    LocalRun(_job(tmp_path, **lora), cut=[4], replicas=2).run(until_step=2)
+    moved = reshard_checkpoint(CheckpointStore(tmp_path / "ckpt"), 2, [2, 5])
+    params = moved.read(2, "replica-0.stage-1")["stage"]["params"]
+    assert params and all(".lora_" in n for n in params)  # adapters only, the base frozen
+    resumed = LocalRun.resume(_job(tmp_path, **{**lora, "checkpoint": {
+        "dir": str(moved.directory), "interval_steps": 2}}))
+    assert resumed.run() == pytest.approx(calm[2:], abs=1e-5)
