@@ -24,6 +24,10 @@ of the driver's commands, each its own type, and the stage's answer:
   -> ``Ack``; ``Stop`` ends the stream. ``Ack`` also answers the control stream's open.
 
 ``TrainError`` names the stage and fellow that failed and why, in either direction.
+A blob longer than one part (``Delta``, ``Update``, ``Params``, ``Reset``, ``Tied``,
+``TiedWeight``) carries its first ``SHARD_CHUNK_BYTES`` and says in ``more`` how many
+bytes follow as ``StatePart`` frames (protocol 2.1), so no frame cap limits a stage's
+size either.
 Tag 112 (the untyped ``TrainCtl``) is retired and never reused, and so are 125 and 126
 (``State``, ``StateLoad``: a stage's whole state in one frame, capped at 64 MiB).
 
@@ -154,6 +158,7 @@ class Delta:
 
     version: U32
     blob: Blob
+    more: U64 = 0  # bytes past ``blob`` that follow as StatePart frames
 
 
 @message(121)
@@ -163,6 +168,7 @@ class Update:
 
     version: U32
     blob: Blob
+    more: U64 = 0  # bytes past ``blob`` that follow as StatePart frames
 
 
 @message(122)
@@ -177,6 +183,7 @@ class Params:
     """The stage's synced parameters as one flat tensor frame."""
 
     blob: Blob
+    more: U64 = 0  # bytes past ``blob`` that follow as StatePart frames
 
 
 @message(124)
@@ -192,6 +199,7 @@ class Reset:
 
     version: U32
     blob: Blob
+    more: U64 = 0  # bytes past ``blob`` that follow as StatePart frames
 
 
 @message(128)
@@ -206,6 +214,7 @@ class Tied:
     """The first stage's input embedding as a tensor frame."""
 
     blob: Blob
+    more: U64 = 0  # bytes past ``blob`` that follow as StatePart frames
 
 
 @message(180)
@@ -214,6 +223,7 @@ class TiedWeight:
     """The last stage's tied head takes this embedding (a tensor frame)."""
 
     blob: Blob
+    more: U64 = 0  # bytes past ``blob`` that follow as StatePart frames
 
 
 @message(181)

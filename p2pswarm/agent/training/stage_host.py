@@ -29,7 +29,7 @@ import trio
 from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.streams import send_best_effort, send_message
 from p2pswarm.agent.training.jobs import job_config
-from p2pswarm.agent.training.links import receive_answer
+from p2pswarm.agent.training.links import receive_answer, send_long
 from p2pswarm.agent.training.transfer import (
     Landing,
     check_part,
@@ -247,14 +247,14 @@ class StageHosts:
     async def _take_delta(self, host: TrainHost, msg: TakeDelta, control: SecureStream
                           ) -> None:
         version, blob = await self.run(host.compute.take_delta, host)
-        await send_message(control, Delta(version, blob))
+        await send_long(control, Delta(version, blob))
 
     async def _update(self, host: TrainHost, msg: Update, control: SecureStream) -> None:
         await self.run(lambda: host.compute.apply_update(msg.version, msg.blob), host)
         await send_message(control, Ack(msg.version))
 
     async def _params(self, host: TrainHost, msg: ParamsAsk, control: SecureStream) -> None:
-        await send_message(control, Params(await self.run(host.compute.params, host)))
+        await send_long(control, Params(await self.run(host.compute.params, host)))
 
     async def _state(self, host: TrainHost, msg: StateAsk, control: SecureStream) -> None:
         state = await self.run(host.compute.state, host)
@@ -282,7 +282,7 @@ class StageHosts:
         await send_message(control, Ack(msg.version))
 
     async def _tied(self, host: TrainHost, msg: TiedAsk, control: SecureStream) -> None:
-        await send_message(control, Tied(host.compute.tied()))
+        await send_long(control, Tied(host.compute.tied()))
 
     async def _tied_weight(self, host: TrainHost, msg: TiedWeight, control: SecureStream
                            ) -> None:
