@@ -220,3 +220,23 @@ async def test_a_copy_that_lies_about_its_name_size_or_bytes_never_lands(
         left = [p for p in (tmp_path / "copies").rglob("*") if p.is_file()]
         assert left == []  # nothing half-written, nothing outside its directory
         nursery.cancel_scope.cancel()
+
+
+async def test_sync_traffic_past_64_mib_a_frame_travels_in_parts(autojump_clock) -> None:
+    """small-llama cut to six layers (19 M parameters) whole on one card, two replicas
+    synced in fp32: the keeper's parameters, each delta and each update are about 76 MB,
+    past the 64 MiB a frame holds, and the job trains through its rounds."""
+    six = {**BUILTIN_MODELS["small-llama"], "num_hidden_layers": 6}
+    config = job_config(model={"config": six}, seq_len=8, micro_batch=1, micro_batches=1,
+                        steps=2, replicas=2,
+                        sync={"inner_steps": 1, "codec": "fp32", "outer_lr": 1.0,
+                              "outer_momentum": 0.0})
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, n=3)
+        asker = swarm.live()[1]
+        record = await asker.training.submit(config, stages=1)
+        record = await finished(asker, record["job_id"])
+        assert record["state"] == "finished", record["reason"]
+        assert record["replicas"] == 2 and len(record["losses"]) == 2
+        assert record["bytes_sent"] > 4 * OLD_FRAME_CAP  # two rounds' deltas and updates
+        nursery.cancel_scope.cancel()
