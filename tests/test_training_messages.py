@@ -105,6 +105,9 @@ async def test_a_blob_longer_than_a_part_travels_in_parts_and_comes_back_whole()
     assert all(n < training.SHARD_CHUNK_BYTES + 1024 for n in pipe.sent)
     got = await receive_answer(pipe, training.Params, "the stage")
     assert got == training.Params(blob)
+    activation = training.TrainTensor("activation", 7, 1, blob[:training.SHARD_CHUNK_BYTES + 1])
+    await send_long(pipe, activation)
+    assert await receive_answer(pipe, training.TrainTensor, "the stage before") == activation
     await send_long(pipe, training.Update(4, b"short"))  # one frame as before
     assert await receive_answer(pipe, training.Update, "the driver") == training.Update(4,
                                                                                       b"short")

@@ -24,10 +24,10 @@ of the driver's commands, each its own type, and the stage's answer:
   -> ``Ack``; ``Stop`` ends the stream. ``Ack`` also answers the control stream's open.
 
 ``TrainError`` names the stage and fellow that failed and why, in either direction.
-A blob longer than one part (``Delta``, ``Update``, ``Params``, ``Reset``, ``Tied``,
-``TiedWeight``) carries its first ``SHARD_CHUNK_BYTES`` and says in ``more`` how many
-bytes follow as ``StatePart`` frames (protocol 2.1), so no frame cap limits a stage's
-size either.
+A blob or tensor longer than one part (``TrainTensor``, ``Delta``, ``Update``,
+``Params``, ``Reset``, ``Tied``, ``TiedWeight``) carries its first ``SHARD_CHUNK_BYTES``
+and says in ``more`` how many bytes follow as ``StatePart`` frames (protocol 2.1), so no
+frame cap limits a stage's size either.
 Tag 112 (the untyped ``TrainCtl``) is retired and never reused, and so are 125 and 126
 (``State``, ``StateLoad``: a stage's whole state in one frame, capped at 64 MiB).
 
@@ -80,6 +80,7 @@ class TrainTensor:
     step: U32
     micro: U16
     tensor: Blob
+    more: U64 = 0  # bytes past ``tensor`` that follow as StatePart frames
 
 
 @message(113)

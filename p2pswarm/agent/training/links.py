@@ -5,8 +5,9 @@ A ``TrainError`` in place of the answer is the far side's refusal; it becomes a
 ``TransportError`` naming the stage and fellow that failed, so the driver pauses the
 replica as it would for a dropped link. Anything else unexpected is a protocol error.
 
-A message with a ``blob`` and a ``more`` field (parameters, deltas, updates, the tied
-weight) longer than one part goes as its first ``SHARD_CHUNK_BYTES`` with ``more`` saying
+A message with a ``blob`` (or a ``TrainTensor``'s ``tensor``) and a ``more`` field
+(tensors, parameters, deltas, updates, the tied weight) longer than one part goes as its
+first ``SHARD_CHUNK_BYTES`` with ``more`` saying
 how many bytes follow as ``StatePart`` frames (``send_long``); ``receive_answer`` reads
 them back into one blob, checking each part's place and the total against
 ``MAX_LONG_BYTES`` as they arrive, so no frame cap limits a stage's size.
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 from p2pswarm.agent.streams import receive_message, send_message
 from p2pswarm.errors import RemoteProtocolError, TransportError
 from p2pswarm.transport.secure import SecureStream
-from p2pswarm.wire.training import SHARD_CHUNK_BYTES, StatePart, TrainError
+from p2pswarm.wire.training import SHARD_CHUNK_BYTES, StatePart, TrainError, TrainTensor
 
 M = TypeVar("M")
 MAX_LONG_BYTES = 1 << 40  # the longest blob a stage or driver reads back from parts
@@ -48,9 +49,15 @@ async def receive_answer(stream: SecureStream, expected: type[M], who: str, *,
     return msg
 
 
+def _field(msg: Any) -> str:
+    """The name of the long bytes field of ``msg``."""
+    return "tensor" if isinstance(msg, TrainTensor) else "blob"
+
+
 async def _rest_of(stream: SecureStream, msg: Any, more: int, who: str,
                    name_stage: bool) -> Any:
-    first: bytes = msg.blob
+    field = _field(msg)
+    first: bytes = getattr(msg, field)
     if more > MAX_LONG_BYTES or len(first) != SHARD_CHUNK_BYTES:
         raise RemoteProtocolError("bad-part", f"{who} announced {more:,} more bytes after "
                                   f"a first part of {len(first):,}")
@@ -64,19 +71,20 @@ async def _rest_of(stream: SecureStream, msg: Any, more: int, who: str,
                                       f"of {end:,} bytes")
         parts.append(part.data)
         have += len(part.data)
-    return dataclasses.replace(msg, blob=b"".join(parts), more=0)
+    return dataclasses.replace(msg, **{field: b"".join(parts), "more": 0})
 
 
 async def send_long(stream: SecureStream, msg: Any) -> None:
     """``msg``; a ``blob`` longer than one part goes as its first part and the rest as
     ``StatePart`` frames."""
-    blob = getattr(msg, "blob", None)
+    field = _field(msg)
+    blob = getattr(msg, field, None)
     if blob is None or not hasattr(msg, "more") or len(blob) <= SHARD_CHUNK_BYTES:
         await send_message(stream, msg)
         return
     view = memoryview(blob)
-    await send_message(stream, dataclasses.replace(msg, blob=bytes(view[:SHARD_CHUNK_BYTES]),
-                                                   more=len(blob) - SHARD_CHUNK_BYTES))
+    await send_message(stream, dataclasses.replace(
+        msg, **{field: bytes(view[:SHARD_CHUNK_BYTES]), "more": len(blob) - SHARD_CHUNK_BYTES}))
     for offset in range(SHARD_CHUNK_BYTES, len(blob), SHARD_CHUNK_BYTES):
         await send_message(stream, StatePart(offset,
                                              bytes(view[offset:offset + SHARD_CHUNK_BYTES])))

@@ -308,7 +308,7 @@ class StageHosts:
                     losses.append(out)
                 else:
                     assert downstream is not None
-                    await send_message(downstream, TrainTensor("activation", step, m, out))
+                    await send_long(downstream, TrainTensor("activation", step, m, out))
             else:
                 g = None
                 if not last:
@@ -318,8 +318,7 @@ class StageHosts:
                 grad_in = await self.run(partial(compute.backward, m, g, 1.0 / n_micro), host)
                 if grad_in is not None:
                     assert host.upstream is not None
-                    await send_message(host.upstream,
-                                       TrainTensor("gradient", step, m, grad_in))
+                    await send_long(host.upstream, TrainTensor("gradient", step, m, grad_in))
         tied, sq = compute.finish()
         loss_sum = sum(losses)
         if not math.isfinite(loss_sum) or not math.isfinite(sq):
@@ -327,7 +326,7 @@ class StageHosts:
                                  "(lower lr.peak)")
         await send_message(control, StepReport(step, tied is not None, sq, loss_sum))
         if tied is not None:
-            await send_message(control, TrainTensor("tied", step, 0, tied))
+            await send_long(control, TrainTensor("tied", step, 0, tied))
         apply = await receive_answer(control, StepApply, "the driver")
         total = None
         if tied is not None:
