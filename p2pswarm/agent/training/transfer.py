@@ -17,7 +17,8 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import aclosing
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -129,7 +130,7 @@ def parts_of(data: bytes) -> Iterator[tuple[int, bytes]]:
             return
 
 
-async def file_parts(path: Path, run: Run) -> AsyncIterator[tuple[int, bytes]]:
+async def file_parts(path: Path, run: Run) -> AsyncGenerator[tuple[int, bytes], None]:
     """(offset, part) of the file at ``path``, read a part at a time where ``run`` runs
     blocking work; one empty part for an empty file."""
     f: BinaryIO = await run(partial(open, path, "rb"))
@@ -155,9 +156,10 @@ async def send_state_parts(stream: SecureStream, data: bytes) -> None:
 
 async def send_state_file(stream: SecureStream, path: Path, run: Run) -> None:
     """The file at ``path`` (announced by its head) as ``StatePart`` frames."""
-    async for offset, part in file_parts(path, run):
-        if part:
-            await send_message(stream, StatePart(offset, part))
+    async with aclosing(file_parts(path, run)) as parts:  # the file closed on any error
+        async for offset, part in parts:
+            if part:
+                await send_message(stream, StatePart(offset, part))
 
 
 async def receive_state_parts(stream: SecureStream, landing: Landing, who: str,
@@ -176,8 +178,10 @@ async def send_shard_file(stream: SecureStream, job_id: str, step: int, name: st
                           path: Path, sha256: str, run: Run) -> None:
     """The file at ``path`` as ``TrainShard`` frames."""
     total = (await run(path.stat)).st_size
-    async for offset, part in file_parts(path, run):
-        await send_message(stream, TrainShard(job_id, step, name, sha256, offset, total, part))
+    async with aclosing(file_parts(path, run)) as parts:
+        async for offset, part in parts:
+            await send_message(stream, TrainShard(job_id, step, name, sha256, offset, total,
+                                                  part))
 
 
 async def receive_shard_file(first: TrainShard, stream: SecureStream, dest: Path,
