@@ -12,7 +12,8 @@ Measured, from the fellows' status and their own logs:
 - leaders per term: every term's leaders as the fellows followed them (target: 1);
 - leader availability: over the moments when more than half of the fellows that ran in
   the last 5 minutes are up, how long until every running fellow names one leader
-  (p50 / p99 / max; target p99 <= 10 s);
+  (p50 / p99 / max; target p99 <= 10 s); a fellow still booting (its agent has not
+  answered since it was started) is not counted as running;
 - agents crashed: fellows that exited without being told to (target: 0).
 
     python simulations/chaos_real.py [--fellows 8] [--minutes 20] [--seed 1] [--json]
@@ -31,7 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2pswarm.sim.field import followed_per_term, free_address, one_leader, two_leaders
+from p2pswarm.errors import ControlError
+from p2pswarm.sim.field import followed_per_term, free_address, two_leaders
 from p2pswarm.sim.processes import LocalSwarm, local_swarm
 
 RECENT_S = 300.0  # "the fellows that ran in the last 5 minutes"
@@ -48,6 +50,7 @@ class Chaos:
     back_at: dict[str, float] = field(default_factory=dict)  # name -> restart at
     last_up: dict[str, float] = field(default_factory=dict)
     told_to_stop: set[str] = field(default_factory=set)
+    answered: set[str] = field(default_factory=set)  # agents that answered since their start
     unexpected_exits: list[str] = field(default_factory=list)
     events: list[tuple[float, str, str]] = field(default_factory=list)
 
@@ -56,13 +59,27 @@ class Chaos:
         self.swarm.launch(name, seeds=seeds, listen=self.addresses[name])
         self.up[name] = True
         self.told_to_stop.discard(name)
+        self.answered.discard(name)
 
     def running(self) -> list[str]:
         return [n for n in self.names if self.up[n] and n not in self.frozen]
 
     def leader_now(self) -> str | None:
-        found = one_leader(self.swarm, self.running())
-        return found[0] if found else None
+        """The leader every running fellow names; a fellow whose agent has not answered
+        since it was (re)started is still booting and is not asked."""
+        seen = set()
+        for name in self.running():
+            try:
+                leader = self.swarm.status(name).get("leader")
+            except ControlError:
+                if name in self.answered:
+                    return None
+                continue
+            self.answered.add(name)
+            if not leader:
+                return None
+            seen.add((leader["name"], leader["term"]))
+        return seen.pop()[0] if len(seen) == 1 else None
 
     def hit(self, now: float) -> None:
         live = [n for n in self.names if self.up[n] and n not in self.frozen]
