@@ -9,6 +9,8 @@
 - ``driver``: the leader driving a job (streams, steps, pauses, placing again);
 - ``rounds``: DiLoCo sync rounds between replicas (``training.round_rule``);
 - ``checkpoints``: checkpoints gathered, stored, copied to fellows, resumed;
+- ``job_state``, ``handover``, ``takeover``: each job's record and round state copied to
+  a few fellows, and a new leader driving the jobs on from there;
 - ``runtime`` / ``torch_runtime``: the seam to torch, loaded on first use.
 
 Here: the control ops of the CLI's own agent (``job_plan``, ``job_submit``, ``jobs``,
@@ -29,6 +31,7 @@ import trio
 from p2pswarm.agent.pins import ShownPlans
 from p2pswarm.agent.training.checkpoints import TrainCopies
 from p2pswarm.agent.training.driver import drive
+from p2pswarm.agent.training.handover import JobHandover
 from p2pswarm.agent.training.jobs import (
     CHANGED,
     STATES,
@@ -39,6 +42,7 @@ from p2pswarm.agent.training.jobs import (
 )
 from p2pswarm.agent.training.placement import Placer
 from p2pswarm.agent.training.stage_host import StageHosts, TrainHost
+from p2pswarm.agent.training.takeover import Handed, Takeover
 from p2pswarm.control.server import current_emitter, emit
 from p2pswarm.errors import ConfigError, PlacementError, TransportError
 from p2pswarm.wire.jobs import (
@@ -62,6 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2pswarm.training")
 
 FOLLOW_POLL_S = 0.5  # how often a streaming job_submit asks the leader for the record
+TAKEOVER_GRACE_S = 60.0  # how long a followed job may be missing while a new leader adopts it
 MAX_STAGES = 65535  # the most stages a job may ask each pipeline to take
 
 
@@ -101,6 +106,8 @@ class Training:
         self.placer = Placer(self)
         self.stages = StageHosts(self)
         self.copies = TrainCopies(agent)
+        self.handover = JobHandover(self)
+        self.takeover = Takeover(self)
         agent.control_ops.update({"job_plan": self._op_plan, "job_submit": self._op_submit,
                                   "jobs": self._op_jobs, "job_cancel": self._op_cancel,
                                   "job_export": self._op_export})
@@ -124,8 +131,12 @@ class Training:
         """The jobs this agent leads, by id."""
         return self.leader.jobs
 
-    async def drive(self, job: Job) -> None:
-        await drive(self, job)
+    async def drive(self, job: Job, handed: Handed | None = None) -> None:
+        await drive(self, job, handed)
+
+    def elected(self) -> None:
+        """This agent won an election: take over the jobs the last leader led."""
+        self.takeover.elected()
 
     # --- asking the leader ----------------------------------------------------------------
 
@@ -158,6 +169,7 @@ class Training:
         if not follow:
             return record
         emit({"job": record})
+        missing_since = 0.0
         while record["state"] not in TERMINAL:
             await trio.sleep(FOLLOW_POLL_S)
             try:
@@ -166,9 +178,14 @@ class Training:
                 log.info("following job %s: %s", record["job_id"], exc)
                 continue
             now = next((j for j in jobs if j["job_id"] == record["job_id"]), None)
-            if now is None:
+            if now is None:  # a new leader may still be taking it over
+                missing_since = missing_since or trio.current_time()
+                if trio.current_time() - missing_since < TAKEOVER_GRACE_S:
+                    continue
                 raise PlacementError(f"the leader no longer knows job {record['job_id']} "
-                                     "(a new leader?); resume it with --resume")
+                                     "(a new leader without a copy of it); resume it with "
+                                     "--resume")
+            missing_since = 0.0
             if now != record:
                 record = now
                 emit({"job": record})
