@@ -7,8 +7,9 @@ leader (which hosts one replica and keeps the outer state) is killed once the jo
 old one left on fellows. For each seed the same job runs once undisturbed and once with
 the kill; the report gives:
 
-- the step and sync round (keeper version) when the leader died, the round the new
-  leader resumed from, and the rounds lost (the difference);
+- the step and sync round (keeper version) when the leader died, the step and round the
+  new leader resumed from, and the rounds and steps lost (the differences: the copy is
+  made as each round closes, so what the replicas trained since is trained again);
 - the virtual seconds from the kill until the job ran again, and the extra virtual wall
   time of the whole job against the undisturbed run;
 - both final losses (mean of the last 4 steps) and their difference.
@@ -81,6 +82,7 @@ async def one_run(seed: int, steps: int, kill_at: int | None) -> dict[str, Any]:
             out["resumed_at_step"] = running.step
             out["resumed_at_round"] = running.driver.keepers[0].version
             out["rounds_lost"] = out["killed_at_round"] - out["resumed_at_round"]
+            out["steps_lost"] = out["killed_at_step"] - out["resumed_at_step"]
             out["running_again_after_s"] = round(trio.current_time() - killed_s, 2)
             out["moved"] = running.moves[-1] if running.moves else ""
         with trio.fail_after(3600):
@@ -118,13 +120,14 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print("| seed | killed at step (round) | resumed at step (round) | rounds lost | "
+    print("| seed | killed at step (round) | resumed at step (round) | rounds (steps) lost | "
           "running again after | extra wall time | final loss calm / killed |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         k, c = r["killed"], r["calm"]
         print(f"| {r['seed']} | {k['killed_at_step']} ({k['killed_at_round']}) | "
-              f"{k['resumed_at_step']} ({k['resumed_at_round']}) | {k['rounds_lost']} | "
+              f"{k['resumed_at_step']} ({k['resumed_at_round']}) | {k['rounds_lost']} "
+              f"({k['steps_lost']}) | "
               f"{k['running_again_after_s']:.1f} s | {r['extra_wall_s']:+.1f} s "
               f"({c['took_s']:.0f} s calm) | {c['final_loss']:.4f} / {k['final_loss']:.4f} "
               f"({r['loss_change']:+.2%}) |")

@@ -97,6 +97,47 @@ async def test_the_leader_killed_mid_job_a_new_leader_finishes_it(autojump_clock
     assert abs(final_churned - final_calm) <= 0.1 * final_calm, (final_calm, final_churned)
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_torch_thread")
+async def test_a_lone_replica_whose_leader_died_resumes_from_its_checkpoint(
+        autojump_clock, tmp_path: Any) -> None:
+    from p2pswarm.training import JobConfig, LocalRun
+
+    config = job_config(steps=8, checkpoint={"dir": str(tmp_path / "ckpt"),
+                                             "interval_steps": 3})
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery)
+        for a in swarm.live():
+            a.training.copies._root = tmp_path / a.name
+        leader = leader_of(swarm)
+        record = await leader.training.submit(config, stages=3)
+        job_id = record["job_id"]
+        job = leader.training.jobs[job_id]
+        await wait_until(lambda: job.step >= 4, timeout_s=60, step_s=0.01)
+        cut = [s["layers"][0] for s in job.placement[0][1:]]
+        dead = next(i for i, f in enumerate(swarm.fellows) if f.agent is leader)
+        swarm.crash(dead)
+        # a new leader adopts it; its three stages need three cards: it waits pending
+        await wait_until(lambda: leader_of(swarm) is not None
+                         and job_id in leader_of(swarm).training.jobs, timeout_s=120)
+        new = leader_of(swarm)
+        taken = new.training.jobs[job_id]
+        await wait_until(lambda: taken.state == "pending", timeout_s=60)
+        assert "waiting for cards to resume from its checkpoint of step 3" in taken.reason
+        await swarm.start(dead)  # the old leader's fellow is back, as a follower
+        back = swarm.fellows[dead].agent
+        back.training.copies._root = tmp_path / f"{back.name}-again"
+        record = await finished(new, job_id)
+        nursery.cancel_scope.cancel()
+    assert record["state"] == "finished", record["reason"]
+    assert "moved from leader" in record["moved"] and record["step"] == 8
+    # from the checkpoint the trajectory goes on exactly as if never interrupted
+    local = LocalRun(JobConfig.from_dict({**config, "checkpoint": {}}), cut=cut).run()
+    assert len(record["losses"]) == 8
+    for got, want in zip(record["losses"], local):
+        assert abs(got - want) <= 1e-4
+
+
 # --- the copy itself ---------------------------------------------------------------------------
 
 

@@ -161,8 +161,11 @@ class Takeover:
         elif job.placement and not handed.lost:
             whence = self._from_checkpoint(job)
         else:
-            for i in placed:  # a lone replica waits for its cards as after any loss
-                await placer.release(job, i, sorted({s["addr"] for s in job.placement[i]}))
+            # placed afresh: every stage the fellows still hold goes (a lone replica then
+            # waits for its cards as after any loss)
+            await placer.release(job, None, sorted({
+                s["addr"] for stages in job.placement for s in stages
+                if self._alive(s["fellow_id"])}))
             self._note(job, handed, "waiting for its fellows to resume")
             lost = ReplicaLost("; ".join(handed.lost.values()) or "its fellows are gone")
             handed.lost = {}  # placed afresh below: nothing of the old placement to pause
