@@ -155,21 +155,25 @@ class JobHandover:
         if not leadership.is_leader():
             return
         parts: list[bytes] = []
+        digest = ""
         if driver is not None and driver.synced and driver.keepers:
             states = [outer_state(k.state_dict()) for k in driver.keepers]  # taken now
             runtime = self.training.runtime
-            parts = await self.agent.compute.run(
-                lambda: [runtime.shard_bytes(s) for s in states])
+
+            def serialize() -> tuple[list[bytes], str]:  # off the event loop: torch.save
+                blobs = [runtime.shard_bytes(s) for s in states]
+                return blobs, hashlib.sha256(b"".join(blobs)).hexdigest()
+
+            parts, digest = await self.agent.compute.run(serialize)
             if sum(len(b) for b in parts) > OUTER_KEEP_BYTES:
                 log.info("job %s: outer state of %d bytes is over the copy's %d; a new "
                          "leader would resume from the checkpoint", job.job_id,
                          sum(len(b) for b in parts), OUTER_KEEP_BYTES)
-                parts = []
+                parts, digest = [], ""
         outer = b"".join(parts)
         self._seq += 1
         head = JobKeep(job.job_id, self._seq, pack_doc(snapshot(job, driver, self.agent.name)),
-                       tuple(len(b) for b in parts),
-                       hashlib.sha256(outer).hexdigest() if outer else "", leadership.term())
+                       tuple(len(b) for b in parts), digest, leadership.term())
         copy = JobCopy(head, outer)
         self._hold(copy, job.state)
         self._latest[job.job_id] = copy

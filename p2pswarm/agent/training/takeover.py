@@ -97,6 +97,8 @@ class Takeover:
             if job.state in TERMINAL:
                 continue
             log.info("job %s: taken over from %s at step %d", job_id, was, job.step)
+            job.state, job.reason = "pending", (f"taken over from {was}: its replicas go "
+                                                "back on their fellows")
             handed = Handed(rounds, tuple(copy.outer_parts()), was)
             self.agent.spawn(self.training.drive, job, handed)
 
@@ -147,6 +149,11 @@ class Takeover:
     async def place(self, job: Job, handed: Handed) -> Placement:
         """The job's replicas back on their fellows; sets what the driver resumes from."""
         placer = self.training.placer
+        if not job.placement:  # it never started: placed as any new job
+            self._note(job, handed, "placing it (it had not started)")
+            placement = await placer.place(job)
+            handed.generation = job.paused_times
+            return placement
         n = len(job.placement)
         rounds = handed.rounds
         stages = len(job.placement[0]) if job.placement else 0
