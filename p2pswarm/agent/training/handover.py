@@ -142,6 +142,7 @@ class JobHandover:
         self._latest: dict[str, JobCopy] = {}  # job id -> its copy waiting to be sent
         self._sending: set[str] = set()
         self.sent = 0  # copies that reached a fellow (for tests and figures)
+        self._receiving = trio.Lock()
         self.agent.on_stream(JobKeep, self._on_keep)
         self.agent.on_stream(JobsKeptAsk, self._on_list)
         self.agent.on_stream(JobCopyAsk, self._on_copy_ask)
@@ -240,7 +241,8 @@ class JobHandover:
                 f"{self.agent.name} keeps job copies only from the leader it follows, in "
                 f"its term ({election.term if election else 0})"))
         try:
-            outer = await receive_outer(msg, stream, "the leader")
+            async with self._receiving:  # one copy in memory at a time, however many come
+                outer = await receive_outer(msg, stream, "the leader")
             job, _ = restore(unpack_doc(msg.state))
         except RemoteProtocolError as exc:
             return call_failed(exc)
