@@ -4,18 +4,27 @@ on fellows and finishes it from where its rounds stood, never from step 0."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
+from p2pswarm.agent.training.handover import JobCopy, JobHandover, receive_outer
 from p2pswarm.agent.training.job_state import restore, snapshot
 from p2pswarm.agent.training.jobs import Job
 from p2pswarm.agent.world import Services
 from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
-from p2pswarm.wire.jobs import JobKeep, JobKept, JobsKept, JobsKeptAsk
+from p2pswarm.wire.jobs import (
+    MAX_KEPT_JOBS,
+    OUTER_KEEP_BYTES,
+    JobKeep,
+    JobKept,
+    JobsKept,
+    JobsKeptAsk,
+)
 from p2pswarm.wire.orders import CallFailed, pack_doc
 from tests.cpu_swarm import start_cpu_swarm
 from tests.training_swarm import finished, job_config
@@ -198,3 +207,25 @@ async def test_a_fellow_keeps_copies_only_from_its_leader_in_its_term(
             await order(b.addr, JobKeep("job-0000beef", 6, bad), JobKept)
         assert "job-0000beef" not in b.training.handover.kept
         nursery.cancel_scope.cancel()
+
+
+async def test_outer_state_over_the_bound_is_refused_before_it_is_read() -> None:
+    head = JobKeep("job-0000abcd", 1, b"", (OUTER_KEEP_BYTES, 1), "ab" * 32)
+    with pytest.raises(RemoteProtocolError, match="over the"):
+        await receive_outer(head, None, "the leader")  # type: ignore[arg-type]
+
+
+def test_a_fellow_keeps_a_bounded_number_of_copies_finished_ones_first() -> None:
+    agent = SimpleNamespace(on_stream=lambda *args: None)
+    handover = JobHandover(SimpleNamespace(agent=agent))  # type: ignore[arg-type]
+    state = pack_doc(snapshot(_job(), None, "f000"))
+    for i in range(MAX_KEPT_JOBS):
+        handover._hold(JobCopy(JobKeep(f"job-{i:08x}", 1, state, term=2)),
+                       "finished" if i == 7 else "running")
+    handover._hold(JobCopy(JobKeep("job-ffffffff", 1, state, term=2)), "running")
+    assert len(handover.kept) == MAX_KEPT_JOBS
+    assert "job-00000007" not in handover.kept and "job-ffffffff" in handover.kept
+    # a copy of a later term wins over any of an earlier one, whatever its seq
+    handover._hold(JobCopy(JobKeep("job-00000001", 1, state, term=3)), "running")
+    handover._hold(JobCopy(JobKeep("job-00000001", 99, state, term=2)), "running")
+    assert handover.kept["job-00000001"].order == (3, 1)
