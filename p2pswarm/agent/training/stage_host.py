@@ -173,7 +173,9 @@ class StageHosts:
             compute = await self.agent.compute.run(lambda: runtime.build_stage(order, job))
         if key in self.hosts:
             raise PlacementError(f"stage {key[2]} of {key[0]} was taken twice")
-        self.hosts[key] = TrainHost(order, job, compute)
+        self.hosts[key] = host = TrainHost(order, job, compute)
+        if reuse and old is not None:
+            host.limiter = old.limiter  # one computation at a time on the shared stage
         self._publish()
         return TrainPrepared()
 
