@@ -123,10 +123,10 @@ async def drive(training: Training, job: Job, handed: Handed | None = None) -> N
         if job.cancel_asked:
             scope.cancel()
         try:
-            await training.handover.keep(job)
             if handed is None:
+                await training.handover.keep(job)  # submitted: a new leader would place it
                 placement = await placer.place(job)
-            else:
+            else:  # the copy it came from stays the newest until it runs here
                 placement = await training.takeover.place(job, handed)
             while True:
                 driver = job.driver = Driver(training, job, placement, handed)
