@@ -119,6 +119,7 @@ class ElectionTuning:
     query_interval_s: float = 2.0  # a fellow without a leader asks around this often
     jitter_s: float = 0.2  # random extra wait before a candidacy
     handover_after_s: float = 10.0  # a fellow of higher priority, alive this long, takes over
+    settle_s: float = 3.0  # a fellow just joined (or restarted) neither runs nor votes this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,13 +128,27 @@ class ElectionConfig:
     election_timeout_max_s: float = 3.0  # ... and at most this long (randomised)
     heartbeat_interval_s: float = 0.5  # leader's heartbeat period
     leader_lease_s: float = 4.0  # a leader steps down after this long without a majority
+    electorate_dead_after_s: float = 240.0  # a dead fellow stops counting in majorities after
     tuning: ElectionTuning = field(default_factory=ElectionTuning)  # the finer knobs (above)
 
 
 @dataclass(frozen=True, slots=True)
 class InventoryConfig:
+    """When a fellow tells the swarm its cards again (``p2pswarm.inventory.GossipRule``).
+
+    A card's free memory (or what another program holds on it) has moved when it is more
+    than ``max(gossip_step_bytes, gossip_step_fraction x the card's total)`` away from
+    the value last gossiped. A move is gossiped once it has held for
+    ``gossip_settle_reads`` reads in a row, at once when it passes
+    ``gossip_urgent_fraction`` of the card. A card appearing, going or changing, and this
+    fellow's own stages loading or unloading, are gossiped at once.
+    """
+
     refresh_interval_s: float = 5.0  # how often cards are read again
-    gossip_step_bytes: int = 64 * 1024 * 1024  # memory moves smaller than this are not gossiped
+    gossip_step_bytes: int = 256 * 1024 * 1024  # smaller moves are never news
+    gossip_step_fraction: float = 1 / 16  # ... nor moves under this share of the card
+    gossip_settle_reads: int = 2  # a move must hold this many reads in a row (not a spike)
+    gossip_urgent_fraction: float = 1 / 4  # a move past this share of the card: at once
 
 
 @dataclass(frozen=True, slots=True)

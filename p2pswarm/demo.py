@@ -18,25 +18,15 @@ plan, generates after two prompts, and leaves.
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from p2pswarm.control.client import request, stream
-from p2pswarm.errors import ControlError, SwarmError
-from p2pswarm.home import Home
-from p2pswarm.security import SwarmSecret
+from p2pswarm.errors import SwarmError
+from p2pswarm.sim.processes import LocalSwarm, Say, local_swarm
 
-Say = Callable[[str], None]
 Show = Callable[[dict[str, Any]], None]
 
 DEMO_MODEL = "small-llama"
@@ -44,89 +34,6 @@ DEMO_CPU_MEMORY = "360MB"  # per fellow: a third of the model each, with the OS 
 DEMO_FLOOR = "250MB"  # the planner's default floor (1 GB) would leave these small cards out
 DEMO_PROMPT = "The swarm"
 DEMO_MAX_TOKENS = 32
-
-
-@dataclass
-class LocalSwarm:
-    """Fellows as child processes, each with its own state directory under ``root``."""
-
-    root: Path
-    secret: SwarmSecret
-    say: Say
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    homes: dict[str, Path] = field(default_factory=dict)
-
-    def start(self, name: str, seeds: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> str:
-        """Start a fellow and return its address once its agent answers."""
-        self.launch(name, seeds, extra)
-        return self.address(name)
-
-    def address(self, name: str) -> str:
-        """A launched fellow's address, once its agent answers."""
-        status = self.wait_for(name, lambda s: True, timeout_s=30, what="its agent to start")
-        return str(status["self"]["addr"])
-
-    def launch(self, name: str, seeds: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> None:
-        """Start a fellow's process (see ``address`` to wait for it)."""
-        home = self.root / name
-        Home(home).join_swarm(self.secret)
-        log = open(self.root / f"{name}.log", "wb")
-        command = [sys.executable, "-m", "p2pswarm.cli", "join", *seeds, "--listen",
-                   "127.0.0.1:0", "--name", name, "--preset", "local", "--home", str(home),
-                   *extra]
-        # several fellows share this machine's cores: one torch thread each, or their
-        # threads spend the time waiting for each other
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self.processes[name] = subprocess.Popen(command, stdout=log, stderr=log,
-                                                stdin=subprocess.DEVNULL, env=env)
-        self.homes[name] = home
-
-    def status(self, name: str) -> dict[str, Any]:
-        return request(self.homes[name], {"op": "status"}, timeout_s=5)  # type: ignore[no-any-return]
-
-    def wait_for(self, name: str, ready: Callable[[dict[str, Any]], bool], *, timeout_s: float,
-                 what: str) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            process = self.processes[name]
-            if process.poll() is not None:
-                log = (self.root / f"{name}.log").read_text(errors="replace")[-2000:]
-                raise SwarmError(f"fellow {name} exited with {process.returncode}:\n{log}")
-            try:
-                status = self.status(name)
-                if ready(status):
-                    return status
-            except ControlError:
-                pass
-            if time.monotonic() > deadline:
-                raise SwarmError(f"fellow {name}: gave up waiting for {what} after {timeout_s:g} s")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGINT)
-        for name, process in self.processes.items():
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.say(f"fellow {name} did not leave within 10 s; killing it")
-                process.kill()
-                process.wait()
-
-
-@contextmanager
-def local_swarm(say: Say, keep: bool = False) -> Iterator[LocalSwarm]:
-    root = Path(tempfile.mkdtemp(prefix="p2pswarm-demo-"))
-    swarm = LocalSwarm(root=root, secret=SwarmSecret.generate(), say=say)
-    try:
-        yield swarm
-    finally:
-        swarm.stop()
-        if keep:
-            say(f"state and logs kept in {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def form_swarm(swarm: LocalSwarm, names: list[str], cap: tuple[str, ...], memory: str,

@@ -25,16 +25,24 @@ i.e. its lease truly lapsed; never because a datagram or two were lost. Any fell
 only deputies) starts an election when membership declares the leader dead or left, or
 when it knows no leader at all.
 
-The electorate (the denominator of "majority"). A node counts every member it knows that
-has not left: alive, suspect, and dead until reaped, itself included; and never fewer
-than the electorate the current leader last announced. Dead members leave the electorate
-only when a leader (which by construction holds a majority) announces a smaller one after
-reaping them, or when they leave gracefully. So a minority side, e.g. 2 of 5 after a
-partition, can never elect, even after it has reaped the other 3: "no leader: this side
-sees 2 of 5 fellows". The announced electorate is kept across restarts with the vote: a
-fellow restarted while the others are down knows only itself, and would otherwise be a
-majority of one. The price: if a majority of the swarm dies for good, the rest stay
-leaderless until the dead rejoin.
+The electorate (the denominator of "majority"). Each node keeps the set of fellows it has
+seen present (alive or suspect), itself included, with when it last saw each. A fellow
+that leaves gracefully leaves the set at once; a fellow that is dead (or reaped) stays in
+it for ``electorate_dead_after_s`` after it was last seen, then leaves it too. The set is
+kept across restarts with the vote, and a restored entry counts as seen at the restart: a
+fellow restarted while the others are down would otherwise be a majority of one. So a
+minority side, e.g. 2 of 5 after a partition, cannot elect while the other 3 are recent:
+"no leader: this side sees 2 of 5 fellows"; and a swarm whose fellows come and go always
+has a leader once a majority of its recently live fellows is up. The price of the bound:
+a partition that outlasts it lets each side, having dropped the other, elect its own
+leader; when they meet again the order of succession decides which one stays (see
+docs/election.md).
+
+Settling. A fellow that has just joined (or founded, or restarted) neither runs nor
+votes for ``settle_s`` unless it learns of a leader first: it asks around (``LeaderQuery``)
+and waits for the fellows knocking at its door. So a seed started after its joiners, or
+a whole swarm restarted at once, forms one electorate before anyone counts votes, and a
+fellow that has never seen the swarm cannot win a term alone while others are arriving.
 
 The lease. A leader that sees no majority present (alive or suspect) for
 ``leader_lease_s`` steps down on its own.
@@ -86,6 +94,8 @@ if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or n
 
 _INF = float("inf")
 _CHECK_REPLY_RANK = 255
+MAX_VOTERS = 4096  # a bound on the electorate kept (and restored from disk)
+_PRESENT = ("alive", "suspect")
 FOLLOWER, CANDIDATE, LEADER_ROLE = "follower", "candidate", "leader"
 
 
@@ -114,7 +124,7 @@ class Election:
         now: float = 0.0,
         term: int = 0,
         voted_for: bytes | None = None,
-        electorate: int = 0,
+        voters: Iterable[bytes] = (),
     ) -> None:
         self.node_id = node_id
         self.name = name
@@ -130,7 +140,16 @@ class Election:
         self._members: dict[bytes, Member] = {}
         self._joined = False
         self._leaving = False
-        self._announced = electorate  # electorate the leader last announced
+        # the electorate: fellow -> when last seen present (restored ones: now)
+        self._voters: dict[bytes, float] = {node_id: now}
+        for v in voters:
+            if len(self._voters) >= MAX_VOTERS:
+                break
+            self._voters[bytes(v)] = now
+        self._voters_kept: tuple[bytes, ...] | None = None  # persistent_state's cache
+        self._expired: dict[bytes, None] = {}  # dropped for being dead too long
+        self._arrived: list[Member] = []  # fellows that became present since the last feed
+        self._settle_until = _INF  # set on joining; -inf once a leader is known
         self._election_at = _INF
         self._last_beat_at = -_INF  # as a deputy
         self._rank = -1  # our place in the succession, from the leader's beats
@@ -178,18 +197,23 @@ class Election:
         """Whether an order stamped with ``term`` may be obeyed (it is not stale)."""
         return term >= self.term
 
-    def persistent_state(self) -> tuple[int, bytes | None, int]:
-        """(term, voted_for, electorate last announced): keep these across restarts. A
-        fellow that forgot the electorate would, restarted alone, be a majority of one."""
+    def persistent_state(self) -> tuple[int, bytes | None, tuple[bytes, ...]]:
+        """(term, voted_for, electorate): keep these across restarts. A fellow that forgot
+        the electorate would, restarted alone, be a majority of one."""
+        if self._voters_kept is None:
+            self._voters_kept = tuple(sorted(self._voters))
         return (self.term, self.voted_for if self.voted_term == self.term else None,
-                self._announced)
+                self._voters_kept)
 
     def electorate(self) -> int:
-        counted = sum(1 for m in self._members.values() if m.state != "left")
-        return max(counted, self._announced, 1)
+        return len(self._voters)
 
     def present(self) -> int:
-        return sum(1 for m in self._members.values() if m.state in ("alive", "suspect"))
+        return sum(1 for m in self._members.values() if m.state in _PRESENT)
+
+    def settled(self, now: float) -> bool:
+        """Past the settling time after joining, or following a leader already."""
+        return now >= self._settle_until
 
     def status(self) -> ElectionStatus:
         sees, total = self.present(), self.electorate()
@@ -219,7 +243,12 @@ class Election:
     def update_members(self, members: Iterable[Member], now: float, *,
                        joined: bool = True) -> list[Effect]:
         """Feed the current membership view (this node included) after every change."""
-        self._members = {m.node_id: m for m in members}
+        new = {m.node_id: m for m in members}
+        for m in new.values():
+            self._note(self._members.get(m.node_id), m, now)
+        for node in self._members.keys() - new.keys():
+            self._note(self._members[node], None, now)
+        self._members = new
         return self._members_changed(now, joined)
 
     def update_changed(self, changed: Iterable[Member], gone: Iterable[bytes], now: float,
@@ -229,19 +258,71 @@ class Election:
         members = self._members
         added = False
         for m in changed:
-            added = added or m.node_id not in members
+            old = members.get(m.node_id)
+            added = added or old is None
+            self._note(old, m, now)
             members[m.node_id] = m
         for node in gone:
-            members.pop(node, None)
+            self._note(members.pop(node, None), None, now)
         if added:  # kept in node-id order, as a full view is
             self._members = dict(sorted(members.items()))
         return self._members_changed(now, joined)
 
+    def _note(self, old: Member | None, new: Member | None, now: float) -> None:
+        """Keep the electorate: every fellow known and not left is in it; a fellow that is
+        not present keeps the time it was last seen (or first heard of, dead), and one
+        dropped for being dead too long comes back only by being seen present."""
+        if new is not None and new.state in _PRESENT:
+            self._expired.pop(new.node_id, None)
+            self._add_voter(new.node_id, now)
+            if (old is None or old.state not in _PRESENT) and new.node_id != self.node_id:
+                self._arrived.append(new)
+        elif new is not None and new.state == "left" and new.node_id != self.node_id:
+            if self._voters.pop(new.node_id, None) is not None:
+                self._voters_kept = None
+        elif old is not None and old.state in _PRESENT and old.node_id in self._voters:
+            self._voters[old.node_id] = now  # dead or forgotten from now on
+        elif new is not None and new.node_id not in self._expired:
+            self._add_voter(new.node_id, now, refresh=False)  # heard of, dead
+
+    def _add_voter(self, node: bytes, now: float, *, refresh: bool = True) -> None:
+        if node in self._voters:
+            if refresh:
+                self._voters[node] = now
+        elif len(self._voters) < MAX_VOTERS:
+            self._voters[node] = now
+            self._voters_kept = None
+
+    def _expire_voters(self, now: float) -> None:
+        """Drop the fellows dead for longer than the bound from the electorate."""
+        horizon = now - self.config.electorate_dead_after_s
+        stale = [node for node, seen in self._voters.items() if seen <= horizon
+                 and node != self.node_id and not self._is_present(node)]
+        for node in stale:
+            del self._voters[node]
+            self._expired[node] = None
+        while len(self._expired) > MAX_VOTERS:
+            del self._expired[next(iter(self._expired))]
+        if stale:
+            self._voters_kept = None
+
+    def _next_expiry(self) -> float:
+        after = self.config.electorate_dead_after_s
+        return min((seen + after for node, seen in self._voters.items()
+                    if node != self.node_id and not self._is_present(node)), default=_INF)
+
+    def _is_present(self, node: bytes) -> bool:
+        m = self._members.get(node)
+        return m is not None and m.state in _PRESENT
+
     def _members_changed(self, now: float, joined: bool) -> list[Effect]:
         out: list[Effect] = []
+        self._expire_voters(now)
         if joined and not self._joined:
             self._joined = True
             self._next_query_at = now
+            if self.leader is None:
+                self._settle_until = now + self.tuning.settle_s
         if self.leader is not None and self._leader_gone() and self.role != LEADER_ROLE \
                 and self._gone_reported != self.leader:
             self._gone_reported = self.leader  # say it once, when it happens
@@ -250,9 +331,23 @@ class Election:
             out.append(Event(NO_LEADER, self.leader, self._name(self.leader),
                              f"leader {self._name(self.leader)} is {state}", term=self.term))
         if self.role == LEADER_ROLE:
+            self._greet(self._arrived, now, out)
             self._leader_upkeep(now, out)
+        self._arrived = []
         self._reconsider(now)
         return out
+
+    def _greet(self, arrived: list[Member], now: float, out: list[Effect]) -> None:
+        """Tell fellows that just arrived who leads, at once and until they ack: one that
+        joined a led swarm must not find itself leaderless, and run, while it settles."""
+        if not arrived:
+            return
+        msg = self._leader_is()
+        for m in arrived:
+            out.append(SendDatagram(m.addr, (msg,)))
+            self._unacked[m.node_id] = None
+        self._retry_at = min(self._retry_at, now + self.tuning.announce_retry_s)
+        self._retry_until = max(self._retry_until, now + self.tuning.announce_retry_for_s)
 
     def leave(self, now: float) -> list[Effect]:
         """Leaving: a leader hands over at once (``StepDown``)."""
@@ -292,7 +387,6 @@ class Election:
     def _on_step_down(self, msg: StepDown, addr: str, now: float, out: list[Effect]) -> None:
         if msg.term != self.term or msg.leader != self.leader:
             return
-        self._announced = msg.electorate
         self.leader = None
         self._deputy_term = -1
         self._election_at = now + self._rank_delay() + self.rng.random() * self.tuning.jitter_s
@@ -314,6 +408,7 @@ class Election:
             t = min(t, deadline)
         if self.leader is None and self._joined and not self._leaving:
             t = min(t, self._next_query_at)
+        t = min(t, self._next_expiry())
         if self.role == FOLLOWER and self._deputy_term == self.term and \
                 self.leader is not None:
             t = min(t, self._beat_timeout_at())
@@ -321,6 +416,9 @@ class Election:
 
     def tick(self, now: float) -> list[Effect]:
         out: list[Effect] = []
+        if self._next_expiry() <= now:
+            self._expire_voters(now)
+            self._reconsider(now)  # a smaller electorate: this side may be a majority now
         for seq in [s for s, (d, _) in self._checks.items() if d <= now]:
             _, waiting = self._checks.pop(seq)
             self._check_result = (now, False)
@@ -340,7 +438,7 @@ class Election:
             self._election_at = min(self._election_at, now)
         if now >= self._election_at and self.role != CANDIDATE:
             self._election_at = _INF
-            if self._may_elect():
+            if self._may_elect() and self.settled(now):
                 self._start_candidacy(True, now, out)
             else:
                 self._reconsider(now)
@@ -396,7 +494,8 @@ class Election:
         if self._may_elect():
             if self._election_at == _INF:
                 lo, hi = self.config.election_timeout_min_s, self.config.election_timeout_max_s
-                self._election_at = (now + lo + self.rng.random() * max(0.0, hi - lo) * 0.25
+                start = max(now, self._settle_until)  # not before the fellows are in
+                self._election_at = (start + lo + self.rng.random() * max(0.0, hi - lo) * 0.25
                                      + self._rank_delay())
         elif not self._beats_lost:
             self._election_at = _INF
@@ -465,13 +564,16 @@ class Election:
                          out: list[Effect]) -> None:
         if msg.candidate == self.node_id:
             return
+        if not self.settled(now):
+            out.append(self._reply(msg, addr, False, "just joined: still meeting the swarm"))
+            return
         if not msg.pre_vote and msg.term > self.term:
             self._adopt_term(msg.term, now, out)
         if msg.term <= self.term and msg.pre_vote or msg.term < self.term:
-            out.append(self._reply(msg, addr, False, "stale term"))
+            out.append(self._deny_naming_leader(msg, addr, "stale term"))
             return
         if self.role == LEADER_ROLE and msg.pre_vote:
-            out.append(self._reply(msg, addr, False, "I am the leader"))
+            out.append(self._deny_naming_leader(msg, addr, "I am the leader"))
             return
         if msg.pre_vote:  # asked again (our answer was lost): the same answer
             cached = self._prevote_answers.get((msg.candidate, msg.term))
@@ -532,6 +634,14 @@ class Election:
         self.voted_term, self.voted_for = self.term, msg.candidate
         return [self._reply(msg, addr, True, "")]
 
+    def _deny_naming_leader(self, msg: VoteRequest, addr: str, reason: str) -> SendDatagram:
+        """A refusal that, when we know a live leader, also names it: a candidate that
+        missed the leader (it has just joined) follows it rather than running on."""
+        refusal = self._reply(msg, addr, False, reason)
+        if self.leader is None or self._leader_gone():
+            return refusal
+        return SendDatagram(addr, (self._leader_is(), *refusal.messages))
+
     def _reply(self, msg: VoteRequest, addr: str, granted: bool, reason: str) -> SendDatagram:
         return SendDatagram(addr, (VoteReply(msg.term, self.node_id, granted, msg.pre_vote,
                                              self.electorate(), reason),))
@@ -547,8 +657,8 @@ class Election:
         self._grants = {}
         self._minority_since = None
         self.stats["terms_won"] += 1
-        self._announced = self.electorate()
-        self._last_announced_electorate = self._announced
+        self._settle_until = -_INF
+        self._last_announced_electorate = self.electorate()
         self._announce_all(out)
         self._unacked = {m.node_id: None for m in self._present_others()}
         self._retry_at = now + self.tuning.announce_retry_s
@@ -564,6 +674,7 @@ class Election:
     def _leader_is(self) -> LeaderIs:
         return LeaderIs(self.term, self.leader or self.node_id, self.electorate())
 
+
     def _announce_all(self, out: list[Effect]) -> None:
         msg = self._leader_is()
         for m in self._present_others():
@@ -575,7 +686,7 @@ class Election:
             if self._minority_since is None:
                 self._minority_since = now
             elif now - self._minority_since >= self.config.leader_lease_s:
-                # Tell this side, so it reports "no leader" too; the electorate stays.
+                # Tell this side, so it reports "no leader" too.
                 msg = StepDown(self.term, self.node_id, total)
                 for m in self._present_others():
                     out.append(SendDatagram(m.addr, (msg,)))
@@ -603,7 +714,6 @@ class Election:
         if changed or now >= self._next_announce_at:
             self._last_announce_s = now
             self._announce_due = _INF
-            self._announced = total
             self._last_announced_electorate = total
             if now >= self._next_announce_at:
                 self._next_announce_at = now + self.tuning.announce_interval_s
@@ -678,9 +788,8 @@ class Election:
             if self.leader is not None and not self._leader_gone():
                 out.append(SendDatagram(addr, (self._leader_is(),)))  # you are behind
             return
-        if msg.term == self.term and self.leader not in (None, msg.leader, self.node_id) \
-                and self.role != CANDIDATE:
-            self.stats["conflicts"] += 1  # two leaders in one term: cannot happen; keep ours
+        if msg.term == self.term and self.leader not in (None, msg.leader) \
+                and self.role != CANDIDATE and self._conflict(msg.leader, addr, out):
             return
         self._follow(msg.term, msg.leader, msg.electorate, now, out)
         leader = self._members.get(msg.leader)
@@ -696,6 +805,9 @@ class Election:
                     out.extend(self._answer_vote(req, req_addr, now, leader_alive=True))
             return
         if msg.term < self.term:
+            return
+        if msg.term == self.term and self.leader not in (None, msg.leader) \
+                and self.role != CANDIDATE and self._conflict(msg.leader, addr, out):
             return
         self._follow(msg.term, msg.leader, msg.electorate, now, out)
         if self.leader == msg.leader:
@@ -715,7 +827,7 @@ class Election:
             if self.role != FOLLOWER:
                 self._become_follower(now, out, f"{self._name(leader)} leads term {term}")
             self.term = term
-        self._announced = electorate
+        self._settle_until = -_INF  # a leader is known: the swarm is met
         if new:
             self.leader = leader
             self._deputy_term = -1
@@ -728,6 +840,25 @@ class Election:
             k = min(self.tuning.announce_relay, len(others))
             for m in self.rng.sample(others, k) if k else []:
                 out.append(SendDatagram(m.addr, (LeaderIs(term, leader, electorate),)))
+
+    def _conflict(self, other: bytes, addr: str, out: list[Effect]) -> bool:
+        """Two leaders in one term (only after a partition that outlasted the electorate's
+        bound): the first in the order of succession stays, everyone follows it. True: we
+        keep ours (and tell the sender); False: follow ``other``."""
+        self.stats["conflicts"] += 1
+        ours = self.leader
+        assert ours is not None
+        if self._succession_key(ours) <= self._succession_key(other):
+            if self.role == LEADER_ROLE or not self._leader_gone():
+                out.append(SendDatagram(addr, (self._leader_is(),)))
+            return True
+        return False
+
+    def _succession_key(self, node: bytes) -> tuple[int, bytes]:
+        if node == self.node_id:
+            return (-self.priority, node)
+        m = self._members.get(node)
+        return (-(m.priority if m is not None else 0), node)
 
     # --- helpers -----------------------------------------------------------------------
 

@@ -8,8 +8,10 @@
     │       └── AuthenticationError the bytes are not sealed under a key we hold,
     │                               tampered with, replayed, or badly signed
     ├── TransportError              sockets and streams: refused, reset, closed, timed out
+    │   └── HandshakeRefused        the peer took the stream and closed it at our hello
     ├── ConfigError                 bad settings, bad arguments, unusable state directory
     │   └── TokenError              a join token that is mistyped or malformed
+    │       └── TokenRefused        the seeds refuse the token: it is another swarm's
     ├── ControlError                the local agent could not be reached or refused a request
     ├── PlacementError              the planner cannot place what was asked
     │   ├── PlanChanged             a pinned plan_id no longer matches the live view (409)
@@ -59,12 +61,23 @@ class TransportError(SwarmError):
     """A datagram or stream operation failed."""
 
 
+class HandshakeRefused(TransportError):
+    """The peer answered the connection, then closed it at our hello instead of answering
+    it: it does not hold our swarm's key (or is not a p2pswarm fellow at all). Silence (no
+    connection, no answer in time) is a plain TransportError."""
+
+
 class ConfigError(SwarmError):
     """Bad configuration, arguments or state directory; the message says how to fix it."""
 
 
 class TokenError(ConfigError):
     """A join token that cannot be used."""
+
+
+class TokenRefused(TokenError):
+    """The seeds answered and refused every handshake: the join token is not their
+    swarm's."""
 
 
 class ControlError(SwarmError):

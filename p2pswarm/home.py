@@ -78,14 +78,22 @@ class Home:
                 return keyring
             if not force:
                 raise ConfigError(
-                    f"{self.path} already holds another swarm; use --force to leave it "
-                    f"and join this one"
+                    f"{self.path} already holds another swarm; to leave it and join this "
+                    f"one, run join again with --force"
                 )
         self._make_dir()
         self.load_identity()
         keyring = Keyring([secret])
         self.save_keyring(keyring)
         return keyring
+
+    def forget_swarm(self) -> None:
+        """Remove the swarm's keys (the identity stays): a join whose token the seeds
+        refused leaves the home as it found it."""
+        try:
+            self.keyring_path.unlink()
+        except FileNotFoundError:
+            pass
 
     def save_keyring(self, keyring: Keyring) -> None:
         self._require_dir()

@@ -8,8 +8,9 @@ Memory this agent holds itself counts as free, not as "other programs": a new pl
 replaces what the agent holds, and a pinned re-plan after a load must see the same room
 it saw before the load.
 
-Inventories refresh every few seconds but are re-gossiped only when a value moves by
-more than a step (``changed_enough``), so the swarm's view does not churn on noise.
+Inventories refresh every few seconds but are re-gossiped only when a change matters to
+planning (``GossipRule``: a card that came or went at once, memory that moved by more
+than a band and stayed moved), so the swarm's view does not churn on noise.
 
 This is the hardware side; the values it reads into (``Card``, ``Holder``, ``Inventory``,
 ``parse_size``) are pure and live in ``p2pswarm.cards``, where the planner finds them.
@@ -258,27 +259,75 @@ def read_inventory(source: CardSource) -> Inventory:
 # --- gossip rule -----------------------------------------------------------------------
 
 
-def changed_enough(old: Inventory | None, new: Inventory, step_bytes: int) -> bool:
-    """Whether ``new`` is worth gossiping, compared with the inventory last gossiped.
+def _layout(inventory: Inventory) -> list[tuple[str, str, str, int]]:
+    return [(c.key, c.name, c.uuid, c.total_bytes) for c in inventory.cards]
+
+
+def _moves(old: Inventory, new: Inventory) -> list[tuple[int, int]]:
+    """(bytes moved, the card's total) for each card's free memory and each program's
+    holding on it; a program that comes or goes moves its bytes from or to zero."""
+    out = []
+    for before, after in zip(old.cards, new.cards):
+        out.append((abs(before.free_bytes - after.free_bytes), after.total_bytes))
+        held_before = {(h.pid, h.name): h.held_bytes for h in before.held_by_others}
+        held_after = {(h.pid, h.name): h.held_bytes for h in after.held_by_others}
+        for holder in sorted(held_before.keys() | held_after.keys()):
+            out.append((abs(held_before.get(holder, 0) - held_after.get(holder, 0)),
+                        after.total_bytes))
+    return out
+
+
+def changed_enough(old: Inventory | None, new: Inventory, step_bytes: int,
+                   step_fraction: float = 0.0) -> bool:
+    """Whether ``new`` differs materially from the inventory last gossiped: a card came,
+    went or changed, or memory moved by more than ``max(step_bytes, step_fraction x the
+    card's total)``.
 
     Compare against the last *gossiped* inventory, not the last read one, or a slow
     drift of many small steps would never be announced.
     """
-    if old is None:
+    if old is None or _layout(old) != _layout(new):
         return True
-    if [(c.key, c.name, c.uuid, c.total_bytes) for c in old.cards] != \
-            [(c.key, c.name, c.uuid, c.total_bytes) for c in new.cards]:
-        return True
-    for before, after in zip(old.cards, new.cards):
-        if abs(before.free_bytes - after.free_bytes) > step_bytes:
+    return any(moved > max(step_bytes, int(step_fraction * total))
+               for moved, total in _moves(old, new))
+
+
+@dataclass(slots=True)
+class GossipRule:
+    """When a fellow's cards are news (hysteresis, so that an idle swarm stays quiet).
+
+    - a card appearing, going, or changing its name, uuid or total: at once;
+    - memory that moved past the band (``changed_enough`` with the step and fraction)
+      and stayed past it for ``settle_reads`` reads in a row: a program that started;
+      one read past it and back is a spike, and not news;
+    - memory that moved past ``urgent_fraction`` of the card: at once.
+
+    The band is around the value last *gossiped*, so a drift is announced once it adds
+    up, and the value then announced is the new centre. ``decide`` is called once per
+    read with the last gossiped inventory and the one just read.
+    """
+
+    step_bytes: int
+    step_fraction: float = 0.0
+    settle_reads: int = 1
+    urgent_fraction: float = 0.0
+    pending_reads: int = 0  # reads in a row that were past the band
+
+    def decide(self, gossiped: Inventory | None, read: Inventory) -> bool:
+        """Whether to gossip ``read`` now."""
+        if gossiped is None or _layout(gossiped) != _layout(read):
+            self.pending_reads = 0
             return True
-        held_before = {(h.pid, h.name): h.held_bytes for h in before.held_by_others}
-        held_after = {(h.pid, h.name): h.held_bytes for h in after.held_by_others}
-        # a program that comes or goes moves its bytes from or to zero
-        for holder in held_before.keys() | held_after.keys():
-            if abs(held_before.get(holder, 0) - held_after.get(holder, 0)) > step_bytes:
-                return True
-    return False
+        if not changed_enough(gossiped, read, self.step_bytes, self.step_fraction):
+            self.pending_reads = 0
+            return False
+        self.pending_reads += 1
+        urgent = self.urgent_fraction > 0 and any(
+            moved > self.urgent_fraction * total for moved, total in _moves(gossiped, read))
+        if urgent or self.pending_reads >= self.settle_reads:
+            self.pending_reads = 0
+            return True
+        return False
 
 
 __all__ = [
@@ -286,6 +335,7 @@ __all__ = [
     "CombinedCardSource",
     "CpuCardSource",
     "FakeCardSource",
+    "GossipRule",
     "NvmlCardSource",
     "changed_enough",
     "local_card_source",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
-from p2pswarm.config import ElectionConfig
+from p2pswarm.config import ElectionConfig, ElectionTuning
 from p2pswarm.election import Election
 from p2pswarm.membership import Event, Member, SendDatagram
 from p2pswarm.sim.gossip_lab import GossipLab, proposed
@@ -12,6 +13,8 @@ from p2pswarm.transport.memory import GilbertElliott
 from p2pswarm.wire import gossip as g
 
 IDS = [bytes([i]) * 16 for i in range(6)]
+# the rules by hand, on fellows that have met their swarm already (settling: see below)
+SETTLED = ElectionConfig(tuning=replace(ElectionTuning(), settle_s=0.0))
 
 
 def member(i: int, state: str = "alive", priority: int = 0) -> Member:
@@ -24,7 +27,7 @@ def view(n: int, **states: str) -> list[Member]:
 
 
 def election(i: int, n: int = 5, **states: str) -> Election:
-    e = Election(IDS[i], f"n{i}", ElectionConfig(), random.Random(i))
+    e = Election(IDS[i], f"n{i}", SETTLED, random.Random(i))
     e.update_members(view(n, **states), 0.0)
     return e
 
@@ -91,16 +94,87 @@ def test_a_lone_founder_elects_itself() -> None:
     assert "elected" in [x.kind for x in events if isinstance(x, Event)]
 
 
-def test_a_fellow_restarted_alone_is_not_a_majority_of_one() -> None:
-    # it kept term, vote and the electorate its leader announced (3): alone, it waits
-    e = Election(IDS[0], "n0", ElectionConfig(), random.Random(0), term=4, electorate=3)
-    e.update_members([member(0)], 0.0)
+def run_alone(e: Election, until: float) -> None:
     t = 0.0
-    while t < 60.0:
-        t = e.next_deadline() or 60.0
+    while t < until and e.role != "leader":
+        t = min(e.next_deadline() or until, until)
         e.tick(t)
+
+
+def test_a_fellow_restarted_alone_is_not_a_majority_of_one() -> None:
+    # it kept term, vote and its electorate (3 fellows): alone, it waits...
+    e = Election(IDS[0], "n0", ElectionConfig(), random.Random(0), term=4, voters=IDS[:3])
+    e.update_members([member(0)], 0.0)
+    run_alone(e, 60.0)
     assert e.role != "leader" and e.term == 4
     assert e.status().sentence == "no leader: this side sees 1 of 3 fellows"
+    # ... until the others have been gone for the electorate's bound: then it leads
+    bound = ElectionConfig().electorate_dead_after_s
+    run_alone(e, bound - 1.0)
+    assert e.role != "leader" and e.electorate() == 3
+    run_alone(e, bound + 10.0)
+    assert e.role == "leader" and e.term == 5 and e.electorate() == 1
+
+
+def test_a_graceful_leave_shrinks_the_electorate_at_once() -> None:
+    e = election(0, n=4)
+    assert e.electorate() == 4
+    e.update_changed([member(3, "left")], [], 1.0)
+    assert e.electorate() == 3
+    e.update_changed([member(1, "dead")], [], 2.0)  # a death does not, for a while
+    e.update_changed([], [IDS[1]], 70.0)  # nor does being reaped
+    assert e.electorate() == 3
+    assert e.status().sentence == "no leader: this side sees 2 of 3 fellows" or \
+        e.status().sees == 2
+    e.tick(2.0 + SETTLED.electorate_dead_after_s + 0.1)
+    assert e.electorate() == 2 and sorted(e.persistent_state()[2]) == [IDS[0], IDS[2]]
+    e.update_changed([member(1)], [], 300.0)  # back: counted again
+    assert e.electorate() == 3
+
+
+def test_a_fellow_that_just_joined_neither_runs_nor_votes_while_it_settles() -> None:
+    e = Election(IDS[0], "n0", ElectionConfig(), random.Random(0))
+    e.update_members(view(3), 0.0)
+    (no,) = replies(e.handle(g.VoteRequest(1, IDS[1], 0, 3, True), "a:1", 1.0))
+    assert not no.granted and "just joined" in no.reason
+    settle = ElectionConfig().tuning.settle_s
+    deadline = e.next_deadline()
+    assert deadline is not None
+    # its first election is planned after settling, plus the usual timeout
+    while e._election_at == float("inf"):
+        deadline = e.next_deadline()
+        assert deadline is not None
+        e.tick(deadline)
+    assert e._election_at >= settle + ElectionConfig().election_timeout_min_s
+    (yes,) = replies(e.handle(g.VoteRequest(1, IDS[1], 0, 3, True), "a:1", settle + 0.1))
+    assert yes.granted
+
+
+def test_a_fellow_that_learns_its_leader_is_settled_at_once() -> None:
+    e = Election(IDS[0], "n0", ElectionConfig(), random.Random(0))
+    e.update_members(view(3), 0.0)
+    e.handle(g.LeaderIs(2, IDS[1], 3), "10.0.0.1:7946", 0.5)
+    assert e.settled(0.5) and e.status().leader_id == IDS[1]
+
+
+def test_two_leaders_of_one_term_agree_on_the_first_in_succession() -> None:
+    a, b = election(1, n=3), election(2, n=3)
+    for e in (a, b):  # each side won term 7 alone (after a partition outlasted the bound)
+        e.term = 7
+        e._become_leader(10.0, [])
+    # b hears a: a (lower id, same priority) is first in succession; b yields
+    b.handle(g.LeaderIs(7, IDS[1], 3), "10.0.0.1:7946", 11.0)
+    assert b.role == "follower" and b.status().leader_id == IDS[1]
+    # a hears b's claim: keeps leading and tells b
+    out = a.handle(g.LeaderIs(7, IDS[2], 3), "10.0.0.2:7946", 11.0)
+    assert a.role == "leader"
+    assert any(isinstance(m, g.LeaderIs) and m.leader == IDS[1]
+               for x in out if isinstance(x, SendDatagram) for m in x.messages)
+    # a follower of b learns of a: follows a
+    c = election(0, n=3)
+    c.handle(g.LeaderIs(7, IDS[2], 3), "10.0.0.2:7946", 10.5)
+    c.handle(g.LeaderIs(7, IDS[1], 3), "10.0.0.1:7946", 11.0)
+    assert c.status().leader_id == IDS[1]
 
 
 # --- scenarios ---------------------------------------------------------------------------
@@ -221,3 +295,28 @@ def test_the_preferred_fellow_back_takes_over_on_purpose() -> None:
     lab.run_until(75.0)
     assert single_leader(lab) == lab.nodes[5].node_id  # handed over, not lost
     one_leader_per_term(lab)
+
+
+def test_a_leader_greets_a_fellow_that_arrives_until_it_acks() -> None:
+    e = election(0, n=2)
+    e.term = 3
+    e._become_leader(1.0, [])
+    out = e.update_changed([member(4)], [], 2.0)  # n4 arrives
+    greet = [x for x in out if isinstance(x, SendDatagram) and x.addr == member(4).addr
+             and isinstance(x.messages[0], g.LeaderIs)]
+    assert greet and greet[0].messages[0].leader == IDS[0]
+    again = e.tick(2.0 + SETTLED.tuning.announce_retry_s)
+    assert any(x.addr == member(4).addr for x in again if isinstance(x, SendDatagram))
+    e.handle(g.LeaderAck(3, IDS[4]), member(4).addr, 2.5)
+    later = e.tick(2.5 + SETTLED.tuning.announce_retry_s)
+    assert not any(x.addr == member(4).addr and isinstance(x.messages[0], g.LeaderIs)
+                   for x in later if isinstance(x, SendDatagram))
+
+
+def test_a_refusal_names_the_live_leader_to_a_candidate_that_missed_it() -> None:
+    e = election(0)
+    e.handle(g.LeaderIs(3, IDS[4], 5), "10.0.0.4:7946", 1.0)
+    (sent,) = [x for x in e.handle(g.VoteRequest(3, IDS[1], 0, 5, True), "a:1", 1.5)
+               if isinstance(x, SendDatagram)]
+    leader_is, refusal = sent.messages
+    assert leader_is == g.LeaderIs(3, IDS[4], e.electorate()) and not refusal.granted

@@ -78,25 +78,36 @@ def test_status_models_and_the_openapi_document(swarm: LoopbackSwarm,
 
 def test_plan_a_stale_pin_load_loads_and_unload(swarm: LoopbackSwarm,
                                                 client: httpx.Client) -> None:
-    shown = client.post("/api/models/plan", json=serve_body())
+    # a floor low enough that a card filled past its stage's claim can still take a
+    # smaller stage: the refused pin then has a new plan to offer
+    def body(**extra: Any) -> dict[str, Any]:
+        return serve_body(floors={"cpu": "1MB"}, **extra)
+
+    shown = client.post("/api/models/plan", json=body())
     assert shown.status_code == 200, shown.text
     plan = shown.json()
     assert plan["fits"] and len(plan["stages"]) == 2 and len(plan["plan_id"]) == 16
     # the same plan as the control op gives the CLI: one implementation
     agent = swarm.agents[1]
-    same = swarm.call(agent.control_ops["plan"], {"op": "plan", "request": serve_message()})
+    same = swarm.call(agent.control_ops["plan"], {
+        "op": "plan", "request": serve_message(floors_bytes={"cpu": "1MB"})})
     assert same["plan_id"] == plan["plan_id"]
 
-    # fellow-1's memory fills up: once the leader sees it, the pin no longer holds
-    swarm.run_sync(setattr, swarm.cards[0], "cards", (cpu_card(free_gb=6.0),))
+    # fellow-1's memory fills past what its stage claims: once the leader sees it, the
+    # pin no longer holds (memory that moves within the plan's headroom would not do)
+    mine = next(c for c in plan["cards"] if c["fellow"] == "fellow-1")
+    claims = sum(v for k, v in mine["segments"].items()
+                 if k not in ("other_programs", "free", "does_not_fit"))
+    full = claims - 10**6
+    swarm.run_sync(setattr, swarm.cards[0], "cards", (cpu_card(free_gb=full / 10**9),))
     leader = swarm.leader()
 
     def leader_sees_it() -> bool:
-        return any(c.free_bytes == 6 * 10**9 for f in leader.planning.view().fellows
+        return any(c.free_bytes == full for f in leader.planning.view().fellows
                    for c in f.cards)
 
     swarm.call(swarm.wait_for, leader_sees_it)
-    refused = client.post("/api/models/load", json=serve_body(plan_id=plan["plan_id"]))
+    refused = client.post("/api/models/load", json=body(plan_id=plan["plan_id"]))
     error = error_of(refused, 409, "plan-changed")
     assert error["changed"] and all(isinstance(line, str) for line in error["changed"])
     new_plan = error["plan"]
@@ -105,7 +116,7 @@ def test_plan_a_stale_pin_load_loads_and_unload(swarm: LoopbackSwarm,
     assert client.get("/api/models/loads").json() == {"loads": []}
     assert nothing_loaded(swarm)
 
-    loaded = client.post("/api/models/load", json=serve_body(plan_id=new_plan["plan_id"]))
+    loaded = client.post("/api/models/load", json=body(plan_id=new_plan["plan_id"]))
     assert loaded.status_code == 200, loaded.text
     record = loaded.json()
     assert record["plan_id"] == new_plan["plan_id"]
@@ -113,7 +124,7 @@ def test_plan_a_stale_pin_load_loads_and_unload(swarm: LoopbackSwarm,
     loads = client.get("/api/models/loads").json()["loads"]
     assert [r["plan_id"] for r in loads] == [new_plan["plan_id"]]
 
-    again = client.post("/api/models/load", json=serve_body(plan_id=new_plan["plan_id"]))
+    again = client.post("/api/models/load", json=body(plan_id=new_plan["plan_id"]))
     assert "already loaded" in error_of(again, 409, "refused")["message"]
 
     gone = client.post("/api/models/unload", json={"plan_id": new_plan["plan_id"]})

@@ -92,7 +92,8 @@ async def test_mcp_tools_against_a_running_agent(tmp_path: Path) -> None:
 
             status = answer(await session.call_tool("swarm_status", {}))
             assert status["self"] == {"id": agent.node_id.hex(), "name": "deskpc",
-                                      "addr": agent.addr}
+                                      "addr": agent.addr,
+                                      "listen": agent.transport.local_addr}
             assert status["leader"]["name"] == "deskpc" and status["role"] == "leader"
 
             plan = answer(await session.call_tool("models_plan", {"model": "tiny-llama"}))

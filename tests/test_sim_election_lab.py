@@ -9,7 +9,7 @@ from p2pswarm.sim.gossip_lab import GossipLab
 class ForgetfulLab(GossipLab):
     """A planted bug: a restarted fellow forgets its term and vote."""
 
-    def _new_election(self, node, term=0, voted_for=None, electorate=0):
+    def _new_election(self, node, term=0, voted_for=None, electorate=()):
         return super()._new_election(node, 0, None, electorate)
 
 

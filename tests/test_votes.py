@@ -12,15 +12,30 @@ def test_a_vote_kept_on_disk_is_read_back(tmp_path) -> None:
     path = tmp_path / "election.json"
     assert VoteRecord.open(path) == VoteRecord(path)  # no file yet: term 0, no vote
     record = VoteRecord.open(path)
-    record.keep(7, b"\x01" * 32, 5)
-    assert VoteRecord.open(path) == VoteRecord(path, 7, b"\x01" * 32, 5)
-    record.keep(8, None, 5)  # a later term, no vote in it yet
-    assert VoteRecord.open(path) == VoteRecord(path, 8, None, 5)
+    fellows = (b"\x02" * 16, b"\x03" * 16)
+    record.keep(7, b"\x01" * 32, fellows)
+    assert VoteRecord.open(path) == VoteRecord(path, 7, b"\x01" * 32, fellows)
+    record.keep(8, None, fellows)  # a later term, no vote in it yet
+    assert VoteRecord.open(path) == VoteRecord(path, 8, None, fellows)
     assert not path.with_suffix(".tmp").exists()
 
 
 def test_an_unreadable_record_says_how_to_start_over(tmp_path) -> None:
     path = tmp_path / "election.json"
     path.write_text("{ half written")
+    with pytest.raises(ConfigError, match="remove it to start over"):
+        VoteRecord.open(path)
+
+
+def test_an_older_record_with_a_count_restores_no_one(tmp_path) -> None:
+    path = tmp_path / "election.json"
+    path.write_text('{"term": 3, "voted_for": null, "electorate": 4}')
+    assert VoteRecord.open(path) == VoteRecord(path, 3, None, ())
+
+
+@pytest.mark.parametrize("electorate", ['["zz"]', '["0102"]', '"abc"', '[1, 2]'])
+def test_a_record_with_bad_fellow_ids_is_refused(tmp_path, electorate) -> None:
+    path = tmp_path / "election.json"
+    path.write_text(f'{{"term": 3, "voted_for": null, "electorate": {electorate}}}')
     with pytest.raises(ConfigError, match="remove it to start over"):
         VoteRecord.open(path)

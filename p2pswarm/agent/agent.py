@@ -28,7 +28,6 @@ another world, never a patched module.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from typing import Any, Awaitable, Callable
@@ -38,6 +37,7 @@ import trio
 
 from p2pswarm import effects as fx
 from p2pswarm import wire
+from p2pswarm.agent.card_news import CardNews
 from p2pswarm.agent.counters import Counters
 from p2pswarm.agent.leadership import Leadership
 from p2pswarm.agent.planning import Planning
@@ -52,12 +52,13 @@ from p2pswarm.election import Election
 from p2pswarm.errors import (
     AuthenticationError,
     ControlError,
+    HandshakeRefused,
     RemoteProtocolError,
     SwarmError,
+    TokenRefused,
     TransportError,
     VersionMismatch,
 )
-from p2pswarm.inventory import changed_enough, read_inventory
 from p2pswarm.membership.machine import Membership
 from p2pswarm.membership.member import LocalNode, Member
 from p2pswarm.security import DatagramSealer, verify
@@ -78,6 +79,7 @@ ControlHandler = Callable[[dict[str, Any]], Awaitable[Any]]
 OUTBOX_DATAGRAMS = 4096  # datagrams waiting for the sender task before new ones are dropped
 STREAM_REQUEST_TIMEOUT_S = 5.0  # a membership stream request gives up after this long
 LEAVE_LINGER_S = 1.0  # after saying goodbye, keep answering this long so it spreads
+JOIN_REFUSALS = 3  # handshakes seeds refuse, none let in, before joining gives up
 
 _MEMBERSHIP_STREAM_TYPES = (Ping, SyncDigest, SyncRecords, MetaPull, Alive)
 _LOGGED_EVENTS = {
@@ -115,8 +117,9 @@ class Agent:
         self.counters = Counters()
         self.sealer = DatagramSealer(world.keyring, world.identity.node_id, world.epoch,
                                      config.security.replay_window_datagrams)
-        self.inventory: Inventory | None = None
-        self._gossiped_inventory: Inventory | None = None
+        self.inventory: Inventory | None = None  # the cards as last read
+        self.gossiped_inventory: Inventory | None = None  # ... as last told the swarm
+        self.card_news = CardNews(self)
         # what other services publish about us
         self.extra_metadata: dict[str, Any] = dict(world.metadata)
         self.membership: Membership | None = None
@@ -126,6 +129,8 @@ class Agent:
         self._seen_version = -1
         self._lost: dict[bytes, str] = {}  # fellows declared dead -> their last address
         self._refused_addrs: set[str] = set()
+        self._join_refusals = 0  # seeds' refused handshakes in a row, before we are in
+        self.failure: SwarmError | None = None  # why the agent stopped itself, if it did
         self._datagram_handlers: dict[type, DatagramHandler] = {Refusal: self._on_refusal}
         self._stream_handlers: dict[type, StreamHandler] = {Hello: self._on_stream_hello}
         for t in _MEMBERSHIP_STREAM_TYPES:
@@ -151,7 +156,7 @@ class Agent:
         self.left = False
         self.leadership = Leadership(self)
         self.planning = Planning(self, self.leadership)
-        self.serving = Serving(self, self.leadership)
+        self.serving = Serving(self, self.leadership, world.services.stage_runtime)
         self.training = Training(self, self.leadership)
         self._set_up_services(world.services)
 
@@ -193,8 +198,7 @@ class Agent:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Join the swarm and run until ``stop()`` or cancellation."""
         now = self.started_s = trio.current_time()
-        self.inventory = self._read_cards()
-        self._gossiped_inventory = self.inventory
+        self.card_news.start()
         local = LocalNode(self.node_id, self.name, self.addr, self.identity.public_key,
                           self.leader_priority)
         self.membership = self.world.membership(
@@ -205,7 +209,7 @@ class Agent:
         self.election = self.world.election(self.node_id, self.name, self.config.election, self.rng,
                                  leader_priority=self.leader_priority, now=now,
                                  term=self.votes.term, voted_for=self.votes.voted_for,
-                                 electorate=self.votes.electorate)
+                                 voters=self.votes.electorate)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -220,7 +224,7 @@ class Agent:
                     nursery.start_soon(self._timer_loop)
                 nursery.start_soon(self._reconnect_loop)
                 if self.card_source is not None:
-                    nursery.start_soon(self._inventory_loop)
+                    nursery.start_soon(self.card_news.run)
                 if self.home is not None:
                     await nursery.start(serve_control, self.home, self._answer_control)
                 log.info("%s listening on %s (id %s)", self.name, self.addr,
@@ -347,13 +351,35 @@ class Agent:
                 reply = await self.call(request.addr, request.message)
         except (SwarmError, trio.TooSlowError) as exc:
             log.debug("stream request to %s failed: %s", request.addr, exc)
+            if isinstance(exc, HandshakeRefused):
+                self._refused_at_join(request.addr)
             if self.membership is not None:
                 self._apply(self.membership.stream_failed(request.request_id,
                                                           trio.current_time()))
             return
+        self._join_refusals = 0
         if self.membership is not None:
             self._apply(self.membership.handle_reply(request.request_id, reply,
                                                      trio.current_time()))
+
+    def _refused_at_join(self, addr: str) -> None:
+        """A seed refused our handshake before any let us in: after a few, the token is
+        not the seeds' swarm, and retrying forever would only hide it. Stop and say so."""
+        if self.membership is None or self.membership.joined or addr not in self.seeds:
+            return
+        self._join_refusals += 1
+        if self._join_refusals < JOIN_REFUSALS:
+            log.warning("%s: the seed %s refused our handshake (%d of %d): is the join token "
+                        "this swarm's?", self.name, addr, self._join_refusals, JOIN_REFUSALS)
+            return
+        if self.failure is not None:
+            return
+        self.failure = TokenRefused(
+            f"the seed {addr} refused this fellow's handshake {self._join_refusals} times: "
+            "the join token is not its swarm's. Use the token `p2pswarm init` printed for "
+            "that swarm: p2pswarm join SEED --token TOKEN")
+        log.debug("%s: %s", self.name, self.failure)
+        self.stop()
 
     async def _on_membership_stream(self, message: Any, stream: SecureStream) -> Any:
         if self.membership is None:
@@ -365,20 +391,9 @@ class Agent:
 
     # --- metadata: what this fellow says about itself --------------------------------
 
-    def _read_cards(self) -> Inventory | None:
-        if self.card_source is None:
-            return None
-        try:
-            inventory = read_inventory(self.card_source)
-            return dataclasses.replace(
-                inventory, cards=self.serving.less_live_stages(tuple(inventory.cards)))
-        except SwarmError as exc:
-            log.warning("reading cards failed: %s", exc)
-            return self.inventory
-
     def _metadata(self) -> bytes:
-        meta: dict[str, Any] = {"cards": self.inventory.to_dict()["cards"] if self.inventory
-                                else []}
+        cards = self.gossiped_inventory
+        meta: dict[str, Any] = {"cards": cards.to_dict()["cards"] if cards else []}
         meta.update(self.extra_metadata)
         return msgpack.packb(meta, use_bin_type=True)  # type: ignore[no-any-return]
 
@@ -394,18 +409,6 @@ class Agent:
         """Gossip a new version of what this fellow says about itself."""
         if self.membership is not None:
             self._apply(self.membership.set_metadata(self._metadata(), trio.current_time()))
-
-    async def _inventory_loop(self) -> None:
-        step = self.config.inventory.gossip_step_bytes
-        while True:
-            await trio.sleep(self.config.inventory.refresh_interval_s)
-            inventory = self._read_cards()
-            if inventory is None:
-                continue
-            self.inventory = inventory
-            if changed_enough(self._gossiped_inventory, inventory, step):
-                self._gossiped_inventory = inventory
-                self.publish_metadata()
 
     @staticmethod
     def member_metadata(member: Member) -> dict[str, Any]:
@@ -660,7 +663,8 @@ class Agent:
             if self.membership is not None else []
         election = self.election.status() if self.election is not None else None
         return {
-            "self": {"id": self.node_id.hex(), "name": self.name, "addr": self.addr},
+            "self": {"id": self.node_id.hex(), "name": self.name, "addr": self.addr,
+                     "listen": self.transport.local_addr},
             "preset": self.config.preset,
             "uptime_s": round(now - self.started_s, 3),
             "health": self.membership.health_score if self.membership else 0,

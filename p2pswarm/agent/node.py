@@ -6,7 +6,6 @@ import ctypes
 import logging
 import random
 import signal
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,14 +13,13 @@ from typing import Any
 
 import trio
 
+from p2pswarm.agent.address import advertised
 from p2pswarm.agent.agent import Agent
+from p2pswarm.agent.card_news import cached_benchmarks
 from p2pswarm.agent.world import AgentWorld
-from p2pswarm.config import SwarmConfig, split_addr
+from p2pswarm.config import SwarmConfig
 from p2pswarm.home import Home
 from p2pswarm.http.app import HttpSettings
-from p2pswarm.bench import BenchmarkCache
-from p2pswarm.cards import Inventory, benchmarks_to_dict, fingerprint
-from p2pswarm.errors import ConfigError
 from p2pswarm.inventory import CardSource, read_inventory
 from p2pswarm.transport.udp_tcp import open_udp_tcp_transport
 
@@ -63,34 +61,6 @@ def tune_allocator(pad_bytes: int = 64 * 1024 * 1024) -> bool:
     ))
 
 
-def cached_benchmarks(home: Path, inventory: Inventory | None) -> dict[str, Any]:
-    """The measured speeds of this fellow's cards (``p2pswarm bench``), in gossip form.
-
-    Cards never measured are left out: the planner then uses its conservative estimate
-    and says so, rather than gossiping a guess as if it were a measurement.
-    """
-    if inventory is None:
-        return {}
-    try:
-        cached = BenchmarkCache(home).load()
-    except ConfigError as exc:
-        log.warning("%s", exc)
-        return {}
-    measured = {card.key: cached[fingerprint(card)] for card in inventory.cards
-                if fingerprint(card) in cached}
-    return benchmarks_to_dict(measured)
-
-
-def advertised(listen_addr: str, advertise: str | None) -> str | None:
-    """The address to tell fellows, when the bound one is a wildcard."""
-    if advertise:
-        return advertise
-    host, port = split_addr(listen_addr)
-    if host not in ("0.0.0.0", "::"):
-        return None
-    return f"{socket.gethostbyname(socket.gethostname())}:{port}"
-
-
 async def run_node(settings: NodeSettings, *,
                    task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
     """Run an agent until SIGINT/SIGTERM, then leave cleanly."""
@@ -106,7 +76,7 @@ async def run_node(settings: NodeSettings, *,
             config=settings.config,
             epoch=time.time_ns() // 1000,  # grows across restarts: old packets stay stale
             rng=random.Random(), seeds=settings.seeds, home=settings.home,
-            advertise=advertised(transport.local_addr, settings.advertise),
+            advertise=advertised(transport.local_addr, settings.advertise, settings.seeds),
             leader_priority=settings.leader_priority, card_source=settings.card_source,
             metadata=benchmarks,
         ))
@@ -129,3 +99,5 @@ async def run_node(settings: NodeSettings, *,
                 nursery.start_soon(stop_on_signal)
                 await agent.stopped.wait()
                 nursery.cancel_scope.cancel()
+    if agent.failure is not None:  # the agent stopped itself: `join` says why and fails
+        raise agent.failure

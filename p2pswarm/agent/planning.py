@@ -3,6 +3,12 @@
 The cluster view is built from membership: every fellow that has not left, with the
 cards and benchmarks it gossiped about itself; a dead or unreachable one stays in the
 view as "not connected", so the plan can say why its cards are left out.
+
+A start pinned to a ``plan_id`` (``pinned_plan``) gets the leader's plan now; when that
+came out different, the plan this leader showed under that id is checked again on the
+current view, and while each of its cards still holds its stage's claims (memory moved
+within the plan's own headroom, or a tie between equal cards fell the other way) the pin
+holds and starts exactly as shown.
 """
 
 from __future__ import annotations
@@ -12,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from p2pswarm.agent.adapter import adapted_plan
 from p2pswarm.agent.pins import ShownPlans
 from p2pswarm.cards import benchmarks_from_dict
-from p2pswarm.errors import ConfigError
+from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.planner import ClusterView, cluster_to_dict, cluster_view, fellow_view
-from p2pswarm.planner import plan_message
+from p2pswarm.planner import pinned_plan_message, plan_message
 from p2pswarm.wire.orders import PlanAsk, PlanShown, pack_doc, unpack_doc
 
 if TYPE_CHECKING:
@@ -56,6 +62,35 @@ class Planning:
         the request names in the plan and its ``plan_id``."""
         return adapted_plan(plan_message(message, self.view()),  # type: ignore[no-any-return]
                             message.get("adapter"))
+
+    def still_holds(self, message: dict[str, Any], expected: str) -> dict[str, Any] | None:
+        """The plan ``expected`` this leader showed, as it stands on its view now, when it
+        still holds for ``message``; None when it was not shown here or no longer holds."""
+        shown = self.shown.get(expected)
+        if shown is None:
+            return None
+        plan = adapted_plan(pinned_plan_message(message, self.view(), shown),
+                            message.get("adapter"))
+        return plan if isinstance(plan, dict) and plan.get("plan_id") == expected else None
+
+    async def pinned_plan(self, message: dict[str, Any], expected: str | None
+                          ) -> dict[str, Any]:
+        """The plan a start pinned to ``expected`` (None: not pinned) gets: the plan now,
+        or the shown one while it still holds. The caller checks the pin
+        (``ShownPlans.check_pin``), which refuses any other plan with what changed."""
+        try:
+            plan = await self.plan(message)
+        except PlacementError as exc:
+            held = self.still_holds(message, expected) if expected else None
+            if held is not None:
+                return held
+            if not expected:
+                raise
+            raise PlacementError(f"plan {expected} no longer holds, and no plan does: "
+                                 f"{exc}") from exc
+        if expected and plan["plan_id"] != expected:
+            return self.still_holds(message, expected) or plan
+        return plan
 
     async def _leader_plan(self, call: PlanAsk) -> PlanShown:
         plan = self.shown.remember(await self.plan(unpack_doc(call.request)))

@@ -1,5 +1,5 @@
 """The election state a fellow keeps across restarts: its term, whom it voted for, and
-the electorate its leader last announced.
+the electorate (the fellows it has recently seen).
 
 A term has at most one leader only if every fellow votes at most once in it, and that
 holds across a crash only if the restarted fellow remembers its vote; and a fellow
@@ -19,7 +19,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from p2pswarm.election import MAX_VOTERS
 from p2pswarm.errors import ConfigError
+from p2pswarm.security.identity import NODE_ID_BYTES
 
 VOTES_FILE = "election.json"
 
@@ -29,7 +31,7 @@ class VoteRecord:
     path: Path | None = None
     term: int = 0
     voted_for: bytes | None = None
-    electorate: int = 0
+    electorate: tuple[bytes, ...] = ()
 
     @classmethod
     def open(cls, path: Path) -> VoteRecord:
@@ -38,7 +40,7 @@ class VoteRecord:
             data = json.loads(path.read_text())
             voted = data["voted_for"]
             return cls(path, int(data["term"]), None if voted is None else bytes.fromhex(voted),
-                       int(data.get("electorate", 0)))
+                       _fellows(data.get("electorate", [])))
         except FileNotFoundError:
             return cls(path)
         except (OSError, ValueError, KeyError, TypeError) as e:
@@ -47,7 +49,7 @@ class VoteRecord:
                 "start over, which is safe once the fellow has been down for longer than "
                 "an election") from None
 
-    def keep(self, term: int, voted_for: bytes | None, electorate: int) -> None:
+    def keep(self, term: int, voted_for: bytes | None, electorate: tuple[bytes, ...]) -> None:
         """Record the election's persistent state; on disk before this returns."""
         if (term, voted_for, electorate) == (self.term, self.voted_for, self.electorate):
             return
@@ -57,10 +59,24 @@ class VoteRecord:
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as f:
             json.dump({"term": term, "voted_for": None if voted_for is None
-                       else voted_for.hex(), "electorate": electorate}, f)
+                       else voted_for.hex(), "electorate": [v.hex() for v in electorate]}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+
+
+def _fellows(value: object) -> tuple[bytes, ...]:
+    """The electorate as kept: hex fellow ids (an older record kept only a count, which
+    says nothing about whom: it restores no one, and the fellow settles as if new)."""
+    if isinstance(value, int):
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_VOTERS:
+        raise ValueError("electorate is not a list of at most "
+                         f"{MAX_VOTERS} fellow ids")
+    ids = tuple(bytes.fromhex(v) for v in value if isinstance(v, str))
+    if len(ids) != len(value) or any(len(i) != NODE_ID_BYTES for i in ids):
+        raise ValueError("electorate holds something other than fellow ids")
+    return ids
 
 
 __all__ = ["VOTES_FILE", "VoteRecord"]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pswarm.agent.compute import Compute
+from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.votes import VoteRecord
 from p2pswarm.config import SwarmConfig
 from p2pswarm.election import Election
@@ -35,14 +36,16 @@ ElectionFactory = Callable[..., Election]  # called as Election(...) is
 @dataclass(frozen=True, slots=True)
 class Services:
     """What serving and training are given beyond the config. The defaults are the real
-    world's: the services' own timeouts, weights cached under the state directory. A
-    simulation may make each hosted training step take some virtual time (its compute
-    runs inline and takes none) and wait less for it."""
+    world's: the services' own timeouts, weights cached under the state directory, stages
+    built by torch. A simulation may make each hosted training step take some virtual
+    time (its compute runs inline and takes none) and wait less for it, or hand serving
+    a runtime that builds no tensors (a test of placement, not of compute)."""
 
     training_step_s: float = 0.0  # virtual seconds each hosted training step takes
     training_step_timeout_s: float | None = None  # the driver's wait for a step; None: default
     training_retry_s: float | None = None  # a pending job retries this often; None: default
     weights_dir: Path | None = None  # weights cache; None: <home>/weights, else a temp dir
+    stage_runtime: StageRuntime | None = None  # builds and runs stages; None: torch's
 
 
 @dataclass(frozen=True, slots=True)

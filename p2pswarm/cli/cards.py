@@ -84,4 +84,5 @@ def bench(
         b = speeds[c.key]
         typer.echo(f"{card_label(c.kind, c.index, c.name)}: {b.flops / 1e12:.3f} TFLOP/s "
                    f"({b.dtype} matmul), {b.mem_bandwidth / 1e9:.1f} GB/s")
-    typer.echo(f"saved in {BenchmarkCache(home_dir(home)).path}")
+    typer.echo(f"saved in {BenchmarkCache(home_dir(home)).path}; an agent running on this "
+               "state directory gossips them at its next inventory read (within 5 s)")

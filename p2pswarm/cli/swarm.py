@@ -16,6 +16,7 @@ from p2pswarm.cli.app import HomeOption, JsonOption, app, home_dir, print_json
 from p2pswarm.cli.exits import EXIT_FAILURE, EXIT_USAGE, exits_on, fail
 from p2pswarm.cli.local_agent import ask_agent
 from p2pswarm.config import DEFAULT_PORT, split_addr
+from p2pswarm.errors import TokenRefused
 
 
 def seed_list(seeds: list[str]) -> tuple[str, ...]:
@@ -85,6 +86,8 @@ def join(
                                        "and OpenAI endpoint (default 127.0.0.1:7780), or off."),
     http_token: Optional[str] = typer.Option(None, "--http-token", help="Bearer token the HTTP "
                                              "API requires; needed beyond loopback."),
+    force: bool = typer.Option(False, "--force", help="With --token: leave the swarm --home "
+                               "already holds and join the token's."),
     home: Optional[Path] = HomeOption,
     log_level: str = typer.Option("info", "--log-level", help="debug, info or warning."),
 ) -> None:
@@ -108,8 +111,13 @@ def join(
         http_server = http_settings(http, http_token)
         text = read_token(token)
         state = Home(directory)
+        if force and text is None:
+            fail("--force replaces the swarm --home holds with the one of --token: give "
+                 "--token too")
+        # a token the seeds refuse must not stay in a home that held no other swarm
+        new_keys = text is not None and not state.has_swarm()
         if text is not None:
-            state.join_swarm(SwarmSecret.from_token(text))
+            state.join_swarm(SwarmSecret.from_token(text), force=force)
         state.load_keyring()  # refuse early: no swarm, or key files others can read
         cards = local_card_source(gpus=gpus, cpu_memory=cpu_memory, no_cpu=no_cpu,
                                   own_pids=[os.getpid()])
@@ -123,6 +131,10 @@ def join(
             trio.run(run_node, settings)
         except KeyboardInterrupt:
             pass
+        except TokenRefused:
+            if new_keys:
+                state.forget_swarm()
+            raise
 
 
 @app.command()
@@ -166,8 +178,12 @@ def render_status(data: dict[str, Any]) -> None:
     console = Console()
     me = data["self"]
     leader = data.get("leader")
-    console.print(f"[bold]{me['name']}[/] ({me['id'][:8]}) at {me['addr']}, "
-                  f"preset {data.get('preset')}, health {data.get('health', 0)}")
+    # the address fellows are told, never cut short: it is what a user checks first
+    listen = me.get("listen")
+    bound = f" (listening on {listen})" if listen and listen != me["addr"] else ""
+    console.print(f"[bold]{me['name']}[/] ({me['id'][:8]}) at {me['addr']}{bound}, "
+                  f"preset {data.get('preset')}, health {data.get('health', 0)}",
+                  soft_wrap=True)
     if leader:
         console.print(f"leader: [bold]{leader['name']}[/] ({leader['id'][:8]}), "
                       f"term {leader['term']}")
@@ -175,7 +191,8 @@ def render_status(data: dict[str, Any]) -> None:
         console.print(f"leader: {data.get('leader_note') or 'none yet'}")
     table = Table(title=f"{len(data['members'])} fellows")
     for column in ("name", "id", "address", "state", "inc", "cards", "last heard"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold" if column == "address" else "ellipsis",
+                         min_width=21 if column == "address" else None)
     for m in data["members"]:
         cards = ", ".join(card_summary(c) for c in m.get("cards", [])) or "-"
         heard = m.get("last_heard_s")

@@ -10,7 +10,10 @@ Entry points:
   or a path: ``p2pswarm.models.files``, which reads files);
 - ``cluster_from_dict`` / ``cluster_to_dict`` (the cluster file), ``fellow_view`` +
   ``cluster_view`` (a view from membership's inventories and benchmarks);
-- ``diff_views`` / ``diff_plans``: what changed, for a refused pinned plan.
+- ``diff_views`` / ``diff_plans``: what changed, for a refused pinned plan;
+- ``pinned_plan_message(message, view, shown)``: a plan shown before, as it stands on
+  ``view`` now (None when it no longer holds), for a pinned start whose re-plan came out
+  different only because free memory moved.
 
 Importing the planner pulls in no torch, trio, sockets or clock. Showing a plan to a
 person is the CLI's job (``p2pswarm.cli.render``).
@@ -33,7 +36,8 @@ from p2pswarm.planner.cluster import (
     fellow_view,
 )
 from p2pswarm.planner.diff import diff_plans, diff_views
-from p2pswarm.planner.plan import PLANNER_VERSION, Plan, plan
+from p2pswarm.planner.pin import Pin, PinnedStage, pin_from_plan
+from p2pswarm.planner.plan import PLANNER_VERSION, Plan, plan, plan_pinned
 from p2pswarm.planner.profile import (
     BUILTIN_MODELS,
     REFERENCE_CONFIGS,
@@ -43,20 +47,39 @@ from p2pswarm.planner.profile import (
 from p2pswarm.planner.request import PlanRequest, request_from_dict
 
 
-def plan_message(message: Mapping[str, Any], view: ClusterView) -> dict[str, Any]:
-    """The ``plan`` op: ``{"model": {"name": str, "config": HF config dict}, **request}``
-    planned on ``view``, as the plan's dict. Raises ConfigError / PlacementError."""
+def _read_message(message: Mapping[str, Any]) -> tuple[ModelProfile, PlanRequest]:
     model = message.get("model")
     if not isinstance(model, Mapping) or not isinstance(model.get("config"), Mapping):
         raise ConfigError("a plan request needs \"model\": {\"name\", \"config\"}")
     profile = profile_from_config(model["config"], str(model.get("name") or "model"))
-    request = request_from_dict({k: v for k, v in message.items() if k != "model"})
+    return profile, request_from_dict({k: v for k, v in message.items() if k != "model"})
+
+
+def plan_message(message: Mapping[str, Any], view: ClusterView) -> dict[str, Any]:
+    """The ``plan`` op: ``{"model": {"name": str, "config": HF config dict}, **request}``
+    planned on ``view``, as the plan's dict. Raises ConfigError / PlacementError."""
+    profile, request = _read_message(message)
     return plan(profile, view, request).to_dict()
+
+
+def pinned_plan_message(message: Mapping[str, Any], view: ClusterView,
+                        shown: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The placement of the plan dict ``shown``, planned for ``message`` on ``view``
+    (``plan_pinned``), as a plan dict; None when it no longer holds. Its ``plan_id`` is
+    ``shown``'s exactly when ``message`` asks for what ``shown`` was made for."""
+    pin = pin_from_plan(shown)
+    if pin is None:
+        return None
+    profile, request = _read_message(message)
+    pinned = plan_pinned(profile, view, request, pin)
+    return None if pinned is None else pinned.to_dict()
 
 
 __all__ = [
     "BUILTIN_MODELS",
     "PLANNER_VERSION",
+    "Pin",
+    "PinnedStage",
     "REFERENCE_CONFIGS",
     "CardView",
     "ClusterView",
@@ -73,6 +96,9 @@ __all__ = [
     "fellow_view",
     "plan",
     "plan_message",
+    "plan_pinned",
+    "pin_from_plan",
+    "pinned_plan_message",
     "profile_from_config",
     "request_from_dict",
 ]

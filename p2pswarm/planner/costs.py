@@ -155,6 +155,11 @@ class CostModel:
             self.fixed_claims(kind, first, last)
         return self._fixed_total[key]
 
+    @property
+    def layer_bytes(self) -> int:
+        """What each layer of a stage claims, all segments together."""
+        return self._per_layer_total
+
     def capacity(self, card: CardView, first: bool, last: bool) -> int:
         """Most layers this card holds in that position (0: not even one)."""
         room = card.free_bytes - self.fixed_bytes(card.kind, first, last)

@@ -8,7 +8,12 @@ picked card a contiguous, non-empty range of layers; the ranges cover ``[0, L)``
 Searches over that space, all pure and deterministic:
 
 - ``fewest_cards``: the default. The fewest cards (largest room first) that hold the
-  model, layers in proportion to each card's room, so every card fills alike.
+  model, layers in proportion to each card's room, so every card fills alike. Free
+  memory counts only where it matters: a room is counted up to what the whole model
+  would claim (``useful_room``), and rooms are compared in bands (``settled_rooms``):
+  rooms within an eighth of each other are alike, so free memory that wobbles decides
+  neither the order nor the split; ties fall to the faster card, then to the pipeline
+  order (for identical cards: fellow ids).
 - ``fastest``: ``maximize speed``. The exact minimum of the cost model's time per token
   by dynamic programming over (card, layers placed so far): a stage's cost depends
   only on its card, its layer count and whether it is first or last, and a hop only on
@@ -30,6 +35,9 @@ from p2pswarm.planner.cluster import CardView, Link
 from p2pswarm.planner.costs import CostModel
 
 INF = math.inf
+# Rooms within 1/ROOM_BAND of the largest of their band count as equal: the free memory
+# of an idle machine moves by hundreds of MB, and that must not reorder identical cards.
+ROOM_BAND = 8
 
 # (slot position in the pipeline order, layers) per stage, in order
 Placement = tuple[tuple[int, int], ...]
@@ -86,6 +94,24 @@ def split_in_proportion(total: int, weights: Sequence[int], caps: Sequence[int])
     return parts
 
 
+def settled_rooms(rooms: Sequence[int]) -> list[int]:
+    """Each room replaced by the largest room of its band, so that only material
+    differences in free memory order cards or weigh their layers.
+
+    Walking from the largest room down, a room starts a new band when it is more than
+    ``1/ROOM_BAND`` below the first room of the current band; a negative room (not even
+    the fixed buffers fit) counts as 0. Ties are then broken by position.
+    """
+    clamped = [max(0, r) for r in rooms]
+    out = list(clamped)
+    head: int | None = None
+    for i in sorted(range(len(clamped)), key=lambda i: (-clamped[i], i)):
+        if head is None or clamped[i] * ROOM_BAND < head * (ROOM_BAND - 1):
+            head = clamped[i]
+        out[i] = head
+    return out
+
+
 class Search:
     """Placements of one model at one context on a fixed list of usable slots."""
 
@@ -133,8 +159,25 @@ class Search:
         card = self.slots[i].card
         return card.free_bytes - self.model.fixed_bytes(card.kind, first, last)
 
+    def useful_room(self, i: int, first: bool, last: bool) -> int:
+        """Room up to what the whole model's layers would claim: more free memory than
+        that changes nothing, so it orders and weighs nothing either."""
+        return min(self.room(i, first, last), self.layers * self.model.layer_bytes)
+
+    def by_room(self) -> list[int]:
+        """Slot positions, the materially roomiest first; among alike rooms the faster
+        card, then pipeline order (for identical cards: fellow id)."""
+        rooms = settled_rooms([self.useful_room(i, False, False)
+                               for i in range(len(self.slots))])
+
+        def key(i: int) -> tuple[int, float, float, int]:
+            card = self.slots[i].card
+            return (-rooms[i], -card.mem_bandwidth, -card.flops, i)
+
+        return sorted(range(len(self.slots)), key=key)
+
     def fewest_cards(self, stages: int | None = None) -> Placement | None:
-        order = sorted(range(len(self.slots)), key=lambda i: (-self.room(i, False, False), i))
+        order = self.by_room()
         counts = [stages] if stages else range(1, min(len(order), self.layers) + 1)
         for k in counts:
             if k > len(order):
@@ -150,7 +193,8 @@ class Search:
         ``caps`` the split ignores what fits (the best effort of a plan that does not)."""
         k = len(chosen)
         positions = [(j == 0, j == k - 1) for j in range(k)]
-        rooms = [self.room(i, f, la) for i, (f, la) in zip(chosen, positions)]
+        rooms = settled_rooms([self.useful_room(i, f, la)
+                               for i, (f, la) in zip(chosen, positions)])
         limits = ([self.cap(i, f, la) for i, (f, la) in zip(chosen, positions)] if caps
                   else [self.layers] * k)
         parts = split_in_proportion(self.layers, rooms, limits)

@@ -29,6 +29,7 @@ from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.planner import wording
 from p2pswarm.planner.cluster import CardView, ClusterView, Fellow
 from p2pswarm.planner.costs import PREFILL_CHUNK_TOKENS, Claims, CostModel
+from p2pswarm.planner.pin import Pin
 from p2pswarm.planner.placement import Placement, Search, Slot, most_tokens, pipeline_order
 from p2pswarm.planner.profile import INT4_GROUP, RUNTIME_KV, RUNTIME_WEIGHTS, ModelProfile
 from p2pswarm.planner.request import GRANULARITY_TOKENS, PlanRequest, resolve
@@ -274,13 +275,16 @@ def _with_tokens(request: PlanRequest, tokens: int) -> PlanRequest:
             else replace(request, seq_len=tokens))
 
 
-def plan(profile: ModelProfile, view: ClusterView, request: PlanRequest) -> Plan:
-    """Plan ``request`` for ``profile`` on ``view``. Raises ConfigError for a request that
-    cannot apply (unknown card to exclude, too many stages) and PlacementError when a
-    fixed stage count exceeds the usable cards; a placement that does not fit is a plan
-    with ``fits`` False, not an error."""
-    r = resolve(request, profile)
-    excluded = _resolve_excludes(view, r.exclude)
+def _exclude_keys(excluded: set[tuple[str, str, int]]) -> tuple[str, ...]:
+    """Exclusions as ``fellow_id:index`` / ``fellow_id:cpu``: one written with a fellow's
+    name and one written with its id are then the same request, and the same plan_id."""
+    return tuple(sorted(f"{fid}:{'cpu' if kind == 'cpu' else index}"
+                        for fid, kind, index in excluded))
+
+
+def _usable(view: ClusterView, r: PlanRequest, excluded: set[tuple[str, str, int]]
+            ) -> tuple[list[Slot], dict[tuple[str, str, int], str]]:
+    """The cards a plan may use, and why each other card may not."""
     reasons: dict[tuple[str, str, int], str] = {}
     usable: list[Slot] = []
     for fellow in view.fellows:
@@ -290,26 +294,61 @@ def plan(profile: ModelProfile, view: ClusterView, request: PlanRequest) -> Plan
                 usable.append(Slot(fellow.id, card))
             else:
                 reasons[(fellow.id, card.kind, card.index)] = why
-    slots = pipeline_order(usable)
+    return usable, reasons
+
+
+@dataclass(frozen=True, slots=True)
+class _Setting:
+    """What both ways of planning share: the model, the view, the resolved request, the
+    usable slots in pipeline order and the reasons of the cards left out."""
+
+    profile: ModelProfile
+    view: ClusterView
+    r: PlanRequest
+    slots: tuple[Slot, ...]
+    reasons: dict[tuple[str, str, int], str]
+    excluded: frozenset[tuple[str, str, int]]
+
+    def search_at(self, tokens: int) -> Search:
+        pair_fellows = {x for (a, b), _ in self.view.links for x in (a, b)}
+        return Search(CostModel(self.profile, _with_tokens(self.r, tokens), tokens),
+                      self.slots, self.view.link, lambda f: f in pair_fellows)
+
+    def most_tokens(self) -> int:
+        stages = self.r.stages
+        return most_tokens(lambda t: self.search_at(t).holding(stages) is not None,
+                           self.profile.max_context, GRANULARITY_TOKENS)
+
+
+def _setting(profile: ModelProfile, view: ClusterView, request: PlanRequest,
+             extra: tuple[Slot, ...] = ()) -> _Setting:
+    r = resolve(request, profile)
+    excluded = _resolve_excludes(view, r.exclude)
+    r = replace(r, exclude=_exclude_keys(excluded))
+    usable, reasons = _usable(view, r, excluded)
+    have = {(s.fellow_id, s.card.kind, s.card.index) for s in usable}
+    usable += [s for s in extra if (s.fellow_id, s.card.kind, s.card.index) not in have]
+    return _Setting(profile, view, r, pipeline_order(usable), reasons, frozenset(excluded))
+
+
+def plan(profile: ModelProfile, view: ClusterView, request: PlanRequest) -> Plan:
+    """Plan ``request`` for ``profile`` on ``view``. Raises ConfigError for a request that
+    cannot apply (unknown card to exclude, too many stages) and PlacementError when a
+    fixed stage count exceeds the usable cards; a placement that does not fit is a plan
+    with ``fits`` False, not an error."""
+    setting = _setting(profile, view, request)
+    r, slots = setting.r, setting.slots
     if r.stages is not None and r.stages > len(slots):
         raise PlacementError(
             f"--stages {r.stages} needs {r.stages} usable cards but the cluster has "
             f"{len(slots)}: use --stages {max(1, len(slots))} or free more cards"
         )
-    pair_fellows = {x for (a, b), _ in view.links for x in (a, b)}
-
-    def search_at(tokens: int) -> Search:
-        return Search(CostModel(profile, _with_tokens(r, tokens), tokens), slots, view.link,
-                      lambda f: f in pair_fellows)
-
-    def holds_at(tokens: int) -> bool:
-        return search_at(tokens).holding(r.stages) is not None
-
-    most = most_tokens(holds_at, profile.max_context, GRANULARITY_TOKENS)
+    most = setting.most_tokens()
     if r.maximize in ("context", "seq_len") and most > 0:
         r = _with_tokens(r, most)
+        setting = replace(setting, r=r)
     tokens = _tokens_of(r)
-    search = search_at(tokens)
+    search = setting.search_at(tokens)
 
     placement: Placement | None = None
     if r.maximize is not None:
@@ -325,11 +364,61 @@ def plan(profile: ModelProfile, view: ClusterView, request: PlanRequest) -> Plan
     fits = placement is not None
     if placement is None:
         placement = _best_effort(search, r.stages)
+    return _written(setting, search, placement, fits, most)
 
+
+def plan_pinned(profile: ModelProfile, view: ClusterView, request: PlanRequest,
+                pin: Pin) -> Plan | None:
+    """The pinned placement ``pin`` as it stands on ``view`` now, or None when it no
+    longer holds: a card it uses is gone, left out by the request, or its fellow is not
+    connected or training, or the card's free memory no longer covers its stage's claims.
+
+    The floor is not asked again: memory that moved within the plan's own headroom (the
+    ``free`` segment of each of its cards) keeps the plan. A maximised context is the one
+    the pin was planned at. The result's ``plan_id`` equals the pinned plan's exactly when
+    the model, the request and the placement are the ones it was made of: the caller
+    compares them, and a pin shown for another request never passes."""
+    fellows = {f.id: f for f in view.fellows}
+    extra = []
+    for s in pin.stages:
+        fellow = fellows.get(s.fellow_id)
+        card = None if fellow is None else next(
+            (c for c in fellow.cards if (c.kind, c.index) == (s.kind, s.index)), None)
+        if fellow is None or card is None or not fellow.connected or fellow.training:
+            return None
+        extra.append(Slot(fellow.id, card))
+    setting = _setting(profile, view, request, tuple(extra))
+    if setting.r.maximize in ("context", "seq_len"):
+        if not 0 < pin.tokens <= profile.max_context:
+            return None
+        setting = replace(setting, r=_with_tokens(setting.r, pin.tokens))
+    position = {(s.fellow_id, s.card.kind, s.card.index): k
+                for k, s in enumerate(setting.slots)}
+    placement, start = [], 0
+    for s in pin.stages:
+        key = s.card
+        if key in setting.excluded or s.layers[0] != start or s.layers[1] <= start:
+            return None
+        placement.append((position[key], s.layers[1] - start))
+        start = s.layers[1]
+    if start != profile.n_layers or len({s.card for s in pin.stages}) != len(pin.stages):
+        return None
+    search = setting.search_at(_tokens_of(setting.r))
+    if not search.fits(tuple(placement)):
+        return None
+    return _written(setting, search, tuple(placement), True, setting.most_tokens())
+
+
+def _written(setting: _Setting, search: Search, placement: Placement, fits: bool,
+             most: int) -> Plan:
+    """The plan of ``placement``: cards with their segments, stages, limit, estimate,
+    summary and ``plan_id``."""
+    profile, view, r, slots = setting.profile, setting.view, setting.r, setting.slots
+    tokens = _tokens_of(r)
     model = search.model
-    limit = _limit(profile, r, search_at, most, fits, tokens, slots,
+    limit = _limit(profile, r, setting.search_at, most, fits, tokens, slots,
                    {f.id: f.name for f in view.fellows})
-    stage_plans, cards = _cards_and_stages(view, slots, placement, model, reasons, r)
+    stage_plans, cards = _cards_and_stages(view, slots, placement, model, setting.reasons, r)
     estimate = _estimate(search, placement, r)
     notes = tuple(f"the speed of {c.label} is an estimate (never benchmarked): run "
                   f"`p2pswarm bench` on {c.fellow}" for c in cards
@@ -347,8 +436,7 @@ def _best_effort(search: Search, stages: int | None) -> Placement:
     n = len(search.slots)
     if n == 0:
         return ()
-    by_room = sorted(range(n), key=lambda i: (-search.room(i, False, False), i))
-    chosen = sorted(by_room[:min(stages or n, search.layers)])
+    chosen = sorted(search.by_room()[:min(stages or n, search.layers)])
     return search.proportional(chosen, caps=False) or ()
 
 
@@ -599,4 +687,5 @@ __all__ = [
     "Segments",
     "StagePlan",
     "plan",
+    "plan_pinned",
 ]

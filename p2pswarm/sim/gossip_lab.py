@@ -255,12 +255,12 @@ class GossipLab:
                           - SEAL_OVERHEAD_BYTES)
 
     def _new_election(self, node: LabNode, term: int = 0, voted_for: bytes | None = None,
-                      electorate: int = 0) -> Election | None:
+                      electorate: tuple[bytes, ...] = ()) -> Election | None:
         if not self.use_election:
             return None
         return Election(node.node_id, node.name, self.config.election, node.rng,
                         leader_priority=node.priority, now=self.now, term=term,
-                        voted_for=voted_for, electorate=electorate)
+                        voted_for=voted_for, voters=electorate)
 
     def start(self, *, converged: bool = False, seed_index: int = 0,
               stagger_s: float = 0.0) -> None:
@@ -300,7 +300,7 @@ class GossipLab:
         """Bring a crashed node back as a fresh process with the same identity."""
         node = self.nodes[i]
         term, voted, electorate = (node.election.persistent_state() if node.election
-                                   else (0, None, 0))
+                                   else (0, None, ()))
         node.proc += 1
         node.up = True
         node.left = False

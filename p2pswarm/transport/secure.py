@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import trio
 
-from p2pswarm.errors import AuthenticationError, TransportError
+from p2pswarm.errors import AuthenticationError, HandshakeRefused, TransportError
 from p2pswarm.security import (
     SUITE_AES256GCM,
     ClientHandshake,
@@ -115,14 +115,21 @@ async def secure_connect(
 
     ``expected_node_id``, when given, is the fellow we meant to reach; another
     (authenticated) fellow answering raises AuthenticationError("wrong-peer").
-    Raises AuthenticationError for a failed handshake, TransportError when it times out
-    or the stream breaks; either way ``stream`` is closed.
+    Raises AuthenticationError for a failed handshake, HandshakeRefused when the peer
+    closes the stream at our hello (a fellow of another swarm does: it cannot check the
+    hello), TransportError when it times out or the stream breaks; either way ``stream``
+    is closed.
     """
     handshake = ClientHandshake(keyring, identity, suite=suite)
     try:
         with trio.fail_after(timeout_s):
             await stream.send_frame(handshake.hello())
-            server_hello = await stream.receive_frame()
+            try:
+                server_hello = await stream.receive_frame()
+            except TransportError as exc:
+                raise HandshakeRefused(
+                    f"{stream.peer_addr} closed the stream at our hello: it does not hold "
+                    "this swarm's key") from exc
             client_finish, cipher = handshake.finish(server_hello)
             await stream.send_frame(client_finish)
     except trio.TooSlowError as exc:

@@ -1,9 +1,10 @@
 """The leader's loads: two-phase bring-up of a plan, unload, and what is loaded.
 
 Loading is the leader's job (``LoadAsk``), all or nothing. The leader plans the request
-again on its current view; a pinned ``plan_id`` that no longer comes out is refused as
-``plan-changed`` (409) with what changed (``diff_plans`` against the plan the leader
-showed) and the new plan. Otherwise three rounds of term-fenced orders go out, one per
+again on its current view; a pinned ``plan_id`` that no longer comes out, and whose shown
+placement no longer holds either (``Planning.pinned_plan``: memory that moved within the
+plan's headroom keeps it), is refused as ``plan-changed`` (409) with what changed
+(``diff_plans`` against the plan the leader showed) and the new plan. Otherwise three rounds of term-fenced orders go out, one per
 stage, concurrently:
 
 1. ``StagePrepare``: the fellow checks its own live view before allocating anything
@@ -105,13 +106,7 @@ class Loads:
                 adapter or message.get("adapter")):
             raise ConfigError("the load's adapter is not the one its request names")
         async with self._lock:
-            try:
-                plan = await self.agent.planning.plan(message)
-            except PlacementError as exc:
-                if not expected:
-                    raise
-                raise PlacementError(f"plan {expected} no longer holds, and no plan does: "
-                                     f"{exc}") from exc
+            plan = await self.agent.planning.pinned_plan(message, expected)
             self.agent.planning.shown.check_pin(expected, plan)
             if plan.get("kind") != "serve":
                 raise ConfigError("load serves a model: plan it without --train")

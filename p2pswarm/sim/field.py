@@ -1,0 +1,155 @@
+"""Field scenarios: the election paths a user walks into, on real `join` processes.
+
+- ``seed_last``: two fellows point at a seed that starts a few seconds after them, as
+  when the machine everyone names boots last. A lone seed must not win a term on its own
+  while the others are knocking: the whole swarm ends up with one leader per term.
+- ``leave_then_leader_crash``: four fellows; one leaves (``p2pswarm leave``); then the
+  leader is killed. The two left must elect a new leader within seconds (a leave shrinks
+  the electorate), and after every fellow is restarted from its own state directory, on
+  its own address, the swarm has a leader again.
+
+Whom each fellow followed in each term comes from its own log (its ``leader`` events),
+so a term followed to two different leaders is caught even if it lasted a moment.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from p2pswarm.errors import ControlError, SwarmError
+from p2pswarm.sim.processes import LocalSwarm
+
+# "12:00:01 INFO    b: leader a (aa5eee8d): leader a (term 3)" or "...: leader of term 3"
+_LEADER_LINE = re.compile(r"\s(\S+): leader \S+ \(([0-9a-f]{8})\): leader .*term (\d+)\)?$")
+
+
+def free_address() -> str:
+    """A loopback address no one listens on now (UDP and TCP share the port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def followed_per_term(swarm: LocalSwarm) -> dict[int, set[str]]:
+    """Per term, the leaders (id prefixes) the fellows followed, from every fellow's log
+    (by id: a fellow may not know the leader's name yet when it first follows it)."""
+    terms: dict[int, set[str]] = {}
+    for name in swarm.homes:
+        log = swarm.root / f"{name}.log"
+        if not log.exists():
+            continue
+        for line in log.read_text(errors="replace").splitlines():
+            found = _LEADER_LINE.search(line)
+            if found:
+                terms.setdefault(int(found.group(3)), set()).add(found.group(2))
+    return terms
+
+
+def two_leaders(terms: dict[int, set[str]]) -> dict[int, list[str]]:
+    return {t: sorted(leaders) for t, leaders in terms.items() if len(leaders) > 1}
+
+
+def one_leader(swarm: LocalSwarm, names: Iterable[str]) -> tuple[str, int] | None:
+    """The leader (name, term) every one of ``names`` follows, if they agree."""
+    seen = set()
+    for name in names:
+        try:
+            leader = swarm.status(name).get("leader")
+        except ControlError:
+            return None
+        if not leader:
+            return None
+        seen.add((leader["name"], leader["term"]))
+    return seen.pop() if len(seen) == 1 else None
+
+
+def wait(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise SwarmError(f"gave up waiting for {what} after {timeout_s:g} s")
+        time.sleep(0.1)
+
+
+def member_state(swarm: LocalSwarm, observer: str, name: str) -> str | None:
+    try:
+        members = swarm.status(observer)["members"]
+    except ControlError:
+        return None
+    return next((m["state"] for m in members if m["name"] == name), None)
+
+
+def seed_last(swarm: LocalSwarm, *, delay_s: float = 3.0) -> dict[str, Any]:
+    """Two joiners first, their seed ``delay_s`` later; then one leader for all three."""
+    seed = free_address()
+    for name in ("b", "c"):
+        swarm.launch(name, seeds=(seed,))
+    for name in ("b", "c"):
+        swarm.address(name)
+    time.sleep(delay_s)  # the scenario itself: the seed boots late
+    swarm.launch("a", listen=seed)
+    swarm.address("a")
+    started = time.monotonic()
+    leader = wait(lambda: one_leader(swarm, ("a", "b", "c")), 60, "one leader for all three")
+    return {"leader": leader[0], "term": leader[1],
+            "leader_after_s": round(time.monotonic() - started, 2),
+            "two_leaders": two_leaders(followed_per_term(swarm))}
+
+
+def leave_then_leader_crash(swarm: LocalSwarm) -> dict[str, Any]:
+    """Four fellows; one leaves; the leader is killed; then all are restarted."""
+    names = ["a", "b", "c", "d"]
+    addresses = {name: free_address() for name in names}
+    for name in names:
+        seeds = () if name == "a" else (addresses["a"],)
+        swarm.launch(name, seeds=seeds, listen=addresses[name])
+    for name in names:
+        swarm.address(name)
+    first = wait(lambda: one_leader(swarm, names), 60, "one leader for all four")
+    leaver = next(n for n in names if n != first[0])
+    subprocess.run([sys.executable, "-m", "p2pswarm.cli", "leave", "--home",
+                    str(swarm.homes[leaver])], check=True, capture_output=True, timeout=30)
+    rest = [n for n in names if n != leaver]
+
+    def recorded() -> str | None:
+        states = {member_state(swarm, n, leaver) for n in rest}
+        return states.pop() if len(states) == 1 and states <= {"left", "dead"} else None
+
+    recorded_as = wait(recorded, 30, f"{leaver}'s leave to be recorded")
+    swarm.processes[leaver].wait(timeout=30)
+    swarm.processes[first[0]].send_signal(signal.SIGKILL)
+    swarm.processes[first[0]].wait()
+    killed_at = time.monotonic()
+    survivors = [n for n in rest if n != first[0]]
+    second = wait(lambda: (lambda ld: ld if ld and ld[1] > first[1] else None)(
+        one_leader(swarm, survivors)), 60, "a new leader after the crash")
+    new_leader_s = time.monotonic() - killed_at
+    # everyone down, then back from the same homes on the same addresses
+    for name in survivors:
+        swarm.processes[name].send_signal(signal.SIGKILL)
+        swarm.processes[name].wait()
+    for name in names:
+        seeds = tuple(addresses[n] for n in names if n != name)
+        swarm.launch(name, seeds=seeds, listen=addresses[name])
+    for name in names:
+        swarm.address(name)
+    restarted = time.monotonic()
+    third = wait(lambda: one_leader(swarm, names), 60, "a leader after restarting everyone")
+    return {"first": first, "leaver": leaver, "leave_recorded_as": recorded_as,
+            "second": second, "new_leader_s": round(new_leader_s, 2), "third": third,
+            "restart_leader_s": round(time.monotonic() - restarted, 2),
+            "two_leaders": two_leaders(followed_per_term(swarm))}
+
+
+__all__ = ["followed_per_term", "free_address", "leave_then_leader_crash", "one_leader",
+           "seed_last", "two_leaders"]
