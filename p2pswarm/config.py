@@ -26,6 +26,8 @@ DEFAULT_PORT = 7946
 class TransportConfig:
     max_datagram_bytes: int = 1400  # largest sealed datagram we send; fits one Ethernet MTU
     max_frame_bytes: int = 64 * 1024 * 1024  # largest stream frame accepted (tensors, state)
+    max_shard_bytes: int = 1 << 40  # largest stage state or checkpoint shard accepted (in parts)
+    max_job_data_bytes: int = 4 << 30  # the most text a job's data files may bring along
     stream_connect_timeout_s: float = 5.0  # giving up on a TCP connect
     stream_idle_timeout_s: float = 60.0  # closing a stream that says nothing this long
     receive_queue_datagrams: int = 1024  # datagrams buffered before new ones are dropped
@@ -99,6 +101,7 @@ class GossipConfig:
     awareness_max_multiplier: int = 8  # Lifeguard local health: probe slows up to this x
     dead_reap_after_s: float = 60.0  # tombstone time before a dead member is forgotten
     join_retry_max_s: float = 30.0  # upper bound of the backoff between join attempts
+    leave_timeout_s: float = 2.0  # a leaver waits at most this long for its goodbye to spread
     tuning: GossipTuning = field(default_factory=GossipTuning)  # the finer knobs (above)
 
 

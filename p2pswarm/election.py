@@ -148,6 +148,7 @@ class Election:
             self._voters[bytes(v)] = now
         self._voters_kept: tuple[bytes, ...] | None = None  # persistent_state's cache
         self._expired: dict[bytes, None] = {}  # dropped for being dead too long
+        self._expiry_at: float | None = None  # _next_expiry's cache
         self._arrived: list[Member] = []  # fellows that became present since the last feed
         self._settle_until = _INF  # set on joining; -inf once a leader is known
         self._election_at = _INF
@@ -272,6 +273,7 @@ class Election:
         """Keep the electorate: every fellow known and not left is in it; a fellow that is
         not present keeps the time it was last seen (or first heard of, dead), and one
         dropped for being dead too long comes back only by being seen present."""
+        self._expiry_at = None
         if new is not None and new.state in _PRESENT:
             self._expired.pop(new.node_id, None)
             self._add_voter(new.node_id, now)
@@ -298,6 +300,7 @@ class Election:
         horizon = now - self.config.electorate_dead_after_s
         stale = [node for node, seen in self._voters.items() if seen <= horizon
                  and node != self.node_id and not self._is_present(node)]
+        self._expiry_at = None
         for node in stale:
             del self._voters[node]
             self._expired[node] = None
@@ -307,9 +310,14 @@ class Election:
             self._voters_kept = None
 
     def _next_expiry(self) -> float:
-        after = self.config.electorate_dead_after_s
-        return min((seen + after for node, seen in self._voters.items()
-                    if node != self.node_id and not self._is_present(node)), default=_INF)
+        """When the next absent fellow leaves the electorate (kept until the view moves:
+        this is asked after every datagram)."""
+        if self._expiry_at is None:
+            after = self.config.electorate_dead_after_s
+            self._expiry_at = min((seen + after for node, seen in self._voters.items()
+                                   if node != self.node_id and not self._is_present(node)),
+                                  default=_INF)
+        return self._expiry_at
 
     def _is_present(self, node: bytes) -> bool:
         m = self._members.get(node)

@@ -5,10 +5,14 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from typing import Any
 
 import pytest
+import trio
 
 from p2pswarm import wire
+from p2pswarm.agent.streams import send_message
+from p2pswarm.agent.training.links import receive_answer, send_long
 from p2pswarm.errors import ProtocolError
 from p2pswarm.wire import jobs, message_types, training
 from p2pswarm.wire.orders import pack_doc
@@ -31,12 +35,13 @@ def test_job_messages_use_their_own_tags() -> None:
     assert tags and all(150 <= t <= 179 for t in tags)
 
 
-def test_the_untyped_training_command_is_retired() -> None:
-    assert 112 not in message_types()
-    assert not hasattr(training, "TrainCtl")
+def test_the_untyped_command_and_the_one_frame_state_are_retired() -> None:
+    assert not {112, 125, 126} & set(message_types())
+    assert not hasattr(training, "TrainCtl") and not hasattr(training, "State")
     commands = [training.StepRun, training.StepReport, training.StepApply, training.TakeDelta,
                 training.Delta, training.Update, training.ParamsAsk, training.Params,
-                training.StateAsk, training.State, training.StateLoad, training.Reset,
+                training.StateAsk, training.StateHead, training.StateLoadHead,
+                training.StatePart, training.Reset,
                 training.TiedAsk, training.Tied, training.TiedWeight, training.Ack,
                 training.Stop]
     tags = [wire.tag_of(cls) for cls in commands]
@@ -48,6 +53,9 @@ def test_the_untyped_training_command_is_retired() -> None:
     training.StepRun(3, 4, 0.001), training.StepReport(3, True, 1.5, 2.25),
     training.StepApply(3, 0.5), training.TakeDelta(), training.Delta(7, b"\x01\x02"),
     training.Update(8, b"u"), training.Reset(8, b"p"), training.Ack(3), training.Stop(),
+    training.StateHead(1 << 40, "ab" * 32), training.StateLoadHead(5, "cd" * 32),
+    training.StatePart(1 << 33, b"part"), training.Params(b"p", 1 << 30),
+    training.Delta(3, b"d", 5),
     jobs.TrainPrepare("job-0000abcd", 1, 2, 3, "ab" * 16, 4, 8, "cuda", 0, 1 << 30,
                       "10.0.0.2:7000", pack_doc({"steps": 3}), 2, 9),
     jobs.TrainRelease("job-0000abcd", None, None, 4),
@@ -69,9 +77,54 @@ def test_values_out_of_bounds_are_refused() -> None:
         wire.encode(training.StepReport(1, True, float("nan"), 0.0))
     with pytest.raises(ProtocolError):
         wire.encode(jobs.JobCancel(""))
+    with pytest.raises(ProtocolError):  # a state travels in parts, none above the chunk
+        wire.encode(training.StatePart(0, bytes(training.SHARD_CHUNK_BYTES + 1)))
 
 
 def test_importing_the_agent_does_not_import_torch() -> None:
     code = ("import sys, p2pswarm.agent.agent, p2pswarm.agent.training; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+class _Pipe:
+    """One direction of a stream: frames in, frames out, in order."""
+
+    def __init__(self) -> None:
+        self.send_channel, self.receive_channel = trio.open_memory_channel[bytes](1000)
+        self.sent: list[int] = []  # each frame's length
+
+    async def send_frame(self, frame: bytes) -> None:
+        self.sent.append(len(frame))
+        await self.send_channel.send(frame)
+
+    async def receive_frame(self) -> bytes:
+        return await self.receive_channel.receive()
+
+
+async def test_a_blob_longer_than_a_part_travels_in_parts_and_comes_back_whole() -> None:
+    pipe: Any = _Pipe()
+    blob = bytes(range(256)) * ((2 * training.SHARD_CHUNK_BYTES + 12345) // 256)
+    await send_long(pipe, training.Params(blob))
+    assert len(pipe.sent) == 3  # what went on the wire: three frames, none past a part
+    assert all(n < training.SHARD_CHUNK_BYTES + 1024 for n in pipe.sent)
+    got = await receive_answer(pipe, training.Params, "the stage")
+    assert got == training.Params(blob)
+    activation = training.TrainTensor("activation", 7, 1, blob[:training.SHARD_CHUNK_BYTES + 1])
+    await send_long(pipe, activation)
+    assert await receive_answer(pipe, training.TrainTensor, "the stage before") == activation
+    await send_long(pipe, training.Update(4, b"short"))  # one frame as before
+    assert await receive_answer(pipe, training.Update, "the driver") == training.Update(4,
+                                                                                      b"short")
+
+
+async def test_a_part_out_of_place_is_refused() -> None:
+    pipe: Any = _Pipe()
+    first = bytes(training.SHARD_CHUNK_BYTES)
+    await send_message(pipe, training.Delta(1, first, 10))
+    await send_message(pipe, training.StatePart(training.SHARD_CHUNK_BYTES + 1, b"x" * 9))
+    with pytest.raises(ProtocolError, match="out of place"):
+        await receive_answer(pipe, training.Delta, "the stage")
+    await send_message(pipe, training.Delta(1, b"short first part", 10))
+    with pytest.raises(ProtocolError, match="announced"):
+        await receive_answer(pipe, training.Delta, "the stage")

@@ -78,7 +78,6 @@ ControlHandler = Callable[[dict[str, Any]], Awaitable[Any]]
 
 OUTBOX_DATAGRAMS = 4096  # datagrams waiting for the sender task before new ones are dropped
 STREAM_REQUEST_TIMEOUT_S = 5.0  # a membership stream request gives up after this long
-LEAVE_LINGER_S = 1.0  # after saying goodbye, keep answering this long so it spreads
 JOIN_REFUSALS = 3  # handshakes seeds refuse, none let in, before joining gives up
 
 _MEMBERSHIP_STREAM_TYPES = (Ping, SyncDigest, SyncRecords, MetaPull, Alive)
@@ -153,7 +152,12 @@ class Agent:
         self._call_at: Callable[[float, Callable[[], None]], None] | None = \
             transport.call_at if isinstance(transport, RingsAlarms) else None
         self.stopped = trio.Event()  # set once the agent has been asked to stop
-        self.left = False
+        self.left = False  # said goodbye (it may still be waiting for it to spread)
+        self._goodbye_spread = trio.Event()
+        self._leave_deadline = math.inf
+        self._outbox_posted = 0  # datagrams queued in the outbox, and handed on from it:
+        self._outbox_handled = 0  # equal when it is empty (a leaver waits for that)
+        self._outbox_progress: trio.Event | None = None
         self.leadership = Leadership(self)
         self.planning = Planning(self, self.leadership)
         self.serving = Serving(self, self.leadership, world.services.stage_runtime)
@@ -241,16 +245,36 @@ class Agent:
     def stop(self) -> None:
         self.stopped.set()
 
-    async def leave(self) -> None:
-        """Leave gracefully: fellows mark us ``left``, not dead; then stop."""
-        if self.membership is None or self.election is None or self.left:
+    async def leave(self) -> dict[str, Any]:
+        """Leave gracefully: fellows mark us ``left``, not dead; then stop. What
+        ``say_goodbye`` says."""
+        try:
+            return await self.say_goodbye()
+        finally:
             self.stop()
-            return
-        self.left = True
-        now = trio.current_time()
-        self._apply(self.election.leave(now) + self.membership.leave(now))
-        await trio.sleep(LEAVE_LINGER_S)  # the goodbye goes out and is answered
-        self.stop()
+
+    async def say_goodbye(self) -> dict[str, Any]:
+        """Gossip our leave and wait, ``gossip.leave_timeout_s`` at most, until fellows
+        have acknowledged it or it has spread (``Membership.leave_spread``) and the
+        datagrams saying it have left the outbox. The agent keeps running: ``stop`` it.
+        Returns how many fellows acknowledged, of how many asked, and whether it spread."""
+        if self.membership is None or self.election is None:
+            return {"acknowledged": 0, "fellows": 0, "spread": True}
+        if not self.left:
+            self.left = True
+            now = trio.current_time()
+            self._leave_deadline = now + self.config.gossip.leave_timeout_s
+            log.info("%s: leaving the swarm", self.name)
+            self._apply(self.election.leave(now) + self.membership.leave(now))
+        with trio.move_on_at(self._leave_deadline):
+            await self._goodbye_spread.wait()
+            await self._flush_outbox()
+        acknowledged, asked = self.membership.leave_acknowledgements()
+        spread = self.membership.leave_spread
+        log.log(logging.INFO if spread else logging.WARNING,
+                "%s: %d of %d fellows acknowledged the leave%s", self.name, acknowledged,
+                asked, "" if spread else "; gossip carries it to the others")
+        return {"acknowledged": acknowledged, "fellows": asked, "spread": spread}
 
     # --- the machines ---------------------------------------------------------------
 
@@ -269,6 +293,8 @@ class Agent:
                 elif t is fx.Event:
                     self._note(effect)
             effects = self._feed_election()
+        if self.left and self.membership is not None and self.membership.leave_spread:
+            self._goodbye_spread.set()
         deadline = self._next_deadline()
         if deadline < self._alarm_at:  # the alarm would ring too late for new work
             self._alarm_at = deadline
@@ -455,6 +481,8 @@ class Agent:
             self._outbox_in.send_nowait((addr, packet))
         except trio.WouldBlock:
             self.counters.drop("outbox-full")
+        else:
+            self._outbox_posted += 1
 
     async def _send_datagrams(self) -> None:
         async for addr, packet in self._outbox_out:
@@ -462,8 +490,18 @@ class Agent:
                 await self.transport.send_datagram(addr, packet)
             except TransportError as exc:
                 self._send_failed(addr, exc)
-                continue
-            self._sent(packet)
+            else:
+                self._sent(packet)
+            self._outbox_handled += 1
+            if self._outbox_progress is not None:
+                self._outbox_progress.set()
+
+    async def _flush_outbox(self) -> None:
+        """Until every datagram posted so far has been handed to the transport."""
+        posted = self._outbox_posted
+        while self._outbox_handled < posted:
+            self._outbox_progress = trio.Event()
+            await self._outbox_progress.wait()
 
     def _sent(self, packet: bytes) -> None:
         self.counters.datagrams_out += 1
@@ -496,10 +534,14 @@ class Agent:
         except (AuthenticationError, RemoteProtocolError) as exc:
             self.counters.drop(exc.reason)
             return
-        if self.membership is None or self.election is None or self.left:
+        if self.membership is None or self.election is None:
             return
         now = trio.current_time()
         gossip = [m for m in messages if _tag(m) in MEMBERSHIP_TAGS]
+        if self.left:  # only the acks of our goodbye matter now (the machine knows)
+            if gossip:
+                self._apply(self.membership.handle_datagram(gossip, addr, now))
+            return
         effects: list[Any] = []
         try:
             if gossip:
@@ -620,9 +662,11 @@ class Agent:
         return self.status()
 
     async def _op_leave(self, request: dict[str, Any]) -> dict[str, Any]:
-        if self._nursery is not None:
-            self._nursery.start_soon(self.leave)
-        return {"leaving": True}
+        """Say goodbye, answer how it went, then stop. ``stop`` only sets an event: the
+        nursery is cancelled by ``run``'s task, after this answer has been written."""
+        outcome = await self.say_goodbye()
+        self.stop()
+        return outcome
 
     def fellows(self) -> list[Member]:
         """Every fellow this agent knows, itself excluded, by name."""
@@ -671,6 +715,7 @@ class Agent:
             "members": [row(m) for m in members],
             "leader": self.leader(),
             "leader_note": election.sentence if election is not None else "starting",
+            "stages_held": self.serving.held_stages(),
             "role": election.role if election is not None else "follower",
             "counters": self.counters.to_dict(),
             "membership": self.membership.counters() if self.membership else {},

@@ -90,11 +90,19 @@ async def run_node(settings: NodeSettings, *,
                 task_status.started(agent)
 
                 async def stop_on_signal() -> None:
+                    """The first signal leaves (within ``gossip.leave_timeout_s``); a
+                    second one stops at once."""
+                    signalled = False
                     async for signum in signals:
-                        log.info("%s: leaving (signal %s)", settings.name,
+                        if signalled:
+                            log.info("%s: stopping now (signal %s)", settings.name,
+                                     signal.Signals(signum).name)
+                            agent.stop()
+                            return
+                        log.info("%s: %s received", settings.name,
                                  signal.Signals(signum).name)
-                        await agent.leave()
-                        return
+                        signalled = True
+                        nursery.start_soon(agent.leave)
 
                 nursery.start_soon(stop_on_signal)
                 await agent.stopped.wait()

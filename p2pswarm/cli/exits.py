@@ -20,6 +20,7 @@ from p2pswarm.errors import ConfigError, SwarmError
 
 EXIT_USAGE = 2  # bad argument or configuration: the message says how to fix it
 EXIT_FAILURE = 1  # the swarm could not do what was asked
+EXIT_INTERRUPTED = 130  # Ctrl-C: what it interrupted was cancelled or left running, as said
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -45,4 +46,4 @@ def exits_on(code: Optional[int] = None, *, prefix: str = "",
         fail(f"{prefix}{exc}", exit_code(exc) if code is None else code)
 
 
-__all__ = ["EXIT_FAILURE", "EXIT_USAGE", "exit_code", "exits_on", "fail"]
+__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "exit_code", "exits_on", "fail"]

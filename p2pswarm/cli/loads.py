@@ -3,13 +3,14 @@ show what is loaded, unload."""
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
 from p2pswarm.cli.app import HomeOption, JsonOption, app, print_json
-from p2pswarm.cli.exits import EXIT_FAILURE, exits_on
+from p2pswarm.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED, exits_on
 from p2pswarm.cli.local_agent import agent_answer, stream_agent
 from p2pswarm.cli.plan_changed import explain_plan_changed
 from p2pswarm.cli.plan_request import (
@@ -27,6 +28,7 @@ _PLAN_HELP_MODEL_SERVE = ("Model directory (config.json and *.safetensors) or bu
                           "(tiny-llama, small-llama).")
 
 _LOAD_TIMEOUT_S = 600.0  # the most a `load` waits between two words from its agent
+_CANCEL_TIMEOUT_S = 60.0  # the most an interrupted `load` waits for its cancel
 
 
 def _serve_message(model: str, context: Optional[int], sequences: int, stages: Optional[int],
@@ -173,18 +175,44 @@ def load(
             raise typer.Exit(EXIT_FAILURE)
         return
     console = Console(stderr=as_json)
+    load_id = secrets.token_hex(8)  # what an interrupted load is cancelled by
     try:
         with _LoadProgress(console) as progress:
             record = stream_agent(home, {"op": "load", "request": message, "plan_id": plan_id,
-                                         "path": path, "adapter": adapter_dir}, progress,
-                                  _LOAD_TIMEOUT_S)
+                                         "path": path, "adapter": adapter_dir,
+                                         "load_id": load_id}, progress, _LOAD_TIMEOUT_S)
     except PlanChanged as exc:
         explain_plan_changed(exc, model, as_json)
+    except KeyboardInterrupt:
+        _cancel_load(home, load_id, console)
     if as_json:
         print_json(record)
         return
     _print_load(record, console)
     console.print("generate with: p2pswarm generate \"Once upon a time\"")
+
+
+def _cancel_load(home: Optional[Path], load_id: str, console: Any) -> None:
+    """Ctrl-C during `load`: cancel it all or nothing, say what became of it, exit 130."""
+    console.print("interrupted: cancelling the load, releasing every stage ...")
+    try:
+        result = agent_answer(home, {"op": "load_cancel", "load_id": load_id}, "",
+                              _CANCEL_TIMEOUT_S)
+    except KeyboardInterrupt:  # again: stop waiting; the agent goes on cancelling
+        console.print("not waiting: the agent goes on cancelling it; `p2pswarm loads` shows "
+                      "what is loaded")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    plan, outcome = result.get("plan_id"), result.get("outcome")
+    if outcome == "unloaded":
+        console.print(f"load cancelled: plan {plan} had just come up, and is unloaded again; "
+                      "nothing stays loaded")
+    elif outcome == "unconfirmed":
+        console.print("the leader did not confirm the cancel: see `p2pswarm loads` (fellows "
+                      "drop stages that never start by themselves within 2 minutes)")
+    else:
+        console.print("load cancelled" + (f" (plan {plan})" if plan else "")
+                      + ": nothing stays loaded")
+    raise typer.Exit(EXIT_INTERRUPTED)
 
 
 @app.command()

@@ -141,8 +141,21 @@ def join(
 @exits_on()
 def leave(home: Optional[Path] = HomeOption) -> None:
     """Make the local agent leave the swarm gracefully (fellows mark it `left`) and exit."""
-    ask_agent(home, {"op": "leave"})
-    typer.echo("leaving the swarm")
+    outcome = ask_agent(home, {"op": "leave"})
+    typer.echo(leave_sentence(outcome))
+
+
+def leave_sentence(outcome: dict[str, Any]) -> str:
+    """``left the swarm: 3 of 3 fellows acknowledged`` (and what happens when not all did)."""
+    acknowledged, fellows = int(outcome.get("acknowledged", 0)), int(outcome.get("fellows", 0))
+    if fellows == 0:
+        return "left the swarm (no fellow was connected)"
+    sentence = f"left the swarm: {acknowledged} of {fellows} fellows acknowledged"
+    if not outcome.get("spread", True):
+        sentence += "; the rest hear it by gossip (one that misses it records this fellow dead)"
+    elif acknowledged < fellows:
+        sentence += ", gossip carries it to the rest"
+    return sentence
 
 
 def setup_logging(level: str) -> None:
@@ -200,6 +213,11 @@ def render_status(data: dict[str, Any]) -> None:
         table.add_row(name, m["id"][:8], m["addr"], m["state"], str(m["incarnation"]),
                       cards, "-" if heard is None else f"{heard:.1f} s ago")
     console.print(table)
+    held = data.get("stages_held") or []
+    if held:
+        console.print("holds: " + ", ".join(
+            f"stage {h['stage']} of {h['plan_id']} ({h['state']}, "
+            f"{h.get('claim_bytes', 0) / 1e6:,.1f} MB claimed)" for h in held))
     counters = data.get("counters", {})
     drops = counters.get("drops") or {}
     console.print(

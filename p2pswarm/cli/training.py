@@ -3,13 +3,15 @@ cancel, export)."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 
 from p2pswarm.cli.app import HomeOption, JsonOption, app, print_json
-from p2pswarm.cli.exits import EXIT_FAILURE, EXIT_USAGE, exits_on, fail
+from p2pswarm.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, exits_on, fail
 from p2pswarm.cli.local_agent import agent_answer, stream_agent
 from p2pswarm.cli.plan_changed import explain_plan_changed
 from p2pswarm.cli.plan_request import ExcludeOption
@@ -117,6 +119,8 @@ def train(
         if moved and said.get("moved") != moved:  # the job moved to a new leader
             said["moved"] = moved
             console.print(moved)
+        if isinstance(record.get("job_id"), str):
+            said["job_id"] = record["job_id"]
         line = _job_line(record)
         if said.get("line") == line:
             return
@@ -137,12 +141,46 @@ def train(
             record = stream_agent(home, message, on_event, _TRAIN_TIMEOUT_S)
     except PlanChanged as exc:
         explain_plan_changed(exc, f"--config {config}", as_json)
+    except KeyboardInterrupt:
+        _interrupted(home, said.get("job_id"), console)
     if as_json:
         print_json(record)
     else:
         console.print(_job_line(record))
     if record.get("state") in ("failed", "cancelled"):
         raise typer.Exit(EXIT_FAILURE)
+
+
+def interactive() -> bool:
+    """Whether a person can answer a question here (stdin is a terminal)."""
+    return sys.stdin.isatty()
+
+
+def _interrupted(home: Optional[Path], job_id: Optional[str], console: Any) -> NoReturn:
+    """Ctrl-C during `train`: on a terminal, ask whether to cancel the job or leave it
+    running; elsewhere leave it running and say how to stop it. Exit 130 either way."""
+    stop = "p2pswarm jobs cancel " + (job_id or "JOB_ID") + (
+        f" --home {shlex.quote(str(home))}" if home is not None else "")
+    console.print()  # past a progress line that ended in a carriage return
+    if job_id is None:
+        console.print("interrupted before the leader answered: the job may still start; "
+                      f"`p2pswarm jobs` lists it, `{stop}` stops it", soft_wrap=True,
+                      markup=False, highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if interactive():
+        try:
+            cancel = typer.confirm(f"cancel job {job_id}? (no: it keeps running)",
+                                   default=False, err=console.stderr)
+        except (KeyboardInterrupt, EOFError, typer.Abort):
+            cancel = False
+        if cancel:
+            record = agent_answer(home, {"op": "job_cancel", "job_id": job_id}, "")
+            console.print(f"cancelling {record['job_id']} (was {record['state']}); its "
+                          "checkpoints stay")
+            raise typer.Exit(EXIT_INTERRUPTED)
+    console.print(f"job {job_id} keeps running; stop it with: {stop}", soft_wrap=True,
+                  markup=False, highlight=False)  # one line, as it is to be copied
+    raise typer.Exit(EXIT_INTERRUPTED)
 
 
 jobs_app = typer.Typer(help="Training jobs: list them, cancel one.")

@@ -130,8 +130,11 @@ async def _respond(handle: Handler, request: dict[str, Any]) -> dict[str, Any]:
 async def _answer_streaming(stream: trio.SocketStream, handle: Handler,
                             request: dict[str, Any]) -> None:
     """Events as the handler emits them, then the response. A client that goes away
-    cancels the handler (a generation stops when its `generate` is interrupted)."""
+    cancels the handler (a generation stops when its `generate` is interrupted, a load is
+    cancelled when its `load` is killed): seen when an event cannot be written, and at
+    once when its end of the socket closes (a client sends nothing after its request)."""
     events_in, events_out = trio.open_memory_channel[dict[str, Any]](math.inf)
+    watching = trio.CancelScope()
 
     def send(event: dict[str, Any]) -> None:
         try:
@@ -147,15 +150,26 @@ async def _answer_streaming(stream: trio.SocketStream, handle: Handler,
                 cancel.cancel()
                 return
 
+    async def watch_for_hang_up(cancel: trio.CancelScope) -> None:
+        with watching:
+            try:
+                while await stream.receive_some(1024):
+                    pass  # nothing is expected after the request: ignored
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            cancel.cancel()
+
     response: dict[str, Any] | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(write_events, nursery.cancel_scope)
+        nursery.start_soon(watch_for_hang_up, nursery.cancel_scope)
         token = _emitter.set(send)
         try:
             response = await _respond(handle, request)
         finally:
             _emitter.reset(token)
             events_in.close()
+            watching.cancel()
     if response is None:
         return  # cancelled: the client is gone
     try:

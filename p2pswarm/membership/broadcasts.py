@@ -63,6 +63,11 @@ class BroadcastQueue:
         """Whether some update has not been sent at all yet."""
         return any(item.sends == 0 for item in self._items.values())
 
+    def retired(self, key: bytes) -> bool:
+        """Whether the update under ``key`` has had its full count of sends (or is gone)."""
+        item = self._items.get(key)
+        return item is None or item.retired_at is not None
+
     def discard(self, key: bytes) -> None:
         item = self._items.pop(key, None)
         if item is not None and item.retired_at is None:

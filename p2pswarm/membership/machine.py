@@ -59,6 +59,17 @@ fellows (twice as many when news is unsent; now and then a recently dead one, wh
 refute). Each is sent ``retransmit_mult * ceil(log10(N + 1))`` times, then lingers a few
 seconds more where a probe or an ack has room, for whoever missed the wave.
 
+Leaving. A goodbye is ``Left``, gossiped like any update and also sent straight to every
+live fellow with a ``Ping`` in the same datagram: a fellow takes in the news before it
+answers the ping, so its ``Ack`` proves it holds the leave. Fellows that have not
+acknowledged are asked again every probe timeout, for ``leave_timeout_s`` at most. The
+goodbye has spread (``leave_spread``) once every fellow asked has acknowledged (or is no
+longer live), or once ``indirect_checks`` have and gossip has sent it its full count: those
+fellows pass it on. A leaving node answers no pings (but the goodbye pings of other
+leavers: a swarm shut down at once does not wait out the bound), refutes nothing and
+publishes no new metadata: a new incarnation would undo its goodbye, and it would be
+recorded dead.
+
 Anti-entropy. Every push-pull interval (longer past 32 fellows) this node sends one random
 fellow the hash of its view over a stream; the same hash ends it. Otherwise the fellow
 answers with one summary line per member, and this node sends the records the other side
@@ -366,6 +377,12 @@ class Membership:
         self._next_join_at = _INF
         self._join_rids: dict[int, None] = {}
         self._leaving = False
+        self._leave_waiting: dict[bytes, int] = {}  # fellows yet to acknowledge our leave
+        self._leave_seqs: dict[int, bytes] = {}  # the pings that rode with it -> fellow
+        self._leave_asked = 0
+        self._leave_acked = 0
+        self._leave_retry_at = _INF
+        self._leave_until = _INF  # no more asking after this
         self._digest: bytes | None = None
         self._meta_wait: dict[bytes, float] = {}
         self._refute_streamed: dict[bytes, float] = {}
@@ -478,24 +495,60 @@ class Membership:
         return out
 
     def leave(self, now: float) -> list[Effect]:
-        """Say goodbye: fellows mark this node ``left``, not dead. Keep ticking briefly."""
+        """Say goodbye: fellows mark this node ``left``, not dead. Keep ticking (and
+        handing in datagrams) until ``leave_spread``, or ``leave_timeout_s`` at most."""
         self._clock = max(self._clock, now)
         out: list[Effect] = []
         if self._leaving:
             return out
         self._leaving = True
-        msg = Left(self.node_id, self.incarnation)
-        self._queue.add(self.node_id, msg)
-        for node in list(self._live):
-            out.append(SendDatagram(self._members[node].addr, (msg,)))
+        self._queue.add(self.node_id, Left(self.node_id, self.incarnation))
+        self._leave_asked = len(self._live)
+        for node in sorted(self._live):
+            self._ask_to_note_leave(node, out)
+        self._leave_retry_at = now + self.config.probe_timeout_s
+        self._leave_until = now + self.config.leave_timeout_s
         self._probe = None
         self._changed()
         out.append(Event(LEFT, self.node_id, self.local.name, "this node left the swarm",
                          self.incarnation, self.node_id))
         return out
 
+    @property
+    def leave_spread(self) -> bool:
+        """Whether our goodbye has got around (see Leaving, above); False before ``leave``."""
+        if not self._leaving:
+            return False
+        if not self._leave_waiting:
+            return True
+        enough = min(self.config.indirect_checks, self._leave_asked)
+        return self._leave_acked >= enough and self._queue.retired(self.node_id)
+
+    def leave_acknowledgements(self) -> tuple[int, int]:
+        """(fellows that acknowledged our leave, fellows asked to)."""
+        return self._leave_acked, self._leave_asked
+
+    def _ask_to_note_leave(self, node: bytes, out: list[Effect]) -> None:
+        """Our ``Left`` to ``node`` with a ping behind it: its ack proves it took the news."""
+        seq = self._next_seq()
+        self._leave_waiting[node] = seq
+        self._leave_seqs[seq] = node
+        out.append(SendDatagram(self._members[node].addr, (
+            Left(self.node_id, self.incarnation), Ping(seq, node, self.node_id))))
+
+    def _ask_again_to_note_leave(self, now: float, out: list[Effect]) -> None:
+        self._leave_retry_at = now + self.config.probe_timeout_s
+        for node in sorted(self._leave_waiting):
+            if node in self._live_pos:
+                self._ask_to_note_leave(node, out)
+            else:  # found dead or gone meanwhile: it will not answer
+                del self._leave_waiting[node]
+
     def set_metadata(self, metadata: bytes, now: float) -> list[Effect]:
-        """Publish new metadata: a new version, announced by gossip, pulled by fellows."""
+        """Publish new metadata: a new version, announced by gossip, pulled by fellows.
+        Nothing while leaving: its new incarnation would take the goodbye back."""
+        if self._leaving:
+            return []
         self._clock = max(self._clock, now)
         self.metadata = metadata
         self.meta_version += 1
@@ -623,7 +676,9 @@ class Membership:
         return out
 
     def next_deadline(self) -> float | None:
-        t = _INF if self._joined else self._next_join_at
+        t = _INF if self._joined or self._leaving else self._next_join_at
+        if self._leave_waiting and self._leave_retry_at < self._leave_until:
+            t = min(t, self._leave_retry_at)
         if not self._leaving:
             p = self._probe
             if p is None:
@@ -649,8 +704,10 @@ class Membership:
     def tick(self, now: float) -> list[Effect]:
         self._clock = max(self._clock, now)
         out: list[Effect] = []
-        if not self._joined and now >= self._next_join_at:
+        if not self._joined and not self._leaving and now >= self._next_join_at:
             self._send_join(now, out)
+        if self._leave_waiting and self._leave_retry_at <= now < self._leave_until:
+            self._ask_again_to_note_leave(now, out)
         if self._relays:
             for seq in [s for s, r in self._relays.items() if r.nack_at <= now]:
                 r = self._relays.pop(seq)
@@ -1105,8 +1162,12 @@ class Membership:
         return
 
     def _on_ping(self, msg: Ping, addr: str, now: float, out: list[Effect]) -> None:
-        if msg.target != self.node_id or self._leaving:
+        if msg.target != self.node_id:
             return
+        if self._leaving:  # answer only the goodbye of another leaver (fellows leaving
+            e = self._members.get(msg.source)  # together each wait for the others' acks)
+            if e is None or e.state != _LEFT:
+                return
         self._heard(msg.source, now)
         msgs: list[Any] = [Ack(msg.seq)]
         size = _ACK_ITEM
@@ -1121,6 +1182,11 @@ class Membership:
         self._send(out, addr, msgs, size)
 
     def _on_ack(self, msg: Ack, addr: str, now: float, out: list[Effect]) -> None:
+        if self._leaving and msg.seq in self._leave_seqs:
+            node = self._leave_seqs.pop(msg.seq)
+            if self._leave_waiting.pop(node, None) is not None:
+                self._leave_acked += 1
+            return
         p = self._probe
         if p is not None and msg.seq == p.seq:
             if p.phase == _DIRECT:

@@ -15,6 +15,7 @@ import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 import trio.abc
@@ -146,11 +147,13 @@ class VirtualSwarm:
         self.net.down(fellow.addr)
         fellow.agent = None
 
-    async def leave(self, i: int) -> None:
+    async def leave(self, i: int) -> dict[str, Any]:
+        """Fellow ``i`` leaves gracefully; what its agent's ``leave`` says."""
         agent = self.fellows[i].agent
         assert agent is not None
-        await agent.leave()
+        outcome = await agent.leave()
         self.fellows[i].agent = None
+        return outcome
 
     def live(self) -> list[Agent]:
         return [f.agent for f in self.fellows if f.agent is not None]

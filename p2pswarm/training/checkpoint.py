@@ -63,11 +63,19 @@ class CheckpointStore:
         return self.directory / f"step-{step:08d}"
 
     def write(self, step: int, shards: Mapping[str, Mapping[str, Any]],
-              meta: Mapping[str, Any] | None = None) -> Path:
-        """Write every shard, then the manifest, then move ``LATEST``; prune old ones."""
+              meta: Mapping[str, Any] | None = None,
+              files: Mapping[str, str] | None = None) -> Path:
+        """Write every shard, then the manifest, then move ``LATEST``; prune old ones.
+        ``files``: shards already written in the step's directory (received in parts,
+        verified), by name, with their SHA-256."""
         target = self.step_dir(step)
         target.mkdir(parents=True, exist_ok=True)
         digests: dict[str, str] = {}
+        for name, sha256 in sorted((files or {}).items()):
+            _check_name(name)
+            if not (target / f"{name}.pt").is_file():
+                raise ConfigError(f"checkpoint step {step}: shard {name} was never written")
+            digests[name] = sha256
         for name in sorted(shards):
             _check_name(name)
             data = shard_bytes(shards[name])

@@ -7,9 +7,11 @@ copies use them directly, so copying shards between fellows never imports torch.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from p2pswarm.errors import ConfigError
 
@@ -30,10 +32,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -44,6 +46,23 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def latest_cut(directory: str | Path) -> list[int] | None:
+    """The stage cut of the newest complete checkpoint in ``directory`` (None: none there,
+    or unreadable)."""
+    steps = sorted(d for d in Path(directory).glob("step-*")
+                   if d.name[5:].isdigit() and (d / MANIFEST).is_file())
+    if not steps:
+        return None
+    try:
+        manifest: Any = json.loads((steps[-1] / MANIFEST).read_text())
+        cut = manifest["meta"]["cut"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(cut, list) or not all(type(c) is int for c in cut):
+        return None
+    return list(cut)
 
 
 def shard_holders(shards: Sequence[str], fellows: Sequence[str],
@@ -60,4 +79,5 @@ def shard_holders(shards: Sequence[str], fellows: Sequence[str],
     return holders
 
 
-__all__ = ["LATEST", "MANIFEST", "atomic_write_bytes", "shard_holders"]
+__all__ = ["LATEST", "MANIFEST", "atomic_write_bytes", "fsync_dir", "latest_cut",
+           "shard_holders"]

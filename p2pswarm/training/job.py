@@ -26,6 +26,19 @@ WEIGHT_DTYPES = ("f32", "f16", "bf16")
 BASE_DTYPES = ("f32", "f16", "bf16", "int8", "int4")
 TOKEN_DTYPES = ("uint16", "int32")
 CORPUS = "builtin:corpus"  # the public-domain text shipped with the package
+DATA_REF = "sha256:"  # a data file sent with the job, named by its SHA-256 (hex)
+_HEX64 = frozenset("0123456789abcdef")
+
+
+def is_data_ref(name: str) -> bool:
+    """Whether ``name`` names a data file sent with the job (``sha256:`` and 64 hex)."""
+    digest = name[len(DATA_REF):]
+    return name.startswith(DATA_REF) and len(digest) == 64 and set(digest) <= _HEX64
+
+
+def local_data_files(data: DataConfig) -> list[str]:
+    """The data files ``data`` names on a disk (not the built-in corpus, not sent ones)."""
+    return [f for f in (*data.files, *data.token_files) if f != CORPUS and not is_data_ref(f)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +177,7 @@ class JobConfig:
         path: Path | None = None
         text = str(source)
         if isinstance(source, Path) or not text.lstrip().startswith("{"):
-            path = Path(source)
+            path = Path(source).expanduser().resolve()
             try:
                 text = path.read_text()
             except OSError as exc:
@@ -301,8 +314,8 @@ def _data(raw: Any, base_dir: Path | None) -> DataConfig:
     token_files = _str_list(raw, "token_files", "data")
     if files is None and token_files is None:
         files = [CORPUS]
-    resolved = tuple(f if f == CORPUS else str(_path(f, base_dir)) for f in files or ())
-    tokens = tuple(str(_path(f, base_dir)) for f in token_files or ())
+    resolved = tuple(_data_file(f, base_dir) for f in files or ())
+    tokens = tuple(_data_file(f, base_dir) for f in token_files or ())
     if not resolved and not tokens:
         raise ConfigError("data: give at least one text file or token file")
     dtype = raw.get("token_dtype", "uint16")
@@ -473,6 +486,17 @@ def _str_list(raw: Mapping[str, Any], key: str, where: str) -> list[str] | None:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise ConfigError(f"{where}.{key} must be a list of strings")
     return list(value)
+
+
+def _data_file(raw: str, base_dir: Path | None) -> str:
+    """A data file as the job keeps it: the corpus, a file sent with the job, or a path
+    (relative ones against the job file's directory)."""
+    if raw == CORPUS or is_data_ref(raw):
+        return raw
+    if raw.startswith(DATA_REF):
+        raise ConfigError(f"data file {raw[:80]!r}: a sent file is named sha256: and 64 "
+                          "lowercase hex digits")
+    return str(_path(raw, base_dir))
 
 
 def _path(raw: str, base_dir: Path | None) -> Path:

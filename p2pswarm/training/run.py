@@ -150,9 +150,12 @@ class LocalRun:
             raise ConfigError("the checkpoint was written by a different job.json; resume "
                               "with the job it was trained with")
         run = cls(job, cut=meta["cut"], replicas=meta["replicas"], source=source, data=data)
+        positions = meta.get("positions") or {}  # written by the swarm (or re-sharded)
         for i, replica in enumerate(run.replicas):
             for s in range(len(replica.stages)):
-                replica.load_shard_state(s, store.read(step, f"replica-{i}.stage-{s}"))
+                name = f"replica-{i}.stage-{s}"
+                replica.load_shard_state(s, {**store.read(step, name),
+                                             **positions.get(name, {})})
             replica.pipeline.copy_tied_weight()
         for s, keeper in enumerate(run.keepers):
             keeper.load_state_dict(store.read(step, f"keeper.stage-{s}"), float(step))

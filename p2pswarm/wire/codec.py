@@ -21,7 +21,7 @@ from p2pswarm.errors import LocalProtocolError, RemoteProtocolError, VersionMism
 from p2pswarm.wire.schema import Items, Range, Size
 
 PROTOCOL_MAJOR = 2  # 2: every call, order and training message is its own type
-PROTOCOL_MINOR = 0
+PROTOCOL_MINOR = 1  # 1: stage states and long blobs travel in parts (training.py)
 
 DEFAULT_STR_CHARS = 1024
 DEFAULT_BYTES = 64 * 1024 * 1024

@@ -1,8 +1,8 @@
 """Loading: the leader's calls and the stage orders it sends (tags 77-99).
 
 A fellow asks the leader to ``LoadAsk`` a plan request (answered ``LoadDone`` with the
-load's record), to show ``LoadsAsk`` what is loaded (``LoadsShown``) and to ``UnloadAsk``
-(``Unloaded``). The leader brings a load up with three rounds of orders, one per stage:
+load's record), to show ``LoadsAsk`` what is loaded (``LoadsShown``), to ``UnloadAsk``
+(``Unloaded``) and to ``LoadCancel`` a load its CLI gave up on (``LoadCancelled``). The leader brings a load up with three rounds of orders, one per stage:
 ``StagePrepare`` (check and reserve, ``StagePrepared``), ``StageLoad`` (fetch and build,
 ``StageLoaded``), ``StageStart`` (learn the route and go live, ``StageStarted``), and
 takes it down with ``StageRelease`` (``StageReleased``). A refusal travels as
@@ -220,8 +220,32 @@ class Unloaded:
     plan_ids: Annotated[tuple[PlanId, ...], Items(MAX_LOADS)]
 
 
+@message(91)
+@dataclass(frozen=True, slots=True)
+class LoadCancel:
+    """The load asked for under ``ticket`` is no longer wanted (its CLI was interrupted):
+    stop bringing it up and release every stage, or unload it if it is already up."""
+
+    ticket: Annotated[str, Size(1, 64)]
+    term: U64 = 0
+
+
+LOAD_CANCEL_OUTCOMES = ("cancelled", "unloaded", "unknown")
+
+
+@message(92)
+@dataclass(frozen=True, slots=True)
+class LoadCancelled:
+    """``cancelled``: stopped mid-way, everything released; ``unloaded``: it had just come
+    up and is unloaded; ``unknown``: no load under that ticket (a late ask is refused)."""
+
+    outcome: Annotated[str, Size(1, 16)]
+    plan_id: MaybePlanId = ""
+
+
 __all__ = [
-    "LoadAsk", "LoadDone", "LoadsAsk", "LoadsShown", "RouteHop", "RuntimeBlock",
-    "StageAssignment", "StageLoad", "StageLoaded", "StagePrepare", "StagePrepared",
-    "StageRelease", "StageReleased", "StageStart", "StageStarted", "UnloadAsk", "Unloaded",
+    "LOAD_CANCEL_OUTCOMES", "LoadAsk", "LoadCancel", "LoadCancelled", "LoadDone", "LoadsAsk",
+    "LoadsShown", "RouteHop", "RuntimeBlock", "StageAssignment", "StageLoad", "StageLoaded",
+    "StagePrepare", "StagePrepared", "StageRelease", "StageReleased", "StageStart",
+    "StageStarted", "UnloadAsk", "Unloaded",
 ]

@@ -14,15 +14,26 @@ of the driver's commands, each its own type, and the stage's answer:
 - ``TakeDelta`` -> ``Delta``: the stage's pseudo-gradient, an encoded vector anchored on
   ``version``; ``Update``: the keeper's update to ``version`` -> ``Ack``;
 - ``ParamsAsk`` -> ``Params``: the stage's synced parameters (the keeper starts there);
-- ``StateAsk`` -> ``State`` / ``StateLoad`` -> ``Ack``: a stage's shard (``torch.save``
-  bytes, read back weights-only) for checkpoints and resume;
+- ``StateAsk`` -> ``StateHead`` and ``StatePart`` frames / ``StateLoadHead`` and
+  ``StatePart`` frames -> ``Ack``: a stage's state (``torch.save`` bytes, read back
+  weights-only) for checkpoints and resume, of any size: the head announces its size and
+  SHA-256, the parts (at most ``SHARD_CHUNK_BYTES`` each) follow in order;
 - ``TiedAsk`` -> ``Tied`` / ``TiedWeight`` -> ``Ack``: the first stage's embedding for a
   last stage holding a tied head, after a sync round;
 - ``Reset``: a replica placed again takes the keeper's global parameters at ``version``
   -> ``Ack``; ``Stop`` ends the stream. ``Ack`` also answers the control stream's open.
 
 ``TrainError`` names the stage and fellow that failed and why, in either direction.
-Tag 112 (the untyped ``TrainCtl``) is retired and never reused.
+A blob or tensor longer than one part (``TrainTensor``, ``Delta``, ``Update``,
+``Params``, ``Reset``, ``Tied``, ``TiedWeight``) carries its first ``SHARD_CHUNK_BYTES``
+and says in ``more`` how many bytes follow as ``StatePart`` frames (protocol 2.1), so no
+frame cap limits a stage's size either.
+Tag 112 (the untyped ``TrainCtl``) is retired and never reused, and so are 125 and 126
+(``State``, ``StateLoad``: a stage's whole state in one frame, capped at 64 MiB).
+
+Job data (the text and token files a job trains on, read where the job was submitted)
+travels on streams of its own too: ``DataPut`` and its parts store a file under its
+SHA-256 on the fellow that drives the job; ``DataFetch`` asks a fellow for one.
 
 Checkpoint copies travel on streams of their own. ``TrainShard`` opens one from the
 leader to a holder: the shard ``name`` of checkpoint ``step`` of ``job_id`` with its
@@ -45,6 +56,7 @@ Word = Annotated[str, Size(1, 32)]
 Blob = Annotated[bytes, Size(0, 64 * 1024 * 1024)]
 Hex = Annotated[str, Size(0, 64)]
 SHARD_CHUNK_BYTES = 16 * 1024 * 1024
+Chunk = Annotated[bytes, Size(0, SHARD_CHUNK_BYTES)]
 
 
 @message(110)
@@ -68,6 +80,7 @@ class TrainTensor:
     step: U32
     micro: U16
     tensor: Blob
+    more: U64 = 0  # bytes past ``tensor`` that follow as StatePart frames
 
 
 @message(113)
@@ -87,7 +100,7 @@ class TrainShard:
     sha256: Hex
     offset: U64
     total: U64
-    data: Blob
+    data: Chunk
 
 
 @message(115)
@@ -146,6 +159,7 @@ class Delta:
 
     version: U32
     blob: Blob
+    more: U64 = 0  # bytes past ``blob`` that follow as StatePart frames
 
 
 @message(121)
@@ -155,6 +169,7 @@ class Update:
 
     version: U32
     blob: Blob
+    more: U64 = 0  # bytes past ``blob`` that follow as StatePart frames
 
 
 @message(122)
@@ -169,28 +184,13 @@ class Params:
     """The stage's synced parameters as one flat tensor frame."""
 
     blob: Blob
+    more: U64 = 0  # bytes past ``blob`` that follow as StatePart frames
 
 
 @message(124)
 @dataclass(frozen=True, slots=True)
 class StateAsk:
     """Send the stage's checkpoint shard."""
-
-
-@message(125)
-@dataclass(frozen=True, slots=True)
-class State:
-    """A stage's checkpoint shard (``torch.save`` bytes: stage and sync state)."""
-
-    blob: Blob
-
-
-@message(126)
-@dataclass(frozen=True, slots=True)
-class StateLoad:
-    """Load this checkpoint shard (as ``State``'s blob) into the stage."""
-
-    blob: Blob
 
 
 @message(127)
@@ -200,6 +200,7 @@ class Reset:
 
     version: U32
     blob: Blob
+    more: U64 = 0  # bytes past ``blob`` that follow as StatePart frames
 
 
 @message(128)
@@ -214,6 +215,7 @@ class Tied:
     """The first stage's input embedding as a tensor frame."""
 
     blob: Blob
+    more: U64 = 0  # bytes past ``blob`` that follow as StatePart frames
 
 
 @message(180)
@@ -222,6 +224,7 @@ class TiedWeight:
     """The last stage's tied head takes this embedding (a tensor frame)."""
 
     blob: Blob
+    more: U64 = 0  # bytes past ``blob`` that follow as StatePart frames
 
 
 @message(181)
@@ -238,7 +241,56 @@ class Stop:
     """The driver is done with the stage: end the stream."""
 
 
-__all__ = ["SHARD_CHUNK_BYTES", "Ack", "Delta", "Params", "ParamsAsk", "Reset", "State",
-           "StateAsk", "StateLoad", "StepApply", "StepReport", "StepRun", "Stop",
-           "TakeDelta", "Tied", "TiedAsk", "TiedWeight", "TrainError", "TrainFetch",
+@message(190)
+@dataclass(frozen=True, slots=True)
+class StateHead:
+    """The stage's state (answering ``StateAsk``): ``total`` bytes with SHA-256 ``sha256``
+    follow as ``StatePart`` frames."""
+
+    total: U64
+    sha256: Hex
+
+
+@message(191)
+@dataclass(frozen=True, slots=True)
+class StateLoadHead:
+    """Load this state into the stage: ``total`` bytes with SHA-256 ``sha256`` follow as
+    ``StatePart`` frames; the stage answers ``Ack`` once it holds them."""
+
+    total: U64
+    sha256: Hex
+
+
+@message(192)
+@dataclass(frozen=True, slots=True)
+class StatePart:
+    """``data`` at ``offset`` of the bytes a head announced (``StateHead``,
+    ``StateLoadHead``, ``DataPut``): parts come in order, none empty."""
+
+    offset: U64
+    data: Chunk
+
+
+@message(193)
+@dataclass(frozen=True, slots=True)
+class DataPut:
+    """A job's data file, ``total`` bytes with SHA-256 ``sha256`` (its name in the store),
+    follows as ``StatePart`` frames; answered ``Ack`` once stored, or ``TrainError``. Also
+    the answer to ``DataFetch``."""
+
+    sha256: Hex
+    total: U64
+
+
+@message(194)
+@dataclass(frozen=True, slots=True)
+class DataFetch:
+    """Send the job data file named ``sha256`` (as ``DataPut``), or ``TrainError``."""
+
+    sha256: Hex
+
+
+__all__ = ["SHARD_CHUNK_BYTES", "Ack", "DataFetch", "DataPut", "Delta", "Params", "ParamsAsk", "Reset",
+           "StateAsk", "StateHead", "StateLoadHead", "StatePart", "StepApply", "StepReport",
+           "StepRun", "Stop", "TakeDelta", "Tied", "TiedAsk", "TiedWeight", "TrainError", "TrainFetch",
            "TrainOpen", "TrainShard", "TrainTensor", "Update"]

@@ -16,7 +16,7 @@ The rooms, one role each:
 - ``runtime``: the ``StageRuntime`` seam to compute; ``torch_runtime`` its torch side.
 
 ``Serving`` wires them together for one agent and answers the control ops ``load``,
-``loads``, ``unload`` and ``generate``.
+``load_cancel``, ``loads``, ``unload`` and ``generate``.
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ class Serving:
         self.host = StageHost(agent, leadership, self.runtime, self.offers, self.progress)
         self.sessions = StageSessions(agent, self.runtime, self.host.hosted)
         self.driver = Generation(agent, self.runtime, self.leader, self.offers)
-        agent.control_ops.update({"load": self._op_load, "loads": self._op_loads,
-                                  "unload": self._op_unload, "generate": self._op_generate})
+        agent.control_ops.update({"load": self._op_load, "load_cancel": self._op_load_cancel,
+                                  "loads": self._op_loads, "unload": self._op_unload,
+                                  "generate": self._op_generate})
         if lazy is not None and agent.home is not None and agent.card_source is not None:
             # A fellow that offers cards will likely host a stage, and importing torch
             # takes seconds on a small machine: pay it now, beside startup, not in `load`.
@@ -115,9 +116,24 @@ class Serving:
 
     async def load(self, message: dict[str, Any], *, plan_id: str | None = None,
                    model_dir: str | None = None, adapter_dir: str | None = None,
-                   on_progress: Emit | None = None) -> dict[str, Any]:
+                   on_progress: Emit | None = None,
+                   load_id: str | None = None) -> dict[str, Any]:
         return await self.asker.load(message, plan_id=plan_id, model_dir=model_dir,
-                                     adapter_dir=adapter_dir, on_progress=on_progress)
+                                     adapter_dir=adapter_dir, on_progress=on_progress,
+                                     load_id=load_id)
+
+    async def cancel_load(self, load_id: str) -> dict[str, Any]:
+        """Cancel the load asked for as ``load_id``, all or nothing (``asking``)."""
+        return await self.asker.cancel(load_id)
+
+    def held_stages(self) -> list[dict[str, Any]]:
+        """The stages this fellow holds (reserved, loading, loaded, active, or released
+        while their build still runs: ``releasing``), with their claims."""
+        held = [(key, h.state, h) for key, h in self.host.hosted.items()]
+        held += [(key, "releasing", h) for key, h in self.host.releasing.items()]
+        return [{"plan_id": plan_id, "stage": stage, "state": state,
+                 "claim_bytes": h.order.claim_bytes, "allocated_bytes": h.allocated_bytes}
+                for (plan_id, stage), state, h in sorted(held, key=lambda x: x[:2])]
 
     async def unload(self, plan_id: str | None = None, *, all: bool = False) -> dict[str, Any]:
         return await self.asker.unload(plan_id, all=all)
@@ -156,10 +172,19 @@ class Serving:
         if not isinstance(message, dict):
             raise ConfigError("a load op needs a \"request\" map, as the plan op")
         path, adapter = request.get("path"), request.get("adapter")
+        load_id = request.get("load_id")
+        if load_id is not None and not isinstance(load_id, str):
+            raise ConfigError("\"load_id\" must be a string")
         return await self.load(message, plan_id=request.get("plan_id") or None,
                                model_dir=str(path) if path else None,
                                adapter_dir=str(adapter) if adapter else None,
-                               on_progress=current_emitter())
+                               on_progress=current_emitter(), load_id=load_id or None)
+
+    async def _op_load_cancel(self, request: dict[str, Any]) -> Any:
+        load_id = request.get("load_id")
+        if not isinstance(load_id, str) or not load_id:
+            raise ConfigError("load_cancel needs the \"load_id\" its load was asked with")
+        return await self.cancel_load(load_id)
 
     async def _op_loads(self, request: dict[str, Any]) -> Any:
         return {"loads": await self.list_loads()}

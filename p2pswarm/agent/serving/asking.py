@@ -1,25 +1,60 @@
 """The asking side of a load: the fellow where ``load`` runs names the model (a built-in,
 or a directory it hashes and offers), reads and checks a LoRA adapter against the planned
 base and offers its tensors, then asks the leader (``LoadAsk``) and streams the stage
-fellows' progress to its CLI while it waits. ``unload`` asks the leader too."""
+fellows' progress to its CLI while it waits. ``unload`` asks the leader too.
+
+A load its CLI names with a ``load_id`` can be cancelled (``cancel``, the control op
+``load_cancel``: the CLI was interrupted), all or nothing: the wait is cancelled and the
+leader told (``LoadCancel``), which releases every stage; a load that came up just before
+is unloaded; an id not seen yet is remembered, so its load, if it comes, is refused."""
 
 from __future__ import annotations
 
+import logging
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import trio
 
 from p2pswarm.agent.adapter import check_adapter, read_adapter
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.control.server import Emit
-from p2pswarm.errors import ConfigError
+from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
 from p2pswarm.planner.profile import BUILTIN_MODELS
-from p2pswarm.wire.loads import LoadAsk, LoadDone, UnloadAsk, Unloaded
+from p2pswarm.wire.loads import (
+    LoadAsk,
+    LoadCancel,
+    LoadCancelled,
+    LoadDone,
+    UnloadAsk,
+    Unloaded,
+)
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
     from p2pswarm.agent.agent import Agent
     from p2pswarm.agent.leadership import Leadership
+
+log = logging.getLogger("p2pswarm.serving")
+
+LOAD_ID = re.compile(r"[0-9a-zA-Z_-]{1,64}")  # what a CLI may name its load with
+LOADS_KEPT = 64  # loads remembered by id after they end, for a cancel that comes late
+CANCEL_TIMEOUT_S = 30.0  # the most a cancelled load waits for the leader to release it
+
+
+@dataclass(eq=False)
+class _Asking:
+    """One load this fellow asked for, as its cancel finds it."""
+
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    done: trio.Event = field(default_factory=trio.Event)
+    plan_id: str = ""  # the load that came up, or the one the leader cancelled
+    loaded: bool = False
+    outcome: str = ""  # the leader's word on a cancel (``LoadCancelled.outcome``)
 
 
 class LoadAsker:
@@ -29,28 +64,101 @@ class LoadAsker:
         self.leadership = leadership
         self.offers = offers
         self.progress = progress
+        self._asking: OrderedDict[str, _Asking] = OrderedDict()  # by load id
 
     async def load(self, message: dict[str, Any], *, plan_id: str | None = None,
                    model_dir: str | None = None, adapter_dir: str | None = None,
-                   on_progress: Emit | None = None) -> dict[str, Any]:
+                   on_progress: Emit | None = None,
+                   load_id: str | None = None) -> dict[str, Any]:
         """Ask the leader to load ``message`` (a plan request), pinned to ``plan_id`` if
         given; ``model_dir``: the model's directory on this fellow (else a built-in);
-        ``adapter_dir``: LoRA adapters on this fellow to serve on top of the model."""
-        model = await self._model_identity(message, model_dir)
-        adapter = None
-        if adapter_dir is not None:
-            adapter = await self._adapter_identity(message, model, adapter_dir)
-            message = {**message, "adapter": adapter["sha256"]}
-        elif message.get("adapter"):
-            raise ConfigError("the request names an adapter: give its directory (--adapter)")
+        ``adapter_dir``: LoRA adapters on this fellow to serve on top of the model;
+        ``load_id``: the name ``cancel`` finds it by."""
+        asking = self._begin(load_id)
         ticket = self.progress.new_ticket(on_progress)
+        asked = False
         try:
-            call = LoadAsk(pack_doc(message), plan_id or "", pack_doc(model),
-                           pack_doc(adapter) if adapter else b"", self.agent.addr, ticket)
-            reply = await self.leadership.ask(call, LoadDone)
+            with asking.scope:
+                model = await self._model_identity(message, model_dir)
+                adapter = None
+                if adapter_dir is not None:
+                    adapter = await self._adapter_identity(message, model, adapter_dir)
+                    message = {**message, "adapter": adapter["sha256"]}
+                elif message.get("adapter"):
+                    raise ConfigError("the request names an adapter: give its directory "
+                                      "(--adapter)")
+                call = LoadAsk(pack_doc(message), plan_id or "", pack_doc(model),
+                               pack_doc(adapter) if adapter else b"", self.agent.addr, ticket)
+                asked = True
+                try:
+                    reply = await self.leadership.ask(call, LoadDone)
+                except TransportError:
+                    raise  # the leader may be bringing it up still: cancelled below
+                except SwarmError:
+                    asked = False  # the leader refused it: it keeps nothing of it
+                    raise
+                record = unpack_doc(reply.record)
+                asking.plan_id, asking.loaded = str(record.get("plan_id", "")), True
+                return record
+            raise PlacementError("the load was cancelled; nothing stays loaded")
         finally:
             self.progress.done(ticket)
-        return unpack_doc(reply.record)
+            if asked and not asking.loaded:  # cancelled while the leader worked on it
+                with trio.CancelScope(shield=True):
+                    await self._cancel_on_leader(ticket, asking)
+            asking.done.set()
+
+    def _begin(self, load_id: str | None) -> _Asking:
+        asking = _Asking()
+        if load_id is None:
+            return asking
+        if not LOAD_ID.fullmatch(load_id):
+            raise ConfigError("a load_id is 1-64 letters, digits, '-' or '_'")
+        if load_id in self._asking:
+            raise PlacementError(f"load {load_id} was asked for already (or cancelled)")
+        ended = [k for k, a in self._asking.items() if a.done.is_set()]
+        for old in ended[:max(0, len(self._asking) + 1 - LOADS_KEPT)]:
+            del self._asking[old]  # the oldest that ended; one under way stays findable
+        self._asking[load_id] = asking
+        return asking
+
+    async def _cancel_on_leader(self, ticket: str, asking: _Asking) -> None:
+        """Tell the leader the load under ``ticket`` is no longer wanted; wait for it."""
+        with trio.move_on_after(CANCEL_TIMEOUT_S) as waited:
+            try:
+                reply = await self.leadership.ask(LoadCancel(ticket), LoadCancelled)
+            except SwarmError as exc:
+                log.warning("cancelling a load: the leader did not answer (%s); fellows "
+                            "drop stages never started by themselves", exc)
+                asking.outcome = "unconfirmed"
+                return
+            asking.outcome = reply.outcome
+            asking.plan_id = reply.plan_id or asking.plan_id
+        if waited.cancelled_caught:
+            log.warning("cancelling a load: no answer from the leader within %g s",
+                        CANCEL_TIMEOUT_S)
+            asking.outcome = "unconfirmed"
+
+    async def cancel(self, load_id: str) -> dict[str, Any]:
+        """Cancel the load asked for as ``load_id``, all or nothing: what became of it
+        (``cancelled``: nothing stays loaded; ``unloaded``: it had come up, and is
+        unloaded again; ``not-started``: it had not reached this agent, and never will;
+        ``unconfirmed``: the leader did not answer the cancel)."""
+        if not LOAD_ID.fullmatch(load_id):
+            raise ConfigError("a load_id is 1-64 letters, digits, '-' or '_'")
+        asking = self._asking.get(load_id)
+        if asking is None:  # its load op has not arrived yet: refuse it when it does
+            self._begin(load_id).done.set()
+            return {"load_id": load_id, "outcome": "not-started", "plan_id": None}
+        asking.scope.cancel()
+        await asking.done.wait()
+        if asking.loaded:  # it came up before the cancel: take it down
+            await self.unload(asking.plan_id)
+            asking.loaded = False
+            asking.outcome = "unloaded"
+        outcome = asking.outcome if asking.outcome in ("unloaded", "unconfirmed") \
+            else "cancelled"
+        return {"load_id": load_id, "outcome": outcome, "plan_id": asking.plan_id or None}
 
     async def unload(self, plan_id: str | None = None, *, all: bool = False) -> dict[str, Any]:
         """Ask the leader to unload ``plan_id`` (or the only load, or ``all``)."""

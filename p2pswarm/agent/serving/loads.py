@@ -19,6 +19,11 @@ stage, concurrently:
    goes live; the fellow gossips what it now serves, route included (metadata
    ``stages``), so any fellow, a new leader too, can find the load.
 
+Cancelling (``LoadCancel``, when the CLI that asked is interrupted) names the load by the
+asker's ticket and keeps it all or nothing: a bring-up under way is cancelled and every
+stage released; a load that had just come up is unloaded; a ticket not seen yet is
+remembered, so its ``LoadAsk``, still on its way, is refused.
+
 What is loaded (``loads_view``) is the loads this agent led plus those fellows gossip
 that they serve, each stage with its fellow's membership state; an unloaded plan's
 gossip may lag, so it is ignored for ``UNLOAD_TOMBSTONE_S``.
@@ -28,7 +33,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
@@ -55,6 +62,8 @@ from p2pswarm.planner.profile import BUILTIN_MODELS
 from p2pswarm.planner.wording import card_label
 from p2pswarm.wire.loads import (
     LoadAsk,
+    LoadCancel,
+    LoadCancelled,
     LoadDone,
     LoadsAsk,
     LoadsShown,
@@ -81,6 +90,23 @@ R = TypeVar("R")
 Addrs = dict[int, tuple[str, str, str]]  # stage -> (fellow id hex, name, addr)
 
 UNLOAD_TOMBSTONE_S = 60.0  # gossip of an unloaded stage may lag; ignore it this long
+TICKETS_KEPT = 256  # tickets of finished or cancelled loads remembered for a late cancel
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """A load being brought up for the asker holding ``ticket``."""
+
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    done: trio.Event = field(default_factory=trio.Event)
+    plan_id: str = ""
+
+
+def _remember(kept: OrderedDict[str, str], ticket: str, value: str) -> None:
+    kept[ticket] = value
+    kept.move_to_end(ticket)
+    while len(kept) > TICKETS_KEPT:
+        kept.popitem(last=False)
 
 
 class Loads:
@@ -92,13 +118,66 @@ class Loads:
         self.load_timeout_s = 3600.0  # fetching and loading a big stage takes a while
         self._unloaded: dict[str, float] = {}
         self._lock = trio.Lock()
+        self._in_flight: dict[str, _InFlight] = {}  # ticket -> the bring-up under way
+        self._finished: OrderedDict[str, str] = OrderedDict()  # ticket -> plan_id loaded
+        # tickets whose load ended without coming up, or was cancelled before it came
+        self._cancelled: OrderedDict[str, str] = OrderedDict()  # -> plan_id, if planned
         leadership.serve(LoadAsk, self._leader_load)
         leadership.serve(LoadsAsk, self._leader_loads)
         leadership.serve(UnloadAsk, self._leader_unload)
+        leadership.serve(LoadCancel, self._leader_cancel)
 
     # --- loading ---------------------------------------------------------------------
 
     async def _leader_load(self, call: LoadAsk) -> LoadDone:
+        ticket = call.ticket
+        if not ticket:
+            return await self._load(call, _InFlight())
+        if ticket in self._cancelled or ticket in self._in_flight or ticket in self._finished:
+            raise PlacementError("this load was cancelled by the fellow that asked for it; "
+                                 "nothing was loaded")
+        flight = self._in_flight[ticket] = _InFlight()
+        came_up = False
+        try:
+            with flight.scope:
+                done = await self._load(call, flight)
+                came_up = True
+                _remember(self._finished, ticket, flight.plan_id)
+                return done
+            plan = f" of plan {flight.plan_id}" if flight.plan_id else ""
+            raise PlacementError(f"the load{plan} was cancelled by the fellow that asked for "
+                                 "it; nothing stays loaded")
+        finally:
+            del self._in_flight[ticket]
+            if not came_up:  # refused, failed or cancelled: nothing of it stays
+                _remember(self._cancelled, ticket, flight.plan_id)
+            flight.done.set()
+
+    async def _leader_cancel(self, call: LoadCancel) -> LoadCancelled:
+        """Cancel the load asked for under ``call.ticket``, all or nothing (see above)."""
+        ticket = call.ticket
+        flight = self._in_flight.get(ticket)
+        if flight is not None:  # under way: stop it; it releases what it holds
+            flight.scope.cancel()
+            await flight.done.wait()
+        plan_id = self._finished.pop(ticket, None)
+        if plan_id is not None:  # it came up before the cancel arrived: take it down
+            async with self._lock:
+                record = next((r for r in self.loads_view() if r["plan_id"] == plan_id), None)
+                if record is not None:
+                    await self._unload([record])
+            log.info("load %s cancelled by its asker just after it came up; unloaded", plan_id)
+            return LoadCancelled("unloaded", plan_id)
+        if ticket in self._cancelled:
+            plan_id = self._cancelled[ticket]
+            if flight is not None:
+                log.info("load %s cancelled by its asker; everything released",
+                         plan_id or "(not planned yet)")
+            return LoadCancelled("cancelled", plan_id)
+        _remember(self._cancelled, ticket, "")  # its LoadAsk may still be on its way
+        return LoadCancelled("unknown", "")
+
+    async def _load(self, call: LoadAsk, flight: _InFlight) -> LoadDone:
         message, model = unpack_doc(call.request), unpack_doc(call.model)
         adapter = unpack_doc(call.adapter) if call.adapter else None
         expected = call.plan_id or None
@@ -113,7 +192,7 @@ class Loads:
             if not plan.get("fits"):
                 raise PlacementError(f"plan {plan['plan_id']} does not fit: "
                                      f"{plan['layout']['limit']['sentence']}")
-            plan_id = plan["plan_id"]
+            plan_id = flight.plan_id = plan["plan_id"]
             if any(r["plan_id"] == plan_id for r in self.loads_view()):
                 raise PlacementError(f"plan {plan_id} is already loaded: `p2pswarm loads` "
                                      "shows it; unload it first to load it again")
@@ -136,6 +215,18 @@ class Loads:
     async def _bring_up(self, plan: dict[str, Any], orders: list[StageOrder], addrs: Addrs,
                         model: dict[str, Any],
                         adapter: dict[str, Any] | None = None) -> dict[str, Any]:
+        plan_id = plan["plan_id"]
+        try:
+            return await self._bring_up_orders(plan, orders, addrs, model, adapter)
+        except SwarmError:
+            raise  # refused or failed: it released everything already
+        except BaseException:  # cancelled (by its asker, or as this agent stops): the
+            await self.release_all(plan_id, addrs)  # same, all or nothing (shielded)
+            raise
+
+    async def _bring_up_orders(self, plan: dict[str, Any], orders: list[StageOrder],
+                               addrs: Addrs, model: dict[str, Any],
+                               adapter: dict[str, Any] | None) -> dict[str, Any]:
         plan_id = plan["plan_id"]
         began = time.perf_counter()
         prepared = await self._order_all(
@@ -244,13 +335,17 @@ class Loads:
             else:
                 raise ConfigError(f"{len(views)} loads: name one (`p2pswarm unload PLAN_ID`) "
                                   "or pass --all")
-            for record in chosen:
-                addrs = {s["stage"]: (s["fellow_id"], s["fellow"], s["addr"])
-                         for s in record["stages"] if s.get("state") in ("alive", "suspect")}
-                await self.release_all(record["plan_id"], addrs)
-                self.loads.pop(record["plan_id"], None)
-                self._unloaded[record["plan_id"]] = trio.current_time()
+            await self._unload(chosen)
             return Unloaded(tuple(r["plan_id"] for r in chosen))
+
+    async def _unload(self, records: list[dict[str, Any]]) -> None:
+        """Release every stage of these loads (hold ``_lock``)."""
+        for record in records:
+            addrs = {s["stage"]: (s["fellow_id"], s["fellow"], s["addr"])
+                     for s in record["stages"] if s.get("state") in ("alive", "suspect")}
+            await self.release_all(record["plan_id"], addrs)
+            self.loads.pop(record["plan_id"], None)
+            self._unloaded[record["plan_id"]] = trio.current_time()
 
     async def list_loads(self) -> list[dict[str, Any]]:
         """The leader's answer, or this fellow's own view when no leader answers."""

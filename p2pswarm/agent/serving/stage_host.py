@@ -67,6 +67,8 @@ class StageHost:
         self.offers = offers
         self.progress = progress
         self.hosted: dict[tuple[str, int], HostedStage] = {}
+        # released while their build ran: what it allocates is dropped when it ends
+        self.releasing: dict[tuple[str, int], HostedStage] = {}
         self.reservation_s = 120.0  # a stage reserved or loaded but never started
         leadership.obey(StagePrepare, self._prepare)
         leadership.obey(StageLoad, self._load)
@@ -210,10 +212,16 @@ class StageHost:
         except BaseException:
             if self.hosted.get(key) is hosted:
                 hosted.state = "reserved"  # the leader releases it
+            elif self.releasing.get(key) is hosted:
+                del self.releasing[key]
             raise
         allocated = stage.allocated_bytes()
         if self.hosted.get(key) is not hosted:  # released while it loaded
-            await run(stage.unload, hosted.limiter)
+            try:
+                await run(stage.unload, hosted.limiter)
+            finally:
+                if self.releasing.get(key) is hosted:
+                    del self.releasing[key]
             raise PlacementError(f"stage {order.stage} of {order.plan_id} was released "
                                  "while it loaded")
         if allocated > order.claim_bytes:
@@ -315,6 +323,8 @@ class StageHost:
         was_active = any(h.state == "active" for _, h in dropped)
         for key, hosted in dropped:
             del self.hosted[key]
+            if hosted.state == "loading":  # its build runs on: dropped when it ends
+                self.releasing[key] = hosted
             hosted.state = "released"
         for _, hosted in dropped:
             stage, hosted.stage, hosted.allocated_bytes = hosted.stage, None, 0

@@ -8,7 +8,9 @@
 - ``stage_host``: a fellow hosting stages (the orders, the control and data streams);
 - ``driver``: the leader driving a job (streams, steps, pauses, placing again);
 - ``rounds``: DiLoCo sync rounds between replicas (``training.round_rule``);
-- ``checkpoints``: checkpoints gathered, stored, copied to fellows, resumed;
+- ``checkpoints``: checkpoints gathered, stored, copied to fellows, resumed (``transfer``:
+  states and shards of any size, in parts);
+- ``job_data``: the files a job trains on, read where it is submitted and sent with it;
 - ``job_state``, ``handover``, ``takeover``: each job's record and round state copied to
   a few fellows, and a new leader driving the jobs on from there;
 - ``runtime`` / ``torch_runtime``: the seam to torch, loaded on first use.
@@ -31,6 +33,7 @@ import trio
 from p2pswarm.agent.pins import ShownPlans
 from p2pswarm.agent.training.checkpoints import TrainCopies
 from p2pswarm.agent.training.driver import drive
+from p2pswarm.agent.training.job_data import JobData, sent_files
 from p2pswarm.agent.training.handover import JobHandover
 from p2pswarm.agent.training.jobs import (
     CHANGED,
@@ -106,6 +109,7 @@ class Training:
         self.placer = Placer(self)
         self.stages = StageHosts(self)
         self.copies = TrainCopies(agent)
+        self.data = JobData(agent)
         self.handover = JobHandover(self)
         self.takeover = Takeover(self)
         agent.control_ops.update({"job_plan": self._op_plan, "job_submit": self._op_submit,
@@ -163,6 +167,8 @@ class Training:
         """Submit a job to the leader; with ``follow``, stream its record (control events
         ``{"job": record}``) until it ends, and return the last one. ``maximize="seq_len"``
         trains at the longest sequence length that fits now."""
+        if config is not None:
+            await self._send_data(config)
         call = JobSubmit(None if config is None else pack_doc(config), plan_id or "", stages,
                          resume, maximize or "", tuple(exclude_cards or ()))
         record = unpack_doc((await self.leadership.ask(call, JobRecord)).record)
@@ -190,6 +196,22 @@ class Training:
                 record = now
                 emit({"job": record})
         return record
+
+    async def _send_data(self, config: dict[str, Any]) -> None:
+        """The data files ``config`` sends with it, to the leader (unless this fellow
+        leads: they are in its store already)."""
+        if self.leadership.is_leader() or not sent_files(config):
+            return
+        leader = self.agent.leader()
+        member = self.agent.fellow(leader["id"]) if leader is not None else None
+        if member is None:
+            raise PlacementError("no leader in this fellow's view to send the job's data to; "
+                                 "wait for one to be elected")
+        try:
+            await self.data.push(config, member.addr)
+        except trio.TooSlowError:
+            raise TransportError("sending the job's data files to the leader took too long"
+                                 ) from None
 
     async def export(self, job_id: str, out: str) -> Any:
         """Export job ``job_id``'s latest checkpoint into ``out`` on this fellow (a Hugging
@@ -253,6 +275,8 @@ class Training:
             config, stages = None, _stages(request)
         else:
             config, stages = self._checked(request)
+        if config is not None:  # the files it names are read here and travel with it
+            config = await self.data.attach(config)
         plan_id = request.get("plan_id")
         if plan_id is not None and not isinstance(plan_id, str):
             raise ConfigError("plan_id must be a string")

@@ -1,26 +1,31 @@
 """Checkpoints of a job: gathered by the driver, stored by the leader, copied to fellows.
 
-Every ``checkpoint.interval_steps`` the driver gathers every stage's shard (parameters,
-optimizer, sync state, as ``State``) with the replicas' data positions and the keepers'
-state into the leader's ``CheckpointStore`` (atomic files, manifest last), then spreads
-it: each shard goes to the ``copies`` fellows ``shard_holders`` picks among the connected
-fellows other than the leader (rendezvous hashing: stable as unrelated fellows come and
-go), and the manifest to every holder, last. A holder writes each shard atomically under
-``<home>/checkpoint-copies/<job>/step-NNNNNNNN/`` after checking its SHA-256, and keeps
-the newest ``KEEP_STEPS`` steps it has a manifest for. With the leader's copy and two
-more on distinct fellows, losing any one fellow (its disk included) loses no shard.
+Every ``checkpoint.interval_steps`` the driver asks every stage for its state
+(``StateAsk``); each answers in parts (``transfer``: size and SHA-256 first, then
+``StatePart`` frames), written straight into the shard's file in the step directory of
+the leader's ``CheckpointStore``, so no message or memory cap limits a checkpoint. The
+replicas' data positions and the keepers' state join them, and the manifest goes last.
+Then the leader spreads it: each shard goes to the ``copies`` fellows ``shard_holders``
+picks among the connected fellows other than the leader (rendezvous hashing: stable as
+unrelated fellows come and go), and the manifest to every holder, last. A holder writes
+each shard under ``<home>/checkpoint-copies/<job>/step-NNNNNNNN/`` as its frames arrive,
+renaming it into place once its SHA-256 matches, and keeps the newest ``KEEP_STEPS``
+steps it has a manifest for. With the leader's copy and two more on distinct fellows,
+losing any one fellow (its disk included) loses no shard.
 
 Resuming, the leader reads its own copy; a shard missing or damaged there (or the whole
 checkpoint directory gone) is fetched from whichever connected fellow holds it, checked
-against the manifest and written back into the leader's store; every stage then loads
-its shard (``StateLoad``) and training goes on with the same loss trajectory.
+against the manifest and written back into the leader's store. Where the swarm now cuts
+the model differently, the runtime re-shards the checkpoint onto the new cut
+(``training.reshard``) in a scratch store. Every stage then loads its shard
+(``StateLoadHead`` and parts) and training goes on with the same loss trajectory.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
+from functools import partial
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,7 +35,18 @@ import trio
 
 from p2pswarm.agent.streams import send_best_effort, send_message
 from p2pswarm.agent.training.links import receive_answer
-from p2pswarm.errors import ConfigError, PlacementError, RemoteProtocolError, SwarmError
+from p2pswarm.agent.training.transfer import (
+    Landing,
+    check_hash,
+    check_part,
+    check_room,
+    file_sha256,
+    receive_shard_file,
+    receive_state_parts,
+    send_shard_file,
+    send_state_file,
+)
+from p2pswarm.errors import ConfigError, PlacementError, SwarmError
 from p2pswarm.training.checkpoint_files import (
     LATEST,
     MANIFEST,
@@ -38,11 +54,10 @@ from p2pswarm.training.checkpoint_files import (
     shard_holders,
 )
 from p2pswarm.wire.training import (
-    SHARD_CHUNK_BYTES,
     Ack,
-    State,
     StateAsk,
-    StateLoad,
+    StateHead,
+    StateLoadHead,
     TrainError,
     TrainFetch,
     TrainShard,
@@ -53,6 +68,7 @@ if TYPE_CHECKING:
     from p2pswarm.agent.training import Training
     from p2pswarm.agent.training.driver import Replica
     from p2pswarm.agent.training.jobs import Job
+    from p2pswarm.agent.training.links import Link
     from p2pswarm.agent.training.runtime import StageKeeper, TrainRuntime
     from p2pswarm.training.checkpoint import CheckpointStore
     from p2pswarm.training.job import JobConfig
@@ -61,7 +77,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2pswarm.training")
 
 KEEP_STEPS = 3  # newest complete steps a holder keeps per job
-COPY_TIMEOUT_S = 120.0  # the most one shard's copy may take
+COPY_TIMEOUT_S = 120.0  # the most a small shard's copy may take
+COPY_FLOOR_BYTES_PER_S = 10e6  # a big one gets this much longer per byte
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # a manifest names shards; it is never big
 
 
 def same_training(job: dict[str, Any]) -> dict[str, Any]:
@@ -88,31 +106,41 @@ class Checkpoints:
 
         async def copy_tied(self, r: Replica) -> None: ...
 
+    @property
+    def _max_shard_bytes(self) -> int:
+        return self.training.agent.config.transport.max_shard_bytes
+
     async def checkpoint(self) -> None:
-        """Gather every shard into the store, then copy it to fellows."""
+        """Gather every stage's state into the store (each straight into its shard file,
+        in parts), then copy the checkpoint to fellows."""
         store = self.store
         assert store is not None
         if len(self.active) != len(self.replicas):
             log.info("job %s: checkpoint at step %d skipped, a replica is paused",
                      self.job.job_id, self.job.step)
             return
-        shards: dict[str, dict[str, Any]] = {}
+        step = self.job.step
+        target = store.step_dir(step)
+        files: dict[str, str] = {}
+        positions: dict[str, dict[str, int]] = {}
         for r in self.replicas:
             for link in r.links:
-                state = self.runtime.read_shard((await link.ask(StateAsk(), State)).blob)
-                shards[f"{r.name}.stage-{link.stage}"] = {
-                    **state, "data_position": r.stream.position, "pipeline_steps": r.steps,
-                    "samples_unsent": r.samples_unsent, "steps_unsent": r.steps_unsent}
-        for s, keeper in enumerate(self.keepers):
-            shards[f"keeper.stage-{s}"] = keeper.state_dict()
+                name = f"{r.name}.stage-{link.stage}"
+                files[name] = await self._gather_state(link, target / f"{name}.pt")
+                positions[name] = {"data_position": r.stream.position,
+                                   "pipeline_steps": r.steps,
+                                   "samples_unsent": r.samples_unsent,
+                                   "steps_unsent": r.steps_unsent, "version": r.version}
+        shards = {f"keeper.stage-{s}": keeper.state_dict()
+                  for s, keeper in enumerate(self.keepers)}
         cut = [link_layers[0] for link_layers in
                (s["layers"] for s in self.job.placement[0][1:])]
-        meta = {"step": self.job.step, "samples": self.job.samples,
+        meta = {"step": step, "samples": self.job.samples,
                 "bytes_sent": self.job.bytes_sent, "losses": self.job.losses, "cut": cut,
                 "replicas": len(self.replicas), "job": self.cfg.to_dict(),
-                "job_id": self.job.job_id}
-        step = self.job.step
-        path = await self.training.agent.compute.run(lambda: store.write(step, shards, meta))
+                "job_id": self.job.job_id, "positions": positions}
+        path = await self.training.agent.compute.run(
+            lambda: store.write(step, shards, meta, files))
         self.job.checkpoint = str(path)
         self.job.checkpoint_step = self.job.step
         self.job.copies = await self.training.copies.spread(
@@ -123,8 +151,21 @@ class Checkpoints:
                         self.job.job_id, self.job.step, self.cfg.checkpoint.copies,
                         ", ".join(thin))
 
+    async def _gather_state(self, link: Link, dest: Path) -> str:
+        """Stage ``link``'s state into the file ``dest``; its SHA-256."""
+        await link.send(StateAsk())
+        head = await link.receive(StateHead)
+        what = f"the state of stage {link.stage} on {link.fellow}"
+        check_room(head.total, self._max_shard_bytes, dest.parent, what)
+        assert link.stream is not None
+        await receive_state_parts(link.stream, Landing(dest, head.total, head.sha256, what),
+                                  f"stage {link.stage} on {link.fellow}",
+                                  self.training.agent.compute.run)
+        return head.sha256
+
     async def resume(self) -> None:
-        """Every stage, keeper and data stream back where the latest checkpoint left."""
+        """Every stage, keeper and data stream back where the latest checkpoint left: on
+        the checkpoint's own cut, or re-sharded onto the cut the swarm gives now."""
         store = self.store
         if store is None:
             raise ConfigError("the job names no checkpoint.dir to resume from")
@@ -137,20 +178,44 @@ class Checkpoints:
             raise ConfigError("the checkpoint was written by a different job.json; resume "
                               "with the job it was trained with")
         cut = [s["layers"][0] for s in self.job.placement[0][1:]]
-        if list(meta["cut"]) != cut or int(meta["replicas"]) != len(self.replicas):
+        if int(meta["replicas"]) != len(self.replicas):
             raise PlacementError(
-                f"the checkpoint was trained as {meta['replicas']} replicas cut at "
-                f"{meta['cut']}; the swarm now gives {len(self.replicas)} cut at {cut}")
+                f"the checkpoint was trained as {meta['replicas']} replicas; the swarm now "
+                f"gives {len(self.replicas)} (resume when the cards hold as many)")
+        source = store
+        if list(meta["cut"]) != cut:
+            log.info("job %s: checkpoint %d was cut at %s, the swarm now cuts at %s: "
+                     "re-sharding it", self.job.job_id, step, meta["cut"], cut)
+            runtime = self.runtime
+            source = await self.training.agent.compute.run(
+                lambda: runtime.reshard(store, step, cut))
+        try:
+            await self._load_from(source, step)
+        finally:
+            if source is not store:
+                shutil.rmtree(source.directory, ignore_errors=True)
+
+    async def _load_from(self, store: CheckpointStore, step: int) -> None:
+        manifest = store.manifest(step)
+        meta, digests = manifest["meta"], manifest["shards"]
+        positions = meta.get("positions") or {}
         for r in self.replicas:
             for link in r.links:
-                state = store.read(step, f"{r.name}.stage-{link.stage}")
-                await link.ask(StateLoad(self.runtime.shard_bytes(
-                    {"stage": state["stage"], "sync": state["sync"]})), Ack)
+                name = f"{r.name}.stage-{link.stage}"
+                path = store.step_dir(step) / f"{name}.pt"
+                await link.send(StateLoadHead(path.stat().st_size, digests[name]))
+                assert link.stream is not None
+                await send_state_file(link.stream, path, self.training.agent.compute.run)
+                await link.receive(Ack)
+                # checkpoints written before the positions moved to the manifest keep
+                # them in each shard
+                state = positions.get(name) or store.read(step, name)
                 r.stream.position = int(state["data_position"])
-                r.version = r.rounds_done = int(state["sync"]["version"])
                 r.steps = int(state["pipeline_steps"])
                 r.samples_unsent = int(state["samples_unsent"])
                 r.steps_unsent = int(state["steps_unsent"])
+                version = state["version"] if "version" in state else state["sync"]["version"]
+                r.version = r.rounds_done = int(version)
             await self.copy_tied(r)
         for s, keeper in enumerate(self.keepers):
             keeper.load_state_dict(store.read(step, f"keeper.stage-{s}"), float(step))
@@ -183,16 +248,23 @@ class TrainCopies:
                 self._root = Path(tempfile.mkdtemp(prefix="p2pswarm-copies-"))
         return self._root
 
+    @property
+    def incoming(self) -> Path:
+        """Where a stage's state lands before it is loaded (no job id starts with a dot)."""
+        return self.root / ".incoming"
+
+    @property
+    def _cap(self) -> int:
+        return self.agent.config.transport.max_shard_bytes
+
     def step_dir(self, job_id: str, step: int) -> Path:
-        _check_part(job_id)
-        return self.root / job_id / f"step-{step:08d}"
+        return self.root / check_part(job_id) / f"step-{step:08d}"
 
     def held(self, job_id: str) -> dict[int, list[str]]:
         """The steps of ``job_id`` this fellow holds whole (manifest present) and the
         shards it holds of each."""
-        _check_part(job_id)
         out: dict[int, list[str]] = {}
-        for d in sorted((self.root / job_id).glob("step-*")):
+        for d in sorted((self.root / check_part(job_id)).glob("step-*")):
             if (d / MANIFEST).is_file() and d.name[5:].isdigit():
                 out[int(d.name[5:])] = sorted(p.name[:-3] for p in d.glob("*.pt"))
         return out
@@ -201,12 +273,12 @@ class TrainCopies:
 
     async def _on_shard(self, first: TrainShard, stream: SecureStream) -> None:
         try:
-            data = await _receive_rest(first, stream)
             directory = self.step_dir(first.job_id, first.step)
-            _check_part(first.name)
+            filename = _filename(first.name)
+            cap = MAX_MANIFEST_BYTES if first.name == MANIFEST else self._cap
             directory.mkdir(parents=True, exist_ok=True)
-            filename = MANIFEST if first.name == MANIFEST else f"{first.name}.pt"
-            atomic_write_bytes(directory / filename, data)
+            await receive_shard_file(first, stream, directory / filename, cap,
+                                     self.agent.compute.run)
             if first.name == MANIFEST:
                 self._prune(first.job_id)
         except (SwarmError, OSError) as exc:
@@ -223,17 +295,16 @@ class TrainCopies:
                 if not steps:
                     raise ConfigError(f"{self.agent.name} holds no checkpoint of {msg.job_id}")
                 step = max(steps)
-            _check_part(msg.name)
-            filename = MANIFEST if msg.name == MANIFEST else f"{msg.name}.pt"
-            path = self.step_dir(msg.job_id, step) / filename
+            path = self.step_dir(msg.job_id, step) / _filename(msg.name)
             if not path.is_file():
                 raise ConfigError(f"{self.agent.name} holds no {msg.name} of step {step}")
-            data = path.read_bytes()
+            digest = await self.agent.compute.run(lambda: file_sha256(path))
         except (SwarmError, OSError) as exc:
             why = str(exc) if isinstance(exc, SwarmError) else f"cannot read: {exc.strerror}"
             await send_best_effort(stream, TrainError(0, self.agent.name, why[:500]))
             return
-        await _send_shard(stream, msg.job_id, step, msg.name, data)
+        await send_shard_file(stream, msg.job_id, step, msg.name, path, digest,
+                              self.agent.compute.run)
 
     def _prune(self, job_id: str) -> None:
         for step in sorted(self.held(job_id))[:-KEEP_STEPS]:
@@ -251,8 +322,10 @@ class TrainCopies:
                      copies: int) -> dict[str, list[str]]:
         """Copy checkpoint ``step`` (written in ``directory``) to ``copies`` fellows per
         shard; which fellows hold each shard (an empty list where no copy landed)."""
-        manifest_bytes = (directory / MANIFEST).read_bytes()
-        names = sorted(json.loads(manifest_bytes)["shards"])
+        manifest_path = directory / MANIFEST
+        manifest_sha = file_sha256(manifest_path)
+        digests: dict[str, str] = json.loads(manifest_path.read_bytes())["shards"]
+        names = sorted(digests)
         fellows = self._fellows()
         holders = shard_holders(names, sorted(fellows), copies)
         landed: dict[str, list[str]] = {name: [] for name in names}
@@ -261,10 +334,11 @@ class TrainCopies:
             mine = [n for n in names if fellow in holders[n]]
             try:
                 for name in mine:
-                    data = (directory / f"{name}.pt").read_bytes()
-                    await self._push(fellows[fellow], job_id, step, name, data)
+                    await self._push(fellows[fellow], job_id, step, name,
+                                     directory / f"{name}.pt", digests[name])
                     landed[name].append(fellow)
-                await self._push(fellows[fellow], job_id, step, MANIFEST, manifest_bytes)
+                await self._push(fellows[fellow], job_id, step, MANIFEST, manifest_path,
+                                 manifest_sha)
             except (SwarmError, OSError, trio.TooSlowError) as exc:
                 log.warning("checkpoint %d of %s: copy to %s failed: %s", step, job_id,
                             fellow, exc)
@@ -277,36 +351,62 @@ class TrainCopies:
                 nursery.start_soon(one, fellow)
         return {name: sorted(landed[name]) for name in names}
 
-    async def _push(self, addr: str, job_id: str, step: int, name: str, data: bytes) -> None:
-        with trio.fail_after(COPY_TIMEOUT_S):
+    async def _push(self, addr: str, job_id: str, step: int, name: str, path: Path,
+                    sha256: str) -> None:
+        with trio.fail_after(_copy_timeout_s(path.stat().st_size)):
             async with await self.agent.open_secure(addr) as stream:
-                await _send_shard(stream, job_id, step, name, data)
+                await send_shard_file(stream, job_id, step, name, path, sha256,
+                                      self.agent.compute.run)
                 await receive_answer(stream, Ack, f"the holder at {addr}", name_stage=False)
 
-    async def fetch(self, job_id: str, step: int, name: str) -> tuple[int, bytes] | None:
-        """Shard ``name`` of step ``step`` (0: each fellow's newest; the highest wins) from
-        the connected fellows: (step, bytes), or None when no fellow has it."""
-        found: list[tuple[int, bytes]] = []
-        for fellow, addr in sorted(self._fellows().items()):
-            try:
+    async def _fetch_one(self, fellow: str, addr: str, ask: TrainFetch, dest: Path,
+                         cap: int, sha256: str | None) -> int | None:
+        """``ask`` of one fellow into ``dest``: the step it sent, or None."""
+        try:
+            async with await self.agent.open_secure(addr) as stream:
                 with trio.fail_after(COPY_TIMEOUT_S):
-                    async with await self.agent.open_secure(addr) as stream:
-                        await send_message(stream, TrainFetch(job_id, step, name))
-                        first = await receive_answer(stream, TrainShard, fellow,
-                                                     name_stage=False)
-                        found.append((first.step, await _receive_rest(first, stream)))
-            except (SwarmError, trio.TooSlowError) as exc:
-                log.info("fetching %s of %s from %s: %s", name, job_id, fellow, exc)
-                continue
-            if step != 0:
-                break
-        return max(found, key=lambda f: f[0]) if found else None
+                    await send_message(stream, ask)
+                    first = await receive_answer(stream, TrainShard, fellow,
+                                                 name_stage=False)
+                if (first.name != ask.name or (ask.step and first.step != ask.step)
+                        or (sha256 is not None and first.sha256 != sha256)):
+                    raise ConfigError(f"{fellow} holds another {ask.name}")
+                with trio.fail_after(_copy_timeout_s(first.total)):
+                    await receive_shard_file(first, stream, dest, cap,
+                                             self.agent.compute.run)
+                return first.step
+        except (SwarmError, OSError, trio.TooSlowError) as exc:
+            log.info("fetching %s of %s from %s: %s", ask.name, ask.job_id, fellow, exc)
+            return None
+
+    async def fetch_manifest(self, job_id: str, scratch: Path) -> tuple[int, bytes] | None:
+        """The newest manifest of ``job_id`` any connected fellow holds: (step, bytes)."""
+        best: tuple[int, bytes] | None = None
+        dest = scratch / f".{MANIFEST}.fetched"
+        for fellow, addr in sorted(self._fellows().items()):
+            step = await self._fetch_one(fellow, addr, TrainFetch(job_id, 0, MANIFEST), dest,
+                                         MAX_MANIFEST_BYTES, None)
+            if step is not None and (best is None or step > best[0]):
+                best = (step, dest.read_bytes())
+            dest.unlink(missing_ok=True)
+        return best
+
+    async def fetch_shard(self, job_id: str, step: int, name: str, dest: Path,
+                          sha256: str) -> bool:
+        """Shard ``name`` of step ``step`` with SHA-256 ``sha256`` from the first connected
+        fellow that has it, into ``dest``; whether one had it."""
+        for fellow, addr in sorted(self._fellows().items()):
+            if await self._fetch_one(fellow, addr, TrainFetch(job_id, step, name), dest,
+                                     self._cap, sha256) is not None:
+                return True
+        return False
 
     async def restore(self, job_id: str, store: CheckpointStore) -> int | None:
         """Make the newest checkpoint whole in ``store``: the leader's own copy where it
         is sound, shards fetched from fellows where it is not; its step (None: none)."""
         step = store.latest()
-        remote = await self.fetch(job_id, 0, MANIFEST)
+        store.directory.mkdir(parents=True, exist_ok=True)
+        remote = await self.fetch_manifest(job_id, store.directory)
         if remote is not None and (step is None or remote[0] > step):
             step = remote[0]
             store.step_dir(step).mkdir(parents=True, exist_ok=True)
@@ -315,58 +415,39 @@ class TrainCopies:
             return None
         else:
             manifest_bytes = (store.step_dir(step) / MANIFEST).read_bytes()
-        shards = json.loads(manifest_bytes)["shards"]
+        try:
+            shards = json.loads(manifest_bytes)["shards"]
+            names = sorted(shards)
+            for name in names:
+                check_part(name)
+                check_hash(shards[name])
+        except (ValueError, KeyError, TypeError, SwarmError) as exc:
+            raise ConfigError(f"checkpoint step {step} of {job_id}: its manifest is "
+                              f"damaged ({exc})") from exc
         directory = store.step_dir(step)
-        for name in sorted(shards):
+        for name in names:
             path = directory / f"{name}.pt"
-            if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == shards[name]:
+            if path.is_file() and await self.agent.compute.run(
+                    partial(file_sha256, path)) == shards[name]:
                 continue
-            got = await self.fetch(job_id, step, name)
-            if got is None or hashlib.sha256(got[1]).hexdigest() != shards[name]:
+            if not await self.fetch_shard(job_id, step, name, path, shards[name]):
                 raise ConfigError(f"checkpoint step {step} of {job_id}: shard {name} is gone "
                                   "from the leader and from every connected fellow")
-            atomic_write_bytes(path, got[1])
             log.info("checkpoint %d of %s: shard %s fetched from a fellow", step, job_id, name)
         atomic_write_bytes(directory / MANIFEST, manifest_bytes)
         atomic_write_bytes(store.directory / LATEST, directory.name.encode())
         return step
 
 
-def _check_part(name: str) -> None:
-    if not name or "/" in name or "\\" in name or name.startswith(".") or "\0" in name:
-        raise ConfigError(f"bad checkpoint name {name!r}")
+def _filename(name: str) -> str:
+    """The file a shard name from the network is kept in (the name checked first)."""
+    return MANIFEST if name == MANIFEST else f"{check_part(name)}.pt"
 
 
-async def _send_shard(stream: SecureStream, job_id: str, step: int, name: str,
-                      data: bytes) -> None:
-    digest = hashlib.sha256(data).hexdigest()
-    offset = 0
-    while True:
-        chunk = data[offset:offset + SHARD_CHUNK_BYTES]
-        await send_message(stream, TrainShard(job_id, step, name, digest, offset, len(data),
-                                              chunk))
-        offset += len(chunk)
-        if offset >= len(data):
-            return
-
-
-async def _receive_rest(first: TrainShard, stream: SecureStream) -> bytes:
-    """The whole shard whose first frame is ``first``, checked against its digest."""
-    parts, have = [first.data], len(first.data)
-    if first.offset != 0:
-        raise RemoteProtocolError("bad-shard", "a shard must start at offset 0")
-    while have < first.total:
-        msg = await receive_answer(stream, TrainShard, "the sender", name_stage=False)
-        if (msg.name, msg.step, msg.offset, msg.total) != (first.name, first.step, have,
-                                                           first.total) or not msg.data:
-            raise RemoteProtocolError("bad-shard", f"shard {first.name}: frame out of order")
-        parts.append(msg.data)
-        have += len(msg.data)
-    data = b"".join(parts)
-    if have != first.total or hashlib.sha256(data).hexdigest() != first.sha256:
-        raise RemoteProtocolError("bad-shard", f"shard {first.name} does not match its "
-                                  "SHA-256 (damaged in transit)")
-    return data
+def _copy_timeout_s(total_bytes: int) -> float:
+    """The most one copy may take: ``COPY_TIMEOUT_S``, and more for a big shard (at
+    ``COPY_FLOOR_BYTES_PER_S`` at least)."""
+    return COPY_TIMEOUT_S + total_bytes / COPY_FLOOR_BYTES_PER_S
 
 
 __all__ = ["COPY_TIMEOUT_S", "KEEP_STEPS", "Checkpoints", "TrainCopies", "same_training"]

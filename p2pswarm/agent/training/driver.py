@@ -185,7 +185,8 @@ class Driver(SyncRounds, Checkpoints):
 
     async def run(self) -> None:
         cfg, job, runtime = self.cfg, self.job, self.runtime
-        data = await self.agent.compute.run(lambda: runtime.replica_data(cfg,
+        here = await self.training.data.local(cfg)  # its data files, sent with the job
+        data = await self.agent.compute.run(lambda: runtime.replica_data(here,
                                                                          len(self.replicas)))
         for r, stream in zip(self.replicas, data):
             r.data = stream

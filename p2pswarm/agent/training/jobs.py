@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from p2pswarm.agent.training.job_data import refuse_paths
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.models.files import read_model_config
 from p2pswarm.training.job import JobConfig
@@ -140,10 +141,14 @@ class LeaderJobs:
 
     async def plan(self, config: Any, *, stages: int | None = None,
                    maximize: str | None = None,
-                   exclude_cards: list[str] | None = None) -> dict[str, Any]:
-        """The job's plan on this leader's view: one pipeline per replica."""
+                   exclude_cards: list[str] | None = None,
+                   cut: list[int] | None = None) -> dict[str, Any]:
+        """The job's plan on this leader's view: one pipeline per replica (on ``cut``,
+        a resumed checkpoint's, where the cards hold it)."""
         job = job_config(config)
         model = model_message(job)
+        if cut:  # the planner keeps a model's trained cut where it fits
+            model = {**model, "config": {**model["config"], "p2pswarm_stage_cut": cut}}
         exclude = list(exclude_cards or [])
         wanted = job.replicas
         plans: list[dict[str, Any]] = []
@@ -191,7 +196,7 @@ class LeaderJobs:
         config: Any = None if call.config is None else unpack_doc(call.config)
         if resume:
             config = self._resume_config(resume, config)
-        job_config(config)
+        refuse_paths(job_config(config))  # data comes with the job, never from this disk
         expected = call.plan_id or None
         maximize = "seq_len" if call.maximize == "seq_len" else None
         exclude = list(call.exclude_cards)

@@ -25,6 +25,7 @@ from p2pswarm.agent.training.jobs import CHANGED, TERMINAL, Job, job_config, mod
 from p2pswarm.errors import PlacementError, ReplicaLost, SwarmError
 from p2pswarm.planner import ClusterView, plan_message
 from p2pswarm.planner.wording import card_label
+from p2pswarm.training.checkpoint_files import latest_cut
 from p2pswarm.wire.jobs import TrainPrepare, TrainPrepared, TrainRelease, TrainReleased
 from p2pswarm.wire.orders import pack_doc
 
@@ -50,7 +51,7 @@ class Placer:
             try:
                 plan = await self.training.leader.plan(
                     job.config, stages=job.stages, maximize=job.maximize,
-                    exclude_cards=job.exclude_cards)
+                    exclude_cards=job.exclude_cards, cut=self._checkpoint_cut(job))
                 if job.maximize and not job.pinned:
                     job.config["seq_len"] = int(plan["request"]["seq_len"])
                 if job.pinned and plan["plan_id"] != job.plan_id:
@@ -74,6 +75,15 @@ class Placer:
                 job.state, job.reason = "pending", reason
                 log.info("job %s pending: %s", job.job_id, exc)
             await trio.sleep(self.training.retry_s)
+
+    @staticmethod
+    def _checkpoint_cut(job: Job) -> list[int] | None:
+        """The cut of the checkpoint an unpinned job resumes from, on this leader's disk:
+        kept where the cards hold it, so nothing needs re-sharding."""
+        cfg = job_config(job.config)
+        if not job.resume or job.pinned or cfg.checkpoint.dir is None:
+            return None
+        return latest_cut(cfg.checkpoint.dir)
 
     async def wait_to_resume(self, job: Job, lost: ReplicaLost) -> Placement:
         """A lone replica lost a fellow: the job waits ``pending`` until cards take its

@@ -125,11 +125,10 @@ class TrainRuntime(Protocol):
     def clip_coefficient(self, sq_norms: list[float], max_norm: float) -> float:
         """The gradient clip coefficient from every stage's squared gradient norm."""
 
-    def read_shard(self, shard: bytes) -> dict[str, Any]: ...
-
-    def shard_bytes(self, state: dict[str, Any]) -> bytes: ...
-
     def checkpoint_store(self, directory: str | Path, keep: int) -> CheckpointStore: ...
+
+    def reshard(self, store: CheckpointStore, step: int, cut: list[int]) -> CheckpointStore:
+        """Checkpoint ``step`` re-sharded onto ``cut``, as a scratch store of its own."""
 
     def export(self, store: CheckpointStore, out_dir: Path, step: int) -> Any:
         """Export checkpoint ``step`` into ``out_dir`` (``job_export.Exported``)."""

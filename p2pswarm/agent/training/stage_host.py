@@ -17,6 +17,7 @@ optimizer step with the driver's clip coefficient (``StepApply``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -28,7 +29,14 @@ import trio
 from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.streams import send_best_effort, send_message
 from p2pswarm.agent.training.jobs import job_config
-from p2pswarm.agent.training.links import receive_answer
+from p2pswarm.agent.training.links import receive_answer, send_long
+from p2pswarm.agent.training.transfer import (
+    Landing,
+    check_part,
+    check_room,
+    receive_state_parts,
+    send_state_parts,
+)
 from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError
 from p2pswarm.planner.wording import card_label, gb
 from p2pswarm.training.schedule import stage_ops
@@ -46,9 +54,9 @@ from p2pswarm.wire.training import (
     Params,
     ParamsAsk,
     Reset,
-    State,
     StateAsk,
-    StateLoad,
+    StateHead,
+    StateLoadHead,
     StepApply,
     StepReport,
     StepRun,
@@ -119,7 +127,7 @@ class StageHosts:
         self.hosts: dict[tuple[str, int, int], TrainHost] = {}
         self._commands: dict[type, Command] = {
             TakeDelta: self._take_delta, Update: self._update, ParamsAsk: self._params,
-            StateAsk: self._state, StateLoad: self._load, Reset: self._reset,
+            StateAsk: self._state, StateLoadHead: self._load, Reset: self._reset,
             TiedAsk: self._tied, TiedWeight: self._tied_weight,
         }
         training.leadership.obey(TrainPrepare, self.prepare)
@@ -265,20 +273,34 @@ class StageHosts:
     async def _take_delta(self, host: TrainHost, msg: TakeDelta, control: SecureStream
                           ) -> None:
         version, blob = await self.run(host.compute.take_delta, host)
-        await send_message(control, Delta(version, blob))
+        await send_long(control, Delta(version, blob))
 
     async def _update(self, host: TrainHost, msg: Update, control: SecureStream) -> None:
         await self.run(lambda: host.compute.apply_update(msg.version, msg.blob), host)
         await send_message(control, Ack(msg.version))
 
     async def _params(self, host: TrainHost, msg: ParamsAsk, control: SecureStream) -> None:
-        await send_message(control, Params(await self.run(host.compute.params, host)))
+        await send_long(control, Params(await self.run(host.compute.params, host)))
 
     async def _state(self, host: TrainHost, msg: StateAsk, control: SecureStream) -> None:
-        await send_message(control, State(await self.run(host.compute.state, host)))
+        state = await self.run(host.compute.state, host)
+        digest = await self.run(lambda: hashlib.sha256(state).hexdigest(), host)
+        await send_message(control, StateHead(len(state), digest))
+        await send_state_parts(control, state)
 
-    async def _load(self, host: TrainHost, msg: StateLoad, control: SecureStream) -> None:
-        await self.run(lambda: host.compute.load_state(msg.blob), host)
+    async def _load(self, host: TrainHost, msg: StateLoadHead, control: SecureStream
+                    ) -> None:
+        """The driver's state for this stage, in parts, through a verified file."""
+        incoming = self.training.copies.incoming
+        what = f"the state of stage {host.index}"
+        check_room(msg.total, self.agent.config.transport.max_shard_bytes, incoming, what)
+        path = incoming / check_part(f"{host.job_id}.{host.replica}.{host.index}.pt")
+        try:
+            await receive_state_parts(control, Landing(path, msg.total, msg.sha256, what),
+                                      "the driver", partial(self.run, host=host))
+            await self.run(lambda: host.compute.load_state(path.read_bytes()), host)
+        finally:
+            path.unlink(missing_ok=True)
         await send_message(control, Ack())
 
     async def _reset(self, host: TrainHost, msg: Reset, control: SecureStream) -> None:
@@ -286,7 +308,7 @@ class StageHosts:
         await send_message(control, Ack(msg.version))
 
     async def _tied(self, host: TrainHost, msg: TiedAsk, control: SecureStream) -> None:
-        await send_message(control, Tied(host.compute.tied()))
+        await send_long(control, Tied(host.compute.tied()))
 
     async def _tied_weight(self, host: TrainHost, msg: TiedWeight, control: SecureStream
                            ) -> None:
@@ -312,7 +334,7 @@ class StageHosts:
                     losses.append(out)
                 else:
                     assert downstream is not None
-                    await send_message(downstream, TrainTensor("activation", step, m, out))
+                    await send_long(downstream, TrainTensor("activation", step, m, out))
             else:
                 g = None
                 if not last:
@@ -322,8 +344,7 @@ class StageHosts:
                 grad_in = await self.run(partial(compute.backward, m, g, 1.0 / n_micro), host)
                 if grad_in is not None:
                     assert host.upstream is not None
-                    await send_message(host.upstream,
-                                       TrainTensor("gradient", step, m, grad_in))
+                    await send_long(host.upstream, TrainTensor("gradient", step, m, grad_in))
         tied, sq = compute.finish()
         loss_sum = sum(losses)
         if not math.isfinite(loss_sum) or not math.isfinite(sq):
@@ -331,7 +352,7 @@ class StageHosts:
                                  "(lower lr.peak)")
         await send_message(control, StepReport(step, tied is not None, sq, loss_sum))
         if tied is not None:
-            await send_message(control, TrainTensor("tied", step, 0, tied))
+            await send_long(control, TrainTensor("tied", step, 0, tied))
         apply = await receive_answer(control, StepApply, "the driver")
         total = None
         if tied is not None:

@@ -21,6 +21,7 @@ from p2pswarm.training.data import SampleStream
 from p2pswarm.training.job import JobConfig
 from p2pswarm.training.job_export import check_out_dir, export_checkpoint
 from p2pswarm.training.replica import job_stage_model, synced_tensors
+from p2pswarm.training.reshard import reshard_checkpoint
 from p2pswarm.training.run import job_data
 from p2pswarm.training.source import open_job_model
 from p2pswarm.training.stage import TrainStage, clip_coefficient
@@ -217,14 +218,11 @@ class TorchRuntime:
     def clip_coefficient(self, sq_norms: list[float], max_norm: float) -> float:
         return clip_coefficient(sq_norms, max_norm)
 
-    def read_shard(self, shard: bytes) -> dict[str, Any]:
-        return read_shard_bytes(shard)
-
-    def shard_bytes(self, state: dict[str, Any]) -> bytes:
-        return shard_bytes(state)
-
     def checkpoint_store(self, directory: str | Path, keep: int) -> CheckpointStore:
         return CheckpointStore(directory, keep=keep)
+
+    def reshard(self, store: CheckpointStore, step: int, cut: list[int]) -> CheckpointStore:
+        return reshard_checkpoint(store, step, cut)
 
     def export(self, store: CheckpointStore, out_dir: Path, step: int) -> Any:
         return export_checkpoint(store, out_dir, step=step)

@@ -1,0 +1,276 @@
+"""The data a job trains on travels with the job, named by its SHA-256, like weights.
+
+The fellow where a job is submitted (the CLI's own agent, or the agent behind the HTTP
+API or MCP) reads the text and token files the job names, on its own disk: paths the
+CLI already resolved against the job file's directory; a relative path that reaches an
+agent has no job file to resolve against and is refused. Each file is hashed into this
+fellow's store (``HOME/job-data/<sha256>``) and the job's ``data.files`` and
+``data.token_files`` name it ``sha256:<hex>`` from then on. Before the job is submitted
+the files are pushed to the leader (``DataPut`` and ``StatePart`` frames, checked as they
+arrive, landing by an atomic rename only when the hash matches); a leader never reads a
+data path from its own disk: a job naming one is refused. A leader lacking a file (a new
+leader, say) fetches it from whichever connected fellow holds it (``DataFetch``).
+
+The store is bounded: one file at most ``transport.max_job_data_bytes``, and all of them
+together too, the least recently used evicted to make room.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import tempfile
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from p2pswarm.agent.streams import send_best_effort, send_message
+from p2pswarm.agent.training.links import receive_answer
+from p2pswarm.agent.training.transfer import (
+    Landing,
+    check_hash,
+    check_room,
+    receive_state_parts,
+    send_state_file,
+)
+from p2pswarm.errors import ConfigError, SwarmError
+from p2pswarm.training.job import (
+    CORPUS,
+    DATA_REF,
+    JobConfig,
+    is_data_ref,
+    local_data_files,
+)
+from p2pswarm.wire.training import Ack, DataFetch, DataPut, TrainError
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.agent import Agent
+    from p2pswarm.transport.secure import SecureStream
+
+log = logging.getLogger("p2pswarm.training")
+
+DATA_TIMEOUT_S = 120.0  # the most a small file's copy may take
+DATA_FLOOR_BYTES_PER_S = 10e6  # a big one gets this much longer per byte
+
+
+class JobData:
+    """This fellow's store of job data files, and the streams that fill it."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self._root: Path | None = None
+        agent.on_stream(DataPut, self._on_put)
+        agent.on_stream(DataFetch, self._on_fetch)
+
+    @property
+    def root(self) -> Path:
+        if self._root is None:
+            if self.agent.home is not None:
+                self._root = self.agent.home / "job-data"
+            else:  # an agent without a state directory (a bare simulation)
+                self._root = Path(tempfile.mkdtemp(prefix="p2pswarm-job-data-"))
+            self._root.mkdir(parents=True, exist_ok=True)
+        return self._root
+
+    @property
+    def cap(self) -> int:
+        return self.agent.config.transport.max_job_data_bytes
+
+    def path(self, sha256: str) -> Path:
+        return self.root / check_hash(sha256)
+
+    def has(self, sha256: str) -> bool:
+        return self.path(sha256).is_file()
+
+    # --- the submitting side --------------------------------------------------------------
+
+    async def attach(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with every data file it names on this fellow's disk read into the
+        store and named by its hash instead."""
+        job = JobConfig.from_dict(config)
+        paths = local_data_files(job.data)
+        if not paths:
+            return config
+        relative = [p for p in paths if not Path(p).is_absolute()]
+        if relative:
+            raise ConfigError(f"data file {relative[0]!r} is a relative path and there is no "
+                              "job file to resolve it against: give an absolute path")
+        sizes = {}
+        for p in paths:
+            try:
+                sizes[p] = os.stat(p).st_size
+            except OSError as exc:
+                raise ConfigError(f"cannot read data file {p}: {exc.strerror}") from exc
+        if sum(sizes.values()) > self.cap:
+            raise ConfigError(f"the job's data files hold {sum(sizes.values()):,} bytes, over "
+                              f"the {self.cap:,} bytes a job may bring "
+                              "(transport.max_job_data_bytes)")
+        names = {}
+        for p in paths:
+            names[p] = await self.agent.compute.run(partial(self._add_file, Path(p)))
+        data = dict(config.get("data") or {})
+        for key in ("files", "token_files"):
+            entries = data.get(key)
+            if isinstance(entries, list):
+                data[key] = [DATA_REF + names[_as_given(e)] if _as_given(e) in names
+                             else e for e in entries]
+        return {**config, "data": data}
+
+    def _add_file(self, src: Path) -> str:
+        """Copy ``src`` into the store under its SHA-256; the hash."""
+        try:
+            size = src.stat().st_size
+            check_room(size, self.cap, self.root, f"data file {src}")
+            digest = hashlib.sha256()
+            with open(src, "rb") as f:
+                while block := f.read(1 << 20):
+                    digest.update(block)
+            sha256 = digest.hexdigest()
+            if not self.has(sha256):
+                self._make_room(size)
+                landing = Landing(self.path(sha256), size, sha256, f"data file {src}")
+                try:
+                    with open(src, "rb") as f:
+                        while part := f.read(1 << 20):
+                            landing.add(landing.have, part)
+                    landing.finish()
+                finally:
+                    landing.abort()
+        except OSError as exc:
+            raise ConfigError(f"cannot read data file {src}: {exc.strerror}") from exc
+        os.utime(self.path(sha256))  # the most recently used
+        return sha256
+
+    async def push(self, config: dict[str, Any], addr: str) -> None:
+        """Every sent data file ``config`` names that this fellow holds, to the fellow at
+        ``addr`` (one it lacks, say a job resumed from elsewhere, is fetched by the leader
+        from whichever fellow holds it)."""
+        for sha256 in sent_files(config):
+            path = self.path(sha256)
+            if not path.is_file():
+                continue
+            size = path.stat().st_size
+            with trio.fail_after(DATA_TIMEOUT_S + size / DATA_FLOOR_BYTES_PER_S):
+                async with await self.agent.open_secure(addr) as stream:
+                    await send_message(stream, DataPut(sha256, size))
+                    await send_state_file(stream, path, self.agent.compute.run)
+                    await receive_answer(stream, Ack, f"the fellow at {addr}",
+                                         name_stage=False)
+
+    # --- the driving side -----------------------------------------------------------------
+
+    async def local(self, job: JobConfig) -> JobConfig:
+        """``job`` with its sent data files as paths in this store (fetched from fellows
+        where missing); a job naming a path on this disk is refused."""
+        refuse_paths(job)
+        for sha256 in sent_files_of(job):
+            if not self.has(sha256) and not await self.fetch(sha256):
+                raise ConfigError(f"data file {DATA_REF}{sha256} is on no connected fellow")
+            os.utime(self.path(sha256))
+
+        def here(name: str) -> str:
+            return str(self.path(name[len(DATA_REF):])) if is_data_ref(name) else name
+
+        data = dataclasses.replace(job.data, files=tuple(map(here, job.data.files)),
+                                   token_files=tuple(map(here, job.data.token_files)))
+        return dataclasses.replace(job, data=data)
+
+    async def fetch(self, sha256: str) -> bool:
+        """Data file ``sha256`` from the first connected fellow holding it."""
+        membership = self.agent.membership
+        fellows = sorted((m.name, m.addr) for m in (membership.members() if membership else ())
+                         if m.state == "alive" and m.node_id != self.agent.node_id)
+        for name, addr in fellows:
+            try:
+                async with await self.agent.open_secure(addr) as stream:
+                    with trio.fail_after(DATA_TIMEOUT_S):
+                        await send_message(stream, DataFetch(sha256))
+                        head = await receive_answer(stream, DataPut, name, name_stage=False)
+                    if head.sha256 != sha256:
+                        raise ConfigError(f"{name} sent another file")
+                    with trio.fail_after(DATA_TIMEOUT_S + head.total / DATA_FLOOR_BYTES_PER_S):
+                        await self._receive(head, stream, name)
+                    return True
+            except (SwarmError, OSError, trio.TooSlowError) as exc:
+                log.info("fetching data file %s from %s: %s", sha256[:12], name, exc)
+        return False
+
+    # --- the streams ----------------------------------------------------------------------
+
+    async def _receive(self, head: DataPut, stream: SecureStream, who: str) -> None:
+        what = f"data file {head.sha256[:12]}"
+        if head.total > self.cap:
+            raise ConfigError(f"{what} of {head.total:,} bytes is over the {self.cap:,} bytes "
+                              "a job may bring (transport.max_job_data_bytes)")
+        self._make_room(head.total)
+        check_room(head.total, self.cap, self.root, what)
+        await receive_state_parts(stream, Landing(self.path(head.sha256), head.total,
+                                                  head.sha256, what), who,
+                                  self.agent.compute.run)
+
+    async def _on_put(self, msg: DataPut, stream: SecureStream) -> None:
+        try:
+            await self._receive(msg, stream, "the sender")
+        except (SwarmError, OSError) as exc:
+            why = str(exc) if isinstance(exc, SwarmError) else f"cannot write: {exc.strerror}"
+            await send_best_effort(stream, TrainError(0, self.agent.name, why[:500]))
+            return
+        await send_best_effort(stream, Ack())
+
+    async def _on_fetch(self, msg: DataFetch, stream: SecureStream) -> None:
+        try:
+            path = self.path(msg.sha256)
+            if not path.is_file():
+                raise ConfigError(f"{self.agent.name} holds no data file {msg.sha256[:12]}")
+            size = path.stat().st_size
+        except (SwarmError, OSError) as exc:
+            why = str(exc) if isinstance(exc, SwarmError) else f"cannot read: {exc.strerror}"
+            await send_best_effort(stream, TrainError(0, self.agent.name, why[:500]))
+            return
+        await send_message(stream, DataPut(msg.sha256, size))
+        await send_state_file(stream, path, self.agent.compute.run)
+
+    def _make_room(self, size: int) -> None:
+        """Evict the least recently used files until ``size`` more fits the store's cap."""
+        files = sorted((p for p in self.root.iterdir() if p.is_file()
+                        and not p.name.startswith(".")), key=lambda p: p.stat().st_mtime)
+        held = sum(p.stat().st_size for p in files)
+        for p in files:
+            if held + size <= self.cap:
+                break
+            held -= p.stat().st_size
+            p.unlink(missing_ok=True)
+
+
+def refuse_paths(job: JobConfig) -> None:
+    """A job reaching the leader names its data files by hash, never by a path on the
+    leader's disk."""
+    on_disk = local_data_files(job.data)
+    if on_disk:
+        raise ConfigError(f"data file {on_disk[0]} is a path: data travels with the job "
+                          "(submit it with p2pswarm train or the API, which read the files "
+                          "it names and send them), it is never read from the leader's disk")
+
+
+def sent_files_of(job: JobConfig) -> list[str]:
+    """The SHA-256 of every data file sent with ``job``, in order, once each."""
+    names = (*job.data.files, *job.data.token_files)
+    return list(dict.fromkeys(n[len(DATA_REF):] for n in names if is_data_ref(n)))
+
+
+def sent_files(config: dict[str, Any]) -> list[str]:
+    return sent_files_of(JobConfig.from_dict(config))
+
+
+def _as_given(entry: Any) -> str:
+    """The path ``JobConfig`` made of a data entry as written (absolute ones stay)."""
+    if not isinstance(entry, str) or entry == CORPUS or is_data_ref(entry):
+        return str(entry)
+    return str(Path(entry).expanduser())
+
+
+__all__ = ["JobData", "refuse_paths", "sent_files", "sent_files_of"]
