@@ -131,7 +131,8 @@ async def test_a_lone_replica_whose_leader_died_resumes_from_its_checkpoint(
                          and job_id in leader_of(swarm).training.jobs, timeout_s=120)
         new = leader_of(swarm)
         taken = new.training.jobs[job_id]
-        await wait_until(lambda: taken.state == "pending", timeout_s=60)
+        await wait_until(lambda: "waiting for cards" in taken.reason, timeout_s=60)
+        assert taken.state == "pending"
         assert "waiting for cards to resume from its checkpoint of step 3" in taken.reason
         await swarm.start(dead)  # the old leader's fellow is back, as a follower
         back = swarm.fellows[dead].agent
