@@ -813,6 +813,8 @@ class Election:
                     out.extend(self._answer_vote(req, req_addr, now, leader_alive=True))
             return
         if msg.term < self.term:
+            if self.leader is not None and not self._leader_gone():
+                out.append(SendDatagram(addr, (self._leader_is(),)))  # it was frozen: behind
             return
         if msg.term == self.term and self.leader not in (None, msg.leader) \
                 and self.role != CANDIDATE and self._conflict(msg.leader, addr, out):

@@ -320,3 +320,12 @@ def test_a_refusal_names_the_live_leader_to_a_candidate_that_missed_it() -> None
                if isinstance(x, SendDatagram)]
     leader_is, refusal = sent.messages
     assert leader_is == g.LeaderIs(3, IDS[4], e.electorate()) and not refusal.granted
+
+
+def test_a_deputy_tells_a_leader_from_an_older_term_who_leads_now() -> None:
+    # the old leader was frozen (SIGSTOP) through an election; thawed, it still beats
+    e = election(0)
+    e.handle(g.LeaderIs(5, IDS[2], 5), "10.0.0.2:7946", 1.0)
+    out = e.handle(g.LeaderBeat(4, IDS[1], 7, 5, 0), "10.0.0.1:7946", 2.0)
+    (told,) = [x for x in out if isinstance(x, SendDatagram)]
+    assert told.addr == "10.0.0.1:7946" and told.messages == (g.LeaderIs(5, IDS[2], 5),)
