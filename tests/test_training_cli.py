@@ -111,3 +111,14 @@ def test_a_bad_job_json_is_one_clear_line(agent: FakeAgent, tmp_path: Path) -> N
     result = runner.invoke(app, ["train", "--config", str(bad)])
     assert result.exit_code != 0 and "seq_len" in result.output
     assert len(result.output.strip().splitlines()) == 1 and agent.requests == []
+
+
+def test_jobs_says_when_a_job_moved_to_a_new_leader(agent: FakeAgent) -> None:
+    moved = ("moved from leader f000 to f001 (term 3) at step 8: resumed where its rounds "
+             "stood (round 4, step 8)")
+    agent.answers["jobs"] = [record(moved=moved), record(job_id="job-0000beef")]
+    result = runner.invoke(app, ["jobs"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("job-0000abcd running") and lines[1] == f"  {moved}"
+    assert lines[2].startswith("job-0000beef running") and len(lines) == 3

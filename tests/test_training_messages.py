@@ -18,7 +18,8 @@ from p2pswarm.wire import jobs, message_types, training
 from p2pswarm.wire.orders import pack_doc
 
 CALLS_AND_ORDERS = [jobs.JobPlanAsk, jobs.JobSubmit, jobs.JobsAsk, jobs.JobCancel,
-                    jobs.JobConfigAsk, jobs.TrainPrepare, jobs.TrainRelease]
+                    jobs.JobConfigAsk, jobs.TrainPrepare, jobs.TrainRelease, jobs.JobKeep,
+                    jobs.JobsKeptAsk, jobs.JobCopyAsk]
 
 
 @pytest.mark.parametrize("cls", CALLS_AND_ORDERS)
@@ -30,7 +31,7 @@ def test_every_job_call_and_order_carries_its_term_last(cls: type) -> None:
 def test_job_messages_use_their_own_tags() -> None:
     tags = {wire.tag_of(cls) for cls in vars(jobs).values()
             if isinstance(cls, type) and cls.__module__ == jobs.__name__
-            and cls is not jobs.StageKey}
+            and cls not in (jobs.StageKey, jobs.KeptCopy)}
     assert tags and all(150 <= t <= 179 for t in tags)
 
 
@@ -61,6 +62,10 @@ def test_the_untyped_command_and_the_one_frame_state_are_retired() -> None:
     jobs.TrainReleased((jobs.StageKey(1, 2),)),
     jobs.JobSubmit(None, "", None, "job-0000abcd"),
     jobs.JobList((pack_doc({"job_id": "job-0000abcd"}),)),
+    jobs.JobKeep("job-0000abcd", 3, pack_doc({"step": 4}), (10, 12), "ab" * 32, 7),
+    jobs.JobOuterChunk("job-0000abcd", 3, 10, b"xy"), jobs.JobKept("job-0000abcd", 3),
+    jobs.JobsKept((jobs.KeptCopy("job-0000abcd", 7, 3, "running"),)),
+    jobs.JobsKeptAsk(2), jobs.JobCopyAsk("job-0000abcd", 2),
 ])
 def test_training_messages_round_trip(msg: object) -> None:
     (back,) = wire.decode(wire.encode(msg), max_bytes=1 << 20)

@@ -318,6 +318,8 @@ class Agent:
             member = self.membership.member(event.node_id)
             if member is not None:  # remember where it was: after a partition, call again
                 self._lost[event.node_id] = member.addr
+        if event.kind == fx.ELECTED:
+            self.training.elected()  # the jobs the last leader led go on here
         self.events.append(event)
         del self.events[:-100]
         level = _LOGGED_EVENTS.get(event.kind, logging.DEBUG)

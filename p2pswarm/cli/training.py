@@ -57,6 +57,11 @@ def _job_line(job: dict[str, Any]) -> str:
     return text + (f" ({job['reason']})" if job.get("reason") else "")
 
 
+def _moved_line(job: dict[str, Any]) -> str:
+    """How the job came to its leader, when a new leader took it over; else ""."""
+    return f"  {job['moved']}" if job.get("moved") else ""
+
+
 @app.command()
 @exits_on()
 def train(
@@ -110,6 +115,10 @@ def train(
         record = event.get("job")
         if not isinstance(record, dict):
             return
+        moved = _moved_line(record)
+        if moved and said.get("moved") != moved:  # the job moved to a new leader
+            said["moved"] = moved
+            console.print(moved)
         if isinstance(record.get("job_id"), str):
             said["job_id"] = record["job_id"]
         line = _job_line(record)
@@ -194,6 +203,8 @@ def jobs(ctx: typer.Context, home: Optional[Path] = HomeOption,
         return
     for record in records:
         typer.echo(_job_line(record))
+        if _moved_line(record):
+            typer.echo(_moved_line(record))
 
 
 @jobs_app.command("cancel")

@@ -6,6 +6,12 @@ The leader orders a fellow to take a stage of a job (``TrainPrepare``) and to le
 stages (``TrainRelease``). Each carries ``term`` as its last field (stamped by the
 leadership layer) and is answered by its own reply type or ``CallFailed``.
 
+So that a job outlives its leader, the leader hands a few fellows a copy of each job's
+record and driver state after every sync round (``JobKeep`` and its ``JobOuterChunk``
+frames, answered ``JobKept``); a new leader asks every fellow which copies it keeps
+(``JobsKeptAsk`` -> ``JobsKept``) and fetches the newest whole (``JobCopyAsk`` ->
+``JobKeep`` and its chunks).
+
 A job's config (``job.json``), a plan and a job's record are nested documents that
 ``training.JobConfig``, the planner and the CLI read; they travel as ``Doc``.
 """
@@ -30,6 +36,9 @@ Address = Annotated[str, Size(0, 128)]  # "" for the last stage
 MAX_CARDS = 1024
 MAX_JOBS = 4096
 MAX_STAGES = 1024
+MAX_KEPT_JOBS = 64  # job copies one fellow keeps (and lists)
+OUTER_KEEP_BYTES = 256 * 1024 * 1024  # the most outer state one copy carries (all stages)
+OUTER_CHUNK_BYTES = 16 * 1024 * 1024  # outer state travels in frames of at most this
 
 
 # --- calls to the leader -------------------------------------------------------------------
@@ -168,6 +177,79 @@ class TrainReleased:
     released: Annotated[tuple[StageKey, ...], Items(MAX_STAGES)]
 
 
-__all__ = ["JobCancel", "JobConfigAsk", "JobConfigShown", "JobList", "JobPlanAsk",
+# --- copies of a job's state on fellows (a new leader takes the job over) -------------------
+
+
+@message(170)
+@dataclass(frozen=True, slots=True)
+class JobKeep:
+    """The leader's copy of job ``job_id``: its record and driver state (``state``, a
+    document ``agent.training.job_state`` reads) and, for a job of several replicas, the
+    size of each stage keeper's outer state (``outer_bytes``; empty when it is not
+    copied), which follows as ``JobOuterChunk`` frames on the same stream, ``outer_sha256``
+    over all of it. ``seq`` orders one leader's copies of a job; a copy of a later term
+    wins over any earlier."""
+
+    job_id: JobId
+    seq: U64
+    state: Doc
+    outer_bytes: Annotated[tuple[U64, ...], Items(MAX_STAGES)] = ()
+    outer_sha256: Annotated[str, Size(0, 64)] = ""
+    term: U64 = 0
+
+
+@message(171)
+@dataclass(frozen=True, slots=True)
+class JobKept:
+    job_id: JobId
+    seq: U64
+
+
+@message(172)
+@dataclass(frozen=True, slots=True)
+class JobsKeptAsk:
+    """Which job copies do you keep? (A new leader asks every fellow.)"""
+
+    term: U64 = 0
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class KeptCopy:
+    job_id: JobId
+    term: U64
+    seq: U64
+    state: Annotated[str, Size(1, 16)]  # the job's state in that copy
+
+
+@message(173)
+@dataclass(frozen=True, slots=True)
+class JobsKept:
+    copies: Annotated[tuple[KeptCopy, ...], Items(MAX_KEPT_JOBS)]
+
+
+@message(174)
+@dataclass(frozen=True, slots=True)
+class JobCopyAsk:
+    """Send your copy of job ``job_id`` (answered with ``JobKeep``, whose ``term`` is the
+    term of the leader that made the copy)."""
+
+    job_id: JobId
+    term: U64 = 0
+
+
+@message(175)
+@dataclass(frozen=True, slots=True)
+class JobOuterChunk:
+    """Bytes ``offset:offset + len(data)`` of a job copy's outer state (after ``JobKeep``)."""
+
+    job_id: JobId
+    seq: U64
+    offset: U64
+    data: Annotated[bytes, Size(1, OUTER_CHUNK_BYTES)]
+
+
+__all__ = ["OUTER_CHUNK_BYTES", "OUTER_KEEP_BYTES", "JobCancel", "JobCopyAsk", "JobKeep",
+           "JobKept", "JobOuterChunk", "JobsKept", "JobsKeptAsk", "KeptCopy", "JobConfigAsk", "JobConfigShown", "JobList", "JobPlanAsk",
            "JobPlanShown", "JobRecord", "JobSubmit", "JobsAsk", "StageKey", "TrainPrepare",
            "TrainPrepared", "TrainRelease", "TrainReleased"]

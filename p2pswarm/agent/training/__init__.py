@@ -11,6 +11,8 @@
 - ``checkpoints``: checkpoints gathered, stored, copied to fellows, resumed (``transfer``:
   states and shards of any size, in parts);
 - ``job_data``: the files a job trains on, read where it is submitted and sent with it;
+- ``job_state``, ``handover``, ``takeover``: each job's record and round state copied to
+  a few fellows, and a new leader driving the jobs on from there;
 - ``runtime`` / ``torch_runtime``: the seam to torch, loaded on first use.
 
 Here: the control ops of the CLI's own agent (``job_plan``, ``job_submit``, ``jobs``,
@@ -32,6 +34,7 @@ from p2pswarm.agent.pins import ShownPlans
 from p2pswarm.agent.training.checkpoints import TrainCopies
 from p2pswarm.agent.training.driver import drive
 from p2pswarm.agent.training.job_data import JobData, sent_files
+from p2pswarm.agent.training.handover import JobHandover
 from p2pswarm.agent.training.jobs import (
     CHANGED,
     STATES,
@@ -42,6 +45,7 @@ from p2pswarm.agent.training.jobs import (
 )
 from p2pswarm.agent.training.placement import Placer
 from p2pswarm.agent.training.stage_host import StageHosts, TrainHost
+from p2pswarm.agent.training.takeover import Handed, Takeover
 from p2pswarm.control.server import current_emitter, emit
 from p2pswarm.errors import ConfigError, PlacementError, TransportError
 from p2pswarm.wire.jobs import (
@@ -65,6 +69,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2pswarm.training")
 
 FOLLOW_POLL_S = 0.5  # how often a streaming job_submit asks the leader for the record
+TAKEOVER_GRACE_S = 60.0  # how long a followed job may be missing while a new leader adopts it
 MAX_STAGES = 65535  # the most stages a job may ask each pipeline to take
 
 
@@ -105,6 +110,8 @@ class Training:
         self.stages = StageHosts(self)
         self.copies = TrainCopies(agent)
         self.data = JobData(agent)
+        self.handover = JobHandover(self)
+        self.takeover = Takeover(self)
         agent.control_ops.update({"job_plan": self._op_plan, "job_submit": self._op_submit,
                                   "jobs": self._op_jobs, "job_cancel": self._op_cancel,
                                   "job_export": self._op_export})
@@ -128,8 +135,12 @@ class Training:
         """The jobs this agent leads, by id."""
         return self.leader.jobs
 
-    async def drive(self, job: Job) -> None:
-        await drive(self, job)
+    async def drive(self, job: Job, handed: Handed | None = None) -> None:
+        await drive(self, job, handed)
+
+    def elected(self) -> None:
+        """This agent won an election: take over the jobs the last leader led."""
+        self.takeover.elected()
 
     # --- asking the leader ----------------------------------------------------------------
 
@@ -164,6 +175,7 @@ class Training:
         if not follow:
             return record
         emit({"job": record})
+        missing_since = 0.0
         while record["state"] not in TERMINAL:
             await trio.sleep(FOLLOW_POLL_S)
             try:
@@ -172,9 +184,14 @@ class Training:
                 log.info("following job %s: %s", record["job_id"], exc)
                 continue
             now = next((j for j in jobs if j["job_id"] == record["job_id"]), None)
-            if now is None:
+            if now is None:  # a new leader may still be taking it over
+                missing_since = missing_since or trio.current_time()
+                if trio.current_time() - missing_since < TAKEOVER_GRACE_S:
+                    continue
                 raise PlacementError(f"the leader no longer knows job {record['job_id']} "
-                                     "(a new leader?); resume it with --resume")
+                                     "(a new leader without a copy of it); resume it with "
+                                     "--resume")
+            missing_since = 0.0
             if now != record:
                 record = now
                 emit({"job": record})

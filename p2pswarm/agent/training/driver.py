@@ -10,6 +10,10 @@ targets to the last. After the backwards each stage reports its squared gradient
 answers with the clip coefficient and every stage steps its own optimizer. With one
 replica this is exactly ``LocalTrainPipeline``; with several, ``rounds`` syncs them.
 
+A job taken over from a leader that is gone starts from where its copy says its rounds
+stood, or from its checkpoint (``takeover``); the driver copies where it stands to a few
+fellows as it goes (``handover``).
+
 A replica whose fellow drops or fails is paused: it leaves the rounds and the others go
 on. Every ``retry_s`` the driver places a paused replica again (same cut, cards nobody
 trains on); after the next round closes it joins (``rounds``). The job fails only when no
@@ -29,6 +33,7 @@ import trio
 
 from p2pswarm.agent.streams import send_best_effort
 from p2pswarm.agent.training.checkpoints import Checkpoints
+from p2pswarm.agent.training.handover import KEEP_EVERY_STEPS
 from p2pswarm.agent.training.jobs import TERMINAL, Job, job_config
 from p2pswarm.agent.training.links import Link
 from p2pswarm.agent.training.placement import Placement
@@ -49,6 +54,7 @@ from p2pswarm.wire.training import (
 if TYPE_CHECKING:
     from p2pswarm.agent.training import Training
     from p2pswarm.agent.training.runtime import ReplicaData, StageKeeper
+    from p2pswarm.agent.training.takeover import Handed
 
 log = logging.getLogger("p2pswarm.training")
 
@@ -107,8 +113,9 @@ async def run_all_or_fail_first(fns: list[Callable[[], Awaitable[None]]]) -> Non
         raise errors[0]
 
 
-async def drive(training: Training, job: Job) -> None:
-    """Place the job (waiting while pending), train it, release its stages."""
+async def drive(training: Training, job: Job, handed: Handed | None = None) -> None:
+    """Place the job (waiting while pending), train it, release its stages. A job taken
+    over from another leader (``handed``) goes back on its fellows first (``takeover``)."""
     driver: Driver | None = None
     placer = training.placer
     with trio.CancelScope() as scope:
@@ -116,9 +123,14 @@ async def drive(training: Training, job: Job) -> None:
         if job.cancel_asked:
             scope.cancel()
         try:
-            placement = await placer.place(job)
+            if handed is None:
+                await training.handover.keep(job)  # submitted: a new leader would place it
+                placement = await placer.place(job)
+            else:  # the copy it came from stays the newest until it runs here
+                placement = await training.takeover.place(job, handed)
             while True:
-                driver = job.driver = Driver(training, job, placement)
+                driver = job.driver = Driver(training, job, placement, handed)
+                handed = None
                 try:
                     await driver.run()
                     break
@@ -139,19 +151,23 @@ async def drive(training: Training, job: Job) -> None:
         if driver is not None:
             await driver.close()
         await placer.release(job)
+        await training.handover.keep(job)  # its end: a new leader does not drive it again
 
 
 class Driver(SyncRounds, Checkpoints):
     """One job on the leader, from its placement to its end."""
 
-    def __init__(self, training: Training, job: Job, placement: Placement) -> None:
+    def __init__(self, training: Training, job: Job, placement: Placement,
+                 handed: Handed | None = None) -> None:
         self.training = training
         self.agent = training.agent
         self.runtime = training.runtime
         self.job = job
         self.cfg = job_config(job.config)
+        self.handed = handed  # a job taken over from another leader
+        generation = handed.generation if handed is not None else job.paused_times
         self.replicas = [Replica(i, [Link(s["stage"], s["fellow"], s["addr"])
-                                     for s in stages], generation=job.paused_times)
+                                     for s in stages], generation=generation)
                          for i, stages in enumerate(placement)]
         self.keepers: list[StageKeeper] = []
         self.started_s = 0.0
@@ -174,18 +190,24 @@ class Driver(SyncRounds, Checkpoints):
                                                                          len(self.replicas)))
         for r, stream in zip(self.replicas, data):
             r.data = stream
+        handed = self.handed
+        for i, why in sorted(handed.lost.items() if handed is not None else ()):
+            await self.pause(self.replicas[i], ReplicaLost(why))  # placed again later
         async with trio.open_nursery() as nursery:
-            for r in self.replicas:
+            for r in self.active:
                 nursery.start_soon(self._open, r)
         if self.synced:
             await self._make_keepers()
         if cfg.checkpoint.dir is not None:
             self.store = runtime.checkpoint_store(cfg.checkpoint.dir, cfg.checkpoint.keep)
-        if job.resume:
+        if handed is not None and handed.restore_rounds:
+            await self.training.takeover.restore_rounds(self, handed)
+        elif job.resume:
             await self.resume()
         job.state, job.reason = "running", ""
         job.replicas = len(self.active)
         self.started_s = trio.current_time()
+        await self.training.handover.keep(job, self)
         if not self.synced:
             await self._train()
             return
@@ -228,6 +250,9 @@ class Driver(SyncRounds, Checkpoints):
             job.losses.append(job.loss)
             if self.store is not None and job.step % cfg.checkpoint.interval_steps == 0:
                 await self.checkpoint()
+                await self.training.handover.keep(job, self)
+            elif job.step % KEEP_EVERY_STEPS == 0:
+                await self.training.handover.keep(job, self)
             elapsed = trio.current_time() - self.started_s
             job.tokens_per_s = self.tokens / elapsed if elapsed > 0 else 0.0
             job.replicas = len(self.active)

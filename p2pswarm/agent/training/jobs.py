@@ -101,6 +101,7 @@ class Job:
     replica_steps: dict[str, int] = field(default_factory=dict)  # local steps per replica
     maximize: str | None = None
     exclude_cards: list[str] = field(default_factory=list)  # cards the user left out
+    moves: list[str] = field(default_factory=list)  # one line per leader that took it over
     scope: trio.CancelScope | None = None
     driver: Driver | None = None  # while it runs
     cancel_asked: bool = False
@@ -117,6 +118,7 @@ class Job:
                 "seq_len": int(self.config.get("seq_len", 0)), "rejoins": self.rejoins,
                 "paused_times": self.paused_times,
                 "rounds": self.rounds[-ROUNDS_KEPT:], "replica_steps": self.replica_steps,
+                "moved": self.moves[-1] if self.moves else "", "moves": self.moves,
                 "stages": [[{k: s[k] for k in ("stage", "fellow", "layers", "card")}
                             for s in replica] for replica in self.placement]}
 

@@ -20,7 +20,7 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
@@ -45,7 +45,7 @@ from p2pswarm.wire.training import (
 
 if TYPE_CHECKING:
     from p2pswarm.agent.training import Training
-    from p2pswarm.agent.training.driver import Replica
+    from p2pswarm.agent.training.driver import Driver, Replica
     from p2pswarm.agent.training.jobs import Job
     from p2pswarm.agent.training.runtime import StageKeeper
     from p2pswarm.training.job import JobConfig
@@ -143,6 +143,7 @@ class SyncRounds:
         closed, self._closed = self._closed, trio.Event()
         closed.set()
         await self._admit()
+        await self.training.handover.keep(self.job, cast("Driver", self))  # resumed from here
         due = self.cfg.checkpoint.interval_steps
         if self.store is not None and self.job.step // due > self._checkpointed // due:
             async with self.all_locks():

@@ -125,6 +125,12 @@ class TrainRuntime(Protocol):
     def clip_coefficient(self, sq_norms: list[float], max_norm: float) -> float:
         """The gradient clip coefficient from every stage's squared gradient norm."""
 
+    def read_shard(self, shard: bytes) -> dict[str, Any]:
+        """``torch.save`` bytes of a state (a keeper's outer state) back, weights only."""
+
+    def shard_bytes(self, state: dict[str, Any]) -> bytes:
+        """A state of tensors as ``torch.save`` bytes (a job copy's outer state)."""
+
     def checkpoint_store(self, directory: str | Path, keep: int) -> CheckpointStore: ...
 
     def reshard(self, store: CheckpointStore, step: int, cut: list[int]) -> CheckpointStore:

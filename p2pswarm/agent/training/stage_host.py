@@ -95,6 +95,9 @@ class TrainHost:
         self.next_addr = order.next_addr
         self.schedule = PIPELINE_SCHEDULE
         self.generation = order.generation  # which placement of the replica
+        self.term = order.term  # the leader's term that placed it
+        self.layers = (order.layer_start, order.layer_end)
+        self.superseded = False  # a newer placement took this stage (and its compute) over
         self.job = job
         self.compute = compute
         self.limiter = trio.CapacityLimiter(1)
@@ -144,10 +147,11 @@ class StageHosts:
                                  "the plan gives another fellow")
         old = self.hosts.get(key)
         if old is not None:
-            if old.generation >= order.generation:
+            if old.generation >= order.generation and old.term >= order.term:
                 raise PlacementError(f"{self.agent.name} already holds stage {key[2]} of "
                                      f"replica {key[1]} of {key[0]}")
-            self.hosts.pop(key).done.set()  # an earlier placement the leader moved on from
+            # an earlier placement the leader (or a new leader) moved on from
+            self._supersede(self.hosts.pop(key))
         cards = self.agent.serving._live_cards()
         card = next((c for c in cards if c.kind == kind and c.index == index), None)
         label = card_label(kind, index, getattr(card, "name", ""))
@@ -155,18 +159,31 @@ class StageHosts:
             raise PlacementError(f"refuses stage {key[2]}: its {label} is not offered any more")
         promised = sum(h.need_bytes for h in self.hosts.values()
                        if h.card_key == f"{kind}:{index}")
-        available = card.free_bytes - promised
+        job = job_config(unpack_doc(order.config))
+        reuse = old is not None and old.card_key == f"{kind}:{index}" and old.job == job \
+            and old.layers == (order.layer_start, order.layer_end) \
+            and old.n_stages == order.n_stages
+        # a stage kept for its new placement already holds its memory on the card
+        available = card.free_bytes - promised + (old.need_bytes if reuse and old else 0)
         if available < need:
             raise PlacementError(f"refuses stage {key[2]}: its {label} has {gb(available)} "
                                  f"free now, the stage needs {gb(need)}")
         if self.agent.serving.hosted and kind != "cpu":
             raise PlacementError(f"refuses stage {key[2]}: it is serving a load")
-        job = job_config(unpack_doc(order.config))
-        runtime = self.training.runtime
-        compute = await self.agent.compute.run(lambda: runtime.build_stage(order, job))
+        if reuse and old is not None:
+            # the same stage again (a new leader took the job over): it keeps its
+            # parameters and inner optimizer state; the driver resets what is synced
+            compute = old.compute
+            log.info("%s: stage %d of replica %d of %s kept for its new placement",
+                     self.agent.name, key[2], key[1], key[0])
+        else:
+            runtime = self.training.runtime
+            compute = await self.agent.compute.run(lambda: runtime.build_stage(order, job))
         if key in self.hosts:
             raise PlacementError(f"stage {key[2]} of {key[0]} was taken twice")
-        self.hosts[key] = TrainHost(order, job, compute)
+        self.hosts[key] = host = TrainHost(order, job, compute)
+        if reuse and old is not None:
+            host.limiter = old.limiter  # one computation at a time on the shared stage
         self._publish()
         return TrainPrepared()
 
@@ -175,10 +192,16 @@ class StageHosts:
                    if k[0] == order.job_id and (order.replica is None or k[1] == order.replica)
                    and (order.generation is None or h.generation <= order.generation)]
         for key in dropped:
-            self.hosts.pop(key).done.set()
+            self._supersede(self.hosts.pop(key))
         if dropped:
             self._publish()
         return TrainReleased(tuple(StageKey(k[1], k[2]) for k in dropped))
+
+    @staticmethod
+    def _supersede(host: TrainHost) -> None:
+        """``host`` is no longer held: a driver still talking to it is told so."""
+        host.superseded = True
+        host.done.set()
 
     def _publish(self) -> None:
         training = bool(self.hosts)
@@ -233,6 +256,9 @@ class StageHosts:
             msg = await receive_answer(control, object, "the driver")
             if isinstance(msg, Stop):
                 return
+            if host.superseded:  # a later placement (a new leader's) holds this stage now
+                raise PlacementError(f"stage {host.index} of {host.job_id} was placed again "
+                                     "since this driver opened it")
             if isinstance(msg, StepRun):
                 await self._step(host, control, downstream, msg)
                 continue

@@ -218,6 +218,12 @@ class TorchRuntime:
     def clip_coefficient(self, sq_norms: list[float], max_norm: float) -> float:
         return clip_coefficient(sq_norms, max_norm)
 
+    def read_shard(self, shard: bytes) -> dict[str, Any]:
+        return read_shard_bytes(shard)
+
+    def shard_bytes(self, state: dict[str, Any]) -> bytes:
+        return shard_bytes(state)
+
     def checkpoint_store(self, directory: str | Path, keep: int) -> CheckpointStore:
         return CheckpointStore(directory, keep=keep)
 

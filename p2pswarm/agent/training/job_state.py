@@ -1,0 +1,232 @@
+"""A job's state as a document: what the leader copies to fellows, what a new leader reads.
+
+``snapshot(job, driver)`` is the job's record (config, placement, progress, checkpoint)
+and, while a driver runs it, where its rounds stand: the keepers' global version and
+each replica's data position, optimizer steps (its place in the learning-rate schedule),
+rounds done, placement generation and whether it was paused. ``restore(doc)`` reads such
+a document back into a ``Job`` and a ``RoundsState``, checking every field's type and
+bound first: the document came over the network, and a bad one is refused with one line
+(``RemoteProtocolError``), never half applied.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from p2pswarm.agent.training.jobs import (
+    JOB_ID,
+    LOSSES_KEPT,
+    ROUNDS_KEPT,
+    STATES,
+    Job,
+    job_config,
+)
+from p2pswarm.errors import ConfigError, RemoteProtocolError
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.training.driver import Driver
+
+MAX_REPLICAS = 256
+MAX_STAGES = 1024
+MAX_INT = 2**63 - 1
+MOVES_KEPT = 20  # "moved" lines a job record carries
+TEXT = 4096  # the longest free text (a reason, a moved line) a copy may carry
+PLACEMENT_KEYS = {"stage": int, "fellow_id": str, "fellow": str, "addr": str,
+                  "layers": list, "card_kind": str, "card_index": int, "card": str,
+                  "need_bytes": int}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """Where one replica stood when the copy was made."""
+
+    index: int
+    paused: bool
+    generation: int
+    steps: int  # optimizer steps taken: its place in the learning-rate schedule
+    position: int  # its data stream's position
+    rounds_done: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoundsState:
+    """Where a job's rounds stood: the keepers' version and every replica's place."""
+
+    version: int
+    replicas: tuple[ReplicaState, ...]
+
+
+def snapshot(job: Job, driver: Driver | None, leader: str) -> dict[str, Any]:
+    """The job's record and, while ``driver`` runs it, where its rounds stand; ``leader``
+    names the leader that made it."""
+    doc: dict[str, Any] = {
+        "leader": leader, "job_id": job.job_id, "config": job.config, "plan_id": job.plan_id,
+        "pinned": job.pinned, "stages": job.stages, "resume": job.resume,
+        "state": job.state, "reason": job.reason[:TEXT], "step": job.step,
+        "loss": job.loss, "losses": job.losses[-LOSSES_KEPT:],
+        "tokens_per_s": job.tokens_per_s, "replicas": job.replicas,
+        "bytes_sent": job.bytes_sent, "samples": job.samples,
+        "checkpoint": job.checkpoint[:TEXT], "checkpoint_step": job.checkpoint_step,
+        "copies": job.copies, "placement": job.placement, "rejoins": job.rejoins,
+        "paused_times": job.paused_times, "rounds": job.rounds[-ROUNDS_KEPT:],
+        "replica_steps": job.replica_steps, "maximize": job.maximize,
+        "exclude_cards": job.exclude_cards, "moves": job.moves[-MOVES_KEPT:],
+        "rounds_state": None}
+    if driver is not None and driver.replicas and all(r.data is not None
+                                                      for r in driver.replicas):
+        doc["rounds_state"] = {
+            "version": driver.keepers[0].version if driver.keepers else 0,
+            "replicas": [{"index": r.index, "paused": bool(r.paused),
+                          "generation": r.generation, "steps": r.steps,
+                          "position": r.stream.position, "rounds_done": r.rounds_done}
+                         for r in driver.replicas]}
+    return doc
+
+
+# --- reading a copy back ----------------------------------------------------------------------
+
+
+def _bad(what: str) -> RemoteProtocolError:
+    return RemoteProtocolError("bad-job-copy", f"a job copy's {what} is malformed")
+
+
+def _int(doc: dict[str, Any], key: str, high: int = MAX_INT) -> int:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        raise _bad(key)
+    return value
+
+
+def _text(doc: dict[str, Any], key: str, high: int = TEXT) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str) or len(value) > high:
+        raise _bad(key)
+    return value
+
+
+def _float(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise _bad(key)
+    return float(value)
+
+
+def _list(doc: dict[str, Any], key: str, high: int) -> list[Any]:
+    value = doc.get(key)
+    if not isinstance(value, list) or len(value) > high:
+        raise _bad(key)
+    return value
+
+
+def _placement(value: Any) -> list[list[dict[str, Any]]]:
+    if not isinstance(value, list) or len(value) > MAX_REPLICAS:
+        raise _bad("placement")
+    out = []
+    for stages in value:
+        if not isinstance(stages, list) or len(stages) > MAX_STAGES:
+            raise _bad("placement")
+        checked = []
+        for s in stages:
+            if not isinstance(s, dict) or any(
+                    not isinstance(s.get(k), t) or isinstance(s.get(k), bool) and t is int
+                    for k, t in PLACEMENT_KEYS.items()):
+                raise _bad("placement")
+            layers = s["layers"]
+            if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                           and 0 <= x <= MAX_INT for x in layers):
+                raise _bad("placement")
+            if any(len(s[k]) > 256 for k in ("fellow_id", "fellow", "addr", "card_kind",
+                                              "card")):
+                raise _bad("placement")
+            checked.append({k: s[k] for k in PLACEMENT_KEYS})
+        out.append(checked)
+    return out
+
+
+def _copies(value: Any) -> dict[str, list[str]]:
+    if not isinstance(value, dict) or len(value) > MAX_REPLICAS * MAX_STAGES + MAX_STAGES:
+        raise _bad("copies")
+    for name, holders in value.items():
+        if not isinstance(name, str) or not isinstance(holders, list) or not all(
+                isinstance(h, str) for h in holders):
+            raise _bad("copies")
+    return {str(k): list(v) for k, v in value.items()}
+
+
+def _rounds_state(value: Any) -> RoundsState | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad("rounds_state")
+    replicas = []
+    for r in _list(value, "replicas", MAX_REPLICAS):
+        if not isinstance(r, dict) or not isinstance(r.get("paused"), bool):
+            raise _bad("rounds_state")
+        replicas.append(ReplicaState(
+            _int(r, "index", MAX_REPLICAS - 1), r["paused"], _int(r, "generation", 2**32 - 1),
+            _int(r, "steps"), _int(r, "position"), _int(r, "rounds_done")))
+    if [r.index for r in replicas] != list(range(len(replicas))):
+        raise _bad("rounds_state")
+    return RoundsState(_int(value, "version"), tuple(replicas))
+
+
+def restore(doc: dict[str, Any]) -> tuple[Job, RoundsState | None]:
+    """A copy's job (its record, ready to be driven again) and where its rounds stood."""
+    job_id = _text(doc, "job_id", 64)
+    if not JOB_ID.fullmatch(job_id):
+        raise _bad("job_id")
+    config = doc.get("config")
+    if not isinstance(config, dict):
+        raise _bad("config")
+    state = _text(doc, "state", 16)
+    if state not in STATES:
+        raise _bad("state")
+    stages = doc.get("stages")
+    if stages is not None:
+        stages = _int(doc, "stages", 65535)
+    maximize = doc.get("maximize")
+    if maximize not in (None, "seq_len"):
+        raise _bad("maximize")
+    loss = doc.get("loss")
+    exclude = _list(doc, "exclude_cards", 1024)
+    if not all(isinstance(e, str) and len(e) <= 96 for e in exclude):
+        raise _bad("exclude_cards")
+    moves = _list(doc, "moves", MOVES_KEPT)
+    if not all(isinstance(m, str) and len(m) <= TEXT for m in moves):
+        raise _bad("moves")
+    replica_steps = doc.get("replica_steps")
+    if not isinstance(replica_steps, dict) or len(replica_steps) > MAX_REPLICAS or not all(
+            isinstance(k, str) and isinstance(v, int) for k, v in replica_steps.items()):
+        raise _bad("replica_steps")
+    rounds = _list(doc, "rounds", ROUNDS_KEPT)
+    if not all(isinstance(r, dict) for r in rounds):
+        raise _bad("rounds")
+    for key in ("pinned", "resume"):
+        if not isinstance(doc.get(key), bool):
+            raise _bad(key)
+    job = Job(job_id, config, _text(doc, "plan_id", 64), pinned=doc["pinned"],
+              stages=stages, resume=doc["resume"], state=state, reason=_text(doc, "reason"),
+              step=_int(doc, "step"),
+              loss=None if loss is None else _float(loss, "loss"),
+              losses=[_float(x, "losses") for x in _list(doc, "losses", LOSSES_KEPT)],
+              tokens_per_s=_float(doc.get("tokens_per_s"), "tokens_per_s"),
+              replicas=_int(doc, "replicas", MAX_REPLICAS), bytes_sent=_int(doc, "bytes_sent"),
+              samples=_int(doc, "samples"), checkpoint=_text(doc, "checkpoint"),
+              checkpoint_step=_int(doc, "checkpoint_step"), copies=_copies(doc.get("copies")),
+              placement=_placement(doc.get("placement")), rejoins=_int(doc, "rejoins"),
+              paused_times=_int(doc, "paused_times", 2**32 - 1), rounds=rounds,
+              replica_steps=dict(replica_steps), maximize=maximize, exclude_cards=exclude,
+              moves=list(moves))
+    rounds_state = _rounds_state(doc.get("rounds_state"))
+    if rounds_state is not None and len(rounds_state.replicas) != len(job.placement):
+        raise _bad("rounds_state")
+    try:
+        job_config(config)
+    except ConfigError as exc:
+        raise RemoteProtocolError("bad-job-copy", f"a job copy's config: {exc}") from None
+    return job, rounds_state
+
+
+__all__ = ["MOVES_KEPT", "ReplicaState", "RoundsState", "restore", "snapshot"]

@@ -1,0 +1,269 @@
+"""A new leader takes over the jobs its predecessor led, without the user doing anything.
+
+Elected, this agent gathers the job copies (``handover``): its own and every connected
+fellow's (``JobsKeptAsk``), and fetches the newest of each job (latest term, then latest
+``seq``) whole (``JobCopyAsk``). A job it does not lead already is recorded as the copy
+says; a finished, failed or cancelled one stays so (``jobs`` still lists it); a pending
+or running one is driven again, from where the copy says its rounds stood:
+
+1. Every replica is ordered back onto the fellows and cards that held it (a later
+   placement ``generation``, a newer term). A fellow still holding that stage keeps it,
+   its parameters and inner optimizer state with it (``stage_host``).
+2. A job of several replicas whose copy carries the keepers' outer state resumes where
+   its rounds stood: the keepers take that state (global parameters at version v, outer
+   momentum), every replica placed takes the global parameters (``Reset``) and goes on
+   from its data position and optimizer steps in the copy. A replica whose fellow is
+   gone is paused; the driver places it again as it does any paused replica. What the
+   replicas trained after the copy (at most one round) is trained again.
+3. Otherwise (one replica: no rounds; outer state too big to copy) the job resumes from
+   its latest checkpoint, fetched from the fellows holding copies; a job that wrote no
+   checkpoint starts again from step 0, and says so.
+
+The record says it moved (``moved``: from which leader, to which, at which step, from
+what), and ``jobs`` / ``GET /api/jobs`` on any fellow show it running under the new
+leader.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
+
+import trio
+
+from p2pswarm.agent.training.job_state import RoundsState, restore
+from p2pswarm.agent.training.jobs import TERMINAL, Job, job_config
+from p2pswarm.errors import ReplicaLost, SwarmError
+from p2pswarm.agent.training.handover import JobCopy, fetch_copy
+from p2pswarm.wire.jobs import JobCopyAsk, JobsKept, JobsKeptAsk
+from p2pswarm.wire.orders import unpack_doc
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.training import Training
+    from p2pswarm.agent.training.driver import Driver
+    from p2pswarm.agent.training.placement import Placement
+
+log = logging.getLogger("p2pswarm.training")
+
+ASK_TIMEOUT_S = 10.0  # the most one fellow may take to list its copies
+FETCH_TIMEOUT_S = 120.0  # the most one copy (outer state and all) may take to arrive
+
+
+@dataclass
+class Handed:
+    """A job taken over: where its rounds stood, the keepers' outer state, and what the
+    driver is to do with them."""
+
+    rounds: RoundsState | None
+    outer: tuple[bytes, ...]
+    from_leader: str
+    lost: dict[int, str] = field(default_factory=dict)  # replica -> why it is not placed
+    generation: int = 0  # the placement generation the replicas were ordered back with
+    restore_rounds: bool = False
+
+
+class Takeover:
+    """The new leader's side: gather the copies, adopt the jobs, drive them again."""
+
+    def __init__(self, training: Training) -> None:
+        self.training = training
+        self.agent = training.agent
+
+    def elected(self) -> None:
+        self.agent.spawn(self.take_over, self.training.leadership.term())
+
+    async def take_over(self, term: int) -> None:
+        """Adopt every job whose newest copy this agent can find."""
+        copies = await self.gather()
+        leadership = self.training.leadership
+        for job_id, copy in sorted(copies.items()):
+            if not leadership.is_leader() or leadership.term() != term:
+                return  # no longer the leader that gathered them
+            known = self.training.jobs.get(job_id)
+            if known is not None and known.state not in TERMINAL:
+                continue  # this agent drives it already
+            try:
+                doc = unpack_doc(copy.head.state)
+                job, rounds = restore(doc)
+            except SwarmError as exc:
+                log.warning("job copy of %s refused: %s", job_id, exc)
+                continue
+            if known is not None and job.state in TERMINAL:
+                continue
+            was = str(doc.get("leader", ""))[:64] or "the last leader"
+            self.training.jobs[job_id] = job
+            if job.state in TERMINAL:
+                continue
+            log.info("job %s: taken over from %s at step %d", job_id, was, job.step)
+            job.state, job.reason = "pending", (f"taken over from {was}: its replicas go "
+                                                "back on their fellows")
+            handed = Handed(rounds, tuple(copy.outer_parts()), was)
+            self.agent.spawn(self.training.drive, job, handed)
+
+    async def gather(self) -> dict[str, JobCopy]:
+        """The newest copy of every job this agent or a connected fellow keeps."""
+        own = self.training.handover.kept
+        best: dict[str, tuple[tuple[int, int], str]] = {j: (c.order, "")
+                                                        for j, c in own.items()}
+        membership = self.agent.membership
+        fellows = sorted(m.addr for m in (membership.members() if membership else ())
+                         if m.state == "alive" and not m.is_self)
+
+        async def ask(addr: str) -> None:
+            try:
+                with trio.fail_after(ASK_TIMEOUT_S):
+                    reply = await self.training.leadership.order(addr, JobsKeptAsk(),
+                                                                 JobsKept)
+            except (SwarmError, trio.TooSlowError) as exc:
+                log.info("job copies of %s: %s", addr, exc)
+                return
+            for c in reply.copies:
+                if c.job_id not in best or best[c.job_id][0] < (c.term, c.seq):
+                    best[c.job_id] = ((c.term, c.seq), addr)
+
+        async with trio.open_nursery() as nursery:
+            for addr in fellows:
+                nursery.start_soon(ask, addr)
+        out: dict[str, JobCopy] = {}
+        for job_id, (_, addr) in sorted(best.items()):
+            if not addr:
+                out[job_id] = own[job_id]
+                continue
+            try:
+                with trio.fail_after(FETCH_TIMEOUT_S):
+                    got = await fetch_copy(self.agent, addr, JobCopyAsk(
+                        job_id, self.training.leadership.term()))
+            except (SwarmError, trio.TooSlowError) as exc:
+                log.info("job copy of %s from %s: %s", job_id, addr, exc)
+                if job_id in own:
+                    out[job_id] = own[job_id]
+                continue
+            if got.head.job_id == job_id:
+                out[job_id] = got
+        return out
+
+    # --- placing a job taken over ------------------------------------------------------------
+
+    async def place(self, job: Job, handed: Handed) -> Placement:
+        """The job's replicas back on their fellows; sets what the driver resumes from."""
+        placer = self.training.placer
+        if not job.placement:  # it never started: placed as any new job
+            self._note(job, handed, "placing it (it had not started)")
+            placement = await placer.place(job)
+            handed.generation = job.paused_times
+            return placement
+        n = len(job.placement)
+        rounds = handed.rounds
+        stages = len(job.placement[0]) if job.placement else 0
+        synced = n > 1 and rounds is not None and len(handed.outer) == stages > 0
+        placed = await self._prepare_old(job, handed)
+        whence: str
+        if synced and placed and rounds is not None:
+            handed.restore_rounds = True
+            job.resume = False
+            whence = (f"resumed where its rounds stood (round {rounds.version}, step "
+                      f"{job.step})")
+        elif job.placement and not handed.lost:
+            whence = self._from_checkpoint(job)
+        else:
+            # placed afresh: every stage the fellows still hold goes (a lone replica then
+            # waits for its cards as after any loss)
+            await placer.release(job, None, sorted({
+                s["addr"] for stages in job.placement for s in stages
+                if self._alive(s["fellow_id"])}))
+            self._note(job, handed, "waiting for its fellows to resume")
+            lost = ReplicaLost("; ".join(handed.lost.values()) or "its fellows are gone")
+            handed.lost = {}  # placed afresh below: nothing of the old placement to pause
+            if n == 1:
+                placement = await placer.wait_to_resume(job, lost)
+            else:
+                self._from_checkpoint(job)
+                placement = await placer.place(job)
+            handed.generation = job.paused_times  # what the placer placed them with
+            return placement
+        self._note(job, handed, whence)
+        return job.placement
+
+    def _note(self, job: Job, handed: Handed, whence: str) -> None:
+        line = (f"moved from leader {handed.from_leader} to {self.agent.name} (term "
+                f"{self.training.leadership.term()}) at step {job.step}: {whence}")
+        job.moves.append(line)
+        log.warning("job %s %s", job.job_id, line)
+
+    @staticmethod
+    def _from_checkpoint(job: Job) -> str:
+        if job_config(job.config).checkpoint.dir is not None and job.checkpoint_step:
+            job.resume = True
+            return f"resumed from its checkpoint of step {job.checkpoint_step}"
+        job.resume = False
+        job.step, job.loss, job.losses, job.samples = 0, None, [], 0
+        job.rounds, job.replica_steps = [], {}
+        return "started again from step 0 (no round state or checkpoint reached it)"
+
+    async def _prepare_old(self, job: Job, handed: Handed) -> list[int]:
+        """Order each replica onto the fellows that held it, at a placement generation
+        later than any the copy knows; the replicas placed (the others are in
+        ``handed.lost``, with why)."""
+        placer = self.training.placer
+        known = [job.paused_times] + [r.generation for r in (handed.rounds.replicas
+                                                             if handed.rounds else ())]
+        handed.generation = generation = max(known) + 1
+        placed: list[int] = []
+        for i, stages in enumerate(job.placement):
+            gone = [s["fellow"] for s in stages if not self._alive(s["fellow_id"])]
+            if gone:
+                handed.lost[i] = f"replica-{i}: {', '.join(gone)} not connected"
+                continue
+            for s in stages:  # a fellow restarted may answer at a new address
+                member = self.agent.fellow(s["fellow_id"])
+                assert member is not None
+                s["addr"], s["fellow"] = member.addr, member.name
+            placement = [stages if r == i else [] for r in range(len(job.placement))]
+            refusals = await placer.prepare(job, placement, [i], generation)
+            if refusals:
+                await placer.release(job, i, sorted({s["addr"] for s in stages}), generation)
+                handed.lost[i] = f"replica-{i}: " + "; ".join(refusals)
+                continue
+            placed.append(i)
+        return placed
+
+    def _alive(self, fellow_id: str) -> bool:
+        if fellow_id == self.agent.node_id.hex():
+            return True
+        member = self.agent.fellow(fellow_id)
+        return member is not None and member.state == "alive"
+
+    # --- the driver, resuming the rounds ---------------------------------------------------
+
+    @staticmethod
+    async def restore_rounds(driver: Driver, handed: Handed) -> None:
+        """The keepers take the copied outer state; every replica placed takes the global
+        parameters and goes on from its place in the copy."""
+        rounds = handed.rounds
+        assert rounds is not None
+        runtime = driver.runtime
+        now = trio.current_time()
+        for keeper, blob in zip(driver.keepers, handed.outer):
+            state = await driver.agent.compute.run(partial(runtime.read_shard, blob))
+            keeper.load_state_dict(state, now)
+        for r, was in zip(driver.replicas, rounds.replicas):
+            r.steps = was.steps
+            r.stream.position = was.position
+            if r.paused:
+                for keeper in driver.keepers:
+                    keeper.leave(r.name)
+        for r in driver.active:
+            try:
+                with trio.fail_after(driver.training.step_timeout_s):
+                    await driver._send_global_state(r)
+                    await driver.copy_tied(r)
+            except (SwarmError, trio.TooSlowError) as exc:
+                await driver.pause(r, exc)
+                continue
+            r.version = r.rounds_done = driver.keepers[0].version
+            r.samples_unsent = r.steps_unsent = 0
+
+
+__all__ = ["Handed", "Takeover"]
