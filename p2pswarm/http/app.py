@@ -175,7 +175,7 @@ class Call:
             return {}
         try:
             data = json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise HttpError("bad-json", f"the request body is not valid JSON ({exc})") from None
         if not isinstance(data, dict):
             raise HttpError("bad-json", "the request body must be a JSON object, "
