@@ -148,6 +148,13 @@ def test_the_agents_own_pages_and_programs_still_work(swarm: LoopbackSwarm,
     refused(charset, 400, "bad-request")
 
 
+def test_a_body_nested_thousands_deep_is_bad_json(client: httpx.Client) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    refused(client.post("/api/models/plan", content=deep,
+                        headers={"content-type": "application/json"}), 400, "bad-json")
+    assert client.get("/api/status").status_code == 200
+
+
 def raw_request(addr: str, head: bytes, body: bytes = b"") -> bytes:
     """Send bytes as they are (no client would send these) and read the answer."""
     host, _, port = addr.rpartition(":")
@@ -254,3 +261,22 @@ def test_the_http_token_comes_from_a_file_or_the_environment(
     file.chmod(0o644)
     read_http_token(None, file)
     assert "chmod 600" in capsys.readouterr().err
+
+
+def test_join_refuses_bad_http_options_in_one_line_before_it_starts(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from p2pswarm.cli import app
+
+    token_file = tmp_path / "token"
+    token_file.write_text("t0ken")
+    for args, says in (
+            (["--http-allow-dir", str(tmp_path / "missing")], "not a directory"),
+            (["--http-allow-host", "http://evil/"], "--http-allow-host"),
+            (["--http-token", "x", "--http-token-file", str(token_file)], "not both"),
+            (["--http-token-file", str(tmp_path / "nope")], "cannot read --http-token-file")):
+        result = CliRunner().invoke(app, ["join", "--home", str(tmp_path / "h"), *args],
+                                    env={"P2PSWARM_TOKEN": "", HTTP_TOKEN_ENV: ""})
+        lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert result.exit_code == 2 and len(lines) == 1 and says in lines[0], result.output
+        assert not (tmp_path / "h").exists()
