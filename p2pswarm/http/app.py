@@ -34,6 +34,7 @@ from p2pswarm.config import split_addr
 from p2pswarm.errors import ConfigError, SwarmError, TransportError
 from p2pswarm.http.guard import (
     COUNTED,
+    JSON_TYPE,
     MAX_BODY_BYTES,
     MAX_HEADER_BYTES,
     SECURITY_HEADERS,
@@ -173,6 +174,10 @@ class Call:
         raw = await self.body()
         if not raw.strip():
             return {}
+        kind = self.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind != JSON_TYPE:  # the guard's check, again for bodies no header announced
+            raise HttpError("unsupported-media-type", f"the body must be JSON sent with "
+                                                      f"`Content-Type: {JSON_TYPE}`")
         try:
             data = json.loads(raw)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
