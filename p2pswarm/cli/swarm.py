@@ -20,10 +20,12 @@ from p2pswarm.errors import TokenRefused
 
 
 def seed_list(seeds: list[str]) -> tuple[str, ...]:
+    """Each seed as HOST:PORT (the default port where none is given); one argument may
+    name several, ``a:7782,b:7782``, which is what a stack file's one variable expands to."""
     out = []
-    for seed in seeds:
+    for seed in (part for arg in seeds for part in arg.split(",") if part.strip()):
         host, port = split_addr(seed)
-        out.append(f"{host}:{port}")
+        out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     return tuple(out)
 
 
@@ -85,7 +87,8 @@ def init(
 @app.command()
 @exits_on()
 def join(
-    seeds: list[str] = typer.Argument(None, help="HOST:PORT of fellows already in the swarm."),
+    seeds: list[str] = typer.Argument(None, help="HOST:PORT of fellows already in the swarm "
+                                      f"(several, or a:{DEFAULT_PORT},b:{DEFAULT_PORT})."),
     token: Optional[str] = typer.Option(None, "--token", help="Join token from `p2pswarm init` "
                                         "(or $P2PSWARM_TOKEN)."),
     token_file: Optional[Path] = typer.Option(
