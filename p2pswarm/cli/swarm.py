@@ -138,7 +138,7 @@ def join(
         state = Home(directory)
         if force and text is None:
             fail("--force replaces the swarm --home holds with the one of --token: give "
-                 "--token (or --token-file) too")
+                 "--token too")
         # a token the seeds refuse must not stay in a home that held no other swarm
         new_keys = text is not None and not state.has_swarm()
         if text is not None:
