@@ -10,6 +10,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -605,3 +606,64 @@ def test_status_shows_where_the_cpu_figure_came_from() -> None:
     # a fellow's word is bounded, and a fellow that says nothing shows nothing
     assert len(Card.from_dict({**data, "memory_source": "x" * 10_000}).memory_source) == 64
     assert "memory_source" not in Card.from_dict({**data, "memory_source": ""}).to_dict()
+
+
+# --- a fellow as the stack runs one, on real processes --------------------------------
+
+def memory_cgroup(name: str, limit: int) -> Path | None:
+    """A fresh memory cgroup with this limit (its ``cgroup.procs``), or None where this
+    process may not make one (not root, no writable cgroup tree)."""
+    v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
+    for directory, limit_file in ((v1 / name, "memory.limit_in_bytes"), (v2 / name, "memory.max")):
+        try:
+            directory.mkdir()
+        except OSError:
+            continue
+        try:
+            (directory / limit_file).write_text(str(limit))
+            return directory
+        except OSError:
+            directory.rmdir()
+    return None
+
+
+@pytest.mark.slow
+def test_a_fellow_run_as_the_stack_runs_it(tmp_path: Path) -> None:
+    """Token from a file (never in the process's command line), name from the variable,
+    seeds as one comma-separated argument, and, inside a memory cgroup where this test may
+    make one, a CPU card of the cgroup's limit. (Joining is test_join_token's.)"""
+    from tests.test_join_token import SEED_SECRET, free_port, stop, wait_for_fellows
+    token_file = tmp_path / "p2pswarm_token"
+    token_file.write_text(SEED_SECRET.token() + "\n")
+    home = tmp_path / "fellow"
+    limit = 1536 * 2**20
+    cgroup = memory_cgroup(f"p2pswarm-test-{os.getpid()}", limit)
+
+    def enter_cgroup() -> None:
+        if cgroup is not None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+    seeds = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"  # nobody there yet
+    fellow = subprocess.Popen(
+        [sys.executable, "-m", "p2pswarm.cli", "join", seeds, "--listen", "127.0.0.1:0",
+         "--gpus", "none", "--preset", "local", "--http", "off"],
+        env={**os.environ, "P2PSWARM_HOME": str(home), "P2PSWARM_TOKEN": "",
+             "P2PSWARM_TOKEN_FILE": str(token_file), "P2PSWARM_NAME": "pi-1"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL, preexec_fn=enter_cgroup)
+    try:
+        data = wait_for_fellows(home, fellow, 1)
+        assert data["self"]["name"] == "pi-1"
+        assert SEED_SECRET.token().encode() not in Path(f"/proc/{fellow.pid}/cmdline").read_bytes()
+        (card,) = next(m for m in data["members"] if m["self"])["cards"]
+        if cgroup is None:
+            assert card["memory_source"] in ("/proc/meminfo", "cgroup memory.max",
+                                             "cgroup memory.limit_in_bytes")
+        else:
+            assert (card["total_bytes"], card["memory_source"]) == (
+                limit, "cgroup memory.limit_in_bytes" if "memory/" in str(cgroup)
+                else "cgroup memory.max")
+    finally:
+        stop(fellow)
+        if cgroup is not None:
+            cgroup.rmdir()
