@@ -149,7 +149,7 @@ cmd_init() {
     [ "$#" -le 1 ] || die "too many arguments: init [ADVERTISE-ADDR]"
     run docker swarm init ${1:+--advertise-addr "$1"}
     if ! ensure_secret; then
-        printf 'No join token yet: `deploy.sh deploy` makes one with the image once it is built.\n' >&2
+        printf 'No join token yet: deploy.sh deploy makes one with the image once it is built.\n' >&2
     fi
     printf 'Next, on every other machine: docker/deploy.sh join TOKEN %s:2377\n' "${1:-THIS-MACHINE}" >&2
     printf '(TOKEN: docker swarm join-token -q worker)\n' >&2
@@ -211,7 +211,7 @@ cmd_build() {
     need 0 "build" "$@"
     build_variants
     if [ "${PLATFORMS#*,}" != "$PLATFORMS" ]; then
-        printf 'Built for %s; the images stay in the build cache: `deploy.sh push` sends them.\n' \
+        printf 'Built for %s; the images stay in the build cache: deploy.sh push sends them.\n' \
             "$PLATFORMS" >&2
     fi
 }
@@ -238,6 +238,7 @@ cmd_deploy() {
         export "${var?}"
     done
     export GPU_REPLICAS=${GPU_REPLICAS:-$(gpu_nodes)}
+    # shellcheck disable=SC2153  # the *_REPLICAS were set just above, by name
     printf 'seeds %s; fellows: %s server, %s desktop, %s laptop, %s rpi, %s gpu\n' \
         "$P2PSWARM_SEEDS" "$SERVER_REPLICAS" "$DESKTOP_REPLICAS" "$LAPTOP_REPLICAS" \
         "$RPI_REPLICAS" "$GPU_REPLICAS" >&2

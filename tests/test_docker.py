@@ -174,7 +174,7 @@ def test_init_without_a_token_yet_leaves_it_to_deploy(docker: FakeDocker) -> Non
     printed = ok(docker.run("init"))
     assert docker.argvs() == [["swarm", "init"], ["secret", "inspect", "p2pswarm_token"],
                               ["image", "inspect", "p2pswarm:cpu"]]
-    assert "deploy.sh deploy` makes one" in printed
+    assert "No join token yet: deploy.sh deploy makes one" in printed
 
 
 def test_join_label_and_scale_are_one_docker_command_each(docker: FakeDocker) -> None:
