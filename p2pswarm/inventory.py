@@ -19,6 +19,7 @@ This is the hardware side; the values it reads into (``Card``, ``Holder``, ``Inv
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
 from collections.abc import Callable, Iterable, Sequence
@@ -329,6 +330,13 @@ def read_cgroup_limits(root: str | Path = CGROUP_ROOT,
                         cpu_limit_cores=cores, cpu_from="cgroup cpu.cfs_quota_us" if cores else "")
 
 
+def cpu_threads(limits: CgroupLimits) -> int | None:
+    """Compute threads for a CPU quota (1.5 CPUs: 2), or None where there is no quota."""
+    if limits.cpu_limit_cores is None:
+        return None
+    return max(1, math.ceil(limits.cpu_limit_cores))
+
+
 # --- the CPU and its RAM ---------------------------------------------------------------
 
 
@@ -518,6 +526,7 @@ __all__ = [
     "GossipRule",
     "NvmlCardSource",
     "changed_enough",
+    "cpu_threads",
     "local_card_source",
     "parse_gpu_list",
     "read_cgroup_limits",

@@ -20,9 +20,9 @@ import yaml
 
 from p2pswarm.cards import Card
 from p2pswarm.cli import app
-from p2pswarm.cli.swarm import card_summary, read_token, seed_list
+from p2pswarm.cli.swarm import card_summary, read_token, seed_list, threads_within_cpu_quota
 from p2pswarm.config import DEFAULT_PORT, preset, split_addr
-from p2pswarm.inventory import CpuCardSource, read_cgroup_limits
+from p2pswarm.inventory import CgroupLimits, CpuCardSource, cpu_threads, read_cgroup_limits
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKER_DIR = REPO / "docker"
@@ -450,7 +450,8 @@ def test_docker_stack_config_accepts_the_stack_file() -> None:
 
 def test_docker_compose_config_accepts_the_compose_file() -> None:
     for checker in (["docker", "compose"], ["docker-compose"]):
-        if not shutil.which(checker[0]) or run_checker(*checker, "version", env={}).returncode:
+        if not shutil.which(checker[0]) or (
+                checker[0] == "docker" and run_checker(*checker, "version", env={}).returncode):
             continue  # not installed, or docker without its compose plugin
         result = run_checker(*checker, "-f", "compose.yaml", "config", env=COMPOSE_ENV)
         assert result.returncode == 0, result.stderr
@@ -546,6 +547,20 @@ def test_cgroup_v2_memory_max_is_the_cpu_cards_size(tmp_path: Path) -> None:
     # a --cpu-memory cap below the limit is what the card says it came from
     capped = cpu_card(root, proc, cap=GiB)
     assert (capped.total_bytes, capped.memory_source) == (GiB, "--cpu-memory")
+
+
+def test_a_cpu_quota_sizes_the_thread_pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cpu_threads(CgroupLimits(cpu_limit_cores=1.5)) == 2
+    assert cpu_threads(CgroupLimits(cpu_limit_cores=0.25)) == 1
+    assert cpu_threads(CgroupLimits()) is None
+    monkeypatch.setattr("p2pswarm.inventory.read_cgroup_limits",
+                        lambda: CgroupLimits(cpu_limit_cores=3.0))
+    environ: dict[str, str] = {}
+    threads_within_cpu_quota(environ)
+    assert environ == {"OMP_NUM_THREADS": "3"}
+    environ = {"OMP_NUM_THREADS": "8"}  # the user's word stands
+    threads_within_cpu_quota(environ)
+    assert environ == {"OMP_NUM_THREADS": "8"}
 
 
 def test_cgroup_v1_memory_limit_in_bytes_is_the_cpu_cards_size(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -146,6 +147,7 @@ def join(
         state.load_keyring()  # refuse early: no swarm, or key files others can read
         cards = local_card_source(gpus=gpus, cpu_memory=cpu_memory, no_cpu=no_cpu,
                                   own_pids=[os.getpid()])
+        threads_within_cpu_quota(os.environ)
         settings = NodeSettings(home=directory, listen=listen, seeds=seed_addrs,
                                 name=name or socket.gethostname(), config=config,
                                 advertise=advertise, leader_priority=leader_priority,
@@ -160,6 +162,17 @@ def join(
             if new_keys:
                 state.forget_swarm()
             raise
+
+
+def threads_within_cpu_quota(environ: MutableMapping[str, str]) -> None:
+    """In a container with a CPU quota (``--cpus``), torch's thread pools (sized by the
+    machine's cores) would be throttled to a crawl: size them by the quota instead, unless
+    the user already has (OMP_NUM_THREADS), before anything imports torch."""
+    from p2pswarm.inventory import cpu_threads, read_cgroup_limits
+
+    threads = cpu_threads(read_cgroup_limits())
+    if threads is not None and "OMP_NUM_THREADS" not in environ:
+        environ["OMP_NUM_THREADS"] = str(threads)
 
 
 @app.command()
