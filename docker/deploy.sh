@@ -39,7 +39,9 @@ Services: $SERVICES
 The p2pswarm join token lives in $TOKEN_FILE (P2PSWARM_TOKEN_FILE to change; made on
 first use) and reaches the fellows only as the Docker secret $SECRET: it is never passed
 on a command line.
-Environment: REGISTRY, STACK ($STACK), PLATFORMS, VARIANTS ($VARIANTS), CUDA_BASE.
+Environment: REGISTRY, STACK ($STACK), PLATFORMS, VARIANTS ($VARIANTS), CUDA_BASE; for
+deploy also SERVER_REPLICAS, DESKTOP_REPLICAS, LAPTOP_REPLICAS, RPI_REPLICAS, GPU_REPLICAS
+(default: the machines labelled so) and RPI_MEMORY (3G).
 EOF
 }
 
