@@ -244,7 +244,9 @@ def render_status(data: dict[str, Any]) -> None:
         console.print(f"leader: {data.get('leader_note') or 'none yet'}")
     table = Table(title=f"{len(data['members'])} fellows")
     for column in ("name", "id", "address", "state", "inc", "cards", "last heard"):
-        table.add_column(column, overflow="fold" if column == "address" else "ellipsis",
+        # an address and where a card's memory figure came from are never cut short
+        table.add_column(column, overflow="fold" if column in ("address", "cards")
+                         else "ellipsis",
                          min_width=21 if column == "address" else None)
     for m in data["members"]:
         cards = ", ".join(card_summary(c) for c in m.get("cards", [])) or "-"
