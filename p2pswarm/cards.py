@@ -50,7 +50,7 @@ class Card:
     free_bytes: int
     held_by_others: tuple[Holder, ...] = ()
     # where total and free came from, for people: "cgroup memory.max", "/proc/meminfo",
-    # "--cpu-memory"; "" for GPUs (NVML) and fellows that do not say. Never planned on.
+    # "--cpu-memory", "NVML"; "" where a source does not say. Never planned on.
     memory_source: str = ""
 
     @property

@@ -314,7 +314,8 @@ def read_cgroup_limits(root: str | Path = CGROUP_ROOT,
         return CgroupLimits(memory_limit_bytes=memory[0] if memory else None,
                             memory_used_bytes=used,
                             memory_from="cgroup memory.max" if memory else "",
-                            cpu_limit_cores=cores, cpu_from="cgroup cpu.max" if cores else "")
+                            cpu_limit_cores=cores,
+                            cpu_from="" if cores is None else "cgroup cpu.max")
     memory_dirs = _dirs_up(root / "memory", paths.get("memory", ""))  # v1: one per controller
     memory = _tightest(memory_dirs, "memory.limit_in_bytes")
     used = None
@@ -327,7 +328,8 @@ def read_cgroup_limits(root: str | Path = CGROUP_ROOT,
     cores = _cpu_v1(_dirs_up(cpu_mount, paths.get("cpu", "")))
     return CgroupLimits(memory_limit_bytes=memory[0] if memory else None, memory_used_bytes=used,
                         memory_from="cgroup memory.limit_in_bytes" if memory else "",
-                        cpu_limit_cores=cores, cpu_from="cgroup cpu.cfs_quota_us" if cores else "")
+                        cpu_limit_cores=cores,
+                        cpu_from="" if cores is None else "cgroup cpu.cfs_quota_us")
 
 
 def cpu_threads(limits: CgroupLimits) -> int | None:
