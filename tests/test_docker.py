@@ -30,7 +30,8 @@ DEPLOY = DOCKER_DIR / "deploy.sh"
 GiB = 1 << 30
 TOKEN = "p2ps1-AAAAA-BBBBB-CCCCC-DDDDD-EEEEE-FFFFF-GGGGG-HHHHH-JJJJJ-KKKKK-MMMMM-NN"
 MADE_TOKEN = "p2ps1-ZZZZZ-YYYYY-XXXXX-WWWWW-VVVVV-TTTTT-SSSSS-RRRRR-QQQQQ-PPPPP-NNNNN-MM"
-DOCKER_JOIN_TOKEN = "SWMTKN-1-3pu6hszjas19xyp7ghgosyx9k8atbfcr8p2is99znpy26u2lkl-1awxwuwd3z9j1z3puu7rcgdbx"
+DOCKER_JOIN_TOKEN = ("SWMTKN-1-3pu6hszjas19xyp7ghgosyx9k8atbfcr8p2is99znpy26u2lkl-"
+                     "1awxwuwd3z9j1z3puu7rcgdbx")
 ENV_SEEN = ("P2PSWARM_SEEDS", "P2PSWARM_IMAGE", "SERVER_REPLICAS", "DESKTOP_REPLICAS",
             "LAPTOP_REPLICAS", "RPI_REPLICAS", "GPU_REPLICAS")
 
@@ -76,7 +77,8 @@ case "$1 $2" in
                 *) cat "$w/nodes/$id/resources" ;;
             esac
         done ;;
-    "run --rm") printf '{\n  "home": "/tmp/swarm",\n  "token": "%s"\n}\n' "$(cat "$w/made_token")" ;;
+    "run --rm")
+        printf '{\n  "home": "/tmp/swarm",\n  "token": "%s"\n}\n' "$(cat "$w/made_token")" ;;
 esac
 exit 0
 """
@@ -194,7 +196,8 @@ def test_join_reads_the_docker_token_from_stdin_and_never_prints_it(docker: Fake
     printed = ok(docker.run("join", "-", "192.168.1.10:2377", stdin=DOCKER_JOIN_TOKEN + "\n"))
     assert docker.argvs() == [["swarm", "join", "--token", DOCKER_JOIN_TOKEN,
                                "192.168.1.10:2377"]]  # docker takes it no other way
-    assert DOCKER_JOIN_TOKEN not in printed and "+ docker swarm join --token SWMTKN-1-3pu" in printed
+    assert DOCKER_JOIN_TOKEN not in printed
+    assert "+ docker swarm join --token SWMTKN-1-3pu" in printed
 
 
 def test_build_makes_a_multi_arch_cpu_image_and_a_cuda_one(docker: FakeDocker) -> None:
