@@ -19,6 +19,7 @@ from p2pswarm.cli.exits import fail
 from p2pswarm.http.app import HttpSettings, http_settings
 
 HTTP_TOKEN_ENV = "P2PSWARM_HTTP_TOKEN"
+MAX_TOKEN_BYTES = 4096
 
 
 def read_http_token(given: Optional[str], file: Optional[Path]) -> Optional[str]:
@@ -32,15 +33,16 @@ def read_http_token(given: Optional[str], file: Optional[Path]) -> Optional[str]
         return given
     if file is not None:
         try:
-            text = file.expanduser().read_text(errors="replace")
-            mode = file.expanduser().stat().st_mode
+            with open(file.expanduser(), "rb") as f:
+                mode = os.fstat(f.fileno()).st_mode
+                data = f.read(MAX_TOKEN_BYTES + 1)  # bounded: the file may be anything
         except OSError as exc:
             fail(f"cannot read --http-token-file {file}: {exc.strerror or exc}")
         if mode & (stat.S_IRGRP | stat.S_IROTH):
             typer.echo(f"warning: --http-token-file {file} is readable by other users: "
                        f"chmod 600 {file}", err=True)
-        token = text.strip()
-        if not token or len(token) > 4096 or any(c.isspace() for c in token):
+        token = data.decode("utf-8", errors="replace").strip()
+        if not token or len(data) > MAX_TOKEN_BYTES or any(c.isspace() for c in token):
             fail(f"--http-token-file {file} must hold one token (a line without spaces)")
         return token
     return os.environ.get(HTTP_TOKEN_ENV) or None
