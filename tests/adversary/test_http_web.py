@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from p2pswarm.cli.http_options import HTTP_TOKEN_ENV, read_http_token
+from p2pswarm.errors import ConfigError
 from p2pswarm.http.app import HttpSettings, http_settings
 from p2pswarm.http.guard import WebGuard, split_host
 from p2pswarm.http.problems import HttpError
@@ -237,9 +238,9 @@ def test_allowed_hosts_and_dirs_are_checked_when_join_starts(tmp_path: Path) -> 
     assert settings is not None and settings.allow_hosts == ("mybox.lan",)
     settings.guard.check("GET", [(b"host", b"mybox.lan:7780")])
     for bad in ("http://x/", "a b/c", ""):
-        with pytest.raises(Exception, match="--http-allow-host"):
+        with pytest.raises(ConfigError, match="--http-allow-host"):
             http_settings(None, allow_hosts=(bad,))
-    with pytest.raises(Exception, match="--http-allow-dir"):
+    with pytest.raises(ConfigError, match="--http-allow-dir"):
         http_settings(None, allow_dirs=(str(tmp_path / "missing"),))
 
 
