@@ -165,3 +165,35 @@ def test_a_safetensors_header_longer_than_its_file_is_refused(tmp_path: Path) ->
     (root / "adapter_model.safetensors").write_bytes(struct.pack("<Q", 2**40) + b"{}")
     one_line_error(tmp_path, ["load", "tiny-llama", "--adapter", str(root)],
                    "not a safetensors file")
+
+
+# --- what the agent answers ----------------------------------------------------------------
+
+
+async def test_an_answer_that_cannot_be_encoded_is_an_error_not_a_dead_agent(
+        tmp_path: Path) -> None:
+    import trio
+
+    from p2pswarm.control import client as control_client
+    from p2pswarm.control.server import emit, serve_control
+    from p2pswarm.errors import ControlError
+
+    async def handle(request: dict[str, Any]) -> Any:
+        if request["op"] == "giant":  # a plan of a model config with 2**31-sized layers
+            emit({"bytes": 2**90})
+            return {"does_not_fit_bytes": 2**90}
+        return {"ok": request["op"]}
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_control, tmp_path, handle)
+        for streaming in (False, True):
+            def ask() -> Any:
+                if streaming:
+                    return control_client.stream(tmp_path, {"op": "giant"}, lambda e: None, 5.0)
+                return control_client.request(tmp_path, {"op": "giant"}, 5.0)
+            with pytest.raises(ControlError, match="could not be encoded"):
+                await trio.to_thread.run_sync(ask)
+        still = await trio.to_thread.run_sync(
+            lambda: control_client.request(tmp_path, {"op": "status"}, 5.0))
+        assert still == {"ok": "status"}
+        nursery.cancel_scope.cancel()
