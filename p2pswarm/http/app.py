@@ -154,6 +154,12 @@ class Call:
         self.disconnected = False
         self.body_read = False
 
+    @property
+    def announced_body(self) -> bool:
+        """Whether the request said a body follows."""
+        return ("transfer-encoding" in self.headers
+                or self.headers.get("content-length", "0").strip() not in ("", "0"))
+
     async def body(self) -> bytes:
         data = bytearray()
         while True:
@@ -318,8 +324,9 @@ class HttpApp:
             except Exception:  # the client is gone
                 pass
             return
-        if error.code in ("bad-framing", "too-large") and not call.body_read:
-            # the body was never read: the connection cannot carry another request
+        if call.announced_body and not call.body_read:
+            # refused before its body was read: the connection cannot carry another request,
+            # and a client must not send one on it
             await call.respond(error.status, dumps(error.document()), "application/json",
                                (("connection", "close"),))
             return
