@@ -50,7 +50,7 @@ SECURITY_HEADERS: tuple[tuple[str, str], ...] = (
 )
 # The refusals counted in ``status`` (``drops``, as ``http-<code>``).
 COUNTED = frozenset({"foreign-host", "foreign-origin", "unsupported-media-type",
-                     "bad-framing", "too-large", "dir-not-allowed"})
+                     "bad-framing", "too-large", "headers-too-large", "dir-not-allowed"})
 
 Headers = Iterable[tuple[bytes, bytes]]
 
