@@ -156,6 +156,14 @@ def test_a_body_nested_thousands_deep_is_bad_json(client: httpx.Client) -> None:
     assert client.get("/api/status").status_code == 200
 
 
+def test_sampling_numbers_beyond_what_the_wire_carries_are_a_clear_400(
+        client: httpx.Client) -> None:
+    for key, value in (("top_k", 10**30), ("max_tokens", 2**40), ("seed", 2**70)):
+        message = refused(client.post("/v1/completions", json={
+            "model": "tiny-llama", "prompt": "hi", key: value}), 400, "bad-request")
+        assert f"{key} must be a whole number" in message and len(message) < 120
+
+
 def raw_request(addr: str, head: bytes, body: bytes = b"") -> bytes:
     """Send bytes as they are (no client would send these) and read the answer."""
     host, _, port = addr.rpartition(":")
