@@ -164,6 +164,14 @@ def test_sampling_numbers_beyond_what_the_wire_carries_are_a_clear_400(
         assert f"{key} must be a whole number" in message and len(message) < 120
 
 
+def test_plan_fields_beyond_any_request_are_a_clear_400(client: httpx.Client) -> None:
+    for extra in ('"sequences": 1000000000000000000000000000000', '"floors": {"cuda": 1e400}',
+                  '"floors": {"cpu": "abc"}', '"floors": {"cpu": Infinity}'):
+        body = ('{"model": "tiny-llama", ' + extra + "}").encode()
+        refused(client.post("/api/models/plan", content=body,
+                            headers={"content-type": "application/json"}), 400, "bad-request")
+
+
 def raw_request(addr: str, head: bytes, body: bytes = b"") -> bytes:
     """Send bytes as they are (no client would send these) and read the answer."""
     host, _, port = addr.rpartition(":")
