@@ -36,6 +36,7 @@ import trio
 from p2pswarm import wire
 from p2pswarm.errors import ConfigError, PlacementError, RemoteProtocolError, TransportError
 from p2pswarm.models.config import ModelConfig
+from p2pswarm.names import UnsafeName, hex_digest, safe_name, sha256_hex
 from p2pswarm.wire.serving import WeightsItem, WeightsRefused, WeightsRequest
 
 if TYPE_CHECKING:
@@ -48,6 +49,9 @@ FETCH_IDLE_TIMEOUT_S = 60.0  # a source that sends nothing this long has failed
 # Small files a driver may need besides the tensors (to tokenize, to know the stops).
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
                "tokenizer_config.json", "special_tokens_map.json")
+
+MAX_TENSOR_NAME_CHARS = 512  # a checkpoint's tensor names are dotted paths, never this long
+MAX_TENSOR_DIMS = 8
 
 T = TypeVar("T")
 Run = Callable[[Callable[[], T]], Awaitable[T]]  # where blocking work runs (a thread, inline)
@@ -70,9 +74,18 @@ class ManifestTensor:
 
     @staticmethod
     def from_list(raw: Sequence[Any]) -> ManifestTensor:
+        """One tensor as a manifest from the network lists it, every field checked."""
         name, file, dtype, shape, offset, nbytes, sha = raw
-        return ManifestTensor(str(name), str(file), str(dtype), tuple(int(d) for d in shape),
-                              int(offset), int(nbytes), str(sha))
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_TENSOR_NAME_CHARS:
+            raise ConfigError(f"bad tensor name {str(name)[:80]!r}")
+        if not isinstance(dtype, str) or not 0 < len(dtype) <= 16:
+            raise ConfigError(f"bad dtype {str(dtype)[:20]!r} of {name}")
+        dims = tuple(int(d) for d in shape)
+        if len(dims) > MAX_TENSOR_DIMS or min(dims, default=0) < 0 \
+                or int(offset) < 0 or int(nbytes) < 0:
+            raise ConfigError(f"bad shape or byte range of {name}")
+        return ManifestTensor(name, safe_name(file, "tensor file"), dtype, dims, int(offset),
+                              int(nbytes), sha256_hex(sha, f"SHA-256 of {name}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +130,25 @@ class Manifest:
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Manifest:
+        """A manifest from the network (a stage order, a gossiped load record): the key,
+        every hash and every file name checked before any of them may touch a path."""
         try:
             return Manifest(
-                key=str(data["key"]), name=str(data["name"]), path=str(data["path"]),
-                hf_config=dict(data["config"]),
+                key=hex_digest(data["key"], 16, "model key"), name=str(data["name"])[:256],
+                path=str(data["path"]), hf_config=dict(data["config"]),
                 tensors=tuple(ManifestTensor.from_list(t) for t in data["tensors"]),
-                files=tuple(ManifestFile(str(n), int(b), str(s)) for n, b, s in data["files"]))
+                files=tuple(_manifest_file(*f) for f in data["files"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"malformed model manifest ({exc})") from None
+
+
+def _manifest_file(name: Any, nbytes: Any, sha256: Any) -> ManifestFile:
+    if name not in MODEL_FILES:
+        raise UnsafeName(f"a model manifest names the file {str(name)[:80]!r}; only "
+                         f"{', '.join(MODEL_FILES)} travel with a model")
+    if int(nbytes) < 0:
+        raise ConfigError(f"bad size of {name}")
+    return ManifestFile(name, int(nbytes), sha256_hex(sha256, f"SHA-256 of {name}"))
 
 
 def _manifest_key(hf_config: dict[str, Any], tensors: Sequence[ManifestTensor],
@@ -195,6 +219,9 @@ class WeightsCache:
         self.root = root
 
     def path(self, sha256: str) -> Path:
+        """Where the bytes with this SHA-256 live: the one way a name becomes a path here
+        (UnsafeName for anything but 64 lowercase hex digits)."""
+        sha256 = sha256_hex(sha256)
         return self.root / sha256[:2] / sha256
 
     def has(self, sha256: str, nbytes: int) -> bool:
@@ -214,8 +241,13 @@ class WeightsCache:
 
     def model_dir(self, manifest: Manifest) -> Path:
         """A directory holding the manifest's small files under their names (for a
-        tokenizer), made from cached copies; call once they are all cached."""
-        directory = self.root / "models" / manifest.key
+        tokenizer), made from cached copies; call once they are all cached. It is named by
+        its own content (each file's name and SHA-256), never by a name from the network,
+        so two manifests under one key cannot share it, and only ``MODEL_FILES`` go in."""
+        listing = sorted((_manifest_file(f.name, f.nbytes, f.sha256).name, f.sha256)
+                         for f in manifest.files)
+        digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+        directory = self.root / "models" / digest
         directory.mkdir(parents=True, exist_ok=True)
         for f in manifest.files:
             target = directory / f.name

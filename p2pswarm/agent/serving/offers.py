@@ -53,5 +53,11 @@ class Offers:
         self.server.offer(manifest)
         return manifest
 
+    def offered(self, manifest: Manifest) -> bool:
+        """Whether this fellow offered ``manifest`` (same key, same directory): an order
+        that names this fellow as the source may read only a directory it offered."""
+        mine = self.server.offers.get(manifest.key)
+        return mine is not None and mine.path == manifest.path
+
     async def _on_weights_request(self, msg: WeightsRequest, stream: SecureStream) -> None:
         await self.server.serve(msg, stream, self.agent.compute.run)

@@ -131,6 +131,8 @@ class StageHost:
         except ConfigError as exc:
             return str(exc)
         if model.get("source_id") == self.agent.node_id.hex():
+            if not self.offers.offered(manifest):
+                return "it offered no such model directory (a fellow reads only what it offered)"
             try:
                 await self.agent.compute.run(lambda: check_source_files(manifest, names))
             except (ConfigError, OSError) as exc:
@@ -153,6 +155,8 @@ class StageHost:
         except ConfigError as exc:
             return str(exc)
         if block.get("source_id") == self.agent.node_id.hex():
+            if not self.offers.offered(manifest):
+                return "it offered no such adapter (a fellow reads only what it offered)"
             if not Path(manifest.path).is_dir():
                 return f"the adapter directory {manifest.path} is not readable any more"
             return None
@@ -245,6 +249,9 @@ class StageHost:
             return str(model["name"]), 0, 0.0
         manifest = Manifest.from_dict(model["manifest"])
         if model.get("source_id") == self.agent.node_id.hex():
+            if not self.offers.offered(manifest):
+                raise PlacementError(f"{self.agent.name} offered no model directory "
+                                     f"{manifest.path}")
             return Path(manifest.path), 0, 0.0
         cache = self.offers.weights_cache()
         wanted = manifest.stage_tensors(*order.layers)
@@ -283,6 +290,8 @@ class StageHost:
             return {}, 0
         manifest = block_manifest(block)
         local = block.get("source_id") == self.agent.node_id.hex()
+        if local and not self.offers.offered(manifest):
+            raise PlacementError(f"{self.agent.name} offered no adapter {manifest.path}")
         cache: WeightsCache = self.offers.weights_cache()
         fetched = 0
         if not local:
