@@ -24,8 +24,9 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -213,10 +214,17 @@ def check_source_files(manifest: Manifest, names: Sequence[str]) -> None:
 
 
 class WeightsCache:
-    """Verified tensors and files by SHA-256 under ``root`` (``HOME/weights``)."""
+    """Verified tensors and files by SHA-256 under ``root`` (``HOME/weights``), at most
+    ``cap_bytes`` of them: a new tensor first evicts the least recently used ones, never
+    one ``in_use`` names (a live stage's), and is refused when that is not enough."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, cap_bytes: int | None = None,
+                 in_use: Callable[[], Iterable[str]] | None = None) -> None:
         self.root = root
+        self.cap_bytes = cap_bytes
+        self.in_use: Callable[[], Iterable[str]] = in_use or (lambda: ())
+        self.evicted = 0  # files dropped to make room, since start
+        self._held_bytes: int | None = None  # what the cache holds; counted on first need
 
     def path(self, sha256: str) -> Path:
         """Where the bytes with this SHA-256 live: the one way a name becomes a path here
@@ -225,10 +233,60 @@ class WeightsCache:
         return self.root / sha256[:2] / sha256
 
     def has(self, sha256: str, nbytes: int) -> bool:
+        """Whether the bytes are here; asking marks them used (the eviction order)."""
+        path = self.path(sha256)
         try:
-            return self.path(sha256).stat().st_size == nbytes
+            if path.stat().st_size != nbytes:
+                return False
+            os.utime(path)
         except OSError:
             return False
+        return True
+
+    def _files(self) -> list[tuple[int, Path, int]]:
+        """(mtime, path, size) of every file held, temporary ones left out."""
+        out = []
+        for path in self.root.rglob("*"):
+            if path.name.startswith("."):
+                continue
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out.append((st.st_mtime_ns, path, st.st_size))
+        return out
+
+    def make_room(self, nbytes: int) -> None:
+        """Evict the least recently used files until ``nbytes`` more fit the cap."""
+        if self.cap_bytes is None:
+            return
+        if nbytes > self.cap_bytes:
+            raise PlacementError(f"a tensor of {nbytes:,} bytes is over the {self.cap_bytes:,} "
+                                 "bytes this fellow caches (storage.weights_cache_bytes)")
+        if self._held_bytes is not None and self._held_bytes + nbytes <= self.cap_bytes:
+            return
+        files = self._files() if self.root.is_dir() else []
+        held = sum(size for _, _, size in files)
+        if held + nbytes > self.cap_bytes:
+            keep = set(self.in_use())
+            for _, path, size in sorted(files):
+                if held + nbytes <= self.cap_bytes:
+                    break
+                if path.name in keep:
+                    continue
+                path.unlink(missing_ok=True)
+                held -= size
+                self.evicted += 1
+        self._held_bytes = held
+        if held + nbytes > self.cap_bytes:
+            raise PlacementError(f"the weights cache holds {held:,} bytes that live stages use; "
+                                 f"{nbytes:,} more would pass its {self.cap_bytes:,} bytes "
+                                 "(storage.weights_cache_bytes)")
+
+    def _stored(self, nbytes: int) -> None:
+        if self._held_bytes is not None:
+            self._held_bytes += nbytes
 
     def held(self) -> list[str]:
         """Every hash held (for tests and `loads --json`)."""
@@ -255,6 +313,7 @@ class WeightsCache:
                 tmp = directory / f".{f.name}.tmp"
                 tmp.write_bytes(self.path(f.sha256).read_bytes())
                 tmp.replace(target)
+                self._stored(f.nbytes)
         return directory
 
 
@@ -269,6 +328,7 @@ class CacheWriter:
         self.received = 0
         self._digest = hashlib.sha256()
         final = cache.path(sha256)
+        cache.make_room(nbytes)
         final.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".part-")
         self._file = os.fdopen(fd, "wb")
@@ -286,6 +346,7 @@ class CacheWriter:
             self._tmp.unlink(missing_ok=True)
             return False
         self._tmp.replace(self.cache.path(self.sha256))
+        self.cache._stored(self.nbytes)
         return True
 
     def abort(self) -> None:

@@ -70,10 +70,27 @@ class StageHost:
         # released while their build ran: what it allocates is dropped when it ends
         self.releasing: dict[tuple[str, int], HostedStage] = {}
         self.reservation_s = 120.0  # a stage reserved or loaded but never started
+        offers.in_use = self.hashes_in_use
         leadership.obey(StagePrepare, self._prepare)
         leadership.obey(StageLoad, self._load)
         leadership.obey(StageStart, self._start)
         leadership.obey(StageRelease, self._release)
+
+    def hashes_in_use(self) -> set[str]:
+        """The SHA-256 of every tensor of the models and adapters this fellow's stages
+        (reserved to active) load from: the weights cache never evicts these."""
+        out: set[str] = set()
+        for h in (*self.hosted.values(), *self.releasing.values()):
+            for block in (h.order.model, h.order.adapter):
+                raw = block.get("manifest") if isinstance(block, dict) else None
+                if isinstance(raw, dict):
+                    try:
+                        manifest = Manifest.from_dict(raw)
+                    except ConfigError:
+                        continue
+                    out.update(t.sha256 for t in manifest.tensors)
+                    out.update(f.sha256 for f in manifest.files)
+        return out
 
     def allocated_bytes(self) -> int:
         """What the stages this fellow holds really allocate."""
