@@ -10,14 +10,20 @@ cluster and loading, with the rogue's bad entries dropped and counted in ``statu
 from __future__ import annotations
 
 import dataclasses
+import io
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from rich.console import Console
 
 from p2pswarm.agent import Agent
 from p2pswarm.agent.fellow_meta import clean_metadata
 from p2pswarm.agent.world import AgentWorld
+from p2pswarm.cli.loads import _print_load
+from p2pswarm.cli.render import print_plan
+from p2pswarm.cli.swarm import render_status
 from p2pswarm.sim.virtual import Fellow, VirtualSwarm, cpu_card, wait_until
 from p2pswarm.wire.loads import UnloadAsk, Unloaded
 from tests.serving_swarm import request
@@ -44,8 +50,8 @@ HOSTILE: dict[str, Any] = {
 
 
 def rogue_factory(fellow: Fellow, world: AgentWorld) -> Agent:
-    if fellow.index == ROGUE:
-        world = dataclasses.replace(world, metadata=HOSTILE)
+    if fellow.index == ROGUE:  # a name that is rich markup, and hostile metadata
+        world = dataclasses.replace(world, name="[/bold]", metadata=HOSTILE)
     return Agent(world)
 
 
@@ -95,6 +101,23 @@ async def test_a_rogue_gossiping_malformed_metadata_breaks_no_view(autojump_cloc
         for agent in honest:
             listed = (await agent.control_ops["loads"]({}))["loads"]
             assert [r["plan_id"] for r in listed] == [plan["plan_id"]]
+        # every listed command's human output renders the rogue's names as text
+        for agent in honest:
+            render_status(agent.status())
+        print_plan(plan, Console(file=io.StringIO()))
+        out = io.StringIO()
+        _print_load({**loaded, "model": {"name": "[/red]"}}, Console(file=out))
+        assert "[/red]" in out.getvalue()
         await honest[1].leadership.ask(UnloadAsk(plan["plan_id"]), Unloaded)
         assert all(not a.stopped.is_set() for a in swarm.live())
         nursery.cancel_scope.cancel()
+
+
+def test_the_pages_put_fellow_data_in_as_text_only() -> None:
+    # names reach the pages from fellows: scripts set textContent, never parse HTML
+    static = Path(__file__).parents[2] / "p2pswarm" / "http" / "static"
+    for script in static.glob("*.js"):
+        code = script.read_text()
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write",
+                     "eval(", "new Function"):
+            assert sink not in code, f"{script.name} uses {sink}"
