@@ -16,7 +16,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from p2pswarm.agent.weights import Manifest
 from p2pswarm.cards import CARD_KINDS, Benchmark, Card, Holder
+from p2pswarm.errors import ConfigError
 from p2pswarm.names import is_hex_digest
 
 MAX_CARDS = 64  # cards one fellow may offer
@@ -183,6 +185,8 @@ class _Cleaner:
         if not isinstance(model, dict) or model.get("kind", "builtin") not in ("builtin",
                                                                                "files"):
             raise Bad("a model is not a built-in's or a directory's")
+        if model.get("kind") == "files":
+            self.files_model(model)
         runtime = _document(raw.get("runtime", {}))
         if not isinstance(runtime, dict):
             raise Bad("a runtime block is not a map")
@@ -208,6 +212,16 @@ class _Cleaner:
                 raise Bad("a route is not a list of hops")
             entry["route"] = [self.hop(h) for h in raw["route"]]  # one bad hop: the stage
         return entry
+
+    @staticmethod
+    def files_model(model: dict[str, Any]) -> None:
+        """A model directory's identity names its key and small files as a manifest
+        does; a driver fetches those files by them (``Manifest.from_dict`` checks)."""
+        try:
+            Manifest.from_dict({**model, "config": {}, "tensors": [],
+                                "path": model.get("path", ""), "files": model.get("files", [])})
+        except ConfigError as exc:
+            raise Bad(str(exc)) from None
 
     def stages(self, raw: Any) -> list[dict[str, Any]]:
         return self.each(raw, self.stage, MAX_STAGES)

@@ -45,7 +45,12 @@ HOSTILE: dict[str, Any] = {
                {"plan_id": 5, "stage": 0, "route": [{"stage": "a"}]},
                {"plan_id": "fedcba9876543210", "stage": 0, "model": "x", "runtime": [],
                 "route": [{"stage": 0, "fellow_id": "zz", "layers": "all"}]},
-               "nonsense"],
+               "nonsense",
+               # a load record whose model key and file names would be paths
+               {"plan_id": "00000000000000aa", "stage": 0, "runtime": {},
+                "model": {"kind": "files", "name": "m", "key": "../../../lib/site-packages",
+                          "path": "/", "files": [["evil.pth", 5, "/etc/hostname"]]},
+                "route": [{"stage": 0, "fellow_id": "ab" * 16}]}],
 }
 
 

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from p2pswarm.agent.weights import Manifest, WeightsCache
+from p2pswarm.agent.world import Services
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.names import UnsafeName, contained, safe_name, sha256_hex
 from tests.adversary.snapshot import tree
@@ -186,3 +188,69 @@ def test_a_hub_snapshot_may_link_into_its_own_blobs(tmp_path: Path) -> None:
     (snapshot / "model.safetensors").rename(repo / "blobs" / "f00d")
     (snapshot / "model.safetensors").symlink_to(Path("../../blobs/f00d"))
     assert Checkpoint(snapshot).tensor_names()
+
+
+# --- against live agents: a rogue leader's orders and a rogue's shard pushes ---------------
+
+
+async def test_a_rogue_leaders_crafted_names_are_refused_and_counted(
+        autojump_clock: Any, tmp_path: Path) -> None:
+    """The rogue is elected leader (it may well be: it holds the token and the votes), then
+    orders a stage whose manifest's hashes and key are paths, and pushes checkpoint
+    shards and job data under names that are paths. Every one is refused and counted;
+    every fellow stays up; nothing outside the fellows' state directories changes."""
+    from p2pswarm.agent.serving.records import StageOrder
+    from p2pswarm.agent.streams import receive_message, send_message
+    from p2pswarm.planner import BUILTIN_MODELS
+    from p2pswarm.sim.virtual import VirtualSwarm, wait_until
+    from p2pswarm.wire.loads import StagePrepare, StagePrepared
+    from p2pswarm.wire.training import DataPut, TrainError, TrainFetch, TrainShard
+
+    (tmp_path / "lib" / "site-packages").mkdir(parents=True)
+    (tmp_path / "lib" / "site-packages" / "keep.py").write_text("x = 1\n")
+    services = Services(weights_dir=tmp_path / "state" / "weights")
+    async with trio.open_nursery() as nursery:
+        swarm = VirtualSwarm(3, seed=8, services=services)
+        swarm.fellows[0].leader_priority = 10
+        await nursery.start(swarm.run)
+        for i in range(3):
+            await swarm.start(i)
+        await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
+                         and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
+        rogue, victim = swarm.live()[0], swarm.live()[1]
+        assert rogue.election is not None and rogue.election.status().role == "leader"
+        before = tree(tmp_path, skip=tmp_path / "state")
+
+        hf = dict(BUILTIN_MODELS["tiny-llama"])
+        for key, sha in (("../../../lib/site-packages", "ab" * 32),
+                         ("0123456789abcdef", "/etc/hostname"),
+                         ("0123456789abcdef", "../../../lib/site-packages/evil.pth")):
+            manifest = {"key": key, "name": "m", "path": "/", "config": hf,
+                        "tensors": [["model.embed_tokens.weight", "model.safetensors", "F32",
+                                     [4], 0, 16, sha]], "files": []}
+            order = StageOrder("00000000000000aa", 0, 1, victim.node_id.hex(), (0, 1), "cpu",
+                               0, "CPU", 1000, 1000, {}, {
+                                   "kind": "files", "source_id": rogue.node_id.hex(),
+                                   "source": rogue.name, "manifest": manifest})
+            with pytest.raises(SwarmError, match="bad|SHA-256|model key"):
+                await rogue.leadership.order(victim.addr, StagePrepare(order.to_wire()),
+                                             StagePrepared)
+        assert victim.counters.drops["unsafe-name"] == 3
+
+        hostile = [TrainShard("../../../lib", 1, "x", "ab" * 32, 0, 4, b"abcd"),
+                   TrainShard("job-00000001", 1, "../../../lib/site-packages/evil",
+                              "ab" * 32, 0, 4, b"abcd"),
+                   TrainShard("job-00000001", 1, ".hidden", "ab" * 32, 0, 4, b"abcd"),
+                   TrainFetch("../../..", 0, "manifest.json"),
+                   DataPut("../../../lib/site-packages/evil.pth" + "x" * 29, 4)]
+        for msg in hostile:
+            async with await rogue.open_secure(victim.addr) as stream:
+                await send_message(stream, msg)
+                answer = await receive_message(stream, TrainError, "the victim")
+                assert "bad" in answer.reason or "SHA-256" in answer.reason
+        assert victim.counters.drops["unsafe-name"] == 3 + 4
+        assert victim.counters.drops["bad-hash"] == 1
+        assert all(not a.stopped.is_set() for a in swarm.live())
+        assert victim.status()["counters"]["drops"]["unsafe-name"] == 7
+        nursery.cancel_scope.cancel()
+    assert tree(tmp_path, skip=tmp_path / "state") == before

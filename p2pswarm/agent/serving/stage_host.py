@@ -35,6 +35,7 @@ from p2pswarm.agent.serving.records import (
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.weights import Manifest, check_source_files, fetch
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
+from p2pswarm.names import UnsafeName
 from p2pswarm.planner.profile import BUILTIN_MODELS
 from p2pswarm.planner.wording import card_label, gb
 from p2pswarm.wire.loads import (
@@ -146,6 +147,7 @@ class StageHost:
             manifest = Manifest.from_dict(model.get("manifest") or {})
             names = [t.name for t in manifest.stage_tensors(*order.layers)]
         except ConfigError as exc:
+            self._count(exc)
             return str(exc)
         if model.get("source_id") == self.agent.node_id.hex():
             if not self.offers.offered(manifest):
@@ -170,6 +172,7 @@ class StageHost:
         try:
             manifest = block_manifest(block)
         except ConfigError as exc:
+            self._count(exc)
             return str(exc)
         if block.get("source_id") == self.agent.node_id.hex():
             if not self.offers.offered(manifest):
@@ -185,6 +188,11 @@ class StageHost:
             return (f"the adapter is not here and {block.get('source', 'its fellow')} "
                     "(which has it) is not connected")
         return None
+
+    def _count(self, exc: BaseException) -> None:
+        """A name that may not become a path came from a hostile or broken leader."""
+        if isinstance(exc, UnsafeName):
+            self.agent.counters.drop("unsafe-name")
 
     def live_cards(self) -> tuple[Any, ...]:
         source = self.agent.card_source

@@ -47,6 +47,7 @@ from p2pswarm.agent.training.transfer import (
     send_state_file,
 )
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
+from p2pswarm.names import UnsafeName
 from p2pswarm.training.checkpoint_files import (
     LATEST,
     MANIFEST,
@@ -287,10 +288,16 @@ class TrainCopies:
             if first.name == MANIFEST:
                 self._prune(first.job_id)
         except (SwarmError, OSError) as exc:
+            self._count(exc)
             why = str(exc) if isinstance(exc, SwarmError) else f"cannot write: {exc.strerror}"
             await send_best_effort(stream, TrainError(0, self.agent.name, why[:500]))
             return
         await send_best_effort(stream, Ack(first.step))
+
+    def _count(self, exc: BaseException) -> None:
+        """A name that may not become a path is a hostile sender's: counted in status."""
+        if isinstance(exc, UnsafeName):
+            self.agent.counters.drop("unsafe-name")
 
     async def _on_fetch(self, msg: TrainFetch, stream: SecureStream) -> None:
         try:
@@ -305,6 +312,7 @@ class TrainCopies:
                 raise ConfigError(f"{self.agent.name} holds no {msg.name} of step {step}")
             digest = await self.agent.compute.run(lambda: file_sha256(path))
         except (SwarmError, OSError) as exc:
+            self._count(exc)
             why = str(exc) if isinstance(exc, SwarmError) else f"cannot read: {exc.strerror}"
             await send_best_effort(stream, TrainError(0, self.agent.name, why[:500]))
             return

@@ -38,7 +38,7 @@ from p2pswarm.agent.training.transfer import (
     receive_state_parts,
     send_state_file,
 )
-from p2pswarm.errors import ConfigError, SwarmError
+from p2pswarm.errors import ConfigError, RemoteProtocolError, SwarmError
 from p2pswarm.training.job import (
     CORPUS,
     DATA_REF,
@@ -219,6 +219,8 @@ class JobData:
         try:
             await self._receive(msg, stream, "the sender")
         except (SwarmError, OSError) as exc:
+            if isinstance(exc, RemoteProtocolError):  # a bad hash, a bad part: counted
+                self.agent.counters.drop(exc.reason)
             why = str(exc) if isinstance(exc, SwarmError) else f"cannot write: {exc.strerror}"
             await send_best_effort(stream, TrainError(0, self.agent.name, why[:500]))
             return
@@ -231,6 +233,8 @@ class JobData:
                 raise ConfigError(f"{self.agent.name} holds no data file {msg.sha256[:12]}")
             size = path.stat().st_size
         except (SwarmError, OSError) as exc:
+            if isinstance(exc, RemoteProtocolError):  # a bad hash, a bad part: counted
+                self.agent.counters.drop(exc.reason)
             why = str(exc) if isinstance(exc, SwarmError) else f"cannot read: {exc.strerror}"
             await send_best_effort(stream, TrainError(0, self.agent.name, why[:500]))
             return

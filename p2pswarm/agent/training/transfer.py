@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 from p2pswarm.agent.streams import send_message
 from p2pswarm.agent.training.links import receive_answer
 from p2pswarm.errors import ConfigError, RemoteProtocolError
-from p2pswarm.names import is_hex_digest, is_safe_name
+from p2pswarm.names import UnsafeName, is_hex_digest, is_safe_name
 from p2pswarm.training.checkpoint_files import fsync_dir
 from p2pswarm.transport.secure import SecureStream
 from p2pswarm.wire.training import SHARD_CHUNK_BYTES, StatePart, TrainShard
@@ -38,9 +38,9 @@ READ_BYTES = SHARD_CHUNK_BYTES
 
 def check_part(name: str) -> str:
     """``name`` if it is safe as one path component (letters, digits, ``._-``, no leading
-    dot, at most 64 characters); a ConfigError otherwise."""
+    dot, at most 64 characters); an UnsafeName (a ConfigError) otherwise."""
     if not is_safe_name(name, PART_CHARS) or name.endswith(".tmp"):
-        raise ConfigError(f"bad name {str(name)[:80]!r}: letters, digits, '.', '_' and '-' "
+        raise UnsafeName(f"bad name {str(name)[:80]!r}: letters, digits, '.', '_' and '-' "
                           f"only, no leading dot, at most {PART_CHARS} characters")
     return name
 
