@@ -15,7 +15,11 @@ A stage then loads from the cache through the torch runtime's ``CachedTensors``
 checks each tensor's hash again as it reads it.
 
 The server hands out only what a manifest it offered names: a fellow cannot ask for an
-arbitrary file.
+arbitrary file. The other way round, a manifest from an order or a gossiped record is
+hostile input: its key, hashes and file names are checked (``p2pswarm.names``) before any
+becomes a path, and the cache names files by their SHA-256 alone. It is bounded by
+``storage.weights_cache_bytes``, the least recently used files evicted first, never a
+tensor a live stage loads from.
 """
 
 from __future__ import annotations
@@ -270,8 +274,11 @@ class WeightsCache:
         held = sum(size for _, _, size in files)
         if held + nbytes > self.cap_bytes:
             keep = set(self.in_use())
+            # a sixteenth of the cap more than needed, so a model's tensors arriving one
+            # after another do not each count the cache again
+            goal = self.cap_bytes - self.cap_bytes // 16
             for _, path, size in sorted(files):
-                if held + nbytes <= self.cap_bytes:
+                if held + nbytes <= goal:
                     break
                 if path.name in keep:
                     continue
