@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -145,45 +146,52 @@ def test_contained_follows_symlinks(tmp_path: Path) -> None:
 # --- a model directory's index cannot point outside it -------------------------------------
 
 
-def _model_with_index(tmp_path: Path, weight_map: dict[str, str]) -> Path:
+@pytest.fixture(scope="module")
+def built_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from p2pswarm.models import write_builtin_checkpoint
 
-    model = write_builtin_checkpoint("tiny-llama", tmp_path / "model")
-    (model / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return model
+    return write_builtin_checkpoint("tiny-llama", tmp_path_factory.mktemp("built") / "m")
+
+
+def _model_copy(built: Path, where: Path) -> Path:
+    """A model directory like ``built`` (weights hard-linked: written once per module)."""
+    where.mkdir(parents=True)
+    (where / "config.json").write_bytes((built / "config.json").read_bytes())
+    os.link(built / "model.safetensors", where / "model.safetensors")
+    return where
 
 
 @pytest.mark.parametrize("where", ["../outside.safetensors", "/etc/passwd",
                                    "sub/../../outside.safetensors", "link.safetensors"])
-def test_an_index_naming_a_file_outside_the_model_is_refused(tmp_path: Path,
+def test_an_index_naming_a_file_outside_the_model_is_refused(tmp_path: Path, built_model: Path,
                                                                where: str) -> None:
     from p2pswarm.models.checkpoint import Checkpoint
 
     (tmp_path / "outside.safetensors").write_bytes(b"\0" * 16)
-    model = _model_with_index(tmp_path, {"model.embed_tokens.weight": where})
+    model = _model_copy(built_model, tmp_path / "model")
+    (model / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {"model.embed_tokens.weight": where}}))
     (model / "link.safetensors").symlink_to(tmp_path / "outside.safetensors")
     with pytest.raises(ConfigError, match="outside|bad weights file name"):
         Checkpoint(model)
 
 
-def test_a_symlink_out_of_an_unindexed_model_is_refused(tmp_path: Path) -> None:
-    from p2pswarm.models import write_builtin_checkpoint
+def test_a_symlink_out_of_an_unindexed_model_is_refused(tmp_path: Path,
+                                                        built_model: Path) -> None:
     from p2pswarm.models.checkpoint import Checkpoint
 
-    model = write_builtin_checkpoint("tiny-llama", tmp_path / "model")
+    model = _model_copy(built_model, tmp_path / "model")
     (model / "model.safetensors").rename(tmp_path / "elsewhere.safetensors")
     (model / "model.safetensors").symlink_to(tmp_path / "elsewhere.safetensors")
     with pytest.raises(ConfigError, match="outside"):
         Checkpoint(model)
 
 
-def test_a_hub_snapshot_may_link_into_its_own_blobs(tmp_path: Path) -> None:
-    from p2pswarm.models import write_builtin_checkpoint
+def test_a_hub_snapshot_may_link_into_its_own_blobs(tmp_path: Path, built_model: Path) -> None:
     from p2pswarm.models.checkpoint import Checkpoint
 
     repo = tmp_path / "models--org--tiny"
-    snapshot = write_builtin_checkpoint("tiny-llama", repo / "snapshots" / "abc123")
+    snapshot = _model_copy(built_model, repo / "snapshots" / "abc123")
     (repo / "blobs").mkdir()
     (snapshot / "model.safetensors").rename(repo / "blobs" / "f00d")
     (snapshot / "model.safetensors").symlink_to(Path("../../blobs/f00d"))
