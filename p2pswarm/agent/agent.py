@@ -460,7 +460,12 @@ class Agent:
             self.counters.drops["bad-metadata"] += dropped
             log.info("%s: dropped %d malformed metadata entries of %s", self.name, dropped,
                      member.name)
-        self._metadata_views[member.node_id] = (member.metadata, meta)
+        views = self._metadata_views
+        if len(views) >= 64 and len(views) > 2 * len(self.fellows()):  # fellows long gone
+            known = {m.node_id for m in self.fellows()}
+            for node_id in [n for n in views if n not in known]:
+                del views[node_id]
+        views[member.node_id] = (member.metadata, meta)
         return meta
 
     # --- datagrams ------------------------------------------------------------------

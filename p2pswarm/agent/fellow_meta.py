@@ -164,13 +164,12 @@ class _Cleaner:
         if not isinstance(fellow_id, str) or not fellow_id or len(fellow_id) > 128 \
                 or len(fellow_id) % 2 or not is_hex_digest(fellow_id, len(fellow_id)):
             raise Bad("a fellow id is not hex")
+        # what a route hop must say (``records.route_hop`` reads all of it)
         hop: dict[str, Any] = {"stage": _int(raw["stage"], 0, MAX_HOPS),
-                               "fellow_id": fellow_id}
-        for key in ("fellow", "addr", "card"):
-            if key in raw:
-                hop[key] = _text(raw[key])
-        if "layers" in raw:
-            hop["layers"] = self.layers(raw["layers"])
+                               "fellow_id": fellow_id, "fellow": _text(raw["fellow"]),
+                               "addr": _text(raw["addr"]), "layers": self.layers(raw["layers"])}
+        if "card" in raw:
+            hop["card"] = _text(raw["card"])
         for key in ("claim_bytes", "allocated_bytes"):
             if key in raw:
                 hop[key] = _int(raw[key])
@@ -192,11 +191,10 @@ class _Cleaner:
             raise Bad("a runtime block is not a map")
         entry: dict[str, Any] = {"plan_id": raw["plan_id"],
                                  "stage": _int(raw["stage"], 0, MAX_HOPS),
+                                 "layers": self.layers(raw["layers"]),
                                  "model": model, "runtime": runtime}
         if "n_stages" in raw:
             entry["n_stages"] = _int(raw["n_stages"], 1, MAX_HOPS)
-        if "layers" in raw:
-            entry["layers"] = self.layers(raw["layers"])
         if "card" in raw:
             entry["card"] = _text(raw["card"])
         for key in ("claim_bytes", "allocated_bytes"):

@@ -14,6 +14,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 import trio
 from rich.console import Console
@@ -50,6 +51,11 @@ HOSTILE: dict[str, Any] = {
                {"plan_id": "00000000000000aa", "stage": 0, "runtime": {},
                 "model": {"kind": "files", "name": "m", "key": "../../../lib/site-packages",
                           "path": "/", "files": [["evil.pth", 5, "/etc/hostname"]]},
+                "layers": [0, 1],
+                "route": [{"stage": 0, "fellow_id": "ab" * 16, "fellow": "x", "addr": "y",
+                           "layers": [0, 1]}]},
+               # a hop that names no fellow and no address
+               {"plan_id": "00000000000000bb", "stage": 0, "layers": [0, 1], "runtime": {},
                 "route": [{"stage": 0, "fellow_id": "ab" * 16}]}],
 }
 
@@ -106,6 +112,15 @@ async def test_a_rogue_gossiping_malformed_metadata_breaks_no_view(autojump_cloc
         for agent in honest:
             listed = (await agent.control_ops["loads"]({}))["loads"]
             assert [r["plan_id"] for r in listed] == [plan["plan_id"]]
+        # the honest stage fellows' gossiped records pass the checks whole
+        await wait_until(lambda: all(
+            [r["plan_id"] for r in a.serving.loads_view()] == [plan["plan_id"]]
+            and a.serving.loads_view()[0]["complete"] for a in honest), timeout_s=10)
+        for agent in honest:
+            for member in agent.fellows():
+                if member.node_id != rogue.node_id and member.metadata:
+                    raw = msgpack.unpackb(member.metadata, raw=False, strict_map_key=False)
+                    assert clean_metadata(raw) == (raw, 0)
         # every listed command's human output renders the rogue's names as text
         for agent in honest:
             render_status(agent.status())
