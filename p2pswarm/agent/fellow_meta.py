@@ -30,6 +30,8 @@ MAX_BYTES = 1 << 60  # 1 EiB: more than any card or stage holds
 MAX_LAYER = 1 << 20
 MAX_DOC_DEPTH = 6  # nesting of a model, runtime or adapter block
 _CARD_KEY = re.compile(r"(cuda|cpu):[0-9]{1,4}")
+_RUNTIME_COUNTS = ("quant_group_size", "max_context_tokens", "max_sessions",
+                   "prefill_chunk_tokens")
 
 
 class Bad(Exception):
@@ -189,6 +191,9 @@ class _Cleaner:
         runtime = _document(raw.get("runtime", {}))
         if not isinstance(runtime, dict):
             raise Bad("a runtime block is not a map")
+        for key in _RUNTIME_COUNTS:  # a driver does arithmetic with these
+            if runtime.get(key) is not None:
+                _int(runtime[key], 0, MAX_BYTES)
         entry: dict[str, Any] = {"plan_id": raw["plan_id"],
                                  "stage": _int(raw["stage"], 0, MAX_HOPS),
                                  "layers": self.layers(raw["layers"]),

@@ -54,6 +54,9 @@ HOSTILE: dict[str, Any] = {
                 "layers": [0, 1],
                 "route": [{"stage": 0, "fellow_id": "ab" * 16, "fellow": "x", "addr": "y",
                            "layers": [0, 1]}]},
+               # a context length a driver would do arithmetic with
+               {"plan_id": "00000000000000cc", "stage": 0, "layers": [0, 1],
+                "runtime": {"max_context_tokens": "many"}},
                # a hop that names no fellow and no address
                {"plan_id": "00000000000000bb", "stage": 0, "layers": [0, 1], "runtime": {},
                 "route": [{"stage": 0, "fellow_id": "ab" * 16}]}],
