@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from p2pswarm.agent.weights import Manifest, WeightsCache
 from p2pswarm.agent.world import Services
@@ -262,3 +264,15 @@ async def test_a_rogue_leaders_crafted_names_are_refused_and_counted(
         assert victim.status()["counters"]["drops"]["unsafe-name"] == 7
         nursery.cancel_scope.cancel()
     assert tree(tmp_path, skip=tmp_path / "state") == before
+
+
+@given(st.text(max_size=140))
+@settings(max_examples=300, deadline=None)
+def test_whatever_passes_safe_name_stays_one_component(name: str) -> None:
+    try:
+        safe_name(name)
+    except UnsafeName:
+        return
+    root = Path("/nonexistent-p2pswarm-root")
+    assert (root / name).parent == root and not name.startswith(".")
+    assert contained(root, name) == root / name
