@@ -113,7 +113,7 @@ class _Cleaner:
             "kind": raw.get("kind", "cuda"), "index": _int(raw.get("index", 0), 0, 4095),
             "name": _text(raw.get("name", "")), "uuid": _text(raw.get("uuid", "")),
             "total_bytes": total, "free_bytes": _int(raw["free_bytes"], 0, total),
-            "held_by_others": holders})
+            "held_by_others": holders, "memory_source": _text(raw.get("memory_source", ""))})
         return card.to_dict()
 
     def cards(self, raw: Any) -> list[dict[str, Any]]:

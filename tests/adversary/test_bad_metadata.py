@@ -30,7 +30,7 @@ from p2pswarm.wire.loads import UnloadAsk, Unloaded
 from tests.serving_swarm import request
 
 ROGUE = 3
-GOOD_CARD = cpu_card(16.0, name="rogue CPU").to_dict()
+GOOD_CARD = {**cpu_card(16.0, name="rogue CPU").to_dict(), "memory_source": "[/red]"}
 HOSTILE: dict[str, Any] = {
     "cards": [GOOD_CARD, {"kind": "cuda", "index": 0, "total_bytes": "lots",
                           "free_bytes": 1}, {"kind": "tpu", "total_bytes": 1, "free_bytes": 1},
