@@ -107,7 +107,7 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-MAX_SIZE_BYTES = 2**53  # 8 PiB: more than any card holds, and exact as a float
+MAX_SIZE_BYTES = 1 << 60  # 1 EiB: more than any card holds (the bound gossip is held to)
 
 
 def parse_size(text: str) -> int:
