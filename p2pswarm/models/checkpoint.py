@@ -97,10 +97,10 @@ class Checkpoint:
                 raise ConfigError(f"cannot read {index_path}: {exc}") from exc
             if not isinstance(raw, dict):
                 raise ConfigError(f"{index_path}: weight_map is not a mapping")
-            weight_map = {str(k): str(v) for k, v in raw.items()}
-            for file in sorted(set(weight_map.values())):
+            indexed = {str(k): str(v) for k, v in raw.items()}
+            for file in sorted(set(indexed.values())):
                 self.file_path(file)  # refuses a name that leads out of the directory
-            return weight_map
+            return indexed
         files = sorted(p.name for p in self.model_dir.glob("*.safetensors"))
         if not files:
             raise ConfigError(f"{self.model_dir} holds no *.safetensors weights")
