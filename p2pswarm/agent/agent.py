@@ -61,7 +61,7 @@ from p2pswarm.errors import (
 )
 from p2pswarm.membership.machine import Membership
 from p2pswarm.membership.member import LocalNode, Member
-from p2pswarm.security import DatagramSealer, verify
+from p2pswarm.security import DatagramSealer, OpenedDatagram, verify
 from p2pswarm.transport.base import DeliversDatagrams, RingsAlarms, SendsNowait, Stream
 from p2pswarm.transport.secure import SecureStream, secure_accept, secure_connect
 from p2pswarm.wire.base import Hello, HelloAck, Refusal
@@ -209,7 +209,7 @@ class Agent:
             local, self.config.gossip, self.rng, sign=self.identity.sign, verify=verify,
             now=now, metadata=self._metadata(),
             datagram_budget_bytes=self.config.transport.max_datagram_bytes
-            - self.sealer.overhead_bytes)
+            - self.sealer.overhead_bytes, epoch=self.sealer.epoch)
         self.election = self.world.election(self.node_id, self.name, self.config.election, self.rng,
                                  leader_priority=self.leader_priority, now=now,
                                  term=self.votes.term, voted_for=self.votes.voted_for,
@@ -525,8 +525,9 @@ class Agent:
         self.counters.datagrams_in += 1
         self.counters.bytes_in += len(data)
         try:
-            sender, plaintext = self.sealer.open(data)
-            messages = wire.decode(plaintext, max_bytes=self.config.transport.max_datagram_bytes)
+            opened = self.sealer.open_datagram(data)
+            messages = wire.decode(opened.plaintext,
+                                   max_bytes=self.config.transport.max_datagram_bytes)
         except VersionMismatch as exc:
             self.counters.drop("version")
             self._refuse(addr, exc)
@@ -536,6 +537,39 @@ class Agent:
             return
         if self.membership is None or self.election is None:
             return
+        if not self._prove_epoch(opened, messages):
+            self.counters.drop("stale-epoch")
+            return
+        try:
+            self._route_datagram(messages, opened.sender, addr)
+        except Exception as exc:  # one hostile message costs that message, never the agent
+            self._handler_failed("datagram", addr, exc)
+
+    def _prove_epoch(self, opened: OpenedDatagram, messages: list[Any]) -> bool:
+        """Let the sender's own signed Alive, naming this datagram's epoch, prove that
+        epoch to the sealer (see ``security.datagrams``). False: a stale datagram that
+        proves nothing, to drop."""
+        assert self.membership is not None
+        for msg in messages:
+            if type(msg) is Alive and msg.node == opened.sender and msg.epoch == opened.epoch \
+                    and self.membership.alive_proven(msg):
+                return self.sealer.confirm(opened.sender, opened.epoch, msg.incarnation,
+                                           opened.seq if opened.stale else None) \
+                    or not opened.stale
+        return not opened.stale
+
+    def _handler_failed(self, where: str, addr: str, exc: Exception) -> None:
+        """A handler raised on a peer's message: count it, log it once per kind, go on."""
+        reason = exc.reason if isinstance(exc, SwarmError) and hasattr(exc, "reason") \
+            else type(exc).__name__
+        key = f"handler-failed-{where}"
+        if not self.counters.drops[key]:
+            log.warning("%s: a %s from %s failed its handler (%s); dropped", self.name, where,
+                        addr, reason, exc_info=not isinstance(exc, SwarmError))
+        self.counters.drop(key)
+
+    def _route_datagram(self, messages: list[Any], sender: bytes, addr: str) -> None:
+        assert self.membership is not None and self.election is not None
         now = trio.current_time()
         gossip = [m for m in messages if _tag(m) in MEMBERSHIP_TAGS]
         if self.left:  # only the acks of our goodbye matter now (the machine knows)
@@ -638,7 +672,12 @@ class Agent:
             if reply is None:
                 return
             try:
-                await stream.send_frame(wire.encode(reply))
+                frame = wire.encode(reply)
+            except SwarmError as exc:  # a reply that cannot be encoded costs this stream
+                self._handler_failed("stream", stream.peer_addr, exc)
+                return
+            try:
+                await stream.send_frame(frame)
                 self.counters.frames_out += 1
             except TransportError:
                 return
