@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from typing import Any, Awaitable, Callable
 
 import msgpack
@@ -129,6 +130,7 @@ class Agent:
         self._lost: dict[bytes, str] = {}  # fellows declared dead -> their last address
         self._refused_addrs: set[str] = set()
         self._join_refusals = 0  # seeds' refused handshakes in a row, before we are in
+        self._streams_of: Counter[bytes] = Counter()  # accepted streams open, per fellow
         self.failure: SwarmError | None = None  # why the agent stopped itself, if it did
         self._datagram_handlers: dict[type, DatagramHandler] = {Refusal: self._on_refusal}
         self._stream_handlers: dict[type, StreamHandler] = {Hello: self._on_stream_hello}
@@ -644,16 +646,31 @@ class Agent:
             self.counters.drop("stream-handshake")
             await raw.aclose()
             return
+        fellow = stream.peer_node_id
+        if self._streams_of[fellow] >= self.config.transport.max_streams_per_fellow:
+            self.counters.drop("stream-fellow-cap")  # a token holder's streams are bounded
+            await stream.aclose()
+            return
+        self._streams_of[fellow] += 1
         try:
             await self._answer_stream(stream)
         finally:
+            self._streams_of[fellow] -= 1
+            if not self._streams_of[fellow]:
+                del self._streams_of[fellow]
             await stream.aclose()
 
     async def _answer_stream(self, stream: SecureStream) -> None:
-        """Answer request envelopes until the peer closes or misbehaves."""
+        """Answer request envelopes until the peer closes, misbehaves or falls silent for
+        ``stream_idle_timeout_s`` (a handler that keeps the stream bounds its own waits)."""
+        idle_s = self.config.transport.stream_idle_timeout_s
         while True:
             try:
-                frame = await stream.receive_frame()
+                with trio.move_on_after(idle_s) as waiting:
+                    frame = await stream.receive_frame()
+                if waiting.cancelled_caught:
+                    self.counters.drop("stream-idle")
+                    return
                 self.counters.frames_in += 1
                 messages = wire.decode(frame, max_bytes=self.config.transport.max_frame_bytes)
             except TransportError:
