@@ -284,7 +284,14 @@ class Agent:
         """Execute effects; keep the election fed; wake the timer (deadlines moved)."""
         while effects:
             if self.election is not None:  # on disk before any vote or candidacy leaves
-                self.votes.keep(*self.election.persistent_state())
+                try:
+                    self.votes.keep(*self.election.persistent_state())
+                except OSError as exc:  # out of descriptors or disk: send nothing now
+                    if not self.counters.drops["votes-unsaved"]:
+                        log.warning("%s: cannot save the election state (%s); holding its "
+                                    "messages back", self.name, exc)
+                    self.counters.drop("votes-unsaved")
+                    break
             for effect in effects:
                 t = type(effect)
                 if t is fx.SendDatagram:
