@@ -781,6 +781,7 @@ class Agent:
             "stages_held": self.serving.held_stages(),
             "role": election.role if election is not None else "follower",
             "counters": self.counters.to_dict(),
+            "transport": dict(getattr(self.transport, "counters", {})),
             "membership": self.membership.counters() if self.membership else {},
         }
 
