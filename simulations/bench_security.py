@@ -251,6 +251,9 @@ def throughput(baseline: dict[str, Any] | None) -> list[Row]:
     sys.path.insert(0, str(Path(__file__).parent))
     import bench_wire
 
+    from p2pswarm.agent.node import tune_allocator
+
+    tune_allocator()  # as every agent does at start (and bench_wire.py)
     seal_us = bench_wire.seal_open_1kib()
     mbps = max(trio.run(bench_wire.stream_throughput, 1 << 20, 256 << 20) for _ in range(3))
     rows: list[Row] = []

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 from collections import OrderedDict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -73,8 +73,7 @@ class _Sender:
         self.windows: OrderedDict[int, _ReplayWindow] = OrderedDict()
 
 
-@dataclass(frozen=True, slots=True)
-class OpenedDatagram:
+class OpenedDatagram(NamedTuple):  # a tuple: opening is on every datagram's path
     sender: bytes
     epoch: int
     seq: int
@@ -197,7 +196,7 @@ class DatagramSealer:
         state = self._windows.get(sender)
         if state is not None and epoch < state.proven:
             return OpenedDatagram(sender, epoch, seq, plaintext, True)
-        self._accept(sender, epoch, seq)
+        self._accept(sender, epoch, seq, state)
         return OpenedDatagram(sender, epoch, seq, plaintext, False)
 
     def confirm(self, sender: bytes, epoch: int, incarnation: int,
@@ -234,8 +233,11 @@ class DatagramSealer:
         self._windows.move_to_end(sender)
         return state
 
-    def _accept(self, sender: bytes, epoch: int, seq: int) -> None:
-        state = self._sender(sender)
+    def _accept(self, sender: bytes, epoch: int, seq: int, state: _Sender | None = None) -> None:
+        if state is None:
+            state = self._sender(sender)
+        else:
+            self._windows.move_to_end(sender)
         window = state.windows.get(epoch)
         if window is None:
             window = state.windows[epoch] = _ReplayWindow(epoch)
@@ -243,7 +245,8 @@ class DatagramSealer:
                 # forget the least recently used unproven epoch, never the proven one
                 victim = next(e for e in state.windows if e != state.proven)
                 del state.windows[victim]
-        state.windows.move_to_end(epoch)
+        elif len(state.windows) > 1:
+            state.windows.move_to_end(epoch)
         if seq > window.top:
             shift = seq - window.top
             if shift >= self._window:  # a jump past the whole window forgets it all

@@ -47,7 +47,7 @@ _HEADER = struct.Struct("!I")
 _RECEIVE_BUFFER_BYTES = 256 * 1024  # once authenticated, a frame below this is assembled
 # in the stream's buffer
 _FIRST_BUFFER_BYTES = 1024  # before that: enough for any handshake frame
-_GROW_BYTES = 1024 * 1024  # a large frame's buffer grows by at least this, at most doubling
+_GROW_BYTES = 2 * 1024 * 1024  # a large frame's first buffer; then it at most doubles
 _COALESCE_MAX_BYTES = 64 * 1024  # below this, header and frame go out in one send
 _DATAGRAM_BUFFER_BYTES = 65536  # largest UDP payload; anything above max is dropped anyway
 _ACCEPT_BACKLOG = 128
@@ -221,14 +221,17 @@ class TcpStream:
             return frame
         if self._big is None:
             # The announced size is only a claim: the buffer grows with what arrives.
-            self._big = bytearray(self._buf[self._start:self._end])
-            self._big_got = len(self._big)
+            buffered = self._end - self._start
+            self._big = bytearray(min(size, max(2 * buffered, _GROW_BYTES)))
+            self._big[:buffered] = memoryview(self._buf)[self._start:self._end]
+            self._big_got = buffered
             self._start = self._end = 0
         while self._big_got < size:
-            if self._big_got == len(self._big):
-                grow = max(self._big_got, _GROW_BYTES)
-                self._big.extend(bytes(min(size - self._big_got, grow)))
-            with memoryview(self._big) as view:  # released before the next growth
+            if self._big_got == len(self._big):  # full: at most double it
+                bigger = bytearray(min(size, 2 * self._big_got))
+                bigger[:self._big_got] = self._big
+                self._big = bigger
+            with memoryview(self._big) as view:
                 got = await self._sock.recv_into(view[self._big_got:])
             if got == 0:
                 raise TransportError(f"{self._peer_addr} closed the stream mid-frame")
