@@ -22,6 +22,7 @@ from p2pswarm.config import local
 from p2pswarm.membership.proofs import alive_signed_bytes
 from p2pswarm.security import DatagramSealer, Identity, Keyring, SwarmSecret
 from p2pswarm.transport.memory import MemoryNetwork
+from p2pswarm.wire.base import Hello, HelloAck
 from p2pswarm.wire.gossip import Alive, Dead, Left, Ping, Suspect
 
 SECRET = SwarmSecret(bytes(range(32)))
@@ -167,4 +168,23 @@ async def test_a_forged_far_future_epoch_does_not_lock_a_fellow_out(autojump_clo
             assert agent.sealer.proven_epoch(b.node_id) == b.sealer.epoch
             (seen,) = [f for f in agent.fellows() if f.node_id == b.node_id]
             assert seen.last_heard_s is not None and seen.last_heard_s > 35
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_fellow_cannot_hold_unbounded_streams_open(autojump_clock) -> None:
+    net = MemoryNetwork(seed=15)
+    async with trio.open_nursery() as nursery:
+        honest, rogue = await swarm(nursery, net)
+        a, b = honest[0], honest[1]
+        cap = a.config.transport.max_streams_per_fellow
+        held = [await rogue.agent.open_secure(a.addr) for _ in range(cap + 5)]
+        await trio.sleep(1)
+        assert a.status()["counters"]["drops"]["stream-fellow-cap"] == 5
+        reply = await b.call(a.addr, Hello(1, b.node_id, "b", b.addr))  # others still served
+        assert reply == HelloAck(1, a.node_id, "a", a.addr)
+        # silent streams are closed after stream_idle_timeout_s, freeing the cap
+        await trio.sleep(a.config.transport.stream_idle_timeout_s + 1)
+        assert a.status()["counters"]["drops"]["stream-idle"] == cap
+        for stream in held:
+            await stream.aclose()
         nursery.cancel_scope.cancel()
