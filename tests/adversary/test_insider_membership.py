@@ -188,3 +188,24 @@ async def test_a_fellow_cannot_hold_unbounded_streams_open(autojump_clock) -> No
         for stream in held:
             await stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_fellow_restarted_with_its_clock_behind_is_heard_again(autojump_clock) -> None:
+    net = MemoryNetwork(seed=16)
+    async with trio.open_nursery() as nursery:
+        honest, rogue = await swarm(nursery, net)
+        a, b, c = honest
+        assert a.sealer.proven_epoch(b.node_id) == b.sealer.epoch
+        b.stop()  # a Raspberry Pi without a clock battery: back up with an older epoch
+        await trio.sleep(1)
+        b2 = Agent(AgentWorld(name="b", transport=net.transport("b2:1"), keyring=b.keyring,
+                              identity=b.identity, config=local(), epoch=b.sealer.epoch - 500,
+                              rng=random.Random(99), seeds=("a:1",)))
+        await nursery.start(b2.run)
+        await trio.sleep(15)
+        for agent in (a, c):
+            (seen,) = [f for f in agent.fellows() if f.node_id == b.node_id]
+            assert (seen.state, seen.addr) == ("alive", "b2:1"), agent.name
+            assert agent.sealer.proven_epoch(b.node_id) == b2.sealer.epoch
+            assert seen.last_heard_s is not None and seen.last_heard_s > 20
+        nursery.cancel_scope.cancel()

@@ -51,7 +51,7 @@ HOSTILE = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(HOSTILE, min_size=1, max_size=5), min_size=1, max_size=8))
 def test_hostile_sequences_raise_nothing_and_everything_sent_encodes(batches) -> None:
     a = machine(0)
