@@ -409,6 +409,7 @@ class Membership:
         self._digest: bytes | None = None
         self._meta_wait: dict[bytes, float] = {}
         self._refute_streamed: dict[bytes, float] = {}
+        self._proof_asked: dict[str, float] = {}  # addr -> when we last asked it (below)
         self._replying_to: str | None = None
         self._reply_extra: list[Any] = []
         self._quiet = False
@@ -1164,6 +1165,21 @@ class Membership:
             return False
         return True
 
+    def _about_us(self, incarnation: int, addr: str, now: float, out: list[Effect]) -> int:
+        """A verdict about us above our incarnation: honest fellows only know numbers we
+        signed, so after a restart the sender holds our signed record from before. Ask
+        it for that record (its answer, proven, lets us refute above it) and meanwhile
+        count the claim at our own incarnation."""
+        if incarnation > self.incarnation and addr and not self._leaving:
+            if now - self._proof_asked.get(addr, -_INF) >= self.config.probe_interval_s:
+                self._proof_asked[addr] = now
+                if len(self._proof_asked) > 256:
+                    del self._proof_asked[next(iter(self._proof_asked))]
+                rid = self._new_rid("sync", addr, None, now)
+                out.append(StreamRequest(addr, SyncRecords(
+                    self.node_id, (self.self_record(),), (self.node_id,)), rid))
+        return self._claimed(incarnation, self.incarnation)
+
     def _claimed(self, incarnation: int, known: int) -> int:
         """A third party's claim about a fellow counts at most at the incarnation the
         fellow itself signed (as far as we know): nobody can push it further."""
@@ -1371,7 +1387,7 @@ class Membership:
     def _on_suspect(self, msg: Suspect, addr: str, now: float, out: list[Effect]) -> None:
         node = msg.node
         if node == self.node_id:
-            self._refute(self._claimed(msg.incarnation, self.incarnation), msg.source, addr,
+            self._refute(self._about_us(msg.incarnation, addr, now, out), msg.source, addr,
                          now, out)
             return
         e = self._members.get(node)
@@ -1389,7 +1405,7 @@ class Membership:
     def _on_dead(self, msg: Dead, addr: str, now: float, out: list[Effect]) -> None:
         node = msg.node
         if node == self.node_id:
-            self._refute(self._claimed(msg.incarnation, self.incarnation), msg.source, addr,
+            self._refute(self._about_us(msg.incarnation, addr, now, out), msg.source, addr,
                          now, out)
             return
         e = self._members.get(node)
@@ -1406,7 +1422,7 @@ class Membership:
     def _on_left(self, msg: Left, addr: str, now: float, out: list[Effect]) -> None:
         node = msg.node
         if node == self.node_id:
-            self._refute(self._claimed(msg.incarnation, self.incarnation), None, addr, now, out)
+            self._refute(self._about_us(msg.incarnation, addr, now, out), None, addr, now, out)
             return
         e = self._members.get(node)
         if e is None or msg.incarnation < e.incarnation or e.state == _LEFT:
