@@ -19,7 +19,11 @@ from dataclasses import dataclass, field, replace
 
 from p2pswarm.errors import ConfigError
 
-DEFAULT_PORT = 7946
+# The gossip port (UDP and TCP), when --listen and a seed's address name none. Not 7946:
+# Docker Swarm's own node-to-node gossip (7946 tcp/udp, beside 2377 and 4789) holds it on
+# every swarm node, and fellows run there with host networking. 7782 is unassigned by
+# IANA and sits beside the HTTP API's 7780.
+DEFAULT_PORT = 7782
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +249,8 @@ def split_addr(text: str, *, default_port: int = DEFAULT_PORT) -> tuple[str, int
     host = host.strip("[]")
     if not host:
         raise ConfigError(f"address {text!r} has no host: write it as HOST:PORT, "
-                          "e.g. 192.168.1.20:7946")
+                          f"e.g. 192.168.1.20:{DEFAULT_PORT}")
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise ConfigError(f"address {text!r} has a bad port: write it as HOST:PORT with "
-                          "a port from 0 to 65535, e.g. 192.168.1.20:7946")
+                          f"a port from 0 to 65535, e.g. 192.168.1.20:{DEFAULT_PORT}")
     return host, int(port_text)

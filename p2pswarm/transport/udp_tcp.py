@@ -3,7 +3,7 @@
 One transport owns one port number on both protocols, so a fellow's single address
 ``host:port`` reaches both its datagrams and its stream listener. Open it with::
 
-    async with open_udp_tcp_transport("0.0.0.0:7946", config) as transport:
+    async with open_udp_tcp_transport("0.0.0.0:7782", config) as transport:
         ...
 
 which binds both sockets, runs the datagram receive loop in its own nursery and closes
@@ -37,7 +37,7 @@ from typing import Any
 
 import trio
 
-from p2pswarm.config import TransportConfig
+from p2pswarm.config import DEFAULT_PORT, TransportConfig
 from p2pswarm.errors import TransportError
 from p2pswarm.transport.base import StreamHandler, run_stream_handler
 
@@ -74,11 +74,12 @@ def parse_addr(addr: str) -> tuple[str, int]:
     """``"host:port"`` (or ``"[v6]:port"``) as (host, port); TransportError if malformed."""
     host, sep, port_text = addr.rpartition(":")
     if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise TransportError(f"bad address {addr!r}: expected host:port, e.g. 10.0.0.5:7946")
+        raise TransportError(f"bad address {addr!r}: expected host:port, e.g. 10.0.0.5:{DEFAULT_PORT}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     elif ":" in host:
-        raise TransportError(f"bad address {addr!r}: write IPv6 hosts in brackets, [::1]:7946")
+        raise TransportError(f"bad address {addr!r}: write IPv6 hosts in brackets, "
+                             f"[::1]:{DEFAULT_PORT}")
     return host, int(port_text)
 
 
