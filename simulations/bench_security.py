@@ -8,6 +8,8 @@ Sections (each a function in ``SECTIONS``; add yours there, it returns table row
 - ``giant_frames``: 1,000 stranger connections, each announcing a 64 MiB frame and then
   holding the connection; the agent's RSS growth, and whether it keeps answering
   ``status`` and planning meanwhile.
+- ``giant_frames_here``: the same against an agent in this process (its RSS is ours):
+  runs on the code before the fix too, e.g. ``--connections 10`` there.
 - ``flood``: a connection flood against an agent at its descriptor limit (started with a
   low ``RLIMIT_NOFILE``): exits, plans answered during the flood.
 - ``throughput``: bench_wire's sealed-datagram and sealed-stream figures; with
@@ -214,7 +216,7 @@ def giant_frames() -> list[Row]:
         status = a.status()
         alive = a.process.poll() is None
     drops = status["counters"]["drops"]
-    refused = status["transport"].get("streams_refused_busy", 0)
+    refused = status.get("transport", {}).get("streams_refused_busy", 0)
     return [
         (f"stranger connections announcing 64 MiB ({made} made)",
          f"{drops.get('stream-handshake', 0)} cut off, {refused} refused at accept", "all", True),
@@ -223,6 +225,48 @@ def giant_frames() -> list[Row]:
         ("status and plan answered during the attack", f"{status_ok and planned}", "True",
          status_ok and planned and alive),
     ]
+
+
+def giant_frames_here(count: int = 1000) -> list[Row]:
+    """The same attack on an agent in this process (real sockets): its RSS is ours, so
+    the run on the code before this fix can be measured too without it being killed
+    (there 10 connections are enough to see it)."""
+    import random
+
+    from p2pswarm.agent import Agent
+    from p2pswarm.agent.node import tune_allocator
+    from p2pswarm.agent.world import AgentWorld
+    from p2pswarm.config import local
+    from p2pswarm.security import Identity, Keyring
+    from p2pswarm.transport.udp_tcp import open_udp_tcp_transport
+
+    tune_allocator()
+
+    def rss() -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    async def attack() -> tuple[int, int, dict[str, int]]:
+        async with open_udp_tcp_transport("127.0.0.1:0", local().transport) as t, \
+                trio.open_nursery() as nursery:
+            agent = Agent(AgentWorld(name="a", transport=t, keyring=Keyring([SwarmSecret.generate()]),
+                                     identity=Identity.generate(), config=local(), epoch=1,
+                                     rng=random.Random(1)))
+            await nursery.start(agent.run)
+            before = rss()
+            made, _ = await hold_connections(t.local_addr, count, 64 * MIB,
+                                             lambda: time.sleep(1.0))
+            growth = rss() - before
+            drops = dict(agent.counters.drops)
+            nursery.cancel_scope.cancel()
+        return made, growth, drops
+
+    made, growth, drops = trio.run(attack)
+    return [(f"the same, agent in this process ({made} connections)",
+             f"{growth / MIB:.1f} MiB, {drops.get('stream-handshake', 0)} cut off", "<= 64 MiB",
+             growth <= 64 * MIB)]
 
 
 def flood() -> list[Row]:
@@ -236,8 +280,8 @@ def flood() -> list[Row]:
         time.sleep(1.0)
         status = wait_for(a, lambda s: True)
         exits = sum(f.process.poll() is not None for f in (a, b))
-    paused = status["transport"].get("accept_paused", 0)
-    refused = status["transport"].get("streams_refused_busy", 0)
+    paused = status.get("transport", {}).get("accept_paused", 0)
+    refused = status.get("transport", {}).get("streams_refused_busy", 0)
     return [
         (f"connection flood, agent at RLIMIT_NOFILE={nofile} ({made} connections)",
          f"{paused} accept pauses, {refused} refused at accept", "survives", exits == 0),
@@ -275,6 +319,7 @@ def throughput(baseline: dict[str, Any] | None) -> list[Row]:
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "giant_frames": lambda args: giant_frames(),
+    "giant_frames_here": lambda args: giant_frames_here(args.connections),
     "flood": lambda args: flood(),
     "throughput": lambda args: throughput(
         json.loads(Path(args.baseline).read_text()) if args.baseline else None),
@@ -287,6 +332,8 @@ def main() -> None:
                         help=f"comma-separated sections of: {', '.join(SECTIONS)}")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--baseline", help="bench_wire.py --json output from before")
+    parser.add_argument("--connections", type=int, default=1000,
+                        help="stranger connections for giant_frames_here")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the strangers need sockets
