@@ -61,6 +61,15 @@ class Rogue:
         return Alive(**fields, signature=signature)  # type: ignore[arg-type]
 
 
+    def self_signed_ghost(self, i: int) -> Alive:
+        """An Alive about an identity the rogue made up, signed with that identity: a
+        fellow of its own (the token lets the rogue in; nothing lets it speak for others)."""
+        key = Identity.generate()
+        fields = dict(node=key.node_id, incarnation=1, name=f"ghost-{i}", addr=f"ghost:{i}",
+                      public_key=key.public_key, meta_version=0, priority=100, epoch=1)
+        return Alive(**fields, signature=key.sign(alive_signed_bytes(**fields)))  # type: ignore[arg-type]
+
+
 def make(net: MemoryNetwork, name: str, seeds: tuple[str, ...] = (), seed: int = 0) -> Agent:
     return Agent(AgentWorld(name=name, transport=net.transport(f"{name}:1"),
                             keyring=Keyring([SECRET]), identity=Identity.generate(),
@@ -104,6 +113,15 @@ async def test_invented_members_do_not_join_the_electorate(autojump_clock) -> No
         for agent in honest:
             counted = agent.status()["membership"]
             assert counted["unsigned_alives"] + counted["bad_signatures"] >= 3
+        # ghosts with keys of their own are fellows of their own: they answer no probe,
+        # are found dead and reaped, and the leader stays
+        ghosts = [rogue.self_signed_ghost(i) for i in range(3)]
+        for agent in honest:
+            rogue.send(agent.addr, *ghosts)
+        await trio.sleep(5)
+        assert all(len(agent.fellows()) == 6 for agent in honest)
+        await trio.sleep(60)
+        assert_unharmed(honest, leader)
         nursery.cancel_scope.cancel()
 
 
