@@ -394,8 +394,11 @@ class Agent:
             return
         self._join_refusals = 0
         if self.membership is not None:
-            self._apply(self.membership.handle_reply(request.request_id, reply,
-                                                     trio.current_time()))
+            try:
+                self._apply(self.membership.handle_reply(request.request_id, reply,
+                                                         trio.current_time()))
+            except Exception as exc:  # a hostile reply costs that reply, not the agent
+                self._handler_failed("reply", request.addr, exc)
 
     def _refused_at_join(self, addr: str) -> None:
         """A seed refused our handshake before any let us in: after a few, the token is
