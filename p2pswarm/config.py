@@ -166,6 +166,16 @@ class InventoryConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """What other fellows can make this one keep on disk, at most. A store past its cap
+    drops what was used least recently, never what a live stage or job uses; what still
+    does not fit is refused. (Job data: ``transport.max_job_data_bytes``.)"""
+
+    weights_cache_bytes: int = 64 << 30  # tensors fetched for stages (HOME/weights)
+    checkpoint_copies_bytes: int = 64 << 30  # checkpoint shards held for the leader
+
+
+@dataclass(frozen=True, slots=True)
 class SwarmConfig:
     preset: str = "lan"  # the preset this was derived from, for status output
     transport: TransportConfig = field(default_factory=TransportConfig)
@@ -173,6 +183,7 @@ class SwarmConfig:
     gossip: GossipConfig = field(default_factory=GossipConfig)
     election: ElectionConfig = field(default_factory=ElectionConfig)
     inventory: InventoryConfig = field(default_factory=InventoryConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
 
 def lan() -> SwarmConfig:
@@ -235,7 +246,8 @@ def preset(name: str) -> SwarmConfig:
 
 __all__ = [
     "DEFAULT_PORT", "TransportConfig", "SecurityConfig", "GossipTuning", "GossipConfig",
-    "ElectionTuning", "ElectionConfig", "InventoryConfig", "SwarmConfig", "lan", "wifi",
+    "ElectionTuning", "ElectionConfig", "InventoryConfig", "StorageConfig", "SwarmConfig",
+    "lan", "wifi",
     "local", "preset", "replace", "split_addr",
 ]
 

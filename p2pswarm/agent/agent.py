@@ -40,6 +40,7 @@ from p2pswarm import effects as fx
 from p2pswarm import wire
 from p2pswarm.agent.card_news import CardNews
 from p2pswarm.agent.counters import Counters
+from p2pswarm.agent.fellow_meta import clean_metadata
 from p2pswarm.agent.leadership import Leadership
 from p2pswarm.agent.planning import Planning
 from p2pswarm.agent.serving import Serving
@@ -122,6 +123,8 @@ class Agent:
         self.card_news = CardNews(self)
         # what other services publish about us
         self.extra_metadata: dict[str, Any] = dict(world.metadata)
+        # each fellow's metadata as last checked: (its bytes, the clean view of them)
+        self._metadata_views: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
         self.membership: Membership | None = None
         self.election: Election | None = None
         self.events: list[fx.Event] = []  # recent events, newest last (for status)
@@ -448,16 +451,34 @@ class Agent:
         if self.membership is not None:
             self._apply(self.membership.set_metadata(self._metadata(), trio.current_time()))
 
-    @staticmethod
-    def member_metadata(member: Member) -> dict[str, Any]:
-        """A fellow's metadata as a dict ({} if not pulled yet or unreadable)."""
+    def member_metadata(self, member: Member) -> dict[str, Any]:
+        """A fellow's metadata as a dict ({} if not pulled yet or unreadable), every entry
+        the views read checked (``fellow_meta``): bad ones dropped and counted once per
+        version the fellow published."""
         if not member.metadata:
             return {}
+        known = self._metadata_views.get(member.node_id)
+        if known is not None and known[0] == member.metadata:
+            return known[1]
         try:
             meta = msgpack.unpackb(member.metadata, raw=False, strict_map_key=False)
         except Exception:  # signed by the fellow, but still only bytes to us
-            return {}
-        return meta if isinstance(meta, dict) else {}
+            meta = None
+        if isinstance(meta, dict):
+            meta, dropped = clean_metadata(meta)
+        else:
+            meta, dropped = {}, 1
+        if dropped:
+            self.counters.drops["bad-metadata"] += dropped
+            log.info("%s: dropped %d malformed metadata entries of %s", self.name, dropped,
+                     member.name)
+        views = self._metadata_views
+        if len(views) >= 64 and len(views) > 2 * len(self.fellows()):  # fellows long gone
+            known = {m.node_id for m in self.fellows()}
+            for node_id in [n for n in views if n not in known]:
+                del views[node_id]
+        views[member.node_id] = (member.metadata, meta)
+        return meta
 
     # --- datagrams ------------------------------------------------------------------
 

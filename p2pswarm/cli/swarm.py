@@ -226,22 +226,26 @@ def card_summary(card: dict[str, Any]) -> str:
 
 def render_status(data: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
+    # names, addresses and card names come from fellows: shown as text, never as markup
     console = Console()
     me = data["self"]
     leader = data.get("leader")
     # the address fellows are told, never cut short: it is what a user checks first
     listen = me.get("listen")
-    bound = f" (listening on {listen})" if listen and listen != me["addr"] else ""
-    console.print(f"[bold]{me['name']}[/] ({me['id'][:8]}) at {me['addr']}{bound}, "
+    bound = f" (listening on {escape(str(listen))})" if listen and listen != me["addr"] else ""
+    console.print(f"[bold]{escape(str(me['name']))}[/] ({me['id'][:8]}) at "
+                  f"{escape(str(me['addr']))}{bound}, "
                   f"preset {data.get('preset')}, health {data.get('health', 0)}",
                   soft_wrap=True)
     if leader:
-        console.print(f"leader: [bold]{leader['name']}[/] ({leader['id'][:8]}), "
+        console.print(f"leader: [bold]{escape(str(leader['name']))}[/] ({leader['id'][:8]}), "
                       f"term {leader['term']}")
     else:
-        console.print(f"leader: {data.get('leader_note') or 'none yet'}")
+        console.print(Text(f"leader: {data.get('leader_note') or 'none yet'}"))
     table = Table(title=f"{len(data['members'])} fellows")
     for column in ("name", "id", "address", "state", "inc", "cards", "last heard"):
         # an address and where a card's memory figure came from are never cut short
@@ -251,15 +255,16 @@ def render_status(data: dict[str, Any]) -> None:
     for m in data["members"]:
         cards = ", ".join(card_summary(c) for c in m.get("cards", [])) or "-"
         heard = m.get("last_heard_s")
-        name = m["name"] + (" (this one)" if m.get("self") else "")
-        table.add_row(name, m["id"][:8], m["addr"], m["state"], str(m["incarnation"]),
-                      cards, "-" if heard is None else f"{heard:.1f} s ago")
+        name = str(m["name"]) + (" (this one)" if m.get("self") else "")
+        table.add_row(Text(name), m["id"][:8], Text(str(m["addr"])), m["state"],
+                      str(m["incarnation"]), Text(cards),
+                      "-" if heard is None else f"{heard:.1f} s ago")
     console.print(table)
     held = data.get("stages_held") or []
     if held:
-        console.print("holds: " + ", ".join(
+        console.print(Text("holds: " + ", ".join(
             f"stage {h['stage']} of {h['plan_id']} ({h['state']}, "
-            f"{h.get('claim_bytes', 0) / 1e6:,.1f} MB claimed)" for h in held))
+            f"{h.get('claim_bytes', 0) / 1e6:,.1f} MB claimed)" for h in held)))
     counters = data.get("counters", {})
     drops = counters.get("drops") or {}
     console.print(
