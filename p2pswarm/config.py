@@ -35,6 +35,13 @@ class TransportConfig:
     stream_connect_timeout_s: float = 5.0  # giving up on a TCP connect
     stream_idle_timeout_s: float = 60.0  # closing a stream that says nothing this long
     receive_queue_datagrams: int = 1024  # datagrams buffered before new ones are dropped
+    # Accepted connections (docs/security.md): over a cap a new one is closed at once
+    max_streams: int = 1024  # accepted streams open at once, authenticated or not
+    max_streams_per_host: int = 256  # ... from one source host
+    max_unauthenticated_streams: int = 128  # accepted streams still in their handshake
+    max_unauthenticated_per_host: int = 16  # ... from one source host
+    max_streams_per_fellow: int = 128  # authenticated streams one fellow may hold open here
+    accept_pause_s: float = 0.5  # out of file descriptors: stop accepting this long
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from typing import Any, Awaitable, Callable
 
 import msgpack
@@ -62,7 +63,7 @@ from p2pswarm.errors import (
 )
 from p2pswarm.membership.machine import Membership
 from p2pswarm.membership.member import LocalNode, Member
-from p2pswarm.security import DatagramSealer, verify
+from p2pswarm.security import DatagramSealer, OpenedDatagram, verify
 from p2pswarm.transport.base import DeliversDatagrams, RingsAlarms, SendsNowait, Stream
 from p2pswarm.transport.secure import SecureStream, secure_accept, secure_connect
 from p2pswarm.wire.base import Hello, HelloAck, Refusal
@@ -132,6 +133,7 @@ class Agent:
         self._lost: dict[bytes, str] = {}  # fellows declared dead -> their last address
         self._refused_addrs: set[str] = set()
         self._join_refusals = 0  # seeds' refused handshakes in a row, before we are in
+        self._streams_of: Counter[bytes] = Counter()  # accepted streams open, per fellow
         self.failure: SwarmError | None = None  # why the agent stopped itself, if it did
         self._datagram_handlers: dict[type, DatagramHandler] = {Refusal: self._on_refusal}
         self._stream_handlers: dict[type, StreamHandler] = {Hello: self._on_stream_hello}
@@ -212,7 +214,7 @@ class Agent:
             local, self.config.gossip, self.rng, sign=self.identity.sign, verify=verify,
             now=now, metadata=self._metadata(),
             datagram_budget_bytes=self.config.transport.max_datagram_bytes
-            - self.sealer.overhead_bytes)
+            - self.sealer.overhead_bytes, epoch=self.sealer.epoch)
         self.election = self.world.election(self.node_id, self.name, self.config.election, self.rng,
                                  leader_priority=self.leader_priority, now=now,
                                  term=self.votes.term, voted_for=self.votes.voted_for,
@@ -285,7 +287,14 @@ class Agent:
         """Execute effects; keep the election fed; wake the timer (deadlines moved)."""
         while effects:
             if self.election is not None:  # on disk before any vote or candidacy leaves
-                self.votes.keep(*self.election.persistent_state())
+                try:
+                    self.votes.keep(*self.election.persistent_state())
+                except OSError as exc:  # out of descriptors or disk: send nothing now
+                    if not self.counters.drops["votes-unsaved"]:
+                        log.warning("%s: cannot save the election state (%s); holding its "
+                                    "messages back", self.name, exc)
+                    self.counters.drop("votes-unsaved")
+                    break
             for effect in effects:
                 t = type(effect)
                 if t is fx.SendDatagram:
@@ -388,8 +397,11 @@ class Agent:
             return
         self._join_refusals = 0
         if self.membership is not None:
-            self._apply(self.membership.handle_reply(request.request_id, reply,
-                                                     trio.current_time()))
+            try:
+                self._apply(self.membership.handle_reply(request.request_id, reply,
+                                                         trio.current_time()))
+            except Exception as exc:  # a hostile reply costs that reply, not the agent
+                self._handler_failed("reply", request.addr, exc)
 
     def _refused_at_join(self, addr: str) -> None:
         """A seed refused our handshake before any let us in: after a few, the token is
@@ -546,8 +558,9 @@ class Agent:
         self.counters.datagrams_in += 1
         self.counters.bytes_in += len(data)
         try:
-            sender, plaintext = self.sealer.open(data)
-            messages = wire.decode(plaintext, max_bytes=self.config.transport.max_datagram_bytes)
+            opened = self.sealer.open_datagram(data)
+            messages = wire.decode(opened.plaintext,
+                                   max_bytes=self.config.transport.max_datagram_bytes)
         except VersionMismatch as exc:
             self.counters.drop("version")
             self._refuse(addr, exc)
@@ -557,6 +570,39 @@ class Agent:
             return
         if self.membership is None or self.election is None:
             return
+        if not self._prove_epoch(opened, messages):
+            self.counters.drop("stale-epoch")
+            return
+        try:
+            self._route_datagram(messages, opened.sender, addr)
+        except Exception as exc:  # one hostile message costs that message, never the agent
+            self._handler_failed("datagram", addr, exc)
+
+    def _prove_epoch(self, opened: OpenedDatagram, messages: list[Any]) -> bool:
+        """Let the sender's own signed Alive, naming this datagram's epoch, prove that
+        epoch to the sealer (see ``security.datagrams``). False: a stale datagram that
+        proves nothing, to drop."""
+        assert self.membership is not None
+        for msg in messages:
+            if type(msg) is Alive and msg.node == opened.sender and msg.epoch == opened.epoch \
+                    and self.membership.alive_proven(msg):
+                return self.sealer.confirm(opened.sender, opened.epoch, msg.incarnation,
+                                           opened.seq if opened.stale else None) \
+                    or not opened.stale
+        return not opened.stale
+
+    def _handler_failed(self, where: str, addr: str, exc: Exception) -> None:
+        """A handler raised on a peer's message: count it, log it once per kind, go on."""
+        reason = exc.reason if isinstance(exc, SwarmError) and hasattr(exc, "reason") \
+            else type(exc).__name__
+        key = f"handler-failed-{where}"
+        if not self.counters.drops[key]:
+            log.warning("%s: a %s from %s failed its handler (%s); dropped", self.name, where,
+                        addr, reason, exc_info=not isinstance(exc, SwarmError))
+        self.counters.drop(key)
+
+    def _route_datagram(self, messages: list[Any], sender: bytes, addr: str) -> None:
+        assert self.membership is not None and self.election is not None
         now = trio.current_time()
         gossip = [m for m in messages if _tag(m) in MEMBERSHIP_TAGS]
         if self.left:  # only the acks of our goodbye matter now (the machine knows)
@@ -631,16 +677,31 @@ class Agent:
             self.counters.drop("stream-handshake")
             await raw.aclose()
             return
+        fellow = stream.peer_node_id
+        if self._streams_of[fellow] >= self.config.transport.max_streams_per_fellow:
+            self.counters.drop("stream-fellow-cap")  # a token holder's streams are bounded
+            await stream.aclose()
+            return
+        self._streams_of[fellow] += 1
         try:
             await self._answer_stream(stream)
         finally:
+            self._streams_of[fellow] -= 1
+            if not self._streams_of[fellow]:
+                del self._streams_of[fellow]
             await stream.aclose()
 
     async def _answer_stream(self, stream: SecureStream) -> None:
-        """Answer request envelopes until the peer closes or misbehaves."""
+        """Answer request envelopes until the peer closes, misbehaves or falls silent for
+        ``stream_idle_timeout_s`` (a handler that keeps the stream bounds its own waits)."""
+        idle_s = self.config.transport.stream_idle_timeout_s
         while True:
             try:
-                frame = await stream.receive_frame()
+                with trio.move_on_after(idle_s) as waiting:
+                    frame = await stream.receive_frame()
+                if waiting.cancelled_caught:
+                    self.counters.drop("stream-idle")
+                    return
                 self.counters.frames_in += 1
                 messages = wire.decode(frame, max_bytes=self.config.transport.max_frame_bytes)
             except TransportError:
@@ -659,7 +720,12 @@ class Agent:
             if reply is None:
                 return
             try:
-                await stream.send_frame(wire.encode(reply))
+                frame = wire.encode(reply)
+            except SwarmError as exc:  # a reply that cannot be encoded costs this stream
+                self._handler_failed("stream", stream.peer_addr, exc)
+                return
+            try:
+                await stream.send_frame(frame)
                 self.counters.frames_out += 1
             except TransportError:
                 return
@@ -739,6 +805,7 @@ class Agent:
             "stages_held": self.serving.held_stages(),
             "role": election.role if election is not None else "follower",
             "counters": self.counters.to_dict(),
+            "transport": dict(getattr(self.transport, "counters", {})),
             "membership": self.membership.counters() if self.membership else {},
         }
 
