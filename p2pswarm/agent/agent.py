@@ -61,7 +61,8 @@ from p2pswarm.errors import (
 )
 from p2pswarm.membership.machine import Membership
 from p2pswarm.membership.member import LocalNode, Member
-from p2pswarm.security import DatagramSealer, verify
+from p2pswarm.security import DatagramSealer, node_id_of, verify
+from p2pswarm.security.ballots import Signatures
 from p2pswarm.transport.base import DeliversDatagrams, RingsAlarms, SendsNowait, Stream
 from p2pswarm.transport.secure import SecureStream, secure_accept, secure_connect
 from p2pswarm.wire.base import Hello, HelloAck, Refusal
@@ -92,6 +93,18 @@ _LOGGED_EVENTS = {
 
 def _tag(message: Any) -> int:
     return wire.tag_of(type(message))
+
+
+def fellow_signed(node_id: bytes, public_key: bytes, signature: bytes, data: bytes) -> bool:
+    """Whether ``node_id``'s key (the one its id is the hash of) signed ``data``: what the
+    election checks votes, ballots, beats and step-downs with."""
+    if node_id_of(public_key) != node_id:
+        return False
+    try:
+        verify(public_key, signature, data)
+    except AuthenticationError:
+        return False
+    return True
 
 
 class Agent:
@@ -213,7 +226,8 @@ class Agent:
         self.election = self.world.election(self.node_id, self.name, self.config.election, self.rng,
                                  leader_priority=self.leader_priority, now=now,
                                  term=self.votes.term, voted_for=self.votes.voted_for,
-                                 voters=self.votes.electorate)
+                                 voters=self.votes.electorate,
+                                 signatures=Signatures(self.identity.sign, fellow_signed))
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
