@@ -706,6 +706,17 @@ class Agent:
             return None
         return {"id": s.leader_id.hex(), "name": s.leader_name, "term": s.term}
 
+    def _counters(self) -> dict[str, Any]:
+        """The traffic counters; ``refused`` adds what the election refused (forged or
+        unsigned votes, leaders without a proof, terms too far ahead)."""
+        counters = self.counters.to_dict()
+        if self.election is not None and self.election.refused:
+            refused = dict(counters["refused"])
+            for reason, n in self.election.refused.items():
+                refused[f"election-{reason}"] = n
+            counters["refused"] = dict(sorted(refused.items()))
+        return counters
+
     def status(self) -> dict[str, Any]:
         now = trio.current_time()
 
@@ -731,7 +742,7 @@ class Agent:
             "leader_note": election.sentence if election is not None else "starting",
             "stages_held": self.serving.held_stages(),
             "role": election.role if election is not None else "follower",
-            "counters": self.counters.to_dict(),
+            "counters": self._counters(),
             "membership": self.membership.counters() if self.membership else {},
         }
 
