@@ -230,6 +230,8 @@ class Election:
         self._request: VoteRequest | None = None  # our candidacy's signed request
         self._canvass_at = _INF  # as a leader short of a proof: when to ask for votes again
         self._shown: tuple[int, bytes] | None = None  # a leader we were told of, unproven
+        self._checks_left = 0.0  # ballot checks we may still spend (see _may_check)
+        self._checks_at = -_INF
         self.stats: dict[str, int] = {"elections": 0, "terms_won": 0, "checks": 0,
                                       "conflicts": 0}
         # what a fellow sent that was refused, by reason (agent status shows them)
@@ -1067,12 +1069,14 @@ class Election:
         if self._sig is None or msg.term < self.term or msg.term > MAX_TERM or \
                 msg.leader == self.node_id or self._follows(msg.term, msg.leader):
             return
-        checked = []
+        checked: list[bytes] = []
         for ballot in msg.ballots:
             voter = ballot.voter
             if voter not in self._voters or voter in checked or \
                     self._tally.has(msg.term, msg.leader, voter):
                 continue  # counted already, or not ours to count: no signature check
+            if not self._may_check(now):
+                break
             if self._signed_by(voter, ballot.signature,
                                ballot_statement(msg.term, msg.leader, voter)):
                 checked.append(voter)
@@ -1082,6 +1086,21 @@ class Election:
             leader = self._members.get(msg.leader)
             self._take_leader(LeaderIs(msg.term, msg.leader, self.electorate()),
                               leader.addr if leader is not None else addr, now, out)
+
+    def _may_check(self, now: float) -> bool:
+        """Ballot checks are budgeted: twice the electorate at once, refilled at the
+        electorate a second (a new leader's proof, and a second one, pass at once), so
+        proofs a fellow forges by the datagram cost a bounded slice of CPU."""
+        total = len(self._voters) + 16
+        refilled = 2.0 * total if self._checks_at == -_INF else \
+            self._checks_left + max(0.0, now - self._checks_at) * total
+        self._checks_left = min(2.0 * total, refilled)
+        self._checks_at = now
+        if self._checks_left < 1.0:
+            self._refuse("ballot-checks-spent")
+            return False
+        self._checks_left -= 1.0
+        return True
 
     def _ask_proof(self, term: int, leader: bytes, now: float, out: list[Effect]) -> None:
         """We were told of a leader without its proof: ask it (now and then)."""

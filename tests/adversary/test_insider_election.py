@@ -10,13 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from p2pswarm.agent import Agent
+from p2pswarm.agent.agent import fellow_signed
 from p2pswarm.agent.training.checkpoints import MANIFEST
 from p2pswarm.config import ElectionConfig
 from p2pswarm.election import LEADER_ROLE, MAX_TERM_STEP, Election
 from p2pswarm.membership import Member
 from p2pswarm.security import Identity
 from p2pswarm.security.ballots import Signatures, ballot_statement, request_statement
-from p2pswarm.agent.agent import fellow_signed
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
 from p2pswarm.wire import gossip as g
 from p2pswarm.wire.jobs import JobKeep, TrainRelease
@@ -267,3 +267,16 @@ def test_insider_sequences_never_escape_nor_move_the_leader(sequence) -> None:
         assert status.leader_id in (IDS[LEADER], None)
         assert e.role != LEADER_ROLE
         assert e.term <= 3 + MAX_TERM_STEP * len(sequence)
+
+
+def test_forged_proofs_cost_a_bounded_number_of_signature_checks() -> None:
+    e = signed_election()
+    garbage = tuple(g.Ballot(IDS[i], bytes([i]) * 64) for i in (2, 3, 4))
+    for t in range(4, 4 + 1000):  # a thousand forged proofs in one instant, each new
+        e.handle(g.LeaderProof(t, IDS[ROGUE_ID], garbage), "10.0.0.4:7946", 50.0)
+    budget = 2 * (5 + 16)
+    assert e.refused["bad-signature"] == budget
+    assert e.refused["ballot-checks-spent"] > 900
+    e.handle(g.LeaderProof(5000, IDS[ROGUE_ID], garbage), "10.0.0.4:7946", 51.0)
+    assert e.refused["bad-signature"] == budget + 3  # a second later: refilled
+    assert e.status().leader_id == IDS[LEADER]
