@@ -99,6 +99,7 @@ from p2pswarm.effects import (
 )
 from p2pswarm.membership.member import Member
 from p2pswarm.security.ballots import (
+    CheckBudget,
     ProofTally,
     Signatures,
     ballot_statement,
@@ -130,6 +131,7 @@ MAX_VOTERS = 4096  # a bound on the electorate kept (and restored from disk)
 MAX_TERM_STEP = 8  # the most a vote request may raise a fellow's term
 MAX_TERM = 2**62  # no term beyond: far past any swarm's count, far from 2^64 - 1
 _PROOF_ASK_EVERY_S = 1.0  # a fellow asks a leader for its proof at most this often
+_CHECKS_PER_S = 16.0  # signatures checked per second per (signer, address), twice at once
 _PRESENT = ("alive", "suspect")
 FOLLOWER, CANDIDATE, LEADER_ROLE = "follower", "candidate", "leader"
 
@@ -230,8 +232,8 @@ class Election:
         self._request: VoteRequest | None = None  # our candidacy's signed request
         self._canvass_at = _INF  # as a leader short of a proof: when to ask for votes again
         self._shown: tuple[int, bytes] | None = None  # a leader we were told of, unproven
-        self._checks_left = 0.0  # ballot checks we may still spend (see _may_check)
-        self._checks_at = -_INF
+        self._budget = CheckBudget()  # signature checks per (signer, address)
+        self._now, self._from = 0.0, ""  # the message being handled: when, from where
         self.stats: dict[str, int] = {"elections": 0, "terms_won": 0, "checks": 0,
                                       "conflicts": 0}
         # what a fellow sent that was refused, by reason (agent status shows them)
@@ -423,6 +425,7 @@ class Election:
 
     def handle(self, message: Any, sender_addr: str, now: float) -> list[Effect]:
         out: list[Effect] = []
+        self._now, self._from = now, sender_addr
         handler = self._dispatch.get(type(message))
         if handler is not None:
             handler(message, sender_addr, now, out)
@@ -1050,6 +1053,10 @@ class Election:
         if m is None or not m.public_key:
             self._refuse("unknown-signer")
             return False
+        if not self._budget.take((node, self._from), self._now, _CHECKS_PER_S,
+                                 2 * _CHECKS_PER_S):
+            self._refuse("signature-checks-spent")
+            return False
         if not self._sig.verify(node, m.public_key, signature, statement):
             self._refuse("bad-signature")
             return False
@@ -1088,19 +1095,14 @@ class Election:
                               leader.addr if leader is not None else addr, now, out)
 
     def _may_check(self, now: float) -> bool:
-        """Ballot checks are budgeted: twice the electorate at once, refilled at the
-        electorate a second (a new leader's proof, and a second one, pass at once), so
-        proofs a fellow forges by the datagram cost a bounded slice of CPU."""
+        """Ballot checks are budgeted per sending address: twice the electorate at once,
+        refilled at the electorate a second (a new leader's proof, and a second one, pass
+        at once), so proofs forged by the datagram cost a bounded slice of CPU."""
         total = len(self._voters) + 16
-        refilled = 2.0 * total if self._checks_at == -_INF else \
-            self._checks_left + max(0.0, now - self._checks_at) * total
-        self._checks_left = min(2.0 * total, refilled)
-        self._checks_at = now
-        if self._checks_left < 1.0:
-            self._refuse("ballot-checks-spent")
-            return False
-        self._checks_left -= 1.0
-        return True
+        if self._budget.take(("proof", self._from), now, total, 2.0 * total):
+            return True
+        self._refuse("ballot-checks-spent")
+        return False
 
     def _ask_proof(self, term: int, leader: bytes, now: float, out: list[Effect]) -> None:
         """We were told of a leader without its proof: ask it (now and then)."""

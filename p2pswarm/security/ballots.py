@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "MAX_PROOFS_PENDING",
+    "CheckBudget",
     "ProofTally",
     "Signatures",
     "ballot_statement",
@@ -112,3 +113,23 @@ class ProofTally:
     def forget_below(self, term: int) -> None:
         for key in [k for k in self._ballots if k[0] < term]:
             del self._ballots[key]
+
+
+class CheckBudget:
+    """Signature checks a sender may cost us: a token bucket per key (who it claims to be,
+    from which address), refilled with time. A fellow that floods signed or forged
+    messages spends its own buckets, not the budget of fellows that speak from their own
+    addresses. At most ``max_keys`` buckets are kept (the least recently used go)."""
+
+    def __init__(self, max_keys: int = 1024) -> None:
+        self._buckets: dict[object, tuple[float, float]] = {}  # key -> (tokens, when)
+        self._max_keys = max_keys
+
+    def take(self, key: object, now: float, per_s: float, burst: float) -> bool:
+        tokens, when = self._buckets.pop(key, (burst, now))
+        tokens = min(burst, tokens + max(0.0, now - when) * per_s)
+        ok = tokens >= 1.0
+        self._buckets[key] = (tokens - 1.0 if ok else tokens, now)
+        while len(self._buckets) > self._max_keys:
+            del self._buckets[next(iter(self._buckets))]
+        return ok

@@ -280,3 +280,19 @@ def test_forged_proofs_cost_a_bounded_number_of_signature_checks() -> None:
     e.handle(g.LeaderProof(5000, IDS[ROGUE_ID], garbage), "10.0.0.4:7946", 51.0)
     assert e.refused["bad-signature"] == budget + 3  # a second later: refilled
     assert e.status().leader_id == IDS[LEADER]
+
+
+def test_a_flood_of_signed_requests_spends_only_its_senders_budget() -> None:
+    e = signed_election()
+    rogue = IDENTITIES[ROGUE_ID]
+    req = g.VoteRequest(4, IDS[ROGUE_ID], 0, 1, True,
+                        rogue.sign(request_statement(4, IDS[ROGUE_ID], True)))
+    answered = sum(1 for _ in range(500) if e.handle(req, "10.0.0.4:7946", 60.0))
+    assert answered <= 2 * 16 and e.refused["signature-checks-spent"] >= 500 - 2 * 16
+    honest = g.VoteRequest(4, IDS[2], 0, 5, True,
+                           IDENTITIES[2].sign(request_statement(4, IDS[2], True)))
+    spent = e.refused["signature-checks-spent"]
+    e.handle(honest, member(2).addr, 60.0)
+    assert e.refused["signature-checks-spent"] == spent  # checked: its own budget
+    answers = [x for x in e.tick(70.0) if isinstance(x.messages[0], g.VoteReply)]
+    assert member(2).addr in {x.addr for x in answers}  # (after checking the leader)
