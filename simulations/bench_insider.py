@@ -214,7 +214,8 @@ def _unsigned(*args: Any, signatures: Any = None, **kwargs: Any) -> Election:
     return Election(*args, **kwargs)
 
 
-async def elect(seed: int, signed: bool) -> float:
+async def elect(seed: int, signed: bool) -> tuple[float, float]:
+    """Virtual seconds from start to one leader, and from killing it to the next."""
     def build(fellow: Fellow, world: AgentWorld) -> Agent:
         return Agent(world if signed else replace(world, election=_unsigned))
 
@@ -230,31 +231,39 @@ async def elect(seed: int, signed: bool) -> float:
 
         await wait_until(one, timeout_s=120)
         took = trio.current_time() - start
+        await trio.sleep(5)
+        ((leader, term),) = swarm.leaders()
+        swarm.crash(next(f.index for f in swarm.fellows if f.identity.node_id == leader))
+        failover = await wait_until(lambda: one() and next(iter(swarm.leaders()))[1] > term,
+                                    timeout_s=120)
         nursery.cancel_scope.cancel()
-    return took
+    return took, failover
 
 
 def election_cost(seeds: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for signed in (False, True):
         cpu = time.process_time()
-        took = [trio.run(elect, s, signed, clock=JumpClock()) for s in range(1, seeds + 1)]
+        runs = [trio.run(elect, s, signed, clock=JumpClock()) for s in range(1, seeds + 1)]
         cpu = time.process_time() - cpu
+        took, failover = [r[0] for r in runs], [r[1] for r in runs]
         out["signed" if signed else "unsigned"] = {
             "elect_virtual_s_median": round(statistics.median(took), 3),
             "elect_virtual_s_max": round(max(took), 3),
+            "failover_virtual_s_median": round(statistics.median(failover), 3),
+            "failover_virtual_s_max": round(max(failover), 3),
             "cpu_s_per_swarm": round(cpu / seeds, 3)}
     me = Identity.from_private_bytes(bytes(range(32)))
     statement = ballot_statement(7, me.node_id, me.node_id)
     sig = me.sign(statement)
-    n = 2000
-    t0 = time.perf_counter()
+    n = 2000  # CPU time, not wall: the figure is what a vote costs, however busy the box
+    t0 = time.process_time()
     for _ in range(n):
         me.sign(statement)
-    t1 = time.perf_counter()
+    t1 = time.process_time()
     for _ in range(n):
         assert fellow_signed(me.node_id, me.public_key, sig, statement)
-    t2 = time.perf_counter()
+    t2 = time.process_time()
     out["sign_us"] = round((t1 - t0) / n * 1e6, 1)
     out["verify_us"] = round((t2 - t1) / n * 1e6, 1)
     return out
@@ -289,9 +298,15 @@ def main() -> None:
         ("time to elect, 5 fellows, signed with proofs",
          f"{e['signed']['elect_virtual_s_median']} / {e['signed']['elect_virtual_s_max']}",
          "within 10%"),
+        ("leader killed to the next, unsigned (median / max, virtual s)",
+         f"{e['unsigned']['failover_virtual_s_median']} / "
+         f"{e['unsigned']['failover_virtual_s_max']}", "-"),
+        ("leader killed to the next, signed with proofs",
+         f"{e['signed']['failover_virtual_s_median']} / "
+         f"{e['signed']['failover_virtual_s_max']}", "within 10%"),
         ("CPU per swarm elected, unsigned / signed (s)",
          f"{e['unsigned']['cpu_s_per_swarm']} / {e['signed']['cpu_s_per_swarm']}", "-"),
-        ("one vote: sign / check (us)", f"{e['sign_us']} / {e['verify_us']}", "-"),
+        ("one vote: sign / check (CPU us)", f"{e['sign_us']} / {e['verify_us']}", "-"),
     ]
     width = max(len(r[0]) for r in rows)
     for name, value, target in rows:
