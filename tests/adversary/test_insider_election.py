@@ -19,11 +19,13 @@ from p2pswarm.security import Identity
 from p2pswarm.security.ballots import Signatures, ballot_statement, request_statement
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
 from p2pswarm.wire import gossip as g
+from p2pswarm.wire import message_types
 from p2pswarm.wire.jobs import JobKeep, TrainRelease
 from p2pswarm.wire.loads import StageLoad, StageRelease
 from p2pswarm.wire.orders import CallFailed
 from p2pswarm.wire.training import TrainError, TrainOpen, TrainShard
 from tests.adversary.rogue import MAX_TERM_U64, Rogue, rogue_factory
+from tests.wire_strategies import for_class
 
 N, ROGUE = 5, 4  # four honest fellows and the rogue
 
@@ -267,6 +269,25 @@ def test_insider_sequences_never_escape_nor_move_the_leader(sequence) -> None:
         assert status.leader_id in (IDS[LEADER], None)
         assert e.role != LEADER_ROLE
         assert e.term <= 3 + MAX_TERM_STEP * len(sequence)
+
+
+_ANY_ELECTION_MESSAGE = st.one_of(*(for_class(cls) for tag, cls in message_types().items()
+                                    if tag in g.ELECTION_TAGS))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(_ANY_ELECTION_MESSAGE, st.sampled_from(
+    ["10.0.0.4:7946", "10.0.0.1:7946"]), st.floats(0.0, 3.0)), max_size=30))
+def test_any_schema_valid_election_message_is_taken_without_escape(sequence) -> None:
+    """Every field anywhere in its range (wire_strategies): nothing escapes, and nothing
+    unsigned by fellows 1-3 moves the leader."""
+    e = signed_election()
+    now = 10.0
+    for msg, addr, dt in sequence:
+        now += dt
+        e.handle(msg, addr, now)
+        e.tick(now)
+        assert e.status().leader_id in (IDS[LEADER], None) and e.role != LEADER_ROLE
 
 
 def test_forged_proofs_cost_a_bounded_number_of_signature_checks() -> None:
