@@ -233,6 +233,7 @@ class Election:
         self._canvass_at = _INF  # as a leader short of a proof: when to ask for votes again
         self._shown: tuple[int, bytes] | None = None  # a leader we were told of, unproven
         self._budget = CheckBudget()  # signature checks per (signer, address)
+        self._restand_after = -_INF  # as a leader: when we may stand again (see _restand)
         self._now, self._from = 0.0, ""  # the message being handled: when, from where
         self.stats: dict[str, int] = {"elections": 0, "terms_won": 0, "checks": 0,
                                       "conflicts": 0}
@@ -351,8 +352,10 @@ class Election:
 
     def _expire_voters(self, now: float) -> None:
         """Drop the fellows dead for longer than the bound from the electorate."""
-        horizon = now - self.config.electorate_dead_after_s
-        stale = [node for node, seen in self._voters.items() if seen <= horizon
+        after = self.config.electorate_dead_after_s
+        # (seen + after, as _next_expiry sums it: now - after may round the other way,
+        # and the alarm would ring again and again at the same instant)
+        stale = [node for node, seen in self._voters.items() if seen + after <= now
                  and node != self.node_id and not self._is_present(node)]
         self._expiry_at = None
         for node in stale:
@@ -726,8 +729,8 @@ class Election:
         (a majority, us among it, found the leader gone)."""
         if self.role == LEADER_ROLE:
             return False
-        if self._leader_gone() or self._beats_lost:
-            return True
+        if self._leader_gone() or self._beats_lost or msg.candidate == self.leader:
+            return True  # (our own leader standing again: see _restand)
         cached = self._prevote_answers.get((msg.candidate, msg.term))
         return cached is not None and cached[0]
 
@@ -828,6 +831,7 @@ class Election:
             self._tell_leader(m.addr, m.node_id, out)
 
     def _leader_upkeep(self, now: float, out: list[Effect]) -> None:
+        self._canvass(now, out)  # first: whatever follows may return early
         sees, total = self.present(), self.electorate()
         if 2 * sees <= total:
             if self._minority_since is None:
@@ -845,7 +849,6 @@ class Election:
             self._minority_since = None
         if self._hand_over(now, out):
             return
-        self._canvass(now, out)
         changed = total != self._last_announced_electorate
         if changed and now - self._last_announce_s < 1.0:
             self._announce_due = self._last_announce_s + 1.0
@@ -912,6 +915,7 @@ class Election:
         self._announce_due = _INF
         self._unacked = {}
         self._minority_since = None
+        self._canvass_at = _INF
         if was == LEADER_ROLE:
             out.append(Event(STEPPED_DOWN, self.node_id, self.name,
                              f"stepped down from term {self.term}: {why}", term=self.term))
@@ -1017,10 +1021,15 @@ class Election:
     def _conflict(self, other: bytes, addr: str, out: list[Effect]) -> bool:
         """Two leaders in one term (only after a partition that outlasted the electorate's
         bound): the first in the order of succession stays, everyone follows it. True: we
-        keep ours (and tell the sender); False: follow ``other``."""
+        keep ours (and tell the sender); False: follow ``other``. Signed, ``other`` comes
+        with a proof for our electorate as it is now; a leader of ours that has none (its
+        side's ballots, counted before the sides met again, are not a majority of both)
+        gives way to it whatever the order: the other side could never follow ours."""
         self.stats["conflicts"] += 1
         ours = self.leader
         assert ours is not None
+        if self._sig is not None and not self._still_proven(ours):
+            return False
         if self._succession_key(ours) <= self._succession_key(other):
             if self.role == LEADER_ROLE or not self._leader_gone():
                 self._tell_leader(addr, other, out)
@@ -1093,6 +1102,9 @@ class Election:
             leader = self._members.get(msg.leader)
             self._take_leader(LeaderIs(msg.term, msg.leader, self.electorate()),
                               leader.addr if leader is not None else addr, now, out)
+        elif checked and self.role == LEADER_ROLE and \
+                self.term < msg.term < self.term + MAX_TERM_STEP:
+            self._restand(msg.term, now, out)
 
     def _may_check(self, now: float) -> bool:
         """Ballot checks are budgeted per sending address: twice the electorate at once,
@@ -1103,6 +1115,24 @@ class Election:
             return True
         self._refuse("ballot-checks-spent")
         return False
+
+    def _restand(self, seen: int, now: float, out: list[Effect]) -> None:
+        """We lead with a proof, and fellows that just met us (a partition healed after
+        the electorate's bound) follow a leader of a later term that cannot prove itself
+        to us, while they cannot follow us (our term is behind theirs). Stand again,
+        above theirs, straight away (our followers know we are alive, so no PreVote):
+        our side's votes give us a proof for everyone. At most once per
+        ``electorate_dead_after_s``, so a fellow holding the token can make us do it
+        rarely and by at most ``MAX_TERM_STEP``."""
+        if now < self._restand_after:
+            return
+        self._restand_after = now + self.config.electorate_dead_after_s
+        self.stats["restands"] = self.stats.get("restands", 0) + 1
+        self._become_follower(now, out, f"fellows follow a leader of term {seen} that "
+                                        "cannot prove itself here; standing again above it")
+        self.term = seen  # _start_candidacy runs for the next one
+        self.leader = None
+        self._start_candidacy(False, now, out)
 
     def _ask_proof(self, term: int, leader: bytes, now: float, out: list[Effect]) -> None:
         """We were told of a leader without its proof: ask it (now and then)."""
@@ -1134,6 +1164,13 @@ class Election:
                  for i in range(0, len(ballots), MAX_PROOF_BALLOTS)]
         self._proof_cache = (key, parts)
         return parts
+
+    def _still_proven(self, leader: bytes) -> bool:
+        """Whether the leader we follow (or we, leading) holds a proof for our electorate
+        as it is now, not only as it was when we followed."""
+        if leader == self.node_id:
+            return not self._proof_short()
+        return 2 * self._tally.count(self.term, leader, self._voters) > len(self._voters)
 
     def _proof_short(self) -> bool:
         """As the leader: our ballots are not (or no longer) a majority of our electorate,

@@ -82,8 +82,9 @@ class Signatures:
 class ProofTally:
     """Ballots checked so far, for the few (term, leader) pairs a fellow is shown.
 
-    Bounded: at most ``MAX_PROOFS_PENDING`` pairs (the lowest terms go first) and, per
-    pair, one ballot per fellow of the electorate. A ballot costs one signature check
+    Bounded: at most ``MAX_PROOFS_PENDING`` pairs (the one with the fewest ballots goes
+    first, so one-ballot claims cannot push out the proof of the leader followed) and,
+    per pair, one ballot per fellow of the electorate. A ballot costs one signature check
     only the first time its voter is seen for that pair, so a flood of copies is cheap.
     """
 
@@ -96,10 +97,11 @@ class ProofTally:
         seen = self._ballots.get(key)
         if seen is None:
             seen = self._ballots[key] = {}
-            while len(self._ballots) > MAX_PROOFS_PENDING:
-                del self._ballots[min(self._ballots)]
         for v in voters:
             seen[v] = None
+        while len(self._ballots) > MAX_PROOFS_PENDING:
+            ballots = self._ballots
+            del ballots[min(ballots, key=lambda k: (len(ballots[k]), k))]
 
     def has(self, term: int, leader: bytes, voter: bytes) -> bool:
         seen = self._ballots.get((term, leader))
