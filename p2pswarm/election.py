@@ -67,12 +67,15 @@ the proof grows with the swarm and fellows that arrive later can check it too). 
 leader sends its proof (``LeaderProof``, a dozen ballots a datagram) with its
 ``LeaderIs`` to every fellow that has not acked it yet; a fellow shown a leader without
 one asks that leader (``LeaderQuery``). So a fellow holding the token cannot announce
-itself: its own ballot is one of an electorate of at least two.
+itself: its own ballot is one of an electorate of at least two. When sides meet after a
+partition longer than the electorate's bound, a leader whose ballots are no longer a
+majority gives way to one whose are; a proven leader shown a later term it cannot follow
+stands again above it (``_restand``), so both sides end up behind one proof.
 
 Terms move by little. A vote request more than ``MAX_TERM_STEP`` above this fellow's
 term is refused; a real (not Pre-) vote request for a higher term is taken only by a
-fellow with no live leader, or that granted that candidate's PreVote for that term; a
-leader takes none. Only a proof moves a term further at once. So a fellow holding the
+fellow with no live leader, that granted that candidate's PreVote for that term, or from
+its own leader standing again (below); a leader takes none. Only a proof moves a term further at once. So a fellow holding the
 token can neither depose a live leader with one request nor push the term towards
 2^64 - 1: each step costs a message, and a live leader stops them all. Terms past
 ``MAX_TERM`` are refused everywhere (and in ``election.json``).
