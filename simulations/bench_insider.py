@@ -180,15 +180,20 @@ async def flood(messages: int, seed: int) -> dict[str, Any]:
                 for reason, n in a.status()["counters"]["refused"].items():
                     refused[reason] = refused.get(reason, 0) + n
             nursery.cancel_scope.cancel()
-        changes = sum(len(seen) - 1 for seen in followed.values())
+        # a change of leader is another fellow followed; the same leader in a later
+        # term (it stood again: docs/election.md) is counted apart
+        changes = sum(len({lid for _, lid in seen}) - 1 for seen in followed.values())
         to_rogue = sum(1 for seen in followed.values() for _, lid in seen
                        if lid == rogue.node_id)
+        restands = sum(a.election.stats.get("restands", 0) for a in rogue.honest()
+                       if a.election is not None)
         outside = sorted(str(p.relative_to(outer)) for p in _files(outer) - before
                          if not any(h is not None and h in p.parents for h in homes)
                          and not p.is_relative_to(sandbox / swarm.fellows[ROGUE].name))
         return {"messages": sent, "streams": streams, "crashed_agents": crashed,
                 "leader_changes": changes, "leader_changes_to_rogue": to_rogue,
-                "leader_kept": end == {(leader, term)}, "files_outside_state_dirs": outside,
+                "leader_kept": {lid for lid, _ in end} == {leader}, "restands": restands,
+                "terms": [term, max(t for _, t in end)], "files_outside_state_dirs": outside,
                 "refused": dict(sorted(refused.items())), "cpu_s": round(cpu, 2)}
 
 
@@ -295,6 +300,8 @@ def main() -> None:
             ("agents crashed", f["crashed_agents"], "0"),
             ("leader changes (to the rogue)", f"{f['leader_changes']} "
              f"({f['leader_changes_to_rogue']})", "0 without a majority"),
+            ("the leader stood again (term before -> after)",
+             f"{f['restands']} ({f['terms'][0]} -> {f['terms'][1]})", "<= 1 per 240 s"),
             ("files written outside the state directories",
              len(f["files_outside_state_dirs"]), "0"),
             ("refusals counted (all honest fellows)", sum(f["refused"].values()), "-"),

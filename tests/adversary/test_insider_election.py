@@ -72,7 +72,11 @@ async def test_a_rogue_cannot_announce_itself_or_forge_a_proof(autojump_clock) -
             rogue.claim_with_forged_proof(t)
             await trio.sleep(2)
         await trio.sleep(10)
-        assert led_by(rogue) == {(leader, term)}
+        # the same leader; its own "proof" of a later term can make the leader stand
+        # again above it, once in 240 s (docs/election.md): no more than that
+        ((still, now_term),) = led_by(rogue)
+        assert still == leader and now_term <= term + MAX_TERM_STEP + 1
+        assert sum(a.election.stats.get("restands", 0) for a in rogue.honest()) <= 1
         assert all(a.election.role != LEADER_ROLE for a in rogue.honest()
                    if a.node_id != leader)
         assert total_refused(rogue, "election-unproven-leader") > 0
