@@ -18,6 +18,7 @@ from typing import Any
 from p2pswarm.errors import ConfigError
 
 CARD_KINDS = ("cuda", "cpu")
+MEMORY_SOURCE_MAX_CHARS = 64  # a fellow's word on where its memory figure came from
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,9 @@ class Card:
     total_bytes: int
     free_bytes: int
     held_by_others: tuple[Holder, ...] = ()
+    # where total and free came from, for people: "cgroup memory.max", "/proc/meminfo",
+    # "--cpu-memory", "NVML"; "" where a source does not say. Never planned on.
+    memory_source: str = ""
 
     @property
     def key(self) -> str:
@@ -59,6 +63,7 @@ class Card:
             "index": self.index, "kind": self.kind, "name": self.name, "uuid": self.uuid,
             "total_bytes": self.total_bytes, "free_bytes": self.free_bytes,
             "held_by_others": [h.to_dict() for h in self.held_by_others],
+            **({"memory_source": self.memory_source} if self.memory_source else {}),
         }
 
     @staticmethod
@@ -70,7 +75,8 @@ class Card:
                                key=lambda h: (-h.held_bytes, h.pid, h.name)))
         return Card(index=int(data.get("index", 0)), kind=kind, name=str(data.get("name", "")),
                     uuid=str(data.get("uuid", "")), total_bytes=int(data["total_bytes"]),
-                    free_bytes=int(data["free_bytes"]), held_by_others=holders)
+                    free_bytes=int(data["free_bytes"]), held_by_others=holders,
+                    memory_source=str(data.get("memory_source", ""))[:MEMORY_SOURCE_MAX_CHARS])
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,11 @@ from dataclasses import dataclass, field, replace
 
 from p2pswarm.errors import ConfigError
 
-DEFAULT_PORT = 7946
+# The gossip port (UDP and TCP), when --listen and a seed's address name none. Not 7946:
+# Docker Swarm's own node-to-node gossip (7946 tcp/udp, beside 2377 and 4789) holds it on
+# every swarm node, and fellows run there with host networking. 7782 is unassigned by
+# IANA and sits beside the HTTP API's 7780.
+DEFAULT_PORT = 7782
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +35,13 @@ class TransportConfig:
     stream_connect_timeout_s: float = 5.0  # giving up on a TCP connect
     stream_idle_timeout_s: float = 60.0  # closing a stream that says nothing this long
     receive_queue_datagrams: int = 1024  # datagrams buffered before new ones are dropped
+    # Accepted connections (docs/security.md): over a cap a new one is closed at once
+    max_streams: int = 1024  # accepted streams open at once, authenticated or not
+    max_streams_per_host: int = 256  # ... from one source host
+    max_unauthenticated_streams: int = 128  # accepted streams still in their handshake
+    max_unauthenticated_per_host: int = 16  # ... from one source host
+    max_streams_per_fellow: int = 128  # authenticated streams one fellow may hold open here
+    accept_pause_s: float = 0.5  # out of file descriptors: stop accepting this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +166,16 @@ class InventoryConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """What other fellows can make this one keep on disk, at most. A store past its cap
+    drops what was used least recently, never what a live stage or job uses; what still
+    does not fit is refused. (Job data: ``transport.max_job_data_bytes``.)"""
+
+    weights_cache_bytes: int = 64 << 30  # tensors fetched for stages (HOME/weights)
+    checkpoint_copies_bytes: int = 64 << 30  # checkpoint shards held for the leader
+
+
+@dataclass(frozen=True, slots=True)
 class SwarmConfig:
     preset: str = "lan"  # the preset this was derived from, for status output
     transport: TransportConfig = field(default_factory=TransportConfig)
@@ -162,6 +183,7 @@ class SwarmConfig:
     gossip: GossipConfig = field(default_factory=GossipConfig)
     election: ElectionConfig = field(default_factory=ElectionConfig)
     inventory: InventoryConfig = field(default_factory=InventoryConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
 
 def lan() -> SwarmConfig:
@@ -224,7 +246,8 @@ def preset(name: str) -> SwarmConfig:
 
 __all__ = [
     "DEFAULT_PORT", "TransportConfig", "SecurityConfig", "GossipTuning", "GossipConfig",
-    "ElectionTuning", "ElectionConfig", "InventoryConfig", "SwarmConfig", "lan", "wifi",
+    "ElectionTuning", "ElectionConfig", "InventoryConfig", "StorageConfig", "SwarmConfig",
+    "lan", "wifi",
     "local", "preset", "replace", "split_addr",
 ]
 
@@ -238,8 +261,8 @@ def split_addr(text: str, *, default_port: int = DEFAULT_PORT) -> tuple[str, int
     host = host.strip("[]")
     if not host:
         raise ConfigError(f"address {text!r} has no host: write it as HOST:PORT, "
-                          "e.g. 192.168.1.20:7946")
+                          f"e.g. 192.168.1.20:{DEFAULT_PORT}")
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise ConfigError(f"address {text!r} has a bad port: write it as HOST:PORT with "
-                          "a port from 0 to 65535, e.g. 192.168.1.20:7946")
+                          f"a port from 0 to 65535, e.g. 192.168.1.20:{DEFAULT_PORT}")
     return host, int(port_text)

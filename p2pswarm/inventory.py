@@ -19,10 +19,12 @@ This is the hardware side; the values it reads into (``Card``, ``Holder``, ``Inv
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from p2pswarm.cards import Card, Holder, Inventory, parse_size
@@ -164,10 +166,10 @@ class NvmlCardSource:
         return Card(index=index, kind="cuda", name=_text(nvml.nvmlDeviceGetName(handle)),
                     uuid=_text(nvml.nvmlDeviceGetUUID(handle)), total_bytes=total,
                     free_bytes=min(total, int(memory.free) + own_bytes),
-                    held_by_others=tuple(holders))
+                    held_by_others=tuple(holders), memory_source="NVML")
 
 
-# --- the CPU and its RAM ---------------------------------------------------------------
+# --- the CPU's name --------------------------------------------------------------------
 
 
 def _cpu_name() -> str:
@@ -186,18 +188,180 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "CPU"
 
 
+# --- what a container (or a systemd unit) may use: its cgroup's limits -------------------
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_SELF_CGROUP = "/proc/self/cgroup"
+# cgroup v1 writes "no limit" as the largest page-aligned counter, ~ 2^63; no machine has
+# 2^60 bytes, so anything above that is no limit at all.
+_NO_LIMIT_ABOVE = 1 << 60
+_CGROUP_FILE_MAX_BYTES = 64 * 1024  # memory.stat is a few KB; nothing there is bigger
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupLimits:
+    """What this process's cgroup allows: memory (bytes) and CPU (cores), None if no limit.
+
+    ``memory_used_bytes`` is what the cgroup holds now, less the page cache it may drop
+    (inactive files), as ``docker stats`` counts it; ``memory_from`` names the file the
+    limit came from (``cgroup memory.max``), for ``status``.
+    """
+
+    memory_limit_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_from: str = ""
+    cpu_limit_cores: float | None = None
+    cpu_from: str = ""
+
+
+def _read_small(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(_CGROUP_FILE_MAX_BYTES).decode("ascii", errors="replace")
+    except OSError:
+        return None
+
+
+def _read_int(path: Path) -> int | None:
+    text = _read_small(path)
+    if text is None:
+        return None
+    try:
+        return int(text.split()[0])
+    except (ValueError, IndexError):  # "max", empty: no number, no limit
+        return None
+
+
+def _stat_value(path: Path, key: str) -> int:
+    for line in (_read_small(path) or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def _own_cgroup_paths(proc_self_cgroup: Path) -> dict[str, str]:
+    """This process's cgroup path per controller ("" for the v2 hierarchy)."""
+    paths: dict[str, str] = {}
+    for line in (_read_small(proc_self_cgroup) or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(",") if parts[1] else [""]:
+            paths[controller] = parts[2].strip()
+    return paths
+
+
+def _dirs_up(mount: Path, cgroup_path: str) -> list[Path]:
+    """The cgroup's directory and each ancestor's up to ``mount``, those that exist.
+
+    Inside a container the mount is the container's own cgroup, while /proc/self/cgroup
+    may still name the host's path: that path then does not exist, and the mount's own
+    files are the container's limits."""
+    parts = [p for p in cgroup_path.split("/") if p and p not in (".", "..")]
+    dirs = [mount.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
+    return [d for d in dirs if d.is_dir()]
+
+
+def _tightest(dirs: list[Path], limit_file: str) -> tuple[int, Path] | None:
+    """The lowest memory limit on the way up (a parent's limit binds its children)."""
+    found: tuple[int, Path] | None = None
+    for directory in dirs:
+        value = _read_int(directory / limit_file)
+        if value is not None and 0 < value < _NO_LIMIT_ABOVE \
+                and (found is None or value < found[0]):
+            found = (value, directory)
+    return found
+
+
+def _cpu_v2(dirs: list[Path]) -> float | None:
+    cores = None
+    for directory in dirs:
+        quota, _, period = (_read_small(directory / "cpu.max") or "").partition(" ")
+        if quota.strip().isdigit() and period.strip().isdigit() and int(period) > 0:
+            here = int(quota) / int(period)
+            cores = here if cores is None else min(cores, here)
+    return cores
+
+
+def _cpu_v1(dirs: list[Path]) -> float | None:
+    cores = None
+    for directory in dirs:
+        quota = _read_int(directory / "cpu.cfs_quota_us")
+        period = _read_int(directory / "cpu.cfs_period_us")
+        if quota is not None and quota > 0 and period:  # -1: no quota
+            cores = quota / period if cores is None else min(cores, quota / period)
+    return cores
+
+
+def read_cgroup_limits(root: str | Path = CGROUP_ROOT,
+                       proc_self_cgroup: str | Path = PROC_SELF_CGROUP) -> CgroupLimits:
+    """This process's memory and CPU limits from cgroup v2 (``memory.max``, ``cpu.max``)
+    or v1 (``memory.limit_in_bytes``, ``cpu.cfs_quota_us``); no limit where none is set
+    or nothing can be read. ``root`` is where cgroups are mounted (a test hands in a
+    fake tree)."""
+    root = Path(root)
+    paths = _own_cgroup_paths(Path(proc_self_cgroup))
+    if (root / "cgroup.controllers").exists():  # v2: one unified hierarchy
+        dirs = _dirs_up(root, paths.get("", ""))
+        memory = _tightest(dirs, "memory.max")
+        used = None
+        if memory is not None:
+            current = _read_int(memory[1] / "memory.current")
+            if current is not None:
+                used = max(0, current - _stat_value(memory[1] / "memory.stat", "inactive_file"))
+        cores = _cpu_v2(dirs)
+        return CgroupLimits(memory_limit_bytes=memory[0] if memory else None,
+                            memory_used_bytes=used,
+                            memory_from="cgroup memory.max" if memory else "",
+                            cpu_limit_cores=cores,
+                            cpu_from="" if cores is None else "cgroup cpu.max")
+    memory_dirs = _dirs_up(root / "memory", paths.get("memory", ""))  # v1: one per controller
+    memory = _tightest(memory_dirs, "memory.limit_in_bytes")
+    used = None
+    if memory is not None:
+        usage = _read_int(memory[1] / "memory.usage_in_bytes")
+        if usage is not None:
+            used = max(0, usage - _stat_value(memory[1] / "memory.stat", "total_inactive_file"))
+    cpu_mount = next((root / name for name in ("cpu,cpuacct", "cpu") if (root / name).is_dir()),
+                     root / "cpu")
+    cores = _cpu_v1(_dirs_up(cpu_mount, paths.get("cpu", "")))
+    return CgroupLimits(memory_limit_bytes=memory[0] if memory else None, memory_used_bytes=used,
+                        memory_from="cgroup memory.limit_in_bytes" if memory else "",
+                        cpu_limit_cores=cores,
+                        cpu_from="" if cores is None else "cgroup cpu.cfs_quota_us")
+
+
+def cpu_threads(limits: CgroupLimits) -> int | None:
+    """Compute threads for a CPU quota (1.5 CPUs: 2), or None where there is no quota."""
+    if limits.cpu_limit_cores is None:
+        return None
+    return max(1, math.ceil(limits.cpu_limit_cores))
+
+
+# --- the CPU and its RAM ---------------------------------------------------------------
+
+
 class CpuCardSource:
-    """The CPU as one card: total and available RAM (psutil), capped by ``--cpu-memory``.
+    """The CPU as one card: total and available RAM (psutil), within the cgroup's memory
+    limit (a container's ``--memory``, a unit's ``MemoryMax``) when that is lower, and
+    capped by ``--cpu-memory``.
 
     A capped CPU is offered as a card of the cap's size, so the plan's bar shows what
-    p2pswarm may use rather than RAM it was told to leave alone.
+    p2pswarm may use rather than RAM it was told to leave alone. Free memory inside a
+    cgroup is the limit less what the cgroup holds (it counts every process in the
+    container), never more than the host has free. The card says where its size came
+    from (``memory_source``), and ``status`` shows it.
     """
 
     def __init__(self, psutil_module: Any = None, cap_bytes: int | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None,
+                 cgroup_reader: Callable[[], CgroupLimits] | None = read_cgroup_limits) -> None:
         self._psutil = psutil_module
         self._cap_bytes = cap_bytes
         self._name = name
+        self._cgroup_reader = cgroup_reader
+        self._said_limits: tuple[int | None, float | None] = (None, None)
 
     def read(self) -> tuple[Card, ...]:
         if self._psutil is None:
@@ -205,12 +369,34 @@ class CpuCardSource:
             self._psutil = psutil
         memory = self._psutil.virtual_memory()
         total, free = int(memory.total), int(memory.available)
+        source = "/proc/meminfo"
+        limits = self._cgroup_reader() if self._cgroup_reader is not None else CgroupLimits()
+        limit = limits.memory_limit_bytes
+        if limit is not None and limit < total:
+            total, source = limit, limits.memory_from
+            used = limits.memory_used_bytes or 0
+            free = min(free, max(0, limit - used))
+        if self._cap_bytes is not None and self._cap_bytes < total:
+            source = "--cpu-memory"
         if self._cap_bytes is not None:
             total, free = min(total, self._cap_bytes), min(free, self._cap_bytes)
+        self._say_limits(limits)
         name = self._name or _cpu_name()
         uuid = f"cpu-{platform.node()}-{os.cpu_count() or 0}"
         return (Card(index=0, kind="cpu", name=name, uuid=uuid, total_bytes=total,
-                     free_bytes=free),)
+                     free_bytes=free, memory_source=source),)
+
+    def _say_limits(self, limits: CgroupLimits) -> None:
+        """One log line when a cgroup limit is first seen, and again if it changes."""
+        said = (limits.memory_limit_bytes, limits.cpu_limit_cores)
+        if said == (None, None) or said == self._said_limits:
+            return
+        self._said_limits = said
+        memory = ("no memory limit" if limits.memory_limit_bytes is None else
+                  f"{limits.memory_limit_bytes / 1e9:.1f} GB by {limits.memory_from}")
+        cpu = ("no CPU quota" if limits.cpu_limit_cores is None else
+               f"{limits.cpu_limit_cores:g} CPUs by {limits.cpu_from}")
+        log.info("this fellow runs in a cgroup: %s, %s", memory, cpu)
 
 
 @dataclass(slots=True)
@@ -238,7 +424,9 @@ class CombinedCardSource:
 
 def local_card_source(gpus: str | None = None, cpu_memory: str | None = None,
                       no_cpu: bool = False, own_pids: Iterable[int] | None = None,
-                      nvml_module: Any = None, psutil_module: Any = None) -> CombinedCardSource:
+                      nvml_module: Any = None, psutil_module: Any = None,
+                      cgroup_reader: Callable[[], CgroupLimits] | None = read_cgroup_limits,
+                      ) -> CombinedCardSource:
     """The source ``join``/``cards`` use, built from their options (ConfigError if bad)."""
     if no_cpu and cpu_memory is not None:
         raise ConfigError("--no-cpu and --cpu-memory contradict each other: drop one of them")
@@ -248,7 +436,8 @@ def local_card_source(gpus: str | None = None, cpu_memory: str | None = None,
         sources.append(NvmlCardSource(nvml_module=nvml_module, own_pids=own_pids, gpus=selected))
     if not no_cpu:
         cap = None if cpu_memory is None else parse_size(cpu_memory)
-        sources.append(CpuCardSource(psutil_module=psutil_module, cap_bytes=cap))
+        sources.append(CpuCardSource(psutil_module=psutil_module, cap_bytes=cap,
+                                     cgroup_reader=cgroup_reader))
     return CombinedCardSource(tuple(sources))
 
 
@@ -332,13 +521,16 @@ class GossipRule:
 
 __all__ = [
     "CardSource",
+    "CgroupLimits",
     "CombinedCardSource",
     "CpuCardSource",
     "FakeCardSource",
     "GossipRule",
     "NvmlCardSource",
     "changed_enough",
+    "cpu_threads",
     "local_card_source",
     "parse_gpu_list",
+    "read_cgroup_limits",
     "read_inventory",
 ]

@@ -154,7 +154,8 @@ def test_gpu_selection_and_a_lost_gpu(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_no_driver_means_cpu_only_with_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
     nvml = FakeNvml([], driver=False)
-    source = local_card_source(nvml_module=nvml, psutil_module=fake_psutil(16 * GB, 9 * GB))
+    source = local_card_source(nvml_module=nvml, psutil_module=fake_psutil(16 * GB, 9 * GB),
+                               cgroup_reader=None)
     with caplog.at_level(logging.INFO, logger="p2pswarm.inventory"):
         first = read_inventory(source)
         second = read_inventory(source)
@@ -178,17 +179,18 @@ def test_real_pynvml_without_a_driver_does_not_crash() -> None:
 
 def test_cpu_cap_and_no_cpu() -> None:
     capped = CpuCardSource(psutil_module=fake_psutil(16 * GB, 10 * GB), cap_bytes=6 * GB,
-                           name="Intel Core i7").read()
+                           name="Intel Core i7", cgroup_reader=None).read()
     assert (capped[0].total_bytes, capped[0].free_bytes, capped[0].name) == \
         (6 * GB, 6 * GB, "Intel Core i7")
-    tight = CpuCardSource(psutil_module=fake_psutil(16 * GB, 2 * GB), cap_bytes=6 * GB).read()
+    tight = CpuCardSource(psutil_module=fake_psutil(16 * GB, 2 * GB), cap_bytes=6 * GB,
+                          cgroup_reader=None).read()
     assert (tight[0].total_bytes, tight[0].free_bytes) == (6 * GB, 2 * GB)
     source = local_card_source(gpus="none", no_cpu=True)
     assert source.read() == ()
     with pytest.raises(ConfigError, match="contradict"):
         local_card_source(no_cpu=True, cpu_memory="6GB")
     with_cap = local_card_source(gpus="none", cpu_memory="6GB",
-                                 psutil_module=fake_psutil(16 * GB, 10 * GB))
+                                 psutil_module=fake_psutil(16 * GB, 10 * GB), cgroup_reader=None)
     assert with_cap.read()[0].total_bytes == 6 * GB
 
 

@@ -24,6 +24,7 @@ from p2pswarm.membership import (
 )
 from p2pswarm.membership.awareness import Awareness
 from p2pswarm.membership.broadcasts import BroadcastQueue
+from p2pswarm.membership.proofs import alive_signed_bytes
 from p2pswarm.membership.timing import push_pull_interval_s, suspicion_max_s
 from p2pswarm.sim.gossip_lab import fake_sign_for, fake_verify
 from p2pswarm.wire import gossip as g
@@ -93,6 +94,14 @@ def make(i: int, *, config: GossipConfig | None = None, metadata: bytes = b"",
         config = dataclasses.replace(config, tuning=tuning)
     return Membership(local, config, random.Random(i),
                       sign=fake_sign_for(key), verify=fake_verify, metadata=metadata)
+
+
+def alive_of(m: Membership, incarnation: int) -> g.Alive:
+    """``m``'s Alive at ``incarnation``, signed as ``m`` would sign it."""
+    loc = m.local
+    fields = (loc.node_id, incarnation, loc.name, loc.addr, loc.public_key, 0, 0, 0)
+    return g.Alive(*fields[:6], signature=fake_sign_for(loc.public_key)(
+        alive_signed_bytes(*fields)))
 
 
 def sends(effects: list) -> list[SendDatagram]:
@@ -179,18 +188,19 @@ def test_suspicion_refutation_and_incarnation_rules() -> None:
     a, b = joined_pair()
     bid = b.node_id
     assert "suspect" in kinds(a.handle(g.Suspect(bid, 0, b"q" * 16), "x:1", 1.0))
-    a.handle(g.Alive(bid, 0, "n1", b.local.addr, b.local.public_key, 0), "x:1", 1.1)
+    a.handle(alive_of(b, 0), "x:1", 1.1)
     assert a.member(bid).state == "suspect"  # same incarnation does not refute
-    assert "alive" in kinds(a.handle(g.Alive(bid, 1, "n1", b.local.addr, b.local.public_key, 0),
-                                     "x:1", 1.2))
+    unsigned = g.Alive(bid, 1, "n1", b.local.addr, b.local.public_key, 0)
+    assert kinds(a.handle(unsigned, "x:1", 1.15)) == []  # nobody else speaks for b
+    assert a.counters()["unsigned_alives"] == 1
+    assert "alive" in kinds(a.handle(alive_of(b, 1), "x:1", 1.2))
     assert a.member(bid).state == "alive"
     a.handle(g.Dead(bid, 0, b"q" * 16), "x:1", 1.3)
     assert a.member(bid).state == "alive"  # older incarnation: ignored
     assert "dead" in kinds(a.handle(g.Dead(bid, 1, b"q" * 16), "x:1", 1.4))
     a.handle(g.Suspect(bid, 1, b"q" * 16), "x:1", 1.5)
     assert a.member(bid).state == "dead"  # a dead fellow is not merely suspect
-    assert "alive" in kinds(a.handle(g.Alive(bid, 2, "n1", b.local.addr, b.local.public_key, 0),
-                                     "x:1", 1.6))
+    assert "alive" in kinds(a.handle(alive_of(b, 2), "x:1", 1.6))
 
 
 def test_leave_is_left_not_dead_and_reaped_later() -> None:
@@ -219,10 +229,12 @@ def test_a_restarted_node_rejoins_with_a_higher_incarnation() -> None:
     (req,) = [e for e in b2.join((a.local.addr,), 2.0) if isinstance(e, StreamRequest)]
     reply, _ = a.handle_stream(req.message, b2.local.addr, 2.0)
     effects = b2.handle_reply(req.request_id, reply, 2.0)
-    assert b2.incarnation == 4 and "refuted" in kinds(effects)
+    # the verdict counts at the incarnation b signed (0), not at the 3 a third party named
+    assert a.counters()["claims_clamped"] == 1
+    assert b2.incarnation == 1 and "refuted" in kinds(effects)
     alive = b2._alive_msg()
     assert "alive" in kinds(a.handle(alive, b2.local.addr, 2.1))
-    assert a.member(b.node_id).incarnation == 4
+    assert a.member(b.node_id).incarnation == 1
 
 
 def test_failed_probe_with_nacks_raises_suspicion_on_a_clean_link() -> None:
@@ -395,7 +407,7 @@ def test_small_metadata_rides_in_the_alive_that_announces_it() -> None:
     forged = dataclasses.replace(alive, meta_version=3, metadata=b"evil")
     a.handle(forged, b.local.addr, 1.0)
     assert a.member(b.node_id).metadata == b"cards v1"  # a forged one never lands
-    assert a.counters()["bad_signatures"] == 1
+    assert a.counters()["bad_signatures"] == 2  # neither the Alive's nor the metadata's
     effects = a.handle(alive, b.local.addr, 1.0)
     assert not [e for e in effects if isinstance(e, StreamRequest)]  # nothing to pull
     assert "metadata" in kinds(effects) and a.member(b.node_id).metadata == b"cards v2"
@@ -418,7 +430,8 @@ def test_an_alive_is_relayed_with_its_metadata_only_while_that_is_news() -> None
 
     assert relayed().metadata == b"cards v2"  # news here: the bytes spread with it
     # a refutation learnt later with the same bytes (as from a sync record): not news
-    again = dataclasses.replace(news, incarnation=news.incarnation + 1)
+    b.incarnation += 1
+    again = b._alive_msg()
     a.handle(again, "", 2.0)
     alive = relayed()
     assert alive.incarnation == again.incarnation and alive.meta_version == 2

@@ -360,7 +360,7 @@ def test_window_is_updated_only_after_authentication() -> None:
     assert b.open(packet) == (A_ID, b"real")
 
 
-def test_stale_epoch_is_refused_and_newer_epoch_resets_the_window() -> None:
+def test_a_proven_epoch_makes_older_ones_stale() -> None:
     keyring = Keyring([SECRET])
     receiver = DatagramSealer(keyring, B_ID, epoch=1)
     before = DatagramSealer(keyring, A_ID, epoch=100)
@@ -370,9 +370,40 @@ def test_stale_epoch_is_refused_and_newer_epoch_resets_the_window() -> None:
     after = DatagramSealer(keyring, A_ID, epoch=101)  # the same fellow, restarted
     first = after.seal(b"after restart")  # sequence numbers start again at 0
     assert receiver.open(first) == (A_ID, b"after restart")
-    assert reason(receiver, late) == "stale-epoch"
+    # a newer epoch alone proves nothing (anyone with the key can seal one)...
+    assert receiver.open(late) == (A_ID, b"late, before restart")
+    # ...until the fellow proves it with something it signed in that epoch
+    assert receiver.confirm(A_ID, 101, incarnation=3)
     assert reason(receiver, early) == "stale-epoch"
     assert reason(receiver, first) == "replay"
+
+
+def test_a_forged_far_future_epoch_does_not_lock_a_fellow_out() -> None:
+    keyring = Keyring([SECRET])
+    receiver = DatagramSealer(keyring, B_ID, epoch=1)
+    honest = DatagramSealer(keyring, A_ID, epoch=100)
+    receiver.open(honest.seal(b"hello"))
+    assert receiver.confirm(A_ID, 100, incarnation=1)
+    for k in range(10):  # an insider with the key, naming A, epochs far ahead
+        forged = DatagramSealer(keyring, A_ID, epoch=2**64 - 1 - k)
+        receiver.open(forged.seal(b"forged"))
+        assert not receiver.confirm(A_ID, 2**64 - 1 - k, incarnation=1)  # replayed proof
+    assert receiver.open(honest.seal(b"still heard")) == (A_ID, b"still heard")
+    assert receiver.proven_epoch(A_ID) == 100
+
+
+def test_a_fellow_whose_clock_went_back_is_heard_once_it_proves_its_epoch() -> None:
+    keyring = Keyring([SECRET])
+    receiver = DatagramSealer(keyring, B_ID, epoch=1)
+    receiver.open(DatagramSealer(keyring, A_ID, epoch=500).seal(b"old life"))
+    assert receiver.confirm(A_ID, 500, incarnation=4)
+    restarted = DatagramSealer(keyring, A_ID, epoch=20)  # no clock battery
+    packet = restarted.seal(b"refutation at incarnation 5")
+    opened = receiver.open_datagram(packet)
+    assert opened.stale and reason(receiver, packet) == "stale-epoch"
+    assert receiver.confirm(A_ID, 20, incarnation=5, seq=opened.seq)
+    assert reason(receiver, packet) == "replay"
+    assert receiver.open(restarted.seal(b"next")) == (A_ID, b"next")
 
 
 def test_tracked_senders_are_bounded() -> None:
@@ -381,7 +412,7 @@ def test_tracked_senders_are_bounded() -> None:
     senders = [DatagramSealer(keyring, bytes([i]) * 16, epoch=1) for i in range(20)]
     for sender in senders:
         receiver.open(sender.seal(b"hi"))
-    assert len(receiver._windows) == 8
+    assert len(receiver._windows) == 8  # senders tracked
     assert len(receiver._subkeys) == 8
     assert receiver.open(senders[0].seal(b"again")) == (bytes([0]) * 16, b"again")
 

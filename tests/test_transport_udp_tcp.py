@@ -18,7 +18,12 @@ import trio.testing
 from p2pswarm.config import TransportConfig
 from p2pswarm.errors import TransportError
 from p2pswarm.transport import Stream, StreamHandler, Transport
-from p2pswarm.transport.udp_tcp import UdpTcpTransport, open_udp_tcp_transport, parse_addr
+from p2pswarm.transport.udp_tcp import (
+    TcpStream,
+    UdpTcpTransport,
+    open_udp_tcp_transport,
+    parse_addr,
+)
 
 LOOPBACK = "127.0.0.1:0"
 DEADLINE_S = 20
@@ -156,8 +161,11 @@ async def test_garbage_connections_never_break_the_listener() -> None:
                 await sock.send(payload)
             sock.shutdown(stdlib_socket.SHUT_WR)
             received = b""
-            while chunk := await sock.recv(65536):
-                received += chunk
+            try:
+                while chunk := await sock.recv(65536):
+                    received += chunk
+            except ConnectionResetError:  # closed with our noise unread: a reset, fine
+                pass
             return received
 
     rng = random.Random(7)
@@ -279,3 +287,51 @@ async def test_ipv6_loopback() -> None:
         if "cannot listen" in str(exc):
             pytest.skip(f"no IPv6 loopback here: {exc}")
         raise
+
+
+async def test_a_frame_buffer_grows_with_bytes_received_not_the_announced_size() -> None:
+    seen: list[int] = []
+    got_some = trio.Event()
+
+    async def handler(stream: Stream) -> None:
+        assert isinstance(stream, TcpStream)
+        stream.authenticated()  # past the handshake: frames up to max_frame_bytes
+        with trio.move_on_after(DEADLINE_S):
+            while stream._big is None or stream._big_got < (2 << 20):
+                with trio.move_on_after(0.05):
+                    await stream.receive_frame()
+            seen.append(len(stream._big))
+            got_some.set()
+
+    with trio.fail_after(DEADLINE_S):
+        async with serving(handler) as (a, b):
+            host, port = parse_addr(b.local_addr)
+            sock = trio.socket.socket()
+            with sock:
+                await sock.connect((host, port))
+                await sock.send((64 << 20).to_bytes(4, "big"))  # 64 MiB announced...
+                for _ in range(32):  # ...2 MiB sent
+                    await sock.send(bytes(64 * 1024))
+                await got_some.wait()
+    (allocated,) = seen
+    assert allocated <= 4 << 20  # at most double what came, never the 64 MiB announced
+
+
+async def test_before_authentication_a_frame_is_handshake_sized() -> None:
+    reports: list[str] = []
+
+    async def handler(stream: Stream) -> None:
+        assert isinstance(stream, TcpStream)
+        stream.handshake_started(512)
+        try:
+            await stream.receive_frame()
+        except TransportError as exc:
+            reports.append(str(exc))
+
+    with trio.fail_after(DEADLINE_S):
+        async with serving(handler) as (a, b):
+            stream = await a.open_stream(b.local_addr)
+            await stream.send_frame(bytes(513))
+            with pytest.raises(TransportError):
+                await stream.receive_frame()  # the other end hung up
+    assert reports and "before authentication" in reports[0]

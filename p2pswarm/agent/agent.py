@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from typing import Any, Awaitable, Callable
 
 import msgpack
@@ -39,6 +40,7 @@ from p2pswarm import effects as fx
 from p2pswarm import wire
 from p2pswarm.agent.card_news import CardNews
 from p2pswarm.agent.counters import Counters
+from p2pswarm.agent.fellow_meta import clean_metadata
 from p2pswarm.agent.leadership import Leadership
 from p2pswarm.agent.planning import Planning
 from p2pswarm.agent.serving import Serving
@@ -61,7 +63,7 @@ from p2pswarm.errors import (
 )
 from p2pswarm.membership.machine import Membership
 from p2pswarm.membership.member import LocalNode, Member
-from p2pswarm.security import DatagramSealer, node_id_of, verify
+from p2pswarm.security import DatagramSealer, OpenedDatagram, node_id_of, verify
 from p2pswarm.security.ballots import Signatures
 from p2pswarm.transport.base import DeliversDatagrams, RingsAlarms, SendsNowait, Stream
 from p2pswarm.transport.secure import SecureStream, secure_accept, secure_connect
@@ -134,6 +136,8 @@ class Agent:
         self.card_news = CardNews(self)
         # what other services publish about us
         self.extra_metadata: dict[str, Any] = dict(world.metadata)
+        # each fellow's metadata as last checked: (its bytes, the clean view of them)
+        self._metadata_views: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
         self.membership: Membership | None = None
         self.election: Election | None = None
         self.events: list[fx.Event] = []  # recent events, newest last (for status)
@@ -142,6 +146,7 @@ class Agent:
         self._lost: dict[bytes, str] = {}  # fellows declared dead -> their last address
         self._refused_addrs: set[str] = set()
         self._join_refusals = 0  # seeds' refused handshakes in a row, before we are in
+        self._streams_of: Counter[bytes] = Counter()  # accepted streams open, per fellow
         self.failure: SwarmError | None = None  # why the agent stopped itself, if it did
         self._datagram_handlers: dict[type, DatagramHandler] = {Refusal: self._on_refusal}
         self._stream_handlers: dict[type, StreamHandler] = {Hello: self._on_stream_hello}
@@ -222,7 +227,7 @@ class Agent:
             local, self.config.gossip, self.rng, sign=self.identity.sign, verify=verify,
             now=now, metadata=self._metadata(),
             datagram_budget_bytes=self.config.transport.max_datagram_bytes
-            - self.sealer.overhead_bytes)
+            - self.sealer.overhead_bytes, epoch=self.sealer.epoch)
         self.election = self.world.election(self.node_id, self.name, self.config.election, self.rng,
                                  leader_priority=self.leader_priority, now=now,
                                  term=self.votes.term, voted_for=self.votes.voted_for,
@@ -296,7 +301,14 @@ class Agent:
         """Execute effects; keep the election fed; wake the timer (deadlines moved)."""
         while effects:
             if self.election is not None:  # on disk before any vote or candidacy leaves
-                self.votes.keep(*self.election.persistent_state())
+                try:
+                    self.votes.keep(*self.election.persistent_state())
+                except OSError as exc:  # out of descriptors or disk: send nothing now
+                    if not self.counters.drops["votes-unsaved"]:
+                        log.warning("%s: cannot save the election state (%s); holding its "
+                                    "messages back", self.name, exc)
+                    self.counters.drop("votes-unsaved")
+                    break
             for effect in effects:
                 t = type(effect)
                 if t is fx.SendDatagram:
@@ -399,8 +411,11 @@ class Agent:
             return
         self._join_refusals = 0
         if self.membership is not None:
-            self._apply(self.membership.handle_reply(request.request_id, reply,
-                                                     trio.current_time()))
+            try:
+                self._apply(self.membership.handle_reply(request.request_id, reply,
+                                                         trio.current_time()))
+            except Exception as exc:  # a hostile reply costs that reply, not the agent
+                self._handler_failed("reply", request.addr, exc)
 
     def _refused_at_join(self, addr: str) -> None:
         """A seed refused our handshake before any let us in: after a few, the token is
@@ -450,16 +465,34 @@ class Agent:
         if self.membership is not None:
             self._apply(self.membership.set_metadata(self._metadata(), trio.current_time()))
 
-    @staticmethod
-    def member_metadata(member: Member) -> dict[str, Any]:
-        """A fellow's metadata as a dict ({} if not pulled yet or unreadable)."""
+    def member_metadata(self, member: Member) -> dict[str, Any]:
+        """A fellow's metadata as a dict ({} if not pulled yet or unreadable), every entry
+        the views read checked (``fellow_meta``): bad ones dropped and counted once per
+        version the fellow published."""
         if not member.metadata:
             return {}
+        known = self._metadata_views.get(member.node_id)
+        if known is not None and known[0] == member.metadata:
+            return known[1]
         try:
             meta = msgpack.unpackb(member.metadata, raw=False, strict_map_key=False)
         except Exception:  # signed by the fellow, but still only bytes to us
-            return {}
-        return meta if isinstance(meta, dict) else {}
+            meta = None
+        if isinstance(meta, dict):
+            meta, dropped = clean_metadata(meta)
+        else:
+            meta, dropped = {}, 1
+        if dropped:
+            self.counters.drops["bad-metadata"] += dropped
+            log.info("%s: dropped %d malformed metadata entries of %s", self.name, dropped,
+                     member.name)
+        views = self._metadata_views
+        if len(views) >= 64 and len(views) > 2 * len(self.fellows()):  # fellows long gone
+            known = {m.node_id for m in self.fellows()}
+            for node_id in [n for n in views if n not in known]:
+                del views[node_id]
+        views[member.node_id] = (member.metadata, meta)
+        return meta
 
     # --- datagrams ------------------------------------------------------------------
 
@@ -539,8 +572,9 @@ class Agent:
         self.counters.datagrams_in += 1
         self.counters.bytes_in += len(data)
         try:
-            sender, plaintext = self.sealer.open(data)
-            messages = wire.decode(plaintext, max_bytes=self.config.transport.max_datagram_bytes)
+            opened = self.sealer.open_datagram(data)
+            messages = wire.decode(opened.plaintext,
+                                   max_bytes=self.config.transport.max_datagram_bytes)
         except VersionMismatch as exc:
             self.counters.drop("version")
             self._refuse(addr, exc)
@@ -550,6 +584,39 @@ class Agent:
             return
         if self.membership is None or self.election is None:
             return
+        if not self._prove_epoch(opened, messages):
+            self.counters.drop("stale-epoch")
+            return
+        try:
+            self._route_datagram(messages, opened.sender, addr)
+        except Exception as exc:  # one hostile message costs that message, never the agent
+            self._handler_failed("datagram", addr, exc)
+
+    def _prove_epoch(self, opened: OpenedDatagram, messages: list[Any]) -> bool:
+        """Let the sender's own signed Alive, naming this datagram's epoch, prove that
+        epoch to the sealer (see ``security.datagrams``). False: a stale datagram that
+        proves nothing, to drop."""
+        assert self.membership is not None
+        for msg in messages:
+            if type(msg) is Alive and msg.node == opened.sender and msg.epoch == opened.epoch \
+                    and self.membership.alive_proven(msg):
+                return self.sealer.confirm(opened.sender, opened.epoch, msg.incarnation,
+                                           opened.seq if opened.stale else None) \
+                    or not opened.stale
+        return not opened.stale
+
+    def _handler_failed(self, where: str, addr: str, exc: Exception) -> None:
+        """A handler raised on a peer's message: count it, log it once per kind, go on."""
+        reason = exc.reason if isinstance(exc, SwarmError) and hasattr(exc, "reason") \
+            else type(exc).__name__
+        key = f"handler-failed-{where}"
+        if not self.counters.drops[key]:
+            log.warning("%s: a %s from %s failed its handler (%s); dropped", self.name, where,
+                        addr, reason, exc_info=not isinstance(exc, SwarmError))
+        self.counters.drop(key)
+
+    def _route_datagram(self, messages: list[Any], sender: bytes, addr: str) -> None:
+        assert self.membership is not None and self.election is not None
         now = trio.current_time()
         gossip = [m for m in messages if _tag(m) in MEMBERSHIP_TAGS]
         if self.left:  # only the acks of our goodbye matter now (the machine knows)
@@ -624,16 +691,31 @@ class Agent:
             self.counters.drop("stream-handshake")
             await raw.aclose()
             return
+        fellow = stream.peer_node_id
+        if self._streams_of[fellow] >= self.config.transport.max_streams_per_fellow:
+            self.counters.drop("stream-fellow-cap")  # a token holder's streams are bounded
+            await stream.aclose()
+            return
+        self._streams_of[fellow] += 1
         try:
             await self._answer_stream(stream)
         finally:
+            self._streams_of[fellow] -= 1
+            if not self._streams_of[fellow]:
+                del self._streams_of[fellow]
             await stream.aclose()
 
     async def _answer_stream(self, stream: SecureStream) -> None:
-        """Answer request envelopes until the peer closes or misbehaves."""
+        """Answer request envelopes until the peer closes, misbehaves or falls silent for
+        ``stream_idle_timeout_s`` (a handler that keeps the stream bounds its own waits)."""
+        idle_s = self.config.transport.stream_idle_timeout_s
         while True:
             try:
-                frame = await stream.receive_frame()
+                with trio.move_on_after(idle_s) as waiting:
+                    frame = await stream.receive_frame()
+                if waiting.cancelled_caught:
+                    self.counters.drop("stream-idle")
+                    return
                 self.counters.frames_in += 1
                 messages = wire.decode(frame, max_bytes=self.config.transport.max_frame_bytes)
             except TransportError:
@@ -652,7 +734,12 @@ class Agent:
             if reply is None:
                 return
             try:
-                await stream.send_frame(wire.encode(reply))
+                frame = wire.encode(reply)
+            except SwarmError as exc:  # a reply that cannot be encoded costs this stream
+                self._handler_failed("stream", stream.peer_addr, exc)
+                return
+            try:
+                await stream.send_frame(frame)
                 self.counters.frames_out += 1
             except TransportError:
                 return
@@ -743,6 +830,7 @@ class Agent:
             "stages_held": self.serving.held_stages(),
             "role": election.role if election is not None else "follower",
             "counters": self._counters(),
+            "transport": dict(getattr(self.transport, "counters", {})),
             "membership": self.membership.counters() if self.membership else {},
         }
 

@@ -92,8 +92,8 @@ class CardNews:
             return None
         try:
             raw = read_inventory(self.agent.card_source)
-        except SwarmError as exc:
-            log.warning("reading cards failed: %s", exc)
+        except (SwarmError, OSError) as exc:  # OSError: /proc unreadable, out of descriptors
+            log.warning("reading cards failed: %s; keeping the last reading", exc)
             return None
         offered = dataclasses.replace(
             raw, cards=self.agent.serving.less_live_stages(tuple(raw.cards)))

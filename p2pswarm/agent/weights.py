@@ -15,7 +15,11 @@ A stage then loads from the cache through the torch runtime's ``CachedTensors``
 checks each tensor's hash again as it reads it.
 
 The server hands out only what a manifest it offered names: a fellow cannot ask for an
-arbitrary file.
+arbitrary file. The other way round, a manifest from an order or a gossiped record is
+hostile input: its key, hashes and file names are checked (``p2pswarm.names``) before any
+becomes a path, and the cache names files by their SHA-256 alone. It is bounded by
+``storage.weights_cache_bytes``, the least recently used files evicted first, never a
+tensor a live stage loads from.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -36,6 +41,7 @@ import trio
 from p2pswarm import wire
 from p2pswarm.errors import ConfigError, PlacementError, RemoteProtocolError, TransportError
 from p2pswarm.models.config import ModelConfig
+from p2pswarm.names import UnsafeName, hex_digest, safe_name, sha256_hex
 from p2pswarm.wire.serving import WeightsItem, WeightsRefused, WeightsRequest
 
 if TYPE_CHECKING:
@@ -48,6 +54,9 @@ FETCH_IDLE_TIMEOUT_S = 60.0  # a source that sends nothing this long has failed
 # Small files a driver may need besides the tensors (to tokenize, to know the stops).
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
                "tokenizer_config.json", "special_tokens_map.json")
+
+MAX_TENSOR_NAME_CHARS = 512  # a checkpoint's tensor names are dotted paths, never this long
+MAX_TENSOR_DIMS = 8
 
 T = TypeVar("T")
 Run = Callable[[Callable[[], T]], Awaitable[T]]  # where blocking work runs (a thread, inline)
@@ -70,9 +79,18 @@ class ManifestTensor:
 
     @staticmethod
     def from_list(raw: Sequence[Any]) -> ManifestTensor:
+        """One tensor as a manifest from the network lists it, every field checked."""
         name, file, dtype, shape, offset, nbytes, sha = raw
-        return ManifestTensor(str(name), str(file), str(dtype), tuple(int(d) for d in shape),
-                              int(offset), int(nbytes), str(sha))
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_TENSOR_NAME_CHARS:
+            raise ConfigError(f"bad tensor name {str(name)[:80]!r}")
+        if not isinstance(dtype, str) or not 0 < len(dtype) <= 16:
+            raise ConfigError(f"bad dtype {str(dtype)[:20]!r} of {name}")
+        dims = tuple(int(d) for d in shape)
+        if len(dims) > MAX_TENSOR_DIMS or min(dims, default=0) < 0 \
+                or int(offset) < 0 or int(nbytes) < 0:
+            raise ConfigError(f"bad shape or byte range of {name}")
+        return ManifestTensor(name, safe_name(file, "tensor file"), dtype, dims, int(offset),
+                              int(nbytes), sha256_hex(sha, f"SHA-256 of {name}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +135,25 @@ class Manifest:
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Manifest:
+        """A manifest from the network (a stage order, a gossiped load record): the key,
+        every hash and every file name checked before any of them may touch a path."""
         try:
             return Manifest(
-                key=str(data["key"]), name=str(data["name"]), path=str(data["path"]),
-                hf_config=dict(data["config"]),
+                key=hex_digest(data["key"], 16, "model key"), name=str(data["name"])[:256],
+                path=str(data["path"]), hf_config=dict(data["config"]),
                 tensors=tuple(ManifestTensor.from_list(t) for t in data["tensors"]),
-                files=tuple(ManifestFile(str(n), int(b), str(s)) for n, b, s in data["files"]))
+                files=tuple(_manifest_file(*f) for f in data["files"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"malformed model manifest ({exc})") from None
+
+
+def _manifest_file(name: Any, nbytes: Any, sha256: Any) -> ManifestFile:
+    if name not in MODEL_FILES:
+        raise UnsafeName(f"a model manifest names the file {str(name)[:80]!r}; only "
+                         f"{', '.join(MODEL_FILES)} travel with a model")
+    if int(nbytes) < 0:
+        raise ConfigError(f"bad size of {name}")
+    return ManifestFile(name, int(nbytes), sha256_hex(sha256, f"SHA-256 of {name}"))
 
 
 def _manifest_key(hf_config: dict[str, Any], tensors: Sequence[ManifestTensor],
@@ -189,19 +218,82 @@ def check_source_files(manifest: Manifest, names: Sequence[str]) -> None:
 
 
 class WeightsCache:
-    """Verified tensors and files by SHA-256 under ``root`` (``HOME/weights``)."""
+    """Verified tensors and files by SHA-256 under ``root`` (``HOME/weights``), at most
+    ``cap_bytes`` of them: a new tensor first evicts the least recently used ones, never
+    one ``in_use`` names (a live stage's), and is refused when that is not enough."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, cap_bytes: int | None = None,
+                 in_use: Callable[[], Iterable[str]] | None = None) -> None:
         self.root = root
+        self.cap_bytes = cap_bytes
+        self.in_use: Callable[[], Iterable[str]] = in_use or (lambda: ())
+        self.evicted = 0  # files dropped to make room, since start
+        self._held_bytes: int | None = None  # what the cache holds; counted on first need
 
     def path(self, sha256: str) -> Path:
+        """Where the bytes with this SHA-256 live: the one way a name becomes a path here
+        (UnsafeName for anything but 64 lowercase hex digits)."""
+        sha256 = sha256_hex(sha256)
         return self.root / sha256[:2] / sha256
 
     def has(self, sha256: str, nbytes: int) -> bool:
+        """Whether the bytes are here; asking marks them used (the eviction order)."""
+        path = self.path(sha256)
         try:
-            return self.path(sha256).stat().st_size == nbytes
+            if path.stat().st_size != nbytes:
+                return False
+            os.utime(path)
         except OSError:
             return False
+        return True
+
+    def _files(self) -> list[tuple[int, Path, int]]:
+        """(mtime, path, size) of every file held, temporary ones left out."""
+        out = []
+        for path in self.root.rglob("*"):
+            if path.name.startswith("."):
+                continue
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out.append((st.st_mtime_ns, path, st.st_size))
+        return out
+
+    def make_room(self, nbytes: int) -> None:
+        """Evict the least recently used files until ``nbytes`` more fit the cap."""
+        if self.cap_bytes is None:
+            return
+        if nbytes > self.cap_bytes:
+            raise PlacementError(f"a tensor of {nbytes:,} bytes is over the {self.cap_bytes:,} "
+                                 "bytes this fellow caches (storage.weights_cache_bytes)")
+        if self._held_bytes is not None and self._held_bytes + nbytes <= self.cap_bytes:
+            return
+        files = self._files() if self.root.is_dir() else []
+        held = sum(size for _, _, size in files)
+        if held + nbytes > self.cap_bytes:
+            keep = set(self.in_use())
+            # a sixteenth of the cap more than needed, so a model's tensors arriving one
+            # after another do not each count the cache again
+            goal = self.cap_bytes - self.cap_bytes // 16
+            for _, path, size in sorted(files):
+                if held + nbytes <= goal:
+                    break
+                if path.name in keep:
+                    continue
+                path.unlink(missing_ok=True)
+                held -= size
+                self.evicted += 1
+        self._held_bytes = held
+        if held + nbytes > self.cap_bytes:
+            raise PlacementError(f"the weights cache holds {held:,} bytes that live stages use; "
+                                 f"{nbytes:,} more would pass its {self.cap_bytes:,} bytes "
+                                 "(storage.weights_cache_bytes)")
+
+    def _stored(self, nbytes: int) -> None:
+        if self._held_bytes is not None:
+            self._held_bytes += nbytes
 
     def held(self) -> list[str]:
         """Every hash held (for tests and `loads --json`)."""
@@ -214,8 +306,13 @@ class WeightsCache:
 
     def model_dir(self, manifest: Manifest) -> Path:
         """A directory holding the manifest's small files under their names (for a
-        tokenizer), made from cached copies; call once they are all cached."""
-        directory = self.root / "models" / manifest.key
+        tokenizer), made from cached copies; call once they are all cached. It is named by
+        its own content (each file's name and SHA-256), never by a name from the network,
+        so two manifests under one key cannot share it, and only ``MODEL_FILES`` go in."""
+        listing = sorted((_manifest_file(f.name, f.nbytes, f.sha256).name, f.sha256)
+                         for f in manifest.files)
+        digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+        directory = self.root / "models" / digest
         directory.mkdir(parents=True, exist_ok=True)
         for f in manifest.files:
             target = directory / f.name
@@ -223,6 +320,7 @@ class WeightsCache:
                 tmp = directory / f".{f.name}.tmp"
                 tmp.write_bytes(self.path(f.sha256).read_bytes())
                 tmp.replace(target)
+                self._stored(f.nbytes)
         return directory
 
 
@@ -237,6 +335,7 @@ class CacheWriter:
         self.received = 0
         self._digest = hashlib.sha256()
         final = cache.path(sha256)
+        cache.make_room(nbytes)
         final.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".part-")
         self._file = os.fdopen(fd, "wb")
@@ -254,6 +353,7 @@ class CacheWriter:
             self._tmp.unlink(missing_ok=True)
             return False
         self._tmp.replace(self.cache.path(self.sha256))
+        self.cache._stored(self.nbytes)
         return True
 
     def abort(self) -> None:

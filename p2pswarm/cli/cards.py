@@ -44,6 +44,7 @@ def cards(
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from p2pswarm.planner.wording import card_label, gb
     table = Table(title=f"{len(found)} card{'s' if len(found) != 1 else ''} on this machine")
@@ -52,8 +53,9 @@ def cards(
     for c in found:
         bench = speeds[c.key]
         held = ", ".join(f"{h.name} {gb(h.held_bytes)}" for h in c.held_by_others) or "-"
-        table.add_row(card_label(c.kind, c.index, c.name), gb(c.total_bytes), gb(c.free_bytes),
-                      held, f"{bench.flops / 1e12:.2f}", f"{bench.mem_bandwidth / 1e9:.0f}",
+        # program names like "[kworker]" are text, not markup
+        table.add_row(Text(card_label(c.kind, c.index, c.name)), gb(c.total_bytes),
+                      gb(c.free_bytes), Text(held), f"{bench.flops / 1e12:.2f}", f"{bench.mem_bandwidth / 1e9:.0f}",
                       "measured" if bench.measured else "estimate (run `p2pswarm bench`)")
     Console().print(table)
 

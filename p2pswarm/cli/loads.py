@@ -97,32 +97,39 @@ class _LoadProgress:
                  "fetching": f"fetching weights {done / 1e6:,.1f} / {total / 1e6:,.1f} MB",
                  "ready": f"ready, {done / 1e6:,.1f} MB allocated "
                           f"(plan claimed {total / 1e6:,.1f} MB)"}
-        self.console.print(f"  stage {key[0]} on {key[1]}: {words.get(phase, phase)}")
+        self.console.print(f"  stage {key[0]} on {key[1]}: {words.get(phase, phase)}",
+                           markup=False)
 
 
 def _print_load(record: dict[str, Any], console: Any) -> None:
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     stages = record.get("stages", [])
     load_s = record.get("load_s")
-    console.print(f"loaded plan [bold]{record['plan_id']}[/] ({record['model'].get('name')}): "
+    # model, adapter, fellow and card names come from fellows: text, never markup
+    console.print(f"loaded plan [bold]{escape(str(record['plan_id']))}[/] "
+                  f"({escape(str(record['model'].get('name')))}): "
                   f"{len(stages)} stages" + (f" in {load_s:.1f} s" if load_s else ""))
     adapter = record.get("adapter")
     if isinstance(adapter, dict):
         console.print(f"  with LoRA adapter {adapter.get('name')} (rank {adapter.get('rank')}, "
-                      f"{', '.join(adapter.get('targets') or [])}; sha256 "
-                      f"{str(adapter.get('sha256', ''))[:16]}), merged into the weights")
+                      f"{', '.join(map(str, adapter.get('targets') or []))}; sha256 "
+                      f"{str(adapter.get('sha256', ''))[:16]}), merged into the weights",
+                      markup=False)
     table = Table()
     for column in ("stage", "fellow", "card", "layers", "allocated", "claimed", "fetched",
                    "state"):
         table.add_column(column)
     for s in stages:
         a, b = s["layers"]
-        table.add_row(str(s["stage"]), s["fellow"], s.get("card", ""), f"{a}-{b - 1}",
+        table.add_row(str(s["stage"]), Text(str(s["fellow"])), Text(str(s.get("card", ""))),
+                      f"{a}-{b - 1}",
                       f"{s.get('allocated_bytes', 0) / 1e6:,.1f} MB",
                       f"{s.get('claim_bytes', 0) / 1e6:,.1f} MB",
                       f"{s.get('fetched_bytes', 0) / 1e6:,.1f} MB"
-                      if "fetched_bytes" in s else "-", s.get("state", "alive"))
+                      if "fetched_bytes" in s else "-", Text(str(s.get("state", "alive"))))
     console.print(table)
 
 

@@ -166,10 +166,11 @@ def cards_table(plan: Mapping[str, Any], width: int = 120) -> Table:
     for card in plan["cards"]:
         seg = card["segments"]
         layers = f"{card['layers'][0]}-{card['layers'][1] - 1}" if card["used"] else ""
-        cells: list[Any] = [card["fellow"], _label(card), layers]
+        # names and reasons come from fellows: Text, so rich never reads them as markup
+        cells: list[Any] = [Text(str(card["fellow"])), Text(_label(card)), layers]
         cells += [size(seg[k]) for k in keys[:-1]]
         over = seg["does_not_fit"]
-        cells += [Text(size(over), style="bold red" if over else ""), card["reason"] or ""]
+        cells += [Text(size(over), style="bold red" if over else ""), Text(card["reason"] or "")]
         table.add_row(*cells)
     return table
 

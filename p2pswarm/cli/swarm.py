@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,26 +21,46 @@ from p2pswarm.errors import TokenRefused
 
 
 def seed_list(seeds: list[str]) -> tuple[str, ...]:
+    """Each seed as HOST:PORT (the default port where none is given); one argument may
+    name several, ``a:7782,b:7782``, which is what a stack file's one variable expands to."""
     out = []
-    for seed in seeds:
+    for seed in (part for arg in seeds for part in arg.split(",") if part.strip()):
         host, port = split_addr(seed)
-        out.append(f"{host}:{port}")
+        out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     return tuple(out)
 
 
-def read_token(token: Optional[str]) -> Optional[str]:
-    """--token, else $P2PSWARM_TOKEN, else the file named by $P2PSWARM_TOKEN_FILE."""
+TOKEN_FILE_MAX_BYTES = 4096  # a join token is under a hundred characters
+
+
+def read_token(token: Optional[str], token_file: Optional[Path] = None) -> Optional[str]:
+    """--token, else --token-file, else $P2PSWARM_TOKEN, else the file named by
+    $P2PSWARM_TOKEN_FILE. A file keeps the token out of the process's command line (what
+    `ps` shows every user); a Docker secret arrives as such a file."""
     if token:
         return token
+    if token_file is not None:
+        return read_token_file(str(token_file), "--token-file")
     if os.environ.get("P2PSWARM_TOKEN"):
         return os.environ["P2PSWARM_TOKEN"]
     path = os.environ.get("P2PSWARM_TOKEN_FILE")
     if path:
-        try:
-            return Path(path).read_text().strip()
-        except OSError as exc:
-            fail(f"cannot read P2PSWARM_TOKEN_FILE {path}: {exc.strerror}")
+        return read_token_file(path, "P2PSWARM_TOKEN_FILE")
     return None
+
+
+def read_token_file(path: str, given_as: str) -> str:
+    """The token in ``path`` (surrounding whitespace dropped); one line and exit if not."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(TOKEN_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        fail(f"cannot read {given_as} {path}: {exc.strerror}")
+    text = data.decode("utf-8", errors="replace").strip()
+    if len(data) > TOKEN_FILE_MAX_BYTES or not text or len(text.split()) != 1:
+        fail(f"{given_as} {path} does not hold a join token: put only the token from "
+             "`p2pswarm init` in it")
+    return text
 
 
 @app.command()
@@ -60,21 +81,26 @@ def init(
         print_json({"home": str(directory), "token": token})
         return
     typer.echo(f"New swarm in {directory}.\nJoin token (keep it secret; anyone holding it "
-               f"can join):\n\n  {token}\n\nOn every machine:  p2pswarm join SEED:7946 "
+               f"can join):\n\n  {token}\n\nOn every machine:  p2pswarm join SEED:{DEFAULT_PORT} "
                f"--token {token}")
 
 
 @app.command()
 @exits_on()
 def join(
-    seeds: list[str] = typer.Argument(None, help="HOST:PORT of fellows already in the swarm."),
+    seeds: list[str] = typer.Argument(None, help="HOST:PORT of fellows already in the swarm "
+                                      f"(several, or a:{DEFAULT_PORT},b:{DEFAULT_PORT})."),
     token: Optional[str] = typer.Option(None, "--token", help="Join token from `p2pswarm init` "
                                         "(or $P2PSWARM_TOKEN)."),
+    token_file: Optional[Path] = typer.Option(
+        None, "--token-file", help="Read the join token from this file (or the file "
+        "$P2PSWARM_TOKEN_FILE names), e.g. a Docker secret: unlike --token, `ps` never shows it."),
     listen: str = typer.Option(f"0.0.0.0:{DEFAULT_PORT}", "--listen",
                                help="HOST:PORT to listen on (UDP and TCP)."),
     advertise: Optional[str] = typer.Option(None, "--advertise",
                                             help="HOST:PORT fellows should reach this one at."),
-    name: Optional[str] = typer.Option(None, "--name", help="This fellow's name (hostname)."),
+    name: Optional[str] = typer.Option(None, "--name", envvar="P2PSWARM_NAME",
+                                       help="This fellow's name (default: the hostname)."),
     preset_name: str = typer.Option("lan", "--preset", help="Timings: lan, wifi or local."),
     leader_priority: int = typer.Option(0, "--leader-priority", min=0, max=255,
                                         help="Prefer this fellow as leader (higher wins)."),
@@ -109,7 +135,7 @@ def join(
         if advertise:
             split_addr(advertise)
         http_server = http_settings(http, http_token)
-        text = read_token(token)
+        text = read_token(token, token_file)
         state = Home(directory)
         if force and text is None:
             fail("--force replaces the swarm --home holds with the one of --token: give "
@@ -121,6 +147,7 @@ def join(
         state.load_keyring()  # refuse early: no swarm, or key files others can read
         cards = local_card_source(gpus=gpus, cpu_memory=cpu_memory, no_cpu=no_cpu,
                                   own_pids=[os.getpid()])
+        threads_within_cpu_quota(os.environ)
         settings = NodeSettings(home=directory, listen=listen, seeds=seed_addrs,
                                 name=name or socket.gethostname(), config=config,
                                 advertise=advertise, leader_priority=leader_priority,
@@ -135,6 +162,17 @@ def join(
             if new_keys:
                 state.forget_swarm()
             raise
+
+
+def threads_within_cpu_quota(environ: MutableMapping[str, str]) -> None:
+    """In a container with a CPU quota (``--cpus``), torch's thread pools (sized by the
+    machine's cores) would be throttled to a crawl: size them by the quota instead, unless
+    the user already has (OMP_NUM_THREADS), before anything imports torch."""
+    from p2pswarm.inventory import cpu_threads, read_cgroup_limits
+
+    threads = cpu_threads(read_cgroup_limits())
+    if threads is not None and "OMP_NUM_THREADS" not in environ:
+        environ["OMP_NUM_THREADS"] = str(threads)
 
 
 @app.command()
@@ -178,46 +216,55 @@ def status(home: Optional[Path] = HomeOption, as_json: bool = JsonOption) -> Non
 
 
 def card_summary(card: dict[str, Any]) -> str:
-    """``GPU 0 3.9/4.3 GB free`` / ``CPU 11.2/16.7 GB free``."""
+    """``GPU 0 3.9/4.3 GB free`` / ``CPU 1.6/2.0 GB free (cgroup memory.max)``: a CPU's
+    figure says where it came from (a container's limit, the machine's RAM, a cap)."""
     label = f"GPU {card.get('index', 0)}" if card.get("kind") == "cuda" else "CPU"
     free, total = card.get("free_bytes", 0) / 1e9, card.get("total_bytes", 0) / 1e9
-    return f"{label} {free:.1f}/{total:.1f} GB free"
+    source = card.get("memory_source") if card.get("kind") == "cpu" else None
+    return f"{label} {free:.1f}/{total:.1f} GB free" + (f" ({source})" if source else "")
 
 
 def render_status(data: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
+    # names, addresses and card names come from fellows: shown as text, never as markup
     console = Console()
     me = data["self"]
     leader = data.get("leader")
     # the address fellows are told, never cut short: it is what a user checks first
     listen = me.get("listen")
-    bound = f" (listening on {listen})" if listen and listen != me["addr"] else ""
-    console.print(f"[bold]{me['name']}[/] ({me['id'][:8]}) at {me['addr']}{bound}, "
+    bound = f" (listening on {escape(str(listen))})" if listen and listen != me["addr"] else ""
+    console.print(f"[bold]{escape(str(me['name']))}[/] ({me['id'][:8]}) at "
+                  f"{escape(str(me['addr']))}{bound}, "
                   f"preset {data.get('preset')}, health {data.get('health', 0)}",
                   soft_wrap=True)
     if leader:
-        console.print(f"leader: [bold]{leader['name']}[/] ({leader['id'][:8]}), "
+        console.print(f"leader: [bold]{escape(str(leader['name']))}[/] ({leader['id'][:8]}), "
                       f"term {leader['term']}")
     else:
-        console.print(f"leader: {data.get('leader_note') or 'none yet'}")
+        console.print(Text(f"leader: {data.get('leader_note') or 'none yet'}"))
     table = Table(title=f"{len(data['members'])} fellows")
     for column in ("name", "id", "address", "state", "inc", "cards", "last heard"):
-        table.add_column(column, overflow="fold" if column == "address" else "ellipsis",
+        # an address and where a card's memory figure came from are never cut short
+        table.add_column(column, overflow="fold" if column in ("address", "cards")
+                         else "ellipsis",
                          min_width=21 if column == "address" else None)
     for m in data["members"]:
         cards = ", ".join(card_summary(c) for c in m.get("cards", [])) or "-"
         heard = m.get("last_heard_s")
-        name = m["name"] + (" (this one)" if m.get("self") else "")
-        table.add_row(name, m["id"][:8], m["addr"], m["state"], str(m["incarnation"]),
-                      cards, "-" if heard is None else f"{heard:.1f} s ago")
+        name = str(m["name"]) + (" (this one)" if m.get("self") else "")
+        table.add_row(Text(name), m["id"][:8], Text(str(m["addr"])), m["state"],
+                      str(m["incarnation"]), Text(cards),
+                      "-" if heard is None else f"{heard:.1f} s ago")
     console.print(table)
     held = data.get("stages_held") or []
     if held:
-        console.print("holds: " + ", ".join(
+        console.print(Text("holds: " + ", ".join(
             f"stage {h['stage']} of {h['plan_id']} ({h['state']}, "
-            f"{h.get('claim_bytes', 0) / 1e6:,.1f} MB claimed)" for h in held))
+            f"{h.get('claim_bytes', 0) / 1e6:,.1f} MB claimed)" for h in held)))
     counters = data.get("counters", {})
     drops = counters.get("drops") or {}
     console.print(

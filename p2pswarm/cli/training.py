@@ -118,7 +118,7 @@ def train(
         moved = _moved_line(record)
         if moved and said.get("moved") != moved:  # the job moved to a new leader
             said["moved"] = moved
-            console.print(moved)
+            console.print(moved, markup=False)
         if isinstance(record.get("job_id"), str):
             said["job_id"] = record["job_id"]
         line = _job_line(record)
@@ -126,9 +126,9 @@ def train(
             return
         said["line"] = line
         if console.is_terminal and not as_json:
-            console.print(line, end="\r", overflow="ellipsis", soft_wrap=True)
+            console.print(line, end="\r", overflow="ellipsis", soft_wrap=True, markup=False)
         else:
-            console.print(line)
+            console.print(line, markup=False)
 
     message: dict[str, Any] = {"op": "job_submit", "config": job, "plan_id": plan_id,
                                "stages": stages, "resume": resume or None,
@@ -146,7 +146,7 @@ def train(
     if as_json:
         print_json(record)
     else:
-        console.print(_job_line(record))
+        console.print(_job_line(record), markup=False)
     if record.get("state") in ("failed", "cancelled"):
         raise typer.Exit(EXIT_FAILURE)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import logging
 import math
 import os
@@ -30,6 +31,11 @@ from p2pswarm.control.protocol import (
 from p2pswarm.errors import ControlError, SwarmError, TransportError
 
 log = logging.getLogger("p2pswarm.control")
+
+_ACCEPT_PAUSE_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("EMFILE", "ENFILE", "ENOMEM", "ENOBUFS")
+    if hasattr(errno, name))
+_ACCEPT_PAUSE_S = 0.5  # out of descriptors: accept again after this long
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 Emit = Callable[[dict[str, Any]], None]
@@ -83,7 +89,13 @@ async def serve_control(home: Path, handle: Handler, *,
         async with trio.open_nursery() as nursery:
             task_status.started(path)
             while True:
-                stream = await listener.accept()
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:  # out of descriptors: wait, never die of it
+                    if exc.errno not in _ACCEPT_PAUSE_ERRNOS:
+                        raise
+                    await trio.sleep(_ACCEPT_PAUSE_S)
+                    continue
                 nursery.start_soon(_answer, stream, handle)
     finally:
         with trio.CancelScope(shield=True):

@@ -131,6 +131,7 @@ from p2pswarm.membership.member import (
     MemberState,
     node_id_of,
 )
+from p2pswarm.membership.proofs import U32_MAX, ProofCache, alive_signed_bytes
 from p2pswarm.membership.timing import (
     lerp_by_loss,
     push_pull_interval_s,
@@ -188,6 +189,9 @@ def meta_signed_bytes(node_id: bytes, version: int, metadata: bytes) -> bytes:
 class _Entry:
     __slots__ = (
         "addr",
+        "alive_epoch",
+        "alive_meta_version",
+        "alive_signature",
         "announced_meta",
         "incarnation",
         "last_heard",
@@ -217,6 +221,21 @@ class _Entry:
         self.metadata = b""
         self.meta_signature: bytes | None = None
         self.last_heard: float | None = None
+        # the owner's signed Alive at ``incarnation`` (what records and relays carry)
+        self.alive_meta_version = 0
+        self.alive_epoch = 0
+        self.alive_signature: bytes | None = None
+
+    def signed(self, msg: Alive) -> None:
+        self.alive_meta_version = msg.meta_version
+        self.alive_epoch = msg.epoch
+        self.alive_signature = msg.signature
+
+    def alive(self, metadata: tuple[bytes, bytes | None] = (b"", None)) -> Alive:
+        """The owner's Alive as it signed it, with ``metadata`` riding along."""
+        return Alive(self.node, self.incarnation, self.name, self.addr, self.public_key,
+                     self.alive_meta_version, self.priority, *metadata, self.alive_epoch,
+                     self.alive_signature)
 
 
 class _Suspicion:
@@ -319,6 +338,7 @@ class Membership:
         incarnation: int = 0,
         metadata: bytes = b"",
         datagram_budget_bytes: int = 1340,
+        epoch: int = 0,
     ) -> None:
         self.local = local
         self.config = config
@@ -327,6 +347,9 @@ class Membership:
         self._sign = sign
         self._verify = verify
         self._budget = datagram_budget_bytes
+        self.epoch = epoch  # our datagram epoch, signed into our Alive
+        self._proofs = ProofCache(verify)
+        self._alive_signed: tuple[tuple[Any, ...], bytes] | None = None  # fields, signature
         self.incarnation = incarnation
         self.meta_version = 1 if metadata else 0
         self.metadata = metadata
@@ -386,6 +409,7 @@ class Membership:
         self._digest: bytes | None = None
         self._meta_wait: dict[bytes, float] = {}
         self._refute_streamed: dict[bytes, float] = {}
+        self._proof_asked: dict[str, float] = {}  # addr -> when we last asked it (below)
         self._replying_to: str | None = None
         self._reply_extra: list[Any] = []
         self._quiet = False
@@ -395,7 +419,8 @@ class Membership:
         self.stats: dict[str, int] = {
             "probes": 0, "probes_failed": 0, "probes_inconclusive": 0, "suspicions_raised": 0,
             "confirmations_sent": 0, "dead_declared": 0, "refutations": 0, "syncs": 0,
-            "bad_signatures": 0, "bad_bindings": 0,
+            "bad_signatures": 0, "bad_bindings": 0, "unsigned_alives": 0,
+            "claims_clamped": 0, "incarnation_exhausted": 0,
         }
         self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
             Ping: self._on_ping, Ack: self._on_ack, Nack: self._on_nack,
@@ -472,7 +497,8 @@ class Membership:
         loc = self.local
         return MemberRecord(loc.node_id, self.incarnation, _LEFT if self._leaving else _ALIVE,
                             loc.name, loc.addr, loc.public_key, loc.priority, self.meta_version,
-                            self.metadata, self.meta_signature)
+                            self.metadata, self.meta_signature, self.meta_version, self.epoch,
+                            self._sign_alive())
 
     def counters(self) -> dict[str, int]:
         return dict(self.stats)
@@ -549,6 +575,9 @@ class Membership:
         Nothing while leaving: its new incarnation would take the goodbye back."""
         if self._leaving:
             return []
+        if self.incarnation >= U32_MAX or self.meta_version >= U32_MAX:
+            self.stats["incarnation_exhausted"] += 1  # saturated: keep what fellows hold
+            return []
         self._clock = max(self._clock, now)
         self.metadata = metadata
         self.meta_version += 1
@@ -569,6 +598,9 @@ class Membership:
         stale = seen_version > self.meta_version or (
             seen_version == self.meta_version and seen_incarnation > self.incarnation)
         if stale and self.metadata and not self._leaving:
+            if seen_version >= U32_MAX or self.incarnation >= U32_MAX:
+                self.stats["incarnation_exhausted"] += 1
+                return
             self.meta_version = seen_version
             out.extend(self.set_metadata(self.metadata, now))
 
@@ -1102,7 +1134,59 @@ class Membership:
         meta = self._inline_meta(self.metadata, self.meta_signature) \
             if self._clock < self._meta_news_until else (b"", None)
         return Alive(loc.node_id, self.incarnation, loc.name, loc.addr, loc.public_key,
-                     self.meta_version, loc.priority, *meta)
+                     self.meta_version, loc.priority, *meta, self.epoch, self._sign_alive())
+
+    def _sign_alive(self) -> bytes:
+        """Our signature over our Alive as it stands: signed once per incarnation."""
+        loc = self.local
+        fields = (loc.node_id, self.incarnation, loc.name, loc.addr, loc.public_key,
+                  self.meta_version, loc.priority, self.epoch)
+        if self._alive_signed is None or self._alive_signed[0] != fields:
+            self._alive_signed = (fields, self._sign(alive_signed_bytes(*fields)))
+        return self._alive_signed[1]
+
+    def alive_proven(self, msg: Alive) -> bool:
+        """Whether ``msg`` carries its owner's valid signature (cached)."""
+        return self._proofs.check(msg.node, msg.public_key, msg.signature, alive_signed_bytes(
+            msg.node, msg.incarnation, msg.name, msg.addr, msg.public_key, msg.meta_version,
+            msg.priority, msg.epoch))
+
+    def _proven(self, msg: Alive) -> bool:
+        """``alive_proven``, counting what fails: an Alive counts only if its owner signed
+        it."""
+        if node_id_of(msg.public_key) != msg.node:
+            self.stats["bad_bindings"] += 1
+            return False
+        if msg.signature is None:
+            self.stats["unsigned_alives"] += 1
+            return False
+        if not self.alive_proven(msg):
+            self.stats["bad_signatures"] += 1
+            return False
+        return True
+
+    def _about_us(self, incarnation: int, addr: str, now: float, out: list[Effect]) -> int:
+        """A verdict about us above our incarnation: honest fellows only know numbers we
+        signed, so after a restart the sender holds our signed record from before. Ask
+        it for that record (its answer, proven, lets us refute above it) and meanwhile
+        count the claim at our own incarnation."""
+        if incarnation > self.incarnation and addr and not self._leaving:
+            if now - self._proof_asked.get(addr, -_INF) >= self.config.probe_interval_s:
+                self._proof_asked[addr] = now
+                if len(self._proof_asked) > 256:
+                    del self._proof_asked[next(iter(self._proof_asked))]
+                rid = self._new_rid("sync", addr, None, now)
+                out.append(StreamRequest(addr, SyncRecords(
+                    self.node_id, (self.self_record(),), (self.node_id,)), rid))
+        return self._claimed(incarnation, self.incarnation)
+
+    def _claimed(self, incarnation: int, known: int) -> int:
+        """A third party's claim about a fellow counts at most at the incarnation the
+        fellow itself signed (as far as we know): nobody can push it further."""
+        if incarnation > known:
+            self.stats["claims_clamped"] += 1
+            return known
+        return incarnation
 
     def _news_of_metadata(self, now: float) -> None:
         """Our Alives carry our metadata while gossip spreads its news (a join or a new
@@ -1125,6 +1209,9 @@ class Membership:
             # old news: the sender missed our refutation; tell it again, first hand
             if sender_addr:
                 self._answer_with_alive(sender_addr, out)
+            return
+        if seen_incarnation >= U32_MAX:  # cannot be outdone: saturate, never overflow
+            self.stats["incarnation_exhausted"] += 1
             return
         self.incarnation = seen_incarnation + 1
         self._awareness.apply(1)
@@ -1217,9 +1304,8 @@ class Membership:
             return
         if e is not None and e.incarnation > msg.incarnation:
             # the asker missed a refutation (or a rejoin): tell it, it may be all it needs
-            held = e.meta_signature if e.meta_version == e.announced_meta else None
-            alive = Alive(e.node, e.incarnation, e.name, e.addr, e.public_key,
-                          e.announced_meta, e.priority, *self._inline_meta(e.metadata, held))
+            held = e.meta_signature if e.meta_version == e.alive_meta_version else None
+            alive = e.alive(self._inline_meta(e.metadata, held))
             out.append(SendDatagram(addr, (alive,)))
         seq = self._next_seq()
         nack_at = now + self.config.probe_timeout_s * self.tuning.nack_after_fraction
@@ -1234,6 +1320,13 @@ class Membership:
 
     def _on_alive(self, msg: Alive, addr: str, now: float, out: list[Effect]) -> None:
         node = msg.node
+        e = self._members.get(node)
+        # Only what changes something needs its owner's signature: an older or the same
+        # incarnation changes nothing but metadata, which carries a signature of its own.
+        if (e is None or msg.incarnation > e.incarnation) and not self._proven(msg):
+            if e is not None:
+                self._merge_inline_meta(msg, out)
+            return
         if node == self.node_id:
             self._outdo_old_metadata(msg.meta_version, msg.incarnation, now, out)
             if msg.incarnation > self.incarnation or (
@@ -1241,12 +1334,12 @@ class Membership:
                     and (msg.addr != self.local.addr or msg.public_key != self.local.public_key)):
                 self._refute(msg.incarnation, None, "", now, out)
             return
-        e = self._members.get(node)
         if e is None:
             if not self._binding_ok(node, msg.public_key):
                 return
             e = _Entry(node, msg.name, msg.addr, msg.public_key, msg.priority, msg.incarnation,
                        _ALIVE, now)
+            e.signed(msg)
             e.announced_meta = msg.meta_version
             self._add_entry(e)
             if addr == msg.addr:
@@ -1266,6 +1359,7 @@ class Membership:
         changed = (msg.name, msg.addr, msg.priority) != (e.name, e.addr, e.priority)
         e.incarnation = msg.incarnation
         e.name, e.addr, e.public_key, e.priority = msg.name, msg.addr, msg.public_key, msg.priority
+        e.signed(msg)
         e.announced_meta = max(e.announced_meta, msg.meta_version)
         if addr == msg.addr:
             e.last_heard = now
@@ -1293,11 +1387,15 @@ class Membership:
     def _on_suspect(self, msg: Suspect, addr: str, now: float, out: list[Effect]) -> None:
         node = msg.node
         if node == self.node_id:
-            self._refute(msg.incarnation, msg.source, addr, now, out)
+            self._refute(self._about_us(msg.incarnation, addr, now, out), msg.source, addr,
+                         now, out)
             return
         e = self._members.get(node)
         if e is None or msg.incarnation < e.incarnation or e.state in (_DEAD, _LEFT):
             return
+        if msg.incarnation > e.incarnation:
+            msg = Suspect(node, self._claimed(msg.incarnation, e.incarnation), msg.source,
+                          msg.silent_ms)
         if e.state == _SUSPECT and msg.incarnation == e.incarnation:
             self._confirm_suspicion(node, msg.source, now, msg)
             return
@@ -1307,11 +1405,14 @@ class Membership:
     def _on_dead(self, msg: Dead, addr: str, now: float, out: list[Effect]) -> None:
         node = msg.node
         if node == self.node_id:
-            self._refute(msg.incarnation, msg.source, addr, now, out)
+            self._refute(self._about_us(msg.incarnation, addr, now, out), msg.source, addr,
+                         now, out)
             return
         e = self._members.get(node)
         if e is None or msg.incarnation < e.incarnation:
             return
+        if msg.incarnation > e.incarnation:
+            msg = Dead(node, self._claimed(msg.incarnation, e.incarnation), msg.source)
         if e.state in (_DEAD, _LEFT):
             if e.state == _DEAD and msg.incarnation > e.incarnation:
                 e.incarnation = msg.incarnation
@@ -1321,11 +1422,13 @@ class Membership:
     def _on_left(self, msg: Left, addr: str, now: float, out: list[Effect]) -> None:
         node = msg.node
         if node == self.node_id:
-            self._refute(msg.incarnation, None, addr, now, out)
+            self._refute(self._about_us(msg.incarnation, addr, now, out), None, addr, now, out)
             return
         e = self._members.get(node)
         if e is None or msg.incarnation < e.incarnation or e.state == _LEFT:
             return
+        if msg.incarnation > e.incarnation:
+            msg = Left(node, self._claimed(msg.incarnation, e.incarnation))
         was_live = e.state in (_ALIVE, _SUSPECT)
         e.incarnation = msg.incarnation
         e.state = _LEFT
@@ -1541,7 +1644,8 @@ class Membership:
         if e is None:
             return None
         return MemberRecord(e.node, e.incarnation, e.state, e.name, e.addr, e.public_key,
-                            e.priority, e.meta_version, e.metadata, e.meta_signature)
+                            e.priority, e.meta_version, e.metadata, e.meta_signature,
+                            e.alive_meta_version, e.alive_epoch, e.alive_signature)
 
     def _all_records(self) -> tuple[MemberRecord, ...]:
         out = [self.self_record()]
@@ -1629,25 +1733,32 @@ class Membership:
                        out: list[Effect]) -> None:
         for r in records:
             node = r.node
+            alive = Alive(node, r.incarnation, r.name, r.addr, r.public_key,
+                          r.alive_meta_version, r.priority, b"", None, r.alive_epoch,
+                          r.alive_signature)
             if node == self.node_id:
-                self._outdo_old_metadata(r.meta_version, r.incarnation, now, out)
+                if not self._proven(alive):  # only what we signed ourselves counts
+                    continue
+                if self._merge_meta_proven(r):
+                    self._outdo_old_metadata(r.meta_version, r.incarnation, now, out)
                 if r.incarnation >= self.incarnation and (
                         r.state != _ALIVE or r.incarnation > self.incarnation
                         or r.addr != self.local.addr):
                     self._refute(r.incarnation, None, "", now, out)
                 continue
             if r.state == _ALIVE:  # small metadata inside: merged before a pull is asked
+                inline = self._inline_meta(r.metadata, r.meta_signature) \
+                    if r.meta_version == r.alive_meta_version else (b"", None)
                 self._on_alive(Alive(node, r.incarnation, r.name, r.addr, r.public_key,
-                                     r.meta_version, r.priority,
-                                     *self._inline_meta(r.metadata, r.meta_signature)),
+                                     r.alive_meta_version, r.priority, *inline,
+                                     r.alive_epoch, r.alive_signature),
                                "", now, out)
             elif r.state == _LEFT:
                 self._on_left(Left(node, r.incarnation), "", now, out)
             else:  # a remote verdict of dead is only a suspicion here (as memberlist)
                 e = self._members.get(node)
                 if e is None and r.state == _SUSPECT:
-                    self._on_alive(Alive(node, r.incarnation, r.name, r.addr, r.public_key,
-                                         r.meta_version, r.priority), "", now, out)
+                    self._on_alive(alive, "", now, out)
                 self._on_suspect(Suspect(node, r.incarnation, source or node), "", now, out)
             self._merge_meta(node, r.public_key, r.meta_version, r.metadata, r.meta_signature,
                              out)
@@ -1682,6 +1793,17 @@ class Membership:
         self._event(out, METADATA, e, f"metadata version {version}", node)
         return True
 
+    def _merge_meta_proven(self, r: MemberRecord) -> bool:
+        """Whether a record of ours carries metadata we signed (a version we may outdo)."""
+        if r.meta_signature is None or r.meta_version == 0:
+            return False
+        try:
+            ok = self._verify(self.local.public_key, r.meta_signature,
+                              meta_signed_bytes(self.node_id, r.meta_version, r.metadata))
+        except AuthenticationError:
+            return False
+        return ok is not False
+
     def _merge_inline_meta(self, msg: Alive, out: list[Effect]) -> bool:
         return msg.meta_signature is not None and self._merge_meta(
             msg.node, msg.public_key, msg.meta_version, msg.metadata, msg.meta_signature, out)
@@ -1713,7 +1835,7 @@ class Membership:
 
 def _without_meta(msg: Alive) -> Alive:
     return Alive(msg.node, msg.incarnation, msg.name, msg.addr, msg.public_key,
-                 msg.meta_version, msg.priority)
+                 msg.meta_version, msg.priority, b"", None, msg.epoch, msg.signature)
 
 
 __all__ = ["Membership", "Signer", "Verifier", "meta_signed_bytes"]

@@ -20,6 +20,7 @@ from safetensors import safe_open
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.llama import hf_tensor_map
+from p2pswarm.names import contained, safe_name
 
 INDEX_FILE = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -77,7 +78,7 @@ class Checkpoint:
         for name in names:
             by_file.setdefault(self.entry(name).file, []).append(name)
         for file, file_names in by_file.items():
-            with safe_open(str(self.model_dir / file), framework="pt",
+            with safe_open(str(self.file_path(file)), framework="pt",
                            device=str(device)) as handle:
                 for name in file_names:
                     yield name, handle.get_tensor(name)
@@ -91,7 +92,10 @@ class Checkpoint:
                 raise ConfigError(f"cannot read {index_path}: {exc}") from exc
             if not isinstance(raw, dict):
                 raise ConfigError(f"{index_path}: weight_map is not a mapping")
-            return {str(k): str(v) for k, v in raw.items()}
+            indexed = {str(k): str(v) for k, v in raw.items()}
+            for file in sorted(set(indexed.values())):
+                self.file_path(file)  # refuses a name that leads out of the directory
+            return indexed
         files = sorted(p.name for p in self.model_dir.glob("*.safetensors"))
         if not files:
             raise ConfigError(f"{self.model_dir} holds no *.safetensors weights")
@@ -103,8 +107,28 @@ class Checkpoint:
 
     def _header(self, file: str) -> dict[str, TensorEntry]:
         if file not in self._headers:
-            self._headers[file] = read_safetensors_header(self.model_dir / file, file)
+            self._headers[file] = read_safetensors_header(self.file_path(file), file)
         return self._headers[file]
+
+    def file_path(self, file: str) -> Path:
+        """The weights file ``file`` (as the index names it) in this directory: one plain
+        file name, and, symlinks followed, inside the directory (or, for a Hugging Face
+        hub snapshot, inside its repository folder, where the blobs it links to live)."""
+        try:
+            safe_name(file, "weights file name")
+            return contained(_link_root(self.model_dir), self.model_dir / file)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.model_dir / INDEX_FILE}: {exc}") from None
+
+
+def _link_root(model_dir: Path) -> Path:
+    """How far a model directory's files may lead by symlinks: the directory itself, or
+    the repository folder of a hub snapshot (``models--org--name/snapshots/REV``)."""
+    resolved = model_dir.resolve()
+    if resolved.parent.name == "snapshots" and resolved.parent.parent.name.startswith(
+            "models--"):
+        return resolved.parent.parent
+    return resolved
 
 
 def read_safetensors_header(path: Path, file: str) -> dict[str, TensorEntry]:
@@ -151,7 +175,7 @@ def stage_tensors(checkpoint: Checkpoint, start_layer: int, end_layer: int) -> l
 
 def read_tensor_bytes(checkpoint: Checkpoint, entry: TensorEntry) -> bytes:
     """The raw bytes of one tensor as stored (little-endian, row-major)."""
-    with (checkpoint.model_dir / entry.file).open("rb") as f:
+    with checkpoint.file_path(entry.file).open("rb") as f:
         f.seek(entry.offset_bytes)
         data = f.read(entry.nbytes)
     if len(data) != entry.nbytes:
@@ -163,7 +187,7 @@ def tensor_sha256(checkpoint: Checkpoint, entry: TensorEntry, chunk_bytes: int =
     """Hex SHA-256 of one tensor's stored bytes, read in chunks."""
     digest = hashlib.sha256()
     remaining = entry.nbytes
-    with (checkpoint.model_dir / entry.file).open("rb") as f:
+    with checkpoint.file_path(entry.file).open("rb") as f:
         f.seek(entry.offset_bytes)
         while remaining:
             chunk = f.read(min(chunk_bytes, remaining))

@@ -12,7 +12,7 @@ This package is pure: no clock, no sockets, no global random; key material comes
 ``os.urandom`` through ``cryptography``.
 """
 
-from p2pswarm.security.datagrams import DatagramSealer
+from p2pswarm.security.datagrams import DatagramSealer, OpenedDatagram
 from p2pswarm.security.handshake import (
     SUITE_AES256GCM,
     SUITE_CHACHA20POLY1305,
@@ -41,6 +41,7 @@ __all__ = [
     "SUITE_CHACHA20POLY1305",
     "ClientHandshake",
     "DatagramSealer",
+    "OpenedDatagram",
     "Identity",
     "Keyring",
     "ServerHandshake",

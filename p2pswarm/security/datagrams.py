@@ -5,12 +5,23 @@ so to keep nonces unique each (sender, epoch) gets its own subkey and the nonce 
 sender's sequence number. The epoch is chosen by the caller and must grow across restarts
 (a persisted boot counter or the boot time in ns); reusing an epoch would reuse nonces.
 Replays are caught per sender with a sliding window, updated only after authentication.
+
+Epochs. Every fellow holding the swarm key can seal a datagram naming any sender and any
+epoch, so a higher epoch alone proves nothing: adopting it at once would let a token
+holder lock a fellow out with one forged far-future datagram. A sender therefore has a
+*proven* epoch, set by ``confirm`` once a datagram of that epoch carried something the
+sender signed (its own Alive naming that epoch, at an incarnation above the last proof),
+and a few windows for the epochs seen since. Epochs at or above the proven one are
+accepted, each in its own window (the proven one's is never evicted); a datagram below it
+comes back marked ``stale``: it counts only if it proves its epoch (a restarted fellow
+whose clock went backwards), else it is dropped as ``stale-epoch``.
 """
 
 from __future__ import annotations
 
 import struct
 from collections import OrderedDict
+from typing import NamedTuple
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -21,7 +32,7 @@ from p2pswarm.errors import AuthenticationError, ConfigError, LocalProtocolError
 from p2pswarm.security.identity import NODE_ID_BYTES
 from p2pswarm.security.keyring import Keyring
 
-__all__ = ["DatagramSealer"]
+__all__ = ["DatagramSealer", "OpenedDatagram"]
 
 # _TAG_BYTES, _U64_MAX and _NONCE_PAD are shared with the stream cipher (handshake.py).
 _TAG_BYTES = 16
@@ -51,6 +62,25 @@ class _ReplayWindow:
         self.bitmap = 0
 
 
+class _Sender:
+    """One sender's proven epoch (-1: none yet), the proof's incarnation, and windows."""
+
+    __slots__ = ("proof", "proven", "windows")
+
+    def __init__(self) -> None:
+        self.proven = -1
+        self.proof = -1
+        self.windows: OrderedDict[int, _ReplayWindow] = OrderedDict()
+
+
+class OpenedDatagram(NamedTuple):  # a tuple: opening is on every datagram's path
+    sender: bytes
+    epoch: int
+    seq: int
+    plaintext: bytes
+    stale: bool  # below the sender's proven epoch: counts only if it proves its own
+
+
 class DatagramSealer:
     """Seals this fellow's datagrams and opens (authenticates, de-duplicates) others'.
 
@@ -67,6 +97,7 @@ class DatagramSealer:
         *,
         max_senders: int = 4096,
         max_subkeys: int = 8192,
+        max_epochs_per_sender: int = 4,
     ) -> None:
         if len(node_id) != NODE_ID_BYTES:
             raise ConfigError(f"a node id is {NODE_ID_BYTES} bytes, got {len(node_id)}")
@@ -81,13 +112,14 @@ class DatagramSealer:
         self._window_mask = (1 << replay_window) - 1
         self._max_senders = max_senders
         self._max_subkeys = max_subkeys
+        self._max_epochs = max(2, max_epochs_per_sender)  # the proven one and a newer one
         self._next_seq = 0
         self._seal_key: bytes | None = None  # datagram key the cached sealing AEAD is for
         self._seal_aead: ChaCha20Poly1305 | None = None
         # (datagram key, sender, epoch) -> AEAD; only authenticated entries go in, so
         # garbage from outside cannot push real fellows out.
         self._subkeys: OrderedDict[tuple[bytes, bytes, int], ChaCha20Poly1305] = OrderedDict()
-        self._windows: OrderedDict[bytes, _ReplayWindow] = OrderedDict()
+        self._windows: OrderedDict[bytes, _Sender] = OrderedDict()
 
     @property
     def overhead_bytes(self) -> int:
@@ -119,7 +151,18 @@ class DatagramSealer:
         return header + self._seal_aead.encrypt(nonce, plaintext, header)
 
     def open(self, packet: bytes) -> tuple[bytes, bytes]:
-        """Return ``(sender node id, plaintext)`` or raise AuthenticationError."""
+        """Return ``(sender node id, plaintext)`` or raise AuthenticationError (a datagram
+        below its sender's proven epoch is ``stale-epoch``)."""
+        opened = self.open_datagram(packet)
+        if opened.stale:
+            raise AuthenticationError(
+                "stale-epoch", f"epoch {opened.epoch} older than this sender's proven one")
+        return opened.sender, opened.plaintext
+
+    def open_datagram(self, packet: bytes) -> OpenedDatagram:
+        """Authenticate and de-duplicate ``packet``; raise AuthenticationError if it is
+        not sealed under a key of ours, or a replay. One below its sender's proven epoch
+        comes back ``stale`` and unrecorded (see the module docstring)."""
         header_bytes = _DATAGRAM_HEADER.size
         if len(packet) < header_bytes + _TAG_BYTES:
             raise AuthenticationError("malformed", f"datagram of {len(packet)} bytes")
@@ -150,23 +193,60 @@ class DatagramSealer:
                 self._subkeys.popitem(last=False)
         else:
             self._subkeys.move_to_end(cache_key)
-        self._accept(sender, epoch, seq)
-        return sender, plaintext
+        state = self._windows.get(sender)
+        if state is not None and epoch < state.proven:
+            return OpenedDatagram(sender, epoch, seq, plaintext, True)
+        self._accept(sender, epoch, seq, state)
+        return OpenedDatagram(sender, epoch, seq, plaintext, False)
 
-    def _accept(self, sender: bytes, epoch: int, seq: int) -> None:
-        window = self._windows.get(sender)
-        if window is None or epoch > window.epoch:
-            window = _ReplayWindow(epoch)
-            self._windows[sender] = window
+    def confirm(self, sender: bytes, epoch: int, incarnation: int,
+                seq: int | None = None) -> bool:
+        """``sender`` proved ``epoch`` with something it signed at ``incarnation``: make it
+        the proven one if the proof is newer than the last (a replayed proof is not).
+        ``seq``: record that datagram too (one that came back ``stale``). True if
+        ``epoch`` is now the proven one."""
+        state = self._sender(sender)
+        if epoch == state.proven:
+            state.proof = max(state.proof, incarnation)
+            return True
+        if incarnation <= state.proof:
+            return False
+        state.proven, state.proof = epoch, incarnation
+        for old in [e for e in state.windows if e < epoch]:
+            del state.windows[old]
+        if seq is not None:
+            self._accept(sender, epoch, seq)
+        return True
+
+    def proven_epoch(self, sender: bytes) -> int | None:
+        state = self._windows.get(sender)
+        return None if state is None or state.proven < 0 else state.proven
+
+    def _sender(self, sender: bytes) -> _Sender:
+        state = self._windows.get(sender)
+        if state is None:
+            state = self._windows[sender] = _Sender()
             if len(self._windows) > self._max_senders:
-                # Forgetting a sender forgets its window; the cap only bites in swarms
+                # Forgetting a sender forgets its windows; the cap only bites in swarms
                 # far larger than a room of machines.
                 self._windows.popitem(last=False)
-        elif epoch < window.epoch:
-            raise AuthenticationError(
-                "stale-epoch", f"epoch {epoch} older than {window.epoch} from this sender"
-            )
         self._windows.move_to_end(sender)
+        return state
+
+    def _accept(self, sender: bytes, epoch: int, seq: int, state: _Sender | None = None) -> None:
+        if state is None:
+            state = self._sender(sender)
+        else:
+            self._windows.move_to_end(sender)
+        window = state.windows.get(epoch)
+        if window is None:
+            window = state.windows[epoch] = _ReplayWindow(epoch)
+            while len(state.windows) > self._max_epochs:
+                # forget the least recently used unproven epoch, never the proven one
+                victim = next(e for e in state.windows if e != state.proven)
+                del state.windows[victim]
+        elif len(state.windows) > 1:
+            state.windows.move_to_end(epoch)
         if seq > window.top:
             shift = seq - window.top
             if shift >= self._window:  # a jump past the whole window forgets it all

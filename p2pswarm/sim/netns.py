@@ -45,6 +45,7 @@ from typing import Any
 
 import trio
 
+from p2pswarm.config import DEFAULT_PORT
 from p2pswarm.control.client import request as control_request
 from p2pswarm.errors import ConfigError, ControlError, SwarmError
 from p2pswarm.sim.actions import build_timeline
@@ -55,7 +56,7 @@ from p2pswarm.sim.profiles import Profile, profile
 from p2pswarm.sim.scenario import Scenario
 
 MAX_FELLOWS = 20
-PORT = 7946
+PORT = DEFAULT_PORT
 POLL_S = 0.2
 AGENT_CMD = [sys.executable, "-c", "from p2pswarm.cli import main; main()"]
 ProgressFn = Callable[[float, float], None]

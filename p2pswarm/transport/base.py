@@ -81,6 +81,18 @@ class Transport(Protocol):
 
 
 @runtime_checkable
+class Authenticates(Protocol):
+    """A stream that holds frames to a handshake's size until its peer is authenticated
+    (nothing before authentication costs more than it must)."""
+
+    def handshake_started(self, max_frame_bytes: int) -> None:
+        """Until ``authenticated``, a larger frame ends the stream."""
+
+    def authenticated(self) -> None:
+        """The handshake succeeded: the transport's ``max_frame_bytes`` applies again."""
+
+
+@runtime_checkable
 class SendsNowait(Protocol):
     """A transport whose sends never wait: the agent sends from where it posts, with no
     sender task in between."""

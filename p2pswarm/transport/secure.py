@@ -6,6 +6,10 @@ that seals every frame it sends and opens every frame it receives. The handshake
 proves both ends hold a swarm key and authenticates each end's Ed25519 identity, so
 ``peer_node_id`` can be trusted. On any handshake failure the underlying stream is
 closed: it carries nothing usable any more.
+
+Until the handshake completes a frame may be at most ``HANDSHAKE_FRAME_BYTES`` (on a
+stream that ``Authenticates``): a stranger announcing a 64 MiB frame is cut off after
+four bytes.
 """
 
 from __future__ import annotations
@@ -21,9 +25,21 @@ from p2pswarm.security import (
     ServerHandshake,
     StreamCipher,
 )
-from p2pswarm.transport.base import Stream
+from p2pswarm.transport.base import Authenticates, Stream
 
-__all__ = ["SecureStream", "secure_accept", "secure_connect"]
+__all__ = ["HANDSHAKE_FRAME_BYTES", "SecureStream", "secure_accept", "secure_connect"]
+
+HANDSHAKE_FRAME_BYTES = 512  # the largest handshake message (server hello) is 166 bytes
+
+
+def _handshake_started(stream: Stream) -> None:
+    if isinstance(stream, Authenticates):
+        stream.handshake_started(HANDSHAKE_FRAME_BYTES)
+
+
+def _authenticated(stream: Stream) -> None:
+    if isinstance(stream, Authenticates):
+        stream.authenticated()
 
 
 class SecureStream:
@@ -121,6 +137,7 @@ async def secure_connect(
     is closed.
     """
     handshake = ClientHandshake(keyring, identity, suite=suite)
+    _handshake_started(stream)
     try:
         with trio.fail_after(timeout_s):
             await stream.send_frame(handshake.hello())
@@ -145,6 +162,7 @@ async def secure_connect(
             "wrong-peer",
             f"expected fellow {expected_node_id.hex()}, {handshake.peer_node_id.hex()} answered",
         )
+    _authenticated(stream)
     return SecureStream(stream, cipher, handshake.peer_public_key, handshake.peer_node_id)
 
 
@@ -153,6 +171,7 @@ async def secure_accept(
 ) -> SecureStream:
     """Run the server side of the handshake on ``stream`` (see ``secure_connect``)."""
     handshake = ServerHandshake(keyring, identity)
+    _handshake_started(stream)
     try:
         with trio.fail_after(timeout_s):
             client_hello = await stream.receive_frame()
@@ -165,4 +184,5 @@ async def secure_accept(
         await _close_quietly(stream)
         raise
     assert handshake.peer_public_key is not None and handshake.peer_node_id is not None
+    _authenticated(stream)
     return SecureStream(stream, cipher, handshake.peer_public_key, handshake.peer_node_id)

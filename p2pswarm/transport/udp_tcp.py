@@ -3,15 +3,24 @@
 One transport owns one port number on both protocols, so a fellow's single address
 ``host:port`` reaches both its datagrams and its stream listener. Open it with::
 
-    async with open_udp_tcp_transport("0.0.0.0:7946", config) as transport:
+    async with open_udp_tcp_transport("0.0.0.0:7782", config) as transport:
         ...
 
 which binds both sockets, runs the datagram receive loop in its own nursery and closes
 everything on exit. Datagrams land in a bounded queue; when the agent falls behind, new
 ones are dropped and counted (gossip tolerates loss, an unbounded queue does not tolerate
 a flood). A TCP frame is a 4-byte big-endian length and then that many bytes; a length
-above ``max_frame_bytes`` ends the connection, so a stray client can cost a connection but
+above the stream's limit ends the connection, so a stray client can cost a connection but
 never the listener.
+
+Nothing before authentication costs more than it must. A stream starts with a 1 KiB
+buffer; while its handshake runs (``handshake_started``) a frame may be at most the
+handshake's size, and only ``authenticated`` raises the limit to ``max_frame_bytes`` and
+the buffer to its working size. A large frame's buffer grows with the bytes that actually
+arrived (at most doubling), never to the length the peer announced. Accepted connections
+are capped, unauthenticated ones and all, in total and per source host; over a cap a new
+connection is closed at once and counted. Out of file descriptors, accepting pauses for
+``accept_pause_s`` (logged once per episode) and resumes.
 """
 
 from __future__ import annotations
@@ -21,25 +30,28 @@ import logging
 import socket as stdlib_socket
 import struct
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
-from p2pswarm.config import TransportConfig
+from p2pswarm.config import DEFAULT_PORT, TransportConfig
 from p2pswarm.errors import TransportError
 from p2pswarm.transport.base import StreamHandler, run_stream_handler
 
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!I")
-_RECEIVE_BUFFER_BYTES = 256 * 1024  # a frame below this is assembled in the stream's buffer
+_RECEIVE_BUFFER_BYTES = 256 * 1024  # once authenticated, a frame below this is assembled
+# in the stream's buffer
+_FIRST_BUFFER_BYTES = 1024  # before that: enough for any handshake frame
+_GROW_BYTES = 2 * 1024 * 1024  # a large frame's first buffer; then it at most doubles
 _COALESCE_MAX_BYTES = 64 * 1024  # below this, header and frame go out in one send
 _DATAGRAM_BUFFER_BYTES = 65536  # largest UDP payload; anything above max is dropped anyway
 _ACCEPT_BACKLOG = 128
 _PORT_ZERO_ATTEMPTS = 64  # port 0: tries to find a number free for both UDP and TCP
-_ACCEPT_RETRY_S = 0.1  # out of file descriptors: pause accepting, like trio's serve_listeners
 
 # sendto failures that mean "the peer or the path is gone", which datagrams must not report.
 # EPERM: a firewall rule dropping on output (the namespace simulations use nftables).
@@ -62,11 +74,12 @@ def parse_addr(addr: str) -> tuple[str, int]:
     """``"host:port"`` (or ``"[v6]:port"``) as (host, port); TransportError if malformed."""
     host, sep, port_text = addr.rpartition(":")
     if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise TransportError(f"bad address {addr!r}: expected host:port, e.g. 10.0.0.5:7946")
+        raise TransportError(f"bad address {addr!r}: expected host:port, e.g. 10.0.0.5:{DEFAULT_PORT}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     elif ":" in host:
-        raise TransportError(f"bad address {addr!r}: write IPv6 hosts in brackets, [::1]:7946")
+        raise TransportError(f"bad address {addr!r}: write IPv6 hosts in brackets, "
+                             f"[::1]:{DEFAULT_PORT}")
     return host, int(port_text)
 
 
@@ -90,15 +103,19 @@ class TcpStream:
     """
 
     def __init__(self, sock: trio.socket.SocketType, peer_addr: str, max_frame_bytes: int,
-                 on_close: Callable[[TcpStream], None] | None = None) -> None:
+                 on_close: Callable[[TcpStream], None] | None = None,
+                 on_authenticated: Callable[[TcpStream], None] | None = None) -> None:
         self._sock = sock
         self._peer_addr = peer_addr
         self._max_frame_bytes = max_frame_bytes
+        self._limit = max_frame_bytes  # the largest frame accepted now
         self._on_close = on_close
+        self._on_authenticated = on_authenticated
+        self.is_authenticated = False
         self._closed = False
         self._send_lock = trio.Lock()
         self._receive_lock = trio.Lock()
-        self._buf = bytearray(_RECEIVE_BUFFER_BYTES)
+        self._buf = bytearray(_FIRST_BUFFER_BYTES)
         self._start = 0  # first unread byte in _buf
         self._end = 0  # one past the last received byte in _buf
         self._want: int | None = None  # length of the frame being read, header consumed
@@ -108,6 +125,24 @@ class TcpStream:
     @property
     def peer_addr(self) -> str:
         return self._peer_addr
+
+    def handshake_started(self, max_frame_bytes: int) -> None:
+        """Until ``authenticated``, accept frames of at most ``max_frame_bytes``."""
+        self._limit = min(self._limit, max_frame_bytes)
+
+    def authenticated(self) -> None:
+        """The handshake succeeded: frames up to ``max_frame_bytes``, a full buffer."""
+        if self.is_authenticated:
+            return
+        self.is_authenticated = True
+        self._limit = self._max_frame_bytes
+        if len(self._buf) < _RECEIVE_BUFFER_BYTES:
+            pending = self._buf[self._start:self._end]
+            self._buf = bytearray(_RECEIVE_BUFFER_BYTES)
+            self._buf[:len(pending)] = pending
+            self._start, self._end = 0, len(pending)
+        if self._on_authenticated is not None:
+            self._on_authenticated(self)
 
     async def send_frame(self, frame: bytes) -> None:
         size = len(frame)
@@ -169,10 +204,12 @@ class TcpStream:
         if self._want is None:
             await self._fill(_HEADER.size)
             (size,) = _HEADER.unpack_from(self._buf, self._start)
-            if size > self._max_frame_bytes:
+            if size > self._limit:
+                what = "max_frame_bytes" if self._limit == self._max_frame_bytes \
+                    else "the limit before authentication"
                 raise TransportError(
                     f"{self._peer_addr} announced a frame of {size} bytes, above "
-                    f"max_frame_bytes ({self._max_frame_bytes})"
+                    f"{what} ({self._limit})"
                 )
             self._start += _HEADER.size
             self._want = size
@@ -184,15 +221,19 @@ class TcpStream:
             self._want = None
             return frame
         if self._big is None:
-            # Read straight into a buffer of the frame's size: no growing, no re-copying.
-            self._big = bytearray(size)
+            # The announced size is only a claim: the buffer grows with what arrives.
             buffered = self._end - self._start
+            self._big = bytearray(min(size, max(2 * buffered, _GROW_BYTES)))
             self._big[:buffered] = memoryview(self._buf)[self._start:self._end]
             self._big_got = buffered
             self._start = self._end = 0
-        view = memoryview(self._big)
         while self._big_got < size:
-            got = await self._sock.recv_into(view[self._big_got:])
+            if self._big_got == len(self._big):  # full: at most double it
+                bigger = bytearray(min(size, 2 * self._big_got))
+                bigger[:self._big_got] = self._big
+                self._big = bigger
+            with memoryview(self._big) as view:
+                got = await self._sock.recv_into(view[self._big_got:])
             if got == 0:
                 raise TransportError(f"{self._peer_addr} closed the stream mid-frame")
             self._big_got += got
@@ -248,7 +289,14 @@ class UdpTcpTransport:
             "datagrams_send_refused": 0,
             "streams_opened": 0,
             "streams_accepted": 0,
+            "streams_refused_busy": 0,  # over a cap on accepted connections: closed at once
+            "accept_paused": 0,  # out of file descriptors (or memory): accepting paused
         }
+        # accepted streams still open -> source host; what the caps count
+        self._accepted: dict[TcpStream, str] = {}
+        self._per_host: Counter[str] = Counter()
+        self._unauthenticated: Counter[str] = Counter()
+        self._busy_logged = False
 
     @property
     def local_addr(self) -> str:
@@ -295,6 +343,38 @@ class UdpTcpTransport:
         self.counters["streams_opened"] += 1
         return stream
 
+    def _refuse_accept(self, host: str) -> bool:
+        """Whether a new connection from ``host`` is over a cap (docs/security.md)."""
+        c = self._config
+        return (len(self._accepted) >= c.max_streams
+                or self._per_host[host] >= c.max_streams_per_host
+                or sum(self._unauthenticated.values()) >= c.max_unauthenticated_streams
+                or self._unauthenticated[host] >= c.max_unauthenticated_per_host)
+
+    def _track_accepted(self, stream: TcpStream, host: str) -> None:
+        self._accepted[stream] = host
+        self._per_host[host] += 1
+        self._unauthenticated[host] += 1
+
+    def _accepted_authenticated(self, stream: TcpStream) -> None:
+        host = self._accepted.get(stream)
+        if host is not None:
+            self._uncount(self._unauthenticated, host)
+
+    def _accepted_closed(self, stream: TcpStream) -> None:
+        host = self._accepted.pop(stream, None)
+        if host is None:
+            return
+        self._uncount(self._per_host, host)
+        if not stream.is_authenticated:
+            self._uncount(self._unauthenticated, host)
+
+    @staticmethod
+    def _uncount(counter: Counter[str], host: str) -> None:
+        counter[host] -= 1
+        if counter[host] <= 0:
+            del counter[host]
+
     async def _connect(self, addr: str, host: str, port: int) -> trio.socket.SocketType:
         try:
             infos = await trio.socket.getaddrinfo(host, port, type=stdlib_socket.SOCK_STREAM)
@@ -302,7 +382,11 @@ class UdpTcpTransport:
             raise TransportError(f"cannot resolve {addr}: {_reason(exc)}") from exc
         failure: OSError | None = None
         for family, type_, proto, _, sockaddr in infos:
-            sock = trio.socket.socket(family, type_, proto)
+            try:
+                sock = trio.socket.socket(family, type_, proto)
+            except OSError as exc:  # out of file descriptors: this stream fails, not us
+                failure = exc
+                continue
             try:
                 sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_NODELAY, 1)
                 await sock.connect(sockaddr)
@@ -333,6 +417,7 @@ class UdpTcpTransport:
             self._serving = False
 
     async def _accept_loop(self, handler: StreamHandler, nursery: trio.Nursery) -> None:
+        paused = False  # in an episode of running out of descriptors: logged once
         while True:
             try:
                 sock, sockaddr = await self._tcp.accept()
@@ -342,18 +427,38 @@ class UdpTcpTransport:
                 if exc.errno in _ACCEPT_SKIP_ERRNOS:
                     continue
                 if exc.errno in _ACCEPT_PAUSE_ERRNOS:
-                    log.warning("accepting on %s: %s; pausing", self._local_addr, _reason(exc))
-                    await trio.sleep(_ACCEPT_RETRY_S)
+                    self.counters["accept_paused"] += 1
+                    if not paused:
+                        log.warning("accepting on %s: %s; pausing %g s, then again until "
+                                    "descriptors free up", self._local_addr, _reason(exc),
+                                    self._config.accept_pause_s)
+                        paused = True
+                    await trio.sleep(self._config.accept_pause_s)
                     continue
                 raise TransportError(
                     f"accepting streams on {self._local_addr} failed: {_reason(exc)}") from exc
+            if paused:
+                log.info("accepting on %s again", self._local_addr)
+                paused = False
+            host = str(sockaddr[0])
+            if self._refuse_accept(host):
+                sock.close()
+                self.counters["streams_refused_busy"] += 1
+                if not self._busy_logged:
+                    self._busy_logged = True
+                    log.warning("%s: too many connections (from %s, among others); new ones "
+                                "are closed at once while that lasts", self._local_addr, host)
+                continue
+            self._busy_logged = False
             try:
                 sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_NODELAY, 1)
             except OSError:
                 sock.close()  # reset before we got to it
                 continue
             peer = format_addr(sockaddr[0], sockaddr[1])
-            stream = TcpStream(sock, peer, self._config.max_frame_bytes)
+            stream = TcpStream(sock, peer, self._config.max_frame_bytes,
+                               self._accepted_closed, self._accepted_authenticated)
+            self._track_accepted(stream, host)
             self.counters["streams_accepted"] += 1
             nursery.start_soon(run_stream_handler, handler, stream)
 

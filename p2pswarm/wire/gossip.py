@@ -89,7 +89,10 @@ class PingReq:
 @message(14)
 @dataclass(frozen=True, slots=True)
 class Alive:
-    """A fellow is alive at ``incarnation`` (it says so itself, first hand or relayed)."""
+    """A fellow is alive at ``incarnation`` (it says so itself, first hand or relayed).
+
+    Signed by the fellow itself and relayed with that signature: nobody else can move it,
+    rename it or invent it."""
 
     node: NodeId
     incarnation: U32
@@ -100,6 +103,9 @@ class Alive:
     priority: I32 = 0  # leader priority: higher is preferred in an election
     metadata: Metadata = b""  # that version's bytes, when small enough to ride along
     meta_signature: Signature | None = None  # the owner's signature over them (None: absent)
+    epoch: U64 = 0  # the owner's datagram epoch when it signed (proves its datagrams' epoch)
+    signature: Signature | None = None  # the owner's signature over every field above but
+    # metadata and meta_signature (membership.proofs.alive_signed_bytes); None: refused
 
 
 @message(15)
@@ -155,6 +161,10 @@ class MemberRecord:
     meta_version: U32  # the version of ``metadata`` below (0: none)
     metadata: Metadata
     meta_signature: Signature | None
+    # the owner's signed Alive at ``incarnation``: its meta version, epoch and signature
+    alive_meta_version: U32 = 0
+    alive_epoch: U64 = 0
+    alive_signature: Signature | None = None
 
 
 @message(20)

@@ -152,9 +152,14 @@ class Generation:
             # p2pswarm's own models (built in, or trained from scratch and saved) are
             # byte-level and ship no tokenizer.json
             return ByteTokenizer()
-        if model.get("source_id") == self.agent.node_id.hex():
-            return HFTokenizer(str(model["path"]))
         manifest = Manifest.from_dict({**model, "config": {}, "tensors": []})
+        if model.get("source_id") == self.agent.node_id.hex():
+            # a record gossiped by any fellow may name this one the source: read only a
+            # directory this fellow offered
+            if not self.offers.offered(manifest):
+                raise PlacementError(f"{self.agent.name} offered no model directory "
+                                     f"{manifest.path}")
+            return HFTokenizer(manifest.path)
         cache = self.offers.weights_cache()
         missing = [f.name for f in manifest.files if not cache.has(f.sha256, f.nbytes)]
         if missing:

@@ -5,6 +5,7 @@ serves its offers (``WeightsRequest``). How tensors travel: ``p2pswarm.agent.wei
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,11 +31,17 @@ class Offers:
         self.cache: WeightsCache | None = \
             WeightsCache(agent.home / "weights") if agent.home is not None else None
         self._manifests: dict[str, tuple[Any, Manifest]] = {}
+        # the hashes live stages read, never evicted (the stage host fills this in)
+        self.in_use: Callable[[], Iterable[str]] = lambda: ()
         agent.on_stream(WeightsRequest, self._on_weights_request)
 
     def weights_cache(self) -> WeightsCache:
+        """The cache, bounded by ``storage.weights_cache_bytes`` (whichever directory the
+        agent's world gave it)."""
         if self.cache is None:  # an agent without a state directory (a bare simulation)
             self.cache = WeightsCache(Path(tempfile.mkdtemp(prefix="p2pswarm-weights-")))
+        self.cache.cap_bytes = self.agent.config.storage.weights_cache_bytes
+        self.cache.in_use = self.in_use
         return self.cache
 
     async def offer(self, model_dir: str) -> Manifest:
@@ -52,6 +59,12 @@ class Offers:
         manifest = self._manifests[path][1]
         self.server.offer(manifest)
         return manifest
+
+    def offered(self, manifest: Manifest) -> bool:
+        """Whether this fellow offered ``manifest`` (same key, same directory): an order
+        that names this fellow as the source may read only a directory it offered."""
+        mine = self.server.offers.get(manifest.key)
+        return mine is not None and mine.path == manifest.path
 
     async def _on_weights_request(self, msg: WeightsRequest, stream: SecureStream) -> None:
         await self.server.serve(msg, stream, self.agent.compute.run)

@@ -35,6 +35,7 @@ from p2pswarm.agent.serving.records import (
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.weights import Manifest, check_source_files, fetch
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
+from p2pswarm.names import UnsafeName
 from p2pswarm.planner.profile import BUILTIN_MODELS
 from p2pswarm.planner.wording import card_label, gb
 from p2pswarm.wire.loads import (
@@ -70,10 +71,27 @@ class StageHost:
         # released while their build ran: what it allocates is dropped when it ends
         self.releasing: dict[tuple[str, int], HostedStage] = {}
         self.reservation_s = 120.0  # a stage reserved or loaded but never started
+        offers.in_use = self.hashes_in_use
         leadership.obey(StagePrepare, self._prepare)
         leadership.obey(StageLoad, self._load)
         leadership.obey(StageStart, self._start)
         leadership.obey(StageRelease, self._release)
+
+    def hashes_in_use(self) -> set[str]:
+        """The SHA-256 of every tensor of the models and adapters this fellow's stages
+        (reserved to active) load from: the weights cache never evicts these."""
+        out: set[str] = set()
+        for h in (*self.hosted.values(), *self.releasing.values()):
+            for block in (h.order.model, h.order.adapter):
+                raw = block.get("manifest") if isinstance(block, dict) else None
+                if isinstance(raw, dict):
+                    try:
+                        manifest = Manifest.from_dict(raw)
+                    except ConfigError:
+                        continue
+                    out.update(t.sha256 for t in manifest.tensors)
+                    out.update(f.sha256 for f in manifest.files)
+        return out
 
     def allocated_bytes(self) -> int:
         """What the stages this fellow holds really allocate."""
@@ -129,8 +147,11 @@ class StageHost:
             manifest = Manifest.from_dict(model.get("manifest") or {})
             names = [t.name for t in manifest.stage_tensors(*order.layers)]
         except ConfigError as exc:
+            self._count(exc)
             return str(exc)
         if model.get("source_id") == self.agent.node_id.hex():
+            if not self.offers.offered(manifest):
+                return "it offered no such model directory (a fellow reads only what it offered)"
             try:
                 await self.agent.compute.run(lambda: check_source_files(manifest, names))
             except (ConfigError, OSError) as exc:
@@ -151,8 +172,11 @@ class StageHost:
         try:
             manifest = block_manifest(block)
         except ConfigError as exc:
+            self._count(exc)
             return str(exc)
         if block.get("source_id") == self.agent.node_id.hex():
+            if not self.offers.offered(manifest):
+                return "it offered no such adapter (a fellow reads only what it offered)"
             if not Path(manifest.path).is_dir():
                 return f"the adapter directory {manifest.path} is not readable any more"
             return None
@@ -164,6 +188,11 @@ class StageHost:
             return (f"the adapter is not here and {block.get('source', 'its fellow')} "
                     "(which has it) is not connected")
         return None
+
+    def _count(self, exc: BaseException) -> None:
+        """A name that may not become a path came from a hostile or broken leader."""
+        if isinstance(exc, UnsafeName):
+            self.agent.counters.drop("unsafe-name")
 
     def live_cards(self) -> tuple[Any, ...]:
         source = self.agent.card_source
@@ -245,6 +274,9 @@ class StageHost:
             return str(model["name"]), 0, 0.0
         manifest = Manifest.from_dict(model["manifest"])
         if model.get("source_id") == self.agent.node_id.hex():
+            if not self.offers.offered(manifest):
+                raise PlacementError(f"{self.agent.name} offered no model directory "
+                                     f"{manifest.path}")
             return Path(manifest.path), 0, 0.0
         cache = self.offers.weights_cache()
         wanted = manifest.stage_tensors(*order.layers)
@@ -283,6 +315,8 @@ class StageHost:
             return {}, 0
         manifest = block_manifest(block)
         local = block.get("source_id") == self.agent.node_id.hex()
+        if local and not self.offers.offered(manifest):
+            raise PlacementError(f"{self.agent.name} offered no adapter {manifest.path}")
         cache: WeightsCache = self.offers.weights_cache()
         fetched = 0
         if not local:

@@ -47,7 +47,7 @@ from p2pswarm.agent.training.placement import Placer
 from p2pswarm.agent.training.stage_host import StageHosts, TrainHost
 from p2pswarm.agent.training.takeover import Handed, Takeover
 from p2pswarm.control.server import current_emitter, emit
-from p2pswarm.errors import ConfigError, PlacementError, TransportError
+from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
 from p2pswarm.wire.jobs import (
     JobCancel,
     JobConfigAsk,
@@ -109,12 +109,23 @@ class Training:
         self.placer = Placer(self)
         self.stages = StageHosts(self)
         self.copies = TrainCopies(agent)
-        self.data = JobData(agent)
+        self.data = JobData(agent, self._data_in_use)
         self.handover = JobHandover(self)
         self.takeover = Takeover(self)
         agent.control_ops.update({"job_plan": self._op_plan, "job_submit": self._op_submit,
                                   "jobs": self._op_jobs, "job_cancel": self._op_cancel,
                                   "job_export": self._op_export})
+
+    def _data_in_use(self) -> set[str]:
+        """The data files (by SHA-256) of the jobs this fellow leads that may still run."""
+        out: set[str] = set()
+        for job in self.leader.jobs.values():
+            if job.state not in TERMINAL:
+                try:
+                    out.update(sent_files(job.config))
+                except SwarmError:
+                    continue
+        return out
 
     @property
     def runtime(self) -> TrainRuntime:

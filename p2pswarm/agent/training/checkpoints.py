@@ -47,6 +47,7 @@ from p2pswarm.agent.training.transfer import (
     send_state_file,
 )
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
+from p2pswarm.names import UnsafeName
 from p2pswarm.training.checkpoint_files import (
     LATEST,
     MANIFEST,
@@ -236,6 +237,7 @@ class TrainCopies:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self._root: Path | None = None
+        self.evicted = 0  # steps dropped to make room, since start
         agent.on_stream(TrainShard, self._on_shard)
         agent.on_stream(TrainFetch, self._on_fetch)
 
@@ -277,16 +279,26 @@ class TrainCopies:
             directory = self.step_dir(first.job_id, first.step)
             filename = _filename(first.name)
             cap = MAX_MANIFEST_BYTES if first.name == MANIFEST else self._cap
+            if first.total > cap:
+                raise ConfigError(f"shard {first.name} of {first.total:,} bytes is over the "
+                                  f"{cap:,} bytes this fellow accepts")
+            self.make_room(first.job_id, first.step, first.total)
             directory.mkdir(parents=True, exist_ok=True)
             await receive_shard_file(first, stream, directory / filename, cap,
                                      self.agent.compute.run)
             if first.name == MANIFEST:
                 self._prune(first.job_id)
         except (SwarmError, OSError) as exc:
+            self._count(exc)
             why = str(exc) if isinstance(exc, SwarmError) else f"cannot write: {exc.strerror}"
             await send_best_effort(stream, TrainError(0, self.agent.name, why[:500]))
             return
         await send_best_effort(stream, Ack(first.step))
+
+    def _count(self, exc: BaseException) -> None:
+        """A name that may not become a path is a hostile sender's: counted in status."""
+        if isinstance(exc, UnsafeName):
+            self.agent.counters.drop("unsafe-name")
 
     async def _on_fetch(self, msg: TrainFetch, stream: SecureStream) -> None:
         try:
@@ -301,11 +313,43 @@ class TrainCopies:
                 raise ConfigError(f"{self.agent.name} holds no {msg.name} of step {step}")
             digest = await self.agent.compute.run(lambda: file_sha256(path))
         except (SwarmError, OSError) as exc:
+            self._count(exc)
             why = str(exc) if isinstance(exc, SwarmError) else f"cannot read: {exc.strerror}"
             await send_best_effort(stream, TrainError(0, self.agent.name, why[:500]))
             return
         await send_shard_file(stream, msg.job_id, step, msg.name, path, digest,
                               self.agent.compute.run)
+
+    def make_room(self, job_id: str, step: int, nbytes: int) -> None:
+        """Drop whole steps, the least recently written first, until ``nbytes`` more fit
+        ``storage.checkpoint_copies_bytes``; never the step being written nor the newest
+        whole step of its job (what a resume of the live job would need). ConfigError when
+        that is not enough."""
+        cap = self.agent.config.storage.checkpoint_copies_bytes
+        keep = {self.step_dir(job_id, step)}
+        newest = max(self.held(job_id), default=None)
+        if newest is not None:
+            keep.add(self.step_dir(job_id, newest))
+        steps = []
+        held = 0
+        for directory in self.root.glob("*/step-*") if self.root.is_dir() else ():
+            files = [f.stat() for f in directory.iterdir() if f.is_file()]
+            size = sum(f.st_size for f in files)
+            held += size
+            steps.append((max((f.st_mtime_ns for f in files), default=0), str(directory),
+                          size))
+        for _, directory, size in sorted(steps):
+            if held + nbytes <= cap:
+                break
+            if Path(directory) in keep:
+                continue
+            shutil.rmtree(directory, ignore_errors=True)
+            held -= size
+            self.evicted += 1
+        if held + nbytes > cap:
+            raise ConfigError(f"checkpoint copies hold {held:,} bytes; {nbytes:,} more would "
+                              f"pass the {cap:,} bytes this fellow keeps "
+                              "(storage.checkpoint_copies_bytes)")
 
     def _prune(self, job_id: str) -> None:
         for step in sorted(self.held(job_id))[:-KEEP_STEPS]:

@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import tempfile
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,7 @@ from p2pswarm.agent.training.transfer import (
     receive_state_parts,
     send_state_file,
 )
-from p2pswarm.errors import ConfigError, SwarmError
+from p2pswarm.errors import ConfigError, RemoteProtocolError, SwarmError
 from p2pswarm.training.job import (
     CORPUS,
     DATA_REF,
@@ -60,8 +61,10 @@ DATA_FLOOR_BYTES_PER_S = 10e6  # a big one gets this much longer per byte
 class JobData:
     """This fellow's store of job data files, and the streams that fill it."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, in_use: Callable[[], Iterable[str]] | None = None) -> None:
         self.agent = agent
+        # the files live jobs train on (``Training`` tells): never evicted
+        self.in_use: Callable[[], Iterable[str]] = in_use or (lambda: ())
         self._root: Path | None = None
         agent.on_stream(DataPut, self._on_put)
         agent.on_stream(DataFetch, self._on_fetch)
@@ -216,6 +219,8 @@ class JobData:
         try:
             await self._receive(msg, stream, "the sender")
         except (SwarmError, OSError) as exc:
+            if isinstance(exc, RemoteProtocolError):  # a bad hash, a bad part: counted
+                self.agent.counters.drop(exc.reason)
             why = str(exc) if isinstance(exc, SwarmError) else f"cannot write: {exc.strerror}"
             await send_best_effort(stream, TrainError(0, self.agent.name, why[:500]))
             return
@@ -228,6 +233,8 @@ class JobData:
                 raise ConfigError(f"{self.agent.name} holds no data file {msg.sha256[:12]}")
             size = path.stat().st_size
         except (SwarmError, OSError) as exc:
+            if isinstance(exc, RemoteProtocolError):  # a bad hash, a bad part: counted
+                self.agent.counters.drop(exc.reason)
             why = str(exc) if isinstance(exc, SwarmError) else f"cannot read: {exc.strerror}"
             await send_best_effort(stream, TrainError(0, self.agent.name, why[:500]))
             return
@@ -235,15 +242,23 @@ class JobData:
         await send_state_file(stream, path, self.agent.compute.run)
 
     def _make_room(self, size: int) -> None:
-        """Evict the least recently used files until ``size`` more fits the store's cap."""
+        """Evict the least recently used files until ``size`` more fits the store's cap,
+        never one a live job trains on; ConfigError when that is not enough."""
         files = sorted((p for p in self.root.iterdir() if p.is_file()
                         and not p.name.startswith(".")), key=lambda p: p.stat().st_mtime)
         held = sum(p.stat().st_size for p in files)
+        keep = set(self.in_use()) if held + size > self.cap else set()
         for p in files:
             if held + size <= self.cap:
                 break
+            if p.name in keep:
+                continue
             held -= p.stat().st_size
             p.unlink(missing_ok=True)
+        if held + size > self.cap:
+            raise ConfigError(f"job data of live jobs holds {held:,} bytes; {size:,} more "
+                              f"would pass the {self.cap:,} bytes this fellow keeps "
+                              "(transport.max_job_data_bytes)")
 
 
 def refuse_paths(job: JobConfig) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 from contextlib import aclosing
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
@@ -26,28 +25,29 @@ from typing import Any, BinaryIO
 from p2pswarm.agent.streams import send_message
 from p2pswarm.agent.training.links import receive_answer
 from p2pswarm.errors import ConfigError, RemoteProtocolError
+from p2pswarm.names import UnsafeName, is_hex_digest, is_safe_name
 from p2pswarm.training.checkpoint_files import fsync_dir
 from p2pswarm.transport.secure import SecureStream
 from p2pswarm.wire.training import SHARD_CHUNK_BYTES, StatePart, TrainShard
 
 Run = Callable[[Callable[[], Any]], Awaitable[Any]]  # where blocking work runs (the
 # agent's ``compute.run``: a worker thread, or inline in virtual time)
-PART_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-HASH_NAME = re.compile(r"[0-9a-f]{64}")
+PART_CHARS = 64  # a checkpoint or job name from the network: one path component this long
 READ_BYTES = SHARD_CHUNK_BYTES
 
 
 def check_part(name: str) -> str:
     """``name`` if it is safe as one path component (letters, digits, ``._-``, no leading
-    dot, at most 64 characters); a ConfigError otherwise."""
-    if not PART_NAME.fullmatch(name) or name.endswith(".tmp"):
-        raise ConfigError(f"bad name {name[:80]!r}: letters, digits, '.', '_' and '-' only")
+    dot, at most 64 characters); an UnsafeName (a ConfigError) otherwise."""
+    if not is_safe_name(name, PART_CHARS) or name.endswith(".tmp"):
+        raise UnsafeName(f"bad name {str(name)[:80]!r}: letters, digits, '.', '_' and '-' "
+                          f"only, no leading dot, at most {PART_CHARS} characters")
     return name
 
 
 def check_hash(sha256: str) -> str:
-    if not HASH_NAME.fullmatch(sha256):
-        raise RemoteProtocolError("bad-hash", f"{sha256[:80]!r} is not a SHA-256 in hex")
+    if not is_hex_digest(sha256, 64):
+        raise RemoteProtocolError("bad-hash", f"{str(sha256)[:80]!r} is not a SHA-256 in hex")
     return sha256
 
 
