@@ -57,8 +57,31 @@ Announcements. A new leader sends ``LeaderIs`` to every present fellow at once, 
 few times shortly after (datagrams get lost), and every ``announce_interval_s``; a fellow
 that knows no leader asks a random fellow with ``LeaderQuery``.
 
-One coherent algorithm (terms, PreVote, deputies, lease and their persistence work on one
-state), so one file.
+Proofs (leadership is earned). The token only says a datagram came from some fellow, not
+which one, so every message that speaks for a fellow is signed by its identity over a
+statement binding what it says (``security.ballots``): vote requests, every vote answer,
+beats, step-downs, and the acks followers send. A fellow follows a leader only once it
+holds a proof for that term and leader: signed ballots from more than half of its *own*
+electorate (granted votes, and signed acks of fellows that checked an earlier proof, so
+the proof grows with the swarm and fellows that arrive later can check it too). The
+leader sends its proof (``LeaderProof``, a dozen ballots a datagram) with its
+``LeaderIs`` to every fellow that has not acked it yet; a fellow shown a leader without
+one asks that leader (``LeaderQuery``). So a fellow holding the token cannot announce
+itself: its own ballot is one of an electorate of at least two. When sides meet after a
+partition longer than the electorate's bound, a leader whose ballots are no longer a
+majority gives way to one whose are; a proven leader shown a later term it cannot follow
+stands again above it (``_restand``), so both sides end up behind one proof.
+
+Terms move by little. A vote request more than ``MAX_TERM_STEP`` above this fellow's
+term is refused; a real (not Pre-) vote request for a higher term is taken only by a
+fellow with no live leader, that granted that candidate's PreVote for that term, or from
+its own leader standing again (below); a leader takes none. Only a proof moves a term further at once. So a fellow holding the
+token can neither depose a live leader with one request nor push the term towards
+2^64 - 1: each step costs a message, and a live leader stops them all. Terms past
+``MAX_TERM`` are refused everywhere (and in ``election.json``).
+
+One coherent algorithm (terms, PreVote, deputies, lease, proofs and their persistence
+work on one state), so one file.
 """
 
 from __future__ import annotations
@@ -78,11 +101,24 @@ from p2pswarm.effects import (
     SendDatagram,
 )
 from p2pswarm.membership.member import Member
+from p2pswarm.security.ballots import (
+    CheckBudget,
+    ProofTally,
+    Signatures,
+    ballot_statement,
+    beat_statement,
+    reply_statement,
+    request_statement,
+    step_down_statement,
+)
 from p2pswarm.wire.gossip import (
+    MAX_PROOF_BALLOTS,
+    Ballot,
     LeaderAck,
     LeaderBeat,
     LeaderCheck,
     LeaderIs,
+    LeaderProof,
     LeaderQuery,
     StepDown,
     VoteReply,
@@ -95,6 +131,10 @@ if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or n
 _INF = float("inf")
 _CHECK_REPLY_RANK = 255
 MAX_VOTERS = 4096  # a bound on the electorate kept (and restored from disk)
+MAX_TERM_STEP = 8  # the most a vote request may raise a fellow's term
+MAX_TERM = 2**62  # no term beyond: far past any swarm's count, far from 2^64 - 1
+_PROOF_ASK_EVERY_S = 1.0  # a fellow asks a leader for its proof at most this often
+_CHECKS_PER_S = 16.0  # signatures checked per second per (signer, address), twice at once
 _PRESENT = ("alive", "suspect")
 FOLLOWER, CANDIDATE, LEADER_ROLE = "follower", "candidate", "leader"
 
@@ -125,8 +165,10 @@ class Election:
         term: int = 0,
         voted_for: bytes | None = None,
         voters: Iterable[bytes] = (),
+        signatures: Signatures | None = None,
     ) -> None:
         self.node_id = node_id
+        self._sig = signatures  # None: a lab without identities (unsigned, unproven)
         self.name = name
         self.config = config
         self.rng = rng
@@ -183,13 +225,29 @@ class Election:
         self._minority_since: float | None = None
         self._better: tuple[bytes, float] | None = None  # (higher-priority fellow, since)
         self._next_query_at = _INF
+        # proofs
+        self._tally = ProofTally()  # ballots checked for leaders we were shown
+        self._cand_ballots: dict[bytes, bytes] = {}  # our candidacy's signed grants
+        self._ballots: dict[bytes, bytes] = {}  # as leader: voter -> ballot signature
+        self._acked: dict[bytes, None] = {}  # as leader: fellows that acked with a ballot
+        self._proof_cache: tuple[tuple[int, int, int], list[LeaderProof]] | None = None
+        self._proof_asked: dict[tuple[int, bytes], float] = {}
+        self._request: VoteRequest | None = None  # our candidacy's signed request
+        self._canvass_at = _INF  # as a leader short of a proof: when to ask for votes again
+        self._shown: tuple[int, bytes] | None = None  # a leader we were told of, unproven
+        self._budget = CheckBudget()  # signature checks per (signer, address)
+        self._restand_after = -_INF  # as a leader: when we may stand again (see _restand)
+        self._now, self._from = 0.0, ""  # the message being handled: when, from where
         self.stats: dict[str, int] = {"elections": 0, "terms_won": 0, "checks": 0,
                                       "conflicts": 0}
+        # what a fellow sent that was refused, by reason (agent status shows them)
+        self.refused: dict[str, int] = {}
         self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
             VoteRequest: self._on_vote_request, VoteReply: self._on_vote_reply,
             LeaderBeat: self._on_beat, LeaderCheck: self._on_leader_check,
             LeaderIs: self._on_leader_is, LeaderQuery: self._on_leader_query,
             StepDown: self._on_step_down, LeaderAck: self._on_leader_ack,
+            LeaderProof: self._on_leader_proof,
         }
 
     # --- views -------------------------------------------------------------------------
@@ -297,8 +355,10 @@ class Election:
 
     def _expire_voters(self, now: float) -> None:
         """Drop the fellows dead for longer than the bound from the electorate."""
-        horizon = now - self.config.electorate_dead_after_s
-        stale = [node for node, seen in self._voters.items() if seen <= horizon
+        after = self.config.electorate_dead_after_s
+        # (seen + after, as _next_expiry sums it: now - after may round the other way,
+        # and the alarm would ring again and again at the same instant)
+        stale = [node for node, seen in self._voters.items() if seen + after <= now
                  and node != self.node_id and not self._is_present(node)]
         self._expiry_at = None
         for node in stale:
@@ -350,9 +410,8 @@ class Election:
         joined a led swarm must not find itself leaderless, and run, while it settles."""
         if not arrived:
             return
-        msg = self._leader_is()
         for m in arrived:
-            out.append(SendDatagram(m.addr, (msg,)))
+            self._tell_leader(m.addr, m.node_id, out)
             self._unacked[m.node_id] = None
         self._retry_at = min(self._retry_at, now + self.tuning.announce_retry_s)
         self._retry_until = max(self._retry_until, now + self.tuning.announce_retry_for_s)
@@ -362,7 +421,7 @@ class Election:
         out: list[Effect] = []
         self._leaving = True
         if self.role == LEADER_ROLE:
-            msg = StepDown(self.term, self.node_id, max(1, self.electorate() - 1))
+            msg = self._step_down(max(1, self.electorate() - 1))
             for m in self._present_others():
                 out.append(SendDatagram(m.addr, (msg,)))
             self._become_follower(now, out, "left the swarm")
@@ -372,6 +431,7 @@ class Election:
 
     def handle(self, message: Any, sender_addr: str, now: float) -> list[Effect]:
         out: list[Effect] = []
+        self._now, self._from = now, sender_addr
         handler = self._dispatch.get(type(message))
         if handler is not None:
             handler(message, sender_addr, now, out)
@@ -380,20 +440,44 @@ class Election:
     def _on_leader_check(self, msg: LeaderCheck, addr: str, now: float,
                          out: list[Effect]) -> None:
         if self.role == LEADER_ROLE and msg.term <= self.term:
-            out.append(SendDatagram(addr, (LeaderBeat(
-                self.term, self.node_id, msg.seq, self.electorate(), _CHECK_REPLY_RANK),)))
+            out.append(SendDatagram(addr, (self._beat(msg.seq, _CHECK_REPLY_RANK),)))
+
+    def _beat(self, seq: int, rank: int) -> LeaderBeat:
+        return LeaderBeat(self.term, self.node_id, seq, self.electorate(), rank,
+                          self._sign(beat_statement(self.term, self.node_id, seq, rank)))
+
+    def _step_down(self, electorate: int) -> StepDown:
+        return StepDown(self.term, self.node_id, electorate,
+                        self._sign(step_down_statement(self.term, self.node_id)))
 
     def _on_leader_ack(self, msg: LeaderAck, addr: str, now: float, out: list[Effect]) -> None:
-        if self.role == LEADER_ROLE and msg.term == self.term:
-            self._unacked.pop(msg.source, None)
+        if self.role != LEADER_ROLE or msg.term != self.term:
+            return
+        if self._sig is not None:  # a signed ack is a ballot: the proof grows with it
+            if msg.leader != self.node_id or msg.source not in self._voters or \
+                    msg.signature is None or not self._signed_by(
+                        msg.source, msg.signature,
+                        ballot_statement(self.term, self.node_id, msg.source)):
+                return
+            self._ballots[msg.source] = msg.signature
+            self._acked[msg.source] = None
+        self._unacked.pop(msg.source, None)
 
     def _on_leader_query(self, msg: LeaderQuery, addr: str, now: float,
                          out: list[Effect]) -> None:
-        if self.leader is not None and not self._leader_gone():
+        if self.leader is None or self._leader_gone():
+            return
+        asker = self._members.get(msg.source)
+        if self.role == LEADER_ROLE and asker is not None and asker.addr == addr:
+            self._tell_leader(addr, None, out)  # it asks: it lacks the proof
+        else:
             out.append(SendDatagram(addr, (self._leader_is(),)))
 
     def _on_step_down(self, msg: StepDown, addr: str, now: float, out: list[Effect]) -> None:
-        if msg.term != self.term or msg.leader != self.leader:
+        if msg.term != self.term or msg.leader != self.leader or msg.leader == self.node_id:
+            return
+        if not self._signed_by(msg.leader, msg.signature,
+                               step_down_statement(msg.term, msg.leader)):
             return
         self.leader = None
         self._deputy_term = -1
@@ -410,6 +494,8 @@ class Election:
             t = min(t, self._election_at)
         if self._unacked and self.role == LEADER_ROLE:
             t = min(t, self._retry_at)
+        if self.role == LEADER_ROLE and self._canvass_at != _INF:
+            t = min(t, self._canvass_at)
         if self._better is not None and self.role == LEADER_ROLE:
             t = min(t, self._better[1] + self.tuning.handover_after_s)
         for deadline, _ in self._checks.values():
@@ -520,6 +606,11 @@ class Election:
             self.leader = None
             self.stats["elections"] += 1
         self._grants = {self.node_id: None}
+        self._cand_ballots = {}
+        if not pre and self._sig is not None:
+            self._cand_ballots[self.node_id] = self._sig.sign(
+                ballot_statement(self.term, self.node_id, self.node_id))
+        self._request = None
         self._cand_answered = {self.node_id: None}
         self._cand_electorate = self.electorate()
         self._cand_deadline = now + self.tuning.vote_timeout_s
@@ -529,8 +620,12 @@ class Election:
 
     def _ask_votes(self, out: list[Effect]) -> None:
         """(Re)send the vote request to every present fellow that has not answered."""
-        msg = VoteRequest(self._cand_term, self.node_id, self.priority, self._cand_electorate,
-                          self._cand_pre)
+        msg = self._request
+        if msg is None or (msg.term, msg.pre_vote) != (self._cand_term, self._cand_pre):
+            msg = self._request = VoteRequest(
+                self._cand_term, self.node_id, self.priority, self._cand_electorate,
+                self._cand_pre, self._sign(request_statement(self._cand_term, self.node_id,
+                                                             self._cand_pre)))
         for m in self._present_others():
             if m.node_id not in self._cand_answered:
                 out.append(SendDatagram(m.addr, (msg,)))
@@ -554,13 +649,28 @@ class Election:
                              + self.rng.random() * self.tuning.jitter_s)
 
     def _on_vote_reply(self, msg: VoteReply, addr: str, now: float, out: list[Effect]) -> None:
-        if self.role != CANDIDATE or msg.term != self._cand_term or \
-                msg.pre_vote != self._cand_pre:
+        if self.role == LEADER_ROLE:
+            self._take_late_vote(msg)
             return
-        self._cand_electorate = max(self._cand_electorate, msg.electorate)
+        if self.role != CANDIDATE or msg.term != self._cand_term or \
+                msg.pre_vote != self._cand_pre or msg.voter == self.node_id:
+            return
+        real_grant = msg.granted and not msg.pre_vote
+        if self._sig is not None and (msg.candidate != self.node_id or not self._signed_by(
+                msg.voter, msg.signature,
+                ballot_statement(msg.term, self.node_id, msg.voter) if real_grant else
+                reply_statement(msg.term, self.node_id, msg.voter, msg.pre_vote,
+                                msg.granted))):
+            return  # forged or for someone else: a vote counts only from its voter
+        # a voter that counts more fellows raises the bar, up to the fellows we know of
+        # (not to whatever a fellow claims)
+        self._cand_electorate = max(self._cand_electorate,
+                                    min(msg.electorate, len(self._members)))
         self._cand_answered[msg.voter] = None
         if msg.granted:
             self._grants[msg.voter] = None
+            if real_grant and msg.signature is not None:
+                self._cand_ballots[msg.voter] = msg.signature
             self._count_votes(now, out)
         elif self.role == CANDIDATE:
             unanswered = sum(1 for m in self._present_others()
@@ -570,18 +680,30 @@ class Election:
 
     def _on_vote_request(self, msg: VoteRequest, addr: str, now: float,
                          out: list[Effect]) -> None:
-        if msg.candidate == self.node_id:
+        if msg.candidate == self.node_id or not self._signed_by(
+                msg.candidate, msg.signature,
+                request_statement(msg.term, msg.candidate, msg.pre_vote)):
             return
-        if not self.settled(now):
+        if msg.term > min(self.term + MAX_TERM_STEP, MAX_TERM):
+            self._refuse("term-too-far")
+            out.append(self._reply(msg, addr, False, "term too far ahead"))
+            return
+        if not self.settled(now) and (msg.pre_vote or self._shown != (msg.term,
+                                                                     msg.candidate)):
+            # (a leader we were told of, asking for the votes its proof lacks, is heard)
             out.append(self._reply(msg, addr, False, "just joined: still meeting the swarm"))
             return
         if not msg.pre_vote and msg.term > self.term:
+            if not self._may_adopt(msg):
+                self._refuse("vote-while-led")
+                self._deny_naming_leader(msg, addr, "the leader answers me", out)
+                return
             self._adopt_term(msg.term, now, out)
         if msg.term <= self.term and msg.pre_vote or msg.term < self.term:
-            out.append(self._deny_naming_leader(msg, addr, "stale term"))
+            self._deny_naming_leader(msg, addr, "stale term", out)
             return
         if self.role == LEADER_ROLE and msg.pre_vote:
-            out.append(self._deny_naming_leader(msg, addr, "I am the leader"))
+            self._deny_naming_leader(msg, addr, "I am the leader", out)
             return
         if msg.pre_vote:  # asked again (our answer was lost): the same answer
             cached = self._prevote_answers.get((msg.candidate, msg.term))
@@ -603,6 +725,17 @@ class Election:
             self._check_leader(msg, addr, now, out)
             return
         out.extend(self._answer_vote(msg, addr, now, leader_alive=False))
+
+    def _may_adopt(self, msg: VoteRequest) -> bool:
+        """Whether a real vote request may raise our term: not while we lead, nor while
+        we follow a live leader, unless we granted this candidate's PreVote for that term
+        (a majority, us among it, found the leader gone)."""
+        if self.role == LEADER_ROLE:
+            return False
+        if self._leader_gone() or self._beats_lost or msg.candidate == self.leader:
+            return True  # (our own leader standing again: see _restand)
+        cached = self._prevote_answers.get((msg.candidate, msg.term))
+        return cached is not None and cached[0]
 
     def _check_leader(self, msg: VoteRequest, addr: str, now: float,
                       out: list[Effect]) -> None:
@@ -640,19 +773,28 @@ class Election:
         if self.voted_term == self.term and self.voted_for not in (None, msg.candidate):
             return [self._reply(msg, addr, False, "already voted in this term")]
         self.voted_term, self.voted_for = self.term, msg.candidate
+        self._tally.add(self.term, msg.candidate, (self.node_id,))  # our own ballot
         return [self._reply(msg, addr, True, "")]
 
-    def _deny_naming_leader(self, msg: VoteRequest, addr: str, reason: str) -> SendDatagram:
+    def _deny_naming_leader(self, msg: VoteRequest, addr: str, reason: str,
+                            out: list[Effect]) -> None:
         """A refusal that, when we know a live leader, also names it: a candidate that
         missed the leader (it has just joined) follows it rather than running on."""
         refusal = self._reply(msg, addr, False, reason)
         if self.leader is None or self._leader_gone():
-            return refusal
-        return SendDatagram(addr, (self._leader_is(), *refusal.messages))
+            out.append(refusal)
+        else:
+            self._tell_leader(addr, msg.candidate, out, *refusal.messages)
 
     def _reply(self, msg: VoteRequest, addr: str, granted: bool, reason: str) -> SendDatagram:
+        if granted and not msg.pre_vote:  # a granted vote is a ballot for the candidate
+            statement = ballot_statement(msg.term, msg.candidate, self.node_id)
+        else:
+            statement = reply_statement(msg.term, msg.candidate, self.node_id, msg.pre_vote,
+                                        granted)
         return SendDatagram(addr, (VoteReply(msg.term, self.node_id, granted, msg.pre_vote,
-                                             self.electorate(), reason),))
+                                             self.electorate(), reason, msg.candidate,
+                                             self._sign(statement)),))
 
     # --- leading -----------------------------------------------------------------------
 
@@ -663,6 +805,10 @@ class Election:
         self._cand_resend_at = _INF
         self._election_at = _INF
         self._grants = {}
+        self._ballots, self._cand_ballots = self._cand_ballots, {}
+        self._acked = {}
+        self._canvass_at = now
+        self._proof_cache = None
         self._minority_since = None
         self.stats["terms_won"] += 1
         self._settle_until = -_INF
@@ -684,18 +830,18 @@ class Election:
 
 
     def _announce_all(self, out: list[Effect]) -> None:
-        msg = self._leader_is()
         for m in self._present_others():
-            out.append(SendDatagram(m.addr, (msg,)))
+            self._tell_leader(m.addr, m.node_id, out)
 
     def _leader_upkeep(self, now: float, out: list[Effect]) -> None:
+        self._canvass(now, out)  # first: whatever follows may return early
         sees, total = self.present(), self.electorate()
         if 2 * sees <= total:
             if self._minority_since is None:
                 self._minority_since = now
             elif now - self._minority_since >= self.config.leader_lease_s:
                 # Tell this side, so it reports "no leader" too.
-                msg = StepDown(self.term, self.node_id, total)
+                msg = self._step_down(total)
                 for m in self._present_others():
                     out.append(SendDatagram(m.addr, (msg,)))
                 self._become_follower(now, out, f"this side sees {sees} of {total} fellows")
@@ -715,10 +861,9 @@ class Election:
                 self._unacked = {}
             else:
                 self._retry_at = now + self.tuning.announce_retry_s
-                again = self._leader_is()
                 for m in self._present_others():
                     if m.node_id in self._unacked:
-                        out.append(SendDatagram(m.addr, (again,)))
+                        self._tell_leader(m.addr, m.node_id, out)
         if changed or now >= self._next_announce_at:
             self._last_announce_s = now
             self._announce_due = _INF
@@ -730,8 +875,7 @@ class Election:
             self._next_beat_at = now + self.config.heartbeat_interval_s
             self._beat_seq = (self._beat_seq + 1) % 2**32
             for rank, m in enumerate(self._deputies()):
-                out.append(SendDatagram(m.addr, (LeaderBeat(self.term, self.node_id,
-                                                            self._beat_seq, total, rank),)))
+                out.append(SendDatagram(m.addr, (self._beat(self._beat_seq, rank),)))
 
     def _hand_over(self, now: float, out: list[Effect]) -> bool:
         """A fellow with a higher leader priority (the wired machine the user prefers) that
@@ -748,7 +892,7 @@ class Election:
             return False
         if now < self._better[1] + self.tuning.handover_after_s:  # as next_deadline sums it
             return False
-        msg = StepDown(self.term, self.node_id, self.electorate())
+        msg = self._step_down(self.electorate())
         for m in self._present_others():
             out.append(SendDatagram(m.addr, (msg,)))
         self._become_follower(now, out, f"handing over to {best.name} "
@@ -774,6 +918,7 @@ class Election:
         self._announce_due = _INF
         self._unacked = {}
         self._minority_since = None
+        self._canvass_at = _INF
         if was == LEADER_ROLE:
             out.append(Event(STEPPED_DOWN, self.node_id, self.name,
                              f"stepped down from term {self.term}: {why}", term=self.term))
@@ -796,25 +941,50 @@ class Election:
             if self.leader is not None and not self._leader_gone():
                 out.append(SendDatagram(addr, (self._leader_is(),)))  # you are behind
             return
+        if msg.leader == self.node_id:
+            return  # whether we lead, we know
+        if not self._proven(msg.term, msg.leader):
+            self._ask_proof(msg.term, msg.leader, now, out)
+            return
+        self._take_leader(msg, addr, now, out)
+
+    def _take_leader(self, msg: LeaderIs, addr: str, now: float, out: list[Effect]) -> None:
+        """Follow the leader ``msg`` names (its proof checked, or needless)."""
+        if msg.term < self.term:
+            return
         if msg.term == self.term and self.leader not in (None, msg.leader) \
                 and self.role != CANDIDATE and self._conflict(msg.leader, addr, out):
             return
         self._follow(msg.term, msg.leader, msg.electorate, now, out)
         leader = self._members.get(msg.leader)
         if self.leader == msg.leader and leader is not None and leader.addr == addr:
-            out.append(SendDatagram(addr, (LeaderAck(msg.term, self.node_id),)))
+            out.append(SendDatagram(addr, (LeaderAck(
+                msg.term, self.node_id, msg.leader,
+                self._sign(ballot_statement(msg.term, msg.leader, self.node_id))),)))
 
     def _on_beat(self, msg: LeaderBeat, addr: str, now: float, out: list[Effect]) -> None:
         if msg.rank == _CHECK_REPLY_RANK:
-            waiting = self._checks.pop(msg.seq, None)
-            if waiting is not None:
-                self._check_result = (now, True)
-                for req_addr, req in waiting[1]:
-                    out.extend(self._answer_vote(req, req_addr, now, leader_alive=True))
+            waiting = self._checks.get(msg.seq)
+            if waiting is None or self._sig is not None and (
+                    msg.leader != self.leader or not self._signed_by(
+                        msg.leader, msg.signature,
+                        beat_statement(msg.term, msg.leader, msg.seq, msg.rank))):
+                return
+            del self._checks[msg.seq]
+            self._check_result = (now, True)
+            for req_addr, req in waiting[1]:
+                out.extend(self._answer_vote(req, req_addr, now, leader_alive=True))
+            return
+        if msg.leader == self.node_id or not self._signed_by(
+                msg.leader, msg.signature,
+                beat_statement(msg.term, msg.leader, msg.seq, msg.rank)):
             return
         if msg.term < self.term:
             if self.leader is not None and not self._leader_gone():
                 out.append(SendDatagram(addr, (self._leader_is(),)))  # it was frozen: behind
+            return
+        if not self._proven(msg.term, msg.leader):
+            self._ask_proof(msg.term, msg.leader, now, out)
             return
         if msg.term == self.term and self.leader not in (None, msg.leader) \
                 and self.role != CANDIDATE and self._conflict(msg.leader, addr, out):
@@ -854,13 +1024,18 @@ class Election:
     def _conflict(self, other: bytes, addr: str, out: list[Effect]) -> bool:
         """Two leaders in one term (only after a partition that outlasted the electorate's
         bound): the first in the order of succession stays, everyone follows it. True: we
-        keep ours (and tell the sender); False: follow ``other``."""
+        keep ours (and tell the sender); False: follow ``other``. Signed, ``other`` comes
+        with a proof for our electorate as it is now; a leader of ours that has none (its
+        side's ballots, counted before the sides met again, are not a majority of both)
+        gives way to it whatever the order: the other side could never follow ours."""
         self.stats["conflicts"] += 1
         ours = self.leader
         assert ours is not None
+        if self._sig is not None and not self._still_proven(ours):
+            return False
         if self._succession_key(ours) <= self._succession_key(other):
             if self.role == LEADER_ROLE or not self._leader_gone():
-                out.append(SendDatagram(addr, (self._leader_is(),)))
+                self._tell_leader(addr, other, out)
             return True
         return False
 
@@ -869,6 +1044,176 @@ class Election:
             return (-self.priority, node)
         m = self._members.get(node)
         return (-(m.priority if m is not None else 0), node)
+
+    # --- proofs ------------------------------------------------------------------------
+
+    def _refuse(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def _sign(self, statement: bytes) -> bytes | None:
+        return self._sig.sign(statement) if self._sig is not None else None
+
+    def _signed_by(self, node: bytes, signature: bytes | None, statement: bytes) -> bool:
+        """Whether ``node`` (a fellow we know, with its key) signed ``statement``;
+        always, unsigned. A refusal is counted by reason."""
+        if self._sig is None:
+            return True
+        m = self._members.get(node)
+        if signature is None:
+            self._refuse("unsigned")
+            return False
+        if m is None or not m.public_key:
+            self._refuse("unknown-signer")
+            return False
+        if not self._budget.take((node, self._from), self._now, _CHECKS_PER_S,
+                                 2 * _CHECKS_PER_S):
+            self._refuse("signature-checks-spent")
+            return False
+        if not self._sig.verify(node, m.public_key, signature, statement):
+            self._refuse("bad-signature")
+            return False
+        return True
+
+    def _follows(self, term: int, leader: bytes) -> bool:
+        return term == self.term and self.leader == leader
+
+    def _proven(self, term: int, leader: bytes) -> bool:
+        """Ballots for (term, leader) from more than half of our own electorate."""
+        if self._sig is None or self._follows(term, leader):
+            return True
+        return 2 * self._tally.count(term, leader, self._voters) > len(self._voters)
+
+    def _on_leader_proof(self, msg: LeaderProof, addr: str, now: float,
+                         out: list[Effect]) -> None:
+        if self._sig is None or msg.term < self.term or msg.term > MAX_TERM or \
+                msg.leader == self.node_id or self._follows(msg.term, msg.leader):
+            return
+        checked: list[bytes] = []
+        for ballot in msg.ballots:
+            voter = ballot.voter
+            if voter not in self._voters or voter in checked or \
+                    self._tally.has(msg.term, msg.leader, voter):
+                continue  # counted already, or not ours to count: no signature check
+            if not self._may_check(now):
+                break
+            if self._signed_by(voter, ballot.signature,
+                               ballot_statement(msg.term, msg.leader, voter)):
+                checked.append(voter)
+        if checked:
+            self._tally.add(msg.term, msg.leader, checked)
+        if self._proven(msg.term, msg.leader):
+            leader = self._members.get(msg.leader)
+            self._take_leader(LeaderIs(msg.term, msg.leader, self.electorate()),
+                              leader.addr if leader is not None else addr, now, out)
+        elif checked and self.role == LEADER_ROLE and \
+                self.term < msg.term < self.term + MAX_TERM_STEP:
+            self._restand(msg.term, now, out)
+
+    def _may_check(self, now: float) -> bool:
+        """Ballot checks are budgeted per sending address: twice the electorate at once,
+        refilled at the electorate a second (a new leader's proof, and a second one, pass
+        at once), so proofs forged by the datagram cost a bounded slice of CPU."""
+        total = len(self._voters) + 16
+        if self._budget.take(("proof", self._from), now, total, 2.0 * total):
+            return True
+        self._refuse("ballot-checks-spent")
+        return False
+
+    def _restand(self, seen: int, now: float, out: list[Effect]) -> None:
+        """We lead with a proof, and fellows that just met us (a partition healed after
+        the electorate's bound) follow a leader of a later term that cannot prove itself
+        to us, while they cannot follow us (our term is behind theirs). Stand again,
+        above theirs, straight away (our followers know we are alive, so no PreVote):
+        our side's votes give us a proof for everyone. At most once per
+        ``electorate_dead_after_s``, so a fellow holding the token can make us do it
+        rarely and by at most ``MAX_TERM_STEP``."""
+        if now < self._restand_after:
+            return
+        self._restand_after = now + self.config.electorate_dead_after_s
+        self.stats["restands"] = self.stats.get("restands", 0) + 1
+        self._become_follower(now, out, f"fellows follow a leader of term {seen} that "
+                                        "cannot prove itself here; standing again above it")
+        self.term = seen  # _start_candidacy runs for the next one
+        self.leader = None
+        self._start_candidacy(False, now, out)
+
+    def _ask_proof(self, term: int, leader: bytes, now: float, out: list[Effect]) -> None:
+        """We were told of a leader without its proof: ask it (now and then)."""
+        self._refuse("unproven-leader")
+        self._shown = (term, leader)
+        m = self._members.get(leader)
+        if m is None or m.state not in _PRESENT or term < self.term:
+            return
+        key = (term, leader)
+        if now < self._proof_asked.get(key, -_INF) + _PROOF_ASK_EVERY_S:
+            return
+        self._proof_asked[key] = now
+        while len(self._proof_asked) > 8:
+            del self._proof_asked[next(iter(self._proof_asked))]
+        out.append(SendDatagram(m.addr, (LeaderQuery(self.term, self.node_id),)))
+
+    def _proof(self) -> list[LeaderProof]:
+        """Our ballots as a proof: enough of them for a majority of our electorate and a
+        margin (fellows count slightly different electorates), present fellows first."""
+        total = self.electorate()
+        key = (self.term, len(self._ballots), total)
+        if self._proof_cache is not None and self._proof_cache[0] == key:
+            return self._proof_cache[1]
+        need = total // 2 + 1 + max(2, total // 8)
+        voters = sorted((v for v in self._ballots if v in self._voters),
+                        key=lambda v: (not self._is_present(v) and v != self.node_id, v))
+        ballots = [Ballot(v, self._ballots[v]) for v in voters[:need]]
+        parts = [LeaderProof(self.term, self.node_id, tuple(ballots[i:i + MAX_PROOF_BALLOTS]))
+                 for i in range(0, len(ballots), MAX_PROOF_BALLOTS)]
+        self._proof_cache = (key, parts)
+        return parts
+
+    def _still_proven(self, leader: bytes) -> bool:
+        """Whether the leader we follow (or we, leading) holds a proof for our electorate
+        as it is now, not only as it was when we followed."""
+        if leader == self.node_id:
+            return not self._proof_short()
+        return 2 * self._tally.count(self.term, leader, self._voters) > len(self._voters)
+
+    def _proof_short(self) -> bool:
+        """As the leader: our ballots are not (or no longer) a majority of our electorate,
+        e.g. elected alone, then the swarm met us."""
+        if self._sig is None or self.role != LEADER_ROLE:
+            return False
+        return 2 * sum(1 for v in self._ballots if v in self._voters) <= len(self._voters)
+
+    def _canvass(self, now: float, out: list[Effect]) -> None:
+        """A leader short of a proof asks the fellows whose ballot it lacks for their vote
+        in its term (Raft's vote: one per fellow and term, so no other leader gets it)."""
+        if not self._proof_short():
+            self._canvass_at = _INF
+            return
+        if now < self._canvass_at != _INF:
+            return
+        self._canvass_at = now + self.tuning.announce_retry_s
+        request = VoteRequest(self.term, self.node_id, self.priority, self.electorate(),
+                              False, self._sign(request_statement(self.term, self.node_id,
+                                                                  False)))
+        for m in self._present_others():
+            if m.node_id not in self._ballots:
+                out.append(SendDatagram(m.addr, (request,)))
+
+    def _take_late_vote(self, msg: VoteReply) -> None:
+        if self._sig is None or msg.term != self.term or not msg.granted or msg.pre_vote \
+                or msg.candidate != self.node_id or msg.voter not in self._voters \
+                or msg.voter in self._ballots or msg.signature is None:
+            return
+        if self._signed_by(msg.voter, msg.signature,
+                           ballot_statement(self.term, self.node_id, msg.voter)):
+            self._ballots[msg.voter] = msg.signature
+
+    def _tell_leader(self, addr: str, node: bytes | None, out: list[Effect],
+                     *also: Any) -> None:
+        """``LeaderIs`` (and ``also``) to ``addr``; as the leader, with our proof unless
+        ``node`` acked it already."""
+        out.append(SendDatagram(addr, (self._leader_is(), *also)))
+        if self._sig is not None and self.role == LEADER_ROLE and node not in self._acked:
+            out.extend(SendDatagram(addr, (part,)) for part in self._proof())
 
     # --- helpers -----------------------------------------------------------------------
 

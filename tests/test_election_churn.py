@@ -83,3 +83,28 @@ async def test_a_leave_then_a_leader_crash_elects_and_a_restart_elects_again(
             await swarm.start(i, seeds=tuple(f.addr for f in swarm.fellows if f.index != i))
         await wait_until(lambda: one_leader(swarm), timeout_s=30)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_partition_longer_than_the_bound_heals_to_one_proven_leader(
+        autojump_clock) -> None:
+    """The leader's side keeps its term; the other side, having dropped it after 240 s,
+    elects one of a later term whose proof (2 of 5 once they meet) the leader's side
+    cannot follow. The leader stands again above it, and everyone follows."""
+    swarm = VirtualSwarm(5, seed=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        await swarm.start_all()
+        await wait_until(lambda: one_leader(swarm), timeout_s=60)
+        ((leader, term),) = swarm.leaders()
+        ids = [f.identity.node_id for f in swarm.fellows]
+        small = [i for i in range(5) if ids[i] != leader][:2]
+        swarm.net.partition([swarm.fellows[i].addr for i in small],
+                            [f.addr for f in swarm.fellows if f.index not in small])
+        await trio.sleep(300)
+        assert len(swarm.leaders()) == 2  # each side its own, the small one later
+        swarm.net.heal()
+        took = await wait_until(lambda: one_leader(swarm), timeout_s=60)
+        assert took < 10.0
+        ((now_leader, now_term),) = swarm.leaders()
+        assert now_term > term + 1
+        nursery.cancel_scope.cancel()

@@ -63,7 +63,8 @@ from p2pswarm.errors import (
 )
 from p2pswarm.membership.machine import Membership
 from p2pswarm.membership.member import LocalNode, Member
-from p2pswarm.security import DatagramSealer, OpenedDatagram, verify
+from p2pswarm.security import DatagramSealer, OpenedDatagram, node_id_of, verify
+from p2pswarm.security.ballots import Signatures
 from p2pswarm.transport.base import DeliversDatagrams, RingsAlarms, SendsNowait, Stream
 from p2pswarm.transport.secure import SecureStream, secure_accept, secure_connect
 from p2pswarm.wire.base import Hello, HelloAck, Refusal
@@ -94,6 +95,18 @@ _LOGGED_EVENTS = {
 
 def _tag(message: Any) -> int:
     return wire.tag_of(type(message))
+
+
+def fellow_signed(node_id: bytes, public_key: bytes, signature: bytes, data: bytes) -> bool:
+    """Whether ``node_id``'s key (the one its id is the hash of) signed ``data``: what the
+    election checks votes, ballots, beats and step-downs with."""
+    if node_id_of(public_key) != node_id:
+        return False
+    try:
+        verify(public_key, signature, data)
+    except AuthenticationError:
+        return False
+    return True
 
 
 class Agent:
@@ -218,7 +231,8 @@ class Agent:
         self.election = self.world.election(self.node_id, self.name, self.config.election, self.rng,
                                  leader_priority=self.leader_priority, now=now,
                                  term=self.votes.term, voted_for=self.votes.voted_for,
-                                 voters=self.votes.electorate)
+                                 voters=self.votes.electorate,
+                                 signatures=Signatures(self.identity.sign, fellow_signed))
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -779,6 +793,17 @@ class Agent:
             return None
         return {"id": s.leader_id.hex(), "name": s.leader_name, "term": s.term}
 
+    def _counters(self) -> dict[str, Any]:
+        """The traffic counters; ``refused`` adds what the election refused (forged or
+        unsigned votes, leaders without a proof, terms too far ahead)."""
+        counters = self.counters.to_dict()
+        if self.election is not None and self.election.refused:
+            refused = dict(counters["refused"])
+            for reason, n in self.election.refused.items():
+                refused[f"election-{reason}"] = n
+            counters["refused"] = dict(sorted(refused.items()))
+        return counters
+
     def status(self) -> dict[str, Any]:
         now = trio.current_time()
 
@@ -804,7 +829,7 @@ class Agent:
             "leader_note": election.sentence if election is not None else "starting",
             "stages_held": self.serving.held_stages(),
             "role": election.role if election is not None else "follower",
-            "counters": self.counters.to_dict(),
+            "counters": self._counters(),
             "transport": dict(getattr(self.transport, "counters", {})),
             "membership": self.membership.counters() if self.membership else {},
         }

@@ -17,9 +17,13 @@ class Counters:
         self.frames_in = 0
         self.frames_out = 0
         self.drops: Counter[str] = Counter()  # reason -> count
+        self.refused: Counter[str] = Counter()  # well-formed but not obeyed: reason -> count
 
     def drop(self, reason: str) -> None:
         self.drops[reason] += 1
+
+    def refuse(self, reason: str) -> None:
+        self.refused[reason] += 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -28,4 +32,5 @@ class Counters:
             "streams_in": self.streams_in, "streams_out": self.streams_out,
             "frames_in": self.frames_in, "frames_out": self.frames_out,
             "drops": dict(sorted(self.drops.items())),
+            "refused": dict(sorted(self.refused.items())),
         }

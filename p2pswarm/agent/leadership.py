@@ -11,6 +11,13 @@ CLI of whichever fellow asked.
 
 A feature registers its calls with ``serve`` and its orders with ``obey``; callers use
 ``ask(call, ReplyType)`` and ``order(addr, order, ReplyType)``.
+
+Orders are obeyed only from the leader this fellow follows, in its current term: the
+secure stream's ``peer_node_id`` (proved by the handshake) must be the elected leader's
+id (elected with a proof, see ``election``), and the order's ``term`` this fellow's term.
+Streams that act for the leader without being an order type (a checkpoint shard push,
+a stage's control stream, a job copy) ask ``from_leader`` first. Every refusal is
+counted (``Counters.refuse``; ``status --json`` shows ``refused``).
 """
 
 from __future__ import annotations
@@ -135,18 +142,35 @@ class Leadership:
 
     async def _on_order(self, msg: Any, stream: SecureStream) -> Any:
         try:
-            return await self._run_order(msg)
+            return await self._run_order(msg, stream.peer_node_id)
         except RemoteProtocolError:
             raise
         except SwarmError as exc:
             return call_failed(exc)
 
-    async def _run_order(self, order: Any) -> Any:
-        self._check_term(order.term)
+    async def _run_order(self, order: Any, sender: bytes | None = None) -> Any:
+        self._check_order(order, self.agent.node_id if sender is None else sender)
         return await self._orders[type(order)](order)
 
-    def _check_term(self, term: int) -> None:
+    def _check_order(self, order: Any, sender: bytes) -> None:
+        """Refuse (and count) an order that is not from our leader, in our term."""
+        what = type(order).__name__
+        self.from_leader(sender, what)
         e = self.agent.election
-        if e is not None and not e.accepts_term(term):
-            raise PlacementError(f"order from stale term {term} refused (this fellow is at "
-                                 f"term {e.term})")
+        assert e is not None  # from_leader found a leader
+        if order.term != e.term:
+            self.agent.counters.refuse("order-stale-term")
+            raise PlacementError(f"{what} of term {order.term} refused: this fellow is at "
+                                 f"term {e.term}")
+
+    def from_leader(self, sender: bytes | None, what: str) -> None:
+        """Raise (and count) unless ``sender`` is the leader this fellow follows."""
+        e = self.agent.election
+        leader = e.status().leader_id if e is not None else None
+        if leader is None or sender != leader:
+            self.agent.counters.refuse("order-not-from-leader")
+            who = sender.hex()[:8] if sender else "a fellow"
+            where = "it follows no leader" if leader is None else \
+                f"the leader is {leader.hex()[:8]}"
+            raise PlacementError(f"{what} from {who} refused: only the leader gives orders "
+                                 f"({where})")

@@ -10,6 +10,12 @@ agent (a vote granted, a candidacy announced).
 
 With no file (virtual fellows in the harness), the record lives in memory: whoever
 restarts the fellow hands the same record to the new agent.
+
+What is kept was checked: the election moves its term only by a vote request within
+``MAX_TERM_STEP`` or by a proof of a majority, so a fellow holding the token cannot get a
+poisoned term written here; a file edited by hand with a term past ``MAX_TERM``, a
+``voted_for`` that is no fellow id or an electorate that is not a list of them is refused
+with one line saying so.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2pswarm.election import MAX_VOTERS
+from p2pswarm.election import MAX_TERM, MAX_VOTERS
 from p2pswarm.errors import ConfigError
 from p2pswarm.security.identity import NODE_ID_BYTES
 
@@ -39,11 +45,11 @@ class VoteRecord:
         try:
             data = json.loads(path.read_text())
             voted = data["voted_for"]
-            return cls(path, int(data["term"]), None if voted is None else bytes.fromhex(voted),
+            return cls(path, _term(data["term"]), _fellow(voted),
                        _fellows(data.get("electorate", [])))
         except FileNotFoundError:
             return cls(path)
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             raise ConfigError(
                 f"cannot read this fellow's election record {path} ({e}): remove it to "
                 "start over, which is safe once the fellow has been down for longer than "
@@ -63,6 +69,22 @@ class VoteRecord:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+
+
+def _term(value: object) -> int:
+    """A term as kept: a whole number the election could have reached (``MAX_TERM``), so
+    a record someone wrote 2^64 - 1 into cannot stop this fellow's elections."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TERM:
+        raise ValueError(f"term is not a whole number from 0 to {MAX_TERM}")
+    return value
+
+
+def _fellow(value: object) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) != 2 * NODE_ID_BYTES:
+        raise ValueError("voted_for is not a fellow id")
+    return bytes.fromhex(value)
 
 
 def _fellows(value: object) -> tuple[bytes, ...]:

@@ -236,6 +236,7 @@ class LeaderBeat:
     seq: U32
     electorate: U32
     rank: U8  # the deputy's place in the succession (0 first); 255 for a check answer
+    signature: Signature | None = None  # the leader's (security.ballots.beat_statement)
 
 
 @message(51)
@@ -256,6 +257,7 @@ class VoteRequest:
     priority: I32
     electorate: U32  # how many fellows the candidate counts
     pre_vote: bool  # PreVote: 'would you?', changes nothing at the voter
+    signature: Signature | None = None  # the candidate's (ballots.request_statement)
 
 
 @message(53)
@@ -267,6 +269,10 @@ class VoteReply:
     pre_vote: bool
     electorate: U32
     reason: Reason = ""
+    candidate: NodeId | None = None  # whom the answer is for (bound by the signature)
+    # the voter's: a granted vote signs ``ballots.ballot_statement`` (it is a ballot of
+    # the winner's proof), any other answer ``ballots.reply_statement``
+    signature: Signature | None = None
 
 
 @message(54)
@@ -296,15 +302,45 @@ class StepDown:
     term: U64
     leader: NodeId
     electorate: U32
+    signature: Signature | None = None  # the leader's (ballots.step_down_statement)
 
 
 @message(57)
 @dataclass(frozen=True, slots=True)
 class LeaderAck:
-    """A fellow got the leader's ``LeaderIs``; the leader stops resending it there."""
+    """A fellow got the leader's ``LeaderIs``; the leader stops resending it there. Signed,
+    it is also a ballot: ``source`` follows ``leader`` in ``term`` (having checked its
+    proof), and the leader adds it to the proof it shows fellows that arrive later."""
 
     term: U64
     source: NodeId
+    leader: NodeId | None = None
+    signature: Signature | None = None  # the source's ``ballots.ballot_statement``
+
+
+MAX_PROOF_BALLOTS = 12  # ballots in one LeaderProof datagram (it fits one MTU)
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class Ballot:
+    """``voter`` backs the leader of a term: its signature over the ballot statement."""
+
+    voter: NodeId
+    signature: Signature
+
+
+@message(58)
+@dataclass(frozen=True, slots=True)
+class LeaderProof:
+    """Part of the proof that ``leader`` was elected for ``term``: ballots of a majority
+    (granted votes, and signed ``LeaderAck``s of fellows that checked an earlier proof).
+    The leader sends it with its ``LeaderIs`` to fellows that have not acked yet; it is
+    self-certifying, so whoever relays it need not be trusted."""
+
+    term: U64
+    leader: NodeId
+    ballots: Annotated[tuple[Ballot, ...], Items(MAX_PROOF_BALLOTS)]
 
 
 def is_election(msg: Any) -> bool:
@@ -313,10 +349,11 @@ def is_election(msg: Any) -> bool:
 
 
 _ELECTION_TYPES = (LeaderBeat, LeaderCheck, VoteRequest, VoteReply, LeaderIs, LeaderQuery,
-                   StepDown, LeaderAck)
+                   StepDown, LeaderAck, LeaderProof)
 
 __all__ = [
     "ELECTION_TAGS",
+    "MAX_PROOF_BALLOTS",
     "MEMBERSHIP_TAGS",
     "STATE_ALIVE",
     "STATE_DEAD",
@@ -324,11 +361,13 @@ __all__ = [
     "STATE_SUSPECT",
     "Ack",
     "Alive",
+    "Ballot",
     "Dead",
     "LeaderAck",
     "LeaderBeat",
     "LeaderCheck",
     "LeaderIs",
+    "LeaderProof",
     "LeaderQuery",
     "Left",
     "MemberRecord",

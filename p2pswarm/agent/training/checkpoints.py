@@ -274,7 +274,8 @@ class TrainCopies:
     # --- holder side ----------------------------------------------------------------------
 
     async def _on_shard(self, first: TrainShard, stream: SecureStream) -> None:
-        try:
+        try:  # only the leader spreads checkpoints: no one else fills this disk
+            self.agent.leadership.from_leader(stream.peer_node_id, "a checkpoint shard")
             directory = self.step_dir(first.job_id, first.step)
             filename = _filename(first.name)
             cap = MAX_MANIFEST_BYTES if first.name == MANIFEST else self._cap

@@ -237,6 +237,8 @@ class JobHandover:
         election = self.agent.election
         leader = election.status().leader_id if election is not None else None
         if election is None or leader != stream.peer_node_id or msg.term != election.term:
+            self.agent.counters.refuse("order-not-from-leader" if leader != stream.peer_node_id
+                                       else "order-stale-term")
             return call_failed(PlacementError(
                 f"{self.agent.name} keeps job copies only from the leader it follows, in "
                 f"its term ({election.term if election else 0})"))

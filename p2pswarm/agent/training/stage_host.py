@@ -228,6 +228,11 @@ class StageHosts:
             return
         if msg.role != "control":
             raise RemoteProtocolError("bad-role", f"role {msg.role!r}")
+        try:  # the driver runs on the leader: no one else steers a stage
+            self.agent.leadership.from_leader(stream.peer_node_id, "a stage's control stream")
+        except SwarmError as exc:
+            await send_best_effort(stream, TrainError(msg.stage, self.agent.name, str(exc)))
+            return
         downstream: SecureStream | None = None
         try:
             if host.next_addr:
