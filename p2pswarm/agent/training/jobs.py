@@ -105,6 +105,8 @@ class Job:
     scope: trio.CancelScope | None = None
     driver: Driver | None = None  # while it runs
     cancel_asked: bool = False
+    term: int = 0  # the term this agent drives it in
+    handed: str = ""  # why this agent stopped driving it: it no longer leads
 
     def record(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "state": self.state, "reason": self.reason,

@@ -191,6 +191,9 @@ class Placer:
         timeout_s = self.training.open_timeout_s
 
         async def one(r: int, s: dict[str, Any], n_stages: int, next_addr: str) -> None:
+            if not self.training.leads(job.term):
+                refusals.append(f"{s['fellow']}: not ordered, this fellow no longer leads")
+                return
             start, end = s["layers"]
             order = TrainPrepare(job.job_id, r, s["stage"], n_stages, s["fellow_id"],
                                  int(start), int(end), s["card_kind"], int(s["card_index"]),
@@ -226,6 +229,8 @@ class Placer:
         order = TrainRelease(job.job_id, replica, generation)
 
         async def one(addr: str) -> None:
+            if not self.training.leads(job.term):
+                return  # the stages are the new leader's to keep or release
             try:
                 with trio.fail_after(self.training.open_timeout_s):
                     await self.training.leadership.order(addr, order, TrainReleased)
