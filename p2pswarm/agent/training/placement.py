@@ -49,9 +49,14 @@ class Placer:
         its stage; the job stays pending (with why) until then."""
         while True:
             try:
-                plan = await self.training.leader.plan(
-                    job.config, stages=job.stages, maximize=job.maximize,
-                    exclude_cards=job.exclude_cards, cut=self._checkpoint_cut(job))
+                if job.pinned:  # the shown plan, while it still holds
+                    plan = await self.training.leader.pinned_plan(
+                        job.plan_id, job.config, stages=job.stages, maximize=job.maximize,
+                        exclude_cards=job.exclude_cards)
+                else:
+                    plan = await self.training.leader.plan(
+                        job.config, stages=job.stages, maximize=job.maximize,
+                        exclude_cards=job.exclude_cards, cut=self._checkpoint_cut(job))
                 if job.maximize and not job.pinned:
                     job.config["seq_len"] = int(plan["request"]["seq_len"])
                 if job.pinned and plan["plan_id"] != job.plan_id:
