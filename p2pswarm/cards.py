@@ -107,6 +107,7 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+MAX_SIZE_BYTES = 1 << 60  # 1 EiB: more than any card holds (the bound gossip is held to)
 
 
 def parse_size(text: str) -> int:
@@ -117,7 +118,10 @@ def parse_size(text: str) -> int:
         raise ConfigError(
             f"cannot read the size {text!r}: write a number and a unit, e.g. 6GB or 512MiB"
         )
-    value = int(float(match.group(1)) * _UNITS[unit])
+    number = float(match.group(1)) * _UNITS[unit]
+    if not number <= MAX_SIZE_BYTES:  # also infinity: 400 digits are a float's inf
+        raise ConfigError(f"the size {str(text)[:40]!r} is more than any card holds")
+    value = int(number)
     if value <= 0:
         raise ConfigError(f"the size {text!r} must be more than zero: e.g. 6GB")
     return value
@@ -181,6 +185,7 @@ __all__ = [
     "CARD_KINDS",
     "ESTIMATED_FLOPS",
     "ESTIMATED_MEM_BANDWIDTH",
+    "MAX_SIZE_BYTES",
     "Benchmark",
     "Card",
     "Holder",

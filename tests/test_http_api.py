@@ -4,6 +4,7 @@ server, driven with a plain HTTP client as a page or a script would."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -248,26 +249,33 @@ def test_the_server_stops_with_its_agent(tmp_path: Path) -> None:
 
 
 def test_join_serves_the_api_on_the_chosen_address(tmp_path: Path) -> None:
+    """... with the HTTP token from the environment, never in the process list."""
     home = tmp_path / "h"
     Home(home).join_swarm(SwarmSecret(bytes(range(32))))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    token = "env-token-" + os.urandom(8).hex()
     process = subprocess.Popen(
         [sys.executable, "-m", "p2pswarm.cli", "join", "--home", str(home), "--listen",
          "127.0.0.1:0", "--name", "solo", "--preset", "local", "--no-cpu",
-         "--http", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+         "--http", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**os.environ, "P2PSWARM_HTTP_TOKEN": token, "P2PSWARM_TOKEN": ""})
     try:
         deadline = time.monotonic() + 60
         while True:  # until the agent answers (polled: start-up takes what it takes)
             assert process.poll() is None, process.stderr.read() if process.stderr else ""
             try:
-                status = httpx.get(f"http://127.0.0.1:{port}/api/status", timeout=5)
+                bare = httpx.get(f"http://127.0.0.1:{port}/api/status", timeout=5)
                 break
             except httpx.TransportError:
                 assert time.monotonic() < deadline, "the agent's HTTP API never answered"
                 time.sleep(0.1)
+        error_of(bare, 401, "unauthorized")
+        status = httpx.get(f"http://127.0.0.1:{port}/api/status", timeout=5,
+                           headers={"authorization": f"Bearer {token}"})
         assert status.status_code == 200 and status.json()["self"]["name"] == "solo"
+        assert token.encode() not in Path(f"/proc/{process.pid}/cmdline").read_bytes()
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0

@@ -82,7 +82,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"model": 3}, "model must be a built-in name"),
     ({"model": {"config": {"hidden_size": 8}}}, "model config lacks"),
     ({"model": "tiny-llama", "stpes": 3}, "unknown setting 'stpes'"),
-    ({"model": "tiny-llama", "steps": 0}, "steps must be a whole number of at least 1"),
+    ({"model": "tiny-llama", "steps": 0}, "steps must be a whole number from 1 to"),
     ({"model": "tiny-llama", "seq_len": 1.5}, "seq_len must be a whole number"),
     ({"model": "tiny-llama", "mode": "qlora"}, 'mode .* must be "full" or "lora"'),
     ({"model": "tiny-llama", "lora": {"rank": 4}}, 'add "mode": "lora"'),
@@ -104,7 +104,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"model": "tiny-llama", "checkpoint": {"dir": ""}}, "checkpoint.dir must be"),
     ({"model": "tiny-llama", "data": {"files": []}}, "at least one text file"),
     ({"model": "tiny-llama", "data": {"token_dtype": "int8"}}, "token_dtype"),
-    ({"model": "tiny-llama", "seed": -1}, "seed must be a non-negative"),
+    ({"model": "tiny-llama", "seed": -1}, "seed must be a whole number from 0"),
 ]
 
 

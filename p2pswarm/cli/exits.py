@@ -44,6 +44,9 @@ def exits_on(code: Optional[int] = None, *, prefix: str = "",
         yield
     except errors as exc:
         fail(f"{prefix}{exc}", exit_code(exc) if code is None else code)
+    except RecursionError:  # a document nested deeper than any reader follows
+        fail(f"{prefix}the input is nested too deeply to read (JSON arrays or objects "
+             "inside each other, thousands deep)", EXIT_USAGE if code is None else code)
 
 
 __all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "exit_code", "exits_on", "fail"]

@@ -35,7 +35,7 @@ def _read_cluster_file(path: Path) -> Any:
     except OSError as exc:
         fail(f"cannot read --cluster {path}: {exc.strerror}; export one with "
              f"`p2pswarm cluster export --out FILE`")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         fail(f"--cluster {path} is not JSON ({exc}): see docs/planner.md for the format")
     with exits_on(prefix=f"--cluster {path}: ", errors=(ConfigError,)):
         return cluster_from_dict(data)

@@ -81,8 +81,9 @@ def init(
         print_json({"home": str(directory), "token": token})
         return
     typer.echo(f"New swarm in {directory}.\nJoin token (keep it secret; anyone holding it "
-               f"can join):\n\n  {token}\n\nOn every machine:  p2pswarm join SEED:{DEFAULT_PORT} "
-               f"--token {token}")
+               f"can join):\n\n  {token}\n\nOn every machine:  P2PSWARM_TOKEN={token} p2pswarm join "
+               f"SEED:{DEFAULT_PORT}\n(or --token-file FILE; --token works too, but `ps` shows "
+               "it to every user of the machine)")
 
 
 @app.command()
@@ -111,7 +112,17 @@ def join(
     http: Optional[str] = typer.Option(None, "--http", help="ADDR:PORT of the HTTP API, pages "
                                        "and OpenAI endpoint (default 127.0.0.1:7780), or off."),
     http_token: Optional[str] = typer.Option(None, "--http-token", help="Bearer token the HTTP "
-                                             "API requires; needed beyond loopback."),
+                                             "API requires; needed beyond loopback. Visible "
+                                             "to local users: prefer $P2PSWARM_HTTP_TOKEN or "
+                                             "--http-token-file."),
+    http_token_file: Optional[Path] = typer.Option(None, "--http-token-file",
+                                                   help="Read the HTTP token from this file."),
+    http_allow_host: Optional[list[str]] = typer.Option(
+        None, "--http-allow-host", help="A host name the HTTP API answers to besides "
+        "localhost and addresses (repeatable); others are refused (DNS rebinding)."),
+    http_allow_dir: Optional[list[str]] = typer.Option(
+        None, "--http-allow-dir", help="A directory jobs sent over HTTP may read data from "
+        "and write checkpoints to (repeatable; default none)."),
     force: bool = typer.Option(False, "--force", help="With --token: leave the swarm --home "
                                "already holds and join the token's."),
     home: Optional[Path] = HomeOption,
@@ -121,9 +132,9 @@ def join(
     import trio
 
     from p2pswarm.agent.node import NodeSettings, run_node
+    from p2pswarm.cli.http_options import join_http_settings
     from p2pswarm.config import preset
     from p2pswarm.home import Home
-    from p2pswarm.http.app import http_settings
     from p2pswarm.inventory import local_card_source
     from p2pswarm.security import SwarmSecret
 
@@ -134,7 +145,8 @@ def join(
         split_addr(listen)
         if advertise:
             split_addr(advertise)
-        http_server = http_settings(http, http_token)
+        http_server = join_http_settings(http, http_token, http_token_file, http_allow_host,
+                                         http_allow_dir)
         text = read_token(token, token_file)
         state = Home(directory)
         if force and text is None:

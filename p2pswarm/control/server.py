@@ -124,9 +124,21 @@ async def _answer(stream: trio.SocketStream, handle: Handler) -> None:
             return
         response = await _respond(handle, request)
         try:
-            await stream.send_all(pack(response))
+            await stream.send_all(_packed(response, request))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+
+
+def _packed(message: dict[str, Any], request: dict[str, Any]) -> bytes:
+    """``message`` framed; an error answer instead when it cannot be encoded (a number
+    beyond 64 bits from a model config the user gave, say): the agent lives on."""
+    try:
+        return pack(message)
+    except (ValueError, OverflowError, TypeError) as exc:
+        log.warning("control: the answer to %s could not be encoded: %s", request.get("op"), exc)
+        return pack(error_response(ControlError(
+            f"the agent's answer to {str(request.get('op'))[:40]} could not be encoded "
+            f"({type(exc).__name__}: {exc}); a value in the request is out of range")))
 
 
 async def _respond(handle: Handler, request: dict[str, Any]) -> dict[str, Any]:
@@ -157,7 +169,7 @@ async def _answer_streaming(stream: trio.SocketStream, handle: Handler,
     async def write_events(cancel: trio.CancelScope) -> None:
         async for event in events_out:
             try:
-                await stream.send_all(pack(event))
+                await stream.send_all(_packed(event, request))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 cancel.cancel()
                 return
@@ -185,7 +197,7 @@ async def _answer_streaming(stream: trio.SocketStream, handle: Handler,
     if response is None:
         return  # cancelled: the client is gone
     try:
-        await stream.send_all(pack(response))
+        await stream.send_all(_packed(response, request))
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
 

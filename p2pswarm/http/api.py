@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from p2pswarm.http.app import Call, Route
+from p2pswarm.http.guard import job_paths_allowed
 from p2pswarm.http.problems import HttpError
 
 if TYPE_CHECKING:
@@ -107,8 +108,9 @@ def model_summaries() -> list[dict[str, Any]]:
 
 
 class Api:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, allow_dirs: tuple[Path, ...] = ()) -> None:
         self.agent = agent
+        self.allow_dirs = allow_dirs  # where a job sent here may name files
 
     async def op(self, name: str, request: dict[str, Any]) -> Any:
         """Run control op ``name`` in-process, as the CLI's request would."""
@@ -156,6 +158,7 @@ class Api:
         body = await call.json()
         check_fields(body, JOB_PLAN_FIELDS)
         config = _job_config(body)
+        job_paths_allowed(config, self.allow_dirs)
         maximize = body.get("maximize")
         if maximize not in (None, "seq_len"):
             raise HttpError("bad-request", f"maximize {maximize!r}: a training plan "
@@ -167,6 +170,7 @@ class Api:
         body = await call.json()
         check_fields(body, JOB_SUBMIT_FIELDS)
         config = _job_config(body)
+        job_paths_allowed(config, self.allow_dirs)
         maximize = body.get("maximize")
         if maximize not in (None, "seq_len"):
             raise HttpError("bad-request", f"maximize {maximize!r}: a training job "
@@ -190,8 +194,8 @@ def _job_config(body: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def api_routes(agent: Agent) -> list[Route]:
-    api = Api(agent)
+def api_routes(agent: Agent, allow_dirs: tuple[Path, ...] = ()) -> list[Route]:
+    api = Api(agent, allow_dirs)
     return [
         Route("GET", "/api/status", api.status),
         Route("GET", "/api/models", api.models),

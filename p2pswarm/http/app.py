@@ -9,6 +9,9 @@ must carry ``Authorization: Bearer TOKEN`` (401 otherwise): the API can load mod
 and spend every fellow's memory, so it is never open to a network by accident. The pages
 and their static files hold no data, so a browser may fetch them without the header; the
 page takes the token from its address (``/plan?token=T``) and sends it on every API call.
+Before any of that, ``http.guard`` keeps the web out: foreign ``Host`` names (DNS
+rebinding), state changes from other origins, bodies that are not JSON, and framing a
+proxy could read differently are refused, and counted in ``status``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,15 @@ import trio
 
 from p2pswarm.config import split_addr
 from p2pswarm.errors import ConfigError, SwarmError, TransportError
+from p2pswarm.http.guard import (
+    COUNTED,
+    JSON_TYPE,
+    MAX_BODY_BYTES,
+    MAX_HEADER_BYTES,
+    SECURITY_HEADERS,
+    WebGuard,
+    split_host,
+)
 from p2pswarm.http.problems import HttpError, from_swarm_error
 
 if TYPE_CHECKING:
@@ -37,7 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2pswarm.http")
 
 DEFAULT_HTTP = "127.0.0.1:7780"
-MAX_BODY_BYTES = 8 * 1024 * 1024
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 PAGES = {"/": "index.html", "/plan": "plan.html"}
 
@@ -55,6 +66,13 @@ class HttpSettings:
     port: int
     token: str | None = None
     explicit: bool = True  # given with --http: a busy port is an error, not a warning
+    allow_hosts: tuple[str, ...] = ()  # names beyond loopback the server answers to
+    allow_dirs: tuple[str, ...] = ()  # where jobs sent over HTTP may name files
+
+    @property
+    def guard(self) -> WebGuard:
+        names = self.allow_hosts if is_loopback(self.host) else (*self.allow_hosts, self.host)
+        return WebGuard.for_names(names)
 
     @property
     def bind(self) -> str:
@@ -70,10 +88,14 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
-def http_settings(addr: str | None, token: str | None = None) -> HttpSettings | None:
-    """``--http ADDR:PORT`` (None: the default; ``off``: no server) and ``--http-token``.
+def http_settings(addr: str | None, token: str | None = None, *,
+                  allow_hosts: tuple[str, ...] = (),
+                  allow_dirs: tuple[str, ...] = ()) -> HttpSettings | None:
+    """``--http ADDR:PORT`` (None: the default; ``off``: no server), ``--http-token``,
+    ``--http-allow-host`` and ``--http-allow-dir``.
 
-    ConfigError for an address beyond loopback without a token, or a bad address."""
+    ConfigError for an address beyond loopback without a token, a bad address, a host
+    name that is not one, or an allowed directory that is not an existing directory."""
     explicit = addr is not None
     text = (addr if addr is not None else DEFAULT_HTTP).strip()
     if text.lower() == "off":
@@ -89,7 +111,27 @@ def http_settings(addr: str | None, token: str | None = None) -> HttpSettings | 
         raise ConfigError(f"--http {text} is reachable beyond this machine: add --http-token "
                           "TOKEN (clients then send `Authorization: Bearer TOKEN`), or bind "
                           "127.0.0.1")
-    return HttpSettings(host, port, token.strip() if token else None, explicit)
+    return HttpSettings(host, port, token.strip() if token else None, explicit,
+                        tuple(_allowed_host(h) for h in allow_hosts),
+                        tuple(_allowed_dir(d) for d in allow_dirs))
+
+
+def _allowed_host(name: str) -> str:
+    try:
+        host, _ = split_host(name)
+    except ValueError:
+        host = ""
+    if not host or "/" in host or "*" in host:
+        raise ConfigError(f"--http-allow-host {name!r}: give a host name such as "
+                          "mybox.local, without a scheme or path")
+    return host
+
+
+def _allowed_dir(text: str) -> str:
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"--http-allow-dir {text}: not a directory on this machine")
+    return str(path.resolve())
 
 
 # --- one request ---------------------------------------------------------------------------
@@ -110,7 +152,13 @@ class Call:
                         for k, v in scope.get("headers", [])}
         self.started = False  # the response's status line went out
         self.disconnected = False
-        self._body_read = False
+        self.body_read = False
+
+    @property
+    def announced_body(self) -> bool:
+        """Whether the request said a body follows."""
+        return ("transfer-encoding" in self.headers
+                or self.headers.get("content-length", "0").strip() not in ("", "0"))
 
     async def body(self) -> bytes:
         data = bytearray()
@@ -124,7 +172,7 @@ class Call:
                 raise HttpError("too-large", f"the request body is over "
                                              f"{MAX_BODY_BYTES // (1024 * 1024)} MiB")
             if not message.get("more_body", False):
-                self._body_read = True
+                self.body_read = True
                 return bytes(data)
 
     async def json(self) -> dict[str, Any]:
@@ -132,9 +180,13 @@ class Call:
         raw = await self.body()
         if not raw.strip():
             return {}
+        kind = self.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind != JSON_TYPE:  # the guard's check, again for bodies no header announced
+            raise HttpError("unsupported-media-type", f"the body must be JSON sent with "
+                                                      f"`Content-Type: {JSON_TYPE}`")
         try:
             data = json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise HttpError("bad-json", f"the request body is not valid JSON ({exc})") from None
         if not isinstance(data, dict):
             raise HttpError("bad-json", "the request body must be a JSON object, "
@@ -157,7 +209,7 @@ class Call:
         self.started = True
         await self.send({"type": "http.response.start", "status": status, "headers": [
             (b"content-type", content_type.encode()), (b"cache-control", b"no-store"),
-            *((k.encode(), v.encode()) for k, v in headers)]})
+            *((k.encode(), v.encode()) for k, v in (*SECURITY_HEADERS, *headers))]})
 
     async def chunk(self, data: bytes) -> None:
         """Part of a streamed body (after ``start``)."""
@@ -221,20 +273,22 @@ class Route:
 class HttpApp:
     """The ASGI application of one agent."""
 
-    def __init__(self, agent: Agent, token: str | None = None) -> None:
+    def __init__(self, agent: Agent, token: str | None = None, *,
+                 guard: WebGuard | None = None, allow_dirs: tuple[str, ...] = ()) -> None:
         from p2pswarm.http.api import api_routes
         from p2pswarm.http.openai_api import openai_routes
         from p2pswarm.http.openapi import openapi_document
 
         self.agent = agent
         self.token = token
+        self.guard = guard or WebGuard()
         document = openapi_document()
 
         async def openapi(call: Call) -> None:
             await call.respond_json(document)
 
         self.routes: list[Route] = [
-            *api_routes(agent), *openai_routes(agent),
+            *api_routes(agent, tuple(Path(d) for d in allow_dirs)), *openai_routes(agent),
             Route("GET", "/openapi.json", openapi),
             *(Route("GET", path, _page(name)) for path, name in PAGES.items()),
             Route("GET", "/static/{name}", _static),
@@ -248,6 +302,7 @@ class HttpApp:
             return  # websockets: not offered
         call = Call(scope, receive, send)
         try:
+            self.guard.check(call.method, scope.get("headers", []))
             self._authorize(call)
             handler, params = self._route(call)
             await handler(call, **params)
@@ -261,11 +316,19 @@ class HttpApp:
                                                             f"{type(exc).__name__}: {exc}"))
 
     async def _fail(self, call: Call, error: HttpError) -> None:
+        if error.code in COUNTED:
+            self.agent.counters.drop(f"http-{error.code}")
         if call.started:  # mid-stream: the handler said what it could; just end
             try:
                 await call.end()
             except Exception:  # the client is gone
                 pass
+            return
+        if call.announced_body and not call.body_read:
+            # refused before its body was read: the connection cannot carry another request,
+            # and a client must not send one on it
+            await call.respond(error.status, dumps(error.document()), "application/json",
+                               (("connection", "close"),))
             return
         await call.fail(error)
 
@@ -349,7 +412,9 @@ async def serve_http(agent: Agent, settings: HttpSettings, *,
     config.errorlog = logging.getLogger("p2pswarm.http.server")
     config.graceful_timeout = 1.0
     config.include_server_header = False
-    app = HttpApp(agent, settings.token)
+    config.h11_max_incomplete_size = MAX_HEADER_BYTES  # a larger header block: 400, closed
+    config.h2_max_header_list_size = MAX_HEADER_BYTES
+    app = HttpApp(agent, settings.token, guard=settings.guard, allow_dirs=settings.allow_dirs)
     try:  # bind here, not in hypercorn: a busy port is a clear error (or, by default, a note)
         sockets = config.create_sockets()
     except OSError as exc:

@@ -112,13 +112,14 @@ def _number(body: dict[str, Any], key: str, default: float, low: float, high: fl
     return float(value)
 
 
-def _whole(body: dict[str, Any], key: str, low: int) -> int | None:
+def _whole(body: dict[str, Any], key: str, low: int, high: int = 2**31 - 1) -> int | None:
     value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise HttpError("bad-request", f"{key} must be a whole number of at least {low}, "
-                                       f"got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise HttpError("bad-request", f"{key} must be a whole number from {low:,} to "
+                                       f"{high:,}, got {shown}")
     return value
 
 
@@ -143,7 +144,7 @@ def sampling(body: dict[str, Any], *, chat: bool) -> Sampling:
     max_tokens = _whole(body, "max_tokens", 1)
     if chat and max_tokens is None:
         max_tokens = _whole(body, "max_completion_tokens", 1)
-    seed = _whole(body, "seed", -2**63)
+    seed = _whole(body, "seed", -2**63, 2**64 - 1)
     return Sampling(
         max_tokens=max_tokens if max_tokens is not None or chat else COMPLETION_MAX_TOKENS,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),

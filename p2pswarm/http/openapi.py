@@ -20,7 +20,7 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _errors(*codes: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for code in ("bad-json", "unauthorized", *codes):
+    for code in ("bad-json", "unauthorized", "foreign-host", *codes):
         status = str(STATUS_CODES[code])
         schema = _ref("PlanChanged") if code == "plan-changed" else _ref("Error")
         if status in out:
@@ -37,6 +37,8 @@ def _op(summary: str, result: dict[str, Any], *errors: str, body: dict[str, Any]
         ok["content"]["text/event-stream"] = {"schema": {
             "type": "string", "description": "with \"stream\": true: `data: {chunk}` events, "
                                              "then `data: [DONE]`"}}
+    if body is not None:  # a state change: the web rules of http/guard.py
+        errors = (*errors, "foreign-origin", "unsupported-media-type", "too-large")
     operation: dict[str, Any] = {"summary": summary, "operationId": op_id, "tags": [tag],
                                  "responses": {"200": ok, **_errors(*errors)}}
     if body is not None:
@@ -119,7 +121,7 @@ def openapi_document() -> dict[str, Any]:
             "agent-error", op_id="models_loads")},
         "/api/jobs/plan": {"post": _op(
             "Plan a training job", _ref("Plan"), "bad-request", "no-leader", "not-available",
-            op_id="jobs_plan", body={
+            "dir-not-allowed", op_id="jobs_plan", body={
                 "type": "object", "additionalProperties": False, "required": ["config"],
                 "properties": {"config": {**_OBJECT, "description": "the job's job.json"},
                                "exclude_cards": {"type": "array", "items": {"type": "string"}},
@@ -128,7 +130,7 @@ def openapi_document() -> dict[str, Any]:
         "/api/jobs": {
             "post": _op("Start a training job (with plan_id: exactly that plan)", _OBJECT,
                         "bad-request", "plan-changed", "refused", "no-leader", "not-available",
-                        op_id="jobs_submit", body={
+                        "dir-not-allowed", op_id="jobs_submit", body={
                             "type": "object", "additionalProperties": False,
                             "required": ["config"], "properties": {
                                 "config": _OBJECT, "plan_id": {"type": ["string", "null"]},

@@ -26,12 +26,18 @@ STATUS_CODES: dict[str, int] = {
     "bad-json": 400,
     "bad-request": 400,
     "context-length-exceeded": 400,
+    "bad-framing": 400,
     "unauthorized": 401,
+    "foreign-host": 403,
+    "foreign-origin": 403,
+    "dir-not-allowed": 403,
     "not-found": 404,
     "method-not-allowed": 405,
     "plan-changed": 409,
     "refused": 409,
     "too-large": 413,
+    "unsupported-media-type": 415,
+    "headers-too-large": 431,
     "agent-error": 500,
     "not-available": 501,
     "unreachable": 503,
@@ -39,7 +45,9 @@ STATUS_CODES: dict[str, int] = {
 }
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                 404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error"}
+                 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
+                 413: "invalid_request_error", 415: "invalid_request_error",
+                 431: "invalid_request_error"}
 
 _NO_LEADER = ("no leader to ask", "the leader is not in this fellow's view")
 

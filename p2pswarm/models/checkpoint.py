@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,10 @@ from p2pswarm.names import contained, safe_name
 
 INDEX_FILE = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+# bytes per element of every safetensors dtype; another is refused, not guessed
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
+               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+MAX_DIMS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +53,7 @@ class Checkpoint:
             self.hf_config: dict[str, Any] = json.loads(config_path.read_text())
         except FileNotFoundError as exc:
             raise ConfigError(f"{config_path} not found: not a model directory") from exc
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise ConfigError(f"cannot read {config_path}: {exc}") from exc
         self.config = ModelConfig.from_hf(self.hf_config)
         self._headers: dict[str, dict[str, TensorEntry]] = {}
@@ -132,16 +137,19 @@ def _link_root(model_dir: Path) -> Path:
 
 
 def read_safetensors_header(path: Path, file: str) -> dict[str, TensorEntry]:
-    """Tensor entries of one safetensors file, from its header alone."""
+    """Tensor entries of one safetensors file, from its header alone; every byte range
+    lies inside the file and holds exactly its shape in its dtype (ConfigError if not)."""
     try:
         with path.open("rb") as f:
+            file_bytes = os.fstat(f.fileno()).st_size
             size_bytes = int.from_bytes(f.read(8), "little")
-            if not 0 < size_bytes <= MAX_HEADER_BYTES:
-                raise ConfigError(f"{path}: implausible header size {size_bytes}")
+            if not 0 < size_bytes <= min(MAX_HEADER_BYTES, file_bytes - 8):
+                raise ConfigError(f"{path}: implausible header size {size_bytes} in a file "
+                                  f"of {file_bytes} bytes: not a safetensors file")
             header = json.loads(f.read(size_bytes))
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ConfigError(f"{path}: header is not JSON: {exc}") from exc
     if not isinstance(header, dict):
         raise ConfigError(f"{path}: header is not a mapping")
@@ -150,16 +158,39 @@ def read_safetensors_header(path: Path, file: str) -> dict[str, TensorEntry]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            begin, end = (int(x) for x in info["data_offsets"])
-            entries[name] = TensorEntry(
-                name=name, file=file, dtype=str(info["dtype"]),
-                shape=tuple(int(d) for d in info["shape"]),
-                offset_bytes=data_start + begin, nbytes=end - begin,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"{path}: bad header entry for {name!r}") from exc
+        entries[name] = _header_entry(path, file, name, info, data_start, file_bytes)
     return entries
+
+
+def _header_entry(path: Path, file: str, name: str, info: Any, data_start: int,
+                  file_bytes: int) -> TensorEntry:
+    def whole(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(value)
+        return value
+
+    where = f"{path}: tensor {name[:80]!r}"
+    try:
+        begin, end = (whole(x) for x in info["data_offsets"])
+        dtype = info["dtype"]
+        shape = tuple(whole(d) for d in info["shape"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{where} has a bad header entry") from exc
+    if dtype not in DTYPE_BYTES or len(shape) > MAX_DIMS:
+        raise ConfigError(f"{where} has dtype {str(dtype)[:20]!r} and {len(shape)} "
+                          "dimensions: not a tensor this reader knows")
+    if not begin <= end or data_start + end > file_bytes:
+        raise ConfigError(f"{where} claims bytes {begin}-{end} of the data, past the end of "
+                          f"the file ({file_bytes - data_start} data bytes): the file is "
+                          "truncated or corrupt")
+    elements = 1
+    for d in shape:
+        elements *= d
+    if elements * DTYPE_BYTES[dtype] != end - begin:
+        raise ConfigError(f"{where}: shape {list(shape)} in {dtype} is "
+                          f"{elements * DTYPE_BYTES[dtype]} bytes, its range {end - begin}")
+    return TensorEntry(name=name, file=file, dtype=dtype, shape=shape,
+                       offset_bytes=data_start + begin, nbytes=end - begin)
 
 
 def stage_tensor_names(config: ModelConfig, start_layer: int, end_layer: int) -> list[str]:

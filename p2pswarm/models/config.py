@@ -6,12 +6,14 @@ differ only in RoPE scaling, attention biases, head tying and sizes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from p2pswarm.errors import ConfigError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+MAX_WHOLE = 2**31 - 1  # beyond any real size or token id: the planner multiplies these
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +34,7 @@ class RopeScaling:
     def __post_init__(self) -> None:
         if self.kind not in ("linear", "llama3"):
             raise ConfigError(f"unsupported rope scaling {self.kind!r}; use linear or llama3")
-        if self.factor <= 0:
+        if not math.isfinite(self.factor) or self.factor <= 0:
             raise ConfigError(f"rope scaling factor must be positive, got {self.factor}")
         if self.kind == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             raise ConfigError("llama3 rope scaling needs high_freq_factor > low_freq_factor")
@@ -100,26 +102,25 @@ class ModelConfig:
         ):
             raise ConfigError("sliding-window attention is not supported")
         try:
-            hidden = int(hf["hidden_size"])
-            heads = int(hf["num_attention_heads"])
-            kv_heads = int(hf.get("num_key_value_heads") or heads)
-            head_dim = int(hf.get("head_dim") or hidden // heads)
+            hidden = _whole(hf, "hidden_size")
+            heads = _whole(hf, "num_attention_heads")
+            kv_heads = _whole(hf, "num_key_value_heads", heads)
+            head_dim = _whole(hf, "head_dim", hidden // heads if heads > 0 else 0)
             eos = hf.get("eos_token_id")
-            eos_ids = tuple(int(i) for i in eos) if isinstance(eos, list) else (
-                () if eos is None else (int(eos),)
-            )
+            eos_ids = tuple(_whole({"eos_token_id": i}, "eos_token_id") for i in eos) \
+                if isinstance(eos, list) else (() if eos is None else (_whole(hf, "eos_token_id"),))
             theta, scaling = _rope_from_hf(hf)
             attention_bias = bool(hf.get("attention_bias", False))
             return cls(
-                vocab_size=int(hf["vocab_size"]),
+                vocab_size=_whole(hf, "vocab_size"),
                 hidden_size=hidden,
-                intermediate_size=int(hf["intermediate_size"]),
-                num_layers=int(hf["num_hidden_layers"]),
+                intermediate_size=_whole(hf, "intermediate_size"),
+                num_layers=_whole(hf, "num_hidden_layers"),
                 num_heads=heads,
                 num_kv_heads=kv_heads,
                 head_dim=head_dim,
-                max_context_tokens=int(hf.get("max_position_embeddings", 2048)),
-                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                max_context_tokens=_whole(hf, "max_position_embeddings", 2048),
+                rms_norm_eps=_number(hf, "rms_norm_eps", 1e-6),
                 rope_theta=theta,
                 rope_scaling=scaling,
                 qkv_bias=model_type == "qwen2" or attention_bias,
@@ -180,28 +181,70 @@ class ModelConfig:
         return hf
 
 
+def _whole(hf: dict[str, Any], key: str, default: int | None = None) -> int:
+    """``hf[key]`` as a whole number; a fraction, a string, a bool or a size beyond
+    ``MAX_WHOLE`` is refused, never truncated. Missing or null: ``default``."""
+    value = hf.get(key)
+    if value is None:
+        if default is None:
+            raise KeyError(key)
+        return default
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)  # 32.0 is 32; 1.5 is not a layer count
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_WHOLE:
+        raise ConfigError(f"model config: {key} must be a whole number up to {MAX_WHOLE:,}, "
+                          f"got {_shown(value)}")
+    return value
+
+
+def _number(raw: dict[str, Any], key: str, default: float | None, where: str = "") -> float:
+    """``raw[key]`` as a finite number (not a string, not infinite or NaN); missing or
+    null: ``default`` (KeyError without one)."""
+    value = raw.get(key)
+    if value is None:
+        if default is None:
+            raise KeyError(key)
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or abs(value) > 1e300:
+        raise ConfigError(f"model config: {where}{key} must be a finite number, "
+                          f"got {_shown(value)}")
+    return float(value)
+
+
+def _shown(value: Any) -> str:
+    """``value`` for an error line: short, whatever it is."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 \
+        else f"a {len(str(abs(value)))}-digit number"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _optional_int(value: Any) -> int | None:
     if isinstance(value, list):  # some configs list several; the first is the one used
         value = value[0] if value else None
-    return None if value is None else int(value)
+    return None if value is None else _whole({"token id": value}, "token id")
 
 
 def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     # transformers 5 writes "rope_parameters" (theta inside); 4.x wrote "rope_theta" and
     # "rope_scaling" with "rope_type" or, older still, "type".
     params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if not isinstance(params, dict):
+        raise ConfigError("model config: rope_scaling must be an object")
+    theta = _number(params, "rope_theta", _number(hf, "rope_theta", 10000.0), "rope ")
+    if theta <= 0:
+        raise ConfigError(f"model config: rope_theta must be positive, got {theta}")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return theta, None
     if kind == "linear":
-        return theta, RopeScaling(kind="linear", factor=float(params["factor"]))
+        return theta, RopeScaling(kind="linear", factor=_number(params, "factor", None, "rope "))
     if kind == "llama3":
         return theta, RopeScaling(
             kind="llama3",
-            factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_context_tokens=int(params["original_max_position_embeddings"]),
+            factor=_number(params, "factor", None, "rope "),
+            low_freq_factor=_number(params, "low_freq_factor", None, "rope "),
+            high_freq_factor=_number(params, "high_freq_factor", None, "rope "),
+            original_max_context_tokens=_whole(params, "original_max_position_embeddings"),
         )
     raise ConfigError(f"rope scaling {kind!r} is not supported; use linear or llama3")

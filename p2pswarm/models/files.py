@@ -34,7 +34,7 @@ def read_model_config(spec: str) -> tuple[str, dict[str, Any]]:
         )
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise ConfigError(f"cannot read {path} ({exc}): it must be a JSON config.json") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object")

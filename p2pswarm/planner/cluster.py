@@ -20,6 +20,7 @@ Sizes may be integers (bytes) or strings such as "24GB"; a card without ``flops`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from p2pswarm.cards import (
     CARD_KINDS,
     ESTIMATED_FLOPS,
     ESTIMATED_MEM_BANDWIDTH,
+    MAX_SIZE_BYTES,
     Benchmark,
     Holder,
     Inventory,
@@ -147,19 +149,30 @@ class ClusterView:
 
 def _size(value: Any, where: str, allow_zero: bool = True) -> int:
     if isinstance(value, str):
-        return parse_size(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
-            or (value == 0 and not allow_zero):
-        raise ConfigError(f"{where} must be a number of bytes (or e.g. \"24GB\"), got {value!r}")
+        try:
+            return parse_size(value)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    # ``not 0 <= value`` also refuses NaN; infinity is past the cap
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 <= value <= MAX_SIZE_BYTES or (value == 0 and not allow_zero):
+        raise ConfigError(f"{where} must be a number of bytes (or e.g. \"24GB\"), got "
+                          f"{_shown(value)}")
     return int(value)
 
 
 def _speed(value: Any, where: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{where} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 < value < math.inf:
+        raise ConfigError(f"{where} must be a positive number, got {_shown(value)}")
     return float(value)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**40 else "a huge number"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def card_view(data: Mapping[str, Any], where: str = "card",
@@ -171,7 +184,7 @@ def card_view(data: Mapping[str, Any], where: str = "card",
     if kind not in CARD_KINDS:
         raise ConfigError(f"{where}.kind {kind!r} must be \"cuda\" or \"cpu\"")
     index = data.get("index", 0)
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 2**16:
         raise ConfigError(f"{where}.index must be a card index such as 0, got {index!r}")
     if "total_bytes" not in data:
         raise ConfigError(f"{where} has no total_bytes: add the card's memory, e.g. \"24GB\"")
@@ -184,7 +197,10 @@ def card_view(data: Mapping[str, Any], where: str = "card",
         hw = f"{where}.held_by_others[{i}]"
         if not isinstance(h, Mapping) or "bytes" not in h:
             raise ConfigError(f"{hw} must be {{\"pid\", \"name\", \"bytes\"}}")
-        holders.append(Holder(pid=int(h.get("pid", 0)), name=str(h.get("name", "?")),
+        pid = h.get("pid", 0)
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < 2**32:
+            raise ConfigError(f"{hw}.pid must be a process id, got {_shown(pid)}")
+        holders.append(Holder(pid=pid, name=str(h.get("name", "?")),
                               held_bytes=_size(h["bytes"], f"{hw}.bytes")))
     holders.sort(key=lambda h: (-h.held_bytes, h.pid, h.name))
     flops = _speed(data.get("flops"), f"{where}.flops")
@@ -221,8 +237,10 @@ def _link(data: Any, where: str) -> Link:
         raise ConfigError(f"{where} must be {{\"bandwidth_bytes_s\", \"latency_s\"}}")
     bandwidth = _speed(data.get("bandwidth_bytes_s"), f"{where}.bandwidth_bytes_s")
     latency = data.get("latency_s", 0.0)
-    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
-        raise ConfigError(f"{where}.latency_s must be zero or more seconds, got {latency!r}")
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) \
+            or not 0 <= latency < math.inf:
+        raise ConfigError(f"{where}.latency_s must be zero or more seconds, got "
+                          f"{_shown(latency)}")
     if bandwidth is None:
         raise ConfigError(f"{where} needs bandwidth_bytes_s, e.g. 100e6 for gigabit Ethernet")
     return Link(bandwidth_bytes_s=bandwidth, latency_s=float(latency))

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from p2pswarm.cards import CARD_KINDS, parse_size
+from p2pswarm.cards import CARD_KINDS, MAX_SIZE_BYTES, parse_size
 from p2pswarm.errors import ConfigError
 from p2pswarm.planner.profile import (
     KV_DTYPES,
@@ -76,13 +76,18 @@ class PlanRequest:
         return data
 
 
+MAX_COUNT = 10**9  # more tokens, sequences, stages or steps than any request means
+
+
 def _int(data: Mapping[str, Any], key: str, default: Any, minimum: int = 1) -> Any:
     value = data.get(key, default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
         flag = "--" + key.replace("_", "-")
-        raise ConfigError(f"{flag} must be a whole number of at least {minimum}, got {value!r}")
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise ConfigError(f"{flag} must be a whole number from {minimum} to {MAX_COUNT:,}, "
+                          f"got {shown}")
     return value
 
 
@@ -112,7 +117,14 @@ def request_from_dict(data: Mapping[str, Any]) -> PlanRequest:
     for key, value in dict(data.get("floors_bytes") or {}).items():
         if key not in CARD_KINDS:
             raise ConfigError(f"--floor {key}: the kind must be cuda or cpu, e.g. cuda=2GB")
-        floors[key] = parse_size(value) if isinstance(value, str) else int(value)
+        if isinstance(value, str):
+            floors[key] = parse_size(value)
+        elif isinstance(value, int) and not isinstance(value, bool) \
+                and 0 <= value <= MAX_SIZE_BYTES:
+            floors[key] = value
+        else:
+            raise ConfigError(f"--floor {key}: give a size such as \"2GB\" or a number of "
+                              f"bytes, got {str(value)[:40]!r}")
     optimizer = data.get("optimizer", "adamw")
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"--optimizer {optimizer!r} must be one of {', '.join(OPTIMIZERS)}")

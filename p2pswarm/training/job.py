@@ -27,6 +27,7 @@ BASE_DTYPES = ("f32", "f16", "bf16", "int8", "int4")
 TOKEN_DTYPES = ("uint16", "int32")
 CORPUS = "builtin:corpus"  # the public-domain text shipped with the package
 DATA_REF = "sha256:"  # a data file sent with the job, named by its SHA-256 (hex)
+MAX_COUNT = 10**9  # the most steps, tokens, replicas... a job may name: beyond any real run
 _HEX64 = frozenset("0123456789abcdef")
 
 
@@ -184,7 +185,7 @@ class JobConfig:
                 raise ConfigError(f"cannot read job file {path}: {exc.strerror}") from exc
         try:
             data = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             where = path or "job"
             raise ConfigError(f"{where} is not valid JSON: {exc}") from exc
         return cls.from_dict(data, base_dir=path.parent if path else None)
@@ -273,8 +274,8 @@ def _job(data: Mapping[str, Any], base_dir: Path | None) -> JobConfig:
     replicas_raw = data.get("replicas", "auto")
     replicas = None if replicas_raw == "auto" else _int(data, "replicas", 1, "replicas")
     seed = data.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative whole number, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ConfigError(f"seed must be a whole number from 0 to 2**63-1, got {seed!r:.40}")
     return JobConfig(
         model=_model(data["model"], base_dir),
         data=_data(data.get("data") or {}, base_dir),
@@ -447,10 +448,13 @@ def _no_unknown(raw: Mapping[str, Any], known: set[str], where: str) -> None:
                           f"known: {', '.join(sorted(known))}")
 
 
-def _int(raw: Mapping[str, Any], key: str, default: int, name: str, minimum: int = 1) -> int:
+def _int(raw: Mapping[str, Any], key: str, default: int, name: str, minimum: int = 1,
+         maximum: int = MAX_COUNT) -> int:
     value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name} must be a whole number of at least {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise ConfigError(f"{name} must be a whole number from {minimum} to {maximum:,}, "
+                          f"got {shown}")
     return value
 
 
