@@ -346,6 +346,8 @@ class Agent:
                 self._lost[event.node_id] = member.addr
         if event.kind == fx.ELECTED:
             self.training.elected()  # the jobs the last leader led go on here
+        elif event.kind in (fx.STEPPED_DOWN, fx.LEADER):
+            self.training.leader_changed()  # no longer leading: its drivers stop
         self.events.append(event)
         del self.events[:-100]
         level = _LOGGED_EVENTS.get(event.kind, logging.DEBUG)

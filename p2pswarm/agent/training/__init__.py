@@ -153,6 +153,34 @@ class Training:
         """This agent won an election: take over the jobs the last leader led."""
         self.takeover.elected()
 
+    def leads(self, term: int) -> bool:
+        """Whether this agent leads, in ``term``: what a driver of that term checks
+        before it gives an order."""
+        return self.leadership.is_leader() and self.leadership.term() == term
+
+    def leader_changed(self) -> None:
+        """The election moved (this agent stepped down, or a leader is known): every job
+        driven in a term this agent no longer leads stops being driven here. The new
+        leader takes it over from its copies (``takeover``); a leader elected again takes
+        its jobs over the same way, never by the loop it stopped."""
+        for job in self.jobs.values():
+            if job.state in TERMINAL or job.scope is None or self.leads(job.term):
+                continue
+            self.hand_on(job)
+
+    def hand_on(self, job: Job) -> None:
+        """Stop driving ``job``: its record says to whom it went, its drive is cancelled."""
+        status = self.agent.election.status() if self.agent.election is not None else None
+        if status is not None and status.leader_id is not None \
+                and status.leader_id != self.agent.node_id and status.term > job.term:
+            job.handed = f"handed to the new leader {status.leader_name} (term {status.term})"
+        elif not job.handed:
+            job.handed = (f"handed to the new leader: {self.agent.name} stopped leading "
+                          f"(term {job.term})")
+        job.reason = job.handed
+        if job.scope is not None:
+            job.scope.cancel()
+
     # --- asking the leader ----------------------------------------------------------------
 
     async def ask_plan(self, config: Any, *, stages: int | None = None,

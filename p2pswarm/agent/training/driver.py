@@ -115,13 +115,22 @@ async def run_all_or_fail_first(fns: list[Callable[[], Awaitable[None]]]) -> Non
 
 async def drive(training: Training, job: Job, handed: Handed | None = None) -> None:
     """Place the job (waiting while pending), train it, release its stages. A job taken
-    over from another leader (``handed``) goes back on its fellows first (``takeover``)."""
+    over from another leader (``handed``) goes back on its fellows first (``takeover``).
+
+    It is driven in the term this agent leads now: when it stops leading (it steps down,
+    follows a newer term, or is cut off on a minority side) ``Training.leader_changed``
+    cancels the drive, which then closes its streams and sends nothing more: no release,
+    no copy. The new leader takes the job over from its copies; the record here says it
+    was handed on, neither failed nor cancelled."""
     driver: Driver | None = None
     placer = training.placer
+    job.term, job.handed = training.leadership.term(), ""
     with trio.CancelScope() as scope:
         job.scope = scope
         if job.cancel_asked:
             scope.cancel()
+        if not training.leads(job.term):
+            training.hand_on(job)
         try:
             if handed is None:
                 await training.handover.keep(job)  # submitted: a new leader would place it
@@ -143,8 +152,18 @@ async def drive(training: Training, job: Job, handed: Handed | None = None) -> N
                     placement = await placer.wait_to_resume(job, exc)
             job.state, job.reason = "finished", ""
         except SwarmError as exc:
-            job.state, job.reason = "failed", str(exc)
-            log.warning("job %s failed: %s", job.job_id, exc)
+            if training.leads(job.term):
+                job.state, job.reason = "failed", str(exc)
+                log.warning("job %s failed: %s", job.job_id, exc)
+            else:  # it failed because this agent was cut off: the new leader drives it
+                training.hand_on(job)
+    if job.handed:
+        job.driver, job.reason = None, job.handed
+        log.info("job %s: %s", job.job_id, job.handed)
+        if driver is not None:
+            with trio.CancelScope(shield=True):
+                await driver.close()  # its streams only: the stages are the new leader's
+        return
     if scope.cancelled_caught or (job.cancel_asked and job.state not in TERMINAL):
         job.state, job.reason = "cancelled", "cancelled by request"
     with trio.CancelScope(shield=True):

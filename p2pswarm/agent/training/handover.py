@@ -153,8 +153,8 @@ class JobHandover:
         """Copy ``job`` (and where ``driver``'s rounds stand) to its fellows, in the
         background; returns once the copy is made, not sent."""
         leadership = self.training.leadership
-        if not leadership.is_leader():
-            return
+        if not leadership.is_leader() or (job.term and job.term != leadership.term()):
+            return  # a job driven in a term this agent no longer leads is not its to copy
         parts: list[bytes] = []
         digest = ""
         if driver is not None and driver.synced and driver.keepers:
@@ -195,6 +195,8 @@ class JobHandover:
         try:
             while job_id in self._latest:
                 copy = self._latest.pop(job_id)
+                if not self.training.leads(copy.head.term):
+                    continue  # stepped down since: the new leader's copies count now
                 async with trio.open_nursery() as nursery:
                     for addr in sorted(self.holders(job_id).values()):
                         nursery.start_soon(self._send_one, addr, copy)

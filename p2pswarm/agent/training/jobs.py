@@ -24,6 +24,7 @@ import trio
 from p2pswarm.agent.training.job_data import refuse_paths
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.models.files import read_model_config
+from p2pswarm.planner import pinned_plan_message
 from p2pswarm.training.job import JobConfig
 from p2pswarm.wire.jobs import (
     JobCancel,
@@ -66,6 +67,23 @@ def model_message(job: JobConfig) -> dict[str, Any]:
     return {"name": name, "config": config}
 
 
+def job_plan(job: JobConfig, plans: list[dict[str, Any]]) -> dict[str, Any]:
+    """A job's plan from its replicas' plans: the first replica's plan with every
+    replica's stages; several replicas get one ``plan_id`` over all of theirs."""
+    out = dict(plans[0])
+    out["replicas"] = [{"replica": i, "plan_id": p["plan_id"], "stages": p["stages"],
+                        "strip_text": p["layout"]["strip_text"]}
+                       for i, p in enumerate(plans)]
+    if len(plans) > 1:
+        joined = ",".join(p["plan_id"] for p in plans)
+        out["plan_id"] = hashlib.sha256(f"job|{joined}".encode()).hexdigest()[:16]
+        out["summary"] = (f"{len(plans)} replicas, synced every {job.sync.inner_steps} "
+                          f"steps ({job.sync.codec}). Replica 0: {plans[0]['summary']}")
+    out["job"] = {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
+                  "replicas": len(plans)}
+    return out
+
+
 def card_key(stage: dict[str, Any]) -> str:
     """How ``exclude`` names a plan stage's card."""
     which = "cpu" if stage["kind"] == "cpu" else str(stage["index"])
@@ -105,6 +123,8 @@ class Job:
     scope: trio.CancelScope | None = None
     driver: Driver | None = None  # while it runs
     cancel_asked: bool = False
+    term: int = 0  # the term this agent drives it in
+    handed: str = ""  # why this agent stopped driving it: it no longer leads
 
     def record(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "state": self.state, "reason": self.reason,
@@ -170,18 +190,58 @@ class LeaderJobs:
                 break
             plans.append(plan)
             exclude += [card_key(s) for s in plan["stages"]]
-        out = dict(plans[0])
-        out["replicas"] = [{"replica": i, "plan_id": p["plan_id"], "stages": p["stages"],
-                            "strip_text": p["layout"]["strip_text"]}
-                           for i, p in enumerate(plans)]
-        if len(plans) > 1:
-            joined = ",".join(p["plan_id"] for p in plans)
-            out["plan_id"] = hashlib.sha256(f"job|{joined}".encode()).hexdigest()[:16]
-            out["summary"] = (f"{len(plans)} replicas, synced every {job.sync.inner_steps} "
-                              f"steps ({job.sync.codec}). Replica 0: {plans[0]['summary']}")
-        out["job"] = {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
-                      "replicas": len(plans)}
-        return self.training.shown.remember(out)  # type: ignore[no-any-return]
+        return self.training.shown.remember(job_plan(job, plans))  # type: ignore[no-any-return]
+
+    async def pinned_plan(self, expected: str | None, config: Any, *,
+                          stages: int | None = None, maximize: str | None = None,
+                          exclude_cards: list[str] | None = None) -> dict[str, Any]:
+        """The plan a job pinned to ``expected`` (None: not pinned) gets: the plan now, or
+        the shown one while it still holds (as a pinned load's, ``Planning.pinned_plan``).
+        The caller checks the pin, which refuses any other plan with what changed."""
+        try:
+            plan = await self.plan(config, stages=stages, maximize=maximize,
+                                   exclude_cards=exclude_cards)
+        except PlacementError:
+            held = self.still_holds(expected, config, stages, maximize, exclude_cards) \
+                if expected else None
+            if held is None:
+                raise
+            return held
+        if expected and plan["plan_id"] != expected:
+            return self.still_holds(expected, config, stages, maximize, exclude_cards) \
+                or plan
+        return plan
+
+    def still_holds(self, expected: str, config: Any, stages: int | None,
+                    maximize: str | None, exclude_cards: list[str] | None
+                    ) -> dict[str, Any] | None:
+        """The job plan ``expected`` this leader showed, as it stands on its view now,
+        when every replica's placement still holds its claims (``plan_pinned``: memory
+        that moved within the plan's headroom, a tie that would fall the other way now,
+        a longer ``seq_len`` that would fit now); None when it was not shown here or no
+        longer holds."""
+        shown = self.training.shown.get(expected)
+        replicas = shown.get("replicas") if shown is not None else None
+        if shown is None or not isinstance(replicas, list) or not replicas:
+            return None
+        job = job_config(config)
+        model = model_message(job)
+        view = self.agent.planning.view()
+        exclude = list(exclude_cards or [])
+        plans: list[dict[str, Any]] = []
+        for replica in replicas:  # each on the cards the ones before it left, as planned
+            if not isinstance(replica, dict):
+                return None
+            message = {"model": model, **job.plan_request(), "stages": stages,
+                       "maximize": maximize, "exclude": sorted(exclude)}
+            held = pinned_plan_message(message, view, {"stages": replica.get("stages"),
+                                                       "request": shown.get("request")})
+            if held is None or held["plan_id"] != replica.get("plan_id"):
+                return None
+            plans.append(held)
+            exclude += [card_key(s) for s in held["stages"]]
+        plan = job_plan(job, plans)
+        return plan if plan["plan_id"] == expected else None
 
     async def _serve_plan(self, call: JobPlanAsk) -> JobPlanShown:
         plan = await self.plan(unpack_doc(call.config), stages=call.stages,
@@ -201,8 +261,8 @@ class LeaderJobs:
         maximize = "seq_len" if call.maximize == "seq_len" else None
         exclude = list(call.exclude_cards)
         try:
-            plan = await self.plan(config, stages=call.stages, maximize=maximize,
-                                   exclude_cards=exclude)
+            plan = await self.pinned_plan(expected, config, stages=call.stages,
+                                          maximize=maximize, exclude_cards=exclude)
         except PlacementError as exc:
             if not expected:
                 raise
@@ -265,4 +325,4 @@ class LeaderJobs:
 
 
 __all__ = ["CHANGED", "STATES", "TERMINAL", "Job", "LeaderJobs", "card_key", "job_config",
-           "model_message"]
+           "job_plan", "model_message"]

@@ -49,9 +49,14 @@ class Placer:
         its stage; the job stays pending (with why) until then."""
         while True:
             try:
-                plan = await self.training.leader.plan(
-                    job.config, stages=job.stages, maximize=job.maximize,
-                    exclude_cards=job.exclude_cards, cut=self._checkpoint_cut(job))
+                if job.pinned:  # the shown plan, while it still holds
+                    plan = await self.training.leader.pinned_plan(
+                        job.plan_id, job.config, stages=job.stages, maximize=job.maximize,
+                        exclude_cards=job.exclude_cards)
+                else:
+                    plan = await self.training.leader.plan(
+                        job.config, stages=job.stages, maximize=job.maximize,
+                        exclude_cards=job.exclude_cards, cut=self._checkpoint_cut(job))
                 if job.maximize and not job.pinned:
                     job.config["seq_len"] = int(plan["request"]["seq_len"])
                 if job.pinned and plan["plan_id"] != job.plan_id:
@@ -192,6 +197,9 @@ class Placer:
 
         async def one(r: int, s: dict[str, Any], n_stages: int, next_addr: str,
                       prev_fellow: str) -> None:
+            if not self.training.leads(job.term):
+                refusals.append(f"{s['fellow']}: not ordered, this fellow no longer leads")
+                return
             start, end = s["layers"]
             order = TrainPrepare(job.job_id, r, s["stage"], n_stages, s["fellow_id"],
                                  int(start), int(end), s["card_kind"], int(s["card_index"]),
@@ -229,6 +237,8 @@ class Placer:
         order = TrainRelease(job.job_id, replica, generation)
 
         async def one(addr: str) -> None:
+            if not self.training.leads(job.term):
+                return  # the stages are the new leader's to keep or release
             try:
                 with trio.fail_after(self.training.open_timeout_s):
                     await self.training.leadership.order(addr, order, TrainReleased)

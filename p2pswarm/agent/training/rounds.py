@@ -289,24 +289,31 @@ class SyncRounds:
             await link.ask(Reset(version, params), Ack)
             self.job.bytes_sent += nbytes
 
+    async def to_global_state(self, r: Replica) -> bool:
+        """Bring replica ``r`` to the keepers' global state: every stage takes its
+        keeper's global parameters and version, the tied head the synced embedding, and
+        the replica stands at that version with nothing unsent. False (the replica
+        paused) when a stage fails or falls silent."""
+        try:
+            with trio.fail_after(self.training.step_timeout_s):
+                await self._send_global_state(r)
+                await self.copy_tied(r)
+        except (SwarmError, trio.TooSlowError) as exc:
+            await self.pause(r, exc)
+            return False
+        r.version = r.rounds_done = self.keepers[0].version
+        r.samples_unsent = r.steps_unsent = 0
+        return True
+
     async def _admit(self) -> None:
         """After a round closes (or when no replica is training): replicas placed again
         take the keepers' current global parameters and version and start training in
         the round that opens now."""
         for r in self.replicas:
-            if not r.joining:
-                continue
-            try:
-                with trio.fail_after(self.training.step_timeout_s):
-                    await self._send_global_state(r)
-                    await self.copy_tied(r)
-            except (SwarmError, trio.TooSlowError) as exc:
-                await self.pause(r, exc)
+            if not r.joining or not await self.to_global_state(r):
                 continue
             r.joining, r.paused = False, ""
-            r.samples_unsent = r.steps_unsent = 0
-            r.version, r.in_round, r.step_s = self.keepers[0].version, 0, 0.0
-            r.rounds_done, r.sent_version = r.version, -1
+            r.in_round, r.step_s, r.sent_version = 0, 0.0, -1
             r.running, r.finished = True, False
             self.job.rejoins += 1
             assert self._nursery is not None

@@ -82,15 +82,15 @@ class Takeover:
             if not leadership.is_leader() or leadership.term() != term:
                 return  # no longer the leader that gathered them
             known = self.training.jobs.get(job_id)
-            if known is not None and known.state not in TERMINAL:
-                continue  # this agent drives it already
+            if known is not None and known.state not in TERMINAL and not known.handed:
+                continue  # this agent drives it already (a job it handed on is taken back)
             try:
                 doc = unpack_doc(copy.head.state)
                 job, rounds = restore(doc)
             except SwarmError as exc:
                 log.warning("job copy of %s refused: %s", job_id, exc)
                 continue
-            if known is not None and job.state in TERMINAL:
+            if known is not None and not known.handed and job.state in TERMINAL:
                 continue
             was = str(doc.get("leader", ""))[:64] or "the last leader"
             self.training.jobs[job_id] = job
@@ -255,15 +255,7 @@ class Takeover:
                 for keeper in driver.keepers:
                     keeper.leave(r.name)
         for r in driver.active:
-            try:
-                with trio.fail_after(driver.training.step_timeout_s):
-                    await driver._send_global_state(r)
-                    await driver.copy_tied(r)
-            except (SwarmError, trio.TooSlowError) as exc:
-                await driver.pause(r, exc)
-                continue
-            r.version = r.rounds_done = driver.keepers[0].version
-            r.samples_unsent = r.steps_unsent = 0
+            await driver.to_global_state(r)
 
 
 __all__ = ["Handed", "Takeover"]
