@@ -14,6 +14,10 @@ Sections (each a function in ``SECTIONS``; add yours there, it returns table row
   low ``RLIMIT_NOFILE``): exits, plans answered during the flood.
 - ``throughput``: bench_wire's sealed-datagram and sealed-stream figures; with
   ``--baseline`` (``bench_wire.py --json`` run on the code before), the change in percent.
+- ``insider``: a fellow holding the token sends ``--messages`` election messages, orders
+  and shard pushes with hostile values to a virtual swarm (simulations/bench_insider.py):
+  crashes, leader changes, files outside the state directories, and the cost of signed
+  elections.
 
 Agents run as real ``p2pswarm join`` processes on loopback; strangers connect from other
 127.0.0.0/8 addresses (Linux routes them all to lo), so per-host caps see many hosts.
@@ -317,12 +321,22 @@ def throughput(baseline: dict[str, Any] | None) -> list[Row]:
     return rows
 
 
+def insider(messages: int) -> list[Row]:
+    """A fellow holding the token floods a virtual swarm (simulations/bench_insider.py)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import bench_insider
+
+    return bench_insider.table(bench_insider.measure(messages, 1, 3, bench_insider.N),
+                               bench_insider.N)
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "giant_frames": lambda args: giant_frames(),
     "giant_frames_here": lambda args: giant_frames_here(args.connections),
     "flood": lambda args: flood(),
     "throughput": lambda args: throughput(
         json.loads(Path(args.baseline).read_text()) if args.baseline else None),
+    "insider": lambda args: insider(args.messages),
 }
 
 
@@ -334,6 +348,8 @@ def main() -> None:
     parser.add_argument("--baseline", help="bench_wire.py --json output from before")
     parser.add_argument("--connections", type=int, default=1000,
                         help="stranger connections for giant_frames_here")
+    parser.add_argument("--messages", type=int, default=100_000,
+                        help="insider messages for the insider section")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the strangers need sockets

@@ -24,8 +24,12 @@ CALLS_AND_ORDERS = [jobs.JobPlanAsk, jobs.JobSubmit, jobs.JobsAsk, jobs.JobCance
 
 @pytest.mark.parametrize("cls", CALLS_AND_ORDERS)
 def test_every_job_call_and_order_carries_its_term_last(cls: type) -> None:
-    last = dataclasses.fields(cls)[-1]
-    assert last.name == "term" and last.default == 0
+    """``term`` closes the fields a message was born with; fields appended since (the wire
+    only grows at the end) follow it, each with a default."""
+    fields = dataclasses.fields(cls)
+    names = [f.name for f in fields]
+    assert "term" in names and fields[names.index("term")].default == 0
+    assert all(f.default is not dataclasses.MISSING for f in fields[names.index("term"):])
 
 
 def test_job_messages_use_their_own_tags() -> None:

@@ -5,7 +5,7 @@ a job) is a *call*: a typed message (``PlanAsk``, ...) that this agent runs itse
 leads, or sends to the leader it knows, which dispatches on the message's type and answers
 with the call's reply type or ``CallFailed``. The leader's *orders* to fellows (take a
 stage, release it, ...) are typed messages too. Every call and order carries ``term`` as
-its last field, stamped here: a fellow refuses an order from a stale term. Errors keep
+the last of its first fields, stamped here: a fellow refuses an order from a stale term. Errors keep
 their SwarmError kind end to end, so a refused pin is still ``plan-changed`` (409) at the
 CLI of whichever fellow asked.
 

@@ -217,12 +217,13 @@ class Netns:
         f.home.mkdir(parents=True, exist_ok=True)
         if f.log is None:
             f.log = open(self.work / f"{f.name}.log", "ab")
-        args = ["ip", "netns", "exec", f.ns, *AGENT_CMD, "join", *seeds, "--token", token,
+        args = ["ip", "netns", "exec", f.ns, *AGENT_CMD, "join", *seeds,
                 "--listen", f.addr, "--name", f.name, "--preset", preset_name,
                 "--home", str(f.home), "--leader-priority", str(f.priority),
                 "--cpu-memory", "4GB", "--log-level", "info"]
+        env = {**os.environ, "P2PSWARM_TOKEN": token}  # never on a command line
         f.proc = subprocess.Popen(args, stdout=f.log, stderr=f.log, stdin=subprocess.DEVNULL,
-                                  start_new_session=True)
+                                  start_new_session=True, env=env)
 
     def kill(self, i: int) -> None:
         f = self.fellows[i]

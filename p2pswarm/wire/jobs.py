@@ -3,8 +3,9 @@
 A fellow asks the leader to plan a job (``JobPlanAsk``), submit one (``JobSubmit``), list
 its jobs (``JobsAsk``), cancel one (``JobCancel``) or show one's config (``JobConfigAsk``).
 The leader orders a fellow to take a stage of a job (``TrainPrepare``) and to let go of
-stages (``TrainRelease``). Each carries ``term`` as its last field (stamped by the
-leadership layer) and is answered by its own reply type or ``CallFailed``.
+stages (``TrainRelease``). Each carries ``term`` (stamped by the leadership layer; it
+closes the fields a message was born with, and fields appended since follow it) and is
+answered by its own reply type or ``CallFailed``.
 
 So that a job outlives its leader, the leader hands a few fellows a copy of each job's
 record and driver state after every sync round (``JobKeep`` and its ``JobOuterChunk``
@@ -31,6 +32,7 @@ CardKey = Annotated[str, Size(1, 96)]  # "FELLOW:INDEX" or "FELLOW:cpu"
 Maximize = Annotated[str, Size(0, 16)]  # "", "seq_len" or "speed"
 PlanId = Annotated[str, Size(0, 64)]  # "" when not pinned
 FellowId = Annotated[str, Size(1, 64)]
+UpstreamId = Annotated[str, Size(0, 64)]  # a fellow id, or "" for none
 CardKind = Annotated[str, Size(1, 16)]
 Address = Annotated[str, Size(0, 128)]  # "" for the last stage
 MAX_CARDS = 1024
@@ -144,6 +146,7 @@ class TrainPrepare:
     config: Doc
     generation: U32 = 0
     term: U64 = 0
+    prev_fellow: UpstreamId | None = None  # who alone may feed this stage ("" for stage 0)
 
 
 @message(160)

@@ -9,9 +9,11 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from p2pswarm import wire
 from p2pswarm.agent import Agent
 from p2pswarm.agent.agent import fellow_signed
 from p2pswarm.agent.training.checkpoints import MANIFEST
+from p2pswarm.agent.training.stage_host import TrainHost
 from p2pswarm.config import ElectionConfig
 from p2pswarm.election import LEADER_ROLE, MAX_TERM_STEP, Election
 from p2pswarm.membership import Member
@@ -20,7 +22,7 @@ from p2pswarm.security.ballots import Signatures, ballot_statement, request_stat
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
 from p2pswarm.wire import gossip as g
 from p2pswarm.wire import message_types
-from p2pswarm.wire.jobs import JobKeep, TrainRelease
+from p2pswarm.wire.jobs import JobKeep, TrainPrepare, TrainRelease
 from p2pswarm.wire.loads import StageLoad, StageRelease
 from p2pswarm.wire.orders import CallFailed
 from p2pswarm.wire.training import TrainError, TrainOpen, TrainShard
@@ -128,6 +130,30 @@ async def test_orders_and_pushes_from_a_fellow_not_leading_are_refused(autojump_
         assert refused(victim).get("order-not-from-leader", 0) - before >= 5
         assert led_by(rogue) == {(leader, term)}
         assert all_alive(swarm)
+        nursery.cancel_scope.cancel()
+
+
+async def test_only_the_previous_stage_feeds_a_training_stage(autojump_clock) -> None:
+    """A stage's data stream (activations in, gradients out) is taken only from the fellow
+    the leader placed on the stage before it."""
+    swarm, rogue = await led_swarm(7)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        leader, term = await start(swarm, rogue)
+        upstream, victim = [a for a in rogue.honest() if a.node_id != leader][:2]
+        order = TrainPrepare("job-1", 0, 1, 2, victim.node_id.hex(), 2, 4, "cpu", 0, 0, "",
+                             b"\x80", 0, term, prev_fellow=upstream.node_id.hex())
+        host = TrainHost(order, None, None)  # type: ignore[arg-type]  # no compute needed
+        victim.training.stages.hosts[host.key] = host
+        answer = await rogue.push(victim.addr, TrainOpen("job-1", 0, 1, "data"))
+        assert isinstance(answer, TrainError) and "previous stage" in answer.reason
+        assert host.upstream is None
+        assert refused(victim)["train-data-not-from-upstream"] == 1
+        async with await upstream.open_secure(victim.addr) as stream:
+            await stream.send_frame(wire.encode(TrainOpen("job-1", 0, 1, "data")))
+            await wait_until(lambda: host.upstream is not None, timeout_s=5)
+        assert refused(victim)["train-data-not-from-upstream"] == 1
+        host.done.set()
         nursery.cancel_scope.cancel()
 
 

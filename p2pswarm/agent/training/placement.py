@@ -189,11 +189,13 @@ class Placer:
         config = pack_doc(job.config)
         timeout_s = self.training.open_timeout_s
 
-        async def one(r: int, s: dict[str, Any], n_stages: int, next_addr: str) -> None:
+        async def one(r: int, s: dict[str, Any], n_stages: int, next_addr: str,
+                      prev_fellow: str) -> None:
             start, end = s["layers"]
             order = TrainPrepare(job.job_id, r, s["stage"], n_stages, s["fellow_id"],
                                  int(start), int(end), s["card_kind"], int(s["card_index"]),
-                                 int(s["need_bytes"]), next_addr, config, generation)
+                                 int(s["need_bytes"]), next_addr, config, generation,
+                                 prev_fellow=prev_fellow)
             try:
                 with trio.fail_after(timeout_s):
                     await self.training.leadership.order(s["addr"], order, TrainPrepared)
@@ -208,7 +210,8 @@ class Placer:
                     continue
                 for i, s in enumerate(stages):
                     nxt = stages[i + 1]["addr"] if i + 1 < len(stages) else ""
-                    nursery.start_soon(one, r, s, len(stages), nxt)
+                    prev = str(stages[i - 1]["fellow_id"]) if i else ""
+                    nursery.start_soon(one, r, s, len(stages), nxt, prev)
         return sorted(refusals)
 
     async def release(self, job: Job, replica: int | None = None,

@@ -93,6 +93,7 @@ class TrainHost:
         self.card_key = f"{order.card_kind}:{order.card_index}"
         self.need_bytes = order.need_bytes
         self.next_addr = order.next_addr
+        self.prev_fellow = order.prev_fellow  # None: placed by a leader that did not say
         self.schedule = PIPELINE_SCHEDULE
         self.generation = order.generation  # which placement of the replica
         self.term = order.term  # the leader's term that placed it
@@ -222,6 +223,12 @@ class StageHosts:
                                                       f"{msg.replica} of {msg.job_id}"))
             return
         if msg.role == "data":
+            if host.prev_fellow is not None and stream.peer_node_id.hex() != host.prev_fellow:
+                self.agent.counters.refuse("train-data-not-from-upstream")
+                await send_best_effort(stream, TrainError(msg.stage, self.agent.name,
+                                                          "only the previous stage's fellow "
+                                                          "feeds this stage"))
+                return
             host.upstream = stream
             host.upstream_ready.set()
             await host.done.wait()
