@@ -146,3 +146,16 @@ async def test_the_leaders_own_user_gets_the_directory_it_names(
         await leader.training.leader.cancel(record["job_id"])
         assert leader.status()["counters"]["refused"].get("job-checkpoint-dir-moved", 0) == 0
         nursery.cancel_scope.cancel()
+
+
+def test_train_says_where_the_leader_keeps_the_checkpoints() -> None:
+    from p2pswarm.cli.training import _kept_elsewhere
+
+    job = {"checkpoint": {"dir": "/home/me/ckpt"}}
+    kept = {"job_id": "job-0123abcd", "checkpoint_dir": "/srv/leader/job-checkpoints/x"}
+    line = _kept_elsewhere(job, kept)
+    assert "kept on the leader in /srv/leader/job-checkpoints/x" in line
+    assert "jobs export job-0123abcd --out DIR" in line
+    assert _kept_elsewhere(job, {**kept, "checkpoint_dir": "/home/me/ckpt"}) == ""
+    assert _kept_elsewhere({"checkpoint": {}}, kept) == ""
+    assert _kept_elsewhere(None, kept) == ""
