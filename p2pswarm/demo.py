@@ -273,7 +273,10 @@ def run_train_demo(say: Say, render_status: Show, render_plan: Show | None = Non
         say(f"loss {loss_curve_text(losses)} (first step {losses[0]:.2f}, last ten "
             f"{final:.2f})")
 
-        model_dir, cut, holdout = export_trained(job, swarm.root / "trained")
+        # where the leader kept it: the job's checkpoint.dir when fellow-1 leads, else the
+        # leader's state directory (a job from another fellow), on this same machine
+        model_dir, cut, holdout = export_trained(record["checkpoint_dir"],
+                                                 swarm.root / "trained")
         say(f"exported to {model_dir} (a Hugging Face directory recording the cut "
             f"{cut}); held-out loss {holdout:.2f}")
 
@@ -324,18 +327,16 @@ def _params(config: dict[str, Any]) -> int:
     return n * per_layer + config["vocab_size"] * h + h
 
 
-def export_trained(job: dict[str, Any], out_dir: Path) -> tuple[Path, list[int], float]:
-    """The job's latest checkpoint as a Hugging Face directory (``jobs export``): (its
-    path, the cut, the held-out loss of the trained model)."""
+def export_trained(checkpoint_dir: str, out_dir: Path) -> tuple[Path, list[int], float]:
+    """The job's latest checkpoint (in ``checkpoint_dir``, its record's) as a Hugging
+    Face directory (``jobs export``): (its path, the cut, the held-out loss of the trained
+    model)."""
     from p2pswarm.training.checkpoint import CheckpointStore
-    from p2pswarm.training.job import JobConfig
     from p2pswarm.training.job_export import export_checkpoint
 
-    config = JobConfig.from_dict(job)
-    assert config.checkpoint.dir is not None
-    store = CheckpointStore(config.checkpoint.dir)
+    store = CheckpointStore(checkpoint_dir)
     if store.latest() is None:
-        raise SwarmError(f"the job left no complete checkpoint in {config.checkpoint.dir}")
+        raise SwarmError(f"the job left no complete checkpoint in {checkpoint_dir}")
     exported = export_checkpoint(store, out_dir, holdout_batches=8)
     assert exported.holdout_loss is not None
     return exported.path, list(exported.cut), exported.holdout_loss

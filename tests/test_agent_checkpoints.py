@@ -78,7 +78,10 @@ async def test_a_stage_state_over_64_mib_is_copied_twice_and_resumed_exactly(
         await wait_until(stop_after_the_checkpoint, timeout_s=120, step_s=0.0005)
         stopped = await finished(asker, job_id)
         assert stopped["state"] == "cancelled" and stopped["checkpoint"]
-        store = CheckpointStore(tmp_path / "ckpt")
+        # submitted from another fellow: the leader keeps it in its own state directory
+        ckpt = Path(stopped["checkpoint_dir"])
+        assert ckpt != tmp_path / "ckpt" and ckpt.name == job_id
+        store = CheckpointStore(ckpt)
         assert store.latest() == 2
         stage_shards = [n for n in store.manifest(2)["shards"] if ".stage-" in n
                         and n.startswith("replica-")]
@@ -94,14 +97,14 @@ async def test_a_stage_state_over_64_mib_is_copied_twice_and_resumed_exactly(
                 held = agent.training.copies.step_dir(job_id, 2) / f"{name}.pt"
                 assert held.read_bytes() == (store.step_dir(2) / f"{name}.pt").read_bytes()
         # the leader's own copy lost: resume fetches every shard back from the fellows
-        shutil.rmtree(tmp_path / "ckpt")
+        shutil.rmtree(ckpt)
         resumed = await asker.training.submit(None, stages=2, resume=job_id)
         assert resumed["job_id"] == job_id
         record = await finished(asker, job_id)
         assert record["state"] == "finished", record["reason"]
         assert record["losses"] == calm["losses"]
         # parameters and optimizer state equal to the bit at the end
-        want, got = CheckpointStore(tmp_path / "calm"), CheckpointStore(tmp_path / "ckpt")
+        want, got = CheckpointStore(calm["checkpoint_dir"]), CheckpointStore(ckpt)
         assert got.latest() == want.latest() == 4
         for name in sorted(want.manifest(4)["shards"]):
             _equal(got.read(4, name), want.read(4, name), name)
@@ -123,6 +126,7 @@ async def test_a_checkpoint_resumed_on_another_cut_is_re_sharded(
         record = await asker.training.submit(config, stages=2)
         job_id = record["job_id"]
         job = leader.training.jobs[job_id]
+        ckpt = Path(record["checkpoint_dir"])  # the leader's own: asked from a fellow
 
         def stop_after_the_checkpoint() -> bool:
             if job.step >= 3 and job.scope is not None:
@@ -141,8 +145,8 @@ async def test_a_checkpoint_resumed_on_another_cut_is_re_sharded(
         again = leader.training.jobs[job_id]  # the resumed job's record
         new_cut = [s["layers"][0] for s in again.placement[0][1:]]
         assert len(new_cut) == 2 and len(old_cut) == 1
-        assert not list((tmp_path / "ckpt").glob(".reshard-*"))  # the scratch copy is gone
-        assert CheckpointStore(tmp_path / "ckpt").manifest(4)["meta"]["cut"] == new_cut
+        assert not list(ckpt.glob(".reshard-*"))  # the scratch copy is gone
+        assert CheckpointStore(ckpt).manifest(4)["meta"]["cut"] == new_cut
         calm = LocalRun(JobConfig.from_dict({**config, "checkpoint": {}}), cut=old_cut).run()
         assert record["losses"] == pytest.approx(calm, abs=1e-4)
         nursery.cancel_scope.cancel()

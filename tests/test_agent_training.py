@@ -188,7 +188,9 @@ async def test_resume_continues_the_loss_trajectory_from_surviving_copies(
         for shard, holders in copies.items():
             assert {n for n, held in on_disk.items() if shard in held} == set(holders)
         assert len({h for hs in copies.values() for h in hs}) == 3  # spread, not all on two
-        shutil.rmtree(tmp_path / "ckpt")
+        ckpt = Path(stopped["checkpoint_dir"])  # the leader's own: asked from a fellow
+        assert ckpt.name == job_id and not (tmp_path / "ckpt").exists()
+        shutil.rmtree(ckpt)
         victim = next(i for i, f in enumerate(swarm.fellows)
                       if f.agent is not leader and f.name in copies[sorted(copies)[0]])
         swarm.crash(victim)
@@ -207,5 +209,5 @@ async def test_resume_continues_the_loss_trajectory_from_surviving_copies(
         assert len(record["losses"]) == 6
         for got, want in zip(record["losses"], local):
             assert abs(got - want) <= 1e-4
-        assert (tmp_path / "ckpt" / "step-00000006" / "manifest.json").is_file()
+        assert (ckpt / "step-00000006" / "manifest.json").is_file()
         nursery.cancel_scope.cancel()

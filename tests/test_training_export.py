@@ -182,8 +182,10 @@ async def test_a_swarm_job_exports_from_a_fellow_that_does_not_lead(autojump_clo
         record = await other.training.submit(config, stages=3)
         record = await finished(other, record["job_id"])
         assert record["state"] == "finished", record["reason"]
-        # the leader's own copy is gone: the fellows holding copies give it back
-        shutil.rmtree(tmp_path / "ckpt")
+        # the leader's own copy (in its state directory: the job came from a fellow) is
+        # gone: the fellows holding copies give it back
+        assert not (tmp_path / "ckpt").exists()
+        shutil.rmtree(record["checkpoint_dir"])
         exported = await other.training.export(record["job_id"], str(tmp_path / "out"))
         assert exported.kind == "model" and exported.step == 2
         assert exported.job_id == record["job_id"]

@@ -39,6 +39,8 @@ log = logging.getLogger("p2pswarm.agent")
 M = TypeVar("M")
 R = TypeVar("R")
 TypedHandler = Callable[[Any], Awaitable[Any]]  # a call or order -> its reply message
+# a call and who asked (a fellow's id; None: this agent itself) -> its reply message
+CallHandler = Callable[[Any, "bytes | None"], Awaitable[Any]]
 
 
 def call_failed(exc: SwarmError) -> CallFailed:
@@ -75,13 +77,20 @@ class Leadership:
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
-        self._calls: dict[type, TypedHandler] = {}
+        self._calls: dict[type, CallHandler] = {}
         self._orders: dict[type, TypedHandler] = {}
 
     # --- registering ------------------------------------------------------------------
 
     def serve(self, call_type: type[M], handler: Callable[[M], Awaitable[Any]]) -> None:
         """The leader answers ``call_type`` with ``handler`` (its reply message)."""
+        self.serve_from(call_type, lambda call, origin: handler(call))
+
+    def serve_from(self, call_type: type[M],
+                   handler: Callable[[M, bytes | None], Awaitable[Any]]) -> None:
+        """As ``serve``, and ``handler`` learns who asked: the fellow whose stream carried
+        the call (its id, proved by the handshake), or None when this agent asked itself
+        (it leads, and its own control socket or HTTP API asked: the local user)."""
         self._calls[call_type] = handler
         self.agent.on_stream(call_type, self._on_call)
 
@@ -104,7 +113,8 @@ class Leadership:
         """Run ``call`` on the leader (here, if this agent leads) and return its reply."""
         call = dataclasses.replace(call, term=self.term())
         if self.is_leader():
-            return expect_reply(await self._calls[type(call)](call), reply_type, "the leader")
+            return expect_reply(await self._calls[type(call)](call, None), reply_type,
+                                "the leader")
         reply = await self.agent.call(self._leader_addr(), call)
         return expect_reply(reply, reply_type, "the leader")
 
@@ -125,7 +135,7 @@ class Leadership:
                 where = f"the leader is {leader['name']}" if leader else "no leader yet"
                 raise PlacementError(f"{self.agent.name} is not the leader ({where}); "
                                      "try again")
-            return await self._calls[type(msg)](msg)
+            return await self._calls[type(msg)](msg, stream.peer_node_id)
         except RemoteProtocolError:
             raise  # a malformed body: the agent drops and counts it like any bad frame
         except SwarmError as exc:

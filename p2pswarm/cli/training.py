@@ -57,6 +57,18 @@ def _job_line(job: dict[str, Any]) -> str:
     return text + (f" ({job['reason']})" if job.get("reason") else "")
 
 
+def _kept_elsewhere(job: Optional[dict[str, Any]], record: dict[str, Any]) -> str:
+    """A line saying where the leader keeps the checkpoints when that is not the job's
+    ``checkpoint.dir`` (the job came from a fellow that does not lead); else ""."""
+    kept = record.get("checkpoint_dir")
+    asked = ((job or {}).get("checkpoint") or {}).get("dir")
+    if not kept or not asked or kept == asked:
+        return ""
+    return (f"checkpoints are kept on the leader in {kept} (a job from a fellow that does "
+            f"not lead never writes to the leader's disk elsewhere); `p2pswarm jobs export "
+            f"{record.get('job_id')} --out DIR` brings the latest here")
+
+
 def _moved_line(job: dict[str, Any]) -> str:
     """How the job came to its leader, when a new leader took it over; else ""."""
     return f"  {job['moved']}" if job.get("moved") else ""
@@ -121,6 +133,10 @@ def train(
             console.print(moved, markup=False)
         if isinstance(record.get("job_id"), str):
             said["job_id"] = record["job_id"]
+        kept = _kept_elsewhere(job, record)
+        if kept and said.get("kept") != kept:
+            said["kept"] = kept
+            console.print(kept, markup=False, soft_wrap=True)
         line = _job_line(record)
         if said.get("line") == line:
             return

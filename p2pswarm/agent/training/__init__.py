@@ -34,6 +34,7 @@ from p2pswarm.agent.pins import ShownPlans
 from p2pswarm.agent.training.checkpoints import TrainCopies
 from p2pswarm.agent.training.driver import drive
 from p2pswarm.agent.training.job_data import JobData, sent_files
+from p2pswarm.agent.training.job_paths import leader_checkpoint_dir
 from p2pswarm.agent.training.handover import JobHandover
 from p2pswarm.agent.training.jobs import (
     CHANGED,
@@ -105,6 +106,7 @@ class Training:
         # runs inline and takes none); 0 in the real world
         self.simulated_step_s = 0.0
         self.shown = ShownPlans(agent.name)  # job plans this leader has shown
+        self._checkpoints_root: Path | None = None
         self.leader = LeaderJobs(self)
         self.placer = Placer(self)
         self.stages = StageHosts(self)
@@ -126,6 +128,27 @@ class Training:
                 except SwarmError:
                     continue
         return out
+
+    @property
+    def checkpoints_root(self) -> Path:
+        """Where this leader keeps the checkpoints of jobs whose submitter is not local
+        to its disk (and of every job it took over): ``<home>/job-checkpoints``."""
+        if self._checkpoints_root is None:
+            if self.agent.home is not None:
+                self._checkpoints_root = self.agent.home / "job-checkpoints"
+            else:  # an agent without a state directory (a bare simulation)
+                self._checkpoints_root = Path(tempfile.mkdtemp(prefix="p2pswarm-jobs-"))
+        return self._checkpoints_root
+
+    def checkpoint_dir(self, job: Job) -> Path | None:
+        """Where this leader writes and reads ``job``'s checkpoints (None: it keeps none):
+        the directory its submit settled (``jobs``, ``job_paths``), else one named by the
+        job's id in this leader's own state directory."""
+        if job_config(job.config).checkpoint.dir is None:
+            return None
+        if not job.checkpoint_dir:
+            job.checkpoint_dir = str(leader_checkpoint_dir(self.checkpoints_root, job.job_id))
+        return Path(job.checkpoint_dir)
 
     @property
     def runtime(self) -> TrainRuntime:
@@ -264,8 +287,10 @@ class Training:
             raise ConfigError(f"job {job_id} names no checkpoint.dir: it keeps no checkpoint "
                               "to export")
         staging: Path | None = None
-        if self.leadership.is_leader():
-            where = Path(config.checkpoint.dir)
+        led = self.jobs.get(job_id) if self.leadership.is_leader() else None
+        kept = self.checkpoint_dir(led) if led is not None else None
+        if kept is not None:
+            where = kept
         else:  # fetch the shards from the fellows holding copies into a scratch store
             root = self.copies.root.parent if self.agent.home is not None else None
             staging = where = Path(tempfile.mkdtemp(prefix=".export-", dir=root))

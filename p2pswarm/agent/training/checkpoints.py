@@ -173,7 +173,7 @@ class Checkpoints:
         step = await self.training.copies.restore(self.job.job_id, store)
         if step is None:
             raise ConfigError(f"no complete checkpoint of {self.job.job_id} in "
-                              f"{self.cfg.checkpoint.dir} or on any connected fellow")
+                              f"{store.directory} or on any connected fellow")
         meta = store.manifest(step)["meta"]
         if same_training(meta["job"]) != same_training(self.cfg.to_dict()):
             raise ConfigError("the checkpoint was written by a different job.json; resume "

@@ -217,8 +217,9 @@ class Driver(SyncRounds, Checkpoints):
                 nursery.start_soon(self._open, r)
         if self.synced:
             await self._make_keepers()
-        if cfg.checkpoint.dir is not None:
-            self.store = runtime.checkpoint_store(cfg.checkpoint.dir, cfg.checkpoint.keep)
+        where = self.training.checkpoint_dir(job)  # the leader's own choice, not a copy's
+        if where is not None:
+            self.store = runtime.checkpoint_store(where, cfg.checkpoint.keep)
         if handed is not None and handed.restore_rounds:
             await self.training.takeover.restore_rounds(self, handed)
         elif job.resume:

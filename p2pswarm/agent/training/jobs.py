@@ -15,13 +15,18 @@ cancels a job and ``JobConfigAsk`` shows its config (for an export).
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from p2pswarm.agent.training.job_data import refuse_paths
+from p2pswarm.agent.training.job_paths import (
+    JOB_ID,
+    JobPathRefused,
+    check_model_from_fellow,
+    check_resume_from_fellow,
+)
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.models.files import read_model_config
 from p2pswarm.planner import pinned_plan_message
@@ -43,7 +48,6 @@ if TYPE_CHECKING:
     from p2pswarm.agent.training import Training
     from p2pswarm.agent.training.driver import Driver
 
-JOB_ID = re.compile(r"job-[0-9a-f]{8}")
 STATES = ("pending", "running", "finished", "failed", "cancelled")
 TERMINAL = ("finished", "failed", "cancelled")
 CHANGED = "the cluster changed since the plan was shown: "
@@ -111,6 +115,10 @@ class Job:
     samples: int = 0
     checkpoint: str = ""
     checkpoint_step: int = 0
+    # where this leader keeps the job's checkpoints: the submitter's own checkpoint.dir
+    # when its user is local to this disk, else set from this leader's state directory
+    # (``Training.checkpoint_dir``); never taken from a copy
+    checkpoint_dir: str = ""
     copies: dict[str, list[str]] = field(default_factory=dict)  # shard -> fellows holding it
     placement: list[list[dict[str, Any]]] = field(default_factory=list)
     rejoins: int = 0
@@ -134,6 +142,7 @@ class Job:
                 "bytes_sent": self.bytes_sent, "samples": self.samples,
                 "plan_id": self.plan_id, "pinned": self.pinned,
                 "model": self.config.get("model"), "checkpoint": self.checkpoint,
+                "checkpoint_dir": self.checkpoint_dir,
                 "checkpoint_copies": self.copies,
                 "seq_len": int(self.config.get("seq_len", 0)), "rejoins": self.rejoins,
                 "paused_times": self.paused_times,
@@ -151,8 +160,8 @@ class LeaderJobs:
         self.agent = training.agent
         self.jobs: dict[str, Job] = {}  # jobs this agent leads, by id
         serve = training.leadership.serve
-        serve(JobPlanAsk, self._serve_plan)
-        serve(JobSubmit, self._serve_submit)
+        training.leadership.serve_from(JobPlanAsk, self._serve_plan)
+        training.leadership.serve_from(JobSubmit, self._serve_submit)
         serve(JobsAsk, self._serve_jobs)
         serve(JobCancel, self._serve_cancel)
         serve(JobConfigAsk, self._serve_config)
@@ -243,7 +252,23 @@ class LeaderJobs:
         plan = job_plan(job, plans)
         return plan if plan["plan_id"] == expected else None
 
-    async def _serve_plan(self, call: JobPlanAsk) -> JobPlanShown:
+    def _from_fellow(self, origin: bytes | None, config: Any, resume: str = "") -> None:
+        """A job from another fellow (``origin``; None: this leader's own user) may name
+        no path on this leader's disk but where ``job_paths`` allows; refused and
+        counted otherwise."""
+        if origin is None:
+            return
+        try:
+            check_resume_from_fellow(resume)
+            if config is not None:
+                offers = self.agent.serving.offers.server.offers.values()
+                check_model_from_fellow(job_config(config), (m.path for m in offers))
+        except JobPathRefused as exc:
+            self.agent.counters.refuse(exc.reason)
+            raise ConfigError(str(exc)) from None  # a ConfigError at the asker's end too
+
+    async def _serve_plan(self, call: JobPlanAsk, origin: bytes | None) -> JobPlanShown:
+        self._from_fellow(origin, unpack_doc(call.config))
         plan = await self.plan(unpack_doc(call.config), stages=call.stages,
                                maximize=call.maximize or None,
                                exclude_cards=list(call.exclude_cards))
@@ -251,12 +276,14 @@ class LeaderJobs:
 
     # --- jobs -----------------------------------------------------------------------------
 
-    async def _serve_submit(self, call: JobSubmit) -> JobRecord:
+    async def _serve_submit(self, call: JobSubmit, origin: bytes | None) -> JobRecord:
         resume = call.resume
         config: Any = None if call.config is None else unpack_doc(call.config)
+        self._from_fellow(origin, config, resume)
         if resume:
             config = self._resume_config(resume, config)
-        refuse_paths(job_config(config))  # data comes with the job, never from this disk
+        cfg = job_config(config)
+        refuse_paths(cfg)  # data comes with the job, never from this disk
         expected = call.plan_id or None
         maximize = "seq_len" if call.maximize == "seq_len" else None
         exclude = list(call.exclude_cards)
@@ -284,9 +311,26 @@ class LeaderJobs:
                   stages=call.stages, resume=bool(resume),
                   reason="waiting for its fellows to take their stages", maximize=maximize,
                   exclude_cards=exclude)
+        job.checkpoint_dir = self._checkpoint_dir(call, origin, cfg, resume)
+        self.training.checkpoint_dir(job)  # "": this leader's state directory, said now
         self.jobs[job_id] = job
         self.agent.spawn(self.training.drive, job)
         return JobRecord(pack_doc(job.record()))
+
+    def _checkpoint_dir(self, call: JobSubmit, origin: bytes | None, cfg: JobConfig,
+                        resume: str) -> str:
+        """The submitter's ``checkpoint.dir`` when it wrote it on this disk (this
+        leader's own user); a known job resumed without a config keeps its directory;
+        "" otherwise (``Training.checkpoint_dir``: this leader's state directory)."""
+        if cfg.checkpoint.dir is None:
+            return ""
+        if call.config is None:
+            known = self.jobs.get(resume)
+            return known.checkpoint_dir if known is not None else ""
+        if origin is None:
+            return cfg.checkpoint.dir
+        self.agent.counters.refuse("job-checkpoint-dir-moved")
+        return ""
 
     def _resume_config(self, resume: str, config: Any) -> dict[str, Any]:
         if isinstance(config, dict):
@@ -324,5 +368,5 @@ class LeaderJobs:
         return JobRecord(pack_doc(await self.cancel(call.job_id)))
 
 
-__all__ = ["CHANGED", "STATES", "TERMINAL", "Job", "LeaderJobs", "card_key", "job_config",
-           "job_plan", "model_message"]
+__all__ = ["CHANGED", "JOB_ID", "STATES", "TERMINAL", "Job", "LeaderJobs", "card_key",
+           "job_config", "job_plan", "model_message"]

@@ -81,14 +81,13 @@ class Placer:
                 log.info("job %s pending: %s", job.job_id, exc)
             await trio.sleep(self.training.retry_s)
 
-    @staticmethod
-    def _checkpoint_cut(job: Job) -> list[int] | None:
+    def _checkpoint_cut(self, job: Job) -> list[int] | None:
         """The cut of the checkpoint an unpinned job resumes from, on this leader's disk:
         kept where the cards hold it, so nothing needs re-sharding."""
-        cfg = job_config(job.config)
-        if not job.resume or job.pinned or cfg.checkpoint.dir is None:
+        where = self.training.checkpoint_dir(job)
+        if not job.resume or job.pinned or where is None:
             return None
-        return latest_cut(cfg.checkpoint.dir)
+        return latest_cut(where)
 
     async def wait_to_resume(self, job: Job, lost: ReplicaLost) -> Placement:
         """A lone replica lost a fellow: the job waits ``pending`` until cards take its
