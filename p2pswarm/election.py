@@ -199,6 +199,9 @@ class Election:
         self._deputy_term = -1
         self._beats_lost = False
         self._gone_reported: bytes | None = None
+        # (term, leader) of a step-down we saw: it never leads that term again, so a beat
+        # or relayed announcement still in flight must not make us follow it back
+        self._stood_down: tuple[int, bytes] | None = None
         self._last_announce_s = -_INF
         self._announce_due = _INF
         # candidacy
@@ -480,6 +483,7 @@ class Election:
                                step_down_statement(msg.term, msg.leader)):
             return
         self.leader = None
+        self._stood_down = (msg.term, msg.leader)
         self._deputy_term = -1
         self._election_at = now + self._rank_delay() + self.rng.random() * self.tuning.jitter_s
         out.append(Event(NO_LEADER, msg.leader, self._name(msg.leader),
@@ -1000,7 +1004,7 @@ class Election:
 
     def _follow(self, term: int, leader: bytes, electorate: int, now: float,
                 out: list[Effect]) -> None:
-        if leader == self.node_id:
+        if leader == self.node_id or self._stood_down == (term, leader):
             return
         new = term > self.term or self.leader != leader
         if term > self.term or self.role != FOLLOWER:
