@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import logging
 import math
+import tempfile
 from collections import Counter
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import msgpack
@@ -777,6 +779,15 @@ class Agent:
             return []
         return sorted((m for m in self.membership.members() if not m.is_self),
                       key=lambda m: (m.name, m.node_id))
+
+    def state_dir(self, name: str) -> Path:
+        """The directory ``name`` in this agent's state directory (made if missing); a
+        fresh temporary one for an agent without a state directory (a bare simulation)."""
+        if self.home is None:
+            return Path(tempfile.mkdtemp(prefix=f"p2pswarm-{name}-"))
+        where = self.home / name
+        where.mkdir(parents=True, exist_ok=True)
+        return where
 
     def fellow(self, fellow_id: str) -> Member | None:
         """The fellow plans and records name by ``fellow_id`` (its node id in hex)."""

@@ -59,8 +59,12 @@ def test_the_weights_cache_refuses_what_cannot_fit(tmp_path: Path) -> None:
 def _agent(tmp_path: Path, **storage: Any) -> Any:
     config = SwarmConfig(storage=StorageConfig(**storage),
                          transport=TransportConfig(max_job_data_bytes=100))
+    def state_dir(name: str) -> Path:
+        (tmp_path / name).mkdir(exist_ok=True)
+        return tmp_path / name
+
     return SimpleNamespace(home=tmp_path, config=config, on_stream=lambda *a: None,
-                           name="holder")
+                           name="holder", state_dir=state_dir)
 
 
 def _step(copies: TrainCopies, job: str, step: int, nbytes: int, age_s: int) -> Path:

@@ -134,10 +134,7 @@ class Training:
         """Where this leader keeps the checkpoints of jobs whose submitter is not local
         to its disk (and of every job it took over): ``<home>/job-checkpoints``."""
         if self._checkpoints_root is None:
-            if self.agent.home is not None:
-                self._checkpoints_root = self.agent.home / "job-checkpoints"
-            else:  # an agent without a state directory (a bare simulation)
-                self._checkpoints_root = Path(tempfile.mkdtemp(prefix="p2pswarm-jobs-"))
+            self._checkpoints_root = self.agent.state_dir("job-checkpoints")
         return self._checkpoints_root
 
     def checkpoint_dir(self, job: Job) -> Path | None:

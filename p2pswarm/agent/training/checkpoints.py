@@ -27,7 +27,6 @@ import json
 import logging
 from functools import partial
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -244,10 +243,7 @@ class TrainCopies:
     @property
     def root(self) -> Path:
         if self._root is None:
-            if self.agent.home is not None:
-                self._root = self.agent.home / "checkpoint-copies"
-            else:  # an agent without a state directory (a bare simulation)
-                self._root = Path(tempfile.mkdtemp(prefix="p2pswarm-copies-"))
+            self._root = self.agent.state_dir("checkpoint-copies")
         return self._root
 
     @property

@@ -21,7 +21,6 @@ import dataclasses
 import hashlib
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
@@ -72,11 +71,7 @@ class JobData:
     @property
     def root(self) -> Path:
         if self._root is None:
-            if self.agent.home is not None:
-                self._root = self.agent.home / "job-data"
-            else:  # an agent without a state directory (a bare simulation)
-                self._root = Path(tempfile.mkdtemp(prefix="p2pswarm-job-data-"))
-            self._root.mkdir(parents=True, exist_ok=True)
+            self._root = self.agent.state_dir("job-data")
         return self._root
 
     @property
