@@ -294,6 +294,17 @@ def _cpu_v1(dirs: list[Path]) -> float | None:
     return cores
 
 
+def _used(memory: tuple[int, Path] | None, usage_file: str, inactive_key: str) -> int | None:
+    """What the cgroup holding the tightest memory limit uses, less reclaimable page cache
+    (``inactive_key`` in its ``memory.stat``); None without a limit or a reading."""
+    if memory is None:
+        return None
+    usage = _read_int(memory[1] / usage_file)
+    if usage is None:
+        return None
+    return max(0, usage - _stat_value(memory[1] / "memory.stat", inactive_key))
+
+
 def read_cgroup_limits(root: str | Path = CGROUP_ROOT,
                        proc_self_cgroup: str | Path = PROC_SELF_CGROUP) -> CgroupLimits:
     """This process's memory and CPU limits from cgroup v2 (``memory.max``, ``cpu.max``)
@@ -305,11 +316,7 @@ def read_cgroup_limits(root: str | Path = CGROUP_ROOT,
     if (root / "cgroup.controllers").exists():  # v2: one unified hierarchy
         dirs = _dirs_up(root, paths.get("", ""))
         memory = _tightest(dirs, "memory.max")
-        used = None
-        if memory is not None:
-            current = _read_int(memory[1] / "memory.current")
-            if current is not None:
-                used = max(0, current - _stat_value(memory[1] / "memory.stat", "inactive_file"))
+        used = _used(memory, "memory.current", "inactive_file")
         cores = _cpu_v2(dirs)
         return CgroupLimits(memory_limit_bytes=memory[0] if memory else None,
                             memory_used_bytes=used,
@@ -318,11 +325,7 @@ def read_cgroup_limits(root: str | Path = CGROUP_ROOT,
                             cpu_from="" if cores is None else "cgroup cpu.max")
     memory_dirs = _dirs_up(root / "memory", paths.get("memory", ""))  # v1: one per controller
     memory = _tightest(memory_dirs, "memory.limit_in_bytes")
-    used = None
-    if memory is not None:
-        usage = _read_int(memory[1] / "memory.usage_in_bytes")
-        if usage is not None:
-            used = max(0, usage - _stat_value(memory[1] / "memory.stat", "total_inactive_file"))
+    used = _used(memory, "memory.usage_in_bytes", "total_inactive_file")
     cpu_mount = next((root / name for name in ("cpu,cpuacct", "cpu") if (root / name).is_dir()),
                      root / "cpu")
     cores = _cpu_v1(_dirs_up(cpu_mount, paths.get("cpu", "")))
