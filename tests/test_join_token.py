@@ -6,7 +6,6 @@ running agent picks up the speeds `bench` writes, with no restart."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from p2pswarm.errors import SwarmError
 from p2pswarm.home import Home
 from p2pswarm.inventory import local_card_source
 from p2pswarm.security import SwarmSecret
+from p2pswarm.sim.field import free_port
 
 pytestmark = pytest.mark.slow  # real processes
 
@@ -31,10 +31,6 @@ SEED_SECRET = SwarmSecret(bytes(range(32)))
 OTHER_SECRET = SwarmSecret(bytes(range(1, 33)))
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def join(home: Path, *args: str, cards: tuple[str, ...] = ("--no-cpu",)

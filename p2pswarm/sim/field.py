@@ -14,6 +14,7 @@ so a term followed to two different leaders is caught even if it lasted a moment
 
 from __future__ import annotations
 
+import random
 import re
 import signal
 import socket
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from p2pswarm.errors import ControlError, SwarmError
@@ -30,11 +32,35 @@ from p2pswarm.sim.processes import LocalSwarm
 _LEADER_LINE = re.compile(r"\s(\S+): leader \S+ \(([0-9a-f]{8})\): leader .*term (\d+)\)?$")
 
 
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port() -> int:
+    """A loopback port free for both UDP and TCP now, drawn below the kernel's ephemeral
+    range: a fellow that is restarted on its old port must not find it taken by some
+    process's outgoing connection, nor by a port another test drew at the same time."""
+    floor = _ephemeral_floor()
+    draw = random.Random()
+    for _ in range(200):
+        port = draw.randrange(10000, max(10001, floor))
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp, \
+                    socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                tcp.bind(("127.0.0.1", port))
+                udp.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return port
+    raise SwarmError("no free loopback port found below the ephemeral range")
+
+
 def free_address() -> str:
     """A loopback address no one listens on now (UDP and TCP share the port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 def followed_per_term(swarm: LocalSwarm) -> dict[int, set[str]]:
