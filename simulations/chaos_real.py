@@ -41,7 +41,7 @@ def main() -> int:
     say = (lambda m: None) if args.json else print
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     report = run(fellows=args.fellows, minutes=args.minutes, seed=args.seed, say=say,
-                 job=job, job_timeout_s=300.0, keep=args.keep)
+                 job=job, job_timeout_s=180.0, keep=args.keep)
     report["uptime_before"] = load
     report["uptime_after"] = subprocess.run(["uptime"], capture_output=True,
                                             text=True).stdout.strip()

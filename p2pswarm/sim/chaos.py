@@ -335,7 +335,7 @@ def run(*, fellows: int, minutes: float, seed: int, say: Say, job: dict[str, Any
                      {n: free_address() for n in names}, {n: False for n in names},
                      extra=extra)
         for swarm in (chaos, calm):
-            _form(swarm, 180)
+            _form(swarm, 600)  # a busy machine forms eight fellows slowly
         say(f"two swarms of {fellows} formed")
         if load_model:
             for swarm in (chaos, calm):
