@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio.testing
 
 from p2pswarm.agent.training.handover import JobCopy
 from p2pswarm.agent.training.kept_store import MAX_HEAD_BYTES, KeptStore
@@ -39,7 +40,6 @@ def written(root: Path, *copies: JobCopy | tuple[str, None]) -> KeptStore:
                 await trio.testing.wait_all_tasks_blocked()
         return store
 
-    import trio.testing  # noqa: F811 (the testing submodule, imported where it is used)
     return trio.run(go)
 
 
@@ -74,3 +74,10 @@ def test_what_is_not_a_copy_is_dropped_and_the_count_is_bounded(tmp_path: Path) 
     for name in ("..evil.head", "job-zz.head", "job-big.head", "job-other.head"):
         assert not (tmp_path / name).exists(), name
     assert len(list(tmp_path.glob("*.head"))) == MAX_KEPT_JOBS
+
+
+def test_a_copy_is_deleted_at_once_when_asked_before_the_agent_runs(tmp_path: Path) -> None:
+    written(tmp_path, copy_of("job-a", 1, b"o" * 10))
+    KeptStore(tmp_path, inline, lambda *a: None).drop_now("job-a")
+    KeptStore(tmp_path, inline, lambda *a: None).drop_now("../x")  # never a path: ignored
+    assert list(tmp_path.iterdir()) == []

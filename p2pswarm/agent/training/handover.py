@@ -233,7 +233,7 @@ class JobHandover:
                 job, _ = restore(unpack_doc(copy.head.state))
             except SwarmError as exc:
                 log.warning("job copy of %s on disk refused: %s", copy.head.job_id, exc)
-                store.drop(copy.head.job_id)
+                store.drop_now(copy.head.job_id)
                 continue
             if job.job_id == copy.head.job_id:
                 self._hold(copy, job.state, write=False)
@@ -249,7 +249,8 @@ class JobHandover:
             oldest = min(self.kept, key=lambda j: (self._states[j] not in TERMINAL,
                                                    self.kept[j].order))
             del self.kept[oldest], self._states[oldest]
-            self._write(oldest, None)
+            if write:
+                self._write(oldest, None)
         self.kept[job_id] = copy
         self._states[job_id] = state
         if write:
@@ -261,7 +262,8 @@ class JobHandover:
             c = self.kept[j]
             held -= len(c.outer)
             self.kept[j] = JobCopy(JobKeep(j, c.head.seq, c.head.state, (), "", c.head.term))
-            self._write(j, self.kept[j])
+            if write:  # (read back before the agent runs: nothing may be spawned yet)
+                self._write(j, self.kept[j])
 
     def _write(self, job_id: str, copy: JobCopy | None) -> None:
         if self.store is not None:

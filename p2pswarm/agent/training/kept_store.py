@@ -61,6 +61,13 @@ class KeptStore:
     def drop(self, job_id: str) -> None:
         self._queue(job_id, None)
 
+    def drop_now(self, job_id: str) -> None:
+        """Delete ``job_id``'s copy at once (reading back, before the agent runs)."""
+        try:
+            self._write_now(check_part(job_id), None)
+        except (SwarmError, OSError):
+            pass
+
     def _queue(self, job_id: str, copy: JobCopy | None) -> None:
         try:
             check_part(job_id)
