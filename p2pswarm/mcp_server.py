@@ -117,8 +117,8 @@ class SwarmTools:
                       weights_dtype: str | None) -> tuple[dict[str, Any], str | None]:
         """The planner request for a model (checked here, so a typo answers at once), and
         the model's directory when it is not a built-in one."""
-        from p2pswarm.models.files import read_model_config
-        from p2pswarm.planner import BUILTIN_MODELS, profile_from_config, request_from_dict
+        from p2pswarm.models.files import model_directory, read_model_config
+        from p2pswarm.planner import profile_from_config, request_from_dict
 
         request: dict[str, Any] = {
             "kind": "serve", "context": context, "sequences": sequences, "stages": stages,
@@ -131,10 +131,10 @@ class SwarmTools:
             request_from_dict(request)
         except ConfigError as exc:
             raise ToolError(str(exc)) from None
-        path = None
-        if model not in BUILTIN_MODELS:
-            where = Path(model).expanduser()
-            path = str((where if where.is_dir() else where.parent).resolve())
+        try:
+            path = model_directory(model)
+        except ConfigError as exc:
+            raise ToolError(str(exc)) from None
         return {"model": {"name": name, "config": config}, **request}, path
 
     async def models_plan(self, model: Model, context: Context_ = None, stages: Stages = None,

@@ -9,7 +9,6 @@ its ring of cached keys matter. What each stage allocates is what the accounting
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -20,6 +20,7 @@ from p2pswarm.models.builtin import BUILTIN_MODELS, BuiltinModel
 from p2pswarm.models.checkpoint import Checkpoint
 from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.footprint import check_quant
+from p2pswarm.models.hub import cached_snapshot, is_hub_id
 from p2pswarm.models.llama import (
     BLOCK_LINEARS,
     StageModel,
@@ -48,9 +49,12 @@ class TensorSource(Protocol):
 
 
 def open_model(model: str | Path) -> Checkpoint | BuiltinModel:
-    """A built-in model by name, else the model directory at that path."""
+    """A built-in model by name, else the model directory at that path, else a hub id's
+    snapshot in the local Hugging Face cache."""
     if isinstance(model, str) and model in BUILTIN_MODELS:
         return BuiltinModel(model)
+    if isinstance(model, str) and is_hub_id(model) and not Path(model).expanduser().exists():
+        return Checkpoint(cached_snapshot(model))
     return Checkpoint(model)
 
 
