@@ -222,12 +222,19 @@ class SwarmTools:
              "maximize": maximize}, PLAN_TIMEOUT_S)
         return result
 
-    async def jobs_submit(self, config: JobConfig, plan_id: PlanId = None) -> dict[str, Any]:
+    async def jobs_submit(self, config: JobConfig, plan_id: PlanId = None,
+                          exclude_cards: ExcludeCards = None,
+                          maximize: Annotated[Literal["seq_len"] | None, Field(
+                              description="\"seq_len\": train at the longest sequence "
+                                          "length that fits now.")] = None) -> dict[str, Any]:
         """Start a training job; with the plan_id of a jobs_plan answer it starts exactly
-        there or is refused (plan-changed) with what changed and the new plan."""
+        there or is refused (plan-changed) with what changed and the new plan. The job may
+        carry exclude_cards, maximize and plan_id itself; those given here win."""
         self.check_job(config)
         result: dict[str, Any] = await self.ask(
-            {"op": "job_submit", "config": config, "plan_id": plan_id or None}, LOAD_TIMEOUT_S)
+            {"op": "job_submit", "config": config, "plan_id": plan_id or None,
+             "exclude_cards": list(exclude_cards or []), "maximize": maximize},
+            LOAD_TIMEOUT_S)
         return result
 
     async def jobs_list(self) -> dict[str, Any]:
