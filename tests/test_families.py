@@ -9,6 +9,7 @@ its ring of cached keys matter. What each stage allocates is what the accounting
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from p2pswarm.models import Checkpoint, ModelConfig, load_stage_model, save_chec
 from p2pswarm.runtime import LocalPipeline, Sampler, Stage, StageSpec, stage_memory
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SHAPE = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 7,
          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
@@ -111,18 +113,34 @@ def test_cached_decoding_equals_transformers(family: tuple[str, Any, Checkpoint]
     assert (got - expected).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("spec", [{"kv_dtype": "int8", "quant": "int8", "max_sessions": 2},
-                                  {"dtype": "bfloat16", "kv_dtype": "bfloat16",
-                                   "max_context_tokens": 4}])
-def test_allocated_bytes_match_the_accounting(family: tuple[str, Any, Checkpoint],
-                                              spec: dict[str, Any]) -> None:
+def test_allocated_bytes_match_the_accounting(family: tuple[str, Any, Checkpoint]) -> None:
     name, _, checkpoint = family
-    options = {"max_context_tokens": 64, **spec}
-    for a, b in [*SPLIT, (0, 7)]:
+    # int8 weights and cache, two sessions, a context ten windows long
+    options = {"max_context_tokens": 64, "kv_dtype": "int8", "quant": "int8",
+               "max_sessions": 2}
+    for a, b in SPLIT:
         stage = Stage.load(checkpoint, StageSpec(a, b, **options))  # type: ignore[arg-type]
         claim = stage_memory(stage.config, stage.spec)
-        assert stage.allocated_bytes() == claim.total_bytes, (name, a, b, spec)
-        stage.unload()
+        assert stage.allocated_bytes() == claim.total_bytes, (name, a, b)
     if name in ("phi3", "mistral-sliding"):  # every layer keeps just the window
         full = stage_memory(checkpoint.config, StageSpec(0, 7, max_context_tokens=64))
         assert full.kv_cache_bytes == 7 * 2 * 2 * WINDOW * 8 * 4
+        short = stage_memory(checkpoint.config, StageSpec(0, 7, max_context_tokens=4))
+        assert short.kv_cache_bytes == 7 * 2 * 2 * 4 * 8 * 4  # a context inside the window
+
+
+def test_an_exported_model_reads_back_the_same(family: tuple[str, Any, Checkpoint],
+                                               tmp_path: Path) -> None:
+    from p2pswarm.training.export import export_hf
+
+    _, _, checkpoint = family
+    stages = [load_stage_model(checkpoint, a, b) for a, b in SPLIT]
+    export_hf(stages, checkpoint.hf_config, tmp_path)  # Phi-3's linears fused again
+    again = Checkpoint(tmp_path)
+    assert set(again.tensor_names()) == set(checkpoint.tensor_names())
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        h = ids
+        for stage in stages:
+            h = stage(h)
+        assert torch.equal(load_stage_model(again, 0, 7)(ids), h)
