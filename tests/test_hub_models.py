@@ -89,6 +89,21 @@ def test_a_cached_model_opens_by_its_id(env_cache: Path) -> None:
     assert load_tokenizer(HUB_ID).encode("hello swarm", add_bos=False) == [104, 115]
 
 
+def test_mcp_and_job_json_take_a_hub_id(env_cache: Path, tmp_path: Path) -> None:
+    from p2pswarm.agent.training.jobs import model_message
+    from p2pswarm.mcp_server import SwarmTools
+    from p2pswarm.training.job import JobConfig
+    from p2pswarm.training.source import open_job_model
+
+    message, path = SwarmTools.serve_request(HUB_ID, 256, None, "f32", None, None, 1, "f32")
+    assert message["model"]["name"] == "tiny-llama-chat" and path == model_directory(HUB_ID)
+    (tmp_path / "acme").mkdir()  # job.json's directory: the id is not taken as a path in it
+    job = JobConfig.from_dict({"model": HUB_ID, "steps": 1}, base_dir=tmp_path)
+    assert job.model.name == HUB_ID
+    assert model_message(job)["name"] == "tiny-llama-chat"
+    assert open_job_model(job.model, 0).config.num_layers == 8
+
+
 def test_a_model_not_cached_gets_one_line(env_cache: Path) -> None:
     with pytest.raises(ConfigError, match="huggingface-cli download acme/other") as caught:
         read_model_config("acme/other")
