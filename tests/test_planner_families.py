@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+from p2pswarm.errors import ConfigError
 from p2pswarm.models.files import load_profile
 from p2pswarm.planner.costs import CostModel
-from p2pswarm.planner.profile import RUNTIME_KV, RUNTIME_WEIGHTS
+from p2pswarm.planner.profile import (
+    REFERENCE_CONFIGS,
+    RUNTIME_KV,
+    RUNTIME_WEIGHTS,
+    profile_from_config,
+)
 from p2pswarm.planner.request import request_from_dict, resolve
 
 FAMILIES = ["qwen3-0.6b", "gemma-2-2b", "gemma-3-1b", "phi-3-mini-4k", "mistral-7b-v0.1"]
@@ -46,3 +52,18 @@ def test_a_window_bounds_the_cache_and_a_llama_profile_is_unchanged() -> None:
         "head_dim", "vocab", "tied", "qkv_bias", "o_bias", "mlp_bias", "max_context",
         "trained_cut"}
     assert gemma.to_dict()["sliding_window"] == 512
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"model_type": "gemma3"}, "gemma3_text"),
+    ({"partial_rotary_factor": 0.75}, "partial rotary"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "longrope"),
+    ({"hidden_act": "gelu"}, "activation"),
+    ({"sliding_window": 0}, "sliding_window"),
+    ({"layer_types": ["full_attention"]}, "layer_types"),
+])
+def test_what_a_family_cannot_run_is_refused_in_one_line(change: dict, words: str) -> None:
+    base = REFERENCE_CONFIGS["phi-3-mini-4k"]
+    with pytest.raises(ConfigError, match=words) as caught:
+        profile_from_config({**base, **change}, "x")
+    assert "\n" not in str(caught.value)

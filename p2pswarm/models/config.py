@@ -143,6 +143,9 @@ class ModelConfig:
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
         """Read a Hugging Face ``config.json`` dict (transformers 4.x or 5.x layout)."""
         model_type = hf.get("model_type", "llama")
+        if model_type == "gemma3":  # the multimodal checkpoint nests its text model
+            raise ConfigError("Gemma 3 with vision (model_type gemma3) is not supported; its "
+                              "text-only models (model_type gemma3_text, e.g. gemma-3-1b) are")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(
                 f"model type {model_type!r} is not supported; "
