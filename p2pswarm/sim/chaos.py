@@ -150,8 +150,11 @@ class Field:
             return
         self.told_to_stop.add(name)
         if kind == "leave":
-            subprocess.run([sys.executable, "-m", "p2pswarm.cli", "leave", "--home",
-                            str(self.swarm.homes[name])], capture_output=True, timeout=30)
+            try:
+                subprocess.run([sys.executable, "-m", "p2pswarm.cli", "leave", "--home",
+                                str(self.swarm.homes[name])], capture_output=True, timeout=30)
+            except subprocess.TimeoutExpired:  # a starved machine: leave by signal instead
+                process.send_signal(signal.SIGTERM)
         else:
             process.send_signal(signal.SIGKILL)
         self.up[name] = False
