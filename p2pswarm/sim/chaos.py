@@ -388,8 +388,13 @@ def run(*, fellows: int, minutes: float, seed: int, say: Say, job: dict[str, Any
         job_s = time.monotonic() - begin
         served = {label: _served(swarm) for label, swarm in (("chaos", chaos), ("calm", calm))
                   } if load_model else {}
-        lost = checkpoints_lost(chaos, watches["chaos"].job_id,
-                                watches["chaos"].checkpoints, int(job["checkpoint"]["keep"]))
+        # the checkpoints the job must have written: every interval up to the step it
+        # reached (the record names only the latest, and not on every version)
+        every = int(job["checkpoint"]["interval_steps"])
+        reached = int(watches["chaos"].last.get("step") or 0)
+        written = watches["chaos"].checkpoints | set(range(every, reached + 1, every))
+        lost = checkpoints_lost(chaos, watches["chaos"].job_id, written,
+                                int(job["checkpoint"]["keep"]))
         time.sleep(5.0)  # let the last joins and card updates spread before measuring
         gossip = {label: round(gossip_per_fellow(swarm, idle_window_s), 1)
                   for label, swarm in (("chaos", chaos), ("calm", calm))}
