@@ -260,6 +260,17 @@ def checkpoints_lost(swarm: Field, job_id: str, steps: set[int], keep: int) -> l
     return lost
 
 
+def written_steps(swarm: Field, job_id: str) -> set[int]:
+    """The steps of ``job_id`` some fellow's disk holds a manifest of."""
+    steps = set()
+    for home in swarm.swarm.homes.values():
+        for kind in ("checkpoint-copies", "job-checkpoints"):
+            for d in (home / kind / job_id).glob("step-*"):
+                if d.name[5:].isdigit() and (d / "manifest.json").is_file():
+                    steps.add(int(d.name[5:]))
+    return steps
+
+
 def gossip_per_fellow(swarm: Field, window_s: float) -> float:
     """Mean bytes of datagrams sent per fellow per second over ``window_s`` of quiet."""
     def counts() -> dict[str, int]:
@@ -388,11 +399,9 @@ def run(*, fellows: int, minutes: float, seed: int, say: Say, job: dict[str, Any
         job_s = time.monotonic() - begin
         served = {label: _served(swarm) for label, swarm in (("chaos", chaos), ("calm", calm))
                   } if load_model else {}
-        # the checkpoints the job must have written: every interval up to the step it
-        # reached (the record names only the latest, and not on every version)
-        every = int(job["checkpoint"]["interval_steps"])
-        reached = int(watches["chaos"].last.get("step") or 0)
-        written = watches["chaos"].checkpoints | set(range(every, reached + 1, every))
+        # the checkpoints the job wrote: those its record named, and every step with a
+        # manifest on some fellow's disk (a round closes past the interval, not on it)
+        written = watches["chaos"].checkpoints | written_steps(chaos, watches["chaos"].job_id)
         lost = checkpoints_lost(chaos, watches["chaos"].job_id, written,
                                 int(job["checkpoint"]["keep"]))
         time.sleep(5.0)  # let the last joins and card updates spread before measuring
