@@ -10,7 +10,10 @@ The rooms, one role each:
   reservations and their expiry, live-card accounting;
 - ``stage_session``: a hosted stage serving a session: the step loop, relays to and from
   its neighbours;
-- ``generation``: the driver: route, prompt, sampling loop, output, watching members;
+- ``generation``: the driver: route, prompt, sampling loop, output, watching members,
+  and resuming a session on a healed route by replaying its tokens;
+- ``failover``: the leader keeps loads whole: a lost stage's fellow back within a grace
+  window, or its stage re-placed on a spare card (moves);
 - ``offers``: the weights this fellow offers and the cache of those it fetched;
 - ``records``: the values (``StageOrder``, ``HostedStage``, ``GenerationResult``, routes);
 - ``runtime``: the ``StageRuntime`` seam to compute; ``torch_runtime`` its torch side.
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from p2pswarm.agent.serving.asking import LoadAsker
+from p2pswarm.agent.serving.failover import Failover
 from p2pswarm.agent.serving.generation import Generation, TextStream
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
@@ -65,6 +69,7 @@ class Serving:
         self.host = StageHost(agent, leadership, self.runtime, self.offers, self.progress)
         self.sessions = StageSessions(agent, self.runtime, self.host.hosted)
         self.driver = Generation(agent, self.runtime, self.leader, self.offers)
+        self.failover = Failover(agent, leadership, self.leader, self.host.hosted)
         agent.control_ops.update({"load": self._op_load, "load_cancel": self._op_load_cancel,
                                   "loads": self._op_loads, "unload": self._op_unload,
                                   "generate": self._op_generate})
