@@ -131,6 +131,21 @@ def _print_load(record: dict[str, Any], console: Any) -> None:
                       f"{s.get('fetched_bytes', 0) / 1e6:,.1f} MB"
                       if "fetched_bytes" in s else "-", Text(str(s.get("state", "alive"))))
     console.print(table)
+    _print_moves(record, console)
+
+
+def _print_moves(record: dict[str, Any], console: Any) -> None:
+    """Each stage the leader moved (failover), and what a load waits for."""
+    import datetime
+
+    for move in record.get("moves") or []:
+        when = datetime.datetime.fromtimestamp(float(move.get("at", 0.0)))
+        console.print(f"  moved stage {move.get('stage')} at {when:%H:%M:%S} from "
+                      f"{move.get('from')} to {move.get('to')} ({move.get('card')}) in "
+                      f"{float(move.get('took_s', 0.0)):.1f} s: {move.get('why')}",
+                      markup=False, highlight=False)
+    if record.get("waiting"):
+        console.print(f"  waiting: {record['waiting']}", markup=False, highlight=False)
 
 
 @app.command()
@@ -239,9 +254,10 @@ def loads(home: Optional[Path] = HomeOption, as_json: bool = JsonOption) -> None
         return
     for record in records:
         _print_load(record, console)
-        if not record.get("complete", True):
+        if not record.get("complete", True) and not record.get("waiting"):
             console.print("[bold red]incomplete:[/] a stage is missing or its fellow is gone; "
-                          f"`p2pswarm unload {record['plan_id']}` and load again")
+                          "the leader moves a lost stage to a spare card when one has room, "
+                          f"else `p2pswarm unload {record['plan_id']}` and load again")
 
 
 @app.command()

@@ -137,7 +137,8 @@ class Serving:
         held = [(key, h.state, h) for key, h in self.host.hosted.items()]
         held += [(key, "releasing", h) for key, h in self.host.releasing.items()]
         return [{"plan_id": plan_id, "stage": stage, "state": state,
-                 "claim_bytes": h.order.claim_bytes, "allocated_bytes": h.allocated_bytes}
+                 "claim_bytes": h.order.claim_bytes, "allocated_bytes": h.allocated_bytes,
+                 "sessions": len(h.sessions)}
                 for (plan_id, stage), state, h in sorted(held, key=lambda x: x[:2])]
 
     async def unload(self, plan_id: str | None = None, *, all: bool = False) -> dict[str, Any]:
