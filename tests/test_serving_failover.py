@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import trio
 
-from p2pswarm.agent.serving.failover import spare_cards
+from p2pswarm.agent.serving.moves import spare_cards
 from p2pswarm.planner.cluster import cluster_view, fellow_view
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
@@ -103,3 +103,32 @@ def test_spare_cards_fastest_first_and_never_a_busy_or_full_one() -> None:
     # the same swarm heard in another order chooses the same card
     shuffled = cluster_view(list(reversed(view.fellows)))
     assert [f.id for f, _ in spare_cards(shuffled, GB, busy={"dd"})] == picked
+
+
+def test_a_markedly_faster_free_card_is_proposed_for_the_slowest_stage() -> None:
+    from p2pswarm.agent.serving.moves import faster_placement
+    from p2pswarm.agent.serving.records import StageOrder
+
+    def fellow(fid: str, kind: str, bandwidth: float, free_gb: float = 8):  # type: ignore[no-untyped-def]
+        card = {"index": 0, "kind": kind, "name": f"{fid}-{kind}", "total_bytes": 16 * GB,
+                "free_bytes": int(free_gb * GB), "mem_bandwidth": bandwidth, "flops": 1e12}
+        return fellow_view(fid, f"n{fid}", {"cards": [card]})
+
+    def order(stage: int, fid: str, kind: str = "cpu") -> StageOrder:
+        return StageOrder("p" * 16, stage, 3, fid, (stage * 4, stage * 4 + 4), kind, 0, "x",
+                          claim_bytes=GB, need_bytes=GB, runtime={}, model={})
+
+    orders = [order(0, "aa"), order(1, "bb"), order(2, "cc")]
+    slow = [fellow("aa", "cpu", 2e10), fellow("bb", "cpu", 1.6e10), fellow("cc", "cpu", 2e10)]
+    assert faster_placement(cluster_view(slow), orders) is None  # no spare at all
+    # a CPU a little faster than the slowest joins: not markedly faster, no move
+    assert faster_placement(cluster_view([*slow, fellow("dd", "cpu", 2e10)]), orders) is None
+    # a GPU joins: the slowest stage goes there, and a token takes markedly less
+    proposal = faster_placement(cluster_view([*slow, fellow("ee", "cuda", 5e11)]), orders)
+    assert proposal is not None and [(m.stage, m.fellow.id) for m in proposal.moves] == [
+        (1, "ee")]
+    assert proposal.after_s < 0.75 * proposal.now_s
+    assert proposal.to_dict()["moves"][0]["to"] == "nee"
+    # the GPU is full: nothing to propose
+    full = fellow("ee", "cuda", 5e11, free_gb=0.5)
+    assert faster_placement(cluster_view([*slow, full]), orders) is None

@@ -146,12 +146,20 @@ def _print_moves(record: dict[str, Any], console: Any) -> None:
                       markup=False, highlight=False)
     if record.get("waiting"):
         console.print(f"  waiting: {record['waiting']}", markup=False, highlight=False)
+    faster = record.get("faster")
+    if isinstance(faster, dict):
+        where = ", ".join(f"stage {m.get('stage')} to {m.get('to')} ({m.get('card')})"
+                          for m in faster.get("moves") or [])
+        console.print(f"  faster: {where} would take a token from "
+                      f"{faster.get('ms_per_token_now')} to {faster.get('ms_per_token_after')} "
+                      f"ms (estimated); move it live: p2pswarm load --move "
+                      f"{record['plan_id']}", markup=False, highlight=False)
 
 
 @app.command()
 @exits_on()
 def load(
-    model: str = typer.Argument(..., help=_PLAN_HELP_MODEL_SERVE),
+    model: Optional[str] = typer.Argument(None, help=_PLAN_HELP_MODEL_SERVE),
     show_plan: bool = typer.Option(False, "--plan", help="Print the plan and its plan_id; "
                                    "load nothing (the same as `p2pswarm plan`)."),
     plan_id: Optional[str] = typer.Option(None, "--plan-id", help="Load exactly this plan, or "
@@ -168,14 +176,27 @@ def load(
                                            "top of MODEL: a directory `p2pswarm jobs export` "
                                            "wrote (adapter_config.json and "
                                            "adapter_model.safetensors)."),
+    move: Optional[str] = typer.Option(None, "--move", help="Move the running load PLAN_ID "
+                                       "live to the faster placement `p2pswarm loads` "
+                                       "shows; sessions go on."),
     home: Optional[Path] = HomeOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Load MODEL across the swarm as planned, all or nothing (--plan-id: exactly that plan)."""
     from rich.console import Console
 
-    from p2pswarm.errors import PlanChanged
+    from p2pswarm.errors import ConfigError, PlanChanged
 
+    if move is not None:
+        moved = agent_answer(home, {"op": "load_move", "plan_id": move}, "", _LOAD_TIMEOUT_S)
+        if as_json:
+            print_json(moved)
+        else:
+            _print_load(moved, Console())
+        return
+    if model is None:
+        raise ConfigError("load needs a MODEL (a model directory or a built-in name), or "
+                          "--move PLAN_ID")
     message, path = _serve_message(model, context, sequences, stages, weights_dtype, kv_dtype,
                                    maximize, exclude, floor)
     adapter_dir: Optional[str] = None

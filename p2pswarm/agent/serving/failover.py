@@ -26,7 +26,6 @@ hold a lost stage, the heal fails with the reason, the load shows what it waits 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Iterable
@@ -34,12 +33,20 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from p2pswarm.agent.serving.moves import faster_placement, moved_order, spare_cards
 from p2pswarm.agent.serving.records import StageOrder, route_hop
-from p2pswarm.errors import NobodyListens, PlacementError, SwarmError, TransportError
-from p2pswarm.planner.cluster import CardView, ClusterView, Fellow
+from p2pswarm.errors import (
+    ConfigError,
+    NobodyListens,
+    PlacementError,
+    SwarmError,
+    TransportError,
+)
+from p2pswarm.planner.cluster import CardView, Fellow
 from p2pswarm.planner.wording import card_label, gb
 from p2pswarm.wire.loads import (
     LoadDone,
+    LoadMove,
     StageCheck,
     StageChecked,
     StageLoad,
@@ -52,7 +59,7 @@ from p2pswarm.wire.loads import (
     StageStart,
     StageStarted,
 )
-from p2pswarm.wire.orders import pack_doc
+from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
     from p2pswarm.agent.agent import Agent
@@ -72,32 +79,6 @@ MOVES_KEPT = 32  # moves a load remembers
 RELEASE_FOR_S = 120.0  # a lost fellow that comes back is told to release this long
 
 
-def spare_cards(view: ClusterView, need_bytes: int,
-                busy: set[str]) -> list[tuple[Fellow, CardView]]:
-    """Cards that could take a stage needing ``need_bytes``: a connected fellow's, not
-    training, not lost nor running a stage of the load (``busy``: fellow ids; a release
-    order names a whole load, so one fellow holds one stage of it), with that much free; the fastest first (decoding reads every weight once a
-    token: memory bandwidth), then by fellow id and card, so the choice is the same
-    whatever order the swarm was heard in."""
-    out = []
-    for fellow in view.fellows:
-        if not fellow.connected or fellow.training or fellow.id in busy:
-            continue
-        for card in fellow.cards:
-            if card.free_bytes < need_bytes:
-                continue
-            out.append((fellow, card))
-    out.sort(key=lambda fc: (-fc[1].mem_bandwidth, fc[0].id, fc[1].sort_key))
-    return out
-
-
-def moved_order(order: StageOrder, fellow: Fellow, card: CardView) -> StageOrder:
-    """The same stage (layers, runtime, claims) on another fellow's card."""
-    return dataclasses.replace(order, fellow_id=fellow.id, card_kind=card.kind,
-                               card_index=card.index, card_name=card.name,
-                               progress_addr="", ticket="")
-
-
 class Failover:
     """The leader's side (heal, watch, moves) and the fellow's answer to ``StageCheck``."""
 
@@ -113,6 +94,8 @@ class Failover:
         self._retry_at: dict[str, float] = {}
         self._watching = False
         leadership.serve(StageLost, self._leader_stage_lost)
+        leadership.serve(LoadMove, self._leader_move)
+        agent.control_ops["load_move"] = self._op_load_move
         leadership.obey(StageCheck, self._check)
         loads.on_loaded = self._watch_soon
 
@@ -129,6 +112,44 @@ class Failover:
                  call.reason[:200])
         record = await self.heal(call.plan_id, f"{call.reason[:200]}")
         return LoadDone(pack_doc(record))
+
+    async def _op_load_move(self, request: dict[str, Any]) -> Any:
+        plan_id = request.get("plan_id")
+        if not isinstance(plan_id, str) or not 1 <= len(plan_id) <= 64:
+            raise ConfigError("load_move needs the \"plan_id\" of the load to move")
+        reply = await self.leadership.ask(LoadMove(plan_id), LoadDone)
+        return unpack_doc(reply.record)
+
+    async def _leader_move(self, call: LoadMove) -> LoadDone:
+        """Take the moves ``moves.faster_placement`` proposes for the load, live."""
+        plan_id = call.plan_id
+        lock = self._locks.setdefault(plan_id, trio.Lock())
+        async with lock:
+            record = self.loads.loads.get(plan_id)
+            orders = self.loads.orders.get(plan_id)
+            if record is None or orders is None:
+                raise PlacementError(f"plan {plan_id} is not loaded by the leader "
+                                     f"{self.agent.name}")
+            proposal = faster_placement(self.agent.planning.view(), orders)
+            if proposal is None:
+                raise PlacementError(f"plan {plan_id}: no markedly faster placement now "
+                                     "(`p2pswarm loads` says when there is one)")
+            estimate = (f"{proposal.now_s * 1e3:.1f} -> {proposal.after_s * 1e3:.1f} ms a "
+                        "token, estimated")
+            for m in proposal.moves:
+                await self._move(record, m.stage, f"live move to a faster card ({estimate})",
+                                 [(m.fellow, m.card)])
+            record.pop("faster", None)
+            return LoadDone(pack_doc(record))
+
+    def _note_faster(self, record: dict[str, Any]) -> None:
+        """Say on the load's record whether a markedly faster placement is to be had."""
+        orders = self.loads.orders.get(record["plan_id"])
+        proposal = faster_placement(self.agent.planning.view(), orders) if orders else None
+        if proposal is None:
+            record.pop("faster", None)
+        else:
+            record["faster"] = proposal.to_dict()
 
     def _watch_soon(self) -> None:
         if not self._watching:
@@ -153,6 +174,8 @@ class Failover:
                         continue
                     if waiting or any(s in ("dead", "left", "unknown") for s in states):
                         self.agent.spawn(self._heal_quietly, plan_id)
+                    else:
+                        self._note_faster(record)
         finally:
             self._watching = False
 
@@ -233,8 +256,10 @@ class Failover:
                 return f"{name} was silent for {self.grace_s:g} s"
             await trio.sleep(CHECK_RETRY_S)
 
-    async def _move(self, record: dict[str, Any], stage: int, why: str) -> None:
-        """Re-place ``stage`` of the load on a spare card, and start the new route."""
+    async def _move(self, record: dict[str, Any], stage: int, why: str,
+                    candidates: list[tuple[Fellow, CardView]] | None = None) -> None:
+        """Re-place ``stage`` of the load on a spare card (the first of ``candidates``
+        that takes it), and start the new route."""
         plan_id = record["plan_id"]
         orders = self.loads.orders.get(plan_id)
         if orders is None:
@@ -243,8 +268,9 @@ class Failover:
         old = orders[stage]
         route = record["stages"]
         old_hop = route[stage]
-        busy = {h["fellow_id"] for h in route}
-        candidates = spare_cards(self.agent.planning.view(), old.need_bytes, busy)
+        if candidates is None:
+            busy = {h["fellow_id"] for h in route}
+            candidates = spare_cards(self.agent.planning.view(), old.need_bytes, busy)
         refusals: list[str] = []
         began = time.perf_counter()
         for fellow, card in candidates[:CANDIDATES_TRIED]:
@@ -340,4 +366,4 @@ def _distinct(items: Iterable[str]) -> list[str]:
     return sorted(set(items))
 
 
-__all__ = ["GRACE_S", "Failover", "moved_order", "spare_cards"]
+__all__ = ["GRACE_S", "Failover"]
