@@ -4,12 +4,15 @@ off for less than the grace window keeps its stage."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from p2pswarm.agent.serving.moves import spare_cards
+from p2pswarm.errors import PlacementError
 from p2pswarm.planner.cluster import cluster_view, fellow_view
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
+from p2pswarm.wire.loads import LoadDone, LoadMove
 from tests.serving_swarm import MODEL, PROMPT, reference, request, start_swarm
 
 GB = 10**9
@@ -85,6 +88,10 @@ async def test_a_stage_cut_off_for_5_s_stays_and_a_crashed_one_moves_to_the_spar
         again = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=12,
                                               stop_token_ids=())
         assert again.token_ids == local.token_ids and again.resumes == 0
+        # equal cards everywhere: no live move to propose, and a move is refused
+        assert "faster" not in record
+        with pytest.raises(PlacementError, match="no markedly faster placement"):
+            await driver.serving.leadership.ask(LoadMove(plan["plan_id"]), LoadDone)
         nursery.cancel_scope.cancel()
 
 

@@ -283,6 +283,9 @@ class Failover:
             except SwarmError as exc:
                 refusals.append(f"{fellow.name}: {exc}")
                 continue
+            if self.loads.loads.get(plan_id) is not record:  # unloaded meanwhile
+                await self._release(plan_id, member.addr, stage)
+                raise PlacementError(f"plan {plan_id} was unloaded while stage {stage} moved")
             hop = {**old_hop, "fellow_id": fellow.id, "fellow": member.name,
                    "addr": member.addr,
                    "card": card_label(card.kind, card.index, card.name),
