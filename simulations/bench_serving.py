@@ -64,6 +64,7 @@ from p2pswarm.security import Identity, Keyring, SwarmSecret
 from p2pswarm.transport.udp_tcp import open_udp_tcp_transport
 
 HOPS = 4  # driver -> stage 0 -> stage 1 -> stage 2 -> driver
+SPARE_SETTLE_S = 15.0  # failover: a restarted fellow's torch import and warm-up
 RUNS = 5
 RUNTIME_FIELDS = ("dtype", "quant", "quant_group_size", "kv_dtype", "max_context_tokens",
                   "max_sessions", "prefill_chunk_tokens")
@@ -450,6 +451,9 @@ def failover_figures(model: str = "small-llama", kills: int = 3) -> dict[str, An
             swarm.processes[name].wait()
             swarm.launch(name, seeds=(seed,), extra=quiet)  # the next round's spare
             formed()
+            # a spare up for a while has torch imported and warm; a fellow started a
+            # moment ago is still importing it: let it settle as such a spare would be
+            time.sleep(SPARE_SETTLE_S)
         name = victim()
         process = swarm.processes[name]
 

@@ -77,13 +77,17 @@ def _both_clients(swarm: LocalSwarm, http: str, victim: str,
             chat["error"] = repr(exc)
 
     thread = threading.Thread(target=stream_chat)
-    thread.start()
     try:
+        # the CLI starts slower (a new Python): the chat joins once its session is up
+        _poll("the CLI's session at the victim's stage", lambda: _sessions(swarm, victim) == 1)
+        thread.start()
         _poll("both sessions at the victim's stage", lambda: _sessions(swarm, victim) == 2)
         disturb()
         out, err = cli.communicate(timeout=120)
         thread.join(120)
     finally:
+        if not thread.is_alive() and "text" not in chat and "error" not in chat:
+            chat["error"] = "the chat never started"
         if cli.poll() is None:
             cli.kill()
     assert cli.returncode == 0, err[-2000:]
