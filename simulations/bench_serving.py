@@ -383,7 +383,7 @@ def failover_figures(model: str = "small-llama", kills: int = 3) -> dict[str, An
 
     names = ["fellow-1", "fellow-2", "fellow-3", "fellow-4"]
     quiet = ("--log-level", "warning")
-    with local_swarm(lambda text: None) as swarm:
+    with local_swarm(lambda text: None, start_timeout_s=120) as swarm:
         seed = swarm.start(names[0], extra=quiet)
         for name in names[1:]:
             swarm.start(name, seeds=(seed,), extra=quiet)
