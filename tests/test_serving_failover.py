@@ -12,7 +12,6 @@ from p2pswarm.errors import PlacementError
 from p2pswarm.planner.cluster import cluster_view, fellow_view
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
-from p2pswarm.wire.loads import LoadDone, LoadMove
 from tests.serving_swarm import MODEL, PROMPT, reference, request, start_swarm
 
 GB = 10**9
@@ -91,7 +90,8 @@ async def test_a_stage_cut_off_for_5_s_stays_and_a_crashed_one_moves_to_the_spar
         # equal cards everywhere: no live move to propose, and a move is refused
         assert "faster" not in record
         with pytest.raises(PlacementError, match="no markedly faster placement"):
-            await driver.serving.leadership.ask(LoadMove(plan["plan_id"]), LoadDone)
+            await driver.control_ops["load_move"]({"op": "load_move",
+                                                   "plan_id": plan["plan_id"]})
         nursery.cancel_scope.cancel()
 
 
