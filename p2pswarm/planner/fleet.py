@@ -398,12 +398,14 @@ def _drafts(f: _Fleet) -> tuple[list[_Draft], list[CardKey]]:
     batch1 = 1 if f.fleet.auto_batch else f.r.micro_batch
     while free:
         search = f.search(tuple(free), batch1, f.r.micro_batches)
-        found = search.fastest()
+        fixed = f.r.stages  # --stages: every replica has exactly that many
+        found = search.fastest(fixed)
         if found is None:
             break
         k = len(found[0])
         best: tuple[float, int, _Draft] | None = None
-        for stages in range(k, min(k + EXTRA_STAGES, len(free), f.profile.n_layers) + 1):
+        most = k if fixed else min(k + EXTRA_STAGES, len(free), f.profile.n_layers)
+        for stages in range(k, most + 1):
             placed = found if stages == k else search.fastest(stages)
             if placed is None:
                 continue
