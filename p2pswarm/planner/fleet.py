@@ -317,14 +317,14 @@ class _Fleet:
         self.pair_fellows = {x for (a, b), _ in view.links for x in (a, b)}
 
     def fills(self, stages: int) -> list[int]:
-        """Micro-batches a step to try, most first: auto fills the pipeline (``FILL``
-        per stage, else fewer) so its bubble is small; a fixed micro-batch keeps the
+        """Micro-batches a step to try, fewest first: auto may fill the pipeline (up to
+        ``FILL`` per stage) so its bubble is small; a fixed micro-batch keeps the
         request's."""
         if not self.fleet.auto_batch:
             return [self.r.micro_batches]
         least = self.r.micro_batches
         return sorted({max(least, FILL * stages), max(least, 2 * stages),
-                       max(least, stages), least}, reverse=True)
+                       max(least, stages), least})
 
     def model(self, batch: int, micro_batches: int) -> CostModel:
         key = (batch, micro_batches)
@@ -358,7 +358,8 @@ class _Fleet:
 
     def shape(self, keys: tuple[CardKey, ...]) -> tuple[int, int]:
         """(memory's micro-batch, micro-batches a step) of a replica on ``keys``: the
-        fullest pipeline that holds, the largest batch there; (0, 0) when none holds."""
+        most tokens/s over the fills, the largest batch each holds (on a tie, the fewer
+        micro-batches, so the larger micro-batch); (0, 0) when none holds."""
         best: tuple[float, int, int] = (0.0, 0, 0)
         for m in self.fills(len(keys)):
             batch = self.memory_batch(keys, m)
@@ -522,6 +523,7 @@ def plan_fleet(profile: ModelProfile, view: ClusterView, request: PlanRequest,
             before += [_exclude_name(k) for k in draft.keys]
         return out, stage_bytes
 
+    dropped: dict[int, str] = {}  # draft -> why its replica is left out
     picked = list(range(len(drafts) if fleet.replicas is None
                         else min(len(drafts), fleet.replicas)))
     replicas, stage_bytes = written(picked)
@@ -535,13 +537,21 @@ def plan_fleet(profile: ModelProfile, view: ClusterView, request: PlanRequest,
                 best_n, best_rate = n, rate
         compute = fleet.inner_steps * min(x.step_s for x in replicas[:best_n])
         kept = [i for i in range(best_n) if replicas[i].step_s <= compute]
+        for i in range(len(replicas)):
+            if i >= best_n:
+                dropped[i] = ("not needed: its replica would add more sync traffic than "
+                              "tokens/s")
+            elif i not in kept:
+                dropped[i] = (f"not needed: its replica takes {replicas[i].step_s:,.0f} s a "
+                              f"step, longer than a round ({compute:,.0f} s)")
         if kept != picked:
             picked = kept
             replicas, stage_bytes = written(picked)
     rnd = _round(f, replicas, stage_bytes)
     rate = _fleet_tokens_per_s(replicas, rnd)
     single = _single_pipeline_rate(f, profile, view, r)
-    unkept = {k for i, d in enumerate(drafts) if i not in picked for k in d.keys}
+    unkept = {k: dropped.get(i, "not needed: the replicas asked for are placed")
+              for i, d in enumerate(drafts) if i not in picked for k in d.keys}
     cards = _fleet_cards(view, f, replicas, unkept, reasons)
     fits = bool(replicas) and (fleet.replicas is None or len(replicas) == fleet.replicas)
     sentence = _sentence(profile, r, fleet, replicas, drafts, fits, rnd, rate, single)
@@ -580,7 +590,7 @@ def _single_pipeline_rate(f: _Fleet, profile: ModelProfile, view: ClusterView,
 
 
 def _fleet_cards(view: ClusterView, f: _Fleet, replicas: Sequence[ReplicaPlan],
-                 unkept: set[CardKey], reasons: Mapping[CardKey, str]
+                 unkept: Mapping[CardKey, str], reasons: Mapping[CardKey, str]
                  ) -> list[tuple[CardPlan, int | None]]:
     by_key: dict[CardKey, tuple[CardPlan, int]] = {}
     for rp in replicas:
@@ -597,9 +607,8 @@ def _fleet_cards(view: ClusterView, f: _Fleet, replicas: Sequence[ReplicaPlan],
                 out.append(by_key[key])
                 continue
             reason = reasons.get(key)
-            if reason is None and key in unkept:
-                reason = ("not needed: its replica would add more sync traffic than "
-                          "training, or take longer a step than a round")
+            if reason is None:
+                reason = unkept.get(key)
             if reason is None:
                 stage = need(card.kind)
                 reason = (wording.stage_needs(stage) if card.free_bytes < stage else
