@@ -16,7 +16,8 @@ How the plan is made (pure and deterministic, like ``plan``):
    ``MAX_AUTO_MICRO_BATCH`` that its cards' free memory holds, then scaled by speed: the
    fastest replica keeps its own, a replica half as fast gets half (rounded down to a
    power of two, never past what fits), so every replica's step takes about as long and
-   each takes its full budget of steps per round. Its pipeline is filled: at least as
+   each takes its full budget of steps per round; one whose step would still outlast a
+   round (the others held to small batches by their memory) takes a smaller batch. Its pipeline is filled: at least as
    many micro-batches a step as it has stages. A fixed micro-batch is used as given.
 4. The round: compute is ``inner_steps`` steps of the fastest replica; communication
    is every stage's delta up and update down, encoded with the job's codecs
@@ -433,9 +434,18 @@ def _batches(f: _Fleet, drafts: Sequence[_Draft]) -> list[int]:
     fastest = max(speeds)
     # the roomiest replica's batch is the scale; each gets its share by speed
     scale = max(d.memory_batch * d.micro_batches for d in drafts)
-    return [min(d.memory_batch,
-                _pow2_floor(max(1.0, scale * s / fastest / d.micro_batches)))
-            for d, s in zip(drafts, speeds)]
+    batches = [min(d.memory_batch,
+                   _pow2_floor(max(1.0, scale * s / fastest / d.micro_batches)))
+               for d, s in zip(drafts, speeds)]
+    # a replica whose step would outlast a round (the others held to small batches by
+    # their memory) takes a smaller batch, so it still sends every round
+    steps = [f.step(d.keys, b, d.micro_batches)[0] for d, b in zip(drafts, batches)]
+    round_s = f.fleet.inner_steps * min(steps)
+    for i, d in enumerate(drafts):
+        while batches[i] > 1 and steps[i] > round_s:
+            batches[i] //= 2
+            steps[i] = f.step(d.keys, batches[i], d.micro_batches)[0]
+    return batches
 
 
 def _sync_bytes(f: _Fleet, parts: Sequence[int], r: PlanRequest) -> list[int]:
