@@ -63,3 +63,20 @@ def test_auto_batches_train_as_fast_as_fixed_ones_for_the_same_samples() -> None
     after_auto, after_fixed = auto.evaluate(4), fixed.evaluate(4)
     assert after_auto < before - 0.3  # it learns
     assert after_auto <= after_fixed + 0.05, (after_auto, after_fixed)
+
+
+def test_the_outer_average_weighs_each_delta_by_its_samples() -> None:
+    """A replica that saw 8 samples counts four times one that saw 2."""
+    from p2pswarm.training.job import SyncConfig
+    from p2pswarm.training.sync import OuterSync
+
+    sync = SyncConfig(outer_lr=1.0, outer_momentum=0.0, codec="fp32")
+    keeper = OuterSync(torch.zeros(3), sync)
+    keeper.join("big")
+    keeper.join("small")
+    keeper.contribute("big", 0, torch.tensor([1.0, 1.0, 1.0]), samples=8)
+    keeper.contribute("small", 0, torch.tensor([6.0, 1.0, -4.0]), samples=2)
+    result = keeper.close_round(0.0)
+    assert result is not None and result.samples == 10
+    # u = -lr * g, g = (8 * big + 2 * small) / 10
+    assert torch.allclose(keeper.params, -torch.tensor([2.0, 1.0, 0.0]))
