@@ -116,6 +116,11 @@ def test_bad_fleet_fields_are_refused() -> None:
         fleet_request_from_dict({"replicas": "many"})
     with pytest.raises(Exception, match="codec"):
         fleet_request_from_dict({"codec": "zip"})
+    for options in ({"fraction": "lots"}, {"fraction": 0}, [1]):
+        with pytest.raises(Exception, match="fraction|object"):
+            fleet_request_from_dict({"codec": "topk", "codec_options": options})
+    with pytest.raises(Exception, match="bucket"):
+        fleet_request_from_dict({"codec": "qsgd", "codec_options": {"bucket": 0}})
 
 
 @pytest.mark.parametrize("codec, options", [

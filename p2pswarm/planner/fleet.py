@@ -67,6 +67,7 @@ DEFAULT_INNER_STEPS = 50
 # auto: micro-batches a step per stage; 1F1B then idles (k - 1) / (FILL k + k - 1) of a step
 FILL = 8
 EXTRA_STAGES = 2  # more cards a replica may take than its fastest pipeline uses
+POOL = 16  # free cards, fastest first, a replica's pipeline is searched among
 
 CardKey = tuple[str, str, int]  # (fellow id, kind, index)
 
@@ -118,11 +119,33 @@ def fleet_request_from_dict(data: Mapping[str, Any]) -> tuple[FleetRequest, dict
     for name in (codec, update):
         if name is not None and name not in CODECS:
             raise ConfigError(f"codec {str(name)[:40]!r} must be one of {', '.join(CODECS)}")
-    options = dict(data.get("codec_options") or {})
-    update_options = dict(data.get("update_codec_options") or {})
+    options = _codec_options(codec, data.get("codec_options"))
+    update_options = _codec_options(update or codec, data.get("update_codec_options"))
     return FleetRequest(replicas=replicas, auto_batch=auto, inner_steps=inner, codec=codec,
                         codec_options=tuple(sorted(options.items())), update_codec=update,
                         update_codec_options=tuple(sorted(update_options.items()))), rest
+
+
+def _codec_options(codec: str, raw: Any) -> dict[str, Any]:
+    """The options the planner reads of a codec, checked (the rest it does not need)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError("codec_options must be an object, e.g. {\"fraction\": 0.01}")
+    out: dict[str, Any] = {}
+    for key, value in sorted(raw.items(), key=lambda kv: str(kv[0])):
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if codec == "topk" and key == "fraction" and not (number and 0 < value <= 1):
+            raise ConfigError(f"topk codec: fraction must be in (0, 1], got {str(value)[:40]!r}")
+        if codec == "qsgd" and key == "bits" and value not in (2, 4, 8):
+            raise ConfigError(f"qsgd codec: bits must be 2, 4 or 8, got {str(value)[:40]!r}")
+        if codec == "qsgd" and key == "bucket" and not (
+                number and isinstance(value, int) and 1 <= value <= 2**31):
+            raise ConfigError(f"qsgd codec: bucket must be a whole number from 1, got "
+                              f"{str(value)[:40]!r}")
+        if isinstance(key, str) and len(key) <= 40 and (number or isinstance(value, str)):
+            out[key] = value if number else str(value)[:40]
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,15 +421,29 @@ def _drafts(f: _Fleet) -> tuple[list[_Draft], list[CardKey]]:
     free = [_key(s) for s in f.slots]
     drafts: list[_Draft] = []
     batch1 = 1 if f.fleet.auto_batch else f.r.micro_batch
+    cards = {_key(s): s.card for s in f.slots}
+
+    def speed(key: CardKey) -> tuple[float, float, CardKey]:
+        return (-cards[key].flops, -cards[key].mem_bandwidth, key)
+
+    fixed = f.r.stages  # --stages: every replica has exactly that many
     while free:
-        search = f.search(tuple(free), batch1, f.r.micro_batches)
-        fixed = f.r.stages  # --stages: every replica has exactly that many
-        found = search.fastest(fixed)
+        # the fastest pipeline lies on fast cards: search the POOL fastest free cards
+        # first (and twice as many while none holds the model), not the whole fleet
+        pool = POOL
+        while True:
+            chosen = set(sorted(free, key=speed)[:pool])
+            search = f.search(tuple(k for k in free if k in chosen), batch1,
+                              f.r.micro_batches)
+            found = search.fastest(fixed)
+            if found is not None or pool >= len(free):
+                break
+            pool *= 2
         if found is None:
             break
         k = len(found[0])
         best: tuple[float, int, _Draft] | None = None
-        most = k if fixed else min(k + EXTRA_STAGES, len(free), f.profile.n_layers)
+        most = k if fixed else min(k + EXTRA_STAGES, len(search.slots), f.profile.n_layers)
         for stages in range(k, most + 1):
             placed = found if stages == k else search.fastest(stages)
             if placed is None:
