@@ -658,9 +658,10 @@ def _fleet_cards(view: ClusterView, f: _Fleet, replicas: Sequence[ReplicaPlan],
                 reason = unkept.get(key)
             if reason is None:
                 stage = need(card.kind)
+                rest = ("the cards left after the replicas hold no replica of their own"
+                        if replicas else "the usable cards together hold no replica")
                 reason = (wording.stage_needs(stage) if card.free_bytes < stage else
-                          "not needed: the cards left after the replicas hold no "
-                          "replica of their own")
+                          f"not used: {rest}")
             other = card.total_bytes - card.free_bytes
             out.append((CardPlan(fellow.id, fellow.name, card.index, card.kind, card.name,
                                  card.total_bytes, card.free_bytes, False, reason, None,
