@@ -63,8 +63,10 @@ def _offline_plan(job: dict[str, Any], cluster: Path, stages: Optional[int],
         else:
             name, config = read_model_config(str(cfg.model.name))
             model = {"name": name, "config": config}
+        # a flag given wins over job.json's launch field, as the agent does it
         message = {"model": model, **cfg.fleet_request(), "stages": stages,
-                   "maximize": maximize, "exclude": sorted(exclude)}
+                   "maximize": maximize or cfg.launch.maximize,
+                   "exclude": sorted(exclude or cfg.launch.exclude_cards)}
         return fleet_plan_message(message, view)
 
 
