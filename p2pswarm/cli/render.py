@@ -180,4 +180,15 @@ def print_plan(plan: Mapping[str, Any], console: Console | None = None) -> None:
     console.print(plan_renderable(plan, console.width))
 
 
-__all__ = ["card_bar", "cards_table", "layer_strip", "plan_renderable", "print_plan"]
+def print_any_plan(plan: Mapping[str, Any], console: Console | None = None) -> None:
+    """A fleet training plan (``fleet`` in it) as its replicas, any other as a plan."""
+    if "fleet" in plan:
+        from p2pswarm.cli.fleet_render import print_fleet
+
+        print_fleet(plan, console)
+        return
+    print_plan(plan, console)
+
+
+__all__ = ["card_bar", "cards_table", "layer_strip", "plan_renderable", "print_any_plan",
+           "print_plan"]
