@@ -20,8 +20,10 @@ from p2pswarm.models.builtin import BUILTIN_MODELS, BuiltinModel
 from p2pswarm.models.checkpoint import Checkpoint
 from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.footprint import check_quant
-from p2pswarm.models.llama import BLOCK_LINEARS, StageModel, hf_tensor_map, rope_inv_freq
+from p2pswarm.models.families import AnyStageModel, block_linears, stage_model, tensor_map
+from p2pswarm.models.llama import StageModel, rope_inv_freq
 from p2pswarm.models.quant import DequantWorkspace, quantize_linear
+from p2pswarm.models.rwkv7_pth import PthCheckpoint, find_pth
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -41,10 +43,13 @@ class TensorSource(Protocol):
              device: torch.device | str) -> Iterator[tuple[str, torch.Tensor]]: ...
 
 
-def open_model(model: str | Path) -> Checkpoint | BuiltinModel:
-    """A built-in model by name, else the model directory at that path."""
+def open_model(model: str | Path) -> Checkpoint | BuiltinModel | PthCheckpoint:
+    """A built-in model by name, else the model directory (or RWKV ``.pth``) at that path."""
     if isinstance(model, str) and model in BUILTIN_MODELS:
         return BuiltinModel(model)
+    pth = find_pth(Path(model))
+    if pth is not None:
+        return PthCheckpoint(pth)
     return Checkpoint(model)
 
 
@@ -57,25 +62,28 @@ def compute_dtype(name: str) -> torch.dtype:
 
 def load_stage_model(source: TensorSource, start_layer: int, end_layer: int, *,
                      dtype: str = "float32", device: torch.device | str = "cpu",
-                     quant: str = "none", group_size: int = 32) -> StageModel:
+                     quant: str = "none", group_size: int = 32) -> AnyStageModel:
     """Layers [start_layer, end_layer) of ``source`` on ``device``, ready for inference."""
     torch_dtype = compute_dtype(dtype)
     check_quant(quant, group_size)
     device = torch.device(device)
     with torch.device("meta"):
-        model = StageModel(source.config, start_layer, end_layer)
+        model = stage_model(source.config, start_layer, end_layer)
     if quant != "none" and model.largest_linear_numel():
         model.workspace = DequantWorkspace(model.largest_linear_numel(), torch_dtype, device)
-    tensor_map = hf_tensor_map(source.config, start_layer, end_layer)
-    for name, tensor in source.read(list(tensor_map), device):
-        expected = _expected_shape(model, tensor_map[name][0])
+    names = tensor_map(source.config, start_layer, end_layer)
+    linears = block_linears(source.config)
+    for name, tensor in source.read(list(names), device):
+        expected = _expected_shape(model, names[name][0])
+        if len(expected) == 1 and tensor.numel() == expected[0]:
+            tensor = tensor.reshape(expected)  # RWKV vectors are stored (1, 1, C) or (C,)
         if tuple(tensor.shape) != expected:
             raise ConfigError(f"{source.name}: {name} has shape {tuple(tensor.shape)}, "
                               f"the config says {expected}")
         tensor = tensor.to(device)
         cast: nn.Parameter | None = None  # one copy even when it fills two places (tied)
-        for local in tensor_map[name]:
-            if quant != "none" and _is_block_linear_weight(local):
+        for local in names[name]:
+            if quant != "none" and _is_block_linear_weight(local, linears):
                 _quantize_into(model, local, tensor, quant, group_size)
                 continue
             if cast is None:
@@ -83,7 +91,8 @@ def load_stage_model(source: TensorSource, start_layer: int, end_layer: int, *,
             module_name, _, attr = local.rpartition(".")
             setattr(model.get_submodule(module_name), attr, cast)
         del tensor, cast
-    model.rotary.inv_freq = rope_inv_freq(source.config, device)
+    if isinstance(model, StageModel):
+        model.rotary.inv_freq = rope_inv_freq(source.config, device)
     missing = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if missing:
         raise ConfigError(f"{source.name}: stage [{start_layer}, {end_layer}) did not receive "
@@ -91,18 +100,18 @@ def load_stage_model(source: TensorSource, start_layer: int, end_layer: int, *,
     return model.eval().requires_grad_(False)
 
 
-def _expected_shape(model: StageModel, local: str) -> tuple[int, ...]:
+def _expected_shape(model: AnyStageModel, local: str) -> tuple[int, ...]:
     module_name, _, attr = local.rpartition(".")
     return tuple(getattr(model.get_submodule(module_name), attr).shape)
 
 
-def _is_block_linear_weight(local: str) -> bool:
+def _is_block_linear_weight(local: str, linears: tuple[str, ...]) -> bool:
     # "layers.3.self_attn.q_proj.weight" -> "self_attn.q_proj"
     parts = local.split(".")
-    return parts[0] == "layers" and parts[-1] == "weight" and ".".join(parts[2:-1]) in BLOCK_LINEARS
+    return parts[0] == "layers" and parts[-1] == "weight" and ".".join(parts[2:-1]) in linears
 
 
-def _quantize_into(model: StageModel, local: str, weight: torch.Tensor, quant: str,
+def _quantize_into(model: AnyStageModel, local: str, weight: torch.Tensor, quant: str,
                    group_size: int) -> None:
     assert model.workspace is not None
     module_name = local.rpartition(".")[0]
