@@ -215,21 +215,22 @@ def test_three_stage_training_equals_one_process() -> None:
 
     optimizer = OptimizerConfig(weight_decay=0.1, grad_clip=1.0)
     lr = LrSchedule(peak_lr=3e-3, min_lr=3e-4, warmup_steps=4, total_steps=20)
-    config = {**HF, "vocab_size": 64}
+    config = {**HF, "vocab_size": 32, "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 3}
     source = ScratchModel(config, seed=0)
     generator = torch.Generator().manual_seed(0)
     # a learnable stream: each token is the one before plus one, modulo the vocabulary
-    starts = torch.randint(0, 64, (20, 2, 2, 1), generator=generator)
-    batches = [(s + torch.arange(20)) % 64 for s in starts]
+    starts = torch.randint(0, 32, (20, 2, 2, 1), generator=generator)
+    batches = [(s + torch.arange(17)) % 32 for s in starts]
 
     def run(cut: list[int]) -> list[float]:
-        bounds = [0, *cut, 6]
+        bounds = [0, *cut, 3]
         stages = [TrainStage(trainable_stage(source, a, b), optimizer)
                   for a, b in itertools.pairwise(bounds)]
         pipeline = LocalTrainPipeline(stages, lr=lr, schedule="1f1b")
         return [pipeline.train_step(batch) for batch in batches]
 
-    one, three = run([]), run([2, 4])
+    one, three = run([]), run([1, 2])
     assert max(abs(a - b) for a, b in zip(one, three)) < 1e-4
     assert three[-1] < three[0] - 1.0  # and it learns
 
@@ -251,3 +252,39 @@ def test_plan_shows_state_bytes_that_do_not_grow_with_context() -> None:
     config = profile.model_config()
     per_session = 6 * (2 * config.hidden_size * 2 + 4 * config.num_heads * config.head_dim**2)
     assert claims[0].kv_cache == 3 * per_session  # f16 shifts, f32 WKV matrices
+
+
+# --- the World tokenizer ---------------------------------------------------------------------
+
+
+def test_world_tokenizer_takes_the_longest_match(tmp_path: Path) -> None:
+    from p2pswarm.errors import ConfigError
+    from p2pswarm.models.tokenizer import WORLD_VOCAB_FILE, WorldTokenizer, load_tokenizer
+
+    lines = ["1 'a' 1", "2 'b' 1", "3 'ab' 2", "4 'abb' 3", "5 b'\\xc3' 1", "6 b'\\xa9' 1",
+             "7 '\\n' 1", "8 'é' 2"]
+    (tmp_path / WORLD_VOCAB_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tokenizer = load_tokenizer(tmp_path)
+    assert isinstance(tokenizer, WorldTokenizer)
+    assert tokenizer.encode("abbab\na") == [4, 3, 7, 1]
+    assert tokenizer.encode("é") == [8] and tokenizer.decode([5, 6]) == "é"
+    assert tokenizer.eos_ids == (0,) and tokenizer.vocab_size == 9
+    with pytest.raises(ConfigError, match="no token"):
+        tokenizer.encode("c")
+    for bad in ["1 __import__('os') 1", "x 'a' 1", "1 'ab' 1", "0 'a' 1"]:
+        (tmp_path / "bad.txt").write_text(bad + "\n", encoding="utf-8")
+        with pytest.raises(ConfigError, match="bad.txt:1"):
+            WorldTokenizer(tmp_path / "bad.txt")
+
+
+def test_world_tokenizer_equals_the_rwkv_package() -> None:
+    pytest.importorskip("rwkv")
+    from rwkv.rwkv_tokenizer import TRIE_TOKENIZER
+
+    from p2pswarm.models.tokenizer import WORLD_VOCAB_FILE, WorldTokenizer
+
+    vocab = Path(importlib.import_module("rwkv").__file__ or "").parent / WORLD_VOCAB_FILE
+    ours, theirs = WorldTokenizer(vocab), TRIE_TOKENIZER(str(vocab))
+    for text in ["Hello, world!", "The Goose 🪿 says: über —\n\n   spaces\t", "\x00\xff"]:
+        ids = ours.encode(text)
+        assert ids == theirs.encode(text) and ours.decode(ids) == text
