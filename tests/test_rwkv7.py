@@ -288,3 +288,53 @@ def test_world_tokenizer_equals_the_rwkv_package() -> None:
     for text in ["Hello, world!", "The Goose 🪿 says: über —\n\n   spaces\t", "\x00\xff"]:
         ids = ours.encode(text)
         assert ids == theirs.encode(text) and ours.decode(ids) == text
+
+
+# --- served by a swarm: two stages on two fellows, token-id prompts --------------------------
+
+
+def test_a_swarm_serves_rwkv7_over_two_fellows_from_token_ids(tmp_path: Path) -> None:
+    import openai
+
+    from p2pswarm.runtime import Stage as LocalStage
+    from tests.http_swarm import LoopbackSwarm, serve_message
+
+    ids = [72, 101, 108, 108, 111]
+    whole = LocalPipeline([LocalStage.load("tiny-rwkv7", StageSpec(0, 6))])
+    expected = whole.generate(ids, 8, Sampler.greedy(), stop_token_ids=())
+    with LoopbackSwarm(tmp_path) as swarm:
+        agent = swarm.agents[1]
+        loaded = swarm.call(agent.control_ops["load"],
+                            {"op": "load", "request": serve_message("tiny-rwkv7")})
+        assert len(loaded["stages"]) == 2  # v_first crosses the network with the hidden state
+        got = swarm.call(agent.control_ops["generate"], {
+            "op": "generate", "prompt_ids": ids, "max_tokens": 8, "temperature": 0.0,
+            "stop_token_ids": []})
+        assert got["token_ids"] == list(expected.token_ids)
+        text = swarm.call(agent.control_ops["generate"], {
+            "op": "generate", "prompt": "Hello", "max_tokens": 8, "temperature": 0.0,
+            "stop_token_ids": []})
+        assert text["prompt_tokens"] == 6  # bos, then the five bytes
+        with openai.OpenAI(base_url=f"{swarm.url(1)}/v1", api_key="unused", max_retries=0,
+                           timeout=60) as client:
+            answer = client.completions.create(model="tiny-rwkv7", prompt=ids, max_tokens=8,
+                                               temperature=0)
+            assert answer.usage is not None and answer.usage.prompt_tokens == len(ids)
+            with pytest.raises(openai.BadRequestError, match="token ids"):
+                client.completions.create(model="tiny-rwkv7", prompt=[1, -2], max_tokens=2)
+        with pytest.raises(Exception, match="prompt_ids"):
+            swarm.call(agent.control_ops["generate"], {"op": "generate", "prompt_ids": [],
+                                                       "max_tokens": 2})
+
+
+def test_generate_takes_prompt_ids_or_a_prompt_not_both() -> None:
+    from typer.testing import CliRunner
+
+    from p2pswarm.cli import app
+
+    runner = CliRunner()
+    for args, words in [(["hi", "--prompt-ids", "1,2"], "one of the two"),
+                        ([], "one of the two"), (["--prompt-ids", "1,x"], "separated by commas"),
+                        (["--prompt-ids", "-3"], "none negative")]:
+        result = runner.invoke(app, ["generate", *args])
+        assert result.exit_code != 0 and words in result.output, (args, result.output)

@@ -92,6 +92,19 @@ class HFTokenizer:
         return str(self._tokenizer.decode(list(ids), skip_special_tokens=True))
 
 
+MAX_PROMPT_IDS = 1 << 20  # more token ids than any context holds
+
+
+def token_id_list(raw: Any, what: str) -> list[int]:
+    """A non-empty list of token ids from the network: bounded, whole, non-negative."""
+    if (not isinstance(raw, list) or not 0 < len(raw) <= MAX_PROMPT_IDS
+            or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31
+                       for t in raw)):
+        raise ConfigError(f"{what} must be a non-empty list of at most {MAX_PROMPT_IDS:,} "
+                          "token ids (whole numbers from 0)")
+    return list(raw)
+
+
 WORLD_VOCAB_FILE = "rwkv_vocab_v20230424.txt"
 MAX_WORLD_TOKEN_BYTES = 1024
 MAX_WORLD_VOCAB = 1 << 20
