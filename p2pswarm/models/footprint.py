@@ -86,8 +86,8 @@ def rwkv7_layer_bytes(config: ModelConfig, *, dtype: str, quant: str = "none",
     vectors and norms in the compute dtype. Layer 0 (``first``) has ``ln0`` and no value
     map of its own."""
     db = DTYPE_BYTES[dtype]
-    C, I = config.hidden_size, config.intermediate_size
-    shapes = [(C, C)] * 4 + [(C, I), (I, C)]
+    C, inner = config.hidden_size, config.intermediate_size
+    shapes = [(C, C)] * 4 + [(C, inner), (inner, C)]
     total = sum(linear_weight_bytes(n_in, n_out, scheme=quant, dtype_bytes=db,
                                     group_size=group_size) for n_in, n_out in shapes)
     ranks = [config.decay_low_rank_dim, config.a_low_rank_dim, config.gate_low_rank_dim]
@@ -110,8 +110,8 @@ def recurrent_state_bytes(config: ModelConfig, *, num_layers: int, max_sessions:
 
 def dequant_workspace_bytes(config: ModelConfig, *, dtype: str) -> int:
     if config.model_type == "rwkv7":
-        C, I = config.hidden_size, config.intermediate_size
-        return max(C * C, C * I) * DTYPE_BYTES[dtype]
+        C, inner = config.hidden_size, config.intermediate_size
+        return max(C * C, C * inner) * DTYPE_BYTES[dtype]
     return max(n_in * n_out for n_in, n_out in layer_linear_shapes(config)) * DTYPE_BYTES[dtype]
 
 
