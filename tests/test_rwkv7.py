@@ -16,7 +16,7 @@ import torch
 from p2pswarm.models import ModelConfig, save_checkpoint
 from p2pswarm.models.loader import load_stage_model, open_model
 from p2pswarm.models.rwkv7 import hf_tensor_map, hf_tensor_shape, wkv_chunked, wkv_step
-from p2pswarm.models.rwkv7_pth import PthCheckpoint, save_pth
+from p2pswarm.models.rwkv7_pth import PthCheckpoint, convert_to_hf, save_pth
 from p2pswarm.runtime import LocalPipeline, Sampler, Stage, StageSpec, stage_memory
 
 HF = {"model_type": "rwkv7", "vocab_size": 97, "hidden_size": 64, "head_dim": 16,
@@ -185,7 +185,9 @@ def test_every_layout_loads_to_the_same_model(pth: Path, tmp_path: Path) -> None
     save_checkpoint(HF, list(hf.items()), tmp_path / "hf")
     save_checkpoint(HF, [(n, t.bfloat16()) for n, t in hf.items()], tmp_path / "bf16")
     save_pth({n: t.bfloat16() for n, t in tensors.items()}, True, tmp_path / "bf16.pth")
-    for where, tolerance in [("bare", 1e-6), ("hf", 1e-6), ("bf16", 0.5), ("bf16.pth", 0.5)]:
+    convert_to_hf(tmp_path / "bare" / "rwkv-x070.pth", tmp_path / "converted")
+    for where, tolerance in [("bare", 1e-6), ("hf", 1e-6), ("converted", 1e-6), ("bf16", 0.5),
+                             ("bf16.pth", 0.5)]:
         model = load_stage_model(open_model(tmp_path / where), 0, CONFIG.num_layers)
         got = model(ids)
         assert (got - expected).abs().max().item() < tolerance, where

@@ -154,3 +154,33 @@ def save_pth(tensors: dict[str, torch.Tensor], hf_layout: bool, path: str | Path
     path = Path(path)
     torch.save(out, path)
     return path
+
+
+def convert_to_hf(pth: str | Path, out_dir: str | Path) -> Path:
+    """Write an authors' ``.pth`` as a Hugging Face directory (``config.json`` and
+    safetensors in its own dtype, the World vocabulary beside it if the ``.pth`` has one),
+    the layout a swarm ships to its fellows stage by stage."""
+    import shutil
+
+    from p2pswarm.models.checkpoint import save_checkpoint
+    from p2pswarm.models.rwkv7 import hf_tensor_map
+    from p2pswarm.models.tokenizer import WORLD_VOCAB_FILE
+
+    source = PthCheckpoint(pth)
+    names = list(hf_tensor_map(source.config, 0, source.config.num_layers))
+    out = save_checkpoint(source.hf_config, list(source.read(names, "cpu")), out_dir)
+    vocab = source.path.parent / WORLD_VOCAB_FILE
+    if vocab.is_file():
+        shutil.copyfile(vocab, Path(out) / WORLD_VOCAB_FILE)
+    return Path(out)
+
+
+if __name__ == "__main__":  # python -m p2pswarm.models.rwkv7_pth MODEL.pth OUT_DIR
+    import sys
+
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m p2pswarm.models.rwkv7_pth MODEL.pth OUT_DIR")
+    try:
+        print(convert_to_hf(sys.argv[1], sys.argv[2]))
+    except ConfigError as exc:
+        sys.exit(f"error: {exc}")
