@@ -75,6 +75,8 @@ class LoRA(nn.Module):
 def token_shift(x: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
     """x (B, T, C) moved one token later, ``previous`` (B, C) or zeros in front."""
     before = previous.unsqueeze(1) if previous is not None else torch.zeros_like(x[:, :1])
+    if x.shape[1] == 1:  # one token (decode): nothing to concatenate
+        return before.to(x.dtype)
     return torch.cat((before.to(x.dtype), x[:, :-1]), dim=1)
 
 
@@ -84,6 +86,10 @@ def wkv_step(state: torch.Tensor, r: torch.Tensor, log_w: torch.Tensor, k: torch
     """Token by token. state (B, H, N, N); the rest (B, T, H, N), float32.
     Returns y (B, T, H, N) and the final state."""
     w = log_w.exp()
+    if r.shape[1] == 1:  # decode: one update, no list to stack
+        state = (state * w[:, 0, :, None, :] + (state @ a[:, 0, :, :, None]) @ b[:, 0, :, None, :]
+                 + v[:, 0, :, :, None] @ k[:, 0, :, None, :])
+        return (state @ r[:, 0, :, :, None]).squeeze(-1).unsqueeze(1), state
     ys = []
     for t in range(r.shape[1]):
         sa = state @ a[:, t, :, :, None]  # (B, H, N, 1)
@@ -182,8 +188,8 @@ class TimeMix(nn.Module):
         B, T, C = x.shape
         H, N = self.num_heads, self.head_size
         xx = token_shift(x, state.att_shift if state is not None else None) - x
-        xr, xw, xk = x + xx * self.x_r, x + xx * self.x_w, x + xx * self.x_k
-        xv, xa, xg = x + xx * self.x_v, x + xx * self.x_a, x + xx * self.x_g
+        xr, xw, xk = (torch.addcmul(x, xx, m) for m in (self.x_r, self.x_w, self.x_k))
+        xv, xa, xg = (torch.addcmul(x, xx, m) for m in (self.x_v, self.x_a, self.x_g))
         r, k, v = self.r_proj(xr), self.k_proj(xk), self.v_proj(xv)
         log_w = -DECAY_SCALE * torch.sigmoid(self.w_lora(xw).float())
         a = torch.sigmoid(self.a_lora(xa))

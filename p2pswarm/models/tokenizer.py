@@ -178,6 +178,7 @@ def _world_line(line: str, path: Path, number: int) -> tuple[int, bytes]:
     first, last = line.find(" "), line.rfind(" ")
     where = f"{path}:{number}"
     literal = line[first:last].strip()
+    token: Any
     try:
         token_id, length = int(line[:first]), int(line[last:])
         if len(literal) > 1 and literal[0] == literal[-1] == "'" and not (
