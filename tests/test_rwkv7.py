@@ -340,3 +340,26 @@ def test_generate_takes_prompt_ids_or_a_prompt_not_both() -> None:
                         (["--prompt-ids", "-3"], "none negative")]:
         result = runner.invoke(app, ["generate", *args])
         assert result.exit_code != 0 and words in result.output, (args, result.output)
+
+
+def test_lora_adapts_rwkv7_linear_maps() -> None:
+    from p2pswarm.errors import ConfigError
+    from p2pswarm.training.job import LoraConfig
+    from p2pswarm.training.lora import LoRALinear, apply_lora
+    from p2pswarm.training.source import trainable_stage
+
+    model = trainable_stage(open_model("tiny-rwkv7"), 0, 6)
+    ids = torch.tensor([[256, 72, 105]])
+    before = model(ids).detach()
+    names = apply_lora(model, LoraConfig(rank=4, targets=("q_proj", "v_proj", "down_proj")), 0)
+    adapted = {n.rsplit(".", 1)[0] for n in names}
+    assert adapted == {f"layers.{i}.{m}" for i in range(6)
+                       for m in ("attn.r_proj", "attn.v_proj", "ffn.value")}
+    assert all(isinstance(model.get_submodule(n), LoRALinear) for n in adapted)
+    after = model(ids)
+    assert torch.equal(after.detach(), before)  # B starts at zero
+    after.sum().backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if n in names)
+    with pytest.raises(ConfigError, match="not a linear map"):
+        apply_lora(trainable_stage(open_model("tiny-rwkv7"), 0, 1),
+                   LoraConfig(rank=2, targets=("w_lora",)), 0)
