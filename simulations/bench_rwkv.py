@@ -9,6 +9,10 @@
    stage's bytes after a session has consumed 1K and after 16K tokens of context (a
    recurrent state does not grow), next to what a Llama of the same width would need
    for its KV cache at those lengths.
+3. ``--train``: a training job of a small RWKV-7 from scratch as one pipeline of three
+   stages on three ``p2pswarm join`` processes on loopback (one torch thread each), its
+   samples/s from the job's tokens/s, against the same model, batch and steps trained
+   in this process with three torch threads.
 
 The machine may be shared: the load average is printed beside the figures.
 
@@ -131,6 +135,69 @@ def session_memory(pth: Path, contexts: tuple[int, ...]) -> dict[str, Any]:
             "llama_same_width_kv_bytes_per_session": llama_kv}
 
 
+TRAIN_MODEL: dict[str, Any] = {
+    "model_type": "rwkv7", "vocab_size": 259, "hidden_size": 128, "head_dim": 32,
+    "num_hidden_layers": 6, "intermediate_size": 512, "decay_low_rank_dim": 16,
+    "a_low_rank_dim": 16, "v_low_rank_dim": 8, "gate_low_rank_dim": 32,
+    "bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258}
+TRAIN_SEQ, TRAIN_BATCH = 128, 4
+
+
+def train_job(steps: int, checkpoint_dir: Path) -> dict[str, Any]:
+    return {"model": {"config": TRAIN_MODEL}, "seq_len": TRAIN_SEQ, "micro_batch": TRAIN_BATCH,
+            "micro_batches": 1, "steps": steps, "replicas": 1,
+            "lr": {"peak": 4e-3, "min": 4e-4, "warmup_steps": min(10, steps - 1)},
+            "checkpoint": {"dir": str(checkpoint_dir), "interval_steps": steps, "keep": 1,
+                           "copies": 1}, "seed": 0}
+
+
+def train_three_processes(steps: int) -> float:
+    """Samples/s of the job as one pipeline over three ``join`` processes."""
+    from p2pswarm.control.client import request, stream
+    from p2pswarm.demo import DEMO_TRAIN_MEMORY, form_swarm
+    from p2pswarm.sim.processes import local_swarm
+    from p2pswarm.training.job import JobConfig
+
+    names = ["fellow-1", "fellow-2", "fellow-3"]
+    cap = ("--cpu-memory", DEMO_TRAIN_MEMORY, "--log-level", "warning")
+    with local_swarm(lambda line: None, False) as swarm:
+        form_swarm(swarm, names, cap, DEMO_TRAIN_MEMORY, lambda line: None, time.monotonic())
+        home = swarm.homes[names[0]]
+        job = JobConfig.from_dict(train_job(steps, swarm.root / "checkpoints")).to_dict()
+        plan = request(home, {"op": "job_plan", "config": job, "stages": 3}, timeout_s=60)
+        if not plan["fits"] or len(plan["stages"]) != 3:
+            raise SystemExit(f"the job does not fit in 3 stages: "
+                             f"{plan['layout']['limit']['sentence']}")
+        began = time.monotonic()
+        record = stream(home, {"op": "job_submit", "config": job, "plan_id": plan["plan_id"],
+                               "stages": 3}, lambda event: None, timeout_s=1800)
+        if record["state"] != "finished":
+            raise SystemExit(f"the job ended {record['state']}: {record.get('reason')}")
+        print(f"  three processes: {steps} steps in {time.monotonic() - began:.1f} s, "
+              f"{record['tokens_per_s']:,.0f} tokens/s", file=sys.stderr)
+        return float(record["tokens_per_s"]) / TRAIN_SEQ
+
+
+def train_one_process(steps: int, threads: int) -> float:
+    """Samples/s of the same model, batch and steps trained whole in this process."""
+    from p2pswarm.training.job import LrSchedule, OptimizerConfig
+    from p2pswarm.training.pipeline import LocalTrainPipeline
+    from p2pswarm.training.source import ScratchModel, trainable_stage
+    from p2pswarm.training.stage import TrainStage
+
+    torch.set_num_threads(threads)
+    stage = TrainStage(trainable_stage(ScratchModel(TRAIN_MODEL, 0), 0, 6), OptimizerConfig())
+    pipeline = LocalTrainPipeline([stage], lr=LrSchedule(peak_lr=4e-3, min_lr=4e-4,
+                                                         warmup_steps=10, total_steps=steps))
+    generator = torch.Generator().manual_seed(0)
+    batch = torch.randint(0, 256, (1, TRAIN_BATCH, TRAIN_SEQ + 1), generator=generator)
+    pipeline.train_step(batch)  # warm up
+    began = time.monotonic()
+    for _ in range(steps):
+        pipeline.train_step(batch)
+    return steps * TRAIN_BATCH / (time.monotonic() - began)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hidden", type=int, default=768)
@@ -142,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-hidden", type=int, default=256,
                         help="width of the model whose sessions run to 16K tokens")
     parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--train", action="store_true",
+                        help="also train on three join processes against one process")
+    parser.add_argument("--train-steps", type=int, default=40)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -164,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         pth = write_random_pth(small, Path(tmp) / "memory.pth")
         result["memory"] = {"model": f"rwkv7 hidden {args.memory_hidden}, 6 layers",
                             **session_memory(pth, (1024, 16384))}
+    if args.train:
+        three = train_three_processes(args.train_steps)
+        one = train_one_process(args.train_steps, 3)
+        result["train"] = {"three_processes_samples_per_s": three,
+                           "one_process_samples_per_s": one, "ratio": three / one}
+        torch.set_num_threads(args.threads)
     result["load_average_after"] = os.getloadavg()
     if args.json:
         print(json.dumps(result, indent=2))
@@ -180,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
           f"a Llama of that width would hold "
           f"{m['llama_same_width_kv_bytes_per_session'][1024]:,} / "
           f"{m['llama_same_width_kv_bytes_per_session'][16384]:,} bytes of KV per session")
+    if "train" in result:
+        t = result["train"]
+        print(f"training (rwkv7 128 wide, 6 layers, seq {TRAIN_SEQ}, batch {TRAIN_BATCH}): "
+              f"3 join processes {t['three_processes_samples_per_s']:.2f} samples/s, one "
+              f"process with 3 threads {t['one_process_samples_per_s']:.2f}: "
+              f"{t['ratio']:.2f}x")
     print(f"load average before {result['load_average_before']}, "
           f"after {result['load_average_after']}")
     return 0
