@@ -19,10 +19,19 @@ from p2pswarm.errors import ConfigError
 from p2pswarm.models.builtin import BUILTIN_MODELS, BuiltinModel
 from p2pswarm.models.checkpoint import Checkpoint
 from p2pswarm.models.config import ModelConfig
-from p2pswarm.models.families import AnyStageModel, block_linears, stage_model, tensor_map
 from p2pswarm.models.footprint import check_quant
-from p2pswarm.models.llama import StageModel, rope_inv_freq
+from p2pswarm.models.hub import cached_snapshot, is_hub_id
+from p2pswarm.models.llama import (
+    BLOCK_LINEARS,
+    StageModel,
+    hf_tensor_map,
+    hf_tensor_shape,
+    is_fused,
+)
 from p2pswarm.models.quant import DequantWorkspace, quantize_linear
+from p2pswarm.models.rwkv7 import BLOCK_LINEARS as RWKV7_LINEARS
+from p2pswarm.models.rwkv7 import StageModel as Rwkv7StageModel
+from p2pswarm.models.rwkv7 import hf_tensor_map as rwkv7_tensor_map
 from p2pswarm.models.rwkv7_pth import PthCheckpoint, find_pth
 
 DTYPES: dict[str, torch.dtype] = {
@@ -44,12 +53,15 @@ class TensorSource(Protocol):
 
 
 def open_model(model: str | Path) -> Checkpoint | BuiltinModel | PthCheckpoint:
-    """A built-in model by name, else the model directory (or RWKV ``.pth``) at that path."""
+    """A built-in model by name, else the model directory (or RWKV ``.pth``) at that path,
+    else a hub id's snapshot in the local Hugging Face cache."""
     if isinstance(model, str) and model in BUILTIN_MODELS:
         return BuiltinModel(model)
-    pth = find_pth(Path(model))
+    pth = find_pth(Path(model).expanduser())
     if pth is not None:
         return PthCheckpoint(pth)
+    if isinstance(model, str) and is_hub_id(model) and not Path(model).expanduser().exists():
+        return Checkpoint(cached_snapshot(model))
     return Checkpoint(model)
 
 
@@ -62,17 +74,59 @@ def compute_dtype(name: str) -> torch.dtype:
 
 def load_stage_model(source: TensorSource, start_layer: int, end_layer: int, *,
                      dtype: str = "float32", device: torch.device | str = "cpu",
-                     quant: str = "none", group_size: int = 32) -> AnyStageModel:
+                     quant: str = "none", group_size: int = 32
+                     ) -> StageModel | Rwkv7StageModel:
     """Layers [start_layer, end_layer) of ``source`` on ``device``, ready for inference."""
     torch_dtype = compute_dtype(dtype)
     check_quant(quant, group_size)
     device = torch.device(device)
+    if source.config.model_type == "rwkv7":
+        return _load_rwkv7(source, start_layer, end_layer, torch_dtype, device, quant,
+                           group_size)
     with torch.device("meta"):
-        model = stage_model(source.config, start_layer, end_layer)
+        model = StageModel(source.config, start_layer, end_layer)
     if quant != "none" and model.largest_linear_numel():
         model.workspace = DequantWorkspace(model.largest_linear_numel(), torch_dtype, device)
-    names = tensor_map(source.config, start_layer, end_layer)
-    linears = block_linears(source.config)
+    tensor_map = hf_tensor_map(source.config, start_layer, end_layer)
+    for name, tensor in source.read(list(tensor_map), device):
+        expected = hf_tensor_shape(source.config, name)
+        if tuple(tensor.shape) != expected:
+            raise ConfigError(f"{source.name}: {name} has shape {tuple(tensor.shape)}, "
+                              f"the config says {expected}")
+        tensor = tensor.to(device)
+        locals_ = tensor_map[name]
+        if is_fused(name):  # Phi-3: rows of q, k, v (gate, up) stacked in one tensor
+            rows = [_expected_shape(model, local)[0] for local in locals_]
+            for local, part in zip(locals_, torch.split(tensor, rows), strict=True):
+                _put(model, local, part, torch_dtype, quant, group_size)
+            del tensor
+            continue
+        cast: nn.Parameter | None = None  # one copy even when it fills two places (tied)
+        for local in locals_:
+            if quant != "none" and _is_block_linear_weight(local):
+                _quantize_into(model, local, tensor, quant, group_size)
+                continue
+            if cast is None:
+                cast = nn.Parameter(tensor.to(torch_dtype), requires_grad=False)
+            module_name, _, attr = local.rpartition(".")
+            setattr(model.get_submodule(module_name), attr, cast)
+        del tensor, cast
+    model.rotary.materialize(device)
+    missing = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if missing:
+        raise ConfigError(f"{source.name}: stage [{start_layer}, {end_layer}) did not receive "
+                          f"{', '.join(missing[:5])}")
+    return model.eval().requires_grad_(False)
+
+
+def _load_rwkv7(source: TensorSource, start_layer: int, end_layer: int,
+                torch_dtype: torch.dtype, device: torch.device, quant: str,
+                group_size: int) -> Rwkv7StageModel:
+    with torch.device("meta"):
+        model = Rwkv7StageModel(source.config, start_layer, end_layer)
+    if quant != "none" and model.largest_linear_numel():
+        model.workspace = DequantWorkspace(model.largest_linear_numel(), torch_dtype, device)
+    names = rwkv7_tensor_map(source.config, start_layer, end_layer)
     for name, tensor in source.read(list(names), device):
         expected = _expected_shape(model, names[name][0])
         if len(expected) == 1 and tensor.numel() == expected[0]:
@@ -81,9 +135,9 @@ def load_stage_model(source: TensorSource, start_layer: int, end_layer: int, *,
             raise ConfigError(f"{source.name}: {name} has shape {tuple(tensor.shape)}, "
                               f"the config says {expected}")
         tensor = tensor.to(device)
-        cast: nn.Parameter | None = None  # one copy even when it fills two places (tied)
+        cast: nn.Parameter | None = None
         for local in names[name]:
-            if quant != "none" and _is_block_linear_weight(local, linears):
+            if quant != "none" and _is_block_linear_weight(local, RWKV7_LINEARS):
                 _quantize_into(model, local, tensor, quant, group_size)
                 continue
             if cast is None:
@@ -94,8 +148,6 @@ def load_stage_model(source: TensorSource, start_layer: int, end_layer: int, *,
             module_name, _, attr = local.rpartition(".")
             setattr(model.get_submodule(module_name), attr, cast)
         del tensor, cast
-    if isinstance(model, StageModel):
-        model.rotary.inv_freq = rope_inv_freq(source.config, device)
     missing = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if missing:
         raise ConfigError(f"{source.name}: stage [{start_layer}, {end_layer}) did not receive "
@@ -103,28 +155,38 @@ def load_stage_model(source: TensorSource, start_layer: int, end_layer: int, *,
     return model.eval().requires_grad_(False)
 
 
-def _stored_transposed(model: AnyStageModel, locals_: tuple[str, ...]) -> bool:
+def _stored_transposed(model: Rwkv7StageModel, locals_: tuple[str, ...]) -> bool:
     """RWKV-7 keeps its linear weights as (in, out) in memory, seen as (out, in): one
     token's x @ W then reads W row by row, which CPUs do about twice as fast as the dot
     products of W x (the RWKV authors' own layout). Numbers and bytes are the same."""
-    if model.config.model_type != "rwkv7":
-        return False
     return all(local.endswith(".weight") and isinstance(
         model.get_submodule(local.rpartition(".")[0]), nn.Linear) for local in locals_)
 
 
-def _expected_shape(model: AnyStageModel, local: str) -> tuple[int, ...]:
+def _put(model: StageModel, local: str, tensor: torch.Tensor, dtype: torch.dtype,
+         quant: str, group_size: int) -> None:
+    """One of our tensors in place: quantized if it is a decoder linear's weight and the
+    stage is quantized, else cast (a copy, so a split part frees its fused tensor)."""
+    if quant != "none" and _is_block_linear_weight(local):
+        _quantize_into(model, local, tensor.contiguous(), quant, group_size)
+        return
+    module_name, _, attr = local.rpartition(".")
+    setattr(model.get_submodule(module_name), attr,
+            nn.Parameter(tensor.to(dtype).clone(), requires_grad=False))
+
+
+def _expected_shape(model: StageModel | Rwkv7StageModel, local: str) -> tuple[int, ...]:
     module_name, _, attr = local.rpartition(".")
     return tuple(getattr(model.get_submodule(module_name), attr).shape)
 
 
-def _is_block_linear_weight(local: str, linears: tuple[str, ...]) -> bool:
+def _is_block_linear_weight(local: str, linears: tuple[str, ...] = BLOCK_LINEARS) -> bool:
     # "layers.3.self_attn.q_proj.weight" -> "self_attn.q_proj"
     parts = local.split(".")
     return parts[0] == "layers" and parts[-1] == "weight" and ".".join(parts[2:-1]) in linears
 
 
-def _quantize_into(model: AnyStageModel, local: str, weight: torch.Tensor, quant: str,
+def _quantize_into(model: StageModel | Rwkv7StageModel, local: str, weight: torch.Tensor, quant: str,
                    group_size: int) -> None:
     assert model.workspace is not None
     module_name = local.rpartition(".")[0]

@@ -197,8 +197,10 @@ def _world_line(line: str, path: Path, number: int) -> tuple[int, bytes]:
 
 
 def load_tokenizer(model: str | Path) -> ByteTokenizer | HFTokenizer | WorldTokenizer:
-    """The tokenizer of a built-in model name, a model directory or an RWKV ``.pth``:
-    a directory (or the ``.pth``'s) holding the World vocabulary file uses it."""
+    """The tokenizer of a built-in model name, a model directory, an RWKV ``.pth`` or a
+    cached hub id: a directory (or the ``.pth``'s) holding the World vocabulary file
+    uses it."""
+    from p2pswarm.models.hub import cached_snapshot, is_hub_id
     from p2pswarm.planner.profile import BUILTIN_MODELS
 
     if isinstance(model, str) and model in BUILTIN_MODELS:
@@ -207,6 +209,8 @@ def load_tokenizer(model: str | Path) -> ByteTokenizer | HFTokenizer | WorldToke
     folder = where.parent if where.suffix == ".pth" else where
     if (folder / WORLD_VOCAB_FILE).is_file() and not (folder / "tokenizer.json").is_file():
         return WorldTokenizer(folder / WORLD_VOCAB_FILE)
+    if isinstance(model, str) and is_hub_id(model) and not Path(model).expanduser().exists():
+        return HFTokenizer(cached_snapshot(model))
     return HFTokenizer(model)
 
 
