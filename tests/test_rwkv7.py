@@ -363,3 +363,17 @@ def test_lora_adapts_rwkv7_linear_maps() -> None:
     with pytest.raises(ConfigError, match="not a linear map"):
         apply_lora(trainable_stage(open_model("tiny-rwkv7"), 0, 1),
                    LoraConfig(rank=2, targets=("w_lora",)), 0)
+
+
+def test_trained_stages_export_to_a_directory_that_loads(tmp_path: Path) -> None:
+    from p2pswarm.training.export import export_hf
+    from p2pswarm.training.source import ScratchModel, trainable_stage
+
+    source = ScratchModel(HF, seed=2)
+    stages = [trainable_stage(source, a, b) for a, b in [(0, 2), (2, 6)]]
+    out = export_hf(stages, HF, tmp_path / "exported")
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        expected = stages[1](stages[0](ids))
+        got = load_stage_model(open_model(out), 0, CONFIG.num_layers)(ids)
+    assert torch.equal(got, expected)
