@@ -32,6 +32,7 @@ import trio
 
 from p2pswarm.agent.serving.asking import LoadAsker
 from p2pswarm.agent.serving.failover import Failover
+from p2pswarm.models.tokenizer import token_id_list
 from p2pswarm.agent.serving.generation import Generation, TextStream
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
@@ -199,9 +200,11 @@ class Serving:
         return await self.unload(request.get("plan_id") or None, all=bool(request.get("all")))
 
     async def _op_generate(self, request: dict[str, Any]) -> Any:
-        prompt = request.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            raise ConfigError("generate needs a non-empty \"prompt\"")
+        prompt, prompt_ids = request.get("prompt"), request.get("prompt_ids")
+        if prompt_ids is not None:
+            prompt, prompt_ids = None, token_id_list(prompt_ids, "\"prompt_ids\"")
+        elif not isinstance(prompt, str) or not prompt:
+            raise ConfigError("generate needs a non-empty \"prompt\" or \"prompt_ids\"")
 
         def on_token(token: int, piece: str) -> None:
             emit({"token": token, "text": piece})
@@ -218,7 +221,8 @@ class Serving:
             seed = int(request.get("seed", 0))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"generate: a bad number ({exc})") from None
-        result = await self.generate(prompt, plan_id=request.get("plan_id") or None,
+        result = await self.generate(prompt, prompt_ids=prompt_ids,
+                                     plan_id=request.get("plan_id") or None,
                                      max_tokens=max_tokens, temperature=temperature,
                                      top_k=top_k, top_p=top_p, seed=seed,
                                      stop_token_ids=stops, on_token=on_token)

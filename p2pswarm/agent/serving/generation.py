@@ -30,6 +30,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,7 @@ from p2pswarm.errors import (
     SwarmError,
     TransportError,
 )
-from p2pswarm.models.tokenizer import ByteTokenizer, HFTokenizer
+from p2pswarm.models.tokenizer import WORLD_VOCAB_FILE, ByteTokenizer, load_tokenizer
 from p2pswarm.wire.loads import LoadDone, StageLost
 from p2pswarm.wire.orders import unpack_doc
 from p2pswarm.wire.serving import (
@@ -185,7 +186,8 @@ class Generation:
         """The load's tokenizer; a files model's come from the fellow that has them."""
         model = record.get("model", {})
         files = {f[0] for f in model.get("files", [])}
-        if model.get("kind") == "builtin" or "tokenizer.json" not in files:
+        world = WORLD_VOCAB_FILE in files and "tokenizer.json" not in files
+        if model.get("kind") == "builtin" or ("tokenizer.json" not in files and not world):
             # p2pswarm's own models (built in, or trained from scratch and saved) are
             # byte-level and ship no tokenizer.json
             return ByteTokenizer()
@@ -196,7 +198,7 @@ class Generation:
             if not self.offers.offered(manifest):
                 raise PlacementError(f"{self.agent.name} offered no model directory "
                                      f"{manifest.path}")
-            return HFTokenizer(manifest.path)
+            return load_tokenizer(Path(manifest.path))
         cache = self.offers.weights_cache()
         missing = [f.name for f in manifest.files if not cache.has(f.sha256, f.nbytes)]
         if missing:
@@ -207,7 +209,7 @@ class Generation:
             await fetch(self.agent, source.addr, source.node_id, source.name, manifest,
                         missing, cache, self.agent.compute.run)
         directory = await self.agent.compute.run(lambda: cache.model_dir(manifest))
-        return HFTokenizer(directory)
+        return load_tokenizer(Path(directory))
 
     async def generate(self, prompt: str | None = None, *, prompt_ids: Sequence[int] | None = None,
                        plan_id: str | None = None, max_tokens: int = 64,
