@@ -148,7 +148,7 @@ class JobHandover:
         self._receiving = trio.Lock()
         # on disk too, so that a whole swarm restarted resumes its jobs (``kept_store``)
         self.store: KeptStore | None = None
-        if self.agent.home is not None:
+        if getattr(self.agent, "home", None) is not None:  # (a bare test agent has none)
             self.store = KeptStore(self.agent.state_dir("job-copies"), self.agent.compute.run,
                                    self.agent.spawn)
             self._read_back(self.store)
