@@ -7,17 +7,19 @@ picked card a contiguous, non-empty range of layers; the ranges cover ``[0, L)``
 
 Searches over that space, all pure and deterministic:
 
-- ``fewest_cards``: the default. The fewest cards (largest room first) that hold the
-  model, layers in proportion to each card's room, so every card fills alike. Free
-  memory counts only where it matters: a room is counted up to what the whole model
-  would claim (``useful_room``), and rooms are compared in bands (``settled_rooms``):
-  rooms within an eighth of each other are alike, so free memory that wobbles decides
-  neither the order nor the split; ties fall to the faster card, then to the pipeline
-  order (for identical cards: fellow ids).
-- ``fastest``: ``maximize speed``. The exact minimum of the cost model's time per token
-  by dynamic programming over (card, layers placed so far): a stage's cost depends
-  only on its card, its layer count and whether it is first or last, and a hop only on
-  the two cards' fellows, so prefixes compose. O(cards x layers x capacity).
+- ``fewest_cards``: the default's first choice when it is within 1 % of the fastest (see
+  ``plan._settled``). The fewest cards (largest room first) that hold the model, layers
+  in proportion to each card's room, so every card fills alike. Free memory counts only
+  where it matters: a room is counted up to what the whole model would claim
+  (``useful_room``), and rooms are compared in bands (``settled_rooms``): rooms within
+  an eighth of each other are alike, so free memory that wobbles decides neither the
+  order nor the split; ties fall to the faster card, then to the pipeline order (for
+  identical cards: fellow ids).
+- ``fastest``: ``maximize speed``, and what the default measures itself against. The
+  exact minimum of the cost model's time per token by dynamic programming over (card,
+  layers placed so far): a stage's cost depends only on its card, its layer count and
+  whether it is first or last, and a hop only on the two cards' fellows, so prefixes
+  compose. O(cards x layers x capacity).
 - ``most_tokens``: ``maximize context``/``seq_len``. Whether some placement fits is
   monotone in the context, and for a given context decided in O(cards) (or
   O(cards x stages) with a fixed stage count) from each card's layer capacity, so a
