@@ -279,28 +279,27 @@ class Search:
                         if entry == INF:
                             continue
                     first = start == 0
-                    ns: Sequence[int] = (
-                        [next_bound[start] - start] if bounds is not None
-                        else range(1, min(caps[(first, False)], L - start) + 1))
-                    for n in ns:
-                        end = start + n
-                        last = end == L
-                        if last and stages and s != S - 1:
-                            continue
-                        if n > caps[(first, last)]:
+                    costs, pointers, step = row[s], back[i][s], (prev, start)
+                    if bounds is not None:
+                        ends = [next_bound[start]]
+                    else:  # every stage that ends before L, as far as the card holds
+                        ends = []
+                        most = min(caps[(first, False)], L - start - 1)
+                        for end, took in zip(range(start + 1, start + most + 1),
+                                             times[False][1:most + 1]):
+                            cost = entry + took
+                            if cost < costs[end]:
+                                costs[end] = cost
+                                pointers[end] = step
+                        ends.append(L)  # and the stage that ends the model
+                    for end in ends:
+                        n, last = end - start, end == L
+                        if (last and stages and s != S - 1) or n > caps[(first, last)]:
                             continue
                         cost = entry + times[last][n]
-                        if cost < row[s][end]:
-                            row[s][end] = cost
-                            back[i][s][end] = (prev, start)
-                    if bounds is None:  # the final stage may have a larger cap than middle
-                        n = L - start
-                        if caps[(first, False)] < n <= caps[(first, True)] and \
-                                not (stages and s != S - 1):
-                            cost = entry + times[True][n]
-                            if cost < row[s][L]:
-                                row[s][L] = cost
-                                back[i][s][L] = (prev, start)
+                        if cost < costs[end]:
+                            costs[end] = cost
+                            pointers[end] = step
             for s in range(S):
                 cur = current[s]
                 for m in range(1, L + 1):
