@@ -453,7 +453,8 @@ def main() -> None:
                   f"transformers' generate ({single['transformers_threads']} threads), "
                   "side by side")
         rows.append((figure, f"{tps['2 fellows']:.1f} / {tps['transformers']:.1f} = "
-                     f"{single['ratio_2_fellows']:.2f} (1 fellow {tps['1 fellow']:.1f}; "
+                     f"{single['ratio_2_fellows']:.2f} (1 fellow {tps['1 fellow']:.1f}, "
+                     f"2 fellows with every core each {tps['2 fellows, all cores each']:.1f}; "
                      f"load {single['load_average']:.1f}; same tokens: "
                      f"{single['same_tokens']})", ">= 0.9"))
     if args.json:
