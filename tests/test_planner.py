@@ -342,7 +342,7 @@ def test_the_default_is_about_as_fast_as_maximize_speed() -> None:
 def test_the_default_plan_on_the_home_cluster_uses_the_gpus() -> None:
     # a desktop with a busy RTX 3090 and an RTX 3060, an old server with 128 GB of RAM: the
     # fewest cards by room would put half of Llama-3-8B on the server's CPU
-    home = json.loads((REFERENCE.parent / "home.json").read_text())
+    home = json.loads((REFERENCE.parent / "home-busy.json").read_text())
     p = make(load_profile("llama-3-8b"), home)
     assert p.fits and {(s.fellow_id, s.kind) for s in p.stages} == {("3a91c0", "cuda")}
     assert 40 < p.estimate.tokens_per_s < 55
