@@ -1,13 +1,14 @@
 """`p2pswarm demo`: a real swarm of separate agent processes on loopback serves a model
-none of them could hold alone, then everything is cleaned up.
+across all of them, then everything is cleaned up.
 
 Three fellows start as `p2pswarm join` processes, each offering its CPU capped at
-``DEMO_CPU_MEMORY`` (``join --cpu-memory``). The planner keeps a quarter of a gigabyte
-of every CPU card as headroom for the operating system, so each fellow has room for
-about a third of the built-in ``small-llama`` at float32 (12 layers, 38 M parameters,
-0.15 GB of weights, plus its KV cache): the plan needs all three. The demo shows the
-status and the plan, loads exactly that plan (``--plan-id``), generates, checks the
-tokens against the same model run in this one process, and leaves.
+``DEMO_CPU_MEMORY`` (``join --cpu-memory``). The model is ``demo-llama``, shipped in the
+package (``DEMO_MODEL_DIR``): a 1.2 M-parameter byte-level llama this project trained on
+its own public-domain corpus with ``demo --train`` as a pipeline of three stages; its
+``config.json`` records that cut, and the planner keeps a trained cut, so the plan puts
+one stage on each fellow. The demo shows the status and the plan, loads exactly that
+plan (``--plan-id``), generates, checks the tokens against the same model run in this
+one process, and leaves.
 
 ``demo --train`` starts the fellows with more room (training plans keep the planner's
 1 GB floor), trains a small llama from scratch on the shipped corpus as one pipeline over
@@ -18,6 +19,7 @@ plan, generates after two prompts, and leaves.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,11 +31,13 @@ from p2pswarm.sim.processes import LocalSwarm, Say, local_swarm
 
 Show = Callable[[dict[str, Any]], None]
 
-DEMO_MODEL = "small-llama"
-DEMO_CPU_MEMORY = "360MB"  # per fellow: a third of the model each, with the OS headroom
+# made by `p2pswarm demo --train --steps 600 --out DIR` (a copy of what it exports)
+DEMO_MODEL_DIR = Path(__file__).resolve().parent / "models" / "demo-llama"
+DEMO_MODEL = DEMO_MODEL_DIR.name
+DEMO_CPU_MEMORY = "360MB"  # per fellow: a small slice, with the OS headroom
 DEMO_FLOOR = "250MB"  # the planner's default floor (1 GB) would leave these small cards out
-DEMO_PROMPT = "The swarm"
-DEMO_MAX_TOKENS = 32
+DEMO_PROMPT = "We the People"
+DEMO_MAX_TOKENS = 64
 
 
 def form_swarm(swarm: LocalSwarm, names: list[str], cap: tuple[str, ...], memory: str,
@@ -56,11 +60,12 @@ def form_swarm(swarm: LocalSwarm, names: list[str], cap: tuple[str, ...], memory
     return swarm.status(names[0])
 
 
-def demo_request(model: str = DEMO_MODEL) -> dict[str, Any]:
+def demo_request(model_dir: Path = DEMO_MODEL_DIR) -> dict[str, Any]:
     """The plan request the demo loads: float32 weights, the planner's other defaults."""
-    from p2pswarm.planner import BUILTIN_MODELS
+    from p2pswarm.models.files import read_model_config
 
-    return {"model": {"name": model, "config": BUILTIN_MODELS[model]}, "kind": "serve",
+    name, config = read_model_config(str(model_dir))
+    return {"model": {"name": name, "config": config}, "kind": "serve",
             "weights_dtype": "f32", "floors_bytes": {"cpu": DEMO_FLOOR}}
 
 
@@ -96,12 +101,15 @@ def run_demo(say: Say, render_status: Show, render_plan: Show | None = None,
                     f"{p['total_bytes'] / 1e6:,.1f} MB)")
 
         load_began = time.monotonic()
-        record = stream(home, {"op": "load", "request": message, "plan_id": plan["plan_id"]},
-                        progress, timeout_s=120)
+        record = stream(home, {"op": "load", "request": message, "plan_id": plan["plan_id"],
+                               "path": str(DEMO_MODEL_DIR)}, progress, timeout_s=120)
         say(f"loaded in {time.monotonic() - load_began:.1f} s")
 
-        say(f"generating {max_tokens} tokens after {prompt!r} (the built-in model's weights "
-            "are random: expect noise, the same noise one process makes):")
+        say(f"generating {max_tokens} tokens after {prompt!r} ({DEMO_MODEL} is a byte-level "
+            "llama of 1.2 M parameters this project trained on the founding documents it "
+            "ships: `p2pswarm demo --train` trains one like it):")
+        if write is not None:
+            write(prompt)
         pieces: list[str] = []
 
         def token(event: dict[str, Any]) -> None:
@@ -128,7 +136,8 @@ def run_demo(say: Say, render_status: Show, render_plan: Show | None = None,
         request(home, {"op": "unload", "plan_id": plan["plan_id"]}, timeout_s=30)
         say("unloaded; leaving")
     return {"status": status, "plan_id": plan["plan_id"], "fellows_used": used,
-            "load": record, "generation": result, "same_as_one_process": same,
+            "load": record, "generation": result, "text": prompt + "".join(pieces),
+            "same_as_one_process": same,
             "load_to_first_token_s": first_token_s,
             "elapsed_s": time.monotonic() - started}
 
@@ -147,8 +156,8 @@ def one_process_tokens(plan: dict[str, Any], prompt: str, max_tokens: int) -> li
     torch.set_num_threads(1)
     try:
         pipeline = LocalPipeline([
-            Stage.from_builtin(DEMO_MODEL, StageSpec(s["layers"][0], s["layers"][1],
-                                                     **{k: runtime[k] for k in fields}))
+            Stage.from_checkpoint(DEMO_MODEL_DIR, StageSpec(s["layers"][0], s["layers"][1],
+                                                            **{k: runtime[k] for k in fields}))
             for s in plan["stages"]])
         tokenizer = ByteTokenizer()
         generation = pipeline.generate(tokenizer.encode(prompt), max_tokens, Sampler.greedy(),
@@ -209,13 +218,19 @@ def run_train_demo(say: Say, render_status: Show, render_plan: Show | None = Non
                    write: Callable[[str], None] | None = None,
                    live: Callable[[str], None] | None = None, *, fellows: int = 3,
                    keep: bool = False, steps: int = DEMO_TRAIN_STEPS,
-                   max_tokens: int = DEMO_TRAIN_TOKENS) -> dict[str, Any]:
+                   max_tokens: int = DEMO_TRAIN_TOKENS,
+                   out: Path | None = None) -> dict[str, Any]:
     """Form a swarm of ``fellows`` processes on loopback, train a small model as one
     pipeline across all of them on the shipped corpus, export it, serve it on the cut it
     trained with (a pinned plan), generate, and clean up. ``live`` gets the progress line
     as it changes (a terminal rewrites it in place); without it, ``say`` gets one every
-    few seconds."""
+    few seconds. ``out``: a new directory the trained model is copied to (how the model
+    the plain demo ships was made)."""
     from p2pswarm.training.job import JobConfig
+    from p2pswarm.training.job_export import check_out_dir
+
+    if out is not None:
+        out = check_out_dir(out)
 
     if steps < 1:
         raise SwarmError(f"steps must be at least 1, got {steps}")
@@ -279,6 +294,9 @@ def run_train_demo(say: Say, render_status: Show, render_plan: Show | None = Non
                                                  swarm.root / "trained")
         say(f"exported to {model_dir} (a Hugging Face directory recording the cut "
             f"{cut}); held-out loss {holdout:.2f}")
+        if out is not None:
+            shutil.copytree(model_dir, out, dirs_exist_ok=True)
+            say(f"copied to {out}")
 
         from p2pswarm.models.files import read_model_config
 

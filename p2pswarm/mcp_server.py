@@ -47,7 +47,7 @@ Model = Annotated[str, Field(description="A built-in model name (tiny-llama, sma
 Context_ = Annotated[int | None, Field(ge=1, description="Context tokens per sequence "
                                        "(default: 4096 or the model's maximum).")]
 Stages = Annotated[int | None, Field(ge=1, description="Fix the number of pipeline stages "
-                                     "(default: as few as fit).")]
+                                     "(default: as the fastest plan that fits needs).")]
 KvDtype = Annotated[Literal["f32", "f16", "bf16", "int8"],
                     Field(description="How the KV cache is stored.")]
 Sequences = Annotated[int, Field(ge=1, description="Sequences decoded together.")]
@@ -55,7 +55,9 @@ WeightsDtype = Annotated[Literal["f32", "f16", "bf16", "int8", "int4"] | None,
                          Field(description="Weights precision (default f16).")]
 Maximize = Annotated[Literal["context", "speed"] | None,
                      Field(description="context: the longest context the cards hold; "
-                                       "speed: the fastest placement that fits.")]
+                                       "speed: the fastest placement that fits, even for a "
+                                       "model trained on a cut (the default keeps the cut, "
+                                       "else is the fastest too).")]
 ExcludeCards = Annotated[list[str] | None,
                          Field(description="Cards to leave out, each \"fellow_id:gpu_index\" "
                                            "or \"fellow_id:cpu\" (a fellow's name works too).")]

@@ -102,3 +102,13 @@ def test_port_in_use_is_a_clear_error(tmp_path) -> None:
     assert result.returncode != 0
     assert "address already in use" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_demo_out_goes_with_train_and_never_overwrites(tmp_path) -> None:
+    result = invoke("demo", "--out", str(tmp_path / "model"))
+    assert result.exit_code != 0 and "--out goes with --train" in result.output
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "config.json").write_text("{}")
+    result = invoke("demo", "--train", "--out", str(tmp_path / "full"))
+    assert result.exit_code != 0 and "is not empty" in result.output
+    assert "Traceback" not in result.output

@@ -31,6 +31,12 @@ def assert_nothing_left(tmp: Path, root: str) -> None:
     assert strays == []
 
 
+def corpus_words() -> set[str]:
+    from p2pswarm.training.data import corpus_text
+
+    return {w.lower() for w in re.findall(r"[A-Za-z]+", corpus_text())}
+
+
 def test_demo_serves_across_three_fellows_and_leaves_cleanly() -> None:
     # a short private TMPDIR: the demo's state goes there (Unix socket paths are short)
     tmp = Path(tempfile.mkdtemp(prefix="p2ps-"))
@@ -47,12 +53,18 @@ def test_demo_serves_across_three_fellows_and_leaves_cleanly() -> None:
         assert "▕" in out and "plan_id" in out  # the plan's bars
         plan_id = re.search(r"plan_id ([0-9a-f]{16})", out)
         assert plan_id is not None
-        assert f"small-llama needs 3 of the 3 fellows; loading plan {plan_id[1]}" in out
+        assert f"demo-llama needs 3 of the 3 fellows; loading plan {plan_id[1]}" in out
         ready = re.findall(r"stage (\d) on (fellow-\d): ready, ([\d.]+) MB allocated "
                            r"\(plan claimed ([\d.]+) MB\)", out)
         assert sorted(r[0] for r in ready) == ["0", "1", "2"]
         assert len({r[1] for r in ready}) == 3 and all(r[2] == r[3] for r in ready)
-        assert re.search(r"32 tokens: first after [\d.]+ s, then [\d.]+ tokens/s", out)
+        assert re.search(r"64 tokens: first after [\d.]+ s, then [\d.]+ tokens/s", out)
+        # the shipped model learnt the corpus: its text is words, most of them the corpus's
+        text = out.split("trains one like it):\n", 1)[1].split("\n", 1)[0]
+        assert text.startswith("We the People")
+        words = re.findall(r"[A-Za-z]+", text)
+        corpus = corpus_words()
+        assert len(words) >= 8 and sum(w.lower() in corpus for w in words) >= 0.7 * len(words)
         assert re.search(r"per token: stage 0 on fellow-\d \(layers 0-\d+\) [\d.]+ ms, "
                          r"stage 1 .* network [\d.]+ ms over 4 hops", out)
         assert "checked against the same model in one process: the same tokens" in out

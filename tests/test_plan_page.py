@@ -303,6 +303,9 @@ def test_serving_plan_page(page: Page, site: tuple[StandIn, str]) -> None:
     page.locator(f"#cards input[data-card='{key}']").focus()
     page.keyboard.press("Space")  # tick it back, from the keyboard
     expect_plan(page, first["plan_id"])
+    # the table was drawn anew and the box that was ticked still has the focus
+    expect(page.locator(f"#cards input[data-card='{key}']")).to_be_focused()
+    expect(page.locator(f"#cards input[data-card='{key}']")).to_be_checked()
     assert last_body(stand_in, "/api/models/plan")["exclude_cards"] == []
 
     # Maximize context: the field and the plan take the most the cards hold

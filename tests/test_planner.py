@@ -30,6 +30,7 @@ from tests.planner_cases import (
     MB,
     MID,
     MID_CONFIG,
+    REFERENCE,
     card,
     cluster,
     fellow,
@@ -328,6 +329,41 @@ def test_maximize_speed_is_no_slower_than_the_default() -> None:
         fast = make(profile, reference(), maximize="speed")
         plain = make(profile, reference())
         assert fast.estimate.time_per_token_s <= plain.estimate.time_per_token_s * (1 + 1e-12)
+
+
+def test_the_default_is_about_as_fast_as_maximize_speed() -> None:
+    for model in ("llama-3-8b", "llama-2-13b", "tinyllama-1.1b"):
+        profile = load_profile(model)
+        fast = make(profile, reference(), maximize="speed")
+        plain = make(profile, reference())
+        assert plain.estimate.time_per_token_s <= fast.estimate.time_per_token_s * 1.01
+
+
+def test_the_default_plan_on_the_home_cluster_uses_the_gpus() -> None:
+    # a desktop with a busy RTX 3090 and an RTX 3060, an old server with 128 GB of RAM: the
+    # fewest cards by room would put half of Llama-3-8B on the server's CPU
+    home = json.loads((REFERENCE.parent / "home-busy.json").read_text())
+    p = make(load_profile("llama-3-8b"), home)
+    assert p.fits and {(s.fellow_id, s.kind) for s in p.stages} == {("3a91c0", "cuda")}
+    assert 40 < p.estimate.tokens_per_s < 55
+    assert "would be" not in p.summary
+    assert p.plan_id == make(load_profile("llama-3-8b"), home).plan_id
+
+
+def test_a_trained_cut_is_kept_and_the_summary_says_how_much_faster_the_fastest_is() -> None:
+    data = cluster(fellow("gpu", card(0, free=8.0, flops=5e13, bw=8e11)),
+                   fellow("old", card(0, kind="cpu", free=64.0, flops=2e11, bw=1.4e10)))
+    fastest = make(MID, data, context=1024)
+    assert [(s.fellow_id, s.layers) for s in fastest.stages] == [("gpu", (0, 16))]
+    assert "would be" not in fastest.summary
+    cut = profile_from_config({**MID_CONFIG, "p2pswarm_stage_cut": [8]}, "cut")
+    kept = make(cut, data, context=1024)
+    assert [s.layers for s in kept.stages] == [(0, 8), (8, 16)]
+    ratio = kept.estimate.time_per_token_s / fastest.estimate.time_per_token_s
+    assert ratio >= 1.5
+    assert (f"the fastest plan that fits (--maximize speed) would be {ratio:.1f}x faster"
+            in kept.summary)
+    assert "would be" not in make(cut, data, context=1024, maximize="speed").summary
 
 
 def test_trained_cut_is_used_when_the_model_carries_one() -> None:

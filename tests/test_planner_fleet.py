@@ -103,12 +103,12 @@ def test_on_a_cluster_with_gpus_the_training_plan_uses_them() -> None:
                                                 "lora_rank": 16})
     request = request_from_dict(rest)
     single = plan(profile, view, request)
-    assert single.stages[0].kind == "cpu"  # what the single-pipeline default does
+    # the single-pipeline default is the fastest plan that fits: the GPUs too
+    assert {s.kind for s in single.stages} == {"cuda"}
     fleet = plan_fleet(profile, view, request, fleet_part)
     first = fleet.replicas[0]
     assert {s.kind for s in first.plan.stages} == {"cuda"}
     assert {s.name for s in first.plan.stages} == {"RTX 3090", "RTX 3060"}
-    assert first.step_s * 20 < single.estimate.time_per_step_s
 
 
 def test_bad_fleet_fields_are_refused() -> None:

@@ -4,6 +4,7 @@ trains) a model none of them could hold alone, then cleans up."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -22,6 +23,8 @@ def demo(
                                "fellows on the shipped corpus, then serve it."),
     steps: Optional[int] = typer.Option(None, "--steps", min=1, help="With --train: "
                                         "optimizer steps (default 300, about a minute)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="With --train: also keep the "
+                                       "trained model in this new directory."),
     as_json: bool = JsonOption,
 ) -> None:
     """Serve a model no fellow could hold alone: a temporary swarm of fellows as separate
@@ -43,6 +46,8 @@ def demo(
 
     if steps is not None and not train:
         fail("--steps goes with --train")
+    if out is not None and not train:
+        fail("--out goes with --train")
     terminal = not as_json and sys.stdout.isatty()
 
     def live(line: str) -> None:  # rewrite the progress line in place; "" ends it
@@ -55,7 +60,7 @@ def demo(
                                     None if as_json else render_plan,
                                     None if as_json else write, live if terminal else None,
                                     fellows=fellows, keep=keep,
-                                    steps=steps or DEMO_TRAIN_STEPS)
+                                    steps=steps or DEMO_TRAIN_STEPS, out=out)
         else:
             result = run_demo(say, (lambda data: None) if as_json else render_status,
                               None if as_json else render_plan, None if as_json else write,

@@ -7,17 +7,19 @@ picked card a contiguous, non-empty range of layers; the ranges cover ``[0, L)``
 
 Searches over that space, all pure and deterministic:
 
-- ``fewest_cards``: the default. The fewest cards (largest room first) that hold the
-  model, layers in proportion to each card's room, so every card fills alike. Free
-  memory counts only where it matters: a room is counted up to what the whole model
-  would claim (``useful_room``), and rooms are compared in bands (``settled_rooms``):
-  rooms within an eighth of each other are alike, so free memory that wobbles decides
-  neither the order nor the split; ties fall to the faster card, then to the pipeline
-  order (for identical cards: fellow ids).
-- ``fastest``: ``maximize speed``. The exact minimum of the cost model's time per token
-  by dynamic programming over (card, layers placed so far): a stage's cost depends
-  only on its card, its layer count and whether it is first or last, and a hop only on
-  the two cards' fellows, so prefixes compose. O(cards x layers x capacity).
+- ``fewest_cards``: the default's first choice when it is within 1 % of the fastest (see
+  ``plan._settled``). The fewest cards (largest room first) that hold the model, layers
+  in proportion to each card's room, so every card fills alike. Free memory counts only
+  where it matters: a room is counted up to what the whole model would claim
+  (``useful_room``), and rooms are compared in bands (``settled_rooms``): rooms within
+  an eighth of each other are alike, so free memory that wobbles decides neither the
+  order nor the split; ties fall to the faster card, then to the pipeline order (for
+  identical cards: fellow ids).
+- ``fastest``: ``maximize speed``, and what the default measures itself against. The
+  exact minimum of the cost model's time per token by dynamic programming over (card,
+  layers placed so far): a stage's cost depends only on its card, its layer count and
+  whether it is first or last, and a hop only on the two cards' fellows, so prefixes
+  compose. O(cards x layers x capacity).
 - ``most_tokens``: ``maximize context``/``seq_len``. Whether some placement fits is
   monotone in the context, and for a given context decided in O(cards) (or
   O(cards x stages) with a fixed stage count) from each card's layer capacity, so a
@@ -277,28 +279,27 @@ class Search:
                         if entry == INF:
                             continue
                     first = start == 0
-                    ns: Sequence[int] = (
-                        [next_bound[start] - start] if bounds is not None
-                        else range(1, min(caps[(first, False)], L - start) + 1))
-                    for n in ns:
-                        end = start + n
-                        last = end == L
-                        if last and stages and s != S - 1:
-                            continue
-                        if n > caps[(first, last)]:
+                    costs, pointers, step = row[s], back[i][s], (prev, start)
+                    if bounds is not None:
+                        ends = [next_bound[start]]
+                    else:  # every stage that ends before L, as far as the card holds
+                        ends = []
+                        most = min(caps[(first, False)], L - start - 1)
+                        for end, took in zip(range(start + 1, start + most + 1),
+                                             times[False][1:most + 1]):
+                            cost = entry + took
+                            if cost < costs[end]:
+                                costs[end] = cost
+                                pointers[end] = step
+                        ends.append(L)  # and the stage that ends the model
+                    for end in ends:
+                        n, last = end - start, end == L
+                        if (last and stages and s != S - 1) or n > caps[(first, last)]:
                             continue
                         cost = entry + times[last][n]
-                        if cost < row[s][end]:
-                            row[s][end] = cost
-                            back[i][s][end] = (prev, start)
-                    if bounds is None:  # the final stage may have a larger cap than middle
-                        n = L - start
-                        if caps[(first, False)] < n <= caps[(first, True)] and \
-                                not (stages and s != S - 1):
-                            cost = entry + times[True][n]
-                            if cost < row[s][L]:
-                                row[s][L] = cost
-                                back[i][s][L] = (prev, start)
+                        if cost < costs[end]:
+                            costs[end] = cost
+                            pointers[end] = step
             for s in range(S):
                 cur = current[s]
                 for m in range(1, L + 1):

@@ -35,6 +35,10 @@ from p2pswarm.planner.profile import INT4_GROUP, RUNTIME_KV, RUNTIME_WEIGHTS, Mo
 from p2pswarm.planner.request import GRANULARITY_TOKENS, PlanRequest, resolve
 
 PLANNER_VERSION = "1"
+# a trained cut kept by default is worth a sentence when the fastest plan beats it by this
+MUCH_FASTER = 1.5
+# the default settles for a balanced placement this close to the fastest
+ALIKE_TIME = 0.01
 
 SEGMENT_NAMES = ("other_programs", "weights", "embeddings_head_buffers", "kv_cache",
                  "activations", "optimizer", "lora", "workspace", "free", "does_not_fit")
@@ -351,21 +355,24 @@ def plan(profile: ModelProfile, view: ClusterView, request: PlanRequest) -> Plan
     tokens = _tokens_of(r)
     search = setting.search_at(tokens)
 
+    # The default and `--maximize speed` both take the fastest placement that fits; only
+    # a model trained on a cut keeps that cut by default (its weights learnt that split).
     placement: Placement | None = None
-    if r.maximize is not None:
-        found = search.fastest(r.stages)
-        placement = found[0] if found else None
-    else:
-        cut = profile.trained_cut
-        if cut is not None and r.stages in (None, len(cut) + 1):
-            found = search.fastest(cut=cut)
-            placement = found[0] if found else None
-        if placement is None:
-            placement = search.fewest_cards(r.stages)
+    fastest = search.fastest(r.stages)
+    faster_by = 1.0
+    cut = profile.trained_cut
+    if r.maximize is None and cut is not None and r.stages in (None, len(cut) + 1):
+        on_cut = search.fastest(cut=cut)
+        if on_cut is not None:
+            placement = on_cut[0]
+            if fastest is not None and fastest[1] > 0:
+                faster_by = on_cut[1] / fastest[1]
+    if placement is None and fastest is not None:
+        placement = fastest[0] if r.maximize is not None else _settled(search, r, fastest)
     fits = placement is not None
     if placement is None:
         placement = _best_effort(search, r.stages)
-    return _written(setting, search, placement, fits, most)
+    return _written(setting, search, placement, fits, most, faster_by)
 
 
 def plan_pinned(profile: ModelProfile, view: ClusterView, request: PlanRequest,
@@ -410,8 +417,23 @@ def plan_pinned(profile: ModelProfile, view: ClusterView, request: PlanRequest,
     return _written(setting, search, tuple(placement), True, setting.most_tokens())
 
 
+def _settled(search: Search, r: PlanRequest, fastest: tuple[Placement, float]) -> Placement:
+    """The default placement: the fastest that fits, settled. Among placements within
+    ``ALIKE_TIME`` of the fastest, the fewest roomiest cards with layers in proportion to
+    room come first, then the fastest's own cards split that way: each card then keeps
+    headroom alike, so free memory that wanders neither reorders identical cards nor
+    breaks a shown plan, where an exact minimum would fill some card to its last layer."""
+    best, least = fastest
+    bound = least * (1 + ALIKE_TIME)
+    for candidate in (search.fewest_cards(r.stages),
+                      search.proportional(sorted(i for i, _ in best))):
+        if candidate is not None and search.time_s(candidate) <= bound:
+            return candidate
+    return best
+
+
 def _written(setting: _Setting, search: Search, placement: Placement, fits: bool,
-             most: int) -> Plan:
+             most: int, faster_by: float = 1.0) -> Plan:
     """The plan of ``placement``: cards with their segments, stages, limit, estimate,
     summary and ``plan_id``."""
     profile, view, r, slots = setting.profile, setting.view, setting.r, setting.slots
@@ -428,6 +450,9 @@ def _written(setting: _Setting, search: Search, placement: Placement, fits: bool
                   f"`p2pswarm bench` on {c.fellow}" for c in cards
                   if c.used and not c.speed_measured)
     summary = _summary(profile, r, fits, stage_plans, cards, limit, estimate, notes)
+    if faster_by >= MUCH_FASTER:
+        summary += (f" The model keeps the cut it was trained with; the fastest plan that "
+                    f"fits (--maximize speed) would be {faster_by:.1f}x faster.")
     plan_id = _plan_id(profile, r, fits, cards, stage_plans)
     return Plan(plan_id=plan_id, kind=r.kind, fits=fits, profile=profile, request=r,
                 cards=cards, stages=stage_plans, limit=limit, summary=summary,

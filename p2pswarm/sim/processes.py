@@ -33,6 +33,7 @@ class LocalSwarm:
     secret: SwarmSecret
     say: Say
     start_timeout_s: float = 30.0  # a busy machine starts many fellows slowly
+    threads: int | None = 1  # torch threads per fellow; None: the fellow's own choice
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     homes: dict[str, Path] = field(default_factory=dict)
 
@@ -60,7 +61,9 @@ class LocalSwarm:
                    *extra]
         # several fellows share this machine's cores: one torch thread each, or their
         # threads spend the time waiting for each other
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env = dict(os.environ)
+        if self.threads is not None:
+            env.update(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
         self.processes[name] = subprocess.Popen(command, stdout=log, stderr=log,
                                                 stdin=subprocess.DEVNULL, env=env)
         self.homes[name] = home
@@ -100,11 +103,11 @@ class LocalSwarm:
 
 
 @contextmanager
-def local_swarm(say: Say, keep: bool = False, *,
-                start_timeout_s: float = 30.0) -> Iterator[LocalSwarm]:
+def local_swarm(say: Say, keep: bool = False, *, start_timeout_s: float = 30.0,
+                threads: int | None = 1) -> Iterator[LocalSwarm]:
     root = Path(tempfile.mkdtemp(prefix="p2pswarm-demo-"))
     swarm = LocalSwarm(root=root, secret=SwarmSecret.generate(), say=say,
-                       start_timeout_s=start_timeout_s)
+                       start_timeout_s=start_timeout_s, threads=threads)
     try:
         yield swarm
     finally:

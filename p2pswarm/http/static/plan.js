@@ -224,7 +224,17 @@
         el("td", {}, layersText(card)), el("td", {class: "segments"}, segmentsText(card)),
         el("td", {class: "reason"}, card.used ? "used, stage " + card.stage : card.reason || ""));
     });
-    document.querySelector("#cards tbody").replaceChildren(...rows);
+    // the rows are drawn anew: a Use box that had the focus (ticked from the keyboard)
+    // gets it back on its new self, so focus does not fall to the page body
+    const had = document.activeElement;
+    const focusKey = had && had.matches("#cards input[data-card]") ? had.dataset.card : null;
+    const body = document.querySelector("#cards tbody");
+    body.replaceChildren(...rows);
+    if (focusKey !== null) {
+      const again = rows.map((row) => row.querySelector("input[data-card]"))
+        .find((input) => input && input.dataset.card === focusKey);
+      if (again) again.focus();
+    }
   }
 
   function renderLegend() {
