@@ -155,6 +155,9 @@ class CostModel:
         differ (sliding windows on some) is exact rather than its upper bound."""
         total = self.fixed_claims(kind, first, last).plus_layers(self._per_layer, n)
         p = self.profile
+        if first and n:
+            total = replace(total, weights=total.weights
+                            + p.first_layer_weight_delta(self.weights_dtype))
         if start is None or self.train or not p.sliding_layers:
             return total
         kv = (p.kv_tokens_of(start, n, self.tokens) * self.request.sequences

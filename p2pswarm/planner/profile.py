@@ -258,6 +258,18 @@ class ModelProfile:
         return footprint.layer_bytes(self.model_config(), dtype=compute, quant=quant,
                                      group_size=INT4_GROUP)
 
+    def first_layer_weight_delta(self, dtype: str) -> int:
+        """How much layer 0's weights differ from any other layer's: an RWKV-7's layer 0
+        has ``ln0`` and no value map of its own (a Llama's layers are all alike)."""
+        if not self.recurrent:
+            return 0
+        compute, quant = RUNTIME_WEIGHTS[dtype]
+        config = self.model_config()
+        return (footprint.rwkv7_layer_bytes(config, dtype=compute, quant=quant,
+                                            group_size=INT4_GROUP, first=True)
+                - footprint.rwkv7_layer_bytes(config, dtype=compute, quant=quant,
+                                              group_size=INT4_GROUP))
+
     def embed_bytes(self, dtype: str) -> int:
         return self.vocab * self.hidden * compute_bytes(dtype)
 
