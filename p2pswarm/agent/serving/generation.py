@@ -9,6 +9,11 @@ cancellation, timings), and no hop is ever crossed twice, so a reply never trave
 along the chain. Prompts go in chunks of the plan's prefill chunk, which also pipelines
 the prefill: stage 0 runs chunk 2 while stage 1 runs chunk 1.
 
+Generations wait in the driver's queue (``queue``) for one of the load's session slots.
+One asked to be remembered (a chat turn) leaves its session's cache on the stages when it
+ends, and a later prompt that begins with the same tokens continues it, prefilling only
+the new ones (``prefix_cache``).
+
 The driver watches for failures and names them: an error relayed by any stage, stage 0's
 stream breaking, a stage fellow that membership declares dead or departed (a silent
 fellow behind a lossy link never breaks the stream itself), and a silent pipeline after
@@ -28,6 +33,8 @@ import trio
 from p2pswarm import wire
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
+from p2pswarm.agent.serving.prefix_cache import PrefixCache
+from p2pswarm.agent.serving.queue import Admission
 from p2pswarm.agent.serving.records import GenerationResult
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.serving.stage_session import open_hop
@@ -67,6 +74,10 @@ class _ReturnSlot:
     stream: SecureStream | None = None
 
 
+class _Evicted(SwarmError):
+    """A stage no longer keeps the session's cache a resumed generation wanted."""
+
+
 class _Failure:
     """The first failure of a session, and the scope to cancel when it comes (keeps
     errors out of exception groups: watchers record, the caller raises)."""
@@ -75,6 +86,7 @@ class _Failure:
         self.error: SwarmError | None = None
         self.scope: trio.CancelScope | None = None
         self.produced = 0  # tokens the driver had when it failed
+        self.tokens: list[int] = []  # the tokens drawn so far
 
     def set(self, error: SwarmError) -> None:
         if self.error is None:
@@ -108,6 +120,8 @@ class Generation:
         self.loads = loads
         self.offers = offers
         self.step_timeout_s = 60.0  # the most a driver waits for one token
+        self.admission = Admission()
+        self.kept = PrefixCache()
         self._returns: dict[str, _ReturnSlot] = {}
         agent.on_stream(SessionReturn, self._on_session_return)
 
@@ -176,10 +190,13 @@ class Generation:
                        plan_id: str | None = None, max_tokens: int = 64,
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                        seed: int = 0, stop_token_ids: Sequence[int] | None = None,
-                       keep_logits: bool = False,
-                       on_token: Callable[[int, str], None] | None = None) -> GenerationResult:
+                       keep_logits: bool = False, remember: bool = False,
+                       on_token: Callable[[int, str], None] | None = None,
+                       on_wait: Callable[[int], None] | None = None) -> GenerationResult:
         """Run a session through a loaded pipeline from this fellow: tokens stream to
-        ``on_token(id, text)`` as the last stage draws them."""
+        ``on_token(id, text)`` as the last stage draws them. It waits in line for a
+        session slot (``on_wait(ahead)``); ``remember``: keep the session's cache for a
+        next turn, and continue a kept one this prompt begins with."""
         if max_tokens <= 0:
             raise ConfigError("max_tokens must be positive, e.g. --max-tokens 64")
         record = await self.find_load(plan_id)
@@ -192,10 +209,30 @@ class Generation:
             raise PlacementError(f"{len(ids)} prompt tokens and {max_tokens} new ones exceed "
                                  f"the load's context of {context} tokens")
         stops = set(tokenizer.eos_ids if stop_token_ids is None else stop_token_ids)
-        session = f"{self.agent.rng.getrandbits(64):016x}"
+        plan = record["plan_id"]
+        slots = int(record["runtime"].get("max_sessions", 1))
+        async with self.admission.slot(plan, slots, on_wait):
+            reuse = self.kept.take(plan, ids) if remember else None
+            settings = (float(temperature), int(top_k), float(top_p), int(seed), keep_logits)
+            try:
+                return await self._session(record, tokenizer, ids, max_tokens, stops,
+                                           settings, reuse, remember, on_token)
+            except _Evicted:
+                if reuse is None:
+                    raise TransportError("a stage lost a new session's cache") from None
+                return await self._session(record, tokenizer, ids, max_tokens, stops,
+                                           settings, None, remember, on_token)
+
+    async def _session(self, record: dict[str, Any], tokenizer: Any, ids: list[int],
+                       max_tokens: int, stops: set[int], settings: tuple[Any, ...],
+                       reuse: tuple[str, int] | None, remember: bool,
+                       on_token: Callable[[int, str], None] | None) -> GenerationResult:
+        """One session through the pipeline: new, or continuing a kept one (``reuse``:
+        its id and how many of its positions still hold)."""
+        session, start = reuse or (f"{self.agent.rng.getrandbits(64):016x}", 0)
         route = [dict(s) for s in record["stages"]]
-        open_msg = SessionOpen(session, record["plan_id"], 0, self.agent.addr, float(temperature),
-                               int(top_k), float(top_p), int(seed), keep_logits)
+        open_msg = SessionOpen(session, record["plan_id"], 0, self.agent.addr, *settings,
+                               resume_from=start)
         slot = _ReturnSlot(bytes.fromhex(route[-1]["fellow_id"]))
         self._returns[session] = slot
         failure = _Failure()
@@ -229,9 +266,15 @@ class Generation:
                 return result
             finally:
                 with trio.CancelScope(shield=True):
+                    keep = remember and bool(failure.tokens)  # else its length is unknown
                     if failure.error is None:
                         with trio.move_on_after(1.0):
-                            await send_best_effort(upstream, SessionEnd(0))
+                            await send_best_effort(upstream, SessionEnd(len(failure.tokens),
+                                                                        keep))
+                        if keep:
+                            self.kept.put(record["plan_id"], session,
+                                          ids + failure.tokens[:-1],
+                                          int(record["runtime"].get("max_sessions", 1)))
                     await upstream.aclose()
         finally:
             slot.done.set()
@@ -254,7 +297,7 @@ class Generation:
 
         began = time.perf_counter()
         await send(open_msg)
-        for start in range(0, len(ids), chunk):
+        for start in range(open_msg.resume_from, len(ids), chunk):
             await send(StepInput(0, start, start + chunk >= len(ids), (),
                                  self.runtime.token_frame(ids[start:start + chunk])))
         with trio.move_on_after(self.step_timeout_s):
@@ -265,7 +308,7 @@ class Generation:
                 f"{self.step_timeout_s:g} s"))
             await trio.sleep_forever()
         ret = slot.stream
-        tokens: list[int] = []
+        tokens = failure.tokens
         kept: list[Any] = []
         stage_s = [0.0] * len(route)
         first_token_s = 0.0
@@ -311,7 +354,7 @@ class Generation:
             stage_decode_s=tuple(stage_s),
             route=tuple({"stage": r["stage"], "fellow": r["fellow"], "layers": r["layers"],
                          "card": r.get("card", "")} for r in route),
-            logits=tuple(kept))
+            logits=tuple(kept), cached_tokens=open_msg.resume_from)
 
     async def _receive_output(self, stream: SecureStream, route: list[dict[str, Any]],
                               timeout_s: float, max_bytes: int,
@@ -368,5 +411,7 @@ class Generation:
             await trio.sleep(MEMBER_WATCH_S)
 
 
-def _session_error(msg: SessionError) -> TransportError:
+def _session_error(msg: SessionError) -> SwarmError:
+    if msg.evicted:
+        return _Evicted(f"stage {msg.stage} on fellow {msg.fellow} {msg.reason}")
     return TransportError(f"stage {msg.stage} on fellow {msg.fellow} {msg.reason}")
