@@ -295,11 +295,6 @@ class StageSessions:
         return wire.encode(StepOutput(msg.step, out.token, stage_s, out.logits))
 
 
-def _smooth_decode_s(hosted: HostedStage, took: float) -> None:
-    """How long this stage takes for one decode step (smoothed): decides inline or not."""
-    h = hosted
-    h.decode_s = took if math.isinf(h.decode_s) else 0.8 * h.decode_s + 0.2 * took
-
     async def _relay_from_downstream(self, s: StageSession) -> None:
         """Errors coming back from the next hop go upstream; so does its loss."""
         max_bytes = self.agent.config.transport.max_frame_bytes
@@ -323,3 +318,9 @@ def _smooth_decode_s(hosted: HostedStage, took: float) -> None:
                 "broke)"))
         if s.scope is not None:
             s.scope.cancel()
+
+
+def _smooth_decode_s(hosted: HostedStage, took: float) -> None:
+    """How long this stage takes for one decode step (smoothed): decides inline or not."""
+    h = hosted
+    h.decode_s = took if math.isinf(h.decode_s) else 0.8 * h.decode_s + 0.2 * took
