@@ -275,6 +275,7 @@ class Generation:
                             self.kept.put(record["plan_id"], session,
                                           ids + failure.tokens[:-1],
                                           int(record["runtime"].get("max_sessions", 1)))
+                            await _until_closed(slot.stream)  # every stage kept it
                     await upstream.aclose()
         finally:
             slot.done.set()
@@ -409,6 +410,19 @@ class Generation:
                                                f"{hop['fellow']} went away ({state})"))
                     return
             await trio.sleep(MEMBER_WATCH_S)
+
+
+async def _until_closed(stream: SecureStream | None) -> None:
+    """Until the last stage closes its stream back (bounded): it has then seen the
+    session's end, and a return stream closed first would read to it as the driver lost."""
+    if stream is None:
+        return
+    with trio.move_on_after(2.0):
+        try:
+            while True:
+                await stream.receive_frame()
+        except (TransportError, RemoteProtocolError):
+            pass
 
 
 def _session_error(msg: SessionError) -> SwarmError:

@@ -119,6 +119,13 @@ class StageSessions:
                 await self._freed.setdefault(key, trio.Event()).wait()
         return False
 
+    async def _ended(self, hosted: HostedStage, session: str) -> None:
+        """Wait (bounded) until ``session``'s earlier run at this stage has ended."""
+        key = (hosted.order.plan_id, hosted.order.stage)
+        with trio.move_on_after(SLOT_WAIT_S):
+            while session in hosted.sessions:
+                await self._freed.setdefault(key, trio.Event()).wait()
+
     def _slot_freed(self, hosted: HostedStage) -> None:
         event = self._freed.pop((hosted.order.plan_id, hosted.order.stage), None)
         if event is not None:
@@ -135,6 +142,8 @@ class StageSessions:
             return
         stage = hosted.stage
         if msg.resume_from > 0:
+            # the turn before may still be ending here (its SessionEnd is on its way)
+            await self._ended(hosted, msg.session)
             async with hosted.limiter:
                 resumed = stage.resume_session(msg.session, msg.resume_from)
             if not resumed:
