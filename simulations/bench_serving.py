@@ -12,12 +12,18 @@
 3. Stage weights streamed from the fellow holding a model directory to one that lacks
    it, on loopback: sealed, hashed, written to the cache.
 4. The demo (`p2pswarm demo`): time from `load` to the first generated token.
+5. Many clients (``--many``): on three `join` processes holding small-llama with eight
+   session slots, the decode tokens/s of one client against eight at once (aggregate,
+   while all eight decode), and a five-turn `chat` (each turn resends the conversation):
+   the fifth turn's time to first token against the first's, with the stages keeping the
+   session's cache between turns and, side by side, without.
 
 One torch thread per stage everywhere, as on a machine whose cores the fellows share; on
 a machine other processes keep busy the figures are pessimistic.
 
     python simulations/bench_serving.py [--models tiny-llama small-llama] [--tokens 64]
-                                        [--skip-processes] [--skip-demo] [--json | --markdown]
+                                        [--skip-processes] [--skip-demo] [--many]
+                                        [--only-many] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -361,12 +367,109 @@ def demo_figures() -> dict[str, Any]:
             "same": result["same_as_one_process"], "elapsed_s": result["elapsed_s"]}
 
 
+# --- 5. many clients at once, and a chat that remembers ------------------------------------
+
+
+def _streamed(home: Path, ask: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
+    """Run a generating op over the control socket: when each token came, and the result."""
+    from p2pswarm.control.client import stream
+
+    times: list[float] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        if "token" in event:
+            times.append(time.perf_counter())
+
+    result = stream(home, ask, on_event, timeout_s=600)
+    return times, result
+
+
+def many_clients(model: str, tokens: int, clients: int = 8) -> dict[str, Any]:
+    """One client, then ``clients`` at once, on a three-stage load with that many slots;
+    then a five-turn chat, kept and not."""
+    import threading
+
+    from p2pswarm.control.client import request, stream
+    from p2pswarm.demo import local_swarm
+
+    with local_swarm(lambda text: None) as swarm:
+        names = ["fellow-1", "fellow-2", "fellow-3"]
+        seed = swarm.start(names[0], extra=("--log-level", "warning"))
+        for name in names[1:]:
+            swarm.start(name, seeds=(seed,), extra=("--log-level", "warning"))
+        for name in names:
+            swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
+                m["state"] == "alive" for m in s["members"]) == 3, timeout_s=60,
+                what="the swarm")
+        message = serve_request(model, floors_bytes={"cpu": "100MB"}, sequences=clients)
+        home = swarm.homes[names[0]]
+        plan = request(home, {"op": "plan", "request": message}, timeout_s=30)
+        driver = swarm.homes[plan["stages"][0]["fellow"]]
+        stream(home, {"op": "load", "request": message, "plan_id": plan["plan_id"]},
+               lambda e: None, timeout_s=300)
+        prompts = [f"Client {i} asks the swarm: " * 3 for i in range(clients)]
+
+        def ask(i: int) -> dict[str, Any]:
+            return {"op": "generate", "prompt": prompts[i], "max_tokens": tokens,
+                    "stop_token_ids": []}
+
+        request(driver, {**ask(0), "max_tokens": 4}, timeout_s=120)  # warm every stage
+        single = []
+        for _ in range(3):
+            times, _ = _streamed(driver, ask(0))
+            single.append((len(times) - 1) / (times[-1] - times[0]))
+        runs: list[list[float]] = [[] for _ in range(clients)]
+
+        def client(i: int) -> None:
+            runs[i] = _streamed(driver, ask(i))[0]
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # the steady state: from the last client's first token to the first client's end
+        start, end = max(r[0] for r in runs), min(r[-1] for r in runs)
+        together = sum(sum(start < t <= end for t in r) for r in runs) / (end - start)
+        chat = {kept: _chat_turns(driver, kept) for kept in (True, False)}
+        request(home, {"op": "unload"}, timeout_s=60)
+    one = statistics.median(single)
+    return {"single_tokens_per_s": one, "aggregate_tokens_per_s": together,
+            "ratio": together / one, "clients": clients, "chat": chat}
+
+
+def _chat_turns(driver: Path, kept: bool, turns: int = 5) -> dict[str, Any]:
+    """Five turns of a chat, each resending the conversation: each turn's time to first
+    token, with the session's cache kept between turns (the chat op) or not (the same
+    prompt through generate)."""
+    from p2pswarm.control.client import request
+    from p2pswarm.http.chat import plain_prompt
+
+    messages: list[dict[str, str]] = []
+    ttft, cached = [], []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Turn {turn}: tell the swarm more. " * 3})
+        options = {"max_tokens": 24, "stop_token_ids": [], "temperature": 0.0}
+        if kept:
+            result = request(driver, {"op": "chat", "messages": messages, **options},
+                             timeout_s=600)
+        else:
+            result = request(driver, {"op": "generate", "prompt": plain_prompt(messages),
+                                      **options}, timeout_s=600)
+        ttft.append(result["time_to_first_token_s"])
+        cached.append(result.get("cached_tokens", 0))
+        messages.append({"role": "assistant", "content": result["text"]})
+    return {"ttft_s": ttft, "cached_tokens": cached, "ratio": ttft[-1] / ttft[0]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["tiny-llama", "small-llama"])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--skip-processes", action="store_true")
     parser.add_argument("--skip-demo", action="store_true")
+    parser.add_argument("--many", action="store_true", help="add section 5 (many clients)")
+    parser.add_argument("--only-many", action="store_true", help="section 5 alone")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="the table for the docs")
     args = parser.parse_args()
@@ -389,7 +492,21 @@ def main() -> None:
         rows.append((f"{size}, 3 stages {where}: added latency per hop ({HOPS} a token)",
                      f"{hop_ms:.2f} ms", "<= 1.5 ms"))
 
-    for model in args.models:
+    if args.many or args.only_many:
+        many = many_clients("small-llama", args.tokens)
+        data["many"] = many
+        rows.append(("small-llama, 3 stages (3 `join` processes, 8 slots): aggregate decode "
+                     "tokens/s of 8 clients at once, against one client",
+                     f"{many['aggregate_tokens_per_s']:.1f} / "
+                     f"{many['single_tokens_per_s']:.1f} = {many['ratio']:.2f}", ">= 3"))
+        for kept in (True, False):
+            chat = many["chat"][kept]
+            how = "kept between turns" if kept else "not kept (for comparison)"
+            rows.append((f"chat of 5 turns, the session's cache {how}: fifth turn's time to "
+                         "first token, against the first's",
+                         f"{chat['ttft_s'][-1]:.3f} / {chat['ttft_s'][0]:.3f} s = "
+                         f"{chat['ratio']:.2f}", "<= 1.2" if kept else "reported"))
+    for model in [] if args.only_many else args.models:
         out = pipeline_in_process(model, args.tokens, prompt)
         data[f"pipeline_{model}"] = {k: v for k, v in out.items() if k != "plan"}
         speed_rows(model, "(agents on loopback sockets)", out["tokens_per_s"],
@@ -400,12 +517,16 @@ def main() -> None:
             speed_rows(model, "(3 `join` processes)", procs["tokens_per_s"],
                        procs["local_tokens_per_s"])
     memory = []
-    for model, weights, kv, context in (("tiny-llama", "f32", "f32", 2048),
+    for model, weights, kv, context in () if args.only_many else (("tiny-llama", "f32", "f32", 2048),
                                         ("small-llama", "f32", "f16", 2048),
                                         ("small-llama", "f16", "f16", 4096),
                                         ("small-llama", "int8", "int8", 2048)):
         memory += memory_rows(model, weights, kv, context)
     data["memory"] = memory
+    if args.only_many:
+        print(json.dumps({**data, "rows": rows}, indent=2) if args.json else "\n".join(
+            f"| {figure} | {target} | {value} |" for figure, value, target in rows))
+        return
     worst = max(memory, key=lambda r: abs(r["rss_bytes"] / r["claim_bytes"] - 1))
     figure = ("memory: a process's lasting growth (RSS) from loading a stage and a "
               f"full-context prefill, over the plan's claim (worst of {len(memory)} stages)")
