@@ -10,10 +10,12 @@ result as the session run alone (up to the order of float sums in a batched matm
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 
-from p2pswarm.models.llama import StageModel, apply_rope
+from p2pswarm.models.llama import Block, StageModel, apply_rope
 from p2pswarm.runtime.kv_cache import KVCache, SessionKV
 
 
@@ -32,7 +34,8 @@ def batched_decode(model: StageModel, kv: KVCache, slots: list[int], x: torch.Te
     visible = torch.arange(length, device=device)[None, :] <= pos[:, None]  # (B, L)
     mask = visible[:, None, None, :]
     slot_index = torch.tensor(slots, dtype=torch.long, device=device)
-    for layer, block in enumerate(model.layers):
+    for layer, module in enumerate(model.layers):
+        block = cast(Block, module)
         attn = block.self_attn
         xn = block.input_layernorm(h)
         q = attn.q_proj(xn).view(B, 1, attn.num_heads, attn.head_dim).transpose(1, 2)
