@@ -442,6 +442,33 @@ def many_clients(model: str, tokens: int, clients: int = 8) -> dict[str, Any]:
             "ratio": together / one, "clients": clients, "chat": chat}
 
 
+def stage_batch_speed(model: str, sessions: int = 8, steps: int = 16) -> dict[str, Any]:
+    """One stage of the whole model in this process: decode tokens/s of ``sessions``
+    sessions stepped one at a time, against the same steps as one batch."""
+    import torch
+
+    from p2pswarm.runtime import Stage, StageSpec
+
+    layers = BUILTIN_MODELS[model]["num_hidden_layers"]
+    stage = Stage.load(model, StageSpec(0, layers, max_sessions=sessions,
+                                        max_context_tokens=256))
+    names = [f"s{i}" for i in range(sessions)]
+    for i, name in enumerate(names):
+        stage.prefill(name, [1 + (i * 7 + j) % 250 for j in range(40 + i)])
+    began = time.perf_counter()
+    for _ in range(steps):
+        for name in names:
+            stage.decode(name, 5, stage.session_length(name))
+    alone = sessions * steps / (time.perf_counter() - began)
+    began = time.perf_counter()
+    for _ in range(steps):
+        stage.decode_batch(names, torch.full((sessions,), 5),
+                           [stage.session_length(n) for n in names])
+    batched = sessions * steps / (time.perf_counter() - began)
+    return {"alone_tokens_per_s": alone, "batched_tokens_per_s": batched,
+            "ratio": batched / alone}
+
+
 def _chat_turns(driver: Path, kept: bool, turns: int = 5) -> dict[str, Any]:
     """Five turns of a chat, each resending the conversation: each turn's time to first
     token, with the session's cache kept between turns (the chat op) or not (the same
@@ -497,6 +524,13 @@ def main() -> None:
                      f"{hop_ms:.2f} ms", "<= 1.5 ms"))
 
     if args.many or args.only_many:
+        compute = stage_batch_speed("small-llama")
+        data["stage_batch"] = compute
+        rows.append(("small-llama, all 12 layers as one stage in this process: decode "
+                     "tokens/s of 8 sessions as one batch, against one at a time",
+                     f"{compute['batched_tokens_per_s']:.1f} / "
+                     f"{compute['alone_tokens_per_s']:.1f} = {compute['ratio']:.2f}",
+                     "reported"))
         many = many_clients("small-llama", args.tokens)
         data["many"] = many
         rows.append(("small-llama, 3 stages (3 `join` processes, 8 slots): aggregate decode "

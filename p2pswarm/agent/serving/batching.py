@@ -3,7 +3,7 @@ together, as one forward pass.
 
 Every session at a stage has its own task (``stage_session``); a decode step it receives
 joins the stage's pending steps. Whichever session finds the stage idle runs the batch:
-every step pending at that moment, in one call of ``run_batch`` (each session at its own
+every step pending once the loop has had one turn, in one call of ``run_batch`` (each session at its own
 position). Steps that arrive meanwhile wait for the next batch, which one of them runs as
 soon as this one ends. So with a pipeline of three stages, three groups of sessions keep
 all three busy: while stage 1 runs one group's step, stage 0 runs the next group's.
@@ -64,8 +64,15 @@ class DecodeBatcher(Generic[I, R]):
 
     async def _run_next(self) -> None:
         self._running = True
-        batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+        batch: list[_Pending[I, R]] = []
         try:
+            # one turn of the loop first: sessions whose steps have already arrived (a
+            # step run inline holds the loop, so they queue up behind it) join this batch
+            await trio.lowlevel.checkpoint()
+            batch, self._pending = (self._pending[:self.max_batch],
+                                    self._pending[self.max_batch:])
+            if not batch:
+                return
             if len(batch) == 1:
                 await self._settle(batch[0])
             else:
