@@ -14,8 +14,10 @@ the path.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -25,7 +27,19 @@ from typing import Any
 from p2pswarm.errors import ConfigError
 from p2pswarm.security import Identity, Keyring, SwarmSecret
 
-__all__ = ["Home"]
+__all__ = ["Home", "scratch_dir"]
+
+_scratch_root: Path | None = None
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A fresh directory for an agent without a state directory (a bare simulation), under
+    one temporary root per process that is removed when the process exits."""
+    global _scratch_root
+    if _scratch_root is None:
+        _scratch_root = Path(tempfile.mkdtemp(prefix="p2pswarm-scratch-"))
+        atexit.register(shutil.rmtree, _scratch_root, True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_scratch_root))
 
 _KEYRING_FORMAT = "p2pswarm-keyring"
 _IDENTITY_FORMAT = "p2pswarm-identity"

@@ -117,8 +117,8 @@ class SwarmTools:
                       weights_dtype: str | None) -> tuple[dict[str, Any], str | None]:
         """The planner request for a model (checked here, so a typo answers at once), and
         the model's directory when it is not a built-in one."""
-        from p2pswarm.models.files import read_model_config
-        from p2pswarm.planner import BUILTIN_MODELS, profile_from_config, request_from_dict
+        from p2pswarm.models.files import model_directory, read_model_config
+        from p2pswarm.planner import profile_from_config, request_from_dict
 
         request: dict[str, Any] = {
             "kind": "serve", "context": context, "sequences": sequences, "stages": stages,
@@ -131,10 +131,10 @@ class SwarmTools:
             request_from_dict(request)
         except ConfigError as exc:
             raise ToolError(str(exc)) from None
-        path = None
-        if model not in BUILTIN_MODELS:
-            where = Path(model).expanduser()
-            path = str((where if where.is_dir() else where.parent).resolve())
+        try:
+            path = model_directory(model)
+        except ConfigError as exc:
+            raise ToolError(str(exc)) from None
         return {"model": {"name": name, "config": config}, **request}, path
 
     async def models_plan(self, model: Model, context: Context_ = None, stages: Stages = None,
@@ -222,12 +222,19 @@ class SwarmTools:
              "maximize": maximize}, PLAN_TIMEOUT_S)
         return result
 
-    async def jobs_submit(self, config: JobConfig, plan_id: PlanId = None) -> dict[str, Any]:
+    async def jobs_submit(self, config: JobConfig, plan_id: PlanId = None,
+                          exclude_cards: ExcludeCards = None,
+                          maximize: Annotated[Literal["seq_len"] | None, Field(
+                              description="\"seq_len\": train at the longest sequence "
+                                          "length that fits now.")] = None) -> dict[str, Any]:
         """Start a training job; with the plan_id of a jobs_plan answer it starts exactly
-        there or is refused (plan-changed) with what changed and the new plan."""
+        there or is refused (plan-changed) with what changed and the new plan. The job may
+        carry exclude_cards, maximize and plan_id itself; those given here win."""
         self.check_job(config)
         result: dict[str, Any] = await self.ask(
-            {"op": "job_submit", "config": config, "plan_id": plan_id or None}, LOAD_TIMEOUT_S)
+            {"op": "job_submit", "config": config, "plan_id": plan_id or None,
+             "exclude_cards": list(exclude_cards or []), "maximize": maximize},
+            LOAD_TIMEOUT_S)
         return result
 
     async def jobs_list(self) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import math
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -53,6 +52,7 @@ from p2pswarm.agent.world import AgentWorld, Services
 from p2pswarm.cards import Inventory
 from p2pswarm.control.server import serve_control
 from p2pswarm.election import Election
+from p2pswarm.home import scratch_dir
 from p2pswarm.errors import (
     AuthenticationError,
     ControlError,
@@ -122,6 +122,7 @@ class Agent:
         self.rng = world.rng
         self.seeds = world.seeds
         self.home = home = world.home
+        self._scratch: dict[str, Path] = {}  # state_dir's directories when home is None
         self.advertise = world.advertise  # the address fellows reach us at, if not the bound one
         self.leader_priority = world.leader_priority
         self.card_source = world.card_source
@@ -784,7 +785,9 @@ class Agent:
         """The directory ``name`` in this agent's state directory (made if missing); a
         fresh temporary one for an agent without a state directory (a bare simulation)."""
         if self.home is None:
-            return Path(tempfile.mkdtemp(prefix=f"p2pswarm-{name}-"))
+            if name not in self._scratch:
+                self._scratch[name] = scratch_dir(f"{name}-")
+            return self._scratch[name]
         where = self.home / name
         where.mkdir(parents=True, exist_ok=True)
         return where

@@ -35,8 +35,8 @@ def _serve_message(model: str, context: Optional[int], sequences: int, stages: O
                    weights_dtype: Optional[str], kv_dtype: str, maximize: Optional[str],
                    exclude: list[str], floor: list[str]) -> tuple[dict[str, Any], Optional[str]]:
     """The plan request a load sends, and the model's directory when MODEL is one."""
-    from p2pswarm.models.files import read_model_config
-    from p2pswarm.planner import BUILTIN_MODELS, profile_from_config, request_from_dict
+    from p2pswarm.models.files import model_directory, read_model_config
+    from p2pswarm.planner import profile_from_config, request_from_dict
 
     request: dict[str, Any] = {
         "kind": "serve", "stages": stages, "kv_dtype": kv_dtype, "weights_dtype": weights_dtype,
@@ -46,11 +46,7 @@ def _serve_message(model: str, context: Optional[int], sequences: int, stages: O
     name, config = read_model_config(model)
     profile_from_config(config, name)
     request_from_dict(request)
-    path: Optional[str] = None
-    if model not in BUILTIN_MODELS:
-        where = Path(model).expanduser()
-        directory = where if where.is_dir() else where.parent
-        path = str(directory.resolve())
+    path = model_directory(model)
     return {"model": {"name": name, "config": config}, **request}, path
 
 

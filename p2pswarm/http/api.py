@@ -59,8 +59,8 @@ def exclude_field(body: Mapping[str, Any]) -> list[str]:
 def serve_message(body: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The plan request a serving plan or load sends (as ``p2pswarm plan`` builds it),
     and the model's directory on this fellow when the model is not a built-in."""
-    from p2pswarm.models.files import read_model_config
-    from p2pswarm.planner import BUILTIN_MODELS, profile_from_config, request_from_dict
+    from p2pswarm.models.files import model_directory, read_model_config
+    from p2pswarm.planner import profile_from_config, request_from_dict
 
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
@@ -80,10 +80,7 @@ def serve_message(body: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     name, config = read_model_config(model)  # ConfigError: 400 with the fix
     profile_from_config(config, name)
     request_from_dict(request)
-    path = None
-    if model not in BUILTIN_MODELS:
-        where = Path(model).expanduser()
-        path = str((where if where.is_dir() else where.parent).resolve())
+    path = model_directory(model)
     return {"model": {"name": name, "config": config}, **request}, path
 
 

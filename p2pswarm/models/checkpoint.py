@@ -61,6 +61,10 @@ class Checkpoint:
 
     @property
     def name(self) -> str:
+        """The directory's name; for a hub snapshot, its repository's (not the commit)."""
+        root = _link_root(self.model_dir)
+        if root != self.model_dir.resolve() and root.name.count("--") >= 2:
+            return root.name.split("--", 2)[2]  # models--ORG--NAME
         return self.model_dir.name
 
     def tensor_names(self) -> list[str]:

@@ -1,4 +1,5 @@
-"""Finding a model's config: a built-in name, a model directory, or a config.json path.
+"""Finding a model's config: a built-in name, a model directory, a config.json path, or a
+hub id (``Qwen/Qwen2.5-0.5B-Instruct``) in the local Hugging Face cache.
 
 The planner itself reads no files and only sees the dict; this module, beside the model
 code that reads checkpoints, turns a name or a path into that dict.
@@ -13,24 +14,35 @@ from pathlib import Path
 from typing import Any
 
 from p2pswarm.errors import ConfigError
-from p2pswarm.planner.profile import ModelProfile, builtin_config, known_names, profile_from_config
+from p2pswarm.models.hub import cached_snapshot, is_hub_id
+from p2pswarm.planner.profile import (
+    BUILTIN_MODELS,
+    ModelProfile,
+    builtin_config,
+    known_names,
+    profile_from_config,
+)
 
 
 def read_model_config(spec: str) -> tuple[str, dict[str, Any]]:
-    """(name, HF config dict) for a built-in name, a model directory or a config.json."""
+    """(name, HF config dict) for a built-in name, a model directory, a config.json or a
+    cached hub id (named by its repository: ``Qwen2.5-0.5B-Instruct``)."""
     config = builtin_config(spec)
     if config is not None:
         return spec, config
     path = Path(spec).expanduser()
-    if path.is_dir():
+    hub = _hub_snapshot(spec)
+    if hub is not None:
+        path, name = hub / "config.json", spec.split("/")[1]
+    elif path.is_dir():
         path = path / "config.json"
         name = Path(spec).expanduser().resolve().name
     else:
         name = path.resolve().parent.name if path.name == "config.json" else path.stem
     if not path.is_file():
         raise ConfigError(
-            f"unknown model {spec!r}: give a model directory, a config.json path, or one of "
-            f"{', '.join(known_names())}"
+            f"unknown model {spec[:200]!r}: give a model directory, a config.json path, a "
+            f"hub id like Qwen/Qwen2.5-0.5B-Instruct, or one of {', '.join(known_names())}"
         )
     try:
         data = json.loads(path.read_text())
@@ -41,9 +53,29 @@ def read_model_config(spec: str) -> tuple[str, dict[str, Any]]:
     return name, data
 
 
+def _hub_snapshot(spec: str) -> Path | None:
+    """The cached snapshot of a hub id; None when ``spec`` is a path that exists or no hub
+    id (ConfigError, saying how to download it, when it is an id the cache lacks)."""
+    if not is_hub_id(spec) or Path(spec).expanduser().exists():
+        return None
+    return cached_snapshot(spec)
+
+
+def model_directory(spec: str) -> str | None:
+    """The directory holding a model's files on this machine (None for a
+    built-in): the directory named, a config.json's, or a hub id's snapshot."""
+    if spec in BUILTIN_MODELS:
+        return None
+    hub = _hub_snapshot(spec)
+    if hub is not None:
+        return str(hub)
+    where = Path(spec).expanduser()
+    return str((where if where.is_dir() else where.parent).resolve())
+
+
 def load_profile(spec: str) -> ModelProfile:
     name, config = read_model_config(spec)
     return profile_from_config(config, name)
 
 
-__all__ = ["load_profile", "read_model_config"]
+__all__ = ["load_profile", "model_directory", "read_model_config"]

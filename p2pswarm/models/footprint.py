@@ -16,7 +16,12 @@ A quantized stage also holds one dequant workspace: its largest decoder-layer li
 the compute dtype, ``max(out * in) * dtype_bytes``.
 
 KV cache, per position per layer: ``2 * kv_heads * head_dim * kv_dtype_bytes``; int8 adds
-a float32 scale per kv head: ``2 * kv_heads * (head_dim + 4)``.
+a float32 scale per kv head: ``2 * kv_heads * (head_dim + 4)``. A sliding-window layer
+keeps ``min(window, context)`` positions, a full layer the whole context.
+
+Norms: two of ``hidden`` a layer (four with Gemma's sandwich norms), plus two of
+``head_dim`` with q/k norms. RoPE tables: ``head_dim / 2`` float32 numbers, twice with a
+local base (Gemma 3).
 """
 
 from __future__ import annotations
@@ -71,7 +76,24 @@ def layer_bytes(config: ModelConfig, *, dtype: str, quant: str = "none",
         total += h * db
     if config.mlp_bias:
         total += (2 * i + h) * db
-    return total + 2 * h * db
+    if config.qk_norm:
+        total += 2 * config.head_dim * db
+    return total + config.norms_per_layer() * h * db
+
+
+def rope_table_bytes(config: ModelConfig) -> int:
+    """A stage's RoPE inverse frequencies (float32), a second set for a local base."""
+    return config.head_dim // 2 * 4 * (2 if config.local_rope_theta else 1)
+
+
+def stage_kv_cache_bytes(config: ModelConfig, start_layer: int, end_layer: int, *,
+                         max_context_tokens: int, max_sessions: int, kv_dtype: str) -> int:
+    """KV bytes of layers [start_layer, end_layer): a sliding layer holds its window only."""
+    return sum(kv_cache_bytes(num_layers=1, num_kv_heads=config.num_kv_heads,
+                              head_dim=config.head_dim,
+                              max_context_tokens=config.kv_positions(i, max_context_tokens),
+                              max_sessions=max_sessions, kv_dtype=kv_dtype)
+               for i in range(start_layer, end_layer))
 
 
 def dequant_workspace_bytes(config: ModelConfig, *, dtype: str) -> int:

@@ -6,7 +6,15 @@ compute exactly what the whole model computes. Module names follow Hugging Face'
 checkpoint's ``model.layers.{i}.self_attn.q_proj.weight`` lands in
 ``layers.{i - start}.self_attn.q_proj.weight`` here.
 
+The other families are switches on the same blocks (see ``ModelConfig``): q/k norms,
+Gemma's (1 + w) norms around both halves of a layer, scaled embeddings, soft-capping,
+sliding-window layers (a query sees the last ``window`` keys, itself included) and a
+second RoPE base for Gemma 3's sliding layers. Phi-3's fused ``qkv_proj`` and
+``gate_up_proj`` are split into our q, k, v and gate, up as they are read.
+
 Shapes: B batch, T new tokens, L tokens attended to (cache plus new), D head_dim.
+A cache returns the keys that end at the new tokens; a sliding layer's cache may return
+only the last ones, so key positions are counted back from the end.
 """
 
 from __future__ import annotations
@@ -33,25 +41,36 @@ class LayerCache(Protocol):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # normalise in float32 whatever the compute dtype, as the reference does
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.unit_offset:  # Gemma scales by (1 + w) in float32, then casts
+            return (h * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * h.to(x.dtype)
 
 
-def rope_inv_freq(config: ModelConfig, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Inverse frequencies (D / 2,) in float32, with the config's scaling applied."""
+def norm(config: ModelConfig, dim: int | None = None) -> RMSNorm:
+    return RMSNorm(config.hidden_size if dim is None else dim, config.rms_norm_eps,
+                   config.unit_offset_norms)
+
+
+def rope_inv_freq(config: ModelConfig, device: torch.device | str = "cpu", *,
+                  local: bool = False) -> torch.Tensor:
+    """Inverse frequencies (D / 2,) in float32, with the config's scaling applied; with
+    ``local``, those of Gemma 3's sliding layers (their own base, no scaling)."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (
+    theta = config.local_rope_theta if local and config.local_rope_theta else config.rope_theta
+    inv_freq = 1.0 / (theta ** (
         torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
     scaling = config.rope_scaling
-    if scaling is None:
+    if scaling is None or local:
         return inv_freq
     if scaling.kind == "linear":
         return inv_freq / scaling.factor
@@ -68,17 +87,30 @@ def rope_inv_freq(config: ModelConfig, device: torch.device | str = "cpu") -> to
 
 
 class Rotary(nn.Module):
-    """cos and sin tables for the positions at hand, computed on the fly (no max-length table)."""
+    """cos and sin tables for the positions at hand, computed on the fly (no max-length table).
+    A model with a local RoPE base (Gemma 3) keeps a second set for its sliding layers."""
 
     inv_freq: torch.Tensor
+    local_inv_freq: torch.Tensor | None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.config = config
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        local = rope_inv_freq(config, local=True) if config.local_rope_theta else None
+        self.register_buffer("local_inv_freq", local, persistent=False)
 
-    def forward(self, positions: torch.Tensor,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+    def materialize(self, device: torch.device | str) -> None:
+        """Compute the tables on ``device`` (a stage is first built on ``meta``)."""
+        self.inv_freq = rope_inv_freq(self.config, device)
+        if self.local_inv_freq is not None:
+            self.local_inv_freq = rope_inv_freq(self.config, device, local=True)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype,
+                local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq = self.local_inv_freq if local and self.local_inv_freq is not None \
+            else self.inv_freq
+        freqs = positions.float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)  # (T, D)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -90,11 +122,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int = 0) -> None:
         super().__init__()
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
+        self.window = config.layer_window(layer_index)
+        self.scale = config.attn_scale
+        self.softcap = config.attn_softcap
+        self.q_norm = norm(config, config.head_dim) if config.qk_norm else None
+        self.k_norm = norm(config, config.head_dim) if config.qk_norm else None
         self.q_proj = nn.Linear(config.hidden_size, config.q_dim, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.hidden_size, config.kv_dim, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.hidden_size, config.kv_dim, bias=config.qkv_bias)
@@ -106,20 +143,44 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(layer, k, v, start_pos)
         L = k.shape[2]
-        # queries sit at the end of the keys: query i may see keys 0 .. L - T + i
+        # queries sit at the end of the keys: query i may see keys 0 .. L - T + i, and on
+        # a sliding layer only the last `window` of those
         mask = None
-        if 1 < T < L:
-            mask = torch.ones(T, L, dtype=torch.bool, device=x.device).tril(diagonal=L - T)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=(T > 1 and T == L),
-            enable_gqa=self.num_kv_heads != self.num_heads,
-        )
+        windowed = self.window is not None and L > self.window
+        if windowed or self.softcap is not None or 1 < T < L:
+            query = torch.arange(L - T, L, device=x.device)[:, None]
+            key = torch.arange(L, device=x.device)[None, :]
+            mask = key <= query
+            if self.window is not None:
+                mask = mask & (key > query - self.window)
+        if self.softcap is not None:
+            y = self._softcapped(q, k, v, mask)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=(mask is None and T > 1 and T == L),
+                scale=self.scale, enable_gqa=self.num_kv_heads != self.num_heads,
+            )
         out: torch.Tensor = self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
         return out
+
+    def _softcapped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention with Gemma 2's tanh cap on the scores (no fused kernel has it)."""
+        assert self.softcap is not None
+        groups = self.num_heads // self.num_kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        scale = self.scale if self.scale is not None else self.head_dim ** -0.5
+        scores = torch.tanh(q @ k.transpose(2, 3) * scale / self.softcap) * self.softcap
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return weights @ v
 
 
 class MLP(nn.Module):
@@ -129,24 +190,43 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.gelu = config.hidden_act == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        out: torch.Tensor = self.down_proj(gate * self.up_proj(x))
         return out
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """One decoder layer. Llama: x + attn(norm(x)), then x + mlp(norm(x)), where
+    ``post_attention_layernorm`` is the MLP's input norm. Gemma (sandwich norms):
+    x + post_attention(attn(input(x))), then x + post_feedforward(mlp(pre_feedforward(x)))."""
+
+    def __init__(self, config: ModelConfig, layer_index: int = 0) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = norm(config)
+        self.self_attn = Attention(config, layer_index)
+        self.post_attention_layernorm = norm(config)
         self.mlp = MLP(config)
+        self.sandwich = config.sandwich_norms
+        self.local_rope = (config.local_rope_theta is not None
+                           and config.layer_window(layer_index) is not None)
+        if self.sandwich:
+            self.pre_feedforward_layernorm = norm(config)
+            self.post_feedforward_layernorm = norm(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int,
                 cache: LayerCache | None, layer: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, start_pos, cache, layer)
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        if not self.sandwich:
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, start_pos, cache, layer)
+            out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+            return out
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, start_pos, cache, layer)
+        x = x + self.post_attention_layernorm(attended)
+        mlp_out = self.mlp(self.pre_feedforward_layernorm(x))
+        out = x + self.post_feedforward_layernorm(mlp_out)
         return out
 
 
@@ -165,8 +245,8 @@ class StageModel(nn.Module):
         self.is_last = end_layer == config.num_layers
         self.embed_tokens = (
             nn.Embedding(config.vocab_size, config.hidden_size) if self.is_first else None)
-        self.layers = nn.ModuleList(Block(config) for _ in range(end_layer - start_layer))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if self.is_last else None
+        self.layers = nn.ModuleList(Block(config, i) for i in range(start_layer, end_layer))
+        self.norm = norm(config) if self.is_last else None
         self.lm_head = (
             nn.Linear(config.hidden_size, config.vocab_size, bias=False) if self.is_last else None)
         self.rotary = Rotary(config)
@@ -180,16 +260,25 @@ class StageModel(nn.Module):
         last stage.
         """
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
+        if self.embed_tokens is not None and self.config.embed_scale:
+            # the scale rounded to the compute dtype first, as Gemma's reference does
+            h = h * torch.tensor(self.config.hidden_size ** 0.5, dtype=h.dtype)
         positions = torch.arange(start_pos, start_pos + h.shape[1], device=h.device)
         cos, sin = self.rotary(positions, h.dtype)
+        local = self.rotary(positions, h.dtype, local=True) \
+            if self.rotary.local_inv_freq is not None else (cos, sin)
         for i, block in enumerate(self.layers):
-            h = block(h, cos, sin, start_pos, cache, i)
+            c, s = local if block.local_rope else (cos, sin)
+            h = block(h, c, s, start_pos, cache, i)
         if self.norm is None or self.lm_head is None:
             return h
         if last_logits_only:
             h = h[:, -1:]
-        logits: torch.Tensor = self.lm_head(self.norm(h))
-        return logits.float()
+        logits: torch.Tensor = self.lm_head(self.norm(h)).float()
+        cap = self.config.final_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def largest_linear_numel(self) -> int:
         """Elements of the largest decoder-layer weight: the size of a dequant workspace."""
@@ -222,15 +311,32 @@ def hf_tensor_map(config: ModelConfig, start_layer: int,
         "mlp.gate_proj": config.mlp_bias, "mlp.up_proj": config.mlp_bias,
         "mlp.down_proj": config.mlp_bias,
     }
+    fused = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+             "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+    stored: list[tuple[str, tuple[str, ...]]] = []  # checkpoint linear -> our linears
+    for linear in BLOCK_LINEARS:
+        if config.fused_qkv and linear in fused["self_attn.qkv_proj"]:
+            if linear == "self_attn.q_proj":
+                stored.append(("self_attn.qkv_proj", fused["self_attn.qkv_proj"]))
+        elif config.fused_gate_up and linear in fused["mlp.gate_up_proj"]:
+            if linear == "mlp.gate_proj":
+                stored.append(("mlp.gate_up_proj", fused["mlp.gate_up_proj"]))
+        else:
+            stored.append((linear, (linear,)))
+    norms = ["post_attention_layernorm"]
+    if config.sandwich_norms:
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    if config.qk_norm:
+        norms += ["self_attn.q_norm", "self_attn.k_norm"]
     for i in range(start_layer, end_layer):
         local, hf = f"layers.{i - start_layer}", f"model.layers.{i}"
         names[f"{hf}.input_layernorm.weight"] = (f"{local}.input_layernorm.weight",)
-        for linear in BLOCK_LINEARS:
-            if biased[linear]:  # bias first, so a quantized linear gets it with its weight
-                names[f"{hf}.{linear}.bias"] = (f"{local}.{linear}.bias",)
-            names[f"{hf}.{linear}.weight"] = (f"{local}.{linear}.weight",)
-        names[f"{hf}.post_attention_layernorm.weight"] = (
-            f"{local}.post_attention_layernorm.weight",)
+        for linear, ours in stored:
+            if biased[ours[0]]:  # bias first, so a quantized linear gets it with its weight
+                names[f"{hf}.{linear}.bias"] = tuple(f"{local}.{o}.bias" for o in ours)
+            names[f"{hf}.{linear}.weight"] = tuple(f"{local}.{o}.weight" for o in ours)
+        for name in norms:
+            names[f"{hf}.{name}.weight"] = (f"{local}.{name}.weight",)
     if is_last:
         names["model.norm.weight"] = ("norm.weight",)
         if config.tie_word_embeddings:
@@ -241,14 +347,24 @@ def hf_tensor_map(config: ModelConfig, start_layer: int,
     return names
 
 
+def is_fused(name: str) -> bool:
+    """Whether checkpoint tensor ``name`` holds several of our linears stacked by rows."""
+    return name.endswith((".qkv_proj.weight", ".qkv_proj.bias", ".gate_up_proj.weight",
+                          ".gate_up_proj.bias"))
+
+
 def hf_tensor_shape(config: ModelConfig, name: str) -> tuple[int, ...]:
     """The shape ``config`` gives the checkpoint tensor ``name``."""
     hidden = config.hidden_size
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
         return (config.vocab_size, hidden)
+    if name.endswith(("q_norm.weight", "k_norm.weight")):
+        return (config.head_dim,)
     if name.endswith("norm.weight"):
         return (hidden,)
     out_in = {
+        "qkv_proj": (config.q_dim + 2 * config.kv_dim, hidden),
+        "gate_up_proj": (2 * config.intermediate_size, hidden),
         "q_proj": (config.q_dim, hidden), "k_proj": (config.kv_dim, hidden),
         "v_proj": (config.kv_dim, hidden), "o_proj": (hidden, config.q_dim),
         "gate_proj": (config.intermediate_size, hidden),

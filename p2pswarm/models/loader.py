@@ -20,7 +20,14 @@ from p2pswarm.models.builtin import BUILTIN_MODELS, BuiltinModel
 from p2pswarm.models.checkpoint import Checkpoint
 from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.footprint import check_quant
-from p2pswarm.models.llama import BLOCK_LINEARS, StageModel, hf_tensor_map, rope_inv_freq
+from p2pswarm.models.hub import cached_snapshot, is_hub_id
+from p2pswarm.models.llama import (
+    BLOCK_LINEARS,
+    StageModel,
+    hf_tensor_map,
+    hf_tensor_shape,
+    is_fused,
+)
 from p2pswarm.models.quant import DequantWorkspace, quantize_linear
 
 DTYPES: dict[str, torch.dtype] = {
@@ -42,9 +49,12 @@ class TensorSource(Protocol):
 
 
 def open_model(model: str | Path) -> Checkpoint | BuiltinModel:
-    """A built-in model by name, else the model directory at that path."""
+    """A built-in model by name, else the model directory at that path, else a hub id's
+    snapshot in the local Hugging Face cache."""
     if isinstance(model, str) and model in BUILTIN_MODELS:
         return BuiltinModel(model)
+    if isinstance(model, str) and is_hub_id(model) and not Path(model).expanduser().exists():
+        return Checkpoint(cached_snapshot(model))
     return Checkpoint(model)
 
 
@@ -68,13 +78,20 @@ def load_stage_model(source: TensorSource, start_layer: int, end_layer: int, *,
         model.workspace = DequantWorkspace(model.largest_linear_numel(), torch_dtype, device)
     tensor_map = hf_tensor_map(source.config, start_layer, end_layer)
     for name, tensor in source.read(list(tensor_map), device):
-        expected = _expected_shape(model, tensor_map[name][0])
+        expected = hf_tensor_shape(source.config, name)
         if tuple(tensor.shape) != expected:
             raise ConfigError(f"{source.name}: {name} has shape {tuple(tensor.shape)}, "
                               f"the config says {expected}")
         tensor = tensor.to(device)
+        locals_ = tensor_map[name]
+        if is_fused(name):  # Phi-3: rows of q, k, v (gate, up) stacked in one tensor
+            rows = [_expected_shape(model, local)[0] for local in locals_]
+            for local, part in zip(locals_, torch.split(tensor, rows), strict=True):
+                _put(model, local, part, torch_dtype, quant, group_size)
+            del tensor
+            continue
         cast: nn.Parameter | None = None  # one copy even when it fills two places (tied)
-        for local in tensor_map[name]:
+        for local in locals_:
             if quant != "none" and _is_block_linear_weight(local):
                 _quantize_into(model, local, tensor, quant, group_size)
                 continue
@@ -83,12 +100,24 @@ def load_stage_model(source: TensorSource, start_layer: int, end_layer: int, *,
             module_name, _, attr = local.rpartition(".")
             setattr(model.get_submodule(module_name), attr, cast)
         del tensor, cast
-    model.rotary.inv_freq = rope_inv_freq(source.config, device)
+    model.rotary.materialize(device)
     missing = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if missing:
         raise ConfigError(f"{source.name}: stage [{start_layer}, {end_layer}) did not receive "
                           f"{', '.join(missing[:5])}")
     return model.eval().requires_grad_(False)
+
+
+def _put(model: StageModel, local: str, tensor: torch.Tensor, dtype: torch.dtype,
+         quant: str, group_size: int) -> None:
+    """One of our tensors in place: quantized if it is a decoder linear's weight and the
+    stage is quantized, else cast (a copy, so a split part frees its fused tensor)."""
+    if quant != "none" and _is_block_linear_weight(local):
+        _quantize_into(model, local, tensor.contiguous(), quant, group_size)
+        return
+    module_name, _, attr = local.rpartition(".")
+    setattr(model.get_submodule(module_name), attr,
+            nn.Parameter(tensor.to(dtype).clone(), requires_grad=False))
 
 
 def _expected_shape(model: StageModel, local: str) -> tuple[int, ...]:

@@ -91,11 +91,14 @@ class HFTokenizer:
 
 
 def load_tokenizer(model: str | Path) -> ByteTokenizer | HFTokenizer:
-    """The tokenizer of a built-in model name or of a model directory."""
+    """The tokenizer of a built-in model name, a model directory or a cached hub id."""
+    from p2pswarm.models.hub import cached_snapshot, is_hub_id
     from p2pswarm.planner.profile import BUILTIN_MODELS
 
     if isinstance(model, str) and model in BUILTIN_MODELS:
         return ByteTokenizer()
+    if isinstance(model, str) and is_hub_id(model) and not Path(model).expanduser().exists():
+        return HFTokenizer(cached_snapshot(model))
     return HFTokenizer(model)
 
 

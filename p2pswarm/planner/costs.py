@@ -25,7 +25,7 @@ backward through all stages.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from p2pswarm.planner.cluster import CardView, Link
 from p2pswarm.planner.profile import ModelProfile, compute_bytes
@@ -89,7 +89,8 @@ class CostModel:
         p, r = self.profile, self.request
         weights = p.layer_weight_bytes(self.weights_dtype)
         if not self.train:
-            kv = self.tokens * r.sequences * p.kv_bytes_per_token_layer(r.kv_dtype)
+            kv = (p.kv_tokens_per_layer(self.tokens) * r.sequences
+                  * p.kv_bytes_per_token_layer(r.kv_dtype))
             return Claims(weights=weights, kv_cache=kv)
         tokens = r.micro_batch * self.tokens
         per_token = (p.hidden * self.act_bytes if r.checkpointing
@@ -146,8 +147,17 @@ class CostModel:
         return Claims(embeddings_head_buffers=buffers, activations=activations,
                       optimizer=optimizer, workspace=WORKSPACE_BYTES[kind] + scratch)
 
-    def claims(self, kind: str, n: int, first: bool, last: bool) -> Claims:
-        return self.fixed_claims(kind, first, last).plus_layers(self._per_layer, n)
+    def claims(self, kind: str, n: int, first: bool, last: bool,
+               start: int | None = None) -> Claims:
+        """A stage's bytes; given its first layer, the KV cache of a model whose layers
+        differ (sliding windows on some) is exact rather than its upper bound."""
+        total = self.fixed_claims(kind, first, last).plus_layers(self._per_layer, n)
+        p = self.profile
+        if start is None or self.train or not p.sliding_layers:
+            return total
+        kv = (p.kv_tokens_of(start, n, self.tokens) * self.request.sequences
+              * p.kv_bytes_per_token_layer(self.request.kv_dtype))
+        return replace(total, kv_cache=kv)
 
     def fixed_bytes(self, kind: str, first: bool, last: bool) -> int:
         key = (kind, first, last)
@@ -180,7 +190,8 @@ class CostModel:
         if not self.train:
             flops = r.sequences * (n * flops_layer + (p.head_flops_per_token() if last else 0))
             read = (n * self._layer_weight_bytes + (self._head_read_bytes if last else 0)
-                    + r.sequences * n * self.tokens * p.kv_bytes_per_token_layer(r.kv_dtype))
+                    + r.sequences * n * p.kv_tokens_per_layer(self.tokens)
+                    * p.kv_bytes_per_token_layer(r.kv_dtype))
             return max(flops / card.flops, read / card.mem_bandwidth)
         tokens = r.micro_batch * self.tokens
         passes = (3 if r.method == "full" else 2) + (1 if r.checkpointing else 0)

@@ -509,7 +509,7 @@ def _cards_and_stages(view: ClusterView, slots: tuple[Slot, ...], placement: Pla
     for pos, (i, n) in enumerate(placement):
         slot = slots[i]
         last = pos == len(placement) - 1
-        claims = model.claims(slot.card.kind, n, pos == 0, last)
+        claims = model.claims(slot.card.kind, n, pos == 0, last, start=start)
         used[(slot.fellow_id, slot.card.kind, slot.card.index)] = (pos, start, start + n, claims)
         stage_plans.append(StagePlan(
             index=pos, fellow_id=slot.fellow_id, fellow=names[slot.fellow_id],

@@ -43,7 +43,7 @@ RUNTIME_WEIGHTS = {"f32": ("float32", "none"), "f16": ("float16", "none"),
                    "int4": ("float16", "int4")}
 RUNTIME_KV = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "int8": "int8"}
 INT4_GROUP = 32  # inputs per f16 scale in int4 (the runtime's default)
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
 
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -94,6 +94,20 @@ REFERENCE_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen2-7b": _hf("qwen2", 152064, 3584, 18944, 28, 28, 4, 32768, False),
     "tinyllama-1.1b": _hf("llama", 32000, 2048, 5632, 22, 32, 4, 2048, False),
     "smollm-135m": _hf("llama", 49152, 576, 1536, 30, 9, 3, 2048, True),
+    "mistral-7b-v0.1": _hf("mistral", 32000, 4096, 14336, 32, 32, 8, 32768, False,
+                           sliding_window=4096),
+    "qwen3-0.6b": _hf("qwen3", 151936, 1024, 3072, 28, 16, 8, 40960, True, head_dim=128),
+    "qwen3-8b": _hf("qwen3", 151936, 4096, 12288, 36, 32, 8, 40960, False, head_dim=128),
+    "gemma-2-2b": _hf("gemma2", 256000, 2304, 9216, 26, 8, 4, 8192, True, head_dim=256,
+                      hidden_act="gelu_pytorch_tanh", sliding_window=4096,
+                      query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+                      final_logit_softcapping=30.0),
+    "gemma-3-1b": _hf("gemma3_text", 262144, 1152, 6912, 26, 4, 1, 32768, True, head_dim=256,
+                      hidden_act="gelu_pytorch_tanh", sliding_window=512,
+                      sliding_window_pattern=6, query_pre_attn_scalar=256,
+                      rope_theta=1_000_000.0, rope_local_base_freq=10_000.0),
+    "phi-3-mini-4k": _hf("phi3", 32064, 3072, 8192, 32, 32, 32, 4096, False,
+                         sliding_window=2047),
 }
 
 
@@ -130,6 +144,12 @@ class ModelProfile:
     mlp_bias: bool
     max_context: int
     trained_cut: tuple[int, ...] | None = None  # stage boundaries the model was trained with
+    # family switches that change bytes (see ModelConfig); left out of to_dict at defaults
+    sandwich_norms: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    sliding_layers: tuple[bool, ...] = ()
+    local_rope_theta: float | None = None
 
     def model_config(self) -> ModelConfig:
         """The runtime's view of the same shape (for its byte accounting)."""
@@ -138,7 +158,23 @@ class ModelProfile:
             num_layers=self.n_layers, num_heads=self.n_heads, num_kv_heads=self.n_kv_heads,
             head_dim=self.head_dim, max_context_tokens=self.max_context, qkv_bias=self.qkv_bias,
             o_bias=self.o_bias, mlp_bias=self.mlp_bias, tie_word_embeddings=self.tied,
-            model_type=self.model_type)
+            model_type=self.model_type, sandwich_norms=self.sandwich_norms,
+            qk_norm=self.qk_norm, sliding_window=self.sliding_window,
+            sliding_layers=self.sliding_layers, local_rope_theta=self.local_rope_theta)
+
+    def kv_tokens_per_layer(self, tokens: int) -> int:
+        """Positions the most demanding layer caches at ``tokens`` of context: the window
+        when every layer slides, else the context (exact per stage: ``kv_tokens_of``)."""
+        if self.sliding_window is not None and self.sliding_layers and all(self.sliding_layers):
+            return min(self.sliding_window, tokens)
+        return tokens
+
+    def kv_tokens_of(self, start: int, n: int, tokens: int) -> int:
+        """Positions layers [start, start + n) cache together at ``tokens`` of context."""
+        if not self.sliding_layers or self.sliding_window is None:
+            return n * tokens
+        return sum(min(self.sliding_window, tokens) if self.sliding_layers[i] else tokens
+                   for i in range(start, start + n))
 
     # --- shapes ---------------------------------------------------------------------
 
@@ -154,7 +190,9 @@ class ModelProfile:
     def layer_vector_params(self) -> int:
         """Norm weights and biases of one layer (kept in the compute dtype)."""
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        count = 2 * self.hidden  # input and post-attention RMSNorm
+        count = (4 if self.sandwich_norms else 2) * self.hidden  # RMSNorms around the halves
+        if self.qk_norm:
+            count += 2 * self.head_dim
         if self.qkv_bias:
             count += q_dim + 2 * kv_dim
         if self.o_bias:
@@ -201,7 +239,7 @@ class ModelProfile:
     def stage_buffer_bytes(self, dtype: str) -> int:
         """Every stage's own buffers: RoPE frequencies (f32), the dequant workspace."""
         compute, quant = RUNTIME_WEIGHTS[dtype]
-        rope = self.head_dim // 2 * 4
+        rope = footprint.rope_table_bytes(self.model_config())
         if quant == "none":
             return rope
         return rope + footprint.dequant_workspace_bytes(self.model_config(), dtype=compute)
@@ -242,7 +280,17 @@ class ModelProfile:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["trained_cut"] = list(self.trained_cut) if self.trained_cut else None
+        for key, default in FAMILY_DEFAULTS.items():  # a Llama's plan_id stays as it was
+            if data[key] == default:
+                del data[key]
+        data["sliding_layers"] = list(self.sliding_layers) if self.sliding_layers else None
+        if data["sliding_layers"] is None:
+            del data["sliding_layers"]
         return data
+
+
+FAMILY_DEFAULTS: dict[str, Any] = {"sandwich_norms": False, "qk_norm": False,
+                                   "sliding_window": None, "local_rope_theta": None}
 
 
 def profile_from_config(config: Mapping[str, Any], name: str) -> ModelProfile:
@@ -269,6 +317,10 @@ def profile_from_config(config: Mapping[str, Any], name: str) -> ModelProfile:
         n_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, vocab=shape.vocab_size,
         tied=shape.tie_word_embeddings, qkv_bias=shape.qkv_bias, o_bias=shape.o_bias,
         mlp_bias=shape.mlp_bias, max_context=shape.max_context_tokens, trained_cut=trained_cut,
+        sandwich_norms=shape.sandwich_norms, qk_norm=shape.qk_norm,
+        sliding_window=shape.sliding_window if any(shape.sliding_layers) else None,
+        sliding_layers=shape.sliding_layers if any(shape.sliding_layers) else (),
+        local_rope_theta=shape.local_rope_theta,
     )
 
 

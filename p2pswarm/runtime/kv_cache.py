@@ -5,6 +5,10 @@ of the stage, as the plan sized it; a session takes a free slot on its first tok
 gives it back when it ends. Storage is zero-filled at allocation so the memory is really
 committed when the stage loads, not discovered missing mid-generation.
 
+A sliding-window layer keeps only its window: ``min(window, max_context_tokens)``
+positions, a ring where position p lives at p mod that size. Its update returns the
+keys its queries may see (the window before the new tokens, then the new ones).
+
 int8 storage keeps one float32 scale per (layer, slot, kv head, position): each key or
 value vector of ``head_dim`` numbers is stored as round(x / s) with s = max|x| / 127.
 Bytes per position per layer: 2 * kv_heads * head_dim * dtype_bytes, or for int8
@@ -17,6 +21,8 @@ the least recently kept is evicted. The plan's KV budget (its slots) is never ex
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -31,20 +37,30 @@ class KVCache:
 
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int,
                  max_context_tokens: int, max_sessions: int, kv_dtype: str,
-                 compute_dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+                 compute_dtype: torch.dtype, device: torch.device | str = "cpu",
+                 layer_windows: Sequence[int | None] = ()) -> None:
         self.max_context_tokens = max_context_tokens
         self.max_sessions = max_sessions
         self.kv_dtype = kv_dtype
         self.compute_dtype = compute_dtype
-        shape = (num_layers, max_sessions, num_kv_heads, max_context_tokens, head_dim)
+        windows = list(layer_windows) or [None] * num_layers
+        if len(windows) != num_layers:
+            raise ValueError("one window (or None) per layer")
+        # positions each layer keeps: the context, or a sliding layer's window
+        self.capacity = [max_context_tokens if w is None else min(w, max_context_tokens)
+                         for w in windows]
+        self.windows = windows
         store = _TORCH_DTYPES[kv_dtype]
-        self.k = torch.zeros(shape, dtype=store, device=device)
-        self.v = torch.zeros(shape, dtype=store, device=device)
-        self.k_scale: torch.Tensor | None = None
-        self.v_scale: torch.Tensor | None = None
+        shapes = [(max_sessions, num_kv_heads, cap, head_dim) for cap in self.capacity]
+        self.k = [torch.zeros(shape, dtype=store, device=device) for shape in shapes]
+        self.v = [torch.zeros(shape, dtype=store, device=device) for shape in shapes]
+        self.k_scale: list[torch.Tensor] | None = None
+        self.v_scale: list[torch.Tensor] | None = None
         if kv_dtype == "int8":
-            self.k_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=device)
-            self.v_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=device)
+            self.k_scale = [torch.zeros(s[:-1], dtype=torch.float32, device=device)
+                            for s in shapes]
+            self.v_scale = [torch.zeros(s[:-1], dtype=torch.float32, device=device)
+                            for s in shapes]
         self._slots: dict[str, int] = {}
         self._lengths: dict[str, int] = {}
         self._free = list(range(max_sessions - 1, -1, -1))  # pop() hands out slot 0 first
@@ -112,12 +128,11 @@ class KVCache:
         return self._slots[session]
 
     def allocated_bytes(self) -> int:
-        tensors = [self.k, self.v, self.k_scale, self.v_scale]
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        tensors = [*self.k, *self.v, *(self.k_scale or ()), *(self.v_scale or ())]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def release(self) -> None:
-        empty = torch.empty(0)
-        self.k = self.v = empty
+        self.k, self.v = [], []
         self.k_scale = self.v_scale = None
         self._slots.clear()
         self._lengths.clear()
@@ -134,32 +149,58 @@ class SessionKV:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor,
                start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.cache
         end = start_pos + k.shape[2]
+        capacity = c.capacity[layer]
+        if c.windows[layer] is None or end <= capacity:
+            # every position fits in place (position p at index p)
+            where: slice | torch.Tensor = slice(start_pos, end)
+            seen: slice | torch.Tensor = slice(0, end)
+            self._store(layer, where, k[0], v[0])
+            return self._load(layer, seen)
+        # a ring: the window's earlier positions are read before new ones overwrite them
+        earlier = min(start_pos, capacity - 1)
+        before = torch.arange(start_pos - earlier, start_pos, device=k.device) % capacity
+        old_k, old_v = self._load(layer, before)
+        kept = min(k.shape[2], capacity)  # of the new positions, the ring keeps the last
+        new = torch.arange(end - kept, end, device=k.device) % capacity
+        self._store(layer, new, k[0, :, -kept:], v[0, :, -kept:])
+        return (torch.cat([old_k, k.to(c.compute_dtype)], dim=2),
+                torch.cat([old_v, v.to(c.compute_dtype)], dim=2))
+
+    def _store(self, layer: int, where: slice | torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> None:
         c = self.cache
         if c.k_scale is None or c.v_scale is None:
-            c.k[layer, self.slot, :, start_pos:end] = k[0]
-            c.v[layer, self.slot, :, start_pos:end] = v[0]
-            keys, values = c.k[layer, self.slot, :, :end], c.v[layer, self.slot, :, :end]
-            return (keys.unsqueeze(0).to(c.compute_dtype),
-                    values.unsqueeze(0).to(c.compute_dtype))
-        _store_int8(c.k[layer, self.slot], c.k_scale[layer, self.slot], k[0], start_pos, end)
-        _store_int8(c.v[layer, self.slot], c.v_scale[layer, self.slot], v[0], start_pos, end)
-        keys = _load_int8(c.k[layer, self.slot], c.k_scale[layer, self.slot], end,
+            c.k[layer][self.slot, :, where] = k.to(c.k[layer].dtype)
+            c.v[layer][self.slot, :, where] = v.to(c.v[layer].dtype)
+            return
+        _store_int8(c.k[layer][self.slot], c.k_scale[layer][self.slot], k, where)
+        _store_int8(c.v[layer][self.slot], c.v_scale[layer][self.slot], v, where)
+
+    def _load(self, layer: int,
+              where: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(1, kv_heads, n, D) keys and values at ``where``, in the compute dtype."""
+        c = self.cache
+        if c.k_scale is None or c.v_scale is None:
+            return (c.k[layer][self.slot, :, where].unsqueeze(0).to(c.compute_dtype),
+                    c.v[layer][self.slot, :, where].unsqueeze(0).to(c.compute_dtype))
+        keys = _load_int8(c.k[layer][self.slot], c.k_scale[layer][self.slot], where,
                           c.compute_dtype)
-        values = _load_int8(c.v[layer, self.slot], c.v_scale[layer, self.slot], end,
+        values = _load_int8(c.v[layer][self.slot], c.v_scale[layer][self.slot], where,
                             c.compute_dtype)
         return keys.unsqueeze(0), values.unsqueeze(0)
 
 
-def _store_int8(q: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, start: int,
-                end: int) -> None:
+def _store_int8(q: torch.Tensor, scale: torch.Tensor, x: torch.Tensor,
+                where: slice | torch.Tensor) -> None:
     x = x.float()
     s = x.abs().amax(dim=-1) / 127.0
     s = torch.where(s == 0, torch.ones_like(s), s)
-    q[:, start:end] = torch.round(x / s[..., None]).clamp_(-127, 127).to(torch.int8)
-    scale[:, start:end] = s
+    q[:, where] = torch.round(x / s[..., None]).clamp_(-127, 127).to(torch.int8)
+    scale[:, where] = s
 
 
-def _load_int8(q: torch.Tensor, scale: torch.Tensor, end: int,
+def _load_int8(q: torch.Tensor, scale: torch.Tensor, where: slice | torch.Tensor,
                dtype: torch.dtype) -> torch.Tensor:
-    return (q[:, :end].float() * scale[:, :end, None]).to(dtype)
+    return (q[:, where].float() * scale[:, where, None]).to(dtype)

@@ -16,8 +16,9 @@ from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.footprint import (
     DTYPE_BYTES,
     dequant_workspace_bytes,
-    kv_cache_bytes,
     layer_bytes,
+    rope_table_bytes,
+    stage_kv_cache_bytes,
 )
 from p2pswarm.runtime.spec import StageSpec
 
@@ -46,15 +47,14 @@ def stage_memory(config: ModelConfig, spec: StageSpec) -> StageMemory:
         ends += config.hidden_size * db  # final norm
         if not (config.tie_word_embeddings and is_first):
             ends += table  # head (a tied head on a later stage is its own copy)
-    ends += config.head_dim // 2 * 4  # RoPE inverse frequencies, float32
+    ends += rope_table_bytes(config)  # RoPE inverse frequencies, float32
     if spec.quant != "none" and num_layers:
         ends += dequant_workspace_bytes(config, dtype=spec.dtype)
     return StageMemory(
         weights_bytes=num_layers * layer_bytes(config, dtype=spec.dtype, quant=spec.quant,
                                                group_size=spec.quant_group_size),
         embeddings_head_buffers_bytes=ends,
-        kv_cache_bytes=kv_cache_bytes(
-            num_layers=num_layers, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-            max_context_tokens=spec.max_context_tokens, max_sessions=spec.max_sessions,
-            kv_dtype=spec.kv_dtype),
+        kv_cache_bytes=stage_kv_cache_bytes(
+            config, spec.start_layer, spec.end_layer, max_context_tokens=spec.max_context_tokens,
+            max_sessions=spec.max_sessions, kv_dtype=spec.kv_dtype),
     )

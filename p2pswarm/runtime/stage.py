@@ -49,6 +49,8 @@ class Stage:
             num_kv_heads=self.config.num_kv_heads, head_dim=self.config.head_dim,
             max_context_tokens=spec.max_context_tokens, max_sessions=spec.max_sessions,
             kv_dtype=spec.kv_dtype, compute_dtype=self.dtype, device=self.device,
+            layer_windows=[self.config.layer_window(i)
+                           for i in range(spec.start_layer, spec.end_layer)],
         )
 
     @classmethod

@@ -16,7 +16,7 @@ import torch
 
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.checkpoint import save_checkpoint
-from p2pswarm.models.llama import StageModel, hf_tensor_map
+from p2pswarm.models.llama import StageModel, hf_tensor_map, is_fused
 from p2pswarm.training.lora import FrozenQuantizedLinear, LoRALinear
 
 STAGE_CUT_KEY = "p2pswarm_stage_cut"
@@ -27,20 +27,25 @@ def stage_hf_tensors(model: StageModel) -> list[tuple[str, torch.Tensor]]:
     out: list[tuple[str, torch.Tensor]] = []
     for hf_name, locals_ in hf_tensor_map(model.config, model.start_layer,
                                           model.end_layer).items():
-        local = locals_[0]
-        module_name, _, attr = local.rpartition(".")
-        module: Any = model.get_submodule(module_name)
-        if isinstance(module, LoRALinear) and attr == "weight":
-            tensor = module.merged_weight()
-        else:
-            if isinstance(module, (LoRALinear, FrozenQuantizedLinear)):
-                module = module.base
-            if attr == "weight" and hasattr(module, "dequantize"):
-                tensor = module.dequantize().clone()
-            else:
-                tensor = getattr(module, attr).detach()
+        if is_fused(hf_name):  # Phi-3's qkv_proj / gate_up_proj: ours stacked by rows
+            tensor = torch.cat([_local_tensor(model, local) for local in locals_])
+        else:  # one tensor, or a tied head that repeats the embedding
+            tensor = _local_tensor(model, locals_[0])
         out.append((hf_name, tensor.float().cpu().contiguous()))
     return out
+
+
+def _local_tensor(model: StageModel, local: str) -> torch.Tensor:
+    """Our parameter ``local`` as a plain tensor: LoRA merged, quantization undone."""
+    module_name, _, attr = local.rpartition(".")
+    module: Any = model.get_submodule(module_name)
+    if isinstance(module, LoRALinear) and attr == "weight":
+        return module.merged_weight()
+    if isinstance(module, (LoRALinear, FrozenQuantizedLinear)):
+        module = module.base
+    if attr == "weight" and hasattr(module, "dequantize"):
+        return module.dequantize().clone()
+    return getattr(module, attr).detach()
 
 
 def export_hf(stages: Sequence[StageModel], hf_config: Mapping[str, Any],

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from p2pswarm.errors import ConfigError
+from p2pswarm.models.hub import is_hub_id
+from p2pswarm.names import is_hex_digest
 
 MODES = ("full", "lora")
 OPTIMIZERS = ("adamw", "sgd")
@@ -46,7 +48,7 @@ def local_data_files(data: DataConfig) -> list[str]:
 class ModelSpec:
     """Which model: a built-in name, a model directory, or a config to start from scratch."""
 
-    name: str | None = None  # built-in name or model directory
+    name: str | None = None  # built-in name, model directory or cached hub id (ORG/NAME)
     init_config: tuple[tuple[str, Any], ...] | None = None  # HF config.json, random init
 
     @property
@@ -150,6 +152,28 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class JobLaunch:
+    """How to start the job, the same as ``p2pswarm train``'s flags: cards to leave out
+    (``--exclude``), ``maximize: "seq_len"`` (``--maximize-seq-len``), and the plan it
+    must start on (``--plan-id``). A flag given on the command line (or in the request
+    of the API or MCP) overrides the field in job.json; a flag not given leaves it."""
+
+    exclude_cards: tuple[str, ...] = ()
+    maximize: str | None = None
+    plan_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.exclude_cards:
+            out["exclude_cards"] = list(self.exclude_cards)
+        if self.maximize is not None:
+            out["maximize"] = self.maximize
+        if self.plan_id is not None:
+            out["plan_id"] = self.plan_id
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class JobConfig:
     model: ModelSpec
     data: DataConfig = field(default_factory=DataConfig)
@@ -166,6 +190,7 @@ class JobConfig:
     sync: SyncConfig = field(default_factory=SyncConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = 0
+    launch: JobLaunch = field(default_factory=lambda: JobLaunch())
 
     @property
     def tokens_per_step(self) -> int:
@@ -225,6 +250,7 @@ class JobConfig:
                            "keep": self.checkpoint.keep, "copies": self.checkpoint.copies},
             "seed": self.seed,
         }
+        out.update(self.launch.to_dict())
         if self.lora is not None:
             out["lora"] = {"rank": self.lora.rank, "alpha": self.lora.alpha,
                            "targets": list(self.lora.targets),
@@ -248,9 +274,38 @@ class JobConfig:
 
 # --- reading -----------------------------------------------------------------------------
 
+LAUNCH_KEYS = ("exclude_cards", "maximize", "plan_id")
 _TOP_KEYS = {"model", "data", "seq_len", "micro_batch", "micro_batches", "steps", "lr",
              "optimizer", "mode", "lora", "weights_dtype", "replicas", "sync", "checkpoint",
-             "seed"}
+             "seed", *LAUNCH_KEYS}
+MAX_EXCLUDED_CARDS = 1024
+MAX_CARD_NAME_CHARS = 200
+
+
+def split_launch(config: Mapping[str, Any]) -> tuple[dict[str, Any], JobLaunch]:
+    """job.json without its launch fields, and those fields, checked: what the leader
+    plans is the job itself; how to start it travels beside it, as the flags do."""
+    if not isinstance(config, Mapping):
+        raise ConfigError("job.json must hold a JSON object")
+    return ({k: v for k, v in config.items() if k not in LAUNCH_KEYS}, _launch(config))
+
+
+def _launch(data: Mapping[str, Any]) -> JobLaunch:
+    exclude = data.get("exclude_cards") or []
+    if (not isinstance(exclude, list) or len(exclude) > MAX_EXCLUDED_CARDS
+            or not all(isinstance(e, str) and 0 < len(e) <= MAX_CARD_NAME_CHARS
+                       for e in exclude)):
+        raise ConfigError('exclude_cards must list cards as "FELLOW:INDEX" strings, e.g. '
+                          '["pi-3:cpu", "rig:0"]')
+    maximize = data.get("maximize")
+    if maximize not in (None, "seq_len"):
+        raise ConfigError(f'maximize {str(maximize)[:40]!r}: a job maximizes "seq_len" or '
+                          "nothing (null)")
+    plan_id = data.get("plan_id")
+    if plan_id is not None and not is_hex_digest(plan_id, 16):
+        raise ConfigError(f"plan_id {str(plan_id)[:40]!r} must be 16 lowercase hex digits, as "
+                          "`p2pswarm train --plan` prints it")
+    return JobLaunch(exclude_cards=tuple(exclude), maximize=maximize, plan_id=plan_id)
 
 
 def _job(data: Mapping[str, Any], base_dir: Path | None) -> JobConfig:
@@ -287,6 +342,7 @@ def _job(data: Mapping[str, Any], base_dir: Path | None) -> JobConfig:
         mode=mode, lora=lora, weights_dtype=weights, replicas=replicas,
         sync=_sync(data.get("sync") or {}),
         checkpoint=_checkpoint(data.get("checkpoint") or {}, base_dir), seed=seed,
+        launch=_launch(data),
     )
 
 
@@ -296,7 +352,10 @@ def _model(raw: Any, base_dir: Path | None) -> ModelSpec:
     if isinstance(raw, str) and raw:
         if raw in BUILTIN_MODELS:
             return ModelSpec(name=raw)
-        return ModelSpec(name=str(_path(raw, base_dir)))
+        path = _path(raw, base_dir)
+        if is_hub_id(raw) and not path.exists():  # ORG/NAME: from the Hugging Face cache
+            return ModelSpec(name=raw)
+        return ModelSpec(name=str(path))
     if isinstance(raw, Mapping) and set(raw) == {"config"} and isinstance(raw["config"], Mapping):
         from p2pswarm.models.config import ModelConfig
 
@@ -304,7 +363,8 @@ def _model(raw: Any, base_dir: Path | None) -> ModelSpec:
         ModelConfig.from_hf(config)  # refuse a model the runtime cannot build, now
         return ModelSpec(init_config=tuple(sorted(config.items())))
     raise ConfigError('model must be a built-in name ("tiny-llama", "small-llama"), a model '
-                      'directory, or {"config": {...config.json...}} to start from scratch')
+                      'directory, a hub id in the Hugging Face cache ("Qwen/Qwen3-0.6B"), '
+                      'or {"config": {...config.json...}} to start from scratch')
 
 
 def _data(raw: Any, base_dir: Path | None) -> DataConfig:

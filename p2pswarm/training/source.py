@@ -41,8 +41,8 @@ class ScratchModel:
 
     def tensor(self, name: str) -> torch.Tensor:
         shape = hf_tensor_shape(self.config, name)
-        if name.endswith("norm.weight"):
-            return torch.ones(shape)
+        if name.endswith("norm.weight"):  # a norm that scales by (1 + w) starts at w = 0
+            return torch.zeros(shape) if self.config.unit_offset_norms else torch.ones(shape)
         if name.endswith(".bias"):
             return torch.zeros(shape)
         std = 0.02

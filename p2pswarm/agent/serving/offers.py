@@ -4,7 +4,6 @@ serves its offers (``WeightsRequest``). How tensors travel: ``p2pswarm.agent.wei
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ from p2pswarm.agent.weights import (
     directory_fingerprint,
 )
 from p2pswarm.errors import ConfigError
+from p2pswarm.home import scratch_dir
 from p2pswarm.wire.serving import WeightsRequest
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class Offers:
         """The cache, bounded by ``storage.weights_cache_bytes`` (whichever directory the
         agent's world gave it)."""
         if self.cache is None:  # an agent without a state directory (a bare simulation)
-            self.cache = WeightsCache(Path(tempfile.mkdtemp(prefix="p2pswarm-weights-")))
+            self.cache = WeightsCache(scratch_dir("weights-"))
         self.cache.cap_bytes = self.agent.config.storage.weights_cache_bytes
         self.cache.in_use = self.in_use
         return self.cache

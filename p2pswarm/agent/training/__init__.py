@@ -49,6 +49,7 @@ from p2pswarm.agent.training.stage_host import StageHosts, TrainHost
 from p2pswarm.agent.training.takeover import Handed, Takeover
 from p2pswarm.control.server import current_emitter, emit
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
+from p2pswarm.training.job import split_launch
 from p2pswarm.wire.jobs import (
     JobCancel,
     JobConfigAsk,
@@ -321,7 +322,21 @@ class Training:
         job_config(config)  # a bad job.json is refused here, before the leader is asked
         return config, _stages(request)
 
+    @staticmethod
+    def _launched(request: dict[str, Any]) -> dict[str, Any]:
+        """``request`` with job.json's launch fields (exclude_cards, maximize, plan_id)
+        moved out of the job and into the request, where a flag given there wins."""
+        config = request.get("config")
+        if not isinstance(config, dict):
+            return request
+        config, launch = split_launch(config)
+        return {**request, "config": config,
+                "exclude_cards": request.get("exclude_cards") or list(launch.exclude_cards),
+                "maximize": request.get("maximize") or launch.maximize,
+                "plan_id": request.get("plan_id") or launch.plan_id}
+
     async def _op_plan(self, request: dict[str, Any]) -> Any:
+        request = self._launched(request)
         exclude = _exclude_cards(request)
         maximize = request.get("maximize")
         if maximize not in (None, "seq_len", "speed"):
@@ -331,6 +346,7 @@ class Training:
                                    exclude_cards=exclude)
 
     async def _op_submit(self, request: dict[str, Any]) -> Any:
+        request = self._launched(request)
         resume = request.get("resume")
         if resume and request.get("config") is None:
             config, stages = None, _stages(request)
