@@ -23,7 +23,7 @@ from p2pswarm.errors import PlacementError, RemoteProtocolError
 from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.llama import StageModel
 from p2pswarm.models.loader import TensorSource, compute_dtype, load_stage_model, open_model
-from p2pswarm.runtime.batch import batched_decode
+from p2pswarm.runtime.batch import batchable, batched_decode
 from p2pswarm.runtime.kv_cache import KVCache
 from p2pswarm.runtime.spec import StageSpec
 
@@ -166,6 +166,9 @@ class Stage:
         if len(set(sessions)) != len(sessions) or len(positions) != len(sessions):
             raise RemoteProtocolError("bad-stage-input", "a batch names a session twice")
         x = self._check_batch_inputs(inputs, len(sessions))
+        if not batchable(model):  # sliding windows, capped scores: one session at a time
+            return torch.cat([self.prefill(session, x[i:i + 1], position)
+                              for i, (session, position) in enumerate(zip(sessions, positions))])
         for session, position in zip(sessions, positions):
             self._check_positions(session, position, 1, kv)
             kv.open(session)
