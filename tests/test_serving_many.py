@@ -77,3 +77,47 @@ async def test_batched_sessions_and_a_chat_that_remembers(autojump_clock: object
         assert first.serving.sessions.prefill_tokens - before == len(ids)
         assert result.token_ids == alone(ids, 6)
         nursery.cancel_scope.cancel()
+
+
+def test_a_batch_of_sessions_equals_each_alone_in_every_family(tmp_path: Path) -> None:
+    """Stage.decode_batch over sessions at different positions gives each session what it
+    gets alone: batched for plain and q/k-normed layers (Qwen3), one by one for sliding
+    windows and capped scores (Gemma 2)."""
+    pytest.importorskip("transformers", reason="transformers is a test extra")
+    import torch
+
+    from p2pswarm.models import Checkpoint, save_checkpoint
+    from p2pswarm.runtime import Stage, StageSpec
+    from p2pswarm.runtime.batch import batchable
+    from tests.test_families import reference_model
+
+    for name, batched in (("qwen3", True), ("gemma2", False)):
+        model = reference_model(name)
+        state = model.state_dict()
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight")
+        save_checkpoint(model.config.to_dict(), list(state.items()), tmp_path / name)
+        checkpoint = Checkpoint(tmp_path / name)
+        layers = checkpoint.config.num_layers
+        together = Stage.load(checkpoint, StageSpec(0, layers, max_sessions=3,
+                                                    max_context_tokens=64))
+        alone = Stage.load(checkpoint, StageSpec(0, layers, max_context_tokens=64))
+        assert batchable(together._loaded()[0]) is batched
+        prompts = [[1, *range(3, 20)], [5, 6, 7], list(range(3, 30))]
+        want = []
+        for prompt in prompts:
+            alone.end_session("x")
+            rows = [alone.prefill("x", prompt)[-1]]
+            for _ in range(6):
+                rows.append(alone.decode("x", int(rows[-1].argmax()))[-1])
+            want.append(rows)
+        got = [[together.prefill(f"s{i}", p)[-1]] for i, p in enumerate(prompts)]
+        for _ in range(6):
+            out = together.decode_batch(
+                [f"s{i}" for i in range(3)], torch.tensor([int(g[-1].argmax()) for g in got]),
+                [len(p) + len(g) - 1 for p, g in zip(prompts, got)])
+            for i, g in enumerate(got):
+                g.append(out[i])
+        for rows, expected in zip(got, want):
+            assert [int(r.argmax()) for r in rows] == [int(r.argmax()) for r in expected]
+            assert max(float((r - e).abs().max()) for r, e in zip(rows, expected)) <= 1e-4
