@@ -51,20 +51,25 @@ async def test_batched_sessions_and_a_chat_that_remembers(autojump_clock: object
             ids = ids + list(result.token_ids) + list(PROMPT[40 + 9 * turn:48 + 9 * turn])
         assert cached > 0 and len(driver.serving.driver.kept.kept(plan["plan_id"])) == 1
 
-        # four sessions at once (every slot): each session's greedy output equals its run
-        # alone, and their decode steps ran in batches
+        # four sessions at once (every slot): each session's output equals its run alone
+        # (greedy, and the last one sampled with its own seed), and their decode steps
+        # ran in batches
         prompts = [list(PROMPT[7 * i:7 * i + 12 + 5 * i]) for i in range(SLOTS)]
+        sampled = {"temperature": 0.9, "top_k": 50, "seed": 7}
         results: dict[int, tuple[int, ...]] = {}
 
         async def run(i: int) -> None:
             r = await driver.serving.generate(prompt_ids=prompts[i], max_tokens=10,
-                                              stop_token_ids=())
+                                              stop_token_ids=(),
+                                              **(sampled if i == SLOTS - 1 else {}))
             results[i] = r.token_ids
 
         async with trio.open_nursery() as sessions:
             for i in range(SLOTS):
                 sessions.start_soon(run, i)
-        assert [results[i] for i in range(SLOTS)] == [alone(p, 10) for p in prompts]
+        expected = [alone(p, 10) for p in prompts[:-1]] + [one_process.generate(
+            prompts[-1], 10, Sampler(0.9, top_k=50, seed=7), stop_token_ids=()).token_ids]
+        assert [results[i] for i in range(SLOTS)] == expected
         batchers = [b for a in swarm.live() for _, b in a.serving.sessions._batchers.values()]
         assert any(b.steps > b.batches for b in batchers)  # a batch held several sessions
 
