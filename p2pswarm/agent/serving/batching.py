@@ -20,34 +20,34 @@ from typing import Generic, TypeVar
 
 import trio
 
-I = TypeVar("I")  # noqa: E741 (one step's input)
+S = TypeVar("S")  # one step's input
 R = TypeVar("R")  # one step's result
 
 
 @dataclass
-class _Pending(Generic[I, R]):
-    item: I
+class _Pending(Generic[S, R]):
+    item: S
     done: bool = False
     result: R | None = None
     error: BaseException | None = None
 
 
 @dataclass
-class DecodeBatcher(Generic[I, R]):
+class DecodeBatcher(Generic[S, R]):
     """``run_one`` runs a single step, ``run_batch`` several (one result each, in order);
     both are awaited, under the stage's own limiter."""
 
-    run_one: Callable[[I], Awaitable[R]]
-    run_batch: Callable[[Sequence[I]], Awaitable[list[R]]]
+    run_one: Callable[[S], Awaitable[R]]
+    run_batch: Callable[[Sequence[S]], Awaitable[list[R]]]
     max_batch: int = 64
-    _pending: list[_Pending[I, R]] = field(default_factory=list)
+    _pending: list[_Pending[S, R]] = field(default_factory=list)
     _running: bool = False
     _turn: trio.Event = field(default_factory=trio.Event)
     batches: int = 0  # batches run, and steps in them (for the figures)
     steps: int = 0
 
-    async def step(self, item: I) -> R:
-        mine: _Pending[I, R] = _Pending(item)
+    async def step(self, item: S) -> R:
+        mine: _Pending[S, R] = _Pending(item)
         self._pending.append(mine)
         try:
             while not mine.done:
@@ -64,7 +64,7 @@ class DecodeBatcher(Generic[I, R]):
 
     async def _run_next(self) -> None:
         self._running = True
-        batch: list[_Pending[I, R]] = []
+        batch: list[_Pending[S, R]] = []
         try:
             # one turn of the loop first: sessions whose steps have already arrived (a
             # step run inline holds the loop, so they queue up behind it) join this batch
@@ -92,7 +92,7 @@ class DecodeBatcher(Generic[I, R]):
             turn, self._turn = self._turn, trio.Event()
             turn.set()
 
-    async def _settle(self, p: _Pending[I, R]) -> None:
+    async def _settle(self, p: _Pending[S, R]) -> None:
         try:
             p.result = await self.run_one(p.item)
         except Exception as exc:
