@@ -68,6 +68,11 @@ class HandshakeRefused(TransportError):
     connection, no answer in time) is a plain TransportError."""
 
 
+class NobodyListens(TransportError):
+    """The peer's machine answered that nothing listens at the address (TCP connection
+    refused): the fellow's process is gone, not silent behind a fading link."""
+
+
 class ConfigError(SwarmError):
     """Bad configuration, arguments or state directory; the message says how to fix it."""
 

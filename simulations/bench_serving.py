@@ -12,18 +12,25 @@
 3. Stage weights streamed from the fellow holding a model directory to one that lacks
    it, on loopback: sealed, hashed, written to the cache.
 4. The demo (`p2pswarm demo`): time from `load` to the first generated token.
-5. Many clients (``--many``): on three `join` processes holding small-llama with eight
-   session slots, the decode tokens/s of one client against eight at once (aggregate,
-   while all eight decode), and a five-turn `chat` (each turn resends the conversation):
-   the fifth turn's time to first token against the first's, with the stages keeping the
-   session's cache between turns and, side by side, without.
+
+5. Failover: four `join` processes, three stages and a spare; a stage fellow killed
+   mid-generation (SIGKILL): time from the kill to the next token, as its stage moves to
+   the spare (the killed fellow is started again as the next round's spare); and a stage
+   fellow frozen (SIGSTOP) for 5 s, then continued: whether its stage moved, and the time
+   from its return to the next token. ``--only-failover`` runs this section alone.
+6. Many clients (``--many``; ``--only-many`` alone): on three `join` processes holding
+   small-llama with eight session slots, the decode tokens/s of one client against eight
+   at once (aggregate, while all eight decode), and a five-turn `chat` (each turn resends
+   the conversation): the fifth turn's time to first token against the first's, with the
+   stages keeping the session's cache between turns and, side by side, without.
 
 One torch thread per stage everywhere, as on a machine whose cores the fellows share; on
 a machine other processes keep busy the figures are pessimistic.
 
     python simulations/bench_serving.py [--models tiny-llama small-llama] [--tokens 64]
-                                        [--skip-processes] [--skip-demo] [--many]
-                                        [--only-many] [--json | --markdown]
+                                        [--skip-processes] [--skip-demo] [--json | --markdown]
+                                        [--only-failover] [--kills 3] [--many]
+                                        [--only-many]
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ from p2pswarm.security import Identity, Keyring, SwarmSecret
 from p2pswarm.transport.udp_tcp import open_udp_tcp_transport
 
 HOPS = 4  # driver -> stage 0 -> stage 1 -> stage 2 -> driver
+SPARE_SETTLE_S = 15.0  # failover: a restarted fellow's torch import and warm-up
 RUNS = 5
 RUNTIME_FIELDS = ("dtype", "quant", "quant_group_size", "kv_dtype", "max_context_tokens",
                   "max_sessions", "prefill_chunk_tokens")
@@ -367,7 +375,135 @@ def demo_figures() -> dict[str, Any]:
             "same": result["same_as_one_process"], "elapsed_s": result["elapsed_s"]}
 
 
-# --- 5. many clients at once, and a chat that remembers ------------------------------------
+# --- 5. failover ------------------------------------------------------------------------
+
+
+def failover_figures(model: str = "small-llama", kills: int = 3) -> dict[str, Any]:
+    """Kill (and freeze) a stage fellow mid-generation; the pauses the driver sees."""
+    import signal
+    import threading
+
+    from p2pswarm.control.client import request, stream
+    from p2pswarm.demo import local_swarm
+    from p2pswarm.errors import SwarmError
+
+    names = ["fellow-1", "fellow-2", "fellow-3", "fellow-4"]
+    quiet = ("--log-level", "warning")
+    with local_swarm(lambda text: None, start_timeout_s=120) as swarm:
+        seed = swarm.start(names[0], extra=quiet)
+        for name in names[1:]:
+            swarm.start(name, seeds=(seed,), extra=quiet)
+
+        def formed() -> None:
+            for name in names:
+                swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
+                    m["state"] == "alive" for m in s["members"]) == len(names),
+                    timeout_s=90, what="the swarm")
+
+        formed()
+        home = swarm.homes[names[0]]
+        message = serve_request(model, floors_bytes={"cpu": "100MB"})
+        for attempt in range(3):  # a busy machine may change leaders mid-load
+            try:
+                record = stream(home, {"op": "load", "request": {**message, "stages": 3}},
+                                lambda e: None, timeout_s=300)
+                break
+            except SwarmError:
+                if attempt == 2:
+                    raise
+                formed()
+        plan_id = record["plan_id"]
+        ask = {"op": "generate", "prompt": "The swarm " * 4, "max_tokens": 48,
+               "stop_token_ids": []}
+        want = request(home, ask, timeout_s=120)["token_ids"]
+
+        def victim() -> str:
+            leader = swarm.status(names[0])["leader"]["name"]
+            (load,) = request(home, {"op": "loads"}, timeout_s=30)["loads"]
+            return next(s["fellow"] for s in load["stages"]
+                        if s["fellow"] not in (leader, names[0]))
+
+        def disturbed(act: Any) -> tuple[list[float], float, list[int]]:
+            """Token arrival times, when ``act`` (run at the 8th token) ended, tokens."""
+            times: list[float] = []
+            tokens: list[int] = []
+            acted: list[float] = []
+
+            def on_event(event: dict[str, Any]) -> None:
+                if "token" in event:
+                    times.append(time.monotonic())
+                    tokens.append(event["token"])
+                    if len(times) == 8:
+                        threading.Thread(target=lambda: acted.append(act())).start()
+
+            stream(home, ask, on_event, timeout_s=300)
+            while not acted:
+                time.sleep(0.05)
+            return times, acted[0], tokens
+
+        out: dict[str, Any] = {"model": model, "kills": []}
+        for _ in range(kills):
+            name = victim()
+            pid = swarm.processes[name].pid
+
+            def kill() -> float:
+                os.kill(pid, signal.SIGKILL)
+                return time.monotonic()
+
+            times, killed_at, tokens = disturbed(kill)
+            pause = next(t for t in times if t > killed_at) - killed_at
+            out["kills"].append({"fellow": name, "kill_to_next_token_s": pause,
+                                 "same_tokens": tokens == want})
+            swarm.processes[name].wait()
+            swarm.launch(name, seeds=(seed,), extra=quiet)  # the next round's spare
+            formed()
+            # a spare up for a while has torch imported and warm; a fellow started a
+            # moment ago is still importing it: let it settle as such a spare would be
+            time.sleep(SPARE_SETTLE_S)
+        name = victim()
+        process = swarm.processes[name]
+
+        def freeze() -> float:
+            process.send_signal(signal.SIGSTOP)
+            time.sleep(5.0)
+            process.send_signal(signal.SIGCONT)
+            return time.monotonic()
+
+        (before,) = request(home, {"op": "loads"}, timeout_s=30)["loads"]
+        times, back_at, tokens = disturbed(freeze)
+        (after,) = request(home, {"op": "loads"}, timeout_s=30)["loads"]
+        out["freeze"] = {"fellow": name, "moved": len(after.get("moves", []))
+                         != len(before.get("moves", [])),
+                         "return_to_next_token_s": next(t for t in times if t > back_at)
+                         - back_at if times[-1] > back_at else 0.0,
+                         "same_tokens": tokens == want}
+        out["moves"] = after.get("moves", [])
+        request(home, {"op": "unload", "plan_id": plan_id}, timeout_s=60)
+    pauses = [k["kill_to_next_token_s"] for k in out["kills"]]
+    out["kill_to_next_token_p50_s"] = statistics.median(pauses)
+    out["load_average"] = os.getloadavg()
+    return out
+
+
+def failover_rows(out: dict[str, Any]) -> list[tuple[str, str, str]]:
+    pauses = ", ".join(f"{k['kill_to_next_token_s']:.1f}" for k in out["kills"])
+    same = all(k["same_tokens"] for k in out["kills"]) and out["freeze"]["same_tokens"]
+    load = ", ".join(f"{x:.1f}" for x in out["load_average"])
+    freeze = out["freeze"]
+    return [
+        (f"failover: {out['model']}, 3 stages and a spare (4 `join` processes): a stage's "
+         f"process killed mid-generation to the next token, p50 of {len(out['kills'])} "
+         f"(load average {load})",
+         f"{out['kill_to_next_token_p50_s']:.1f} s ({pauses}); greedy tokens "
+         f"{'equal' if same else 'DIFFER'}", "<= 5 s"),
+        ("failover: a stage fellow frozen 5 s (SIGSTOP), then continued: re-placed?; its "
+         "return to the next token",
+         f"{'moved' if freeze['moved'] else 'not moved'}; "
+         f"{freeze['return_to_next_token_s']:.2f} s", "not moved; <= 1 s"),
+    ]
+
+
+# --- 6. many clients at once, and a chat that remembers ------------------------------------
 
 
 def _streamed(home: Path, ask: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
@@ -499,11 +635,22 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--skip-processes", action="store_true")
     parser.add_argument("--skip-demo", action="store_true")
-    parser.add_argument("--many", action="store_true", help="add section 5 (many clients)")
-    parser.add_argument("--only-many", action="store_true", help="section 5 alone")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="the table for the docs")
+    parser.add_argument("--only-failover", action="store_true", help="section 5 alone")
+    parser.add_argument("--kills", type=int, default=3, help="failover: kills measured")
+    parser.add_argument("--many", action="store_true", help="add section 6 (many clients)")
+    parser.add_argument("--only-many", action="store_true", help="section 6 alone")
     args = parser.parse_args()
+    if args.only_failover:
+        out = failover_figures(kills=args.kills)
+        if args.json:
+            print(json.dumps(out, indent=2))
+            return
+        for figure, value, target in failover_rows(out):
+            print(f"| {figure} | {target} | {value} |" if args.markdown
+                  else f"{figure}\n    {value}  (target {target})")
+        return
     import torch
 
     torch.set_num_threads(1)
@@ -583,6 +730,10 @@ def main() -> None:
         figure = (f"stage weights fetched by a fellow during a `load`, two `join` processes "
                   f"({loaded['bytes'] / 1e6:.0f} MB)")
         rows.append((figure, f"{loaded['mb_per_s']:.0f} MB/s", ">= 200 MB/s"))
+    if not args.skip_processes:
+        failover = failover_figures(kills=args.kills)
+        data["failover"] = failover
+        rows += failover_rows(failover)
     if not args.skip_demo:
         demo = demo_figures()
         data["demo"] = demo

@@ -53,7 +53,8 @@ HASH_CHUNK_BYTES = 4 * 1024 * 1024
 FETCH_IDLE_TIMEOUT_S = 60.0  # a source that sends nothing this long has failed
 # Small files a driver may need besides the tensors (to tokenize, to know the stops).
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
-               "tokenizer_config.json", "special_tokens_map.json")
+               "tokenizer_config.json", "special_tokens_map.json",
+               "rwkv_vocab_v20230424.txt")  # RWKV's World vocabulary
 
 MAX_TENSOR_NAME_CHARS = 512  # a checkpoint's tensor names are dotted paths, never this long
 MAX_TENSOR_DIMS = 8

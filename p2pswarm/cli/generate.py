@@ -30,9 +30,10 @@ def _print_generation_stats(result: dict[str, Any]) -> None:
                f"{result.get('hops')} hops", err=True)
 
 
-def _generate_once(home: Optional[Path], prompt: str, options: dict[str, Any],
+def _generate_once(home: Optional[Path], prompt: str | list[int], options: dict[str, Any],
                    as_json: bool) -> dict[str, Any]:
-    return _stream_op(home, {"op": "generate", "prompt": prompt, **options}, as_json)
+    given = {"prompt_ids": prompt} if isinstance(prompt, list) else {"prompt": prompt}
+    return _stream_op(home, {"op": "generate", **given, **options}, as_json)
 
 
 def _stream_op(home: Optional[Path], request: dict[str, Any], as_json: bool) -> dict[str, Any]:
@@ -50,6 +51,17 @@ def _stream_op(home: Optional[Path], request: dict[str, Any], as_json: bool) -> 
             sys.stdout.flush()
 
     return stream_agent(home, request, on_event, _GENERATE_TIMEOUT_S)  # type: ignore[no-any-return]
+
+
+def _prompt_ids(text: str) -> list[int]:
+    """``1,17,258`` as token ids."""
+    try:
+        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        fail(f"--prompt-ids {text[:40]!r}: give token ids separated by commas, e.g. 1,17,258")
+    if not ids or min(ids) < 0:
+        fail("--prompt-ids needs at least one token id, none negative, e.g. 1,17,258")
+    return ids
 
 
 def _generate_options(max_tokens: int, temperature: float, top_k: int, top_p: float,
@@ -73,7 +85,10 @@ PlanIdOption = typer.Option(None, "--plan-id", help="Which load (default: the on
 @app.command()
 @exits_on()
 def generate(
-    prompt: str = typer.Argument(..., help="The text to continue."),
+    prompt: Optional[str] = typer.Argument(None, help="The text to continue."),
+    prompt_ids: Optional[str] = typer.Option(
+        None, "--prompt-ids", help="Continue these token ids instead of a text (1,17,258): "
+        "for a model without a tokenizer."),
     max_tokens: int = MaxTokensOption,
     temperature: float = TemperatureOption,
     top_k: int = TopKOption,
@@ -85,8 +100,11 @@ def generate(
 ) -> None:
     """Continue PROMPT with the loaded model, streaming tokens; then tokens/s per stage."""
     options = _generate_options(max_tokens, temperature, top_k, top_p, seed, plan_id)
+    if (prompt is None) == (prompt_ids is None):
+        fail("give a PROMPT text or --prompt-ids 1,17,258, one of the two")
+    given: str | list[int] = _prompt_ids(prompt_ids) if prompt_ids is not None else str(prompt)
     try:
-        result = _generate_once(home, prompt, options, as_json)
+        result = _generate_once(home, given, options, as_json)
     except KeyboardInterrupt:
         typer.echo("\ninterrupted", err=True)
         raise typer.Exit(130) from None

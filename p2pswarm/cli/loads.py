@@ -127,12 +127,35 @@ def _print_load(record: dict[str, Any], console: Any) -> None:
                       f"{s.get('fetched_bytes', 0) / 1e6:,.1f} MB"
                       if "fetched_bytes" in s else "-", Text(str(s.get("state", "alive"))))
     console.print(table)
+    _print_moves(record, console)
+
+
+def _print_moves(record: dict[str, Any], console: Any) -> None:
+    """Each stage the leader moved (failover), and what a load waits for."""
+    import datetime
+
+    for move in record.get("moves") or []:
+        when = datetime.datetime.fromtimestamp(float(move.get("at", 0.0)))
+        console.print(f"  moved stage {move.get('stage')} at {when:%H:%M:%S} from "
+                      f"{move.get('from')} to {move.get('to')} ({move.get('card')}) in "
+                      f"{float(move.get('took_s', 0.0)):.1f} s: {move.get('why')}",
+                      markup=False, highlight=False)
+    if record.get("waiting"):
+        console.print(f"  waiting: {record['waiting']}", markup=False, highlight=False)
+    faster = record.get("faster")
+    if isinstance(faster, dict):
+        where = ", ".join(f"stage {m.get('stage')} to {m.get('to')} ({m.get('card')})"
+                          for m in faster.get("moves") or [])
+        console.print(f"  faster: {where} would take a token from "
+                      f"{faster.get('ms_per_token_now')} to {faster.get('ms_per_token_after')} "
+                      f"ms (estimated); move it live: p2pswarm load --move "
+                      f"{record['plan_id']}", markup=False, highlight=False)
 
 
 @app.command()
 @exits_on()
 def load(
-    model: str = typer.Argument(..., help=_PLAN_HELP_MODEL_SERVE),
+    model: Optional[str] = typer.Argument(None, help=_PLAN_HELP_MODEL_SERVE),
     show_plan: bool = typer.Option(False, "--plan", help="Print the plan and its plan_id; "
                                    "load nothing (the same as `p2pswarm plan`)."),
     plan_id: Optional[str] = typer.Option(None, "--plan-id", help="Load exactly this plan, or "
@@ -149,14 +172,27 @@ def load(
                                            "top of MODEL: a directory `p2pswarm jobs export` "
                                            "wrote (adapter_config.json and "
                                            "adapter_model.safetensors)."),
+    move: Optional[str] = typer.Option(None, "--move", help="Move the running load PLAN_ID "
+                                       "live to the faster placement `p2pswarm loads` "
+                                       "shows; sessions go on."),
     home: Optional[Path] = HomeOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Load MODEL across the swarm as planned, all or nothing (--plan-id: exactly that plan)."""
     from rich.console import Console
 
-    from p2pswarm.errors import PlanChanged
+    from p2pswarm.errors import ConfigError, PlanChanged
 
+    if move is not None:
+        moved = agent_answer(home, {"op": "load_move", "plan_id": move}, "", _LOAD_TIMEOUT_S)
+        if as_json:
+            print_json(moved)
+        else:
+            _print_load(moved, Console())
+        return
+    if model is None:
+        raise ConfigError("load needs a MODEL (a model directory or a built-in name), or "
+                          "--move PLAN_ID")
     message, path = _serve_message(model, context, sequences, stages, weights_dtype, kv_dtype,
                                    maximize, exclude, floor)
     adapter_dir: Optional[str] = None
@@ -235,9 +271,10 @@ def loads(home: Optional[Path] = HomeOption, as_json: bool = JsonOption) -> None
         return
     for record in records:
         _print_load(record, console)
-        if not record.get("complete", True):
+        if not record.get("complete", True) and not record.get("waiting"):
             console.print("[bold red]incomplete:[/] a stage is missing or its fellow is gone; "
-                          f"`p2pswarm unload {record['plan_id']}` and load again")
+                          "the leader moves a lost stage to a spare card when one has room, "
+                          f"else `p2pswarm unload {record['plan_id']}` and load again")
 
 
 @app.command()

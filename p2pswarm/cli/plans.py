@@ -56,7 +56,15 @@ def plan(
     floor: list[str] = FloorOption,
     train: bool = typer.Option(False, "--train", help="Plan a training job, not serving."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Training sequence length."),
-    micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-batch."),
+    micro_batch: str = typer.Option("1", "--micro-batch", help="Sequences per micro-batch, "
+                                    "or auto: each replica's from its cards' memory and "
+                                    "speed."),
+    replicas: str = typer.Option("auto", "--replicas", help="Training: DiLoCo replicas, "
+                                 "auto (as many as raise the fleet's tokens/s) or a number."),
+    inner_steps: int = typer.Option(50, "--inner-steps", help="Training: local steps of the "
+                                    "fastest replica per sync round."),
+    codec: str = typer.Option("int8", "--codec", help="Training: how replicas' deltas "
+                              "travel: fp32, fp16, int8, topk or qsgd."),
     micro_batches: int = typer.Option(1, "--micro-batches", help="Micro-batches per step."),
     steps: int = typer.Option(1000, "--steps", help="Training steps (for the time estimate)."),
     optimizer: str = typer.Option("adamw", "--optimizer", help="adamw or sgd."),
@@ -75,7 +83,8 @@ def plan(
     each card then holds. Exits 1 when the plan does not fit."""
     from p2pswarm.models.files import read_model_config
     from p2pswarm.planner import plan as make_plan
-    from p2pswarm.planner import profile_from_config, request_from_dict
+    from p2pswarm.planner import plan_fleet, profile_from_config, request_from_dict
+    from p2pswarm.planner.fleet import fleet_request_from_dict
 
     request: dict[str, Any] = {
         "kind": "train" if train else "serve", "stages": stages, "kv_dtype": kv_dtype,
@@ -83,7 +92,9 @@ def plan(
         "floors_bytes": floors(floor),
     }
     if train:
-        request.update(seq_len=seq_len, micro_batch=micro_batch, micro_batches=micro_batches,
+        request.update(seq_len=seq_len, micro_batch=_batch_option(micro_batch),
+                       micro_batches=micro_batches, replicas=_replicas_option(replicas),
+                       inner_steps=inner_steps, codec=codec,
                        steps=steps, optimizer=optimizer, checkpointing=not no_checkpointing,
                        method="lora" if lora_rank is not None else "full")
         if lora_rank is not None:
@@ -95,10 +106,15 @@ def plan(
         request.update(context=context, sequences=sequences)
     name, config = read_model_config(model)
     profile = profile_from_config(config, name)
-    checked = request_from_dict(request)
+    if train:
+        fleet, rest = fleet_request_from_dict(request)
+        checked = request_from_dict(rest)
+    else:
+        checked = request_from_dict(request)
     if cluster is not None:
         view = _read_cluster_file(cluster)
-        result = make_plan(profile, view, checked).to_dict()
+        result = (plan_fleet(profile, view, checked, fleet) if train
+                  else make_plan(profile, view, checked)).to_dict()
     else:
         message = {"model": {"name": name, "config": config}, **request}
         result = agent_answer(home, {"op": "plan", "request": message},
@@ -108,10 +124,28 @@ def plan(
     else:
         from rich.console import Console
 
-        from p2pswarm.cli.render import print_plan
-        print_plan(result, Console())
+        from p2pswarm.cli.render import print_any_plan
+        print_any_plan(result, Console())
     if not result.get("fits", False):
         raise typer.Exit(EXIT_FAILURE)
+
+
+def _batch_option(value: str) -> Any:
+    """``--micro-batch``: a whole number or auto."""
+    if value == "auto":
+        return value
+    if not value.isdigit():
+        fail(f"--micro-batch must be a whole number or auto, got {value[:40]!r}")
+    return int(value)
+
+
+def _replicas_option(value: str) -> Any:
+    """``--replicas``: auto or a whole number."""
+    if value == "auto":
+        return value
+    if not value.isdigit():
+        fail(f"--replicas must be auto or a whole number, got {value[:40]!r}")
+    return int(value)
 
 
 cluster_app = typer.Typer(help="The cluster view the planner plans on, as a file.",

@@ -124,7 +124,10 @@ def plan_renderable(plan: Mapping[str, Any], width: int = 120) -> Group:
             line.append(f"  {wording.gb(over)} does not fit", style="bold red")
         parts.append(line)
     legend = Text("  ")
-    for _, style, words in SEGMENT_STYLES:
+    state = bool(plan["model"].get("recurrent"))
+    for key, style, words in SEGMENT_STYLES:
+        if state and key == "kv_cache":  # a recurrent model's fixed state sits there
+            words = "state"
         legend.append("░" if words == "free" else "█", style=style).append(f" {words}  ")
     legend.append("█", style="bold red").append(" does not fit")
     parts.append(legend)
@@ -151,7 +154,8 @@ def cards_table(plan: Mapping[str, Any], width: int = 120) -> Table:
         names += ["optim"] if narrow else ["activ", "optim", "lora"]
         keys += ["optimizer"] if narrow else ["activations", "optimizer", "lora"]
     else:
-        names += ["kv"] if narrow else ["kv", "activ"]
+        kv = "state" if plan["model"].get("recurrent") else "kv"
+        names += [kv] if narrow else [kv, "activ"]
         keys += ["kv_cache"] if narrow else ["kv_cache", "activations"]
     names += ["other", "free", "over"] if narrow else ["work", "other", "free", "over"]
     keys += (["other_programs", "free", "does_not_fit"] if narrow
@@ -180,4 +184,15 @@ def print_plan(plan: Mapping[str, Any], console: Console | None = None) -> None:
     console.print(plan_renderable(plan, console.width))
 
 
-__all__ = ["card_bar", "cards_table", "layer_strip", "plan_renderable", "print_plan"]
+def print_any_plan(plan: Mapping[str, Any], console: Console | None = None) -> None:
+    """A fleet training plan (``fleet`` in it) as its replicas, any other as a plan."""
+    if "fleet" in plan:
+        from p2pswarm.cli.fleet_render import print_fleet
+
+        print_fleet(plan, console)
+        return
+    print_plan(plan, console)
+
+
+__all__ = ["card_bar", "cards_table", "layer_strip", "plan_renderable", "print_any_plan",
+           "print_plan"]

@@ -47,6 +47,29 @@ def _resume_config(resume: str) -> Optional[dict[str, Any]]:
     return job
 
 
+def _offline_plan(job: dict[str, Any], cluster: Path, stages: Optional[int],
+                  exclude: list[str], maximize: Optional[str]) -> dict[str, Any]:
+    """The job's fleet training plan on a cluster file, without an agent."""
+    from p2pswarm.cli.plans import _read_cluster_file
+    from p2pswarm.models.files import read_model_config
+    from p2pswarm.planner import fleet_plan_message
+    from p2pswarm.training.job import JobConfig
+
+    view = _read_cluster_file(cluster)
+    with exits_on(errors=(ConfigError,)):
+        cfg = JobConfig.from_dict(job)
+        if cfg.model.init_config is not None:
+            model = {"name": "scratch", "config": dict(cfg.model.init_config)}
+        else:
+            name, config = read_model_config(str(cfg.model.name))
+            model = {"name": name, "config": config}
+        # a flag given wins over job.json's launch field, as the agent does it
+        message = {"model": model, **cfg.fleet_request(), "stages": stages,
+                   "maximize": maximize or cfg.launch.maximize,
+                   "exclude": sorted(exclude or cfg.launch.exclude_cards)}
+        return fleet_plan_message(message, view)
+
+
 def _job_line(job: dict[str, Any]) -> str:
     loss = job.get("loss")
     text = (f"{job['job_id']} {job['state']}: step {job.get('step', 0)}/{job.get('steps', 0)}"
@@ -91,6 +114,9 @@ def train(
                                          "checkpoint."),
     detach: bool = typer.Option(False, "--detach", help="Submit and return; follow with "
                                 "`p2pswarm jobs`."),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="With --plan: plan "
+                                           "offline against a cluster file instead of "
+                                           "asking the agent."),
     home: Optional[Path] = HomeOption,
     as_json: bool = JsonOption,
 ) -> None:
@@ -105,11 +131,19 @@ def train(
     if show_plan:
         if job is None:
             fail("--plan needs --config job.json")
-        result = agent_answer(home, {"op": "job_plan", "config": job, "stages": stages,
-                                     "exclude_cards": list(exclude),
-                                     "maximize": "seq_len" if maximize_seq_len else None}, "")
+        maximize = "seq_len" if maximize_seq_len else None
+        if cluster is not None:
+            result = _offline_plan(job, cluster, stages, list(exclude), maximize)
+        else:
+            result = agent_answer(home, {"op": "job_plan", "config": job, "stages": stages,
+                                         "exclude_cards": list(exclude),
+                                         "maximize": maximize},
+                                  ", or plan offline with --cluster FILE")
         if as_json:
             print_json(result)
+        elif "fleet" in result:
+            from p2pswarm.cli.fleet_render import print_fleet
+            print_fleet(result, Console())
         else:
             from p2pswarm.cli.render import print_plan
             print_plan(result, Console())

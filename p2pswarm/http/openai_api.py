@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.control.server import emitting_to
-from p2pswarm.errors import SwarmError
+from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.http.app import Call, Route, dumps
 from p2pswarm.http.chat import ChatTemplate, chat_messages, read_chat_template, render_chat
 from p2pswarm.http.problems import HttpError, from_swarm_error
+from p2pswarm.models.tokenizer import token_id_list
 
 if TYPE_CHECKING:
     from p2pswarm.agent.agent import Agent
@@ -236,17 +237,24 @@ class OpenAIEndpoint:
         body = await call.json()
         options = sampling(body, chat=False)
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise HttpError("bad-request", "prompt must be one string (lists of prompts and "
-                                           "token ids are not supported)")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # one prompt in a list: a text or a list of token ids
+        if isinstance(prompt, list):  # token ids, as the OpenAI API takes them
+            try:
+                prompt = token_id_list(prompt, "prompt")
+            except ConfigError as exc:
+                raise HttpError("bad-request", str(exc)) from None
+        elif not isinstance(prompt, str):
+            raise HttpError("bad-request", "prompt must be one string or one list of token "
+                                           "ids (lists of prompts are not supported)")
         echo = body.get("echo", False)
         if not isinstance(echo, bool):
             raise HttpError("bad-request", "echo must be true or false")
+        if echo and isinstance(prompt, list):
+            raise HttpError("bad-request", "echo needs a text prompt, not token ids")
         model_id, record = await self._find(body.get("model"))
         await self._answer(call, model_id, record, prompt, options, chat=False,
-                           echo=prompt if echo else "")
+                           echo=prompt if echo and isinstance(prompt, str) else "")
 
     async def chat_completions(self, call: Call) -> None:
         body = await call.json()
@@ -258,9 +266,11 @@ class OpenAIEndpoint:
 
     # --- one generation ---------------------------------------------------------------
 
-    async def _answer(self, call: Call, model_id: str, record: dict[str, Any], prompt: str,
-                      options: Sampling, *, chat: bool, echo: str = "") -> None:
-        prompt_tokens = len((await self.agent.serving.tokenizer(record)).encode(prompt))
+    async def _answer(self, call: Call, model_id: str, record: dict[str, Any],
+                      prompt: str | list[int], options: Sampling, *, chat: bool,
+                      echo: str = "") -> None:
+        prompt_tokens = (len(prompt) if isinstance(prompt, list) else
+                         len((await self.agent.serving.tokenizer(record)).encode(prompt)))
         context = int((record.get("runtime") or {}).get("max_context_tokens", 0))
         room = context - prompt_tokens + 1 if context else CHAT_MAX_TOKENS
         max_tokens = options.max_tokens or min(CHAT_MAX_TOKENS, room)
@@ -269,7 +279,8 @@ class OpenAIEndpoint:
                 f"{prompt_tokens} prompt tokens and {max_tokens} new ones exceed the "
                 f"load's context of {context} tokens" if room > 0 else
                 f"the prompt's {prompt_tokens} tokens fill the load's context of {context}"))
-        request = {"prompt": prompt, "plan_id": record["plan_id"], "max_tokens": max_tokens,
+        given = {"prompt_ids": prompt} if isinstance(prompt, list) else {"prompt": prompt}
+        request = {**given, "plan_id": record["plan_id"], "max_tokens": max_tokens,
                    "temperature": options.temperature, "top_k": options.top_k,
                    "top_p": options.top_p, "seed": options.seed,
                    "remember": chat}  # a chat resends the conversation: continue its cache

@@ -160,7 +160,9 @@ def openapi_document() -> dict[str, Any]:
             "Complete a prompt", _OBJECT, "bad-request", "context-length-exceeded",
             "not-found", "unreachable", op_id="v1_completions", tag="openai", stream=True,
             body={"type": "object", "required": ["model", "prompt"], "properties": {
-                **COMPLETION_OPTIONS, "prompt": {"type": "string"},
+                **COMPLETION_OPTIONS, "prompt": {"oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "integer", "minimum": 0}}]},
                 "echo": {"type": "boolean"}}})},
         "/v1/chat/completions": {"post": _op(
             "Answer a conversation (the model's chat template, or \"Role: content\" lines)",

@@ -21,11 +21,14 @@ import torch
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.checkpoint import save_checkpoint
 from p2pswarm.models.config import ModelConfig
-from p2pswarm.models.llama import hf_tensor_map, hf_tensor_shape
+from p2pswarm.models.families import tensor_map, tensor_shape
 from p2pswarm.models.tokenizer import ByteTokenizer
 from p2pswarm.planner.profile import BUILTIN_MODELS
 
 BUILTIN_SEED = 5
+# token-shift mixes halfway, kk's scale, the in-context rate's share of k, the bonus
+RWKV7_VECTOR_INIT = {"x_r": 0.5, "x_w": 0.5, "x_k": 0.5, "x_v": 0.5, "x_a": 0.5, "x_g": 0.5,
+                     "k_k": 0.85, "k_a": 1.0, "r_k": -0.04}
 
 __all__ = ["BUILTIN_MODELS", "BUILTIN_SEED", "BuiltinModel", "write_builtin_checkpoint"]
 
@@ -42,7 +45,7 @@ class BuiltinModel:
         self.config = ModelConfig.from_hf(self.hf_config)
 
     def tensor_names(self) -> list[str]:
-        return list(hf_tensor_map(self.config, 0, self.config.num_layers))
+        return list(tensor_map(self.config, 0, self.config.num_layers))
 
     def read(self, names: Sequence[str],
              device: torch.device | str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -51,13 +54,16 @@ class BuiltinModel:
 
     def tensor(self, name: str) -> torch.Tensor:
         """The float32 CPU tensor ``name``, the same on every machine."""
-        shape = hf_tensor_shape(self.config, name)
+        shape = tensor_shape(self.config, name)
         if name.endswith("norm.weight"):
             return torch.ones(shape)
         if name.endswith(".bias"):
             return torch.zeros(shape)
+        tail = name.rsplit(".", 1)[-1]
+        if tail in RWKV7_VECTOR_INIT:  # RWKV-7's mixing vectors: constants, as its authors
+            return torch.full(shape, RWKV7_VECTOR_INIT[tail])
         std = 0.02
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
+        if name.endswith(("o_proj.weight", "down_proj.weight", "ffn.value.weight")):
             std /= math.sqrt(2 * self.config.num_layers)  # residual branches, as in GPT-2
         seed = int.from_bytes(
             hashlib.sha256(f"{BUILTIN_SEED}/{self.name}/{name}".encode()).digest()[:8], "little")

@@ -20,7 +20,7 @@ from safetensors import safe_open
 
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.config import ModelConfig
-from p2pswarm.models.llama import hf_tensor_map
+from p2pswarm.models.families import tensor_map
 from p2pswarm.names import contained, safe_name
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -199,7 +199,7 @@ def _header_entry(path: Path, file: str, name: str, info: Any, data_start: int,
 
 def stage_tensor_names(config: ModelConfig, start_layer: int, end_layer: int) -> list[str]:
     """Checkpoint tensor names a stage running layers [start_layer, end_layer) reads."""
-    return list(hf_tensor_map(config, start_layer, end_layer))
+    return list(tensor_map(config, start_layer, end_layer))
 
 
 def stage_tensors(checkpoint: Checkpoint, start_layer: int, end_layer: int) -> list[TensorEntry]:

@@ -15,6 +15,8 @@ Phi-3: they share the decoder's skeleton and differ by a few named switches:
                layers of six, and local_rope_theta (unscaled RoPE) on the sliding layers
     phi3       fused_qkv and fused_gate_up: how the checkpoint stores the linears (they
                are split into q, k, v and gate, up on loading), all layers sliding if set
+RWKV-7 (``rwkv7``) shares it too: heads, head size and layer sizes mean the same, and
+four low-rank widths are its own (see ``p2pswarm.models.rwkv7``).
 """
 
 from __future__ import annotations
@@ -25,13 +27,17 @@ from typing import Any
 
 from p2pswarm.errors import ConfigError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3",
+                         "rwkv7")
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM",
                  "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+RECURRENT_MODEL_TYPES = ("rwkv7",)  # a fixed-size state per session, no KV cache
 MAX_WHOLE = 2**31 - 1  # beyond any real size or token id: the planner multiplies these
+# A recurrent model has no context limit; this stands for it where a number is needed.
+UNBOUNDED_CONTEXT_TOKENS = 2**30
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +100,11 @@ class ModelConfig:
     local_rope_theta: float | None = None  # Gemma 3: RoPE base of sliding layers (unscaled)
     fused_qkv: bool = False  # Phi-3 checkpoints: one qkv_proj
     fused_gate_up: bool = False  # Phi-3 checkpoints: one gate_up_proj
+    # RWKV-7 only: widths of the low-rank decay, in-context rate, value and gate maps
+    decay_low_rank_dim: int = 0
+    a_low_rank_dim: int = 0
+    v_low_rank_dim: int = 0
+    gate_low_rank_dim: int = 0
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -132,6 +143,11 @@ class ModelConfig:
         return 4 if self.sandwich_norms else 2
 
     @property
+    def recurrent(self) -> bool:
+        """True for a model that keeps a fixed-size state per session instead of a cache."""
+        return self.model_type in RECURRENT_MODEL_TYPES
+
+    @property
     def q_dim(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -151,6 +167,8 @@ class ModelConfig:
                 f"model type {model_type!r} is not supported; "
                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
+        if model_type == "rwkv7":
+            return _rwkv7_from_hf(cls, hf)
         gemma = model_type in GEMMA_TYPES
         act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
         if act not in ACTIVATIONS or (not gemma and act != "silu"):
@@ -215,6 +233,8 @@ class ModelConfig:
 
     def to_hf(self) -> dict[str, Any]:
         """The ``config.json`` dict transformers would read back into this model."""
+        if self.model_type == "rwkv7":
+            return _rwkv7_to_hf(self)
         rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
         if self.rope_scaling is not None:
             rope = {"rope_type": self.rope_scaling.kind, "rope_theta": self.rope_theta,
@@ -269,6 +289,67 @@ class ModelConfig:
                 "sliding_attention": {"rope_type": "default",
                                       "rope_theta": self.local_rope_theta or 10000.0}}
         return hf
+
+
+def _rwkv7_from_hf(cls: type[ModelConfig], hf: dict[str, Any]) -> ModelConfig:
+    """An RWKV-7 ``config.json`` in the flash-linear-attention layout (``RWKV7Config``)."""
+    try:
+        hidden = _whole(hf, "hidden_size")
+        head_size = _whole(hf, "head_dim", 64)
+        if head_size <= 0 or hidden % head_size:
+            raise ConfigError(f"model config: hidden_size {hidden} does not split into heads "
+                              f"of {head_size}")
+        heads = _whole(hf, "num_heads", hidden // head_size)
+        if heads * head_size != hidden:
+            raise ConfigError("model config: num_heads * head_dim must equal hidden_size")
+        if hf.get("hidden_act", "sqrelu") != "sqrelu":
+            raise ConfigError(f"activation {hf['hidden_act']!r} is not supported; need sqrelu")
+        eos = _optional_int(hf.get("eos_token_id"))
+        config = cls(
+            vocab_size=_whole(hf, "vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=_whole(hf, "intermediate_size", 4 * hidden),
+            num_layers=_whole(hf, "num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=heads,
+            head_dim=head_size,
+            max_context_tokens=UNBOUNDED_CONTEXT_TOKENS,
+            rms_norm_eps=_number(hf, "norm_eps", 1e-5),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            bos_token_id=_optional_int(hf.get("bos_token_id")),
+            eos_token_ids=() if eos is None else (eos,),
+            pad_token_id=_optional_int(hf.get("pad_token_id")),
+            model_type="rwkv7",
+            decay_low_rank_dim=_whole(hf, "decay_low_rank_dim"),
+            a_low_rank_dim=_whole(hf, "a_low_rank_dim"),
+            v_low_rank_dim=_whole(hf, "v_low_rank_dim"),
+            gate_low_rank_dim=_whole(hf, "gate_low_rank_dim"),
+        )
+    except KeyError as exc:
+        raise ConfigError(f"model config lacks {exc.args[0]!r}") from exc
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"model config has a bad value: {exc}") from exc
+    for name in ("decay_low_rank_dim", "a_low_rank_dim", "v_low_rank_dim", "gate_low_rank_dim"):
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"model config: {name} must be positive")
+    return config
+
+
+def _rwkv7_to_hf(config: ModelConfig) -> dict[str, Any]:
+    return {
+        "model_type": "rwkv7", "architectures": ["RWKV7ForCausalLM"],
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers, "head_dim": config.head_dim,
+        "num_heads": config.num_heads, "hidden_act": "sqrelu", "norm_eps": config.rms_norm_eps,
+        "decay_low_rank_dim": config.decay_low_rank_dim,
+        "a_low_rank_dim": config.a_low_rank_dim, "v_low_rank_dim": config.v_low_rank_dim,
+        "gate_low_rank_dim": config.gate_low_rank_dim,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": config.eos_token_ids[0] if config.eos_token_ids else None,
+        "pad_token_id": config.pad_token_id,
+    }
 
 
 def _whole(hf: dict[str, Any], key: str, default: int | None = None) -> int:

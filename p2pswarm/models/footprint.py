@@ -22,6 +22,10 @@ keeps ``min(window, context)`` positions, a full layer the whole context.
 Norms: two of ``hidden`` a layer (four with Gemma's sandwich norms), plus two of
 ``head_dim`` with q/k norms. RoPE tables: ``head_dim / 2`` float32 numbers, twice with a
 local base (Gemma 3).
+
+RWKV-7 keeps no KV cache but a state per session and layer, whatever the context:
+two shift vectors of ``hidden`` numbers (compute dtype) and ``heads * head_size**2``
+float32 WKV numbers (``recurrent_state_bytes``).
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ def layer_linear_shapes(config: ModelConfig) -> list[tuple[int, int]]:
 def layer_bytes(config: ModelConfig, *, dtype: str, quant: str = "none",
                 group_size: int = 32) -> int:
     """One decoder layer: seven linears (maybe quantized), their biases, two norms."""
+    if config.model_type == "rwkv7":
+        return rwkv7_layer_bytes(config, dtype=dtype, quant=quant, group_size=group_size)
     db = DTYPE_BYTES[dtype]
     total = sum(linear_weight_bytes(n_in, n_out, scheme=quant, dtype_bytes=db,
                                     group_size=group_size)
@@ -96,7 +102,38 @@ def stage_kv_cache_bytes(config: ModelConfig, start_layer: int, end_layer: int, 
                for i in range(start_layer, end_layer))
 
 
+def rwkv7_layer_bytes(config: ModelConfig, *, dtype: str, quant: str = "none",
+                      group_size: int = 32, first: bool = False) -> int:
+    """One RWKV-7 layer: six square-ish linears (maybe quantized); the low-rank maps,
+    vectors and norms in the compute dtype. Layer 0 (``first``) has ``ln0`` and no value
+    map of its own."""
+    db = DTYPE_BYTES[dtype]
+    C, inner = config.hidden_size, config.intermediate_size
+    shapes = [(C, C)] * 4 + [(C, inner), (inner, C)]
+    total = sum(linear_weight_bytes(n_in, n_out, scheme=quant, dtype_bytes=db,
+                                    group_size=group_size) for n_in, n_out in shapes)
+    ranks = [config.decay_low_rank_dim, config.a_low_rank_dim, config.gate_low_rank_dim]
+    lora_biases = 2 * C
+    if not first:
+        ranks.append(config.v_low_rank_dim)
+        lora_biases += C
+    # norms ln1, ln2, ln_x (weight and bias each), 8 mixing vectors, r_k, the ffn's x_k
+    vectors = 6 * C + 8 * C + C + C + (2 * C if first else 0)
+    return total + (sum(2 * C * r for r in ranks) + lora_biases + vectors) * db
+
+
+def recurrent_state_bytes(config: ModelConfig, *, num_layers: int, max_sessions: int,
+                          dtype: str) -> int:
+    """Bytes an RWKV-7 stage's session states hold (``runtime.recurrent_state``)."""
+    per_layer = (2 * config.hidden_size * DTYPE_BYTES[dtype]
+                 + 4 * config.num_heads * config.head_dim ** 2)
+    return num_layers * max_sessions * per_layer
+
+
 def dequant_workspace_bytes(config: ModelConfig, *, dtype: str) -> int:
+    if config.model_type == "rwkv7":
+        C, inner = config.hidden_size, config.intermediate_size
+        return max(C * C, C * inner) * DTYPE_BYTES[dtype]
     return max(n_in * n_out for n_in, n_out in layer_linear_shapes(config)) * DTYPE_BYTES[dtype]
 
 

@@ -1,12 +1,14 @@
-"""Text to token ids and back: bytes for built-in models, ``tokenizer.json`` for real ones."""
+"""Text to token ids and back: bytes for built-in models, ``tokenizer.json`` for real ones,
+and the RWKV "World" vocabulary (``rwkv_vocab_v20230424.txt``) for RWKV models."""
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from p2pswarm.errors import ConfigError
 
@@ -90,13 +92,123 @@ class HFTokenizer:
         return str(self._tokenizer.decode(list(ids), skip_special_tokens=True))
 
 
-def load_tokenizer(model: str | Path) -> ByteTokenizer | HFTokenizer:
-    """The tokenizer of a built-in model name, a model directory or a cached hub id."""
+MAX_PROMPT_IDS = 1 << 20  # more token ids than any context holds
+
+
+def token_id_list(raw: Any, what: str) -> list[int]:
+    """A non-empty list of token ids from the network: bounded, whole, non-negative."""
+    if (not isinstance(raw, list) or not 0 < len(raw) <= MAX_PROMPT_IDS
+            or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31
+                       for t in raw)):
+        raise ConfigError(f"{what} must be a non-empty list of at most {MAX_PROMPT_IDS:,} "
+                          "token ids (whole numbers from 0)")
+    return list(raw)
+
+
+WORLD_VOCAB_FILE = "rwkv_vocab_v20230424.txt"
+MAX_WORLD_TOKEN_BYTES = 1024
+MAX_WORLD_VOCAB = 1 << 20
+
+
+class WorldTokenizer:
+    """The RWKV "World" vocabulary: each line ``<id> <Python str or bytes literal>
+    <byte length>``; text is encoded greedily, always taking the longest token that
+    matches at the current byte (a trie walk), as the RWKV authors' tokenizer does.
+    Id 0 is the end of text and has no line."""
+
+    END_OF_TEXT = 0
+
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        self._bytes: dict[int, bytes] = {}
+        self._trie: dict[int, Any] = {}
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from None
+        if len(lines) > MAX_WORLD_VOCAB:
+            raise ConfigError(f"{path}: more than {MAX_WORLD_VOCAB:,} tokens")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            token_id, token = _world_line(line, path, number)
+            self._bytes[token_id] = token
+            node = self._trie
+            for byte in token:
+                node = node.setdefault(byte, {})
+            node[-1] = token_id  # key -1: a token ends here
+        self._vocab_size = max(self._bytes, default=0) + 1
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def bos_id(self) -> int | None:
+        return None
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return (self.END_OF_TEXT,)
+
+    def encode(self, text: str, *, add_bos: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        ids: list[int] = []
+        at = 0
+        while at < len(data):
+            node, found, end = self._trie, None, at
+            for i in range(at, len(data)):
+                child = node.get(data[i])
+                if child is None:
+                    break
+                node = child
+                if -1 in node:
+                    found, end = node[-1], i + 1
+            if found is None:
+                raise ConfigError(f"byte {data[at]} has no token in the World vocabulary")
+            ids.append(found)
+            at = end
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return b"".join(self._bytes.get(i, b"") for i in ids).decode("utf-8", errors="replace")
+
+
+def _world_line(line: str, path: Path, number: int) -> tuple[int, bytes]:
+    first, last = line.find(" "), line.rfind(" ")
+    where = f"{path}:{number}"
+    literal = line[first:last].strip()
+    token: Any
+    try:
+        token_id, length = int(line[:first]), int(line[last:])
+        if len(literal) > 1 and literal[0] == literal[-1] == "'" and not (
+                "\\" in literal or "'" in literal[1:-1]):
+            token = literal[1:-1]  # most lines: a plain quoted string
+        else:  # a literal, never code: ast.literal_eval evaluates nothing else
+            token = ast.literal_eval(literal)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        raise ConfigError(f"{where}: not a World vocabulary line") from None
+    if isinstance(token, str):
+        token = token.encode("utf-8")
+    if (not isinstance(token, bytes) or len(token) != length or not token
+            or len(token) > MAX_WORLD_TOKEN_BYTES or not 0 < token_id < MAX_WORLD_VOCAB):
+        raise ConfigError(f"{where}: not a World vocabulary line")
+    return token_id, token
+
+
+def load_tokenizer(model: str | Path) -> ByteTokenizer | HFTokenizer | WorldTokenizer:
+    """The tokenizer of a built-in model name, a model directory, an RWKV ``.pth`` or a
+    cached hub id: a directory (or the ``.pth``'s) holding the World vocabulary file
+    uses it."""
     from p2pswarm.models.hub import cached_snapshot, is_hub_id
     from p2pswarm.planner.profile import BUILTIN_MODELS
 
     if isinstance(model, str) and model in BUILTIN_MODELS:
         return ByteTokenizer()
+    where = Path(model)
+    folder = where.parent if where.suffix == ".pth" else where
+    if (folder / WORLD_VOCAB_FILE).is_file() and not (folder / "tokenizer.json").is_file():
+        return WorldTokenizer(folder / WORLD_VOCAB_FILE)
     if isinstance(model, str) and is_hub_id(model) and not Path(model).expanduser().exists():
         return HFTokenizer(cached_snapshot(model))
     return HFTokenizer(model)

@@ -4,6 +4,8 @@ request) to a plan.
 Entry points:
 
 - ``plan(profile, view, request) -> Plan`` and ``Plan.to_dict()``;
+- ``plan_fleet(profile, view, request, fleet) -> FleetPlan``: a training job's DiLoCo
+  replicas over the whole cluster, each with its own micro-batch (``fleet``);
 - ``plan_message(message, view) -> dict``: what the agent's control API calls for the
   ``plan`` op: ``message`` is ``{"model": {"name", "config"}, ...request fields}``;
 - ``profile_from_config(config, name)``, ``BUILTIN_MODELS`` (a model's config from a name
@@ -36,6 +38,7 @@ from p2pswarm.planner.cluster import (
     fellow_view,
 )
 from p2pswarm.planner.diff import diff_plans, diff_views
+from p2pswarm.planner.fleet import FleetPlan, FleetRequest, fleet_plan_message, plan_fleet
 from p2pswarm.planner.pin import Pin, PinnedStage, pin_from_plan
 from p2pswarm.planner.plan import PLANNER_VERSION, Plan, plan, plan_pinned
 from p2pswarm.planner.profile import (
@@ -57,7 +60,11 @@ def _read_message(message: Mapping[str, Any]) -> tuple[ModelProfile, PlanRequest
 
 def plan_message(message: Mapping[str, Any], view: ClusterView) -> dict[str, Any]:
     """The ``plan`` op: ``{"model": {"name": str, "config": HF config dict}, **request}``
-    planned on ``view``, as the plan's dict. Raises ConfigError / PlacementError."""
+    planned on ``view``, as the plan's dict. A training request that names
+    ``replicas`` ("auto" or a number) gets the fleet plan (``fleet``). Raises
+    ConfigError / PlacementError."""
+    if message.get("kind") == "train" and "replicas" in message:
+        return fleet_plan_message(message, view)
     profile, request = _read_message(message)
     return plan(profile, view, request).to_dict()
 
@@ -82,6 +89,8 @@ __all__ = [
     "PinnedStage",
     "REFERENCE_CONFIGS",
     "CardView",
+    "FleetPlan",
+    "FleetRequest",
     "ClusterView",
     "Fellow",
     "Link",
@@ -94,7 +103,9 @@ __all__ = [
     "diff_plans",
     "diff_views",
     "fellow_view",
+    "fleet_plan_message",
     "plan",
+    "plan_fleet",
     "plan_message",
     "plan_pinned",
     "pin_from_plan",

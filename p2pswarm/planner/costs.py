@@ -89,8 +89,9 @@ class CostModel:
         p, r = self.profile, self.request
         weights = p.layer_weight_bytes(self.weights_dtype)
         if not self.train:
-            kv = (p.kv_tokens_per_layer(self.tokens) * r.sequences
-                  * p.kv_bytes_per_token_layer(r.kv_dtype))
+            kv = r.sequences * (p.kv_tokens_per_layer(self.tokens)
+                                * p.kv_bytes_per_token_layer(r.kv_dtype)
+                                + p.state_bytes_per_sequence_layer(self.weights_dtype))
             return Claims(weights=weights, kv_cache=kv)
         tokens = r.micro_batch * self.tokens
         per_token = (p.hidden * self.act_bytes if r.checkpointing
@@ -127,7 +128,8 @@ class CostModel:
             activations = r.sequences * chunk * elements * ab
             if last:
                 activations += r.sequences * p.vocab * 4  # f32 logits of the last position
-            scratch = r.sequences * p.n_heads * chunk * block * ab
+            # blockwise attention's scores; a recurrent model has none
+            scratch = 0 if p.recurrent else r.sequences * p.n_heads * chunk * block * ab
             return Claims(embeddings_head_buffers=buffers, activations=activations,
                           workspace=WORKSPACE_BYTES[kind] + scratch)
         tokens = r.micro_batch * self.tokens
@@ -191,7 +193,8 @@ class CostModel:
             flops = r.sequences * (n * flops_layer + (p.head_flops_per_token() if last else 0))
             read = (n * self._layer_weight_bytes + (self._head_read_bytes if last else 0)
                     + r.sequences * n * p.kv_tokens_per_layer(self.tokens)
-                    * p.kv_bytes_per_token_layer(r.kv_dtype))
+                    * p.kv_bytes_per_token_layer(r.kv_dtype)
+                    + r.sequences * n * p.state_bytes_per_sequence_layer(self.weights_dtype))
             return max(flops / card.flops, read / card.mem_bandwidth)
         tokens = r.micro_batch * self.tokens
         passes = (3 if r.method == "full" else 2) + (1 if r.checkpointing else 0)
@@ -215,9 +218,9 @@ class CostModel:
     def hop_bytes(self, prefill: bool = False) -> int:
         p, r = self.profile, self.request
         if self.train:  # activations forward, their gradients backward
-            return 2 * r.micro_batch * self.tokens * p.hidden * self.act_bytes
+            return 2 * r.micro_batch * self.tokens * p.hop_width * self.act_bytes
         chunk = min(PREFILL_CHUNK_TOKENS, self.tokens) if prefill else 1
-        return r.sequences * chunk * p.hidden * self.act_bytes
+        return r.sequences * chunk * p.hop_width * self.act_bytes
 
     def hop_time_s(self, link: Link, prefill: bool = False) -> float:
         trips = 2 if self.train else 1

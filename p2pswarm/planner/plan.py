@@ -115,7 +115,7 @@ class StagePlan:
 @dataclass(frozen=True, slots=True)
 class Limit:
     sentence: str
-    quantity: str  # "context" | "seq_len"
+    quantity: str  # "context" | "seq_len" | "sessions" (a recurrent model served)
     requested: int
     holds: int  # the most the usable cards hold, exact at 256 tokens (0: nothing fits)
     fits: bool
@@ -185,7 +185,8 @@ class Plan:
             "kind": self.kind,
             "fits": self.fits,
             "model": {"name": p.name, "model_type": p.model_type, "layers": p.n_layers,
-                      "params": p.total_params(), "max_context": p.max_context},
+                      "params": p.total_params(), "max_context": p.max_context,
+                      "recurrent": p.recurrent},
             "request": self.request.to_dict(),
             "layout": {
                 "limit": self.limit.to_dict(),
@@ -416,8 +417,11 @@ def _written(setting: _Setting, search: Search, placement: Placement, fits: bool
     profile, view, r, slots = setting.profile, setting.view, setting.r, setting.slots
     tokens = _tokens_of(r)
     model = search.model
-    limit = _limit(profile, r, setting.search_at, most, fits, tokens, slots,
-                   {f.id: f.name for f in view.fellows})
+    if profile.recurrent and r.kind == "serve":
+        limit = _state_limit(setting, fits, tokens)
+    else:
+        limit = _limit(profile, r, setting.search_at, most, fits, tokens, slots,
+                       {f.id: f.name for f in view.fellows})
     stage_plans, cards = _cards_and_stages(view, slots, placement, model, setting.reasons, r)
     estimate = _estimate(search, placement, r)
     notes = tuple(f"the speed of {c.label} is an estimate (never benchmarked): run "
@@ -438,6 +442,38 @@ def _best_effort(search: Search, stages: int | None) -> Placement:
         return ()
     chosen = sorted(search.by_room()[:min(stages or n, search.layers)])
     return search.proportional(chosen, caps=False) or ()
+
+
+MAX_SESSIONS_SEARCHED = 1 << 20
+
+
+def _state_limit(setting: _Setting, fits: bool, tokens: int) -> Limit:
+    """The limit of a recurrent model served: its state per session does not grow with the
+    context, so the context is unbounded and what the cards bound is the sessions."""
+    profile, r = setting.profile, setting.r
+    state = profile.n_layers * profile.state_bytes_per_sequence_layer(r.weights_dtype or "f16")
+
+    def holds(sessions: int) -> bool:
+        more = replace(setting, r=replace(r, sequences=sessions))
+        return more.search_at(tokens).holding(r.stages) is not None
+
+    most = 0
+    if holds(1):  # double, then halve the gap: holding is monotone in the sessions
+        low, high = 1, 2
+        while high <= MAX_SESSIONS_SEARCHED and holds(high):
+            low, high = high, high * 2
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if holds(mid) else (low, mid)
+        most = low
+    head = (f"Context unbounded: {profile.name} keeps a state of {wording.mb(state)} per "
+            f"session, whatever its length (no KV cache)")
+    asked = f"{r.sequences} session{'s' if r.sequences != 1 else ''}"
+    tail = (f"the cards hold {most:,} sessions" if most else "the cards hold no session")
+    if not fits:
+        tail = f"{asked} do not fit; {tail}"
+    return Limit(sentence=f"{head}; {tail}.", quantity="sessions", requested=r.sequences,
+                 holds=most, fits=fits, limited_by="cards" if most else "nothing", card=None)
 
 
 def _limit(profile: ModelProfile, r: PlanRequest, search_at: Any, most: int, fits: bool,

@@ -46,6 +46,8 @@ INT4_GROUP = 32  # inputs per f16 scale in int4 (the runtime's default)
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
 
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# RWKV-7's linear maps that LoRA may target (the time-mix's four, the channel-mix's two)
+RWKV7_LORA_MODULES = ("r_proj", "k_proj", "v_proj", "o_proj", "key", "value")
 
 _BYTE_TOKENS = {"vocab_size": 259, "bos_token_id": 256, "eos_token_id": 257,
                 "pad_token_id": 258}  # bytes 0..255, then bos, eos, pad
@@ -64,6 +66,13 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
         "intermediate_size": 1536, "num_hidden_layers": 12, "num_attention_heads": 8,
         "num_key_value_heads": 4, "head_dim": 64, "hidden_act": "silu",
         "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": False, **_BYTE_TOKENS,
+    },
+    "tiny-rwkv7": {
+        "model_type": "rwkv7", "architectures": ["RWKV7ForCausalLM"], "hidden_size": 256,
+        "intermediate_size": 1024, "num_hidden_layers": 6, "head_dim": 64,
+        "hidden_act": "sqrelu", "norm_eps": 1e-5, "decay_low_rank_dim": 32,
+        "a_low_rank_dim": 32, "v_low_rank_dim": 16, "gate_low_rank_dim": 64,
         "tie_word_embeddings": False, **_BYTE_TOKENS,
     },
 }
@@ -150,6 +159,21 @@ class ModelProfile:
     sliding_window: int | None = None
     sliding_layers: tuple[bool, ...] = ()
     local_rope_theta: float | None = None
+    # RWKV-7 only: low-rank widths of the decay, in-context rate, value and gate maps
+    decay_rank: int = 0
+    a_rank: int = 0
+    v_rank: int = 0
+    gate_rank: int = 0
+
+    @property
+    def recurrent(self) -> bool:
+        """A fixed-size state per sequence instead of a KV cache that grows (RWKV-7)."""
+        return self.model_type == "rwkv7"
+
+    @property
+    def hop_width(self) -> int:
+        """Numbers per token sent between stages: RWKV-7 adds layer 0's value."""
+        return 2 * self.hidden if self.recurrent else self.hidden
 
     def model_config(self) -> ModelConfig:
         """The runtime's view of the same shape (for its byte accounting)."""
@@ -160,7 +184,9 @@ class ModelProfile:
             o_bias=self.o_bias, mlp_bias=self.mlp_bias, tie_word_embeddings=self.tied,
             model_type=self.model_type, sandwich_norms=self.sandwich_norms,
             qk_norm=self.qk_norm, sliding_window=self.sliding_window,
-            sliding_layers=self.sliding_layers, local_rope_theta=self.local_rope_theta)
+            sliding_layers=self.sliding_layers, local_rope_theta=self.local_rope_theta,
+            decay_low_rank_dim=self.decay_rank, a_low_rank_dim=self.a_rank,
+            v_low_rank_dim=self.v_rank, gate_low_rank_dim=self.gate_rank)
 
     def kv_tokens_per_layer(self, tokens: int) -> int:
         """Positions the most demanding layer caches at ``tokens`` of context: the window
@@ -180,6 +206,14 @@ class ModelProfile:
 
     def layer_matrices(self) -> tuple[tuple[str, int, int], ...]:
         """(name, rows, cols) of each weight matrix in one layer (torch Linear layout)."""
+        if self.recurrent:
+            h, i = self.hidden, self.intermediate
+            lora = tuple((f"{name}.{part}", *shape)
+                         for name, rank in (("w_lora", self.decay_rank), ("a_lora", self.a_rank),
+                                            ("v_lora", self.v_rank), ("g_lora", self.gate_rank))
+                         for part, shape in (("down", (rank, h)), ("up", (h, rank))))
+            return (("r_proj", h, h), ("k_proj", h, h), ("v_proj", h, h), ("o_proj", h, h),
+                    ("key", i, h), ("value", h, i), *lora)
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         return (("q_proj", q_dim, self.hidden), ("k_proj", kv_dim, self.hidden),
                 ("v_proj", kv_dim, self.hidden), ("o_proj", self.hidden, q_dim),
@@ -189,6 +223,8 @@ class ModelProfile:
 
     def layer_vector_params(self) -> int:
         """Norm weights and biases of one layer (kept in the compute dtype)."""
+        if self.recurrent:  # 3 norms with biases, 8 mixing vectors, r_k, x_k, 3 lora biases
+            return 19 * self.hidden
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         count = (4 if self.sandwich_norms else 2) * self.hidden  # RMSNorms around the halves
         if self.qk_norm:
@@ -227,7 +263,7 @@ class ModelProfile:
 
     def head_bytes(self, dtype: str, shares_embeddings: bool) -> int:
         """Final norm and head; a tied head on another card than stage 0 needs a copy."""
-        norm = self.hidden * compute_bytes(dtype)
+        norm = (2 if self.recurrent else 1) * self.hidden * compute_bytes(dtype)
         if self.tied and shares_embeddings:
             return norm
         return norm + self.vocab * self.hidden * compute_bytes(dtype)
@@ -239,16 +275,28 @@ class ModelProfile:
     def stage_buffer_bytes(self, dtype: str) -> int:
         """Every stage's own buffers: RoPE frequencies (f32), the dequant workspace."""
         compute, quant = RUNTIME_WEIGHTS[dtype]
-        rope = footprint.rope_table_bytes(self.model_config())
+        rope = 0 if self.recurrent else footprint.rope_table_bytes(self.model_config())
         if quant == "none":
             return rope
         return rope + footprint.dequant_workspace_bytes(self.model_config(), dtype=compute)
 
     def kv_bytes_per_token_layer(self, kv_dtype: str) -> int:
-        """``2 * n_kv_heads * head_dim * bytes(kv dtype)`` (+ int8 scales): K and V."""
+        """``2 * n_kv_heads * head_dim * bytes(kv dtype)`` (+ int8 scales): K and V.
+        None for a recurrent model: its state does not grow with the context."""
+        if self.recurrent:
+            return 0
         return footprint.kv_cache_bytes(num_layers=1, num_kv_heads=self.n_kv_heads,
                                         head_dim=self.head_dim, max_context_tokens=1,
                                         max_sessions=1, kv_dtype=RUNTIME_KV[kv_dtype])
+
+    def state_bytes_per_sequence_layer(self, weights_dtype: str) -> int:
+        """A recurrent model's state of one sequence in one layer, whatever its length:
+        two shift vectors in the compute dtype and the float32 WKV matrices."""
+        if not self.recurrent:
+            return 0
+        return footprint.recurrent_state_bytes(
+            self.model_config(), num_layers=1, max_sessions=1,
+            dtype=RUNTIME_WEIGHTS[weights_dtype][0])
 
     def train_activation_bytes_per_token_layer(self, act_bytes: int) -> int:
         """What backward needs of one layer per token, without checkpointing.
@@ -257,6 +305,8 @@ class ModelProfile:
         stream and norm outputs, q/k/v and the attention output, the MLP's gate, up,
         SiLU and product, and per-head softmax statistics (f32).
         """
+        if self.recurrent:  # mixes, r k v w a g kk, WKV out (f32), norms; relu and square
+            return (20 * self.hidden + 2 * self.intermediate) * act_bytes + 4 * self.hidden
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         elements = 8 * self.hidden + 2 * q_dim + 2 * kv_dim + 4 * self.intermediate
         return elements * act_bytes + self.n_heads * 4
@@ -266,6 +316,8 @@ class ModelProfile:
     def flops_per_token_layer(self, context: int) -> int:
         """Forward FLOPs of one token through one layer attending to ``context`` tokens."""
         matmul = 2 * sum(r * c for _, r, c in self.layer_matrices())
+        if self.recurrent:  # the WKV update and readout: a few head_size**2 per head
+            return matmul + 8 * self.n_heads * self.head_dim ** 2
         attention = 4 * self.n_heads * self.head_dim * context
         return matmul + attention
 
@@ -290,7 +342,8 @@ class ModelProfile:
 
 
 FAMILY_DEFAULTS: dict[str, Any] = {"sandwich_norms": False, "qk_norm": False,
-                                   "sliding_window": None, "local_rope_theta": None}
+                                   "sliding_window": None, "local_rope_theta": None,
+                                   "decay_rank": 0, "a_rank": 0, "v_rank": 0, "gate_rank": 0}
 
 
 def profile_from_config(config: Mapping[str, Any], name: str) -> ModelProfile:
@@ -321,6 +374,8 @@ def profile_from_config(config: Mapping[str, Any], name: str) -> ModelProfile:
         sliding_window=shape.sliding_window if any(shape.sliding_layers) else None,
         sliding_layers=shape.sliding_layers if any(shape.sliding_layers) else (),
         local_rope_theta=shape.local_rope_theta,
+        decay_rank=shape.decay_low_rank_dim, a_rank=shape.a_low_rank_dim,
+        v_rank=shape.v_low_rank_dim, gate_rank=shape.gate_low_rank_dim,
     )
 
 
@@ -336,6 +391,7 @@ __all__ = [
     "INT4_GROUP",
     "KV_DTYPES",
     "LORA_MODULES",
+    "RWKV7_LORA_MODULES",
     "REFERENCE_CONFIGS",
     "RUNTIME_KV",
     "RUNTIME_WEIGHTS",

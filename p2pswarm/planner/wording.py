@@ -16,6 +16,10 @@ def gb(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:.1f} GB"
 
 
+def mb(n_bytes: float) -> str:
+    return f"{n_bytes / 1e6:.1f} MB"
+
+
 def tokens(n: int) -> str:
     return f"{n:,}"
 
@@ -54,6 +58,7 @@ __all__ = [
     "fellows_card",
     "gb",
     "held_by",
+    "mb",
     "stage_needs",
     "tokens",
 ]

@@ -21,10 +21,11 @@ import torch
 
 from p2pswarm.errors import PlacementError, RemoteProtocolError
 from p2pswarm.models.config import ModelConfig
-from p2pswarm.models.llama import StageModel
+from p2pswarm.models.families import AnyStageModel, hidden_width
 from p2pswarm.models.loader import TensorSource, compute_dtype, load_stage_model, open_model
 from p2pswarm.runtime.batch import batchable, batched_decode
 from p2pswarm.runtime.kv_cache import KVCache
+from p2pswarm.runtime.recurrent_state import RecurrentState
 from p2pswarm.runtime.spec import StageSpec
 
 StageInput = torch.Tensor | Sequence[int]
@@ -32,9 +33,10 @@ StageInput = torch.Tensor | Sequence[int]
 
 class Stage:
     """Layers [spec.start_layer, spec.end_layer) of one model on ``spec.device``, with the
-    KV cache the spec sizes, allocated whole when the stage is made."""
+    KV cache the spec sizes (a recurrent model: its fixed-size state per session),
+    allocated whole when the stage is made."""
 
-    def __init__(self, model: StageModel, spec: StageSpec) -> None:
+    def __init__(self, model: AnyStageModel, spec: StageSpec) -> None:
         if (model.start_layer, model.end_layer) != (spec.start_layer, spec.end_layer):
             raise ValueError("model and spec disagree on the layer range")
         self.spec = spec
@@ -43,15 +45,24 @@ class Stage:
         self.is_last = model.is_last
         self.dtype = compute_dtype(spec.dtype)
         self.device = torch.device(spec.device)
-        self._model: StageModel | None = model
-        self._kv: KVCache | None = KVCache(
-            num_layers=spec.end_layer - spec.start_layer,
-            num_kv_heads=self.config.num_kv_heads, head_dim=self.config.head_dim,
-            max_context_tokens=spec.max_context_tokens, max_sessions=spec.max_sessions,
-            kv_dtype=spec.kv_dtype, compute_dtype=self.dtype, device=self.device,
-            layer_windows=[self.config.layer_window(i)
-                           for i in range(spec.start_layer, spec.end_layer)],
-        )
+        self.hidden_width = hidden_width(self.config)
+        self._model: AnyStageModel | None = model
+        self._kv: KVCache | RecurrentState | None
+        if self.config.recurrent:
+            self._kv = RecurrentState(
+                num_layers=spec.end_layer - spec.start_layer,
+                hidden_size=self.config.hidden_size, num_heads=self.config.num_heads,
+                head_size=self.config.head_dim, max_sessions=spec.max_sessions,
+                compute_dtype=self.dtype, device=self.device)
+        else:
+            self._kv = KVCache(
+                num_layers=spec.end_layer - spec.start_layer,
+                num_kv_heads=self.config.num_kv_heads, head_dim=self.config.head_dim,
+                max_context_tokens=spec.max_context_tokens, max_sessions=spec.max_sessions,
+                kv_dtype=spec.kv_dtype, compute_dtype=self.dtype, device=self.device,
+                layer_windows=[self.config.layer_window(i)
+                               for i in range(spec.start_layer, spec.end_layer)],
+            )
 
     @classmethod
     def load(cls, source: TensorSource | str | Path, spec: StageSpec) -> Stage:
@@ -117,7 +128,8 @@ class Stage:
         with torch.no_grad():
             for begin in range(0, T, chunk):
                 part = x[begin:begin + chunk].unsqueeze(0)
-                out = model(part, start + begin, view, last_logits_only=not keep_all)
+                out = model(part, start + begin, view,  # type: ignore[arg-type]
+                            last_logits_only=not keep_all)
                 if keep_all or begin + chunk >= T:
                     outputs.append(out[0])
                 kv.set_length(session, start + begin + part.shape[1])
@@ -205,7 +217,7 @@ class Stage:
             tensors.append(self._model.workspace.buffer)
         return _storage_bytes(tensors) + self._kv.allocated_bytes()
 
-    def _loaded(self) -> tuple[StageModel, KVCache]:
+    def _loaded(self) -> tuple[AnyStageModel, KVCache | RecurrentState]:
         if self._model is None or self._kv is None:
             raise PlacementError(f"stage [{self.start_layer}, {self.end_layer}) is unloaded")
         return self._model, self._kv
@@ -229,11 +241,11 @@ class Stage:
                 raise RemoteProtocolError("bad-stage-input", "token id outside the vocabulary")
             x = inputs.to(device=self.device, dtype=torch.long)
         else:
-            if (inputs.dim() != 2 or inputs.shape[1] != self.config.hidden_size
+            if (inputs.dim() != 2 or inputs.shape[1] != self.hidden_width
                     or not inputs.is_floating_point()):
                 raise RemoteProtocolError(
                     "bad-stage-input",
-                    f"stage takes hidden states (T, {self.config.hidden_size}), "
+                    f"stage takes hidden states (T, {self.hidden_width}), "
                     f"got {inputs.dtype} {tuple(inputs.shape)}")
             x = inputs.to(device=self.device, dtype=self.dtype)  # stages may differ in dtype
         if x.shape[0] == 0:
@@ -241,7 +253,7 @@ class Stage:
         return x
 
     def _check_positions(self, session: str, positions: torch.Tensor | int | None, T: int,
-                         kv: KVCache) -> int:
+                         kv: KVCache | RecurrentState) -> int:
         start = kv.length(session) if session in kv.sessions else 0
         if isinstance(positions, torch.Tensor):
             expected = torch.arange(start, start + T)
@@ -252,7 +264,7 @@ class Stage:
             raise RemoteProtocolError(
                 "position-mismatch",
                 f"session {session} continues at position {start}, not {positions}")
-        if start + T > self.spec.max_context_tokens:
+        if start + T > self.spec.max_context_tokens and not self.config.recurrent:
             raise PlacementError(
                 f"session {session} would reach {start + T} tokens; this stage holds "
                 f"{self.spec.max_context_tokens}")

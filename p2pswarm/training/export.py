@@ -16,7 +16,9 @@ import torch
 
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.checkpoint import save_checkpoint
-from p2pswarm.models.llama import StageModel, hf_tensor_map, is_fused
+from p2pswarm.models.families import AnyStageModel as StageModel
+from p2pswarm.models.families import tensor_map as hf_tensor_map
+from p2pswarm.models.llama import is_fused
 from p2pswarm.training.lora import FrozenQuantizedLinear, LoRALinear
 
 STAGE_CUT_KEY = "p2pswarm_stage_cut"

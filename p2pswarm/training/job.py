@@ -178,8 +178,9 @@ class JobConfig:
     model: ModelSpec
     data: DataConfig = field(default_factory=DataConfig)
     seq_len: int = 128
-    micro_batch: int = 8
+    micro_batch: int = 8  # with auto_batch: where no plan gives one (evaluation, one process)
     micro_batches: int = 1  # per optimizer step, per pipeline
+    auto_batch: bool = False  # "micro_batch": "auto": each replica's from its cards
     steps: int = 1000
     lr: LrSchedule = field(default_factory=LrSchedule)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -225,7 +226,8 @@ class JobConfig:
             "data": {"files": list(self.data.files), "token_files": list(self.data.token_files),
                      "token_dtype": self.data.token_dtype,
                      "holdout_fraction": self.data.holdout_fraction},
-            "seq_len": self.seq_len, "micro_batch": self.micro_batch,
+            "seq_len": self.seq_len,
+            "micro_batch": "auto" if self.auto_batch else self.micro_batch,
             "micro_batches": self.micro_batches, "steps": self.steps,
             "lr": {"peak": self.lr.peak_lr, "min": self.lr.min_lr,
                    "warmup_steps": self.lr.warmup_steps, "schedule": self.lr.kind},
@@ -270,6 +272,17 @@ class JobConfig:
         else:
             request["weights_dtype"] = self.weights_dtype
         return request
+
+    def fleet_request(self) -> dict[str, Any]:
+        """The planner's fleet request (``planner.fleet``): the training request with
+        the replicas, the batch rule and the sync settings."""
+        sync = self.sync
+        return {**self.plan_request(),
+                "micro_batch": "auto" if self.auto_batch else self.micro_batch,
+                "replicas": "auto" if self.replicas is None else self.replicas,
+                "inner_steps": sync.inner_steps, "codec": sync.codec,
+                "codec_options": dict(sync.codec_options), "update_codec": sync.update_codec,
+                "update_codec_options": dict(sync.update_codec_options)}
 
 
 # --- reading -----------------------------------------------------------------------------
@@ -328,6 +341,10 @@ def _job(data: Mapping[str, Any], base_dir: Path | None) -> JobConfig:
                           f"{', '.join(WEIGHT_DTYPES)} (quantized bases are for mode lora)")
     replicas_raw = data.get("replicas", "auto")
     replicas = None if replicas_raw == "auto" else _int(data, "replicas", 1, "replicas")
+    auto_batch = data.get("micro_batch") == "auto"
+    if isinstance(data.get("micro_batch"), str) and not auto_batch:
+        raise ConfigError(f"micro_batch must be a whole number or \"auto\" (each replica's "
+                          f"from its cards), got {str(data['micro_batch'])[:40]!r}")
     seed = data.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise ConfigError(f"seed must be a whole number from 0 to 2**63-1, got {seed!r:.40}")
@@ -335,7 +352,8 @@ def _job(data: Mapping[str, Any], base_dir: Path | None) -> JobConfig:
         model=_model(data["model"], base_dir),
         data=_data(data.get("data") or {}, base_dir),
         seq_len=_int(data, "seq_len", 128, "seq_len"),
-        micro_batch=_int(data, "micro_batch", 8, "micro_batch"),
+        micro_batch=8 if auto_batch else _int(data, "micro_batch", 8, "micro_batch"),
+        auto_batch=auto_batch,
         micro_batches=_int(data, "micro_batches", 1, "micro_batches"),
         steps=steps, lr=_lr(data.get("lr") or {}, steps),
         optimizer=_optimizer(data.get("optimizer") or {}),

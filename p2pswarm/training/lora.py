@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from p2pswarm.errors import ConfigError
-from p2pswarm.models.llama import StageModel
+from p2pswarm.models.families import AnyStageModel as StageModel
 from p2pswarm.models.quant import Int4Linear, Int8Linear
 from p2pswarm.training.job import LoraConfig
 
@@ -35,6 +35,11 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _PROJ_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
                 "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+# RWKV-7: the time-mix's four maps and the channel-mix's two (not its small low-rank ones)
+_RWKV7_PROJ_PARENT = {"r_proj": "attn", "k_proj": "attn", "v_proj": "attn", "o_proj": "attn",
+                      "key": "ffn", "value": "ffn"}
+# a Llama target name's RWKV-7 counterpart, so one job's targets mean the same on both
+_RWKV7_TARGET = {"q_proj": "r_proj", "gate_proj": "key", "up_proj": "key", "down_proj": "value"}
 
 
 class _QuantizedLinearFn(torch.autograd.Function):
@@ -123,19 +128,26 @@ def apply_lora(model: StageModel, config: LoraConfig, seed: int) -> list[str]:
     parameter names. Adapters are drawn per global layer, so any stage cut gets the same."""
     for p in model.parameters():
         p.requires_grad_(False)
+    parents, targets = _PROJ_PARENT, list(config.targets)
+    if model.config.model_type == "rwkv7":
+        parents = _RWKV7_PROJ_PARENT
+        targets = list(dict.fromkeys(_RWKV7_TARGET.get(t, t) for t in targets))
     for i, block in enumerate(model.layers):
         layer = model.start_layer + i
-        for proj, parent_name in _PROJ_PARENT.items():
+        for proj, parent_name in parents.items():
             parent = block.get_submodule(parent_name)
             base = getattr(parent, proj)
             if proj not in config.targets and isinstance(base, (Int8Linear, Int4Linear)):
                 setattr(parent, proj, FrozenQuantizedLinear(base))
-        for target in config.targets:
-            parent = block.get_submodule(_PROJ_PARENT[target])
+        for target in targets:
+            if target not in parents:
+                raise ConfigError(f"LoRA target {target!r} is not a linear map of a "
+                                  f"{model.config.model_type} layer; use {', '.join(parents)}")
+            parent = block.get_submodule(parents[target])
             base = getattr(parent, target)
             if isinstance(base, LoRALinear):
                 raise ConfigError(f"layer {layer} {target} already has an adapter")
-            generator = _adapter_generator(seed, f"layers.{layer}.{_PROJ_PARENT[target]}.{target}")
+            generator = _adapter_generator(seed, f"layers.{layer}.{parents[target]}.{target}")
             setattr(parent, target, LoRALinear(base, config.rank, config.alpha, generator))
     return [name for name, p in model.named_parameters() if p.requires_grad]
 

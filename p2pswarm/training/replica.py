@@ -80,9 +80,13 @@ class Contribution:
 
 class Replica:
     def __init__(self, name: str, job: JobConfig, stages: Sequence[TrainStage],
-                 stream: SampleStream, *, schedule: str = "1f1b") -> None:
+                 stream: SampleStream, *, schedule: str = "1f1b",
+                 micro_batch: int | None = None, micro_batches: int | None = None) -> None:
         self.name = name
         self.job = job
+        # this replica's own (a fleet plan sizes each to its cards), else the job's
+        self.micro_batch = micro_batch or job.micro_batch
+        self.micro_batches = micro_batches or job.micro_batches
         self.pipeline = LocalTrainPipeline(stages, lr=job.lr, grad_clip=job.optimizer.grad_clip,
                                            schedule=schedule)
         self.stream = stream
@@ -94,10 +98,12 @@ class Replica:
 
     @classmethod
     def build(cls, name: str, job: JobConfig, source: TensorSource, tokens: torch.Tensor,
-              cut: Sequence[int], *, stream: int = 0) -> Replica:
+              cut: Sequence[int], *, stream: int = 0, micro_batch: int | None = None,
+              micro_batches: int | None = None) -> Replica:
         stages = build_stages(job, source, cut)
         sample_stream = SampleStream(tokens, job.seq_len, seed=job.seed, stream=stream)
-        return cls(name, job, stages, sample_stream)
+        return cls(name, job, stages, sample_stream, micro_batch=micro_batch,
+                   micro_batches=micro_batches)
 
     @property
     def stages(self) -> tuple[TrainStage, ...]:
@@ -108,9 +114,9 @@ class Replica:
         return min(s.version for s in self.syncs)
 
     def train_step(self, lr: float | None = None) -> float:
-        batch = self.stream.next_micro_batches(self.job.micro_batches, self.job.micro_batch)
+        batch = self.stream.next_micro_batches(self.micro_batches, self.micro_batch)
         loss = self.pipeline.train_step(batch, lr)
-        self.samples_unsent += self.job.micro_batches * self.job.micro_batch
+        self.samples_unsent += self.micro_batches * self.micro_batch
         self.steps_unsent += 1
         return loss
 

@@ -45,16 +45,24 @@ def job_data(job: JobConfig) -> TokenData:
 
 class LocalRun:
     def __init__(self, job: JobConfig, *, cut: Sequence[int] = (), replicas: int | None = None,
-                 source: TensorSource | None = None, data: TokenData | None = None) -> None:
+                 source: TensorSource | None = None, data: TokenData | None = None,
+                 batches: Sequence[tuple[int, int]] | None = None) -> None:
+        """``batches``: each replica's (micro-batch, micro-batches a step), as a fleet
+        plan gives them (``micro_batch: "auto"``); default the job's for every one."""
         self.job = job
         self.cut = list(cut)
         self.source = source if source is not None else open_job_model(job.model, job.seed)
         self.data = data if data is not None else job_data(job)
-        n = replicas if replicas is not None else (job.replicas or 1)
+        n = replicas if replicas is not None else (
+            len(batches) if batches else job.replicas or 1)
         if n < 1:
             raise ConfigError("a run needs at least one replica")
+        shapes = list(batches) if batches else [(job.micro_batch, job.micro_batches)] * n
+        if len(shapes) != n:
+            raise ConfigError(f"{len(shapes)} batch sizes for {n} replicas")
         self.replicas = [Replica.build(f"replica-{i}", job, self.source, self.data.train,
-                                       self.cut, stream=i) for i in range(n)]
+                                       self.cut, stream=i, micro_batch=b, micro_batches=m)
+                         for i, (b, m) in enumerate(shapes)]
         self.keepers = [OuterSync(flatten(synced_tensors(stage)), job.sync)
                         for stage in self.replicas[0].stages]
         for keeper in self.keepers:
@@ -79,7 +87,7 @@ class LocalRun:
         while self.step < target:
             losses = [r.train_step() for r in self.replicas]
             self.step += 1
-            self.samples += len(self.replicas) * self.job.micro_batch * self.job.micro_batches
+            self.samples += sum(r.micro_batch * r.micro_batches for r in self.replicas)
             self.losses.append(sum(losses) / len(losses))
             if self.synced and (self.step % self.job.sync.inner_steps == 0
                                 or self.step == self.job.steps):

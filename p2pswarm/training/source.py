@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
-from p2pswarm.models.builtin import BuiltinModel
+from p2pswarm.models.builtin import RWKV7_VECTOR_INIT, BuiltinModel
 from p2pswarm.models.checkpoint import Checkpoint
 from p2pswarm.models.config import ModelConfig
-from p2pswarm.models.llama import StageModel, hf_tensor_map, hf_tensor_shape
+from p2pswarm.models.families import AnyStageModel, tensor_map, tensor_shape
 from p2pswarm.models.loader import TensorSource, load_stage_model, open_model
+from p2pswarm.models.rwkv7_pth import PthCheckpoint
 from p2pswarm.models.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 from p2pswarm.training.job import ModelSpec
 
@@ -37,16 +38,19 @@ class ScratchModel:
         self.name = name
 
     def tensor_names(self) -> list[str]:
-        return list(hf_tensor_map(self.config, 0, self.config.num_layers))
+        return list(tensor_map(self.config, 0, self.config.num_layers))
 
     def tensor(self, name: str) -> torch.Tensor:
-        shape = hf_tensor_shape(self.config, name)
+        shape = tensor_shape(self.config, name)
         if name.endswith("norm.weight"):  # a norm that scales by (1 + w) starts at w = 0
             return torch.zeros(shape) if self.config.unit_offset_norms else torch.ones(shape)
         if name.endswith(".bias"):
             return torch.zeros(shape)
+        tail = name.rsplit(".", 1)[-1]
+        if self.config.model_type == "rwkv7" and tail in RWKV7_VECTOR_INIT:
+            return torch.full(shape, RWKV7_VECTOR_INIT[tail])
         std = 0.02
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
+        if name.endswith(("o_proj.weight", "down_proj.weight", "ffn.value.weight")):
             std /= math.sqrt(2 * self.config.num_layers)
         digest = hashlib.sha256(f"scratch/{self.seed}/{name}".encode()).digest()
         generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
@@ -58,7 +62,8 @@ class ScratchModel:
             yield name, self.tensor(name).to(device)
 
 
-def open_job_model(spec: ModelSpec, seed: int) -> Checkpoint | BuiltinModel | ScratchModel:
+def open_job_model(spec: ModelSpec, seed: int
+                   ) -> Checkpoint | BuiltinModel | ScratchModel | PthCheckpoint:
     if spec.init_config is not None:
         return ScratchModel(dict(spec.init_config), seed)
     assert spec.name is not None
@@ -75,7 +80,7 @@ def job_tokenizer(spec: ModelSpec) -> ByteTokenizer | HFTokenizer:
 
 def trainable_stage(source: TensorSource, start_layer: int, end_layer: int, *,
                     dtype: str = "f32", quant: str = "none",
-                    device: torch.device | str = "cpu") -> StageModel:
+                    device: torch.device | str = "cpu") -> AnyStageModel:
     """Layers [start_layer, end_layer) with every weight trainable (LoRA freezes it again).
 
     A quantized base (``quant`` int8/int4) keeps its quantized linears frozen; only

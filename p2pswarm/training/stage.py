@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from p2pswarm.errors import RemoteProtocolError
-from p2pswarm.models.llama import StageModel
+from p2pswarm.models.families import AnyStageModel as StageModel
 from p2pswarm.training.job import OptimizerConfig
 
 

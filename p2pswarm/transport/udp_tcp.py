@@ -38,7 +38,7 @@ from typing import Any
 import trio
 
 from p2pswarm.config import DEFAULT_PORT, TransportConfig
-from p2pswarm.errors import TransportError
+from p2pswarm.errors import NobodyListens, TransportError
 from p2pswarm.transport.base import StreamHandler, run_stream_handler
 
 log = logging.getLogger(__name__)
@@ -399,6 +399,8 @@ class UdpTcpTransport:
                 raise
             return sock
         reason = _reason(failure) if failure is not None else "no usable address"
+        if isinstance(failure, ConnectionRefusedError):
+            raise NobodyListens(f"cannot connect to {addr}: {reason}") from failure
         raise TransportError(f"cannot connect to {addr}: {reason}") from failure
 
     async def serve_streams(self, handler: StreamHandler, *,

@@ -23,7 +23,7 @@ from typing import Annotated
 
 from p2pswarm.wire.codec import message, struct
 from p2pswarm.wire.orders import Doc
-from p2pswarm.wire.schema import U16, U32, U64, Addr, Items, Name, Seconds, Size
+from p2pswarm.wire.schema import U16, U32, U64, Addr, Items, Name, Reason, Seconds, Size
 
 PlanId = Annotated[str, Size(1, 64)]
 MaybePlanId = Annotated[str, Size(0, 64)]  # "" when none is named
@@ -243,8 +243,51 @@ class LoadCancelled:
     plan_id: MaybePlanId = ""
 
 
+# --- failover and live moves (``p2pswarm.agent.serving.failover``) -----------------------
+
+
+@message(96)
+@dataclass(frozen=True, slots=True)
+class StageCheck:
+    """Do you still hold stage ``stage`` of ``plan_id``, live? (the leader, deciding
+    whether a fellow whose stream broke is lost or back)"""
+
+    plan_id: PlanId
+    stage: U16
+    term: U64 = 0
+
+
+@message(97)
+@dataclass(frozen=True, slots=True)
+class StageChecked:
+    state: Annotated[str, Size(1, 16)]  # the stage's state there: "active", ..., "none"
+
+
+@message(98)
+@dataclass(frozen=True, slots=True)
+class StageLost:
+    """A driver lost stage ``stage`` (its fellow ``fellow_id``) of ``plan_id``: heal the
+    load (the fellow back within the grace window, or its stage re-placed) and answer
+    ``LoadDone`` with the load's record as it now stands."""
+
+    plan_id: PlanId
+    stage: U16
+    fellow_id: Annotated[str, Size(0, 64)]
+    reason: Reason
+    term: U64 = 0
+
+
+@message(99)
+@dataclass(frozen=True, slots=True)
+class LoadMove:
+    """Re-place load ``plan_id`` live on the plan the swarm now gives (``LoadDone``)."""
+
+    plan_id: PlanId
+    term: U64 = 0
+
+
 __all__ = [
-    "LOAD_CANCEL_OUTCOMES", "LoadAsk", "LoadCancel", "LoadCancelled", "LoadDone", "LoadsAsk",
+    "LOAD_CANCEL_OUTCOMES", "LoadMove", "StageCheck", "StageChecked", "StageLost", "LoadAsk", "LoadCancel", "LoadCancelled", "LoadDone", "LoadsAsk",
     "LoadsShown", "RouteHop", "RuntimeBlock", "StageAssignment", "StageLoad", "StageLoaded",
     "StagePrepare", "StagePrepared", "StageRelease", "StageReleased", "StageStart",
     "StageStarted", "UnloadAsk", "Unloaded",

@@ -10,11 +10,14 @@ The rooms, one role each:
   reservations and their expiry, live-card accounting;
 - ``stage_session``: a hosted stage serving a session: the step loop, relays to and from
   its neighbours;
-- ``generation``: the driver: route, prompt, sampling loop, output, watching members;
 - ``queue``: the driver's line for a load's session slots (429 when full);
 - ``prefix_cache``: sessions kept between chat turns, and which one a prompt continues;
 - ``batching``: a stage's decode steps of several sessions as one forward pass;
 - ``chat_turns``: a `p2pswarm chat` turn: the model's chat template, the context's room;
+- ``generation``: the driver: route, prompt, sampling loop, output, watching members,
+  and resuming a session on a healed route by replaying its tokens;
+- ``failover``: the leader keeps loads whole: a lost stage's fellow back within a grace
+  window, or its stage re-placed on a spare card (moves);
 - ``offers``: the weights this fellow offers and the cache of those it fetched;
 - ``records``: the values (``StageOrder``, ``HostedStage``, ``GenerationResult``, routes);
 - ``runtime``: the ``StageRuntime`` seam to compute; ``torch_runtime`` its torch side.
@@ -33,6 +36,8 @@ import trio
 
 from p2pswarm.agent.serving.asking import LoadAsker
 from p2pswarm.agent.serving.chat_turns import ChatPrompts
+from p2pswarm.agent.serving.failover import Failover
+from p2pswarm.models.tokenizer import token_id_list
 from p2pswarm.agent.serving.generation import Generation, TextStream
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
@@ -71,6 +76,7 @@ class Serving:
         self.sessions = StageSessions(agent, self.runtime, self.host.hosted)
         self.driver = Generation(agent, self.runtime, self.leader, self.offers)
         self.chat_prompts = ChatPrompts(self)
+        self.failover = Failover(agent, leadership, self.leader, self.host.hosted)
         agent.control_ops.update({"load": self._op_load, "load_cancel": self._op_load_cancel,
                                   "loads": self._op_loads, "unload": self._op_unload,
                                   "generate": self._op_generate, "chat": self._op_chat})
@@ -138,7 +144,8 @@ class Serving:
         held = [(key, h.state, h) for key, h in self.host.hosted.items()]
         held += [(key, "releasing", h) for key, h in self.host.releasing.items()]
         return [{"plan_id": plan_id, "stage": stage, "state": state,
-                 "claim_bytes": h.order.claim_bytes, "allocated_bytes": h.allocated_bytes}
+                 "claim_bytes": h.order.claim_bytes, "allocated_bytes": h.allocated_bytes,
+                 "sessions": len(h.sessions)}
                 for (plan_id, stage), state, h in sorted(held, key=lambda x: x[:2])]
 
     async def unload(self, plan_id: str | None = None, *, all: bool = False) -> dict[str, Any]:
@@ -217,9 +224,11 @@ class Serving:
                                         "plan_id": record["plan_id"], "remember": True})
 
     async def _op_generate(self, request: dict[str, Any]) -> Any:
-        prompt = request.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            raise ConfigError("generate needs a non-empty \"prompt\"")
+        prompt, prompt_ids = request.get("prompt"), request.get("prompt_ids")
+        if prompt_ids is not None:
+            prompt, prompt_ids = None, token_id_list(prompt_ids, "\"prompt_ids\"")
+        elif not isinstance(prompt, str) or not prompt:
+            raise ConfigError("generate needs a non-empty \"prompt\" or \"prompt_ids\"")
 
         def on_token(token: int, piece: str) -> None:
             emit({"token": token, "text": piece})
@@ -239,7 +248,8 @@ class Serving:
             seed = int(request.get("seed", 0))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"generate: a bad number ({exc})") from None
-        result = await self.generate(prompt, plan_id=request.get("plan_id") or None,
+        result = await self.generate(prompt, prompt_ids=prompt_ids,
+                                     plan_id=request.get("plan_id") or None,
                                      max_tokens=max_tokens, temperature=temperature,
                                      top_k=top_k, top_p=top_p, seed=seed,
                                      stop_token_ids=stops, remember=bool(request.get("remember")),

@@ -9,22 +9,34 @@ cancellation, timings), and no hop is ever crossed twice, so a reply never trave
 along the chain. Prompts go in chunks of the plan's prefill chunk, which also pipelines
 the prefill: stage 0 runs chunk 2 while stage 1 runs chunk 1.
 
-Generations wait in the driver's queue (``queue``) for one of the load's session slots.
-One asked to be remembered (a chat turn) leaves its session's cache on the stages when it
-ends, and a later prompt that begins with the same tokens continues it, prefilling only
-the new ones (``prefix_cache``).
-
 The driver watches for failures and names them: an error relayed by any stage, stage 0's
 stream breaking, a stage fellow that membership declares dead or departed (a silent
 fellow behind a lossy link never breaks the stream itself), and a silent pipeline after
 ``step_timeout_s``.
+
+A lost fellow need not end the generation: the driver asks the leader to heal the load
+(``StageLost``; ``failover``), which waits a grace window for a silent fellow and
+re-places a lost stage on a spare card. The driver then opens a new session on the route
+the leader answers with and replays the prompt and every token drawn so far as that
+session's prompt, so each stage rebuilds its cache and the generation goes on from the
+token it had reached (greedy output equals an undisturbed run). Only when the leader
+cannot heal the load does the generation end with the error that names the fellow.
+
+Generations wait in the driver's queue (``queue``) for one of the load's session slots.
+One asked to be remembered (a chat turn) leaves its session's cache on the stages when it
+ends, and a later prompt that begins with the same tokens continues it, prefilling only
+the new ones (``prefix_cache``); a kept cache a stage has evicted is not a lost fellow:
+the session starts afresh.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +59,9 @@ from p2pswarm.errors import (
     SwarmError,
     TransportError,
 )
-from p2pswarm.models.tokenizer import ByteTokenizer, HFTokenizer
+from p2pswarm.models.tokenizer import WORLD_VOCAB_FILE, ByteTokenizer, load_tokenizer
+from p2pswarm.wire.loads import LoadDone, StageLost
+from p2pswarm.wire.orders import unpack_doc
 from p2pswarm.wire.serving import (
     SessionEnd,
     SessionError,
@@ -62,6 +76,11 @@ if TYPE_CHECKING:
     from p2pswarm.transport.secure import SecureStream
 
 MEMBER_WATCH_S = 0.25  # how often a driver looks at its stage fellows' membership state
+MAX_RESUMES = 8  # a generation resumed on a healed load this often at most
+SAME_ROUTE_RESUMES = 2  # ... and at most this often in a row on an unchanged route
+HEAL_TIMEOUT_S = 900.0  # the most a driver waits for the leader to heal a load
+
+log = logging.getLogger("p2pswarm.serving")
 
 
 @dataclass
@@ -75,7 +94,7 @@ class _ReturnSlot:
 
 
 class _Evicted(SwarmError):
-    """A stage no longer keeps the session's cache a resumed generation wanted."""
+    """A stage no longer keeps the session's cache a continued generation wanted."""
 
 
 class _Failure:
@@ -85,14 +104,35 @@ class _Failure:
     def __init__(self) -> None:
         self.error: SwarmError | None = None
         self.scope: trio.CancelScope | None = None
-        self.produced = 0  # tokens the driver had when it failed
-        self.tokens: list[int] = []  # the tokens drawn so far
+        self.lost: int | None = None  # the stage lost, when the failure is a lost fellow
+        self.healed: dict[str, Any] | None = None  # the record a heal already gave
 
-    def set(self, error: SwarmError) -> None:
+    def set(self, error: SwarmError, lost: int | None = None) -> None:
         if self.error is None:
             self.error = error
+            self.lost = lost
         if self.scope is not None:
             self.scope.cancel()
+
+
+@dataclass
+class _Run:
+    """One generation across its sessions: when the leader heals the load, the driver
+    opens a new session on the healed route and replays ``ids + tokens`` as its prompt,
+    so the generation goes on from the token it had reached."""
+
+    ids: list[int]  # the prompt
+    stage_s: list[float]
+    began: float
+    tokens: list[int] = field(default_factory=list)
+    kept: list[Any] = field(default_factory=list)
+    first_token_s: float = 0.0
+    decode_began: float = 0.0
+    stop_reason: str = "max_tokens"
+    resumes: int = 0
+    remember: bool = False  # keep the session's cache for a next turn
+    reuse: tuple[str, int] | None = None  # a kept session to continue, and its positions
+    cached: int = 0  # prompt tokens the kept session's cache held
 
 
 class TextStream:
@@ -120,6 +160,7 @@ class Generation:
         self.loads = loads
         self.offers = offers
         self.step_timeout_s = 60.0  # the most a driver waits for one token
+        self.heal_timeout_s = HEAL_TIMEOUT_S
         self.admission = Admission()
         self.kept = PrefixCache()
         self._returns: dict[str, _ReturnSlot] = {}
@@ -162,7 +203,8 @@ class Generation:
         """The load's tokenizer; a files model's come from the fellow that has them."""
         model = record.get("model", {})
         files = {f[0] for f in model.get("files", [])}
-        if model.get("kind") == "builtin" or "tokenizer.json" not in files:
+        world = WORLD_VOCAB_FILE in files and "tokenizer.json" not in files
+        if model.get("kind") == "builtin" or ("tokenizer.json" not in files and not world):
             # p2pswarm's own models (built in, or trained from scratch and saved) are
             # byte-level and ship no tokenizer.json
             return ByteTokenizer()
@@ -173,7 +215,7 @@ class Generation:
             if not self.offers.offered(manifest):
                 raise PlacementError(f"{self.agent.name} offered no model directory "
                                      f"{manifest.path}")
-            return HFTokenizer(manifest.path)
+            return load_tokenizer(Path(manifest.path))
         cache = self.offers.weights_cache()
         missing = [f.name for f in manifest.files if not cache.has(f.sha256, f.nbytes)]
         if missing:
@@ -184,7 +226,7 @@ class Generation:
             await fetch(self.agent, source.addr, source.node_id, source.name, manifest,
                         missing, cache, self.agent.compute.run)
         directory = await self.agent.compute.run(lambda: cache.model_dir(manifest))
-        return HFTokenizer(directory)
+        return load_tokenizer(Path(directory))
 
     async def generate(self, prompt: str | None = None, *, prompt_ids: Sequence[int] | None = None,
                        plan_id: str | None = None, max_tokens: int = 64,
@@ -209,71 +251,107 @@ class Generation:
             raise PlacementError(f"{len(ids)} prompt tokens and {max_tokens} new ones exceed "
                                  f"the load's context of {context} tokens")
         stops = set(tokenizer.eos_ids if stop_token_ids is None else stop_token_ids)
+        open_msg = SessionOpen("-", record["plan_id"], 0, self.agent.addr, float(temperature),
+                               int(top_k), float(top_p), int(seed), keep_logits)
         plan = record["plan_id"]
-        slots = int(record["runtime"].get("max_sessions", 1))
-        async with self.admission.slot(plan, slots, on_wait):
-            reuse = self.kept.take(plan, ids) if remember else None
-            settings = (float(temperature), int(top_k), float(top_p), int(seed), keep_logits)
-            try:
-                return await self._session(record, tokenizer, ids, max_tokens, stops,
-                                           settings, reuse, remember, on_token)
-            except _Evicted:
-                if reuse is None:
-                    raise TransportError("a stage lost a new session's cache") from None
-                return await self._session(record, tokenizer, ids, max_tokens, stops,
-                                           settings, None, remember, on_token)
+        async with self.admission.slot(plan, int(record["runtime"].get("max_sessions", 1)),
+                                       on_wait):
+            run = _Run(list(ids), [0.0] * len(record["stages"]), time.perf_counter(),
+                       remember=remember)
+            run.reuse = self.kept.take(plan, ids) if remember else None
+            return await self._run(record, run, max_tokens, stops, open_msg, tokenizer,
+                                   on_token)
 
-    async def _session(self, record: dict[str, Any], tokenizer: Any, ids: list[int],
-                       max_tokens: int, stops: set[int], settings: tuple[Any, ...],
-                       reuse: tuple[str, int] | None, remember: bool,
-                       on_token: Callable[[int, str], None] | None) -> GenerationResult:
-        """One session through the pipeline: new, or continuing a kept one (``reuse``:
-        its id and how many of its positions still hold)."""
-        session, start = reuse or (f"{self.agent.rng.getrandbits(64):016x}", 0)
+    async def _run(self, record: dict[str, Any], run: _Run, max_tokens: int,
+                   stops: set[int], open_msg: SessionOpen, tokenizer: Any,
+                   on_token: Callable[[int, str], None] | None) -> GenerationResult:
+        """The generation's sessions: one, or more when the load heals under it (or a
+        kept cache it meant to continue is gone)."""
+        ids = run.ids
+        text = TextStream(tokenizer)
+        same_route = 0
+        while True:
+            failure = await self._session(record, run, max_tokens, stops, open_msg, text,
+                                          on_token)
+            if failure is None:
+                break
+            error = failure.error
+            assert error is not None
+            if isinstance(error, _Evicted):  # start the session afresh: nothing was lost
+                continue
+            healed = None
+            if failure.lost is not None and run.resumes < MAX_RESUMES:
+                healed = failure.healed or await self._heal(record, failure)
+            if healed is not None:
+                same = _fellows(healed) == _fellows(record)
+                same_route = same_route + 1 if same else 0
+            if healed is None or same_route > SAME_ROUTE_RESUMES:
+                if isinstance(error, TransportError):  # a lost fellow: say how far it got
+                    error = TransportError(f"{error}; the generation stopped after "
+                                           f"{len(run.tokens)} tokens")
+                raise error
+            log.info("resuming after %d tokens on the route %s (%s)", len(run.tokens),
+                     ", ".join(h["fellow"] for h in healed["stages"]), error)
+            record = healed
+            run.resumes += 1
+        route = record["stages"]
+        return GenerationResult(
+            plan_id=record["plan_id"], prompt_ids=tuple(ids), token_ids=tuple(run.tokens),
+            text=text.tokenizer.decode(run.tokens), stop_reason=run.stop_reason,
+            time_to_first_token_s=run.first_token_s,
+            decode_s=time.perf_counter() - run.decode_began,
+            stage_decode_s=tuple(run.stage_s),
+            route=tuple({"stage": r["stage"], "fellow": r["fellow"], "layers": r["layers"],
+                         "card": r.get("card", "")} for r in route),
+            logits=tuple(run.kept), resumes=run.resumes, cached_tokens=run.cached)
+
+    async def _session(self, record: dict[str, Any], run: _Run, max_tokens: int,
+                       stops: set[int], open_msg: SessionOpen, text: TextStream,
+                       on_token: Callable[[int, str], None] | None) -> _Failure | None:
+        """One session through the load's route, from the tokens ``run`` has so far to
+        the end; its failure, or None when the generation is done."""
+        session, start = f"{self.agent.rng.getrandbits(64):016x}", 0
+        if run.reuse is not None and not run.tokens:
+            session, start = run.reuse
+        run.reuse, run.cached = None, start  # a later session (after a failure) is new
         route = [dict(s) for s in record["stages"]]
-        open_msg = SessionOpen(session, record["plan_id"], 0, self.agent.addr, *settings,
-                               resume_from=start)
+        open_msg = dataclasses.replace(open_msg, session=session, plan_id=record["plan_id"],
+                                       resume_from=start)
         slot = _ReturnSlot(bytes.fromhex(route[-1]["fellow_id"]))
         self._returns[session] = slot
         failure = _Failure()
-        text = TextStream(tokenizer)
         try:
             first = route[0]
             try:
                 upstream = await open_hop(self.agent, first)
             except SwarmError as exc:
-                raise TransportError(f"stage 0 on fellow {first['fellow']} is unreachable: "
-                                     f"{exc}") from exc
+                failure.set(TransportError(f"stage 0 on fellow {first['fellow']} is "
+                                           f"unreachable: {exc}"), lost=0)
+                return failure
             try:
                 with trio.CancelScope() as scope:
                     failure.scope = scope
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(self._watch_stage_zero, upstream, first, failure)
-                        nursery.start_soon(self._watch_members, route, failure)
+                        nursery.start_soon(self._watch_members, record, failure)
                         try:
-                            result = await self._drive(record, route, ids, max_tokens, stops,
-                                                       open_msg, upstream, slot, failure, text,
-                                                       on_token)
+                            await self._drive(record, route, run, max_tokens, stops,
+                                              open_msg, upstream, slot, failure, text,
+                                              on_token)
                         except SwarmError as exc:
                             failure.set(exc)
                         nursery.cancel_scope.cancel()
-                if failure.error is not None:
-                    error = failure.error
-                    if isinstance(error, TransportError):  # a lost fellow: say how far it got
-                        error = TransportError(f"{error}; the generation stopped after "
-                                               f"{failure.produced} tokens")
-                    raise error
-                return result
+                return failure if failure.error is not None else None
             finally:
                 with trio.CancelScope(shield=True):
-                    keep = remember and bool(failure.tokens)  # else its length is unknown
+                    keep = run.remember and bool(run.tokens)  # else its length is unknown
                     if failure.error is None:
                         with trio.move_on_after(1.0):
-                            await send_best_effort(upstream, SessionEnd(len(failure.tokens),
+                            await send_best_effort(upstream, SessionEnd(len(run.tokens),
                                                                         keep))
                         if keep:
                             self.kept.put(record["plan_id"], session,
-                                          ids + failure.tokens[:-1],
+                                          run.ids + run.tokens[:-1],
                                           int(record["runtime"].get("max_sessions", 1)))
                             await _until_closed(slot.stream)  # every stage kept it
                     await upstream.aclose()
@@ -281,42 +359,53 @@ class Generation:
             slot.done.set()
             self._returns.pop(session, None)
 
-    async def _drive(self, record: dict[str, Any], route: list[dict[str, Any]], ids: list[int],
+    async def _heal(self, record: dict[str, Any], failure: _Failure) -> dict[str, Any] | None:
+        """Ask the leader to heal the load after ``failure``; the load's record as it now
+        stands (checked: it comes from the network), or None when it cannot be healed."""
+        stage = failure.lost if failure.lost is not None else 0
+        hops = record["stages"]
+        fid = str(hops[stage]["fellow_id"]) if 0 <= stage < len(hops) else ""
+        ask = StageLost(record["plan_id"], max(0, min(stage, 65535)), fid[:64],
+                        str(failure.error)[:500])
+        try:
+            with trio.fail_after(self.heal_timeout_s):
+                reply = await self.loads.leadership.ask(ask, LoadDone)
+            healed = unpack_doc(reply.record)
+        except (SwarmError, trio.TooSlowError) as exc:
+            log.info("the load could not be healed: %s", exc)
+            return None
+        return healed if _same_load(healed, record) else None
+
+    async def _drive(self, record: dict[str, Any], route: list[dict[str, Any]], run: _Run,
                      max_tokens: int, stops: set[int], open_msg: SessionOpen,
                      upstream: SecureStream, slot: _ReturnSlot, failure: _Failure,
-                     text: TextStream,
-                     on_token: Callable[[int, str], None] | None) -> GenerationResult:
+                     text: TextStream, on_token: Callable[[int, str], None] | None) -> None:
         chunk = int(record["runtime"].get("prefill_chunk_tokens", 256))
+        prompt = run.ids + run.tokens  # a resumed session replays what it had
 
         async def send(msg: Any) -> None:
             try:
                 await upstream.send_frame(wire.encode(msg))
             except TransportError:
                 failure.set(TransportError(f"stage 0 on fellow {route[0]['fellow']} went "
-                                           "away"))
+                                           "away"), lost=0)
                 await trio.sleep_forever()
 
         began = time.perf_counter()
         await send(open_msg)
-        for start in range(open_msg.resume_from, len(ids), chunk):
-            await send(StepInput(0, start, start + chunk >= len(ids), (),
-                                 self.runtime.token_frame(ids[start:start + chunk])))
+        for start in range(open_msg.resume_from, len(prompt), chunk):
+            await send(StepInput(0, start, start + chunk >= len(prompt), (),
+                                 self.runtime.token_frame(prompt[start:start + chunk])))
         with trio.move_on_after(self.step_timeout_s):
             await slot.arrived.wait()
         if slot.stream is None:
             failure.set(TransportError(
                 f"the last stage on fellow {route[-1]['fellow']} did not connect back within "
-                f"{self.step_timeout_s:g} s"))
+                f"{self.step_timeout_s:g} s"), lost=len(route) - 1)
             await trio.sleep_forever()
         ret = slot.stream
-        tokens = failure.tokens
-        kept: list[Any] = []
-        stage_s = [0.0] * len(route)
-        first_token_s = 0.0
-        decode_began = 0.0
-        stop_reason = "max_tokens"
         max_bytes = self.agent.config.transport.max_frame_bytes
-        n_chunks = math.ceil(len(ids) / chunk)
+        n_chunks = math.ceil(len(prompt) / chunk)
         step = 0
         while True:
             timeout = self.step_timeout_s * (n_chunks if step == 0 else 1)
@@ -326,36 +415,27 @@ class Generation:
                                                 f"arrived at step {step}"))
                 await trio.sleep_forever()
             now = time.perf_counter()
-            if step == 0:
-                first_token_s = now - began
-                decode_began = now
-            else:
-                for i, t in enumerate(msg.stage_s[:len(route)]):
-                    stage_s[i] += t
-            tokens.append(msg.token)
-            failure.produced = len(tokens)
+            if not run.tokens:
+                run.first_token_s = now - began
+                run.decode_began = now
+            elif step > 0:  # a resumed session's first step is a prefill: not decode time
+                for i, t in enumerate(msg.stage_s[:len(run.stage_s)]):
+                    run.stage_s[i] += t
+            run.tokens.append(msg.token)
             if open_msg.keep_logits:
-                kept.append(self.runtime.read_logits(msg.logits))
+                run.kept.append(self.runtime.read_logits(msg.logits))
             if on_token is not None:
                 on_token(msg.token, text.push(msg.token))
             if msg.token in stops:
-                stop_reason = "stop_token"
-                break
-            if len(tokens) == max_tokens:
-                break
+                run.stop_reason = "stop_token"
+                return
+            if len(run.tokens) == max_tokens:
+                run.stop_reason = "max_tokens"
+                return
             step += 1
-            position = len(ids) + len(tokens) - 1
+            position = len(run.ids) + len(run.tokens) - 1
             await send(StepInput(step, position, True, (),
                                  self.runtime.token_frame([msg.token])))
-        decode_s = time.perf_counter() - decode_began
-        return GenerationResult(
-            plan_id=record["plan_id"], prompt_ids=tuple(ids), token_ids=tuple(tokens),
-            text=text.tokenizer.decode(tokens), stop_reason=stop_reason,
-            time_to_first_token_s=first_token_s, decode_s=decode_s,
-            stage_decode_s=tuple(stage_s),
-            route=tuple({"stage": r["stage"], "fellow": r["fellow"], "layers": r["layers"],
-                         "card": r.get("card", "")} for r in route),
-            logits=tuple(kept), cached_tokens=open_msg.resume_from)
 
     async def _receive_output(self, stream: SecureStream, route: list[dict[str, Any]],
                               timeout_s: float, max_bytes: int,
@@ -368,14 +448,15 @@ class Generation:
         except trio.TooSlowError:
             names = ", ".join(r["fellow"] for r in route)
             failure.set(TransportError(f"no token within {timeout_s:g} s from the pipeline "
-                                       f"on {names}"))
+                                       f"on {names}"), lost=0)
             await trio.sleep_forever()
         except (TransportError, RemoteProtocolError, ValueError):
             failure.set(TransportError(
-                f"stage {last['stage']} on fellow {last['fellow']} went away"))
+                f"stage {last['stage']} on fellow {last['fellow']} went away"),
+                lost=len(route) - 1)
             await trio.sleep_forever()
         if isinstance(msg, SessionError):
-            failure.set(_session_error(msg))
+            failure.set(_session_error(msg), lost=_lost_stage(msg, route))
             await trio.sleep_forever()
         if not isinstance(msg, StepOutput):
             failure.set(RemoteProtocolError("unexpected-message",
@@ -390,26 +471,78 @@ class Generation:
             frame = await stream.receive_frame()
             (msg,) = wire.decode(frame, max_bytes=self.agent.config.transport.max_frame_bytes)
         except (TransportError, RemoteProtocolError, ValueError):
-            failure.set(TransportError(f"stage 0 on fellow {first['fellow']} went away"))
+            failure.set(TransportError(f"stage 0 on fellow {first['fellow']} went away"),
+                        lost=0)
             return
         if isinstance(msg, SessionError):
-            failure.set(_session_error(msg))
+            failure.set(_session_error(msg), lost=_lost_stage(msg, [first]))
         else:
             failure.set(RemoteProtocolError("unexpected-message",
                                             f"{type(msg).__name__} from stage 0"))
 
-    async def _watch_members(self, route: list[dict[str, Any]], failure: _Failure) -> None:
-        """A stage fellow membership declares dead (or gone) ends the session: a silent
-        fellow behind a lossy link never breaks the stream itself."""
+    async def _watch_members(self, record: dict[str, Any], failure: _Failure) -> None:
+        """A stage fellow that left the swarm ends the session at once. One membership
+        declares dead may be silent behind a fading link with its streams intact: the
+        leader decides (``failover``), and the session goes on unless the stage moved."""
+        route = record["stages"]
         while True:
             for hop in route:
                 member = self.agent.fellow(hop["fellow_id"])
                 state = member.state if member is not None else "unknown"
-                if state in ("dead", "left", "unknown"):
+                if state in ("left", "unknown"):
                     failure.set(TransportError(f"stage {hop['stage']} on fellow "
-                                               f"{hop['fellow']} went away ({state})"))
+                                               f"{hop['fellow']} went away ({state})"),
+                                lost=int(hop["stage"]))
                     return
+                if state != "dead":
+                    continue
+                lost = _Failure()
+                lost.set(TransportError(f"stage {hop['stage']} on fellow {hop['fellow']} "
+                                        "went away (dead)"), lost=int(hop["stage"]))
+                healed = await self._heal(record, lost)
+                if healed is None:
+                    failure.set(lost.error or TransportError("lost"))
+                    return
+                if _fellows(healed) != _fellows(record):  # moved: resume there
+                    failure.healed = healed
+                    failure.set(lost.error or TransportError("moved"), lost=lost.lost)
+                    return
+                while (m := self.agent.fellow(hop["fellow_id"])) is not None \
+                        and m.state == "dead":  # back, as the leader found: wait for word
+                    await trio.sleep(MEMBER_WATCH_S)
             await trio.sleep(MEMBER_WATCH_S)
+
+
+def _lost_stage(msg: SessionError, route: list[dict[str, Any]]) -> int | None:
+    """The stage a relayed error blames, when it is a lost fellow (a stage whose compute
+    failed is no fellow lost: replaying would fail again; nor is an evicted cache)."""
+    if msg.reason.startswith("failed") or msg.evicted:
+        return None
+    return int(msg.stage)
+
+
+def _fellows(record: dict[str, Any]) -> list[str]:
+    return [str(h.get("fellow_id")) for h in record["stages"]]
+
+
+def _same_load(healed: Any, record: dict[str, Any]) -> bool:
+    """Whether the leader's answer is this load, with a well-formed route of as many
+    stages (it is checked before a session opens on it)."""
+    if not isinstance(healed, dict) or healed.get("plan_id") != record["plan_id"]:
+        return False
+    hops = healed.get("stages")
+    if not isinstance(hops, list) or len(hops) != len(record["stages"]):
+        return False
+    for i, hop in enumerate(hops):
+        if not (isinstance(hop, dict) and hop.get("stage") == i
+                and isinstance(hop.get("fellow_id"), str)
+                and isinstance(hop.get("fellow"), str) and isinstance(hop.get("addr"), str)):
+            return False
+        try:
+            bytes.fromhex(hop["fellow_id"])
+        except ValueError:
+            return False
+    return isinstance(healed.get("runtime"), dict)
 
 
 async def _until_closed(stream: SecureStream | None) -> None:

@@ -118,6 +118,8 @@ class Loads:
         self.load_timeout_s = 3600.0  # fetching and loading a big stage takes a while
         self._unloaded: dict[str, float] = {}
         self._lock = trio.Lock()
+        self.orders: dict[str, list[StageOrder]] = {}  # each led load's stage orders
+        self.on_loaded: Callable[[], None] | None = None  # a load came up (failover watches)
         self._in_flight: dict[str, _InFlight] = {}  # ticket -> the bring-up under way
         self._finished: OrderedDict[str, str] = OrderedDict()  # ticket -> plan_id loaded
         # tickets whose load ended without coming up, or was cancelled before it came
@@ -273,7 +275,10 @@ class Loads:
         if adapter:
             record["adapter"] = public_adapter(adapter)
         self.loads[plan_id] = record
+        self.orders[plan_id] = list(orders)
         self._unloaded.pop(plan_id, None)
+        if self.on_loaded is not None:
+            self.on_loaded()
         return record
 
     async def _order_all(self, orders: Sequence[StageOrder], addrs: Addrs, what: str,
@@ -345,6 +350,7 @@ class Loads:
                      for s in record["stages"] if s.get("state") in ("alive", "suspect")}
             await self.release_all(record["plan_id"], addrs)
             self.loads.pop(record["plan_id"], None)
+            self.orders.pop(record["plan_id"], None)
             self._unloaded[record["plan_id"]] = trio.current_time()
 
     async def list_loads(self) -> list[dict[str, Any]]:

@@ -170,6 +170,7 @@ class GenerationResult:
     route: tuple[dict[str, Any], ...]
     logits: tuple[Any, ...] = ()  # (vocab,) float32 tensors, one per token, with keep_logits
     cached_tokens: int = 0  # prompt tokens a kept session's cache held (not prefilled)
+    resumes: int = 0  # sessions re-opened on a healed load (a stage moved, or came back)
 
     @property
     def decode_steps(self) -> int:
@@ -194,6 +195,7 @@ class GenerationResult:
                        for r, s in zip(self.route, self.stage_decode_s)],
             "network_ms_per_token": max(per_token - compute, 0.0) * 1e3,
             "hops": len(self.route) + 1,
+            "resumes": self.resumes,
         }
 
 

@@ -83,6 +83,8 @@ class Replica:
     running: bool = False  # its training task is alive
     finished: bool = False  # trained to the job's end and sent everything
     lock: trio.Lock = field(default_factory=trio.Lock)  # one command sequence at a time
+    micro_batch: int = 0  # its own (a fleet plan sized it); 0: the job's
+    micro_batches: int = 0
 
     @property
     def name(self) -> str:
@@ -186,7 +188,11 @@ class Driver(SyncRounds, Checkpoints):
         self.handed = handed  # a job taken over from another leader
         generation = handed.generation if handed is not None else job.paused_times
         self.replicas = [Replica(i, [Link(s["stage"], s["fellow"], s["addr"])
-                                     for s in stages], generation=generation)
+                                     for s in stages], generation=generation,
+                                 micro_batch=int(stages[0].get("micro_batch", 0)) if stages
+                                 else 0,
+                                 micro_batches=int(stages[0].get("micro_batches", 0)) if stages
+                                 else 0)
                          for i, stages in enumerate(placement)]
         self.keepers: list[StageKeeper] = []
         self.started_s = 0.0
@@ -197,6 +203,11 @@ class Driver(SyncRounds, Checkpoints):
     @property
     def active(self) -> list[Replica]:
         return [r for r in self.replicas if not r.paused]
+
+    def batch_of(self, r: Replica) -> int:
+        """Sequences replica ``r`` trains on a step: its own batch, or the job's."""
+        return ((r.micro_batch or self.cfg.micro_batch)
+                * (r.micro_batches or self.cfg.micro_batches))
 
     @property
     def synced(self) -> bool:
@@ -263,9 +274,9 @@ class Driver(SyncRounds, Checkpoints):
             if not losses:
                 continue
             job.step += 1
-            per_step = cfg.micro_batch * cfg.micro_batches
-            job.samples += per_step * len(losses)
-            self.tokens += per_step * cfg.seq_len * len(losses)
+            samples = sum(self.batch_of(self.replicas[i]) for i in losses)
+            job.samples += samples
+            self.tokens += samples * cfg.seq_len
             job.loss = sum(losses[i] for i in sorted(losses)) / len(losses)
             job.losses.append(job.loss)
             if self.store is not None and job.step % cfg.checkpoint.interval_steps == 0:
@@ -330,6 +341,8 @@ class Driver(SyncRounds, Checkpoints):
             r.generation = generation
             self.job.placement[r.index] = stages
             r.links = [Link(s["stage"], s["fellow"], s["addr"]) for s in stages]
+            r.micro_batch = int(stages[0].get("micro_batch", r.micro_batch))
+            r.micro_batches = int(stages[0].get("micro_batches", r.micro_batches))
             await self._open_links(r)
             r.joining = True
             self.wake_round_closer()
@@ -362,7 +375,8 @@ class Driver(SyncRounds, Checkpoints):
         learning-rate schedule (default: the steps it has taken)."""
         cfg = self.cfg
         step = r.steps
-        inputs, targets = r.stream.next_step(cfg.micro_batches, cfg.micro_batch)
+        inputs, targets = r.stream.next_step(r.micro_batches or cfg.micro_batches,
+                                             r.micro_batch or cfg.micro_batch)
         n_micro = len(inputs)
         lr = cfg.lr.lr_at(r.steps if position is None else position)
         first, last = r.links[0], r.links[-1]
@@ -397,7 +411,7 @@ class Driver(SyncRounds, Checkpoints):
         for link in r.links:
             await link.receive(Ack)
         r.steps += 1
-        r.samples_unsent += n_micro * cfg.micro_batch
+        r.samples_unsent += n_micro * (r.micro_batch or cfg.micro_batch)
         r.steps_unsent += 1
         return reports[last.stage].loss_sum / n_micro
 

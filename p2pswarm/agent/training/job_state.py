@@ -36,6 +36,8 @@ TEXT = 4096  # the longest free text (a reason, a moved line) a copy may carry
 PLACEMENT_KEYS = {"stage": int, "fellow_id": str, "fellow": str, "addr": str,
                   "layers": list, "card_kind": str, "card_index": int, "card": str,
                   "need_bytes": int}
+BATCH_KEYS = ("micro_batch", "micro_batches")  # a replica's own, when its plan sized it
+MAX_BATCH = 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,14 @@ def _placement(value: Any) -> list[list[dict[str, Any]]]:
             if any(len(s[k]) > 256 for k in ("fellow_id", "fellow", "addr", "card_kind",
                                               "card")):
                 raise _bad("placement")
-            checked.append({k: s[k] for k in PLACEMENT_KEYS})
+            kept = {k: s[k] for k in PLACEMENT_KEYS}
+            for k in BATCH_KEYS:
+                if k in s:
+                    if not isinstance(s[k], int) or isinstance(s[k], bool) \
+                            or not 1 <= s[k] <= MAX_BATCH:
+                        raise _bad("placement")
+                    kept[k] = s[k]
+            checked.append(kept)
         out.append(checked)
     return out
 

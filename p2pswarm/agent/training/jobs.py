@@ -15,6 +15,7 @@ cancels a job and ``JobConfigAsk`` shows its config (for an export).
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
 STATES = ("pending", "running", "finished", "failed", "cancelled")
 TERMINAL = ("finished", "failed", "cancelled")
 CHANGED = "the cluster changed since the plan was shown: "
-MAX_AUTO_REPLICAS = 8  # "replicas": "auto" plans at most this many pipelines
 LOSSES_KEPT = 1000  # per-step losses a job record carries
 ROUNDS_KEPT = 200  # sync rounds a job record carries
 
@@ -76,15 +76,36 @@ def job_plan(job: JobConfig, plans: list[dict[str, Any]]) -> dict[str, Any]:
     replica's stages; several replicas get one ``plan_id`` over all of theirs."""
     out = dict(plans[0])
     out["replicas"] = [{"replica": i, "plan_id": p["plan_id"], "stages": p["stages"],
-                        "strip_text": p["layout"]["strip_text"]}
+                        "strip_text": p["layout"]["strip_text"],
+                        "micro_batch": p["request"]["micro_batch"],
+                        "micro_batches": p["request"]["micro_batches"],
+                        "request": p["request"]}
                        for i, p in enumerate(plans)]
     if len(plans) > 1:
-        joined = ",".join(p["plan_id"] for p in plans)
-        out["plan_id"] = hashlib.sha256(f"job|{joined}".encode()).hexdigest()[:16]
+        out["plan_id"] = replicas_plan_id([p["plan_id"] for p in plans])
         out["summary"] = (f"{len(plans)} replicas, synced every {job.sync.inner_steps} "
                           f"steps ({job.sync.codec}). Replica 0: {plans[0]['summary']}")
     out["job"] = {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
                   "replicas": len(plans)}
+    return out
+
+
+def replicas_plan_id(plan_ids: list[str]) -> str:
+    """A job's ``plan_id`` over its replicas' (one replica: its own)."""
+    if len(plan_ids) == 1:
+        return plan_ids[0]
+    return hashlib.sha256(f"job|{','.join(plan_ids)}".encode()).hexdigest()[:16]
+
+
+def fleet_job_plan(job: JobConfig, fleet: dict[str, Any]) -> dict[str, Any]:
+    """A job's plan from the planner's fleet plan (``micro_batch: "auto"``): its
+    replicas with their own batches, under the job's ``plan_id`` rule."""
+    out = dict(fleet)
+    replicas = fleet.get("replicas") or []
+    if replicas:
+        out["plan_id"] = replicas_plan_id([r["plan_id"] for r in replicas])
+    out["job"] = {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
+                  "replicas": len(replicas), "micro_batch": "auto"}
     return out
 
 
@@ -180,8 +201,20 @@ class LeaderJobs:
             model = {**model, "config": {**model["config"], "p2pswarm_stage_cut": cut}}
         exclude = list(exclude_cards or [])
         wanted = job.replicas
+        if job.auto_batch and not cut:  # the fleet planner sizes each replica's batch
+            fleet = await self.agent.planning.plan({
+                "model": model, **job.fleet_request(), "stages": stages,
+                "maximize": maximize, "exclude": sorted(exclude)})
+            if fleet.get("replicas") and not fleet.get("fits"):
+                raise PlacementError(fleet["fleet"]["sentence"])
+            return self.training.shown.remember(  # type: ignore[no-any-return]
+                fleet_job_plan(job, fleet))
         plans: list[dict[str, Any]] = []
-        for r in range(wanted or MAX_AUTO_REPLICAS):
+        # "auto": replicas until no more fit; each takes at least one card, so the
+        # usable cards bound the count (no fixed cap)
+        for r in itertools.count():
+            if wanted and r >= wanted:
+                break
             message = {"model": model, **job.plan_request(), "stages": stages,
                        "maximize": maximize, "exclude": sorted(exclude)}
             try:
@@ -243,6 +276,9 @@ class LeaderJobs:
                 return None
             message = {"model": model, **job.plan_request(), "stages": stages,
                        "maximize": maximize, "exclude": sorted(exclude)}
+            own = replica.get("request")
+            if job.auto_batch and isinstance(own, dict):  # its own batch and exclusions
+                message = {"model": model, **own}
             held = pinned_plan_message(message, view, {"stages": replica.get("stages"),
                                                        "request": shown.get("request")})
             if held is None or held["plan_id"] != replica.get("plan_id"):
@@ -250,6 +286,8 @@ class LeaderJobs:
             plans.append(held)
             exclude += [card_key(s) for s in held["stages"]]
         plan = job_plan(job, plans)
+        if job.auto_batch:
+            plan = fleet_job_plan(job, {**shown, "replicas": plan["replicas"]})
         return plan if plan["plan_id"] == expected else None
 
     def _from_fellow(self, origin: bytes | None, config: Any, resume: str = "") -> None:

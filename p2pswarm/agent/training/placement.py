@@ -128,11 +128,16 @@ class Placer:
             job.reason = f"{paused} ({why})"
             log.info("job %s still pending: %s", job.job_id, why)
 
-    def placement(self, plan: dict[str, Any]) -> Placement:
+    def placement(self, plan: dict[str, Any], auto: bool = True) -> Placement:
+        """Each replica's stages with their fellows' addresses; a replica the plan sized
+        its own batch for (``micro_batch: "auto"``) carries it on every stage."""
+        auto = auto and (plan.get("job") or {}).get("micro_batch") == "auto"
         cards = {(c["fellow_id"], c["kind"], c["index"]): c for c in plan["cards"] if c["used"]}
         out = []
         for replica in plan["replicas"]:
             stages = []
+            own = {k: int(replica[k]) for k in ("micro_batch", "micro_batches")
+                   if isinstance(replica.get(k), int) and auto}
             for s in replica["stages"]:
                 member = self.agent.fellow(s["fellow_id"])
                 if member is None or member.state not in ("alive", "suspect"):
@@ -147,7 +152,7 @@ class Placer:
                                "layers": list(s["layers"]), "card_kind": s["kind"],
                                "card_index": s["index"],
                                "card": card_label(s["kind"], s["index"], s["name"]),
-                               "need_bytes": need})
+                               "need_bytes": need, **own})
             out.append(stages)
         return out
 
@@ -158,8 +163,9 @@ class Placer:
         other replicas' stages."""
         cfg = job_config(job.config)
         old = job.placement[replica]
+        own = {k: old[0][k] for k in ("micro_batch", "micro_batches") if old and k in old[0]}
         message = {"model": model_message(cfg), **cfg.plan_request(), "stages": len(old),
-                   "maximize": None, "exclude": sorted(job.exclude_cards)}
+                   "maximize": None, "exclude": sorted(job.exclude_cards), **own}
         plan = plan_message(message, self._view_for_training())
         if not plan.get("fits"):
             raise PlacementError(plan["layout"]["limit"]["sentence"])
@@ -169,6 +175,7 @@ class Placer:
         stages = self.placement({**plan, "replicas": [{"stages": plan["stages"]}]})[0]
         for new, was in zip(stages, old):
             new["layers"] = list(was["layers"])
+            new.update(own)
         return stages
 
     def _view_for_training(self) -> ClusterView:

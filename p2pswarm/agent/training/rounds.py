@@ -81,6 +81,8 @@ class SyncRounds:
 
         async def pause(self, r: Replica, exc: BaseException) -> None: ...
 
+        def batch_of(self, r: Replica) -> int: ...
+
         async def checkpoint(self) -> None: ...
 
     @asynccontextmanager
@@ -225,7 +227,7 @@ class SyncRounds:
         job.step = max(job.step, at)
         job.losses = [sum(v) / len(v) for _, v in sorted(self._buckets.items())]
         job.loss = job.losses[-1]
-        per_step = cfg.micro_batch * cfg.micro_batches
+        per_step = self.batch_of(r)
         job.samples += per_step
         self.tokens += per_step * cfg.seq_len
         elapsed = trio.current_time() - self.started_s

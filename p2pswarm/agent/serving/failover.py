@@ -1,0 +1,372 @@
+"""Failover: the leader keeps its loads whole when a stage's fellow is lost.
+
+Theory of operation. A stage's fellow may be *gone* (it left the swarm, or its machine
+answers that nothing listens at its address: the process died) or *silent* (membership
+declares it dead, or a driver's stream to it broke, yet its machine does not refuse: a
+frozen process, a fading radio). A gone fellow is lost at once; a silent one is lost only
+when it does not answer for ``grace_s``, so a laptop whose WiFi fades for five seconds
+keeps its stage, and its KV caches with it.
+
+Healing a load (``heal``) is the leader's, one load at a time: it asks every stage's
+fellow ``StageCheck`` (term-fenced, like every order) until each answers that it holds
+its stage live, or is lost. A lost stage is re-placed with the same machinery as a load:
+the same stage order (layers, runtime, claims) goes to the fastest card outside the load
+with the stage's memory free (``spare_cards``), ``StagePrepare`` then ``StageLoad``
+(weights fetched as for a load), and ``StageStart`` with the new route to every stage's
+fellow. Each move is recorded on the load (when, which stage, from, to, why), and the
+lost fellow, should it come back, is told to release what it held.
+
+Two things start a heal: a driver that lost its pipeline (``StageLost``, answered with
+the load's record as it now stands: the driver then replays its session's tokens on
+that route, see ``generation``), and the leader's own watch over membership (a stage
+fellow dead or departed heals the load with no generation running). When no card can
+hold a lost stage, the heal fails with the reason, the load shows what it waits for
+(``waiting``), and the watch tries again as the swarm changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from p2pswarm.agent.serving.moves import faster_placement, moved_order, spare_cards
+from p2pswarm.agent.serving.records import StageOrder, route_hop
+from p2pswarm.errors import (
+    ConfigError,
+    NobodyListens,
+    PlacementError,
+    SwarmError,
+    TransportError,
+)
+from p2pswarm.planner.cluster import CardView, Fellow
+from p2pswarm.planner.wording import card_label, gb
+from p2pswarm.wire.loads import (
+    LoadDone,
+    LoadMove,
+    StageCheck,
+    StageChecked,
+    StageLoad,
+    StageLoaded,
+    StageLost,
+    StagePrepare,
+    StagePrepared,
+    StageRelease,
+    StageReleased,
+    StageStart,
+    StageStarted,
+)
+from p2pswarm.wire.orders import pack_doc, unpack_doc
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.loads import Loads
+    from p2pswarm.agent.serving.records import HostedStage
+
+log = logging.getLogger("p2pswarm.serving")
+
+GRACE_S = 8.0  # a silent fellow keeps its stage this long (a 5 s radio fade, and some)
+CHECK_TIMEOUT_S = 1.0  # one StageCheck waits this long before it is asked again
+CHECK_RETRY_S = 0.25
+WATCH_S = 0.5  # how often the leader looks at its loads' fellows
+RETRY_WAITING_S = 2.0  # a load waiting for a card tries again this often
+CANDIDATES_TRIED = 3  # cards asked, in order, before a heal gives up for now
+MOVES_KEPT = 32  # moves a load remembers
+RELEASE_FOR_S = 120.0  # a lost fellow that comes back is told to release this long
+
+
+class Failover:
+    """The leader's side (heal, watch, moves) and the fellow's answer to ``StageCheck``."""
+
+    def __init__(self, agent: Agent, leadership: Leadership, loads: Loads,
+                 hosted: dict[tuple[str, int], HostedStage]) -> None:
+        self.agent = agent
+        self.leadership = leadership
+        self.loads = loads
+        self.hosted = hosted
+        self.grace_s = GRACE_S
+        self._locks: dict[str, trio.Lock] = {}
+        self._healing: set[str] = set()
+        self._retry_at: dict[str, float] = {}
+        self._watching = False
+        leadership.serve(StageLost, self._leader_stage_lost)
+        leadership.serve(LoadMove, self._leader_move)
+        agent.control_ops["load_move"] = self._op_load_move
+        leadership.obey(StageCheck, self._check)
+        loads.on_loaded = self._watch_soon
+
+    # --- the fellow's side ---------------------------------------------------------------
+
+    async def _check(self, call: StageCheck) -> StageChecked:
+        hosted = self.hosted.get((call.plan_id, call.stage))
+        return StageChecked(hosted.state if hosted is not None else "none")
+
+    # --- the leader's side ---------------------------------------------------------------
+
+    async def _leader_stage_lost(self, call: StageLost) -> LoadDone:
+        log.info("a driver lost stage %d of %s (%s)", call.stage, call.plan_id,
+                 call.reason[:200])
+        record = await self.heal(call.plan_id, f"{call.reason[:200]}")
+        return LoadDone(pack_doc(record))
+
+    async def _op_load_move(self, request: dict[str, Any]) -> Any:
+        plan_id = request.get("plan_id")
+        if not isinstance(plan_id, str) or not 1 <= len(plan_id) <= 64:
+            raise ConfigError("load_move needs the \"plan_id\" of the load to move")
+        reply = await self.leadership.ask(LoadMove(plan_id), LoadDone)
+        return unpack_doc(reply.record)
+
+    async def _leader_move(self, call: LoadMove) -> LoadDone:
+        """Take the moves ``moves.faster_placement`` proposes for the load, live."""
+        plan_id = call.plan_id
+        lock = self._locks.setdefault(plan_id, trio.Lock())
+        async with lock:
+            record = self.loads.loads.get(plan_id)
+            orders = self.loads.orders.get(plan_id)
+            if record is None or orders is None:
+                raise PlacementError(f"plan {plan_id} is not loaded by the leader "
+                                     f"{self.agent.name}")
+            proposal = faster_placement(self.agent.planning.view(), orders)
+            if proposal is None:
+                raise PlacementError(f"plan {plan_id}: no markedly faster placement now "
+                                     "(`p2pswarm loads` says when there is one)")
+            estimate = (f"{proposal.now_s * 1e3:.1f} -> {proposal.after_s * 1e3:.1f} ms a "
+                        "token, estimated")
+            for m in proposal.moves:
+                await self._move(record, m.stage, f"live move to a faster card ({estimate})",
+                                 [(m.fellow, m.card)])
+            record.pop("faster", None)
+            return LoadDone(pack_doc(record))
+
+    def _note_faster(self, record: dict[str, Any]) -> None:
+        """Say on the load's record whether a markedly faster placement is to be had."""
+        orders = self.loads.orders.get(record["plan_id"])
+        proposal = faster_placement(self.agent.planning.view(), orders) if orders else None
+        if proposal is None:
+            record.pop("faster", None)
+        else:
+            record["faster"] = proposal.to_dict()
+
+    def _watch_soon(self) -> None:
+        if not self._watching:
+            self._watching = True
+            self.agent.spawn(self._watch)
+
+    async def _watch(self) -> None:
+        """Heal a led load whose stage fellow membership calls dead or gone (no driver
+        needs to be running), and retry a load that waits for a card."""
+        try:
+            while self.loads.loads:
+                await trio.sleep(WATCH_S)
+                if not self.leadership.is_leader():
+                    continue
+                now = trio.current_time()
+                for plan_id, record in list(self.loads.loads.items()):
+                    if plan_id in self._healing:
+                        continue
+                    states = [self._member_state(s["fellow_id"]) for s in record["stages"]]
+                    waiting = bool(record.get("waiting"))
+                    if waiting and now < self._retry_at.get(plan_id, 0.0):
+                        continue
+                    if waiting or any(s in ("dead", "left", "unknown") for s in states):
+                        self.agent.spawn(self._heal_quietly, plan_id)
+                    else:
+                        self._note_faster(record)
+        finally:
+            self._watching = False
+
+    async def _heal_quietly(self, plan_id: str) -> None:
+        try:
+            await self.heal(plan_id, "its fellow's membership state")
+        except SwarmError as exc:
+            log.info("load %s waits: %s", plan_id, exc)
+
+    def _member_state(self, fid: str) -> str:
+        member = self.agent.fellow(fid)
+        return member.state if member is not None else "unknown"
+
+    async def heal(self, plan_id: str, why: str) -> dict[str, Any]:
+        """Make load ``plan_id`` whole: every stage's fellow back, or its stage re-placed.
+        Returns the load's record; PlacementError when a lost stage has no card to go to
+        (the record then says what it waits for)."""
+        lock = self._locks.setdefault(plan_id, trio.Lock())
+        self._healing.add(plan_id)
+        try:
+            async with lock:
+                record = self.loads.loads.get(plan_id)
+                if record is None:
+                    raise PlacementError(f"plan {plan_id} is not loaded by the leader "
+                                         f"{self.agent.name}; it cannot be healed")
+                lost = await self._lost_stages(record)
+                if not lost:
+                    record.pop("waiting", None)
+                    return record
+                for stage in sorted(lost):
+                    try:
+                        await self._move(record, stage, f"{lost[stage]} ({why})")
+                    except PlacementError as exc:
+                        record["waiting"] = str(exc)
+                        self._retry_at[plan_id] = trio.current_time() + RETRY_WAITING_S
+                        raise
+                record.pop("waiting", None)
+                return record
+        finally:
+            self._healing.discard(plan_id)
+            if plan_id not in self.loads.loads:
+                self._locks.pop(plan_id, None)
+
+    async def _lost_stages(self, record: dict[str, Any]) -> dict[int, str]:
+        """stage -> why its fellow is lost, for the stages whose fellow is gone, or silent
+        past the grace window; the others answered that they hold their stage live."""
+        lost: dict[int, str] = {}
+        deadline = trio.current_time() + self.grace_s
+
+        async def one(hop: dict[str, Any]) -> None:
+            why = await self._lost_why(record["plan_id"], hop, deadline)
+            if why is not None:
+                lost[int(hop["stage"])] = why
+
+        async with trio.open_nursery() as nursery:
+            for hop in record["stages"]:
+                nursery.start_soon(one, hop)
+        return lost
+
+    async def _lost_why(self, plan_id: str, hop: dict[str, Any],
+                        deadline: float) -> str | None:
+        name = hop["fellow"]
+        while True:
+            if self._member_state(hop["fellow_id"]) in ("left", "unknown"):
+                return f"{name} left the swarm"
+            try:
+                with trio.fail_after(CHECK_TIMEOUT_S):
+                    reply = await self.leadership.order(
+                        hop["addr"], StageCheck(plan_id, int(hop["stage"])), StageChecked)
+                if reply.state == "active":
+                    return None
+                return f"{name} no longer holds the stage ({reply.state})"
+            except NobodyListens:
+                return f"{name}'s process is gone (nothing listens at {hop['addr']})"
+            except (SwarmError, trio.TooSlowError):
+                pass
+            if trio.current_time() >= deadline:
+                return f"{name} was silent for {self.grace_s:g} s"
+            await trio.sleep(CHECK_RETRY_S)
+
+    async def _move(self, record: dict[str, Any], stage: int, why: str,
+                    candidates: list[tuple[Fellow, CardView]] | None = None) -> None:
+        """Re-place ``stage`` of the load on a spare card (the first of ``candidates``
+        that takes it), and start the new route."""
+        plan_id = record["plan_id"]
+        orders = self.loads.orders.get(plan_id)
+        if orders is None:
+            raise PlacementError(f"the leader {self.agent.name} has not the stage orders of "
+                                 f"plan {plan_id} (it did not load it)")
+        old = orders[stage]
+        route = record["stages"]
+        old_hop = route[stage]
+        if candidates is None:
+            busy = {h["fellow_id"] for h in route}
+            candidates = spare_cards(self.agent.planning.view(), old.need_bytes, busy)
+        refusals: list[str] = []
+        began = time.perf_counter()
+        for fellow, card in candidates[:CANDIDATES_TRIED]:
+            order = moved_order(old, fellow, card)
+            member = self.agent.fellow(fellow.id)
+            if member is None:
+                continue
+            try:
+                loaded = await self._bring_up(order, member.addr)
+            except SwarmError as exc:
+                refusals.append(f"{fellow.name}: {exc}")
+                continue
+            if self.loads.loads.get(plan_id) is not record:  # unloaded meanwhile
+                await self._release(plan_id, member.addr, stage)
+                raise PlacementError(f"plan {plan_id} was unloaded while stage {stage} moved")
+            hop = {**old_hop, "fellow_id": fellow.id, "fellow": member.name,
+                   "addr": member.addr,
+                   "card": card_label(card.kind, card.index, card.name),
+                   "allocated_bytes": loaded.allocated_bytes,
+                   "fetched_bytes": loaded.fetched_bytes, "fetch_s": loaded.fetch_s}
+            new_route = [hop if int(h["stage"]) == stage else h for h in route]
+            await self._start(plan_id, new_route)
+            orders[stage] = order
+            record["stages"] = new_route
+            move = {"at": time.time(), "stage": stage, "layers": list(old.layers),
+                    "from": old_hop["fellow"], "from_id": old_hop["fellow_id"],
+                    "to": member.name, "to_id": fellow.id, "card": hop["card"],
+                    "why": why[:300], "took_s": round(time.perf_counter() - began, 3)}
+            record["moves"] = [*record.get("moves", []), move][-MOVES_KEPT:]
+            log.warning("stage %d of %s moved from %s to %s: %s", stage, plan_id,
+                        old_hop["fellow"], member.name, why)
+            if old_hop["fellow_id"] not in {h["fellow_id"] for h in new_route}:
+                self.agent.spawn(self._release_when_back, plan_id, old_hop["addr"])
+            return
+        needs = (f"stage {stage} (layers {old.layers[0]}-{old.layers[1] - 1}) needs a card "
+                 f"with {gb(old.need_bytes)} free outside the load")
+        if refusals:
+            raise PlacementError(f"{needs}; those asked refused: " + "; ".join(refusals))
+        raise PlacementError(f"{needs}, and no connected fellow has one: it waits for one")
+
+    async def _bring_up(self, order: StageOrder, addr: str) -> StageLoaded:
+        """Prepare and load ``order`` on the fellow at ``addr``; released on failure."""
+        try:
+            with trio.fail_after(self.loads.prepare_timeout_s):
+                await self.leadership.order(addr, StagePrepare(order.to_wire()), StagePrepared)
+            with trio.fail_after(self.loads.load_timeout_s):
+                return await self.leadership.order(addr, StageLoad(order.plan_id, order.stage),
+                                                   StageLoaded)
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                await self._release(order.plan_id, addr, order.stage)
+            if isinstance(exc, trio.TooSlowError):
+                raise TransportError("no answer in time") from None
+            raise
+
+    async def _release(self, plan_id: str, addr: str, stage: int) -> None:
+        try:
+            with trio.fail_after(self.loads.prepare_timeout_s):
+                await self.leadership.order(addr, StageRelease(plan_id), StageReleased)
+        except (SwarmError, trio.TooSlowError) as exc:
+            log.info("release of stage %d of %s on %s: %s", stage, plan_id, addr, exc)
+
+    async def _start(self, plan_id: str, route: list[dict[str, Any]]) -> None:
+        """Every stage's fellow learns the new route (the moved stage goes live). One
+        that does not answer is left to the next heal."""
+        hops = tuple(route_hop(h) for h in route)
+
+        async def one(addr: str) -> None:
+            try:
+                with trio.fail_after(self.loads.prepare_timeout_s):
+                    await self.leadership.order(addr, StageStart(plan_id, hops), StageStarted)
+            except (SwarmError, trio.TooSlowError) as exc:
+                log.warning("route of %s to %s: %s", plan_id, addr, exc)
+
+        async with trio.open_nursery() as nursery:
+            for addr in _distinct(h["addr"] for h in route):
+                nursery.start_soon(one, addr)
+
+    async def _release_when_back(self, plan_id: str, addr: str) -> None:
+        """A lost fellow that comes back still holds the moved stage: release it."""
+        deadline = trio.current_time() + RELEASE_FOR_S
+        while trio.current_time() < deadline and plan_id in self.loads.loads:
+            if addr in {h["addr"] for h in self.loads.loads[plan_id]["stages"]}:
+                return  # it holds another stage of the load now; the route says which
+            try:
+                with trio.fail_after(CHECK_TIMEOUT_S * 2):
+                    await self.leadership.order(addr, StageRelease(plan_id), StageReleased)
+                return
+            except NobodyListens:
+                return  # gone: it holds nothing
+            except (SwarmError, trio.TooSlowError):
+                await trio.sleep(2.0)
+
+
+def _distinct(items: Iterable[str]) -> list[str]:
+    return sorted(set(items))
+
+
+__all__ = ["GRACE_S", "Failover"]
