@@ -22,6 +22,7 @@ import torch
 from p2pswarm.errors import PlacementError, RemoteProtocolError
 from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.families import AnyStageModel, hidden_width
+from p2pswarm.models.llama import StageModel
 from p2pswarm.models.loader import TensorSource, compute_dtype, load_stage_model, open_model
 from p2pswarm.runtime.batch import batchable, batched_decode
 from p2pswarm.runtime.kv_cache import KVCache
@@ -152,22 +153,27 @@ class Stage:
 
     def keep_session(self, session: str) -> None:
         """End ``session`` but keep its cache for a later turn (evicted when a new session
-        needs the slot)."""
-        if self._kv is not None:
+        needs the slot). A recurrent state cannot be cut back to a prefix: it ends."""
+        if isinstance(self._kv, KVCache):
             self._kv.keep(session)
+        elif self._kv is not None:
+            self._kv.close(session)
 
     def resume_session(self, session: str, length: int) -> bool:
         """Continue a kept ``session`` from its first ``length`` positions; False when the
         cache was evicted (or is shorter)."""
-        return self._kv is not None and self._kv.resume(session, length)
+        return isinstance(self._kv, KVCache) and self._kv.resume(session, length)
 
     def has_room(self, session: str) -> bool:
         """Whether ``session`` can take (or holds) a slot now."""
-        return self._kv is not None and self._kv.has_room(session)
+        if isinstance(self._kv, KVCache):
+            return self._kv.has_room(session)
+        return self._kv is not None and (session in self._kv.sessions
+                                         or len(self._kv.sessions) < self.spec.max_sessions)
 
     @property
     def kept_sessions(self) -> tuple[str, ...]:
-        return self._kv.kept if self._kv is not None else ()
+        return self._kv.kept if isinstance(self._kv, KVCache) else ()
 
     def decode_batch(self, sessions: Sequence[str], inputs: torch.Tensor,
                      positions: Sequence[int]) -> torch.Tensor:
@@ -178,7 +184,8 @@ class Stage:
         if len(set(sessions)) != len(sessions) or len(positions) != len(sessions):
             raise RemoteProtocolError("bad-stage-input", "a batch names a session twice")
         x = self._check_batch_inputs(inputs, len(sessions))
-        if not batchable(model):  # sliding windows, capped scores: one session at a time
+        if not (isinstance(kv, KVCache) and isinstance(model, StageModel)
+                and batchable(model)):  # recurrent, sliding windows, capped scores: one by one
             return torch.cat([self.prefill(session, x[i:i + 1], position)
                               for i, (session, position) in enumerate(zip(sessions, positions))])
         for session, position in zip(sessions, positions):
