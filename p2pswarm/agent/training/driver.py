@@ -115,6 +115,23 @@ async def run_all_or_fail_first(fns: list[Callable[[], Awaitable[None]]]) -> Non
         raise errors[0]
 
 
+class EveryReplicaLost(ReplicaLost):
+    """A job of several replicas lost every one before its keepers were made."""
+
+
+async def replace_all(training: Training, job: Job, lost: ReplicaLost) -> Placement:
+    """Every replica of ``job`` placed afresh after ``lost``: from its latest checkpoint,
+    or from step 0 when it wrote none (and says so)."""
+    placer = training.placer
+    await placer.release(job)
+    whence = training.takeover.from_checkpoint(job)
+    job.state, job.reason = "pending", f"{lost}; placing every replica again: {whence}"
+    job.paused_times += 1
+    log.warning("job %s: %s", job.job_id, job.reason)
+    await trio.sleep(training.retry_s)
+    return await placer.place(job)
+
+
 async def drive(training: Training, job: Job, handed: Handed | None = None) -> None:
     """Place the job (waiting while pending), train it, release its stages. A job taken
     over from another leader (``handed``) goes back on its fellows first (``takeover``).
@@ -145,6 +162,11 @@ async def drive(training: Training, job: Job, handed: Handed | None = None) -> N
                 try:
                     await driver.run()
                     break
+                except EveryReplicaLost as exc:  # several replicas, none left: all again
+                    with trio.CancelScope(shield=True):
+                        await driver.close()
+                    driver = job.driver = None
+                    placement = await replace_all(training, job, exc)
                 except ReplicaLost as exc:
                     if len(placement) != 1:
                         raise
@@ -227,6 +249,8 @@ class Driver(SyncRounds, Checkpoints):
             for r in self.active:
                 nursery.start_soon(self._open, r)
         if self.synced:
+            if not self.active:  # no stage to take the global parameters from
+                raise EveryReplicaLost("every replica lost a fellow before its rounds began")
             await self._make_keepers()
         where = self.training.checkpoint_dir(job)  # the leader's own choice, not a copy's
         if where is not None:

@@ -18,7 +18,9 @@ the one it has (later term, or same term and later ``seq``); it checks the docum
 before keeping it, keeps at most ``MAX_KEPT_JOBS`` jobs (finished ones go first) and at
 most ``KEPT_OUTER_BYTES`` of outer state (the oldest copies lose theirs first). Any
 fellow may ask what it keeps (``JobsKeptAsk``) and fetch one copy (``JobCopyAsk``):
-``takeover`` does, when this fellow is elected.
+``takeover`` does, when this fellow is elected. Every copy kept is also written to the
+fellow's state directory (``kept_store``) and read back when it starts, so a whole swarm
+restarted from its homes resumes its jobs.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from p2pswarm.agent.leadership import call_failed, expect_reply
 from p2pswarm.agent.streams import receive_message, send_message
 from p2pswarm.agent.training.job_state import restore, snapshot
 from p2pswarm.agent.training.jobs import TERMINAL
+from p2pswarm.agent.training.kept_store import KeptStore
 from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError
 from p2pswarm.training.checkpoint_files import shard_holders
 from p2pswarm.wire.jobs import (
@@ -143,6 +146,12 @@ class JobHandover:
         self._sending: set[str] = set()
         self.sent = 0  # copies that reached a fellow (for tests and figures)
         self._receiving = trio.Lock()
+        # on disk too, so that a whole swarm restarted resumes its jobs (``kept_store``)
+        self.store: KeptStore | None = None
+        if getattr(self.agent, "home", None) is not None:  # (a bare test agent has none)
+            self.store = KeptStore(self.agent.state_dir("job-copies"), self.agent.compute.run,
+                                   self.agent.spawn)
+            self._read_back(self.store)
         self.agent.on_stream(JobKeep, self._on_keep)
         self.agent.on_stream(JobsKeptAsk, self._on_list)
         self.agent.on_stream(JobCopyAsk, self._on_copy_ask)
@@ -216,7 +225,22 @@ class JobHandover:
 
     # --- any fellow: the copies it keeps -------------------------------------------------------
 
-    def _hold(self, copy: JobCopy, state: str) -> None:
+    def _read_back(self, store: KeptStore) -> None:
+        """The copies this fellow kept before it stopped (oldest first, so the bounds
+        below drop the oldest)."""
+        for copy in reversed(store.load()):
+            try:
+                job, _ = restore(unpack_doc(copy.head.state))
+            except SwarmError as exc:
+                log.warning("job copy of %s on disk refused: %s", copy.head.job_id, exc)
+                store.drop_now(copy.head.job_id)
+                continue
+            if job.job_id == copy.head.job_id:
+                self._hold(copy, job.state, write=False)
+        if self.kept:
+            log.info("%d job copies read back from %s", len(self.kept), store.root)
+
+    def _hold(self, copy: JobCopy, state: str, *, write: bool = True) -> None:
         job_id = copy.head.job_id
         old = self.kept.get(job_id)
         if old is not None and old.order >= copy.order:
@@ -225,8 +249,12 @@ class JobHandover:
             oldest = min(self.kept, key=lambda j: (self._states[j] not in TERMINAL,
                                                    self.kept[j].order))
             del self.kept[oldest], self._states[oldest]
+            if write:
+                self._write(oldest, None)
         self.kept[job_id] = copy
         self._states[job_id] = state
+        if write:
+            self._write(job_id, copy)
         held = sum(len(c.outer) for c in self.kept.values())
         for j in sorted(self.kept, key=lambda j: self.kept[j].order):
             if held <= KEPT_OUTER_BYTES:
@@ -234,6 +262,15 @@ class JobHandover:
             c = self.kept[j]
             held -= len(c.outer)
             self.kept[j] = JobCopy(JobKeep(j, c.head.seq, c.head.state, (), "", c.head.term))
+            if write:  # (read back before the agent runs: nothing may be spawned yet)
+                self._write(j, self.kept[j])
+
+    def _write(self, job_id: str, copy: JobCopy | None) -> None:
+        if self.store is not None:
+            if copy is None:
+                self.store.drop(job_id)
+            else:
+                self.store.put(copy)
 
     async def _on_keep(self, msg: JobKeep, stream: SecureStream) -> JobKept | CallFailed:
         election = self.agent.election

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from p2pswarm.agent.streams import receive_message, send_message
-from p2pswarm.errors import RemoteProtocolError, TransportError
+from p2pswarm.errors import RemoteProtocolError, ReplicaLost, TransportError
 from p2pswarm.transport.secure import SecureStream
 from p2pswarm.wire.training import SHARD_CHUNK_BYTES, StatePart, TrainError, TrainTensor
 
@@ -100,13 +100,18 @@ class Link:
     stream: SecureStream | None = None
 
     async def send(self, msg: object) -> None:
-        assert self.stream is not None
-        await send_long(self.stream, msg)
+        await send_long(self._open_stream(), msg)
 
     async def receive(self, expected: type[M]) -> M:
-        assert self.stream is not None
-        return await receive_answer(self.stream, expected,
+        return await receive_answer(self._open_stream(), expected,
                                     f"stage {self.stage} on {self.fellow}")
+
+    def _open_stream(self) -> SecureStream:
+        """The stream, or ReplicaLost: a paused replica's links are closed, and an order
+        to one of its stages is the loss of that replica, never a crash of the agent."""
+        if self.stream is None:
+            raise ReplicaLost(f"stage {self.stage} on {self.fellow}: its replica is paused")
+        return self.stream
 
     async def ask(self, msg: object, expected: type[M]) -> M:
         """Send ``msg`` and return the stage's answer."""

@@ -166,7 +166,7 @@ class Takeover:
             whence = (f"resumed where its rounds stood (round {rounds.version}, step "
                       f"{job.step})")
         elif job.placement and not handed.lost:
-            whence = self._from_checkpoint(job)
+            whence = self.from_checkpoint(job)
         else:
             # placed afresh: every stage the fellows still hold goes (a lone replica then
             # waits for its cards as after any loss)
@@ -179,7 +179,7 @@ class Takeover:
             if n == 1:
                 placement = await placer.wait_to_resume(job, lost)
             else:
-                self._from_checkpoint(job)
+                self.from_checkpoint(job)
                 placement = await placer.place(job)
             handed.generation = job.paused_times  # what the placer placed them with
             return placement
@@ -193,7 +193,8 @@ class Takeover:
         log.warning("job %s %s", job.job_id, line)
 
     @staticmethod
-    def _from_checkpoint(job: Job) -> str:
+    def from_checkpoint(job: Job) -> str:
+        """Set ``job`` to resume from its latest checkpoint, else from step 0; says which."""
         if job_config(job.config).checkpoint.dir is not None and job.checkpoint_step:
             job.resume = True
             return f"resumed from its checkpoint of step {job.checkpoint_step}"

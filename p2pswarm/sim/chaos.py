@@ -1,0 +1,461 @@
+"""Churn on real `p2pswarm join` processes while a model is loaded and a job trains.
+
+Two swarms of the same size run side by side, on loopback: the *chaos* swarm, where
+every few seconds one event hits one fellow (drawn from the seed), and the *calm* swarm,
+where nothing happens. Both load the same model and train the same job (same seed), so
+the chaos job's final loss is compared with an undisturbed run measured on the same
+machine at the same moment.
+
+Events: leave (`p2pswarm leave`), crash (SIGKILL), freeze (SIGSTOP for 1-20 s, then
+SIGCONT), leader kill (SIGKILL of whoever leads now); a fellow that is down comes back
+after 5-60 s from its own state directory, on its own address. Events stop when the
+minutes are up or the chaos job has ended; every fellow that is down is then brought
+back, the job is waited for, and the idle gossip of both swarms is measured.
+
+Measured (``run`` returns them; ``verdict`` says which miss their target):
+
+- leaders per term, from every fellow's log (target: 1 in every term);
+- leader availability: over the moments when more than half of the fellows that ran in
+  the last 5 minutes are up, how long until every running fellow names one leader
+  (p50 / p99 / max; target p99 <= 10 s); a fellow still booting (its agent has not
+  answered since it was started) is not counted;
+- the job: its state at the end (target: finished), restarts (a move that started it
+  again from step 0, or a step that fell back to 0: target 0), the final loss against
+  the calm run's (mean of the last losses; target within 3 %);
+- checkpoints lost: checkpoints the job reported whose every shard no fellow's disk
+  holds whole at the end (the newest one and any the retention still keeps; target 0);
+- agents crashed: fellows that exited without being told to (target 0);
+- idle gossip: bytes sent per fellow per second over a quiet window at the end, chaos
+  and calm swarms side by side (target: within 10 % of ``IDLE_GOSSIP_B_S``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from p2pswarm.control.client import request, stream
+from p2pswarm.errors import ControlError, SwarmError
+from p2pswarm.sim.field import followed_per_term, free_address, two_leaders
+from p2pswarm.sim.processes import LocalSwarm, Say, local_swarm
+
+RECENT_S = 300.0  # "the fellows that ran in the last 5 minutes"
+# the README's steady-state idle gossip per fellow (simulations/bench_idle_gossip.py,
+# 10 fellows, `local` preset, free RAM wandering): what a quiet swarm sends
+IDLE_GOSSIP_B_S = 468.0
+LOSS_TOLERANCE = 0.03
+GOSSIP_TOLERANCE = 0.10
+FELLOW_MEMORY = "3GB"  # per fellow: the loaded model, the job and the planner's 1 GB floor
+TERMINAL = ("finished", "failed", "cancelled")
+LAST_LOSSES = 4  # the final loss: the mean of the job's last losses
+
+
+def job_config(*, model: str | dict[str, Any], steps: int, seed: int, seq_len: int,
+               checkpoint_dir: Path, replicas: int = 2, inner_steps: int = 4,
+               checkpoint_every: int = 8) -> dict[str, Any]:
+    """A DiLoCo job of ``replicas`` replicas that checkpoints every ``checkpoint_every``
+    steps, two copies of each shard on fellows besides the leader's own."""
+    return {"model": model if isinstance(model, str) else {"config": model},
+            "seq_len": seq_len, "micro_batch": 2, "micro_batches": 1, "steps": steps,
+            "replicas": replicas, "seed": seed,
+            "lr": {"peak": 3e-3, "schedule": "constant"},
+            "sync": {"inner_steps": inner_steps, "codec": "fp16", "outer_lr": 1.0,
+                     "outer_momentum": 0.0, "round_deadline_s": 60},
+            "checkpoint": {"dir": str(checkpoint_dir), "interval_steps": checkpoint_every,
+                           "keep": 2, "copies": 2}}
+
+
+@dataclass
+class Field:
+    """One swarm of the run: its fellows, what is up, and (chaos only) its events."""
+
+    swarm: LocalSwarm
+    names: list[str]
+    rng: random.Random
+    addresses: dict[str, str] = field(default_factory=dict)
+    up: dict[str, bool] = field(default_factory=dict)
+    frozen: dict[str, float] = field(default_factory=dict)  # name -> thaw at
+    back_at: dict[str, float] = field(default_factory=dict)  # name -> restart at
+    last_up: dict[str, float] = field(default_factory=dict)
+    told_to_stop: set[str] = field(default_factory=set)
+    answered: set[str] = field(default_factory=set)  # agents that answered since their start
+    unexpected_exits: list[str] = field(default_factory=list)
+    events: list[tuple[float, str, str]] = field(default_factory=list)
+    extra: tuple[str, ...] = ()
+
+    def start(self, name: str) -> None:
+        seeds = tuple(self.addresses[n] for n in self.names if n != name)
+        self.swarm.launch(name, seeds=seeds, listen=self.addresses[name], extra=self.extra)
+        self.up[name] = True
+        self.told_to_stop.discard(name)
+        self.answered.discard(name)
+
+    def running(self) -> list[str]:
+        return [n for n in self.names if self.up[n] and n not in self.frozen]
+
+    def ask(self, message: dict[str, Any], timeout_s: float = 10,
+            streamed: bool = False) -> Any:
+        """``message`` answered by the first running fellow that answers (``streamed``:
+        an op that sends events before its answer, which are ignored)."""
+        last: SwarmError = ControlError("no fellow is running")
+        for name in self.running():
+            home = self.swarm.homes[name]
+            try:
+                if streamed:
+                    return stream(home, message, lambda event: None, timeout_s=timeout_s)
+                return request(home, message, timeout_s=timeout_s)
+            except SwarmError as exc:
+                last = exc
+        raise last
+
+    def leader_now(self) -> str | None:
+        """The leader every running fellow names; a fellow whose agent has not answered
+        since it was (re)started is still booting and is not asked."""
+        seen = set()
+        for name in self.running():
+            try:
+                leader = self.swarm.status(name).get("leader")
+            except ControlError:
+                if name in self.answered:
+                    return None
+                continue
+            self.answered.add(name)
+            if not leader:
+                return None
+            seen.add((leader["name"], leader["term"]))
+        return seen.pop()[0] if len(seen) == 1 else None
+
+    def hit(self, now: float) -> None:
+        live = self.running()
+        if len(live) <= 1:
+            return
+        kind = self.rng.choice(["leave", "crash", "freeze", "leader"])
+        name = self.rng.choice(live)
+        if kind == "leader":
+            name = self.leader_now() or name
+            kind = "leader-kill"
+        self.events.append((now, kind, name))
+        process = self.swarm.processes[name]
+        if kind == "freeze":
+            process.send_signal(signal.SIGSTOP)
+            self.frozen[name] = now + self.rng.uniform(1, 20)
+            return
+        self.told_to_stop.add(name)
+        if kind == "leave":
+            try:
+                subprocess.run([sys.executable, "-m", "p2pswarm.cli", "leave", "--home",
+                                str(self.swarm.homes[name])], capture_output=True, timeout=30)
+            except subprocess.TimeoutExpired:  # a starved machine: leave by signal instead
+                process.send_signal(signal.SIGTERM)
+        else:
+            process.send_signal(signal.SIGKILL)
+        self.up[name] = False
+        self.back_at[name] = now + self.rng.uniform(5, 60)
+
+    def upkeep(self, now: float) -> None:
+        for name, thaw in list(self.frozen.items()):
+            if now >= thaw:
+                self.swarm.processes[name].send_signal(signal.SIGCONT)
+                del self.frozen[name]
+        for name, at in list(self.back_at.items()):
+            if now >= at:
+                process = self.swarm.processes[name]
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+                del self.back_at[name]
+                self.start(name)
+        for name in self.names:
+            if self.up[name]:
+                self.last_up[name] = now
+                if self.swarm.processes[name].poll() is not None and \
+                        name not in self.told_to_stop:
+                    self.unexpected_exits.append(name)
+                    self.up[name] = False
+                    self.back_at[name] = now + 5
+
+    def calm_down(self) -> None:
+        """No more events: thaw every frozen fellow and bring back every one that is
+        down, now."""
+        for name in list(self.frozen):
+            self.frozen[name] = 0.0
+        for name in list(self.back_at):
+            self.back_at[name] = 0.0
+        self.upkeep(time.monotonic())
+
+    def majority_up(self, now: float) -> bool:
+        recent = [n for n in self.names if now - self.last_up.get(n, -1e9) <= RECENT_S]
+        return 2 * len(self.running()) > len(recent)
+
+
+@dataclass
+class JobWatch:
+    """What the run saw of one job, polled from whichever fellow answers."""
+
+    job_id: str
+    last: dict[str, Any] = field(default_factory=dict)
+    highest_step: int = 0
+    fell_to_zero: int = 0  # times the step went back to 0 after it had passed it
+    checkpoints: set[int] = field(default_factory=set)
+
+    def poll(self, swarm: Field) -> None:
+        try:
+            jobs = swarm.ask({"op": "jobs"}, timeout_s=5)
+        except SwarmError:
+            return
+        record = next((j for j in jobs if j.get("job_id") == self.job_id), None)
+        if record is None:
+            return
+        step = int(record.get("step") or 0)
+        if self.highest_step > 0 and step == 0 and record.get("state") not in TERMINAL:
+            self.fell_to_zero += 1
+        self.highest_step = max(self.highest_step, step)
+        if record.get("checkpoint_step"):
+            self.checkpoints.add(int(record["checkpoint_step"]))
+        self.last = record
+
+    def ended(self) -> bool:
+        return self.last.get("state") in TERMINAL
+
+    def restarts(self) -> int:
+        moves = self.last.get("moves") or []
+        return self.fell_to_zero + sum("started again from step 0" in m for m in moves)
+
+    def final_loss(self) -> float | None:
+        losses = self.last.get("losses") or []
+        return statistics.fmean(losses[-LAST_LOSSES:]) if losses else None
+
+
+def checkpoints_lost(swarm: Field, job_id: str, steps: set[int], keep: int) -> list[int]:
+    """Of the checkpoints the job reported that its retention still keeps (the newest
+    ``keep``), those no fellow's disk holds whole: a manifest somewhere, and every
+    shard it names on some fellow's disk (its own store or its copies). The submitter's
+    own checkpoint directory does not count: a fellow is lost with its disk, a swarm's
+    checkpoints must not depend on one machine."""
+    wanted = sorted(steps)[-keep:]
+    roots = [p for home in swarm.swarm.homes.values()
+             for p in (home / "checkpoint-copies" / job_id, home / "job-checkpoints" / job_id)]
+    lost = []
+    for step in wanted:
+        dirs = [r / f"step-{step:08d}" for r in roots if (r / f"step-{step:08d}").is_dir()]
+        shards: set[str] = set()
+        for d in dirs:
+            try:
+                shards |= set(json.loads((d / "manifest.json").read_text())["shards"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        if not shards or not all(any((d / f"{s}.pt").is_file() for d in dirs)
+                                 for s in shards):
+            lost.append(step)
+    return lost
+
+
+def written_steps(swarm: Field, job_id: str) -> set[int]:
+    """The steps of ``job_id`` some fellow's disk holds a manifest of."""
+    steps = set()
+    for home in swarm.swarm.homes.values():
+        for kind in ("checkpoint-copies", "job-checkpoints"):
+            for d in (home / kind / job_id).glob("step-*"):
+                if d.name[5:].isdigit() and (d / "manifest.json").is_file():
+                    steps.add(int(d.name[5:]))
+    return steps
+
+
+def gossip_per_fellow(swarm: Field, window_s: float) -> float:
+    """Mean bytes of datagrams sent per fellow per second over ``window_s`` of quiet."""
+    def counts() -> dict[str, int]:
+        out = {}
+        for name in swarm.running():
+            try:
+                out[name] = int(swarm.swarm.status(name)["counters"]["bytes_out"])
+            except (ControlError, KeyError, TypeError, ValueError):
+                continue
+        return out
+
+    before, began = counts(), time.monotonic()
+    time.sleep(window_s)  # the measurement itself: a quiet window on the real clock
+    after, elapsed = counts(), time.monotonic() - began
+    rates = [(after[n] - before[n]) / elapsed for n in before if n in after]
+    return statistics.fmean(rates) if rates else 0.0
+
+
+def _form(swarm: Field, timeout_s: float) -> None:
+    for name in swarm.names:
+        swarm.start(name)
+    deadline = time.monotonic() + timeout_s
+    for name in swarm.names:
+        swarm.swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
+            m["state"] == "alive" for m in s["members"]) == len(swarm.names),
+            timeout_s=max(1.0, deadline - time.monotonic()),
+            what="the swarm to form and elect a leader")
+
+
+def _load(swarm: Field, model: str) -> None:
+    """``model`` loaded for serving where the planner puts it; asked again (a few times)
+    when the swarm's view moved under the plan (a busy machine makes its fellows flap)."""
+    from p2pswarm.planner import BUILTIN_MODELS
+
+    message = {"model": {"name": model, "config": BUILTIN_MODELS[model]}, "kind": "serve",
+               "weights_dtype": "f32", "floors_bytes": {"cpu": "250MB"}}
+    for attempt in range(5):
+        try:
+            swarm.ask({"op": "load", "request": message}, timeout_s=120, streamed=True)
+            return
+        except SwarmError:
+            if attempt == 4:
+                raise
+            time.sleep(2.0)
+
+
+def _served(swarm: Field) -> bool:
+    try:
+        swarm.ask({"op": "generate", "prompt": "The swarm", "max_tokens": 4}, timeout_s=60,
+                  streamed=True)
+    except SwarmError:
+        return False
+    return True
+
+
+def _waits(waits: list[float]) -> dict[str, float]:
+    ordered = sorted(waits) or [0.0]
+    return {"p50": round(statistics.median(ordered), 2),
+            "p99": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2),
+            "max": round(ordered[-1], 2)}
+
+
+def run(*, fellows: int, minutes: float, seed: int, say: Say, job: dict[str, Any],
+        load_model: str | None = "tiny-llama", first_hit_s: float = 20.0,
+        gap_s: tuple[float, float] = (5.0, 20.0), job_timeout_s: float = 600.0,
+        idle_window_s: float = 30.0, keep: bool = False) -> dict[str, Any]:
+    """The chaos run and its calm twin side by side; the figures (see the module)."""
+    names = [f"f{i}" for i in range(fellows)]
+    extra = ("--cpu-memory", FELLOW_MEMORY, "--log-level", "info")
+    with local_swarm(say, keep=keep, start_timeout_s=120) as chaos_swarm, \
+            local_swarm(say, keep=keep, start_timeout_s=120) as calm_swarm:
+        chaos = Field(chaos_swarm, names, random.Random(seed),
+                      {n: free_address() for n in names}, {n: False for n in names},
+                      extra=extra)
+        calm = Field(calm_swarm, names, random.Random(seed),
+                     {n: free_address() for n in names}, {n: False for n in names},
+                     extra=extra)
+        for swarm in (chaos, calm):
+            _form(swarm, 600)  # a busy machine forms eight fellows slowly
+        say(f"two swarms of {fellows} formed")
+        if load_model:
+            for swarm in (chaos, calm):
+                _load(swarm, load_model)
+            say(f"{load_model} loaded on both")
+        watches = {}
+        for label, swarm in (("chaos", chaos), ("calm", calm)):
+            config = {**job, "checkpoint": {**job["checkpoint"],
+                                            "dir": str(swarm.swarm.root / "checkpoints")}}
+            record = swarm.ask({"op": "job_submit", "config": config}, timeout_s=120)
+            watches[label] = JobWatch(str(record["job_id"]))
+        say(f"job submitted to both ({job['steps']} steps)")
+        begin = time.monotonic()
+        end = begin + minutes * 60
+        next_hit = begin + first_hit_s
+        next_poll = begin
+        leaderless_since: float | None = None
+        waits: list[float] = []
+        while time.monotonic() < end and not watches["chaos"].ended():
+            now = time.monotonic()
+            chaos.upkeep(now)
+            calm.upkeep(now)
+            if now >= next_hit:
+                chaos.hit(now)
+                next_hit = now + chaos.rng.uniform(*gap_s)
+            if chaos.majority_up(now) and chaos.leader_now() is None:
+                leaderless_since = leaderless_since or now
+            elif leaderless_since is not None:
+                waits.append(now - leaderless_since)
+                leaderless_since = None
+            if now >= next_poll:
+                for label, swarm in (("chaos", chaos), ("calm", calm)):
+                    watches[label].poll(swarm)
+                next_poll = now + 2.0
+            time.sleep(0.5)
+        events_s = time.monotonic() - begin
+        chaos.calm_down()
+        say(f"events over after {events_s:.0f} s; waiting for both jobs to end")
+        deadline = time.monotonic() + job_timeout_s
+        while time.monotonic() < deadline and not all(w.ended() for w in watches.values()):
+            now = time.monotonic()
+            chaos.upkeep(now)
+            calm.upkeep(now)
+            for label, swarm in (("chaos", chaos), ("calm", calm)):
+                watches[label].poll(swarm)
+            time.sleep(1.0)
+        job_s = time.monotonic() - begin
+        served = {label: _served(swarm) for label, swarm in (("chaos", chaos), ("calm", calm))
+                  } if load_model else {}
+        # the checkpoints the job wrote: those its record named, and every step with a
+        # manifest on some fellow's disk (a round closes past the interval, not on it)
+        written = watches["chaos"].checkpoints | written_steps(chaos, watches["chaos"].job_id)
+        lost = checkpoints_lost(chaos, watches["chaos"].job_id, written,
+                                int(job["checkpoint"]["keep"]))
+        time.sleep(5.0)  # let the last joins and card updates spread before measuring
+        gossip = {label: round(gossip_per_fellow(swarm, idle_window_s), 1)
+                  for label, swarm in (("chaos", chaos), ("calm", calm))}
+        terms = followed_per_term(chaos_swarm)
+    losses = {label: w.final_loss() for label, w in watches.items()}
+    gap = (abs(losses["chaos"] - losses["calm"]) / losses["calm"]
+           if losses["chaos"] is not None and losses["calm"] else None)
+    return {
+        "fellows": fellows, "minutes": minutes, "seed": seed,
+        "events": len(chaos.events), "events_s": round(events_s, 1),
+        "events_by_kind": {k: sum(1 for _, kind, _ in chaos.events if kind == k)
+                           for k in ("leave", "crash", "freeze", "leader-kill")},
+        "terms": len(terms), "terms_with_two_leaders": two_leaders(terms),
+        "leaderless_spells": len(waits), "leader_within_s": _waits(waits),
+        "agents_crashed": chaos.unexpected_exits + calm.unexpected_exits,
+        "job": {label: {"state": w.last.get("state"), "reason": w.last.get("reason", ""),
+                        "step": w.last.get("step"), "restarts": w.restarts(),
+                        "moves": w.last.get("moves", []), "final_loss": losses[label],
+                        "checkpoints_seen": sorted(w.checkpoints)}
+                for label, w in watches.items()},
+        "job_s": round(job_s, 1), "loss_gap": None if gap is None else round(gap, 4),
+        "checkpoints_lost": lost, "served_at_end": served,
+        "idle_gossip_b_s": gossip, "idle_gossip_reference_b_s": IDLE_GOSSIP_B_S,
+    }
+
+
+def verdict(report: dict[str, Any]) -> list[str]:
+    """Each target the run missed, in one line (empty: every target met)."""
+    misses = []
+    if report["terms_with_two_leaders"]:
+        misses.append(f"terms with two leaders: {report['terms_with_two_leaders']}")
+    if report["leader_within_s"]["p99"] > 10.0:
+        misses.append(f"leader within p99 {report['leader_within_s']['p99']} s > 10 s")
+    job = report["job"]["chaos"]
+    if job["state"] != "finished":
+        misses.append(f"chaos job {job['state']}: {job['reason']}")
+    if report["job"]["calm"]["state"] != "finished":
+        misses.append(f"calm job {report['job']['calm']['state']}")
+    if job["restarts"]:
+        misses.append(f"chaos job restarted {job['restarts']} times")
+    if report["loss_gap"] is None or report["loss_gap"] > LOSS_TOLERANCE:
+        misses.append(f"final loss {job['final_loss']} vs calm "
+                      f"{report['job']['calm']['final_loss']}: gap {report['loss_gap']}")
+    if report["checkpoints_lost"]:
+        misses.append(f"checkpoints lost: {report['checkpoints_lost']}")
+    if report["agents_crashed"]:
+        misses.append(f"agents crashed: {report['agents_crashed']}")
+    for label, rate in report["idle_gossip_b_s"].items():
+        if abs(rate - IDLE_GOSSIP_B_S) > GOSSIP_TOLERANCE * IDLE_GOSSIP_B_S:
+            misses.append(f"idle gossip ({label}) {rate} B/s per fellow, not within 10 % "
+                          f"of {IDLE_GOSSIP_B_S:g}")
+    return misses
+
+
+__all__ = ["IDLE_GOSSIP_B_S", "checkpoints_lost", "job_config", "run", "verdict"]
