@@ -15,6 +15,7 @@
     ├── ControlError                the local agent could not be reached or refused a request
     ├── PlacementError              the planner cannot place what was asked
     │   ├── PlanChanged             a pinned plan_id no longer matches the live view (409)
+    │   ├── Busy                    every session slot taken and the queue full (429)
     │   └── ReplicaLost             a training replica lost a fellow (the job goes on or waits)
     └── HttpError                   an HTTP API answer that is an error (http.problems: code,
                                     sentence, status)
@@ -95,6 +96,14 @@ class PlacementError(SwarmError):
 
 class ReplicaLost(PlacementError):
     """A training replica lost a fellow or a stage failed: it is paused, the job goes on."""
+
+
+class Busy(PlacementError):
+    """A load's session slots are all taken and its queue is full: come back later (429)."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class PlanChanged(PlacementError):

@@ -21,6 +21,11 @@
    the spare (the killed fellow is started again as the next round's spare); and a stage
    fellow frozen (SIGSTOP) for 5 s, then continued: whether its stage moved, and the time
    from its return to the next token. ``--only-failover`` runs this section alone.
+6. Many clients (``--many``; ``--only-many`` alone): on three `join` processes holding
+   small-llama with eight session slots, the decode tokens/s of one client against eight
+   at once (aggregate, while all eight decode), and a five-turn `chat` (each turn resends
+   the conversation): the fifth turn's time to first token against the first's, with the
+   stages keeping the session's cache between turns and, side by side, without.
 
 One torch thread per stage everywhere, as on a machine whose cores the fellows share; on
 a machine other processes keep busy the figures are pessimistic.
@@ -28,7 +33,8 @@ a machine other processes keep busy the figures are pessimistic.
     python simulations/bench_serving.py [--models tiny-llama small-llama] [--tokens 64]
                                         [--skip-processes] [--skip-demo]
                                         [--skip-single-stream] [--only-single-stream]
-                                        [--only-failover] [--kills 3] [--json | --markdown]
+                                        [--only-failover] [--kills 3] [--many]
+                                        [--only-many] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -501,6 +507,132 @@ def failover_rows(out: dict[str, Any]) -> list[tuple[str, str, str]]:
     ]
 
 
+# --- 6. many clients at once, and a chat that remembers ------------------------------------
+
+
+def _streamed(home: Path, ask: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
+    """Run a generating op over the control socket: when each token came, and the result."""
+    from p2pswarm.control.client import stream
+
+    times: list[float] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        if "token" in event:
+            times.append(time.perf_counter())
+
+    result = stream(home, ask, on_event, timeout_s=600)
+    return times, result
+
+
+def many_clients(model: str, tokens: int, clients: int = 8) -> dict[str, Any]:
+    """One client, then ``clients`` at once, on a three-stage load with that many slots;
+    then a five-turn chat, kept and not."""
+    import threading
+
+    from p2pswarm.control.client import request, stream
+    from p2pswarm.demo import local_swarm
+
+    with local_swarm(lambda text: None) as swarm:
+        swarm.start_timeout_s = 180.0  # a machine other work keeps busy starts slowly
+        names = ["fellow-1", "fellow-2", "fellow-3"]
+        # three fellows computing all the time on a shared 2-core machine answer probes
+        # late: the WiFi preset's patience, so that starvation is not taken for a loss
+        extra = ("--log-level", "warning", "--preset", "wifi")
+        seed = swarm.start(names[0], extra=extra)
+        for name in names[1:]:
+            swarm.start(name, seeds=(seed,), extra=extra)
+        for name in names:
+            swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
+                m["state"] == "alive" for m in s["members"]) == 3, timeout_s=180,
+                what="the swarm")
+        message = serve_request(model, floors_bytes={"cpu": "100MB"}, sequences=clients)
+        home = swarm.homes[names[0]]
+        plan = request(home, {"op": "plan", "request": message}, timeout_s=30)
+        driver = swarm.homes[plan["stages"][0]["fellow"]]
+        stream(home, {"op": "load", "request": message, "plan_id": plan["plan_id"]},
+               lambda e: None, timeout_s=300)
+        prompts = [f"Client {i} asks the swarm: " * 3 for i in range(clients)]
+
+        def ask(i: int) -> dict[str, Any]:
+            return {"op": "generate", "prompt": prompts[i], "max_tokens": tokens,
+                    "stop_token_ids": []}
+
+        request(driver, {**ask(0), "max_tokens": 4}, timeout_s=120)  # warm every stage
+        single = []
+        for _ in range(3):
+            times, _ = _streamed(driver, ask(0))
+            single.append((len(times) - 1) / (times[-1] - times[0]))
+        runs: list[list[float]] = [[] for _ in range(clients)]
+
+        def client(i: int) -> None:
+            runs[i] = _streamed(driver, ask(i))[0]
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # the steady state: from the last client's first token to the first client's end
+        start, end = max(r[0] for r in runs), min(r[-1] for r in runs)
+        together = sum(sum(start < t <= end for t in r) for r in runs) / (end - start)
+        chat = {kept: _chat_turns(driver, kept) for kept in (True, False)}
+        request(home, {"op": "unload"}, timeout_s=60)
+    one = statistics.median(single)
+    return {"single_tokens_per_s": one, "aggregate_tokens_per_s": together,
+            "ratio": together / one, "clients": clients, "chat": chat}
+
+
+def stage_batch_speed(model: str, sessions: int = 8, steps: int = 16) -> dict[str, Any]:
+    """One stage of the whole model in this process: decode tokens/s of ``sessions``
+    sessions stepped one at a time, against the same steps as one batch."""
+    import torch
+
+    from p2pswarm.runtime import Stage, StageSpec
+
+    layers = BUILTIN_MODELS[model]["num_hidden_layers"]
+    stage = Stage.load(model, StageSpec(0, layers, max_sessions=sessions,
+                                        max_context_tokens=256))
+    names = [f"s{i}" for i in range(sessions)]
+    for i, name in enumerate(names):
+        stage.prefill(name, [1 + (i * 7 + j) % 250 for j in range(40 + i)])
+    began = time.perf_counter()
+    for _ in range(steps):
+        for name in names:
+            stage.decode(name, 5, stage.session_length(name))
+    alone = sessions * steps / (time.perf_counter() - began)
+    began = time.perf_counter()
+    for _ in range(steps):
+        stage.decode_batch(names, torch.full((sessions,), 5),
+                           [stage.session_length(n) for n in names])
+    batched = sessions * steps / (time.perf_counter() - began)
+    return {"alone_tokens_per_s": alone, "batched_tokens_per_s": batched,
+            "ratio": batched / alone}
+
+
+def _chat_turns(driver: Path, kept: bool, turns: int = 5) -> dict[str, Any]:
+    """Five turns of a chat, each resending the conversation: each turn's time to first
+    token, with the session's cache kept between turns (the chat op) or not (the same
+    prompt through generate)."""
+    from p2pswarm.control.client import request
+    from p2pswarm.http.chat import plain_prompt
+
+    messages: list[dict[str, str]] = []
+    ttft, cached = [], []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Turn {turn}: tell the swarm more. " * 3})
+        options = {"max_tokens": 24, "stop_token_ids": [], "temperature": 0.0}
+        if kept:
+            result = request(driver, {"op": "chat", "messages": messages, **options},
+                             timeout_s=600)
+        else:
+            result = request(driver, {"op": "generate", "prompt": plain_prompt(messages),
+                                      **options}, timeout_s=600)
+        ttft.append(result["time_to_first_token_s"])
+        cached.append(result.get("cached_tokens", 0))
+        messages.append({"role": "assistant", "content": result["text"]})
+    return {"ttft_s": ttft, "cached_tokens": cached, "ratio": ttft[-1] / ttft[0]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["tiny-llama", "small-llama"])
@@ -513,6 +645,8 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="the table for the docs")
     parser.add_argument("--only-failover", action="store_true", help="section 5 alone")
     parser.add_argument("--kills", type=int, default=3, help="failover: kills measured")
+    parser.add_argument("--many", action="store_true", help="add section 6 (many clients)")
+    parser.add_argument("--only-many", action="store_true", help="section 6 alone")
     args = parser.parse_args()
     if args.only_failover:
         out = failover_figures(kills=args.kills)
@@ -542,8 +676,30 @@ def main() -> None:
         rows.append((f"{size}, 3 stages {where}: added latency per hop ({HOPS} a token)",
                      f"{hop_ms:.2f} ms", "<= 1.5 ms"))
 
-    if args.only_single_stream:
+    if args.only_single_stream or args.only_many:
         args.models, args.skip_processes, args.skip_demo = [], True, True
+        args.skip_single_stream = args.skip_single_stream or args.only_many
+    if args.many or args.only_many:
+        compute = stage_batch_speed("small-llama")
+        data["stage_batch"] = compute
+        rows.append(("small-llama, all 12 layers as one stage in this process: decode "
+                     "tokens/s of 8 sessions as one batch, against one at a time",
+                     f"{compute['batched_tokens_per_s']:.1f} / "
+                     f"{compute['alone_tokens_per_s']:.1f} = {compute['ratio']:.2f}",
+                     "reported"))
+        many = many_clients("small-llama", args.tokens)
+        data["many"] = many
+        rows.append(("small-llama, 3 stages (3 `join` processes, 8 slots): aggregate decode "
+                     "tokens/s of 8 clients at once, against one client",
+                     f"{many['aggregate_tokens_per_s']:.1f} / "
+                     f"{many['single_tokens_per_s']:.1f} = {many['ratio']:.2f}", ">= 3"))
+        for kept in (True, False):
+            chat = many["chat"][kept]
+            how = "kept between turns" if kept else "not kept (for comparison)"
+            rows.append((f"chat of 5 turns, the session's cache {how}: fifth turn's time to "
+                         "first token, against the first's",
+                         f"{chat['ttft_s'][-1]:.3f} / {chat['ttft_s'][0]:.3f} s = "
+                         f"{chat['ratio']:.2f}", "<= 1.2" if kept else "reported"))
     for model in args.models:
         out = pipeline_in_process(model, args.tokens, prompt)
         data[f"pipeline_{model}"] = {k: v for k, v in out.items() if k != "plan"}
@@ -555,7 +711,8 @@ def main() -> None:
             speed_rows(model, "(3 `join` processes)", procs["tokens_per_s"],
                        procs["local_tokens_per_s"])
     memory = []
-    stages = () if args.only_single_stream else (("tiny-llama", "f32", "f32", 2048),
+    only = args.only_single_stream or args.only_many
+    stages = () if only else (("tiny-llama", "f32", "f32", 2048),
                                                  ("small-llama", "f32", "f16", 2048),
                                                  ("small-llama", "f16", "f16", 4096),
                                                  ("small-llama", "int8", "int8", 2048))
@@ -572,7 +729,7 @@ def main() -> None:
         exact = all(r["allocated_bytes"] == r["claim_bytes"] for r in memory)
         figure = "memory: tensors a stage holds = the plan's weights + embeddings + KV cache"
         rows.append((figure, f"{'all' if exact else 'NOT all'} {len(memory)} equal", "exact"))
-    if not args.only_single_stream:
+    if not only:
         stream = weights_throughput("small-llama")
         data["weights"] = stream
         figure = (f"weights streamed between two agents in one process on loopback "

@@ -1,9 +1,14 @@
 """The OpenAI-compatible endpoint through the official ``openai`` client, against a
 built-in model loaded across two real agents on loopback: the text it answers is the
-``generate`` op's for the same prompt, streamed or not."""
+``generate`` op's for the same prompt, streamed or not. The load has one session slot:
+many clients at once wait in line and complete in order of arrival, a full line answers
+429, a client that hangs up while in line leaves it."""
 
 from __future__ import annotations
 
+import json
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,3 +199,90 @@ def test_a_client_that_goes_away_ends_the_generation(swarm: LoopbackSwarm) -> No
         assert 0 < len(tokens) < 400
     finally:
         swarm.run_sync(agent.control_ops.__setitem__, "generate", original)
+
+
+# --- many clients on the one-slot load: a line, in order of arrival; 429 when full ---
+
+
+def _line(swarm: LoopbackSwarm) -> tuple[int, int]:
+    """(running, waiting) on the driver's queue for the one load."""
+    driver = swarm.agents[1].serving.driver
+    plan_id = next(iter(swarm.agents[1].serving.loads_view()))["plan_id"]
+    return driver.admission.running(plan_id), driver.admission.waiting(plan_id)
+
+
+def _hang_up_later(swarm: LoopbackSwarm, body: dict[str, Any]) -> socket.socket:
+    """A completion asked over a raw socket, so the test decides when the client goes."""
+    host, port = swarm.http[1].rsplit(":", 1)
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {swarm.http[1]}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+                 .encode() + data)
+    return sock
+
+
+def test_eight_clients_on_one_slot_complete_in_order_of_arrival(swarm: LoopbackSwarm) -> None:
+    finished: list[int] = []
+    answers: dict[int, str] = {}
+    failures: list[BaseException] = []
+
+    def client(i: int) -> None:
+        try:
+            with openai.OpenAI(base_url=f"{swarm.url(1)}/v1", api_key="unused",
+                               max_retries=0, timeout=120) as c:
+                answer = c.chat.completions.create(
+                    model="tiny-llama", messages=[{"role": "user", "content": f"question {i}"}],
+                    max_tokens=12 if i == 0 else 6, temperature=0)
+            answers[i] = answer.choices[0].message.content or ""
+            finished.append(i)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = []
+    for i in range(8):
+        thread = threading.Thread(target=client, args=(i,), daemon=True)
+        thread.start()
+        threads.append(thread)
+        # the next client arrives once this one is in: running, in line, or done
+        swarm.call(swarm.wait_for, lambda: failures or sum(_line(swarm)) + len(finished) > i)
+    for thread in threads:
+        thread.join(120)
+    assert not failures, failures
+    assert finished == list(range(8))
+    # each answer is the one the load gives the same conversation alone
+    for i in (0, 7):
+        prompt = plain_prompt([{"role": "user", "content": f"question {i}"}])
+        alone = swarm.call(swarm.agents[1].control_ops["generate"], {
+            "op": "generate", "prompt": prompt, "max_tokens": 12 if i == 0 else 6,
+            "temperature": 0.0})
+        assert answers[i] == alone["text"]
+
+
+def test_a_full_line_answers_429_and_a_client_that_hangs_up_leaves_it(
+        swarm: LoopbackSwarm) -> None:
+    driver = swarm.agents[1].serving.driver
+    swarm.run_sync(setattr, driver.admission, "limit", 1)
+    body = {"model": "tiny-llama", "prompt": "a long one", "max_tokens": 400,
+            "temperature": 0}
+    running = waiting = None
+    try:
+        running = _hang_up_later(swarm, body)
+        swarm.call(swarm.wait_for, lambda: _line(swarm) == (1, 0))
+        waiting = _hang_up_later(swarm, {**body, "max_tokens": 4})
+        swarm.call(swarm.wait_for, lambda: _line(swarm) == (1, 1))
+        with httpx.Client(base_url=swarm.url(1), timeout=30) as c:
+            refused = c.post("/v1/completions", json={**body, "max_tokens": 4})
+        assert refused.status_code == 429
+        assert int(refused.headers["retry-after"]) >= 1
+        error = refused.json()["error"]
+        assert error["code"] == "busy" and "the queue is full" in error["message"]
+        waiting.close()  # hangs up while in line: it leaves the line
+        swarm.call(swarm.wait_for, lambda: _line(swarm) == (1, 0))
+        running.close()  # and the one running ends its generation
+        swarm.call(swarm.wait_for, lambda: _line(swarm) == (0, 0))
+    finally:
+        for sock in (running, waiting):
+            if sock is not None:
+                sock.close()
+        swarm.run_sync(setattr, driver.admission, "limit", 32)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import p2pswarm.control.client as control_client
 from p2pswarm.cli import app
 from p2pswarm.control.server import emit, serve_control
-from p2pswarm.errors import PlanChanged
+from p2pswarm.errors import Busy, PlanChanged
 from p2pswarm.planner import BUILTIN_MODELS, cluster_from_dict, plan_message
 from tests.fakes import RECORD, FakeAgent
 
@@ -105,12 +105,24 @@ def test_generate_streams_sanitised_text_then_the_timings(agent: FakeAgent) -> N
 
 def test_chat_takes_turns_until_end_of_input(agent: FakeAgent) -> None:
     replies = iter([" hello", " again"])
-    agent.answers["generate"] = lambda req: {"text": next(replies), "token_ids": []}
+    agent.answers["chat"] = lambda req: {"text": next(replies), "token_ids": []}
     result = runner.invoke(app, ["chat", "--max-tokens", "8"], input="hi\n\nand you?\n")
     assert result.exit_code == 0, result.output
-    prompts = [r["prompt"] for r in agent.requests]
-    assert prompts == ["User: hi\nAssistant:",
-                       "User: hi\nAssistant: hello\nUser: and you?\nAssistant:"]
+    sent = [r["messages"] for r in agent.requests]  # the whole conversation, every turn
+    assert sent == [[{"role": "user", "content": "hi"}],
+                    [{"role": "user", "content": "hi"},
+                     {"role": "assistant", "content": " hello"},
+                     {"role": "user", "content": "and you?"}]]
+    assert all(r["op"] == "chat" and r["max_tokens"] == 8 for r in agent.requests)
+
+
+def test_a_full_queue_is_one_line(agent: FakeAgent) -> None:
+    agent.answers["generate"] = Busy("plan 0123456789abcdef is busy: 1 generation running "
+                                     "and 32 waiting, the queue is full; try again in 9 s", 9)
+    result = runner.invoke(app, ["generate", "Hi"])
+    assert result.exit_code == 1
+    assert result.stderr == ("error: plan 0123456789abcdef is busy: 1 generation running and "
+                             "32 waiting, the queue is full; try again in 9 s\n")
 
 
 def test_loads_and_unload(agent: FakeAgent) -> None:

@@ -1,5 +1,6 @@
 """Using a load: generate (continue a prompt, streaming tokens, then speed per stage) and
-chat (a line is a turn)."""
+chat (a line is a turn: the conversation goes through the model's chat template, and the
+stages keep the session's cache between turns, so only the new turn is prefilled)."""
 
 from __future__ import annotations
 
@@ -31,14 +32,25 @@ def _print_generation_stats(result: dict[str, Any]) -> None:
 
 def _generate_once(home: Optional[Path], prompt: str | list[int], options: dict[str, Any],
                    as_json: bool) -> dict[str, Any]:
+    given = {"prompt_ids": prompt} if isinstance(prompt, list) else {"prompt": prompt}
+    return _stream_op(home, {"op": "generate", **given, **options}, as_json)
+
+
+def _stream_op(home: Optional[Path], request: dict[str, Any], as_json: bool) -> dict[str, Any]:
+    """Run a generating op, its text to standard output as it comes; a wait in the
+    load's queue is said once on standard error."""
+    told: list[int] = []
+
     def on_event(event: dict[str, Any]) -> None:
+        ahead = event.get("queued")
+        if isinstance(ahead, int) and not told:
+            told.append(ahead)
+            typer.echo(f"waiting for a session slot: {ahead} ahead in the queue", err=True)
         if not as_json and isinstance(event.get("text"), str):
             sys.stdout.write(printable(event["text"]))
             sys.stdout.flush()
 
-    given = {"prompt_ids": prompt} if isinstance(prompt, list) else {"prompt": prompt}
-    return stream_agent(home, {"op": "generate", **given, **options},  # type: ignore[no-any-return]
-                        on_event, _GENERATE_TIMEOUT_S)
+    return stream_agent(home, request, on_event, _GENERATE_TIMEOUT_S)  # type: ignore[no-any-return]
 
 
 def _prompt_ids(text: str) -> list[int]:
@@ -111,12 +123,16 @@ def chat(
     top_p: float = TopPOption,
     seed: int = SeedOption,
     plan_id: Optional[str] = PlanIdOption,
-    turns: int = typer.Option(4, "--turns", help="Earlier turns kept in the prompt."),
+    turns: int = typer.Option(0, "--turns", help="Earlier turns kept in the prompt (0: all "
+                              "that fit the load's context)."),
+    system: Optional[str] = typer.Option(None, "--system", help="A system message first."),
     home: Optional[Path] = HomeOption,
 ) -> None:
     """Talk with the loaded model: each line you type is a turn (EOF or Ctrl-D ends)."""
     options = _generate_options(max_tokens, temperature, top_k, top_p, seed, plan_id)
-    history: list[str] = []
+    if turns < 0:
+        fail(f"--turns {turns} must be 0 (all that fit) or more")
+    history: list[dict[str, str]] = []  # user and assistant messages, in order
     interactive = sys.stdin.isatty()
     while True:
         if interactive:
@@ -130,13 +146,16 @@ def chat(
         line = line.rstrip("\n")
         if not line.strip():
             continue
-        prompt = "".join(history[-turns:]) + f"User: {line}\nAssistant:"
+        recent = history[-2 * turns:] if turns else history
+        messages = ([{"role": "system", "content": system}] if system else []) + recent \
+            + [{"role": "user", "content": line}]
         try:
-            result = _generate_once(home, prompt, options, False)
+            result = _stream_op(home, {"op": "chat", "messages": messages, **options}, False)
         except KeyboardInterrupt:
             typer.echo("\ninterrupted", err=True)
             continue
         typer.echo("")
-        history.append(f"User: {line}\nAssistant:{result.get('text', '')}\n")
+        history += [{"role": "user", "content": line},
+                    {"role": "assistant", "content": str(result.get("text", ""))}]
     if interactive:
         typer.echo("")

@@ -202,7 +202,8 @@ class Call:
         await self.respond(status, dumps(data), "application/json")
 
     async def fail(self, error: HttpError) -> None:
-        await self.respond_json(error.document(), error.status)
+        await self.respond(error.status, dumps(error.document()), "application/json",
+                           error.headers)
 
     async def start(self, status: int, content_type: str,
                     headers: tuple[tuple[str, str], ...] = ()) -> None:
@@ -328,7 +329,7 @@ class HttpApp:
             # refused before its body was read: the connection cannot carry another request,
             # and a client must not send one on it
             await call.respond(error.status, dumps(error.document()), "application/json",
-                               (("connection", "close"),))
+                               (*error.headers, ("connection", "close")))
             return
         await call.fail(error)
 

@@ -9,7 +9,11 @@ pipeline's last stage hands the token to this fellow, and ``data: [DONE]`` ends 
 stream. Stop strings are the endpoint's: text that may begin one is held back until it
 is clear, and a stop found ends the generation (the op is cancelled, which closes the
 session on every stage). Chat messages become one prompt through the model's chat
-template, or a plain layout for a model without one (``p2pswarm.http.chat``).
+template, or a plain layout for a model without one (``p2pswarm.http.chat``). A chat's
+session stays cached on the stages after it answers, so a client that resends the
+conversation with a new message has only the new tokens prefilled. A request that finds
+every session slot of the load taken waits in line; a full line answers 429 with
+``Retry-After``.
 
 What the swarm cannot do (several choices, log probabilities, penalties, tools) is
 refused with 400 rather than silently ignored.
@@ -278,7 +282,8 @@ class OpenAIEndpoint:
         given = {"prompt_ids": prompt} if isinstance(prompt, list) else {"prompt": prompt}
         request = {**given, "plan_id": record["plan_id"], "max_tokens": max_tokens,
                    "temperature": options.temperature, "top_k": options.top_k,
-                   "top_p": options.top_p, "seed": options.seed}
+                   "top_p": options.top_p, "seed": options.seed,
+                   "remember": chat}  # a chat resends the conversation: continue its cache
         reply = _Reply(call, model_id, chat, options.stream)
         if echo:
             await reply.text(echo)

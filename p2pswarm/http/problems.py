@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from p2pswarm.errors import (
+    Busy,
     ConfigError,
     ControlError,
     PlacementError,
@@ -38,6 +39,7 @@ STATUS_CODES: dict[str, int] = {
     "too-large": 413,
     "unsupported-media-type": 415,
     "headers-too-large": 431,
+    "busy": 429,
     "agent-error": 500,
     "not-available": 501,
     "unreachable": 503,
@@ -47,7 +49,7 @@ STATUS_CODES: dict[str, int] = {
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                  403: "permission_error", 404: "not_found_error", 409: "conflict_error",
                  413: "invalid_request_error", 415: "invalid_request_error",
-                 431: "invalid_request_error"}
+                 429: "rate_limit_error", 431: "invalid_request_error"}
 
 _NO_LEADER = ("no leader to ask", "the leader is not in this fellow's view")
 
@@ -55,11 +57,13 @@ _NO_LEADER = ("no leader to ask", "the leader is not in this fellow's view")
 class HttpError(SwarmError):
     """An answer that is an error: its code, its sentence, and anything more to say."""
 
-    def __init__(self, code: str, message: str, extra: dict[str, Any] | None = None) -> None:
+    def __init__(self, code: str, message: str, extra: dict[str, Any] | None = None,
+                 headers: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.extra = dict(extra or {})
+        self.headers = headers  # e.g. Retry-After on 429
 
     @property
     def status(self) -> int:
@@ -82,6 +86,9 @@ def from_swarm_error(exc: SwarmError) -> HttpError:
             "changed": list(exc.changes), "plan": exc.new_plan})
     if isinstance(exc, ConfigError):
         return HttpError("bad-request", message)
+    if isinstance(exc, Busy):
+        return HttpError("busy", message, {"retry_after_s": exc.retry_after_s},
+                         (("retry-after", str(exc.retry_after_s)),))
     if isinstance(exc, PlacementError):
         if message.startswith(_NO_LEADER) or " is not the leader (" in message:
             return HttpError("no-leader", message)

@@ -13,6 +13,11 @@ int8 storage keeps one float32 scale per (layer, slot, kv head, position): each 
 value vector of ``head_dim`` numbers is stored as round(x / s) with s = max|x| / 127.
 Bytes per position per layer: 2 * kv_heads * head_dim * dtype_bytes, or for int8
 2 * kv_heads * (head_dim + 4).
+
+A session that ends may be *kept*: its slot and positions stay as they are, idle, so the
+next turn of a chat can continue from them (``resume``) instead of prefilling the whole
+conversation again. Kept slots are the first to go when a new session finds no free slot:
+the least recently kept is evicted. The plan's KV budget (its slots) is never exceeded.
 """
 
 from __future__ import annotations
@@ -59,14 +64,27 @@ class KVCache:
         self._slots: dict[str, int] = {}
         self._lengths: dict[str, int] = {}
         self._free = list(range(max_sessions - 1, -1, -1))  # pop() hands out slot 0 first
+        self._kept: dict[str, None] = {}  # idle kept sessions, least recently kept first
 
     @property
     def sessions(self) -> tuple[str, ...]:
-        return tuple(self._slots)
+        """The sessions in use (kept ones are not: they wait for their next turn)."""
+        return tuple(s for s in self._slots if s not in self._kept)
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        return tuple(self._kept)
+
+    def has_room(self, session: str) -> bool:
+        """Whether ``session`` can run now: it holds a slot, or one is free or kept."""
+        return session in self._slots or bool(self._free) or bool(self._kept)
 
     def open(self, session: str) -> None:
         if session in self._slots:
+            self._kept.pop(session, None)
             return
+        if not self._free and self._kept:
+            self.close(next(iter(self._kept)))  # evict the least recently kept
         if not self._free:
             raise PlacementError(
                 f"all {self.max_sessions} session slots of this stage are in use; "
@@ -76,9 +94,25 @@ class KVCache:
 
     def close(self, session: str) -> None:
         slot = self._slots.pop(session, None)
+        self._kept.pop(session, None)
         if slot is not None:
             self._lengths.pop(session)
             self._free.append(slot)
+
+    def keep(self, session: str) -> None:
+        """Leave ``session``'s positions in place for a later turn (evictable)."""
+        if session in self._slots:
+            self._kept.pop(session, None)
+            self._kept[session] = None
+
+    def resume(self, session: str, length: int) -> bool:
+        """Take a kept ``session`` back, its first ``length`` positions reused; False
+        when it was evicted or holds fewer positions."""
+        if session not in self._kept or self._lengths[session] < length:
+            return False
+        del self._kept[session]
+        self._lengths[session] = length
+        return True
 
     def length(self, session: str) -> int:
         """Positions already cached for ``session`` (0 for an unknown session)."""
@@ -90,6 +124,9 @@ class KVCache:
     def view(self, session: str) -> SessionKV:
         return SessionKV(self, self._slots[session])
 
+    def slot(self, session: str) -> int:
+        return self._slots[session]
+
     def allocated_bytes(self) -> int:
         tensors = [*self.k, *self.v, *(self.k_scale or ()), *(self.v_scale or ())]
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -99,6 +136,7 @@ class KVCache:
         self.k_scale = self.v_scale = None
         self._slots.clear()
         self._lengths.clear()
+        self._kept.clear()
         self._free = []
 
 

@@ -22,7 +22,9 @@ import torch
 from p2pswarm.errors import PlacementError, RemoteProtocolError
 from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.families import AnyStageModel, hidden_width
+from p2pswarm.models.llama import StageModel
 from p2pswarm.models.loader import TensorSource, compute_dtype, load_stage_model, open_model
+from p2pswarm.runtime.batch import batchable, batched_decode
 from p2pswarm.runtime.kv_cache import KVCache
 from p2pswarm.runtime.recurrent_state import RecurrentState
 from p2pswarm.runtime.spec import StageSpec
@@ -149,6 +151,53 @@ class Stage:
         if self._kv is not None:
             self._kv.close(session)
 
+    def keep_session(self, session: str) -> None:
+        """End ``session`` but keep its cache for a later turn (evicted when a new session
+        needs the slot). A recurrent state cannot be cut back to a prefix: it ends."""
+        if isinstance(self._kv, KVCache):
+            self._kv.keep(session)
+        elif self._kv is not None:
+            self._kv.close(session)
+
+    def resume_session(self, session: str, length: int) -> bool:
+        """Continue a kept ``session`` from its first ``length`` positions; False when the
+        cache was evicted (or is shorter)."""
+        return isinstance(self._kv, KVCache) and self._kv.resume(session, length)
+
+    def has_room(self, session: str) -> bool:
+        """Whether ``session`` can take (or holds) a slot now."""
+        if isinstance(self._kv, KVCache):
+            return self._kv.has_room(session)
+        return self._kv is not None and (session in self._kv.sessions
+                                         or len(self._kv.sessions) < self.spec.max_sessions)
+
+    @property
+    def kept_sessions(self) -> tuple[str, ...]:
+        return self._kv.kept if isinstance(self._kv, KVCache) else ()
+
+    def decode_batch(self, sessions: Sequence[str], inputs: torch.Tensor,
+                     positions: Sequence[int]) -> torch.Tensor:
+        """One token for each of several sessions, in one forward: token ids (B,) on the
+        first stage, hidden states (B, hidden) elsewhere, each session at its own
+        position (where its cache ends). Returns (B, hidden), or (B, vocab) logits."""
+        model, kv = self._loaded()
+        if len(set(sessions)) != len(sessions) or len(positions) != len(sessions):
+            raise RemoteProtocolError("bad-stage-input", "a batch names a session twice")
+        x = self._check_batch_inputs(inputs, len(sessions))
+        if not (isinstance(kv, KVCache) and isinstance(model, StageModel)
+                and batchable(model)):  # recurrent, sliding windows, capped scores: one by one
+            return torch.cat([self.prefill(session, x[i:i + 1], position)
+                              for i, (session, position) in enumerate(zip(sessions, positions))])
+        for session, position in zip(sessions, positions):
+            self._check_positions(session, position, 1, kv)
+            kv.open(session)
+        slots = [kv.slot(s) for s in sessions]
+        with torch.no_grad():
+            out = batched_decode(model, kv, slots, x, list(positions))
+        for session, position in zip(sessions, positions):
+            kv.set_length(session, position + 1)
+        return out
+
     def unload(self) -> None:
         """Free the weights and the KV cache; the stage cannot run again."""
         if self._kv is not None:
@@ -179,6 +228,13 @@ class Stage:
         if self._model is None or self._kv is None:
             raise PlacementError(f"stage [{self.start_layer}, {self.end_layer}) is unloaded")
         return self._model, self._kv
+
+    def _check_batch_inputs(self, inputs: torch.Tensor, n: int) -> torch.Tensor:
+        x = self._check_inputs(inputs)
+        if x.shape[0] != n:
+            raise RemoteProtocolError("bad-stage-input",
+                                      f"a batch of {n} sessions got {x.shape[0]} rows")
+        return x
 
     def _check_inputs(self, inputs: StageInput) -> torch.Tensor:
         if not isinstance(inputs, torch.Tensor):

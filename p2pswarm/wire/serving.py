@@ -72,6 +72,7 @@ class SessionOpen:
     top_p: Annotated[float, Range(0.0, 1.0)] = 1.0
     seed: U64 = 0
     keep_logits: bool = False  # send the logits each token was drawn from (tests, tools)
+    resume_from: U32 = 0  # >0: continue the session's kept cache, cut to these positions
 
 
 @message(104)
@@ -110,6 +111,7 @@ class StepOutput:
 @dataclass(frozen=True, slots=True)
 class SessionEnd:
     steps: U32  # steps the driver ran: a check, and a reason for the log
+    keep: bool = False  # keep the session's cache for its next turn (a chat)
 
 
 @message(108)
@@ -120,6 +122,7 @@ class SessionError:
     stage: U16
     fellow: Name
     reason: Reason
+    evicted: bool = False  # the kept cache to resume is gone: start the session afresh
 
 
 @message(109)

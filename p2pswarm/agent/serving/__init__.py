@@ -10,6 +10,10 @@ The rooms, one role each:
   reservations and their expiry, live-card accounting;
 - ``stage_session``: a hosted stage serving a session: the step loop, relays to and from
   its neighbours;
+- ``queue``: the driver's line for a load's session slots (429 when full);
+- ``prefix_cache``: sessions kept between chat turns, and which one a prompt continues;
+- ``batching``: a stage's decode steps of several sessions as one forward pass;
+- ``chat_turns``: a `p2pswarm chat` turn: the model's chat template, the context's room;
 - ``generation``: the driver: route, prompt, sampling loop, output, watching members,
   and resuming a session on a healed route by replaying its tokens;
 - ``failover``: the leader keeps loads whole: a lost stage's fellow back within a grace
@@ -19,7 +23,7 @@ The rooms, one role each:
 - ``runtime``: the ``StageRuntime`` seam to compute; ``torch_runtime`` its torch side.
 
 ``Serving`` wires them together for one agent and answers the control ops ``load``,
-``load_cancel``, ``loads``, ``unload`` and ``generate``.
+``load_cancel``, ``loads``, ``unload``, ``generate`` and ``chat``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from p2pswarm.agent.serving.asking import LoadAsker
+from p2pswarm.agent.serving.chat_turns import ChatPrompts
 from p2pswarm.agent.serving.failover import Failover
 from p2pswarm.models.tokenizer import token_id_list
 from p2pswarm.agent.serving.generation import Generation, TextStream
@@ -70,10 +75,11 @@ class Serving:
         self.host = StageHost(agent, leadership, self.runtime, self.offers, self.progress)
         self.sessions = StageSessions(agent, self.runtime, self.host.hosted)
         self.driver = Generation(agent, self.runtime, self.leader, self.offers)
+        self.chat_prompts = ChatPrompts(self)
         self.failover = Failover(agent, leadership, self.leader, self.host.hosted)
         agent.control_ops.update({"load": self._op_load, "load_cancel": self._op_load_cancel,
                                   "loads": self._op_loads, "unload": self._op_unload,
-                                  "generate": self._op_generate})
+                                  "generate": self._op_generate, "chat": self._op_chat})
         if lazy is not None and agent.home is not None and agent.card_source is not None:
             # A fellow that offers cards will likely host a stage, and importing torch
             # takes seconds on a small machine: pay it now, beside startup, not in `load`.
@@ -165,12 +171,15 @@ class Serving:
                        max_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                        top_p: float = 1.0, seed: int = 0,
                        stop_token_ids: Sequence[int] | None = None, keep_logits: bool = False,
-                       on_token: Callable[[int, str], None] | None = None) -> GenerationResult:
+                       remember: bool = False,
+                       on_token: Callable[[int, str], None] | None = None,
+                       on_wait: Callable[[int], None] | None = None) -> GenerationResult:
         """Run a session through a loaded pipeline from this fellow (``generation``)."""
         return await self.driver.generate(
             prompt, prompt_ids=prompt_ids, plan_id=plan_id, max_tokens=max_tokens,
             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            stop_token_ids=stop_token_ids, keep_logits=keep_logits, on_token=on_token)
+            stop_token_ids=stop_token_ids, keep_logits=keep_logits, remember=remember,
+            on_token=on_token, on_wait=on_wait)
 
     # --- control ops (the CLI's own agent) ------------------------------------------------
 
@@ -199,6 +208,21 @@ class Serving:
     async def _op_unload(self, request: dict[str, Any]) -> Any:
         return await self.unload(request.get("plan_id") or None, all=bool(request.get("all")))
 
+    async def _op_chat(self, request: dict[str, Any]) -> Any:
+        """One turn of a chat: ``messages`` (the conversation so far, as the OpenAI
+        endpoint takes them) through the model's chat template, the session kept."""
+        from p2pswarm.http.chat import chat_messages
+
+        messages = chat_messages(request.get("messages"))
+        record = await self.find_load(request.get("plan_id") or None)
+        try:
+            max_tokens = int(request.get("max_tokens", 64))
+        except (TypeError, ValueError):
+            raise ConfigError("chat: max_tokens must be a whole number") from None
+        prompt = await self.chat_prompts.prompt(record, messages, max(1, max_tokens))
+        return await self._op_generate({**request, "prompt": prompt,
+                                        "plan_id": record["plan_id"], "remember": True})
+
     async def _op_generate(self, request: dict[str, Any]) -> Any:
         prompt, prompt_ids = request.get("prompt"), request.get("prompt_ids")
         if prompt_ids is not None:
@@ -208,6 +232,9 @@ class Serving:
 
         def on_token(token: int, piece: str) -> None:
             emit({"token": token, "text": piece})
+
+        def on_wait(ahead: int) -> None:
+            emit({"queued": ahead})
 
         stops = request.get("stop_token_ids")
         if stops is not None and not (isinstance(stops, list)
@@ -225,7 +252,8 @@ class Serving:
                                      plan_id=request.get("plan_id") or None,
                                      max_tokens=max_tokens, temperature=temperature,
                                      top_k=top_k, top_p=top_p, seed=seed,
-                                     stop_token_ids=stops, on_token=on_token)
+                                     stop_token_ids=stops, remember=bool(request.get("remember")),
+                                     on_token=on_token, on_wait=on_wait)
         return result.to_dict()
 
 

@@ -21,6 +21,12 @@ the leader answers with and replays the prompt and every token drawn so far as t
 session's prompt, so each stage rebuilds its cache and the generation goes on from the
 token it had reached (greedy output equals an undisturbed run). Only when the leader
 cannot heal the load does the generation end with the error that names the fellow.
+
+Generations wait in the driver's queue (``queue``) for one of the load's session slots.
+One asked to be remembered (a chat turn) leaves its session's cache on the stages when it
+ends, and a later prompt that begins with the same tokens continues it, prefilling only
+the new ones (``prefix_cache``); a kept cache a stage has evicted is not a lost fellow:
+the session starts afresh.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ import trio
 from p2pswarm import wire
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
+from p2pswarm.agent.serving.prefix_cache import PrefixCache
+from p2pswarm.agent.serving.queue import Admission
 from p2pswarm.agent.serving.records import GenerationResult
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.serving.stage_session import open_hop
@@ -85,6 +93,10 @@ class _ReturnSlot:
     stream: SecureStream | None = None
 
 
+class _Evicted(SwarmError):
+    """A stage no longer keeps the session's cache a continued generation wanted."""
+
+
 class _Failure:
     """The first failure of a session, and the scope to cancel when it comes (keeps
     errors out of exception groups: watchers record, the caller raises)."""
@@ -118,6 +130,9 @@ class _Run:
     decode_began: float = 0.0
     stop_reason: str = "max_tokens"
     resumes: int = 0
+    remember: bool = False  # keep the session's cache for a next turn
+    reuse: tuple[str, int] | None = None  # a kept session to continue, and its positions
+    cached: int = 0  # prompt tokens the kept session's cache held
 
 
 class TextStream:
@@ -146,6 +161,8 @@ class Generation:
         self.offers = offers
         self.step_timeout_s = 60.0  # the most a driver waits for one token
         self.heal_timeout_s = HEAL_TIMEOUT_S
+        self.admission = Admission()
+        self.kept = PrefixCache()
         self._returns: dict[str, _ReturnSlot] = {}
         agent.on_stream(SessionReturn, self._on_session_return)
 
@@ -215,10 +232,13 @@ class Generation:
                        plan_id: str | None = None, max_tokens: int = 64,
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                        seed: int = 0, stop_token_ids: Sequence[int] | None = None,
-                       keep_logits: bool = False,
-                       on_token: Callable[[int, str], None] | None = None) -> GenerationResult:
+                       keep_logits: bool = False, remember: bool = False,
+                       on_token: Callable[[int, str], None] | None = None,
+                       on_wait: Callable[[int], None] | None = None) -> GenerationResult:
         """Run a session through a loaded pipeline from this fellow: tokens stream to
-        ``on_token(id, text)`` as the last stage draws them."""
+        ``on_token(id, text)`` as the last stage draws them. It waits in line for a
+        session slot (``on_wait(ahead)``); ``remember``: keep the session's cache for a
+        next turn, and continue a kept one this prompt begins with."""
         if max_tokens <= 0:
             raise ConfigError("max_tokens must be positive, e.g. --max-tokens 64")
         record = await self.find_load(plan_id)
@@ -233,7 +253,21 @@ class Generation:
         stops = set(tokenizer.eos_ids if stop_token_ids is None else stop_token_ids)
         open_msg = SessionOpen("-", record["plan_id"], 0, self.agent.addr, float(temperature),
                                int(top_k), float(top_p), int(seed), keep_logits)
-        run = _Run(list(ids), [0.0] * len(record["stages"]), time.perf_counter())
+        plan = record["plan_id"]
+        async with self.admission.slot(plan, int(record["runtime"].get("max_sessions", 1)),
+                                       on_wait):
+            run = _Run(list(ids), [0.0] * len(record["stages"]), time.perf_counter(),
+                       remember=remember)
+            run.reuse = self.kept.take(plan, ids) if remember else None
+            return await self._run(record, run, max_tokens, stops, open_msg, tokenizer,
+                                   on_token)
+
+    async def _run(self, record: dict[str, Any], run: _Run, max_tokens: int,
+                   stops: set[int], open_msg: SessionOpen, tokenizer: Any,
+                   on_token: Callable[[int, str], None] | None) -> GenerationResult:
+        """The generation's sessions: one, or more when the load heals under it (or a
+        kept cache it meant to continue is gone)."""
+        ids = run.ids
         text = TextStream(tokenizer)
         same_route = 0
         while True:
@@ -243,6 +277,8 @@ class Generation:
                 break
             error = failure.error
             assert error is not None
+            if isinstance(error, _Evicted):  # start the session afresh: nothing was lost
+                continue
             healed = None
             if failure.lost is not None and run.resumes < MAX_RESUMES:
                 healed = failure.healed or await self._heal(record, failure)
@@ -267,16 +303,20 @@ class Generation:
             stage_decode_s=tuple(run.stage_s),
             route=tuple({"stage": r["stage"], "fellow": r["fellow"], "layers": r["layers"],
                          "card": r.get("card", "")} for r in route),
-            logits=tuple(run.kept), resumes=run.resumes)
+            logits=tuple(run.kept), resumes=run.resumes, cached_tokens=run.cached)
 
     async def _session(self, record: dict[str, Any], run: _Run, max_tokens: int,
                        stops: set[int], open_msg: SessionOpen, text: TextStream,
                        on_token: Callable[[int, str], None] | None) -> _Failure | None:
         """One session through the load's route, from the tokens ``run`` has so far to
         the end; its failure, or None when the generation is done."""
-        session = f"{self.agent.rng.getrandbits(64):016x}"
+        session, start = f"{self.agent.rng.getrandbits(64):016x}", 0
+        if run.reuse is not None and not run.tokens:
+            session, start = run.reuse
+        run.reuse, run.cached = None, start  # a later session (after a failure) is new
         route = [dict(s) for s in record["stages"]]
-        open_msg = dataclasses.replace(open_msg, session=session, plan_id=record["plan_id"])
+        open_msg = dataclasses.replace(open_msg, session=session, plan_id=record["plan_id"],
+                                       resume_from=start)
         slot = _ReturnSlot(bytes.fromhex(route[-1]["fellow_id"]))
         self._returns[session] = slot
         failure = _Failure()
@@ -304,9 +344,16 @@ class Generation:
                 return failure if failure.error is not None else None
             finally:
                 with trio.CancelScope(shield=True):
+                    keep = run.remember and bool(run.tokens)  # else its length is unknown
                     if failure.error is None:
                         with trio.move_on_after(1.0):
-                            await send_best_effort(upstream, SessionEnd(0))
+                            await send_best_effort(upstream, SessionEnd(len(run.tokens),
+                                                                        keep))
+                        if keep:
+                            self.kept.put(record["plan_id"], session,
+                                          run.ids + run.tokens[:-1],
+                                          int(record["runtime"].get("max_sessions", 1)))
+                            await _until_closed(slot.stream)  # every stage kept it
                     await upstream.aclose()
         finally:
             slot.done.set()
@@ -346,7 +393,7 @@ class Generation:
 
         began = time.perf_counter()
         await send(open_msg)
-        for start in range(0, len(prompt), chunk):
+        for start in range(open_msg.resume_from, len(prompt), chunk):
             await send(StepInput(0, start, start + chunk >= len(prompt), (),
                                  self.runtime.token_frame(prompt[start:start + chunk])))
         with trio.move_on_after(self.step_timeout_s):
@@ -468,8 +515,8 @@ class Generation:
 
 def _lost_stage(msg: SessionError, route: list[dict[str, Any]]) -> int | None:
     """The stage a relayed error blames, when it is a lost fellow (a stage whose compute
-    failed is no fellow lost: replaying would fail again)."""
-    if msg.reason.startswith("failed"):
+    failed is no fellow lost: replaying would fail again; nor is an evicted cache)."""
+    if msg.reason.startswith("failed") or msg.evicted:
         return None
     return int(msg.stage)
 
@@ -498,5 +545,20 @@ def _same_load(healed: Any, record: dict[str, Any]) -> bool:
     return isinstance(healed.get("runtime"), dict)
 
 
-def _session_error(msg: SessionError) -> TransportError:
+async def _until_closed(stream: SecureStream | None) -> None:
+    """Until the last stage closes its stream back (bounded): it has then seen the
+    session's end, and a return stream closed first would read to it as the driver lost."""
+    if stream is None:
+        return
+    with trio.move_on_after(2.0):
+        try:
+            while True:
+                await stream.receive_frame()
+        except (TransportError, RemoteProtocolError):
+            pass
+
+
+def _session_error(msg: SessionError) -> SwarmError:
+    if msg.evicted:
+        return _Evicted(f"stage {msg.stage} on fellow {msg.fellow} {msg.reason}")
     return TransportError(f"stage {msg.stage} on fellow {msg.fellow} {msg.reason}")

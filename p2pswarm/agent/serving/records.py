@@ -169,6 +169,7 @@ class GenerationResult:
     stage_decode_s: tuple[float, ...]  # compute per stage over the decode steps
     route: tuple[dict[str, Any], ...]
     logits: tuple[Any, ...] = ()  # (vocab,) float32 tensors, one per token, with keep_logits
+    cached_tokens: int = 0  # prompt tokens a kept session's cache held (not prefilled)
     resumes: int = 0  # sessions re-opened on a healed load (a stage moved, or came back)
 
     @property
@@ -185,6 +186,7 @@ class GenerationResult:
         compute = sum(self.stage_decode_s) / steps if steps else 0.0
         return {
             "plan_id": self.plan_id, "prompt_tokens": len(self.prompt_ids),
+            "cached_tokens": self.cached_tokens,
             "token_ids": list(self.token_ids), "text": self.text,
             "stop_reason": self.stop_reason,
             "time_to_first_token_s": self.time_to_first_token_s, "decode_s": self.decode_s,

@@ -35,6 +35,12 @@ class LoadedStage(Protocol):
 
     def end_session(self, session: str) -> None: ...
 
+    def keep_session(self, session: str) -> None: ...
+
+    def resume_session(self, session: str, length: int) -> bool: ...
+
+    def has_room(self, session: str) -> bool: ...
+
     def unload(self) -> None: ...
 
 
@@ -47,6 +53,19 @@ class Stepped:
     token: int | None = None
     logits: bytes = b""  # the logits the token was drawn from, when kept
     forward_s: float = 0.0  # the forward pass alone
+    tokens: int = 0  # positions the chunk ran through the stage
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStep:
+    """One session's decode step in a batch: its input frame (one token id or one row of
+    hidden states), its position, and on a last stage its sampler."""
+
+    session: str
+    frame: bytes
+    position: int
+    sampler: Any | None
+    keep_logits: bool
 
 
 class StageRuntime(Protocol):
@@ -62,6 +81,10 @@ class StageRuntime(Protocol):
              sampler: Any | None, keep_logits: bool) -> Stepped:
         """Run the chunk in ``frame`` (token ids or hidden states) at ``position``; a last
         stage given a ``sampler`` draws the next token."""
+
+    def step_batch(self, stage: LoadedStage, steps: Sequence[BatchStep]) -> list[Stepped]:
+        """One decode step of each of several sessions, in one forward pass; a result
+        per step, in order (``forward_s`` is the whole batch's)."""
 
     def token_frame(self, ids: Sequence[int]) -> bytes:
         """Token ids as the tensor frame stage 0 takes."""
@@ -104,6 +127,9 @@ class TorchOnFirstUse:
              sampler: Any | None, keep_logits: bool) -> Stepped:
         return self._runtime().step(stage, session, frame, position, sampler, keep_logits)
 
+    def step_batch(self, stage: LoadedStage, steps: Sequence[BatchStep]) -> list[Stepped]:
+        return self._runtime().step_batch(stage, steps)
+
     def token_frame(self, ids: Sequence[int]) -> bytes:
         return self._runtime().token_frame(ids)
 
@@ -114,4 +140,4 @@ class TorchOnFirstUse:
         return self._runtime().adapter_tensors(block, cache, local)
 
 
-__all__ = ["LoadedStage", "StageRuntime", "Stepped", "TorchOnFirstUse"]
+__all__ = ["BatchStep", "LoadedStage", "StageRuntime", "Stepped", "TorchOnFirstUse"]

@@ -18,6 +18,12 @@ long, and handing a short step to a thread and back (two wake-ups) adds a millis
 or more to every hop on a busy machine. With ``agent.compute.inline`` every call runs on
 the trio thread: in virtual time (MockClock) a thread would let the clock jump while
 torch works, so the simulation sets it and compute takes no virtual time at all.
+
+Many sessions share a stage: decode steps waiting at once run as one batch
+(``batching``), and a session that finds every KV slot taken waits for one (the driver's
+queue keeps the wait short). A session the driver ends with ``keep`` leaves its cache in
+its slot for its next turn (``SessionOpen.resume_from``); a new session evicts the least
+recently kept when no slot is free.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from p2pswarm import wire
+from p2pswarm.agent.serving.batching import DecodeBatcher
 from p2pswarm.agent.serving.records import HostedStage
-from p2pswarm.agent.serving.runtime import StageRuntime
+from p2pswarm.agent.serving.runtime import BatchStep, StageRuntime, Stepped
 from p2pswarm.agent.streams import send_best_effort
 from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError, TransportError
 from p2pswarm.wire.serving import (
@@ -51,6 +58,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 INLINE_STEP_S = 0.025  # decode steps faster than this skip the worker thread
+SLOT_WAIT_S = 60.0  # the most a session waits at a stage for a KV slot to free
 
 
 class StageSession:
@@ -63,6 +71,7 @@ class StageSession:
         self.upstream = upstream
         self.downstream = downstream
         self.ending = False
+        self.keep = False  # the driver ended it with keep: leave its cache for a next turn
         self.scope: trio.CancelScope | None = None
         self.sampler: Any = None
 
@@ -83,7 +92,44 @@ class StageSessions:
         self.runtime = runtime
         self.hosted = hosted
         self.session_idle_s = 600.0  # a stage drops a session whose driver fell silent
+        self.prefill_tokens = 0  # positions of prompts this fellow's first stages ran
+        self._batchers: dict[tuple[str, int], tuple[HostedStage, DecodeBatcher[Any, Any]]] = {}
+        self._freed: dict[tuple[str, int], trio.Event] = {}  # a slot freed at that stage
         agent.on_stream(SessionOpen, self._on_session_open)
+
+    def batcher(self, hosted: HostedStage) -> DecodeBatcher[Any, Any]:
+        """The decode batcher of a hosted stage (a new one for a stage loaded again)."""
+        key = (hosted.order.plan_id, hosted.order.stage)
+        known = self._batchers.get(key)
+        if known is None or known[0] is not hosted:
+            batcher: DecodeBatcher[Any, Any] = DecodeBatcher(
+                partial(self._decode_one, hosted), partial(self._decode_batch, hosted))
+            self._batchers[key] = known = (hosted, batcher)
+        return known[1]
+
+    async def _room(self, hosted: HostedStage, session: str) -> bool:
+        """Wait (bounded) until ``session`` can take a KV slot at this stage: a session
+        that just ended upstream may not have ended here yet."""
+        key = (hosted.order.plan_id, hosted.order.stage)
+        with trio.move_on_after(SLOT_WAIT_S):
+            while True:
+                stage = hosted.stage
+                if stage is None or stage.has_room(session):
+                    return True
+                await self._freed.setdefault(key, trio.Event()).wait()
+        return False
+
+    async def _ended(self, hosted: HostedStage, session: str) -> None:
+        """Wait (bounded) until ``session``'s earlier run at this stage has ended."""
+        key = (hosted.order.plan_id, hosted.order.stage)
+        with trio.move_on_after(SLOT_WAIT_S):
+            while session in hosted.sessions:
+                await self._freed.setdefault(key, trio.Event()).wait()
+
+    def _slot_freed(self, hosted: HostedStage) -> None:
+        event = self._freed.pop((hosted.order.plan_id, hosted.order.stage), None)
+        if event is not None:
+            event.set()
 
     async def _on_session_open(self, msg: SessionOpen, upstream: SecureStream) -> None:
         """Host one session at one stage: open the next hop, then run steps until the
@@ -94,13 +140,28 @@ class StageSessions:
             await send_best_effort(upstream, SessionError(
                 msg.stage, me, f"holds no stage {msg.stage} of plan {msg.plan_id} (unloaded?)"))
             return
+        stage = hosted.stage
+        if msg.resume_from > 0:
+            # the turn before may still be ending here (its SessionEnd is on its way)
+            await self._ended(hosted, msg.session)
+            async with hosted.limiter:
+                resumed = stage.resume_session(msg.session, msg.resume_from)
+            if not resumed:
+                await send_best_effort(upstream, SessionError(
+                    msg.stage, me, f"no longer keeps session {msg.session}'s cache",
+                    evicted=True))
+                return
+        elif not await self._room(hosted, msg.session):
+            await send_best_effort(upstream, SessionError(
+                msg.stage, me, f"had no free session slot for {SLOT_WAIT_S:g} s"))
+            return
         nxt = hosted.next_hop
         try:
             if nxt is not None:
                 downstream = await open_hop(self.agent, nxt)
                 await downstream.send_frame(wire.encode(SessionOpen(
                     msg.session, msg.plan_id, msg.stage + 1, msg.return_addr, msg.temperature,
-                    msg.top_k, msg.top_p, msg.seed, msg.keep_logits)))
+                    msg.top_k, msg.top_p, msg.seed, msg.keep_logits, msg.resume_from)))
             else:
                 downstream = await self.agent.open_secure(msg.return_addr)
                 await downstream.send_frame(wire.encode(SessionReturn(msg.session)))
@@ -122,10 +183,11 @@ class StageSessions:
             hosted.sessions.discard(msg.session)
             with trio.CancelScope(shield=True):
                 await downstream.aclose()
-                stage = hosted.stage
-                if stage is not None and msg.session in stage.sessions:
-                    await self.agent.compute.run(lambda: stage.end_session(msg.session),
-                                                 hosted.limiter)
+                held = hosted.stage
+                if held is not None and msg.session in held.sessions:
+                    end = held.keep_session if session.keep else held.end_session
+                    await self.agent.compute.run(lambda: end(msg.session), hosted.limiter)
+                self._slot_freed(hosted)
 
     async def _run_steps(self, s: StageSession) -> None:
         hosted, me = s.hosted, self.agent.name
@@ -146,8 +208,11 @@ class StageSessions:
                 return
             if isinstance(msg, StepInput):
                 try:
-                    out = await self._run_step(hosted, partial(self._compute, s, msg),
-                                               decode=msg.step > 0)
+                    if msg.step > 0:
+                        out = await self.batcher(hosted).step((s, msg))
+                    else:
+                        out = await self._run_step(hosted, partial(self._compute, s, msg),
+                                                   decode=False)
                 except (SwarmError, RuntimeError, ValueError) as exc:
                     error = SessionError(hosted.order.stage, me, f"failed: {exc}"[:500])
                     await send_best_effort(s.upstream, error)
@@ -162,6 +227,7 @@ class StageSessions:
                     return
             elif isinstance(msg, SessionEnd):
                 s.ending = True
+                s.keep = msg.keep
                 await send_best_effort(s.downstream, msg)
                 return
             elif isinstance(msg, SessionError):
@@ -180,30 +246,63 @@ class StageSessions:
                 return compute()
         return await self.agent.compute.run(compute, hosted.limiter)
 
+    def _sampler(self, s: StageSession, msg: StepInput, is_last: bool) -> Any:
+        if not (is_last and msg.final):
+            return None
+        if s.sampler is None:
+            m = s.msg
+            s.sampler = self.runtime.sampler(m.temperature, m.top_k, m.top_p, m.seed)
+        return s.sampler
+
     def _compute(self, s: StageSession, msg: StepInput) -> bytes | None:
         """One chunk through this stage (on the stage's worker): the frame to send on."""
         stage = s.hosted.stage
         if stage is None:
             raise PlacementError("the stage was unloaded")
         began = time.perf_counter()
-        sampler = None
-        if stage.is_last and msg.final:
-            if s.sampler is None:
-                m = s.msg
-                s.sampler = self.runtime.sampler(m.temperature, m.top_k, m.top_p, m.seed)
-            sampler = s.sampler
-        out = self.runtime.step(stage, s.msg.session, msg.tensor, msg.position, sampler,
-                                s.msg.keep_logits)
+        out = self.runtime.step(stage, s.msg.session, msg.tensor, msg.position,
+                                self._sampler(s, msg, stage.is_last), s.msg.keep_logits)
         if msg.step > 0:  # a decode step: how long this stage takes for one (smoothed)
-            took = out.forward_s
-            h = s.hosted
-            h.decode_s = took if math.isinf(h.decode_s) else 0.8 * h.decode_s + 0.2 * took
-        stage_s = msg.stage_s + (time.perf_counter() - began,)
-        if not stage.is_last:
+            _smooth_decode_s(s.hosted, out.forward_s)
+        elif s.hosted.order.stage == 0:
+            self.prefill_tokens += out.tokens
+        return self._output(stage.is_last, msg, out, time.perf_counter() - began)
+
+    async def _decode_one(self, hosted: HostedStage, item: tuple[StageSession, StepInput]
+                          ) -> bytes | None:
+        return await self._run_step(hosted, partial(self._compute, *item), decode=True)
+
+    async def _decode_batch(self, hosted: HostedStage,
+                            items: list[tuple[StageSession, StepInput]]) -> list[bytes | None]:
+        return await self._run_step(hosted, partial(self._compute_batch, hosted, items),
+                                    decode=True)
+
+    def _compute_batch(self, hosted: HostedStage,
+                       items: list[tuple[StageSession, StepInput]]) -> list[bytes | None]:
+        """Several sessions' decode steps as one forward (on the stage's worker)."""
+        stage = hosted.stage
+        if stage is None:
+            raise PlacementError("the stage was unloaded")
+        began = time.perf_counter()
+        steps = [BatchStep(s.msg.session, msg.tensor, msg.position,
+                           self._sampler(s, msg, stage.is_last), s.msg.keep_logits)
+                 for s, msg in items]
+        outs = self.runtime.step_batch(stage, steps)
+        if outs:
+            _smooth_decode_s(hosted, outs[0].forward_s)  # how long the batch holds the loop
+        took = time.perf_counter() - began
+        return [self._output(stage.is_last, msg, out, took)
+                for (_, msg), out in zip(items, outs)]
+
+    @staticmethod
+    def _output(is_last: bool, msg: StepInput, out: Stepped, took: float) -> bytes | None:
+        stage_s = msg.stage_s + (took,)
+        if not is_last:
             return wire.encode(StepInput(msg.step, msg.position, msg.final, stage_s, out.frame))
         if out.token is None:
             return None  # a prompt chunk before the last: its cache is what counts
         return wire.encode(StepOutput(msg.step, out.token, stage_s, out.logits))
+
 
     async def _relay_from_downstream(self, s: StageSession) -> None:
         """Errors coming back from the next hop go upstream; so does its loss."""
@@ -228,3 +327,9 @@ class StageSessions:
                 "broke)"))
         if s.scope is not None:
             s.scope.cancel()
+
+
+def _smooth_decode_s(hosted: HostedStage, took: float) -> None:
+    """How long this stage takes for one decode step (smoothed): decides inline or not."""
+    h = hosted
+    h.decode_s = took if math.isinf(h.decode_s) else 0.8 * h.decode_s + 0.2 * took

@@ -20,9 +20,9 @@ import torch
 
 from p2pswarm.agent.adapter import TENSOR_NAME, block_manifest
 from p2pswarm.agent.serving.records import CachedWeights, StageOrder, WeightSource
-from p2pswarm.agent.serving.runtime import Stepped
+from p2pswarm.agent.serving.runtime import BatchStep, Stepped
 from p2pswarm.agent.weights import Manifest, WeightsCache
-from p2pswarm.errors import ConfigError, PlacementError
+from p2pswarm.errors import ConfigError, PlacementError, RemoteProtocolError
 from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.loader import open_model
 from p2pswarm.runtime.frame import decode_tensor, encode_tensor
@@ -54,16 +54,37 @@ class TorchRuntime:
     def step(self, stage: Stage, session: str, frame: bytes, position: int,
              sampler: Sampler | None, keep_logits: bool) -> Stepped:
         began = time.perf_counter()
-        out = stage.prefill(session, decode_tensor(frame), position)
+        inputs = decode_tensor(frame)
+        out = stage.prefill(session, inputs, position)
         forward_s = time.perf_counter() - began
+        tokens = int(inputs.shape[0]) if inputs.dim() else 0
         if not stage.is_last:
-            return Stepped(frame=bytes(encode_tensor(out)), forward_s=forward_s)
-        if sampler is None:
-            return Stepped(forward_s=forward_s)  # a prompt chunk before the last
+            return Stepped(frame=bytes(encode_tensor(out)), forward_s=forward_s, tokens=tokens)
+        if sampler is None:  # a prompt chunk before the last
+            return Stepped(forward_s=forward_s, tokens=tokens)
         logits = out[-1]
         token = sampler.sample(logits)
         return Stepped(token=token, logits=bytes(encode_tensor(logits)) if keep_logits else b"",
-                       forward_s=forward_s)
+                       forward_s=forward_s, tokens=tokens)
+
+    def step_batch(self, stage: Stage, steps: Sequence[BatchStep]) -> list[Stepped]:
+        rows = [decode_tensor(s.frame) for s in steps]
+        if any(r.dim() == 0 or r.shape[0] != 1 for r in rows):
+            raise RemoteProtocolError("bad-stage-input", "a decode step takes one position")
+        began = time.perf_counter()
+        out = stage.decode_batch([s.session for s in steps], torch.cat(rows),
+                                 [s.position for s in steps])
+        forward_s = time.perf_counter() - began
+        if not stage.is_last:
+            return [Stepped(frame=bytes(encode_tensor(out[i:i + 1])), forward_s=forward_s,
+                            tokens=1) for i in range(len(steps))]
+        results = []
+        for i, s in enumerate(steps):
+            logits = out[i]
+            token = s.sampler.sample(logits) if s.sampler is not None else None
+            kept = bytes(encode_tensor(logits)) if s.keep_logits else b""
+            results.append(Stepped(token=token, logits=kept, forward_s=forward_s, tokens=1))
+        return results
 
     def token_frame(self, ids: Sequence[int]) -> bytes:
         return bytes(encode_tensor(torch.tensor(list(ids), dtype=torch.long)))

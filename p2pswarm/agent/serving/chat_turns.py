@@ -1,0 +1,68 @@
+"""A chat turn from the CLI (`p2pswarm chat`): the conversation so far becomes one prompt
+through the model's chat template (the one the OpenAI endpoint uses), or the plain layout
+for a model without one; the oldest turns go when the conversation outgrows the load's
+context. The turn is generated with ``remember``: each turn resends the conversation, and
+its stages continue the session they kept from the turn before, prefilling only what is
+new."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from p2pswarm.errors import PlacementError
+from p2pswarm.http.chat import ChatTemplate, read_chat_template, render_chat
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.serving import Serving
+
+
+class ChatPrompts:
+    def __init__(self, serving: Serving) -> None:
+        self.serving = serving
+        self._templates: dict[str, ChatTemplate | None] = {}
+
+    async def template(self, record: dict[str, Any]) -> ChatTemplate | None:
+        """The load's chat template, from its model directory (None for built-ins)."""
+        from p2pswarm.agent.weights import Manifest
+
+        plan_id = record["plan_id"]
+        if plan_id in self._templates:
+            return self._templates[plan_id]
+        model = record.get("model") or {}
+        files = {f[0] for f in model.get("files", [])}
+        template = None
+        if model.get("kind") == "files" and "tokenizer_config.json" in files:
+            serving = self.serving
+            await serving.tokenizer(record)  # fetches the side files this fellow lacks
+            if model.get("source_id") == serving.agent.node_id.hex():
+                directory = str(model["path"])
+            else:
+                manifest = Manifest.from_dict({**model, "config": {}, "tensors": []})
+                cache = serving.weights_cache()
+                directory = str(await serving.run(lambda: cache.model_dir(manifest)))
+            template = await trio.to_thread.run_sync(read_chat_template, directory)
+        self._templates[plan_id] = template
+        return template
+
+    async def prompt(self, record: dict[str, Any], messages: list[dict[str, str]],
+                     max_tokens: int) -> str:
+        """The prompt for ``messages``, the oldest turns dropped until it leaves room for
+        ``max_tokens`` in the load's context (system messages and the last turn stay)."""
+        template = await self.template(record)
+        tokenizer = await self.serving.tokenizer(record)
+        context = int((record.get("runtime") or {}).get("max_context_tokens", 0))
+        kept = list(messages)
+        while True:
+            prompt = render_chat(kept, template)
+            if not context or len(tokenizer.encode(prompt)) + max_tokens - 1 <= context:
+                return prompt
+            turns = [i for i, m in enumerate(kept) if m["role"] not in ("system", "developer")]
+            if len(turns) <= 1:
+                raise PlacementError(f"the last message and {max_tokens} new tokens exceed "
+                                     f"the load's context of {context} tokens")
+            del kept[turns[0]]
+
+
+__all__ = ["ChatPrompts"]
