@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from p2pswarm.http.chat import plain_prompt
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
 from tests.serving_swarm import MODEL, PROMPT, reference, request, start_swarm
@@ -50,6 +51,24 @@ async def test_batched_sessions_and_a_chat_that_remembers(autojump_clock: object
             cached = len(ids) + len(result.token_ids) - 1
             ids = ids + list(result.token_ids) + list(PROMPT[40 + 9 * turn:48 + 9 * turn])
         assert cached > 0 and len(driver.serving.driver.kept.kept(plan["plan_id"])) == 1
+
+        # the same through text, as `chat` and /v1 clients resend it: the answers' bytes
+        # need not encode back to the ids drawn, yet the cache covers all but the new turn
+        messages: list[dict[str, str]] = []
+        held: list[int] = []  # what the kept cache holds after each turn
+        for turn in range(3):
+            messages.append({"role": "user", "content": f"Turn {turn}: say more."})
+            before = first.serving.sessions.prefill_tokens
+            result = await driver.serving.generate(plain_prompt(messages), max_tokens=6,
+                                                   stop_token_ids=(), remember=True)
+            said = list(result.prompt_ids)
+            if held:  # (the first turn may reuse the bos of the chat above)
+                assert said[:len(held)] == held and result.cached_tokens == len(held)
+                assert (first.serving.sessions.prefill_tokens - before
+                        == len(said) - len(held))
+            assert result.token_ids == alone(said, 6)
+            held = said + list(result.token_ids)[:-1]
+            messages.append({"role": "assistant", "content": result.text})
 
         # four sessions at once (every slot): each session's output equals its run alone
         # (greedy, and the last one sampled with its own seed), and their decode steps

@@ -72,10 +72,12 @@ def _text(content: Any, i: int) -> str:
 
 def plain_prompt(messages: Sequence[Mapping[str, str]]) -> str:
     """The layout for a model without a chat template: "Role: content" lines, then the
-    assistant's turn to speak. An answer that begins with a space follows its "Role:"
-    directly: it is then exactly the text the model went on with after "Assistant:", so
-    a kept session's cache still covers it in the next turn."""
-    lines = [f"{m['role'].capitalize()}:{'' if m['content'][:1] == ' ' else ' '}"
+    assistant's turn to speak. An answer follows "Assistant:" directly (as does any
+    content that begins with a space): it is then exactly the text the model went on
+    with after "Assistant:", so a kept session's cache still covers it in the next
+    turn."""
+    lines = [f"{m['role'].capitalize()}:"
+             f"{'' if m['role'] == 'assistant' or m['content'][:1] == ' ' else ' '}"
              f"{m['content']}\n" for m in messages]
     return "".join(lines) + "Assistant:"
 

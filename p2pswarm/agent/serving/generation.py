@@ -45,6 +45,7 @@ import trio
 from p2pswarm import wire
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
+from p2pswarm.agent.serving.answer_ids import AnswerIds
 from p2pswarm.agent.serving.prefix_cache import PrefixCache
 from p2pswarm.agent.serving.queue import Admission
 from p2pswarm.agent.serving.records import GenerationResult
@@ -163,6 +164,7 @@ class Generation:
         self.heal_timeout_s = HEAL_TIMEOUT_S
         self.admission = Admission()
         self.kept = PrefixCache()
+        self.answers = AnswerIds()  # remembered answers' own ids, for the next turn's prompt
         self._returns: dict[str, _ReturnSlot] = {}
         agent.on_stream(SessionReturn, self._on_session_return)
 
@@ -243,7 +245,13 @@ class Generation:
             raise ConfigError("max_tokens must be positive, e.g. --max-tokens 64")
         record = await self.find_load(plan_id)
         tokenizer = await self.tokenizer(record)
-        ids = list(prompt_ids) if prompt_ids is not None else tokenizer.encode(prompt or "")
+        plan = record["plan_id"]
+        if prompt_ids is not None:
+            ids = list(prompt_ids)
+        elif remember:  # a chat resending its answers: as the ids they were drawn as
+            ids = self.answers.encode(plan, tokenizer, prompt or "")
+        else:
+            ids = tokenizer.encode(prompt or "")
         if not ids:
             raise ConfigError("the prompt is empty")
         context = int(record["runtime"].get("max_context_tokens", 0))
@@ -253,14 +261,19 @@ class Generation:
         stops = set(tokenizer.eos_ids if stop_token_ids is None else stop_token_ids)
         open_msg = SessionOpen("-", record["plan_id"], 0, self.agent.addr, float(temperature),
                                int(top_k), float(top_p), int(seed), keep_logits)
-        plan = record["plan_id"]
         async with self.admission.slot(plan, int(record["runtime"].get("max_sessions", 1)),
                                        on_wait):
             run = _Run(list(ids), [0.0] * len(record["stages"]), time.perf_counter(),
                        remember=remember)
             run.reuse = self.kept.take(plan, ids) if remember else None
-            return await self._run(record, run, max_tokens, stops, open_msg, tokenizer,
-                                   on_token)
+            result = await self._run(record, run, max_tokens, stops, open_msg, tokenizer,
+                                     on_token)
+        if remember:
+            answer = list(result.token_ids)
+            while answer and answer[-1] in stops:  # the template closes the turn itself
+                answer.pop()
+            self.answers.note(plan, tokenizer, tokenizer.decode(answer), answer)
+        return result
 
     async def _run(self, record: dict[str, Any], run: _Run, max_tokens: int,
                    stops: set[int], open_msg: SessionOpen, tokenizer: Any,
