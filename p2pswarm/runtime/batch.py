@@ -88,8 +88,10 @@ def _update(kv: KVCache, layer: int, slots: list[int], slot_index: torch.Tensor,
         keys_at, values_at = kv.k[layer], kv.v[layer]
         keys_at[slot_index, :, pos] = k[:, :, 0].to(keys_at.dtype)
         values_at[slot_index, :, pos] = v[:, :, 0].to(values_at.dtype)
-        keys = keys_at.index_select(0, slot_index)[:, :, :length]
-        values = values_at.index_select(0, slot_index)[:, :, :length]
+        # cut to ``length`` before gathering the rows: a slot's cache spans the whole
+        # context, and copying all of it every layer made a batch cost more than its steps
+        keys = keys_at[:, :, :length].index_select(0, slot_index)
+        values = values_at[:, :, :length].index_select(0, slot_index)
         return keys.to(kv.compute_dtype), values.to(kv.compute_dtype)
     rows_k, rows_v = [], []
     for b, (slot, position) in enumerate(zip(slots, positions)):  # int8: row by row
