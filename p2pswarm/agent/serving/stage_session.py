@@ -181,6 +181,7 @@ class StageSessions:
                 nursery.cancel_scope.cancel()
         finally:
             hosted.sessions.discard(msg.session)
+            self.batcher(hosted).leave(msg.session)
             with trio.CancelScope(shield=True):
                 await downstream.aclose()
                 held = hosted.stage
@@ -209,7 +210,7 @@ class StageSessions:
             if isinstance(msg, StepInput):
                 try:
                     if msg.step > 0:
-                        out = await self.batcher(hosted).step((s, msg))
+                        out = await self.batcher(hosted).step((s, msg), s.msg.session)
                     else:
                         out = await self._run_step(hosted, partial(self._compute, s, msg),
                                                    decode=False)
