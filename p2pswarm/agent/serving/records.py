@@ -145,6 +145,10 @@ class HostedStage:
         self.decode_s = math.inf  # smoothed compute time of one decode step
         self.route: list[dict[str, Any]] = []
         self.sessions: set[str] = set()
+        # every stage's order of the load and the term of the StageStart that brought
+        # them: what a new leader asks for to take the load over (``adoption``)
+        self.kept_orders: tuple[StageAssignment, ...] = ()
+        self.started_term = 0
 
     @property
     def next_hop(self) -> dict[str, Any] | None:
