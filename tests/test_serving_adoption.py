@@ -5,12 +5,15 @@ lost after the change on the spare; the orders a fellow keeps are checked."""
 from __future__ import annotations
 
 import dataclasses
+import io
 
 import pytest
 import trio
+from rich.console import Console
 
 from p2pswarm.agent.serving.adoption import _newest, kept_orders
 from p2pswarm.agent.serving.records import StageOrder
+from p2pswarm.cli.loads import _print_load
 from p2pswarm.errors import ConfigError
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
@@ -72,6 +75,10 @@ async def test_a_new_leader_moves_a_stage_lost_after_the_change_of_leader(
         (move,) = record["moves"]
         assert (move["stage"], move["from"], move["to"]) == (stage, victim_name, spare)
         assert record["complete"] and record["adopted"]["leader"] == new.name
+        shown = io.StringIO()
+        _print_load(record, Console(file=shown, width=200))
+        assert f"led by {new.name} since" in shown.getvalue()
+        assert f"moved stage {stage} at " in shown.getvalue()
         # every fellow of the healed load keeps the new route and orders, for the next one
         for agent in swarm.live():
             for (p, _), hosted in agent.serving.hosted.items():

@@ -131,9 +131,16 @@ def _print_load(record: dict[str, Any], console: Any) -> None:
 
 
 def _print_moves(record: dict[str, Any], console: Any) -> None:
-    """Each stage the leader moved (failover), and what a load waits for."""
+    """A load a new leader took over, each stage the leader moved (failover), and what a
+    load waits for."""
     import datetime
 
+    adopted = record.get("adopted")
+    if isinstance(adopted, dict):
+        when = datetime.datetime.fromtimestamp(float(adopted.get("at", 0.0)))
+        console.print(f"  led by {adopted.get('leader')} since {when:%H:%M:%S} (taken over "
+                      f"in term {adopted.get('term')} from its fellows' stage orders)",
+                      markup=False, highlight=False)
     for move in record.get("moves") or []:
         when = datetime.datetime.fromtimestamp(float(move.get("at", 0.0)))
         console.print(f"  moved stage {move.get('stage')} at {when:%H:%M:%S} from "
