@@ -102,12 +102,15 @@ class Adoption:
         return [r["plan_id"] for r in self.loads.loads_view()
                 if r["plan_id"] not in self.loads.loads]
 
-    async def adopt(self, plan_id: str) -> dict[str, Any] | None:
+    async def adopt(self, plan_id: str, refresh: bool = False) -> dict[str, Any] | None:
         """Lead load ``plan_id`` from what its stage fellows keep; its record, or None
-        when no fellow of it answers with a route and orders that fit."""
+        when no fellow of it answers with a route and orders that fit. A load this
+        agent led before is taken as it is, or, with ``refresh`` (elected again: another
+        leader may have moved a stage meanwhile), as its fellows now keep it."""
         async with self.loads.lock:  # not beside a load or an unload under way
-            if plan_id in self.loads.loads:
-                return self.loads.loads[plan_id]
+            before = self.loads.loads.get(plan_id)
+            if before is not None and not refresh:
+                return before
             holders = self._holders(plan_id)
             answers: list[tuple[str, StageOrdersKept, list[StageOrder]]] = []
 
@@ -133,9 +136,12 @@ class Adoption:
                 for addr in holders:
                     nursery.start_soon(ask, addr)
             if not answers or not self.leadership.is_leader():
-                return None
+                return before
             _, kept, orders = _newest(answers)
             route = [route_dict(h) for h in kept.route]
+            if before is not None and [h["fellow_id"] for h in before["stages"]] == [
+                    h["fellow_id"] for h in route]:
+                return before  # as this agent left it
             first = orders[0]
             record: dict[str, Any] = {
                 "plan_id": plan_id, "model": public_model(first.model),
@@ -144,6 +150,9 @@ class Adoption:
                             "leader": self.agent.name}}
             if first.adapter:
                 record["adapter"] = public_adapter(first.adapter)
+            for key in ("moves", "load_s"):  # what this agent saw when it led it before
+                if before is not None and key in before:
+                    record[key] = before[key]
             self.loads.loads[plan_id] = record
             self.loads.orders[plan_id] = orders
             log.warning("%s leads load %s now (its route and orders from %d of its "

@@ -155,7 +155,10 @@ class Failover:
             record["faster"] = proposal.to_dict()
 
     def elected(self) -> None:
-        """This agent won an election: watch the loads, adopting those it did not lead."""
+        """This agent won an election: watch the loads, adopting those it did not lead,
+        and those it led before as their fellows now keep them."""
+        for plan_id in sorted(self.loads.loads):
+            self.agent.spawn(self._adopt_quietly, plan_id, True)
         self._watch_soon()
 
     def _release_stray(self, plan_id: str, addr: str) -> None:
@@ -195,10 +198,10 @@ class Failover:
         finally:
             self._watching = False
 
-    async def _adopt_quietly(self, plan_id: str) -> None:
+    async def _adopt_quietly(self, plan_id: str, refresh: bool = False) -> None:
         lock = self._locks.setdefault(plan_id, trio.Lock())
         async with lock:
-            if await self.adoption.adopt(plan_id) is not None:
+            if await self.adoption.adopt(plan_id, refresh) is not None:
                 self._adopt_at.pop(plan_id, None)
 
     async def _heal_quietly(self, plan_id: str) -> None:
