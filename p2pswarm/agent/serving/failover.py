@@ -22,6 +22,11 @@ that route, see ``generation``), and the leader's own watch over membership (a s
 fellow dead or departed heals the load with no generation running). When no card can
 hold a lost stage, the heal fails with the reason, the load shows what it waits for
 (``waiting``), and the watch tries again as the swarm changes.
+
+A leader heals the loads its predecessors led too: every ``StageStart`` hands each stage's
+fellow the route and every stage's order, and a new leader adopts a load from them
+(``adoption``) when it is elected, when its watch finds a load it does not lead, or when
+a driver asks it to heal one.
 """
 
 from __future__ import annotations
@@ -370,7 +375,7 @@ class Failover:
             try:
                 with trio.fail_after(self.loads.prepare_timeout_s):
                     await self.leadership.order(addr, StageStart(plan_id, hops, kept),
-                                            StageStarted)
+                                                StageStarted)
             except (SwarmError, trio.TooSlowError) as exc:
                 log.warning("route of %s to %s: %s", plan_id, addr, exc)
 
