@@ -114,3 +114,16 @@ async def test_a_wrong_rwkv7_adapter_is_refused_in_one_line(autojump_clock, tmp_
             assert "\n" not in str(refused.value)
             assert nothing_held(swarm) and not driver.serving.loads_view()
         nursery.cancel_scope.cancel()
+
+
+def test_llama_named_targets_mean_rwkv7_maps(tmp_path) -> None:
+    from p2pswarm.agent.adapter import check_adapter
+
+    # a job on RWKV-7 given Llama's target names saves them as given, tensors on its maps
+    adapter = read_adapter(make_adapter(tmp_path / "a", LoraConfig(
+        rank=2, targets=("q_proj", "down_proj"))))
+    assert adapter.targets == ("down_proj", "q_proj")
+    assert {t.name.split(".")[6] for t in adapter.manifest.tensors} == {"r_proj", "value"}
+    check_adapter(adapter, dict(BUILTIN_MODELS[MODEL]), MODEL)  # accepted
+    with pytest.raises(ConfigError, match="is for the base 'tiny-rwkv7', not 'tiny-llama'"):
+        check_adapter(adapter, dict(BUILTIN_MODELS["tiny-llama"]), "tiny-llama")
