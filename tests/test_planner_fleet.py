@@ -71,6 +71,20 @@ def test_the_fleet_file_is_planned_over_replicas_of_different_shapes() -> None:
     assert fleet.tokens_per_s > fleet.single_pipeline_tokens_per_s
 
 
+def test_a_1b_rwkv7_trains_over_the_whole_fleet() -> None:
+    """The job the fleet exists for: every card in a replica, the Pis in pipelines."""
+    config = json.loads((CLUSTERS.parent / "models" / "rwkv7-1b" / "config.json").read_text())
+    rwkv = profile_from_config(config, "rwkv7-1b")
+    view = cluster_from_dict(json.loads((CLUSTERS / "fleet.json").read_text()))
+    request = request_from_dict({"kind": "train", "seq_len": 256, "weights_dtype": "bf16"})
+    fleet = plan_fleet(rwkv, view, request, FleetRequest(auto_batch=True, inner_steps=100))
+    assert fleet.fits and rwkv.recurrent
+    assert all(c["replica"] is not None for c in fleet.to_dict()["cards"])
+    pis = [r for r in fleet.replicas if r.plan.stages[0].fellow.startswith("pi")]
+    assert pis and all(r.stages >= 4 for r in pis)
+    assert fleet.round is not None and fleet.round.comm_s < fleet.round.compute_s / 3
+
+
 def test_the_fleet_plan_is_deterministic_whatever_the_order() -> None:
     data = cpu_fellows([12 * GB, 7 * GB, 7 * GB, 3 * GB, 3 * GB, 3 * GB, 3 * GB],
                        flops=1.2e10)
