@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from p2pswarm.cli.app import HomeOption, JsonOption, app, print_json
+from p2pswarm.cli.app import HomeOption, JsonOption, app, home_dir, print_json
 from p2pswarm.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED, exits_on
 from p2pswarm.cli.local_agent import agent_answer, stream_agent
 from p2pswarm.cli.plan_changed import explain_plan_changed
@@ -200,6 +200,9 @@ def load(
     if model is None:
         raise ConfigError("load needs a MODEL (a model directory or a built-in name), or "
                           "--move PLAN_ID")
+    from p2pswarm.models.pth_cache import PTH_DIR, offered_model
+
+    model = offered_model(model, home_dir(home) / PTH_DIR)  # an RWKV .pth: converted once
     message, path = _serve_message(model, context, sequences, stages, weights_dtype, kv_dtype,
                                    maximize, exclude, floor)
     adapter_dir: Optional[str] = None
