@@ -56,6 +56,7 @@ async def test_a_new_leader_moves_a_stage_lost_after_the_change_of_leader(
         new = new_leader()
         await wait_until(lambda: plan_id in new.serving.loads, timeout_s=30)  # adopted
         assert [h["fellow"] for h in new.serving.loads[plan_id]["stages"]] == staged
+        as_adopted = [dict(h) for h in new.serving.loads[plan_id]["stages"]]
 
         victim_name = next(n for n in staged if n != new.name)
         stage = staged.index(victim_name)
@@ -79,6 +80,16 @@ async def test_a_new_leader_moves_a_stage_lost_after_the_change_of_leader(
         _print_load(record, Console(file=shown, width=200))
         assert f"led by {new.name} since" in shown.getvalue()
         assert f"moved stage {stage} at " in shown.getvalue()
+        # a leader elected again takes the load as its fellows keep it now, not as it
+        # left it (another leader may have moved a stage meanwhile)
+        led = new.serving.loads[plan_id]
+        new.serving.loads[plan_id] = {**led, "stages": as_adopted}
+        again = await new.serving.failover.adoption.adopt(plan_id, refresh=True)
+        assert again is not None and again is new.serving.loads[plan_id]
+        assert [h["fellow"] for h in again["stages"]] == [r["fellow"] for r in result.route]
+        assert again["moves"] == led["moves"]
+        assert new.serving.leader.orders[plan_id][stage].fellow_id == \
+            again["stages"][stage]["fellow_id"]
         # every fellow of the healed load keeps the new route and orders, for the next one
         for agent in swarm.live():
             for (p, _), hosted in agent.serving.hosted.items():
