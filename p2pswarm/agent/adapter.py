@@ -5,7 +5,9 @@ load runs (``adapter_config.json`` and ``adapter_model.safetensors``, as ``save_
 and ``jobs export`` write them) and makes an ``AdapterManifest``: each adapter tensor's
 byte range and SHA-256, and a content hash over the config and every tensor. Before the
 leader is asked, the adapter is checked against the base: the base it names, its target
-modules (the model must have them) and every tensor's shape. The load request carries
+modules (the model's family must have them: Llama's ``self_attn``/``mlp`` maps, RWKV-7's
+``attn.{r,k,v,o}_proj`` and ``ffn.key``/``ffn.value``) and every tensor's shape against
+the base's own tensor. The load request carries
 the content hash, so the plan and its ``plan_id`` differ with and without an adapter
 (``adapted_plan``), and a pin made for one is never taken for the other.
 
@@ -31,13 +33,14 @@ from typing import Any
 from p2pswarm.agent.weights import Manifest, ManifestTensor
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.config import ModelConfig
+from p2pswarm.models.lora_targets import family_targets, proj_parents
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-PROJ_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
-               "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
-TENSOR_NAME = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\."
-                   r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+# any family's adapted map (Llama's self_attn/mlp, RWKV-7's attn/ffn); check_adapter then
+# holds each tensor to its base's own family
+TENSOR_NAME = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp|attn|ffn)\."
+                   r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|r_proj|key|value)"
                    r"\.lora_([AB])\.weight$")
 _FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 
@@ -134,6 +137,7 @@ def check_adapter(adapter: AdapterManifest, hf_config: dict[str, Any], model_nam
     """Refuse (ConfigError) an adapter that is not for this base: another base named,
     target modules the model lacks, or any tensor's shape not the base's."""
     from p2pswarm.models.checkpoint import stage_tensor_names  # imports torch
+    from p2pswarm.models.families import tensor_shape
 
     where = adapter.path
     if not _base_matches(adapter.base, model_name, model_path):
@@ -141,25 +145,27 @@ def check_adapter(adapter: AdapterManifest, hf_config: dict[str, Any], model_nam
                           f"{model_name!r}: load it on its own base")
     config = ModelConfig.from_hf(hf_config)
     names = set(stage_tensor_names(config, 0, config.num_layers))
-    lacking = [t for t in adapter.targets
-               if t not in PROJ_PARENT or f"model.layers.0.{PROJ_PARENT[t]}.{t}.weight" not in names]
+    parents = proj_parents(config.model_type)
+    # a job on RWKV-7 may name its targets the Llama way (q_proj for r_proj, ...)
+    targets = family_targets(config.model_type, adapter.targets)
+    lacking = [t for t in targets
+               if t not in parents or f"model.layers.0.{parents[t]}.{t}.weight" not in names]
     if lacking:
         raise ConfigError(f"adapter {where} targets {', '.join(lacking)}, which {model_name} "
                           "does not have")
-    q = config.num_heads * config.head_dim
-    kv = config.num_kv_heads * config.head_dim
-    h, m = config.hidden_size, config.intermediate_size
-    dims = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q),
-            "gate_proj": (m, h), "up_proj": (m, h), "down_proj": (h, m)}
     by_name = {t.name: t for t in adapter.manifest.tensors}
     for t in adapter.manifest.tensors:
-        layer, _, proj, which = TENSOR_NAME.match(t.name).groups()  # type: ignore[union-attr]
+        layer, parent, proj, which = TENSOR_NAME.match(t.name).groups()  # type: ignore[union-attr]
         if int(layer) >= config.num_layers:
             raise ConfigError(f"adapter {where} has layer {layer}; {model_name} has "
                               f"{config.num_layers} layers: not an adapter for this base")
-        if proj not in adapter.targets:
-            raise ConfigError(f"adapter {where}: {t.name} is not among its target_modules")
-        out_f, in_f = dims[proj]
+        if proj not in targets or parents.get(proj) != parent:
+            raise ConfigError(f"adapter {where}: {t.name} is not among its target_modules "
+                              f"as {model_name} names them")
+        base = f"model.layers.{layer}.{parent}.{proj}.weight"
+        if base not in names:
+            raise ConfigError(f"adapter {where}: {model_name} has no {base}")
+        out_f, in_f = tensor_shape(config, base)
         want = (adapter.rank, in_f) if which == "A" else (out_f, adapter.rank)
         if t.shape != want:
             raise ConfigError(f"adapter {where}: {t.name} has shape {list(t.shape)}, "

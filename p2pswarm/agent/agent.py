@@ -349,6 +349,7 @@ class Agent:
                 self._lost[event.node_id] = member.addr
         if event.kind == fx.ELECTED:
             self.training.elected()  # the jobs the last leader led go on here
+            self.serving.elected()  # and so do its loads (failover, adoption)
         elif event.kind in (fx.STEPPED_DOWN, fx.LEADER):
             self.training.leader_changed()  # no longer leading: its drivers stop
         self.events.append(event)

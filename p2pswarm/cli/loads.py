@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from p2pswarm.cli.app import HomeOption, JsonOption, app, print_json
+from p2pswarm.cli.app import HomeOption, JsonOption, app, home_dir, print_json
 from p2pswarm.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED, exits_on
 from p2pswarm.cli.local_agent import agent_answer, stream_agent
 from p2pswarm.cli.plan_changed import explain_plan_changed
@@ -131,9 +131,16 @@ def _print_load(record: dict[str, Any], console: Any) -> None:
 
 
 def _print_moves(record: dict[str, Any], console: Any) -> None:
-    """Each stage the leader moved (failover), and what a load waits for."""
+    """A load a new leader took over, each stage the leader moved (failover), and what a
+    load waits for."""
     import datetime
 
+    adopted = record.get("adopted")
+    if isinstance(adopted, dict):
+        when = datetime.datetime.fromtimestamp(float(adopted.get("at", 0.0)))
+        console.print(f"  led by {adopted.get('leader')} since {when:%H:%M:%S} (taken over "
+                      f"in term {adopted.get('term')} from its fellows' stage orders)",
+                      markup=False, highlight=False)
     for move in record.get("moves") or []:
         when = datetime.datetime.fromtimestamp(float(move.get("at", 0.0)))
         console.print(f"  moved stage {move.get('stage')} at {when:%H:%M:%S} from "
@@ -193,6 +200,9 @@ def load(
     if model is None:
         raise ConfigError("load needs a MODEL (a model directory or a built-in name), or "
                           "--move PLAN_ID")
+    from p2pswarm.models.pth_cache import PTH_DIR, offered_model
+
+    model = offered_model(model, home_dir(home) / PTH_DIR)  # an RWKV .pth: converted once
     message, path = _serve_message(model, context, sequences, stages, weights_dtype, kv_dtype,
                                    maximize, exclude, floor)
     adapter_dir: Optional[str] = None

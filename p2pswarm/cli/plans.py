@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from p2pswarm.cli.app import HomeOption, JsonOption, app, print_json
+from p2pswarm.cli.app import HomeOption, JsonOption, app, home_dir, print_json
 from p2pswarm.cli.exits import EXIT_FAILURE, exits_on, fail
 from p2pswarm.cli.local_agent import agent_answer
 from p2pswarm.cli.plan_request import (
@@ -82,6 +82,7 @@ def plan(
     """Show where MODEL would run: which fellow runs which layers on which card, and what
     each card then holds. Exits 1 when the plan does not fit."""
     from p2pswarm.models.files import read_model_config
+    from p2pswarm.models.pth_cache import PTH_DIR, offered_model
     from p2pswarm.planner import plan as make_plan
     from p2pswarm.planner import plan_fleet, profile_from_config, request_from_dict
     from p2pswarm.planner.fleet import fleet_request_from_dict
@@ -104,6 +105,7 @@ def plan(
         if seq_len is not None or lora_rank is not None:
             fail("--seq-len and --lora-rank are training options: add --train")
         request.update(context=context, sequences=sequences)
+    model = offered_model(model, home_dir(home) / PTH_DIR)  # an RWKV .pth: converted once
     name, config = read_model_config(model)
     profile = profile_from_config(config, name)
     if train:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from p2pswarm.agent.serving.records import generation_tokens
 from p2pswarm.control.server import emitting_to
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.http.app import Call, Route, dumps
@@ -271,14 +272,13 @@ class OpenAIEndpoint:
                       echo: str = "") -> None:
         prompt_tokens = (len(prompt) if isinstance(prompt, list) else
                          len((await self.agent.serving.tokenizer(record)).encode(prompt)))
-        context = int((record.get("runtime") or {}).get("max_context_tokens", 0))
+        context, bound = generation_tokens(record)  # a recurrent load: past its context
         room = context - prompt_tokens + 1 if context else CHAT_MAX_TOKENS
         max_tokens = options.max_tokens or min(CHAT_MAX_TOKENS, room)
         if max_tokens > room:
             raise HttpError("context-length-exceeded", (
-                f"{prompt_tokens} prompt tokens and {max_tokens} new ones exceed the "
-                f"load's context of {context} tokens" if room > 0 else
-                f"the prompt's {prompt_tokens} tokens fill the load's context of {context}"))
+                f"{prompt_tokens} prompt tokens and {max_tokens} new ones exceed {bound}"
+                if room > 0 else f"the prompt's {prompt_tokens} tokens fill {bound}"))
         given = {"prompt_ids": prompt} if isinstance(prompt, list) else {"prompt": prompt}
         request = {**given, "plan_id": record["plan_id"], "max_tokens": max_tokens,
                    "temperature": options.temperature, "top_k": options.top_k,

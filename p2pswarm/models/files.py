@@ -31,6 +31,10 @@ def read_model_config(spec: str) -> tuple[str, dict[str, Any]]:
     if config is not None:
         return spec, config
     path = Path(spec).expanduser()
+    if pth_file(path) is not None:
+        raise ConfigError(f"{spec[:200]} is an RWKV .pth checkpoint: convert it with `python "
+                          "-m p2pswarm.models.rwkv7_pth IN.pth OUT_DIR` and give OUT_DIR "
+                          "(`p2pswarm plan` and `load` convert it themselves)")
     hub = _hub_snapshot(spec)
     if hub is not None:
         path, name = hub / "config.json", spec.split("/")[1]
@@ -73,9 +77,21 @@ def model_directory(spec: str) -> str | None:
     return str((where if where.is_dir() else where.parent).resolve())
 
 
+def pth_file(path: Path) -> Path | None:
+    """The RWKV authors' ``.pth`` a model path names: the file itself, or the one ``.pth``
+    of a directory without a ``config.json``; None for anything else."""
+    if path.suffix == ".pth" and path.is_file():
+        return path
+    if path.is_dir() and not (path / "config.json").exists():
+        found = sorted(path.glob("*.pth"))
+        if len(found) == 1:
+            return found[0]
+    return None
+
+
 def load_profile(spec: str) -> ModelProfile:
     name, config = read_model_config(spec)
     return profile_from_config(config, name)
 
 
-__all__ = ["load_profile", "model_directory", "read_model_config"]
+__all__ = ["load_profile", "model_directory", "pth_file", "read_model_config"]

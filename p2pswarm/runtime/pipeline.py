@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from p2pswarm.errors import ConfigError, PlacementError
+from p2pswarm.models.config import UNBOUNDED_CONTEXT_TOKENS
 from p2pswarm.runtime.sampler import Sampler
 from p2pswarm.runtime.stage import Stage, StageInput
 
@@ -76,6 +77,8 @@ class LocalPipeline:
         if max_tokens <= 0:
             raise ConfigError("max_tokens must be positive")
         context = min(stage.spec.max_context_tokens for stage in self.stages)
+        if self.stages[0].config.recurrent:  # the state does not grow: no context to fill
+            context = UNBOUNDED_CONTEXT_TOKENS
         if len(prompt_ids) + max_tokens - 1 > context:
             raise PlacementError(
                 f"{len(prompt_ids)} prompt tokens and {max_tokens} new ones exceed the "

@@ -28,18 +28,12 @@ from torch import nn
 
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.families import AnyStageModel as StageModel
+from p2pswarm.models.lora_targets import family_targets, proj_parents
 from p2pswarm.models.quant import Int4Linear, Int8Linear
 from p2pswarm.training.job import LoraConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-_PROJ_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
-                "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
-# RWKV-7: the time-mix's four maps and the channel-mix's two (not its small low-rank ones)
-_RWKV7_PROJ_PARENT = {"r_proj": "attn", "k_proj": "attn", "v_proj": "attn", "o_proj": "attn",
-                      "key": "ffn", "value": "ffn"}
-# a Llama target name's RWKV-7 counterpart, so one job's targets mean the same on both
-_RWKV7_TARGET = {"q_proj": "r_proj", "gate_proj": "key", "up_proj": "key", "down_proj": "value"}
 
 
 class _QuantizedLinearFn(torch.autograd.Function):
@@ -128,10 +122,8 @@ def apply_lora(model: StageModel, config: LoraConfig, seed: int) -> list[str]:
     parameter names. Adapters are drawn per global layer, so any stage cut gets the same."""
     for p in model.parameters():
         p.requires_grad_(False)
-    parents, targets = _PROJ_PARENT, list(config.targets)
-    if model.config.model_type == "rwkv7":
-        parents = _RWKV7_PROJ_PARENT
-        targets = list(dict.fromkeys(_RWKV7_TARGET.get(t, t) for t in targets))
+    parents = proj_parents(model.config.model_type)
+    targets = family_targets(model.config.model_type, config.targets)
     for i, block in enumerate(model.layers):
         layer = model.start_layer + i
         for proj, parent_name in parents.items():

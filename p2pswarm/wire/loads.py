@@ -4,8 +4,9 @@ A fellow asks the leader to ``LoadAsk`` a plan request (answered ``LoadDone`` wi
 load's record), to show ``LoadsAsk`` what is loaded (``LoadsShown``), to ``UnloadAsk``
 (``Unloaded``) and to ``LoadCancel`` a load its CLI gave up on (``LoadCancelled``). The leader brings a load up with three rounds of orders, one per stage:
 ``StagePrepare`` (check and reserve, ``StagePrepared``), ``StageLoad`` (fetch and build,
-``StageLoaded``), ``StageStart`` (learn the route and go live, ``StageStarted``), and
-takes it down with ``StageRelease`` (``StageReleased``). A refusal travels as
+``StageLoaded``), ``StageStart`` (learn the route and go live, ``StageStarted``; every
+stage also keeps all the load's orders, so that a later leader can ask any of them with
+``StageOrdersAsk``, ``StageOrdersKept``), and takes it down with ``StageRelease`` (``StageReleased``). A refusal travels as
 ``CallFailed`` (``p2pswarm.wire.orders``) with its text, e.g. ``refuses stage 1: it is
 training``.
 
@@ -96,6 +97,7 @@ class RouteHop:
 
 
 Route = Annotated[tuple[RouteHop, ...], Items(MAX_STAGES)]
+Orders = Annotated[tuple[StageAssignment, ...], Items(MAX_STAGES)]
 Stages = Annotated[tuple[U16, ...], Items(MAX_STAGES)]
 
 
@@ -139,10 +141,12 @@ class StageLoaded:
 @message(81)
 @dataclass(frozen=True, slots=True)
 class StageStart:
-    """Your loaded stages of ``plan_id`` go live on ``route``."""
+    """Your loaded stages of ``plan_id`` go live on ``route``; keep ``orders`` (every
+    stage's order, in route order) for a later leader to ask for (``StageOrdersAsk``)."""
 
     plan_id: PlanId
     route: Route
+    orders: Orders = ()
     term: U64 = 0
 
 
@@ -243,6 +247,30 @@ class LoadCancelled:
     plan_id: MaybePlanId = ""
 
 
+# --- a new leader takes over the loads (``p2pswarm.agent.serving.adoption``) --------------
+
+
+@message(93)
+@dataclass(frozen=True, slots=True)
+class StageOrdersAsk:
+    """Which route and stage orders of ``plan_id`` do you keep? (a new leader adopting
+    the loads its predecessor led)"""
+
+    plan_id: PlanId
+    term: U64 = 0
+
+
+@message(94)
+@dataclass(frozen=True, slots=True)
+class StageOrdersKept:
+    """The route and orders of the last ``StageStart`` this fellow obeyed for the plan, and
+    that order's term; empty when it keeps none."""
+
+    started_term: U64
+    route: Route
+    orders: Orders
+
+
 # --- failover and live moves (``p2pswarm.agent.serving.failover``) -----------------------
 
 
@@ -290,5 +318,5 @@ __all__ = [
     "LOAD_CANCEL_OUTCOMES", "LoadMove", "StageCheck", "StageChecked", "StageLost", "LoadAsk", "LoadCancel", "LoadCancelled", "LoadDone", "LoadsAsk",
     "LoadsShown", "RouteHop", "RuntimeBlock", "StageAssignment", "StageLoad", "StageLoaded",
     "StagePrepare", "StagePrepared", "StageRelease", "StageReleased", "StageStart",
-    "StageStarted", "UnloadAsk", "Unloaded",
+    "StageOrdersAsk", "StageOrdersKept", "StageStarted", "UnloadAsk", "Unloaded",
 ]

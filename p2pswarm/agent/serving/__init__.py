@@ -18,6 +18,8 @@ The rooms, one role each:
   and resuming a session on a healed route by replaying its tokens;
 - ``failover``: the leader keeps loads whole: a lost stage's fellow back within a grace
   window, or its stage re-placed on a spare card (moves);
+- ``adoption``: a new leader takes over the loads its predecessor led, from the route and
+  stage orders every stage's fellow keeps;
 - ``offers``: the weights this fellow offers and the cache of those it fetched;
 - ``records``: the values (``StageOrder``, ``HostedStage``, ``GenerationResult``, routes);
 - ``runtime``: the ``StageRuntime`` seam to compute; ``torch_runtime`` its torch side.
@@ -87,6 +89,10 @@ class Serving:
                              daemon=True).start()
 
     # --- what other parts of the agent (and tests) use ----------------------------------
+
+    def elected(self) -> None:
+        """This agent won an election: it watches every load, the last leader's too."""
+        self.failover.elected()
 
     @property
     def hosted(self) -> dict[tuple[str, int], HostedStage]:

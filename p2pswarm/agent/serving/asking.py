@@ -24,6 +24,7 @@ from p2pswarm.agent.serving.progress import Progress
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.control.server import Emit
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
+from p2pswarm.models.config import RECURRENT_MODEL_TYPES
 from p2pswarm.planner.profile import BUILTIN_MODELS
 from p2pswarm.wire.loads import (
     LoadAsk,
@@ -188,6 +189,13 @@ class LoadAsker:
         model = message.get("model")
         if not isinstance(model, dict) or not isinstance(model.get("config"), dict):
             raise ConfigError("a load request needs \"model\": {\"name\", \"config\"}")
+        identity = await self._weights_identity(model, model_dir)
+        if model["config"].get("model_type") in RECURRENT_MODEL_TYPES:
+            identity["recurrent"] = True  # records say so: its generations pass the context
+        return identity
+
+    async def _weights_identity(self, model: dict[str, Any],
+                                model_dir: str | None) -> dict[str, Any]:
         if model_dir is None:
             name = str(model.get("name"))
             if name in BUILTIN_MODELS and dict(BUILTIN_MODELS[name]) == model["config"]:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from p2pswarm.agent.serving.records import generation_tokens
 from p2pswarm.errors import PlacementError
 from p2pswarm.http.chat import ChatTemplate, read_chat_template, render_chat
 
@@ -52,7 +53,7 @@ class ChatPrompts:
         ``max_tokens`` in the load's context (system messages and the last turn stay)."""
         template = await self.template(record)
         tokenizer = await self.serving.tokenizer(record)
-        context = int((record.get("runtime") or {}).get("max_context_tokens", 0))
+        context, bound = generation_tokens(record)
         kept = list(messages)
         while True:
             prompt = render_chat(kept, template)
@@ -61,7 +62,7 @@ class ChatPrompts:
             turns = [i for i, m in enumerate(kept) if m["role"] not in ("system", "developer")]
             if len(turns) <= 1:
                 raise PlacementError(f"the last message and {max_tokens} new tokens exceed "
-                                     f"the load's context of {context} tokens")
+                                     f"{bound}")
             del kept[turns[0]]
 
 

@@ -22,6 +22,11 @@ that route, see ``generation``), and the leader's own watch over membership (a s
 fellow dead or departed heals the load with no generation running). When no card can
 hold a lost stage, the heal fails with the reason, the load shows what it waits for
 (``waiting``), and the watch tries again as the swarm changes.
+
+A leader heals the loads its predecessors led too: every ``StageStart`` hands each stage's
+fellow the route and every stage's order, and a new leader adopts a load from them
+(``adoption``) when it is elected, when its watch finds a load it does not lead, or when
+a driver asks it to heal one.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from p2pswarm.agent.serving.adoption import Adoption
 from p2pswarm.agent.serving.moves import faster_placement, moved_order, spare_cards
 from p2pswarm.agent.serving.records import StageOrder, route_hop
 from p2pswarm.errors import (
@@ -93,6 +99,8 @@ class Failover:
         self._healing: set[str] = set()
         self._retry_at: dict[str, float] = {}
         self._watching = False
+        self._adopt_at: dict[str, float] = {}  # a load not adopted yet: when to ask again
+        self.adoption = Adoption(agent, leadership, loads, hosted, self._release_stray)
         leadership.serve(StageLost, self._leader_stage_lost)
         leadership.serve(LoadMove, self._leader_move)
         agent.control_ops["load_move"] = self._op_load_move
@@ -125,7 +133,7 @@ class Failover:
         plan_id = call.plan_id
         lock = self._locks.setdefault(plan_id, trio.Lock())
         async with lock:
-            record = self.loads.loads.get(plan_id)
+            record = self.loads.loads.get(plan_id) or await self.adoption.adopt(plan_id)
             orders = self.loads.orders.get(plan_id)
             if record is None or orders is None:
                 raise PlacementError(f"plan {plan_id} is not loaded by the leader "
@@ -151,6 +159,16 @@ class Failover:
         else:
             record["faster"] = proposal.to_dict()
 
+    def elected(self) -> None:
+        """This agent won an election: watch the loads, adopting those it did not lead,
+        and those it led before as their fellows now keep them."""
+        for plan_id in sorted(self.loads.loads):
+            self.agent.spawn(self._adopt_quietly, plan_id, True)
+        self._watch_soon()
+
+    def _release_stray(self, plan_id: str, addr: str) -> None:
+        self.agent.spawn(self._release_when_back, plan_id, addr)
+
     def _watch_soon(self) -> None:
         if not self._watching:
             self._watching = True
@@ -158,13 +176,19 @@ class Failover:
 
     async def _watch(self) -> None:
         """Heal a led load whose stage fellow membership calls dead or gone (no driver
-        needs to be running), and retry a load that waits for a card."""
+        needs to be running), retry a load that waits for a card, and adopt the loads
+        fellows gossip that this leader does not lead (a predecessor's)."""
         try:
-            while self.loads.loads:
+            while self.loads.loads or (self.leadership.is_leader()
+                                       and self.adoption.unadopted()):
                 await trio.sleep(WATCH_S)
                 if not self.leadership.is_leader():
                     continue
                 now = trio.current_time()
+                for plan_id in self.adoption.unadopted():
+                    if now >= self._adopt_at.get(plan_id, 0.0):
+                        self._adopt_at[plan_id] = now + RETRY_WAITING_S
+                        self.agent.spawn(self._adopt_quietly, plan_id)
                 for plan_id, record in list(self.loads.loads.items()):
                     if plan_id in self._healing:
                         continue
@@ -178,6 +202,12 @@ class Failover:
                         self._note_faster(record)
         finally:
             self._watching = False
+
+    async def _adopt_quietly(self, plan_id: str, refresh: bool = False) -> None:
+        lock = self._locks.setdefault(plan_id, trio.Lock())
+        async with lock:
+            if await self.adoption.adopt(plan_id, refresh) is not None:
+                self._adopt_at.pop(plan_id, None)
 
     async def _heal_quietly(self, plan_id: str) -> None:
         try:
@@ -197,10 +227,11 @@ class Failover:
         self._healing.add(plan_id)
         try:
             async with lock:
-                record = self.loads.loads.get(plan_id)
+                record = self.loads.loads.get(plan_id) or await self.adoption.adopt(plan_id)
                 if record is None:
-                    raise PlacementError(f"plan {plan_id} is not loaded by the leader "
-                                         f"{self.agent.name}; it cannot be healed")
+                    raise PlacementError(f"plan {plan_id} is not loaded, or none of its "
+                                         "fellows says how (the leader "
+                                         f"{self.agent.name}); it cannot be healed")
                 lost = await self._lost_stages(record)
                 if not lost:
                     record.pop("waiting", None)
@@ -292,8 +323,8 @@ class Failover:
                    "allocated_bytes": loaded.allocated_bytes,
                    "fetched_bytes": loaded.fetched_bytes, "fetch_s": loaded.fetch_s}
             new_route = [hop if int(h["stage"]) == stage else h for h in route]
-            await self._start(plan_id, new_route)
             orders[stage] = order
+            await self._start(plan_id, new_route, orders)
             record["stages"] = new_route
             move = {"at": time.time(), "stage": stage, "layers": list(old.layers),
                     "from": old_hop["fellow"], "from_id": old_hop["fellow_id"],
@@ -333,15 +364,18 @@ class Failover:
         except (SwarmError, trio.TooSlowError) as exc:
             log.info("release of stage %d of %s on %s: %s", stage, plan_id, addr, exc)
 
-    async def _start(self, plan_id: str, route: list[dict[str, Any]]) -> None:
-        """Every stage's fellow learns the new route (the moved stage goes live). One
-        that does not answer is left to the next heal."""
+    async def _start(self, plan_id: str, route: list[dict[str, Any]],
+                     orders: list[StageOrder]) -> None:
+        """Every stage's fellow learns the new route (the moved stage goes live) and keeps
+        the orders (``adoption``). One that does not answer is left to the next heal."""
         hops = tuple(route_hop(h) for h in route)
+        kept = tuple(o.to_wire() for o in orders)
 
         async def one(addr: str) -> None:
             try:
                 with trio.fail_after(self.loads.prepare_timeout_s):
-                    await self.leadership.order(addr, StageStart(plan_id, hops), StageStarted)
+                    await self.leadership.order(addr, StageStart(plan_id, hops, kept),
+                                                StageStarted)
             except (SwarmError, trio.TooSlowError) as exc:
                 log.warning("route of %s to %s: %s", plan_id, addr, exc)
 

@@ -48,7 +48,7 @@ from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.answer_ids import AnswerIds
 from p2pswarm.agent.serving.prefix_cache import PrefixCache
 from p2pswarm.agent.serving.queue import Admission
-from p2pswarm.agent.serving.records import GenerationResult
+from p2pswarm.agent.serving.records import GenerationResult, generation_tokens
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.serving.stage_session import open_hop
 from p2pswarm.agent.streams import send_best_effort
@@ -254,10 +254,10 @@ class Generation:
             ids = tokenizer.encode(prompt or "")
         if not ids:
             raise ConfigError("the prompt is empty")
-        context = int(record["runtime"].get("max_context_tokens", 0))
-        if context and len(ids) + max_tokens - 1 > context:
+        reach, bound = generation_tokens(record)  # a recurrent load: past its context
+        if reach and len(ids) + max_tokens - 1 > reach:
             raise PlacementError(f"{len(ids)} prompt tokens and {max_tokens} new ones exceed "
-                                 f"the load's context of {context} tokens")
+                                 f"{bound}")
         stops = set(tokenizer.eos_ids if stop_token_ids is None else stop_token_ids)
         open_msg = SessionOpen("-", record["plan_id"], 0, self.agent.addr, float(temperature),
                                int(top_k), float(top_p), int(seed), keep_logits)

@@ -129,6 +129,11 @@ class Loads:
         leadership.serve(UnloadAsk, self._leader_unload)
         leadership.serve(LoadCancel, self._leader_cancel)
 
+    @property
+    def lock(self) -> trio.Lock:
+        """Held while a load comes up or goes down (a new leader adopts beside neither)."""
+        return self._lock
+
     # --- loading ---------------------------------------------------------------------
 
     async def _leader_load(self, call: LoadAsk) -> LoadDone:
@@ -260,9 +265,10 @@ class Loads:
                           "allocated_bytes": done.allocated_bytes,
                           "fetched_bytes": done.fetched_bytes, "fetch_s": done.fetch_s})
         hops = tuple(route_hop(r) for r in route)
+        kept = tuple(o.to_wire() for o in orders)  # every stage keeps them (``adoption``)
         started = await self._order_all(
             orders, addrs, "stage-start", self.prepare_timeout_s, StageStarted,
-            lambda o: StageStart(plan_id, hops))
+            lambda o: StageStart(plan_id, hops, kept))
         failures = [f"{addrs[i][1]}: {r}" for i, r in started.items()
                     if isinstance(r, SwarmError)]
         if failures:

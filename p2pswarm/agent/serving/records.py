@@ -131,6 +131,25 @@ def public_model(model: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in model.items() if k != "manifest"}
 
 
+# A recurrent model's state does not grow with its tokens, so its generations are not held
+# to the load's context. One generation (prompt and new tokens) is bounded all the same:
+# the driver keeps every id to replay them after a failover, and positions travel as u32.
+RECURRENT_GENERATION_TOKENS = 1 << 20
+
+
+def generation_tokens(record: dict[str, Any]) -> tuple[int, str]:
+    """How many tokens (prompt and new) one generation on this load may reach, and what
+    bounds them in words; 0 when the record names no bound. A record that claims a
+    recurrent model wrongly gains nothing: each stage holds a non-recurrent model to its
+    context itself."""
+    model = record.get("model")
+    if isinstance(model, dict) and model.get("recurrent") is True:  # what the asker said
+        return (RECURRENT_GENERATION_TOKENS, f"the {RECURRENT_GENERATION_TOKENS:,} tokens one "
+                "generation of a recurrent model may reach (its state does not grow)")
+    context = int((record.get("runtime") or {}).get("max_context_tokens", 0))
+    return context, f"the load's context of {context} tokens"
+
+
 class HostedStage:
     """One stage this fellow holds, from reservation to release."""
 
@@ -145,6 +164,10 @@ class HostedStage:
         self.decode_s = math.inf  # smoothed compute time of one decode step
         self.route: list[dict[str, Any]] = []
         self.sessions: set[str] = set()
+        # every stage's order of the load and the term of the StageStart that brought
+        # them: what a new leader asks for to take the load over (``adoption``)
+        self.kept_orders: tuple[StageAssignment, ...] = ()
+        self.started_term = 0
 
     @property
     def next_hop(self) -> dict[str, Any] | None:
@@ -206,6 +229,8 @@ __all__ = [
     "HostedStage",
     "StageOrder",
     "WeightSource",
+    "RECURRENT_GENERATION_TOKENS",
+    "generation_tokens",
     "public_adapter",
     "public_model",
     "route_dict",

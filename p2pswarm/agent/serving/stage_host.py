@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.adapter import block_manifest
+from p2pswarm.agent.serving.adoption import kept_orders
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
 from p2pswarm.agent.serving.records import (
@@ -342,8 +343,15 @@ class StageHost:
         # a fellow with two stages of the plan (two cards) gets this order twice
         if not mine or any(h.state not in ("loaded", "active") for h in mine):
             raise PlacementError(f"{self.agent.name} has no loaded stage of {plan_id} to start")
+        if call.orders:
+            try:
+                kept_orders(plan_id, call.route, call.orders)
+            except ConfigError as exc:
+                self.agent.counters.refuse("stage-orders-unfit")
+                raise PlacementError(f"StageStart of {plan_id} refused: {exc}") from None
         for h in mine:
             h.route = [route_dict(hop) for hop in call.route]
+            h.kept_orders, h.started_term = call.orders, call.term
             h.state = "active"
         self._publish_stages()
         return StageStarted(tuple(h.order.stage for h in mine))

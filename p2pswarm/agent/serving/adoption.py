@@ -1,0 +1,198 @@
+"""A new leader adopts the loads its predecessor led, so failover outlives a change of leader.
+
+Theory of operation. The leader that brings a load up, or moves one of its stages, hands
+every stage's fellow the whole route and every stage's order with ``StageStart``; each
+fellow keeps them beside its stage, with the term of that order (``stage_host``). A
+leader newly elected, or one asked to heal a load it does not lead, asks the fellows that
+gossip a stage of the load which route and orders they keep (``StageOrdersAsk``, an order
+like any other: only from the elected leader, in its term). Each answer is checked
+(``kept_orders``: one order per stage, in route order, each for the fellow and layers the
+route names, one plan, model and runtime), and the newest wins: the latest term, then the
+route most of the answering fellows hold (a fellow lost before a move and back since
+still holds the old one), then the route's fellow ids, so the choice does not depend on
+the order the answers came in. One fellow's answer is enough: a load whose stage fellows
+are all gone but one can still be healed.
+
+The leader then keeps the load as if it had brought it up: its watch heals it when a
+stage's fellow is lost (``failover``), and a fellow that gossips a stage of the load the
+adopted route does not name is told to release it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from p2pswarm.agent.serving.records import (
+    StageOrder,
+    public_adapter,
+    public_model,
+    route_dict,
+    route_hop,
+)
+from p2pswarm.errors import ConfigError, SwarmError
+from p2pswarm.wire.loads import RouteHop, StageAssignment, StageOrdersAsk, StageOrdersKept
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.loads import Loads
+    from p2pswarm.agent.serving.records import HostedStage
+
+log = logging.getLogger("p2pswarm.serving")
+
+ASK_TIMEOUT_S = 2.0  # the most one stage fellow may take to say what it keeps
+
+
+def kept_orders(plan_id: str, route: tuple[RouteHop, ...],
+                orders: tuple[StageAssignment, ...]) -> list[StageOrder]:
+    """The stage orders of load ``plan_id`` as a leader sent them with ``route``, checked
+    (they come from the network); ConfigError naming the first thing that does not fit."""
+    if not route or len(orders) != len(route):
+        raise ConfigError(f"{len(orders)} stage orders for a route of {len(route)} stages")
+    out: list[StageOrder] = []
+    for i, (hop, sent) in enumerate(zip(route, orders)):
+        order = StageOrder.from_wire(sent)
+        if hop.stage != i or order.stage != i or order.plan_id != plan_id \
+                or order.n_stages != len(route):
+            raise ConfigError(f"order {i} is not stage {i} of the {len(route)} of {plan_id}")
+        if order.fellow_id != hop.fellow_id or order.layers != (hop.start_layer, hop.end_layer):
+            raise ConfigError(f"stage {i}'s order names another fellow or other layers "
+                              "than the route")
+        if out and (order.layers[0] != out[-1].layers[1] or order.model != out[0].model
+                    or order.runtime != out[0].runtime):
+            raise ConfigError(f"stage {i}'s order does not follow stage {i - 1}'s (layers, "
+                              "model or runtime)")
+        out.append(order)
+    return out
+
+
+class Adoption:
+    """The fellow's answer to ``StageOrdersAsk``, and the leader's adopting of loads."""
+
+    def __init__(self, agent: Agent, leadership: Leadership, loads: Loads,
+                 hosted: dict[tuple[str, int], HostedStage],
+                 release_stray: Callable[[str, str], None]) -> None:
+        self.agent = agent
+        self.leadership = leadership
+        self.loads = loads
+        self.hosted = hosted
+        self.release_stray = release_stray  # (plan_id, addr): a fellow the route left out
+        leadership.obey(StageOrdersAsk, self._kept)
+
+    # --- the fellow's side ---------------------------------------------------------------
+
+    async def _kept(self, call: StageOrdersAsk) -> StageOrdersKept:
+        mine = [h for (p, _), h in sorted(self.hosted.items())
+                if p == call.plan_id and h.state == "active" and h.kept_orders]
+        if not mine:
+            return StageOrdersKept(0, (), ())
+        h = max(mine, key=lambda h: h.started_term)
+        return StageOrdersKept(h.started_term, tuple(route_hop(r) for r in h.route),
+                               h.kept_orders)
+
+    # --- the leader's side ---------------------------------------------------------------
+
+    def unadopted(self) -> list[str]:
+        """Loads fellows gossip that this leader does not lead (yet)."""
+        return [r["plan_id"] for r in self.loads.loads_view()
+                if r["plan_id"] not in self.loads.loads]
+
+    async def adopt(self, plan_id: str, refresh: bool = False) -> dict[str, Any] | None:
+        """Lead load ``plan_id`` from what its stage fellows keep; its record, or None
+        when no fellow of it answers with a route and orders that fit. A load this
+        agent led before is taken as it is, or, with ``refresh`` (elected again: another
+        leader may have moved a stage meanwhile), as its fellows now keep it."""
+        async with self.loads.lock:  # not beside a load or an unload under way
+            before = self.loads.loads.get(plan_id)
+            if before is not None and not refresh:
+                return before
+            holders = self._holders(plan_id)
+            answers: list[tuple[str, StageOrdersKept, list[StageOrder]]] = []
+
+            async def ask(addr: str) -> None:
+                try:
+                    with trio.fail_after(ASK_TIMEOUT_S):
+                        kept = await self.leadership.order(addr, StageOrdersAsk(plan_id),
+                                                           StageOrdersKept)
+                except (SwarmError, trio.TooSlowError) as exc:
+                    log.info("stage orders of %s from %s: %s", plan_id, addr, exc)
+                    return
+                if not kept.route:
+                    return  # it keeps nothing of the load (it released it meanwhile)
+                try:
+                    answers.append((addr, kept, kept_orders(plan_id, kept.route,
+                                                            kept.orders)))
+                except ConfigError as exc:
+                    self.agent.counters.refuse("stage-orders-unfit")
+                    log.warning("stage orders of %s from %s do not fit: %s", plan_id,
+                                addr, exc)
+
+            async with trio.open_nursery() as nursery:
+                for addr in holders:
+                    nursery.start_soon(ask, addr)
+            if not answers or not self.leadership.is_leader():
+                return before
+            _, kept, orders = _newest(answers)
+            route = [route_dict(h) for h in kept.route]
+            if before is not None and [h["fellow_id"] for h in before["stages"]] == [
+                    h["fellow_id"] for h in route]:
+                return before  # as this agent left it
+            first = orders[0]
+            record: dict[str, Any] = {
+                "plan_id": plan_id, "model": public_model(first.model),
+                "runtime": dict(first.runtime), "stages": route,
+                "adopted": {"at": time.time(), "term": self.leadership.term(),
+                            "leader": self.agent.name}}
+            if first.adapter:
+                record["adapter"] = public_adapter(first.adapter)
+            for key in ("moves", "load_s"):  # what this agent saw when it led it before
+                if before is not None and key in before:
+                    record[key] = before[key]
+            self.loads.loads[plan_id] = record
+            self.loads.orders[plan_id] = orders
+            log.warning("%s leads load %s now (its route and orders from %d of its "
+                        "fellows)", self.agent.name, plan_id, len(answers))
+            named = {h["addr"] for h in route}
+            for addr in holders:
+                if addr not in named:
+                    self.release_stray(plan_id, addr)
+            return record
+
+    def _holders(self, plan_id: str) -> list[str]:
+        """Addresses of the connected fellows that gossip a stage of ``plan_id`` (this
+        one too, when it holds one)."""
+        addrs = set()
+        membership = self.agent.membership
+        for m in membership.members() if membership is not None else ():
+            if m.state not in ("alive", "suspect"):
+                continue
+            entries = self.agent.member_metadata(m).get("stages") or []
+            if any(isinstance(e, dict) and e.get("plan_id") == plan_id for e in entries):
+                addrs.add(m.addr)
+        if any(p == plan_id for p, _ in self.hosted):
+            addrs.add(self.agent.addr)
+        return sorted(addrs)
+
+
+def _newest(answers: list[tuple[str, StageOrdersKept, list[StageOrder]]]
+            ) -> tuple[str, StageOrdersKept, list[StageOrder]]:
+    """The latest term's answer, then the route most answers hold, then the least
+    route by fellow ids (the same choice whatever order the answers came in)."""
+    def route_of(kept: StageOrdersKept) -> tuple[str, ...]:
+        return tuple(h.fellow_id for h in kept.route)
+
+    held: dict[tuple[int, tuple[str, ...]], int] = {}
+    for _, kept, _ in answers:
+        key = (kept.started_term, route_of(kept))
+        held[key] = held.get(key, 0) + 1
+    return min(answers, key=lambda a: (-a[1].started_term,
+                                       -held[(a[1].started_term, route_of(a[1]))],
+                                       route_of(a[1]), a[0]))
+
+
+__all__ = ["ASK_TIMEOUT_S", "Adoption", "kept_orders"]
