@@ -144,8 +144,10 @@ TRAIN_SEQ, TRAIN_BATCH = 128, 4
 
 
 def train_job(steps: int, checkpoint_dir: Path) -> dict[str, Any]:
-    return {"model": {"config": TRAIN_MODEL}, "seq_len": TRAIN_SEQ, "micro_batch": TRAIN_BATCH,
-            "micro_batches": 1, "steps": steps, "replicas": 1,
+    # the step's TRAIN_BATCH samples as that many micro-batches of one, so the three
+    # stages work on different samples at once, as a pipeline is run
+    return {"model": {"config": TRAIN_MODEL}, "seq_len": TRAIN_SEQ, "micro_batch": 1,
+            "micro_batches": TRAIN_BATCH, "steps": steps, "replicas": 1,
             "lr": {"peak": 4e-3, "min": 4e-4, "warmup_steps": min(10, steps - 1)},
             "checkpoint": {"dir": str(checkpoint_dir), "interval_steps": steps, "keep": 1,
                            "copies": 1}, "seed": 0}
