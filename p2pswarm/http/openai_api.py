@@ -34,7 +34,7 @@ from p2pswarm.agent.serving.records import generation_tokens
 from p2pswarm.control.server import emitting_to
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.http.app import Call, Route, dumps
-from p2pswarm.http.chat import ChatTemplate, chat_messages, read_chat_template, render_chat
+from p2pswarm.http.chat import ChatTemplate, chat_messages, render_chat
 from p2pswarm.http.problems import HttpError, from_swarm_error
 from p2pswarm.models.tokenizer import token_id_list
 
@@ -176,7 +176,6 @@ def model_ids(loads: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
 class OpenAIEndpoint:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
-        self._templates: dict[str, ChatTemplate | None] = {}
 
     async def _op(self, name: str, request: dict[str, Any]) -> Any:
         return await self.agent.control_ops[name]({"op": name, **request})
@@ -212,27 +211,8 @@ class OpenAIEndpoint:
                                      "load it with `p2pswarm load` or POST /api/models/load")
 
     async def _template(self, record: dict[str, Any]) -> ChatTemplate | None:
-        """The load's chat template, from its model directory (None for built-ins)."""
-        from p2pswarm.agent.weights import Manifest
-
-        plan_id = record["plan_id"]
-        if plan_id in self._templates:
-            return self._templates[plan_id]
-        model = record.get("model") or {}
-        files = {f[0] for f in model.get("files", [])}
-        template = None
-        if model.get("kind") == "files" and "tokenizer_config.json" in files:
-            serving = self.agent.serving
-            await serving.tokenizer(record)  # fetches the side files this fellow lacks
-            if model.get("source_id") == self.agent.node_id.hex():
-                directory = str(model["path"])
-            else:
-                manifest = Manifest.from_dict({**model, "config": {}, "tensors": []})
-                cache = serving.weights_cache()
-                directory = str(await serving.run(lambda: cache.model_dir(manifest)))
-            template = await trio.to_thread.run_sync(read_chat_template, directory)
-        self._templates[plan_id] = template
-        return template
+        """The load's chat template (the serving side reads and caches it)."""
+        return await self.agent.serving.chat_prompts.template(record)
 
     async def completions(self, call: Call) -> None:
         body = await call.json()

@@ -30,6 +30,7 @@ import torch
 
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.config import UNBOUNDED_CONTEXT_TOKENS, ModelConfig
+from p2pswarm.models.files import pth_file
 
 _ENDS = {"model.embeddings.weight": "emb.weight", "model.norm.weight": "ln_out.weight",
          "model.norm.bias": "ln_out.bias", "lm_head.weight": "head.weight"}
@@ -41,15 +42,8 @@ _LORA_PART = {"0.weight": "1", "2.weight": "2", "2.bias": "0"}
 
 
 def find_pth(path: Path) -> Path | None:
-    """The ``.pth`` a model path names: the file itself, or the one ``.pth`` of a
-    directory without a ``config.json``."""
-    if path.suffix == ".pth" and path.is_file():
-        return path
-    if path.is_dir() and not (path / "config.json").exists():
-        found = sorted(path.glob("*.pth"))
-        if len(found) == 1:
-            return found[0]
-    return None
+    """The ``.pth`` a model path names (``files.pth_file``)."""
+    return pth_file(path)
 
 
 def pth_name(hf_name: str) -> tuple[str, bool]:
