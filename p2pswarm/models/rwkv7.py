@@ -27,7 +27,7 @@ Shapes: B batch, T tokens, C hidden, H heads, N head size (C = H * N).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +70,13 @@ class LoRA(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.lora(x)
         return out
+
+
+def lora_vector(lora: LoRA, x: torch.Tensor) -> torch.Tensor:
+    """``lora(x)`` for one token's vector, without the module calls."""
+    down, act, up = lora.lora
+    assert isinstance(down, nn.Linear) and isinstance(up, nn.Linear)
+    return F.linear(act(F.linear(x, down.weight)), up.weight, up.bias)
 
 
 def token_shift(x: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
@@ -216,6 +223,38 @@ class TimeMix(nn.Module):
         return out, v_first
 
 
+    def step(self, x: torch.Tensor, v_first: torch.Tensor | None,
+             state: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` for one token of one session, x (C,) normed: the decode path on
+        vectors, with the calls the arithmetic needs and no batch or time axes."""
+        H, N = self.num_heads, self.head_size
+        xx = state.att_shift[0] - x
+        state.att_shift[0].copy_(x)
+        mixes = torch.stack((self.x_r, self.x_w, self.x_k, self.x_v, self.x_a, self.x_g))
+        xr, xw, xk, xv, xa, xg = torch.addcmul(x, xx, mixes).unbind(0)
+        r, k, v = self.r_proj(xr), self.k_proj(xk), self.v_proj(xv)  # adapters wrap these
+        w = torch.exp(-DECAY_SCALE * torch.sigmoid(lora_vector(self.w_lora, xw).float()))
+        a = torch.sigmoid(lora_vector(self.a_lora, xa))
+        g = lora_vector(self.g_lora, xg)
+        kk = F.normalize((k * self.k_k).view(H, N), dim=-1, p=2.0).view(-1)
+        k = k * (1 + (a - 1) * self.k_a)
+        if self.v_lora is None:
+            v_first = v
+        else:
+            assert v_first is not None
+            v = v + (v_first - v) * torch.sigmoid(lora_vector(self.v_lora, xv))
+        wkv = state.wkv[0]  # (H, N, N) float32
+        new = (wkv * w.view(H, 1, N) + (wkv @ (-kk).float().view(H, N, 1))
+               @ (kk * a).float().view(H, 1, N) + v.float().view(H, N, 1) @ k.float().view(H, 1, N))
+        wkv.copy_(new)
+        y = (new @ r.float().view(H, N, 1)).to(x.dtype).view(1, -1)
+        y = F.group_norm(y, H, self.g_norm.weight, self.g_norm.bias, self.g_norm.eps).view(-1)
+        y = y + ((r * k * self.r_k.view(-1)).view(H, N).sum(-1, keepdim=True)
+                 * v.view(H, N)).view(-1)
+        out: torch.Tensor = self.o_proj(y * g)
+        return out, v_first
+
+
 class ChannelMix(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -228,6 +267,14 @@ class ChannelMix(nn.Module):
         if state is not None:
             state.ffn_shift.copy_(x[:, -1])
         out: torch.Tensor = self.value(torch.relu(self.key(x + xx * self.x_k)) ** 2)
+        return out
+
+    def step(self, x: torch.Tensor, state: LayerState) -> torch.Tensor:
+        """``forward`` for one token of one session, x (C,)."""
+        xx = state.ffn_shift[0] - x
+        state.ffn_shift[0].copy_(x)
+        hidden = torch.relu(self.key(torch.addcmul(x, xx, self.x_k)))
+        out: torch.Tensor = self.value(hidden * hidden)
         return out
 
 
@@ -249,6 +296,15 @@ class Block(nn.Module):
         x = x + mixed
         x = x + self.ffn(self.ffn_norm(x), state)
         return x, v_first
+
+    def step(self, x: torch.Tensor, v_first: torch.Tensor | None,
+             state: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` for one token of one session, x (C,)."""
+        if self.pre_norm is not None:
+            x = self.pre_norm(x)
+        mixed, v_first = self.attn.step(self.attn_norm(x), v_first, state)
+        x = x + mixed
+        return x + self.ffn.step(self.ffn_norm(x), state), v_first
 
 
 class StageModel(nn.Module):
@@ -288,8 +344,17 @@ class StageModel(nn.Module):
             h, v_first = self.embeddings(x), None
         else:
             h, v_first = x[..., :C], x[..., C:]
-        for i, block in enumerate(self.layers):
-            h, v_first = block(h, v_first, cache.layer(i) if cache is not None else None)
+        if (cache is not None and h.shape[:2] == (1, 1) and self.workspace is None
+                and not torch.is_grad_enabled()):
+            # one token of one session (decode): the vector path, about half the calls
+            h, v_first = h.view(C), None if v_first is None else v_first.reshape(C)
+            for i, block in enumerate(self.layers):
+                h, v_first = cast(Block, block).step(h, v_first, cache.layer(i))
+            h = h.view(1, 1, C)
+            v_first = None if v_first is None else v_first.view(1, 1, C)
+        else:
+            for i, block in enumerate(self.layers):
+                h, v_first = block(h, v_first, cache.layer(i) if cache is not None else None)
         if self.norm is None or self.lm_head is None:
             assert v_first is not None
             return torch.cat((h, v_first), dim=-1)

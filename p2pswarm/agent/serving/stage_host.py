@@ -106,6 +106,15 @@ class StageHost:
         if order.fellow_id != self.agent.node_id.hex():
             raise PlacementError(f"{self.agent.name} got the order for stage {order.stage}, "
                                  "which the plan gives another fellow")
+        now = self.leadership.term()
+        plan_held = [h for k, h in self.hosted.items() if k[0] == order.plan_id]
+        if key in self.hosted and all(h.state != "active" and h.term < now for h in plan_held):
+            # an earlier leader's load of the same plan that never started: the change of
+            # leader abandoned it (its release could not come from a deposed leader)
+            log.info("%s: stage %d of %s from term %d was never started; the leader of term "
+                     "%d loads it again", self.agent.name, order.stage, order.plan_id,
+                     self.hosted[key].term, now)
+            await self.release(order.plan_id)
         if key in self.hosted:
             raise PlacementError(f"{self.agent.name} already holds stage {order.stage} of "
                                  f"{order.plan_id}")
