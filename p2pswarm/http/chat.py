@@ -108,7 +108,7 @@ def render_chat(messages: Sequence[Mapping[str, str]], template: ChatTemplate | 
     from jinja2 import TemplateError
 
     try:
-        text = _compiled(template.source).render(
+        text: str = _compiled(template.source).render(
             messages=[dict(m) for m in messages], add_generation_prompt=True,
             bos_token=template.bos_token, eos_token=template.eos_token)
     except TemplateError as exc:
