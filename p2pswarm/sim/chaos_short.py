@@ -126,7 +126,7 @@ def _stop(field: Field, name: str, sig: signal.Signals) -> None:
 
 
 def _target(field: Field, known: set[str], leader: str, hit: list[str]) -> str | None:
-    """A running fellow that has answered and does not lead, one not hit yet first."""
+    """A running fellow that has named the leader and does not lead; one not hit yet first."""
     ready = [n for n in field.running() if n != leader and n in known]
     fresh = [n for n in ready if n not in hit]
     return (fresh or ready or [None])[0]
