@@ -35,6 +35,7 @@ async def test_a_fellow_that_comes_back_hands_the_leader_the_copies_it_keeps(
         leader = leader_of(swarm)
         other = next(f for f in swarm.fellows if f.agent is not leader)
         away = other.agent
+        assert away is not None
         swarm.net.down(other.addr)  # cut off: the leader sees it gone
         await wait_until(lambda: leader.fellow(away.node_id.hex()) is None or
                          leader.fellow(away.node_id.hex()).state != "alive", timeout_s=60)

@@ -129,7 +129,7 @@ def _target(field: Field, known: set[str], leader: str, hit: list[str]) -> str |
     """A running fellow that has named the leader and does not lead; one not hit yet first."""
     ready = [n for n in field.running() if n != leader and n in known]
     fresh = [n for n in ready if n not in hit]
-    return (fresh or ready or [None])[0]
+    return (fresh or ready)[0] if ready else None
 
 
 def run(*, fellows: int = 4, seed: int = 1, say: Say, freeze_s: float = 2.0,
@@ -142,9 +142,9 @@ def run(*, fellows: int = 4, seed: int = 1, say: Say, freeze_s: float = 2.0,
         field = Field(swarm, names, rng, {n: free_address() for n in names},
                       {n: False for n in names}, extra=("--log-level", "info"))
         watch = Watch(field)
-        for name in names:
-            watch.start(name)
-        leader = watch.settled(settle_timeout_s)
+        for fellow in names:
+            watch.start(fellow)
+        leader: str | None = watch.settled(settle_timeout_s)
         watch.spells.clear()  # forming is not an outage
         watch.joined_s.clear()
         formed_s = round(time.monotonic() - began, 2)
@@ -152,8 +152,10 @@ def run(*, fellows: int = 4, seed: int = 1, say: Say, freeze_s: float = 2.0,
         events: list[dict[str, Any]] = []
         hit: list[str] = []
         for kind in EVENTS:
-            name = leader if kind == "leader-kill" or leader is None \
-                else _target(field, watch.known, leader, hit)
+            if leader is None:
+                break
+            name: str | None = leader if kind == "leader-kill" else _target(
+                field, watch.known, leader, hit)
             if name is None:
                 break
             hit.append(name)
