@@ -71,7 +71,8 @@ LOAD_EVERY_S = 10.0  # a starved host delays acks: each result says how busy it 
 # membership machine's probes and verdicts (exact, where polling states can miss a
 # suspicion refuted within a poll; a refutation is one false suspicion of that fellow).
 COUNTERS = ("datagrams_out", "bytes_out", "datagrams_in", "bytes_in", "probes",
-            "probes_failed", "suspicions_raised", "refutations", "dead_declared")
+            "probes_failed", "probes_refused", "suspicions_raised", "refutations",
+            "refutations_unasked", "dead_declared")
 AGENT_CMD = [sys.executable, "-c", "from p2pswarm.cli import main; main()"]
 ProgressFn = Callable[[float, float], None]
 
