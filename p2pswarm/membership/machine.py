@@ -42,6 +42,13 @@ A live fellow is therefore declared dead only if it stayed unreachable through e
 probe of a run longer than the floor: a single fade shorter than the floor cannot do it.
 Others adopt a received ``Dead`` at once.
 
+Nobody listens. The stream ping of a failed probe can come back refused (TCP reset: the
+fellow's host is up and answered, but no process listens at its address). No radio fade
+does that, so there is nothing to wait out: the fellow is suspected at once and its
+suspicion runs for the clean network's floor, and the dead verdict still needs this
+node's own probes to fail over that floor (``stream_failed(..., nobody_listens=True)``).
+A process restarted at the same address answers those probes and refutes.
+
 Refutation. A suspected fellow raises its incarnation and says ``Alive``: on the ack of
 the very ping that told it, by gossip, straight back to whoever sent the news, and pushed
 over a stream to its accuser. A fellow whose probes heard nothing for a while (its radio
