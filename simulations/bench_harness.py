@@ -359,7 +359,7 @@ class Bench:
                  f"{c['missed']} missed)")
         t = r["traffic"]["bytes_out_per_fellow_s"]
         self.row("same run: bytes sent per fellow per second (mean / max)",
-                 f"{fmt(t['mean'])} / {fmt(t['max'])}", "-", "no higher than before", None,
+                 f"{t['mean']:,.0f} / {t['max']:,.0f} B/s", "-", "no higher than before", None,
                  f"same run ({fmt(r['traffic']['datagrams_out_per_fellow_s']['mean'])} "
                  "datagrams/s)")
 
