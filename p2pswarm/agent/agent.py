@@ -57,6 +57,7 @@ from p2pswarm.errors import (
     AuthenticationError,
     ControlError,
     HandshakeRefused,
+    NobodyListens,
     RemoteProtocolError,
     SwarmError,
     TokenRefused,
@@ -352,6 +353,8 @@ class Agent:
             self.serving.elected()  # and so do its loads (failover, adoption)
         elif event.kind in (fx.STEPPED_DOWN, fx.LEADER):
             self.training.leader_changed()  # no longer leading: its drivers stop
+        elif event.kind in (fx.MEMBER_JOINED, fx.ALIVE) and event.node_id:
+            self.training.takeover.fellow_back(event.node_id)  # copies it may keep
         self.events.append(event)
         del self.events[:-100]
         level = _LOGGED_EVENTS.get(event.kind, logging.DEBUG)
@@ -412,8 +415,9 @@ class Agent:
             if isinstance(exc, HandshakeRefused):
                 self._refused_at_join(request.addr)
             if self.membership is not None:
-                self._apply(self.membership.stream_failed(request.request_id,
-                                                          trio.current_time()))
+                self._apply(self.membership.stream_failed(
+                    request.request_id, trio.current_time(),
+                    nobody_listens=isinstance(exc, NobodyListens)))
             return
         self._join_refusals = 0
         if self.membership is not None:
