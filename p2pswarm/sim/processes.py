@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -108,14 +109,31 @@ def local_swarm(say: Say, keep: bool = False, *, start_timeout_s: float = 30.0,
     root = Path(tempfile.mkdtemp(prefix="p2pswarm-demo-"))
     swarm = LocalSwarm(root=root, secret=SwarmSecret.generate(), say=say,
                        start_timeout_s=start_timeout_s, threads=threads)
+    # SIGTERM (`timeout`, `kill`) would end this process without stopping the fellows,
+    # leaving them running with no parent: make it unwind through `finally` instead
+    earlier = _exit_on_sigterm()
     try:
         yield swarm
     finally:
         swarm.stop()
+        if earlier is not None:
+            signal.signal(signal.SIGTERM, earlier)
         if keep:
             say(f"state and logs kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _exit_on_sigterm() -> Any:
+    """Turn SIGTERM into SystemExit; the handler it replaced, or None off the main thread
+    (where signal handlers cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def leave(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, leave)
 
 
 __all__ = ["LocalSwarm", "Say", "local_swarm"]
