@@ -215,3 +215,32 @@ def test_sigterm_sigint_and_leave_are_each_recorded_left_by_every_fellow(
                     f.seek(since[observer])
                     lines = f.read().decode(errors="replace").splitlines()
                 assert [line for line in lines if f" dead {name} " in line] == [], observer
+
+
+_HOLDS_A_SWARM = r"""
+import sys, time
+from p2pswarm.sim.processes import local_swarm
+with local_swarm(lambda text: None) as swarm:
+    swarm.start("fellow-1", extra=("--http", "off"))
+    print(swarm.processes["fellow-1"].pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_sigterm_on_a_local_swarm_stops_its_fellows() -> None:
+    """`timeout` or `kill` on a demo must not leave its fellows running without a parent."""
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDS_A_SWARM], stdout=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, text=True)
+    assert holder.stdout is not None
+    fellow = int(holder.stdout.readline())
+    holder.send_signal(signal.SIGTERM)
+    assert holder.wait(timeout=30) == 128 + signal.SIGTERM
+
+    def gone() -> bool:
+        try:
+            os.kill(fellow, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    poll("the fellow to stop", gone, timeout_s=20)
