@@ -4,6 +4,7 @@ loopback, beside a calm swarm of the same size that loads and trains the same (s
 ``p2pswarm.sim.chaos`` for the events and what is measured).
 
     python simulations/chaos_real.py [--fellows 8] [--minutes 20] [--seed 1] [--json]
+    python simulations/chaos_real.py --idle [--fellows 8] [--minutes 2]   # no events
 
 The job (tiny-llama, two DiLoCo replicas, a checkpoint every 8 steps) is sized to last
 about ``--minutes`` on a quiet two-core machine (``--steps`` overrides); the events stop
@@ -21,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from p2pswarm.sim.chaos import LOSS_TOLERANCE, job_config, run, verdict  # noqa: E402
+from p2pswarm.sim.chaos import LOSS_TOLERANCE, idle, job_config, run, verdict  # noqa: E402
 
 STEPS_PER_MINUTE = 12  # tiny-llama, seq 64, two replicas beside a twin swarm, 2 cores
 
@@ -82,7 +83,22 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep state and logs")
     parser.add_argument("--form-timeout", type=float, default=600.0,
                         help="seconds the two swarms may take to form")
+    parser.add_argument("--idle", action="store_true", help="only the idle gossip of one "
+                        "swarm of --fellows, over --minutes, with no events, job or load")
     args = parser.parse_args()
+    if args.idle:
+        before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        quiet = idle(fellows=args.fellows, window_s=args.minutes * 60, say=print)
+        after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        if args.json:
+            print(json.dumps({**quiet, "uptime_before": before, "uptime_after": after}))
+        else:
+            print(f"{quiet['fellows']} idle fellows, {quiet['window_s']:g} s: "
+                  f"{quiet['b_s']:g} B/s per fellow ({quiet['suspicions']} suspicions, "
+                  f"{quiet['refutations']} refutations); virtual figure for this size "
+                  f"{quiet['reference_b_s']:g}")
+            print(f"load: before [{before}], after [{after}]")
+        return 0
     steps = args.steps or max(16, int(STEPS_PER_MINUTE * args.minutes))
     job = job_config(model="tiny-llama", steps=steps, seed=args.seed, seq_len=64,
                      checkpoint_dir=Path("checkpoints"))

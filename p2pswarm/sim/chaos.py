@@ -486,6 +486,23 @@ def run(*, fellows: int, minutes: float, seed: int, say: Say, job: dict[str, Any
     }
 
 
+def idle(*, fellows: int, window_s: float, say: Say, settle_s: float = 20.0) -> dict[str, Any]:
+    """One swarm of ``fellows`` real fellows, formed as the chaos run forms its swarms,
+    left alone ``settle_s`` and then measured over ``window_s`` (``idle_window``)."""
+    names = [f"f{i}" for i in range(fellows)]
+    with local_swarm(say, start_timeout_s=120) as swarm:
+        quiet = Field(swarm, names, random.Random(0), {n: free_address() for n in names},
+                      {n: False for n in names},
+                      extra=("--cpu-memory", FELLOW_MEMORY, "--log-level", "info"))
+        began = time.monotonic()
+        _form((quiet,), 600.0, say)
+        formed_s = time.monotonic() - began
+        time.sleep(settle_s)  # the joins and first inventories spread before measuring
+        window = idle_window(quiet, window_s)
+    return {"fellows": fellows, "formed_s": round(formed_s, 1), **window,
+            "reference_b_s": idle_gossip_reference(fellows)}
+
+
 def _events(chaos: Field, calm: Field, watches: dict[str, JobWatch], waits: list[float],
             seconds: float, first_hit_s: float, gap_s: tuple[float, float], say: Say) -> float:
     """Events on the chaos swarm until ``seconds`` are up or its job ended, the calm one
@@ -578,5 +595,5 @@ def verdict(report: dict[str, Any]) -> list[str]:
     return misses
 
 
-__all__ = ["IDLE_GOSSIP_B_S", "checkpoints_lost", "idle_gossip_reference", "idle_window",
+__all__ = ["IDLE_GOSSIP_B_S", "checkpoints_lost", "idle", "idle_gossip_reference", "idle_window",
            "job_config", "run", "verdict"]
