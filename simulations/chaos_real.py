@@ -5,10 +5,14 @@ loopback, beside a calm swarm of the same size that loads and trains the same (s
 
     python simulations/chaos_real.py [--fellows 8] [--minutes 20] [--seed 1] [--json]
     python simulations/chaos_real.py --idle [--fellows 8] [--minutes 2]   # no events
+    python simulations/chaos_real.py --short [--fellows 4] [--seed 2] [--json]
 
 The job (tiny-llama, two DiLoCo replicas, a checkpoint every 8 steps) is sized to last
 about ``--minutes`` on a quiet two-core machine (``--steps`` overrides); the events stop
 when the minutes are up or the job has ended. Exit status 1 when a target is missed.
+
+``--short`` runs the default suite's version instead (``p2pswarm.sim.chaos_short``): a
+few fellows, one leave, freeze, crash and leader kill each, no model and no job.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from p2pswarm.sim import chaos_short  # noqa: E402
 from p2pswarm.sim.chaos import LOSS_TOLERANCE, idle, job_config, run, verdict  # noqa: E402
 
 STEPS_PER_MINUTE = 12  # tiny-llama, seq 64, two replicas beside a twin swarm, 2 cores
@@ -85,7 +90,11 @@ def main() -> int:
                         help="seconds the two swarms may take to form")
     parser.add_argument("--idle", action="store_true", help="only the idle gossip of one "
                         "swarm of --fellows, over --minutes, with no events, job or load")
+    parser.add_argument("--short", action="store_true", help="the default suite's short "
+                        "version: one event of each kind, no model or job")
     args = parser.parse_args()
+    if args.short:
+        return short(args)
     if args.idle:
         before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
         quiet = idle(fellows=args.fellows, window_s=args.minutes * 60, say=print)
@@ -120,6 +129,32 @@ def main() -> int:
             for move in report["job"][label]["moves"]:
                 print(f"  {label} job: {move}")
         print(verdict_table(report))
+        print(f"load: before [{report['uptime_before']}], after [{report['uptime_after']}]")
+        print("targets: " + ("all met" if not misses else "MISSED: " + "; ".join(misses)))
+    return 1 if misses else 0
+
+
+def short(args: argparse.Namespace) -> int:
+    say = (lambda m: None) if args.json else print
+    fellows = 4 if args.fellows == 8 else args.fellows  # (8 is the long run's default)
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    report = chaos_short.run(fellows=fellows, seed=args.seed, say=say, keep=args.keep)
+    report["uptime_before"] = load
+    report["uptime_after"] = subprocess.run(["uptime"], capture_output=True,
+                                            text=True).stdout.strip()
+    misses = chaos_short.verdict(report)
+    if args.json:
+        print(json.dumps({**report, "misses": misses}, indent=2))
+    else:
+        kill = report["events"][0] if report["events"] else {}
+        print(f"{report['fellows']} fellows formed in {report['formed_s']} s; "
+              f"{len(report['events'])} events in {report['run_s']} s in all")
+        print(f"terms: {report['terms']}, with two leaders: "
+              f"{report['terms_with_two_leaders'] or 'none'}; new leader "
+              f"{kill.get('new_leader_s')} s after the leader kill")
+        print(f"leaderless spells with a majority up (s): {report['leaderless_s']}; started "
+              f"again to naming the leader (s): {report['joined_s']}; agents "
+              f"crashed: {report['agents_crashed'] or 'none'}")
         print(f"load: before [{report['uptime_before']}], after [{report['uptime_after']}]")
         print("targets: " + ("all met" if not misses else "MISSED: " + "; ".join(misses)))
     return 1 if misses else 0

@@ -352,6 +352,8 @@ class Agent:
             self.serving.elected()  # and so do its loads (failover, adoption)
         elif event.kind in (fx.STEPPED_DOWN, fx.LEADER):
             self.training.leader_changed()  # no longer leading: its drivers stop
+        elif event.kind in (fx.MEMBER_JOINED, fx.ALIVE) and event.node_id:
+            self.training.takeover.fellow_back(event.node_id)  # copies it may keep
         self.events.append(event)
         del self.events[:-100]
         level = _LOGGED_EVENTS.get(event.kind, logging.DEBUG)

@@ -70,14 +70,32 @@ class Takeover:
     def __init__(self, training: Training) -> None:
         self.training = training
         self.agent = training.agent
+        self._adopting = trio.Lock()  # one gather at a time: a job is adopted once
 
     def elected(self) -> None:
         self.agent.spawn(self.take_over, self.training.leadership.term())
 
-    async def take_over(self, term: int) -> None:
-        """Adopt every job whose newest copy this agent can find."""
-        copies = await self.gather()
+    def fellow_back(self, node_id: bytes) -> None:
+        """A fellow joined or came back while this agent leads: ask it too. The gather
+        at the election missed it (down, booting or suspected then), and it may keep
+        the only copy of a job: after a whole swarm restarts, or from a deposed leader
+        that took a job in just before it learned of the election."""
         leadership = self.training.leadership
+        member = self.agent.fellow(node_id.hex())
+        if leadership.is_leader() and member is not None and not member.is_self:
+            self.agent.spawn(self.take_over, leadership.term(), member.addr)
+
+    async def take_over(self, term: int, only: str | None = None) -> None:
+        """Adopt every job whose newest copy this agent (or only the fellow at ``only``,
+        and this agent) can find."""
+        async with self._adopting:
+            await self._take_over(term, only)
+
+    async def _take_over(self, term: int, only: str | None) -> None:
+        leadership = self.training.leadership
+        if not leadership.is_leader() or leadership.term() != term:
+            return
+        copies = await self.gather(only)
         for job_id, copy in sorted(copies.items()):
             if not leadership.is_leader() or leadership.term() != term:
                 return  # no longer the leader that gathered them
@@ -102,14 +120,16 @@ class Takeover:
             handed = Handed(rounds, tuple(copy.outer_parts()), was)
             self.agent.spawn(self.training.drive, job, handed)
 
-    async def gather(self) -> dict[str, JobCopy]:
-        """The newest copy of every job this agent or a connected fellow keeps."""
+    async def gather(self, only: str | None = None) -> dict[str, JobCopy]:
+        """The newest copy of every job this agent or a connected fellow (or only the
+        one at ``only``) keeps; this agent's own copies win ties and older copies."""
         own = self.training.handover.kept
         best: dict[str, tuple[tuple[int, int], str]] = {j: (c.order, "")
                                                         for j, c in own.items()}
         membership = self.agent.membership
-        fellows = sorted(m.addr for m in (membership.members() if membership else ())
-                         if m.state == "alive" and not m.is_self)
+        fellows = [only] if only is not None else sorted(
+            m.addr for m in (membership.members() if membership else ())
+            if m.state == "alive" and not m.is_self)
 
         async def ask(addr: str) -> None:
             try:
