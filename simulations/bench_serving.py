@@ -25,7 +25,9 @@
    small-llama with eight session slots, the decode tokens/s of one client against eight
    at once (aggregate, while all eight decode), and a five-turn `chat` (each turn resends
    the conversation): the fifth turn's time to first token against the first's, with the
-   stages keeping the session's cache between turns and, side by side, without.
+   stages keeping the session's cache between turns and, side by side, without
+   (``--only-chat`` alone, ``--chats N`` of them): as the driver times it, as the client
+   sees it, the stages' prefill compute, and the same two prefills in one process.
 
 One torch thread per stage everywhere, as on a machine whose cores the fellows share; on
 a machine other processes keep busy the figures are pessimistic.
@@ -34,7 +36,8 @@ a machine other processes keep busy the figures are pessimistic.
                                         [--skip-processes] [--skip-demo]
                                         [--skip-single-stream] [--only-single-stream]
                                         [--only-failover] [--kills 3] [--many]
-                                        [--only-many] [--json | --markdown]
+                                        [--only-many] [--only-chat] [--chats 3]
+                                        [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -525,32 +528,14 @@ def _streamed(home: Path, ask: dict[str, Any]) -> tuple[list[float], dict[str, A
 
 
 def many_clients(model: str, tokens: int, clients: int = 8) -> dict[str, Any]:
-    """One client, then ``clients`` at once, on a three-stage load with that many slots;
-    then a five-turn chat, kept and not."""
+    """One client, then ``clients`` at once, on a three-stage load with that many slots."""
     import threading
 
-    from p2pswarm.control.client import request, stream
+    from p2pswarm.control.client import request
     from p2pswarm.demo import local_swarm
 
     with local_swarm(lambda text: None) as swarm:
-        swarm.start_timeout_s = 180.0  # a machine other work keeps busy starts slowly
-        names = ["fellow-1", "fellow-2", "fellow-3"]
-        # three fellows computing all the time on a shared 2-core machine answer probes
-        # late: the WiFi preset's patience, so that starvation is not taken for a loss
-        extra = ("--log-level", "warning", "--preset", "wifi")
-        seed = swarm.start(names[0], extra=extra)
-        for name in names[1:]:
-            swarm.start(name, seeds=(seed,), extra=extra)
-        for name in names:
-            swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
-                m["state"] == "alive" for m in s["members"]) == 3, timeout_s=180,
-                what="the swarm")
-        message = serve_request(model, floors_bytes={"cpu": "100MB"}, sequences=clients)
-        home = swarm.homes[names[0]]
-        plan = request(home, {"op": "plan", "request": message}, timeout_s=30)
-        driver = swarm.homes[plan["stages"][0]["fellow"]]
-        stream(home, {"op": "load", "request": message, "plan_id": plan["plan_id"]},
-               lambda e: None, timeout_s=300)
+        home, driver = _three_fellow_load(swarm, model, clients)
         prompts = [f"Client {i} asks the swarm: " * 3 for i in range(clients)]
 
         def ask(i: int) -> dict[str, Any]:
@@ -575,11 +560,37 @@ def many_clients(model: str, tokens: int, clients: int = 8) -> dict[str, Any]:
         # the steady state: from the last client's first token to the first client's end
         start, end = max(r[0] for r in runs), min(r[-1] for r in runs)
         together = sum(sum(start < t <= end for t in r) for r in runs) / (end - start)
-        chat = {kept: _chat_turns(driver, kept) for kept in (True, False)}
         request(home, {"op": "unload"}, timeout_s=60)
     one = statistics.median(single)
     return {"single_tokens_per_s": one, "aggregate_tokens_per_s": together,
-            "ratio": together / one, "clients": clients, "chat": chat}
+            "ratio": together / one, "clients": clients}
+
+
+
+def _three_fellow_load(swarm: Any, model: str, slots: int) -> tuple[Path, Path]:
+    """Three `join` fellows holding ``model`` in three stages with ``slots`` session
+    slots: the home of the fellow that led the load and of the one driving (stage 0)."""
+    from p2pswarm.control.client import request, stream
+
+    swarm.start_timeout_s = 180.0  # a machine other work keeps busy starts slowly
+    names = ["fellow-1", "fellow-2", "fellow-3"]
+    # three fellows computing all the time on a shared 2-core machine answer probes
+    # late: the WiFi preset's patience, so that starvation is not taken for a loss
+    extra = ("--log-level", "warning", "--preset", "wifi")
+    seed = swarm.start(names[0], extra=extra)
+    for name in names[1:]:
+        swarm.start(name, seeds=(seed,), extra=extra)
+    for name in names:
+        swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
+            m["state"] == "alive" for m in s["members"]) == 3, timeout_s=180,
+            what="the swarm")
+    message = serve_request(model, floors_bytes={"cpu": "100MB"}, sequences=slots)
+    home = swarm.homes[names[0]]
+    plan = request(home, {"op": "plan", "request": message}, timeout_s=30)
+    driver = swarm.homes[plan["stages"][0]["fellow"]]
+    stream(home, {"op": "load", "request": message, "plan_id": plan["plan_id"]},
+           lambda e: None, timeout_s=300)
+    return home, driver
 
 
 def stage_batch_speed(model: str, sessions: int = 8, steps: int = 16) -> dict[str, Any]:
@@ -609,37 +620,162 @@ def stage_batch_speed(model: str, sessions: int = 8, steps: int = 16) -> dict[st
             "ratio": batched / alone}
 
 
-def _chat_turns(driver: Path, kept: bool, turns: int = 5, chats: int = 3) -> dict[str, Any]:
-    """``chats`` chats of five turns, each turn resending the conversation: each turn's
-    median time to first token, with the session's cache kept between turns (the chat op)
-    or not (the same prompt through generate). One chat's turns move with the machine's
-    other work; the median over a few chats less so."""
-    runs = [_one_chat(driver, kept, turns, chat) for chat in range(chats)]
-    ttft = [statistics.median(r["ttft_s"][turn] for r in runs) for turn in range(turns)]
-    return {"ttft_s": ttft, "cached_tokens": runs[-1]["cached_tokens"],
-            "ratio": ttft[-1] / ttft[0], "ratios": [r["ratio"] for r in runs]}
+def chat_figures(model: str, chats: int = 3, slots: int = 8) -> dict[str, Any]:
+    """``chats`` five-turn chats on a three-stage load, the session's cache kept and not,
+    alternating chat by chat so both see the same machine; with each turn's prefill in
+    one process beside it (the compute floor)."""
+    from p2pswarm.control.client import request
+    from p2pswarm.demo import local_swarm
+
+    with local_swarm(lambda text: None) as swarm:
+        home, driver = _three_fellow_load(swarm, model, slots)
+        request(driver, {"op": "generate", "prompt": "warm", "max_tokens": 4,
+                         "stop_token_ids": []}, timeout_s=120)  # warm every stage
+        runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+        for chat in range(chats):
+            for kept in (True, False):
+                runs[kept].append(_one_chat(driver, kept, 5, chat))
+        request(home, {"op": "unload"}, timeout_s=60)
+    out: dict[str, Any] = {kept: _chat_summary(runs[kept]) for kept in (True, False)}
+    last = runs[True][-1]
+    new = last["prompt_tokens"][-1] - last["cached_tokens"][-1]
+    out["in_process"] = prefill_in_process(model, new, last["cached_tokens"][-1],
+                                           last["prompt_tokens"][0])
+    return out
+
+
+def _chat_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each turn's median over the chats: the driver's time to first token (from its
+    first frame to stage 0 to the token), the client's (from the request to the token),
+    and the stages' prefill compute."""
+    turns = len(runs[0]["ttft_s"])
+
+    def median(key: str) -> list[float]:
+        return [statistics.median(r[key][t] for r in runs) for t in range(turns)]
+
+    ttft, client, compute = median("ttft_s"), median("client_ttft_s"), median("prefill_s")
+    beside = [r["ttft_s"][-1] / r["first_beside_s"] for r in runs]
+    return {"ttft_s": ttft, "client_ttft_s": client, "prefill_s": compute,
+            "beside_ratios": beside, "beside_ratio": statistics.median(beside),
+            "cached_tokens": [r["cached_tokens"] for r in runs],
+            "prompt_tokens": runs[-1]["prompt_tokens"], "ratio": ttft[-1] / ttft[0],
+            "client_ratio": client[-1] / client[0], "compute_ratio": compute[-1] / compute[0],
+            "ratios": [r["ttft_s"][-1] / r["ttft_s"][0] for r in runs],
+            "load_average": [r["load_average"] for r in runs], "runs": runs}
 
 
 def _one_chat(driver: Path, kept: bool, turns: int, chat: int) -> dict[str, Any]:
-    from p2pswarm.control.client import request
+    """One chat's turns; and just before its last turn, the first turn of another chat
+    of the same length (the same machine's moment for both: a busy machine's load moves
+    within the seconds between a chat's first turn and its fifth)."""
+    messages: list[dict[str, str]] = []
+    out: dict[str, Any] = {k: [] for k in ("ttft_s", "client_ttft_s", "prefill_s",
+                                           "cached_tokens", "prompt_tokens")}
+    for turn in range(turns):
+        if turn == turns - 1:
+            side = _turn(driver, kept, [_user(f"Side {chat}", 0)])[0]
+            out["first_beside_s"] = side["time_to_first_token_s"]
+        messages.append(_user(f"Chat {chat}", turn))
+        result, client_s = _turn(driver, kept, messages)
+        out["ttft_s"].append(result["time_to_first_token_s"])
+        out["client_ttft_s"].append(client_s)
+        out["prefill_s"].append(sum(s.get("prefill_ms", 0.0) for s in result["stages"]) / 1e3)
+        out["cached_tokens"].append(result.get("cached_tokens", 0))
+        out["prompt_tokens"].append(result["prompt_tokens"])
+        messages.append({"role": "assistant", "content": result["text"]})
+    out["load_average"] = os.getloadavg()[0]
+    return out
+
+
+def _user(chat: str, turn: int) -> dict[str, str]:
+    return {"role": "user", "content": f"{chat}, turn {turn}: tell the swarm more. " * 3}
+
+
+def _turn(driver: Path, kept: bool, messages: list[dict[str, str]]
+          ) -> tuple[dict[str, Any], float]:
+    """One turn, through the chat op (the session kept) or generate on the same prompt:
+    its result, and the time from the request to the first token as the client sees it."""
+    from p2pswarm.control.client import stream
     from p2pswarm.http.chat import plain_prompt
 
-    messages: list[dict[str, str]] = []
-    ttft, cached = [], []
-    for turn in range(turns):
-        messages.append({"role": "user",
-                         "content": f"Chat {chat}, turn {turn}: tell the swarm more. " * 3})
-        options = {"max_tokens": 24, "stop_token_ids": [], "temperature": 0.0}
-        if kept:
-            result = request(driver, {"op": "chat", "messages": messages, **options},
-                             timeout_s=600)
-        else:
-            result = request(driver, {"op": "generate", "prompt": plain_prompt(messages),
-                                      **options}, timeout_s=600)
-        ttft.append(result["time_to_first_token_s"])
-        cached.append(result.get("cached_tokens", 0))
-        messages.append({"role": "assistant", "content": result["text"]})
-    return {"ttft_s": ttft, "cached_tokens": cached, "ratio": ttft[-1] / ttft[0]}
+    options = {"max_tokens": 24, "stop_token_ids": [], "temperature": 0.0}
+    ask = ({"op": "chat", "messages": messages, **options} if kept else
+           {"op": "generate", "prompt": plain_prompt(messages), **options})
+    first: list[float] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        if "token" in event and not first:
+            first.append(time.perf_counter())
+
+    sent = time.perf_counter()
+    result = stream(driver, ask, on_event, timeout_s=600)
+    return result, first[0] - sent
+
+
+def prefill_in_process(model: str, new: int, cached: int, first: int,
+                       runs: int = 9) -> dict[str, Any]:
+    """The fifth turn's prefill in one process (``new`` tokens after ``cached``) against
+    the first's (``first`` tokens, nothing cached), all layers, one thread, runs
+    alternating; the thread's CPU time too, which other processes' work disturbs less."""
+    from p2pswarm.runtime import Stage, StageSpec
+
+    layers = BUILTIN_MODELS[model]["num_hidden_layers"]
+    stage = Stage.load(model, StageSpec(0, layers, max_sessions=2, max_context_tokens=1024))
+    ids = [1 + (i * 7) % 250 for i in range(cached + new)]
+    stage.prefill("long", ids[:cached])
+
+    def fresh() -> tuple[float, float]:
+        stage.end_session("short")
+        wall, cpu = time.perf_counter(), time.thread_time()
+        stage.prefill("short", ids[:first])
+        return time.perf_counter() - wall, time.thread_time() - cpu
+
+    def continued() -> tuple[float, float]:
+        stage.end_session("long")
+        stage.prefill("long", ids[:cached])
+        wall, cpu = time.perf_counter(), time.thread_time()
+        stage.prefill("long", ids[cached:])
+        return time.perf_counter() - wall, time.thread_time() - cpu
+
+    fresh(), continued()
+    a, b = [], []
+    for _ in range(runs):
+        a.append(fresh())
+        b.append(continued())
+    wall_a, wall_b = (statistics.median(t[0] for t in x) for x in (a, b))
+    cpu_a, cpu_b = (statistics.median(t[1] for t in x) for x in (a, b))
+    return {"new": new, "cached": cached, "first": first, "first_s": wall_a,
+            "fifth_s": wall_b, "ratio": wall_b / wall_a, "first_cpu_s": cpu_a,
+            "fifth_cpu_s": cpu_b, "cpu_ratio": cpu_b / cpu_a,
+            "load_average": os.getloadavg()[0]}
+
+
+def chat_rows(chat: dict[Any, Any]) -> list[tuple[str, str, str]]:
+    rows = []
+    for kept in (True, False):
+        c = chat[kept]
+        how = "kept between turns" if kept else "not kept (for comparison)"
+        loads = ", ".join(f"{x:.1f}" for x in c["load_average"])
+        rows.append((f"chat of 5 turns, the session's cache {how}: fifth turn's time to "
+                     f"first token, against the first's (medians of {len(c['ratios'])} chats)",
+                     f"{c['ttft_s'][-1]:.3f} / {c['ttft_s'][0]:.3f} s = {c['ratio']:.2f} "
+                     f"(chats: {', '.join(f'{r:.2f}' for r in c['ratios'])}; as the client "
+                     f"sees it {c['client_ttft_s'][-1]:.3f} / {c['client_ttft_s'][0]:.3f} s = "
+                     f"{c['client_ratio']:.2f}; the stages' prefill compute "
+                     f"{c['prefill_s'][-1]:.3f} / {c['prefill_s'][0]:.3f} s = "
+                     f"{c['compute_ratio']:.2f}; each fifth turn against another chat's "
+                     f"first turn just before it: median "
+                     f"{c['beside_ratio']:.2f} ({', '.join(f'{r:.2f}' for r in c['beside_ratios'])}); "
+                     f"fifth turn cached "
+                     f"{[r[-1] for r in c['cached_tokens']]} of {c['prompt_tokens'][-1]} "
+                     f"tokens; load average {loads})", "<= 1.2" if kept else "reported"))
+    p = chat["in_process"]
+    rows.append((f"... the fifth turn's prefill in one process ({p['new']} new tokens after "
+                 f"{p['cached']} cached) against the first's ({p['first']} tokens)",
+                 f"{p['fifth_s'] * 1e3:.0f} / {p['first_s'] * 1e3:.0f} ms = {p['ratio']:.2f} "
+                 f"(thread CPU time {p['cpu_ratio']:.2f}; load average "
+                 f"{p['load_average']:.1f})", "reported (the floor)"))
+    return rows
 
 
 def main() -> None:
@@ -656,6 +792,8 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=3, help="failover: kills measured")
     parser.add_argument("--many", action="store_true", help="add section 6 (many clients)")
     parser.add_argument("--only-many", action="store_true", help="section 6 alone")
+    parser.add_argument("--only-chat", action="store_true", help="section 6's chat alone")
+    parser.add_argument("--chats", type=int, default=3, help="chat: chats of five turns")
     args = parser.parse_args()
     if args.only_failover:
         out = failover_figures(kills=args.kills)
@@ -685,9 +823,10 @@ def main() -> None:
         rows.append((f"{size}, 3 stages {where}: added latency per hop ({HOPS} a token)",
                      f"{hop_ms:.2f} ms", "<= 1.5 ms"))
 
-    if args.only_single_stream or args.only_many:
+    if args.only_single_stream or args.only_many or args.only_chat:
         args.models, args.skip_processes, args.skip_demo = [], True, True
-        args.skip_single_stream = args.skip_single_stream or args.only_many
+        args.skip_single_stream = (args.skip_single_stream or args.only_many
+                                   or args.only_chat)
     if args.many or args.only_many:
         compute = stage_batch_speed("small-llama")
         data["stage_batch"] = compute
@@ -702,15 +841,10 @@ def main() -> None:
                      "tokens/s of 8 clients at once, against one client",
                      f"{many['aggregate_tokens_per_s']:.1f} / "
                      f"{many['single_tokens_per_s']:.1f} = {many['ratio']:.2f}", ">= 3"))
-        for kept in (True, False):
-            chat = many["chat"][kept]
-            how = "kept between turns" if kept else "not kept (for comparison)"
-            rows.append((f"chat of 5 turns, the session's cache {how}: fifth turn's time to "
-                         "first token, against the first's (medians of 3 chats)",
-                         f"{chat['ttft_s'][-1]:.3f} / {chat['ttft_s'][0]:.3f} s = "
-                         f"{chat['ratio']:.2f} (chats: "
-                         f"{', '.join(f'{r:.2f}' for r in chat['ratios'])})",
-                         "<= 1.2" if kept else "reported"))
+    if args.many or args.only_many or args.only_chat:
+        chat = chat_figures("small-llama", chats=args.chats)
+        data["chat"] = chat
+        rows += chat_rows(chat)
     for model in args.models:
         out = pipeline_in_process(model, args.tokens, prompt)
         data[f"pipeline_{model}"] = {k: v for k, v in out.items() if k != "plan"}
@@ -722,7 +856,7 @@ def main() -> None:
             speed_rows(model, "(3 `join` processes)", procs["tokens_per_s"],
                        procs["local_tokens_per_s"])
     memory = []
-    only = args.only_single_stream or args.only_many
+    only = args.only_single_stream or args.only_many or args.only_chat
     stages = () if only else (("tiny-llama", "f32", "f32", 2048),
                                                  ("small-llama", "f32", "f16", 2048),
                                                  ("small-llama", "f16", "f16", 4096),

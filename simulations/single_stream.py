@@ -9,12 +9,15 @@ a shared machine:
   every core (``torch.set_num_threads(os.cpu_count())``);
 - one `p2pswarm join` fellow holding the whole model (all cores);
 - two `join` fellows, one stage each: one torch thread each (as ``LocalSwarm`` starts
-  fellows that share a machine's cores), and every core each.
+  fellows that share a machine's cores), and every core each;
+- with ``--spinning``, also two fellows with every core each whose idle OpenMP threads
+  spin as libgomp's default has them (``GOMP_SPINCOUNT=300000``; `join` otherwise lets
+  them sleep, ``OMP_WAIT_POLICY=PASSIVE``): what the fellows did before.
 
 Speed is decode tokens/s from the median time between two tokens of a run. The greedy
 tokens of all three must be equal. Imported by ``bench_serving.py``; runs alone too:
 
-    python simulations/single_stream.py [--runs 5] [--tokens 128]
+    python simulations/single_stream.py [--runs 5] [--tokens 128] [--spinning]
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ CONFIG: dict[str, Any] = {
 }
 PROMPT_TEXT = "The swarm " * 4
 PROMPT = [256, *PROMPT_TEXT.encode()]  # the byte tokenizer's ids: bos, then the bytes
+SPINNING = "2 fellows, all cores each, threads spinning"
 
 # the worker: loads the model with transformers, then decodes once per line on stdin and
 # answers with the token times as JSON
@@ -142,16 +146,23 @@ class Transformers:
 class Fellows:
     """``n`` `join` processes holding the model in ``n`` stages (one per fellow)."""
 
-    def __init__(self, stack: ExitStack, model_dir: Path, n: int, threads: int) -> None:
+    def __init__(self, stack: ExitStack, model_dir: Path, n: int, threads: int,
+                 env: dict[str, str] | None = None) -> None:
         from p2pswarm.control.client import request, stream
         from p2pswarm.models.files import read_model_config
         from p2pswarm.sim.processes import local_swarm
 
         swarm = stack.enter_context(local_swarm(lambda text: None, threads=threads))
         names = [f"fellow-{i + 1}" for i in range(n)]
-        seed = swarm.start(names[0], extra=("--log-level", "warning"))
-        for name in names[1:]:
-            swarm.start(name, seeds=(seed,), extra=("--log-level", "warning"))
+        saved = dict(os.environ)
+        os.environ.update(env or {})  # the fellows inherit this process's environment
+        try:
+            seed = swarm.start(names[0], extra=("--log-level", "warning"))
+            for name in names[1:]:
+                swarm.start(name, seeds=(seed,), extra=("--log-level", "warning"))
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
         for name in names:
             swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
                 m["state"] == "alive" for m in s["members"]) == n, timeout_s=60,
@@ -181,8 +192,9 @@ class Fellows:
         return times, list(result["token_ids"])
 
 
-def measure(runs: int = 5, tokens: int = 128) -> dict[str, Any]:
-    """Decode tokens/s of transformers, one fellow and two fellows, runs alternating."""
+def measure(runs: int = 5, tokens: int = 128, spinning: bool = False) -> dict[str, Any]:
+    """Decode tokens/s of transformers, one fellow and two fellows, runs alternating;
+    ``spinning`` adds two all-core fellows whose idle threads spin (libgomp's default)."""
     with ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="p2ps-speed-")))
         model_dir = write_model(root / "llama-68m")
@@ -196,6 +208,9 @@ def measure(runs: int = 5, tokens: int = 128) -> dict[str, Any]:
                                 "1 fellow": Fellows(stack, model_dir, 1, cores),
                                 "2 fellows": Fellows(stack, model_dir, 2, 1),
                                 "2 fellows, all cores each": Fellows(stack, model_dir, 2, cores)}
+        if spinning:
+            ways[SPINNING] = Fellows(stack, model_dir, 2, cores,
+                                     env={"GOMP_SPINCOUNT": "300000"})
         times: dict[str, list[list[float]]] = {k: [] for k in ways}
         ids: dict[str, list[int]] = {}
         load = []
@@ -211,6 +226,8 @@ def measure(runs: int = 5, tokens: int = 128) -> dict[str, Any]:
             "ratio_2_fellows_all_cores": (speeds["2 fellows, all cores each"]
                                           / speeds["transformers"]),
             "ratio_1_fellow": speeds["1 fellow"] / speeds["transformers"],
+            **({"ratio_2_fellows_spinning": speeds[SPINNING] / speeds["transformers"]}
+               if spinning else {}),
             "same_tokens": len({tuple(v) for v in ids.values()}) == 1,
             "load_average": statistics.mean(load), "runs": runs, "tokens": tokens}
 
@@ -219,8 +236,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--spinning", action="store_true",
+                        help="also two all-core fellows whose idle threads spin")
     args = parser.parse_args()
-    out = measure(args.runs, args.tokens)
+    out = measure(args.runs, args.tokens, args.spinning)
     print(json.dumps(out, indent=2))
 
 

@@ -22,6 +22,7 @@ from p2pswarm.runtime import (
     stage_memory,
 )
 from p2pswarm.runtime.frame import DTYPE_CODES
+from p2pswarm.runtime.sampler import position_seed
 
 # untied, grouped-query, 6 layers: big enough for three stages of two
 HF = {"model_type": "llama", "vocab_size": 120, "hidden_size": 64, "intermediate_size": 128,
@@ -305,6 +306,39 @@ def test_sampling_is_deterministic_for_a_seed() -> None:
     again.reset()
     assert draw(again) == first
     assert len(set(first)) > 3
+
+
+def test_a_draw_at_a_position_depends_on_the_seed_and_the_position_only() -> None:
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    sampler = Sampler(temperature=1.0, seed=7)
+    along = [sampler.sample(logits, position) for position in range(100, 140)]
+    # drawn again in another order, after other draws, by another sampler: the same
+    fresh = Sampler(temperature=1.0, seed=7)
+    fresh.sample(logits)
+    assert [fresh.sample(logits, p) for p in reversed(range(100, 140))] == along[::-1]
+    assert len(set(along)) > 3
+    assert along != [Sampler(temperature=1.0, seed=8).sample(logits, p)
+                     for p in range(100, 140)]
+    assert position_seed(7, 100) != position_seed(7, 101) != position_seed(8, 100)
+    with pytest.raises(ValueError):
+        position_seed(7, -1)
+
+
+def test_a_sampled_generation_resumed_from_its_tokens_draws_what_it_would_have(
+        checkpoint: Checkpoint) -> None:
+    """What a failover does: a new session replays the prompt and the tokens drawn so far,
+    and a new sampler at the last stage draws the rest."""
+    pipeline = LocalPipeline(stages(checkpoint, SPLIT))
+
+    def sampled() -> Sampler:
+        return Sampler(temperature=1.0, top_k=40, seed=11)
+
+    whole = pipeline.generate(PROMPT, 12, sampled(), stop_token_ids=()).token_ids
+    assert len(set(whole)) > 3
+    for cut in (1, 9):
+        rest = pipeline.generate(PROMPT + list(whole[:cut]), 12 - cut, sampled(),
+                                 stop_token_ids=()).token_ids
+        assert whole[:cut] + rest == whole
 
 
 def test_top_k_and_top_p_bound_the_choices() -> None:

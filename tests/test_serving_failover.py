@@ -1,6 +1,7 @@
 """Failover in virtual time: a stage whose fellow is lost mid-generation moves to the spare
 fellow and the generation goes on with the tokens an undisturbed run gives; a fellow cut
-off for less than the grace window keeps its stage."""
+off for less than the grace window keeps its stage, and a sampled generation resumed
+across the cut draws the undisturbed run's tokens."""
 
 from __future__ import annotations
 
@@ -34,8 +35,12 @@ async def test_a_stage_cut_off_for_5_s_stays_and_a_crashed_one_moves_to_the_spar
         driver = next(a for a in swarm.live() if a.node_id == leader_id)
         plan = await driver.planning.ask_plan(request())
         await driver.serving.load(request(), plan_id=plan["plan_id"])
-        local = reference(plan, MODEL).generate(PROMPT[:30], 12, Sampler.greedy(),
-                                                stop_token_ids=())
+        one_process = reference(plan, MODEL)
+        local = one_process.generate(PROMPT[:30], 12, Sampler.greedy(), stop_token_ids=())
+        # sampled, so that the resumed session's draws are checked too (seed and position)
+        sampled = one_process.generate(PROMPT[:30], 12, Sampler(0.9, top_k=50, seed=5),
+                                       stop_token_ids=())
+        assert sampled.token_ids != local.token_ids
         victim, stage, name = _stage_fellow(swarm, plan, leader_id)
         spare = next(f.name for f in swarm.fellows
                      if f.name not in {s["fellow"] for s in plan["stages"]})
@@ -59,8 +64,10 @@ async def test_a_stage_cut_off_for_5_s_stays_and_a_crashed_one_moves_to_the_spar
 
         nursery.start_soon(heal_after_five_seconds)
         result = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=12,
-                                               stop_token_ids=(), on_token=cut_after_five)
-        assert cut_at and result.token_ids == local.token_ids
+                                               stop_token_ids=(), on_token=cut_after_five,
+                                               temperature=0.9, top_k=50, seed=5)
+        # its streams broke: the session was opened again and replayed, and drew the same
+        assert cut_at and result.resumes == 1 and result.token_ids == sampled.token_ids
         assert [r["fellow"] for r in result.route] == [s["fellow"] for s in plan["stages"]]
         (record,) = await driver.serving.list_loads()
         assert not record.get("moves") and not record.get("waiting")

@@ -51,6 +51,14 @@ async def test_batched_sessions_and_a_chat_that_remembers(autojump_clock: object
             cached = len(ids) + len(result.token_ids) - 1
             ids = ids + list(result.token_ids) + list(PROMPT[40 + 9 * turn:48 + 9 * turn])
         assert cached > 0 and len(driver.serving.driver.kept.kept(plan["plan_id"])) == 1
+        # sampled: a turn continued from the kept cache draws what the whole prompt draws
+        sampled_turn = {"temperature": 0.9, "top_k": 50, "seed": 3}
+        result = await driver.serving.generate(prompt_ids=ids, max_tokens=6,
+                                               stop_token_ids=(), remember=True,
+                                               **sampled_turn)
+        assert result.cached_tokens == cached
+        assert result.token_ids == one_process.generate(
+            ids, 6, Sampler(0.9, top_k=50, seed=3), stop_token_ids=()).token_ids
 
         # the same through text, as `chat` and /v1 clients resend it: the answers' bytes
         # need not encode back to the ids drawn, yet the cache covers all but the new turn
@@ -62,7 +70,10 @@ async def test_batched_sessions_and_a_chat_that_remembers(autojump_clock: object
             result = await driver.serving.generate(plain_prompt(messages), max_tokens=6,
                                                    stop_token_ids=(), remember=True)
             said = list(result.prompt_ids)
-            if held:  # (the first turn may reuse the bos of the chat above)
+            if not held:  # sharing only its bos, it leaves the chat above its kept cache
+                assert result.cached_tokens == 0
+                assert len(driver.serving.driver.kept.kept(plan["plan_id"])) == 2
+            else:
                 assert said[:len(held)] == held and result.cached_tokens == len(held)
                 assert (first.serving.sessions.prefill_tokens - before
                         == len(said) - len(held))

@@ -57,6 +57,7 @@ from p2pswarm.errors import (
     AuthenticationError,
     ControlError,
     HandshakeRefused,
+    NobodyListens,
     RemoteProtocolError,
     SwarmError,
     TokenRefused,
@@ -414,8 +415,9 @@ class Agent:
             if isinstance(exc, HandshakeRefused):
                 self._refused_at_join(request.addr)
             if self.membership is not None:
-                self._apply(self.membership.stream_failed(request.request_id,
-                                                          trio.current_time()))
+                self._apply(self.membership.stream_failed(
+                    request.request_id, trio.current_time(),
+                    nobody_listens=isinstance(exc, NobodyListens)))
             return
         self._join_refusals = 0
         if self.membership is not None:

@@ -45,7 +45,7 @@ def _sim_run(run: Any, bar: Any, label: str) -> Any:
 @exits_on()
 def simulate(
     scenario: str = typer.Argument(..., help="A scenario file, or a name in "
-                                   "simulations/scenarios/ (e.g. w3, clean, smoke)."),
+                                   "the scenario folder (e.g. w3, clean, smoke, real-bursts)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed (default: the scenario's); "
                                        "the same seed replays exactly."),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="How many fellows "

@@ -160,6 +160,7 @@ def join(
         cards = local_card_source(gpus=gpus, cpu_memory=cpu_memory, no_cpu=no_cpu,
                                   own_pids=[os.getpid()])
         threads_within_cpu_quota(os.environ)
+        idle_threads_sleep(os.environ)
         settings = NodeSettings(home=directory, listen=listen, seeds=seed_addrs,
                                 name=name or socket.gethostname(), config=config,
                                 advertise=advertise, leader_priority=leader_priority,
@@ -185,6 +186,19 @@ def threads_within_cpu_quota(environ: MutableMapping[str, str]) -> None:
     threads = cpu_threads(read_cgroup_limits())
     if threads is not None and "OMP_NUM_THREADS" not in environ:
         environ["OMP_NUM_THREADS"] = str(threads)
+
+
+def idle_threads_sleep(environ: MutableMapping[str, str]) -> None:
+    """Let torch's idle OpenMP threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``)
+    instead of spinning for milliseconds after every operator, unless the user chose
+    (OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME); before anything imports torch.
+
+    A fellow rarely has its cores alone: the next stage's fellow, the driver and other
+    programs wait for them. A stage's threads that spin after its forward pass take the
+    cores the next stage then computes on, and under load a spinning team waits at every
+    operator for its descheduled members."""
+    if not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"} & set(environ):
+        environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 @app.command()

@@ -14,6 +14,7 @@ chat`` uses::
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -82,22 +83,32 @@ def plain_prompt(messages: Sequence[Mapping[str, str]]) -> str:
     return "".join(lines) + "Assistant:"
 
 
+
+@functools.lru_cache(maxsize=8)
+def _compiled(source: str) -> Any:
+    """A chat template compiled once: every turn of a chat renders the same program, and
+    compiling a real model's template takes longer than rendering it."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_exception
+    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False,
+                                                                    indent=indent)
+    return env.from_string(source)
+
+
+def _raise_exception(message: str) -> None:
+    raise HttpError("bad-request", f"the model's chat template refused the messages: "
+                                   f"{message}")
+
+
 def render_chat(messages: Sequence[Mapping[str, str]], template: ChatTemplate | None) -> str:
     if template is None:
         return plain_prompt(messages)
     from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message: str) -> None:
-        raise HttpError("bad-request", f"the model's chat template refused the messages: "
-                                       f"{message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False,
-                                                                    indent=indent)
     try:
-        text = env.from_string(template.source).render(
+        text: str = _compiled(template.source).render(
             messages=[dict(m) for m in messages], add_generation_prompt=True,
             bos_token=template.bos_token, eos_token=template.eos_token)
     except TemplateError as exc:

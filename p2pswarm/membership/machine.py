@@ -42,6 +42,13 @@ A live fellow is therefore declared dead only if it stayed unreachable through e
 probe of a run longer than the floor: a single fade shorter than the floor cannot do it.
 Others adopt a received ``Dead`` at once.
 
+Nobody listens. The stream ping of a failed probe can come back refused (TCP reset: the
+fellow's host is up and answered, but no process listens at its address). No radio fade
+does that, so there is nothing to wait out: the fellow is suspected at once and its
+suspicion runs for the clean network's floor, and the dead verdict still needs this
+node's own probes to fail over that floor (``stream_failed(..., nobody_listens=True)``).
+A process restarted at the same address answers those probes and refutes.
+
 Refutation. A suspected fellow raises its incarnation and says ``Alive``: on the ack of
 the very ping that told it, by gossip, straight back to whoever sent the news, and pushed
 over a stream to its accuser. A fellow whose probes heard nothing for a while (its radio
@@ -290,6 +297,7 @@ class _Probe:
         "direct_ok",
         "expected_nacks",
         "final_deadline",
+        "gone",
         "nacks",
         "phase",
         "seq",
@@ -308,6 +316,7 @@ class _Probe:
         self.final_deadline = final_deadline
         self.phase = _DIRECT
         self.direct_ok = False
+        self.gone = False  # its host refused our stream ping: nothing listens there
         self.expected_nacks = 0
         self.nacks = 0
         self.watch = False
@@ -420,7 +429,8 @@ class Membership:
             "probes": 0, "probes_failed": 0, "probes_inconclusive": 0, "suspicions_raised": 0,
             "confirmations_sent": 0, "dead_declared": 0, "refutations": 0, "syncs": 0,
             "bad_signatures": 0, "bad_bindings": 0, "unsigned_alives": 0,
-            "claims_clamped": 0, "incarnation_exhausted": 0,
+            "claims_clamped": 0, "incarnation_exhausted": 0, "probes_refused": 0,
+            "refutations_unasked": 0,
         }
         self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
             Ping: self._on_ping, Ack: self._on_ack, Nack: self._on_nack,
@@ -649,6 +659,7 @@ class Membership:
         self._last_rx = now
         if self._deaf and deaf_s >= self.tuning.deaf_refute_s and self._joined \
                 and not self._leaving:
+            self.stats["refutations_unasked"] += 1
             self._refute(self.incarnation, None, sender_addr, now, out)
         self._deaf = False
 
@@ -695,10 +706,19 @@ class Membership:
             return Noted(), out
         return None, out
 
-    def stream_failed(self, request_id: int, now: float) -> list[Effect]:
+    def stream_failed(self, request_id: int, now: float, *,
+                      nobody_listens: bool = False) -> list[Effect]:
+        """Stream request ``request_id`` failed; ``nobody_listens``: the peer's host
+        refused the connection (its process is gone, not behind a fade)."""
         self._clock = max(self._clock, now)
         out: list[Effect] = []
         pending = self._streams.pop(request_id, None)
+        p = self._probe
+        if nobody_listens and pending is not None and pending[0] == "ping":
+            if p is not None and (p.addr, p.seq) == (pending[1], pending[2]):
+                p.gone = True  # judged when the probe ends
+            else:
+                self._refused_late(pending[1], now, out)
         if request_id in self._join_rids:
             del self._join_rids[request_id]
             if not self._join_rids and not self._joined:
@@ -938,7 +958,10 @@ class Membership:
                 e.last_heard = now
             return
         self.stats["probes_failed"] += 1
-        if p.expected_nacks == 0 or p.nacks == 0:
+        if p.gone:  # its host answered for it: our link works, and nothing listens there
+            self._silent_probes = 0
+            self.stats["probes_refused"] += 1
+        elif p.expected_nacks == 0 or p.nacks == 0:
             # nobody answered us: our own link, most likely. Twice in a row: we are in
             # trouble, slow down (Lifeguard); once is a fade like any other.
             self._silent_probes += 1
@@ -947,7 +970,7 @@ class Membership:
                 self._awareness.apply(1)
         else:
             self._silent_probes = 0
-        if p.expected_nacks > 0 and p.nacks == 0:
+        if p.expected_nacks > 0 and p.nacks == 0 and not p.gone:
             self.stats["probes_inconclusive"] += 1
             if self._inconclusive != target:  # we learned nothing about it: ask once more
                 self._inconclusive = target
@@ -968,6 +991,8 @@ class Membership:
             s = self._suspicions.get(target)
             if s is None:
                 return
+            if p.gone:
+                self._nobody_listens(s)
             self._watch[target] = p.started
             # our own failure, with nacks from helpers picked afresh, confirms too
             self._count_confirmation(s, now)
@@ -991,7 +1016,12 @@ class Membership:
             needed = 2
             base = lerp_by_loss(0.0, t.doubt_span_lossy_s, loss_before, t.lossy_reference)
             span = max(base, self._fade_span())
-        if count >= needed and p.started - first >= span:
+        if p.gone:  # no fade to wait out: suspect it now, from the first failure
+            self._doubt.pop(target, None)
+            self._start_suspicion(target, e.incarnation, self.node_id, first, now, out,
+                                  silent_since=first)
+            self._nobody_listens(self._suspicions[target])
+        elif count >= needed and p.started - first >= span:
             self._doubt.pop(target, None)
             # the suspicion counts from the first failure, but waiting out a longer fade
             # must not shorten the time it leaves the fellow to refute
@@ -1002,6 +1032,34 @@ class Membership:
             self._doubt[target] = (first, count)
             self._watch[target] = -_INF
             self._next_probe_at = now
+
+    def _refused_late(self, addr: str, now: float, out: list[Effect]) -> None:
+        """A refusal that came back after its probe ended (every helper's nack was in
+        first): it still tells on the fellow at ``addr`` we doubt or suspect."""
+        for node in (*self._doubt, *self._suspicions):
+            e = self._members.get(node)
+            if e is None or e.addr != addr:
+                continue
+            self.stats["probes_refused"] += 1
+            if node in self._doubt and e.state == _ALIVE:
+                first, _ = self._doubt.pop(node)
+                self._start_suspicion(node, e.incarnation, self.node_id, first, now, out,
+                                      silent_since=first)
+            s = self._suspicions.get(node)
+            if s is not None:
+                self._nobody_listens(s)
+            return
+
+    def _nobody_listens(self, s: _Suspicion) -> None:
+        """Nothing listens at a suspect's address (its host refused our stream): its
+        process is gone, so no radio fade needs waiting out. Its suspicion runs for the
+        clean network's floor; the dead verdict still needs our own probes to fail over
+        that span, so a restarted process at the same address refutes in time."""
+        floor = self.tuning.suspicion_floor_clean_s
+        if s.min_s <= floor:
+            return
+        s.min_s = s.max_s = floor
+        s.deadline = s.start + suspicion_timeout_s(s.counted, s.expected, s.min_s, s.max_s)
 
     def _fade_span(self) -> float:
         """How long the fades this node has seen fellows come back from last (a high

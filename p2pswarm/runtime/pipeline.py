@@ -95,7 +95,7 @@ class LocalPipeline:
             prefill_s = time.perf_counter() - began
             began = time.perf_counter()
             while True:
-                token = sampler.sample(logits[-1])
+                token = sampler.sample(logits[-1], len(prompt_ids) + len(tokens))
                 tokens.append(token)
                 if keep_logits:
                     kept.append(logits[-1].clone())

@@ -3,6 +3,11 @@
 The draw is an explicit inverse-CDF lookup with a uniform number from a seeded CPU
 ``torch.Generator``, done in float64 on the CPU: the same seed gives the same tokens
 whatever card produced the logits.
+
+Given the position the drawn token will take, the uniform number comes from the seed
+and that position alone, not from how many draws came before: a session resumed on a
+healed route (its tokens replayed as a prompt), or continued from a kept cache, draws
+at each position what the undisturbed run drew there.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class Sampler:
         self.top_p = top_p
         self.seed = seed
         self._generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._at_position = torch.Generator(device="cpu")
 
     @classmethod
     def greedy(cls) -> Sampler:
@@ -38,8 +44,10 @@ class Sampler:
         """Start the random sequence over, as a fresh sampler with this seed would."""
         self._generator.manual_seed(self.seed)
 
-    def sample(self, logits: torch.Tensor) -> int:
-        """One token id from logits of shape (vocab,) or (1, vocab)."""
+    def sample(self, logits: torch.Tensor, position: int | None = None) -> int:
+        """One token id from logits of shape (vocab,) or (1, vocab); with ``position``
+        (where the drawn token goes in the sequence) its draw depends on the seed and
+        that position only, else on the draws before it."""
         if logits.dim() > 2 or (logits.dim() == 2 and logits.shape[0] != 1):
             raise ValueError(f"sample takes one row of logits, got {tuple(logits.shape)}")
         logits = logits.detach().reshape(-1).to(device="cpu", dtype=torch.float64)
@@ -57,6 +65,28 @@ class Sampler:
             sorted_probs = sorted_probs.masked_fill(before >= self.top_p, 0.0)
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
         cdf = torch.cumsum(probs, dim=0)
-        u = torch.rand((), generator=self._generator, dtype=torch.float64) * cdf[-1]
+        generator = self._generator
+        if position is not None:
+            generator = self._at_position
+            generator.manual_seed(position_seed(self.seed, position))
+        u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
         index = int(torch.searchsorted(cdf, u, right=True))
         return min(index, probs.numel() - 1)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    """splitmix64's finaliser: nearby inputs give unrelated 64-bit outputs."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def position_seed(seed: int, position: int) -> int:
+    """The generator seed of the draw at ``position`` of a session seeded ``seed``."""
+    if position < 0:
+        raise ValueError(f"a position is never negative, got {position}")
+    return _mix64(_mix64(seed & _MASK64) ^ (position & _MASK64)) >> 1

@@ -126,7 +126,7 @@ class Stage:
         outputs: list[torch.Tensor] = []
         keep_all = not self.is_last or all_logits
         chunk = self.spec.prefill_chunk_tokens
-        with torch.no_grad():
+        with torch.inference_mode():  # no autograd bookkeeping per op
             for begin in range(0, T, chunk):
                 part = x[begin:begin + chunk].unsqueeze(0)
                 out = model(part, start + begin, view,  # type: ignore[arg-type]
@@ -192,7 +192,7 @@ class Stage:
             self._check_positions(session, position, 1, kv)
             kv.open(session)
         slots = [kv.slot(s) for s in sessions]
-        with torch.no_grad():
+        with torch.inference_mode():  # no autograd bookkeeping per op
             out = batched_decode(model, kv, slots, x, list(positions))
         for session, position in zip(sessions, positions):
             kv.set_length(session, position + 1)

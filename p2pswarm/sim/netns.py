@@ -5,9 +5,14 @@ namespace, with one veth pair whose other end sits on a bridge in the root names
 (no address on the bridge: the fellows talk only among themselves). Loss is an nftables
 table inside each namespace: ``numgen random mod 100 < P`` drops on input and output
 (a radio's loss applies to what the fellow sends and what it hears; a link loss only on
-input, so each packet meets it once). WiFi bursts are not reproduced: a Gilbert-Elliott
-radio becomes independent loss at its mean rate (its delay, too, is the host's). Link
-outages are ``ip link set eth0 down`` in the namespace; a partition adds a drop rule per
+input, so each packet meets it once). A radio's bursts of total loss are drawn ahead from
+the profile's own chain (``p2pswarm.sim.bursts``, seeded by the scenario and the fellow)
+and replayed by a driver thread: each burst puts the fellow's ``eth0`` in the set of a
+second table (``p2pswarm_burst``: drop all in and out) for its length, through one
+``nft -i`` process per namespace, so a switch is a line on a pipe, not a process start;
+between bursts the random rule drops at the radio's ``loss_in_good``. Radios whose bursts
+are too short to replay stay independent loss at their mean rate; delay is the host's.
+Link outages are ``ip link set eth0 down`` in the namespace; a partition adds a drop rule per
 address of the other side; a crash is SIGKILL; a restart is the same home (same
 identity) started again.
 
@@ -37,6 +42,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -49,15 +55,24 @@ from p2pswarm.config import DEFAULT_PORT
 from p2pswarm.control.client import request as control_request
 from p2pswarm.errors import ConfigError, ControlError, SwarmError
 from p2pswarm.sim.actions import build_timeline
+from p2pswarm.sim.bursts import burst_schedule, replayable, time_in_bursts
 from p2pswarm.sim.director import Director
 from p2pswarm.sim.metrics import summary
 from p2pswarm.sim.oracle import Oracle
 from p2pswarm.sim.profiles import Profile, profile
 from p2pswarm.sim.scenario import Scenario
+from p2pswarm.transport.netmodel import GilbertElliott
 
 MAX_FELLOWS = 20
 PORT = DEFAULT_PORT
 POLL_S = 0.2
+LOAD_EVERY_S = 10.0  # a starved host delays acks: each result says how busy it was
+# What each fellow counts that a run sums (since the warm-up): traffic, and its own
+# membership machine's probes and verdicts (exact, where polling states can miss a
+# suspicion refuted within a poll; a refutation is one false suspicion of that fellow).
+COUNTERS = ("datagrams_out", "bytes_out", "datagrams_in", "bytes_in", "probes",
+            "probes_failed", "probes_refused", "suspicions_raised", "refutations",
+            "refutations_unasked", "dead_declared")
 AGENT_CMD = [sys.executable, "-c", "from p2pswarm.cli import main; main()"]
 ProgressFn = Callable[[float, float], None]
 
@@ -96,6 +111,7 @@ class RealFellow:
     log: Any = None
     node_id: str = ""
     blocked: list[str] = field(default_factory=list)
+    bursts: list[tuple[float, float]] = field(default_factory=list)  # replayed, seconds
 
     @property
     def addr(self) -> str:
@@ -155,25 +171,13 @@ class Netns:
             _run("ip", "-n", f.ns, "link", "set", "eth0", "up")
             _run("ip", "-n", f.ns, "link", "set", "lo", "up")
             self._set_rules(f)
+            if replayable(f.profile.radio):
+                _run("ip", "netns", "exec", f.ns, "nft", "-f", "-", input_text=BURST_TABLE)
 
     def _set_rules(self, f: RealFellow) -> None:
-        radio = round(100 * f.profile.mean_loss)
-        link = round(100 * f.profile.link_loss)
-        lines = ["table inet p2pswarm_sim {",
-                 "  chain input { type filter hook input priority 0; policy accept;"]
-        for addr in f.blocked:
-            lines.append(f"    iifname \"eth0\" ip saddr {addr} drop")
-        if radio + link:
-            lines.append(f"    iifname \"eth0\" numgen random mod 100 < {min(100, radio + link)} drop")
-        lines.append("  }")
-        lines.append("  chain output { type filter hook output priority 0; policy accept;")
-        if radio:
-            lines.append(f"    oifname \"eth0\" numgen random mod 100 < {radio} drop")
-        lines.append("  }")
-        lines.append("}")
         _run("ip", "netns", "exec", f.ns, "nft", "delete", "table", "inet", "p2pswarm_sim",
              check=False)
-        _run("ip", "netns", "exec", f.ns, "nft", "-f", "-", input_text="\n".join(lines) + "\n")
+        _run("ip", "netns", "exec", f.ns, "nft", "-f", "-", input_text=ruleset(f))
 
     def close(self) -> None:
         """Kill what this run started and remove every namespace, link and rule it made."""
@@ -184,8 +188,9 @@ class Netns:
             self.kill(f.index)
         for f in self.fellows:
             if f.ns in self._made_ns:
-                _run("ip", "netns", "exec", f.ns, "nft", "delete", "table", "inet",
-                     "p2pswarm_sim", check=False)
+                for table in ("p2pswarm_sim", "p2pswarm_burst"):
+                    _run("ip", "netns", "exec", f.ns, "nft", "delete", "table", "inet",
+                         table, check=False)
                 # the host end first: a namespace outlives its deletion while sockets in
                 # TIME_WAIT hold it, and its veth pair with it
                 _run("ip", "link", "del", f.veth, check=False)
@@ -273,14 +278,125 @@ class Netns:
         return result if isinstance(result, dict) else None
 
 
+def ruleset(f: RealFellow) -> str:
+    """The nftables table of fellow ``f``'s loss and blocked addresses (its bursts, if
+    replayed, come on top from ``BURST_TABLE``)."""
+    radio = round(100 * f.profile.mean_loss)
+    if isinstance(f.profile.radio, GilbertElliott) and replayable(f.profile.radio):
+        radio = round(100 * f.profile.radio.loss_in_good)  # the bursts come on top
+    link = round(100 * f.profile.link_loss)
+    lines = ["table inet p2pswarm_sim {",
+             "  chain input { type filter hook input priority 0; policy accept;"]
+    for addr in f.blocked:
+        lines.append(f"    iifname \"eth0\" ip saddr {addr} drop")
+    if radio + link:
+        lines.append(f"    iifname \"eth0\" numgen random mod 100 < {min(100, radio + link)} drop")
+    lines.append("  }")
+    lines.append("  chain output { type filter hook output priority 0; policy accept;")
+    if radio:
+        lines.append(f"    oifname \"eth0\" numgen random mod 100 < {radio} drop")
+    lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+BURST_TABLE = """table inet p2pswarm_burst {
+  set on { type ifname; }
+  chain input { type filter hook input priority -10; policy accept; iifname @on drop; }
+  chain output { type filter hook output priority -10; policy accept; oifname @on drop; }
+}
+"""
+
+
+class BurstDriver:
+    """Replays each fellow's bursts: a thread that walks every switch in time order and
+    writes it to that namespace's ``nft -i``. The trio loop is busy with blocking status
+    calls, so the switches keep their own clock (``time.monotonic``). It records how late
+    each switch was applied, and the spans really applied."""
+
+    def __init__(self, netns: Netns) -> None:
+        self.netns = netns
+        self._shells: dict[int, subprocess.Popen[str]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.late_s: list[float] = []
+        self.applied: dict[int, list[tuple[float, float]]] = {}
+
+    def start(self, t0_monotonic: float) -> None:
+        switches: list[tuple[float, int, bool]] = []
+        for f in self.netns.fellows:
+            if not f.bursts:
+                continue
+            log = open(self.netns.work / f"{f.name}.nft.log", "ab")
+            self._shells[f.index] = subprocess.Popen(
+                ["ip", "netns", "exec", f.ns, "nft", "-i"], stdin=subprocess.PIPE,
+                stdout=log, stderr=log, text=True, bufsize=1)
+            log.close()
+            for a, b in f.bursts:
+                switches += [(a, f.index, True), (b, f.index, False)]
+        switches.sort()
+        self._thread = threading.Thread(target=self._run, args=(switches, t0_monotonic),
+                                        name="bursts", daemon=True)
+        self._thread.start()
+
+    def _run(self, switches: list[tuple[float, int, bool]], t0: float) -> None:
+        began: dict[int, float] = {}
+        for at, i, on in switches:
+            if self._stop.wait(max(0.0, t0 + at - time.monotonic())):
+                break
+            verb = "add" if on else "delete"
+            shell = self._shells[i]
+            try:
+                assert shell.stdin is not None
+                shell.stdin.write(f'{verb} element inet p2pswarm_burst on {{ "eth0" }}\n')
+                shell.stdin.flush()
+            except (BrokenPipeError, OSError):
+                continue
+            now = time.monotonic() - t0
+            self.late_s.append(now - at)
+            if on:
+                began[i] = now
+            elif i in began:
+                self.applied.setdefault(i, []).append((began.pop(i), now))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for shell in self._shells.values():
+            try:
+                if shell.stdin is not None:
+                    shell.stdin.close()
+                shell.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                shell.kill()
+        self._shells.clear()
+
+    def report(self, start_s: float, end_s: float) -> dict[str, Any]:
+        """What was replayed: the share of [start_s, end_s] each fellow spent in a burst
+        (mean over fellows), how many bursts, their mean length, how late switches came."""
+        spans = [s for i in sorted(self.applied) for s in self.applied[i]]
+        shares = [time_in_bursts(self.applied.get(i, []), start_s, end_s)
+                  for i in self._burst_fellows()]
+        return {"fellows": len(shares), "bursts": len(spans),
+                "time_in_bursts": round(sum(shares) / len(shares), 4) if shares else 0.0,
+                "mean_burst_s": round(sum(b - a for a, b in spans) / len(spans), 4)
+                if spans else None,
+                "switch_late_ms": summary([1e3 * x for x in self.late_s], 2)}
+
+    def _burst_fellows(self) -> list[int]:
+        return [f.index for f in self.netns.fellows if f.bursts]
+
+
 class NetnsWorld:
     """The director's ``World`` in namespaces: real processes, real time (seconds since
     the run began). It tells the oracle what it does, and a watcher task polls every
     fellow's status into the oracle's events (``_poll``)."""
 
     def __init__(self, netns: Netns, scenario: Scenario, oracle: Oracle, token: str,
-                 notes: list[str]) -> None:
+                 notes: list[str], bursts: BurstDriver | None = None) -> None:
         self.netns = netns
+        self.bursts = bursts
         self.scenario = scenario
         self.oracle = oracle
         self.token = token
@@ -290,8 +406,10 @@ class NetnsWorld:
         self.rng = random.Random(f"director:{scenario.seed}")
         self.started = [False] * n
         self.cut = [False] * n
-        self.traffic = [[0.0, 0.0, 0.0, 0.0] for _ in range(n)]
+        self.traffic = [[0.0] * len(COUNTERS) for _ in range(n)]  # since the warm-up
         self.last_counters: dict[int, list[float]] = {}
+        self.base_counters: dict[int, list[float]] = {}  # each process's at the warm-up
+        self._based = False
         self.polled_at: dict[int, float] = {}  # when each fellow last answered a poll
         self.belief: dict[tuple[int, int], str] = {}
         self.leader_seen: dict[int, tuple[str, int] | None] = {}
@@ -299,6 +417,7 @@ class NetnsWorld:
         self.failovers: list[tuple[float, int, str]] = []
         self.t0 = 0.0
         self.end_s = 0.0
+        self.loads: list[float] = []  # the host's 1-minute load average, every LOAD_EVERY_S
 
     async def main(self, progress: ProgressFn | None) -> None:
         """Run the scenario's timeline, watching every fellow, until its end."""
@@ -306,6 +425,8 @@ class NetnsWorld:
         actions = build_timeline(replace(s, formed=False, stagger_s=max(s.stagger_s, 0.2)),
                                  [f.profile for f in self.netns.fellows], s.start or self.n)
         self.t0 = trio.current_time()
+        if self.bursts is not None:
+            self.bursts.start(time.monotonic())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.watch, progress)
             director = Director(self, s, self.n, s.start or self.n, self.rng)
@@ -319,6 +440,9 @@ class NetnsWorld:
             t = self.now()
             _poll(self.netns, self.oracle, self.now, self.belief, self.leader_seen,
                   self.index_of, self.last_counters, self.polled_at)
+            if not self._based and self.now() >= self.scenario.warmup_s:
+                self._based = True  # count from here, as the oracle's node-hours do
+                self.base_counters = {i: list(c) for i, c in self.last_counters.items()}
             for f_at, old, old_id in list(self.failovers):
                 agreed: set[str | None] = {
                     _leader_id(self.leader_seen.get(i)) for i in range(self.n)
@@ -332,13 +456,16 @@ class NetnsWorld:
                     self.failovers.remove((f_at, old, old_id))
             if progress is not None:
                 progress(self.now(), self.scenario.duration_s)
+            if len(self.loads) <= self.now() / LOAD_EVERY_S:
+                self.loads.append(round(os.getloadavg()[0], 2))
             await trio.sleep(max(0.0, POLL_S - (self.now() - t)))
 
     def account(self, i: int) -> None:
         c = self.last_counters.pop(i, None)
-        if c is not None:
-            for k in range(4):
-                self.traffic[i][k] += c[k]
+        base = self.base_counters.pop(i, None)
+        if c is not None and self._based:
+            for k in range(len(COUNTERS)):
+                self.traffic[i][k] += c[k] - (base[k] if base is not None else 0.0)
 
     # the World -------------------------------------------------------------------------
 
@@ -441,23 +568,38 @@ def run_real(scenario: Scenario, progress: ProgressFn | None = None,
     if scenario.formed:
         notes.append("a formed start is virtual only: here fellows join through fellow 0")
     wall0 = time.monotonic()
+    burst_figures: dict[str, Any] | None = None
     try:
         with Netns(n, profiles, [p for _, p, _ in layout], work) as netns:
-            world = NetnsWorld(netns, scenario, oracle, netns.init_swarm(), notes)
-            trio.run(world.main, progress)
+            driver = _plan_bursts(netns, scenario, oracle)
+            world = NetnsWorld(netns, scenario, oracle, netns.init_swarm(), notes, driver)
+            try:
+                trio.run(world.main, progress)
+            finally:
+                if driver is not None:
+                    driver.close()
             end_s = world.end_s
+            if driver is not None:
+                burst_figures = driver.report(scenario.warmup_s, end_s)
             for i in range(n):
                 world.account(i)
             traffic = world.traffic
+            loads = world.loads
         leftovers = netns.leftovers()
     finally:
         if keep_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     judged = oracle.finish(end_s)
+    # a false death only a cut or fade of 3 s or more excuses: the issue's "after outages
+    # under 3 s" (bursts shorter than that are the radio's ordinary weather)
+    judged["false_deaths_short_outages"] = oracle.false_deaths_judged(
+        scenario.checks.excuse_window_s, max(3.0, scenario.checks.blackout_min_s))
     rates = []
     for i in range(n):
         if oracle.run_seconds[i] > 0:
             rates.append(traffic[i][1] / oracle.run_seconds[i])
+    node_h = sum(oracle.run_seconds) / 3600.0
+    own = {k: int(sum(t[j] for t in traffic)) for j, k in enumerate(COUNTERS) if j >= 4}
     return {
         "scenario": scenario.to_dict(), "variant": "real", "preset": scenario.preset,
         "seed": scenario.seed, "nodes": n, "duration_s": scenario.duration_s,
@@ -469,11 +611,30 @@ def run_real(scenario: Scenario, progress: ProgressFn | None = None,
                         [traffic[i][0] / oracle.run_seconds[i] for i in range(n)
                          if oracle.run_seconds[i] > 0], 2),
                     "_bytes_out_per_fellow_s": [round(v, 2) for v in rates]},
+        "bursts": burst_figures,
+        "load_average": loads,
+        "counted_by_fellows": {**own, "refutations_per_node_hour": round(
+            own["refutations"] / node_h, 2) if node_h else None},
         "views": oracle.view_samples, "notes": notes + [
-            f"changes seen by polling every {POLL_S:g} s, dated by each fellow's in_state_s; "
-            "bursts are independent loss at the profile's mean"],
+            f"changes seen by polling every {POLL_S:g} s, dated by each fellow's in_state_s"
+            + ("; bursts replayed by nft rules" if burst_figures else "")],
         "leftovers": leftovers, "wall_s": round(time.monotonic() - wall0, 2),
     }
+
+
+def _plan_bursts(netns: Netns, scenario: Scenario, oracle: Oracle) -> BurstDriver | None:
+    """Draw every replayable radio's bursts for the run; tell the oracle of those long
+    enough to count as a blackout, as the virtual harness does. None: no bursts here."""
+    any_bursts = False
+    for f in netns.fellows:
+        radio = f.profile.radio
+        if isinstance(radio, GilbertElliott) and replayable(radio):
+            f.bursts = burst_schedule(radio, scenario.seed, f.index, scenario.duration_s)
+            any_bursts = any_bursts or bool(f.bursts)
+            for a, b in f.bursts:
+                if b - a >= scenario.checks.blackout_min_s:
+                    oracle.blackout(f.index, a, b)
+    return BurstDriver(netns) if any_bursts else None
 
 
 def _leader_id(seen: tuple[str, int] | None) -> str | None:
@@ -508,9 +669,8 @@ def _poll(world: Netns, oracle: Oracle, now: Callable[[], float],
         polled_at[f.index] = t
         f.node_id = status["self"]["id"]
         index_of[f.node_id] = f.index
-        c = status.get("counters", {})
-        last_counters[f.index] = [float(c.get("datagrams_out", 0)), float(c.get("bytes_out", 0)),
-                                  float(c.get("datagrams_in", 0)), float(c.get("bytes_in", 0))]
+        c = {**status.get("counters", {}), **status.get("membership", {})}
+        last_counters[f.index] = [float(c.get(k, 0)) for k in COUNTERS]
         for m in status.get("members", []):
             if m.get("self"):
                 continue
@@ -543,4 +703,5 @@ def _poll(world: Netns, oracle: Oracle, now: Callable[[], float],
                     oracle.event(t, f.index, "elected", who, 0, seen[1])
 
 
-__all__ = ["MAX_FELLOWS", "Netns", "NetnsWorld", "missing_requirements", "run_real"]
+__all__ = ["BURST_TABLE", "MAX_FELLOWS", "BurstDriver", "Netns", "NetnsWorld",
+           "missing_requirements", "ruleset", "run_real"]

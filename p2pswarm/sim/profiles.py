@@ -13,6 +13,7 @@ The WiFi profiles, as the harness defines them:
 | ``W1`` | 1% | exponential, mean 20 ms | median 2 ms, p99 10 ms | none |
 | ``W2`` | 5% | exponential, mean 100 ms | 5 +- 3 ms (median 5, quartiles ~3 and ~8), p99 50 ms | none |
 | ``W3`` | 20% (1% outside bursts) | Pareto (tail 1.5), mean 300 ms | median 10 ms, p99 100 ms | 2-10 s every 10 min |
+| ``bursty`` | as W3 | as W3 | as W3 | none |
 | ``L20`` | 20% per packet on the link, independent | - | uniform 0.5-2 ms | none |
 
 Loss is Gilbert-Elliott in time: the fraction of time in the bad state and the mean
@@ -146,10 +147,14 @@ W3 = Profile("W3", GilbertElliott(
              description="bad WiFi: 20% loss, heavy-tailed 300 ms bursts, 1% background, "
                          "a 2-10 s roaming outage every 10 minutes")
 
+BURSTY = Profile("bursty", W3.radio, W3.delay, rank=3,
+                 description="W3's radio without roaming outages: 1% loss plus Pareto bursts "
+                             "of total loss (mean 300 ms, tail 1.5) about 19% of the time")
+
 L20 = Profile("L20", None, UniformDelay(0.0005, 0.002), rank=1, link_loss=0.20,
               description="independent 20% loss on every packet (no bursts)")
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (WIRED, W1, W2, W3, L20)}
+PROFILES: dict[str, Profile] = {p.name: p for p in (WIRED, W1, W2, W3, BURSTY, L20)}
 
 
 def profile(name: str) -> Profile:
@@ -170,6 +175,7 @@ def link_loss(a: Profile, b: Profile) -> float:
 
 
 __all__ = [
+    "BURSTY",
     "L20",
     "PROFILES",
     "W1",

@@ -4,7 +4,8 @@ A scenario names the swarm (how many fellows, which radio profile each has, whic
 preset), how long it runs, what happens to it (scripted events at given times, and
 events drawn at rates), what is measured along the way (plans for a fixed request,
 samples of every fellow's view) and what the oracle insists on. Files live in
-``simulations/scenarios/``; ``load_scenario`` takes a path or a bare name found there.
+``p2pswarm/sim/scenarios/`` (shipped with the package; ``simulations/scenarios`` links
+there); ``load_scenario`` takes a path or a bare name found there.
 
 Example (JSON; the same keys work in TOML)::
 
@@ -38,7 +39,8 @@ from typing import Any
 from p2pswarm.errors import ConfigError
 from p2pswarm.sim.profiles import PROFILES
 
-SCENARIO_DIR = Path(__file__).resolve().parents[2] / "simulations" / "scenarios"
+# Shipped in the package (``pip install .`` carries them); simulations/scenarios links here.
+SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 EVENT_KINDS = ("crash", "restart", "leave", "rejoin", "partition", "heal", "card_fill",
                "card_free", "leader_kill", "join_burst", "link_down", "link_up")
 RATE_KINDS = ("crash", "leave", "card_change", "leader_kill", "partition")
@@ -323,7 +325,7 @@ def scenario_from_dict(d: dict[str, Any], name: str = "scenario") -> Scenario:
 
 
 def find_scenario(spec: str) -> Path:
-    """A scenario file from a path, or a bare name in simulations/scenarios/."""
+    """A scenario file from a path, or a bare name in the scenario folder."""
     path = Path(spec).expanduser()
     if path.is_file():
         return path

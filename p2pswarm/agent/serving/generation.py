@@ -134,6 +134,7 @@ class _Run:
     remember: bool = False  # keep the session's cache for a next turn
     reuse: tuple[str, int] | None = None  # a kept session to continue, and its positions
     cached: int = 0  # prompt tokens the kept session's cache held
+    prefill_s: tuple[float, ...] = ()  # each stage's compute of the prompt's last chunk
 
 
 class TextStream:
@@ -316,7 +317,8 @@ class Generation:
             stage_decode_s=tuple(run.stage_s),
             route=tuple({"stage": r["stage"], "fellow": r["fellow"], "layers": r["layers"],
                          "card": r.get("card", "")} for r in route),
-            logits=tuple(run.kept), resumes=run.resumes, cached_tokens=run.cached)
+            logits=tuple(run.kept), resumes=run.resumes, cached_tokens=run.cached,
+            stage_prefill_s=run.prefill_s)
 
     async def _session(self, record: dict[str, Any], run: _Run, max_tokens: int,
                        stops: set[int], open_msg: SessionOpen, text: TextStream,
@@ -431,6 +433,7 @@ class Generation:
             if not run.tokens:
                 run.first_token_s = now - began
                 run.decode_began = now
+                run.prefill_s = tuple(msg.stage_s)
             elif step > 0:  # a resumed session's first step is a prefill: not decode time
                 for i, t in enumerate(msg.stage_s[:len(run.stage_s)]):
                     run.stage_s[i] += t

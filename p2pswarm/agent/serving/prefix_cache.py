@@ -6,10 +6,12 @@ remembered ends, its stages keep the session's KV cache in its slot (``SessionEn
 and this fellow notes the tokens that cache holds: the prompt and every generated token
 but the last (the last was never fed back). A later prompt that begins with some of those
 tokens continues that session from the longest such prefix (``SessionOpen.resume_from``),
-so stage 0 prefills only what is new. Stages evict kept caches, least recently kept
-first, when a new session needs their slot: the KV budget of the plan bounds them, and a
-prefix found here may be gone there (the driver then starts the session afresh). A kept
-session is taken out while a generation uses it, so two never share one.
+so stage 0 prefills only what is new; a prefix shorter than half the kept tokens (another
+chat's opening) is not worth ending that conversation's cache for. Stages evict kept
+caches, least recently kept first, when a new session needs their slot: the KV budget of
+the plan bounds them, and a prefix found here may be gone there (the driver then starts
+the session afresh). A kept session is taken out while a generation uses it, so two
+never share one.
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ class PrefixCache:
     def take(self, plan_id: str, ids: Sequence[int]) -> tuple[str, int] | None:
         """The kept session sharing the longest prefix with ``ids`` and how many of its
         positions to reuse (at least one token is always left to prefill); None when
-        none shares a token."""
+        none shares at least half of what it holds. Taking a session ends it for the
+        conversation that kept it, so a new chat that shares only an opening (a system
+        prompt, the template's first line) with a longer one starts afresh instead."""
         entries = self._kept.get(plan_id, [])
         best, reuse = None, 0
         for entry in entries:
             n = min(common_prefix(entry.tokens, ids), len(ids) - 1)
-            if n > reuse:
+            if n > reuse and 2 * n >= len(entry.tokens):
                 best, reuse = entry, n
         if best is None:
             return None

@@ -194,6 +194,7 @@ class GenerationResult:
     logits: tuple[Any, ...] = ()  # (vocab,) float32 tensors, one per token, with keep_logits
     cached_tokens: int = 0  # prompt tokens a kept session's cache held (not prefilled)
     resumes: int = 0  # sessions re-opened on a healed load (a stage moved, or came back)
+    stage_prefill_s: tuple[float, ...] = ()  # compute per stage of the prompt's last chunk
 
     @property
     def decode_steps(self) -> int:
@@ -207,6 +208,8 @@ class GenerationResult:
         steps = self.decode_steps
         per_token = self.decode_s / steps if steps else 0.0
         compute = sum(self.stage_decode_s) / steps if steps else 0.0
+        prefill = [*self.stage_prefill_s[:len(self.route)],
+                   *[0.0] * (len(self.route) - len(self.stage_prefill_s))]
         return {
             "plan_id": self.plan_id, "prompt_tokens": len(self.prompt_ids),
             "cached_tokens": self.cached_tokens,
@@ -214,8 +217,9 @@ class GenerationResult:
             "stop_reason": self.stop_reason,
             "time_to_first_token_s": self.time_to_first_token_s, "decode_s": self.decode_s,
             "decode_tokens_per_s": self.decode_tokens_per_s,
-            "stages": [{**r, "ms_per_token": 1e3 * s / steps if steps else 0.0}
-                       for r, s in zip(self.route, self.stage_decode_s)],
+            "stages": [{**r, "ms_per_token": 1e3 * s / steps if steps else 0.0,
+                        "prefill_ms": 1e3 * p}
+                       for r, s, p in zip(self.route, self.stage_decode_s, prefill)],
             "network_ms_per_token": max(per_token - compute, 0.0) * 1e3,
             "hops": len(self.route) + 1,
             "resumes": self.resumes,

@@ -180,14 +180,20 @@ class StageSessions:
                 session.ending = True
                 nursery.cancel_scope.cancel()
         finally:
-            hosted.sessions.discard(msg.session)
             self.batcher(hosted).leave(msg.session)
             with trio.CancelScope(shield=True):
-                await downstream.aclose()
+                # a kept session is kept before its stream downstream closes: the last
+                # stage's close tells the driver the turn is over, and the next turn's
+                # SessionOpen (``_ended``) must find the cache kept, not yet in use
+                if not session.keep:
+                    await downstream.aclose()
                 held = hosted.stage
                 if held is not None and msg.session in held.sessions:
                     end = held.keep_session if session.keep else held.end_session
                     await self.agent.compute.run(lambda: end(msg.session), hosted.limiter)
+                hosted.sessions.discard(msg.session)
+                if session.keep:
+                    await downstream.aclose()
                 self._slot_freed(hosted)
 
     async def _run_steps(self, s: StageSession) -> None:

@@ -63,7 +63,7 @@ class TorchRuntime:
         if sampler is None:  # a prompt chunk before the last
             return Stepped(forward_s=forward_s, tokens=tokens)
         logits = out[-1]
-        token = sampler.sample(logits)
+        token = sampler.sample(logits, position + tokens)  # where the token will sit
         return Stepped(token=token, logits=bytes(encode_tensor(logits)) if keep_logits else b"",
                        forward_s=forward_s, tokens=tokens)
 
@@ -81,7 +81,7 @@ class TorchRuntime:
         results = []
         for i, s in enumerate(steps):
             logits = out[i]
-            token = s.sampler.sample(logits) if s.sampler is not None else None
+            token = s.sampler.sample(logits, s.position + 1) if s.sampler is not None else None
             kept = bytes(encode_tensor(logits)) if s.keep_logits else b""
             results.append(Stepped(token=token, logits=kept, forward_s=forward_s, tokens=1))
         return results
