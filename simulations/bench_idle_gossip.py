@@ -4,6 +4,8 @@ laptop's does, and the bytes each sends per second once the swarm has settled.
     python simulations/bench_idle_gossip.py                  # 10 fellows, 10 virtual minutes
     python simulations/bench_idle_gossip.py --rule step64    # the old rule: any 64 MiB move
     python simulations/bench_idle_gossip.py --quiet          # no RAM noise at all
+    python simulations/bench_idle_gossip.py --fellows 8 --churn 20   # one fellow crashed
+                                             # and restarted every 20 s, the rest measured
 
 Each fellow offers one 16 GB CPU card. Every inventory read, its free memory takes a
 random step (normal, 96 MB standard deviation) and is pulled back toward 12 GB, so it
@@ -64,7 +66,8 @@ def inventory_config(rule: str) -> InventoryConfig:
     return base
 
 
-async def run(n: int, minutes: float, rule: str, noise: bool, seed: int) -> dict[str, float]:
+async def run(n: int, minutes: float, rule: str, noise: bool, seed: int,
+              churn_s: float = 0.0) -> dict[str, float]:
     config = dataclasses.replace(local(), inventory=inventory_config(rule))
     swarm = VirtualSwarm(n, seed=seed, config=config)
     rng = random.Random(seed)
@@ -76,12 +79,19 @@ async def run(n: int, minutes: float, rule: str, noise: bool, seed: int) -> dict
             await swarm.start(i)
         await wait_until(lambda: swarm.converged(), timeout_s=120)
         await trio.sleep(60.0)  # warm-up: joins and the first inventories spread
-        agents = swarm.live()
+        agents = swarm.live()[:-1] if churn_s else swarm.live()  # the last one churns
         bytes0 = [a.counters.bytes_out for a in agents]
         grams0 = [a.counters.datagrams_out for a in agents]
         versions0 = [a.membership.meta_version for a in agents]  # type: ignore[union-attr]
         began = trio.current_time()
-        await trio.sleep(minutes * 60.0)
+        if churn_s:  # news to spread: suspicions, a death, a rejoin, each time
+            while trio.current_time() - began < minutes * 60.0:
+                await trio.sleep(churn_s / 2)
+                swarm.crash(n - 1)
+                await trio.sleep(churn_s / 2)
+                await swarm.start(n - 1)
+        else:
+            await trio.sleep(minutes * 60.0)
         elapsed = trio.current_time() - began
         per_s = [(a.counters.bytes_out - b) / elapsed for a, b in zip(agents, bytes0)]
         grams = [(a.counters.datagrams_out - g) / elapsed for a, g in zip(agents, grams0)]
@@ -99,11 +109,15 @@ def main() -> None:
     parser.add_argument("--rule", choices=("default", "step64"), default="default")
     parser.add_argument("--quiet", action="store_true", help="no RAM noise")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--churn", type=float, default=0.0, metavar="S",
+                        help="crash and restart one fellow every S seconds; the others "
+                        "are measured")
     args = parser.parse_args()
     figures = trio.run(run, args.fellows, args.minutes, args.rule, not args.quiet, args.seed,
-                       clock=trio.testing.MockClock(autojump_threshold=0))
+                       args.churn, clock=trio.testing.MockClock(autojump_threshold=0))
     print(f"{args.fellows} idle fellows, {args.minutes:g} virtual minutes, rule {args.rule}, "
-          f"{'no RAM noise' if args.quiet else 'RAM noise'}:")
+          f"{'no RAM noise' if args.quiet else 'RAM noise'}"
+          f"{f', one fellow crashed and restarted every {args.churn:g} s' if args.churn else ''}:")
     print(f"  {figures['bytes_per_s']:,.0f} B/s and {figures['datagrams_per_s']:.2f} "
           f"datagrams/s sent per fellow; cards republished {figures['republished_per_min']:.2f} "
           "times a minute per fellow")

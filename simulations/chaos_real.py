@@ -4,6 +4,7 @@ loopback, beside a calm swarm of the same size that loads and trains the same (s
 ``p2pswarm.sim.chaos`` for the events and what is measured).
 
     python simulations/chaos_real.py [--fellows 8] [--minutes 20] [--seed 1] [--json]
+    python simulations/chaos_real.py --idle [--fellows 8] [--minutes 2]   # no events
     python simulations/chaos_real.py --short [--fellows 4] [--seed 2] [--json]
 
 The job (tiny-llama, two DiLoCo replicas, a checkpoint every 8 steps) is sized to last
@@ -21,13 +22,59 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from p2pswarm.sim import chaos_short  # noqa: E402
-from p2pswarm.sim.chaos import job_config, run, verdict  # noqa: E402
+from p2pswarm.sim.chaos import LOSS_TOLERANCE, idle, job_config, run, verdict  # noqa: E402
 
 STEPS_PER_MINUTE = 12  # tiny-llama, seq 64, two replicas beside a twin swarm, 2 cores
+
+
+def verdict_table(report: dict[str, Any]) -> str:
+    """One row per target: what was measured, the target, and whether it was met."""
+    w, jobs = report["leader_within_s"], report["job"]
+    chaos, calm = jobs["chaos"], jobs["calm"]
+    reference = report["idle_gossip_reference_b_s"]
+    idle = report["idle_window"]
+    gossip = ", ".join(f"{label} {v['b_s']:g} ({v['suspicions']} suspicions, "
+                       f"{v['refutations']} refutations in {v['window_s']:g} s)"
+                       for label, v in idle.items()) or "not measured"
+    rows = [
+        ("run completed", report["failed"] or "yes", "yes", not report["failed"]),
+        ("terms with two leaders", f"{report['terms_with_two_leaders'] or 0} of "
+         f"{report['terms']} terms", "0", not report["terms_with_two_leaders"]),
+        ("leader within, majority up", f"p50 {w['p50']} s, p99 {w['p99']} s, max "
+         f"{w['max']} s ({report['leaderless_spells']} spells)", "p99 <= 10 s",
+         w["p99"] <= 10.0),
+        ("chaos job", f"{chaos['state']} at step {chaos['step']}, {chaos['restarts']} "
+         "restarts", "finished, 0 restarts",
+         chaos["state"] == "finished" and not chaos["restarts"]),
+        ("calm job", f"{calm['state']} at step {calm['step']}", "finished",
+         calm["state"] == "finished"),
+        ("final loss, chaos vs calm", f"{_num(chaos['final_loss'])} vs "
+         f"{_num(calm['final_loss'])}: gap {_num(report['loss_gap'])}",
+         f"<= {LOSS_TOLERANCE:g}", report["loss_gap"] is not None
+         and report["loss_gap"] <= LOSS_TOLERANCE),
+        ("checkpoints lost", str(report["checkpoints_lost"] or 0), "0",
+         not report["checkpoints_lost"]),
+        ("agents crashed", str(report["agents_crashed"] or 0), "0",
+         not report["agents_crashed"]),
+        ("idle gossip per fellow (B/s)", gossip, f"{reference:g} +- 10 %",
+         bool(idle) and all(abs(v["b_s"] - reference) <= 0.1 * reference
+                            for v in idle.values())),
+        ("served at the end", str(report["served_at_end"] or "not asked"), "", True),
+    ]
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"  {'ok  ' if ok else 'MISS'} {name:<{width}}  {measured}  "
+                     f"[target {target}]" if target else
+                     f"       {name:<{width}}  {measured}"
+                     for name, measured, target, ok in rows)
+
+
+def _num(x: float | None) -> str:
+    return "none" if x is None else f"{x:.4g}"
 
 
 def main() -> int:
@@ -39,18 +86,36 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep state and logs")
+    parser.add_argument("--form-timeout", type=float, default=600.0,
+                        help="seconds the two swarms may take to form")
+    parser.add_argument("--idle", action="store_true", help="only the idle gossip of one "
+                        "swarm of --fellows, over --minutes, with no events, job or load")
     parser.add_argument("--short", action="store_true", help="the default suite's short "
                         "version: one event of each kind, no model or job")
     args = parser.parse_args()
     if args.short:
         return short(args)
+    if args.idle:
+        before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        quiet = idle(fellows=args.fellows, window_s=args.minutes * 60, say=print)
+        after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        if args.json:
+            print(json.dumps({**quiet, "uptime_before": before, "uptime_after": after}))
+        else:
+            print(f"{quiet['fellows']} idle fellows, {quiet['window_s']:g} s: "
+                  f"{quiet['b_s']:g} B/s per fellow ({quiet['suspicions']} suspicions, "
+                  f"{quiet['refutations']} refutations); virtual figure for this size "
+                  f"{quiet['reference_b_s']:g}")
+            print(f"load: before [{before}], after [{after}]")
+        return 0
     steps = args.steps or max(16, int(STEPS_PER_MINUTE * args.minutes))
     job = job_config(model="tiny-llama", steps=steps, seed=args.seed, seq_len=64,
                      checkpoint_dir=Path("checkpoints"))
-    say = (lambda m: None) if args.json else print
+    say = (lambda m: None) if args.json else (lambda m: print(m, flush=True))
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     report = run(fellows=args.fellows, minutes=args.minutes, seed=args.seed, say=say,
-                 job=job, job_timeout_s=180.0, keep=args.keep)
+                 job=job, job_timeout_s=180.0, keep=args.keep,
+                 form_timeout_s=args.form_timeout)
     report["uptime_before"] = load
     report["uptime_after"] = subprocess.run(["uptime"], capture_output=True,
                                             text=True).stdout.strip()
@@ -58,26 +123,12 @@ def main() -> int:
     if args.json:
         print(json.dumps({**report, "misses": misses}, indent=2))
     else:
-        w, jobs = report["leader_within_s"], report["job"]
-        print(f"{report['fellows']} fellows, {report['events_s']:.0f} s of events: "
-              f"{report['events']} {report['events_by_kind']}")
-        print(f"terms: {report['terms']}, with two leaders: "
-              f"{report['terms_with_two_leaders'] or 'none'}")
-        print(f"leaderless spells with a majority up: {report['leaderless_spells']}; "
-              f"leader within p50 {w['p50']} s, p99 {w['p99']} s, max {w['max']} s")
+        print(f"{report['fellows']} fellows, {report['events_s']:.0f} s of events, "
+              f"{report['run_s']:.0f} s in all: {report['events']} {report['events_by_kind']}")
         for label in ("chaos", "calm"):
-            j = jobs[label]
-            print(f"job ({label}): {j['state']} at step {j['step']}, final loss "
-                  f"{j['final_loss']}, restarts {j['restarts']}, checkpoints "
-                  f"{j['checkpoints_seen']}")
-            for move in j["moves"]:
-                print(f"  {move}")
-        print(f"final loss gap: {report['loss_gap']}; checkpoints lost: "
-              f"{report['checkpoints_lost'] or 'none'}; agents crashed: "
-              f"{report['agents_crashed'] or 'none'}; served at the end: "
-              f"{report['served_at_end']}")
-        print(f"idle gossip per fellow (B/s): {report['idle_gossip_b_s']} against "
-              f"{report['idle_gossip_reference_b_s']:g}")
+            for move in report["job"][label]["moves"]:
+                print(f"  {label} job: {move}")
+        print(verdict_table(report))
         print(f"load: before [{report['uptime_before']}], after [{report['uptime_after']}]")
         print("targets: " + ("all met" if not misses else "MISSED: " + "; ".join(misses)))
     return 1 if misses else 0

@@ -82,6 +82,19 @@ def test_broadcast_queue_replaces_limits_and_lingers() -> None:
     assert q.take(5, limit=2, now=4.0) == []  # nothing fits
 
 
+def test_lingering_update_rides_to_each_recipient_once() -> None:
+    q = BroadcastQueue(linger_s=4.0)
+    q.add(b"a", g.Left(b"a" * 16, 1))
+    assert len(q.take(1000, limit=1, now=0.0, to="x:1")) == 1  # its one gossip send
+    assert len(q.take(1000, limit=1, now=0.5, to="x:1")) == 1  # lingering: once more to x
+    assert q.take(1000, limit=1, now=1.0, to="x:1") == []  # x has it twice: no more
+    assert len(q.take(1000, limit=1, now=1.5, to="y:1")) == 1  # another fellow still gets it
+    assert q.take(1000, limit=1, now=2.0, to="y:1") == []
+    q.add(b"a", g.Left(b"a" * 16, 2))  # newer news about the same fellow: told afresh
+    assert len(q.take(1000, limit=1, now=2.5, to="x:1")) == 1
+    assert len(q.take(1000, limit=1, now=3.0, to="x:1")) == 1
+
+
 # --- hand-driven machines ----------------------------------------------------------------
 
 

@@ -4,7 +4,10 @@ One entry per fellow: a newer update about a fellow replaces the older one. Each
 update rides on a datagram its count goes up; once it reaches the retransmit limit it
 stops driving gossip rounds but lingers for ``linger_s`` more, riding only where a
 probe or an ack has room anyway: a fellow whose radio was out during the wave still gets
-the news from the next datagram it hears, at no extra datagram.
+the news from the next datagram it hears, at no extra datagram. A lingering update rides
+to each recipient once: riding again on every probe and ack to the same fellow, it told
+that fellow nothing new and made most of what a starved, otherwise idle swarm sent
+(ten lingering sends to every active one, 40 % of its bytes).
 The least-sent updates go first, newest first among equals, as many as fit the budget.
 """
 
@@ -30,7 +33,7 @@ def item_bytes(msg: Any) -> int:
 
 
 class _Item:
-    __slots__ = ("msg", "order", "retired_at", "sends", "size")
+    __slots__ = ("lingered_to", "msg", "order", "retired_at", "sends", "size")
 
     def __init__(self, msg: Any, size: int, order: int) -> None:
         self.msg = msg
@@ -38,6 +41,7 @@ class _Item:
         self.sends = 0
         self.order = order
         self.retired_at: float | None = None
+        self.lingered_to: set[str] = set()  # recipients it rode to while lingering
 
 
 class BroadcastQueue:
@@ -74,9 +78,10 @@ class BroadcastQueue:
             self._active -= 1
 
     def take(self, budget_bytes: int, limit: int, now: float, *,
-             lingering: bool = True) -> list[Any]:
+             lingering: bool = True, to: str | None = None) -> list[Any]:
         """Updates fitting in ``budget_bytes`` of items; each counts as one more send.
-        ``lingering``: fill what room is left with retired updates too."""
+        ``lingering``: fill what room is left with retired updates too, each at most
+        once to the recipient ``to`` (None: a recipient not told apart)."""
         if not self._items or budget_bytes <= 0:
             return []
         chosen: list[Any] = []
@@ -90,6 +95,8 @@ class BroadcastQueue:
                     continue
                 if not lingering:
                     break
+                if to is not None and to in item.lingered_to:
+                    continue
             if item.size <= budget_bytes:
                 budget_bytes -= item.size
                 chosen.append(item.msg)
@@ -99,6 +106,8 @@ class BroadcastQueue:
         for key in expired:
             del self._items[key]
         for item in spent:
+            if item.retired_at is not None and to is not None:
+                item.lingered_to.add(to)
             item.sends += 1
             if item.sends >= limit and item.retired_at is None:
                 item.retired_at = now

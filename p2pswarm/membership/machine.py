@@ -1616,7 +1616,7 @@ class Membership:
 
     def _send(self, out: list[Effect], addr: str, msgs: list[Any], size: int) -> None:
         extra = self._queue.take(self._budget - ENVELOPE_BYTES - size, self._limit(),
-                                 self._clock)
+                                 self._clock, to=addr)
         if extra:
             msgs.extend(extra)
         out.append(SendDatagram(addr, tuple(msgs)))

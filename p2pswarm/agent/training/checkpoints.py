@@ -214,6 +214,9 @@ class Checkpoints:
                 r.steps = int(state["pipeline_steps"])
                 r.samples_unsent = int(state["samples_unsent"])
                 r.steps_unsent = int(state["steps_unsent"])
+                # the stages come back with their local steps: what no delta carries
+                # yet began that many samples back
+                r.kept_position = max(0, r.stream.position - r.samples_unsent)
                 version = state["version"] if "version" in state else state["sync"]["version"]
                 r.version = r.rounds_done = int(version)
             await self.copy_tied(r)

@@ -69,6 +69,10 @@ class Replica:
     steps: int = 0  # optimizer steps taken (the learning-rate schedule's position)
     samples_unsent: int = 0
     steps_unsent: int = 0
+    # its data position when its last delta left (or it last took the global state):
+    # the samples past it are in no delta yet, and are trained again if its local steps
+    # are thrown away (``SyncRounds.forget_local_steps``)
+    kept_position: int = 0
     paused: str = ""
     generation: int = 0  # how many times the replica was placed again
     joining: bool = False  # placed again, links open: joins at the next round boundary
@@ -242,6 +246,7 @@ class Driver(SyncRounds, Checkpoints):
                                                                          len(self.replicas)))
         for r, stream in zip(self.replicas, data):
             r.data = stream
+            r.kept_position = stream.position
         handed = self.handed
         for i, why in sorted(handed.lost.items() if handed is not None else ()):
             await self.pause(self.replicas[i], ReplicaLost(why))  # placed again later

@@ -82,7 +82,9 @@ def snapshot(job: Job, driver: Driver | None, leader: str) -> dict[str, Any]:
             "version": driver.keepers[0].version if driver.keepers else 0,
             "replicas": [{"index": r.index, "paused": bool(r.paused),
                           "generation": r.generation, "steps": r.steps,
-                          "position": r.stream.position, "rounds_done": r.rounds_done}
+                          # a new leader puts every replica on the global state:
+                          # its data goes on from where its last delta left
+                          "position": r.kept_position, "rounds_done": r.rounds_done}
                          for r in driver.replicas]}
     return doc
 

@@ -261,6 +261,7 @@ class SyncRounds:
                      verdict.staleness, "dropped" if not verdict.accepted
                      else f"weighed {decay:g}")
         r.samples_unsent = r.steps_unsent = 0
+        r.kept_position = r.stream.position
         self.wake_round_closer()
         return version, verdict.accepted and verdict.staleness == 0
 
@@ -273,7 +274,7 @@ class SyncRounds:
         missed = [keeper.updates_since(r.version) for keeper in self.keepers]
         if any(m is None for m in missed):
             await self._send_global_state(r)
-            r.samples_unsent = r.steps_unsent = 0
+            self.forget_local_steps(r)
         else:
             for i in range(target - r.version):
                 for link, updates in zip(r.links, missed):
@@ -304,8 +305,19 @@ class SyncRounds:
             await self.pause(r, exc)
             return False
         r.version = r.rounds_done = self.keepers[0].version
-        r.samples_unsent = r.steps_unsent = 0
+        self.forget_local_steps(r)
         return True
+
+    @staticmethod
+    def forget_local_steps(r: Replica) -> None:
+        """Replica ``r``'s stages took the global parameters: the local steps it took
+        since its last delta (and a step cut short by a lost fellow) are gone, so its
+        data goes back to where they began and those samples are trained again, not
+        skipped (a replica that lost a fellow skipped up to a round of its data at
+        every rejoin)."""
+        if r.data is not None:
+            r.stream.position = r.kept_position
+        r.samples_unsent = r.steps_unsent = 0
 
     async def _admit(self) -> None:
         """After a round closes (or when no replica is training): replicas placed again

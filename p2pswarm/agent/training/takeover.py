@@ -271,7 +271,7 @@ class Takeover:
             keeper.load_state_dict(state, now)
         for r, was in zip(driver.replicas, rounds.replicas):
             r.steps = was.steps
-            r.stream.position = was.position
+            r.stream.position = r.kept_position = was.position
             if r.paused:
                 for keeper in driver.keepers:
                     keeper.leave(r.name)
