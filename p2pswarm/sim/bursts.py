@@ -18,31 +18,12 @@ takes on a busy host; those radios stay independent loss at their mean rate.
 
 from __future__ import annotations
 
-import math
-import random
 from collections.abc import Sequence
 
+from p2pswarm.sim.gossip_lab import RandomDraws
 from p2pswarm.transport.netmodel import FadeTimeline, GilbertElliott, LossModel
 
 MIN_REPLAYED_BURST_S = 0.1  # shorter mean bursts are left to per-packet loss
-
-
-class _Draws(random.Random):
-    """A seeded ``random.Random`` with the few draws the loss models make."""
-
-    def chance(self, probability: float) -> bool:
-        if probability <= 0.0:
-            return False
-        return probability >= 1.0 or self.random() < probability
-
-    def exponential(self, mean: float) -> float:
-        return self.expovariate(1.0 / mean)
-
-    def normal(self) -> float:
-        return self.gauss(0.0, 1.0)
-
-    def pareto(self, alpha: float) -> float:
-        return math.pow(1.0 - self.random(), -1.0 / alpha)
 
 
 def replayable(radio: LossModel | None) -> bool:
@@ -54,7 +35,7 @@ def replayable(radio: LossModel | None) -> bool:
 def burst_schedule(radio: GilbertElliott, seed: int, fellow: int, end_s: float
                    ) -> list[tuple[float, float]]:
     """The bursts of ``fellow``'s radio over [0, end_s): sorted, disjoint, clipped."""
-    timeline = FadeTimeline(radio, _Draws(f"bursts:{seed}:{fellow}"))
+    timeline = FadeTimeline(radio, RandomDraws(f"bursts:{seed}:{fellow}"))
     return [(a, b) for a, b in timeline.bad_runs(0.0, end_s) if b > a]
 
 
