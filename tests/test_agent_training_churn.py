@@ -257,3 +257,46 @@ async def test_equally_fast_replicas_train_as_one_process_round_for_round(
     for got, expected in zip(record["losses"], want):
         assert abs(got - expected) <= 1e-4
     assert record["bytes_sent"] == local.bytes_sent
+
+
+async def test_a_fellow_lost_while_a_checkpoint_gathers_pauses_its_replica_not_the_job(
+        autojump_clock, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica's fellow that leaves or crashes just as the checkpoint asks its stage
+    for its state: that replica is paused (and placed again), the checkpoint waits for
+    the next interval, and the job finishes; it used to fail the whole job."""
+    from p2pswarm.agent.training.checkpoints import Checkpoints
+
+    config = churn_config() | {"steps": 12, "checkpoint": {"dir": str(tmp_path / "ckpt"),
+                                                           "interval_steps": 4}}
+    gather = Checkpoints._gather_state
+    crashed: list[str] = []
+
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery)
+        for a in swarm.live():
+            a.training.copies._root = tmp_path / a.name
+        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        victim = next(i for i, f in enumerate(swarm.fellows) if f.agent is not leader)
+        victim_name = swarm.fellows[victim].name
+
+        async def crash_first(self: Any, link: Any, dest: Any) -> str:
+            if link.fellow == victim_name and not crashed:
+                crashed.append(link.fellow)
+                swarm.crash(victim)
+            return await gather(self, link, dest)
+
+        monkeypatch.setattr(Checkpoints, "_gather_state", crash_first)
+        record = await leader.training.submit(config)
+        job = leader.training.jobs[record["job_id"]]
+        await wait_until(lambda: bool(crashed), timeout_s=120, step_s=0.01)
+        await wait_until(lambda: job.replicas == 2 or job.state != "running", timeout_s=60)
+        assert job.state == "running", job.reason
+        await swarm.start(victim)
+        again = swarm.fellows[victim].agent
+        again.training.copies._root = tmp_path / f"{again.name}-again"
+        record = await finished(leader, record["job_id"])
+        nursery.cancel_scope.cancel()
+    assert record["state"] == "finished", record["reason"]
+    assert record["step"] == 12 and len(record["losses"]) == 12  # never restarted
+    assert record["rejoins"] >= 1
+    assert job.checkpoint_step > 4  # a later checkpoint was taken whole

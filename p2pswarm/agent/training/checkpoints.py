@@ -106,6 +106,8 @@ class Checkpoints:
 
         async def copy_tied(self, r: Replica) -> None: ...
 
+        async def pause(self, r: Replica, exc: BaseException) -> None: ...
+
     @property
     def _max_shard_bytes(self) -> int:
         return self.training.agent.config.transport.max_shard_bytes
@@ -126,7 +128,17 @@ class Checkpoints:
         for r in self.replicas:
             for link in r.links:
                 name = f"{r.name}.stage-{link.stage}"
-                files[name] = await self._gather_state(link, target / f"{name}.pt")
+                try:
+                    files[name] = await self._gather_state(link, target / f"{name}.pt")
+                except SwarmError as exc:
+                    # a fellow that left or crashed since the last step: its replica is
+                    # lost, not the job; the next checkpoint comes at the next interval
+                    log.info("job %s: checkpoint at step %d skipped, %s lost a fellow",
+                             self.job.job_id, step, r.name)
+                    await self.pause(r, exc)
+                    if step not in store.steps():  # only this attempt's shards
+                        shutil.rmtree(target, ignore_errors=True)
+                    return
                 positions[name] = {"data_position": r.stream.position,
                                    "pipeline_steps": r.steps,
                                    "samples_unsent": r.samples_unsent,
