@@ -48,3 +48,23 @@ def reference(plan: dict[str, Any], source: object) -> LocalPipeline:
 
 def nothing_held(swarm: VirtualSwarm) -> bool:
     return all(not a.serving.hosted and a.serving.allocated_bytes() == 0 for a in swarm.live())
+
+
+def random_adapter(out: Path, model: str, config: Any, *, base: str, seeds: tuple[int, int]
+                   ) -> Path:
+    """LoRA adapters on every layer of built-in ``model`` (saved as for ``base``), with
+    random non-zero B: seeds for the A initialisation and for B."""
+    import torch
+
+    from p2pswarm.training.lora import apply_lora, save_adapters
+
+    n = int(BUILTIN_MODELS[model]["num_hidden_layers"])
+    stage_model = Stage.load(model, StageSpec(0, n, dtype="float32"))._model
+    assert stage_model is not None
+    apply_lora(stage_model, config, seed=seeds[0])
+    generator = torch.Generator().manual_seed(seeds[1])
+    with torch.no_grad():
+        for name, p in stage_model.named_parameters():
+            if name.endswith("lora_B"):
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.05)
+    return save_adapters([stage_model], config, out, base_model=base)

@@ -20,11 +20,17 @@ import trio.testing
 from p2pswarm.agent.adapter import read_adapter
 from p2pswarm.errors import ConfigError
 from p2pswarm.planner import BUILTIN_MODELS
-from p2pswarm.runtime import Sampler, Stage, StageSpec
+from p2pswarm.runtime import Sampler
 from p2pswarm.training.job import LoraConfig
-from p2pswarm.training.lora import ADAPTER_WEIGHTS, apply_lora, load_adapters, save_adapters
+from p2pswarm.training.lora import ADAPTER_WEIGHTS, load_adapters
 from p2pswarm.wire.loads import UnloadAsk, Unloaded
-from tests.serving_swarm import nothing_held, reference, request, start_swarm
+from tests.serving_swarm import (
+    nothing_held,
+    random_adapter,
+    reference,
+    request,
+    start_swarm,
+)
 
 MODEL = "tiny-rwkv7"
 PROMPT = [256, *range(32, 80)]
@@ -40,16 +46,7 @@ def rwkv_request(**extra: object) -> dict[str, object]:
 
 def make_adapter(out: Path, config: LoraConfig = LORA) -> Path:
     """Adapters on every layer of the built-in RWKV-7, with random non-zero B."""
-    n = int(BUILTIN_MODELS[MODEL]["num_hidden_layers"])
-    model = Stage.load(MODEL, StageSpec(0, n, dtype="float32"))._model
-    assert model is not None
-    apply_lora(model, config, seed=5)
-    generator = torch.Generator().manual_seed(13)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("lora_B"):
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.05)
-    return save_adapters([model], config, out, base_model=MODEL)
+    return random_adapter(out, MODEL, config, base=MODEL, seeds=(5, 13))
 
 
 async def test_rwkv7_adapter_over_two_fellows_equals_one_process(autojump_clock,

@@ -19,12 +19,17 @@ import trio.testing
 
 from p2pswarm.agent.adapter import read_adapter
 from p2pswarm.errors import ConfigError, PlanChanged
-from p2pswarm.planner import BUILTIN_MODELS
-from p2pswarm.runtime import LocalPipeline, Sampler, Stage, StageSpec
+from p2pswarm.runtime import LocalPipeline, Sampler
 from p2pswarm.training.job import LoraConfig
-from p2pswarm.training.lora import ADAPTER_WEIGHTS, apply_lora, load_adapters, save_adapters
+from p2pswarm.training.lora import ADAPTER_WEIGHTS, load_adapters
 from p2pswarm.wire.loads import UnloadAsk, Unloaded
-from tests.serving_swarm import nothing_held, reference, request, start_swarm
+from tests.serving_swarm import (
+    nothing_held,
+    random_adapter,
+    reference,
+    request,
+    start_swarm,
+)
 
 MODEL = "tiny-llama"
 PROMPT = [256, *range(32, 100)]
@@ -36,16 +41,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 def make_adapter(out: Path, *, base: str = MODEL, config: LoraConfig = LORA) -> Path:
     """Adapters on every layer of the built-in model, with random non-zero B."""
-    n = int(BUILTIN_MODELS[MODEL]["num_hidden_layers"])
-    model = Stage.load(MODEL, StageSpec(0, n, dtype="float32"))._model
-    assert model is not None
-    apply_lora(model, config, seed=3)
-    generator = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("lora_B"):
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.05)
-    return save_adapters([model], config, out, base_model=base)
+    return random_adapter(out, MODEL, config, base=base, seeds=(3, 11))
 
 
 def with_adapters(plan: dict[str, Any], adapter: Path) -> LocalPipeline:
