@@ -47,6 +47,18 @@ def terms(swarm: Field) -> set[int]:
     return set(followed_per_term(swarm.swarm))
 
 
+def loop_lags(swarm: Field) -> dict[str, Any]:
+    """Each running fellow's own loop lag (``status``'s ``loop_lag``: how late its
+    timers rang); a checkout that does not measure it reports none."""
+    lags = {}
+    for name in swarm.running():
+        try:
+            lags[name] = swarm.swarm.status(name).get("loop_lag")
+        except SwarmError:
+            lags[name] = "no answer"
+    return lags
+
+
 def leader_kill(swarm: Field, timeout_s: float = 60.0) -> dict[str, Any]:
     """SIGKILL the leader every fellow names; seconds until the others name a new one."""
     first = swarm.leader_now()
@@ -97,7 +109,8 @@ def main() -> int:
     with local_swarm(say, keep=args.keep, start_timeout_s=180) as this_swarm, \
             local_swarm(say, keep=args.keep, start_timeout_s=180) as twin_swarm:
         if args.twin:
-            twin_swarm.env = {"PYTHONPATH": str(args.twin.resolve())}
+            twin = str(args.twin.resolve())  # (`python -m` imports from its directory)
+            twin_swarm.env, twin_swarm.cwd = {"PYTHONPATH": twin}, Path(twin)
         swarms = {"this": Field(this_swarm, names, random.Random(args.seed),
                                 {n: free_address() for n in names}, {n: False for n in names},
                                 extra=here)}
@@ -139,7 +152,8 @@ def main() -> int:
                     "terms_in_window": len(seen[label] - at_start[label]),
                     "terms_per_5_min": round(len(seen[label] - at_start[label])
                                              * 300.0 / window_s, 1),
-                    "per_minute": per_minute[label], "terms_before_window": len(at_start[label])}
+                    "per_minute": per_minute[label], "terms_before_window": len(at_start[label]),
+                    "loop_lag": loop_lags(swarm)}
                 report["swarms"][label] = entry
             report["window_s"] = round(window_s, 1)
             report["uptime_each_minute"] = loads
@@ -159,6 +173,8 @@ def main() -> int:
             print(f"{who}: {entry['terms_in_window']} new terms in {report['window_s']:g} s "
                   f"({entry['terms_per_5_min']:g} per 5 min; per minute "
                   f"{entry['per_minute']}); leader kill: {entry.get('leader_kill')}")
+            for name, lag in entry.get("loop_lag", {}).items():
+                print(f"  {name} loop lag: {lag}")
         print(f"load: before [{report['uptime_before']}], after [{report['uptime_after']}]")
     return 1 if report.get("failed") else 0
 

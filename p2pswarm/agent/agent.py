@@ -386,10 +386,11 @@ class Agent:
 
     def _note_lag(self, lag_s: float, now: float) -> None:
         """The alarm rang ``lag_s`` after its deadline: this fellow's own loop was late
-        (its CPU busy with other work). The election hears it before its tick, so that it
-        does not blame the leader for beats still waiting in the socket."""
-        assert self.election is not None
+        (its CPU busy with other work). Both machines hear it before their tick, so that
+        neither blames a fellow for beats or acks still waiting in the socket."""
+        assert self.election is not None and self.membership is not None
         self.election.note_lag(lag_s, now)
+        self.membership.note_lag(lag_s, now)
         lag = self.loop_lag
         lag["max_s"] = round(max(lag["max_s"], lag_s), 3)
         lag["over_0_1_s"] += lag_s > 0.1
