@@ -59,6 +59,17 @@ def loop_lags(swarm: Field) -> dict[str, Any]:
     return lags
 
 
+def late_in_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int] | None:
+    """Timers that rang more than 0.1 s and 1 s late during the window, all fellows."""
+    late = {"over_0_1_s": 0, "over_1_s": 0}
+    for name, lag in after.items():
+        if not isinstance(lag, dict) or not isinstance(before.get(name), dict):
+            return None
+        for key in late:
+            late[key] += int(lag[key]) - int(before[name][key])
+    return late
+
+
 def leader_kill(swarm: Field, timeout_s: float = 60.0) -> dict[str, Any]:
     """SIGKILL the leader every fellow names; seconds until the others name a new one."""
     first = swarm.leader_now()
@@ -95,7 +106,9 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep state and logs")
     args = parser.parse_args()
-    say = (lambda m: None) if args.json else (lambda m: print(m, flush=True))
+    def say(line: str) -> None:
+        if not args.json:
+            print(line, flush=True)
     names = [f"f{i}" for i in range(args.fellows)]
     extra = ("--cpu-memory", FELLOW_MEMORY, "--log-level", "info")
     here = extra + (("--compute-nice", str(args.compute_nice))
@@ -130,6 +143,7 @@ def main() -> int:
                 say(f"{label}: tiny-llama loaded, job submitted ({time.monotonic() - began:.0f} s)")
             time.sleep(20.0)  # the job's stages build and start training before counting
             at_start = {label: terms(s) for label, s in swarms.items()}
+            lags_at_start = {label: loop_lags(s) for label, s in swarms.items()}
             seen = dict(at_start)
             per_minute: dict[str, list[int]] = {label: [] for label in labels}
             loads = []
@@ -153,7 +167,9 @@ def main() -> int:
                     "terms_per_5_min": round(len(seen[label] - at_start[label])
                                              * 300.0 / window_s, 1),
                     "per_minute": per_minute[label], "terms_before_window": len(at_start[label]),
-                    "loop_lag": loop_lags(swarm)}
+                    "loop_lag": loop_lags(swarm),
+                    "late_wakes_in_window": late_in_window(lags_at_start[label],
+                                                           loop_lags(swarm))}
                 report["swarms"][label] = entry
             report["window_s"] = round(window_s, 1)
             report["uptime_each_minute"] = loads
@@ -172,7 +188,8 @@ def main() -> int:
             who = "this checkout" if label == "this" else f"twin ({args.twin})"
             print(f"{who}: {entry['terms_in_window']} new terms in {report['window_s']:g} s "
                   f"({entry['terms_per_5_min']:g} per 5 min; per minute "
-                  f"{entry['per_minute']}); leader kill: {entry.get('leader_kill')}")
+                  f"{entry['per_minute']}); leader kill: {entry.get('leader_kill')}; "
+                  f"late timers in the window: {entry.get('late_wakes_in_window')}")
             for name, lag in entry.get("loop_lag", {}).items():
                 print(f"  {name} loop lag: {lag}")
         print(f"load: before [{report['uptime_before']}], after [{report['uptime_after']}]")
