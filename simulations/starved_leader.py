@@ -9,7 +9,8 @@ takes after the leader is killed (SIGKILL).
 ``--twin DIR`` starts a second swarm of the same size beside the first, running the
 package from ``DIR`` (another checkout, e.g. before a change): both load, both train
 the same job, both are counted over the same minutes, so the two figures share the
-machine's load. ``--compute-nice N`` is handed to this checkout's fellows.
+machine's load. ``--compute-nice N`` is handed to this checkout's fellows,
+``--twin-compute-nice N`` to the twin's (a checkout that has the option).
 
 Counted: the terms some fellow followed a leader in (from every fellow's log) that
 began during the window, per minute and in all; the load average (``uptime``) at each
@@ -102,6 +103,8 @@ def main() -> int:
                         help="another checkout whose package a twin swarm runs")
     parser.add_argument("--compute-nice", type=int, default=None,
                         help="--compute-nice for this checkout's fellows")
+    parser.add_argument("--twin-compute-nice", type=int, default=None,
+                        help="--compute-nice for the twin's fellows")
     parser.add_argument("--no-kill", action="store_true", help="skip the leader kill")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep state and logs")
@@ -130,7 +133,9 @@ def main() -> int:
         if args.twin:
             swarms["twin"] = Field(twin_swarm, names, random.Random(args.seed),
                                    {n: free_address() for n in names},
-                                   {n: False for n in names}, extra=extra)
+                                   {n: False for n in names},
+                                   extra=extra + (("--compute-nice", str(args.twin_compute_nice))
+                                                  if args.twin_compute_nice is not None else ()))
         try:
             began = time.monotonic()
             _form(tuple(swarms.values()), 600.0, say)
