@@ -80,6 +80,7 @@ MEMBER_WATCH_S = 0.25  # how often a driver looks at its stage fellows' membersh
 MAX_RESUMES = 8  # a generation resumed on a healed load this often at most
 SAME_ROUTE_RESUMES = 2  # ... and at most this often in a row on an unchanged route
 HEAL_TIMEOUT_S = 900.0  # the most a driver waits for the leader to heal a load
+MAX_ROUTE_STAGES = 1024  # a re-cut route from the leader longer than this is not believed
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -307,6 +308,8 @@ class Generation:
             log.info("resuming after %d tokens on the route %s (%s)", len(run.tokens),
                      ", ".join(h["fellow"] for h in healed["stages"]), error)
             record = healed
+            if len(run.stage_s) != len(record["stages"]):  # re-cut: other stages now
+                run.stage_s = [0.0] * len(record["stages"])
             run.resumes += 1
         route = record["stages"]
         return GenerationResult(
@@ -543,11 +546,17 @@ def _fellows(record: dict[str, Any]) -> list[str]:
 
 def _same_load(healed: Any, record: dict[str, Any]) -> bool:
     """Whether the leader's answer is this load, with a well-formed route of as many
-    stages (it is checked before a session opens on it)."""
-    if not isinstance(healed, dict) or healed.get("plan_id") != record["plan_id"]:
+    stages, or of its new cut after a live move that re-cut it (it is checked before a
+    session opens on it)."""
+    if not isinstance(healed, dict) or not isinstance(healed.get("plan_id"), str):
+        return False
+    recut = healed["plan_id"] != record["plan_id"]
+    before = healed.get("recut_from")
+    if recut and not (isinstance(before, list) and record["plan_id"] in before):
         return False
     hops = healed.get("stages")
-    if not isinstance(hops, list) or len(hops) != len(record["stages"]):
+    if not isinstance(hops, list) or not 0 < len(hops) <= MAX_ROUTE_STAGES or (
+            not recut and len(hops) != len(record["stages"])):
         return False
     for i, hop in enumerate(hops):
         if not (isinstance(hop, dict) and hop.get("stage") == i

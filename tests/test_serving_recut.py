@@ -1,0 +1,127 @@
+"""A live move that re-cuts a load, in virtual time: three slow fellows serve a load of
+three stages; a fast fellow joins and the leader proposes the planner's faster plan, with
+another cut. A move whose new stages cannot be prepared is refused and leaves the load
+serving; the move taken while a generation runs re-cuts the load under it, and the
+generation completes with the undisturbed run's greedy tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from p2pswarm.agent import Agent
+from p2pswarm.cards import ESTIMATED_MEM_BANDWIDTH, Benchmark
+from p2pswarm.errors import PlacementError
+from p2pswarm.runtime import Sampler
+from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
+from tests.serving_swarm import MODEL, PROMPT, reference, request
+
+FAST = 3  # the fellow that joins late, with a card far faster than the others'
+
+
+async def _join_fast(swarm: VirtualSwarm) -> Agent:
+    agent = await swarm.start(FAST)
+    measured = Benchmark(flops=1e13, mem_bandwidth=ESTIMATED_MEM_BANDWIDTH["cpu"] * 50,
+                         dtype="f32", measured=True, fingerprint="fast")
+    agent.extra_metadata["benchmarks"] = {"cards": {"cpu:0": measured.to_dict()}}
+    agent.publish_metadata()
+    return agent
+
+
+async def _faster(driver: Agent) -> dict[str, Any]:
+    found: list[dict[str, Any]] = []
+
+    async def proposed() -> bool:
+        (record,) = await driver.serving.list_loads()
+        found[:] = [record]
+        return bool((record.get("faster") or {}).get("plan_id"))
+
+    with trio.fail_after(60):
+        while not await proposed():
+            await trio.sleep(0.5)
+    return found[0]
+
+
+async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generation(
+        autojump_clock) -> None:
+    async with trio.open_nursery() as nursery:
+        swarm = VirtualSwarm(FAST + 1, seed=41, inline_compute=True)
+        for fellow in swarm.fellows:
+            fellow.cards.cards = (cpu_card(16.0, name=f"{fellow.name} CPU"),)
+        await nursery.start(swarm.run)
+        for i in range(FAST):
+            await swarm.start(i)
+        await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
+                         and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
+        ((leader_id, _),) = swarm.leaders()
+        driver = next(a for a in swarm.live() if a.node_id == leader_id)
+        plan = await driver.planning.ask_plan(request())
+        await driver.serving.load(request(), plan_id=plan["plan_id"])
+        local = reference(plan, MODEL).generate(PROMPT[:30], 40, Sampler.greedy(),
+                                                stop_token_ids=())
+
+        # the fast fellow joins: the leader proposes the planner's plan, another cut
+        await _join_fast(swarm)
+        record = await _faster(driver)
+        faster = record["faster"]
+        assert record["plan_id"] == plan["plan_id"] and len(record["stages"]) == 3
+        assert 1 <= len(faster["stages"]) <= 2 and faster["plan_id"] != plan["plan_id"]
+        assert swarm.fellows[FAST].name in {s["fellow"] for s in faster["stages"]}
+        assert faster["ms_per_token_after"] <= 0.75 * faster["ms_per_token_now"]
+
+        # its process dies before the move: the new stage cannot be prepared, the move is
+        # refused with why, and the load serves on as it was
+        swarm.crash(FAST)
+        with pytest.raises(PlacementError, match="refused, the load serves on") as refused:
+            await driver.control_ops["load_move"]({"op": "load_move",
+                                                   "plan_id": plan["plan_id"]})
+        assert swarm.fellows[FAST].name in str(refused.value)
+        (record,) = await driver.serving.list_loads()
+        assert record["plan_id"] == plan["plan_id"] and not record.get("moves")
+        assert not any(k[0] == faster["plan_id"] for a in swarm.live()
+                       for k in a.serving.hosted)
+        kept = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=40,
+                                             stop_token_ids=())
+        assert kept.token_ids == local.token_ids and len(kept.route) == 3
+
+        # back again: the move, asked by the proposed plan's id, is taken while a
+        # generation runs; the generation resumes on the new cut with the same tokens
+        swarm.net.up(swarm.fellows[FAST].addr)
+        await _join_fast(swarm)
+        record = await _faster(driver)
+        new_id = record["faster"]["plan_id"]
+        moved: list[dict[str, Any]] = []
+
+        async def move() -> None:
+            moved.append(await driver.control_ops["load_move"]({"op": "load_move",
+                                                                "plan_id": new_id}))
+
+        def move_after_five(token: int, text: str) -> None:
+            if len(heard) == 5:
+                nursery.start_soon(move)
+            heard.append(token)
+
+        heard: list[int] = []
+        result = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=40,
+                                               stop_token_ids=(), on_token=move_after_five)
+        assert moved and result.token_ids == local.token_ids
+        assert result.resumes == 1 and result.plan_id == new_id
+        assert [r["fellow"] for r in result.route] == [s["fellow"] for s in
+                                                       record["faster"]["stages"]]
+        (move_record,) = moved[0]["moved"]
+        assert move_record["recut"] and move_record["from_plan"] == plan["plan_id"]
+
+        # `loads` shows the new placement and the move; the old stages are released
+        (now,) = await driver.serving.list_loads()
+        assert now["plan_id"] == new_id and now["recut_from"] == [plan["plan_id"]]
+        assert [s["fellow"] for s in now["stages"]] == [s["fellow"] for s in
+                                                       record["faster"]["stages"]]
+        assert now["moves"][-1]["to_plan"] == new_id and "faster" not in now
+        assert not any(k[0] == plan["plan_id"] for a in swarm.live()
+                       for k in a.serving.hosted)
+        again = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=40,
+                                              stop_token_ids=())
+        assert again.token_ids == local.token_ids and again.resumes == 0
+        nursery.cancel_scope.cancel()
