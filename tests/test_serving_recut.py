@@ -10,15 +10,24 @@ from typing import Any
 
 import pytest
 import trio
+from rich.console import Console
 
 from p2pswarm.agent import Agent
+from p2pswarm.agent.serving.generation import _same_load
 from p2pswarm.cards import ESTIMATED_MEM_BANDWIDTH, Benchmark
+from p2pswarm.cli.loads import _print_load, _print_moved
 from p2pswarm.errors import PlacementError
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
 from tests.serving_swarm import MODEL, PROMPT, reference, request
 
 FAST = 3  # the fellow that joins late, with a card far faster than the others'
+
+
+def _printed(show: Any, doc: dict[str, Any]) -> str:
+    console = Console(record=True, width=240)
+    show(doc, console)
+    return console.export_text()
 
 
 async def _join_fast(swarm: VirtualSwarm) -> Agent:
@@ -59,7 +68,7 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
         driver = next(a for a in swarm.live() if a.node_id == leader_id)
         plan = await driver.planning.ask_plan(request())
         await driver.serving.load(request(), plan_id=plan["plan_id"])
-        local = reference(plan, MODEL).generate(PROMPT[:30], 40, Sampler.greedy(),
+        local = reference(plan, MODEL).generate(PROMPT[:30], 12, Sampler.greedy(),
                                                 stop_token_ids=())
 
         # the fast fellow joins: the leader proposes the planner's plan, another cut
@@ -70,6 +79,9 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
         assert 1 <= len(faster["stages"]) <= 2 and faster["plan_id"] != plan["plan_id"]
         assert swarm.fellows[FAST].name in {s["fellow"] for s in faster["stages"]}
         assert faster["ms_per_token_after"] <= 0.75 * faster["ms_per_token_now"]
+        shown = _printed(_print_load, record)
+        assert (f"faster: plan {faster['plan_id']}, {len(faster['stages'])} stage" in shown
+                and f"p2pswarm load --move {faster['plan_id']}" in shown)
 
         # its process dies before the move: the new stage cannot be prepared, the move is
         # refused with why, and the load serves on as it was
@@ -82,7 +94,7 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
         assert record["plan_id"] == plan["plan_id"] and not record.get("moves")
         assert not any(k[0] == faster["plan_id"] for a in swarm.live()
                        for k in a.serving.hosted)
-        kept = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=40,
+        kept = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=12,
                                              stop_token_ids=())
         assert kept.token_ids == local.token_ids and len(kept.route) == 3
 
@@ -98,14 +110,14 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
             moved.append(await driver.control_ops["load_move"]({"op": "load_move",
                                                                 "plan_id": new_id}))
 
-        def move_after_five(token: int, text: str) -> None:
-            if len(heard) == 5:
+        def move_after_three(token: int, text: str) -> None:
+            if len(heard) == 3:
                 nursery.start_soon(move)
             heard.append(token)
 
         heard: list[int] = []
-        result = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=40,
-                                               stop_token_ids=(), on_token=move_after_five)
+        result = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=12,
+                                               stop_token_ids=(), on_token=move_after_three)
         assert moved and result.token_ids == local.token_ids
         assert result.resumes == 1 and result.plan_id == new_id
         assert [r["fellow"] for r in result.route] == [s["fellow"] for s in
@@ -113,15 +125,33 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
         (move_record,) = moved[0]["moved"]
         assert move_record["recut"] and move_record["from_plan"] == plan["plan_id"]
 
+        said = _printed(_print_moved, moved[0]).splitlines()
+        assert said[0].startswith(f"moved plan {plan['plan_id']} live to plan {new_id}")
+        assert f"3 stages -> {len(result.route)}" in said[0]
+        assert said[1:] == [f"  stage {s['stage']}: layers {s['layers'][0]}-"
+                            f"{s['layers'][1] - 1} on {s['fellow']} ({s['card']})"
+                            for s in record["faster"]["stages"]]
+
         # `loads` shows the new placement and the move; the old stages are released
         (now,) = await driver.serving.list_loads()
         assert now["plan_id"] == new_id and now["recut_from"] == [plan["plan_id"]]
         assert [s["fellow"] for s in now["stages"]] == [s["fellow"] for s in
                                                        record["faster"]["stages"]]
         assert now["moves"][-1]["to_plan"] == new_id and "faster" not in now
+        assert f"from plan {plan['plan_id']} (3 stages) into" in _printed(_print_load, now)
         assert not any(k[0] == plan["plan_id"] for a in swarm.live()
                        for k in a.serving.hosted)
-        again = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=40,
-                                              stop_token_ids=())
-        assert again.token_ids == local.token_ids and again.resumes == 0
         nursery.cancel_scope.cancel()
+
+
+def test_a_driver_takes_a_new_cut_only_from_a_record_that_names_its_load() -> None:
+    def hop(i: int) -> dict[str, Any]:
+        return {"stage": i, "fellow_id": "ab" * 8, "fellow": f"f{i}", "addr": "a:1"}
+
+    old = {"plan_id": "a" * 16, "stages": [hop(0), hop(1), hop(2)], "runtime": {}}
+    new = {"plan_id": "b" * 16, "stages": [hop(0)], "runtime": {}}
+    assert not _same_load(new, old)  # another load altogether
+    assert _same_load({**new, "recut_from": ["a" * 16]}, old)
+    assert not _same_load({**new, "recut_from": "a" * 16}, old)  # malformed
+    assert not _same_load({**new, "recut_from": ["a" * 16], "stages": []}, old)
+    assert not _same_load({**old, "stages": [hop(0)]}, old)  # same plan, stages lost

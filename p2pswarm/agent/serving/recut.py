@@ -117,6 +117,8 @@ class Recut:
             move = {"at": time.time(), "recut": True, "from_plan": old_id,
                     "to_plan": new_id, "stages_before": len(record["stages"]),
                     "stages": plan_stages(plan),
+                    "ms_per_token_now": round(proposal.now_s * 1e3, 3),
+                    "ms_per_token_after": round(proposal.after_s * 1e3, 3),
                     "why": f"live move to a faster placement ({estimate})",
                     "took_s": round(time.perf_counter() - began, 3)}
             new["moves"] = [*record.get("moves", []), move][-self.moves_kept:]
