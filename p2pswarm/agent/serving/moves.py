@@ -17,7 +17,7 @@ view and the orders in, the proposal out.
 The faster placement may also have another cut (``recut_proposal``): when a fast card
 joins a swarm of slow ones, the planner's fastest plan usually has fewer stages, the fast
 card taking most layers. The leader plans the load's request again on its view (no fixed
-stage count, ``--maximize speed``; ``recut``) and proposes that plan, with its
+stage count; ``recut``) and proposes that plan, with its
 ``plan_id``, when its token is markedly faster by the same estimate and faster than the
 whole-stage moves. The view holds the running load's memory as taken, so the plan found
 fits beside it: a move holds both placements at once.

@@ -2,7 +2,7 @@
 running one, the load's route switched to it, the old stages released.
 
 The proposal (``proposal``): the leader plans the load's own request again on its view,
-with no fixed stage count and ``--maximize speed`` (the fastest placement that fits), and
+with no fixed stage count (the default plan is the fastest that fits), and
 ``moves.recut_proposal`` weighs it against the load as placed and against moving whole
 stages. The plan is cached per load until the view changes, since the leader's watch asks
 every half second. A load this leader adopted from its fellows (a predecessor brought it
@@ -69,7 +69,9 @@ class Recut:
         cached = self._planned.get(plan_id)
         if cached is not None and cached[0] == view:
             return cached[1]
-        message = {**asked[0], "stages": None, "maximize": "speed"}
+        # the request as loaded, less its stage count: the default plan is the fastest
+        # that fits (a model trained on a cut keeps that cut, as a plain ``plan`` does)
+        message = {**asked[0], "stages": None}
         try:
             plan: dict[str, Any] | None = adapted_plan(plan_message(message, view),
                                                        message.get("adapter"))
