@@ -155,3 +155,31 @@ def test_a_driver_takes_a_new_cut_only_from_a_record_that_names_its_load() -> No
     assert not _same_load({**new, "recut_from": "a" * 16}, old)  # malformed
     assert not _same_load({**new, "recut_from": ["a" * 16], "stages": []}, old)
     assert not _same_load({**old, "stages": [hop(0)]}, old)  # same plan, stages lost
+
+
+def test_the_planners_new_cut_is_proposed_only_when_markedly_faster() -> None:
+    from p2pswarm.agent.serving.loads import _stage_orders
+    from p2pswarm.agent.serving.moves import recut_proposal
+    from p2pswarm.planner import cluster_view, fellow_view, plan_message
+
+    def fellow(i: int, bandwidth: float) -> Any:
+        card = {"index": 0, "kind": "cpu", "name": f"c{i}", "total_bytes": 16 * 10**9,
+                "free_bytes": 16 * 10**9, "mem_bandwidth": bandwidth, "flops": 1e12}
+        return fellow_view(f"{i:02x}" * 8, f"n{i}", {"cards": [card]})
+
+    slow = [fellow(i, ESTIMATED_MEM_BANDWIDTH["cpu"]) for i in range(3)]
+    placed = plan_message(request(), cluster_view(slow))
+    orders = _stage_orders(placed, {"kind": "builtin", "name": MODEL}, "", "")
+    again = {**request(), "stages": None}
+    # the same slow cards: the planner's plan is no markedly faster placement
+    assert recut_proposal(cluster_view(slow), orders,
+                          plan_message(again, cluster_view(slow)), None) is None
+    # a fast card joins: its plan has another cut, and is proposed whole
+    view = cluster_view([*slow, fellow(9, ESTIMATED_MEM_BANDWIDTH["cpu"] * 50)])
+    fastest = plan_message(again, view)
+    proposal = recut_proposal(view, orders, fastest, None)
+    assert proposal is not None and proposal.plan is fastest and not proposal.moves
+    assert len(fastest["stages"]) < 3 and proposal.after_s <= 0.75 * proposal.now_s
+    assert proposal.to_dict()["plan_id"] == fastest["plan_id"]
+    # a plan that does not fit is never proposed
+    assert recut_proposal(view, orders, {**fastest, "fits": False}, None) is None
