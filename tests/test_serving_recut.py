@@ -141,6 +141,8 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
         assert f"from plan {plan['plan_id']} (3 stages) into" in _printed(_print_load, now)
         assert not any(k[0] == plan["plan_id"] for a in swarm.live()
                        for k in a.serving.hosted)
+        # asked for by the plan_id it had, it is the same load
+        assert (await driver.serving.find_load(plan["plan_id"]))["plan_id"] == new_id
         nursery.cancel_scope.cancel()
 
 

@@ -48,7 +48,11 @@ from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.answer_ids import AnswerIds
 from p2pswarm.agent.serving.prefix_cache import PrefixCache
 from p2pswarm.agent.serving.queue import Admission
-from p2pswarm.agent.serving.records import GenerationResult, generation_tokens
+from p2pswarm.agent.serving.records import (
+    GenerationResult,
+    former_plan_ids,
+    generation_tokens,
+)
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.serving.stage_session import open_hop
 from p2pswarm.agent.streams import send_best_effort
@@ -181,7 +185,8 @@ class Generation:
     async def find_load(self, plan_id: str | None = None) -> dict[str, Any]:
         loads = await self.loads.list_loads()
         if plan_id:
-            chosen = [r for r in loads if r["plan_id"] == plan_id]
+            chosen = [r for r in loads if r["plan_id"] == plan_id
+                      or plan_id in former_plan_ids(r)]  # re-cut since
             if not chosen:
                 raise PlacementError(f"plan {plan_id} is not loaded; `p2pswarm loads` shows "
                                      "what is")
@@ -551,8 +556,7 @@ def _same_load(healed: Any, record: dict[str, Any]) -> bool:
     if not isinstance(healed, dict) or not isinstance(healed.get("plan_id"), str):
         return False
     recut = healed["plan_id"] != record["plan_id"]
-    before = healed.get("recut_from")
-    if recut and not (isinstance(before, list) and record["plan_id"] in before):
+    if recut and record["plan_id"] not in former_plan_ids(healed):
         return False
     hops = healed.get("stages")
     if not isinstance(hops, list) or not 0 < len(hops) <= MAX_ROUTE_STAGES or (
