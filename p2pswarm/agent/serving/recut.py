@@ -52,6 +52,13 @@ log = logging.getLogger("p2pswarm.serving")
 RECUTS_NAMED = 8  # earlier plan_ids a load keeps naming (``recut_from``)
 
 
+def replan_message(message: dict[str, Any]) -> dict[str, Any]:
+    """The request a load is planned again with: as loaded, less its stage count, so the
+    plan is the fastest that fits (a model trained on a cut keeps that cut, as a plain
+    ``plan`` does)."""
+    return {**message, "stages": None}
+
+
 class Recut:
     def __init__(self, agent: Agent, loads: Loads, moves_kept: int) -> None:
         self.agent = agent
@@ -69,9 +76,7 @@ class Recut:
         cached = self._planned.get(plan_id)
         if cached is not None and cached[0] == view:
             return cached[1]
-        # the request as loaded, less its stage count: the default plan is the fastest
-        # that fits (a model trained on a cut keeps that cut, as a plain ``plan`` does)
-        message = {**asked[0], "stages": None}
+        message = replan_message(asked[0])
         try:
             plan: dict[str, Any] | None = adapted_plan(plan_message(message, view),
                                                        message.get("adapter"))
@@ -106,7 +111,7 @@ class Recut:
                 raise PlacementError(f"{refused}: it was unloaded or changed meanwhile")
             if any(r["plan_id"] == new_id for r in self.loads.loads_view()):
                 raise PlacementError(f"{refused}: plan {new_id} is loaded already")
-            message, model, adapter = asked
+            message, model, adapter = replan_message(asked[0]), asked[1], asked[2]
             try:
                 new = await self.loads.bring_up_beside(plan, message, model, adapter)
             except SwarmError as exc:
@@ -136,4 +141,4 @@ class Recut:
             return new
 
 
-__all__ = ["Recut"]
+__all__ = ["Recut", "replan_message"]
