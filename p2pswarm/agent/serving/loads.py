@@ -240,6 +240,14 @@ class Loads:
         while len(self.moved_to) > TICKETS_KEPT:
             self.moved_to.pop(next(iter(self.moved_to)))
 
+    def gossiped_holders(self, plan_id: str) -> list[str]:
+        """Addresses of the connected fellows that gossip a stage of ``plan_id``."""
+        membership = self.agent.membership
+        return sorted({m.addr for m in (membership.members() if membership else ())
+                       if m.state in ("alive", "suspect") and any(
+                           isinstance(e, dict) and e.get("plan_id") == plan_id
+                           for e in self.agent.member_metadata(m).get("stages") or [])})
+
     def current_id(self, plan_id: str) -> str:
         """The plan_id load ``plan_id`` goes by now (another after a re-cut)."""
         return self.moved_to.get(plan_id, plan_id)
@@ -424,8 +432,8 @@ class Loads:
         records = {p: {**r, "stages": [dict(s) for s in r["stages"]]}
                    for p, r in self.loads.items()}
         for plan_id, entries in gossiped.items():
-            if plan_id in records or plan_id in self._unloaded:
-                continue
+            if plan_id in records or plan_id in self._unloaded or plan_id in self.moved_to:
+                continue  # unloaded, or re-cut: its stages' gossip lags, or they linger
             # every stage fellow gossips the whole route: one entry heard is enough
             first = entries[min(entries)]
             stages = []

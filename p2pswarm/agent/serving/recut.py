@@ -31,6 +31,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from p2pswarm.agent.adapter import adapted_plan
 from p2pswarm.agent.serving.moves import (
     Proposal,
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2pswarm.serving")
 
 RECUTS_NAMED = 8  # earlier plan_ids a load keeps naming (``recut_from``)
+STRAGGLERS_FOR_S = 120.0  # a fellow still gossiping an old stage is told to release it
+STRAGGLERS_EVERY_S = 2.0  # ... this often, for this long
 
 
 def replan_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -138,7 +142,19 @@ class Recut:
                         new_id, len(record["stages"]), len(new["stages"]), estimate)
             # the sessions in flight lose their streams here and resume on the new route
             await self.loads.release_all(old_id, old_addrs)
+            self.agent.spawn(self._release_stragglers, old_id)
             return new
+
+    async def _release_stragglers(self, plan_id: str) -> None:
+        """A fellow that missed the release (unreachable for a moment) still holds its old
+        stage, and gossips it: tell it again, for a while."""
+        deadline = trio.current_time() + STRAGGLERS_FOR_S
+        while trio.current_time() < deadline:
+            await trio.sleep(STRAGGLERS_EVERY_S)
+            addrs = self.loads.gossiped_holders(plan_id)
+            if addrs:
+                await self.loads.release_all(plan_id, {i: ("", "", a)
+                                                       for i, a in enumerate(addrs)})
 
 
 __all__ = ["Recut", "replan_message"]
