@@ -185,3 +185,26 @@ def test_the_planners_new_cut_is_proposed_only_when_markedly_faster() -> None:
     assert proposal.to_dict()["plan_id"] == fastest["plan_id"]
     # a plan that does not fit is never proposed
     assert recut_proposal(view, orders, {**fastest, "fits": False}, None) is None
+
+
+def test_load_move_prints_one_line_per_stage_moved_or_refuses_in_one_line(agent: Any) -> None:
+    from typer.testing import CliRunner
+
+    from p2pswarm.cli import app
+    from tests.fakes import RECORD
+
+    moved = {"stage": 1, "layers": [4, 8], "from": "fellow-2", "to": "gpu-box",
+             "card": "cuda:0 (RTX 3060)", "took_s": 2.25, "at": 0.0, "why": "live move"}
+    agent.answers["load_move"] = {**RECORD, "moves": [moved], "moved": [moved]}
+    shown = CliRunner().invoke(app, ["load", "--move", RECORD["plan_id"]])
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout.splitlines() == [
+        f"moved 1 stage of plan {RECORD['plan_id']} live:",
+        "  stage 1 (layers 4-7): fellow-2 -> gpu-box (cuda:0 (RTX 3060)) in 2.2 s"]
+    assert agent.requests[-1] == {"op": "load_move", "plan_id": RECORD["plan_id"]}
+    agent.answers["load_move"] = PlacementError("plan 0123456789abcdef: no markedly faster "
+                                                "placement now")
+    refused = CliRunner().invoke(app, ["load", "--move", RECORD["plan_id"]])
+    assert refused.exit_code == 1
+    assert refused.stderr == ("error: plan 0123456789abcdef: no markedly faster placement "
+                              "now\n")
