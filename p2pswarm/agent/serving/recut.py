@@ -119,10 +119,12 @@ class Recut:
             try:
                 new = await self.loads.bring_up_beside(plan, message, model, adapter)
             except SwarmError as exc:
-                raise PlacementError(
-                    f"{refused}: {exc} (during a move both placements are held at once; "
-                    "one that needs the memory the load holds now takes `p2pswarm unload` "
-                    "and a new `load`)") from None
+                # a fellow short of memory (stage_host says "... free now, the stage
+                # needs ..."): the cards cannot hold both placements at once
+                both = (" (during a move both placements are held at once, and the cards "
+                        "cannot hold both: `p2pswarm unload` and a new `load` take it)"
+                        if "free now" in str(exc) else "")
+                raise PlacementError(f"{refused}: {exc}{both}") from None
             estimate = (f"{proposal.now_s * 1e3:.1f} -> {proposal.after_s * 1e3:.1f} ms a "
                         "token, estimated")
             move = {"at": time.time(), "recut": True, "from_plan": old_id,
