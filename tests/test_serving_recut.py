@@ -24,6 +24,25 @@ from tests.serving_swarm import MODEL, PROMPT, reference, request
 FAST = 3  # the fellow that joins late, with a card far faster than the others'
 
 
+async def _three_slow_serving(nursery: trio.Nursery, seed: int
+                              ) -> tuple[VirtualSwarm, Agent, dict[str, Any]]:
+    """Three slow fellows (a fourth, ``FAST``, not started) serving a load of three
+    stages; the swarm, its leader (which drives) and the plan."""
+    swarm = VirtualSwarm(FAST + 1, seed=seed, inline_compute=True)
+    for fellow in swarm.fellows:
+        fellow.cards.cards = (cpu_card(16.0, name=f"{fellow.name} CPU"),)
+    await nursery.start(swarm.run)
+    for i in range(FAST):
+        await swarm.start(i)
+    await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
+                     and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
+    ((leader_id, _),) = swarm.leaders()
+    driver = next(a for a in swarm.live() if a.node_id == leader_id)
+    plan = await driver.planning.ask_plan(request())
+    await driver.serving.load(request(), plan_id=plan["plan_id"])
+    return swarm, driver, plan
+
+
 def _printed(show: Any, doc: dict[str, Any]) -> str:
     console = Console(record=True, width=240)
     show(doc, console)
@@ -56,18 +75,7 @@ async def _faster(driver: Agent) -> dict[str, Any]:
 async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generation(
         autojump_clock) -> None:
     async with trio.open_nursery() as nursery:
-        swarm = VirtualSwarm(FAST + 1, seed=41, inline_compute=True)
-        for fellow in swarm.fellows:
-            fellow.cards.cards = (cpu_card(16.0, name=f"{fellow.name} CPU"),)
-        await nursery.start(swarm.run)
-        for i in range(FAST):
-            await swarm.start(i)
-        await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
-                         and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
-        ((leader_id, _),) = swarm.leaders()
-        driver = next(a for a in swarm.live() if a.node_id == leader_id)
-        plan = await driver.planning.ask_plan(request())
-        await driver.serving.load(request(), plan_id=plan["plan_id"])
+        swarm, driver, plan = await _three_slow_serving(nursery, seed=41)
         local = reference(plan, MODEL).generate(PROMPT[:30], 12, Sampler.greedy(),
                                                 stop_token_ids=())
 
@@ -212,3 +220,40 @@ def test_load_move_prints_one_line_per_stage_moved_or_refuses_in_one_line(agent:
     assert refused.exit_code == 1
     assert refused.stderr == ("error: plan 0123456789abcdef: no markedly faster placement "
                               "now\n")
+
+
+async def test_a_load_not_re_planned_moves_a_whole_stage_live_under_a_generation(
+        autojump_clock) -> None:
+    """A load the leader adopted is not re-planned (its request is not known there): the
+    fast fellow takes the slowest stage whole, and the generation goes on."""
+    async with trio.open_nursery() as nursery:
+        swarm, driver, plan = await _three_slow_serving(nursery, seed=43)
+        local = reference(plan, MODEL).generate(PROMPT[:30], 12, Sampler.greedy(),
+                                                stop_token_ids=())
+        del driver.serving.leader.asked[plan["plan_id"]]  # as if adopted
+        await _join_fast(swarm)
+        fast = swarm.fellows[FAST].name
+        with trio.fail_after(60):
+            while not (record := (await driver.serving.list_loads())[0]).get("faster"):
+                await trio.sleep(0.5)
+        ((stage, to),) = [(m["stage"], m["to"]) for m in record["faster"]["moves"]]
+        assert to == fast and "plan_id" not in record["faster"]
+        moved: list[dict[str, Any]] = []
+        heard: list[int] = []
+
+        async def move() -> None:
+            moved.append(await driver.control_ops["load_move"]({"op": "load_move",
+                                                                "plan_id": plan["plan_id"]}))
+
+        def move_after_three(token: int, text: str) -> None:
+            if len(heard) == 3:
+                nursery.start_soon(move)
+            heard.append(token)
+
+        result = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=12,
+                                               stop_token_ids=(), on_token=move_after_three)
+        assert moved and result.token_ids == local.token_ids and result.resumes == 1
+        assert result.plan_id == plan["plan_id"] and result.route[stage]["fellow"] == fast
+        ((done,),) = [moved[0]["moved"]]
+        assert (done["stage"], done["to"]) == (stage, fast)
+        nursery.cancel_scope.cancel()
