@@ -51,7 +51,13 @@ from p2pswarm.agent.weights import (
     open_to,
     send_bytes,
 )
-from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError, WeightsCacheFull
+from p2pswarm.errors import (
+    ConfigError,
+    PlacementError,
+    RemoteProtocolError,
+    SwarmError,
+    WeightsCacheFull,
+)
 from p2pswarm.names import is_hex_digest
 from p2pswarm.wire.serving import (
     MAX_HASHES_PER_ASK,
@@ -263,11 +269,10 @@ class HeldWeights:
 
     def _offered_index(self) -> dict[str, tuple[Path, int, int]]:
         """hash -> (file, offset, size) over the manifests offered, made once per set."""
-        keys = tuple(sorted(self.server.offers))
+        keys = tuple(sorted(f"{k} {m.path}" for k, m in self.server.offers.items()))
         if keys != self._offered[0]:
             index: dict[str, tuple[Path, int, int]] = {}
-            for key in keys:
-                m = self.server.offers[key]
+            for _, m in sorted(self.server.offers.items()):
                 root = Path(m.path)
                 for t in m.tensors:
                     index.setdefault(t.sha256, (root / t.file, t.offset_bytes, t.nbytes))
@@ -314,8 +319,11 @@ class HeldWeights:
                         return
                     fds[path] = files_open.enter_context(handle).fileno()
                 await stream.send_frame(wire.encode(WeightsItem(sha, nbytes, sha)))
-                self.sent_bytes += await send_bytes(stream, run, fds[path], offset, nbytes,
-                                                    f"{path} is truncated at {sha[:12]}...")
+                try:
+                    self.sent_bytes += await send_bytes(stream, run, fds[path], offset, nbytes,
+                                                        f"{path} is truncated at {sha[:12]}...")
+                except OSError as exc:  # a disk error here ends this stream, in one line
+                    raise ConfigError(f"{path} could not be read: {exc}") from None
 
     def _check(self, hashes: Sequence[str]) -> None:
         """A hash that is not 64 lowercase hex digits ends the stream, counted."""
