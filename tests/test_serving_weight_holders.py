@@ -161,6 +161,12 @@ async def test_tensors_come_from_the_holders_by_hash_and_hostile_answers_cost_no
                                   gone) is None
         assert await first_unheld(full, manifest, ["t2", "t4"], caches[full.name],
                                   gone) == "t4"
+        block = {"source_id": gone, "source": "laptop"}
+        assert await full.serving.host._unreachable(manifest, ["t4"], block, "the model "
+                                                    "files") == (
+            "the model files are not here, laptop (which offered them) is not connected, "
+            "and no connected fellow holds t4")
+        assert await full.serving.host._unreachable(manifest, ["t1"], block, "") is None
 
         # a hash that is not 64 lowercase hex digits never becomes a path: the stream ends
         async def ask_raw(msg: object) -> list[object]:
