@@ -156,6 +156,11 @@ async def test_tensors_come_from_the_holders_by_hash_and_hostile_answers_cost_no
                                                  r"\(which offered them\) is not connected"):
             await gather(fetcher, manifest, ["t1", "t4"], caches[fetcher.name], run,
                          source_id=gone, source_name="laptop")
+        # a source that refuses (it offers no such model any more): the holders give it
+        fresh = WeightsCache(tmp_path / "fresh")
+        got = await gather(fetcher, manifest, ["t1"], fresh, run,
+                           source_id=full.node_id.hex(), source_name=full.name)
+        assert got.senders == (rotten.name,) and fresh.held() == [tensors["t1"].sha256]
         # what a prepare asks when the source is gone: does any connected fellow hold them
         assert await first_unheld(full, manifest, ["t1", "t3"], caches[full.name],
                                   gone) is None
