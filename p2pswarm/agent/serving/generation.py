@@ -56,7 +56,8 @@ from p2pswarm.agent.serving.records import (
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.serving.stage_session import open_hop
 from p2pswarm.agent.streams import send_best_effort
-from p2pswarm.agent.weights import Manifest, fetch
+from p2pswarm.agent.weight_holders import gather
+from p2pswarm.agent.weights import Manifest
 from p2pswarm.errors import (
     ConfigError,
     PlacementError,
@@ -227,13 +228,10 @@ class Generation:
             return load_tokenizer(Path(manifest.path))
         cache = self.offers.weights_cache()
         missing = [f.name for f in manifest.files if not cache.has(f.sha256, f.nbytes)]
-        if missing:
-            source = self.agent.fellow(str(model.get("source_id", "")))
-            if source is None or source.state not in ("alive", "suspect"):
-                raise PlacementError(f"the tokenizer is on {model.get('source')}, which is "
-                                     "not connected")
-            await fetch(self.agent, source.addr, source.node_id, source.name, manifest,
-                        missing, cache, self.agent.compute.run)
+        if missing:  # from the fellow that offered them, or any that holds them
+            await gather(self.agent, manifest, missing, cache, self.agent.compute.run,
+                         source_id=str(model.get("source_id", "")),
+                         source_name=str(model.get("source", "the source"))[:64])
         directory = await self.agent.compute.run(lambda: cache.model_dir(manifest))
         return load_tokenizer(Path(directory))
 
