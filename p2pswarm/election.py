@@ -44,6 +44,15 @@ and waits for the fellows knocking at its door. So a seed started after its join
 a whole swarm restarted at once, forms one electorate before anyone counts votes, and a
 fellow that has never seen the swarm cannot win a term alone while others are arriving.
 
+Local health (Lifeguard's, for the election). A fellow whose CPU is starved wakes late:
+its timers ring while the leader's beats and answers still wait in its socket. The driver
+tells it how late each timer rang (``note_lag``), and a deputy's wait for beats and a
+voter's wait for its check stretch by ``lag_stretch_mult`` times the larger of its own
+recent lateness and how late its leader's beats have come beyond one lost beat, by at
+most ``lag_stretch_max_s``, fading with ``lag_half_life_s`` (``stretch``). So a fellow
+does not blame the leader for its own lateness, a starved leader is waited for, and a
+crashed one is still replaced within seconds. In virtual time timers ring on time: 0.
+
 The lease. A leader that sees no majority present (alive or suspect) for
 ``leader_lease_s`` steps down on its own.
 
