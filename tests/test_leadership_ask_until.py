@@ -12,7 +12,8 @@ from typing import Any, Awaitable, Callable
 import pytest
 import trio
 
-from p2pswarm.agent.leadership import Leadership, call_failed
+from p2pswarm import wire
+from p2pswarm.agent.leadership import Leadership, call_failed, expect_reply
 from p2pswarm.errors import NobodyListens, NotLeader, PlacementError, TransportError
 from p2pswarm.wire.orders import PlanAsk, PlanShown
 
@@ -25,7 +26,7 @@ class FakeAgent:
     """The little of an agent ``Leadership`` asks the leader with: a leader that the test
     changes, and each fellow's answer to a call."""
 
-    leader: bytes | None = None
+    leader_id: bytes | None = None
     answers: dict[bytes, Answer] = field(default_factory=dict)
     asked: list[tuple[bytes, int]] = field(default_factory=list)  # (fellow, term stamped)
     term: int = 1
@@ -34,10 +35,15 @@ class FakeAgent:
     @property
     def election(self) -> Any:
         return SimpleNamespace(term=self.term,
-                               status=lambda: SimpleNamespace(leader_id=self.leader))
+                               status=lambda: SimpleNamespace(leader_id=self.leader_id))
 
     def on_stream(self, msg_type: type, handler: object) -> None:
         pass
+
+    name = "here"
+
+    def leader(self) -> dict[str, Any] | None:
+        return {"name": "f-a"} if self.leader_id == A else None
 
     def status(self) -> dict[str, Any]:
         return {"leader_note": "an election is under way"}
@@ -74,7 +80,7 @@ async def hangs(call: PlanAsk) -> Any:
 async def _new_leader_after(agent: FakeAgent, seconds: float, leader: bytes | None,
                             term: int = 2) -> None:
     await trio.sleep(seconds)
-    agent.leader, agent.term = leader, term
+    agent.leader_id, agent.term = leader, term
 
 
 async def _ask(agent: FakeAgent, deadline_s: float = 60.0) -> PlanShown:
@@ -86,7 +92,7 @@ async def _ask(agent: FakeAgent, deadline_s: float = 60.0) -> PlanShown:
 @pytest.mark.parametrize("first", [gone, hangs, refused(NotLeader("it lost the election"))])
 async def test_a_leader_that_is_gone_or_silent_or_does_not_lead_gives_way_to_the_next(
         autojump_clock, first: Answer) -> None:
-    agent = FakeAgent(leader=A, answers={A: first, B: shown(b"from b")})
+    agent = FakeAgent(leader_id=A, answers={A: first, B: shown(b"from b")})
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_new_leader_after, agent, 3.0, None)  # an election ...
         nursery.start_soon(_new_leader_after, agent, 4.5, B, 3)  # ... and its winner
@@ -100,7 +106,7 @@ async def test_a_leader_that_is_gone_or_silent_or_does_not_lead_gives_way_to_the
 
 async def test_the_refusal_of_the_leader_of_the_moment_ends_the_ask_at_once(
         autojump_clock) -> None:
-    agent = FakeAgent(leader=A, answers={A: refused(PlacementError("no card holds it"))})
+    agent = FakeAgent(leader_id=A, answers={A: refused(PlacementError("no card holds it"))})
     began = trio.current_time()
     with pytest.raises(PlacementError, match="no card holds it"):
         await _ask(agent)
@@ -109,10 +115,10 @@ async def test_the_refusal_of_the_leader_of_the_moment_ends_the_ask_at_once(
 
 async def test_a_refusal_from_a_leader_that_stopped_leading_meanwhile_is_asked_again(
         autojump_clock) -> None:
-    agent = FakeAgent(leader=A, answers={B: shown(b"from b")})
+    agent = FakeAgent(leader_id=A, answers={B: shown(b"from b")})
 
     async def refuses_as_it_falls(call: PlanAsk) -> Any:
-        agent.leader = B  # its orders were refused: another fellow leads now
+        agent.leader_id = B  # its orders were refused: another fellow leads now
         return call_failed(PlacementError("StageStart of term 1 refused"))
 
     agent.answers[A] = refuses_as_it_falls
@@ -120,13 +126,26 @@ async def test_a_refusal_from_a_leader_that_stopped_leading_meanwhile_is_asked_a
 
 
 async def test_the_deadline_names_the_last_failure(autojump_clock) -> None:
-    agent = FakeAgent(leader=None, answers={})
+    agent = FakeAgent(leader_id=None, answers={})
     began = trio.current_time()
     with pytest.raises(TransportError, match="no leader answered in time; the last try: "
                                              "no leader to ask: an election is under way"):
         await _ask(agent, deadline_s=7.0)
     assert trio.current_time() - began == pytest.approx(7.0)
-    agent = FakeAgent(leader=A, answers={A: gone})
+    agent = FakeAgent(leader_id=A, answers={A: gone})
     with pytest.raises(TransportError, match="the last try: nothing listens there"):
         await _ask(agent, deadline_s=7.0)
     assert 3 <= len(agent.asked) <= 5  # asked again every little while, not in a loop
+    agent = FakeAgent(leader_id=A, answers={A: hangs})
+    with pytest.raises(TransportError, match=f"the last try: the leader {A.hex()[:8]} did "
+                                             "not answer"):
+        await _ask(agent, deadline_s=7.0)
+
+
+async def test_a_fellow_that_does_not_lead_answers_not_leader_across_the_wire() -> None:
+    leadership = Leadership(FakeAgent(leader_id=A))  # type: ignore[arg-type]
+    leadership.serve(PlanAsk, shown(b"never"))
+    failed = await leadership._on_call(PlanAsk(b"{}"), SimpleNamespace(peer_node_id=B))
+    (back,) = wire.decode(wire.encode(failed), max_bytes=1 << 20)
+    with pytest.raises(NotLeader, match="here is not the leader \\(the leader is f-a\\)"):
+        expect_reply(back, PlanShown, "the leader")

@@ -168,6 +168,7 @@ class Leadership:
                 last = PlacementError(f"no leader to ask: "
                                       f"{self.agent.status()['leader_note']}")
             else:
+                last = TransportError(f"the leader {asked.hex()[:8]} did not answer")
                 with trio.move_on_at(deadline):
                     answer = await self._ask_while_leading(call, asked)
                     if answer is None:  # it stopped leading before it answered
