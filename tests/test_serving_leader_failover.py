@@ -68,6 +68,7 @@ async def _load_on_the_leader(swarm: VirtualSwarm, spare: bool,  # type: ignore[
     return leader_at, plan, loaded, driver
 
 
+@pytest.mark.slow
 async def test_the_leader_that_hosts_a_stage_crashes_and_the_next_leader_heals_the_load(
         autojump_clock, tmp_path, tmp_path_factory) -> None:
     model_dir = write_builtin_checkpoint(MODEL, tmp_path_factory.mktemp("model") / MODEL,
