@@ -149,3 +149,13 @@ async def test_a_fellow_that_does_not_lead_answers_not_leader_across_the_wire() 
     (back,) = wire.decode(wire.encode(failed), max_bytes=1 << 20)
     with pytest.raises(NotLeader, match="here is not the leader \\(the leader is f-a\\)"):
         expect_reply(back, PlanShown, "the leader")
+
+
+def test_http_answers_no_leader_with_503_for_the_error_and_for_its_words() -> None:
+    from p2pswarm.http.problems import STATUS_CODES, from_swarm_error
+
+    for exc in (NotLeader("no leader to ask: electing"),
+                PlacementError("fellow-2 is not the leader (no leader yet); try again")):
+        answer = from_swarm_error(exc)
+        assert answer.code == "no-leader" and STATUS_CODES[answer.code] == 503, answer
+    assert from_swarm_error(PlacementError("no card holds it")).code == "refused"

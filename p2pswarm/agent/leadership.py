@@ -165,8 +165,7 @@ class Leadership:
         while trio.current_time() < deadline:
             asked = self._leader_id()
             if asked is None:
-                last = PlacementError(f"no leader to ask: "
-                                      f"{self.agent.status()['leader_note']}")
+                last = NotLeader(f"no leader to ask: {self.agent.status()['leader_note']}")
             else:
                 last = TransportError(f"the leader {asked.hex()[:8]} did not answer")
                 with trio.move_on_at(deadline):
@@ -203,8 +202,7 @@ class Leadership:
                 return await self._calls[type(call)](stamped, None)
             member = self.agent.fellow(asked.hex())
             if member is None:
-                raise _Unreached(PlacementError("the leader is not in this fellow's view "
-                                                "yet"))
+                raise _Unreached(NotLeader("the leader is not in this fellow's view yet"))
             try:
                 return await self.agent.call(member.addr, stamped)
             except TransportError as exc:
@@ -237,10 +235,10 @@ class Leadership:
         leader = self.agent.leader()
         if leader is None:
             note = self.agent.status()["leader_note"]
-            raise PlacementError(f"no leader to ask: {note}; wait for one to be elected")
+            raise NotLeader(f"no leader to ask: {note}; wait for one to be elected")
         member = self.agent.fellow(leader["id"])
         if member is None:
-            raise PlacementError("the leader is not in this fellow's view yet; try again")
+            raise NotLeader("the leader is not in this fellow's view yet; try again")
         return member.addr
 
     async def _on_call(self, msg: Any, stream: SecureStream) -> Any:
