@@ -171,6 +171,9 @@ class Generation:
         self.offers = offers
         self.step_timeout_s = 60.0  # the most a driver waits for one token
         self.heal_timeout_s = HEAL_TIMEOUT_S
+        # a resumed session replays through every stage under a new id, as before the
+        # stages kept broken sessions' caches (the benchmark's comparison)
+        self.replay_everything = False
         self.admission = Admission()
         self.kept = PrefixCache()
         self.answers = AnswerIds()  # remembered answers' own ids, for the next turn's prompt
@@ -338,7 +341,7 @@ class Generation:
         recover = False
         if run.reuse is not None and not run.tokens:
             session, start = run.reuse
-        elif run.session is not None and run.tokens:
+        elif run.session is not None and run.tokens and not self.replay_everything:
             # resumed after a failure: the stages that kept the session's cache continue
             # it from every position but the last token's (which not all of them ran)
             session, start, recover = run.session, len(run.ids) + len(run.tokens) - 1, True
