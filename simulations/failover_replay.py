@@ -116,7 +116,7 @@ async def one_round(model: str, context: int, stage: int, replay_everything: boo
             healed.append(time.perf_counter())
             return out
 
-        gen._heal = timed_heal  # type: ignore[method-assign]
+        gen._heal = timed_heal  # type: ignore[method-assign,assignment]
         want = await driver.serving.generate(prompt_ids=prompt, max_tokens=TOKENS,
                                              stop_token_ids=())
         times: list[float] = []
