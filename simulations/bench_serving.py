@@ -814,7 +814,8 @@ def main() -> None:
             s = replay[f"stage_{stage}"]
             print(f"failover, stage {stage} lost, {args.failover_context} tokens of context: "
                   f"kill to next token {s['kill_to_next_token_kept_p50_s']:.2f} s, every "
-                  f"stage replaying {s['kill_to_next_token_every_p50_s']:.2f} s")
+                  f"stage replaying {s['kill_to_next_token_every_p50_s']:.2f} s; CPU time "
+                  f"{s['cpu_kept_p50_s']:.2f} s against {s['cpu_every_p50_s']:.2f} s")
         print("load average", ", ".join(f"{x:.1f}" for x in os.getloadavg()))
         return
     if args.only_failover:

@@ -9,7 +9,9 @@ the load whatever stage is lost. A session with a prompt of ``--context`` tokens
 generates; at its fourth token one stage's agent is stopped (its sockets close, as a killed process's do: the driver and the
 leader find nothing listening at once), the leader re-places the stage on the spare, and
 the driver resumes. The figure is the time from the stop to the next token, and of it the
-time from the leader's answer (the stage re-placed) to the next token; the rounds
+time from the leader's answer (the stage re-placed) to the next token; beside them, what
+a busy machine does not blur: the CPU time this process (every agent) spent from the
+stop to the next token, and the positions the stages computed in it. The rounds
 alternate between the two ways of resuming, each on a fresh swarm, and each round checks
 the greedy tokens against the same prompt run undisturbed first. Which stages replayed is
 the result's ``replayed_stages``.
@@ -121,9 +123,18 @@ async def one_round(model: str, context: int, stage: int, replay_everything: boo
                                              stop_token_ids=())
         times: list[float] = []
         stopped: list[float] = []
+        cpu: list[float] = []
+        positions: list[int] = []
+
+        def computed() -> int:
+            return sum(n for a in swarm.agents
+                       for n in a.serving.sessions.positions_run.values())
 
         def on_token(token: int, text: str) -> None:
             times.append(time.perf_counter())
+            if len(times) in (KILL_AT, KILL_AT + 1):
+                cpu.append(time.process_time())
+                positions.append(computed())
             if len(times) == KILL_AT:
                 swarm.stop(victim)
                 stopped.append(time.perf_counter())
@@ -136,6 +147,7 @@ async def one_round(model: str, context: int, stage: int, replay_everything: boo
         nursery.cancel_scope.cancel()
     return {"stage": stage, "replay_everything": replay_everything,
             "kill_to_next_token_s": pause, "healed_to_next_token_s": resumed,
+            "cpu_s": cpu[1] - cpu[0], "positions": positions[1] - positions[0],
             "same_tokens": result.token_ids == want.token_ids, "resumes": result.resumes,
             "replayed_stages": [3] if replay_everything else list(result.replayed_stages),
             "moved": [(m["stage"], m["from"], m["to"]) for m in record.get("moves", [])],
@@ -156,7 +168,7 @@ def figures(model: str, context: int, rounds: int) -> dict[str, Any]:
         summary[f"stage_{stage}"] = {
             f"{key}_{way}_p50_s": statistics.median(
                 r[f"{key}_s"] for r in mine if r["replay_everything"] == (way == "every"))
-            for key in ("kill_to_next_token", "healed_to_next_token")
+            for key in ("kill_to_next_token", "healed_to_next_token", "cpu")
             for way in ("kept", "every")}
     return summary
 
@@ -181,7 +193,8 @@ def main() -> None:
               f"{s['kill_to_next_token_kept_p50_s']:.2f} s / "
               f"{s['kill_to_next_token_every_p50_s']:.2f} s; of it, the leader's answer to "
               f"the next token {s['healed_to_next_token_kept_p50_s']:.2f} s / "
-              f"{s['healed_to_next_token_every_p50_s']:.2f} s")
+              f"{s['healed_to_next_token_every_p50_s']:.2f} s; CPU time in it "
+              f"{s['cpu_kept_p50_s']:.2f} s / {s['cpu_every_p50_s']:.2f} s")
     print("load average", ", ".join(f"{x:.1f}" for x in os.getloadavg()))
 
 
