@@ -220,6 +220,8 @@ class StageSessions:
             blame = (msg.stage + 1, nxt["fellow"]) if nxt is not None else (msg.stage, me)
             await send_best_effort(upstream, SessionError(
                 blame[0], blame[1], f"is unreachable from {me}: {exc}"[:500]))
+            # a cache taken back for this run is kept again, for the driver's next try
+            await self.interrupted.keep(hosted, msg.session)
             return
         session = StageSession(msg, hosted, upstream, downstream)
         hosted.sessions.add(msg.session)
@@ -365,12 +367,12 @@ class StageSessions:
         if outs:
             _smooth_decode_s(hosted, outs[0].forward_s)  # how long the batch holds the loop
         took = time.perf_counter() - began
-        return [self._output(stage.is_last, msg, out, took)
+        return [self._output(stage.is_last, msg, out, took, hosted.order.stage)
                 for (_, msg), out in zip(items, outs)]
 
     @staticmethod
     def _output(is_last: bool, msg: StepInput, out: Stepped, took: float,
-                index: int = 0) -> bytes | None:
+                index: int) -> bytes | None:
         stage_s = msg.stage_s + (took,)
         if msg.replay_stages and index + 1 >= msg.replay_stages:
             return None  # a replayed chunk stops at the last stage that rebuilds
