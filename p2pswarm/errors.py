@@ -98,6 +98,11 @@ class ReplicaLost(PlacementError):
     """A training replica lost a fellow or a stage failed: it is paused, the job goes on."""
 
 
+class WeightsCacheFull(PlacementError):
+    """This fellow's weights cache cannot take a tensor (``storage.weights_cache_bytes``):
+    no other sender would change that."""
+
+
 class Busy(PlacementError):
     """A load's session slots are all taken and its queue is full: come back later (429)."""
 
