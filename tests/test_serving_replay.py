@@ -1,7 +1,8 @@
 """A resumed generation reuses a stage's kept cache only when it is exactly the session's
 (virtual time): the same session id and at least the positions resumed from; a cache of
 another session, one too short, or one whose grace ran out is never used, and the stages
-replay instead. Greedy output equals the undisturbed run in every case."""
+replay instead. A run still waiting on a silent neighbour's open stream is ended by the
+resumed session. Greedy output equals the undisturbed run in every case."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from typing import Any
 
 import trio
 
-from p2pswarm.agent.serving.generation import _Run
+from p2pswarm import wire
+from p2pswarm.agent.serving.generation import _ReturnSlot, _Run
+from p2pswarm.agent.serving.stage_session import open_hop
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
-from p2pswarm.wire.serving import SessionOpen
+from p2pswarm.wire.serving import SessionOpen, StepInput, StepOutput
 from tests.serving_swarm import MODEL, PROMPT, reference, request, start_swarm
 
 IDS = PROMPT[:30]
@@ -41,6 +44,28 @@ async def _kept(driver: Any, plan_id: str) -> str:
     return kept.session
 
 
+async def _stalled(driver: Any, session: str) -> tuple[int, _ReturnSlot]:
+    """A session that prefilled ``IDS`` on every stage and drew its first token, then fell
+    silent with its streams open (as behind a frozen fellow): that token, and the slot
+    holding its stream back open (``done`` closes it)."""
+    gen = driver.serving.driver
+    record = await gen.find_load()
+    route = record["stages"]
+    slot = _ReturnSlot(bytes.fromhex(route[-1]["fellow_id"]))
+    gen._returns[session] = slot
+    upstream = await open_hop(driver, route[0])
+    await upstream.send_frame(wire.encode(SessionOpen(session, record["plan_id"], 0,
+                                                      driver.addr)))
+    await upstream.send_frame(wire.encode(StepInput(0, 0, True, (),
+                                                    gen.runtime.token_frame(IDS))))
+    await slot.arrived.wait()
+    assert slot.stream is not None
+    (out,) = wire.decode(await slot.stream.receive_frame())
+    assert isinstance(out, StepOutput)
+    gen._returns.pop(session)
+    return out.token, slot
+
+
 async def test_only_the_sessions_own_cache_of_enough_positions_is_reused(
         autojump_clock, tmp_path) -> None:
     async with trio.open_nursery() as nursery:
@@ -64,6 +89,16 @@ async def test_only_the_sessions_own_cache_of_enough_positions_is_reused(
         session = await _kept(driver, plan["plan_id"])
         result = await _resume(driver, session, ref[:13])
         assert result.token_ids == ref and result.replayed_stages == (3,)
+
+        # a session whose driver fell silent with its stream to stage 0 still open: its
+        # resumption ends the run still waiting there and continues from its cache
+        first, stalled = await _stalled(driver, "00000000000000aa")
+        assert first == ref[0]
+        taken = [a.serving.sessions.interrupted.taken_over for a in swarm.live()]
+        result = await _resume(driver, "00000000000000aa", (first,))
+        assert result.token_ids == ref and result.replayed_stages == (0,)
+        assert sum(a.serving.sessions.interrupted.taken_over for a in swarm.live()) > sum(taken)
+        stalled.done.set()
 
         # a stage cut off mid-generation for 5 s, while the caches that streams broke
         # left are kept only 1 s: they are gone by the time the generation resumes

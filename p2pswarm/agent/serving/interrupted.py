@@ -32,6 +32,7 @@ class InterruptedCaches:
         self.keep_s = KEEP_INTERRUPTED_S
         self._marks: dict[Key, object] = {}
         self.dropped = 0  # caches dropped because their grace ran out
+        self.taken_over = 0  # runs a resumed session ended here (their neighbour silent)
 
     @staticmethod
     def key(hosted: HostedStage, session: str) -> Key:

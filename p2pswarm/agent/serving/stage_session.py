@@ -148,11 +148,12 @@ class StageSessions:
         neighbour keeps its streams open): that run ends now. False: no slot came free."""
         running = self._running.get(self.interrupted.key(hosted, msg.session))
         if running is not None and running.scope is not None:
+            self.interrupted.taken_over += 1
             running.scope.cancel()
         await self._ended(hosted, msg.session)
         self.interrupted.claim(hosted, msg.session)
         stage = hosted.stage
-        if stage is None:
+        if stage is None or msg.session in hosted.sessions:  # that run never ended
             return False
         session = msg.session
 
