@@ -31,7 +31,7 @@ import pytest
 
 from p2pswarm.demo import DEMO_TRAIN_MEMORY, demo_job
 from p2pswarm.errors import ControlError
-from p2pswarm.sim.processes import LocalSwarm, local_swarm
+from p2pswarm.sim.processes import LocalSwarm, hears_ctrl_c, local_swarm
 
 pytestmark = pytest.mark.slow  # real processes: a minute or two, not seconds
 
@@ -42,7 +42,7 @@ def cli(*args: str, **options: Any) -> subprocess.Popen[str]:
     """A `p2pswarm` command with its output (both streams) readable line by line."""
     return subprocess.Popen([sys.executable, "-m", "p2pswarm.cli", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True,
+                            stdin=subprocess.DEVNULL, text=True, preexec_fn=hears_ctrl_c,
                             env={**os.environ, "COLUMNS": "200"}, **options)
 
 

@@ -162,6 +162,7 @@ class Agent:
         }
         self._nursery: trio.Nursery | None = None
         self._alarm_at = math.inf  # when both machines tick next
+        self._alarm_set_at = 0.0  # when it was set: a deadline already past then is no lag
         # how late the alarm rang (this fellow's own loop lag): max, counts, last logged
         self.loop_lag = {"max_s": 0.0, "over_0_1_s": 0, "over_1_s": 0}
         self._lag_logged_at = -math.inf
@@ -333,6 +334,7 @@ class Agent:
         deadline = self._next_deadline()
         if deadline < self._alarm_at:  # the alarm would ring too late for new work
             self._alarm_at = deadline
+            self._alarm_set_at = trio.current_time()
             if self._call_at is not None:
                 self._call_at(deadline, lambda: self._ring(deadline))
             else:
@@ -381,7 +383,9 @@ class Agent:
         self._alarm_at = math.inf  # _apply sets the next one
         if self.membership is not None and self.election is not None:
             now = trio.current_time()
-            self._note_lag(now - deadline, now)
+            # late past the deadline, or past the moment it was set if that came after
+            # (work a machine asks for now is due at once): the loop's own lateness
+            self._note_lag(now - max(deadline, self._alarm_set_at), now)
             self._apply(self.membership.tick(now) + self.election.tick(now))
 
     def _note_lag(self, lag_s: float, now: float) -> None:

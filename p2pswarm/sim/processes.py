@@ -70,6 +70,7 @@ class LocalSwarm:
         env.update(self.env)
         self.processes[name] = subprocess.Popen(command, stdout=log, stderr=log,
                                                 stdin=subprocess.DEVNULL, env=env,
+                                                preexec_fn=hears_ctrl_c,
                                                 cwd=self.cwd)
         self.homes[name] = home
 
@@ -107,6 +108,13 @@ class LocalSwarm:
                 process.wait()
 
 
+def hears_ctrl_c() -> None:
+    """In a child about to start: Ctrl-C (SIGINT) as at a terminal. A shell starting a
+    script in the background without job control (``script &``, ``nohup``) makes its
+    children ignore SIGINT, and a fellow that ignores it would not leave when ``stop``
+    asks it to (nor a command when a test presses Ctrl-C on it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 @contextmanager
 def local_swarm(say: Say, keep: bool = False, *, start_timeout_s: float = 30.0,
                 threads: int | None = 1) -> Iterator[LocalSwarm]:
@@ -140,4 +148,4 @@ def _exit_on_sigterm() -> Any:
     return signal.signal(signal.SIGTERM, leave)
 
 
-__all__ = ["LocalSwarm", "Say", "local_swarm"]
+__all__ = ["LocalSwarm", "Say", "hears_ctrl_c", "local_swarm"]
