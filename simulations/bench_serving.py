@@ -27,7 +27,8 @@
    the conversation): the fifth turn's time to first token against the first's, with the
    stages keeping the session's cache between turns and, side by side, without
    (``--only-chat`` alone, ``--chats N`` of them): as the driver times it, as the client
-   sees it, the stages' prefill compute, and the same two prefills in one process.
+   sees it, the stages' prefill compute (wall), the fellows' CPU time over a fifth turn
+   and another chat's first turn beside it, and the same two prefills in one process.
 
 One torch thread per stage everywhere, as on a machine whose cores the fellows share; on
 a machine other processes keep busy the figures are pessimistic.
