@@ -677,8 +677,8 @@ def _one_chat(driver: Path, kept: bool, turns: int, chat: int,
     of the same length (the same machine's moment for both: a busy machine's load moves
     within the seconds between a chat's first turn and its fifth). Those two turns stop
     at their first token, and the fellows' CPU time over each is taken (``pids``): the
-    prefill's compute as the processes spent it, which waiting for a busy core does not
-    stretch as it stretches the wall time."""
+    turn's work (the prefill and the fixed costs around it) as the processes spent it,
+    which waiting for a busy core does not stretch as it stretches the wall time."""
     messages: list[dict[str, str]] = []
     out: dict[str, Any] = {k: [] for k in ("ttft_s", "client_ttft_s", "prefill_s",
                                            "cached_tokens", "prompt_tokens")}
