@@ -16,6 +16,7 @@
     ├── PlacementError              the planner cannot place what was asked
     │   ├── PlanChanged             a pinned plan_id no longer matches the live view (409)
     │   ├── Busy                    every session slot taken and the queue full (429)
+    │   ├── NotLeader               a call reached a fellow that does not lead (ask the next)
     │   └── ReplicaLost             a training replica lost a fellow (the job goes on or waits)
     └── HttpError                   an HTTP API answer that is an error (http.problems: code,
                                     sentence, status)
@@ -96,6 +97,16 @@ class PlacementError(SwarmError):
 
 class ReplicaLost(PlacementError):
     """A training replica lost a fellow or a stage failed: it is paused, the job goes on."""
+
+
+class WeightsCacheFull(PlacementError):
+    """This fellow's weights cache cannot take a tensor (``storage.weights_cache_bytes``):
+    no other sender would change that."""
+
+
+class NotLeader(PlacementError):
+    """A call for the leader reached a fellow that does not lead (it lost the election, or
+    never won one): the caller may ask the leader of the moment instead."""
 
 
 class Busy(PlacementError):

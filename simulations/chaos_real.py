@@ -53,8 +53,10 @@ def verdict_table(report: dict[str, Any]) -> str:
          chaos["state"] == "finished" and not chaos["restarts"]),
         ("calm job", f"{calm['state']} at step {calm['step']}", "finished",
          calm["state"] == "finished"),
-        ("final loss, chaos vs calm", f"{_num(chaos['final_loss'])} vs "
-         f"{_num(calm['final_loss'])}: gap {_num(report['loss_gap'])}",
+        ("final held-out loss, chaos vs calm", f"{_num(chaos['final_loss'])} vs "
+         f"{_num(calm['final_loss'])} (steps {chaos['final_step']}, {calm['final_step']}): "
+         f"gap {_num(report['loss_gap'])}; training loss {_num(chaos['train_loss'])} vs "
+         f"{_num(calm['train_loss'])}",
          f"<= {LOSS_TOLERANCE:g}", report["loss_gap"] is not None
          and report["loss_gap"] <= LOSS_TOLERANCE),
         ("checkpoints lost", str(report["checkpoints_lost"] or 0), "0",

@@ -81,6 +81,17 @@ def test_full_export_is_the_trained_model_and_records_its_cut(trained_full, tmp_
     assert len(two["stages"]) == 2
 
 
+def test_the_chaos_runs_final_loss_is_the_newest_checkpoint_on_held_out_data(
+        trained_full, tmp_path) -> None:
+    from p2pswarm.sim.chaos import held_out_loss
+
+    run, ckpt = trained_full
+    got = held_out_loss(ckpt, batches=4)
+    assert got is not None and got["step"] == 2
+    assert abs(got["loss"] - run.evaluate(4)) <= 1e-5  # the trained model, held-out batches
+    assert held_out_loss(tmp_path) is None  # no checkpoint: nothing to measure
+
+
 def test_lora_export_writes_the_adapters_alone_and_names_the_base(trained_lora,
                                                                    tmp_path) -> None:
     run, ckpt = trained_lora

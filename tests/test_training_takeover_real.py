@@ -3,8 +3,11 @@
 mid-job; another fellow is elected and takes the job over from the copy the old leader
 left. Then every fellow stops (SIGTERM: each leaves) and all three start again from
 their state directories, on their addresses: a leader is elected again, takes the job
-over from the copies kept on disk (``<home>/job-copies/``) and finishes it, the user
-resubmitting nothing."""
+over from the copies kept on disk (``<home>/job-copies/``) and trains on from where it
+stood, the user resubmitting nothing; then the user cancels it.
+
+The job is far longer than the test: a job that could finish while a starved machine
+answers the test's polls slowly would leave nothing to take over (it did, at load 20)."""
 
 from __future__ import annotations
 
@@ -23,9 +26,9 @@ from p2pswarm.sim.processes import LocalSwarm, local_swarm
 
 pytestmark = pytest.mark.slow
 
-STEPS = 16
+STEPS = 1000  # never reached: the test cancels the job once it has seen it go on
 INNER_STEPS = 4
-KILL_AT_STEP = 6
+KILL_AFTER_ROUND = 2  # round 1's copy has reached the keepers by the time round 2 closes
 
 
 def job() -> dict[str, Any]:
@@ -67,12 +70,12 @@ def test_a_job_outlives_its_leader_and_a_whole_swarm_restarted() -> None:
     addresses = {name: free_address() for name in names}
     with local_swarm(lambda line: None, start_timeout_s=120) as swarm:
         start_all(swarm, addresses)
-        leader = poll(lambda: one_leader(swarm, names), 60, "one leader for all")[0]
-        survivor = next(n for n in names if n != leader)
-        record = request(swarm.homes[survivor], {"op": "job_submit", "config": job()},
+        first = poll(lambda: one_leader(swarm, names), 60, "one leader for all")[0]
+        asked = [next(n for n in names if n != first)]  # whose agent the test asks
+
+        record = request(swarm.homes[asked[0]], {"op": "job_submit", "config": job()},
                          timeout_s=60)
         job_id = record["job_id"]
-        asked = [survivor]  # the fellow whose agent the test asks about the job
 
         def the_job() -> dict[str, Any] | None:
             jobs = request(swarm.homes[asked[0]], {"op": "jobs"}, timeout_s=10)
@@ -85,17 +88,26 @@ def test_a_job_outlives_its_leader_and_a_whole_swarm_restarted() -> None:
                 return str(exc)
             return {k: j.get(k) for k in ("state", "reason", "step", "replicas", "moves")}
 
-        before = poll(lambda: (j := the_job()) and j["step"] >= KILL_AT_STEP and j,
-                      180, f"step {KILL_AT_STEP}", shown)
+        poll(lambda: (j := the_job()) and j["rounds"] and
+             j["rounds"][-1]["version"] >= KILL_AFTER_ROUND, 180,
+             f"round {KILL_AFTER_ROUND}", shown)
+        # the leader now (a starved machine may have moved it since the start), and the
+        # job as it stood under it
+        leader = poll(lambda: one_leader(swarm, names), 60, "one leader for all")[0]
+        asked[0] = next(n for n in names if n != leader)
+        before = poll(the_job, 30, "the job", shown)
         swarm.processes[leader].kill()
         swarm.processes[leader].wait()
         killed = time.monotonic()
-        moved = poll(lambda: (j := the_job()) and j["moved"] and
-                     j["state"] == "running" and j, 60, "a new leader running the job", shown)
+        moved = poll(lambda: (j := the_job()) and len(j["moves"]) > len(before["moves"])
+                     and j["state"] == "running" and j, 60, "a new leader running the job",
+                     shown)
         running_again_s = time.monotonic() - killed
         assert leader not in moved["moved"].split(" to ")[1]  # a new leader leads it
         assert f"moved from leader {leader}" in moved["moved"]
-        # resumed from the round it stood at, not from step 0
+        # resumed from a round its copies kept, not from step 0
+        resumed = re.search(r"\(round (\d+), step (\d+)\)", moved["moved"])
+        assert resumed is not None and int(resumed.group(1)) >= 1, moved["moved"]
         assert moved["step"] >= before["step"] - 2 * INNER_STEPS, (before["step"],
                                                                    moved["moved"])
         assert running_again_s < 45, running_again_s
@@ -111,19 +123,23 @@ def test_a_job_outlives_its_leader_and_a_whole_swarm_restarted() -> None:
         start_all(swarm, addresses)  # from the same homes, on the same addresses
         again = poll(lambda: one_leader(swarm, names), 60, "a leader after the restart")
         asked[0] = names[0]
-        done = poll(lambda: (j := the_job()) and j["state"] in (
-            "finished", "failed", "cancelled") and j, 240, "the job to end", shown)
+        # taken over again, and training past where it stood at the stop
+        done = poll(lambda: (j := the_job()) and len(j["moves"]) > len(moved["moves"]) and
+                    j["state"] == "running" and j["step"] >= at_stop["step"] + 2 * INNER_STEPS
+                    and j, 240, "the job to go on after the restart", shown)
         done_s = time.monotonic() - restarted
-    assert done["state"] == "finished", done["reason"]
-    assert len(done["moves"]) >= 2, done["moves"]
+        request(swarm.homes[asked[0]], {"op": "job_cancel", "job_id": job_id}, timeout_s=60)
+        poll(lambda: (j := the_job()) and j["state"] == "cancelled", 60, "the job cancelled",
+             shown)
     last = re.search(r"to (\S+) \(term (\d+)\) at step (\d+): (.*)", done["moves"][-1])
     assert last is not None, done["moves"]
     first_term = int(re.search(r"\(term (\d+)\)", moved["moved"]).group(1))  # type: ignore[union-attr]
     assert int(last.group(2)) >= again[1] > first_term, (done["moves"], again)
     assert "started again from step 0" not in last.group(4), last.group(0)  # its kept round
     assert int(last.group(3)) >= at_stop["step"] - INNER_STEPS, (at_stop["step"], last[0])
-    assert done["step"] == STEPS and len(done["losses"]) == STEPS
+    assert len(done["losses"]) == done["step"]  # one loss a step, the copies' included
     assert sum(done["losses"][-5:]) / 5 < sum(done["losses"][:5]) / 5 - 0.5
     print(f"running again {running_again_s:.1f} s after the kill; {moved['moved']}; "
-          f"after the whole restart: {last.group(0)}; finished {done_s:.1f} s after it; "
+          f"after the whole restart: {last.group(0)}; on at step {done['step']} "
+          f"{done_s:.1f} s after it; "
           f"losses {[round(x, 2) for x in done['losses']]}")

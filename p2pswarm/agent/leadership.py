@@ -10,7 +10,11 @@ their SwarmError kind end to end, so a refused pin is still ``plan-changed`` (40
 CLI of whichever fellow asked.
 
 A feature registers its calls with ``serve`` and its orders with ``obey``; callers use
-``ask(call, ReplyType)`` and ``order(addr, order, ReplyType)``.
+``ask(call, ReplyType)`` and ``order(addr, order, ReplyType)``. A caller that must outlive
+the leader itself (a driver asking to heal a load the crashed leader hosted a stage of)
+uses ``ask_until(call, ReplyType, deadline)``: a leader that cannot be reached, or that
+stops leading while it is asked, is waited out and the next one asked; only an answer
+from the leader of the moment, its reply or its refusal, ends the ask before the deadline.
 
 Orders are obeyed only from the leader this fellow follows, in its current term: the
 secure stream's ``peer_node_id`` (proved by the handshake) must be the elected leader's
@@ -26,8 +30,16 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
+import trio
+
 from p2pswarm.control.protocol import error_response, raise_error
-from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError
+from p2pswarm.errors import (
+    NotLeader,
+    PlacementError,
+    RemoteProtocolError,
+    SwarmError,
+    TransportError,
+)
 from p2pswarm.wire.orders import CallFailed, pack_doc, unpack_doc
 
 if TYPE_CHECKING:
@@ -41,6 +53,9 @@ R = TypeVar("R")
 TypedHandler = Callable[[Any], Awaitable[Any]]  # a call or order -> its reply message
 # a call and who asked (a fellow's id; None: this agent itself) -> its reply message
 CallHandler = Callable[[Any, "bytes | None"], Awaitable[Any]]
+
+LEADER_POLL_S = 0.25  # how often an ask waiting for the next leader looks for one
+SAME_LEADER_AGAIN_S = 2.0  # an unreachable leader still in office is asked again this late
 
 
 def call_failed(exc: SwarmError) -> CallFailed:
@@ -70,6 +85,27 @@ def expect_reply(reply: Any, reply_type: type[R], who: str) -> R:
         raise_failure(reply)
     raise RemoteProtocolError("unexpected-message", f"{who} answered "
                               f"{type(reply).__name__}, not {reply_type.__name__}")
+
+
+class _Unreached(Exception):
+    """The leader asked could not be reached: ``why``."""
+
+    def __init__(self, why: SwarmError) -> None:
+        super().__init__(str(why))
+        self.why = why
+
+
+@dataclasses.dataclass(frozen=True)
+class _Answer:
+    """What the leader asked gave: its reply, or the error its call raised."""
+
+    reply: Any
+    error: SwarmError | _Unreached | None = None
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.reply
 
 
 class Leadership:
@@ -118,14 +154,91 @@ class Leadership:
         reply = await self.agent.call(self._leader_addr(), call)
         return expect_reply(reply, reply_type, "the leader")
 
+    async def ask_until(self, call: Any, reply_type: type[R], deadline: float) -> R:
+        """As ``ask``, until trio time ``deadline``. No leader yet, a leader that cannot be
+        reached (its stream fails or times out), one that answers that it does not lead,
+        and one that stops leading while it is asked: each is waited out (the leader
+        polled, never a busy loop) and the next leader asked. The reply, or the refusal of
+        the leader that answered while it still leads, ends the ask; past the deadline,
+        TransportError with the last thing that went wrong."""
+        last: SwarmError = PlacementError("no leader was asked")
+        while trio.current_time() < deadline:
+            asked = self._leader_id()
+            if asked is None:
+                last = NotLeader(f"no leader to ask: {self.agent.status()['leader_note']}")
+            else:
+                last = TransportError(f"the leader {asked.hex()[:8]} did not answer")
+                with trio.move_on_at(deadline):
+                    answer = await self._ask_while_leading(call, asked)
+                    if answer is None:  # it stopped leading before it answered
+                        continue
+                    try:
+                        return expect_reply(answer.result(), reply_type, "the leader")
+                    except _Unreached as exc:
+                        last = exc.why
+                    except NotLeader as exc:
+                        last = exc
+                    except SwarmError as exc:
+                        if self._leader_id() == asked:
+                            raise  # the leader of the moment refused
+                        last = exc  # it stopped leading while it refused: ask the next
+            await self._next_leader(asked, deadline)
+        raise TransportError(f"no leader answered in time; the last try: {last}")
+
+    async def _ask_while_leading(self, call: Any, asked: bytes) -> _Answer | None:
+        """Ask leader ``asked`` (here, if this agent leads): the outcome of its call
+        (its reply; its refusal raised; ``_Unreached`` when it could not be reached), or
+        None when it stopped leading before it answered (the call is then abandoned)."""
+        answers: list[_Answer] = []
+
+        async def watch(scope: trio.CancelScope) -> None:
+            while self._leader_id() == asked:
+                await trio.sleep(LEADER_POLL_S)
+            scope.cancel()
+
+        async def one() -> Any:
+            stamped = dataclasses.replace(call, term=self.term())
+            if asked == self.agent.node_id:
+                return await self._calls[type(call)](stamped, None)
+            member = self.agent.fellow(asked.hex())
+            if member is None:
+                raise _Unreached(NotLeader("the leader is not in this fellow's view yet"))
+            try:
+                return await self.agent.call(member.addr, stamped)
+            except TransportError as exc:
+                raise _Unreached(exc) from exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch, nursery.cancel_scope)
+            try:
+                answers.append(_Answer(await one()))
+            except (SwarmError, _Unreached) as exc:
+                answers.append(_Answer(None, exc))
+            nursery.cancel_scope.cancel()
+        return answers[0] if answers else None
+
+    async def _next_leader(self, asked: bytes | None, deadline: float) -> None:
+        """Wait until another leader than ``asked`` is known, or (``asked`` still leads)
+        a while has passed to ask it again, or the deadline."""
+        until = min(deadline, trio.current_time() + SAME_LEADER_AGAIN_S)
+        while trio.current_time() < until:
+            now = self._leader_id()
+            if now is not None and now != asked:
+                return
+            await trio.sleep(min(LEADER_POLL_S, until - trio.current_time()))
+
+    def _leader_id(self) -> bytes | None:
+        e = self.agent.election
+        return e.status().leader_id if e is not None else None
+
     def _leader_addr(self) -> str:
         leader = self.agent.leader()
         if leader is None:
             note = self.agent.status()["leader_note"]
-            raise PlacementError(f"no leader to ask: {note}; wait for one to be elected")
+            raise NotLeader(f"no leader to ask: {note}; wait for one to be elected")
         member = self.agent.fellow(leader["id"])
         if member is None:
-            raise PlacementError("the leader is not in this fellow's view yet; try again")
+            raise NotLeader("the leader is not in this fellow's view yet; try again")
         return member.addr
 
     async def _on_call(self, msg: Any, stream: SecureStream) -> Any:
@@ -133,8 +246,8 @@ class Leadership:
             if not self.is_leader():
                 leader = self.agent.leader()
                 where = f"the leader is {leader['name']}" if leader else "no leader yet"
-                raise PlacementError(f"{self.agent.name} is not the leader ({where}); "
-                                     "try again")
+                raise NotLeader(f"{self.agent.name} is not the leader ({where}); "
+                                "try again")
             return await self._calls[type(msg)](msg, stream.peer_node_id)
         except RemoteProtocolError:
             raise  # a malformed body: the agent drops and counts it like any bad frame

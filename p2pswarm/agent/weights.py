@@ -39,7 +39,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from p2pswarm import wire
-from p2pswarm.errors import ConfigError, PlacementError, RemoteProtocolError, TransportError
+from p2pswarm.errors import (
+    ConfigError,
+    PlacementError,
+    RemoteProtocolError,
+    TransportError,
+    WeightsCacheFull,
+)
 from p2pswarm.models.config import ModelConfig
 from p2pswarm.names import UnsafeName, hex_digest, safe_name, sha256_hex
 from p2pswarm.wire.serving import WeightsItem, WeightsRefused, WeightsRequest
@@ -51,6 +57,7 @@ if TYPE_CHECKING:
 CHUNK_BYTES = 8 * 1024 * 1024  # one raw frame of tensor bytes
 HASH_CHUNK_BYTES = 4 * 1024 * 1024
 FETCH_IDLE_TIMEOUT_S = 60.0  # a source that sends nothing this long has failed
+CONNECT_TIMEOUT_S = 10.0  # a source that does not take a stream this soon has failed
 # Small files a driver may need besides the tensors (to tokenize, to know the stops).
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
                "tokenizer_config.json", "special_tokens_map.json",
@@ -248,6 +255,15 @@ class WeightsCache:
             return False
         return True
 
+    def size_of(self, sha256: str) -> int | None:
+        """The size of the file held under ``sha256`` (None if none), without marking it
+        used: what fellows are asked about does not decide what this cache keeps."""
+        try:
+            st = self.path(sha256).lstat()
+        except OSError:
+            return None
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
+
     def _files(self) -> list[tuple[int, Path, int]]:
         """(mtime, path, size) of every file held, temporary ones left out."""
         out = []
@@ -267,7 +283,7 @@ class WeightsCache:
         if self.cap_bytes is None:
             return
         if nbytes > self.cap_bytes:
-            raise PlacementError(f"a tensor of {nbytes:,} bytes is over the {self.cap_bytes:,} "
+            raise WeightsCacheFull(f"a tensor of {nbytes:,} bytes is over the {self.cap_bytes:,} "
                                  "bytes this fellow caches (storage.weights_cache_bytes)")
         if self._held_bytes is not None and self._held_bytes + nbytes <= self.cap_bytes:
             return
@@ -288,7 +304,7 @@ class WeightsCache:
                 self.evicted += 1
         self._held_bytes = held
         if held + nbytes > self.cap_bytes:
-            raise PlacementError(f"the weights cache holds {held:,} bytes that live stages use; "
+            raise WeightsCacheFull(f"the weights cache holds {held:,} bytes that live stages use; "
                                  f"{nbytes:,} more would pass its {self.cap_bytes:,} bytes "
                                  "(storage.weights_cache_bytes)")
 
@@ -401,81 +417,159 @@ class WeightsServer:
                 if where not in fds:
                     handle = await run(partial(open, root / where, "rb"))
                     fds[where] = files_open.enter_context(handle).fileno()
-                fd = fds[where]
                 await stream.send_frame(wire.encode(WeightsItem(name, nbytes, sha)))
-                # read the next chunk while this one is sealed and sent
-                async with _Ahead(run) as ahead:
-                    sizes = [min(CHUNK_BYTES, nbytes - at) for at in range(0, nbytes,
-                                                                          CHUNK_BYTES)]
-                    if sizes:
-                        ahead.start(partial(os.pread, fd, sizes[0], offset))
-                    sent = 0
-                    for i, size in enumerate(sizes):
-                        chunk = await ahead.result()
-                        if i + 1 < len(sizes):
-                            ahead.start(partial(os.pread, fd, sizes[i + 1], offset + sent + size))
-                        if len(chunk) != size:
-                            raise ConfigError(f"{root / where} is truncated at {name}")
-                        await stream.send_frame(chunk)
-                        sent += size
-                        self.sent_bytes += size
+                self.sent_bytes += await send_bytes(stream, run, fds[where], offset, nbytes,
+                                                    f"{root / where} is truncated at {name}")
+
+
+async def send_bytes(stream: SecureStream, run: Run[Any], fd: int, offset: int, nbytes: int,
+                     truncated: str) -> int:
+    """Send ``nbytes`` of the open file ``fd`` from ``offset`` as raw frames of
+    ``CHUNK_BYTES``; ConfigError(``truncated``) when the file ends first."""
+    # read the next chunk while this one is sealed and sent
+    async with _Ahead(run) as ahead:
+        sizes = [min(CHUNK_BYTES, nbytes - at) for at in range(0, nbytes, CHUNK_BYTES)]
+        if sizes:
+            ahead.start(partial(os.pread, fd, sizes[0], offset))
+        sent = 0
+        for i, size in enumerate(sizes):
+            chunk = await ahead.result()
+            if i + 1 < len(sizes):
+                ahead.start(partial(os.pread, fd, sizes[i + 1], offset + sent + size))
+            if len(chunk) != size:
+                raise ConfigError(truncated)
+            await stream.send_frame(chunk)
+            sent += size
+    return sent
+
+
+async def receive_bytes(stream: SecureStream, writer: CacheWriter, run: Run[Any],
+                        fellow_name: str, name: str, on_bytes: OnBytes | None = None) -> bool:
+    """Receive ``writer.nbytes`` raw frames into ``writer`` and commit it: True when the
+    bytes matched their SHA-256 and are cached, False when they did not (nothing kept)."""
+    nbytes = writer.nbytes
+    try:
+        # hash and write one chunk while the next arrives
+        async with _Ahead(run) as ahead:
+            arrived = 0
+            while arrived < nbytes:
+                with trio.fail_after(FETCH_IDLE_TIMEOUT_S):
+                    chunk = await stream.receive_frame()
+                if len(chunk) > nbytes - arrived:
+                    raise RemoteProtocolError("weights-overrun",
+                                              f"{fellow_name} sent too much for {name}")
+                arrived += len(chunk)
+                await ahead.result()
+                ahead.start(partial(writer.write, chunk))
+                if on_bytes is not None:
+                    on_bytes(len(chunk))
+            await ahead.result()
+    except BaseException:
+        writer.abort()
+        raise
+    return bool(await run(writer.commit))
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """One tensor or file a fetch expects: its name in the manifest, what the sender's
+    ``WeightsItem`` header calls it (the name, or the hash when asked by hash), and the
+    manifest's size and SHA-256, against which the bytes are checked."""
+
+    name: str
+    header: str
+    nbytes: int
+    sha256: str
+
+
+def incoming(manifest: Manifest, names: Sequence[str], by_hash: bool = False) -> list[Incoming]:
+    """What fetching ``names`` of ``manifest`` receives, each hash once (equal tensors,
+    norms of ones say, share one cached copy)."""
+    known = {t.name: (t.nbytes, t.sha256) for t in manifest.tensors}
+    known.update({f.name: (f.nbytes, f.sha256) for f in manifest.files})
+    out: dict[str, Incoming] = {}
+    for name in names:
+        nbytes, sha = known[name]
+        out.setdefault(sha, Incoming(name, sha if by_hash else name, nbytes, sha))
+    return list(out.values())
 
 
 async def fetch(agent: Agent, addr: str, fellow_id: bytes, fellow_name: str, manifest: Manifest,
                 names: Sequence[str], cache: WeightsCache, run: Run[Any],
                 on_bytes: OnBytes | None = None) -> int:
-    """Fetch ``names`` of ``manifest`` from the fellow at ``addr`` into ``cache``; returns the
-    bytes received. PlacementError names a tensor whose bytes fail their SHA-256."""
+    """Fetch ``names`` of ``manifest`` from the fellow at ``addr`` that offered it into
+    ``cache``; returns the bytes received. PlacementError names a tensor whose bytes fail
+    their SHA-256."""
     if not names:
         return 0
-    by_name: dict[str, tuple[int, str]] = {t.name: (t.nbytes, t.sha256) for t in manifest.tensors}
-    by_name.update({f.name: (f.nbytes, f.sha256) for f in manifest.files})
+    items = incoming(manifest, names)
     received = 0
-    stream = await agent.open_secure(addr)
+
+    def count(n: int) -> None:
+        nonlocal received
+        received += n
+        if on_bytes is not None:
+            on_bytes(n)
+
+    failed = await fetch_items(agent, addr, fellow_id, fellow_name,
+                               WeightsRequest(manifest.key, tuple(i.name for i in items)),
+                               items, cache, run, count)
+    if failed:
+        raise PlacementError(hash_failure(failed[0], fellow_name))
+    return received
+
+
+def hash_failure(item: Incoming, fellow_name: str) -> str:
+    return (f"tensor {item.name} from {fellow_name} failed its SHA-256 check (expected "
+            f"{item.sha256[:12]}...): refused, nothing of it kept")
+
+
+async def fetch_items(agent: Agent, addr: str, fellow_id: bytes, fellow_name: str,
+                      request: Any, items: Sequence[Incoming], cache: WeightsCache,
+                      run: Run[Any], on_bytes: OnBytes | None = None) -> list[Incoming]:
+    """Send ``request`` (a ``WeightsRequest`` or ``WeightsByHash``) to the fellow at
+    ``addr`` and receive ``items`` in order into ``cache``. Returns the items whose bytes
+    failed their SHA-256 (refused, nothing of them kept; the others are cached).
+    PlacementError when the fellow refuses one (those before it are cached),
+    TransportError when it falls silent or goes, RemoteProtocolError when it sends
+    something else."""
+    stream = await open_to(agent, addr, fellow_id, fellow_name)
+    failed = []
     try:
-        if stream.peer_node_id != fellow_id:
-            raise TransportError(f"{addr} is no longer {fellow_name}")
-        await stream.send_frame(wire.encode(WeightsRequest(manifest.key, tuple(names))))
-        for name in names:
-            nbytes, sha = by_name[name]
-            header = await _next_message(stream, agent, fellow_name)
+        await stream.send_frame(wire.encode(request))
+        for item in items:
+            header = await next_message(stream, agent, fellow_name)
             if isinstance(header, WeightsRefused):
-                raise PlacementError(f"{fellow_name} would not send {name}: {header.reason}")
-            if not isinstance(header, WeightsItem) or header.name != name \
-                    or header.nbytes != nbytes or header.sha256 != sha:
+                raise PlacementError(f"{fellow_name} would not send {item.name}: "
+                                     f"{header.reason}")
+            if not isinstance(header, WeightsItem) or header.name != item.header \
+                    or header.nbytes != item.nbytes or header.sha256 != item.sha256:
                 raise RemoteProtocolError("weights-out-of-order",
-                                          f"{fellow_name} sent something else than {name}")
-            writer = await run(partial(cache.writer, sha, nbytes))
-            try:
-                # hash and write one chunk while the next arrives
-                async with _Ahead(run) as ahead:
-                    arrived = 0
-                    while arrived < nbytes:
-                        with trio.fail_after(FETCH_IDLE_TIMEOUT_S):
-                            chunk = await stream.receive_frame()
-                        if len(chunk) > nbytes - arrived:
-                            raise RemoteProtocolError("weights-overrun",
-                                                      f"{fellow_name} sent too much for {name}")
-                        arrived += len(chunk)
-                        await ahead.result()
-                        ahead.start(partial(writer.write, chunk))
-                        received += len(chunk)
-                        if on_bytes is not None:
-                            on_bytes(len(chunk))
-                    await ahead.result()
-            except BaseException:
-                writer.abort()
-                raise
-            if not await run(writer.commit):
-                raise PlacementError(
-                    f"tensor {name} from {fellow_name} failed its SHA-256 check (expected "
-                    f"{sha[:12]}...): refused, nothing of it kept")
+                                          f"{fellow_name} sent something else than {item.name}")
+            writer = await run(partial(cache.writer, item.sha256, item.nbytes))
+            if not await receive_bytes(stream, writer, run, fellow_name, item.name, on_bytes):
+                failed.append(item)
     except trio.TooSlowError:
         raise TransportError(f"{fellow_name} stopped sending weights for "
                              f"{FETCH_IDLE_TIMEOUT_S:g} s") from None
     finally:
         await stream.aclose()
-    return received
+    return failed
+
+
+async def open_to(agent: Agent, addr: str, fellow_id: bytes, fellow_name: str) -> SecureStream:
+    """A sealed stream to the fellow ``fellow_id`` at ``addr``, within
+    ``CONNECT_TIMEOUT_S`` (a vanished machine may never answer a connection)."""
+    try:
+        with trio.fail_after(CONNECT_TIMEOUT_S):
+            stream = await agent.open_secure(addr)
+    except trio.TooSlowError:
+        raise TransportError(f"{fellow_name} did not answer at {addr} within "
+                             f"{CONNECT_TIMEOUT_S:g} s") from None
+    if stream.peer_node_id != fellow_id:
+        await stream.aclose()
+        raise TransportError(f"{addr} is no longer {fellow_name}")
+    return stream
 
 
 class _Ahead:
@@ -529,7 +623,7 @@ class _Ahead:
         return value
 
 
-async def _next_message(stream: SecureStream, agent: Agent, fellow_name: str) -> Any:
+async def next_message(stream: SecureStream, agent: Agent, fellow_name: str) -> Any:
     try:
         with trio.fail_after(FETCH_IDLE_TIMEOUT_S):
             frame = await stream.receive_frame()
@@ -543,7 +637,8 @@ async def _next_message(stream: SecureStream, agent: Agent, fellow_name: str) ->
 
 
 __all__ = [
-    "CHUNK_BYTES", "Manifest", "ManifestFile", "ManifestTensor",
+    "CHUNK_BYTES", "Incoming", "Manifest", "ManifestFile", "ManifestTensor",
     "WeightsCache", "WeightsServer", "build_manifest", "check_source_files",
-    "directory_fingerprint", "fetch",
+    "directory_fingerprint", "fetch", "fetch_items", "hash_failure", "incoming", "open_to", "receive_bytes",
+    "send_bytes",
 ]

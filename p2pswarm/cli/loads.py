@@ -143,6 +143,13 @@ def _print_moves(record: dict[str, Any], console: Any) -> None:
                       markup=False, highlight=False)
     for move in record.get("moves") or []:
         when = datetime.datetime.fromtimestamp(float(move.get("at", 0.0)))
+        if move.get("recut"):
+            console.print(f"  re-cut at {when:%H:%M:%S} from plan {move.get('from_plan')} "
+                          f"({move.get('stages_before')} stages) into "
+                          f"{_new_cut(move.get('stages'))} in "
+                          f"{float(move.get('took_s', 0.0)):.1f} s: {move.get('why')}",
+                          markup=False, highlight=False)
+            continue
         console.print(f"  moved stage {move.get('stage')} at {when:%H:%M:%S} from "
                       f"{move.get('from')} to {move.get('to')} ({move.get('card')}) in "
                       f"{float(move.get('took_s', 0.0)):.1f} s: {move.get('why')}",
@@ -150,13 +157,60 @@ def _print_moves(record: dict[str, Any], console: Any) -> None:
     if record.get("waiting"):
         console.print(f"  waiting: {record['waiting']}", markup=False, highlight=False)
     faster = record.get("faster")
-    if isinstance(faster, dict):
+    if isinstance(faster, dict) and faster.get("plan_id"):
+        console.print(f"  faster: plan {faster['plan_id']}, {_new_cut(faster.get('stages'))}, "
+                      f"would take a token from {faster.get('ms_per_token_now')} to "
+                      f"{faster.get('ms_per_token_after')} ms (estimated); move it live: "
+                      f"p2pswarm load --move {faster['plan_id']}", markup=False,
+                      highlight=False)
+    elif isinstance(faster, dict):
         where = ", ".join(f"stage {m.get('stage')} to {m.get('to')} ({m.get('card')})"
                           for m in faster.get("moves") or [])
         console.print(f"  faster: {where} would take a token from "
                       f"{faster.get('ms_per_token_now')} to {faster.get('ms_per_token_after')} "
                       f"ms (estimated); move it live: p2pswarm load --move "
                       f"{record['plan_id']}", markup=False, highlight=False)
+
+
+def _span(layers: Any) -> str:
+    """Layers [a, b) as people count them: ``a-(b-1)``."""
+    if isinstance(layers, list) and len(layers) == 2 and all(isinstance(x, int)
+                                                            for x in layers):
+        return f"{layers[0]}-{layers[1] - 1}"
+    return "?"
+
+
+def _new_cut(stages: Any) -> str:
+    """A cut in words: ``1 stage: layers 0-7 on gpu-box (RTX 3060)``."""
+    stages = stages if isinstance(stages, list) else []
+    parts = [f"layers {_span(s.get('layers'))} on {s.get('fellow')} ({s.get('card')})"
+             for s in stages if isinstance(s, dict)]
+    return f"{len(stages)} stage{'s' if len(stages) != 1 else ''}: " + "; ".join(parts)
+
+
+def _print_moved(doc: dict[str, Any], console: Any) -> None:
+    """What ``load --move`` did: the new cut, or one line per stage moved."""
+    moved = [m for m in doc.get("moved") or [] if isinstance(m, dict)]
+    if not moved:
+        _print_load(doc, console)
+        return
+    say = {"markup": False, "highlight": False}
+    if moved[0].get("recut"):
+        m = moved[0]
+        console.print(f"moved plan {m.get('from_plan')} live to plan {m.get('to_plan')} in "
+                      f"{float(m.get('took_s', 0.0)):.1f} s: {m.get('stages_before')} stages "
+                      f"-> {len(m.get('stages') or [])}, {m.get('ms_per_token_now')} -> "
+                      f"{m.get('ms_per_token_after')} ms a token (estimated)", **say)
+        for s in [s for s in m.get("stages") or [] if isinstance(s, dict)]:
+            console.print(f"  stage {s.get('stage')}: layers {_span(s.get('layers'))} on "
+                          f"{s.get('fellow')} ({s.get('card')})", **say)
+        return
+    console.print(f"moved {len(moved)} stage{'s' if len(moved) != 1 else ''} of plan "
+                  f"{doc.get('plan_id')} live:", **say)
+    for m in moved:
+        console.print(f"  stage {m.get('stage')} (layers {_span(m.get('layers'))}): "
+                      f"{m.get('from')} -> {m.get('to')} ({m.get('card')}) in "
+                      f"{float(m.get('took_s', 0.0)):.1f} s", **say)
 
 
 @app.command()
@@ -195,7 +249,7 @@ def load(
         if as_json:
             print_json(moved)
         else:
-            _print_load(moved, Console())
+            _print_moved(moved, Console())
         return
     if model is None:
         raise ConfigError("load needs a MODEL (a model directory or a built-in name), or "

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from p2pswarm.agent.serving.records import generation_tokens
+from p2pswarm.agent.serving.records import former_plan_ids, generation_tokens
 from p2pswarm.control.server import emitting_to
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.http.app import Call, Route, dumps
@@ -204,7 +204,8 @@ class OpenAIEndpoint:
         models = await self._models()
         for model_id, record in models:
             name = (record.get("model") or {}).get("name")
-            if model in (model_id, record["plan_id"], f"{name}@{record['plan_id']}"):
+            if model in (model_id, record["plan_id"], f"{name}@{record['plan_id']}") \
+                    or model in former_plan_ids(record):  # a live move re-cut it since
                 return model_id, record
         loaded = ", ".join(i for i, _ in models) or "nothing"
         raise HttpError("not-found", f"model {model!r} is not loaded (loaded: {loaded}); "

@@ -17,6 +17,7 @@ from p2pswarm.errors import (
     Busy,
     ConfigError,
     ControlError,
+    NotLeader,
     PlacementError,
     PlanChanged,
     SwarmError,
@@ -90,7 +91,9 @@ def from_swarm_error(exc: SwarmError) -> HttpError:
         return HttpError("busy", message, {"retry_after_s": exc.retry_after_s},
                          (("retry-after", str(exc.retry_after_s)),))
     if isinstance(exc, PlacementError):
-        if message.startswith(_NO_LEADER) or " is not the leader (" in message:
+        # NotLeader, or its words from a fellow of an older version
+        if isinstance(exc, NotLeader) or message.startswith(_NO_LEADER) or \
+                " is not the leader (" in message:
             return HttpError("no-leader", message)
         if " is not loaded" in message or message.startswith("nothing is loaded"):
             return HttpError("not-found", message)

@@ -21,7 +21,10 @@ Measured (``run`` returns them; ``verdict`` says which miss their target):
   answered since it was started) is not counted;
 - the job: its state at the end (target: finished), restarts (a move that started it
   again from step 0, or a step that fell back to 0: target 0), the final loss against
-  the calm run's (mean of the last losses; target within 3 %);
+  the calm run's (target within 3 %): the loss of each job's newest checkpoint on the
+  job's held-out data, the same batches for both (``held_out_loss``). The mean of the
+  last training losses is reported beside it; it compares whatever batches each job's
+  replicas stood at, so it is not the figure;
 - checkpoints lost: checkpoints the job reported whose every shard no fellow's disk
   holds whole at the end (the newest one and any the retention still keeps; target 0);
 - agents crashed: fellows that exited without being told to (target 0);
@@ -44,6 +47,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -69,7 +73,8 @@ LOSS_TOLERANCE = 0.03
 GOSSIP_TOLERANCE = 0.10
 FELLOW_MEMORY = "3GB"  # per fellow: the loaded model, the job and the planner's 1 GB floor
 TERMINAL = ("finished", "failed", "cancelled")
-LAST_LOSSES = 4  # the final loss: the mean of the job's last losses
+LAST_LOSSES = 4  # the training loss at the end: the mean of the job's last losses
+HELD_OUT_BATCHES = 8  # the final loss: the newest checkpoint on this many held-out batches
 
 
 def job_config(*, model: str | dict[str, Any], steps: int, seed: int, seq_len: int,
@@ -250,6 +255,26 @@ class JobWatch:
         return statistics.fmean(losses[-LAST_LOSSES:]) if losses else None
 
 
+def held_out_loss(directory: Path, batches: int = HELD_OUT_BATCHES) -> dict[str, Any] | None:
+    """The model at the newest complete checkpoint in ``directory`` (a job's
+    ``checkpoint.dir``), measured on the job's held-out data: its step and loss, or None
+    when the directory holds no checkpoint."""
+    from p2pswarm.training.checkpoint import CheckpointStore
+    from p2pswarm.training.job_export import export_checkpoint
+
+    store = CheckpointStore(directory)
+    if store.latest() is None:
+        return None
+    with tempfile.TemporaryDirectory() as scratch:
+        exported = export_checkpoint(store, Path(scratch) / "model", holdout_batches=batches)
+    return {"step": exported.step, "loss": exported.holdout_loss}
+
+
+def _gap(chaos: float | None, calm: float | None) -> float | None:
+    """How far the chaos run's loss is from the calm one's, as a fraction of it."""
+    return abs(chaos - calm) / calm if chaos is not None and calm else None
+
+
 def checkpoints_lost(swarm: Field, job_id: str, steps: set[int], keep: int) -> list[int]:
     """Of the checkpoints the job reported that its retention still keeps (the newest
     ``keep``), those no fellow's disk holds whole: a manifest somewhere, and every
@@ -403,6 +428,7 @@ def run(*, fellows: int, minutes: float, seed: int, say: Say, job: dict[str, Any
     served: dict[str, bool] = {}
     lost: list[int] = []
     idle: dict[str, dict[str, float]] = {}
+    held_out: dict[str, dict[str, Any] | None] = {}
     began = time.monotonic()
 
     def took() -> str:
@@ -446,6 +472,9 @@ def run(*, fellows: int, minutes: float, seed: int, say: Say, job: dict[str, Any
             if load_model:
                 phase = "serving at the end"
                 served = dict(zip(labels, _both(_served, both)))
+            phase = "measuring the final loss on held-out data"
+            held_out = {label: held_out_loss(swarm.swarm.root / "checkpoints")
+                        for label, swarm in zip(labels, both)}
             phase = "measuring idle gossip"
             # the checkpoints the job wrote: those its record named, and every step with
             # a manifest on some fellow's disk (a round closes past the interval, not on it)
@@ -462,8 +491,8 @@ def run(*, fellows: int, minutes: float, seed: int, say: Say, job: dict[str, Any
             chaos.calm_down()  # no fellow left frozen: each must hear its stop
         terms = followed_per_term(chaos_swarm)
     losses = {label: w.final_loss() for label, w in watches.items()}
-    gap = (abs(losses["chaos"] - losses["calm"]) / losses["calm"]
-           if losses["chaos"] is not None and losses["calm"] else None)
+    train_gap = _gap(losses["chaos"], losses["calm"])
+    gap = _gap(*((held_out.get(label) or {}).get("loss") for label in labels))
     return {
         "fellows": fellows, "minutes": minutes, "seed": seed, "failed": failed,
         "run_s": round(time.monotonic() - began, 1),
@@ -475,10 +504,13 @@ def run(*, fellows: int, minutes: float, seed: int, say: Say, job: dict[str, Any
         "agents_crashed": chaos.unexpected_exits + calm.unexpected_exits,
         "job": {label: {"state": w.last.get("state"), "reason": w.last.get("reason", ""),
                         "step": w.last.get("step"), "restarts": w.restarts(),
-                        "moves": w.last.get("moves", []), "final_loss": losses[label],
+                        "moves": w.last.get("moves", []), "train_loss": losses[label],
+                        "final_loss": (held_out.get(label) or {}).get("loss"),
+                        "final_step": (held_out.get(label) or {}).get("step"),
                         "checkpoints_seen": sorted(w.checkpoints)}
                 for label, w in watches.items()},
         "job_s": round(job_s, 1), "loss_gap": None if gap is None else round(gap, 4),
+        "train_loss_gap": None if train_gap is None else round(train_gap, 4),
         "checkpoints_lost": lost, "served_at_end": served,
         "idle_gossip_b_s": {label: w["b_s"] for label, w in idle.items()},
         "idle_window": idle,

@@ -6,7 +6,7 @@ from p2pswarm.wire import (
     jobs,  # noqa: F401  (registers tags 150-179)
     loads,  # noqa: F401  (registers tags 77-99)
     orders,  # noqa: F401  (registers tags 70-76)
-    serving,  # noqa: F401  (registers tags 100-109)
+    serving,  # noqa: F401  (registers tags 100-109, 145-147)
     training,  # noqa: F401  (registers tags 110-129, 180-199)
 )
 from p2pswarm.wire.codec import (

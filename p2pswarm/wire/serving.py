@@ -1,4 +1,5 @@
-"""Messages of the data plane: sessions through a pipeline, and stage weights (tags 100-149).
+"""Messages of the data plane: sessions through a pipeline, and stage weights (tags 100-109,
+145-147).
 
 A session runs over one sealed stream per hop. The first frame on each is an envelope
 (``SessionOpen`` from the driver or the stage before, ``SessionReturn`` from the last
@@ -13,6 +14,13 @@ Weights travel differently: a ``WeightsRequest`` names tensors; for each the ser
 a stage's weights may be gigabytes and copying them through msgpack would cost as much as
 sending them. ``LoadProgress`` is a best-effort datagram from a loading fellow to the
 fellow whose ``load`` command is waiting.
+
+Any fellow can also be asked for tensors by their SHA-256 alone, from what it offered or
+holds in its weights cache (``p2pswarm.agent.weight_holders``): ``WeightsHeldAsk`` names
+hashes and is answered with a ``WeightsHeld`` bitmap of those it holds; a
+``WeightsByHash`` request is answered like a ``WeightsRequest``, each ``WeightsItem``
+then named by its hash. This is how a stage whose model's source is gone finds its
+tensors on the fellows that cached them.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ StageTimes = Annotated[tuple[Seconds, ...], Items(256)]  # compute seconds, one 
 Phase = Annotated[str, Size(1, 32)]
 
 MAX_TENSORS_PER_REQUEST = 65536
+MAX_HASHES_PER_ASK = 4096  # a stage of a large model reads some hundreds of tensors
 
 
 @message(100)
@@ -138,7 +147,33 @@ class LoadProgress:
     total_bytes: U64
 
 
+@message(145)
+@dataclass(frozen=True, slots=True)
+class WeightsHeldAsk:
+    """Which of these tensors or files (by SHA-256) do you hold?"""
+
+    hashes: Annotated[tuple[Sha256Hex, ...], Items(MAX_HASHES_PER_ASK)]
+
+
+@message(146)
+@dataclass(frozen=True, slots=True)
+class WeightsHeld:
+    """Bit ``i`` (``held[i // 8] >> (i % 8) & 1``) set: the asked hash ``i`` is held."""
+
+    held: Annotated[bytes, Size(0, MAX_HASHES_PER_ASK // 8)]
+
+
+@message(147)
+@dataclass(frozen=True, slots=True)
+class WeightsByHash:
+    """Send me these tensors or files by SHA-256: a ``WeightsItem`` (named by the hash)
+    and raw frames for each, or ``WeightsRefused`` at the first one not held."""
+
+    hashes: Annotated[tuple[Sha256Hex, ...], Items(MAX_HASHES_PER_ASK)]
+
+
 __all__ = [
     "LoadProgress", "SessionEnd", "SessionError", "SessionOpen", "SessionReturn", "StepInput",
-    "StepOutput", "WeightsItem", "WeightsRefused", "WeightsRequest",
+    "StepOutput", "WeightsByHash", "WeightsHeld", "WeightsHeldAsk", "WeightsItem",
+    "WeightsRefused", "WeightsRequest",
 ]

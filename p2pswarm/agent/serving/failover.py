@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.serving.adoption import Adoption
-from p2pswarm.agent.serving.moves import faster_placement, moved_order, spare_cards
+from p2pswarm.agent.serving.moves import moved_order, spare_cards
+from p2pswarm.agent.serving.recut import Recut
 from p2pswarm.agent.serving.records import StageOrder, route_hop
 from p2pswarm.errors import (
     ConfigError,
@@ -101,6 +102,7 @@ class Failover:
         self._watching = False
         self._adopt_at: dict[str, float] = {}  # a load not adopted yet: when to ask again
         self.adoption = Adoption(agent, leadership, loads, hosted, self._release_stray)
+        self.recut = Recut(agent, loads, MOVES_KEPT)  # a live move to another cut
         leadership.serve(StageLost, self._leader_stage_lost)
         leadership.serve(LoadMove, self._leader_move)
         agent.control_ops["load_move"] = self._op_load_move
@@ -118,7 +120,9 @@ class Failover:
     async def _leader_stage_lost(self, call: StageLost) -> LoadDone:
         log.info("a driver lost stage %d of %s (%s)", call.stage, call.plan_id,
                  call.reason[:200])
-        record = await self.heal(call.plan_id, f"{call.reason[:200]}")
+        async with self._locks.setdefault(call.plan_id, trio.Lock()):
+            pass  # a live move under way ends first: it may re-cut the load (``recut``)
+        record = await self.heal(self.loads.current_id(call.plan_id), f"{call.reason[:200]}")
         return LoadDone(pack_doc(record))
 
     async def _op_load_move(self, request: dict[str, Any]) -> Any:
@@ -129,8 +133,14 @@ class Failover:
         return unpack_doc(reply.record)
 
     async def _leader_move(self, call: LoadMove) -> LoadDone:
-        """Take the moves ``moves.faster_placement`` proposes for the load, live."""
-        plan_id = call.plan_id
+        """Take the faster placement proposed for the load, live: whole stages moved to
+        faster cards, or the load re-cut (``recut``). ``call.plan_id`` names the load, or
+        the re-cut plan its proposal showed (then exactly that plan, or refused)."""
+        plan_id, pinned = call.plan_id, ""
+        shown = next((p for p, r in self.loads.loads.items()
+                      if (r.get("faster") or {}).get("plan_id") == plan_id), None)
+        if shown is not None and plan_id not in self.loads.loads:
+            plan_id, pinned = shown, call.plan_id
         lock = self._locks.setdefault(plan_id, trio.Lock())
         async with lock:
             record = self.loads.loads.get(plan_id) or await self.adoption.adopt(plan_id)
@@ -138,22 +148,36 @@ class Failover:
             if record is None or orders is None:
                 raise PlacementError(f"plan {plan_id} is not loaded by the leader "
                                      f"{self.agent.name}")
-            proposal = faster_placement(self.agent.planning.view(), orders)
+            proposal = self.recut.proposal(plan_id, orders, self.agent.planning.view())
             if proposal is None:
                 raise PlacementError(f"plan {plan_id}: no markedly faster placement now "
                                      "(`p2pswarm loads` says when there is one)")
+            if pinned and (proposal.plan or {}).get("plan_id") != pinned:
+                now = (proposal.plan or {}).get("plan_id") or "moving whole stages"
+                raise PlacementError(f"plan {pinned} is no longer the faster placement for "
+                                     f"load {plan_id} (now: {now}); `p2pswarm loads` shows "
+                                     "it; nothing moved")
+            if proposal.plan is not None:
+                moved = await self.recut.take(record, proposal)
+                self._locks.pop(plan_id, None)  # the load goes by the new plan_id now
+                return LoadDone(pack_doc({**moved, "moved": moved["moves"][-1:]}))
             estimate = (f"{proposal.now_s * 1e3:.1f} -> {proposal.after_s * 1e3:.1f} ms a "
                         "token, estimated")
+            before = len(record.get("moves", []))
             for m in proposal.moves:
                 await self._move(record, m.stage, f"live move to a faster card ({estimate})",
                                  [(m.fellow, m.card)])
             record.pop("faster", None)
-            return LoadDone(pack_doc(record))
+            moves = record.get("moves", [])
+            return LoadDone(pack_doc({**record, "moved": moves[-len(proposal.moves):]
+                                      if len(moves) > before else []}))
 
     def _note_faster(self, record: dict[str, Any]) -> None:
         """Say on the load's record whether a markedly faster placement is to be had."""
-        orders = self.loads.orders.get(record["plan_id"])
-        proposal = faster_placement(self.agent.planning.view(), orders) if orders else None
+        plan_id = record["plan_id"]
+        orders = self.loads.orders.get(plan_id)
+        proposal = self.recut.proposal(plan_id, orders, self.agent.planning.view()) \
+            if orders else None
         if proposal is None:
             record.pop("faster", None)
         else:

@@ -48,11 +48,16 @@ from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.answer_ids import AnswerIds
 from p2pswarm.agent.serving.prefix_cache import PrefixCache
 from p2pswarm.agent.serving.queue import Admission
-from p2pswarm.agent.serving.records import GenerationResult, generation_tokens
+from p2pswarm.agent.serving.records import (
+    GenerationResult,
+    former_plan_ids,
+    generation_tokens,
+)
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.serving.stage_session import open_hop
 from p2pswarm.agent.streams import send_best_effort
-from p2pswarm.agent.weights import Manifest, fetch
+from p2pswarm.agent.weight_holders import gather
+from p2pswarm.agent.weights import Manifest
 from p2pswarm.errors import (
     ConfigError,
     PlacementError,
@@ -80,6 +85,7 @@ MEMBER_WATCH_S = 0.25  # how often a driver looks at its stage fellows' membersh
 MAX_RESUMES = 8  # a generation resumed on a healed load this often at most
 SAME_ROUTE_RESUMES = 2  # ... and at most this often in a row on an unchanged route
 HEAL_TIMEOUT_S = 900.0  # the most a driver waits for the leader to heal a load
+MAX_ROUTE_STAGES = 1024  # a re-cut route from the leader longer than this is not believed
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -180,7 +186,8 @@ class Generation:
     async def find_load(self, plan_id: str | None = None) -> dict[str, Any]:
         loads = await self.loads.list_loads()
         if plan_id:
-            chosen = [r for r in loads if r["plan_id"] == plan_id]
+            chosen = [r for r in loads if r["plan_id"] == plan_id
+                      or plan_id in former_plan_ids(r)]  # re-cut since
             if not chosen:
                 raise PlacementError(f"plan {plan_id} is not loaded; `p2pswarm loads` shows "
                                      "what is")
@@ -221,13 +228,10 @@ class Generation:
             return load_tokenizer(Path(manifest.path))
         cache = self.offers.weights_cache()
         missing = [f.name for f in manifest.files if not cache.has(f.sha256, f.nbytes)]
-        if missing:
-            source = self.agent.fellow(str(model.get("source_id", "")))
-            if source is None or source.state not in ("alive", "suspect"):
-                raise PlacementError(f"the tokenizer is on {model.get('source')}, which is "
-                                     "not connected")
-            await fetch(self.agent, source.addr, source.node_id, source.name, manifest,
-                        missing, cache, self.agent.compute.run)
+        if missing:  # from the fellow that offered them, or any that holds them
+            await gather(self.agent, manifest, missing, cache, self.agent.compute.run,
+                         source_id=str(model.get("source_id", "")),
+                         source_name=str(model.get("source", "the source"))[:64])
         directory = await self.agent.compute.run(lambda: cache.model_dir(manifest))
         return load_tokenizer(Path(directory))
 
@@ -307,6 +311,8 @@ class Generation:
             log.info("resuming after %d tokens on the route %s (%s)", len(run.tokens),
                      ", ".join(h["fellow"] for h in healed["stages"]), error)
             record = healed
+            if len(run.stage_s) != len(record["stages"]):  # re-cut: other stages now
+                run.stage_s = [0.0] * len(record["stages"])
             run.resumes += 1
         route = record["stages"]
         return GenerationResult(
@@ -382,11 +388,11 @@ class Generation:
         fid = str(hops[stage]["fellow_id"]) if 0 <= stage < len(hops) else ""
         ask = StageLost(record["plan_id"], max(0, min(stage, 65535)), fid[:64],
                         str(failure.error)[:500])
-        try:
-            with trio.fail_after(self.heal_timeout_s):
-                reply = await self.loads.leadership.ask(ask, LoadDone)
+        deadline = trio.current_time() + self.heal_timeout_s
+        try:  # a leader that crashed (it may have hosted the lost stage) gives way to the next
+            reply = await self.loads.leadership.ask_until(ask, LoadDone, deadline)
             healed = unpack_doc(reply.record)
-        except (SwarmError, trio.TooSlowError) as exc:
+        except SwarmError as exc:
             log.info("the load could not be healed: %s", exc)
             return None
         return healed if _same_load(healed, record) else None
@@ -543,11 +549,16 @@ def _fellows(record: dict[str, Any]) -> list[str]:
 
 def _same_load(healed: Any, record: dict[str, Any]) -> bool:
     """Whether the leader's answer is this load, with a well-formed route of as many
-    stages (it is checked before a session opens on it)."""
-    if not isinstance(healed, dict) or healed.get("plan_id") != record["plan_id"]:
+    stages, or of its new cut after a live move that re-cut it (it is checked before a
+    session opens on it)."""
+    if not isinstance(healed, dict) or not isinstance(healed.get("plan_id"), str):
+        return False
+    recut = healed["plan_id"] != record["plan_id"]
+    if recut and record["plan_id"] not in former_plan_ids(healed):
         return False
     hops = healed.get("stages")
-    if not isinstance(hops, list) or len(hops) != len(record["stages"]):
+    if not isinstance(hops, list) or not 0 < len(hops) <= MAX_ROUTE_STAGES or (
+            not recut and len(hops) != len(record["stages"])):
         return False
     for i, hop in enumerate(hops):
         if not (isinstance(hop, dict) and hop.get("stage") == i

@@ -119,6 +119,10 @@ class Loads:
         self._unloaded: dict[str, float] = {}
         self._lock = trio.Lock()
         self.orders: dict[str, list[StageOrder]] = {}  # each led load's stage orders
+        # what each load this agent brought up was asked as (request, model, adapter): a
+        # live move plans it again (``recut``); a load adopted from its fellows lacks it
+        self.asked: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]] = {}
+        self.moved_to: dict[str, str] = {}  # a re-cut load's old plan_id -> its new one
         self.on_loaded: Callable[[], None] | None = None  # a load came up (failover watches)
         self._in_flight: dict[str, _InFlight] = {}  # ticket -> the bring-up under way
         self._finished: OrderedDict[str, str] = OrderedDict()  # ticket -> plan_id loaded
@@ -207,7 +211,46 @@ class Loads:
             orders = _stage_orders(plan, model, call.progress_addr, call.ticket, adapter)
             addrs = self._order_addrs(orders)
             record = await self._bring_up(plan, orders, addrs, model, adapter)
+            self.asked[plan_id] = (message, model, adapter)
             return LoadDone(pack_doc(record))
+
+    async def bring_up_beside(self, plan: dict[str, Any], message: dict[str, Any],
+                              model: dict[str, Any],
+                              adapter: dict[str, Any] | None) -> dict[str, Any]:
+        """Bring ``plan`` up as a load of its own, as ``load`` does (checked, fetched,
+        loaded, started; all or nothing), beside a load it is to replace (``recut``).
+        Hold ``lock``."""
+        orders = _stage_orders(plan, model, "", "", adapter)
+        record = await self._bring_up(plan, orders, self._order_addrs(orders), model, adapter)
+        self.asked[plan["plan_id"]] = (message, model, adapter)
+        return record
+
+    def retire(self, plan_id: str, successor: str) -> None:
+        """Load ``plan_id`` now lives on as ``successor`` (a live move re-cut it): forget
+        it, ignore its stages' lagging gossip, and name the successor to whoever asks
+        for it (a driver resuming a session). Its stages are the caller's to release."""
+        self.loads.pop(plan_id, None)
+        self.orders.pop(plan_id, None)
+        self.asked.pop(plan_id, None)
+        self._unloaded[plan_id] = trio.current_time()
+        for old, new in list(self.moved_to.items()):
+            if new == plan_id:
+                self.moved_to[old] = successor
+        self.moved_to[plan_id] = successor
+        while len(self.moved_to) > TICKETS_KEPT:
+            self.moved_to.pop(next(iter(self.moved_to)))
+
+    def gossiped_holders(self, plan_id: str) -> list[str]:
+        """Addresses of the connected fellows that gossip a stage of ``plan_id``."""
+        membership = self.agent.membership
+        return sorted({m.addr for m in (membership.members() if membership else ())
+                       if m.state in ("alive", "suspect") and any(
+                           isinstance(e, dict) and e.get("plan_id") == plan_id
+                           for e in self.agent.member_metadata(m).get("stages") or [])})
+
+    def current_id(self, plan_id: str) -> str:
+        """The plan_id load ``plan_id`` goes by now (another after a re-cut)."""
+        return self.moved_to.get(plan_id, plan_id)
 
     def _order_addrs(self, orders: Sequence[StageOrder]) -> Addrs:
         """stage -> (fellow id hex, name, addr), from this leader's membership view."""
@@ -357,6 +400,7 @@ class Loads:
             await self.release_all(record["plan_id"], addrs)
             self.loads.pop(record["plan_id"], None)
             self.orders.pop(record["plan_id"], None)
+            self.asked.pop(record["plan_id"], None)
             self._unloaded[record["plan_id"]] = trio.current_time()
 
     async def list_loads(self) -> list[dict[str, Any]]:
@@ -388,8 +432,8 @@ class Loads:
         records = {p: {**r, "stages": [dict(s) for s in r["stages"]]}
                    for p, r in self.loads.items()}
         for plan_id, entries in gossiped.items():
-            if plan_id in records or plan_id in self._unloaded:
-                continue
+            if plan_id in records or plan_id in self._unloaded or plan_id in self.moved_to:
+                continue  # unloaded, or re-cut: its stages' gossip lags, or they linger
             # every stage fellow gossips the whole route: one entry heard is enough
             first = entries[min(entries)]
             stages = []

@@ -13,13 +13,21 @@ The estimate is the planner's view of decoding: each token reads every weight on
 stage costs about its bytes over its card's memory bandwidth, and a token the sum over
 the stages. A move is proposed when it cuts that sum by at least ``MARKEDLY``. Pure: the
 view and the orders in, the proposal out.
+
+The faster placement may also have another cut (``recut_proposal``): when a fast card
+joins a swarm of slow ones, the planner's fastest plan usually has fewer stages, the fast
+card taking most layers. The leader plans the load's request again on its view (no fixed
+stage count; ``recut``) and proposes that plan, with its
+``plan_id``, when its token is markedly faster by the same estimate and faster than the
+whole-stage moves. The view holds the running load's memory as taken, so the plan found
+fits beside it: a move holds both placements at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from p2pswarm.planner.cluster import CardView, ClusterView, Fellow
 
@@ -42,13 +50,29 @@ class Proposal:
     now_s: float  # estimated seconds a token takes on the load as it runs
     after_s: float  # ... after the moves
     moves: tuple[StageMove, ...]
+    plan: dict[str, Any] | None = None  # a new cut: the planner's plan, taken whole
 
     def to_dict(self) -> dict[str, object]:
-        return {"ms_per_token_now": round(self.now_s * 1e3, 3),
-                "ms_per_token_after": round(self.after_s * 1e3, 3),
-                "speedup": round(self.now_s / self.after_s, 2) if self.after_s else 0.0,
-                "moves": [{"stage": m.stage, "to": m.fellow.name, "to_id": m.fellow.id,
-                           "card": m.card.name} for m in self.moves]}
+        out: dict[str, object] = {
+            "ms_per_token_now": round(self.now_s * 1e3, 3),
+            "ms_per_token_after": round(self.after_s * 1e3, 3),
+            "speedup": round(self.now_s / self.after_s, 2) if self.after_s else 0.0,
+            "moves": [{"stage": m.stage, "to": m.fellow.name, "to_id": m.fellow.id,
+                       "card": m.card.name} for m in self.moves]}
+        if self.plan is not None:
+            out["plan_id"] = self.plan["plan_id"]
+            out["stages"] = plan_stages(self.plan)
+            estimate = self.plan.get("estimate") or {}
+            if estimate.get("time_per_token_s"):
+                out["plan_ms_per_token"] = round(float(estimate["time_per_token_s"]) * 1e3, 3)
+        return out
+
+
+def plan_stages(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """A plan's stages as a proposal and a move show them: layers, fellow, card."""
+    return [{"stage": int(s["stage"]), "layers": [int(s["layers"][0]), int(s["layers"][1])],
+             "fellow": str(s.get("fellow", "")), "fellow_id": str(s["fellow_id"]),
+             "card": str(s.get("name", ""))} for s in plan["stages"]]
 
 
 def _card(view: ClusterView, fellow_id: str, card_key: str) -> CardView | None:
@@ -82,6 +106,55 @@ def moved_order(order: StageOrder, fellow: Fellow, card: CardView) -> StageOrder
                                progress_addr="", ticket="")
 
 
+def load_cost_s(view: ClusterView, orders: list[StageOrder]) -> float | None:
+    """The estimated seconds a token takes on the load as placed; None when a stage's
+    card is not in the view."""
+    total = 0.0
+    for order in orders:
+        card = _card(view, order.fellow_id, order.card_key)
+        if card is None:
+            return None
+        total += order.claim_bytes / card.mem_bandwidth
+    return total
+
+
+def plan_cost_s(view: ClusterView, plan: dict[str, Any]) -> float | None:
+    """The same estimate for a plan's placement: each stage's claim (weights, embeddings,
+    head and buffers, KV cache: what it reads a token) over its card's bandwidth."""
+    cards = {(c["fellow_id"], c["kind"], c["index"]): c for c in plan.get("cards", [])
+             if c.get("used")}
+    total = 0.0
+    for s in plan.get("stages", []):
+        used = cards.get((s["fellow_id"], s["kind"], s["index"]))
+        card = _card(view, s["fellow_id"], f"{s['kind']}:{s['index']}")
+        if used is None or card is None:
+            return None
+        seg = used["segments"]
+        claim = seg["weights"] + seg["embeddings_head_buffers"] + seg["kv_cache"]
+        total += claim / card.mem_bandwidth
+    return total
+
+
+def recut_proposal(view: ClusterView, orders: list[StageOrder], plan: dict[str, Any] | None,
+                   stage_moves: Proposal | None) -> Proposal | None:
+    """The planner's ``plan`` for the load's request, when it places the load otherwise
+    (another cut, or other cards), fits, and makes a token markedly faster than now and
+    faster than the whole-stage moves ``stage_moves``; else ``stage_moves``."""
+    if plan is None or not plan.get("fits") or not plan.get("stages"):
+        return stage_moves
+    placed = [(o.fellow_id, o.card_key, tuple(o.layers)) for o in orders]
+    planned = [(s["fellow_id"], f"{s['kind']}:{s['index']}", tuple(s["layers"]))
+               for s in plan["stages"]]
+    if planned == placed:
+        return stage_moves
+    now_s, after_s = load_cost_s(view, orders), plan_cost_s(view, plan)
+    if now_s is None or after_s is None or after_s > MARKEDLY * now_s:
+        return stage_moves
+    if stage_moves is not None and stage_moves.after_s <= after_s:
+        return stage_moves
+    return Proposal(now_s, after_s, (), plan)
+
+
 def faster_placement(view: ClusterView, orders: list[StageOrder]) -> Proposal | None:
     """Moves of whole stages to faster free cards outside the load, slowest stage first,
     when they make a token markedly faster; None otherwise (or when a stage's card is
@@ -113,4 +186,5 @@ def faster_placement(view: ClusterView, orders: list[StageOrder]) -> Proposal | 
 
 
 __all__ = ["FASTER_CARD", "MARKEDLY", "Proposal", "StageMove", "faster_placement",
-           "moved_order", "spare_cards"]
+           "load_cost_s", "moved_order", "plan_cost_s", "plan_stages", "recut_proposal",
+           "spare_cards"]

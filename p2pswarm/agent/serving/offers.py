@@ -1,6 +1,8 @@
 """A fellow's weights: the model directories and adapters it offers to the others (hashed
-once while unchanged), the verified cache of tensors it fetched, and the stream that
-serves its offers (``WeightsRequest``). How tensors travel: ``p2pswarm.agent.weights``."""
+once while unchanged), the verified cache of tensors it fetched, and the streams that
+serve them: its offers by name (``WeightsRequest``), its offers and its cache by hash to
+a fellow whose model's source is gone (``WeightsHeldAsk``, ``WeightsByHash``). How tensors
+travel: ``p2pswarm.agent.weights``; who holds them: ``p2pswarm.agent.weight_holders``."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from p2pswarm.agent.weight_holders import HeldWeights
 from p2pswarm.agent.weights import (
     Manifest,
     WeightsCache,
@@ -17,7 +20,7 @@ from p2pswarm.agent.weights import (
 )
 from p2pswarm.errors import ConfigError
 from p2pswarm.home import scratch_dir
-from p2pswarm.wire.serving import WeightsRequest
+from p2pswarm.wire.serving import WeightsByHash, WeightsHeldAsk, WeightsRequest
 
 if TYPE_CHECKING:
     from p2pswarm.agent.agent import Agent
@@ -33,7 +36,10 @@ class Offers:
         self._manifests: dict[str, tuple[Any, Manifest]] = {}
         # the hashes live stages read, never evicted (the stage host fills this in)
         self.in_use: Callable[[], Iterable[str]] = lambda: ()
+        self.held = HeldWeights(agent, self.server, self.weights_cache)
         agent.on_stream(WeightsRequest, self._on_weights_request)
+        agent.on_stream(WeightsHeldAsk, self.held.answer_ask)
+        agent.on_stream(WeightsByHash, self.held.serve)
 
     def weights_cache(self) -> WeightsCache:
         """The cache, bounded by ``storage.weights_cache_bytes`` (whichever directory the

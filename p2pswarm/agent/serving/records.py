@@ -131,6 +131,12 @@ def public_model(model: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in model.items() if k != "manifest"}
 
 
+def former_plan_ids(record: dict[str, Any]) -> list[str]:
+    """The plan_ids a load went by before live moves re-cut it (``recut``)."""
+    before = record.get("recut_from")
+    return [p for p in before if isinstance(p, str)] if isinstance(before, list) else []
+
+
 # A recurrent model's state does not grow with its tokens, so its generations are not held
 # to the load's context. One generation (prompt and new tokens) is bounded all the same:
 # the driver keeps every id to replay them after a failover, and positions travel as u32.
@@ -234,6 +240,7 @@ __all__ = [
     "StageOrder",
     "WeightSource",
     "RECURRENT_GENERATION_TOKENS",
+    "former_plan_ids",
     "generation_tokens",
     "public_adapter",
     "public_model",

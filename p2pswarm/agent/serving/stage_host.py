@@ -3,7 +3,8 @@ its reservations and their expiry, and what its live cards have left.
 
 ``StagePrepare`` is checked against this fellow's own live view before anything is
 allocated, and reserved or refused with a reason. ``StageLoad`` fetches the tensors this
-fellow lacks, builds the stage through the ``StageRuntime`` and refuses one that
+fellow lacks (from the fellow that offered the model, or any that holds them:
+``weight_holders``), builds the stage through the ``StageRuntime`` and refuses one that
 allocates more than the plan claims. ``StageStart`` hands every stage the route and
 gossips what this fellow now serves (metadata ``stages``). A reservation that is never
 started (the leader died mid-load) is released by itself after ``reservation_s``.
@@ -34,7 +35,8 @@ from p2pswarm.agent.serving.records import (
     route_dict,
 )
 from p2pswarm.agent.serving.runtime import StageRuntime
-from p2pswarm.agent.weights import Manifest, check_source_files, fetch
+from p2pswarm.agent.weight_holders import first_unheld, gather
+from p2pswarm.agent.weights import Manifest, check_source_files
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
 from p2pswarm.names import UnsafeName
 from p2pswarm.planner.profile import BUILTIN_MODELS
@@ -167,14 +169,7 @@ class StageHost:
             except (ConfigError, OSError) as exc:
                 return f"the model files are not readable as planned: {exc}"
             return None
-        cache = self.offers.weights_cache()
-        if all(cache.has(manifest.tensor(n).sha256, manifest.tensor(n).nbytes) for n in names):
-            return None
-        source = self.agent.fellow(str(model.get("source_id", "")))
-        if source is None or source.state not in ("alive", "suspect"):
-            return (f"the model files are not here and {model.get('source', 'their fellow')} "
-                    "(which has them) is not connected")
-        return None
+        return await self._unreachable(manifest, names, model, "the model files")
 
     async def _adapter_refusal(self, order: StageOrder) -> str | None:
         """Why this fellow cannot get the adapter tensors of ``order``; None if it can."""
@@ -190,14 +185,27 @@ class StageHost:
             if not Path(manifest.path).is_dir():
                 return f"the adapter directory {manifest.path} is not readable any more"
             return None
+        return await self._unreachable(manifest, [t.name for t in manifest.tensors], block,
+                                       "the adapter's tensors")
+
+    async def _unreachable(self, manifest: Manifest, names: list[str], block: dict[str, Any],
+                           what: str) -> str | None:
+        """Why ``names`` of ``manifest`` cannot be had here: not in the cache, their
+        source not connected, and no connected fellow holding one of them; None if they
+        can (the source's own answer is only known when the stage loads)."""
         cache = self.offers.weights_cache()
-        if all(cache.has(t.sha256, t.nbytes) for t in manifest.tensors):
+        if all(cache.has(manifest.tensor(n).sha256, manifest.tensor(n).nbytes) for n in names):
             return None
-        source = self.agent.fellow(str(block.get("source_id", "")))
-        if source is None or source.state not in ("alive", "suspect"):
-            return (f"the adapter is not here and {block.get('source', 'its fellow')} "
-                    "(which has it) is not connected")
-        return None
+        source_id = str(block.get("source_id", ""))
+        source = self.agent.fellow(source_id)
+        if source is not None and source.present:
+            return None
+        unheld = await first_unheld(self.agent, manifest, names, cache, source_id)
+        if unheld is None:
+            return None
+        source_name = str(block.get("source", "their fellow"))[:64]
+        return (f"{what} are not here, {source_name} (which offered them) is not connected, "
+                f"and no connected fellow holds {unheld}")
 
     def _count(self, exc: BaseException) -> None:
         """A name that may not become a path came from a hostile or broken leader."""
@@ -297,10 +305,6 @@ class StageHost:
         fetched = 0
         began = time.perf_counter()
         if missing:
-            source = self.agent.fellow(str(model.get("source_id", "")))
-            if source is None:
-                raise PlacementError(f"{model.get('source')} (which has the model files) is "
-                                     "not in this fellow's view")
             done = 0
             reported = 0.0
 
@@ -312,9 +316,11 @@ class StageHost:
                     self.agent.spawn(self.progress.report, order, "fetching", done, total)
 
             await self.progress.report(order, "fetching", 0, total)
-            fetched = await fetch(self.agent, source.addr, source.node_id, source.name,
-                                  manifest, [t.name for t in missing], cache,
-                                  self.agent.compute.run, on_bytes)
+            fetched = (await gather(self.agent, manifest, [t.name for t in missing], cache,
+                                    self.agent.compute.run,
+                                    source_id=str(model.get("source_id", "")),
+                                    source_name=str(model.get("source", "the source"))[:64],
+                                    on_bytes=on_bytes)).received_bytes
         return CachedWeights(manifest, cache), fetched, time.perf_counter() - began
 
     async def _stage_adapter(self, order: StageOrder) -> tuple[dict[str, Any], int]:
@@ -333,13 +339,11 @@ class StageHost:
             missing = list({t.sha256: t for t in manifest.tensors
                             if not cache.has(t.sha256, t.nbytes)}.values())
             if missing:
-                source = self.agent.fellow(str(block.get("source_id", "")))
-                if source is None:
-                    raise PlacementError(f"{block.get('source')} (which has the adapter) is "
-                                         "not in this fellow's view")
-                fetched = await fetch(self.agent, source.addr, source.node_id, source.name,
-                                      manifest, [t.name for t in missing], cache,
-                                      self.agent.compute.run)
+                fetched = (await gather(self.agent, manifest, [t.name for t in missing], cache,
+                                        self.agent.compute.run,
+                                        source_id=str(block.get("source_id", "")),
+                                        source_name=str(block.get("source", "the source"))[:64])
+                           ).received_bytes
         tensors = await self.agent.compute.run(
             lambda: self.runtime.adapter_tensors(block, cache, local))
         return tensors, fetched

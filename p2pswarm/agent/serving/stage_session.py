@@ -221,7 +221,11 @@ class StageSessions:
                         out = await self._run_step(hosted, partial(self._compute, s, msg),
                                                    decode=False)
                 except (SwarmError, RuntimeError, ValueError) as exc:
-                    error = SessionError(hosted.order.stage, me, f"failed: {exc}"[:500])
+                    # a stage released under the session (the load moved, or was
+                    # unloaded) is a lost stage for the driver to heal, not a failure
+                    why = "released the stage" if hosted.state == "released" else \
+                        f"failed: {exc}"
+                    error = SessionError(hosted.order.stage, me, why[:500])
                     await send_best_effort(s.upstream, error)
                     await send_best_effort(s.downstream, error)
                     return

@@ -1,0 +1,162 @@
+"""A live move that re-cuts a load: the planner's faster placement brought up beside the
+running one, the load's route switched to it, the old stages released.
+
+The proposal (``proposal``): the leader plans the load's own request again on its view,
+with no fixed stage count (the default plan is the fastest that fits), and
+``moves.recut_proposal`` weighs it against the load as placed and against moving whole
+stages. The plan is cached per load until the view changes, since the leader's watch asks
+every half second. A load this leader adopted from its fellows (a predecessor brought it
+up) is not re-planned: its request is not known here; whole-stage moves still are.
+
+Taking it (``take``), all or nothing, with the load's own lock held and ``Loads.lock``:
+
+1. The new placement comes up as a load of its own under its ``plan_id``, exactly as
+   ``load`` brings one up (each fellow checks and reserves, fetches and builds, then every
+   new stage learns the new route). The running load holds its memory all the while, and
+   the plan was made on a view that counts it as taken, so the two fit side by side; a
+   fellow that finds otherwise refuses, and the move is refused with its reason while the
+   old load goes on serving untouched.
+2. The load's record is handed over: the new record carries the old one's moves and this
+   one, and names the plan_ids it was before (``recut_from``); the old plan_id now names
+   the new load (``Loads.retire``), so a driver that asks the leader to heal the old one
+   gets the new route.
+3. The old stages are released. Each session in flight then loses its stream, asks the
+   leader (``StageLost``), and resumes on the new route by replaying its tokens, as after
+   a failover (``generation``): no session is dropped, and greedy output is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from p2pswarm.agent.adapter import adapted_plan
+from p2pswarm.agent.serving.moves import (
+    Proposal,
+    faster_placement,
+    plan_stages,
+    recut_proposal,
+)
+from p2pswarm.errors import ConfigError, PlacementError, SwarmError
+from p2pswarm.planner import plan_message
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.serving.loads import Loads
+    from p2pswarm.agent.serving.records import StageOrder
+    from p2pswarm.planner.cluster import ClusterView
+
+log = logging.getLogger("p2pswarm.serving")
+
+RECUTS_NAMED = 8  # earlier plan_ids a load keeps naming (``recut_from``)
+STRAGGLERS_FOR_S = 120.0  # a fellow still gossiping an old stage is told to release it
+STRAGGLERS_EVERY_S = 2.0  # ... this often, for this long
+
+
+def replan_message(message: dict[str, Any]) -> dict[str, Any]:
+    """The request a load is planned again with: as loaded, less its stage count, so the
+    plan is the fastest that fits (a model trained on a cut keeps that cut, as a plain
+    ``plan`` does)."""
+    return {**message, "stages": None}
+
+
+class Recut:
+    def __init__(self, agent: Agent, loads: Loads, moves_kept: int) -> None:
+        self.agent = agent
+        self.loads = loads
+        self.moves_kept = moves_kept
+        self._planned: dict[str, tuple[ClusterView, dict[str, Any] | None]] = {}
+
+    def fastest_plan(self, plan_id: str, view: ClusterView) -> dict[str, Any] | None:
+        """The planner's fastest plan for load ``plan_id``'s request on ``view``; None
+        when the request is not known here or nothing fits."""
+        asked = self.loads.asked.get(plan_id)
+        if asked is None:
+            self._planned.pop(plan_id, None)
+            return None
+        cached = self._planned.get(plan_id)
+        if cached is not None and cached[0] == view:
+            return cached[1]
+        message = replan_message(asked[0])
+        try:
+            plan: dict[str, Any] | None = adapted_plan(plan_message(message, view),
+                                                       message.get("adapter"))
+        except (ConfigError, PlacementError) as exc:
+            log.info("no faster plan for load %s: %s", plan_id, exc)
+            plan = None
+        for gone in [p for p in self._planned if p not in self.loads.asked]:
+            del self._planned[gone]
+        self._planned[plan_id] = (view, plan)
+        return plan
+
+    def proposal(self, plan_id: str, orders: list[StageOrder],
+                 view: ClusterView) -> Proposal | None:
+        """The faster placement for the load, if any: whole stages moved to faster free
+        cards, or the planner's plan with another cut, whichever is faster."""
+        return recut_proposal(view, orders, self.fastest_plan(plan_id, view),
+                              faster_placement(view, orders))
+
+    async def take(self, record: dict[str, Any], proposal: Proposal) -> dict[str, Any]:
+        """Bring ``proposal.plan`` up beside load ``record``, switch the load to it and
+        release the old stages; the new load's record. Hold the load's own lock. Refused
+        (PlacementError) with the old load serving as before when anything fails."""
+        plan = proposal.plan
+        assert plan is not None
+        old_id, new_id = record["plan_id"], plan["plan_id"]
+        refused = f"live move of plan {old_id} to plan {new_id} refused, the load serves on " \
+                  "as it was"
+        began = time.perf_counter()
+        async with self.loads.lock:
+            asked = self.loads.asked.get(old_id)
+            if asked is None or self.loads.loads.get(old_id) is not record:
+                raise PlacementError(f"{refused}: it was unloaded or changed meanwhile")
+            if any(r["plan_id"] == new_id for r in self.loads.loads_view()):
+                raise PlacementError(f"{refused}: plan {new_id} is loaded already")
+            message, model, adapter = replan_message(asked[0]), asked[1], asked[2]
+            try:
+                new = await self.loads.bring_up_beside(plan, message, model, adapter)
+            except SwarmError as exc:
+                # a fellow short of memory (stage_host says "... free now, the stage
+                # needs ..."): the cards cannot hold both placements at once
+                both = (" (during a move both placements are held at once, and the cards "
+                        "cannot hold both: `p2pswarm unload` and a new `load` take it)"
+                        if "free now" in str(exc) else "")
+                raise PlacementError(f"{refused}: {exc}{both}") from None
+            estimate = (f"{proposal.now_s * 1e3:.1f} -> {proposal.after_s * 1e3:.1f} ms a "
+                        "token, estimated")
+            move = {"at": time.time(), "recut": True, "from_plan": old_id,
+                    "to_plan": new_id, "stages_before": len(record["stages"]),
+                    "stages": plan_stages(plan),
+                    "ms_per_token_now": round(proposal.now_s * 1e3, 3),
+                    "ms_per_token_after": round(proposal.after_s * 1e3, 3),
+                    "why": f"live move to a faster placement ({estimate})",
+                    "took_s": round(time.perf_counter() - began, 3)}
+            new["moves"] = [*record.get("moves", []), move][-self.moves_kept:]
+            new["recut_from"] = [*record.get("recut_from", []), old_id][-RECUTS_NAMED:]
+            old_addrs = {int(s["stage"]): (s["fellow_id"], s["fellow"], s["addr"])
+                         for s in record["stages"]}
+            self.loads.retire(old_id, new_id)
+            self._planned.pop(old_id, None)
+            log.warning("load %s re-cut live into plan %s (%d stages -> %d): %s", old_id,
+                        new_id, len(record["stages"]), len(new["stages"]), estimate)
+            # the sessions in flight lose their streams here and resume on the new route
+            await self.loads.release_all(old_id, old_addrs)
+            self.agent.spawn(self._release_stragglers, old_id)
+            return new
+
+    async def _release_stragglers(self, plan_id: str) -> None:
+        """A fellow that missed the release (unreachable for a moment) still holds its old
+        stage, and gossips it: tell it again, for a while."""
+        deadline = trio.current_time() + STRAGGLERS_FOR_S
+        while trio.current_time() < deadline:
+            await trio.sleep(STRAGGLERS_EVERY_S)
+            addrs = self.loads.gossiped_holders(plan_id)
+            if addrs:
+                await self.loads.release_all(plan_id, {i: ("", "", a)
+                                                       for i, a in enumerate(addrs)})
+
+
+__all__ = ["Recut", "replan_message"]
