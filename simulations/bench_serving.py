@@ -641,6 +641,9 @@ def chat_figures(model: str, chats: int = 3, slots: int = 8) -> dict[str, Any]:
     out: dict[str, Any] = {kept: _chat_summary(runs[kept]) for kept in (True, False)}
     last = runs[True][-1]
     new = last["prompt_tokens"][-1] - last["cached_tokens"][-1]
+    out["in_process_staged"] = prefill_in_process(model, new, last["cached_tokens"][-1],
+                                                  last["prompt_tokens"][0], stages=3,
+                                                  slots=slots)
     out["in_process"] = prefill_in_process(model, new, last["cached_tokens"][-1],
                                            last["prompt_tokens"][0])
     return out
@@ -748,29 +751,46 @@ def _turn(driver: Path, kept: bool, messages: list[dict[str, str]], max_tokens: 
     return result, first[0] - sent
 
 
-def prefill_in_process(model: str, new: int, cached: int, first: int,
-                       runs: int = 9) -> dict[str, Any]:
+def prefill_in_process(model: str, new: int, cached: int, first: int, runs: int = 9,
+                       stages: int = 1, slots: int = 2) -> dict[str, Any]:
     """The fifth turn's prefill in one process (``new`` tokens after ``cached``) against
     the first's (``first`` tokens, nothing cached), all layers, one thread, runs
-    alternating; the thread's CPU time too, which other processes' work disturbs less."""
+    alternating; the thread's CPU time too, which other processes' work disturbs less.
+    With ``stages`` > 1 the layers are cut as a load cuts them and the hidden states go
+    from stage to stage as frames, as between fellows (``slots`` sessions each)."""
     from p2pswarm.runtime import Stage, StageSpec
+    from p2pswarm.runtime.frame import decode_tensor, encode_tensor
 
     layers = BUILTIN_MODELS[model]["num_hidden_layers"]
-    stage = Stage.load(model, StageSpec(0, layers, max_sessions=2, max_context_tokens=1024))
+    cuts = [layers * i // stages for i in range(stages + 1)]
+    chain = [Stage.load(model, StageSpec(a, b, max_sessions=slots, max_context_tokens=1024))
+             for a, b in zip(cuts, cuts[1:])]
     ids = [1 + (i * 7) % 250 for i in range(cached + new)]
-    stage.prefill("long", ids[:cached])
+
+    def prefill(session: str, tokens: list[int]) -> None:
+        x: Any = tokens
+        for i, stage in enumerate(chain):
+            if i:
+                x = decode_tensor(bytes(encode_tensor(x)))
+            x = stage.prefill(session, x)
+
+    def end(session: str) -> None:
+        for stage in chain:
+            stage.end_session(session)
+
+    prefill("long", ids[:cached])
 
     def fresh() -> tuple[float, float]:
-        stage.end_session("short")
+        end("short")
         wall, cpu = time.perf_counter(), time.thread_time()
-        stage.prefill("short", ids[:first])
+        prefill("short", ids[:first])
         return time.perf_counter() - wall, time.thread_time() - cpu
 
     def continued() -> tuple[float, float]:
-        stage.end_session("long")
-        stage.prefill("long", ids[:cached])
+        end("long")
+        prefill("long", ids[:cached])
         wall, cpu = time.perf_counter(), time.thread_time()
-        stage.prefill("long", ids[cached:])
+        prefill("long", ids[cached:])
         return time.perf_counter() - wall, time.thread_time() - cpu
 
     fresh(), continued()
@@ -780,7 +800,7 @@ def prefill_in_process(model: str, new: int, cached: int, first: int,
         b.append(continued())
     wall_a, wall_b = (statistics.median(t[0] for t in x) for x in (a, b))
     cpu_a, cpu_b = (statistics.median(t[1] for t in x) for x in (a, b))
-    return {"new": new, "cached": cached, "first": first, "first_s": wall_a,
+    return {"new": new, "cached": cached, "first": first, "stages": stages, "first_s": wall_a,
             "fifth_s": wall_b, "ratio": wall_b / wall_a, "first_cpu_s": cpu_a,
             "fifth_cpu_s": cpu_b, "cpu_ratio": cpu_b / cpu_a,
             "load_average": os.getloadavg()[0]}
@@ -808,12 +828,15 @@ def chat_rows(chat: dict[Any, Any]) -> list[tuple[str, str, str]]:
                      f"fifth turn cached "
                      f"{[r[-1] for r in c['cached_tokens']]} of {c['prompt_tokens'][-1]} "
                      f"tokens; load average {loads})", "<= 1.2" if kept else "reported"))
-    p = chat["in_process"]
-    rows.append((f"... the fifth turn's prefill in one process ({p['new']} new tokens after "
-                 f"{p['cached']} cached) against the first's ({p['first']} tokens)",
-                 f"{p['fifth_s'] * 1e3:.0f} / {p['first_s'] * 1e3:.0f} ms = {p['ratio']:.2f} "
-                 f"(thread CPU time {p['cpu_ratio']:.2f}; load average "
-                 f"{p['load_average']:.1f})", "reported (the floor)"))
+    for key, how in (("in_process", "one stage"),
+                     ("in_process_staged", "three stages, frames between them")):
+        p = chat[key]
+        rows.append((f"... the fifth turn's prefill in one process, {how} ({p['new']} new "
+                     f"tokens after {p['cached']} cached) against the first's ({p['first']} "
+                     "tokens)",
+                     f"{p['fifth_s'] * 1e3:.0f} / {p['first_s'] * 1e3:.0f} ms = "
+                     f"{p['ratio']:.2f} (thread CPU time {p['cpu_ratio']:.2f}; load average "
+                     f"{p['load_average']:.1f})", "reported (the floor)"))
     return rows
 
 
