@@ -134,6 +134,11 @@ class ElectionTuning:
     jitter_s: float = 0.2  # random extra wait before a candidacy
     handover_after_s: float = 10.0  # a fellow of higher priority, alive this long, takes over
     settle_s: float = 3.0  # a fellow just joined (or restarted) neither runs nor votes this long
+    # Local health (Lifeguard's, for the election): a fellow whose own loop ran late, or
+    # whose leader's beats came in late, waits longer before it blames the leader
+    lag_stretch_mult: float = 2.0  # the beat and check timeouts grow by this x the lag
+    lag_stretch_max_s: float = 3.0  # ... by at most this (a crash still moves in 10 s)
+    lag_half_life_s: float = 10.0  # a lag seen counts half as much this much later
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +171,17 @@ class InventoryConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ComputeConfig:
+    """How the torch work (serving stages, training steps, checkpoints) shares the machine
+    with the agent's own loop, which gossips, beats and answers probes."""
+
+    # The worker threads that run it, and the threads torch starts from them, run this
+    # many nice levels below the agent (Linux; 0: the same priority). Raising one's own
+    # nice needs no privilege; a machine that trains then still answers in time.
+    nice: int = 10
+
+
+@dataclass(frozen=True, slots=True)
 class StorageConfig:
     """What other fellows can make this one keep on disk, at most. A store past its cap
     drops what was used least recently, never what a live stage or job uses; what still
@@ -184,6 +200,7 @@ class SwarmConfig:
     election: ElectionConfig = field(default_factory=ElectionConfig)
     inventory: InventoryConfig = field(default_factory=InventoryConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
 
 
 def lan() -> SwarmConfig:
@@ -246,7 +263,8 @@ def preset(name: str) -> SwarmConfig:
 
 __all__ = [
     "DEFAULT_PORT", "TransportConfig", "SecurityConfig", "GossipTuning", "GossipConfig",
-    "ElectionTuning", "ElectionConfig", "InventoryConfig", "StorageConfig", "SwarmConfig",
+    "ElectionTuning", "ElectionConfig", "InventoryConfig", "StorageConfig", "ComputeConfig",
+    "SwarmConfig",
     "lan", "wifi",
     "local", "preset", "replace", "split_addr",
 ]

@@ -44,6 +44,15 @@ and waits for the fellows knocking at its door. So a seed started after its join
 a whole swarm restarted at once, forms one electorate before anyone counts votes, and a
 fellow that has never seen the swarm cannot win a term alone while others are arriving.
 
+Local health (Lifeguard's, for the election). A fellow whose CPU is starved wakes late:
+its timers ring while the leader's beats and answers still wait in its socket. The driver
+tells it how late each timer rang (``note_lag``), and a deputy's wait for beats and a
+voter's wait for its check stretch by ``lag_stretch_mult`` times the larger of its own
+recent lateness and how late its leader's beats have come beyond one lost beat, by at
+most ``lag_stretch_max_s``, fading with ``lag_half_life_s`` (``stretch``). So a fellow
+does not blame the leader for its own lateness, a starved leader is waited for, and a
+crashed one is still replaced within seconds. In virtual time timers ring on time: 0.
+
 The lease. A leader that sees no majority present (alive or suspect) for
 ``leader_lease_s`` steps down on its own.
 
@@ -195,6 +204,11 @@ class Election:
         self._settle_until = _INF  # set on joining; -inf once a leader is known
         self._election_at = _INF
         self._last_beat_at = -_INF  # as a deputy
+        self._last_beat_term = -1  # ... the term of that beat
+        # local health, each as (level in seconds, when noted): how late this fellow's own
+        # loop ran lately, and how late its leader's beats came in past one lost beat
+        self._own_lag = (0.0, -_INF)
+        self._beat_lag = (0.0, -_INF)
         self._rank = -1  # our place in the succession, from the leader's beats
         self._deputy_term = -1
         self._beats_lost = False
@@ -561,7 +575,37 @@ class Election:
 
     def _beat_timeout_at(self) -> float:
         return (self._last_beat_at + self.config.election_timeout_min_s
-                + max(0, self._rank) * self.tuning.rank_spacing_s)
+                + max(0, self._rank) * self.tuning.rank_spacing_s + self.stretch())
+
+    # --- local health ------------------------------------------------------------------
+
+    def note_lag(self, lag_s: float, now: float) -> None:
+        """This fellow's own loop woke ``lag_s`` late at ``now`` (a timer against its
+        deadline). A starved fellow (training on every core, a busy Pi) reads the beats
+        waiting in its socket only after its timers fire: it must not blame the leader
+        for its own lateness, so its timeouts that judge the leader stretch (``stretch``)."""
+        self._own_lag = self._raised(self._own_lag, lag_s, now)
+
+    def stretch(self) -> float:
+        """How much longer than configured this fellow waits for its leader's beats and
+        for the leader's answer to its own check: the lag mult times the larger of its
+        own loop's recent lag and its leader's beats' recent lateness, at most
+        ``lag_stretch_max_s`` (a crashed leader is still replaced within seconds). 0 on
+        a healthy fellow, and always in virtual time."""
+        lag = max(self._own_lag[0], self._beat_lag[0])
+        return min(self.tuning.lag_stretch_max_s, self.tuning.lag_stretch_mult * lag)
+
+    def _raised(self, level: tuple[float, float], lag_s: float,
+                now: float) -> tuple[float, float]:
+        """``level`` decayed to ``now`` (halved every ``lag_half_life_s``), raised to
+        ``lag_s`` if that is more."""
+        held, at = level
+        if held > 0.0 and now > at:
+            held *= 0.5 ** ((now - at) / self.tuning.lag_half_life_s)
+        if held < 1e-3:
+            held = 0.0
+        lag = lag_s if 0.0 < lag_s < _INF else 0.0  # (a NaN or negative lag is none)
+        return (max(held, lag), now)
 
     def _may_elect(self) -> bool:
         if not self._joined or self._leaving or self.role == LEADER_ROLE:
@@ -719,7 +763,8 @@ class Election:
                     return  # its answer is on the way
         if msg.pre_vote and not self._leader_gone():
             if self._deputy_term == self.term and \
-                    now - self._last_beat_at < self.config.election_timeout_min_s:
+                    now - self._last_beat_at < self.config.election_timeout_min_s \
+                    + self.stretch():
                 out.append(self._reply(msg, addr, False, "the leader beats"))
                 return
             when, answered = self._check_result
@@ -751,7 +796,8 @@ class Election:
             out.extend(self._answer_vote(msg, addr, now, leader_alive=False))
             return
         self._check_seq = (self._check_seq + 1) % 2**32
-        self._checks[self._check_seq] = (now + self.tuning.check_timeout_s, [(addr, msg)])
+        self._checks[self._check_seq] = (now + self.tuning.check_timeout_s + self.stretch(),
+                                         [(addr, msg)])
         self.stats["checks"] += 1
         out.append(SendDatagram(leader.addr, (LeaderCheck(self.term, self._check_seq,
                                                            self.node_id),)))
@@ -995,7 +1041,11 @@ class Election:
             return
         self._follow(msg.term, msg.leader, msg.electorate, now, out)
         if self.leader == msg.leader:
-            self._last_beat_at = now
+            if self._last_beat_term == self.term:  # a beat late past one lost beat: the
+                # leader (or this fellow) is starved, not gone; wait longer for a while
+                late = now - self._last_beat_at - 2 * self.config.heartbeat_interval_s
+                self._beat_lag = self._raised(self._beat_lag, late, now)
+            self._last_beat_at, self._last_beat_term = now, self.term
             self._rank = msg.rank
             self._deputy_term = self.term
             if self._beats_lost:

@@ -21,6 +21,9 @@
    the spare (the killed fellow is started again as the next round's spare); and a stage
    fellow frozen (SIGSTOP) for 5 s, then continued: whether its stage moved, and the time
    from its return to the next token. ``--only-failover`` runs this section alone.
+   ``--failover-context N`` instead measures a failover of a session with N tokens of
+   context, the surviving stages continuing from their kept cache against every stage
+   replaying, side by side (``failover_replay.py``, agents in one process on loopback).
 6. Many clients (``--many``; ``--only-many`` alone): on three `join` processes holding
    small-llama with eight session slots, the decode tokens/s of one client against eight
    at once (aggregate, while all eight decode), and a five-turn `chat` (each turn resends
@@ -37,6 +40,7 @@ a machine other processes keep busy the figures are pessimistic.
                                         [--skip-processes] [--skip-demo]
                                         [--skip-single-stream] [--only-single-stream]
                                         [--only-failover] [--kills 3] [--many]
+                                        [--failover-context 1000 [--rounds 1]]
                                         [--only-many] [--only-chat] [--chats 3]
                                         [--json | --markdown]
 """
@@ -856,7 +860,26 @@ def main() -> None:
     parser.add_argument("--only-many", action="store_true", help="section 6 alone")
     parser.add_argument("--only-chat", action="store_true", help="section 6's chat alone")
     parser.add_argument("--chats", type=int, default=3, help="chat: chats of five turns")
+    parser.add_argument("--failover-context", type=int, default=0, metavar="N",
+                        help="failover of a session with N tokens of context, survivors "
+                        "keeping their cache against every stage replaying, alone")
+    parser.add_argument("--rounds", type=int, default=1, help="--failover-context: rounds")
     args = parser.parse_args()
+    if args.failover_context:
+        import failover_replay  # beside this file
+
+        replay = failover_replay.figures("small-llama", args.failover_context, args.rounds)
+        if args.json:
+            print(json.dumps(replay, indent=2))
+            return
+        for stage in range(3):
+            s = replay[f"stage_{stage}"]
+            print(f"failover, stage {stage} lost, {args.failover_context} tokens of context: "
+                  f"kill to next token {s['kill_to_next_token_kept_p50_s']:.2f} s, every "
+                  f"stage replaying {s['kill_to_next_token_every_p50_s']:.2f} s; CPU time "
+                  f"{s['cpu_kept_p50_s']:.2f} s against {s['cpu_every_p50_s']:.2f} s")
+        print("load average", ", ".join(f"{x:.1f}" for x in os.getloadavg()))
+        return
     if args.only_failover:
         out = failover_figures(kills=args.kills)
         if args.json:

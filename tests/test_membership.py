@@ -509,3 +509,32 @@ def test_tick_always_makes_progress() -> None:
         a.tick(t)
         t += 1e-6
     assert t > 100.0  # about one wake-up per half second, not a spin
+
+
+def test_a_probe_whose_ack_waits_behind_a_late_loop_is_not_failed() -> None:
+    """A starved node (its own loop woke late) reads the ack waiting in its socket before
+    it judges the probe, and counts the lateness against its own health (Lifeguard)."""
+    def probe_then_stall(lag_noted: bool) -> Membership:
+        a, b = joined_pair()
+        ping = None
+        while ping is None:
+            t = a.next_deadline()
+            ping = next((m for e in a.tick(t) if isinstance(e, SendDatagram)
+                         for m in e.messages if isinstance(m, g.Ping)), None)
+        late = a.next_deadline() + 1.0  # the probe's deadline, and the loop a second late
+        (ack,) = [m for e in b.handle(ping, a.local.addr, t) if isinstance(e, SendDatagram)
+                  for m in e.messages if isinstance(m, g.Ack)]
+        if lag_noted:
+            a.note_lag(GossipConfig().probe_timeout_s / 2, late)  # (a lag within bounds)
+            assert a.health_score == 0
+            a.note_lag(1.0, late)
+            assert a.health_score == 1  # probes slow down, no dead verdicts from it
+        a.tick(late)
+        a.handle(ack, b.local.addr, late + 0.01)  # read from the socket after the tick
+        return a
+
+    assert probe_then_stall(False).counters()["probes_failed"] == 1
+    starved = probe_then_stall(True)
+    assert starved.counters()["probes_failed"] == 0
+    assert starved.counters()["late_wakes"] == 1
+    assert starved.health_score == 0  # the ack it then read lowered the score again

@@ -1,7 +1,8 @@
 """Failover in virtual time: a stage whose fellow is lost mid-generation moves to the spare
 fellow and the generation goes on with the tokens an undisturbed run gives; a fellow cut
 off for less than the grace window keeps its stage, and a sampled generation resumed
-across the cut draws the undisturbed run's tokens."""
+across the cut draws the undisturbed run's tokens. The stages that kept the session's
+cache do not replay it (positions each stage computed are counted)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,16 @@ from p2pswarm.sim.virtual import wait_until
 from tests.serving_swarm import MODEL, PROMPT, reference, request, start_swarm
 
 GB = 10**9
+
+
+def _positions(swarm, plan_id: str) -> dict[int, int]:  # type: ignore[no-untyped-def]
+    """Positions each stage of the load has computed so far, on the live fellows."""
+    counts: dict[int, int] = {}
+    for agent in swarm.live():
+        for (plan, stage), n in agent.serving.sessions.positions_run.items():
+            if plan == plan_id:
+                counts[stage] = counts.get(stage, 0) + n
+    return counts
 
 
 def _stage_fellow(swarm, plan, leader_id):  # type: ignore[no-untyped-def]
@@ -63,11 +74,17 @@ async def test_a_stage_cut_off_for_5_s_stays_and_a_crashed_one_moves_to_the_spar
             swarm.net.heal()
 
         nursery.start_soon(heal_after_five_seconds)
+        before = _positions(swarm, plan["plan_id"])
         result = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=12,
                                                stop_token_ids=(), on_token=cut_after_five,
                                                temperature=0.9, top_k=50, seed=5)
         # its streams broke: the session was opened again and replayed, and drew the same
         assert cut_at and result.resumes == 1 and result.token_ids == sampled.token_ids
+        # every stage kept the session's cache when its streams broke: none replayed (30
+        # prompt positions and 11 tokens fed back; the fifth token's again, at most)
+        after = _positions(swarm, plan["plan_id"])
+        assert result.replayed_stages == (0,)
+        assert all(41 <= after[i] - before.get(i, 0) <= 42 for i in range(3)), (before, after)
         assert [r["fellow"] for r in result.route] == [s["fellow"] for s in plan["stages"]]
         (record,) = await driver.serving.list_loads()
         assert not record.get("moves") and not record.get("waiting")
@@ -82,10 +99,19 @@ async def test_a_stage_cut_off_for_5_s_stays_and_a_crashed_one_moves_to_the_spar
             if len(seen) == 5:
                 swarm.crash(victim)
 
+        before = _positions(swarm, plan["plan_id"])
         result = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=12,
                                                stop_token_ids=(), on_token=crash_after_five)
         assert result.token_ids == local.token_ids and tuple(seen) == local.token_ids
         assert result.resumes == 1 and result.route[stage]["fellow"] == spare
+        # the moved stage rebuilt the 34 positions before the fifth token's; the stages
+        # before it recomputed them for it; the stages after it kept theirs
+        after = _positions(swarm, plan["plan_id"])
+        assert result.replayed_stages == (stage + 1,)
+        assert after[stage] == 34 + 1 + 6  # rebuilt, then the fifth token and six more
+        for other in set(range(3)) - {stage}:
+            ran = after[other] - before[other]
+            assert ran == (34 + 41 if other < stage else 41), (other, stage, before, after)
         (record,) = await driver.serving.list_loads()
         (move,) = record["moves"]
         assert (move["stage"], move["from"], move["to"]) == (stage, name, spare)

@@ -84,6 +84,7 @@ ControlHandler = Callable[[dict[str, Any]], Awaitable[Any]]
 
 OUTBOX_DATAGRAMS = 4096  # datagrams waiting for the sender task before new ones are dropped
 STREAM_REQUEST_TIMEOUT_S = 5.0  # a membership stream request gives up after this long
+LAG_LOGGED_S = 1.0  # a timer this late is worth a log line (at most one a minute)
 JOIN_REFUSALS = 3  # handshakes seeds refuse, none let in, before joining gives up
 
 _MEMBERSHIP_STREAM_TYPES = (Ping, SyncDigest, SyncRecords, MetaPull, Alive)
@@ -161,6 +162,9 @@ class Agent:
         }
         self._nursery: trio.Nursery | None = None
         self._alarm_at = math.inf  # when both machines tick next
+        # how late the alarm rang (this fellow's own loop lag): max, counts, last logged
+        self.loop_lag = {"max_s": 0.0, "over_0_1_s": 0, "over_1_s": 0}
+        self._lag_logged_at = -math.inf
         self._alarm = trio.CancelScope()  # the timer task sleeps in it until _alarm_at
         self._outbox_in, self._outbox_out = trio.open_memory_channel[tuple[str, bytes]](
             OUTBOX_DATAGRAMS)
@@ -264,6 +268,7 @@ class Agent:
             self._nursery = None  # what the transport still delivers or rings is dropped
             if self._deliver_to is not None:
                 self._deliver_to(None)
+            self.compute.close()  # its idle worker threads go (the nursery awaited the rest)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -376,7 +381,25 @@ class Agent:
         self._alarm_at = math.inf  # _apply sets the next one
         if self.membership is not None and self.election is not None:
             now = trio.current_time()
+            self._note_lag(now - deadline, now)
             self._apply(self.membership.tick(now) + self.election.tick(now))
+
+    def _note_lag(self, lag_s: float, now: float) -> None:
+        """The alarm rang ``lag_s`` after its deadline: this fellow's own loop was late
+        (its CPU busy with other work). Both machines hear it before their tick, so that
+        neither blames a fellow for beats or acks still waiting in the socket."""
+        assert self.election is not None and self.membership is not None
+        self.election.note_lag(lag_s, now)
+        self.membership.note_lag(lag_s, now)
+        lag = self.loop_lag
+        lag["max_s"] = round(max(lag["max_s"], lag_s), 3)
+        lag["over_0_1_s"] += lag_s > 0.1
+        lag["over_1_s"] += lag_s > 1.0
+        if lag_s > LAG_LOGGED_S and now - self._lag_logged_at >= 60.0:
+            self._lag_logged_at = now
+            log.info("%s: this fellow's loop ran %.1f s late (its CPU is busy); it waits "
+                     "%.1f s longer for the leader meanwhile", self.name, lag_s,
+                     self.election.stretch())
 
     def _next_deadline(self) -> float:
         deadlines = [d for d in (self.membership.next_deadline() if self.membership else None,
@@ -853,6 +876,8 @@ class Agent:
             "counters": self._counters(),
             "transport": dict(getattr(self.transport, "counters", {})),
             "membership": self.membership.counters() if self.membership else {},
+            "loop_lag": {**self.loop_lag, "stretch_s": round(
+                self.election.stretch(), 3) if self.election is not None else 0.0},
         }
 
 

@@ -16,7 +16,7 @@ import trio
 from p2pswarm.agent.address import advertised
 from p2pswarm.agent.agent import Agent
 from p2pswarm.agent.card_news import cached_benchmarks
-from p2pswarm.agent.world import AgentWorld
+from p2pswarm.agent.world import AgentWorld, Compute
 from p2pswarm.config import SwarmConfig
 from p2pswarm.home import Home
 from p2pswarm.http.app import HttpSettings
@@ -78,7 +78,7 @@ async def run_node(settings: NodeSettings, *,
             rng=random.Random(), seeds=settings.seeds, home=settings.home,
             advertise=advertised(transport.local_addr, settings.advertise, settings.seeds),
             leader_priority=settings.leader_priority, card_source=settings.card_source,
-            metadata=benchmarks,
+            metadata=benchmarks, compute=Compute(nice=settings.config.compute.nice),
         ))
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:

@@ -109,6 +109,10 @@ def join(
     cpu_memory: Optional[str] = typer.Option(None, "--cpu-memory",
                                              help="Offer at most this much RAM, e.g. 6GB."),
     no_cpu: bool = typer.Option(False, "--no-cpu", help="Do not offer the CPU as a card."),
+    compute_nice: Optional[int] = typer.Option(
+        None, "--compute-nice", min=0, max=19, help="Run torch work this many nice levels "
+        "below the agent's loop, so a fellow that trains still answers in time (default "
+        "10; 0: the same priority)."),
     http: Optional[str] = typer.Option(None, "--http", help="ADDR:PORT of the HTTP API, pages "
                                        "and OpenAI endpoint (default 127.0.0.1:7780), or off."),
     http_token: Optional[str] = typer.Option(None, "--http-token", help="Bearer token the HTTP "
@@ -133,7 +137,7 @@ def join(
 
     from p2pswarm.agent.node import NodeSettings, run_node
     from p2pswarm.cli.http_options import join_http_settings
-    from p2pswarm.config import preset
+    from p2pswarm.config import ComputeConfig, preset, replace
     from p2pswarm.home import Home
     from p2pswarm.inventory import local_card_source
     from p2pswarm.security import SwarmSecret
@@ -141,6 +145,8 @@ def join(
     directory = home_dir(home)
     with exits_on(EXIT_USAGE):
         config = preset(preset_name)
+        if compute_nice is not None:
+            config = replace(config, compute=ComputeConfig(nice=compute_nice))
         seed_addrs = seed_list(seeds or [])
         split_addr(listen)
         if advertise:

@@ -55,9 +55,10 @@ over a stream to its accuser. A fellow whose probes heard nothing for a while (i
 was out) refutes unasked with the first datagram it hears again. Old news about itself
 is answered with its current ``Alive`` rather than a new incarnation.
 
-Local health (Lifeguard LHM). Two probes in a row that heard nothing at all, and having
-to refute a suspicion, raise a score; successful probes lower it; probe interval and
-timeout are multiplied by score + 1, and a node with a bad score passes no verdicts.
+Local health (Lifeguard LHM). Two probes in a row that heard nothing at all, having
+to refute a suspicion, and the node's own loop waking later than a probe timeout
+(``note_lag``: a starved CPU) raise a score; successful probes lower it; probe interval
+and timeout are multiplied by score + 1, and a node with a bad score passes no verdicts.
 
 Dissemination. Updates (``Alive``, ``Suspect``, ``Dead``, ``Left``) wait in a queue, one
 per fellow, and ride on every datagram this node sends, least-sent first, as many as fit
@@ -430,7 +431,7 @@ class Membership:
             "confirmations_sent": 0, "dead_declared": 0, "refutations": 0, "syncs": 0,
             "bad_signatures": 0, "bad_bindings": 0, "unsigned_alives": 0,
             "claims_clamped": 0, "incarnation_exhausted": 0, "probes_refused": 0,
-            "refutations_unasked": 0,
+            "refutations_unasked": 0, "late_wakes": 0,
         }
         self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
             Ping: self._on_ping, Ack: self._on_ack, Nack: self._on_nack,
@@ -752,6 +753,23 @@ class Membership:
         if self._reaps and self._reaps[0][0] < t:
             t = self._reaps[0][0]
         return None if t == _INF else t
+
+    def note_lag(self, lag_s: float, now: float) -> None:
+        """This node's own loop woke ``lag_s`` late at ``now`` (its CPU busy with other
+        work). Past a probe timeout that is trouble of its own, as Lifeguard counts it: the
+        score rises (probes slow down, and a bad score passes no dead verdicts), and a
+        probe in flight waits its timeout again from now, so that acks and nacks already
+        waiting in the socket are read before the probe is judged failed."""
+        if not self.config.probe_timeout_s < lag_s < _INF:
+            return
+        self._awareness.apply(1)
+        self.stats["late_wakes"] += 1
+        p = self._probe
+        if p is not None:
+            wait = self.config.probe_timeout_s * self._scale()
+            if p.phase == _DIRECT:
+                p.direct_deadline = max(p.direct_deadline, now + wait)
+            p.final_deadline = max(p.final_deadline, now + wait)
 
     def tick(self, now: float) -> list[Effect]:
         self._clock = max(self._clock, now)

@@ -35,6 +35,8 @@ class LocalSwarm:
     say: Say
     start_timeout_s: float = 30.0  # a busy machine starts many fellows slowly
     threads: int | None = 1  # torch threads per fellow; None: the fellow's own choice
+    env: dict[str, str] = field(default_factory=dict)  # more environment for the fellows
+    cwd: Path | None = None  # where they run (`python -m` imports the package from there)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     homes: dict[str, Path] = field(default_factory=dict)
 
@@ -65,8 +67,10 @@ class LocalSwarm:
         env = dict(os.environ)
         if self.threads is not None:
             env.update(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
+        env.update(self.env)
         self.processes[name] = subprocess.Popen(command, stdout=log, stderr=log,
-                                                stdin=subprocess.DEVNULL, env=env)
+                                                stdin=subprocess.DEVNULL, env=env,
+                                                cwd=self.cwd)
         self.homes[name] = home
 
     def status(self, name: str) -> dict[str, Any]:

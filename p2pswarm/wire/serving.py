@@ -37,6 +37,7 @@ Sha256Hex = Annotated[str, Size(64, 64)]
 TensorFrame = Annotated[bytes, Size(0, 64 * 1024 * 1024)]
 StageTimes = Annotated[tuple[Seconds, ...], Items(256)]  # compute seconds, one per stage so far
 Phase = Annotated[str, Size(1, 32)]
+StageList = Annotated[tuple[U16, ...], Items(256)]  # stage indexes
 
 MAX_TENSORS_PER_REQUEST = 65536
 MAX_HASHES_PER_ASK = 4096  # a stage of a large model reads some hundreds of tensors
@@ -82,6 +83,11 @@ class SessionOpen:
     seed: U64 = 0
     keep_logits: bool = False  # send the logits each token was drawn from (tests, tools)
     resume_from: U32 = 0  # >0: continue the session's kept cache, cut to these positions
+    # a generation resumed after a failover: a stage that still holds the session's cache
+    # of at least ``resume_from`` positions continues it; one that does not starts afresh
+    # (no error) and adds its index to ``fresh``, which the last stage returns
+    recover: bool = False
+    fresh: StageList = ()
 
 
 @message(104)
@@ -90,6 +96,7 @@ class SessionReturn:
     """The last stage's stream back to the driver, for ``session``."""
 
     session: Token
+    fresh: StageList = ()  # a recovering session: the stages that must rebuild its cache
 
 
 @message(105)
@@ -103,6 +110,9 @@ class StepInput:
     final: bool
     stage_s: StageTimes
     tensor: TensorFrame
+    # >0: a chunk replayed to rebuild caches after a failover, through stages 0 ..
+    # replay_stages - 1 only (the later stages still hold those positions); 0: every stage
+    replay_stages: U16 = 0
 
 
 @message(106)

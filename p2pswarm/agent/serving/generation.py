@@ -16,11 +16,16 @@ fellow behind a lossy link never breaks the stream itself), and a silent pipelin
 
 A lost fellow need not end the generation: the driver asks the leader to heal the load
 (``StageLost``; ``failover``), which waits a grace window for a silent fellow and
-re-places a lost stage on a spare card. The driver then opens a new session on the route
-the leader answers with and replays the prompt and every token drawn so far as that
-session's prompt, so each stage rebuilds its cache and the generation goes on from the
-token it had reached (greedy output equals an undisturbed run). Only when the leader
-cannot heal the load does the generation end with the error that names the fellow.
+re-places a lost stage on a spare card. The driver then opens the same session again on
+the route the leader answers with (``SessionOpen.recover``), resuming from every position
+but the last token's: the stages that kept its cache when its streams broke continue
+from it, the others (the moved stage) start afresh and are named in the last stage's
+``SessionReturn``. The driver replays the prompt and the tokens drawn so far through the
+stages up to the last fresh one only (``StepInput.replay_stages``: a fresh stage needs the
+activations of every stage before it, which recompute theirs), then sends the last token
+through all of them, and the generation goes on from the token it had reached (greedy
+output equals an undisturbed run). Only when the leader cannot heal the load does the
+generation end with the error that names the fellow.
 
 Generations wait in the driver's queue (``queue``) for one of the load's session slots.
 One asked to be remembered (a chat turn) leaves its session's cache on the stages when it
@@ -98,6 +103,7 @@ class _ReturnSlot:
     arrived: trio.Event = field(default_factory=trio.Event)
     done: trio.Event = field(default_factory=trio.Event)
     stream: SecureStream | None = None
+    fresh: tuple[int, ...] = ()  # a recovering session: the stages that start afresh
 
 
 class _Evicted(SwarmError):
@@ -140,6 +146,8 @@ class _Run:
     remember: bool = False  # keep the session's cache for a next turn
     reuse: tuple[str, int] | None = None  # a kept session to continue, and its positions
     cached: int = 0  # prompt tokens the kept session's cache held
+    session: str | None = None  # the session's id: a resumed one keeps it (``recover``)
+    replays: list[int] = field(default_factory=list)  # stages replayed through, per resume
     prefill_s: tuple[float, ...] = ()  # each stage's compute of the prompt's last chunk
 
 
@@ -169,6 +177,9 @@ class Generation:
         self.offers = offers
         self.step_timeout_s = 60.0  # the most a driver waits for one token
         self.heal_timeout_s = HEAL_TIMEOUT_S
+        # a resumed session replays through every stage under a new id, as before the
+        # stages kept broken sessions' caches (the benchmark's comparison)
+        self.replay_everything = False
         self.admission = Admission()
         self.kept = PrefixCache()
         self.answers = AnswerIds()  # remembered answers' own ids, for the next turn's prompt
@@ -180,6 +191,7 @@ class Generation:
         if slot is None or slot.stream is not None or stream.peer_node_id != slot.expected_id:
             return
         slot.stream = stream
+        slot.fresh = msg.fresh
         slot.arrived.set()
         await slot.done.wait()  # the driver reads it; returning would close it
 
@@ -324,7 +336,7 @@ class Generation:
             route=tuple({"stage": r["stage"], "fellow": r["fellow"], "layers": r["layers"],
                          "card": r.get("card", "")} for r in route),
             logits=tuple(run.kept), resumes=run.resumes, cached_tokens=run.cached,
-            stage_prefill_s=run.prefill_s)
+            stage_prefill_s=run.prefill_s, replayed_stages=tuple(run.replays))
 
     async def _session(self, record: dict[str, Any], run: _Run, max_tokens: int,
                        stops: set[int], open_msg: SessionOpen, text: TextStream,
@@ -332,12 +344,17 @@ class Generation:
         """One session through the load's route, from the tokens ``run`` has so far to
         the end; its failure, or None when the generation is done."""
         session, start = f"{self.agent.rng.getrandbits(64):016x}", 0
+        recover = False
         if run.reuse is not None and not run.tokens:
             session, start = run.reuse
-        run.reuse, run.cached = None, start  # a later session (after a failure) is new
+        elif run.session is not None and run.tokens and not self.replay_everything:
+            # resumed after a failure: the stages that kept the session's cache continue
+            # it from every position but the last token's (which not all of them ran)
+            session, start, recover = run.session, len(run.ids) + len(run.tokens) - 1, True
+        run.reuse, run.cached, run.session = None, 0 if recover else start, session
         route = [dict(s) for s in record["stages"]]
         open_msg = dataclasses.replace(open_msg, session=session, plan_id=record["plan_id"],
-                                       resume_from=start)
+                                       resume_from=start, recover=recover)
         slot = _ReturnSlot(bytes.fromhex(route[-1]["fellow_id"]))
         self._returns[session] = slot
         failure = _Failure()
@@ -414,17 +431,18 @@ class Generation:
 
         began = time.perf_counter()
         await send(open_msg)
-        for start in range(open_msg.resume_from, len(prompt), chunk):
+        resume = open_msg.resume_from
+        if open_msg.recover:  # which stages rebuild is known once the ring is open
+            await self._returned(slot, route, failure)
+            through = min(max(slot.fresh, default=-1) + 1, len(route))
+            run.replays.append(through)
+            for start in range(0, resume if through else 0, chunk):
+                await send(StepInput(0, start, False, (), self.runtime.token_frame(
+                    prompt[start:min(start + chunk, resume)]), through))
+        for start in range(resume, len(prompt), chunk):
             await send(StepInput(0, start, start + chunk >= len(prompt), (),
                                  self.runtime.token_frame(prompt[start:start + chunk])))
-        with trio.move_on_after(self.step_timeout_s):
-            await slot.arrived.wait()
-        if slot.stream is None:
-            failure.set(TransportError(
-                f"the last stage on fellow {route[-1]['fellow']} did not connect back within "
-                f"{self.step_timeout_s:g} s"), lost=len(route) - 1)
-            await trio.sleep_forever()
-        ret = slot.stream
+        ret = await self._returned(slot, route, failure)
         max_bytes = self.agent.config.transport.max_frame_bytes
         n_chunks = math.ceil(len(prompt) / chunk)
         step = 0
@@ -458,6 +476,18 @@ class Generation:
             position = len(run.ids) + len(run.tokens) - 1
             await send(StepInput(step, position, True, (),
                                  self.runtime.token_frame([msg.token])))
+
+    async def _returned(self, slot: _ReturnSlot, route: list[dict[str, Any]],
+                        failure: _Failure) -> SecureStream:
+        """The last stage's stream back, once it has connected."""
+        with trio.move_on_after(self.step_timeout_s):
+            await slot.arrived.wait()
+        if slot.stream is None:
+            failure.set(TransportError(
+                f"the last stage on fellow {route[-1]['fellow']} did not connect back within "
+                f"{self.step_timeout_s:g} s"), lost=len(route) - 1)
+            await trio.sleep_forever()
+        return slot.stream
 
     async def _receive_output(self, stream: SecureStream, route: list[dict[str, Any]],
                               timeout_s: float, max_bytes: int,

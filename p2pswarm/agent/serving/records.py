@@ -201,6 +201,8 @@ class GenerationResult:
     cached_tokens: int = 0  # prompt tokens a kept session's cache held (not prefilled)
     resumes: int = 0  # sessions re-opened on a healed load (a stage moved, or came back)
     stage_prefill_s: tuple[float, ...] = ()  # compute per stage of the prompt's last chunk
+    # per resume, how many stages (from stage 0) replayed the past tokens; 0: none did
+    replayed_stages: tuple[int, ...] = ()
 
     @property
     def decode_steps(self) -> int:
@@ -228,7 +230,7 @@ class GenerationResult:
                        for r, s, p in zip(self.route, self.stage_decode_s, prefill)],
             "network_ms_per_token": max(per_token - compute, 0.0) * 1e3,
             "hops": len(self.route) + 1,
-            "resumes": self.resumes,
+            "resumes": self.resumes, "replayed_stages": list(self.replayed_stages),
         }
 
 

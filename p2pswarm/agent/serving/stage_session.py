@@ -24,12 +24,21 @@ Many sessions share a stage: decode steps waiting at once run as one batch
 queue keeps the wait short). A session the driver ends with ``keep`` leaves its cache in
 its slot for its next turn (``SessionOpen.resume_from``); a new session evicts the least
 recently kept when no slot is free.
+
+A session whose stream breaks without a ``SessionEnd`` (a neighbour lost) is kept the same
+way for a grace period (``interrupted``). When the driver resumes the generation after a
+failover (``SessionOpen.recover``), a stage that still holds at least the positions it
+resumes from continues there; one that does not (the moved stage) starts the session
+afresh and says so (``fresh``, returned to the driver), and the driver replays the past
+positions only through the stages up to the last fresh one (``StepInput.replay_stages``):
+they need the activations of every stage before them, so those recompute theirs.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -38,6 +47,7 @@ import trio
 
 from p2pswarm import wire
 from p2pswarm.agent.serving.batching import DecodeBatcher
+from p2pswarm.agent.serving.interrupted import InterruptedCaches
 from p2pswarm.agent.serving.records import HostedStage
 from p2pswarm.agent.serving.runtime import BatchStep, StageRuntime, Stepped
 from p2pswarm.agent.streams import send_best_effort
@@ -71,6 +81,8 @@ class StageSession:
         self.upstream = upstream
         self.downstream = downstream
         self.ending = False
+        self.ended = False  # the driver ended it (SessionEnd): not a broken stream
+        self.failed = False  # this stage's compute failed: nothing to resume from
         self.keep = False  # the driver ended it with keep: leave its cache for a next turn
         self.scope: trio.CancelScope | None = None
         self.sampler: Any = None
@@ -93,6 +105,9 @@ class StageSessions:
         self.hosted = hosted
         self.session_idle_s = 600.0  # a stage drops a session whose driver fell silent
         self.prefill_tokens = 0  # positions of prompts this fellow's first stages ran
+        self.positions_run: Counter[tuple[str, int]] = Counter()  # per (plan, stage)
+        self.interrupted = InterruptedCaches(agent)
+        self._running: dict[tuple[str, int, str], StageSession] = {}
         self._batchers: dict[tuple[str, int], tuple[HostedStage, DecodeBatcher[Any, Any]]] = {}
         self._freed: dict[tuple[str, int], trio.Event] = {}  # a slot freed at that stage
         agent.on_stream(SessionOpen, self._on_session_open)
@@ -126,6 +141,33 @@ class StageSessions:
             while session in hosted.sessions:
                 await self._freed.setdefault(key, trio.Event()).wait()
 
+    async def _recover(self, hosted: HostedStage, msg: SessionOpen) -> bool:
+        """A generation resumed after a failover: take the session back from its cache
+        when this stage holds at least ``resume_from`` of its positions, else start it
+        afresh. Its earlier run here may not have noticed the break yet (a frozen
+        neighbour keeps its streams open): that run ends now. False: no slot came free."""
+        running = self._running.get(self.interrupted.key(hosted, msg.session))
+        if running is not None and running.scope is not None:
+            self.interrupted.taken_over += 1
+            running.scope.cancel()
+        await self._ended(hosted, msg.session)
+        self.interrupted.claim(hosted, msg.session)
+        stage = hosted.stage
+        if stage is None or msg.session in hosted.sessions:  # that run never ended
+            return False
+        session = msg.session
+
+        def resume() -> bool:
+            if stage.resume_session(session, msg.resume_from):
+                return True
+            stage.end_session(session)  # too short, or none: never a stale cache
+            return False
+
+        async with hosted.limiter:
+            if resume():
+                return True
+        return await self._room(hosted, session)
+
     def _slot_freed(self, hosted: HostedStage) -> None:
         event = self._freed.pop((hosted.order.plan_id, hosted.order.stage), None)
         if event is not None:
@@ -141,9 +183,18 @@ class StageSessions:
                 msg.stage, me, f"holds no stage {msg.stage} of plan {msg.plan_id} (unloaded?)"))
             return
         stage = hosted.stage
-        if msg.resume_from > 0:
+        fresh = msg.fresh
+        if msg.recover:
+            if not await self._recover(hosted, msg):
+                await send_best_effort(upstream, SessionError(
+                    msg.stage, me, f"had no free session slot for {SLOT_WAIT_S:g} s"))
+                return
+            if msg.session not in stage.sessions:
+                fresh = (*msg.fresh, msg.stage)[:256]
+        elif msg.resume_from > 0:
             # the turn before may still be ending here (its SessionEnd is on its way)
             await self._ended(hosted, msg.session)
+            self.interrupted.claim(hosted, msg.session)
             async with hosted.limiter:
                 resumed = stage.resume_session(msg.session, msg.resume_from)
             if not resumed:
@@ -161,17 +212,22 @@ class StageSessions:
                 downstream = await open_hop(self.agent, nxt)
                 await downstream.send_frame(wire.encode(SessionOpen(
                     msg.session, msg.plan_id, msg.stage + 1, msg.return_addr, msg.temperature,
-                    msg.top_k, msg.top_p, msg.seed, msg.keep_logits, msg.resume_from)))
+                    msg.top_k, msg.top_p, msg.seed, msg.keep_logits, msg.resume_from,
+                    msg.recover, fresh)))
             else:
                 downstream = await self.agent.open_secure(msg.return_addr)
-                await downstream.send_frame(wire.encode(SessionReturn(msg.session)))
+                await downstream.send_frame(wire.encode(SessionReturn(msg.session, fresh)))
         except SwarmError as exc:
             blame = (msg.stage + 1, nxt["fellow"]) if nxt is not None else (msg.stage, me)
             await send_best_effort(upstream, SessionError(
                 blame[0], blame[1], f"is unreachable from {me}: {exc}"[:500]))
+            # a cache taken back for this run is kept again, for the driver's next try
+            await self.interrupted.keep(hosted, msg.session)
             return
         session = StageSession(msg, hosted, upstream, downstream)
         hosted.sessions.add(msg.session)
+        running = self.interrupted.key(hosted, msg.session)
+        self._running[running] = session
         try:
             async with trio.open_nursery() as nursery:
                 session.scope = nursery.cancel_scope
@@ -188,9 +244,15 @@ class StageSessions:
                 if not session.keep:
                     await downstream.aclose()
                 held = hosted.stage
+                if self._running.get(running) is session:
+                    del self._running[running]
                 if held is not None and msg.session in held.sessions:
-                    end = held.keep_session if session.keep else held.end_session
-                    await self.agent.compute.run(lambda: end(msg.session), hosted.limiter)
+                    if not (session.ended or session.failed):  # broken: may be resumed
+                        await self.interrupted.keep(hosted, msg.session)
+                    else:
+                        end = held.keep_session if session.keep else held.end_session
+                        await self.agent.compute.run(lambda: end(msg.session),
+                                                     hosted.limiter)
                 hosted.sessions.discard(msg.session)
                 if session.keep:
                     await downstream.aclose()
@@ -223,8 +285,9 @@ class StageSessions:
                 except (SwarmError, RuntimeError, ValueError) as exc:
                     # a stage released under the session (the load moved, or was
                     # unloaded) is a lost stage for the driver to heal, not a failure
-                    why = "released the stage" if hosted.state == "released" else \
-                        f"failed: {exc}"
+                    released = hosted.state == "released"
+                    s.failed = not released
+                    why = "released the stage" if released else f"failed: {exc}"
                     error = SessionError(hosted.order.stage, me, why[:500])
                     await send_best_effort(s.upstream, error)
                     await send_best_effort(s.downstream, error)
@@ -237,7 +300,7 @@ class StageSessions:
                     await self._lost_downstream(s)
                     return
             elif isinstance(msg, SessionEnd):
-                s.ending = True
+                s.ending = s.ended = True
                 s.keep = msg.keep
                 await send_best_effort(s.downstream, msg)
                 return
@@ -271,13 +334,19 @@ class StageSessions:
         if stage is None:
             raise PlacementError("the stage was unloaded")
         began = time.perf_counter()
+        if msg.replay_stages and msg.position == 0 and s.msg.session in stage.sessions:
+            # a stage before the last that must rebuild recomputes its outputs for the
+            # past positions (it kept no activations): its cache is rebuilt with them
+            stage.end_session(s.msg.session)
         out = self.runtime.step(stage, s.msg.session, msg.tensor, msg.position,
                                 self._sampler(s, msg, stage.is_last), s.msg.keep_logits)
+        self.positions_run[(s.hosted.order.plan_id, s.hosted.order.stage)] += out.tokens
         if msg.step > 0:  # a decode step: how long this stage takes for one (smoothed)
             _smooth_decode_s(s.hosted, out.forward_s)
         elif s.hosted.order.stage == 0:
             self.prefill_tokens += out.tokens
-        return self._output(stage.is_last, msg, out, time.perf_counter() - began)
+        return self._output(stage.is_last, msg, out, time.perf_counter() - began,
+                            s.hosted.order.stage)
 
     async def _decode_one(self, hosted: HostedStage, item: tuple[StageSession, StepInput]
                           ) -> bytes | None:
@@ -299,17 +368,22 @@ class StageSessions:
                            self._sampler(s, msg, stage.is_last), s.msg.keep_logits)
                  for s, msg in items]
         outs = self.runtime.step_batch(stage, steps)
+        self.positions_run[(hosted.order.plan_id, hosted.order.stage)] += len(outs)
         if outs:
             _smooth_decode_s(hosted, outs[0].forward_s)  # how long the batch holds the loop
         took = time.perf_counter() - began
-        return [self._output(stage.is_last, msg, out, took)
+        return [self._output(stage.is_last, msg, out, took, hosted.order.stage)
                 for (_, msg), out in zip(items, outs)]
 
     @staticmethod
-    def _output(is_last: bool, msg: StepInput, out: Stepped, took: float) -> bytes | None:
+    def _output(is_last: bool, msg: StepInput, out: Stepped, took: float,
+                index: int) -> bytes | None:
         stage_s = msg.stage_s + (took,)
+        if msg.replay_stages and index + 1 >= msg.replay_stages:
+            return None  # a replayed chunk stops at the last stage that rebuilds
         if not is_last:
-            return wire.encode(StepInput(msg.step, msg.position, msg.final, stage_s, out.frame))
+            return wire.encode(StepInput(msg.step, msg.position, msg.final, stage_s, out.frame,
+                                         msg.replay_stages))
         if out.token is None:
             return None  # a prompt chunk before the last: its cache is what counts
         return wire.encode(StepOutput(msg.step, out.token, stage_s, out.logits))

@@ -146,13 +146,7 @@ class StageHosts:
         if order.fellow_id != fellow_id(self.agent.node_id):
             raise PlacementError(f"{self.agent.name} got the order for stage {key[2]}, which "
                                  "the plan gives another fellow")
-        old = self.hosts.get(key)
-        if old is not None:
-            if old.generation >= order.generation and old.term >= order.term:
-                raise PlacementError(f"{self.agent.name} already holds stage {key[2]} of "
-                                     f"replica {key[1]} of {key[0]}")
-            # an earlier placement the leader (or a new leader) moved on from
-            self._supersede(self.hosts.pop(key))
+        old = self._take_over_from(key, order)
         cards = self.agent.serving._live_cards()
         card = next((c for c in cards if c.kind == kind and c.index == index), None)
         label = card_label(kind, index, getattr(card, "name", ""))
@@ -180,13 +174,27 @@ class StageHosts:
         else:
             runtime = self.training.runtime
             compute = await self.agent.compute.run(lambda: runtime.build_stage(order, job))
-        if key in self.hosts:
-            raise PlacementError(f"stage {key[2]} of {key[0]} was taken twice")
+        # another order for this stage may have landed while this one built (a deposed
+        # leader's and its successor's): the newer placement wins, as above
+        self._take_over_from(key, order)
         self.hosts[key] = host = TrainHost(order, job, compute)
         if reuse and old is not None:
             host.limiter = old.limiter  # one computation at a time on the shared stage
         self._publish()
         return TrainPrepared()
+
+    def _take_over_from(self, key: tuple[str, int, int], order: TrainPrepare) -> TrainHost | None:
+        """The stage this fellow holds under ``key``, let go for ``order``'s newer
+        placement; refused when what it holds is as new (or newer)."""
+        old = self.hosts.get(key)
+        if old is None:
+            return None
+        if old.generation >= order.generation and old.term >= order.term:
+            raise PlacementError(f"{self.agent.name} already holds stage {key[2]} of "
+                                 f"replica {key[1]} of {key[0]}")
+        # an earlier placement the leader (or a new leader) moved on from
+        self._supersede(self.hosts.pop(key))
+        return old
 
     async def release(self, order: TrainRelease) -> TrainReleased:
         dropped = [k for k, h in self.hosts.items()
