@@ -30,7 +30,8 @@
    the conversation): the fifth turn's time to first token against the first's, with the
    stages keeping the session's cache between turns and, side by side, without
    (``--only-chat`` alone, ``--chats N`` of them): as the driver times it, as the client
-   sees it, the stages' prefill compute, and the same two prefills in one process.
+   sees it, the stages' prefill compute (wall), the fellows' CPU time over a fifth turn
+   and another chat's first turn beside it, and the same two prefills in one process.
 
 One torch thread per stage everywhere, as on a machine whose cores the fellows share; on
 a machine other processes keep busy the figures are pessimistic.
@@ -636,13 +637,17 @@ def chat_figures(model: str, chats: int = 3, slots: int = 8) -> dict[str, Any]:
         request(driver, {"op": "generate", "prompt": "warm", "max_tokens": 4,
                          "stop_token_ids": []}, timeout_s=120)  # warm every stage
         runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+        pids = [swarm.processes[name].pid for name in sorted(swarm.processes)]
         for chat in range(chats):
             for kept in (True, False):
-                runs[kept].append(_one_chat(driver, kept, 5, chat))
+                runs[kept].append(_one_chat(driver, kept, 5, chat, pids))
         request(home, {"op": "unload"}, timeout_s=60)
     out: dict[str, Any] = {kept: _chat_summary(runs[kept]) for kept in (True, False)}
     last = runs[True][-1]
     new = last["prompt_tokens"][-1] - last["cached_tokens"][-1]
+    out["in_process_staged"] = prefill_in_process(model, new, last["cached_tokens"][-1],
+                                                  last["prompt_tokens"][0], stages=3,
+                                                  slots=slots)
     out["in_process"] = prefill_in_process(model, new, last["cached_tokens"][-1],
                                            last["prompt_tokens"][0])
     return out
@@ -659,8 +664,13 @@ def _chat_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
     ttft, client, compute = median("ttft_s"), median("client_ttft_s"), median("prefill_s")
     beside = [r["ttft_s"][-1] / r["first_beside_s"] for r in runs]
+    cpu = [sum(r["fifth_cpu_s"]) / sum(r["first_beside_cpu_s"]) for r in runs]
     return {"ttft_s": ttft, "client_ttft_s": client, "prefill_s": compute,
             "beside_ratios": beside, "beside_ratio": statistics.median(beside),
+            "cpu_ratios": cpu, "cpu_ratio": statistics.median(cpu),
+            "fifth_cpu_s": statistics.median(sum(r["fifth_cpu_s"]) for r in runs),
+            "first_beside_cpu_s": statistics.median(sum(r["first_beside_cpu_s"])
+                                                    for r in runs),
             "cached_tokens": [r["cached_tokens"] for r in runs],
             "prompt_tokens": runs[-1]["prompt_tokens"], "ratio": ttft[-1] / ttft[0],
             "client_ratio": client[-1] / client[0], "compute_ratio": compute[-1] / compute[0],
@@ -668,19 +678,29 @@ def _chat_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "load_average": [r["load_average"] for r in runs], "runs": runs}
 
 
-def _one_chat(driver: Path, kept: bool, turns: int, chat: int) -> dict[str, Any]:
+def _one_chat(driver: Path, kept: bool, turns: int, chat: int,
+              pids: list[int]) -> dict[str, Any]:
     """One chat's turns; and just before its last turn, the first turn of another chat
     of the same length (the same machine's moment for both: a busy machine's load moves
-    within the seconds between a chat's first turn and its fifth)."""
+    within the seconds between a chat's first turn and its fifth). Those two turns stop
+    at their first token, and the fellows' CPU time over each is taken (``pids``): the
+    turn's work (the prefill and the fixed costs around it) as the processes spent it,
+    which waiting for a busy core does not stretch as it stretches the wall time."""
     messages: list[dict[str, str]] = []
     out: dict[str, Any] = {k: [] for k in ("ttft_s", "client_ttft_s", "prefill_s",
                                            "cached_tokens", "prompt_tokens")}
     for turn in range(turns):
-        if turn == turns - 1:
-            side = _turn(driver, kept, [_user(f"Side {chat}", 0)])[0]
+        last = turn == turns - 1
+        if last:
+            before = processes_cpu_s(pids)
+            side = _turn(driver, kept, [_user(f"Side {chat}", 0)], max_tokens=1)[0]
+            out["first_beside_cpu_s"] = _minus(processes_cpu_s(pids), before)
             out["first_beside_s"] = side["time_to_first_token_s"]
         messages.append(_user(f"Chat {chat}", turn))
-        result, client_s = _turn(driver, kept, messages)
+        before = processes_cpu_s(pids)
+        result, client_s = _turn(driver, kept, messages, max_tokens=1 if last else 24)
+        if last:
+            out["fifth_cpu_s"] = _minus(processes_cpu_s(pids), before)
         out["ttft_s"].append(result["time_to_first_token_s"])
         out["client_ttft_s"].append(client_s)
         out["prefill_s"].append(sum(s.get("prefill_ms", 0.0) for s in result["stages"]) / 1e3)
@@ -691,18 +711,37 @@ def _one_chat(driver: Path, kept: bool, turns: int, chat: int) -> dict[str, Any]
     return out
 
 
+def processes_cpu_s(pids: list[int]) -> list[float]:
+    """Each process's CPU time so far, its live threads' together, in nanoseconds' detail
+    (``/proc/PID/task/TID/schedstat``; ``/proc/PID/stat`` counts only 10 ms ticks)."""
+    out = []
+    for pid in pids:
+        total = 0
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass  # a thread that ended meanwhile
+        out.append(total / 1e9)
+    return out
+
+
+def _minus(after: list[float], before: list[float]) -> list[float]:
+    return [a - b for a, b in zip(after, before)]
+
+
 def _user(chat: str, turn: int) -> dict[str, str]:
     return {"role": "user", "content": f"{chat}, turn {turn}: tell the swarm more. " * 3}
 
 
-def _turn(driver: Path, kept: bool, messages: list[dict[str, str]]
+def _turn(driver: Path, kept: bool, messages: list[dict[str, str]], max_tokens: int = 24
           ) -> tuple[dict[str, Any], float]:
     """One turn, through the chat op (the session kept) or generate on the same prompt:
     its result, and the time from the request to the first token as the client sees it."""
     from p2pswarm.control.client import stream
     from p2pswarm.http.chat import plain_prompt
 
-    options = {"max_tokens": 24, "stop_token_ids": [], "temperature": 0.0}
+    options = {"max_tokens": max_tokens, "stop_token_ids": [], "temperature": 0.0}
     ask = ({"op": "chat", "messages": messages, **options} if kept else
            {"op": "generate", "prompt": plain_prompt(messages), **options})
     first: list[float] = []
@@ -716,29 +755,46 @@ def _turn(driver: Path, kept: bool, messages: list[dict[str, str]]
     return result, first[0] - sent
 
 
-def prefill_in_process(model: str, new: int, cached: int, first: int,
-                       runs: int = 9) -> dict[str, Any]:
+def prefill_in_process(model: str, new: int, cached: int, first: int, runs: int = 9,
+                       stages: int = 1, slots: int = 2) -> dict[str, Any]:
     """The fifth turn's prefill in one process (``new`` tokens after ``cached``) against
     the first's (``first`` tokens, nothing cached), all layers, one thread, runs
-    alternating; the thread's CPU time too, which other processes' work disturbs less."""
+    alternating; the thread's CPU time too, which other processes' work disturbs less.
+    With ``stages`` > 1 the layers are cut as a load cuts them and the hidden states go
+    from stage to stage as frames, as between fellows (``slots`` sessions each)."""
     from p2pswarm.runtime import Stage, StageSpec
+    from p2pswarm.runtime.frame import decode_tensor, encode_tensor
 
     layers = BUILTIN_MODELS[model]["num_hidden_layers"]
-    stage = Stage.load(model, StageSpec(0, layers, max_sessions=2, max_context_tokens=1024))
+    cuts = [layers * i // stages for i in range(stages + 1)]
+    chain = [Stage.load(model, StageSpec(a, b, max_sessions=slots, max_context_tokens=1024))
+             for a, b in zip(cuts, cuts[1:])]
     ids = [1 + (i * 7) % 250 for i in range(cached + new)]
-    stage.prefill("long", ids[:cached])
+
+    def prefill(session: str, tokens: list[int]) -> None:
+        x: Any = tokens
+        for i, stage in enumerate(chain):
+            if i:
+                x = decode_tensor(bytes(encode_tensor(x)))
+            x = stage.prefill(session, x)
+
+    def end(session: str) -> None:
+        for stage in chain:
+            stage.end_session(session)
+
+    prefill("long", ids[:cached])
 
     def fresh() -> tuple[float, float]:
-        stage.end_session("short")
+        end("short")
         wall, cpu = time.perf_counter(), time.thread_time()
-        stage.prefill("short", ids[:first])
+        prefill("short", ids[:first])
         return time.perf_counter() - wall, time.thread_time() - cpu
 
     def continued() -> tuple[float, float]:
-        stage.end_session("long")
-        stage.prefill("long", ids[:cached])
+        end("long")
+        prefill("long", ids[:cached])
         wall, cpu = time.perf_counter(), time.thread_time()
-        stage.prefill("long", ids[cached:])
+        prefill("long", ids[cached:])
         return time.perf_counter() - wall, time.thread_time() - cpu
 
     fresh(), continued()
@@ -748,7 +804,7 @@ def prefill_in_process(model: str, new: int, cached: int, first: int,
         b.append(continued())
     wall_a, wall_b = (statistics.median(t[0] for t in x) for x in (a, b))
     cpu_a, cpu_b = (statistics.median(t[1] for t in x) for x in (a, b))
-    return {"new": new, "cached": cached, "first": first, "first_s": wall_a,
+    return {"new": new, "cached": cached, "first": first, "stages": stages, "first_s": wall_a,
             "fifth_s": wall_b, "ratio": wall_b / wall_a, "first_cpu_s": cpu_a,
             "fifth_cpu_s": cpu_b, "cpu_ratio": cpu_b / cpu_a,
             "load_average": os.getloadavg()[0]}
@@ -770,15 +826,21 @@ def chat_rows(chat: dict[Any, Any]) -> list[tuple[str, str, str]]:
                      f"{c['compute_ratio']:.2f}; each fifth turn against another chat's "
                      f"first turn just before it: median "
                      f"{c['beside_ratio']:.2f} ({', '.join(f'{r:.2f}' for r in c['beside_ratios'])}); "
+                     f"the fellows' CPU time over those two turns: "
+                     f"{c['fifth_cpu_s']:.3f} / {c['first_beside_cpu_s']:.3f} s, median "
+                     f"{c['cpu_ratio']:.2f} ({', '.join(f'{r:.2f}' for r in c['cpu_ratios'])}); "
                      f"fifth turn cached "
                      f"{[r[-1] for r in c['cached_tokens']]} of {c['prompt_tokens'][-1]} "
                      f"tokens; load average {loads})", "<= 1.2" if kept else "reported"))
-    p = chat["in_process"]
-    rows.append((f"... the fifth turn's prefill in one process ({p['new']} new tokens after "
-                 f"{p['cached']} cached) against the first's ({p['first']} tokens)",
-                 f"{p['fifth_s'] * 1e3:.0f} / {p['first_s'] * 1e3:.0f} ms = {p['ratio']:.2f} "
-                 f"(thread CPU time {p['cpu_ratio']:.2f}; load average "
-                 f"{p['load_average']:.1f})", "reported (the floor)"))
+    for key, how in (("in_process", "one stage"),
+                     ("in_process_staged", "three stages, frames between them")):
+        p = chat[key]
+        rows.append((f"... the fifth turn's prefill in one process, {how} ({p['new']} new "
+                     f"tokens after {p['cached']} cached) against the first's ({p['first']} "
+                     "tokens)",
+                     f"{p['fifth_s'] * 1e3:.0f} / {p['first_s'] * 1e3:.0f} ms = "
+                     f"{p['ratio']:.2f} (thread CPU time {p['cpu_ratio']:.2f}; load average "
+                     f"{p['load_average']:.1f})", "reported (the floor)"))
     return rows
 
 

@@ -29,6 +29,9 @@ from torch import nn
 from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.quant import DequantWorkspace
 
+# attention masks of one forward by (new tokens, keys, window, soft-capped)
+Masks = dict[tuple[int, int, int | None, bool], torch.Tensor]
+
 
 class LayerCache(Protocol):
     """Where a stage keeps keys and values between calls (one session's view)."""
@@ -138,7 +141,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(config.q_dim, config.hidden_size, bias=config.o_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int,
-                cache: LayerCache | None, layer: int) -> torch.Tensor:
+                cache: LayerCache | None, layer: int, masks: Masks | None = None
+                ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -149,16 +153,10 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(layer, k, v, start_pos)
         L = k.shape[2]
-        # queries sit at the end of the keys: query i may see keys 0 .. L - T + i, and on
-        # a sliding layer only the last `window` of those
         mask = None
         windowed = self.window is not None and L > self.window
         if windowed or self.softcap is not None or 1 < T < L:
-            query = torch.arange(L - T, L, device=x.device)[:, None]
-            key = torch.arange(L, device=x.device)[None, :]
-            mask = key <= query
-            if self.window is not None:
-                mask = mask & (key > query - self.window)
+            mask = self._mask(T, L, q, masks)
         if self.softcap is not None:
             y = self._softcapped(q, k, v, mask)
         else:
@@ -168,6 +166,27 @@ class Attention(nn.Module):
             )
         out: torch.Tensor = self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
         return out
+
+    def _mask(self, T: int, L: int, q: torch.Tensor, masks: Masks | None) -> torch.Tensor:
+        """Which keys each query may see: queries sit at the end of the keys, so query i
+        sees keys 0 .. L - T + i, and on a sliding layer only the last ``window`` of those.
+        The soft-capped path takes it as booleans; SDPA as 0 / -inf in the query's dtype,
+        which is what it would turn booleans into on every call. Layers of one forward
+        with the same shape share one mask (``masks``), built once instead of per layer."""
+        key = (T, L, self.window, self.softcap is not None)
+        if masks is not None and key in masks:
+            return masks[key]
+        query_pos = torch.arange(L - T, L, device=q.device)[:, None]
+        key_pos = torch.arange(L, device=q.device)[None, :]
+        mask = key_pos <= query_pos
+        if self.window is not None:
+            mask = mask & (key_pos > query_pos - self.window)
+        if self.softcap is None:
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
+                ~mask, float("-inf"))
+        if masks is not None:
+            masks[key] = mask
+        return mask
 
     def _softcapped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     mask: torch.Tensor | None) -> torch.Tensor:
@@ -218,12 +237,15 @@ class Block(nn.Module):
             self.post_feedforward_layernorm = norm(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int,
-                cache: LayerCache | None, layer: int) -> torch.Tensor:
+                cache: LayerCache | None, layer: int, masks: Masks | None = None
+                ) -> torch.Tensor:
         if not self.sandwich:
-            x = x + self.self_attn(self.input_layernorm(x), cos, sin, start_pos, cache, layer)
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, start_pos, cache, layer,
+                                   masks)
             out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
             return out
-        attended = self.self_attn(self.input_layernorm(x), cos, sin, start_pos, cache, layer)
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, start_pos, cache, layer,
+                                  masks)
         x = x + self.post_attention_layernorm(attended)
         mlp_out = self.mlp(self.pre_feedforward_layernorm(x))
         out = x + self.post_feedforward_layernorm(mlp_out)
@@ -267,9 +289,10 @@ class StageModel(nn.Module):
         cos, sin = self.rotary(positions, h.dtype)
         local = self.rotary(positions, h.dtype, local=True) \
             if self.rotary.local_inv_freq is not None else (cos, sin)
+        masks: Masks = {}  # one attention mask per shape, shared by the layers
         for i, block in enumerate(self.layers):
             c, s = local if block.local_rope else (cos, sin)
-            h = block(h, c, s, start_pos, cache, i)
+            h = block(h, c, s, start_pos, cache, i, masks)
         if self.norm is None or self.lm_head is None:
             return h
         if last_logits_only:
