@@ -270,6 +270,16 @@ def held_out_loss(directory: Path, batches: int = HELD_OUT_BATCHES) -> dict[str,
     return {"step": exported.step, "loss": exported.holdout_loss}
 
 
+def newest_store(swarm: Field, job_id: str) -> Path:
+    """Of the checkpoint directories a job's leaders wrote (each leader its own, in its
+    home; the submitter's directory when it led), the one holding the newest checkpoint."""
+    from p2pswarm.training.checkpoint import CheckpointStore
+
+    stores = [swarm.swarm.root / "checkpoints"] + [
+        home / "job-checkpoints" / job_id for home in swarm.swarm.homes.values()]
+    return max(stores, key=lambda d: CheckpointStore(d).latest() or -1 if d.is_dir() else -1)
+
+
 def _gap(chaos: float | None, calm: float | None) -> float | None:
     """How far the chaos run's loss is from the calm one's, as a fraction of it."""
     return abs(chaos - calm) / calm if chaos is not None and calm else None
@@ -473,7 +483,7 @@ def run(*, fellows: int, minutes: float, seed: int, say: Say, job: dict[str, Any
                 phase = "serving at the end"
                 served = dict(zip(labels, _both(_served, both)))
             phase = "measuring the final loss on held-out data"
-            held_out = {label: held_out_loss(swarm.swarm.root / "checkpoints")
+            held_out = {label: held_out_loss(newest_store(swarm, watches[label].job_id))
                         for label, swarm in zip(labels, both)}
             phase = "measuring idle gossip"
             # the checkpoints the job wrote: those its record named, and every step with
