@@ -99,6 +99,11 @@ class ReplicaLost(PlacementError):
     """A training replica lost a fellow or a stage failed: it is paused, the job goes on."""
 
 
+class EveryReplicaLost(ReplicaLost):
+    """A job of several replicas lost every one: it goes on from its checkpoint, placed
+    again as fellows come back."""
+
+
 class WeightsCacheFull(PlacementError):
     """This fellow's weights cache cannot take a tensor (``storage.weights_cache_bytes``):
     no other sender would change that."""

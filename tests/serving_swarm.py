@@ -14,7 +14,7 @@ from p2pswarm.agent import Agent
 from p2pswarm.agent.world import AgentWorld, Services
 from p2pswarm.planner import BUILTIN_MODELS
 from p2pswarm.runtime import LocalPipeline, Stage, StageSpec
-from p2pswarm.sim.virtual import Fellow, VirtualSwarm
+from p2pswarm.sim.virtual import Fellow, VirtualSwarm, wait_until
 from tests.cpu_swarm import start_cpu_swarm
 
 MODEL = "tiny-llama"
@@ -48,6 +48,25 @@ def reference(plan: dict[str, Any], source: object) -> LocalPipeline:
 
 def nothing_held(swarm: VirtualSwarm) -> bool:
     return all(not a.serving.hosted and a.serving.allocated_bytes() == 0 for a in swarm.live())
+
+
+async def next_leader(swarm: VirtualSwarm, old_id: bytes, old_term: int,
+                      timeout_s: float = 60.0) -> Agent:
+    """The one leader every live fellow names, once one other than ``old_id`` leads a term
+    after ``old_term``."""
+    def found() -> Agent | None:
+        seen = swarm.leaders()
+        if len(seen) != 1:
+            return None
+        ((lid, term),) = seen
+        if lid is None or lid == old_id or term <= old_term:
+            return None
+        return next(a for a in swarm.live() if a.node_id == lid)
+
+    await wait_until(lambda: found() is not None, timeout_s=timeout_s)
+    new = found()
+    assert new is not None
+    return new
 
 
 def random_adapter(out: Path, model: str, config: Any, *, base: str, seeds: tuple[int, int]

@@ -18,7 +18,14 @@ from p2pswarm.errors import ConfigError
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
 from p2pswarm.wire.loads import RouteHop, StageOrdersKept
-from tests.serving_swarm import MODEL, PROMPT, reference, request, start_swarm
+from tests.serving_swarm import (
+    MODEL,
+    PROMPT,
+    next_leader,
+    reference,
+    request,
+    start_swarm,
+)
 
 
 async def test_a_new_leader_moves_a_stage_lost_after_the_change_of_leader(
@@ -43,17 +50,7 @@ async def test_a_new_leader_moves_a_stage_lost_after_the_change_of_leader(
 
         swarm.crash(old)  # the leader that made the load, and kept its orders, is gone
 
-        def new_leader():  # type: ignore[no-untyped-def]
-            seen = swarm.leaders()
-            if len(seen) != 1:
-                return None
-            ((lid, term),) = seen
-            if lid is None or lid == old_id or term <= old_term:
-                return None
-            return next(a for a in swarm.live() if a.node_id == lid)
-
-        await wait_until(lambda: new_leader() is not None, timeout_s=60)
-        new = new_leader()
+        new = await next_leader(swarm, old_id, old_term)
         await wait_until(lambda: plan_id in new.serving.loads, timeout_s=30)  # adopted
         assert [h["fellow"] for h in new.serving.loads[plan_id]["stages"]] == staged
         as_adopted = [dict(h) for h in new.serving.loads[plan_id]["stages"]]

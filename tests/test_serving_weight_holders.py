@@ -20,7 +20,14 @@ from p2pswarm.models import Checkpoint, stage_tensor_names, write_builtin_checkp
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
 from p2pswarm.wire.serving import WeightsByHash, WeightsHeld, WeightsHeldAsk, WeightsRefused
-from tests.serving_swarm import MODEL, PROMPT, reference, request, start_swarm
+from tests.serving_swarm import (
+    MODEL,
+    PROMPT,
+    next_leader,
+    reference,
+    request,
+    start_swarm,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -78,17 +85,7 @@ async def test_the_spare_fetches_a_lost_stage_from_the_fellows_that_hold_it_when
 
         await swarm.leave(offerer)  # the laptop that offered the model and led goes home
 
-        def new_leader():  # type: ignore[no-untyped-def]
-            seen = swarm.leaders()
-            if len(seen) != 1:
-                return None
-            ((lid, term),) = seen
-            if lid is None or lid == old_id or term <= old_term:
-                return None
-            return next(a for a in swarm.live() if a.node_id == lid)
-
-        await wait_until(lambda: new_leader() is not None, timeout_s=60)
-        new = new_leader()
+        new = await next_leader(swarm, old_id, old_term)
         await wait_until(lambda: plan_id in new.serving.loads, timeout_s=30)  # adopted
         driver = agents[staged[0]]
         seen: list[int] = []

@@ -38,7 +38,7 @@ from p2pswarm.agent.training.jobs import TERMINAL, Job, job_config
 from p2pswarm.agent.training.links import Link
 from p2pswarm.agent.training.placement import Placement
 from p2pswarm.agent.training.rounds import SyncRounds
-from p2pswarm.errors import PlacementError, ReplicaLost, SwarmError
+from p2pswarm.errors import EveryReplicaLost, PlacementError, ReplicaLost, SwarmError
 from p2pswarm.wire.training import (
     Ack,
     Params,
@@ -117,10 +117,6 @@ async def run_all_or_fail_first(fns: list[Callable[[], Awaitable[None]]]) -> Non
             nursery.start_soon(guard, fn, nursery.cancel_scope)
     if errors:
         raise errors[0]
-
-
-class EveryReplicaLost(ReplicaLost):
-    """A job of several replicas lost every one before its keepers were made."""
 
 
 async def replace_all(training: Training, job: Job, lost: ReplicaLost) -> Placement:

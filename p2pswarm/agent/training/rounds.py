@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 import trio
 
 from p2pswarm.agent.training.jobs import model_message
-from p2pswarm.errors import ReplicaLost, SwarmError
+from p2pswarm.errors import EveryReplicaLost, SwarmError
 from p2pswarm.training.round_rule import (
     delta_weight,
     round_budgets,
@@ -119,7 +119,9 @@ class SyncRounds:
                     await self._close_round(now)  # what the last budgets sent
                     return
                 if not any(r.joining or r.placing for r in self.replicas):
-                    raise ReplicaLost("every replica lost a fellow: " + "; ".join(
+                    # none left to close a round: the job goes on from its checkpoint,
+                    # every replica placed again as fellows come back (``replace_all``)
+                    raise EveryReplicaLost("every replica lost a fellow: " + "; ".join(
                         r.paused for r in self.replicas))
             if round_closes(keeper, now):
                 await self._close_round(now)
