@@ -41,11 +41,7 @@ def leader_failover(model: str, kills: int) -> dict[str, Any]:
             swarm.start(name, seeds=(seed,), extra=quiet)
 
         def formed() -> str:
-            for name in NAMES:
-                swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
-                    m["state"] == "alive" for m in s["members"]) == len(NAMES),
-                    timeout_s=90, what="the swarm")
-            return str(swarm.status(NAMES[0])["leader"]["name"])
+            return swarm.wait_formed(NAMES)
 
         leader = formed()
         spare = next(n for n in NAMES if n != leader)  # left out, so the leader hosts one

@@ -407,10 +407,7 @@ def failover_figures(model: str = "small-llama", kills: int = 3) -> dict[str, An
             swarm.start(name, seeds=(seed,), extra=quiet)
 
         def formed() -> None:
-            for name in names:
-                swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
-                    m["state"] == "alive" for m in s["members"]) == len(names),
-                    timeout_s=90, what="the swarm")
+            swarm.wait_formed(names)
 
         formed()
         home = swarm.homes[names[0]]

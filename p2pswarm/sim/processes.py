@@ -95,6 +95,14 @@ class LocalSwarm:
                 raise SwarmError(f"fellow {name}: gave up waiting for {what} after {timeout_s:g} s")
             time.sleep(0.1)
 
+    def wait_formed(self, names: list[str], timeout_s: float = 90.0) -> str:
+        """Until each of ``names`` sees all of them alive and a leader; the leader's name."""
+        for name in names:
+            self.wait_for(name, lambda s: s["leader"] is not None and sum(
+                m["state"] == "alive" for m in s["members"]) == len(names),
+                timeout_s=timeout_s, what="the swarm")
+        return str(self.status(names[0])["leader"]["name"])
+
     def stop(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
