@@ -159,3 +159,30 @@ def test_http_answers_no_leader_with_503_for_the_error_and_for_its_words() -> No
         answer = from_swarm_error(exc)
         assert answer.code == "no-leader" and STATUS_CODES[answer.code] == 503, answer
     assert from_swarm_error(PlacementError("no card holds it")).code == "refused"
+
+
+async def test_no_leader_for_the_leaderless_bound_ends_the_ask_before_its_deadline(
+        autojump_clock) -> None:
+    """A side of the swarm that cannot elect a leader: the ask gives up after
+    ``leaderless_s`` with no leader answering, not at its far deadline; a leader that
+    answers in between starts the count again."""
+    leadership = Leadership(FakeAgent(leader_id=None))  # type: ignore[arg-type]
+    began = trio.current_time()
+    with pytest.raises(NotLeader, match="no leader answered for 30 s; the last try: no leader "
+                                        "to ask: an election is under way"):
+        await leadership.ask_until(PlanAsk(b"{}"), PlanShown, began + 900.0, 30.0)
+    assert 30.0 <= trio.current_time() - began < 33.0
+    agent = FakeAgent(leader_id=None, answers={B: shown(b"from b")})
+
+    async def answers_as_it_falls(call: PlanAsk) -> Any:
+        agent.leader_id = None  # it answered (a leader was reached), then stepped down
+        return call_failed(PlacementError("StageStart of term 2 refused"))
+
+    agent.answers[A] = answers_as_it_falls
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_new_leader_after, agent, 20.0, A)
+        nursery.start_soon(_new_leader_after, agent, 45.0, B, 4)  # 25 s after A answered
+        leadership = Leadership(agent)  # type: ignore[arg-type]
+        reply = await leadership.ask_until(PlanAsk(b"{}"), PlanShown,
+                                           trio.current_time() + 900.0, 30.0)
+    assert reply == PlanShown(b"from b")

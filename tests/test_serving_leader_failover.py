@@ -146,3 +146,30 @@ async def test_a_new_leader_that_cannot_heal_ends_the_generation_promptly(
         record = (await driver.serving.list_loads())[0]
         assert "needs a card with" in record["waiting"] and not record.get("moves")
         nursery.cancel_scope.cancel()
+
+
+async def test_a_driver_left_without_any_leader_ends_the_generation_saying_so(
+        autojump_clock, tmp_path) -> None:
+    """The leader and the third fellow crash together: the driver, cut off from the rest
+    (one of three), cannot tell them dead from its own silence, and no leader answers; the
+    heal gives up after ``heal_leaderless_s``, not after its 900 s, and the error says why."""
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=53, n=3)
+        leader_at, _, _, driver = await _load_on_the_leader(swarm, spare=False)
+        other_at = next(i for i, f in enumerate(swarm.fellows)
+                        if i != leader_at and f.agent is not driver)
+        seen: list[int] = []
+
+        def crash_both_after_three(token: int, text: str) -> None:
+            seen.append(token)
+            if len(seen) == 3:
+                swarm.crash(leader_at)
+                swarm.crash(other_at)
+
+        began = trio.current_time()
+        with pytest.raises(TransportError, match=r"stopped after 3 tokens \(no leader answered for "
+                                                 r"60 s; ") as error:
+            await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=200,
+                                          stop_token_ids=(), on_token=crash_both_after_three)
+        assert 60 <= trio.current_time() - began < 120, error.value
+        nursery.cancel_scope.cancel()

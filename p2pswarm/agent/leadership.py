@@ -154,16 +154,28 @@ class Leadership:
         reply = await self.agent.call(self._leader_addr(), call)
         return expect_reply(reply, reply_type, "the leader")
 
-    async def ask_until(self, call: Any, reply_type: type[R], deadline: float) -> R:
+    async def ask_until(self, call: Any, reply_type: type[R], deadline: float,
+                        leaderless_s: float | None = None) -> R:
         """As ``ask``, until trio time ``deadline``. No leader yet, a leader that cannot be
         reached (its stream fails or times out), one that answers that it does not lead,
         and one that stops leading while it is asked: each is waited out (the leader
         polled, never a busy loop) and the next leader asked. The reply, or the refusal of
         the leader that answered while it still leads, ends the ask; past the deadline,
-        TransportError with the last thing that went wrong."""
+        TransportError with the last thing that went wrong. ``leaderless_s``: no leader
+        reached for that long (none known, or the one known not answering: a fellow cut
+        off from the rest cannot tell a dead leader from its own silence) ends the ask
+        sooner, with NotLeader: a side of the swarm that cannot elect a leader should not
+        keep its user waiting."""
         last: SwarmError = PlacementError("no leader was asked")
+        unreached_since: float | None = None  # since when no leader has answered
         while trio.current_time() < deadline:
+            now = trio.current_time()
+            if leaderless_s is not None and unreached_since is not None \
+                    and now - unreached_since >= leaderless_s:
+                raise NotLeader(f"no leader answered for {leaderless_s:.0f} s; the last "
+                                f"try: {last}")
             asked = self._leader_id()
+            answered = False
             if asked is None:
                 last = NotLeader(f"no leader to ask: {self.agent.status()['leader_note']}")
             else:
@@ -182,6 +194,11 @@ class Leadership:
                         if self._leader_id() == asked:
                             raise  # the leader of the moment refused
                         last = exc  # it stopped leading while it refused: ask the next
+                        answered = True
+            if answered:
+                unreached_since = None
+            elif unreached_since is None:
+                unreached_since = now
             await self._next_leader(asked, deadline)
         raise TransportError(f"no leader answered in time; the last try: {last}")
 

@@ -65,6 +65,7 @@ from p2pswarm.agent.weight_holders import gather
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.errors import (
     ConfigError,
+    NotLeader,
     PlacementError,
     RemoteProtocolError,
     SwarmError,
@@ -90,6 +91,9 @@ MEMBER_WATCH_S = 0.25  # how often a driver looks at its stage fellows' membersh
 MAX_RESUMES = 8  # a generation resumed on a healed load this often at most
 SAME_ROUTE_RESUMES = 2  # ... and at most this often in a row on an unchanged route
 HEAL_TIMEOUT_S = 900.0  # the most a driver waits for the leader to heal a load
+# ... and for a leader at all: a new one is elected within seconds where a majority of the
+# fellows is up; past this, this side of the swarm is likely a minority that cannot elect
+HEAL_LEADERLESS_S = 60.0
 MAX_ROUTE_STAGES = 1024  # a re-cut route from the leader longer than this is not believed
 
 log = logging.getLogger("p2pswarm.serving")
@@ -119,6 +123,7 @@ class _Failure:
         self.scope: trio.CancelScope | None = None
         self.lost: int | None = None  # the stage lost, when the failure is a lost fellow
         self.healed: dict[str, Any] | None = None  # the record a heal already gave
+        self.unhealed = ""  # why the leader could not be asked to heal, when it could not
 
     def set(self, error: SwarmError, lost: int | None = None) -> None:
         if self.error is None:
@@ -177,6 +182,7 @@ class Generation:
         self.offers = offers
         self.step_timeout_s = 60.0  # the most a driver waits for one token
         self.heal_timeout_s = HEAL_TIMEOUT_S
+        self.heal_leaderless_s = HEAL_LEADERLESS_S
         # a resumed session replays through every stage under a new id, as before the
         # stages kept broken sessions' caches (the benchmark's comparison)
         self.replay_everything = False
@@ -317,8 +323,9 @@ class Generation:
                 same_route = same_route + 1 if same else 0
             if healed is None or same_route > SAME_ROUTE_RESUMES:
                 if isinstance(error, TransportError):  # a lost fellow: say how far it got
+                    why = f" ({failure.unhealed})" if failure.unhealed else ""
                     error = TransportError(f"{error}; the generation stopped after "
-                                           f"{len(run.tokens)} tokens")
+                                           f"{len(run.tokens)} tokens{why}")
                 raise error
             log.info("resuming after %d tokens on the route %s (%s)", len(run.tokens),
                      ", ".join(h["fellow"] for h in healed["stages"]), error)
@@ -407,8 +414,13 @@ class Generation:
                         str(failure.error)[:500])
         deadline = trio.current_time() + self.heal_timeout_s
         try:  # a leader that crashed (it may have hosted the lost stage) gives way to the next
-            reply = await self.loads.leadership.ask_until(ask, LoadDone, deadline)
+            reply = await self.loads.leadership.ask_until(ask, LoadDone, deadline,
+                                                          self.heal_leaderless_s)
             healed = unpack_doc(reply.record)
+        except NotLeader as exc:  # no leader at all: say so, not only what was lost
+            failure.unhealed = str(exc)
+            log.info("the load could not be healed: %s", exc)
+            return None
         except SwarmError as exc:
             log.info("the load could not be healed: %s", exc)
             return None
@@ -553,6 +565,7 @@ class Generation:
                                         "went away (dead)"), lost=int(hop["stage"]))
                 healed = await self._heal(record, lost)
                 if healed is None:
+                    failure.unhealed = lost.unhealed
                     failure.set(lost.error or TransportError("lost"))
                     return
                 if _fellows(healed) != _fellows(record):  # moved: resume there
