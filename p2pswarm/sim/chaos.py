@@ -18,9 +18,11 @@ Measured (``run`` returns them; ``verdict`` says which miss their target):
 - leader availability: over the moments when more than half of the fellows that ran in
   the last 5 minutes are up, how long until every running fellow names one leader
   (p50 / p99 / max; target p99 <= 10 s); a fellow still booting (its agent has not
-  answered since it was started) is not counted;
+  answered since it was started) is not counted; a spell longer than 10 s is reported
+  whole: when, what each fellow said at its start, and the events in it;
 - the job: its state at the end (target: finished), restarts (a move that started it
-  again from step 0, or a step that fell back to 0: target 0), the final loss against
+  again from step 0, or a step that fell back to 0, once per fall: target 0), the final
+  loss against
   the calm run's (target within 3 %): the loss of each job's newest checkpoint on the
   job's held-out data, the same batches for both (``held_out_loss``). The mean of the
   last training losses is reported beside it; it compares whatever batches each job's
@@ -70,6 +72,7 @@ IDLE_GOSSIP_B_S = 572.0
 IDLE_GOSSIP_BY_FELLOWS = {4: 907.0, 8: 627.0, 10: IDLE_GOSSIP_B_S}
 PROGRESS_EVERY_S = 30.0  # a progress line this often while events run and jobs end
 LOSS_TOLERANCE = 0.03
+LONG_SPELL_S = 10.0  # a leaderless spell longer than the target: reported whole
 GOSSIP_TOLERANCE = 0.10
 FELLOW_MEMORY = "3GB"  # per fellow: the loaded model, the job and the planner's 1 GB floor
 TERMINAL = ("finished", "failed", "cancelled")
@@ -109,6 +112,7 @@ class Field:
     unexpected_exits: list[str] = field(default_factory=list)
     events: list[tuple[float, str, str]] = field(default_factory=list)
     extra: tuple[str, ...] = ()
+    view: dict[str, str] = field(default_factory=dict)  # what each fellow last said
 
     def start(self, name: str) -> None:
         seeds = tuple(self.addresses[n] for n in self.names if n != name)
@@ -137,18 +141,23 @@ class Field:
 
     def leader_now(self) -> str | None:
         """The leader every running fellow names; a fellow whose agent has not answered
-        since it was (re)started is still booting and is not asked."""
+        since it was (re)started is still booting and is not asked. What each fellow
+        said is left in ``view`` (to tell why there was none)."""
         seen = set()
+        self.view = {}
         for name in self.running():
             try:
                 leader = self.swarm.status(name).get("leader")
             except ControlError:
                 if name in self.answered:
+                    self.view[name] = "no answer"
                     return None
                 continue
             self.answered.add(name)
             if not leader:
+                self.view[name] = "none"
                 return None
+            self.view[name] = f"{leader['name']} (term {leader['term']})"
             seen.add((leader["name"], leader["term"]))
         return seen.pop()[0] if len(seen) == 1 else None
 
@@ -224,6 +233,7 @@ class JobWatch:
     job_id: str
     last: dict[str, Any] = field(default_factory=dict)
     highest_step: int = 0
+    last_step: int = 0
     fell_to_zero: int = 0  # times the step went back to 0 after it had passed it
     checkpoints: set[int] = field(default_factory=set)
 
@@ -236,8 +246,9 @@ class JobWatch:
         if record is None:
             return
         step = int(record.get("step") or 0)
-        if self.highest_step > 0 and step == 0 and record.get("state") not in TERMINAL:
-            self.fell_to_zero += 1
+        if self.last_step > 0 and step == 0 and record.get("state") not in TERMINAL:
+            self.fell_to_zero += 1  # once per fall, not once per poll that sees 0
+        self.last_step = step
         self.highest_step = max(self.highest_step, step)
         if record.get("checkpoint_step"):
             self.checkpoints.add(int(record["checkpoint_step"]))
@@ -403,13 +414,14 @@ def _both(work: Callable[[Field], Any], swarms: tuple[Field, ...]) -> list[Any]:
         return [f.result() for f in futures]
 
 
-def _served(swarm: Field) -> bool:
+def _served(swarm: Field) -> str:
+    """"yes", or why the load did not answer a short generation."""
     try:
         swarm.ask({"op": "generate", "prompt": "The swarm", "max_tokens": 4}, timeout_s=60,
                   streamed=True)
-    except SwarmError:
-        return False
-    return True
+    except SwarmError as exc:
+        return f"no: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    return "yes"
 
 
 def _waits(waits: list[float]) -> dict[str, float]:
@@ -432,10 +444,11 @@ def run(*, fellows: int, minutes: float, seed: int, say: Say, job: dict[str, Any
     labels = ("chaos", "calm")
     watches = {label: JobWatch("") for label in labels}
     waits: list[float] = []
+    spells: list[dict[str, Any]] = []
     failed = ""
     phase = "forming the swarms"
     events_s = job_s = 0.0
-    served: dict[str, bool] = {}
+    served: dict[str, str] = {}
     lost: list[int] = []
     idle: dict[str, dict[str, float]] = {}
     held_out: dict[str, dict[str, Any] | None] = {}
@@ -473,8 +486,8 @@ def run(*, fellows: int, minutes: float, seed: int, say: Say, job: dict[str, Any
                 watches[label] = JobWatch(job_id)
             say(f"job submitted to both ({job['steps']} steps, {took()})")
             phase = "events"
-            events_s = _events(chaos, calm, watches, waits, minutes * 60, first_hit_s, gap_s,
-                               say)
+            events_s = _events(chaos, calm, watches, waits, spells, minutes * 60,
+                               first_hit_s, gap_s, say)
             chaos.calm_down()
             say(f"events over after {events_s:.0f} s; waiting for both jobs to end")
             phase = "waiting for the jobs"
@@ -511,6 +524,7 @@ def run(*, fellows: int, minutes: float, seed: int, say: Say, job: dict[str, Any
                            for k in ("leave", "crash", "freeze", "leader-kill")},
         "terms": len(terms), "terms_with_two_leaders": two_leaders(terms),
         "leaderless_spells": len(waits), "leader_within_s": _waits(waits),
+        "long_leaderless_spells": spells,
         "agents_crashed": chaos.unexpected_exits + calm.unexpected_exits,
         "job": {label: {"state": w.last.get("state"), "reason": w.last.get("reason", ""),
                         "step": w.last.get("step"), "restarts": w.restarts(),
@@ -546,16 +560,19 @@ def idle(*, fellows: int, window_s: float, say: Say, settle_s: float = 20.0) -> 
 
 
 def _events(chaos: Field, calm: Field, watches: dict[str, JobWatch], waits: list[float],
-            seconds: float, first_hit_s: float, gap_s: tuple[float, float], say: Say) -> float:
+            spells: list[dict[str, Any]], seconds: float, first_hit_s: float,
+            gap_s: tuple[float, float], say: Say) -> float:
     """Events on the chaos swarm until ``seconds`` are up or its job ended, the calm one
-    kept as it is; each spell without a leader (with a majority up) into ``waits``.
-    Returns the seconds the events lasted."""
+    kept as it is; each spell without a leader (with a majority up) into ``waits``, and
+    one longer than ``LONG_SPELL_S`` into ``spells`` with what the fellows said at its
+    start and the events in it. Returns the seconds the events lasted."""
     begin = time.monotonic()
     end = begin + seconds
     next_hit = begin + first_hit_s
     next_poll = begin
     next_say = begin + PROGRESS_EVERY_S
     leaderless_since: float | None = None
+    spell: dict[str, Any] = {}
     leader: str | None = None
     while time.monotonic() < end and not watches["chaos"].ended():
         now = time.monotonic()
@@ -566,9 +583,19 @@ def _events(chaos: Field, calm: Field, watches: dict[str, JobWatch], waits: list
             next_hit = now + chaos.rng.uniform(*gap_s)
         leader = chaos.leader_now()
         if chaos.majority_up(now) and leader is None:
-            leaderless_since = leaderless_since or now
+            if leaderless_since is None:
+                leaderless_since = now
+                spell = {"at": time.strftime("%H:%M:%S"), "view": dict(chaos.view),
+                         "events_before": len(chaos.events)}
         elif leaderless_since is not None:
             waits.append(now - leaderless_since)
+            if waits[-1] > LONG_SPELL_S:  # kept whole, to tell why it lasted
+                spell["s"] = round(waits[-1], 1)
+                spell["events"] = [f"{kind} {name}" for _, kind, name
+                                   in chaos.events[int(spell.pop("events_before")):]]
+                spells.append(spell)
+                say(f"  no leader for {spell['s']} s from {spell['at']} (a majority "
+                    f"up): at its start {spell['view']}; events in it {spell['events']}")
             leaderless_since = None
         if now >= next_poll:
             for label, swarm in (("chaos", chaos), ("calm", calm)):
