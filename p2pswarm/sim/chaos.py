@@ -22,8 +22,7 @@ Measured (``run`` returns them; ``verdict`` says which miss their target):
   whole: when, what each fellow said at its start, and the events in it;
 - the job: its state at the end (target: finished), restarts (a move that started it
   again from step 0, or a step that fell back to 0, once per fall: target 0), the final
-  loss against
-  the calm run's (target within 3 %): the loss of each job's newest checkpoint on the
+  loss against the calm run's (target within 3 %): the loss of each job's newest checkpoint on the
   job's held-out data, the same batches for both (``held_out_loss``). The mean of the
   last training losses is reported beside it; it compares whatever batches each job's
   replicas stood at, so it is not the figure;
