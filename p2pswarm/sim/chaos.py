@@ -18,8 +18,8 @@ Measured (``run`` returns them; ``verdict`` says which miss their target):
 - leader availability: over the moments when more than half of the fellows that ran in
   the last 5 minutes are up, how long until every running fellow names one leader
   (p50 / p99 / max; target p99 <= 10 s); a fellow still booting (its agent has not
-  answered since it was started) is not counted; a spell longer than 10 s is reported
-  whole: when, what each fellow said at its start, and the events in it;
+  answered since it was started) is neither up nor asked; a spell longer than 10 s is
+  reported whole: when, what each fellow said at its start, and the events in it;
 - the job: its state at the end (target: finished), restarts (a move that started it
   again from step 0, or a step that fell back to 0, once per fall: target 0), the final
   loss against the calm run's (target within 3 %): the loss of each job's newest checkpoint on the
@@ -221,8 +221,12 @@ class Field:
         self.upkeep(time.monotonic())
 
     def majority_up(self, now: float) -> bool:
+        """More than half the fellows that ran in the last 5 minutes are up: running,
+        and (started again) their agent has answered; one still booting (importing torch
+        takes seconds) cannot vote yet."""
         recent = [n for n in self.names if now - self.last_up.get(n, -1e9) <= RECENT_S]
-        return 2 * len(self.running()) > len(recent)
+        up = [n for n in self.running() if n in self.answered]
+        return 2 * len(up) > len(recent)
 
 
 @dataclass
