@@ -56,7 +56,8 @@ def verdict_table(report: dict[str, Any]) -> str:
         ("final held-out loss, chaos vs calm", f"{_num(chaos['final_loss'])} vs "
          f"{_num(calm['final_loss'])} (steps {chaos['final_step']}, {calm['final_step']}): "
          f"gap {_num(report['loss_gap'])}; training loss {_num(chaos['train_loss'])} vs "
-         f"{_num(calm['train_loss'])}",
+         f"{_num(calm['train_loss'])}; samples {chaos.get('samples')} vs "
+         f"{calm.get('samples')}",
          f"<= {LOSS_TOLERANCE:g}", report["loss_gap"] is not None
          and report["loss_gap"] <= LOSS_TOLERANCE),
         ("checkpoints lost", str(report["checkpoints_lost"] or 0), "0",
