@@ -54,7 +54,9 @@ does not blame the leader for its own lateness, a starved leader is waited for, 
 crashed one is still replaced within seconds. In virtual time timers ring on time: 0.
 
 The lease. A leader that sees no majority present (alive or suspect) for
-``leader_lease_s`` steps down on its own.
+``leader_lease_s`` steps down on its own; and at once when the present fellows that may
+still follow it are no majority because the others' own signed vote requests showed them
+in a later term (``_deposed``: a leader thawed from a freeze after its successor died).
 
 Priority. The order of succession puts a higher ``leader_priority`` first, so a wired,
 always-on machine is the first deputy and wins the elections it runs; candidates that
@@ -240,6 +242,9 @@ class Election:
         self._next_announce_at = _INF
         self._last_announced_electorate = 0
         self._minority_since: float | None = None
+        # fellows whose own signed vote requests showed them in a later term than ours
+        # (fellow -> that term): they follow no leader of ours, present or not
+        self._ahead: dict[bytes, int] = {}
         self._better: tuple[bytes, float] | None = None  # (higher-priority fellow, since)
         self._next_query_at = _INF
         # proofs
@@ -732,6 +737,7 @@ class Election:
                 msg.candidate, msg.signature,
                 request_statement(msg.term, msg.candidate, msg.pre_vote)):
             return
+        self._note_ahead(msg, now, out)
         if msg.term > min(self.term + MAX_TERM_STEP, MAX_TERM):
             self._refuse("term-too-far")
             out.append(self._reply(msg, addr, False, "term too far ahead"))
@@ -885,6 +891,8 @@ class Election:
 
     def _leader_upkeep(self, now: float, out: list[Effect]) -> None:
         self._canvass(now, out)  # first: whatever follows may return early
+        if self._deposed(now, out):
+            return
         sees, total = self.present(), self.electorate()
         if 2 * sees <= total:
             if self._minority_since is None:
@@ -926,6 +934,48 @@ class Election:
             self._beat_seq = (self._beat_seq + 1) % 2**32
             for rank, m in enumerate(self._deputies()):
                 out.append(SendDatagram(m.addr, (self._beat(self._beat_seq, rank),)))
+
+    def _note_ahead(self, msg: VoteRequest, now: float, out: list[Effect]) -> None:
+        """A fellow's own signed vote request says the term it is in (a PreVote's, one
+        below). In a later term than ours, it follows no leader of ours; a leader that
+        learns so of enough of its side steps down at once (``_deposed``)."""
+        term = msg.term - 1 if msg.pre_vote else msg.term
+        if term <= self.term or msg.candidate not in self._voters:
+            return
+        if len(self._ahead) >= MAX_VOTERS:  # (only fellows of the electorate get in)
+            self._ahead = {node: t for node, t in self._ahead.items()
+                           if t > self.term and node in self._voters}
+        if self._ahead.get(msg.candidate, -1) < term:
+            self._ahead[msg.candidate] = term
+        if self.role == LEADER_ROLE:
+            self._deposed(now, out)
+
+    def _deposed(self, now: float, out: list[Effect]) -> bool:
+        """As the leader: whether the present fellows that may still follow us (those
+        not shown to be in a later term, us included) are no majority; then step down.
+        A leader frozen (a stopped process, a suspended laptop) while the others elected
+        a successor that is dead by the time it wakes hears of that term from no one who
+        could prove it, and its lease counts fellows present, not following: it would
+        lead on with no follower and refuse every PreVote, and where its vote is needed
+        for a majority no one would be elected until the dead left the electorate
+        (minutes). Stepping down is always safe; a fellow holding the token can show
+        only itself in a later term, so it can depose only a leader whose majority
+        needs it, as it could by falling silent (the lease)."""
+        if not self._ahead:
+            return False
+        sees, total = self.present(), self.electorate()
+        ahead = sum(1 for node, term in self._ahead.items()
+                    if term > self.term and node in self._voters and self._is_present(node))
+        if ahead == 0 or 2 * (sees - ahead) > total:
+            return False
+        msg = self._step_down(total)
+        for m in self._present_others():
+            out.append(SendDatagram(m.addr, (msg,)))
+        self._become_follower(now, out, f"{ahead} of the {sees} fellows this side sees "
+                                        f"are in a later term (of {total})")
+        self.leader = None
+        self._reconsider(now)
+        return True
 
     def _hand_over(self, now: float, out: list[Effect]) -> bool:
         """A fellow with a higher leader priority (the wired machine the user prefers) that

@@ -329,3 +329,28 @@ def test_a_deputy_tells_a_leader_from_an_older_term_who_leads_now() -> None:
     out = e.handle(g.LeaderBeat(4, IDS[1], 7, 5, 0), "10.0.0.1:7946", 2.0)
     (told,) = [x for x in out if isinstance(x, SendDatagram)]
     assert told.addr == "10.0.0.1:7946" and told.messages == (g.LeaderIs(5, IDS[2], 5),)
+
+
+def test_a_leader_whose_side_is_in_a_later_term_steps_down_and_one_fellow_cannot_make_it():
+    # n0 leads term 4 of five; n4 is dead. Thawed from a freeze, it missed term 5 (won by
+    # n1, killed since: n0 has not heard yet). n2 and n3 ask for PreVotes for term 6
+    e = election(0, n4="dead")
+    e.term = 4
+    e._become_leader(10.0, [])
+    (no,) = replies(e.handle(g.VoteRequest(6, IDS[2], 0, 5, True), "10.0.0.2:7946", 12.0))
+    assert e.role == "leader" and not no.granted  # n0, n1, n3 may follow it: 3 of 5
+    out = e.handle(g.VoteRequest(6, IDS[3], 0, 5, True), "10.0.0.3:7946", 12.1)
+    (yes,) = replies(out)  # now 2 of 5 at most: it steps down, and has no leader
+    assert e.role == "follower" and e.term == 4 and yes.granted
+    assert any(isinstance(x, Event) and x.kind == "stepped-down" for x in out)
+    (vote,) = replies(e.handle(g.VoteRequest(6, IDS[3], 0, 5, False), "10.0.0.3:7946", 12.2))
+    assert vote.granted and e.term == 6
+    # a leader of all five, shown a later term by one fellow (an insider may claim any
+    # term: it speaks for itself only), and PreVotes for the next term (followers that
+    # missed beats are not in a later term), stays
+    e = election(0)
+    e.term = 4
+    e._become_leader(10.0, [])
+    for term, voter in ((2**62, 2), (6, 2), (5, 3), (5, 4)):
+        e.handle(g.VoteRequest(term, IDS[voter], 0, 5, True), f"10.0.0.{voter}:7946", 12.0)
+    assert e.role == "leader" and e.term == 4

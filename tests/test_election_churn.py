@@ -108,3 +108,69 @@ async def test_a_partition_longer_than_the_bound_heals_to_one_proven_leader(
         ((now_leader, now_term),) = swarm.leaders()
         assert now_term > term + 1
         nursery.cancel_scope.cancel()
+
+
+def led_by(swarm: VirtualSwarm, fellows: list[int]) -> set[tuple[bytes | None, int]]:
+    """(leader id, term) as each of ``fellows`` sees it."""
+    out = set()
+    for i in fellows:
+        agent = swarm.fellows[i].agent
+        assert agent is not None and agent.election is not None
+        status = agent.election.status()
+        out.add((status.leader_id, status.term))
+    return out
+
+
+def one_leader_of(swarm: VirtualSwarm, fellows: list[int], above: int = -1) -> bool:
+    seen = led_by(swarm, fellows)
+    return len(seen) == 1 and all(lid is not None and term > above for lid, term in seen)
+
+
+async def thawed_stale_leader(seed: int, timeout_s: float = 60.0) -> float:
+    """The chaos run's stall (10:02, issue 20), in virtual time. Five fellows, one of them
+    dead (it still counts in the electorate). The leader is frozen (SIGSTOP) and, cut off
+    meanwhile, hears nothing of the others declaring it dead and electing a successor of
+    the next term; it thaws still leading its own term just as that successor is killed.
+    Three of five are up, a majority, but only with the thawed fellow's vote. Returns
+    the virtual seconds from the kill until all three follow one leader of a later term."""
+    swarm = VirtualSwarm(5, seed=seed)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        await swarm.start_all()
+        everyone = list(range(5))
+        await wait_until(lambda: one_leader_of(swarm, everyone), timeout_s=60)
+        ((first_id, first_term),) = led_by(swarm, everyone)
+        ids = [f.identity.node_id for f in swarm.fellows]
+        stale = ids.index(first_id)
+        dead = next(i for i in everyone if i != stale)
+        swarm.crash(dead)
+        await wait_until(lambda: swarm.states_seen_by_all(dead) == {"dead"}, timeout_s=60)
+        others = [i for i in everyone if i not in (stale, dead)]
+        swarm.freeze(stale)
+        swarm.net.partition([swarm.fellows[stale].addr],
+                            [swarm.fellows[i].addr for i in others])
+        await wait_until(lambda: one_leader_of(swarm, others, above=first_term)
+                         and swarm.states_seen_by_all(stale) == {"dead"}, timeout_s=60)
+        ((next_id, next_term),) = led_by(swarm, others)
+        swarm.net.heal()
+        swarm.thaw(stale)
+        swarm.crash(ids.index(next_id))
+        thawed = swarm.fellows[stale].agent
+        assert thawed is not None and thawed.election is not None
+        assert thawed.election.role == "leader" and thawed.election.term == first_term
+        up = [i for i in everyone if i not in (dead, ids.index(next_id))]
+        took = await wait_until(lambda: one_leader_of(swarm, up, above=next_term),
+                                timeout_s=timeout_s)
+        nursery.cancel_scope.cancel()
+    return took
+
+
+async def test_a_leader_thawed_after_its_successor_died_gives_way_within_seconds(
+        autojump_clock) -> None:
+    """Nobody could prove the later term to the thawed leader (its winner is dead), and
+    its vote was needed: it refused every PreVote as the leader, and no one was elected
+    until the dead fellows left the electorate, 240 s later. The candidates' own signed
+    requests show it that the fellows of its side are in a later term: it steps down."""
+    for seed in (1, 2, 3):
+        took = await thawed_stale_leader(seed)
+        assert took < 5.0, (seed, took)

@@ -807,3 +807,34 @@ def test_the_jump_clock_wakes_the_network_loop_as_mock_time_does() -> None:
     jumped = trio.run(main, clock=JumpClock())
     mocked = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert jumped == mocked == [(0.25, "a:1 b'hello'"), (0.5, "alarm 0.5")]
+
+
+async def test_a_frozen_transport_holds_datagrams_alarms_sends_and_accepts_until_thawed(
+        autojump_clock: trio.abc.Clock) -> None:
+    """As SIGSTOP holds a process: what arrives waits in its socket, its timers and its
+    own sends wait, a connection is accepted by its kernel but not served; at the thaw,
+    all of it happens at once, in the order it came."""
+    net = MemoryNetwork(seed=41)
+    net.set_default(LinkModel(delay=FixedDelay(0.25)))
+    a, b = net.transport("a:1"), net.transport("b:1")
+    seen: list[tuple[float, str]] = []
+    a.deliver_to(lambda data, addr: seen.append((trio.current_time(), f"a got {data!r}")))
+    b.deliver_to(lambda data, addr: seen.append((trio.current_time(), f"b got {data!r}")))
+    served: list[float] = []
+
+    async def serve(stream: Stream) -> None:
+        served.append(trio.current_time())
+
+    async with running(net) as nursery:
+        await nursery.start(b.serve_streams, serve)
+        b.freeze()
+        b.call_at(0.5, lambda: seen.append((trio.current_time(), "b alarm 0.5")))
+        await a.send_datagram("b:1", b"ping")
+        await b.send_datagram("a:1", b"pong")
+        await a.open_stream("b:1")  # the handshake completes: b's kernel answers it
+        await trio.sleep(2.0 - trio.current_time())
+        assert seen == [] and served == []
+        b.thaw()
+        await trio.sleep(1.0)
+    assert seen == [(2.0, "b got b'ping'"), (2.0, "b alarm 0.5"), (2.25, "a got b'pong'")]
+    assert served == [2.0]

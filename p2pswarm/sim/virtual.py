@@ -147,6 +147,19 @@ class VirtualSwarm:
         self.net.down(fellow.addr)
         fellow.agent = None
 
+    def freeze(self, i: int) -> None:
+        """Stop fellow ``i`` as SIGSTOP does: nothing it hears, rings or sends happens
+        until ``thaw`` (``MemoryTransport.freeze``)."""
+        agent = self.fellows[i].agent
+        assert agent is not None and isinstance(agent.transport, MemoryTransport)
+        agent.transport.freeze()
+
+    def thaw(self, i: int) -> None:
+        """Fellow ``i`` goes on: what it heard and its alarms, late, all at once."""
+        agent = self.fellows[i].agent
+        assert agent is not None and isinstance(agent.transport, MemoryTransport)
+        agent.transport.thaw()
+
     async def leave(self, i: int) -> dict[str, Any]:
         """Fellow ``i`` leaves gracefully; what its agent's ``leave`` says."""
         agent = self.fellows[i].agent

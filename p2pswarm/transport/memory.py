@@ -61,6 +61,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
@@ -318,7 +319,9 @@ class MemoryNetwork:
 
     @staticmethod
     def _ring(transport: MemoryTransport, fn: Callable[[], None]) -> None:
-        if not transport._closed:
+        if transport._held is not None:
+            transport._held.append(fn)  # frozen: it rings, late, at the thaw
+        elif not transport._closed:
             fn()
 
     # datagrams -------------------------------------------------------------------------
@@ -365,6 +368,11 @@ class MemoryNetwork:
         dst = self._nodes[link.dst]
         transport = dst.transport
         sink = None
+        if transport is not None and transport._held is not None and dst.up:
+            # frozen: it waits, as in a socket's buffer, for the thaw
+            transport._held.append(partial(self._deliver_datagram, link, seq, copy, data,
+                                           sent_at_s))
+            return
         if not dst.up:
             outcome = LOST_DOWN
         elif not self._grouped_together(link.src, link.dst):
@@ -417,11 +425,9 @@ class MemoryNetwork:
         connection = None
         if listener is not None:
             connection = self._new_connection(src, dst)
-            try:
-                listener.send_nowait(connection.server_end)
-            except trio.WouldBlock:
-                connection.server_end._close_now()
-                connection.client_end._close_now()
+            if transport._held is not None:  # frozen: its kernel accepts, it reads nothing
+                transport._held.append(partial(self._accept, listener, connection))
+            elif not self._accept(listener, connection):
                 connection = None
         try:
             arrived = await self._handshake_leg(dst, src, give_up_at)
@@ -439,6 +445,18 @@ class MemoryNetwork:
             raise TransportError(f"connection to {dst} broke: {connection.broken}")
         self.counters["streams_opened"] += 1
         return connection.client_end
+
+    @staticmethod
+    def _accept(listener: trio.MemorySendChannel[MemoryStream], connection: _Connection) -> bool:
+        """Hand the server's end to the listener; False (both ends closed) if its backlog
+        is full or it has closed."""
+        try:
+            listener.send_nowait(connection.server_end)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            connection.server_end._close_now()
+            connection.client_end._close_now()
+            return False
+        return True
 
     def _new_connection(self, client: str, server: str) -> _Connection:
         self._next_connection_id += 1
@@ -566,6 +584,7 @@ class MemoryTransport:
         self._listener: trio.MemorySendChannel[MemoryStream] | None = None
         self._streams: dict[MemoryStream, None] = {}
         self._sink: Callable[[bytes, str], None] | None = None
+        self._held: list[Callable[[], None]] | None = None  # frozen: what waits for the thaw
         self._datagram_in: trio.MemorySendChannel[tuple[bytes, str]]
         self._datagram_out: trio.MemoryReceiveChannel[tuple[bytes, str]]
         self._datagram_in, self._datagram_out = trio.open_memory_channel(
@@ -594,8 +613,27 @@ class MemoryTransport:
         if len(data) > limit:
             raise TransportError(
                 f"datagram of {len(data)} bytes exceeds max_datagram_bytes ({limit})")
+        if self._held is not None:  # frozen: sent at the thaw
+            self._held.append(partial(self.send_datagram_nowait, addr, data))
+            return
         self.counters["datagrams_sent"] += 1
         self._network._send_datagram(self._addr, addr, bytes(data))
+
+    def freeze(self) -> None:
+        """Stop the fellow behind this transport as SIGSTOP stops a process: datagrams
+        that arrive wait (as in its socket's buffer), and so do its alarms and the
+        datagrams it would send, until ``thaw``. (Its streams go on.)"""
+        if self._held is None and not self._closed:
+            self._held = []
+
+    def thaw(self) -> None:
+        """Go on after ``freeze``: what waited happens now, in the order it came."""
+        held, self._held = self._held, None
+        for fn in held or ():
+            if self._held is not None:  # frozen again by what it ran
+                self._held.append(fn)
+            elif not self._closed:
+                fn()
 
     def deliver_to(self, sink: Callable[[bytes, str], None] | None) -> None:
         """Have the network's scheduler call ``sink(data, addr)`` as each datagram arrives,
@@ -663,6 +701,7 @@ class MemoryTransport:
         if not self._closed:
             self._closed = True
             self._sink = None
+            self._held = None
             self._datagram_in.close()
             if self._listener is not None:
                 self._listener.close()
