@@ -19,7 +19,8 @@ Measured (``run`` returns them; ``verdict`` says which miss their target):
   the last 5 minutes are up, how long until every running fellow names one leader
   (p50 / p99 / max; target p99 <= 10 s); a fellow still booting (its agent has not
   answered since it was started) is neither up nor asked; a spell longer than 10 s is
-  reported whole: when, what each fellow said at its start, and the events in it;
+  reported whole: when, what each fellow said at its start and at its last poll, the
+  events in it, and the longest the harness went without polling;
 - the job: its state at the end (target: finished), restarts (a move that started it
   again from step 0, or a step that fell back to 0, once per fall: target 0), the final
   loss against the calm run's (target within 3 %): the loss of each job's newest checkpoint on the
@@ -569,7 +570,9 @@ def _events(chaos: Field, calm: Field, watches: dict[str, JobWatch], waits: list
     """Events on the chaos swarm until ``seconds`` are up or its job ended, the calm one
     kept as it is; each spell without a leader (with a majority up) into ``waits``, and
     one longer than ``LONG_SPELL_S`` into ``spells`` with what the fellows said at its
-    start and the events in it. Returns the seconds the events lasted."""
+    start and at its last poll, the events in it, and the longest the harness went
+    between two polls of the leader (a busy harness stretches a spell). Returns the
+    seconds the events lasted."""
     begin = time.monotonic()
     end = begin + seconds
     next_hit = begin + first_hit_s
@@ -578,6 +581,7 @@ def _events(chaos: Field, calm: Field, watches: dict[str, JobWatch], waits: list
     leaderless_since: float | None = None
     spell: dict[str, Any] = {}
     leader: str | None = None
+    asked_at = begin
     while time.monotonic() < end and not watches["chaos"].ended():
         now = time.monotonic()
         chaos.upkeep(now)
@@ -586,20 +590,33 @@ def _events(chaos: Field, calm: Field, watches: dict[str, JobWatch], waits: list
             chaos.hit(now)
             next_hit = now + chaos.rng.uniform(*gap_s)
         leader = chaos.leader_now()
+        # this loop asks in turn (status, job polls, a leave's CLI, each with its
+        # timeout): a spell lasts at least until it asks again
+        asked = time.monotonic()
+        asked_gap, asked_at = asked - asked_at, asked
         if chaos.majority_up(now) and leader is None:
             if leaderless_since is None:
                 leaderless_since = now
                 spell = {"at": time.strftime("%H:%M:%S"), "view": dict(chaos.view),
-                         "events_before": len(chaos.events)}
+                         "events_before": len(chaos.events), "asked_every_max_s": 0.0}
+            else:  # what they said last, and how long the harness went without asking
+                spell["last_view"] = dict(chaos.view)
+                spell["asked_every_max_s"] = round(max(spell["asked_every_max_s"],
+                                                       asked_gap), 1)
         elif leaderless_since is not None:
             waits.append(now - leaderless_since)
             if waits[-1] > LONG_SPELL_S:  # kept whole, to tell why it lasted
                 spell["s"] = round(waits[-1], 1)
+                spell["asked_every_max_s"] = round(max(spell["asked_every_max_s"],
+                                                       asked_gap), 1)
                 spell["events"] = [f"{kind} {name}" for _, kind, name
                                    in chaos.events[int(spell.pop("events_before")):]]
                 spells.append(spell)
                 say(f"  no leader for {spell['s']} s from {spell['at']} (a majority "
-                    f"up): at its start {spell['view']}; events in it {spell['events']}")
+                    f"up): at its start {spell['view']}, last "
+                    f"{spell.get('last_view', spell['view'])}; events in it "
+                    f"{spell['events']}; the harness asked at most "
+                    f"{spell['asked_every_max_s']} s apart")
             leaderless_since = None
         if now >= next_poll:
             for label, swarm in (("chaos", chaos), ("calm", calm)):
