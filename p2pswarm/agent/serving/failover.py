@@ -134,8 +134,9 @@ class Failover:
 
     async def _leader_move(self, call: LoadMove) -> LoadDone:
         """Take the faster placement proposed for the load, live: whole stages moved to
-        faster cards, or the load re-cut (``recut``). ``call.plan_id`` names the load, or
-        the re-cut plan its proposal showed (then exactly that plan, or refused)."""
+        faster cards, or the load re-cut (``recut``). ``call.plan_id`` names the load (or
+        the plan_id it had before a re-cut), or a re-cut plan proposed for it (then exactly
+        that plan, or refused with what is proposed now)."""
         # the load's plan_id (its former one, after a re-cut), or a plan proposed for it
         asked = call.plan_id
         plan_id, pinned = self.loads.current_id(asked), ""
