@@ -113,6 +113,11 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
         # a generation runs; the generation resumes on the new cut with the same tokens
         await wait_until(lambda: "faster" not in driver.serving.leader.loads[plan["plan_id"]],
                          timeout_s=30)  # the shortage is heard: no proposal
+        # the plan proposed before is stale now, and the refusal says so
+        with pytest.raises(PlacementError, match=f"plan {faster['plan_id']} is no longer the "
+                           r"faster placement .* \(now: nothing faster\)"):
+            await driver.control_ops["load_move"]({"op": "load_move",
+                                                   "plan_id": faster["plan_id"]})
         fast.cards.cards = (cpu_card(16.0, name=f"{fast.name} CPU"),)
         record = await _faster(driver)
         new_id = record["faster"]["plan_id"]
@@ -155,6 +160,10 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
                        for k in a.serving.hosted)
         # asked for by the plan_id it had, it is the same load
         assert (await driver.serving.find_load(plan["plan_id"]))["plan_id"] == new_id
+        with pytest.raises(PlacementError, match=f"plan {new_id} \\(plan {plan['plan_id']} "
+                           "before it was re-cut\\): no markedly faster placement"):
+            await driver.control_ops["load_move"]({"op": "load_move",
+                                                   "plan_id": plan["plan_id"]})
         nursery.cancel_scope.cancel()
 
 

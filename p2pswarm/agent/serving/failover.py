@@ -134,29 +134,36 @@ class Failover:
 
     async def _leader_move(self, call: LoadMove) -> LoadDone:
         """Take the faster placement proposed for the load, live: whole stages moved to
-        faster cards, or the load re-cut (``recut``). ``call.plan_id`` names the load, or
-        the re-cut plan its proposal showed (then exactly that plan, or refused)."""
-        plan_id, pinned = call.plan_id, ""
-        shown = next((p for p, r in self.loads.loads.items()
-                      if (r.get("faster") or {}).get("plan_id") == plan_id), None)
-        if shown is not None and plan_id not in self.loads.loads:
-            plan_id, pinned = shown, call.plan_id
+        faster cards, or the load re-cut (``recut``). ``call.plan_id`` names the load (or
+        the plan_id it had before a re-cut), or a re-cut plan proposed for it (then exactly
+        that plan, or refused with what is proposed now)."""
+        # the load's plan_id (its former one, after a re-cut), or a plan proposed for it
+        asked = call.plan_id
+        plan_id, pinned = self.loads.current_id(asked), ""
+        if plan_id not in self.loads.loads:
+            shown = self.recut.proposed_for(plan_id)
+            if shown is not None:
+                plan_id, pinned = shown, asked
         lock = self._locks.setdefault(plan_id, trio.Lock())
         async with lock:
             record = self.loads.loads.get(plan_id) or await self.adoption.adopt(plan_id)
             orders = self.loads.orders.get(plan_id)
             if record is None or orders is None:
-                raise PlacementError(f"plan {plan_id} is not loaded by the leader "
-                                     f"{self.agent.name}")
+                raise PlacementError(f"plan {plan_id} is neither a load the leader "
+                                     f"{self.agent.name} leads nor a placement it proposed "
+                                     "for one (`p2pswarm loads` shows both); nothing moved")
             proposal = self.recut.proposal(plan_id, orders, self.agent.planning.view())
-            if proposal is None:
-                raise PlacementError(f"plan {plan_id}: no markedly faster placement now "
-                                     "(`p2pswarm loads` says when there is one)")
-            if pinned and (proposal.plan or {}).get("plan_id") != pinned:
-                now = (proposal.plan or {}).get("plan_id") or "moving whole stages"
+            if pinned and (proposal is None or (proposal.plan or {}).get("plan_id") != pinned):
+                now = "nothing faster" if proposal is None else \
+                    (proposal.plan or {}).get("plan_id") or "moving whole stages"
                 raise PlacementError(f"plan {pinned} is no longer the faster placement for "
                                      f"load {plan_id} (now: {now}); `p2pswarm loads` shows "
                                      "it; nothing moved")
+            if proposal is None:
+                named = plan_id if plan_id == asked else \
+                    f"{plan_id} (plan {asked} before it was re-cut)"
+                raise PlacementError(f"plan {named}: no markedly faster placement now "
+                                     "(`p2pswarm loads` says when there is one)")
             if proposal.plan is not None:
                 moved = await self.recut.take(record, proposal)
                 self._locks.pop(plan_id, None)  # the load goes by the new plan_id now

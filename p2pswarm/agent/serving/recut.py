@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2pswarm.serving")
 
 RECUTS_NAMED = 8  # earlier plan_ids a load keeps naming (``recut_from``)
+PROPOSALS_KEPT = 64  # plans proposed lately, each with its load: a stale one is named so
 STRAGGLERS_FOR_S = 120.0  # a fellow still gossiping an old stage is told to release it
 STRAGGLERS_EVERY_S = 2.0  # ... this often, for this long
 
@@ -69,6 +71,7 @@ class Recut:
         self.loads = loads
         self.moves_kept = moves_kept
         self._planned: dict[str, tuple[ClusterView, dict[str, Any] | None]] = {}
+        self._proposed: OrderedDict[str, str] = OrderedDict()  # plan_id -> the load's
 
     def fastest_plan(self, plan_id: str, view: ClusterView) -> dict[str, Any] | None:
         """The planner's fastest plan for load ``plan_id``'s request on ``view``; None
@@ -96,8 +99,24 @@ class Recut:
                  view: ClusterView) -> Proposal | None:
         """The faster placement for the load, if any: whole stages moved to faster free
         cards, or the planner's plan with another cut, whichever is faster."""
-        return recut_proposal(view, orders, self.fastest_plan(plan_id, view),
-                              faster_placement(view, orders))
+        found = recut_proposal(view, orders, self.fastest_plan(plan_id, view),
+                               faster_placement(view, orders))
+        if found is not None and found.plan is not None:
+            self._proposed[found.plan["plan_id"]] = plan_id
+            self._proposed.move_to_end(found.plan["plan_id"])
+            while len(self._proposed) > PROPOSALS_KEPT:
+                self._proposed.popitem(last=False)
+        return found
+
+    def proposed_for(self, plan_id: str) -> str | None:
+        """The running load (by the plan_id it goes by now) plan ``plan_id`` was proposed
+        for lately, the proposal current or not; None when it was not, or the load is
+        gone. A user may move by a proposal `loads` showed before the swarm changed."""
+        load = self._proposed.get(plan_id)
+        if load is None:
+            return None
+        now = self.loads.current_id(load)
+        return now if now in self.loads.loads else None
 
     async def take(self, record: dict[str, Any], proposal: Proposal) -> dict[str, Any]:
         """Bring ``proposal.plan`` up beside load ``record``, switch the load to it and
