@@ -59,6 +59,8 @@ async def test_the_spare_fetches_a_lost_stage_from_the_fellows_that_hold_it_when
         offerer = next(i for i, f in enumerate(swarm.fellows) if f.identity.node_id == old_id)
         leader = swarm.fellows[offerer].agent
         assert leader is not None
+        for agent in swarm.live():  # the caches below are placed by hand, not copied ahead
+            agent.serving.copies.wanted = 0
         # the leader offers the model (its laptop has the files) and holds no stage
         ask = {**request(exclude=[f"{swarm.fellows[offerer].name}:cpu"]),
                "model": {"name": MODEL, "config": checkpoint.hf_config}}

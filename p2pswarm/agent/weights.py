@@ -136,6 +136,11 @@ class Manifest:
             raise ConfigError(f"model {self.name} lacks {', '.join(missing[:3])}")
         return [by_name[n] for n in names]
 
+    def key_holds(self) -> bool:
+        """Whether ``key`` is the one its config, tensors and files hash to: a manifest
+        from the network is then the model its key names."""
+        return _manifest_key(self.hf_config, self.tensors, self.files) == self.key
+
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "name": self.name, "path": self.path, "config": self.hf_config,
                 "tensors": [t.to_list() for t in self.tensors],

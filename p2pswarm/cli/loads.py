@@ -154,6 +154,9 @@ def _print_moves(record: dict[str, Any], console: Any) -> None:
                       f"{move.get('from')} to {move.get('to')} ({move.get('card')}) in "
                       f"{float(move.get('took_s', 0.0)):.1f} s: {move.get('why')}",
                       markup=False, highlight=False)
+    copies = _copies(record.get("copies"))
+    if copies:
+        console.print(f"  copies: {copies}", markup=False, highlight=False)
     if record.get("waiting"):
         console.print(f"  waiting: {record['waiting']}", markup=False, highlight=False)
     faster = record.get("faster")
@@ -170,6 +173,17 @@ def _print_moves(record: dict[str, Any], console: Any) -> None:
                       f"{faster.get('ms_per_token_now')} to {faster.get('ms_per_token_after')} "
                       f"ms (estimated); move it live: p2pswarm load --move "
                       f"{record['plan_id']}", markup=False, highlight=False)
+
+
+def _copies(copies: Any) -> str:
+    """Which fellow outside each stage holds a copy of its tensors (failover fetches them
+    there when the stage's fellow and the model's offerer are both gone)."""
+    parts = []
+    for c in copies if isinstance(copies, list) else []:
+        if isinstance(c, dict):
+            state = "" if c.get("state") == "held" else f" ({c.get('state')})"
+            parts.append(f"stage {c.get('stage')} on {c.get('fellow')}{state}")
+    return ", ".join(parts)
 
 
 def _span(layers: Any) -> str:

@@ -1,5 +1,5 @@
 """Messages of the data plane: sessions through a pipeline, and stage weights (tags 100-109,
-145-147).
+130-131, 145-147).
 
 A session runs over one sealed stream per hop. The first frame on each is an envelope
 (``SessionOpen`` from the driver or the stage before, ``SessionReturn`` from the last
@@ -21,6 +21,10 @@ hashes and is answered with a ``WeightsHeld`` bitmap of those it holds; a
 ``WeightsByHash`` request is answered like a ``WeightsRequest``, each ``WeightsItem``
 then named by its hash. This is how a stage whose model's source is gone finds its
 tensors on the fellows that cached them.
+
+So that such fellows exist, the leader orders a fellow outside a stage to copy the stage's
+tensors ahead into its weights cache (``StageCopy``, term-fenced like every order; answered
+``StageCopied``): ``p2pswarm.agent.serving.copies``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from p2pswarm.wire.codec import message
+from p2pswarm.wire.orders import Doc
 from p2pswarm.wire.schema import U16, U32, U64, Addr, Items, Name, Range, Reason, Seconds, Size
 
 Token = Annotated[str, Size(1, 64)]  # session ids, plan ids, load tickets, manifest keys
@@ -157,6 +162,30 @@ class LoadProgress:
     total_bytes: U64
 
 
+@message(130)
+@dataclass(frozen=True, slots=True)
+class StageCopy:
+    """Fetch the tensors of stage ``stage`` (layers ``start_layer``..``end_layer - 1``) of
+    load ``plan_id`` into your weights cache, from whichever fellow holds them: ``model``
+    is the stage order's model block (its manifest), checked against what the load's
+    stages gossip. An order of the leader's; nothing is built."""
+
+    plan_id: Token
+    stage: U16
+    start_layer: U32
+    end_layer: U32
+    model: Doc
+    term: U64 = 0
+
+
+@message(131)
+@dataclass(frozen=True, slots=True)
+class StageCopied:
+    fetched_bytes: U64  # what came over the network for this order
+    held_bytes: U64  # what the stage's tensors take in the cache now
+    fetch_s: Seconds
+
+
 @message(145)
 @dataclass(frozen=True, slots=True)
 class WeightsHeldAsk:
@@ -183,7 +212,7 @@ class WeightsByHash:
 
 
 __all__ = [
-    "LoadProgress", "SessionEnd", "SessionError", "SessionOpen", "SessionReturn", "StepInput",
-    "StepOutput", "WeightsByHash", "WeightsHeld", "WeightsHeldAsk", "WeightsItem",
+    "LoadProgress", "SessionEnd", "SessionError", "SessionOpen", "SessionReturn", "StageCopied",
+    "StageCopy", "StepInput", "StepOutput", "WeightsByHash", "WeightsHeld", "WeightsHeldAsk", "WeightsItem",
     "WeightsRefused", "WeightsRequest",
 ]

@@ -18,6 +18,9 @@ The rooms, one role each:
   and resuming a session on a healed route by replaying its tokens;
 - ``failover``: the leader keeps loads whole: a lost stage's fellow back within a grace
   window, or its stage re-placed on a spare card (moves);
+- ``copies``: the leader has each stage's tensors copied ahead to a fellow outside it, so
+  a stage can be re-placed after its fellow and the model's offerer are both gone;
+  ``copy_host`` the fellow's side;
 - ``adoption``: a new leader takes over the loads its predecessor led, from the route and
   stage orders every stage's fellow keeps;
 - ``offers``: the weights this fellow offers and the cache of those it fetched;
@@ -38,6 +41,8 @@ import trio
 
 from p2pswarm.agent.serving.asking import LoadAsker
 from p2pswarm.agent.serving.chat_turns import ChatPrompts
+from p2pswarm.agent.serving.copies import CopiesAhead
+from p2pswarm.agent.serving.copy_host import CopyHost
 from p2pswarm.agent.serving.failover import Failover
 from p2pswarm.models.tokenizer import token_id_list
 from p2pswarm.agent.serving.generation import Generation, TextStream
@@ -79,6 +84,9 @@ class Serving:
         self.driver = Generation(agent, self.runtime, self.leader, self.offers)
         self.chat_prompts = ChatPrompts(self)
         self.failover = Failover(agent, leadership, self.leader, self.host.hosted)
+        self.copies = CopiesAhead(agent, leadership, self.leader)
+        self.copy_host = CopyHost(agent, leadership, self.offers)
+        self._copy_after_loads()
         agent.control_ops.update({"load": self._op_load, "load_cancel": self._op_load_cancel,
                                   "loads": self._op_loads, "unload": self._op_unload,
                                   "generate": self._op_generate, "chat": self._op_chat})
@@ -88,11 +96,26 @@ class Serving:
             threading.Thread(target=lazy.warm_up, name="p2pswarm-warm-up",
                              daemon=True).start()
 
+    def _copy_after_loads(self) -> None:
+        """Copies ahead follow every load that comes up (after failover's watch starts),
+        and the cache keeps them as it keeps what live stages read."""
+        watch, stages_read = self.leader.on_loaded, self.offers.in_use
+
+        def loaded() -> None:
+            if watch is not None:
+                watch()
+            self.copies.soon()
+
+        self.leader.on_loaded = loaded
+        self.offers.in_use = lambda: {*stages_read(), *self.copy_host.hashes_kept()}
+
     # --- what other parts of the agent (and tests) use ----------------------------------
 
     def elected(self) -> None:
-        """This agent won an election: it watches every load, the last leader's too."""
+        """This agent won an election: it watches every load, the last leader's too, and
+        has their stages copied ahead."""
         self.failover.elected()
+        self.copies.soon()
 
     @property
     def hosted(self) -> dict[tuple[str, int], HostedStage]:

@@ -1,0 +1,151 @@
+"""A fellow's side of copies ahead: the leader's ``StageCopy``, obeyed at low priority.
+
+The order names a stage of a load and carries the stage order's model block. Before any
+byte moves, the fellow checks it can verify the ask: the manifest's key is what its
+config, tensors and files hash to, and a load of that plan_id with a model of that key is
+gossiped by the swarm's stage fellows (this fellow's own gossip included), with exactly
+that stage on exactly those layers. It asks only for the tensors that stage reads, and
+only when their bytes fit in what its weights cache may hold beside what live stages and
+other copies keep (``storage.weights_cache_bytes``); otherwise it refuses with the
+reason, counted. The tensors come by the ``gather`` path a stage load uses (the fellow
+that offered them first, then any holder by hash, each checked against its SHA-256), one
+copy at a time on this fellow, on their own worker slot.
+
+A copy is kept from eviction while its load is gossiped (``hashes_kept``): a copy the
+cache could drop the moment another stage loads would not be there when failover needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from p2pswarm.agent.weight_holders import gather
+from p2pswarm.agent.weights import Manifest, ManifestTensor, WeightsCache
+from p2pswarm.errors import ConfigError, PlacementError
+from p2pswarm.names import UnsafeName
+from p2pswarm.wire.orders import unpack_doc
+from p2pswarm.wire.serving import StageCopied, StageCopy
+
+if TYPE_CHECKING:
+    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.offers import Offers
+
+log = logging.getLogger("p2pswarm.serving")
+
+PLANS_KEPT = 64  # loads whose copies this fellow keeps from eviction at once
+
+
+class CopyHost:
+    def __init__(self, agent: Agent, leadership: Leadership, offers: Offers) -> None:
+        self.agent = agent
+        self.offers = offers
+        self.kept: dict[str, set[str]] = {}  # plan_id -> hashes copied ahead for it
+        self._one_at_a_time = trio.Lock()
+        self._worker = trio.CapacityLimiter(1)  # copies never take more than one thread
+        leadership.obey(StageCopy, self._copy)
+
+    def hashes_kept(self) -> set[str]:
+        """The hashes copied ahead for loads still gossiped: the cache keeps them."""
+        live = self._gossiped_plans()
+        for plan_id in [p for p in self.kept if p not in live]:
+            del self.kept[plan_id]
+        return set().union(*self.kept.values()) if self.kept else set()
+
+    async def _copy(self, call: StageCopy) -> StageCopied:
+        wanted = self._verified(call)
+        cache = self.offers.weights_cache()
+        lacking = [t for t in wanted if not cache.has(t.sha256, t.nbytes)]
+        total = sum(t.nbytes for t in wanted)
+        if lacking:
+            await self._check_room(cache, sum(t.nbytes for t in lacking), call)
+        model = unpack_doc(call.model)
+        began = time.perf_counter()
+        fetched = 0
+        async with self._one_at_a_time:
+            if lacking:
+                manifest = Manifest.from_dict(model["manifest"])
+                got = await gather(self.agent, manifest, [t.name for t in lacking], cache,
+                                   self._run, source_id=str(model.get("source_id", "")),
+                                   source_name=str(model.get("source", "the source"))[:64])
+                fetched = got.received_bytes
+        if len(self.kept) >= PLANS_KEPT and call.plan_id not in self.kept:
+            self.hashes_kept()  # forget the loads gone first
+        if len(self.kept) < PLANS_KEPT or call.plan_id in self.kept:
+            self.kept.setdefault(call.plan_id, set()).update(t.sha256 for t in wanted)
+        took = time.perf_counter() - began
+        log.info("%s: copied stage %d of %s ahead: %d tensors, %d bytes fetched in %.1f s",
+                 self.agent.name, call.stage, call.plan_id, len(wanted), fetched, took)
+        return StageCopied(fetched, total, took)
+
+    async def _run(self, fn: Any) -> Any:
+        return await self.agent.compute.run(fn, self._worker)
+
+    def _verified(self, call: StageCopy) -> list[ManifestTensor]:
+        """The distinct tensors the order's stage reads, once the ask is one this fellow
+        can verify (see above); PlacementError (counted) otherwise."""
+        def refuse(why: str, counter: str = "stage-copy-unfit") -> PlacementError:
+            self.agent.counters.refuse(counter)
+            return PlacementError(f"refuses to copy stage {call.stage} of {call.plan_id}: "
+                                  f"{why}")
+
+        model = unpack_doc(call.model)
+        if model.get("kind") != "files" or not isinstance(model.get("manifest"), dict):
+            raise refuse("its model is not files a fellow offered")
+        if not call.start_layer < call.end_layer:
+            raise refuse("its layers are empty")
+        try:
+            manifest = Manifest.from_dict(model["manifest"])
+            if not manifest.key_holds():
+                raise refuse("the manifest is not the model its key names")
+            tensors = manifest.stage_tensors(call.start_layer, call.end_layer)
+        except UnsafeName as exc:
+            raise refuse(str(exc), "unsafe-name") from None
+        except ConfigError as exc:
+            raise refuse(str(exc)) from None
+        if not self._gossiped_stage(call, manifest.key):
+            raise refuse("no stage fellow gossips that stage of a load of that model")
+        return list({t.sha256: t for t in tensors}.values())
+
+    async def _check_room(self, cache: WeightsCache, need: int, call: StageCopy) -> None:
+        """PlacementError unless ``need`` bytes fit beside what the cache must keep."""
+        cap = cache.cap_bytes
+        if cap is None:
+            return
+        keep = set(cache.in_use())
+        kept = await self._run(lambda: sum(cache.size_of(h) or 0 for h in keep))
+        if kept + need > cap:
+            self.agent.counters.refuse("stage-copy-no-room")
+            raise PlacementError(
+                f"{self.agent.name} has no room to copy stage {call.stage} of {call.plan_id}: "
+                f"{need:,} bytes more, its weights cache keeps {kept:,} of {cap:,}")
+
+    def _stage_entries(self) -> list[dict[str, Any]]:
+        entries: list[Any] = list(self.agent.extra_metadata.get("stages") or [])
+        membership = self.agent.membership
+        for m in membership.members() if membership is not None else ():
+            if m.present and not m.is_self:
+                entries += self.agent.member_metadata(m).get("stages") or []
+        return [e for e in entries if isinstance(e, dict)]
+
+    def _gossiped_plans(self) -> set[str]:
+        return {str(e.get("plan_id")) for e in self._stage_entries()}
+
+    def _gossiped_stage(self, call: StageCopy, model_key: str) -> bool:
+        for entry in self._stage_entries():
+            model = entry.get("model")
+            if entry.get("plan_id") != call.plan_id or not isinstance(model, dict) \
+                    or model.get("key") != model_key:
+                continue
+            for hop in entry.get("route") or []:
+                if isinstance(hop, dict) and hop.get("stage") == call.stage \
+                        and list(hop.get("layers") or ()) == [call.start_layer, call.end_layer]:
+                    return True
+        return False
+
+
+__all__ = ["CopyHost", "PLANS_KEPT"]
