@@ -13,6 +13,8 @@ copy at a time on this fellow, on their own worker slot.
 
 A copy is kept from eviction while its load is gossiped (``hashes_kept``): a copy the
 cache could drop the moment another stage loads would not be there when failover needs it.
+A load no stage fellow has gossiped for ``FORGET_AFTER_S`` (unloaded, or re-cut under
+another plan_id) frees its copies for eviction; they stay cached until room is needed.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2pswarm.serving")
 
 PLANS_KEPT = 64  # loads whose copies this fellow keeps from eviction at once
+FORGET_AFTER_S = 300.0  # a load not gossiped this long frees its copies
+LOOK_S = 10.0  # how often the fellow looks whether its copies' loads are still gossiped
 
 
 class CopyHost:
@@ -45,16 +49,43 @@ class CopyHost:
         self.agent = agent
         self.offers = offers
         self.kept: dict[str, set[str]] = {}  # plan_id -> hashes copied ahead for it
+        self._kept_hashes: frozenset[str] = frozenset()
+        self._unseen_since: dict[str, float] = {}  # plan_id -> when its gossip went
+        self._looking = False
         self._one_at_a_time = trio.Lock()
         self._worker = trio.CapacityLimiter(1)  # copies never take more than one thread
         leadership.obey(StageCopy, self._copy)
 
-    def hashes_kept(self) -> set[str]:
-        """The hashes copied ahead for loads still gossiped: the cache keeps them."""
-        live = self._gossiped_plans()
-        for plan_id in [p for p in self.kept if p not in live]:
-            del self.kept[plan_id]
-        return set().union(*self.kept.values()) if self.kept else set()
+    def hashes_kept(self) -> frozenset[str]:
+        """The hashes copied ahead for loads still gossiped: the cache keeps them. A
+        snapshot made on trio's thread (the cache asks from a worker thread)."""
+        return self._kept_hashes
+
+    def _keep(self, plan_id: str, hashes: set[str]) -> None:
+        if plan_id not in self.kept and len(self.kept) >= PLANS_KEPT:
+            return  # full of live loads' copies: this one may be evicted like any file
+        self.kept.setdefault(plan_id, set()).update(hashes)
+        self._kept_hashes = frozenset().union(*self.kept.values())
+        if not self._looking:
+            self._looking = True
+            self.agent.spawn(self._forget_gone_loads)
+
+    async def _forget_gone_loads(self) -> None:
+        try:
+            while self.kept:
+                await trio.sleep(LOOK_S)
+                now = trio.current_time()
+                live = self._gossiped_plans()
+                for plan_id in list(self.kept):
+                    if plan_id in live:
+                        self._unseen_since.pop(plan_id, None)
+                    elif now - self._unseen_since.setdefault(plan_id, now) >= FORGET_AFTER_S:
+                        del self.kept[plan_id], self._unseen_since[plan_id]
+                        log.info("%s: load %s is gone; its copies may be evicted",
+                                 self.agent.name, plan_id)
+                self._kept_hashes = frozenset().union(*self.kept.values())
+        finally:
+            self._looking = False
 
     async def _copy(self, call: StageCopy) -> StageCopied:
         wanted = self._verified(call)
@@ -73,10 +104,7 @@ class CopyHost:
                                    self._run, source_id=str(model.get("source_id", "")),
                                    source_name=str(model.get("source", "the source"))[:64])
                 fetched = got.received_bytes
-        if len(self.kept) >= PLANS_KEPT and call.plan_id not in self.kept:
-            self.hashes_kept()  # forget the loads gone first
-        if len(self.kept) < PLANS_KEPT or call.plan_id in self.kept:
-            self.kept.setdefault(call.plan_id, set()).update(t.sha256 for t in wanted)
+        self._keep(call.plan_id, {t.sha256 for t in wanted})
         took = time.perf_counter() - began
         log.info("%s: copied stage %d of %s ahead: %d tensors, %d bytes fetched in %.1f s",
                  self.agent.name, call.stage, call.plan_id, len(wanted), fetched, took)
@@ -88,8 +116,8 @@ class CopyHost:
     def _verified(self, call: StageCopy) -> list[ManifestTensor]:
         """The distinct tensors the order's stage reads, once the ask is one this fellow
         can verify (see above); PlacementError (counted) otherwise."""
-        def refuse(why: str, counter: str = "stage-copy-unfit") -> PlacementError:
-            self.agent.counters.refuse(counter)
+        def refuse(why: str) -> PlacementError:
+            self.agent.counters.refuse("stage-copy-unfit")
             return PlacementError(f"refuses to copy stage {call.stage} of {call.plan_id}: "
                                   f"{why}")
 
@@ -103,8 +131,9 @@ class CopyHost:
             if not manifest.key_holds():
                 raise refuse("the manifest is not the model its key names")
             tensors = manifest.stage_tensors(call.start_layer, call.end_layer)
-        except UnsafeName as exc:
-            raise refuse(str(exc), "unsafe-name") from None
+        except UnsafeName as exc:  # a name that may not become a path: hostile or broken
+            self.agent.counters.drop("unsafe-name")
+            raise PlacementError(f"refuses to copy stage {call.stage}: {exc}") from None
         except ConfigError as exc:
             raise refuse(str(exc)) from None
         if not self._gossiped_stage(call, manifest.key):
@@ -148,4 +177,4 @@ class CopyHost:
         return False
 
 
-__all__ = ["CopyHost", "PLANS_KEPT"]
+__all__ = ["FORGET_AFTER_S", "CopyHost", "PLANS_KEPT"]
