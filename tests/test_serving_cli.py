@@ -137,6 +137,15 @@ def test_loads_and_unload(agent: FakeAgent) -> None:
     assert agent.requests[-1] == {"op": "unload", "plan_id": "0123456789abcdef", "all": False}
 
 
+def test_loads_says_where_each_stage_is_copied_ahead(agent: FakeAgent) -> None:
+    copies = [{"stage": 0, "fellow": "fellow-4", "fellow_id": "04", "state": "held"},
+              {"stage": 1, "fellow": "fellow-[b]5", "fellow_id": "05", "state": "copying"}]
+    agent.answers["loads"] = {"loads": [{**RECORD, "copies": copies}]}
+    table = runner.invoke(app, ["loads"])
+    assert table.exit_code == 0, table.output
+    assert "copies: stage 0 on fellow-4, stage 1 on fellow-[b]5 (copying)" in table.stdout
+
+
 # --- the agent's side: events before the result ------------------------------------------
 
 

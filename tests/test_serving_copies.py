@@ -105,6 +105,12 @@ async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
         (move,) = record["moves"]
         assert (move["stage"], move["from"], move["to"]) == (lost_stage, lost, spare)
         assert record["stages"][lost_stage]["fetched_bytes"] == 0  # the copy was there
+        # after the move the stage runs on its copy's fellow: it is copied again, to the
+        # one fellow left outside it, while the other stage keeps its copy on the spare
+        healed = new.serving.loads[plan_id]
+        expected = {(lost_stage, driver.name), (1 - lost_stage, spare)}
+        await wait_until(lambda: {(c["stage"], c["fellow"]) for c in healed.get("copies", [])
+                                  if c["state"] == "held"} == expected, timeout_s=60)
         nursery.cancel_scope.cancel()
 
 

@@ -57,6 +57,7 @@ class CopiesAhead:
         self.loads = loads
         self.wanted = HOLDERS_WANTED  # 0: no copies (a test of failover without them)
         self.holders: dict[Key, dict[str, str]] = {}  # fellows that copied: id -> name
+        self.copied: dict[tuple[str, int, str], dict[str, Any]] = {}  # what each copy took
         self._asked: dict[Key, tuple[tuple[str, ...], float]] = {}  # route, when, in vain
         self._watching = False
 
@@ -85,9 +86,11 @@ class CopiesAhead:
             orders = self.loads.orders.get(plan_id)
             if record is None or orders is None or not self._whole(record):
                 continue
-            for order in orders:
-                await self._stage(record, order)
-            self._show(record, orders)
+            self._show(record, orders)  # the route may have changed since the last round
+            for order in list(orders):  # a move replaces an order in place
+                if order.stage < len(record["stages"]):
+                    await self._stage(record, order)
+                    self._show(record, orders)
         self._forget_gone()
 
     def _whole(self, record: dict[str, Any]) -> bool:
@@ -162,11 +165,9 @@ class CopiesAhead:
         if member is None or member.state not in ("alive", "suspect"):
             return None
         plan_id = record["plan_id"]
-        entry = {"stage": order.stage, "fellow": member.name, "fellow_id": fid,
-                 "state": "copying", "at": time.time()}
-        record["copies"] = [*[c for c in record.get("copies", [])
-                              if not (c.get("stage") == order.stage
-                                      and c.get("state") == "copying")], entry]
+        record["copies"] = [*record.get("copies", []),
+                            {"stage": order.stage, "fellow": member.name, "fellow_id": fid,
+                             "state": "copying", "since": time.time()}]
         try:
             with trio.fail_after(COPY_TIMEOUT_S):
                 done = await self.leadership.order(
@@ -176,10 +177,10 @@ class CopiesAhead:
         except (SwarmError, trio.TooSlowError) as exc:
             log.info("stage %d of %s not copied to %s: %s", order.stage, plan_id,
                      member.name, exc)
-            record["copies"] = [c for c in record["copies"] if c is not entry]
             return None
-        entry.update(state="held", bytes=done.held_bytes, fetched_bytes=done.fetched_bytes,
-                     took_s=round(done.fetch_s, 3))
+        self.copied[(plan_id, order.stage, fid)] = {
+            "bytes": done.held_bytes, "fetched_bytes": done.fetched_bytes,
+            "took_s": round(done.fetch_s, 3), "at": time.time()}
         log.info("stage %d of %s copied ahead to %s (%d bytes fetched in %.1f s)",
                  order.stage, plan_id, member.name, done.fetched_bytes, done.fetch_s)
         return member.name
@@ -193,7 +194,8 @@ class CopiesAhead:
             for fid, name in sorted(self.holders.get(key, {}).items(), key=lambda x: x[1]):
                 if fid != hop_fid and self._state(fid) in ("alive", "suspect"):
                     shown.append({"stage": order.stage, "fellow": name, "fellow_id": fid,
-                                  "state": "held"})
+                                  "state": "held",
+                                  **self.copied.get((record["plan_id"], order.stage, fid), {})})
         if shown:
             record["copies"] = shown
         else:
@@ -201,9 +203,9 @@ class CopiesAhead:
 
     def _forget_gone(self) -> None:
         led = set(self.loads.loads)
-        for table in (self.holders, self._asked):
-            for key in [k for k in table if k[0] not in led]:
-                del table[key]
+        self.holders = {k: v for k, v in self.holders.items() if k[0] in led}
+        self._asked = {k: v for k, v in self._asked.items() if k[0] in led}
+        self.copied = {k: v for k, v in self.copied.items() if k[0] in led}
 
 
 __all__ = ["COPY_AFTER_S", "CopiesAhead", "HOLDERS_WANTED"]
