@@ -84,12 +84,13 @@ class Serving:
         self.driver = Generation(agent, self.runtime, self.leader, self.offers)
         self.chat_prompts = ChatPrompts(self)
         self.failover = Failover(agent, leadership, self.leader, self.host.hosted)
-        self.copies = CopiesAhead(agent, leadership, self.leader)
-        self.copy_host = CopyHost(agent, leadership, self.offers)
-        self._copy_after_loads()
         agent.control_ops.update({"load": self._op_load, "load_cancel": self._op_load_cancel,
                                   "loads": self._op_loads, "unload": self._op_unload,
                                   "generate": self._op_generate, "chat": self._op_chat})
+        # after failover, whose watch a load coming up starts first
+        self.copies = CopiesAhead(agent, leadership, self.leader)
+        self.copy_host = CopyHost(agent, leadership, self.offers)
+        self._copy_after_loads()
         if lazy is not None and agent.home is not None and agent.card_source is not None:
             # A fellow that offers cards will likely host a stage, and importing torch
             # takes seconds on a small machine: pay it now, beside startup, not in `load`.
@@ -112,10 +113,9 @@ class Serving:
     # --- what other parts of the agent (and tests) use ----------------------------------
 
     def elected(self) -> None:
-        """This agent won an election: it watches every load, the last leader's too, and
-        has their stages copied ahead."""
+        """This agent won an election: it watches every load, the last leader's too."""
+        self.copies.soon()  # and has their stages copied ahead
         self.failover.elected()
-        self.copies.soon()
 
     @property
     def hosted(self) -> dict[tuple[str, int], HostedStage]:
