@@ -114,6 +114,12 @@ class NotLeader(PlacementError):
     never won one): the caller may ask the leader of the moment instead."""
 
 
+class NotFollowingYet(PlacementError):
+    """An order reached a fellow that has not heard of the ordering leader or its term
+    yet (it has just started or rejoined, or news of the election is still on its way):
+    the same order a moment later is obeyed, so the leader offers it again briefly."""
+
+
 class Busy(PlacementError):
     """A load's session slots are all taken and its queue is full: come back later (429)."""
 

@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from p2pswarm.config import TransportConfig
-from p2pswarm.errors import TransportError
+from p2pswarm.errors import NobodyListens, TransportError
 from p2pswarm.transport import Stream, StreamHandler, Transport
 from p2pswarm.transport.udp_tcp import (
     TcpStream,
@@ -335,3 +335,17 @@ async def test_before_authentication_a_frame_is_handshake_sized() -> None:
             with pytest.raises(TransportError):
                 await stream.receive_frame()  # the other end hung up
     assert reports and "before authentication" in reports[0]
+
+
+async def test_a_transport_that_stopped_serving_streams_refuses_connections() -> None:
+    """An agent that stops (its serving cancelled) while its process lives on a while,
+    waiting for a computation: a fellow connecting is refused at once, not accepted into
+    the kernel's backlog and reset unanswered (which read as "it does not hold this
+    swarm's key")."""
+    with trio.fail_after(DEADLINE_S):
+        async with open_udp_tcp_transport(LOOPBACK) as a, open_udp_tcp_transport(LOOPBACK) as b:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(b.serve_streams, echo)
+                nursery.cancel_scope.cancel()
+            with pytest.raises(NobodyListens):
+                await a.open_stream(b.local_addr)

@@ -34,6 +34,7 @@ import trio
 
 from p2pswarm.control.protocol import error_response, raise_error
 from p2pswarm.errors import (
+    NotFollowingYet,
     NotLeader,
     PlacementError,
     RemoteProtocolError,
@@ -55,6 +56,11 @@ TypedHandler = Callable[[Any], Awaitable[Any]]  # a call or order -> its reply m
 CallHandler = Callable[[Any, "bytes | None"], Awaitable[Any]]
 
 LEADER_POLL_S = 0.25  # how often an ask waiting for the next leader looks for one
+# how long, and how often, an order is offered again to a fellow that has not heard of
+# this leader or its term yet (it has just restarted: news of the leader reaches it within
+# a few gossip rounds); a refusal for any other reason is final at once
+ORDER_RETRY_S = 5.0
+ORDER_RETRY_EVERY_S = 0.5
 SAME_LEADER_AGAIN_S = 2.0  # an unreachable leader still in office is asked again this late
 
 
@@ -278,7 +284,14 @@ class Leadership:
         order = dataclasses.replace(order, term=self.term())
         if addr == self.agent.addr:
             return expect_reply(await self._run_order(order), reply_type, addr)
-        return expect_reply(await self.agent.call(addr, order), reply_type, addr)
+        give_up = trio.current_time() + ORDER_RETRY_S
+        while True:
+            reply = await self.agent.call(addr, order)
+            if not (isinstance(reply, CallFailed) and reply.kind == NotFollowingYet.__name__) \
+                    or trio.current_time() >= give_up or not self.is_leader() \
+                    or self.term() != order.term:
+                return expect_reply(reply, reply_type, addr)
+            await trio.sleep(ORDER_RETRY_EVERY_S)
 
     async def _on_order(self, msg: Any, stream: SecureStream) -> Any:
         try:
@@ -295,13 +308,19 @@ class Leadership:
     def _check_order(self, order: Any, sender: bytes) -> None:
         """Refuse (and count) an order that is not from our leader, in our term."""
         what = type(order).__name__
-        self.from_leader(sender, what)
         e = self.agent.election
+        # refused because this fellow is behind (it follows no leader yet, or an older
+        # term's): not for long, the ordering leader may offer it again
+        behind = e is None or e.status().leader_id is None or order.term > e.term
+        try:
+            self.from_leader(sender, what)
+        except PlacementError as exc:
+            raise (NotFollowingYet(str(exc)) if behind else exc) from None
         assert e is not None  # from_leader found a leader
         if order.term != e.term:
             self.agent.counters.refuse("order-stale-term")
-            raise PlacementError(f"{what} of term {order.term} refused: this fellow is at "
-                                 f"term {e.term}")
+            raise (NotFollowingYet if behind else PlacementError)(
+                f"{what} of term {order.term} refused: this fellow is at term {e.term}")
 
     def from_leader(self, sender: bytes | None, what: str) -> None:
         """Raise (and count) unless ``sender`` is the leader this fellow follows."""

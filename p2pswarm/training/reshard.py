@@ -293,6 +293,8 @@ def reshard_checkpoint(store: CheckpointStore, step: int, cut: Sequence[int]
         where = {k: int(old[k]) for k in POSITIONS}
         where["version"] = int(old["version"] if "version" in old
                                else olds[0]["sync"]["version"])
+        if old.get("global_state"):  # its shards stand in: it resumes on the global state
+            where["global_state"] = 1
         for s, state in enumerate(news):
             shards[f"replica-{i}.stage-{s}"] = state
             new_positions[f"replica-{i}.stage-{s}"] = where

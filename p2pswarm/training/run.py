@@ -167,6 +167,13 @@ class LocalRun:
             replica.pipeline.copy_tied_weight()
         for s, keeper in enumerate(run.keepers):
             keeper.load_state_dict(store.read(step, f"keeper.stage-{s}"), float(step))
+        for i, replica in enumerate(run.replicas):
+            # a replica the swarm had paused when it wrote the checkpoint: another's shards
+            # stand in for its own, and it starts from the global parameters
+            if positions.get(f"replica-{i}.stage-0", {}).get("global_state"):
+                for sync, keeper in zip(replica.syncs, run.keepers):
+                    sync.reset(keeper.join(replica.name))
+                replica.pipeline.copy_tied_weight()
         run.step = int(meta["step"])
         run.samples = int(meta["samples"])
         run.bytes_sent = int(meta["bytes_sent"])

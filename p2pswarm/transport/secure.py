@@ -146,7 +146,7 @@ async def secure_connect(
             except TransportError as exc:
                 raise HandshakeRefused(
                     f"{stream.peer_addr} closed the stream at our hello: it does not hold "
-                    "this swarm's key") from exc
+                    "this swarm's key, or it was stopping") from exc
             client_finish, cipher = handshake.finish(server_hello)
             await stream.send_frame(client_finish)
     except trio.TooSlowError as exc:

@@ -417,6 +417,11 @@ class UdpTcpTransport:
                 nursery.cancel_scope.cancel()
         finally:
             self._serving = False
+            # Nothing accepts any more (the agent is stopping: its process may take a while
+            # to exit, waiting for a computation): connecting is refused from now, instead
+            # of landing in the kernel's backlog and being reset unanswered, which reads
+            # as a fellow refusing our swarm's key.
+            self._tcp.close()
 
     async def _accept_loop(self, handler: StreamHandler, nursery: trio.Nursery) -> None:
         paused = False  # in an episode of running out of descriptors: logged once

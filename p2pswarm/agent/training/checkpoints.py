@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 import logging
-from functools import partial
+import os
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,7 @@ from p2pswarm.training.checkpoint_files import (
     LATEST,
     MANIFEST,
     atomic_write_bytes,
+    fsync_dir,
     shard_holders,
 )
 from p2pswarm.wire.training import (
@@ -82,6 +84,21 @@ COPY_FLOOR_BYTES_PER_S = 10e6  # a big one gets this much longer per byte
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # a manifest names shards; it is never big
 
 
+def second_name(source: Path, dest: Path) -> None:
+    """``dest`` holding ``source``'s bytes (a whole, synced shard): a hard link, or where
+    the disk allows none a synced copy renamed into place."""
+    dest.unlink(missing_ok=True)
+    try:
+        os.link(source, dest)
+    except OSError:
+        tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+        shutil.copyfile(source, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    fsync_dir(dest.parent)
+
+
 def same_training(job: dict[str, Any]) -> dict[str, Any]:
     """What of a job.json must match its checkpoint's: all but where checkpoints live."""
     return {k: v for k, v in job.items() if k != "checkpoint"}
@@ -106,6 +123,8 @@ class Checkpoints:
 
         async def copy_tied(self, r: Replica) -> None: ...
 
+        async def to_global_state(self, r: Replica) -> bool: ...
+
         async def pause(self, r: Replica, exc: BaseException) -> None: ...
 
     @property
@@ -117,32 +136,36 @@ class Checkpoints:
         in parts), then copy the checkpoint to fellows."""
         store = self.store
         assert store is not None
-        if len(self.active) != len(self.replicas):
-            log.info("job %s: checkpoint at step %d skipped, a replica is paused",
-                     self.job.job_id, self.job.step)
-            return
+        present = list(self.active)
         step = self.job.step
         target = store.step_dir(step)
         files: dict[str, str] = {}
         positions: dict[str, dict[str, int]] = {}
-        for r in self.replicas:
-            for link in r.links:
-                name = f"{r.name}.stage-{link.stage}"
-                try:
+        for r in list(present):
+            try:
+                for link in r.links:
+                    name = f"{r.name}.stage-{link.stage}"
                     files[name] = await self._gather_state(link, target / f"{name}.pt")
-                except SwarmError as exc:
-                    # a fellow that left or crashed since the last step: its replica is
-                    # lost, not the job; the next checkpoint comes at the next interval
-                    log.info("job %s: checkpoint at step %d skipped, %s lost a fellow",
-                             self.job.job_id, step, r.name)
-                    await self.pause(r, exc)
-                    if step not in store.steps():  # only this attempt's shards
-                        shutil.rmtree(target, ignore_errors=True)
-                    return
-                positions[name] = {"data_position": r.stream.position,
-                                   "pipeline_steps": r.steps,
-                                   "samples_unsent": r.samples_unsent,
-                                   "steps_unsent": r.steps_unsent, "version": r.version}
+                    positions[name] = {"data_position": r.stream.position,
+                                       "pipeline_steps": r.steps,
+                                       "samples_unsent": r.samples_unsent,
+                                       "steps_unsent": r.steps_unsent, "version": r.version}
+            except SwarmError as exc:
+                # a fellow that left or crashed since the last step: its replica is
+                # lost, not the job; the checkpoint is written as for any paused replica
+                log.info("job %s: checkpoint at step %d: %s lost a fellow", self.job.job_id,
+                         step, r.name)
+                await self.pause(r, exc)
+                present.remove(r)
+        if not present:
+            log.info("job %s: checkpoint at step %d skipped, every replica is paused",
+                     self.job.job_id, step)
+            if step not in store.steps():  # only this attempt's shards
+                shutil.rmtree(target, ignore_errors=True)
+            return
+        for r in self.replicas:
+            if all(r is not x for x in present):
+                await self._stand_in(r, present[0], target, files, positions)
         shards = {f"keeper.stage-{s}": keeper.state_dict()
                   for s, keeper in enumerate(self.keepers)}
         cut = [link_layers[0] for link_layers in
@@ -162,6 +185,24 @@ class Checkpoints:
             log.warning("job %s: checkpoint %d has fewer than %d copies on fellows of %s",
                         self.job.job_id, self.job.step, self.cfg.checkpoint.copies,
                         ", ".join(thin))
+
+    async def _stand_in(self, r: Replica, present: Replica, target: Path,
+                        files: dict[str, str], positions: dict[str, dict[str, int]]) -> None:
+        """Shards for paused replica ``r``, whose stages are not there to ask (under
+        churn one nearly always is, and a checkpoint skipped for it left a job with none
+        for hundreds of steps): copies of ``present``'s, marked ``global_state``, so a
+        resume puts ``r`` on the keepers' global parameters (as its rejoin would) and
+        its data goes on from where its last delta left. Every reader of the layout
+        (resume, export, re-shard) finds every shard."""
+        version = self.keepers[0].version if self.keepers else r.version
+        for link in present.links:
+            name, like = f"{r.name}.stage-{link.stage}", f"{present.name}.stage-{link.stage}"
+            source, dest = target / f"{like}.pt", target / f"{name}.pt"
+            await self.training.agent.compute.run(partial(second_name, source, dest))
+            files[name] = files[like]
+            positions[name] = {"data_position": r.kept_position, "pipeline_steps": r.steps,
+                               "samples_unsent": 0, "steps_unsent": 0, "version": version,
+                               "global_state": 1}
 
     async def _gather_state(self, link: Link, dest: Path) -> str:
         """Stage ``link``'s state into the file ``dest``; its SHA-256."""
@@ -234,6 +275,10 @@ class Checkpoints:
             await self.copy_tied(r)
         for s, keeper in enumerate(self.keepers):
             keeper.load_state_dict(store.read(step, f"keeper.stage-{s}"), float(step))
+        for r in self.replicas:  # paused when it was written: it stood in for them
+            if (positions.get(f"{r.name}.stage-0") or {}).get("global_state"):
+                r.kept_position = r.stream.position
+                await self.to_global_state(r)
         self.job.step = int(meta["step"])
         self.job.samples = int(meta["samples"])
         self.job.bytes_sent = int(meta["bytes_sent"])

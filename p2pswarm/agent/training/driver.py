@@ -119,17 +119,29 @@ async def run_all_or_fail_first(fns: list[Callable[[], Awaitable[None]]]) -> Non
         raise errors[0]
 
 
-async def replace_all(training: Training, job: Job, lost: ReplicaLost) -> Placement:
-    """Every replica of ``job`` placed afresh after ``lost``: from its latest checkpoint,
-    or from step 0 when it wrote none (and says so)."""
+async def replace_all(training: Training, job: Job, lost: ReplicaLost
+                      ) -> tuple[Placement, Handed | None]:
+    """Every replica of ``job`` placed afresh after ``lost``: where the rounds stood at
+    this leader's last copy (the keepers' global state, newer than any checkpoint), else
+    from its latest checkpoint, or from step 0 when it wrote none (and says so); and
+    what the new driver resumes from."""
     placer = training.placer
     await placer.release(job)
-    whence = training.takeover.from_checkpoint(job)
+    handed = training.takeover.own_copy(job)
+    if handed is not None and handed.rounds is not None:
+        whence = (f"resumes where its rounds stood (round {handed.rounds.version}, step "
+                  f"{job.step})")
+    else:
+        whence = training.takeover.from_checkpoint(job)
     job.state, job.reason = "pending", f"{lost}; placing every replica again: {whence}"
     job.paused_times += 1
     log.warning("job %s: %s", job.job_id, job.reason)
     await trio.sleep(training.retry_s)
-    return await placer.place(job)
+    if handed is None:
+        return await placer.place(job), None
+    placement = await training.takeover.place_afresh(job, handed, synced=True, moved=False)
+    handed.generation = job.paused_times
+    return placement, handed if handed.restore_rounds else None
 
 
 async def drive(training: Training, job: Job, handed: Handed | None = None) -> None:
@@ -166,7 +178,7 @@ async def drive(training: Training, job: Job, handed: Handed | None = None) -> N
                     with trio.CancelScope(shield=True):
                         await driver.close()
                     driver = job.driver = None
-                    placement = await replace_all(training, job, exc)
+                    placement, handed = await replace_all(training, job, exc)
                 except ReplicaLost as exc:
                     if len(placement) != 1:
                         raise
@@ -191,10 +203,12 @@ async def drive(training: Training, job: Job, handed: Handed | None = None) -> N
     if scope.cancelled_caught or (job.cancel_asked and job.state not in TERMINAL):
         job.state, job.reason = "cancelled", "cancelled by request"
     with trio.CancelScope(shield=True):
+        # its end, first: a new leader does not drive it again (releasing may wait on a
+        # dead fellow for a while)
+        await training.handover.keep(job)
         if driver is not None:
             await driver.close()
         await placer.release(job)
-        await training.handover.keep(job)  # its end: a new leader does not drive it again
 
 
 class Driver(SyncRounds, Checkpoints):

@@ -191,6 +191,11 @@ class JobHandover:
             self._sending.add(job.job_id)
             self.agent.spawn(self._send, job.job_id)
 
+    def hold(self, copy: JobCopy, state: str) -> None:
+        """Keep ``copy`` as this fellow's own: a leader adopting a job holds the copy it
+        adopted, to resume from (and hand on) until it makes one of its own."""
+        self._hold(copy, state)
+
     def holders(self, job_id: str) -> dict[str, str]:
         """The connected fellows that keep ``job_id``'s copy: node id (hex) -> address."""
         membership = self.agent.membership

@@ -44,9 +44,10 @@ class Placer:
         self.training = training
         self.agent = training.agent
 
-    async def place(self, job: Job) -> Placement:
+    async def place(self, job: Job, cut: list[int] | None = None) -> Placement:
         """Each replica's stages with their fellows' addresses, once every fellow took
-        its stage; the job stays pending (with why) until then."""
+        its stage; the job stays pending (with why) until then. ``cut``: the one its
+        replicas trained on, kept where the cards hold it (their global state is cut so)."""
         while True:
             try:
                 if job.pinned:  # the shown plan, while it still holds
@@ -56,7 +57,8 @@ class Placer:
                 else:
                     plan = await self.training.leader.plan(
                         job.config, stages=job.stages, maximize=job.maximize,
-                        exclude_cards=job.exclude_cards, cut=self._checkpoint_cut(job))
+                        exclude_cards=job.exclude_cards,
+                        cut=cut or self._checkpoint_cut(job))
                 if job.maximize and not job.pinned:
                     job.config["seq_len"] = int(plan["request"]["seq_len"])
                 if job.pinned and plan["plan_id"] != job.plan_id:

@@ -100,18 +100,20 @@ class Takeover:
             if not leadership.is_leader() or leadership.term() != term:
                 return  # no longer the leader that gathered them
             known = self.training.jobs.get(job_id)
-            if known is not None and known.state not in TERMINAL and not known.handed:
-                continue  # this agent drives it already (a job it handed on is taken back)
+            if known is not None and not known.handed:
+                # this agent drives it already, or ended it itself: an older copy of it
+                # (its last one not yet made) must not drive it again (a job it handed on
+                # is taken back)
+                continue
             try:
                 doc = unpack_doc(copy.head.state)
                 job, rounds = restore(doc)
             except SwarmError as exc:
                 log.warning("job copy of %s refused: %s", job_id, exc)
                 continue
-            if known is not None and not known.handed and job.state in TERMINAL:
-                continue
             was = str(doc.get("leader", ""))[:64] or "the last leader"
             self.training.jobs[job_id] = job
+            self.training.handover.hold(copy, job.state)
             if job.state in TERMINAL:
                 continue
             log.info("job %s: taken over from %s at step %d", job_id, was, job.step)
@@ -193,18 +195,48 @@ class Takeover:
             await placer.release(job, None, sorted({
                 s["addr"] for stages in job.placement for s in stages
                 if self._alive(s["fellow_id"])}))
-            self._note(job, handed, "waiting for its fellows to resume")
             lost = ReplicaLost("; ".join(handed.lost.values()) or "its fellows are gone")
             handed.lost = {}  # placed afresh below: nothing of the old placement to pause
             if n == 1:
+                self._note(job, handed, "waiting for its fellows to resume")
                 placement = await placer.wait_to_resume(job, lost)
             else:
-                self.from_checkpoint(job)
-                placement = await placer.place(job)
+                placement = await self.place_afresh(job, handed, synced=synced, moved=True)
             handed.generation = job.paused_times  # what the placer placed them with
             return placement
         self._note(job, handed, whence)
         return job.placement
+
+    async def place_afresh(self, job: Job, handed: Handed, *, synced: bool,
+                           moved: bool) -> Placement:
+        """A job of several replicas none of which went back on its fellows, placed
+        again on the cards the swarm gives now. Where ``synced`` (``handed`` carries the
+        rounds and the keepers' outer state: a copy, or this leader's own last one) the
+        new replicas take that global state and go on where the rounds stood; only a
+        placement on another cut (the outer state is the old cut's) or no such state
+        falls back to the latest checkpoint, or to step 0. ``moved``: a new leader took
+        the job over (the record says so)."""
+        cut = placement_cut(job.placement)
+        rounds = handed.rounds if synced else None
+        if rounds is not None:
+            whence = (f"placed again, resumes where its rounds stood (round "
+                      f"{rounds.version}, step {job.step})")
+        else:
+            whence = "placed again, " + self.from_checkpoint(job)
+        if moved:
+            self._note(job, handed, whence)
+            job.state, job.reason = "pending", whence
+        placement = await self.training.placer.place(job, cut=cut)
+        if rounds is not None:
+            if placement_cut(placement) == cut:
+                handed.restore_rounds = True
+                job.resume = False
+            else:
+                line = (f"placed on another cut ({placement_cut(placement)}, not {cut}): "
+                        + self.from_checkpoint(job))
+                job.moves.append(line)
+                log.warning("job %s: %s", job.job_id, line)
+        return placement
 
     def _note(self, job: Job, handed: Handed, whence: str) -> None:
         line = (f"moved from leader {handed.from_leader} to {self.agent.name} (term "
@@ -250,6 +282,25 @@ class Takeover:
             placed.append(i)
         return placed
 
+    def own_copy(self, job: Job) -> Handed | None:
+        """Where ``job``'s rounds stood at this leader's own newest copy of it (made as
+        each round closed), with the keepers' outer state; None without one."""
+        copy = self.training.handover.kept.get(job.job_id)
+        if copy is None or not copy.head.outer_bytes or not job.placement:
+            return None
+        try:
+            was, rounds = restore(unpack_doc(copy.head.state))
+        except SwarmError as exc:
+            log.warning("job %s: its own copy does not read back: %s", job.job_id, exc)
+            return None
+        if rounds is None or len(copy.head.outer_bytes) != len(job.placement[0]):
+            return None
+        # the record goes back to that copy too: the steps after it are trained again
+        job.step, job.loss, job.losses, job.samples = was.step, was.loss, was.losses, \
+            was.samples
+        job.rounds, job.replica_steps = was.rounds, was.replica_steps
+        return Handed(rounds, tuple(copy.outer_parts()), self.agent.name)
+
     def _alive(self, fellow_id: str) -> bool:
         if fellow_id == self.agent.node_id.hex():
             return True
@@ -279,4 +330,9 @@ class Takeover:
             await driver.to_global_state(r)
 
 
-__all__ = ["Handed", "Takeover"]
+def placement_cut(placement: Placement) -> list[int]:
+    """The first layer of every stage but the first: where the replicas are cut."""
+    return [int(s["layers"][0]) for s in placement[0][1:]] if placement else []
+
+
+__all__ = ["Handed", "Takeover", "placement_cut"]
