@@ -78,7 +78,7 @@ class Serving:
         self.sessions = StageSessions(agent, self.runtime, self.host.hosted)
         self.driver = Generation(agent, self.runtime, self.leader, self.offers)
         self.chat_prompts = ChatPrompts(self)
-        self.failover = Failover(agent, leadership, self.leader, self.host.hosted)
+        self.failover = Failover(agent, leadership, self.leader, self.host)
         agent.control_ops.update({"load": self._op_load, "load_cancel": self._op_load_cancel,
                                   "loads": self._op_loads, "unload": self._op_unload,
                                   "generate": self._op_generate, "chat": self._op_chat})
@@ -93,6 +93,10 @@ class Serving:
     def elected(self) -> None:
         """This agent won an election: it watches every load, the last leader's too."""
         self.failover.elected()
+
+    def fellow_back(self) -> None:
+        """A fellow joined or came back: it may keep the orders of a load no one serves."""
+        self.failover.look_a_while()
 
     @property
     def hosted(self) -> dict[tuple[str, int], HostedStage]:
