@@ -15,9 +15,10 @@ import trio
 from p2pswarm.agent import Agent
 from p2pswarm.agent.serving.kept_loads import MAX_KEPT, KeptLoads
 from p2pswarm.agent.serving.records import StageOrder
+from p2pswarm.errors import PlacementError
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
-from p2pswarm.wire.loads import RouteHop
+from p2pswarm.wire.loads import LoadKeep, RouteHop
 from tests.serving_swarm import MODEL, PROMPT, next_leader, reference, request, start_swarm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -107,6 +108,15 @@ async def test_a_swarm_restarted_from_its_homes_serves_its_load_again(
         # back on the fellow that served it: its card has room, its weights are there
         assert _served_on(swarm, plan_id) == [served_by]
         await _generates(swarm.live()[0], plan)
+
+        # orders that do not fit their route are not kept
+        host = swarm.live()[2].serving.host
+        kept = host.kept.get(plan_id)
+        assert kept is not None
+        with pytest.raises(PlacementError, match="refused"):
+            await host._keep(LoadKeep("ab" * 8, kept.route, kept.orders, term=99))
+        assert host.kept.get("ab" * 8) is None
+        assert host.agent.counters.refused["stage-orders-unfit"] == 1
 
         # an unload forgets it everywhere: no fellow keeps its orders, nor its file
         await swarm.live()[1].serving.unload(plan_id)
