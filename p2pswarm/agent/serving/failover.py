@@ -261,6 +261,8 @@ class Failover:
                         self._note_faster(record)
                         if self.keepers.due(plan_id, record):
                             self.agent.spawn(self._hand_keepers, plan_id)
+                        elif not self._locks.setdefault(plan_id, trio.Lock()).locked():
+                            self.keepers.tidy(plan_id, record)
                 self.keepers.drop_forgotten()
         finally:
             self._watching = False

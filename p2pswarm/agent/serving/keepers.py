@@ -124,8 +124,18 @@ class Keepers:
         # one that did not take them is asked again when the route, the term or the
         # choice changes (membership calls it dead: another is chosen)
         self.handed[plan_id] = key
+        self.tidy(plan_id, record)
+
+    def tidy(self, plan_id: str, record: dict[str, Any]) -> None:
+        """Fellows that keep ``plan_id``'s orders, neither in its route nor its keepers
+        (a keeper no longer chosen, a stale copy read back after a restart), drop them.
+        Not while a stage of the load moves: the fellow it moves to may be one."""
+        handed = self.handed.get(plan_id)
+        if handed is None:
+            return
+        wanted = {str(h["fellow_id"]) for h in record["stages"]} | set(handed[2])
         for fid, addr in self.kept_by().get(plan_id, []):
-            if fid not in route_ids and fid not in keepers:
+            if fid not in wanted:
                 self.drop(plan_id, addr)
 
     def drop_forgotten(self) -> None:
