@@ -200,7 +200,8 @@ class Failover:
         and those it led before as their fellows now keep them."""
         for plan_id in sorted(self.loads.loads):
             self.agent.spawn(self._adopt_quietly, plan_id, True)
-        self.look_a_while()
+        self._look_until = trio.current_time() + LOOK_AFTER_CHANGE_S
+        self._watch_soon()
 
     def look_a_while(self) -> None:
         """Watch for a while even with no load in sight: a fellow (back, or just

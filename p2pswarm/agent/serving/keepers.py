@@ -44,6 +44,8 @@ log = logging.getLogger("p2pswarm.serving")
 
 KEEPERS = 2  # fellows outside the route that keep a load's orders
 ORDER_TIMEOUT_S = 5.0
+DROP_AGAIN_S = 5.0  # a fellow that did not drop orders (no leader yet) is told again
+DROPS_REMEMBERED = 1024
 
 
 def chosen_keepers(plan_id: str, fellows: list[str], copies: int = KEEPERS) -> list[str]:
@@ -66,7 +68,7 @@ class Keepers:
         self.keep_here = keep_here  # the leader keeps them on its own disk too
         # plan_id -> (term, route fellow ids, keeper ids) as last handed out
         self.handed: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {}
-        self._releasing: set[tuple[str, str]] = set()  # (plan_id, addr) told to drop
+        self._told: dict[tuple[str, str], float] = {}  # (plan_id, addr) -> told to drop
 
     def kept_by(self) -> dict[str, list[tuple[str, str]]]:
         """plan_id -> (fellow id, addr) of the connected fellows gossiping that they keep
@@ -150,9 +152,13 @@ class Keepers:
 
     def drop(self, plan_id: str, addr: str) -> None:
         """Tell the fellow at ``addr`` to drop what it holds and keeps of ``plan_id``."""
-        if (plan_id, addr) not in self._releasing:
-            self._releasing.add((plan_id, addr))
-            self.agent.spawn(self._drop, plan_id, addr)
+        now = trio.current_time()
+        if now < self._told.get((plan_id, addr), -DROP_AGAIN_S) + DROP_AGAIN_S:
+            return  # told lately (its gossip lags, or it had no leader yet)
+        self._told[(plan_id, addr)] = now
+        while len(self._told) > DROPS_REMEMBERED:
+            self._told.pop(next(iter(self._told)))
+        self.agent.spawn(self._drop, plan_id, addr)
 
     async def _drop(self, plan_id: str, addr: str) -> None:
         try:
@@ -160,9 +166,8 @@ class Keepers:
                 await self.leadership.order(addr, StageRelease(plan_id), StageReleased)
             log.info("%s no longer keeps the orders of %s", addr, plan_id)
         except (SwarmError, trio.TooSlowError) as exc:
-            log.info("%s keeps the orders of %s still: %s", addr, plan_id, exc)
-        finally:
-            self._releasing.discard((plan_id, addr))
+            log.info("%s keeps the orders of %s still: %s", addr, plan_id,
+                     exc or "no answer in time")
 
 
 __all__ = ["KEEPERS", "Keepers", "chosen_keepers"]

@@ -237,6 +237,8 @@ class Loads:
         self.orders.pop(plan_id, None)
         self.asked.pop(plan_id, None)
         self._unloaded[plan_id] = trio.current_time()
+        if self.on_unloaded is not None:  # its orders kept here and by its keepers
+            self.on_unloaded(plan_id)
         for old, new in list(self.moved_to.items()):
             if new == plan_id:
                 self.moved_to[old] = successor
