@@ -50,9 +50,9 @@ def test_a_load_is_served_again_after_every_fellow_was_killed_and_started_again(
             for name in NAMES:
                 swarm.launch(name, seeds=() if name == NAMES[0] else (seed,),
                              extra=("--log-level", "warning"), listen=addrs[name])
-            swarm.wait_formed(NAMES)
 
         start_all()
+        swarm.wait_formed(NAMES)
         home = swarm.homes[NAMES[1]]
         record = _poll("the load", lambda: request(home, {"op": "load", "request": LOAD},
                                                     timeout_s=120), timeout_s=120)
@@ -66,10 +66,10 @@ def test_a_load_is_served_again_after_every_fellow_was_killed_and_started_again(
             process.send_signal(signal.SIGKILL)
         for process in swarm.processes.values():
             process.wait(timeout=10)
-        start_all()
+        start_all()  # from the same homes and addresses; generate asks until it answers
 
         got = _poll("generate after the restart", lambda: request(home, GENERATE,
-                                                                  timeout_s=60))
+                                                                  timeout_s=60), timeout_s=90)
         assert got["token_ids"] == want["token_ids"]
         (after,) = request(home, {"op": "loads"}, timeout_s=30)["loads"]
         assert after["plan_id"] == record["plan_id"] and after["complete"]
