@@ -128,6 +128,33 @@ async def test_a_swarm_restarted_from_its_homes_serves_its_load_again(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_fellow_away_during_the_unload_does_not_bring_the_load_back(
+        autojump_clock, tmp_path) -> None:
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=13, n=3, keep_loads=True)
+        at, plan = await _load_on_the_leader(swarm)
+        plan_id = plan["plan_id"]
+        away = next(i for i in range(3) if i != at)  # a keeper
+        leader = swarm.fellows[at].agent
+        assert leader is not None
+        gone = swarm.fellows[away].identity.node_id
+        await wait_until(lambda: swarm.fellows[away].addr in leader.serving.leader.keeping(
+            plan_id), timeout_s=10)  # its gossip says it keeps them
+
+        swarm.crash(away)
+        await wait_until(lambda: leader.membership is not None and getattr(
+            leader.membership.member(gone), "state", "") == "dead", timeout_s=30)
+        await leader.serving.unload(plan_id)
+        assert list(tmp_path.glob(f"loads-{away}/*.json"))  # it was away: it keeps them
+        back = await swarm.start(away)
+        assert plan_id in back.serving.host.kept.loads  # read back from its disk
+        await wait_until(lambda: not back.serving.host.kept.loads, timeout_s=30)
+        assert not list(tmp_path.glob("loads-*/*.json"))
+        await trio.sleep(10.0)
+        assert _served_on(swarm, plan_id) == [] and plan_id not in leader.serving.loads
+        nursery.cancel_scope.cancel()
+
+
 def _orders() -> tuple[tuple[RouteHop, ...], tuple[Any, ...]]:
     order = StageOrder("ab" * 8, 0, 1, "aa", (0, 6), "cpu", 0, "CPU", claim_bytes=10,
                        need_bytes=20, runtime={"dtype": "float32", "quant": "none",

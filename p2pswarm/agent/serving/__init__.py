@@ -98,6 +98,14 @@ class Serving:
         """A fellow joined or came back: it may keep the orders of a load no one serves."""
         self.failover.look_a_while()
 
+    def metadata_changed(self, node_id: bytes) -> None:
+        """A fellow said something new about itself: a leader looks at the loads whose
+        orders it keeps (it may have restarted before anyone thought it dead)."""
+        member = self.agent.membership.member(node_id) if self.agent.membership else None
+        if member is not None and self.leadership.is_leader() \
+                and self.agent.member_metadata(member).get("kept_loads"):
+            self.failover.look_a_while()
+
     @property
     def hosted(self) -> dict[tuple[str, int], HostedStage]:
         return self.host.hosted
