@@ -27,7 +27,7 @@ from typing import Any
 from p2pswarm.errors import ConfigError
 from p2pswarm.security import Identity, Keyring, SwarmSecret
 
-__all__ = ["Home", "scratch_dir"]
+__all__ = ["Home", "scratch_dir", "write_private"]
 
 _scratch_root: Path | None = None
 
@@ -117,7 +117,7 @@ class Home:
             "primary_key_id": keyring.primary_key_id.hex(),
             "secrets": [secret.token() for secret in keyring.secrets],
         }
-        _write_private(self.keyring_path, document)
+        write_private(self.keyring_path, document)
 
     # ----------------------------------------------------------------- reading
 
@@ -135,7 +135,7 @@ class Home:
         self._require_dir()
         if not self.identity_path.exists():
             identity = Identity.generate()
-            _write_private(
+            write_private(
                 self.identity_path,
                 {
                     "format": _IDENTITY_FORMAT,
@@ -197,8 +197,8 @@ def _check_private(path: Path) -> None:
         )
 
 
-def _write_private(path: Path, document: dict[str, Any]) -> None:
-    """Write ``document`` as JSON to ``path``, mode 0600, all or nothing."""
+def write_private(path: Path, document: dict[str, Any]) -> None:
+    """Write ``document`` as JSON to ``path``, mode 0600, all or nothing (ConfigError)."""
     data = (json.dumps(document, indent=2) + "\n").encode("utf-8")
     try:
         # mkstemp creates the file 0600 before anything secret is in it.

@@ -27,10 +27,14 @@ def request(**extra: Any) -> dict[str, Any]:
 
 
 async def start_swarm(nursery: trio.Nursery, tmp_path: Path, seed: int,
-                      n: int = 3) -> VirtualSwarm:
+                      n: int = 3, keep_loads: bool = False) -> VirtualSwarm:
+    """``n`` fellows, each with its own weights cache; with ``keep_loads``, each keeps
+    the stage orders it is handed in a directory of its own, as under its home (a fellow
+    started again reads them back)."""
     def own_weights_cache(fellow: Fellow, world: AgentWorld) -> Agent:
         return Agent(replace(world, services=Services(
-            weights_dir=tmp_path / f"cache-{fellow.index}")))
+            weights_dir=tmp_path / f"cache-{fellow.index}",
+            loads_dir=tmp_path / f"loads-{fellow.index}" if keep_loads else None)))
 
     return await start_cpu_swarm(nursery, n, seed, agent_factory=own_weights_cache)
 

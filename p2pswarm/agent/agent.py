@@ -362,6 +362,9 @@ class Agent:
             self.training.leader_changed()  # no longer leading: its drivers stop
         elif event.kind in (fx.MEMBER_JOINED, fx.ALIVE) and event.node_id:
             self.training.takeover.fellow_back(event.node_id)  # copies it may keep
+            self.serving.fellow_back()  # ... and loads' orders
+        elif event.kind == fx.METADATA and event.node_id:
+            self.serving.metadata_changed(event.node_id)  # it may keep loads' orders now
         self.events.append(event)
         del self.events[:-100]
         level = _LOGGED_EVENTS.get(event.kind, logging.DEBUG)

@@ -1,6 +1,7 @@
 """What a fellow says about itself, checked where it enters this agent's view.
 
-A fellow's metadata (its cards, their speeds, whether it trains, the stages it serves) is
+A fellow's metadata (its cards, their speeds, whether it trains, the stages it serves,
+the loads whose orders it keeps) is
 signed by that fellow, so no one else can forge it; but the fellow itself may be buggy
 or hostile. One malformed entry must not break ``plan``, ``loads``, ``load``, ``cluster
 export`` or ``/api/models/loads`` for the whole swarm, so every entry the views read is
@@ -29,6 +30,8 @@ MAX_TEXT_CHARS = 1024  # any name, label or address
 MAX_BYTES = 1 << 60  # 1 EiB: more than any card or stage holds
 MAX_LAYER = 1 << 20
 MAX_DOC_DEPTH = 6  # nesting of a model, runtime or adapter block
+MAX_KEPT_LOADS = 64  # loads one fellow may say it keeps the orders of
+MAX_PLAN_ID_CHARS = 64
 _CARD_KEY = re.compile(r"(cuda|cpu):[0-9]{1,4}")
 _RUNTIME_COUNTS = ("quant_group_size", "max_context_tokens", "max_sessions",
                    "prefill_chunk_tokens")
@@ -229,6 +232,15 @@ class _Cleaner:
     def stages(self, raw: Any) -> list[dict[str, Any]]:
         return self.each(raw, self.stage, MAX_STAGES)
 
+    def kept_loads(self, raw: Any) -> list[str]:
+        """The plan ids of the loads a fellow keeps the orders of without serving them."""
+        def plan_id(value: Any) -> str:
+            if not _text(value, MAX_PLAN_ID_CHARS):
+                raise Bad("an empty plan id")
+            return str(value)
+
+        return self.each(raw, plan_id, MAX_KEPT_LOADS)
+
 
 def clean_metadata(meta: dict[Any, Any]) -> tuple[dict[str, Any], int]:
     """``meta`` with every entry a view reads in the form it expects (bad ones dropped),
@@ -236,7 +248,8 @@ def clean_metadata(meta: dict[Any, Any]) -> tuple[dict[str, Any], int]:
     cleaner = _Cleaner()
     checks: dict[str, Callable[[Any], Any]] = {
         "cards": cleaner.cards, "benchmarks": cleaner.benchmarks,
-        "stages": cleaner.stages, "training": lambda v: v if isinstance(v, bool) else _no()}
+        "stages": cleaner.stages, "kept_loads": cleaner.kept_loads,
+        "training": lambda v: v if isinstance(v, bool) else _no()}
     out: dict[str, Any] = {}
     for key, value in meta.items():
         if not isinstance(key, str):

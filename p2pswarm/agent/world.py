@@ -46,6 +46,7 @@ class Services:
     training_retry_s: float | None = None  # a pending job retries this often; None: default
     weights_dir: Path | None = None  # weights cache; None: <home>/weights, else a temp dir
     stage_runtime: StageRuntime | None = None  # builds and runs stages; None: torch's
+    loads_dir: Path | None = None  # kept stage orders; None: <home>/loads, else memory only
 
 
 @dataclass(frozen=True, slots=True)

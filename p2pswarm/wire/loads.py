@@ -271,6 +271,19 @@ class StageOrdersKept:
     orders: Orders
 
 
+@message(95)
+@dataclass(frozen=True, slots=True)
+class LoadKeep:
+    """Keep ``route`` and ``orders`` of load ``plan_id``, of which you host no stage, for a
+    later leader to ask for (``StageOrdersAsk``): a keeper, answered ``StageStarted``
+    with no stages."""
+
+    plan_id: PlanId
+    route: Route
+    orders: Orders
+    term: U64 = 0
+
+
 # --- failover and live moves (``p2pswarm.agent.serving.failover``) -----------------------
 
 
@@ -315,7 +328,7 @@ class LoadMove:
 
 
 __all__ = [
-    "LOAD_CANCEL_OUTCOMES", "LoadMove", "StageCheck", "StageChecked", "StageLost", "LoadAsk", "LoadCancel", "LoadCancelled", "LoadDone", "LoadsAsk",
+    "LOAD_CANCEL_OUTCOMES", "LoadKeep", "LoadMove", "StageCheck", "StageChecked", "StageLost", "LoadAsk", "LoadCancel", "LoadCancelled", "LoadDone", "LoadsAsk",
     "LoadsShown", "RouteHop", "RuntimeBlock", "StageAssignment", "StageLoad", "StageLoaded",
     "StagePrepare", "StagePrepared", "StageRelease", "StageReleased", "StageStart",
     "StageOrdersAsk", "StageOrdersKept", "StageStarted", "UnloadAsk", "Unloaded",

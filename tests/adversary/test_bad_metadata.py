@@ -42,6 +42,8 @@ HOSTILE: dict[str, Any] = {
                              "cuda:9": {"flops": float("nan"), "mem_bandwidth": 1.0},
                              "cuda:8": [1, 2]}},
     "training": "sometimes",
+    # loads it keeps the orders of: one plan id, and what no plan id is
+    "kept_loads": ["0123456789abcdef", 5, "", "x" * 65, None],
     "stages": [{"plan_id": "0123456789abcdef", "stage": "first"},
                {"plan_id": 5, "stage": 0, "route": [{"stage": "a"}]},
                {"plan_id": "fedcba9876543210", "stage": 0, "model": "x", "runtime": [],
@@ -76,7 +78,8 @@ def test_clean_metadata_keeps_the_good_and_drops_the_bad() -> None:
     assert clean["cards"][1]["held_by_others"] == []
     assert "training" not in clean and clean["benchmarks"] == {"cards": {}}
     assert clean["stages"] == []
-    assert dropped >= 10
+    assert clean["kept_loads"] == ["0123456789abcdef"]
+    assert dropped >= 14
     assert clean_metadata({"cards": "x", "stages": {}, "benchmarks": 3})[0] == {}
     assert clean_metadata({"note": "hello"}) == ({"note": "hello"}, 0)
 

@@ -83,7 +83,7 @@ class Serving:
         self.sessions = StageSessions(agent, self.runtime, self.host.hosted)
         self.driver = Generation(agent, self.runtime, self.leader, self.offers)
         self.chat_prompts = ChatPrompts(self)
-        self.failover = Failover(agent, leadership, self.leader, self.host.hosted)
+        self.failover = Failover(agent, leadership, self.leader, self.host)
         agent.control_ops.update({"load": self._op_load, "load_cancel": self._op_load_cancel,
                                   "loads": self._op_loads, "unload": self._op_unload,
                                   "generate": self._op_generate, "chat": self._op_chat})
@@ -116,6 +116,18 @@ class Serving:
         """This agent won an election: it watches every load, the last leader's too."""
         self.copies.soon()  # and has their stages copied ahead
         self.failover.elected()
+
+    def fellow_back(self) -> None:
+        """A fellow joined or came back: it may keep the orders of a load no one serves."""
+        self.failover.look_a_while()
+
+    def metadata_changed(self, node_id: bytes) -> None:
+        """A fellow said something new about itself: a leader looks at the loads whose
+        orders it keeps (it may have restarted before anyone thought it dead)."""
+        member = self.agent.membership.member(node_id) if self.agent.membership else None
+        if member is not None and self.leadership.is_leader() \
+                and self.agent.member_metadata(member).get("kept_loads"):
+            self.failover.look_a_while()
 
     @property
     def hosted(self) -> dict[tuple[str, int], HostedStage]:

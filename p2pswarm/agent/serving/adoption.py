@@ -13,6 +13,12 @@ still holds the old one), then the route's fellow ids, so the choice does not de
 the order the answers came in. One fellow's answer is enough: a load whose stage fellows
 are all gone but one can still be healed.
 
+Fellows that keep a load's orders without serving it answer too (``kept_loads``): a
+keeper (``keepers``), and a fellow restarted from its disk whose stage is gone with its
+process. They gossip the plan ids they keep (metadata ``kept_loads``), so a leader finds
+a load no fellow serves any more, and adopts it like any other; its heal then re-places
+the stages no fellow holds. A load unloaded by this leader is not adopted again.
+
 The leader then keeps the load as if it had brought it up: its watch heals it when a
 stage's fellow is lost (``failover``), and a fellow that gossips a stage of the load the
 adopted route does not name is told to release it.
@@ -42,6 +48,7 @@ if TYPE_CHECKING:
     from p2pswarm.agent.leadership import Leadership
     from p2pswarm.agent.serving.loads import Loads
     from p2pswarm.agent.serving.records import HostedStage
+    from p2pswarm.agent.serving.stage_host import StageHost
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -74,13 +81,13 @@ def kept_orders(plan_id: str, route: tuple[RouteHop, ...],
 class Adoption:
     """The fellow's answer to ``StageOrdersAsk``, and the leader's adopting of loads."""
 
-    def __init__(self, agent: Agent, leadership: Leadership, loads: Loads,
-                 hosted: dict[tuple[str, int], HostedStage],
+    def __init__(self, agent: Agent, leadership: Leadership, loads: Loads, host: StageHost,
                  release_stray: Callable[[str, str], None]) -> None:
         self.agent = agent
         self.leadership = leadership
         self.loads = loads
-        self.hosted = hosted
+        self.host = host
+        self.hosted: dict[tuple[str, int], HostedStage] = host.hosted
         self.release_stray = release_stray  # (plan_id, addr): a fellow the route left out
         leadership.obey(StageOrdersAsk, self._kept)
 
@@ -89,8 +96,9 @@ class Adoption:
     async def _kept(self, call: StageOrdersAsk) -> StageOrdersKept:
         mine = [h for (p, _), h in sorted(self.hosted.items())
                 if p == call.plan_id and h.state == "active" and h.kept_orders]
-        if not mine:
-            return StageOrdersKept(0, (), ())
+        if not mine:  # kept without a live stage: a keeper, or back from its disk
+            kept = self.host.kept.get(call.plan_id)
+            return kept.answer() if kept is not None else StageOrdersKept(0, (), ())
         h = max(mine, key=lambda h: h.started_term)
         return StageOrdersKept(h.started_term, tuple(route_hop(r) for r in h.route),
                                h.kept_orders)
@@ -98,9 +106,24 @@ class Adoption:
     # --- the leader's side ---------------------------------------------------------------
 
     def unadopted(self) -> list[str]:
-        """Loads fellows gossip that this leader does not lead (yet)."""
-        return [r["plan_id"] for r in self.loads.loads_view()
-                if r["plan_id"] not in self.loads.loads]
+        """Loads fellows gossip that they serve, or keep the orders of, that this leader
+        does not lead (yet); not those it unloaded or re-cut."""
+        served = {r["plan_id"] for r in self.loads.loads_view()}
+        kept = set(self._kept_gossip()) | set(self.host.kept_idle())
+        kept -= {p for p in kept if self.loads.forgotten_load(p) or p in self.loads.moved_to
+                 or self.loads.recently_unloaded(p)}
+        return sorted(p for p in served | kept if p not in self.loads.loads)
+
+    def _kept_gossip(self) -> dict[str, list[str]]:
+        """plan_id -> addresses of the connected fellows that keep its orders unserved."""
+        out: dict[str, list[str]] = {}
+        membership = self.agent.membership
+        for m in membership.members() if membership is not None else ():
+            if m.is_self or m.state not in ("alive", "suspect"):
+                continue
+            for plan_id in self.agent.member_metadata(m).get("kept_loads") or []:
+                out.setdefault(plan_id, []).append(m.addr)
+        return out
 
     async def adopt(self, plan_id: str, refresh: bool = False) -> dict[str, Any] | None:
         """Lead load ``plan_id`` from what its stage fellows keep; its record, or None
@@ -158,15 +181,17 @@ class Adoption:
             log.warning("%s leads load %s now (its route and orders from %d of its "
                         "fellows)", self.agent.name, plan_id, len(answers))
             named = {h["addr"] for h in route}
-            for addr in holders:
-                if addr not in named:
-                    self.release_stray(plan_id, addr)
+            serving = set(self.loads.gossiped_holders(plan_id))
+            if any(p == plan_id for p, _ in self.hosted):
+                serving.add(self.agent.addr)
+            for addr in sorted(serving - named):  # those only keeping it: ``keepers``
+                self.release_stray(plan_id, addr)
             return record
 
     def _holders(self, plan_id: str) -> list[str]:
-        """Addresses of the connected fellows that gossip a stage of ``plan_id`` (this
-        one too, when it holds one)."""
-        addrs = set()
+        """Addresses of the connected fellows that gossip a stage of ``plan_id``, or that
+        they keep its orders (this one too, when it holds or keeps one)."""
+        addrs = set(self._kept_gossip().get(plan_id, []))
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
             if m.state not in ("alive", "suspect"):
@@ -174,7 +199,7 @@ class Adoption:
             entries = self.agent.member_metadata(m).get("stages") or []
             if any(isinstance(e, dict) and e.get("plan_id") == plan_id for e in entries):
                 addrs.add(m.addr)
-        if any(p == plan_id for p, _ in self.hosted):
+        if any(p == plan_id for p, _ in self.hosted) or self.host.kept.get(plan_id):
             addrs.add(self.agent.addr)
         return sorted(addrs)
 

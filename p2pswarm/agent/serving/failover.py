@@ -24,9 +24,13 @@ hold a lost stage, the heal fails with the reason, the load shows what it waits 
 (``waiting``), and the watch tries again as the swarm changes.
 
 A leader heals the loads its predecessors led too: every ``StageStart`` hands each stage's
-fellow the route and every stage's order, and a new leader adopts a load from them
+fellow the route and every stage's order (and ``keepers`` hands them to a few other
+fellows; all of them keep them on disk), and a new leader adopts a load from them
 (``adoption``) when it is elected, when its watch finds a load it does not lead, or when
-a driver asks it to heal one.
+a driver asks it to heal one. A stage's fellow restarted from its disk keeps the orders
+but not the stage, and says so (metadata ``kept_loads``): the watch heals such a load,
+and the lost stage goes back to that same fellow first when its card has room (its
+weights are cached there).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.serving.adoption import Adoption
+from p2pswarm.agent.serving.keepers import Keepers
 from p2pswarm.agent.serving.moves import moved_order, spare_cards
 from p2pswarm.agent.serving.recut import Recut
 from p2pswarm.agent.serving.records import StageOrder, route_hop
@@ -53,6 +58,8 @@ from p2pswarm.planner.cluster import CardView, Fellow
 from p2pswarm.planner.wording import card_label, gb
 from p2pswarm.wire.loads import (
     LoadDone,
+    RouteHop,
+    StageAssignment,
     LoadMove,
     StageCheck,
     StageChecked,
@@ -72,7 +79,7 @@ if TYPE_CHECKING:
     from p2pswarm.agent.agent import Agent
     from p2pswarm.agent.leadership import Leadership
     from p2pswarm.agent.serving.loads import Loads
-    from p2pswarm.agent.serving.records import HostedStage
+    from p2pswarm.agent.serving.stage_host import StageHost
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -84,30 +91,35 @@ RETRY_WAITING_S = 2.0  # a load waiting for a card tries again this often
 CANDIDATES_TRIED = 3  # cards asked, in order, before a heal gives up for now
 MOVES_KEPT = 32  # moves a load remembers
 RELEASE_FOR_S = 120.0  # a lost fellow that comes back is told to release this long
+LOOK_AFTER_CHANGE_S = 30.0  # a leader watches this long for kept loads after a change
 
 
 class Failover:
     """The leader's side (heal, watch, moves) and the fellow's answer to ``StageCheck``."""
 
     def __init__(self, agent: Agent, leadership: Leadership, loads: Loads,
-                 hosted: dict[tuple[str, int], HostedStage]) -> None:
+                 host: StageHost) -> None:
         self.agent = agent
         self.leadership = leadership
         self.loads = loads
-        self.hosted = hosted
+        self.host = host
+        self.hosted = host.hosted
         self.grace_s = GRACE_S
         self._locks: dict[str, trio.Lock] = {}
         self._healing: set[str] = set()
         self._retry_at: dict[str, float] = {}
         self._watching = False
         self._adopt_at: dict[str, float] = {}  # a load not adopted yet: when to ask again
-        self.adoption = Adoption(agent, leadership, loads, hosted, self._release_stray)
+        self._look_until = 0.0  # the watch runs at least this long (fellows come back)
+        self.adoption = Adoption(agent, leadership, loads, host, self._release_stray)
+        self.keepers = Keepers(agent, leadership, loads, self._keep_here)
         self.recut = Recut(agent, loads, MOVES_KEPT)  # a live move to another cut
         leadership.serve(StageLost, self._leader_stage_lost)
         leadership.serve(LoadMove, self._leader_move)
         agent.control_ops["load_move"] = self._op_load_move
         leadership.obey(StageCheck, self._check)
         loads.on_loaded = self._watch_soon
+        loads.on_unloaded = self._unloaded
 
     # --- the fellow's side ---------------------------------------------------------------
 
@@ -195,7 +207,26 @@ class Failover:
         and those it led before as their fellows now keep them."""
         for plan_id in sorted(self.loads.loads):
             self.agent.spawn(self._adopt_quietly, plan_id, True)
+        self._look_until = trio.current_time() + LOOK_AFTER_CHANGE_S
         self._watch_soon()
+
+    def look_a_while(self) -> None:
+        """Watch for a while even with no load in sight: a fellow (back, or just
+        elected) may gossip the orders of a load no one serves any more."""
+        self._look_until = trio.current_time() + LOOK_AFTER_CHANGE_S
+        if self.leadership.is_leader():
+            self._watch_soon()
+
+    def _keep_here(self, plan_id: str, term: int, route: tuple[RouteHop, ...],
+                   orders: tuple[StageAssignment, ...]) -> None:
+        if self.host.kept.keep(plan_id, term, route, orders):
+            self.host.publish()
+
+    def _unloaded(self, plan_id: str) -> None:
+        """An unload forgets the load here too: its keepers and kept orders."""
+        self.keepers.forget(plan_id)
+        if self.host.kept.forget(plan_id):
+            self.host.publish()
 
     def _release_stray(self, plan_id: str, addr: str) -> None:
         self.agent.spawn(self._release_when_back, plan_id, addr)
@@ -210,8 +241,8 @@ class Failover:
         needs to be running), retry a load that waits for a card, and adopt the loads
         fellows gossip that this leader does not lead (a predecessor's)."""
         try:
-            while self.loads.loads or (self.leadership.is_leader()
-                                       and self.adoption.unadopted()):
+            while self.loads.loads or (self.leadership.is_leader() and (
+                    self.adoption.unadopted() or trio.current_time() < self._look_until)):
                 await trio.sleep(WATCH_S)
                 if not self.leadership.is_leader():
                     continue
@@ -220,17 +251,27 @@ class Failover:
                     if now >= self._adopt_at.get(plan_id, 0.0):
                         self._adopt_at[plan_id] = now + RETRY_WAITING_S
                         self.agent.spawn(self._adopt_quietly, plan_id)
+                kept_by = self.keepers.kept_by()
                 for plan_id, record in list(self.loads.loads.items()):
                     if plan_id in self._healing:
                         continue
                     states = [self._member_state(s["fellow_id"]) for s in record["stages"]]
+                    # a stage's fellow that keeps the orders but serves none: restarted
+                    restarted = {f for f, _ in kept_by.get(plan_id, [])} & {
+                        s["fellow_id"] for s in record["stages"]}
                     waiting = bool(record.get("waiting"))
                     if waiting and now < self._retry_at.get(plan_id, 0.0):
                         continue
-                    if waiting or any(s in ("dead", "left", "unknown") for s in states):
+                    if waiting or restarted or any(s in ("dead", "left", "unknown")
+                                                   for s in states):
                         self.agent.spawn(self._heal_quietly, plan_id)
                     else:
                         self._note_faster(record)
+                        if self.keepers.due(plan_id, record):
+                            self.agent.spawn(self._hand_keepers, plan_id)
+                        elif not self._locks.setdefault(plan_id, trio.Lock()).locked():
+                            self.keepers.tidy(plan_id, record)
+                self.keepers.drop_forgotten()
         finally:
             self._watching = False
 
@@ -239,6 +280,16 @@ class Failover:
         async with lock:
             if await self.adoption.adopt(plan_id, refresh) is not None:
                 self._adopt_at.pop(plan_id, None)
+
+    async def _hand_keepers(self, plan_id: str) -> None:
+        lock = self._locks.setdefault(plan_id, trio.Lock())
+        if lock.locked() or plan_id in self._healing:
+            return  # a heal or a move under way: the next round hands the new route
+        async with lock:
+            record, orders = self.loads.loads.get(plan_id), self.loads.orders.get(plan_id)
+            if record is not None and orders is not None and self.leadership.is_leader() \
+                    and self.keepers.due(plan_id, record):
+                await self.keepers.hand(plan_id, record, orders)
 
     async def _heal_quietly(self, plan_id: str) -> None:
         try:
@@ -268,8 +319,10 @@ class Failover:
                     record.pop("waiting", None)
                     return record
                 for stage in sorted(lost):
+                    said, answered = lost[stage]
                     try:
-                        await self._move(record, stage, f"{lost[stage]} ({why})")
+                        await self._move(record, stage, f"{said} ({why})",
+                                         same_fellow_first=answered)
                     except PlacementError as exc:
                         record["waiting"] = str(exc)
                         self._retry_at[plan_id] = trio.current_time() + RETRY_WAITING_S
@@ -281,10 +334,11 @@ class Failover:
             if plan_id not in self.loads.loads:
                 self._locks.pop(plan_id, None)
 
-    async def _lost_stages(self, record: dict[str, Any]) -> dict[int, str]:
-        """stage -> why its fellow is lost, for the stages whose fellow is gone, or silent
-        past the grace window; the others answered that they hold their stage live."""
-        lost: dict[int, str] = {}
+    async def _lost_stages(self, record: dict[str, Any]) -> dict[int, tuple[str, bool]]:
+        """stage -> why its fellow is lost, and whether that fellow answered (it no longer
+        holds the stage: restarted, say), for the stages whose fellow is gone, silent past
+        the grace window, or without the stage; the others hold their stage live."""
+        lost: dict[int, tuple[str, bool]] = {}
         deadline = trio.current_time() + self.grace_s
 
         async def one(hop: dict[str, Any]) -> None:
@@ -298,30 +352,33 @@ class Failover:
         return lost
 
     async def _lost_why(self, plan_id: str, hop: dict[str, Any],
-                        deadline: float) -> str | None:
+                        deadline: float) -> tuple[str, bool] | None:
         name = hop["fellow"]
         while True:
             if self._member_state(hop["fellow_id"]) in ("left", "unknown"):
-                return f"{name} left the swarm"
+                return f"{name} left the swarm", False
             try:
                 with trio.fail_after(CHECK_TIMEOUT_S):
                     reply = await self.leadership.order(
                         hop["addr"], StageCheck(plan_id, int(hop["stage"])), StageChecked)
                 if reply.state == "active":
                     return None
-                return f"{name} no longer holds the stage ({reply.state})"
+                return f"{name} no longer holds the stage ({reply.state})", True
             except NobodyListens:
-                return f"{name}'s process is gone (nothing listens at {hop['addr']})"
+                return f"{name}'s process is gone (nothing listens at {hop['addr']})", False
             except (SwarmError, trio.TooSlowError):
                 pass
             if trio.current_time() >= deadline:
-                return f"{name} was silent for {self.grace_s:g} s"
+                return f"{name} was silent for {self.grace_s:g} s", False
             await trio.sleep(CHECK_RETRY_S)
 
     async def _move(self, record: dict[str, Any], stage: int, why: str,
-                    candidates: list[tuple[Fellow, CardView]] | None = None) -> None:
+                    candidates: list[tuple[Fellow, CardView]] | None = None,
+                    same_fellow_first: bool = False) -> None:
         """Re-place ``stage`` of the load on a spare card (the first of ``candidates``
-        that takes it), and start the new route."""
+        that takes it), and start the new route. With ``same_fellow_first`` (its fellow
+        answered that it no longer holds it), its own card comes first when it has room:
+        the stage's weights are cached there."""
         plan_id = record["plan_id"]
         orders = self.loads.orders.get(plan_id)
         if orders is None:
@@ -332,7 +389,13 @@ class Failover:
         old_hop = route[stage]
         if candidates is None:
             busy = {h["fellow_id"] for h in route}
+            own = old_hop["fellow_id"]
+            if same_fellow_first and [h["fellow_id"] for h in route].count(own) == 1:
+                busy.discard(own)  # it holds no other stage of the load
             candidates = spare_cards(self.agent.planning.view(), old.need_bytes, busy)
+            if same_fellow_first:
+                candidates.sort(key=lambda fc: (fc[0].id, fc[1].key)
+                                != (own, old.card_key))
         refusals: list[str] = []
         began = time.perf_counter()
         for fellow, card in candidates[:CANDIDATES_TRIED]:

@@ -117,6 +117,9 @@ class Loads:
         self.prepare_timeout_s = 30.0
         self.load_timeout_s = 3600.0  # fetching and loading a big stage takes a while
         self._unloaded: dict[str, float] = {}
+        # loads unloaded here (the last TICKETS_KEPT): a fellow away during the unload
+        # that comes back keeping their orders is told to drop them, not adopted
+        self._forgotten: OrderedDict[str, str] = OrderedDict()
         self._lock = trio.Lock()
         self.orders: dict[str, list[StageOrder]] = {}  # each led load's stage orders
         # what each load this agent brought up was asked as (request, model, adapter): a
@@ -124,6 +127,7 @@ class Loads:
         self.asked: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]] = {}
         self.moved_to: dict[str, str] = {}  # a re-cut load's old plan_id -> its new one
         self.on_loaded: Callable[[], None] | None = None  # a load came up (failover watches)
+        self.on_unloaded: Callable[[str], None] | None = None  # ... went (its orders too)
         self._in_flight: dict[str, _InFlight] = {}  # ticket -> the bring-up under way
         self._finished: OrderedDict[str, str] = OrderedDict()  # ticket -> plan_id loaded
         # tickets whose load ended without coming up, or was cancelled before it came
@@ -233,6 +237,8 @@ class Loads:
         self.orders.pop(plan_id, None)
         self.asked.pop(plan_id, None)
         self._unloaded[plan_id] = trio.current_time()
+        if self.on_unloaded is not None:  # its orders kept here and by its keepers
+            self.on_unloaded(plan_id)
         for old, new in list(self.moved_to.items()):
             if new == plan_id:
                 self.moved_to[old] = successor
@@ -326,6 +332,7 @@ class Loads:
         self.loads[plan_id] = record
         self.orders[plan_id] = list(orders)
         self._unloaded.pop(plan_id, None)
+        self._forgotten.pop(plan_id, None)
         if self.on_loaded is not None:
             self.on_loaded()
         return record
@@ -353,10 +360,12 @@ class Loads:
                 nursery.start_soon(one, order)
         return results
 
-    async def release_all(self, plan_id: str, addrs: Addrs) -> None:
-        """Order every fellow of a load to drop what it holds of it (best effort: one that
-        cannot be reached drops an unstarted reservation by itself)."""
-        targets = sorted({addr for _, _, addr in addrs.values()})
+    async def release_all(self, plan_id: str, addrs: Addrs,
+                          keepers: Sequence[str] = ()) -> None:
+        """Order every fellow of a load (and the ``keepers`` of its orders) to drop what
+        it holds and keeps of it (best effort: one that cannot be reached drops an
+        unstarted reservation by itself)."""
+        targets = sorted({addr for _, _, addr in addrs.values()} | set(keepers))
 
         async def one(addr: str) -> None:
             try:
@@ -395,13 +404,37 @@ class Loads:
     async def _unload(self, records: list[dict[str, Any]]) -> None:
         """Release every stage of these loads (hold ``_lock``)."""
         for record in records:
+            plan_id = record["plan_id"]
             addrs = {s["stage"]: (s["fellow_id"], s["fellow"], s["addr"])
                      for s in record["stages"] if s.get("state") in ("alive", "suspect")}
-            await self.release_all(record["plan_id"], addrs)
-            self.loads.pop(record["plan_id"], None)
-            self.orders.pop(record["plan_id"], None)
-            self.asked.pop(record["plan_id"], None)
-            self._unloaded[record["plan_id"]] = trio.current_time()
+            await self.release_all(plan_id, addrs, self.keeping(plan_id))
+            self.loads.pop(plan_id, None)
+            self.orders.pop(plan_id, None)
+            self.asked.pop(plan_id, None)
+            self._unloaded[plan_id] = trio.current_time()
+            _remember(self._forgotten, plan_id, plan_id)
+            if self.on_unloaded is not None:
+                self.on_unloaded(plan_id)
+
+    def recently_unloaded(self, plan_id: str) -> bool:
+        """Whether ``plan_id`` was unloaded or re-cut here so lately that its stages'
+        gossip may still lag."""
+        at = self._unloaded.get(plan_id)
+        return at is not None and trio.current_time() - at < UNLOAD_TOMBSTONE_S
+
+    def forgotten_load(self, plan_id: str) -> bool:
+        """Whether ``plan_id`` was unloaded here (and not loaded again since), or re-cut
+        into another plan."""
+        return plan_id in self._forgotten or plan_id in self.moved_to
+
+    def keeping(self, plan_id: str) -> list[str]:
+        """Addresses of the connected fellows that gossip that they keep the orders of
+        ``plan_id`` without serving it (``kept_loads``)."""
+        membership = self.agent.membership
+        return sorted({m.addr for m in (membership.members() if membership else ())
+                       if m.state in ("alive", "suspect") and not m.is_self
+                       and plan_id in (self.agent.member_metadata(m).get("kept_loads")
+                                       or [])})
 
     async def list_loads(self) -> list[dict[str, Any]]:
         """The leader's answer, or this fellow's own view when no leader answers."""

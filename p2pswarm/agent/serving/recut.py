@@ -162,7 +162,7 @@ class Recut:
             log.warning("load %s re-cut live into plan %s (%d stages -> %d): %s", old_id,
                         new_id, len(record["stages"]), len(new["stages"]), estimate)
             # the sessions in flight lose their streams here and resume on the new route
-            await self.loads.release_all(old_id, old_addrs)
+            await self.loads.release_all(old_id, old_addrs, self.loads.keeping(old_id))
             self.agent.spawn(self._release_stragglers, old_id)
             return new
 

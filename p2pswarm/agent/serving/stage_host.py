@@ -6,7 +6,9 @@ allocated, and reserved or refused with a reason. ``StageLoad`` fetches the tens
 fellow lacks (from the fellow that offered the model, or any that holds them:
 ``weight_holders``), builds the stage through the ``StageRuntime`` and refuses one that
 allocates more than the plan claims. ``StageStart`` hands every stage the route and
-gossips what this fellow now serves (metadata ``stages``). A reservation that is never
+gossips what this fellow now serves (metadata ``stages``); the route and every stage's
+order are kept, on disk too, until the leader releases the load (``kept_loads``), and so
+are those a keeper is handed (``LoadKeep``). A reservation that is never
 started (the leader died mid-load) is released by itself after ``reservation_s``.
 """
 
@@ -22,6 +24,7 @@ import trio
 
 from p2pswarm.agent.adapter import block_manifest
 from p2pswarm.agent.serving.adoption import kept_orders
+from p2pswarm.agent.serving.kept_loads import KeptLoads
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
 from p2pswarm.agent.serving.records import (
@@ -42,6 +45,7 @@ from p2pswarm.names import UnsafeName
 from p2pswarm.planner.profile import BUILTIN_MODELS
 from p2pswarm.planner.wording import card_label, gb
 from p2pswarm.wire.loads import (
+    LoadKeep,
     StageLoad,
     StageLoaded,
     StagePrepare,
@@ -74,11 +78,20 @@ class StageHost:
         # released while their build ran: what it allocates is dropped when it ends
         self.releasing: dict[tuple[str, int], HostedStage] = {}
         self.reservation_s = 120.0  # a stage reserved or loaded but never started
+        directory = agent.world.services.loads_dir or (
+            agent.home / "loads" if agent.home is not None else None)
+        # the orders of the loads this fellow hosts a stage of, or keeps for a later
+        # leader; read back from the last run's, gossiped from the start
+        self.kept = KeptLoads(directory)
+        if self.kept.bad_files:
+            agent.counters.drops["kept-load-unfit"] += self.kept.bad_files
+        self._note_kept()
         offers.in_use = self.hashes_in_use
         leadership.obey(StagePrepare, self._prepare)
         leadership.obey(StageLoad, self._load)
         leadership.obey(StageStart, self._start)
         leadership.obey(StageRelease, self._release)
+        leadership.obey(LoadKeep, self._keep)
 
     def hashes_in_use(self) -> set[str]:
         """The SHA-256 of every tensor of the models and adapters this fellow's stages
@@ -366,11 +379,32 @@ class StageHost:
             h.route = [route_dict(hop) for hop in call.route]
             h.kept_orders, h.started_term = call.orders, call.term
             h.state = "active"
+        if call.orders:
+            self.kept.keep(plan_id, call.term, call.route, call.orders)
         self._publish_stages()
         return StageStarted(tuple(h.order.stage for h in mine))
 
+    async def _keep(self, call: LoadKeep) -> StageStarted:
+        """Keep a load's route and orders for a later leader, hosting none of its stages."""
+        try:
+            kept_orders(call.plan_id, call.route, call.orders)
+        except ConfigError as exc:
+            self.agent.counters.refuse("stage-orders-unfit")
+            raise PlacementError(f"LoadKeep of {call.plan_id} refused: {exc}") from None
+        if not self.kept.keep(call.plan_id, call.term, call.route, call.orders):
+            raise PlacementError(f"{self.agent.name} keeps no more loads")
+        self._publish_stages()
+        return StageStarted(())
+
     async def _release(self, call: StageRelease) -> StageReleased:
-        return StageReleased(tuple(await self.release(call.plan_id)))
+        """The leader drops the load here: its stages, and the orders kept of it. A
+        stage that never started (a move onto this fellow that failed) is dropped alone:
+        the orders kept from before still count."""
+        held = [h.state for (p, _), h in self.hosted.items() if p == call.plan_id]
+        dropped = await self.release(call.plan_id)
+        if (not held or "active" in held) and self.kept.forget(call.plan_id):
+            self._publish_stages()
+        return StageReleased(tuple(dropped))
 
     async def release(self, plan_id: str) -> list[int]:
         """Drop every stage of ``plan_id`` this fellow holds; returns their indexes."""
@@ -421,4 +455,21 @@ class StageHost:
             self.agent.extra_metadata["stages"] = entries
         else:
             self.agent.extra_metadata.pop("stages", None)
+        self._note_kept()
         self.agent.publish_metadata()
+
+    def publish(self) -> None:
+        """Gossip what this fellow serves and keeps, as it is now."""
+        self._publish_stages()
+
+    def kept_idle(self) -> list[str]:
+        """The loads this fellow keeps the orders of but serves no stage of."""
+        live = {p for (p, _), h in self.hosted.items() if h.state == "active"}
+        return [p for p in self.kept.plan_ids() if p not in live]
+
+    def _note_kept(self) -> None:
+        idle = self.kept_idle()
+        if idle:
+            self.agent.extra_metadata["kept_loads"] = idle
+        else:
+            self.agent.extra_metadata.pop("kept_loads", None)
