@@ -118,6 +118,31 @@ async def test_pinned_job_whose_fellow_changed_stays_pending(autojump_clock) -> 
         nursery.cancel_scope.cancel()
 
 
+async def test_a_refused_attempt_to_place_a_job_again_releases_what_it_placed(
+        autojump_clock) -> None:
+    """A job placed again (it holds an old placement) whose attempt one fellow refuses:
+    the stages the other fellows took in that attempt are released, not left held to
+    refuse the next attempt's order for them ("already holds"). The release used to go
+    to the old placement's fellows only."""
+    from p2pswarm.agent.training.jobs import Job
+
+    config = job_config()
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery)
+        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        plan = await leader.training.ask_plan(config, stages=3)
+        victim = next(f for f in swarm.fellows if f.name == plan["stages"][1]["fellow"])
+        victim.cards.cards = (cpu_card(16.0, free_gb=0.01, name=f"{victim.name} CPU"),)
+        job = Job("job-0000aaaa", config, plan["plan_id"], pinned=False, stages=3)
+        job.term = leader.leadership.term()
+        job.placement = [[{"addr": victim.addr}]]  # where it ran before
+        with trio.move_on_after(1):  # one attempt, refused by the victim
+            await leader.training.placer.place(job)
+        assert job.state == "pending" and victim.name in job.reason
+        assert not any(a.training.hosts for a in swarm.live())
+        nursery.cancel_scope.cancel()
+
+
 async def test_cancel_a_running_job_releases_its_stages(autojump_clock) -> None:
     config = job_config(steps=1000)
     async with trio.open_nursery() as nursery:

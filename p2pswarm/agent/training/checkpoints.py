@@ -18,7 +18,8 @@ checkpoint directory gone) is fetched from whichever connected fellow holds it, 
 against the manifest and written back into the leader's store. Where the swarm now cuts
 the model differently, the runtime re-shards the checkpoint onto the new cut
 (``training.reshard``) in a scratch store. Every stage then loads its shard
-(``StateLoadHead`` and parts) and training goes on with the same loss trajectory.
+(``StateLoadHead`` and parts) and training goes on with the same loss trajectory; a
+replica whose stage fails meanwhile is paused (placed again later), not the job.
 """
 
 from __future__ import annotations
@@ -255,11 +256,6 @@ class Checkpoints:
         for r in self.replicas:
             for link in r.links:
                 name = f"{r.name}.stage-{link.stage}"
-                path = store.step_dir(step) / f"{name}.pt"
-                await link.send(StateLoadHead(path.stat().st_size, digests[name]))
-                assert link.stream is not None
-                await send_state_file(link.stream, path, self.training.agent.compute.run)
-                await link.receive(Ack)
                 # checkpoints written before the positions moved to the manifest keep
                 # them in each shard
                 state = positions.get(name) or store.read(step, name)
@@ -272,7 +268,17 @@ class Checkpoints:
                 r.kept_position = max(0, r.stream.position - r.samples_unsent)
                 version = state["version"] if "version" in state else state["sync"]["version"]
                 r.version = r.rounds_done = int(version)
-            await self.copy_tied(r)
+            if r.paused:
+                continue  # placed again later, it takes the keepers' global state then
+            try:
+                await self._load_replica(store, step, r, digests)
+            except SwarmError as exc:
+                # a stage whose stream fails while the job resumes (its fellow left, or
+                # it was placed again meanwhile) loses its replica, not the job: the
+                # driver places that replica again, as after any loss
+                log.info("job %s: %s not resumed from checkpoint %d", self.job.job_id,
+                         r.name, step)
+                await self.pause(r, exc)
         for s, keeper in enumerate(self.keepers):
             keeper.load_state_dict(store.read(step, f"keeper.stage-{s}"), float(step))
         for r in self.replicas:  # paused when it was written: it stood in for them
@@ -284,6 +290,18 @@ class Checkpoints:
         self.job.bytes_sent = int(meta["bytes_sent"])
         self.job.losses = [float(x) for x in meta["losses"]]
         self.job.loss = self.job.losses[-1] if self.job.losses else None
+
+    async def _load_replica(self, store: CheckpointStore, step: int, r: Replica,
+                            digests: dict[str, str]) -> None:
+        """Every stage of replica ``r`` takes its state of checkpoint ``step``."""
+        for link in r.links:
+            name = f"{r.name}.stage-{link.stage}"
+            path = store.step_dir(step) / f"{name}.pt"
+            await link.send(StateLoadHead(path.stat().st_size, digests[name]))
+            assert link.stream is not None
+            await send_state_file(link.stream, path, self.training.agent.compute.run)
+            await link.receive(Ack)
+        await self.copy_tied(r)
 
 
 # --- copies of checkpoint shards on fellows ---------------------------------------------------

@@ -16,9 +16,11 @@ fellows as it goes (``handover``).
 
 A replica whose fellow drops or fails is paused: it leaves the rounds and the others go
 on. Every ``retry_s`` the driver places a paused replica again (same cut, cards nobody
-trains on); after the next round closes it joins (``rounds``). The job fails only when no
-replica is left and none is being placed again; a job of one replica instead waits
-``pending`` for cards and resumes from its latest checkpoint (``checkpoints``).
+trains on); after the next round closes it joins (``rounds``). When no replica is left
+and none is being placed again, every replica is placed again from the latest
+checkpoint (``replace_all``); a job of one replica waits ``pending`` for cards and
+resumes from its latest checkpoint (``checkpoints``). A stage whose stream fails as a
+job resumes, or as its keepers are made, pauses its replica like any other loss.
 """
 
 from __future__ import annotations
@@ -263,9 +265,7 @@ class Driver(SyncRounds, Checkpoints):
         async with trio.open_nursery() as nursery:
             for r in self.active:
                 nursery.start_soon(self._open, r)
-        if self.synced:
-            if not self.active:  # no stage to take the global parameters from
-                raise EveryReplicaLost("every replica lost a fellow before its rounds began")
+        if self.synced:  # the global parameters from a replica whose stages answer
             await self._make_keepers()
         where = self.training.checkpoint_dir(job)  # the leader's own choice, not a copy's
         if where is not None:
@@ -274,6 +274,9 @@ class Driver(SyncRounds, Checkpoints):
             await self.training.takeover.restore_rounds(self, handed)
         elif job.resume:
             await self.resume()
+        if self.synced and not self.active:  # a stage failed each replica as it resumed
+            raise EveryReplicaLost("every replica lost a fellow as the job resumed: " +
+                                   "; ".join(r.paused for r in self.replicas))
         job.state, job.reason = "running", ""
         job.replicas = len(self.active)
         self.started_s = trio.current_time()
@@ -455,13 +458,21 @@ class Driver(SyncRounds, Checkpoints):
         return reports[last.stage].loss_sum / n_micro
 
     async def _make_keepers(self) -> None:
-        r = self.active[0] if self.active else self.replicas[0]
-        for link in r.links:
-            params = await link.ask(ParamsAsk(), Params)
-            keeper = self.runtime.keeper(params.blob, self.cfg)
-            for replica in self.replicas:
-                keeper.join(replica.name)
-            self.keepers.append(keeper)
+        """Each stage's keeper, from the first replica whose stages all answer: one whose
+        stream fails meanwhile is paused (placed again later), not the job's end."""
+        for r in self.active:
+            try:
+                blobs = [(await link.ask(ParamsAsk(), Params)).blob for link in r.links]
+            except SwarmError as exc:
+                await self.pause(r, exc)
+                continue
+            for blob in blobs:
+                keeper = self.runtime.keeper(blob, self.cfg)
+                for replica in self.active:
+                    keeper.join(replica.name)
+                self.keepers.append(keeper)
+            return
+        raise EveryReplicaLost("every replica lost a fellow before its rounds began")
 
 
 __all__ = ["Driver", "Replica", "drive", "run_all_or_fail_first"]

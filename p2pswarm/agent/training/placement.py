@@ -72,7 +72,10 @@ class Placer:
                 if not refusals:
                     job.placement = placement
                     return placement
-                await self.release(job)
+                # what this attempt placed, not the job's last placement: a stage left
+                # held here would refuse the next attempt's order for it ("already holds")
+                await self.release(job, None, sorted({s["addr"] for stages in placement
+                                                      for s in stages}), job.paused_times)
                 raise PlacementError((CHANGED if job.pinned else "waiting for fellows: ")
                                      + "; ".join(refusals))
             except PlacementError as exc:
