@@ -304,22 +304,24 @@ async def test_a_fellow_lost_while_a_checkpoint_gathers_pauses_its_replica_not_t
 
 async def test_every_replica_losing_a_fellow_at_once_goes_on_from_the_checkpoint(
         autojump_clock, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both replicas lose a fellow at once: the job is placed again and resumes from its
-    checkpoint. A stream to a fellow still up that closes as the job resumes (here the
-    first state sent back) pauses that replica, placed again later; it used to fail
-    the job."""
-    from p2pswarm.agent.training import checkpoints
+    """Both replicas lose a fellow at once: the job is placed again and resumes where its
+    rounds stood. A stream to a fellow still up that closes as the job starts again (here
+    the first ask for a stage's parameters, for its keeper) pauses that replica, placed
+    again later; it used to fail the job."""
+    from p2pswarm.agent.training.links import Link
+    from p2pswarm.wire.training import ParamsAsk
 
-    send_state = checkpoints.send_state_file
+    ask = Link.ask
+    armed: list[bool] = []  # set once both replicas are lost
     closed: list[bool] = []
 
-    async def close_first(stream: Any, *args: Any) -> None:
-        if not closed:
+    async def close_first(link: Link, msg: Any, expected: Any) -> Any:
+        if armed and not closed and isinstance(msg, ParamsAsk) and link.stream is not None:
             closed.append(True)
-            await stream.aclose()  # the leader's end, mid-resume
-        await send_state(stream, *args)
+            await link.stream.aclose()  # the leader's end, as the job starts again
+        return await ask(link, msg, expected)
 
-    monkeypatch.setattr(checkpoints, "send_state_file", close_first)
+    monkeypatch.setattr(Link, "ask", close_first)
     config = job_config(replicas=2, steps=8, sync={"inner_steps": 2, "codec": "fp16"},
                         checkpoint={"dir": str(tmp_path / "ckpt"), "interval_steps": 2})
     async with trio.open_nursery() as nursery:
@@ -336,13 +338,14 @@ async def test_every_replica_losing_a_fellow_at_once_goes_on_from_the_checkpoint
         for i, f in enumerate(swarm.fellows):
             if f.agent is not None and f.agent.node_id.hex() in held:
                 swarm.crash(i)
+        armed.append(True)
         await wait_until(lambda: "placing every replica again" in job.reason,
                          timeout_s=120, step_s=0.01)
         # from the leader's last copy of the rounds, newer than any checkpoint
         assert job.state == "pending" and "resumes where its rounds stood" in job.reason
         record = await finished(leader, record["job_id"])
         nursery.cancel_scope.cancel()
-    # the job went on on the fellows left, from its checkpoint: not failed, not from step 0
+    # the job went on on the fellows left, from its rounds: not failed, not from step 0
     assert record["state"] == "finished", record["reason"]
     assert closed and record["rejoins"] == 1  # the replica whose stream closed came back
     assert record["step"] == 8 and record["paused_times"] == 1
