@@ -81,7 +81,11 @@ one asks that leader (``LeaderQuery``). So a fellow holding the token cannot ann
 itself: its own ballot is one of an electorate of at least two. When sides meet after a
 partition longer than the electorate's bound, a leader whose ballots are no longer a
 majority gives way to one whose are; a proven leader shown a later term it cannot follow
-stands again above it (``_restand``), so both sides end up behind one proof.
+(its proof still short a second later, asked for again meanwhile: a new leader's first
+proof is only a majority of its own electorate until its followers' acks are in) stands
+again above it (``_restand``), so both sides end up behind one proof. So does a proven
+leader asked for a PreVote by a fellow in a later term (one whose candidacy above the
+leader failed): that fellow can never follow a leader of an earlier term.
 
 Terms move by little. A vote request more than ``MAX_TERM_STEP`` above this fellow's
 term is refused; a real (not Pre-) vote request for a higher term is taken only by a
@@ -245,6 +249,8 @@ class Election:
         # fellows whose own signed vote requests showed them in a later term than ours
         # (fellow -> that term): they follow no leader of ours, present or not
         self._ahead: dict[bytes, int] = {}
+        # fellow -> (later term, when first seen) of its PreVotes from that term
+        self._ahead_asks: dict[bytes, tuple[int, float]] = {}
         self._better: tuple[bytes, float] | None = None  # (higher-priority fellow, since)
         self._next_query_at = _INF
         # proofs
@@ -259,6 +265,8 @@ class Election:
         self._shown: tuple[int, bytes] | None = None  # a leader we were told of, unproven
         self._budget = CheckBudget()  # signature checks per (signer, address)
         self._restand_after = -_INF  # as a leader: when we may stand again (see _restand)
+        # as a leader: (term, leader, since) of a later leader whose proof falls short here
+        self._short_proof: tuple[int, bytes, float] | None = None
         self._now, self._from = 0.0, ""  # the message being handled: when, from where
         self.stats: dict[str, int] = {"elections": 0, "terms_won": 0, "checks": 0,
                                       "conflicts": 0}
@@ -947,8 +955,27 @@ class Election:
                            if t > self.term and node in self._voters}
         if self._ahead.get(msg.candidate, -1) < term:
             self._ahead[msg.candidate] = term
-        if self.role == LEADER_ROLE:
-            self._deposed(now, out)
+        if self.role == LEADER_ROLE and not self._deposed(now, out) and \
+                self._stays_ahead(msg.candidate, term, now) and msg.pre_vote and \
+                not self._proof_short() and term < self.term + MAX_TERM_STEP:
+            # It can never follow us (our term is behind its own) and finds no leader in
+            # its own term either, e.g. its candidacy above us failed while the others
+            # followed us. We hold a majority: stand again above it.
+            self._restand(term, now, out, f"{self._name(msg.candidate)} stays in a "
+                                          f"later term {term} with no leader")
+
+    def _stays_ahead(self, node: bytes, term: int, now: float) -> bool:
+        """Whether ``node`` asks for votes from ``term`` (later than ours) again, a
+        candidacy's time (``vote_timeout_s``) or more after it first did: not a deputy
+        of a later leader that just died (its fellows in that term will soon be enough
+        to depose us, ``_deposed``), but a fellow whose rounds keep failing there."""
+        first = self._ahead_asks.get(node)
+        if first is None or first[0] != term:
+            if len(self._ahead_asks) >= 64:
+                del self._ahead_asks[next(iter(self._ahead_asks))]
+            self._ahead_asks[node] = (term, now)
+            return False
+        return now >= first[1] + self.tuning.vote_timeout_s
 
     def _deposed(self, now: float, out: list[Effect]) -> bool:
         """As the leader: whether the present fellows that may still follow us (those
@@ -1193,12 +1220,14 @@ class Election:
                 msg.leader == self.node_id or self._follows(msg.term, msg.leader):
             return
         checked: list[bytes] = []
+        whole = True
         for ballot in msg.ballots:
             voter = ballot.voter
             if voter not in self._voters or voter in checked or \
                     self._tally.has(msg.term, msg.leader, voter):
                 continue  # counted already, or not ours to count: no signature check
             if not self._may_check(now):
+                whole = False
                 break
             if self._signed_by(voter, ballot.signature,
                                ballot_statement(msg.term, msg.leader, voter)):
@@ -1206,12 +1235,31 @@ class Election:
         if checked:
             self._tally.add(msg.term, msg.leader, checked)
         if self._proven(msg.term, msg.leader):
+            self._short_proof = None
             leader = self._members.get(msg.leader)
             self._take_leader(LeaderIs(msg.term, msg.leader, self.electorate()),
                               leader.addr if leader is not None else addr, now, out)
-        elif checked and self.role == LEADER_ROLE and \
-                self.term < msg.term < self.term + MAX_TERM_STEP:
-            self._restand(msg.term, now, out)
+        elif self.role == LEADER_ROLE and self.term < msg.term < self.term + MAX_TERM_STEP \
+                and self._tally.count(msg.term, msg.leader, self._voters) > 0:
+            if whole and self._short_for_long(msg.term, msg.leader, now):
+                self._restand(msg.term, now, out, "fellows follow a leader of term "
+                              f"{msg.term} that cannot prove itself here")
+            else:
+                self._ask_proof(msg.term, msg.leader, now, out)
+
+    def _short_for_long(self, term: int, leader: bytes, now: float) -> bool:
+        """Whether (term, leader)'s checked ballots have fallen short of a majority of our
+        electorate for ``_PROOF_ASK_EVERY_S`` already, we having asked it for its proof
+        meanwhile. A new leader's first proof holds only the votes that elected it, a
+        majority of *its* electorate; ours may count a fellow or two more during churn
+        (a leave or an expiry we have not heard of yet, our loop running late), and its
+        followers' acks make the proof whole a round trip later. Only a proof that stays
+        short is a side that cannot prove itself here (a partition healed after the
+        electorate's bound), which is what ``_restand`` is for."""
+        if self._short_proof is None or self._short_proof[:2] != (term, leader):
+            self._short_proof = (term, leader, now)
+            return False
+        return now >= self._short_proof[2] + _PROOF_ASK_EVERY_S
 
     def _may_check(self, now: float) -> bool:
         """Ballot checks are budgeted per sending address: twice the electorate at once,
@@ -1223,7 +1271,7 @@ class Election:
         self._refuse("ballot-checks-spent")
         return False
 
-    def _restand(self, seen: int, now: float, out: list[Effect]) -> None:
+    def _restand(self, seen: int, now: float, out: list[Effect], why: str) -> None:
         """We lead with a proof, and fellows that just met us (a partition healed after
         the electorate's bound) follow a leader of a later term that cannot prove itself
         to us, while they cannot follow us (our term is behind theirs). Stand again,
@@ -1235,8 +1283,7 @@ class Election:
             return
         self._restand_after = now + self.config.electorate_dead_after_s
         self.stats["restands"] = self.stats.get("restands", 0) + 1
-        self._become_follower(now, out, f"fellows follow a leader of term {seen} that "
-                                        "cannot prove itself here; standing again above it")
+        self._become_follower(now, out, f"{why}; standing again above it")
         self.term = seen  # _start_candidacy runs for the next one
         self.leader = None
         self._start_candidacy(False, now, out)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+from p2pswarm.agent.agent import fellow_signed
 from p2pswarm.config import ElectionConfig, ElectionTuning
 from p2pswarm.election import Election
 from p2pswarm.membership import Event, Member, SendDatagram
+from p2pswarm.security.ballots import Signatures, ballot_statement
+from p2pswarm.security.identity import Identity
 from p2pswarm.sim.gossip_lab import GossipLab, proposed
 from p2pswarm.transport.memory import GilbertElliott
 from p2pswarm.wire import gossip as g
@@ -333,10 +336,13 @@ def test_a_deputy_tells_a_leader_from_an_older_term_who_leads_now() -> None:
 
 def test_a_leader_whose_side_is_in_a_later_term_steps_down_and_one_fellow_cannot_make_it():
     # n0 leads term 4 of five; n4 is dead. Thawed from a freeze, it missed term 5 (won by
-    # n1, killed since: n0 has not heard yet). n2 and n3 ask for PreVotes for term 6
+    # n1, killed since: n0 has not heard yet). n2 and n3 ask for PreVotes for term 6.
+    # Had n0 not stood again lately, it would stand again above them (see below); it
+    # did, and may not again within electorate_dead_after_s: it steps down
     e = election(0, n4="dead")
     e.term = 4
     e._become_leader(10.0, [])
+    e._restand_after = 10.0 + SETTLED.electorate_dead_after_s
     (no,) = replies(e.handle(g.VoteRequest(6, IDS[2], 0, 5, True), "10.0.0.2:7946", 12.0))
     assert e.role == "leader" and not no.granted  # n0, n1, n3 may follow it: 3 of 5
     out = e.handle(g.VoteRequest(6, IDS[3], 0, 5, True), "10.0.0.3:7946", 12.1)
@@ -347,10 +353,78 @@ def test_a_leader_whose_side_is_in_a_later_term_steps_down_and_one_fellow_cannot
     assert vote.granted and e.term == 6
     # a leader of all five, shown a later term by one fellow (an insider may claim any
     # term: it speaks for itself only), and PreVotes for the next term (followers that
-    # missed beats are not in a later term), stays
+    # missed beats are not in a later term), does not step down; a fellow that asks
+    # PreVotes from a later term (at most MAX_TERM_STEP on) round after round can follow
+    # no leader of ours, so the leader stands again above it, once per
+    # electorate_dead_after_s
     e = election(0)
     e.term = 4
     e._become_leader(10.0, [])
-    for term, voter in ((2**62, 2), (6, 2), (5, 3), (5, 4)):
+    for term, voter in ((2**62, 2), (5, 3), (5, 4)):
         e.handle(g.VoteRequest(term, IDS[voter], 0, 5, True), f"10.0.0.{voter}:7946", 12.0)
     assert e.role == "leader" and e.term == 4
+    e.handle(g.VoteRequest(6, IDS[2], 0, 5, True), "10.0.0.2:7946", 12.0)
+    e.handle(g.VoteRequest(6, IDS[2], 0, 5, True), "10.0.0.2:7946", 12.3)  # a resend
+    assert e.role == "leader" and e.term == 4  # (a deputy of a later leader just lost?)
+    out = e.handle(g.VoteRequest(6, IDS[2], 0, 5, True), "10.0.0.2:7946", 13.5)
+    assert e.role == "candidate" and e.term == 6 and e.voted_for == IDS[0]
+    assert not any(isinstance(x, Event) and x.kind == "no-leader" for x in out)
+    for voter in (1, 2, 3):
+        e.handle(g.VoteReply(6, IDS[voter], True, False, 5, "", IDS[0]),
+                 f"10.0.0.{voter}:7946", 12.1)
+    assert e.role == "leader" and e.term == 6
+    for at in (13.0, 15.0):
+        e.handle(g.VoteRequest(8, IDS[2], 0, 5, True), "10.0.0.2:7946", at)
+    assert e.role == "leader" and e.term == 6  # not again within the bound
+
+
+KEYS = [Identity.from_private_bytes(bytes([i + 1]) * 32) for i in range(6)]
+
+
+def signed_swarm(n: int) -> tuple[list[Election], list[Member]]:
+    """``n`` settled elections with identities, each seeing all ``n``."""
+    members = [Member(k.node_id, f"n{i}", f"10.0.0.{i}:7946", "alive", 0, b"", 0, 0, None,
+                      0.0, 0, k.public_key, is_self=False)
+               for i, k in enumerate(KEYS[:n])]
+    elections = [Election(k.node_id, f"n{i}", SETTLED, random.Random(i),
+                          signatures=Signatures(k.sign, fellow_signed))
+                 for i, k in enumerate(KEYS[:n])]
+    for e in elections:
+        e.update_members(members, 0.0)
+    return elections, members
+
+
+def test_a_leader_stands_again_only_above_a_proof_that_stays_short() -> None:
+    # n0 leads term 4 of six; n1 won term 5 by the votes of n1, n2, n3 and n4 (four of its
+    # electorate of seven, say: a fellow n0 has not heard of). Its first proof is three
+    # ballots, not more than half of n0's six: n0 asks for it again instead of standing
+    # again at once (chaos run 11:02:56, issue 20); the acks of n1's followers prove it
+    es, members = signed_swarm(6)
+    leader = es[0]
+    leader.term = 4
+    leader._become_leader(10.0, [])
+
+    def proof(voters: range) -> g.LeaderProof:
+        return g.LeaderProof(5, members[1].node_id, tuple(
+            g.Ballot(members[v].node_id, KEYS[v].sign(
+                ballot_statement(5, members[1].node_id, members[v].node_id)))
+            for v in voters))
+
+    out = leader.handle(proof(range(1, 4)), members[1].addr, 12.0)
+    assert leader.role == "leader" and leader.term == 4
+    assert any(isinstance(x, SendDatagram) and x.addr == members[1].addr and
+               isinstance(x.messages[0], g.LeaderQuery) for x in out)
+    leader.handle(proof(range(1, 5)), members[1].addr, 12.3)
+    assert leader.role == "follower" and leader.term == 5 and leader.leader == members[1].node_id
+    # a proof that stays short for a second, asked again meanwhile (the other side of a
+    # partition longer than the electorate's bound), makes a leader stand again above it
+    es, members = signed_swarm(6)
+    leader = es[0]
+    leader.term = 4
+    leader._become_leader(10.0, [])
+    leader.handle(proof(range(1, 4)), members[1].addr, 12.0)
+    assert leader.role == "leader"
+    leader.handle(proof(range(1, 4)), members[1].addr, 12.5)
+    assert leader.role == "leader"
+    leader.handle(proof(range(1, 4)), members[1].addr, 13.1)
+    assert leader.role == "candidate" and leader.term == 6

@@ -174,3 +174,47 @@ async def test_a_leader_thawed_after_its_successor_died_gives_way_within_seconds
     for seed in (1, 2, 3):
         took = await thawed_stale_leader(seed)
         assert took < 5.0, (seed, took)
+
+
+
+async def fellow_a_term_ahead(seed: int, timeout_s: float = 60.0) -> float:
+    """The chaos run's stuck fellow (11:02:56, issue 20): f7 stood for term 9 above f5's
+    term 8 and lost (the others followed f5, alive, and refused it); at term 9 it could
+    follow no one, f5's beats and proofs being of an earlier term, for two minutes. Here
+    a fellow of five comes back from its record of such a lost candidacy (a term above
+    the leader's, its vote its own): the same state. Returns the virtual seconds from
+    its restart until all five follow one leader; checks that it is the same leader, in
+    a term above the lost candidacy's, for which the fellow voted."""
+    swarm = VirtualSwarm(5, seed=seed)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        await swarm.start_all()
+        everyone = list(range(5))
+        await wait_until(lambda: one_leader_of(swarm, everyone), timeout_s=60)
+        ((leader, term),) = led_by(swarm, everyone)
+        ids = [f.identity.node_id for f in swarm.fellows]
+        ahead = next(i for i in everyone if ids[i] != leader)
+        agent = swarm.fellows[ahead].agent
+        assert agent is not None and agent.election is not None
+        electorate = agent.election.persistent_state()[2]
+        swarm.crash(ahead)
+        swarm.fellows[ahead].votes.keep(term + 1, ids[ahead], electorate)
+        restarted = await swarm.start(ahead, seeds=tuple(
+            f.addr for f in swarm.fellows if f.index != ahead))
+        took = await wait_until(lambda: one_leader_of(swarm, everyone), timeout_s=timeout_s)
+        assert led_by(swarm, everyone) == {(leader, term + 2)}
+        assert restarted.election is not None  # it voted for the leader, in a new term
+        assert (restarted.election.voted_term, restarted.election.voted_for) == \
+            (term + 2, leader)
+        nursery.cancel_scope.cancel()
+    return took
+
+
+async def test_a_fellow_in_a_later_term_than_the_live_leader_follows_it_within_seconds(
+        autojump_clock) -> None:
+    """Its PreVotes, round after round, show the leader its later term: the leader,
+    followed by the others, stands again above it, and all five follow it (before:
+    never, while the leader lived)."""
+    for seed in (1, 2, 3):
+        took = await fellow_a_term_ahead(seed)
+        assert took < 20.0, (seed, took)
