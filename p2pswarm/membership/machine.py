@@ -90,7 +90,11 @@ announces the version (in ``Alive``), with the signed bytes riding along when th
 (``GossipTuning.meta_inline_bytes``) and news to the fellow passing them on, so a mere
 refutation stays small; whoever still holds an older one pulls the bytes from the owner over a
 stream, and anti-entropy carries them too. A newer version always wins; an older one or
-a bad signature is ignored.
+a bad signature is ignored. A restarted owner starts again at version 1, so fellows may
+hold its metadata from before at a version as high: once it sees such a record of itself
+(its join's answer has one, and so does the record it asks of whoever names an incarnation
+above its own), signed by it with a higher version, or the same version with other bytes or
+a higher incarnation, it publishes its own again above that version.
 
 Time comes in as ``now`` on every call; randomness from the injected ``random.Random``.
 
@@ -601,13 +605,17 @@ class Membership:
                       f"published metadata version {self.meta_version}", self.incarnation,
                       self.node_id)]
 
-    def _outdo_old_metadata(self, seen_version: int, seen_incarnation: int, now: float,
-                            out: list[Effect]) -> None:
+    def _outdo_old_metadata(self, seen_version: int, seen_incarnation: int,
+                            seen_metadata: bytes | None, now: float, out: list[Effect]) -> None:
         """Fellows still hold metadata of ours from before a restart, at a version as high
         as our fresh one: publish ours again above it, or theirs would keep winning. (A
-        version above ours, or ours with an incarnation above ours, can only be that.)"""
+        version above ours, ours with an incarnation above ours, or ours with other bytes
+        than we signed in this life can only be that.) ``seen_metadata``: the bytes seen,
+        proven signed by us, or None if none came with it."""
         stale = seen_version > self.meta_version or (
-            seen_version == self.meta_version and seen_incarnation > self.incarnation)
+            seen_version == self.meta_version and (
+                seen_incarnation > self.incarnation
+                or (seen_metadata is not None and seen_metadata != self.metadata)))
         if stale and self.metadata and not self._leaving:
             if seen_version >= U32_MAX or self.incarnation >= U32_MAX:
                 self.stats["incarnation_exhausted"] += 1
@@ -1404,7 +1412,9 @@ class Membership:
                 self._merge_inline_meta(msg, out)
             return
         if node == self.node_id:
-            self._outdo_old_metadata(msg.meta_version, msg.incarnation, now, out)
+            seen = msg.metadata if msg.meta_signature is not None and self._our_meta_proven(
+                msg.meta_version, msg.metadata, msg.meta_signature) else None
+            self._outdo_old_metadata(msg.meta_version, msg.incarnation, seen, now, out)
             if msg.incarnation > self.incarnation or (
                     msg.incarnation == self.incarnation
                     and (msg.addr != self.local.addr or msg.public_key != self.local.public_key)):
@@ -1815,8 +1825,9 @@ class Membership:
             if node == self.node_id:
                 if not self._proven(alive):  # only what we signed ourselves counts
                     continue
-                if self._merge_meta_proven(r):
-                    self._outdo_old_metadata(r.meta_version, r.incarnation, now, out)
+                if self._our_meta_proven(r.meta_version, r.metadata, r.meta_signature):
+                    self._outdo_old_metadata(r.meta_version, r.incarnation, r.metadata, now,
+                                             out)
                 if r.incarnation >= self.incarnation and (
                         r.state != _ALIVE or r.incarnation > self.incarnation
                         or r.addr != self.local.addr):
@@ -1869,13 +1880,16 @@ class Membership:
         self._event(out, METADATA, e, f"metadata version {version}", node)
         return True
 
-    def _merge_meta_proven(self, r: MemberRecord) -> bool:
-        """Whether a record of ours carries metadata we signed (a version we may outdo)."""
-        if r.meta_signature is None or r.meta_version == 0:
+    def _our_meta_proven(self, version: int, metadata: bytes, signature: bytes | None) -> bool:
+        """Whether this is metadata we signed (in this life or an earlier one: a version we
+        may have to outdo)."""
+        if signature is None or version == 0:
             return False
+        if version == self.meta_version and metadata == self.metadata:
+            return True  # what we publish now (signatures are deterministic): no check
         try:
-            ok = self._verify(self.local.public_key, r.meta_signature,
-                              meta_signed_bytes(self.node_id, r.meta_version, r.metadata))
+            ok = self._verify(self.local.public_key, signature,
+                              meta_signed_bytes(self.node_id, version, metadata))
         except AuthenticationError:
             return False
         return ok is not False
