@@ -518,6 +518,42 @@ def test_a_restarted_node_outdoes_its_old_metadata_at_the_same_version() -> None
     assert top.meta_version == U32_MAX and top.counters()["incarnation_exhausted"] == 1
 
 
+def test_a_fellow_drops_the_metadata_of_a_restarted_member_s_last_life() -> None:
+    """The restarted member never saw its old record (its seed knew nothing of it) and
+    refuted a suspicion at its own incarnation: a fellow taking that refutation sees a later
+    signed epoch, so its version-1 bytes from before no longer outrank the fresh ones."""
+    private, public = ed25519()
+    other_private, other_public = ed25519()
+
+    def life(metadata: bytes, epoch: int) -> Membership:
+        local = LocalNode(node_id_of(public), "b", "10.0.0.2:7946", public)
+        return Membership(local, GossipConfig(), random.Random(1), sign=private.sign,
+                          verify=ed_verify, metadata=metadata, epoch=epoch)
+
+    a = Membership(LocalNode(node_id_of(other_public), "a", "10.0.0.1:7946", other_public),
+                   GossipConfig(), random.Random(2), sign=other_private.sign, verify=ed_verify)
+    a.join((), 0.0)
+    old = life(b"16 GB", epoch=1)
+    old._news_of_metadata(0.0)
+    old_alive = old._alive_msg()
+    a.handle(old_alive, old.local.addr, 0.0)
+    new = life(b"8 GB", epoch=2)
+    new.join((), 1.0)
+    new.handle(g.Suspect(new.node_id, 0, a.node_id), a.local.addr, 2.0)
+    assert (new.incarnation, new.meta_version) == (1, 1)  # nothing told it of its old bytes
+    effects = a.handle(new._alive_msg(), new.local.addr, 2.1)
+    held = a.member(new.node_id)
+    assert held.incarnation == 1 and held.metadata == b""  # not the old life's cards
+    # the old life's bytes, relayed late (before the fresh ones came): not taken again
+    a.handle(old_alive, old.local.addr, 2.15)
+    a.handle_stream(g.SyncRecords(old.node_id, (old.self_record(),), ()), "x:1", 2.15)
+    assert a.member(new.node_id).metadata == b""
+    (pull,) = [e for e in effects if isinstance(e, StreamRequest)]
+    reply, _ = new.handle_stream(pull.message, a.local.addr, 2.2)
+    a.handle_reply(pull.request_id, reply, 2.2)
+    assert a.member(new.node_id).metadata == b"8 GB"
+
+
 def test_anti_entropy_sends_only_what_differs() -> None:
     a, b = joined_pair()
     (req,) = [e for e in a.tick(100.0) if isinstance(e, StreamRequest)]

@@ -94,7 +94,9 @@ a bad signature is ignored. A restarted owner starts again at version 1, so fell
 hold its metadata from before at a version as high: once it sees such a record of itself
 (its join's answer has one, and so does the record it asks of whoever names an incarnation
 above its own), signed by it with a higher version, or the same version with other bytes or
-a higher incarnation, it publishes its own again above that version.
+a higher incarnation, it publishes its own again above that version. And a fellow taking
+an Alive with a later epoch (signed; it grows across restarts) than the one it held drops
+the metadata it held: the last life's versions say nothing against the new one's.
 
 Time comes in as ``now`` on every call; randomness from the injected ``random.Random``.
 
@@ -1436,6 +1438,9 @@ class Membership:
             self._merge_inline_meta(msg, out)
             self._want_meta(e, now, out)
             return
+        if msg.incarnation > e.incarnation and msg.epoch > e.alive_epoch \
+                and msg.public_key == e.public_key:
+            self._forget_old_life_metadata(e)
         meta_news = self._merge_inline_meta(msg, out)
         if msg.incarnation <= e.incarnation:
             return
@@ -1848,7 +1853,7 @@ class Membership:
                     self._on_alive(alive, "", now, out)
                 self._on_suspect(Suspect(node, r.incarnation, source or node), "", now, out)
             self._merge_meta(node, r.public_key, r.meta_version, r.metadata, r.meta_signature,
-                             out)
+                             out, r.alive_epoch)
 
     # --- metadata ----------------------------------------------------------------------
 
@@ -1856,10 +1861,13 @@ class Membership:
         return self._sign(meta_signed_bytes(self.node_id, self.meta_version, self.metadata))
 
     def _merge_meta(self, node: bytes, public_key: bytes, version: int, metadata: bytes,
-                    signature: bytes | None, out: list[Effect]) -> bool:
-        """Take ``node``'s signed metadata if newer than ours; True if it was taken."""
+                    signature: bytes | None, out: list[Effect], epoch: int) -> bool:
+        """Take ``node``'s signed metadata if newer than ours; True if it was taken.
+        ``epoch``: that of the Alive it came with; one older than the Alive we hold is
+        from the owner's earlier life (its versions start again at 1 after a restart)."""
         e = self._members.get(node)
-        if e is None or version <= e.meta_version or signature is None:
+        if e is None or version <= e.meta_version or signature is None \
+                or epoch < e.alive_epoch:
             return False
         if not self._binding_ok(node, public_key) or public_key != e.public_key:
             return False
@@ -1880,6 +1888,18 @@ class Membership:
         self._event(out, METADATA, e, f"metadata version {version}", node)
         return True
 
+    def _forget_old_life_metadata(self, e: _Entry) -> None:
+        """``e`` restarted (its signed epoch grew): what we hold of its metadata is from its
+        last life, whose versions say nothing against those of this one (they start again
+        at 1). Drop it, so the fresh version, however low, is taken (inline or pulled)."""
+        if e.meta_version == 0:
+            return
+        e.meta_version = e.announced_meta = 0
+        e.metadata = b""
+        e.meta_signature = None
+        self._meta_wait.pop(e.node, None)
+        self._changed(roster=False)
+
     def _our_meta_proven(self, version: int, metadata: bytes, signature: bytes | None) -> bool:
         """Whether this is metadata we signed (in this life or an earlier one: a version we
         may have to outdo)."""
@@ -1896,7 +1916,8 @@ class Membership:
 
     def _merge_inline_meta(self, msg: Alive, out: list[Effect]) -> bool:
         return msg.meta_signature is not None and self._merge_meta(
-            msg.node, msg.public_key, msg.meta_version, msg.metadata, msg.meta_signature, out)
+            msg.node, msg.public_key, msg.meta_version, msg.metadata, msg.meta_signature, out,
+            msg.epoch)
 
     def _want_meta(self, e: _Entry, now: float, out: list[Effect]) -> None:
         if e.announced_meta <= e.meta_version or self._quiet:
@@ -1920,7 +1941,7 @@ class Membership:
     def _on_meta_push(self, msg: MetaPush, addr: str, now: float, out: list[Effect]) -> None:
         for r in msg.records:
             self._merge_meta(r.node, r.public_key, r.meta_version, r.metadata,
-                             r.meta_signature, out)
+                             r.meta_signature, out, r.alive_epoch)
 
 
 def _without_meta(msg: Alive) -> Alive:
