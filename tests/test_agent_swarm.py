@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
@@ -159,4 +160,40 @@ async def test_a_restarted_fellow_keeps_its_term_and_vote(autojump_clock) -> Non
         agent = await swarm.start(voter, seeds=(swarm.live()[0].addr,))
         fellows = tuple(sorted(f.identity.node_id for f in swarm.fellows))
         assert agent.election.persistent_state() == (term, leader_id, fellows)
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("found_dead", [True, False])
+async def test_a_restarted_fellow_s_fresh_metadata_replaces_its_old(autojump_clock,
+                                                                    found_dead: bool) -> None:
+    # it starts again at a low metadata version: what its fellows hold from its last life,
+    # at a version as high, must not keep winning (the planner would plan with old cards)
+    swarm = VirtualSwarm(4, seed=12)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        await swarm.start_all()
+        await wait_until(swarm.converged, timeout_s=20)
+        victim = swarm.fellows[3]
+        victim_id = victim.identity.node_id
+
+        def cards_seen() -> set[float]:
+            seen = set()
+            for agent in swarm.live():
+                m = agent.membership.member(victim_id) if agent.node_id != victim_id \
+                    and agent.membership is not None else None
+                if m is not None:
+                    cards = agent.member_metadata(m).get("cards") or [{}]
+                    seen.add(cards[0].get("total_bytes", 0) / 1e9)
+            return seen
+
+        await wait_until(lambda: cards_seen() == {16.0}, timeout_s=20)
+        assert victim.agent is not None and victim.agent.membership is not None
+        assert victim.agent.membership.meta_version == 1  # all it published in its life
+        swarm.crash(3)
+        if found_dead:  # else it is back before anybody noticed it was gone
+            await wait_until(lambda: swarm.states_seen_by_all(3) == {"dead"}, timeout_s=30)
+        victim.cards.cards = (cpu_card(8.0),)  # its host lost half its memory meanwhile
+        await swarm.start(3, seeds=(swarm.fellows[0].addr,))
+        fresh_s = await wait_until(lambda: cards_seen() == {8.0}, timeout_s=30)
+        assert fresh_s < 5
         nursery.cancel_scope.cancel()

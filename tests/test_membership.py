@@ -24,7 +24,7 @@ from p2pswarm.membership import (
 )
 from p2pswarm.membership.awareness import Awareness
 from p2pswarm.membership.broadcasts import BroadcastQueue
-from p2pswarm.membership.proofs import alive_signed_bytes
+from p2pswarm.membership.proofs import U32_MAX, alive_signed_bytes
 from p2pswarm.membership.timing import push_pull_interval_s, suspicion_max_s
 from p2pswarm.sim.gossip_lab import fake_sign_for, fake_verify
 from p2pswarm.wire import gossip as g
@@ -479,6 +479,79 @@ def test_a_restarted_node_publishes_above_its_old_metadata() -> None:
     assert b2.meta_version > 5
     a.handle(g.MetaPush((b2.self_record(),)), b2.local.addr, 11.0)
     assert a.member(b.node_id).metadata == b"idle"
+
+
+def test_a_restarted_node_outdoes_its_old_metadata_at_the_same_version() -> None:
+    """Its last life published version 1 too, other bytes: fellows holding those compare
+    versions, so they would keep them; the owner publishes above once it sees them."""
+    private, public = ed25519()
+
+    def life(metadata: bytes) -> Membership:
+        local = LocalNode(node_id_of(public), "n1", "10.0.0.2:7946", public)
+        return Membership(local, GossipConfig(), random.Random(1), sign=private.sign,
+                          verify=ed_verify, metadata=metadata)
+
+    old = life(b"16 GB")
+    old._news_of_metadata(0.0)
+    relayed = old._alive_msg()  # its Alive with its bytes inline, as gossip relays it
+    assert relayed.meta_version == 1 and relayed.metadata == b"16 GB"
+    new = life(b"8 GB")  # restarted: version 1 again, incarnation 0 again
+    effects = new.handle(relayed, "10.0.0.1:7946", 1.0)
+    assert new.meta_version == 2 and "metadata" in kinds(effects)
+    new.handle(relayed, "10.0.0.1:7946", 2.0)
+    assert new.meta_version == 2  # outdone once, not again
+    same = life(b"8 GB")  # the same bytes at the same version: nothing to outdo
+    same.handle(dataclasses.replace(relayed, metadata=b"8 GB",
+                                    meta_signature=same.meta_signature), "10.0.0.1:7946", 1.0)
+    assert same.meta_version == 1
+    unsigned = life(b"8 GB")  # bytes we never signed: no reason to publish again
+    unsigned.handle(dataclasses.replace(relayed, metadata=b"forged"), "10.0.0.1:7946", 1.0)
+    assert unsigned.meta_version == 1
+    top = life(b"8 GB")  # at the top of the U32 range: saturate, never wrap
+    top.meta_version = U32_MAX
+    top.meta_signature = top._sign_meta()
+    top_old = life(b"16 GB")
+    top_old.meta_version = U32_MAX
+    top_old.meta_signature = top_old._sign_meta()
+    top_old._news_of_metadata(0.0)
+    top.handle(top_old._alive_msg(), "10.0.0.1:7946", 1.0)
+    assert top.meta_version == U32_MAX and top.counters()["incarnation_exhausted"] == 1
+
+
+def test_a_fellow_drops_the_metadata_of_a_restarted_member_s_last_life() -> None:
+    """The restarted member never saw its old record (its seed knew nothing of it) and
+    refuted a suspicion at its own incarnation: a fellow taking that refutation sees a later
+    signed epoch, so its version-1 bytes from before no longer outrank the fresh ones."""
+    private, public = ed25519()
+    other_private, other_public = ed25519()
+
+    def life(metadata: bytes, epoch: int) -> Membership:
+        local = LocalNode(node_id_of(public), "b", "10.0.0.2:7946", public)
+        return Membership(local, GossipConfig(), random.Random(1), sign=private.sign,
+                          verify=ed_verify, metadata=metadata, epoch=epoch)
+
+    a = Membership(LocalNode(node_id_of(other_public), "a", "10.0.0.1:7946", other_public),
+                   GossipConfig(), random.Random(2), sign=other_private.sign, verify=ed_verify)
+    a.join((), 0.0)
+    old = life(b"16 GB", epoch=1)
+    old._news_of_metadata(0.0)
+    old_alive = old._alive_msg()
+    a.handle(old_alive, old.local.addr, 0.0)
+    new = life(b"8 GB", epoch=2)
+    new.join((), 1.0)
+    new.handle(g.Suspect(new.node_id, 0, a.node_id), a.local.addr, 2.0)
+    assert (new.incarnation, new.meta_version) == (1, 1)  # nothing told it of its old bytes
+    effects = a.handle(new._alive_msg(), new.local.addr, 2.1)
+    held = a.member(new.node_id)
+    assert held.incarnation == 1 and held.metadata == b""  # not the old life's cards
+    # the old life's bytes, relayed late (before the fresh ones came): not taken again
+    a.handle(old_alive, old.local.addr, 2.15)
+    a.handle_stream(g.SyncRecords(old.node_id, (old.self_record(),), ()), "x:1", 2.15)
+    assert a.member(new.node_id).metadata == b""
+    (pull,) = [e for e in effects if isinstance(e, StreamRequest)]
+    reply, _ = new.handle_stream(pull.message, a.local.addr, 2.2)
+    a.handle_reply(pull.request_id, reply, 2.2)
+    assert a.member(new.node_id).metadata == b"8 GB"
 
 
 def test_anti_entropy_sends_only_what_differs() -> None:

@@ -90,7 +90,13 @@ announces the version (in ``Alive``), with the signed bytes riding along when th
 (``GossipTuning.meta_inline_bytes``) and news to the fellow passing them on, so a mere
 refutation stays small; whoever still holds an older one pulls the bytes from the owner over a
 stream, and anti-entropy carries them too. A newer version always wins; an older one or
-a bad signature is ignored.
+a bad signature is ignored. A restarted owner starts again at version 1, so fellows may
+hold its metadata from before at a version as high: once it sees such a record of itself
+(its join's answer has one, and so does the record it asks of whoever names an incarnation
+above its own), signed by it with a higher version, or the same version with other bytes or
+a higher incarnation, it publishes its own again above that version. And a fellow taking
+an Alive with a later epoch (signed; it grows across restarts) than the one it held drops
+the metadata it held: the last life's versions say nothing against the new one's.
 
 Time comes in as ``now`` on every call; randomness from the injected ``random.Random``.
 
@@ -601,13 +607,17 @@ class Membership:
                       f"published metadata version {self.meta_version}", self.incarnation,
                       self.node_id)]
 
-    def _outdo_old_metadata(self, seen_version: int, seen_incarnation: int, now: float,
-                            out: list[Effect]) -> None:
+    def _outdo_old_metadata(self, seen_version: int, seen_incarnation: int,
+                            seen_metadata: bytes | None, now: float, out: list[Effect]) -> None:
         """Fellows still hold metadata of ours from before a restart, at a version as high
         as our fresh one: publish ours again above it, or theirs would keep winning. (A
-        version above ours, or ours with an incarnation above ours, can only be that.)"""
+        version above ours, ours with an incarnation above ours, or ours with other bytes
+        than we signed in this life can only be that.) ``seen_metadata``: the bytes seen,
+        proven signed by us, or None if none came with it."""
         stale = seen_version > self.meta_version or (
-            seen_version == self.meta_version and seen_incarnation > self.incarnation)
+            seen_version == self.meta_version and (
+                seen_incarnation > self.incarnation
+                or (seen_metadata is not None and seen_metadata != self.metadata)))
         if stale and self.metadata and not self._leaving:
             if seen_version >= U32_MAX or self.incarnation >= U32_MAX:
                 self.stats["incarnation_exhausted"] += 1
@@ -1404,7 +1414,9 @@ class Membership:
                 self._merge_inline_meta(msg, out)
             return
         if node == self.node_id:
-            self._outdo_old_metadata(msg.meta_version, msg.incarnation, now, out)
+            seen = msg.metadata if msg.meta_signature is not None and self._our_meta_proven(
+                msg.meta_version, msg.metadata, msg.meta_signature) else None
+            self._outdo_old_metadata(msg.meta_version, msg.incarnation, seen, now, out)
             if msg.incarnation > self.incarnation or (
                     msg.incarnation == self.incarnation
                     and (msg.addr != self.local.addr or msg.public_key != self.local.public_key)):
@@ -1426,6 +1438,9 @@ class Membership:
             self._merge_inline_meta(msg, out)
             self._want_meta(e, now, out)
             return
+        if msg.incarnation > e.incarnation and msg.epoch > e.alive_epoch \
+                and msg.public_key == e.public_key:
+            self._forget_old_life_metadata(e)
         meta_news = self._merge_inline_meta(msg, out)
         if msg.incarnation <= e.incarnation:
             return
@@ -1815,8 +1830,9 @@ class Membership:
             if node == self.node_id:
                 if not self._proven(alive):  # only what we signed ourselves counts
                     continue
-                if self._merge_meta_proven(r):
-                    self._outdo_old_metadata(r.meta_version, r.incarnation, now, out)
+                if self._our_meta_proven(r.meta_version, r.metadata, r.meta_signature):
+                    self._outdo_old_metadata(r.meta_version, r.incarnation, r.metadata, now,
+                                             out)
                 if r.incarnation >= self.incarnation and (
                         r.state != _ALIVE or r.incarnation > self.incarnation
                         or r.addr != self.local.addr):
@@ -1837,7 +1853,7 @@ class Membership:
                     self._on_alive(alive, "", now, out)
                 self._on_suspect(Suspect(node, r.incarnation, source or node), "", now, out)
             self._merge_meta(node, r.public_key, r.meta_version, r.metadata, r.meta_signature,
-                             out)
+                             out, r.alive_epoch)
 
     # --- metadata ----------------------------------------------------------------------
 
@@ -1845,10 +1861,13 @@ class Membership:
         return self._sign(meta_signed_bytes(self.node_id, self.meta_version, self.metadata))
 
     def _merge_meta(self, node: bytes, public_key: bytes, version: int, metadata: bytes,
-                    signature: bytes | None, out: list[Effect]) -> bool:
-        """Take ``node``'s signed metadata if newer than ours; True if it was taken."""
+                    signature: bytes | None, out: list[Effect], epoch: int) -> bool:
+        """Take ``node``'s signed metadata if newer than ours; True if it was taken.
+        ``epoch``: that of the Alive it came with; one older than the Alive we hold is
+        from the owner's earlier life (its versions start again at 1 after a restart)."""
         e = self._members.get(node)
-        if e is None or version <= e.meta_version or signature is None:
+        if e is None or version <= e.meta_version or signature is None \
+                or epoch < e.alive_epoch:
             return False
         if not self._binding_ok(node, public_key) or public_key != e.public_key:
             return False
@@ -1869,20 +1888,36 @@ class Membership:
         self._event(out, METADATA, e, f"metadata version {version}", node)
         return True
 
-    def _merge_meta_proven(self, r: MemberRecord) -> bool:
-        """Whether a record of ours carries metadata we signed (a version we may outdo)."""
-        if r.meta_signature is None or r.meta_version == 0:
+    def _forget_old_life_metadata(self, e: _Entry) -> None:
+        """``e`` restarted (its signed epoch grew): what we hold of its metadata is from its
+        last life, whose versions say nothing against those of this one (they start again
+        at 1). Drop it, so the fresh version, however low, is taken (inline or pulled)."""
+        if e.meta_version == 0:
+            return
+        e.meta_version = e.announced_meta = 0
+        e.metadata = b""
+        e.meta_signature = None
+        self._meta_wait.pop(e.node, None)
+        self._changed(roster=False)
+
+    def _our_meta_proven(self, version: int, metadata: bytes, signature: bytes | None) -> bool:
+        """Whether this is metadata we signed (in this life or an earlier one: a version we
+        may have to outdo)."""
+        if signature is None or version == 0:
             return False
+        if version == self.meta_version and metadata == self.metadata:
+            return True  # what we publish now (signatures are deterministic): no check
         try:
-            ok = self._verify(self.local.public_key, r.meta_signature,
-                              meta_signed_bytes(self.node_id, r.meta_version, r.metadata))
+            ok = self._verify(self.local.public_key, signature,
+                              meta_signed_bytes(self.node_id, version, metadata))
         except AuthenticationError:
             return False
         return ok is not False
 
     def _merge_inline_meta(self, msg: Alive, out: list[Effect]) -> bool:
         return msg.meta_signature is not None and self._merge_meta(
-            msg.node, msg.public_key, msg.meta_version, msg.metadata, msg.meta_signature, out)
+            msg.node, msg.public_key, msg.meta_version, msg.metadata, msg.meta_signature, out,
+            msg.epoch)
 
     def _want_meta(self, e: _Entry, now: float, out: list[Effect]) -> None:
         if e.announced_meta <= e.meta_version or self._quiet:
@@ -1906,7 +1941,7 @@ class Membership:
     def _on_meta_push(self, msg: MetaPush, addr: str, now: float, out: list[Effect]) -> None:
         for r in msg.records:
             self._merge_meta(r.node, r.public_key, r.meta_version, r.metadata,
-                             r.meta_signature, out)
+                             r.meta_signature, out, r.alive_epoch)
 
 
 def _without_meta(msg: Alive) -> Alive:
