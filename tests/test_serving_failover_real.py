@@ -24,6 +24,7 @@ from p2pswarm.http.chat import plain_prompt
 from p2pswarm.planner import BUILTIN_MODELS
 from p2pswarm.sim.field import free_address
 from p2pswarm.sim.processes import LocalSwarm, local_swarm
+from tests.real_swarm import poll, stage_sessions
 
 pytestmark = pytest.mark.slow  # real processes
 
@@ -34,24 +35,6 @@ MAX_TOKENS = 160
 LOAD = {"model": {"name": "tiny-llama", "config": BUILTIN_MODELS["tiny-llama"]},
         "kind": "serve", "stages": 3, "weights_dtype": "f32", "kv_dtype": "f32",
         "context": 512, "sequences": 2, "exclude": [], "floors_bytes": {}, "maximize": None}
-
-
-def _poll(what: str, ready: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = ready()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
-def _sessions(swarm: LocalSwarm, name: str) -> int:
-    try:
-        held = swarm.status(name)["stages_held"]
-    except Exception:  # a frozen or killed fellow does not answer
-        return 0
-    return sum(int(h.get("sessions", 0)) for h in held)
 
 
 def _both_clients(swarm: LocalSwarm, http: str, victim: str,
@@ -80,9 +63,9 @@ def _both_clients(swarm: LocalSwarm, http: str, victim: str,
     thread = threading.Thread(target=stream_chat)
     try:
         # the CLI starts slower (a new Python): the chat joins once its session is up
-        _poll("the CLI's session at the victim's stage", lambda: _sessions(swarm, victim) == 1)
+        poll("the CLI's session at the victim's stage", lambda: stage_sessions(swarm, victim) == 1)
         thread.start()
-        _poll("both sessions at the victim's stage", lambda: _sessions(swarm, victim) == 2)
+        poll("both sessions at the victim's stage", lambda: stage_sessions(swarm, victim) == 2)
         disturb()
         out, err = cli.communicate(timeout=120)
         thread.join(120)
@@ -106,7 +89,7 @@ def _load(swarm: LocalSwarm, home: Any) -> dict[str, Any]:
         except PlacementError as exc:
             if attempt == 2 or "only the leader gives orders" not in str(exc):
                 raise
-            _poll("a leader again", lambda: all(swarm.status(n)["leader"] for n in NAMES))
+            poll("a leader again", lambda: all(swarm.status(n)["leader"] for n in NAMES))
     raise AssertionError("unreachable")
 
 
@@ -144,7 +127,7 @@ def test_a_frozen_stage_fellow_keeps_its_stage_and_a_killed_one_moves() -> None:
         assert [s["fellow"] for s in after["stages"]] == stage_fellows
         assert not after.get("moves")
 
-        _poll(f"{victim} alive again", lambda: all(
+        poll(f"{victim} alive again", lambda: all(
             m["state"] == "alive" for m in swarm.status(NAMES[0])["members"]))
         got, text = _both_clients(swarm, http, victim,
                                   lambda: os.kill(process.pid, signal.SIGKILL))

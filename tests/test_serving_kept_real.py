@@ -7,7 +7,6 @@ its stages back."""
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ from p2pswarm.errors import SwarmError
 from p2pswarm.planner import BUILTIN_MODELS
 from p2pswarm.sim.field import free_address
 from p2pswarm.sim.processes import local_swarm
+from tests.real_swarm import poll
 
 pytestmark = pytest.mark.slow  # real processes
 
@@ -29,16 +29,7 @@ GENERATE = {"op": "generate", "prompt": "The swarm", "max_tokens": 8}
 
 
 def _poll(what: str, ready: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            value = ready()
-        except SwarmError:  # not up yet, no leader yet, the load not back yet
-            value = None
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"gave up waiting for {what}")
+    return poll(what, ready, timeout_s, tolerate=(SwarmError,))  # not up, no leader yet
 
 
 def test_a_load_is_served_again_after_every_fellow_was_killed_and_started_again() -> None:

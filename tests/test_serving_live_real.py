@@ -17,8 +17,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from p2pswarm.errors import PlacementError
 from p2pswarm.inventory import local_card_source, read_inventory
 from p2pswarm.planner import BUILTIN_MODELS
 from p2pswarm.sim.processes import LocalSwarm, local_swarm
+from tests.real_swarm import poll, stage_sessions
 
 pytestmark = pytest.mark.slow  # real processes
 
@@ -42,24 +42,6 @@ LOAD: dict[str, Any] = {
     "model": {"name": "tiny-llama", "config": BUILTIN_MODELS["tiny-llama"]}, "kind": "serve",
     "stages": 3, "weights_dtype": "f32", "kv_dtype": "f32", "context": 512, "sequences": 2,
     "exclude": [], "floors_bytes": {}, "maximize": None}
-
-
-def _poll(what: str, ready: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = ready()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
-def _sessions(swarm: LocalSwarm, name: str) -> int:
-    try:
-        held = swarm.status(name)["stages_held"]
-    except Exception:  # a killed fellow does not answer
-        return 0
-    return sum(int(h.get("sessions", 0)) for h in held)
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -160,7 +142,7 @@ def test_load_move_re_cuts_a_load_live_under_the_clis_generate(swarm: LocalSwarm
     # the spare is measured fast: `loads` proposes a plan with another cut, and says how
     # to take it
     _measured_fast(swarm.homes[fast], times=50)
-    _poll("the faster plan proposed", lambda: (_loads(home)[0].get("faster") or {}).get(
+    poll("the faster plan proposed", lambda: (_loads(home)[0].get("faster") or {}).get(
         "plan_id"))
     stale_id = _proposed(home, fast)
     assert stale_id != old_id
@@ -172,7 +154,7 @@ def test_load_move_re_cuts_a_load_live_under_the_clis_generate(swarm: LocalSwarm
     # and `loads` proposes another plan; the one shown before is stale, and says so
     fastest = staged[0]
     _measured_fast(swarm.homes[fastest], times=100)
-    _poll("another faster plan proposed", lambda: (_loads(home)[0].get("faster") or {}).get(
+    poll("another faster plan proposed", lambda: (_loads(home)[0].get("faster") or {}).get(
         "plan_id") not in (None, stale_id))
     _one_line_refusal(home, stale_id, f"plan {stale_id} is no longer the faster placement")
     new_id = _proposed(home, fastest)
@@ -180,8 +162,8 @@ def test_load_move_re_cuts_a_load_live_under_the_clis_generate(swarm: LocalSwarm
     # the move, typed while a generation runs on the old cut
     cli = _generation(home, MAX_TOKENS)
     try:
-        _poll("the generation's session on the old cut",
-              lambda: _sessions(swarm, staged[-1]) == 1)
+        poll("the generation's session on the old cut",
+              lambda: stage_sessions(swarm, staged[-1]) == 1)
         moved = _cli(home, "load", "--move", new_id)
     finally:
         got = _finished(cli)
@@ -223,8 +205,8 @@ def test_the_leader_hosting_a_stage_is_killed_mid_generation_and_its_successor_h
 
     cli = _generation(home, KILL_TOKENS)
     try:
-        _poll("the generation's session at the leader's stage",
-              lambda: _sessions(swarm, leader) == 1)
+        poll("the generation's session at the leader's stage",
+              lambda: stage_sessions(swarm, leader) == 1)
         os.kill(swarm.processes[leader].pid, signal.SIGKILL)
     finally:
         got = _finished(cli)
