@@ -116,7 +116,17 @@ async def test_every_replica_losing_a_fellow_goes_on_where_the_rounds_stood(
         record = await leader.training.submit(
             two_replicas(), exclude_cards=[f"{leader.node_id.hex()}:cpu"])
         job = leader.training.jobs[record["job_id"]]
+        await wait_until(lambda: job.step >= 4, timeout_s=120, step_s=0.01)
+        # first one fellow drops and comes back: its replica is placed again (a later
+        # placement generation than the job's first)
+        victim = index_of(swarm, job.placement[0][0]["fellow"])
+        swarm.crash(victim)
+        await wait_until(lambda: job.rejoins >= 1, timeout_s=120, step_s=0.01)
+        await swarm.start(victim)
         await wait_until(lambda: job.step >= 8, timeout_s=120, step_s=0.01)
+        generation_before = max(h.generation for a in swarm.live()
+                                for k, h in a.training.stages.hosts.items()
+                                if k[0] == job.job_id)
         lost_at = job.step
         for name in hosts(job):  # a shared access point goes down
             swarm.crash(index_of(swarm, name))
@@ -124,6 +134,14 @@ async def test_every_replica_losing_a_fellow_goes_on_where_the_rounds_stood(
                          timeout_s=120, step_s=0.01)
         assert "resumes where its rounds stood" in job.reason, job.reason
         assert job.step >= lost_at - 2
+        # the new placement's generation is later than any the old one's releases carry
+        # (the replicas' own numbers and the job's once overlapped: a late release of the
+        # replica placed again could drop a stage of the new placement)
+        await wait_until(lambda: job.state == "running", timeout_s=120, step_s=0.01)
+        live = [h for a in swarm.live() for k, h in a.training.stages.hosts.items()
+                if k[0] == job.job_id]
+        assert live and all(h.generation > generation_before for h in live), \
+            (generation_before, [h.generation for h in live])
         record = await finished(leader, record["job_id"])
         nursery.cancel_scope.cancel()
     assert record["state"] == "finished", record["reason"]

@@ -48,7 +48,7 @@ class StageLink(Link):
 class Rounds(SyncRounds):
     def __init__(self) -> None:
         self.training = SimpleNamespace(step_timeout_s=5.0)  # type: ignore[assignment]
-        self.job = SimpleNamespace(bytes_sent=0, job_id="j", rounds=[])  # type: ignore[assignment]
+        self.job = SimpleNamespace(bytes_sent=0, job_id="j", rounds=[], samples=0)  # type: ignore[assignment]
         self.cfg = SimpleNamespace(sync=SimpleNamespace(staleness_decay=0.5,  # type: ignore[assignment]
                                                         staleness_bound=2))
         self.keepers = [Keeper()]  # type: ignore[list-item]
@@ -56,26 +56,29 @@ class Rounds(SyncRounds):
         self.init_rounds()
 
 
-def local_steps(r: Replica, n: int, batch: int = 2) -> None:
-    """``n`` steps as ``Driver.step`` takes them: the data moves, the samples wait."""
+def local_steps(rounds: Rounds, r: Replica, n: int, batch: int = 2) -> None:
+    """``n`` steps as ``Driver.step`` takes them: the data moves, the samples wait (and
+    count in the job's samples, as ``SyncRounds._count`` counts them)."""
     for _ in range(n):
         r.stream.next_step(1, batch)
         r.samples_unsent += batch
         r.steps_unsent += 1
+        rounds.job.samples += batch
 
 
 async def test_a_replica_put_back_on_the_global_state_trains_its_lost_samples_again() -> None:
     rounds = Rounds()
     r = rounds.replicas[0]
-    local_steps(r, 4)
+    local_steps(rounds, r, 4)
     await rounds._contribute(r)  # these 8 samples left in a delta: they stay trained
     assert r.kept_position == 8 and r.samples_unsent == 0
-    local_steps(r, 3)
+    local_steps(rounds, r, 3)
     r.stream.next_step(1, 2)  # a step cut short when a fellow was lost
     assert r.stream.position == 16
     assert await rounds.to_global_state(r)  # placed again: the keepers' parameters
     assert r.stream.position == 8 and r.samples_unsent == 0 and r.version == 3
-    local_steps(r, 2)
+    assert rounds.job.samples == 8  # the thrown-away steps no longer count in its length
+    local_steps(rounds, r, 2)
     await rounds._contribute(r)
     assert r.kept_position == 12  # the samples after 8 were trained once, not skipped
 
@@ -84,7 +87,7 @@ async def test_a_replica_too_far_behind_to_catch_up_trains_its_unsent_samples_ag
     rounds = Rounds()
     r = rounds.replicas[0]
     r.version = 1
-    local_steps(r, 2)
+    local_steps(rounds, r, 2)
     await rounds._catch_up(r)  # two updates behind, both still held: its steps count
     assert r.stream.position == 4 and r.version == 3
     r.version, Keeper.history_kept = 0, False
@@ -93,3 +96,16 @@ async def test_a_replica_too_far_behind_to_catch_up_trains_its_unsent_samples_ag
     finally:
         Keeper.history_kept = True
     assert r.stream.position == 0 and r.samples_unsent == 0 and r.version == 3
+    assert rounds.job.samples == 0
+
+
+async def test_a_delta_dropped_as_too_stale_does_not_count_in_the_jobs_length() -> None:
+    rounds = Rounds()
+    r = rounds.replicas[0]
+    local_steps(rounds, r, 2)
+    await rounds._contribute(r)
+    assert rounds.job.samples == 4
+    local_steps(rounds, r, 3)
+    rounds.keepers[0].contribute = lambda *args: Verdict(False, 3)  # type: ignore[method-assign]
+    await rounds._contribute(r)  # dropped: the model never learns from these 6 samples
+    assert rounds.job.samples == 4 and r.samples_unsent == 0

@@ -76,7 +76,7 @@ class Replica:
     # are thrown away (``SyncRounds.forget_local_steps``)
     kept_position: int = 0
     paused: str = ""
-    generation: int = 0  # how many times the replica was placed again
+    generation: int = 0  # its placement's (``Job.next_generation``)
     joining: bool = False  # placed again, links open: joins at the next round boundary
     placing: bool = False
     # asynchronous rounds (several replicas)
@@ -142,7 +142,7 @@ async def replace_all(training: Training, job: Job, lost: ReplicaLost
     if handed is None:
         return await placer.place(job), None
     placement = await training.takeover.place_afresh(job, handed, synced=True, moved=False)
-    handed.generation = job.paused_times
+    handed.generation = job.generation  # what the placer placed them with
     return placement, handed if handed.restore_rounds else None
 
 
@@ -224,7 +224,7 @@ class Driver(SyncRounds, Checkpoints):
         self.job = job
         self.cfg = job_config(job.config)
         self.handed = handed  # a job taken over from another leader
-        generation = handed.generation if handed is not None else job.paused_times
+        generation = handed.generation if handed is not None else job.generation
         self.replicas = [Replica(i, [Link(s["stage"], s["fellow"], s["addr"])
                                      for s in stages], generation=generation,
                                  micro_batch=int(stages[0].get("micro_batch", 0)) if stages
@@ -373,7 +373,7 @@ class Driver(SyncRounds, Checkpoints):
         r.placing = True
         try:
             stages = await placer.replacement(self.job, r.index)
-            generation = r.generation + 1
+            generation = self.job.next_generation()
             placement = [stages if i == r.index else [] for i in range(len(self.replicas))]
             refusals = await placer.prepare(self.job, placement, [r.index], generation)
             if refusals:

@@ -72,7 +72,7 @@ def snapshot(job: Job, driver: Driver | None, leader: str) -> dict[str, Any]:
         "bytes_sent": job.bytes_sent, "samples": job.samples,
         "checkpoint": job.checkpoint[:TEXT], "checkpoint_step": job.checkpoint_step,
         "copies": job.copies, "placement": job.placement, "rejoins": job.rejoins,
-        "paused_times": job.paused_times, "rounds": job.rounds[-ROUNDS_KEPT:],
+        "paused_times": job.paused_times, "generation": job.generation, "rounds": job.rounds[-ROUNDS_KEPT:],
         "replica_steps": job.replica_steps, "maximize": job.maximize,
         "exclude_cards": job.exclude_cards, "moves": job.moves[-MOVES_KEPT:],
         "rounds_state": None}
@@ -228,6 +228,7 @@ def restore(doc: dict[str, Any]) -> tuple[Job, RoundsState | None]:
               checkpoint_step=_int(doc, "checkpoint_step"), copies=_copies(doc.get("copies")),
               placement=_placement(doc.get("placement")), rejoins=_int(doc, "rejoins"),
               paused_times=_int(doc, "paused_times", 2**32 - 1), rounds=rounds,
+              generation=_int(doc, "generation", 2**32 - 1) if "generation" in doc else 0,
               replica_steps=dict(replica_steps), maximize=maximize, exclude_cards=exclude,
               moves=list(moves))
     rounds_state = _rounds_state(doc.get("rounds_state"))

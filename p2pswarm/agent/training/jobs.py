@@ -144,6 +144,9 @@ class Job:
     placement: list[list[dict[str, Any]]] = field(default_factory=list)
     rejoins: int = 0
     paused_times: int = 0  # a lone replica lost a fellow and the job waited to resume
+    # the newest placement generation given any of its replicas: one counter for the job,
+    # so a late release of an older placement never drops a newer one (``next_generation``)
+    generation: int = 0
     rounds: list[dict[str, Any]] = field(default_factory=list)
     replica_steps: dict[str, int] = field(default_factory=dict)  # local steps per replica
     maximize: str | None = None
@@ -154,6 +157,11 @@ class Job:
     cancel_asked: bool = False
     term: int = 0  # the term this agent drives it in
     handed: str = ""  # why this agent stopped driving it: it no longer leads
+
+    def next_generation(self) -> int:
+        """The generation for a new placement of any of the job's replicas."""
+        self.generation += 1
+        return self.generation
 
     def record(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "state": self.state, "reason": self.reason,

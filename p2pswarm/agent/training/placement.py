@@ -68,14 +68,14 @@ class Placer:
                     raise PlacementError(plan["layout"]["limit"]["sentence"])
                 job.plan_id = plan["plan_id"]
                 placement = self.placement(plan)
-                refusals = await self.prepare(job, placement, None, job.paused_times)
+                refusals = await self.prepare(job, placement, None, job.next_generation())
                 if not refusals:
                     job.placement = placement
                     return placement
                 # what this attempt placed, not the job's last placement: a stage left
                 # held here would refuse the next attempt's order for it ("already holds")
                 await self.release(job, None, sorted({s["addr"] for stages in placement
-                                                      for s in stages}), job.paused_times)
+                                                      for s in stages}), job.generation)
                 raise PlacementError((CHANGED if job.pinned else "waiting for fellows: ")
                                      + "; ".join(refusals))
             except PlacementError as exc:
@@ -121,12 +121,12 @@ class Placer:
             await trio.sleep(self.training.retry_s)
             try:
                 stages = await self.replacement(job, 0)
-                refusals = await self.prepare(job, [stages], None, job.paused_times)
+                refusals = await self.prepare(job, [stages], None, job.next_generation())
                 if not refusals:
                     job.placement = [stages]
                     return [stages]
                 await self.release(job, 0, sorted({s["addr"] for s in stages}),
-                                   job.paused_times)
+                                   job.generation)
                 why = "; ".join(refusals)
             except PlacementError as exc:
                 why = str(exc)

@@ -165,11 +165,16 @@ class SyncRounds:
                   if x.running and x.step_s > 0}
         return round_budgets(speeds, inner)[r.name]
 
-    def _position(self, r: Replica) -> float:
-        """Where the replica stands in the job: its rounds done (budgets sent, or rounds
-        closed since, whichever is more), plus its share of the current one."""
-        inner = self.cfg.sync.inner_steps
-        return r.rounds_done * inner + r.in_round * inner / max(1, r.budget)
+    def _samples_per_step(self) -> int:
+        """Sequences one step of the job is: one step of every replica's batch."""
+        return max(1, sum(self.batch_of(x) for x in self.replicas))
+
+    def _trained_enough(self) -> bool:
+        """Whether the job has trained its length: ``steps`` steps of every replica's
+        batch, in sequences. A paused replica's share (and a slow one's, which takes
+        fewer steps a round) is trained by the others, so churn makes a job take longer,
+        never learn from less data."""
+        return self.job.samples >= self.cfg.steps * self._samples_per_step()
 
     def _worth_waiting(self, r: Replica) -> bool:
         """``round_rule.worth_waiting`` over the replicas yet to send this round."""
@@ -187,15 +192,16 @@ class SyncRounds:
                 async with r.lock:
                     await self._catch_up(r)
                 r.budget, r.in_round = self._budget(r), 0
-                if self._position(r) >= cfg.steps or self.job.step >= cfg.steps:
-                    break  # its own end, or the furthest replica's (a slow one stops)
-                while r.in_round < r.budget and self._position(r) < cfg.steps:
+                if self._trained_enough():
+                    break
+                while r.in_round < r.budget and not self._trained_enough():
                     async with r.lock:
                         await self._catch_up(r)  # a round that closed meanwhile
                         began = trio.current_time()
+                        # the job's place, not the replica's, sets the learning rate
+                        position = self.job.samples // self._samples_per_step()
                         with trio.fail_after(self.training.step_timeout_s):
-                            loss = await self.step(r, min(int(self._position(r)),
-                                                          cfg.steps - 1))
+                            loss = await self.step(r, min(position, cfg.steps - 1))
                     took = trio.current_time() - began
                     r.step_s = took if r.step_s <= 0 else 0.5 * r.step_s + 0.5 * took
                     r.in_round += 1
@@ -221,16 +227,17 @@ class SyncRounds:
             self.wake_round_closer()
 
     def _count(self, r: Replica, loss: float) -> None:
-        """A replica's step into the job's record: the job's step is the furthest
-        replica's place; each step's loss is the mean of the replicas' losses there."""
+        """A replica's step into the job's record: the job's step is the samples trained
+        in steps of every replica's batch; each step's loss is the mean of the replicas'
+        losses there."""
         cfg, job = self.cfg, self.job
-        at = min(cfg.steps, max(1, math.ceil(self._position(r) - 1e-9)))
+        per_step = self.batch_of(r)
+        job.samples += per_step
+        at = min(cfg.steps, max(1, math.ceil(job.samples / self._samples_per_step())))
         self._buckets.setdefault(at, []).append(loss)
         job.step = max(job.step, at)
         job.losses = [sum(v) / len(v) for _, v in sorted(self._buckets.items())]
         job.loss = job.losses[-1]
-        per_step = self.batch_of(r)
-        job.samples += per_step
         self.tokens += per_step * cfg.seq_len
         elapsed = trio.current_time() - self.started_s
         job.tokens_per_s = self.tokens / elapsed if elapsed > 0 else 0.0
@@ -262,6 +269,8 @@ class SyncRounds:
             log.info("job %s: %s sent %d round(s) late: %s", self.job.job_id, r.name,
                      verdict.staleness, "dropped" if not verdict.accepted
                      else f"weighed {decay:g}")
+        if not verdict.accepted:  # too stale: the model never learns from these
+            self.job.samples = max(0, self.job.samples - r.samples_unsent)
         r.samples_unsent = r.steps_unsent = 0
         r.kept_position = r.stream.position
         self.wake_round_closer()
@@ -310,15 +319,15 @@ class SyncRounds:
         self.forget_local_steps(r)
         return True
 
-    @staticmethod
-    def forget_local_steps(r: Replica) -> None:
+    def forget_local_steps(self, r: Replica) -> None:
         """Replica ``r``'s stages took the global parameters: the local steps it took
         since its last delta (and a step cut short by a lost fellow) are gone, so its
         data goes back to where they began and those samples are trained again, not
         skipped (a replica that lost a fellow skipped up to a round of its data at
-        every rejoin)."""
+        every rejoin), nor counted in the job's length."""
         if r.data is not None:
             r.stream.position = r.kept_position
+        self.job.samples = max(0, self.job.samples - r.samples_unsent)
         r.samples_unsent = r.steps_unsent = 0
 
     async def _admit(self) -> None:

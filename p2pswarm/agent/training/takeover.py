@@ -174,7 +174,7 @@ class Takeover:
         if not job.placement:  # it never started: placed as any new job
             self._note(job, handed, "placing it (it had not started)")
             placement = await placer.place(job)
-            handed.generation = job.paused_times
+            handed.generation = job.generation
             return placement
         n = len(job.placement)
         rounds = handed.rounds
@@ -202,7 +202,7 @@ class Takeover:
                 placement = await placer.wait_to_resume(job, lost)
             else:
                 placement = await self.place_afresh(job, handed, synced=synced, moved=True)
-            handed.generation = job.paused_times  # what the placer placed them with
+            handed.generation = job.generation  # what the placer placed them with
             return placement
         self._note(job, handed, whence)
         return job.placement
@@ -260,9 +260,10 @@ class Takeover:
         later than any the copy knows; the replicas placed (the others are in
         ``handed.lost``, with why)."""
         placer = self.training.placer
-        known = [job.paused_times] + [r.generation for r in (handed.rounds.replicas
-                                                             if handed.rounds else ())]
-        handed.generation = generation = max(known) + 1
+        known = [job.generation, job.paused_times] + [
+            r.generation for r in (handed.rounds.replicas if handed.rounds else ())]
+        job.generation = max(known)
+        handed.generation = generation = job.next_generation()
         placed: list[int] = []
         for i, stages in enumerate(job.placement):
             gone = [s["fellow"] for s in stages if not self._alive(s["fellow_id"])]
