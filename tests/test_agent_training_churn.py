@@ -174,7 +174,7 @@ async def test_a_slow_replica_never_holds_the_rounds_past_their_deadline(
     assert any(slow_replica in r["replicas"] for r in rounds[-3:]), rounds
     # the job learned from its whole length (24 steps of three replicas' batches), the
     # fast replicas training what the slow one could not ...
-    assert record["samples"] >= 24 * 3 * 2, record["samples"]
+    assert sum(steps.values()) >= 24 * 3, steps  # equal batches: 72 steps among them
     # ... and never idling: about (72 - its steps) / 2 steps each (a round in lock step
     # would take the slow one's 5 s a step: 120 s)
     assert took_s < (72 - steps[slow_replica]) / 2 * STEP_S * 1.5, took_s
