@@ -78,14 +78,17 @@ the proof grows with the swarm and fellows that arrive later can check it too). 
 leader sends its proof (``LeaderProof``, a dozen ballots a datagram) with its
 ``LeaderIs`` to every fellow that has not acked it yet; a fellow shown a leader without
 one asks that leader (``LeaderQuery``). So a fellow holding the token cannot announce
-itself: its own ballot is one of an electorate of at least two. When sides meet after a
-partition longer than the electorate's bound, a leader whose ballots are no longer a
-majority gives way to one whose are; a proven leader shown a later term it cannot follow
-(its proof still short a second later, asked for again meanwhile: a new leader's first
-proof is only a majority of its own electorate until its followers' acks are in) stands
-again above it (``_restand``), so both sides end up behind one proof. So does a proven
-leader asked for a PreVote by a fellow in a later term (one whose candidacy above the
-leader failed): that fellow can never follow a leader of an earlier term.
+itself: its own ballot is one of an electorate of at least two. A fellow that follows no
+live leader and whose own ballot is all a proof lacks (restarted, it still counts fellows
+that left while it was down) gives that leader its vote in that term, once, and counts
+it (``_vote_to_follow``). When sides meet after a partition longer than the electorate's
+bound, a leader whose ballots are no longer a majority gives way to one whose are; a
+proven leader shown a later term it cannot follow (its proof still short a second later,
+asked for again meanwhile: a new leader's first proof is only a majority of its own
+electorate until its followers' acks are in) stands again above it (``_restand``), so
+both sides end up behind one proof. So does a proven leader asked for a PreVote by a
+fellow in a later term (one whose candidacy above the leader failed): that fellow can
+never follow a leader of an earlier term.
 
 Terms move by little. A vote request more than ``MAX_TERM_STEP`` above this fellow's
 term is refused; a real (not Pre-) vote request for a higher term is taken only by a
@@ -1234,6 +1237,9 @@ class Election:
                 checked.append(voter)
         if checked:
             self._tally.add(msg.term, msg.leader, checked)
+        if not self._proven(msg.term, msg.leader) and \
+                self._our_vote_completes(msg.term, msg.leader):
+            self._vote_to_follow(msg.term, msg.leader, now, out)
         if self._proven(msg.term, msg.leader):
             self._short_proof = None
             leader = self._members.get(msg.leader)
@@ -1246,6 +1252,36 @@ class Election:
                               f"{msg.term} that cannot prove itself here")
             else:
                 self._ask_proof(msg.term, msg.leader, now, out)
+
+    def _our_vote_completes(self, term: int, leader: bytes) -> bool:
+        """Whether (term, leader)'s checked ballots, another fellow's among them, fall
+        short of a majority of our electorate by our own ballot alone, and we may still
+        give it: we follow no live leader, the term is not behind ours nor more than
+        ``MAX_TERM_STEP`` ahead, and our vote in it is free or already its. A fellow
+        restarted from its record counts fellows that left (or expired) while it was
+        down, of whom the live swarm holds no ballot any more (its membership does not
+        tell a newcomer of a leave); its own vote is the one ballot it can add."""
+        if self.role == LEADER_ROLE or leader == self.node_id or \
+                leader not in self._voters or self._stood_down == (term, leader):
+            return False
+        if not self.term <= term <= min(self.term + MAX_TERM_STEP, MAX_TERM):
+            return False
+        if self.leader is not None and not self._leader_gone():
+            return False  # a live leader's followers move only with a whole proof
+        if self.voted_term == term and self.voted_for not in (None, leader):
+            return False
+        count = self._tally.count(term, leader, self._voters)
+        others = count - self._tally.has(term, leader, leader)
+        return others >= 1 and 2 * (count + 1) > len(self._voters)
+
+    def _vote_to_follow(self, term: int, leader: bytes, now: float,
+                        out: list[Effect]) -> None:
+        """Give ``leader`` our vote in ``term``, as if it had asked for it (Raft's vote:
+        once per term, on disk before anything leaves), and count our own ballot."""
+        self._adopt_term(term, now, out)
+        self.voted_term, self.voted_for = term, leader
+        self._tally.add(term, leader, (self.node_id,))
+        self.stats["votes_to_follow"] = self.stats.get("votes_to_follow", 0) + 1
 
     def _short_for_long(self, term: int, leader: bytes, now: float) -> bool:
         """Whether (term, leader)'s checked ballots have fallen short of a majority of our

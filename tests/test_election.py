@@ -428,3 +428,42 @@ def test_a_leader_stands_again_only_above_a_proof_that_stays_short() -> None:
     assert leader.role == "leader"
     leader.handle(proof(range(1, 4)), members[1].addr, 13.1)
     assert leader.role == "candidate" and leader.term == 6
+
+
+def test_a_fellow_whose_own_vote_completes_a_proof_gives_it_and_follows() -> None:
+    # n4, restarted from its record, still counts n2 and n3, who left while it was down;
+    # n0 leads term 3 and holds the ballots of the fellows still here, n0 and n1: two of
+    # n4's five. Its own vote makes three: it votes for n0 in term 3 and follows it
+    def proof(voters: tuple[int, ...], term: int = 3) -> g.LeaderProof:
+        return g.LeaderProof(term, KEYS[0].node_id, tuple(
+            g.Ballot(KEYS[v].node_id, KEYS[v].sign(
+                ballot_statement(term, KEYS[0].node_id, KEYS[v].node_id)))
+            for v in voters))
+
+    es, members = signed_swarm(5)
+    fellow = es[4]
+    out = fellow.handle(proof((0, 1)), members[0].addr, 5.0)
+    assert (fellow.term, fellow.leader) == (3, KEYS[0].node_id)
+    assert fellow.persistent_state()[:2] == (3, KEYS[0].node_id)  # kept before it leaves
+    (ack,) = [m for x in out if isinstance(x, SendDatagram) for m in x.messages
+              if isinstance(m, g.LeaderAck)]
+    assert ack.signature is not None and fellow_signed(
+        KEYS[4].node_id, KEYS[4].public_key, ack.signature,
+        ballot_statement(3, KEYS[0].node_id, KEYS[4].node_id))
+    # it does not when its vote would not make a majority: the leader's own ballot alone
+    # (a fellow holding the token shows one), or one short of it in an electorate of six
+    es, members = signed_swarm(5)
+    es[4].handle(proof((0,)), members[0].addr, 5.0)
+    assert (es[4].term, es[4].leader, es[4].voted_for) == (0, None, None)
+    es, members = signed_swarm(6)
+    es[4].handle(proof((0, 1)), members[0].addr, 5.0)
+    assert (es[4].term, es[4].leader, es[4].voted_for) == (0, None, None)
+    # nor when its vote in that term is another's, nor while it follows a live leader
+    es, members = signed_swarm(5)
+    es[4].term, es[4].voted_term, es[4].voted_for = 3, 3, KEYS[2].node_id
+    es[4].handle(proof((0, 1)), members[0].addr, 5.0)
+    assert (es[4].leader, es[4].voted_for) == (None, KEYS[2].node_id)
+    es, members = signed_swarm(5)
+    es[4].term, es[4].leader = 2, KEYS[1].node_id
+    es[4].handle(proof((0, 1)), members[0].addr, 5.0)
+    assert (es[4].term, es[4].leader) == (2, KEYS[1].node_id)

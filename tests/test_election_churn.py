@@ -218,3 +218,44 @@ async def test_a_fellow_in_a_later_term_than_the_live_leader_follows_it_within_s
     for seed in (1, 2, 3):
         took = await fellow_a_term_ahead(seed)
         assert took < 20.0, (seed, took)
+
+
+async def fellow_back_after_a_leave(seed: int, timeout_s: float = 60.0) -> float:
+    """The short chaos run's slow rejoin (issue 20): the leader of four is killed, the
+    other three elect one of them, and one of those leaves while the killed fellow is
+    down. Restarted from its record, it still counts the leaver (its membership is not
+    told of the leave: a newcomer hears only of live fellows), so the leader's proof, the
+    ballots of the two fellows still here, is two of its four. Returns the virtual
+    seconds from its restart until it follows that leader."""
+    swarm = VirtualSwarm(4, seed=seed)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        await swarm.start_all()
+        everyone = list(range(4))
+        await wait_until(lambda: one_leader_of(swarm, everyone), timeout_s=60)
+        ((first, term),) = led_by(swarm, everyone)
+        ids = [f.identity.node_id for f in swarm.fellows]
+        killed = ids.index(first)
+        swarm.crash(killed)
+        others = [i for i in everyone if i != killed]
+        await wait_until(lambda: one_leader_of(swarm, others, above=term), timeout_s=60)
+        ((leader, _),) = led_by(swarm, others)
+        leaver = next(i for i in others if ids[i] != leader)
+        await swarm.leave(leaver)
+        await wait_until(lambda: swarm.states_seen_by_all(leaver) == {"left"}, timeout_s=30)
+        up = [i for i in others if i != leaver]
+        restarted = await swarm.start(killed, seeds=tuple(swarm.fellows[i].addr for i in up))
+        took = await wait_until(lambda: one_leader_of(swarm, [*up, killed]),
+                                timeout_s=timeout_s)
+        assert restarted.election is not None and restarted.election.electorate() == 4
+        nursery.cancel_scope.cancel()
+    return took
+
+
+async def test_a_fellow_restarted_after_a_leave_it_missed_follows_the_leader_at_once(
+        autojump_clock) -> None:
+    """Before, it followed no one until the leaver left its electorate, 240 s later (or
+    came back): its own vote now completes the proof it checks."""
+    for seed in (1, 2, 3):
+        took = await fellow_back_after_a_leave(seed)
+        assert took < 2.0, (seed, took)
