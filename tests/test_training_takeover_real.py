@@ -26,7 +26,7 @@ from p2pswarm.sim.processes import LocalSwarm, local_swarm
 
 pytestmark = pytest.mark.slow
 
-STEPS = 1000  # never reached: the test cancels the job once it has seen it go on
+STEPS = 100_000  # never reached: the test cancels the job once it has seen it go on
 INNER_STEPS = 4
 KILL_AFTER_ROUND = 2  # round 1's copy has reached the keepers by the time round 2 closes
 
