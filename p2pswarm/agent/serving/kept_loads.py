@@ -12,7 +12,8 @@ without serving them (metadata ``kept_loads``). A leader adopts such a load from
 (``adoption``) and its heal re-places the stages no fellow holds live.
 
 A file is removed when the leader says to drop the load (``StageRelease``: an unload,
-a stage moved away, a keeper no longer needed), never when the fellow itself stops.
+a stage moved away, a keeper no longer needed; ``LoadUnloaded``: a tombstone of that
+bring-up, ``unload_memory``), never when the fellow itself stops.
 Names and sizes are checked: a plan id becomes a file name only when it is a safe name,
 at most ``MAX_KEPT`` loads are kept (a hostile leader cannot fill the disk), and a file
 read back is bounded in bytes and decoded with the codec's strict checks; one that does

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -128,6 +128,8 @@ class Loads:
         self.moved_to: dict[str, str] = {}  # a re-cut load's old plan_id -> its new one
         self.on_loaded: Callable[[], None] | None = None  # a load came up (failover watches)
         self.on_unloaded: Callable[[str], None] | None = None  # ... went (its orders too)
+        # (plan_id, generation): tell the fellows it went, for later leaders (``unload_memory``)
+        self.tombstone: Callable[[str, str], Awaitable[None]] | None = None
         self._in_flight: dict[str, _InFlight] = {}  # ticket -> the bring-up under way
         self._finished: OrderedDict[str, str] = OrderedDict()  # ticket -> plan_id loaded
         # tickets whose load ended without coming up, or was cancelled before it came
@@ -212,7 +214,8 @@ class Loads:
                 raise PlacementError(f"plan {plan_id} is already loaded: `p2pswarm loads` "
                                      "shows it; unload it first to load it again")
             _check_model(message, model)
-            orders = _stage_orders(plan, model, call.progress_addr, call.ticket, adapter)
+            orders = _stage_orders(plan, model, call.progress_addr, call.ticket, adapter,
+                                   self._generation())
             addrs = self._order_addrs(orders)
             record = await self._bring_up(plan, orders, addrs, model, adapter)
             self.asked[plan_id] = (message, model, adapter)
@@ -224,15 +227,26 @@ class Loads:
         """Bring ``plan`` up as a load of its own, as ``load`` does (checked, fetched,
         loaded, started; all or nothing), beside a load it is to replace (``recut``).
         Hold ``lock``."""
-        orders = _stage_orders(plan, model, "", "", adapter)
+        orders = _stage_orders(plan, model, "", "", adapter, self._generation())
         record = await self._bring_up(plan, orders, self._order_addrs(orders), model, adapter)
         self.asked[plan["plan_id"]] = (message, model, adapter)
         return record
+
+    def _generation(self) -> str:
+        """A new bring-up's name: what an unload's tombstone covers (not the plan id)."""
+        return f"{self.agent.rng.getrandbits(64):016x}"
+
+    def _generation_of(self, plan_id: str) -> str:
+        orders = self.orders.get(plan_id)
+        return orders[0].generation if orders else ""
 
     def retire(self, plan_id: str, successor: str) -> None:
         """Load ``plan_id`` now lives on as ``successor`` (a live move re-cut it): forget
         it, ignore its stages' lagging gossip, and name the successor to whoever asks
         for it (a driver resuming a session). Its stages are the caller's to release."""
+        generation = self._generation_of(plan_id)
+        if self.tombstone is not None and generation:  # no later leader adopts it either
+            self.agent.spawn(self.tombstone, plan_id, generation)
         self.loads.pop(plan_id, None)
         self.orders.pop(plan_id, None)
         self.asked.pop(plan_id, None)
@@ -408,6 +422,9 @@ class Loads:
             addrs = {s["stage"]: (s["fellow_id"], s["fellow"], s["addr"])
                      for s in record["stages"] if s.get("state") in ("alive", "suspect")}
             await self.release_all(plan_id, addrs, self.keeping(plan_id))
+            generation = self._generation_of(plan_id)
+            if self.tombstone is not None and generation:  # remembered past this leader
+                await self.tombstone(plan_id, generation)
             self.loads.pop(plan_id, None)
             self.orders.pop(plan_id, None)
             self.asked.pop(plan_id, None)
@@ -507,7 +524,8 @@ def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
 
 
 def _stage_orders(plan: dict[str, Any], model: dict[str, Any], progress_addr: str,
-                  ticket: str, adapter: dict[str, Any] | None = None) -> list[StageOrder]:
+                  ticket: str, adapter: dict[str, Any] | None = None,
+                  generation: str = "") -> list[StageOrder]:
     cards = {(c["fellow_id"], c["kind"], c["index"]): c for c in plan["cards"] if c["used"]}
     orders = []
     for s in plan["stages"]:
@@ -522,7 +540,8 @@ def _stage_orders(plan: dict[str, Any], model: dict[str, Any], progress_addr: st
             card_kind=s["kind"], card_index=s["index"], card_name=s["name"],
             claim_bytes=claim, need_bytes=need, runtime=dict(plan["runtime"]), model=model,
             progress_addr=progress_addr, ticket=ticket,
-            adapter=stage_block(adapter, s["layers"][0], s["layers"][1]) if adapter else {}))
+            adapter=stage_block(adapter, s["layers"][0], s["layers"][1]) if adapter else {},
+            generation=generation))
     return orders
 
 
