@@ -14,12 +14,14 @@ import trio
 
 from p2pswarm.agent import Agent
 from p2pswarm.agent.serving.kept_loads import MAX_KEPT, KeptLoads
+from p2pswarm.agent.serving.loads import asked_doc, asked_from_doc
 from p2pswarm.agent.serving.records import StageOrder
 from p2pswarm.agent.serving.tombstones import KEEP_S, Tombstones, unfit
-from p2pswarm.errors import PlacementError
+from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
 from p2pswarm.wire.loads import LoadKeep, LoadUnloaded, RouteHop, UnloadRecord
+from p2pswarm.wire.orders import pack_doc
 from tests.serving_swarm import MODEL, PROMPT, next_leader, reference, request, start_swarm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -66,6 +68,9 @@ async def test_the_leader_hosting_a_one_stage_load_crashes_and_the_load_is_serve
         ((old_id, old_term),) = swarm.leaders()
         at, plan = await _load_on_the_leader(swarm)
         plan_id = plan["plan_id"]
+        leader = swarm.fellows[at].agent
+        assert leader is not None
+        asked = leader.serving.leader.asked[plan_id]
 
         swarm.crash(at)  # the only fellow serving the load, and its leader
         if comes_back:
@@ -77,6 +82,8 @@ async def test_the_leader_hosting_a_one_stage_load_crashes_and_the_load_is_serve
                          timeout_s=60)
         record = new.serving.loads[plan_id]
         assert record["adopted"]["leader"] == new.name
+        # what it was asked as came with its orders: a re-cut can plan it again
+        assert new.serving.leader.asked[plan_id] == asked
         driver = next(a for a in swarm.live() if a is not new)
         await _generates(driver, plan)
         # no second copy comes up, and what each fellow keeps is the load as it runs
@@ -284,3 +291,15 @@ def test_tombstones_cover_one_bring_up_and_are_checked_bounded_and_read_back(
     # a damaged file is left out and removed
     path.write_text("{not json")
     assert Tombstones(path).bad_file and not path.exists()
+
+
+def test_a_kept_request_is_checked_against_the_orders_model() -> None:
+    route, orders = _orders()
+    model = StageOrder.from_wire(orders[0]).model
+    message = request(stages=1)
+    assert asked_from_doc(asked_doc(message, None), model) == (message, model, None)
+    other = {**message, "model": {"name": "x", "config": {"hidden_size": 1}}}
+    for raw in (asked_doc(other, None), b"\xc1", pack_doc({"request": 3}),
+                asked_doc({**message, "adapter": "ab" * 32}, None)):
+        with pytest.raises(ConfigError):
+            asked_from_doc(raw, model)

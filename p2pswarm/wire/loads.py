@@ -154,6 +154,8 @@ class StageStart:
     plan_id: PlanId
     route: Route
     orders: Orders = ()
+    # what the load was asked as (request, adapter), for a re-cut; b"" when unknown
+    asked: Doc = b""
     term: U64 = 0
 
 
@@ -276,6 +278,7 @@ class StageOrdersKept:
     started_term: U64
     route: Route
     orders: Orders
+    asked: Doc = b""  # as ``StageStart``'s
 
 
 @message(95)
@@ -288,6 +291,7 @@ class LoadKeep:
     plan_id: PlanId
     route: Route
     orders: Orders
+    asked: Doc = b""  # as ``StageStart``'s
     term: U64 = 0
 
 

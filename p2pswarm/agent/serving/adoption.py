@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from p2pswarm.agent.serving.loads import asked_from_doc
 from p2pswarm.agent.serving.records import (
     StageOrder,
     public_adapter,
@@ -109,7 +110,7 @@ class Adoption:
             return kept.answer() if kept is not None else StageOrdersKept(0, (), ())
         h = max(mine, key=lambda h: h.started_term)
         return StageOrdersKept(h.started_term, tuple(route_hop(r) for r in h.route),
-                               h.kept_orders)
+                               h.kept_orders, h.kept_asked)
 
     # --- the leader's side ---------------------------------------------------------------
 
@@ -197,6 +198,7 @@ class Adoption:
                     record[key] = before[key]
             self.loads.loads[plan_id] = record
             self.loads.orders[plan_id] = orders
+            self._take_asked(plan_id, kept, first.model)
             log.warning("%s leads load %s now (its route and orders from %d of its "
                         "fellows)", self.agent.name, plan_id, len(answers))
             named = {h["addr"] for h in route}
@@ -206,6 +208,17 @@ class Adoption:
             for addr in sorted(serving - named):  # those only keeping it: ``keepers``
                 self.release_stray(plan_id, addr)
             return record
+
+    def _take_asked(self, plan_id: str, kept: StageOrdersKept, model: dict[str, Any]) -> None:
+        """What the load was asked as, when its fellows kept it: a re-cut plans it again."""
+        if plan_id in self.loads.asked or not kept.asked:
+            return  # led here before (as asked here), or kept before requests were
+        try:
+            self.loads.asked[plan_id] = asked_from_doc(kept.asked, model)
+        except ConfigError as exc:
+            self.agent.counters.refuse("load-request-unfit")
+            log.warning("the request of load %s as its fellows keep it does not fit: %s",
+                        plan_id, exc)
 
     def _unloaded(self, plan_id: str, orders: list[StageOrder] | None) -> bool:
         if not orders:

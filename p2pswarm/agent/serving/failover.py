@@ -222,8 +222,8 @@ class Failover:
             self._watch_soon()
 
     def _keep_here(self, plan_id: str, term: int, route: tuple[RouteHop, ...],
-                   orders: tuple[StageAssignment, ...]) -> None:
-        if self.host.kept.keep(plan_id, term, route, orders):
+                   orders: tuple[StageAssignment, ...], asked: bytes) -> None:
+        if self.host.kept.keep(plan_id, term, route, orders, asked):
             self.host.publish()
 
     def _unloaded(self, plan_id: str) -> None:
@@ -468,11 +468,12 @@ class Failover:
         the orders (``adoption``). One that does not answer is left to the next heal."""
         hops = tuple(route_hop(h) for h in route)
         kept = tuple(o.to_wire() for o in orders)
+        asked = self.loads.asked_doc(plan_id)
 
         async def one(addr: str) -> None:
             try:
                 with trio.fail_after(self.loads.prepare_timeout_s):
-                    await self.leadership.order(addr, StageStart(plan_id, hops, kept),
+                    await self.leadership.order(addr, StageStart(plan_id, hops, kept, asked),
                                                 StageStarted)
             except (SwarmError, trio.TooSlowError) as exc:
                 log.warning("route of %s to %s: %s", plan_id, addr, exc)

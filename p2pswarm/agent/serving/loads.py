@@ -217,7 +217,7 @@ class Loads:
             orders = _stage_orders(plan, model, call.progress_addr, call.ticket, adapter,
                                    self._generation())
             addrs = self._order_addrs(orders)
-            record = await self._bring_up(plan, orders, addrs, model, adapter)
+            record = await self._bring_up(plan, orders, addrs, model, adapter, message)
             self.asked[plan_id] = (message, model, adapter)
             return LoadDone(pack_doc(record))
 
@@ -228,7 +228,8 @@ class Loads:
         loaded, started; all or nothing), beside a load it is to replace (``recut``).
         Hold ``lock``."""
         orders = _stage_orders(plan, model, "", "", adapter, self._generation())
-        record = await self._bring_up(plan, orders, self._order_addrs(orders), model, adapter)
+        record = await self._bring_up(plan, orders, self._order_addrs(orders), model, adapter,
+                                      message)
         self.asked[plan["plan_id"]] = (message, model, adapter)
         return record
 
@@ -260,6 +261,11 @@ class Loads:
         while len(self.moved_to) > TICKETS_KEPT:
             self.moved_to.pop(next(iter(self.moved_to)))
 
+    def asked_doc(self, plan_id: str) -> bytes:
+        """What load ``plan_id`` was asked as, as its keepers keep it (b"": not known)."""
+        asked = self.asked.get(plan_id)
+        return asked_doc(asked[0], asked[2]) if asked is not None else b""
+
     def gossiped_holders(self, plan_id: str) -> list[str]:
         """Addresses of the connected fellows that gossip a stage of ``plan_id``."""
         membership = self.agent.membership
@@ -283,11 +289,12 @@ class Loads:
         return out
 
     async def _bring_up(self, plan: dict[str, Any], orders: list[StageOrder], addrs: Addrs,
-                        model: dict[str, Any],
-                        adapter: dict[str, Any] | None = None) -> dict[str, Any]:
+                        model: dict[str, Any], adapter: dict[str, Any] | None,
+                        message: dict[str, Any]) -> dict[str, Any]:
         plan_id = plan["plan_id"]
         try:
-            return await self._bring_up_orders(plan, orders, addrs, model, adapter)
+            return await self._bring_up_orders(plan, orders, addrs, model, adapter,
+                                               asked_doc(message, adapter))
         except SwarmError:
             raise  # refused or failed: it released everything already
         except BaseException:  # cancelled (by its asker, or as this agent stops): the
@@ -296,7 +303,7 @@ class Loads:
 
     async def _bring_up_orders(self, plan: dict[str, Any], orders: list[StageOrder],
                                addrs: Addrs, model: dict[str, Any],
-                               adapter: dict[str, Any] | None) -> dict[str, Any]:
+                               adapter: dict[str, Any] | None, asked: bytes) -> dict[str, Any]:
         plan_id = plan["plan_id"]
         began = time.perf_counter()
         prepared = await self._order_all(
@@ -331,7 +338,7 @@ class Loads:
         kept = tuple(o.to_wire() for o in orders)  # every stage keeps them (``adoption``)
         started = await self._order_all(
             orders, addrs, "stage-start", self.prepare_timeout_s, StageStarted,
-            lambda o: StageStart(plan_id, hops, kept))
+            lambda o: StageStart(plan_id, hops, kept, asked))
         failures = [f"{addrs[i][1]}: {r}" for i, r in started.items()
                     if isinstance(r, SwarmError)]
         if failures:
@@ -511,6 +518,32 @@ class Loads:
         return out
 
 
+def asked_doc(message: dict[str, Any], adapter: dict[str, Any] | None) -> bytes:
+    """The request a load was asked with, and its whole adapter, as the load's keepers
+    keep them: with its orders' model, what a re-cut plans again (``recut``)."""
+    return pack_doc({"request": message, "adapter": adapter})
+
+
+def asked_from_doc(raw: bytes, model: dict[str, Any]
+                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """``asked_doc`` back, from a fellow's keeping (checked: the request plans the
+    orders' ``model``, and names the adapter it carries); ConfigError otherwise."""
+    try:
+        doc = unpack_doc(raw)
+    except RemoteProtocolError as exc:
+        raise ConfigError(f"not a document ({exc})") from None
+    message, adapter = doc.get("request"), doc.get("adapter")
+    if not isinstance(message, dict) or not isinstance(message.get("model"), dict) \
+            or not isinstance(message["model"].get("config"), dict) \
+            or not (adapter is None or isinstance(adapter, dict)):
+        raise ConfigError("no request, or an adapter that is no document")
+    if (adapter or {}).get("sha256") != (message.get("adapter") or None) and (
+            adapter or message.get("adapter")):
+        raise ConfigError("the adapter is not the one its request names")
+    _check_model(message, model)
+    return message, model, adapter
+
+
 def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
     config = message["model"]["config"]
     if model.get("kind") == "builtin":
@@ -545,4 +578,4 @@ def _stage_orders(plan: dict[str, Any], model: dict[str, Any], progress_addr: st
     return orders
 
 
-__all__ = ["UNLOAD_TOMBSTONE_S", "Loads"]
+__all__ = ["UNLOAD_TOMBSTONE_S", "Loads", "asked_doc", "asked_from_doc"]

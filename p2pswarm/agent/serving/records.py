@@ -177,6 +177,7 @@ class HostedStage:
         # them: what a new leader asks for to take the load over (``adoption``)
         self.kept_orders: tuple[StageAssignment, ...] = ()
         self.started_term = 0
+        self.kept_asked = b""  # what the load was asked as (``StageStart.asked``)
 
     @property
     def next_hop(self) -> dict[str, Any] | None:
