@@ -30,7 +30,7 @@ NAMES = ["fellow-1", "fellow-2", "fellow-3", "fellow-4"]
 LOAD = {"model": {"name": "tiny-llama", "config": BUILTIN_MODELS["tiny-llama"]},
         "kind": "serve", "weights_dtype": "f32", "kv_dtype": "f32", "context": 256,
         "sequences": 1, "exclude": [], "floors_bytes": {}, "maximize": None}
-ADOPTION_WINDOW_S = 6.0  # a leader adopts a kept load within 2 s of seeing it
+ADOPTION_WINDOW_S = 4.0  # a leader retries an adoption every 2 s: twice that
 
 
 def _poll(what: str, ready: Callable[[], Any], timeout_s: float = 60.0) -> Any:
