@@ -14,11 +14,14 @@ import trio
 
 from p2pswarm.agent import Agent
 from p2pswarm.agent.serving.kept_loads import MAX_KEPT, KeptLoads
+from p2pswarm.agent.serving.loads import asked_doc, asked_from_doc
 from p2pswarm.agent.serving.records import StageOrder
-from p2pswarm.errors import PlacementError
+from p2pswarm.agent.serving.tombstones import KEEP_S, Tombstones, unfit
+from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
-from p2pswarm.wire.loads import LoadKeep, RouteHop
+from p2pswarm.wire.loads import LoadKeep, LoadUnloaded, RouteHop, UnloadRecord
+from p2pswarm.wire.orders import pack_doc
 from tests.serving_swarm import MODEL, PROMPT, next_leader, reference, request, start_swarm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -65,6 +68,9 @@ async def test_the_leader_hosting_a_one_stage_load_crashes_and_the_load_is_serve
         ((old_id, old_term),) = swarm.leaders()
         at, plan = await _load_on_the_leader(swarm)
         plan_id = plan["plan_id"]
+        leader = swarm.fellows[at].agent
+        assert leader is not None
+        asked = leader.serving.leader.asked[plan_id]
 
         swarm.crash(at)  # the only fellow serving the load, and its leader
         if comes_back:
@@ -76,6 +82,8 @@ async def test_the_leader_hosting_a_one_stage_load_crashes_and_the_load_is_serve
                          timeout_s=60)
         record = new.serving.loads[plan_id]
         assert record["adopted"]["leader"] == new.name
+        # what it was asked as came with its orders: a re-cut can plan it again
+        assert new.serving.leader.asked[plan_id] == asked
         driver = next(a for a in swarm.live() if a is not new)
         await _generates(driver, plan)
         # no second copy comes up, and what each fellow keeps is the load as it runs
@@ -192,3 +200,106 @@ def test_kept_orders_are_read_back_checked_and_bounded(tmp_path: Path) -> None:
     assert len(read.loads) == MAX_KEPT
     assert read.forget("ab" * 8) and not (tmp_path / f"{'ab' * 8}.json").exists()
     assert not read.forget("ab" * 8)
+
+
+async def test_an_unload_is_remembered_after_the_leader_that_unloaded_is_gone(
+        autojump_clock, tmp_path) -> None:
+    """A keeper away during the unload comes back keeping the load after its leader died:
+    the next leader learns of the unload from the other keeper and does not bring the
+    load back; a later load of the same plan is a new bring-up, kept and served."""
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=14, n=3, keep_loads=True)
+        ((old_id, old_term),) = swarm.leaders()
+        at, plan = await _load_on_the_leader(swarm)
+        plan_id = plan["plan_id"]
+        leader = swarm.fellows[at].agent
+        assert leader is not None
+        away, stays = (i for i in range(3) if i != at)
+        gone = swarm.fellows[away].identity.node_id
+
+        swarm.crash(away)
+        await wait_until(lambda: leader.membership is not None and getattr(
+            leader.membership.member(gone), "state", "") == "dead", timeout_s=30)
+        await leader.serving.unload(plan_id)
+        stayed = swarm.fellows[stays].agent
+        assert stayed is not None and plan_id not in stayed.serving.host.kept.loads
+        swarm.crash(at)  # the only leader that knew of the unload
+        await trio.sleep(1.0)
+        back = await swarm.start(away, seeds=(swarm.fellows[stays].addr,))  # not the dead
+        assert plan_id in back.serving.host.kept.loads  # read back from its disk
+        new = await next_leader(swarm, old_id, old_term)
+        await wait_until(lambda: not back.serving.host.kept.loads, timeout_s=30)
+        await trio.sleep(20.0)  # long past an adoption and a heal
+        assert _served_on(swarm, plan_id) == [] and plan_id not in new.serving.loads
+        assert not list(tmp_path.glob("loads-*/*.json"))
+
+        # the same plan loaded again is not covered by the tombstone
+        again = await swarm.start(at, seeds=(swarm.fellows[stays].addr,))
+        ask = request(stages=1, exclude=[f"{f.name}:cpu" for i, f in enumerate(swarm.fellows)
+                                         if i != at])
+
+        async def replanned() -> str:
+            try:
+                return str((await new.planning.ask_plan(ask))["plan_id"])
+            except PlacementError:
+                return ""  # the leader does not see it back yet
+
+        while await replanned() != plan_id:
+            await trio.sleep(0.5)
+        await new.serving.load(ask, plan_id=plan_id)
+        await wait_until(lambda: all(plan_id in a.serving.host.kept.loads
+                                     for a in swarm.live()), timeout_s=10)
+        await trio.sleep(5.0)
+        assert _served_on(swarm, plan_id) == [again.name]
+        assert all(plan_id in a.serving.host.kept.loads for a in swarm.live())
+
+        # a tombstone from the network is checked: a term later than the current one
+        unloads = back.serving.failover.unloads
+        with pytest.raises(PlacementError, match="refused"):
+            await unloads._unloaded(LoadUnloaded(UnloadRecord(plan_id, "00ff", 10**6)))
+        assert back.counters.refused["unload-record-unfit"] == 1
+        assert unloads.tombstones.covers(plan_id, "00ff") is None
+        nursery.cancel_scope.cancel()
+
+
+def test_tombstones_cover_one_bring_up_and_are_checked_bounded_and_read_back(
+        tmp_path: Path) -> None:
+    now = [1000.0]
+    path = tmp_path / "unloaded"
+    stones = Tombstones(path, clock=lambda: now[0])
+    assert stones.remember(UnloadRecord("ab" * 8, "00ff", 3))
+    assert not stones.remember(UnloadRecord("ab" * 8, "00ff", 3))
+    assert stones.covers("ab" * 8, "00ff") is not None
+    assert stones.covers("ab" * 8, "0100") is None  # a later load of the same plan
+    assert stones.covers("ab" * 8, "") is None  # orders from before generations
+    assert [t.generation for t in Tombstones(path, clock=lambda: now[0]).of_plan(
+        "ab" * 8)] == ["00ff"]
+    # hostile records: a path for a name, no hex, a term from the future
+    assert unfit(UnloadRecord("../x", "00ff", 1), 5) is not None
+    assert unfit(UnloadRecord("ab", "zz", 1), 5) is not None
+    assert unfit(UnloadRecord("ab", "00ff", 6), 5) is not None
+    assert unfit(UnloadRecord("ab", "00ff", 5), 5) is None
+    # bounded in time and in count (the oldest go first)
+    now[0] += KEEP_S + 1
+    assert stones.covers("ab" * 8, "00ff") is None and not Tombstones(
+        path, clock=lambda: now[0]).kept
+    in_memory = Tombstones(None)
+    for i in range(300):
+        in_memory.remember(UnloadRecord(f"p{i}", "01", 1))
+    assert len(in_memory.kept) == 256 and in_memory.covers("p43", "01") is None
+    assert in_memory.covers("p299", "01") is not None
+    # a damaged file is left out and removed
+    path.write_text("{not json")
+    assert Tombstones(path).bad_file and not path.exists()
+
+
+def test_a_kept_request_is_checked_against_the_orders_model() -> None:
+    route, orders = _orders()
+    model = StageOrder.from_wire(orders[0]).model
+    message = request(stages=1)
+    assert asked_from_doc(asked_doc(message, None), model) == (message, model, None)
+    other = {**message, "model": {"name": "x", "config": {"hidden_size": 1}}}
+    for raw in (asked_doc(other, None), b"\xc1", pack_doc({"request": 3}),
+                asked_doc({**message, "adapter": "ab" * 32}, None)):
+        with pytest.raises(ConfigError):
+            asked_from_doc(raw, model)

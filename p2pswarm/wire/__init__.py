@@ -4,7 +4,7 @@ from p2pswarm.wire import (
     base,  # noqa: F401  (registers tags 0-9)
     gossip,  # noqa: F401  (registers tags 10-69)
     jobs,  # noqa: F401  (registers tags 150-179)
-    loads,  # noqa: F401  (registers tags 77-99)
+    loads,  # noqa: F401  (registers tags 77-99, 132-134)
     orders,  # noqa: F401  (registers tags 70-76)
     serving,  # noqa: F401  (registers tags 100-109, 145-147)
     training,  # noqa: F401  (registers tags 110-129, 180-199)

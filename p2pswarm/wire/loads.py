@@ -1,4 +1,4 @@
-"""Loading: the leader's calls and the stage orders it sends (tags 77-99).
+"""Loading: the leader's calls and the stage orders it sends (tags 77-99, 132-134).
 
 A fellow asks the leader to ``LoadAsk`` a plan request (answered ``LoadDone`` with the
 load's record), to show ``LoadsAsk`` what is loaded (``LoadsShown``), to ``UnloadAsk``
@@ -6,7 +6,9 @@ load's record), to show ``LoadsAsk`` what is loaded (``LoadsShown``), to ``Unloa
 ``StagePrepare`` (check and reserve, ``StagePrepared``), ``StageLoad`` (fetch and build,
 ``StageLoaded``), ``StageStart`` (learn the route and go live, ``StageStarted``; every
 stage also keeps all the load's orders, so that a later leader can ask any of them with
-``StageOrdersAsk``, ``StageOrdersKept``), and takes it down with ``StageRelease`` (``StageReleased``). A refusal travels as
+``StageOrdersAsk``, ``StageOrdersKept``), and takes it down with ``StageRelease`` (``StageReleased``),
+handing every fellow a tombstone of it (``LoadUnloaded``) that a later leader asks for
+before it adopts a load (``UnloadsAsk``, ``UnloadsKnown``). A refusal travels as
 ``CallFailed`` (``p2pswarm.wire.orders``) with its text, e.g. ``refuses stage 1: it is
 training``.
 
@@ -35,6 +37,8 @@ CardKind = Annotated[str, Size(1, 16)]  # "cpu" | "cuda"
 CardName = Annotated[str, Size(0, 256)]
 CardLabel = Annotated[str, Size(0, 320)]
 Word = Annotated[str, Size(1, 32)]  # a dtype or quantisation name
+Generation = Annotated[str, Size(0, 16)]  # one bring-up of a plan: 64 random bits in hex
+MAX_TOMBSTONES_SHOWN = 16  # an answer names at most this many unloads of one plan
 
 MAX_STAGES = 256
 MAX_LOADS = 1024
@@ -76,6 +80,9 @@ class StageAssignment:
     progress_addr: MaybeAddr = ""
     ticket: Ticket = ""
     adapter: Doc = b""  # this stage's part of a LoRA adapter; b"" for none
+    # the bring-up this order is of (random hex, kept across moves): an unload's
+    # tombstone names it, so a later load of the same plan is not covered; "" before it
+    generation: Generation = ""
 
 
 @struct
@@ -147,6 +154,8 @@ class StageStart:
     plan_id: PlanId
     route: Route
     orders: Orders = ()
+    # what the load was asked as (request, adapter), for a re-cut; b"" when unknown
+    asked: Doc = b""
     term: U64 = 0
 
 
@@ -269,6 +278,7 @@ class StageOrdersKept:
     started_term: U64
     route: Route
     orders: Orders
+    asked: Doc = b""  # as ``StageStart``'s
 
 
 @message(95)
@@ -281,7 +291,47 @@ class LoadKeep:
     plan_id: PlanId
     route: Route
     orders: Orders
+    asked: Doc = b""  # as ``StageStart``'s
     term: U64 = 0
+
+
+# --- an unload remembered across leaders (``p2pswarm.agent.serving.tombstones``) --------
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class UnloadRecord:
+    """Load ``plan_id``, brought up as ``generation``, was unloaded in ``unloaded_term``."""
+
+    plan_id: PlanId
+    generation: Annotated[str, Size(1, 16)]
+    unloaded_term: U64
+
+
+@message(132)
+@dataclass(frozen=True, slots=True)
+class LoadUnloaded:
+    """Load ``unload.plan_id`` of ``unload.generation`` was unloaded: remember it for a
+    while, and drop what you hold and keep of that bring-up (answered
+    ``StageReleased``)."""
+
+    unload: UnloadRecord
+    term: U64 = 0
+
+
+@message(133)
+@dataclass(frozen=True, slots=True)
+class UnloadsAsk:
+    """Which unloads of ``plan_id`` do you remember? (a leader, before it adopts it)"""
+
+    plan_id: PlanId
+    term: U64 = 0
+
+
+@message(134)
+@dataclass(frozen=True, slots=True)
+class UnloadsKnown:
+    unloads: Annotated[tuple[UnloadRecord, ...], Items(MAX_TOMBSTONES_SHOWN)]
 
 
 # --- failover and live moves (``p2pswarm.agent.serving.failover``) -----------------------
@@ -328,7 +378,8 @@ class LoadMove:
 
 
 __all__ = [
-    "LOAD_CANCEL_OUTCOMES", "LoadKeep", "LoadMove", "StageCheck", "StageChecked", "StageLost", "LoadAsk", "LoadCancel", "LoadCancelled", "LoadDone", "LoadsAsk",
+    "LOAD_CANCEL_OUTCOMES", "LoadKeep", "LoadUnloaded", "UnloadRecord", "UnloadsAsk",
+    "UnloadsKnown", "LoadMove", "StageCheck", "StageChecked", "StageLost", "LoadAsk", "LoadCancel", "LoadCancelled", "LoadDone", "LoadsAsk",
     "LoadsShown", "RouteHop", "RuntimeBlock", "StageAssignment", "StageLoad", "StageLoaded",
     "StagePrepare", "StagePrepared", "StageRelease", "StageReleased", "StageStart",
     "StageOrdersAsk", "StageOrdersKept", "StageStarted", "UnloadAsk", "Unloaded",

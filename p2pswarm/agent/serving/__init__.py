@@ -22,7 +22,9 @@ The rooms, one role each:
   a stage can be re-placed after its fellow and the model's offerer are both gone;
   ``copy_host`` the fellow's side;
 - ``adoption``: a new leader takes over the loads its predecessor led, from the route and
-  stage orders every stage's fellow keeps;
+  stage orders every stage's fellow keeps (``kept_loads``, ``keepers``);
+- ``tombstones``, ``unload_memory``: an unload remembered by every fellow, so no later
+  leader adopts the load again;
 - ``offers``: the weights this fellow offers and the cache of those it fetched;
 - ``records``: the values (``StageOrder``, ``HostedStage``, ``GenerationResult``, routes);
 - ``runtime``: the ``StageRuntime`` seam to compute; ``torch_runtime`` its torch side.

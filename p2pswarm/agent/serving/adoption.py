@@ -17,7 +17,10 @@ Fellows that keep a load's orders without serving it answer too (``kept_loads``)
 keeper (``keepers``), and a fellow restarted from its disk whose stage is gone with its
 process. They gossip the plan ids they keep (metadata ``kept_loads``), so a leader finds
 a load no fellow serves any more, and adopts it like any other; its heal then re-places
-the stages no fellow holds. A load unloaded by this leader is not adopted again.
+the stages no fellow holds. A load unloaded by this leader is not adopted again, nor one
+unloaded by another: before adopting, the leader asks its fellows which unloads of the
+plan they remember (``unload_memory``), leaves out every answer of a bring-up a
+tombstone covers, and hands that tombstone to the fellows that gave it (they drop it).
 
 The leader then keeps the load as if it had brought it up: its watch heals it when a
 stage's fellow is lost (``failover``), and a fellow that gossips a stage of the load the
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from p2pswarm.agent.serving.loads import asked_from_doc
 from p2pswarm.agent.serving.records import (
     StageOrder,
     public_adapter,
@@ -49,6 +53,8 @@ if TYPE_CHECKING:
     from p2pswarm.agent.serving.loads import Loads
     from p2pswarm.agent.serving.records import HostedStage
     from p2pswarm.agent.serving.stage_host import StageHost
+    from p2pswarm.agent.serving.tombstones import Tombstone
+    from p2pswarm.agent.serving.unload_memory import UnloadMemory
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -74,6 +80,8 @@ def kept_orders(plan_id: str, route: tuple[RouteHop, ...],
                     or order.runtime != out[0].runtime):
             raise ConfigError(f"stage {i}'s order does not follow stage {i - 1}'s (layers, "
                               "model or runtime)")
+        if out and order.generation != out[0].generation:
+            raise ConfigError(f"stage {i}'s order is of another bring-up than stage 0's")
         out.append(order)
     return out
 
@@ -82,8 +90,9 @@ class Adoption:
     """The fellow's answer to ``StageOrdersAsk``, and the leader's adopting of loads."""
 
     def __init__(self, agent: Agent, leadership: Leadership, loads: Loads, host: StageHost,
-                 release_stray: Callable[[str, str], None]) -> None:
+                 release_stray: Callable[[str, str], None], unloads: UnloadMemory) -> None:
         self.agent = agent
+        self.unloads = unloads
         self.leadership = leadership
         self.loads = loads
         self.host = host
@@ -101,7 +110,7 @@ class Adoption:
             return kept.answer() if kept is not None else StageOrdersKept(0, (), ())
         h = max(mine, key=lambda h: h.started_term)
         return StageOrdersKept(h.started_term, tuple(route_hop(r) for r in h.route),
-                               h.kept_orders)
+                               h.kept_orders, h.kept_asked)
 
     # --- the leader's side ---------------------------------------------------------------
 
@@ -158,7 +167,18 @@ class Adoption:
             async with trio.open_nursery() as nursery:
                 for addr in holders:
                     nursery.start_soon(ask, addr)
-            if not answers or not self.leadership.is_leader():
+                nursery.start_soon(self.unloads.learn, plan_id)
+            if not self.leadership.is_leader():
+                return before
+            answers = self._not_unloaded(plan_id, answers)
+            if before is not None and self._unloaded(plan_id, self.loads.orders.get(plan_id)):
+                log.warning("load %s was unloaded while %s did not lead it; forgotten here",
+                            plan_id, self.agent.name)
+                self.loads.loads.pop(plan_id, None)
+                self.loads.orders.pop(plan_id, None)
+                self.loads.asked.pop(plan_id, None)
+                return None
+            if not answers:
                 return before
             _, kept, orders = _newest(answers)
             route = [route_dict(h) for h in kept.route]
@@ -178,6 +198,7 @@ class Adoption:
                     record[key] = before[key]
             self.loads.loads[plan_id] = record
             self.loads.orders[plan_id] = orders
+            self._take_asked(plan_id, kept, first.model)
             log.warning("%s leads load %s now (its route and orders from %d of its "
                         "fellows)", self.agent.name, plan_id, len(answers))
             named = {h["addr"] for h in route}
@@ -187,6 +208,42 @@ class Adoption:
             for addr in sorted(serving - named):  # those only keeping it: ``keepers``
                 self.release_stray(plan_id, addr)
             return record
+
+    def _take_asked(self, plan_id: str, kept: StageOrdersKept, model: dict[str, Any]) -> None:
+        """What the load was asked as, when its fellows kept it: a re-cut plans it again."""
+        if plan_id in self.loads.asked or not kept.asked:
+            return  # led here before (as asked here), or kept before requests were
+        try:
+            self.loads.asked[plan_id] = asked_from_doc(kept.asked, model)
+        except ConfigError as exc:
+            self.agent.counters.refuse("load-request-unfit")
+            log.warning("the request of load %s as its fellows keep it does not fit: %s",
+                        plan_id, exc)
+
+    def _unloaded(self, plan_id: str, orders: list[StageOrder] | None) -> bool:
+        if not orders:
+            return False
+        return self.unloads.tombstones.covers(plan_id, orders[0].generation) is not None
+
+    def _not_unloaded(self, plan_id: str,
+                            answers: list[tuple[str, StageOrdersKept, list[StageOrder]]]
+                            ) -> list[tuple[str, StageOrdersKept, list[StageOrder]]]:
+        """``answers`` less those of a bring-up an unload's tombstone covers; the fellows
+        that gave those are handed the tombstone (they drop what they keep of it)."""
+        out = []
+        stale: dict[Tombstone, list[str]] = {}
+        for answer in answers:
+            tombstone = self.unloads.tombstones.covers(plan_id, answer[2][0].generation)
+            if tombstone is None:
+                out.append(answer)
+            else:
+                stale.setdefault(tombstone, []).append(answer[0])
+        for tombstone, addrs in stale.items():
+            log.warning("%s does not adopt load %s: it was unloaded in term %d (%d of its "
+                        "fellows still kept it)", self.agent.name, plan_id,
+                        tombstone.unloaded_term, len(addrs))
+            self.agent.spawn(self.unloads.hand_to, sorted(addrs), tombstone)
+        return out
 
     def _holders(self, plan_id: str) -> list[str]:
         """Addresses of the connected fellows that gossip a stage of ``plan_id``, or that

@@ -46,6 +46,7 @@ from p2pswarm.agent.serving.adoption import Adoption
 from p2pswarm.agent.serving.keepers import Keepers
 from p2pswarm.agent.serving.moves import moved_order, spare_cards
 from p2pswarm.agent.serving.recut import Recut
+from p2pswarm.agent.serving.unload_memory import UnloadMemory
 from p2pswarm.agent.serving.records import StageOrder, route_hop
 from p2pswarm.errors import (
     ConfigError,
@@ -111,7 +112,10 @@ class Failover:
         self._watching = False
         self._adopt_at: dict[str, float] = {}  # a load not adopted yet: when to ask again
         self._look_until = 0.0  # the watch runs at least this long (fellows come back)
-        self.adoption = Adoption(agent, leadership, loads, host, self._release_stray)
+        self.unloads = UnloadMemory(agent, leadership, host)  # unloads outlive leaders
+        loads.tombstone = self.unloads.hand_out
+        self.adoption = Adoption(agent, leadership, loads, host, self._release_stray,
+                                 self.unloads)
         self.keepers = Keepers(agent, leadership, loads, self._keep_here)
         self.recut = Recut(agent, loads, MOVES_KEPT)  # a live move to another cut
         leadership.serve(StageLost, self._leader_stage_lost)
@@ -218,8 +222,8 @@ class Failover:
             self._watch_soon()
 
     def _keep_here(self, plan_id: str, term: int, route: tuple[RouteHop, ...],
-                   orders: tuple[StageAssignment, ...]) -> None:
-        if self.host.kept.keep(plan_id, term, route, orders):
+                   orders: tuple[StageAssignment, ...], asked: bytes) -> None:
+        if self.host.kept.keep(plan_id, term, route, orders, asked):
             self.host.publish()
 
     def _unloaded(self, plan_id: str) -> None:
@@ -464,11 +468,12 @@ class Failover:
         the orders (``adoption``). One that does not answer is left to the next heal."""
         hops = tuple(route_hop(h) for h in route)
         kept = tuple(o.to_wire() for o in orders)
+        asked = self.loads.asked_doc(plan_id)
 
         async def one(addr: str) -> None:
             try:
                 with trio.fail_after(self.loads.prepare_timeout_s):
-                    await self.leadership.order(addr, StageStart(plan_id, hops, kept),
+                    await self.leadership.order(addr, StageStart(plan_id, hops, kept, asked),
                                                 StageStarted)
             except (SwarmError, trio.TooSlowError) as exc:
                 log.warning("route of %s to %s: %s", plan_id, addr, exc)

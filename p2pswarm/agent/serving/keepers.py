@@ -61,7 +61,7 @@ class Keepers:
 
     def __init__(self, agent: Agent, leadership: Leadership, loads: Loads,
                  keep_here: Callable[[str, int, tuple[RouteHop, ...],
-                                      tuple[StageAssignment, ...]], None]) -> None:
+                                      tuple[StageAssignment, ...], bytes], None]) -> None:
         self.agent = agent
         self.leadership = leadership
         self.loads = loads
@@ -110,12 +110,13 @@ class Keepers:
         keepers = self._choose(plan_id, route_ids)
         hops = tuple(route_hop(h) for h in record["stages"])
         kept = tuple(o.to_wire() for o in orders)
-        self.keep_here(plan_id, key[0], hops, kept)
+        asked = self.loads.asked_doc(plan_id)  # so an adopted load can be re-cut
+        self.keep_here(plan_id, key[0], hops, kept, asked)
 
         async def one(addr: str) -> None:
             try:
                 with trio.fail_after(ORDER_TIMEOUT_S):
-                    await self.leadership.order(addr, LoadKeep(plan_id, hops, kept),
+                    await self.leadership.order(addr, LoadKeep(plan_id, hops, kept, asked),
                                                 StageStarted)
             except (SwarmError, trio.TooSlowError) as exc:
                 log.info("keeper %s of %s: %s", addr, plan_id, exc)

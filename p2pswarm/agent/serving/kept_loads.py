@@ -6,13 +6,14 @@ stage's order on the fellows it hands them (``StageStart`` to each stage's fello
 every fellow that knew it is gone or restarted at once: a one-stage load hosted by the
 leader whose machine is killed, a swarm whose machines all reboot. So each fellow also
 writes what it was handed to its state directory, one small file per load
-(``HOME/loads/PLAN_ID.json``: the route and orders as the wire carried them, with the
-term of the order), reads them back when it starts, and gossips the plan ids it keeps
+(``HOME/loads/PLAN_ID.json``: the route and orders as the wire carried them, what the
+load was asked as, and the term of the order), reads them back when it starts, and gossips the plan ids it keeps
 without serving them (metadata ``kept_loads``). A leader adopts such a load from them
 (``adoption``) and its heal re-places the stages no fellow holds live.
 
 A file is removed when the leader says to drop the load (``StageRelease``: an unload,
-a stage moved away, a keeper no longer needed), never when the fellow itself stops.
+a stage moved away, a keeper no longer needed; ``LoadUnloaded``: a tombstone of that
+bring-up, ``unload_memory``), never when the fellow itself stops.
 Names and sizes are checked: a plan id becomes a file name only when it is a safe name,
 at most ``MAX_KEPT`` loads are kept (a hostile leader cannot fill the disk), and a file
 read back is bounded in bytes and decoded with the codec's strict checks; one that does
@@ -51,9 +52,10 @@ class KeptLoad:
     term: int
     route: tuple[RouteHop, ...]
     orders: tuple[StageAssignment, ...]
+    asked: bytes = b""  # what the load was asked as, for a re-cut (b"": not known)
 
     def answer(self) -> StageOrdersKept:
-        return StageOrdersKept(self.term, self.route, self.orders)
+        return StageOrdersKept(self.term, self.route, self.orders, self.asked)
 
 
 class KeptLoads:
@@ -79,7 +81,7 @@ class KeptLoads:
         return self.loads.get(plan_id)
 
     def keep(self, plan_id: str, term: int, route: tuple[RouteHop, ...],
-             orders: tuple[StageAssignment, ...]) -> bool:
+             orders: tuple[StageAssignment, ...], asked: bytes = b"") -> bool:
         """Keep the (checked) route and orders of ``plan_id``; False when they are not
         kept: an older term than the kept one, or no room for another load."""
         before = self.loads.get(plan_id)
@@ -89,7 +91,7 @@ class KeptLoads:
             log.warning("kept the orders of %d loads already; not those of %s", MAX_KEPT,
                         plan_id)
             return False
-        kept = KeptLoad(plan_id, term, route, orders)
+        kept = KeptLoad(plan_id, term, route, orders, asked)
         self.loads[plan_id] = kept
         path = self._path(plan_id)
         if path is not None:
@@ -163,7 +165,7 @@ def _read(path: Path, plan_id: str) -> KeptLoad:
     if not isinstance(kept, StageOrdersKept):
         raise ConfigError("not stage orders")
     kept_orders(plan_id, kept.route, kept.orders)
-    return KeptLoad(plan_id, int(kept.started_term), kept.route, kept.orders)
+    return KeptLoad(plan_id, int(kept.started_term), kept.route, kept.orders, kept.asked)
 
 
 __all__ = ["MAX_KEPT", "KeptLoad", "KeptLoads"]

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -128,6 +128,8 @@ class Loads:
         self.moved_to: dict[str, str] = {}  # a re-cut load's old plan_id -> its new one
         self.on_loaded: Callable[[], None] | None = None  # a load came up (failover watches)
         self.on_unloaded: Callable[[str], None] | None = None  # ... went (its orders too)
+        # (plan_id, generation): tell the fellows it went, for later leaders (``unload_memory``)
+        self.tombstone: Callable[[str, str], Awaitable[None]] | None = None
         self._in_flight: dict[str, _InFlight] = {}  # ticket -> the bring-up under way
         self._finished: OrderedDict[str, str] = OrderedDict()  # ticket -> plan_id loaded
         # tickets whose load ended without coming up, or was cancelled before it came
@@ -212,9 +214,10 @@ class Loads:
                 raise PlacementError(f"plan {plan_id} is already loaded: `p2pswarm loads` "
                                      "shows it; unload it first to load it again")
             _check_model(message, model)
-            orders = _stage_orders(plan, model, call.progress_addr, call.ticket, adapter)
+            orders = _stage_orders(plan, model, call.progress_addr, call.ticket, adapter,
+                                   self._generation())
             addrs = self._order_addrs(orders)
-            record = await self._bring_up(plan, orders, addrs, model, adapter)
+            record = await self._bring_up(plan, orders, addrs, model, adapter, message)
             self.asked[plan_id] = (message, model, adapter)
             return LoadDone(pack_doc(record))
 
@@ -224,15 +227,27 @@ class Loads:
         """Bring ``plan`` up as a load of its own, as ``load`` does (checked, fetched,
         loaded, started; all or nothing), beside a load it is to replace (``recut``).
         Hold ``lock``."""
-        orders = _stage_orders(plan, model, "", "", adapter)
-        record = await self._bring_up(plan, orders, self._order_addrs(orders), model, adapter)
+        orders = _stage_orders(plan, model, "", "", adapter, self._generation())
+        record = await self._bring_up(plan, orders, self._order_addrs(orders), model, adapter,
+                                      message)
         self.asked[plan["plan_id"]] = (message, model, adapter)
         return record
+
+    def _generation(self) -> str:
+        """A new bring-up's name: what an unload's tombstone covers (not the plan id)."""
+        return f"{self.agent.rng.getrandbits(64):016x}"
+
+    def _generation_of(self, plan_id: str) -> str:
+        orders = self.orders.get(plan_id)
+        return orders[0].generation if orders else ""
 
     def retire(self, plan_id: str, successor: str) -> None:
         """Load ``plan_id`` now lives on as ``successor`` (a live move re-cut it): forget
         it, ignore its stages' lagging gossip, and name the successor to whoever asks
         for it (a driver resuming a session). Its stages are the caller's to release."""
+        generation = self._generation_of(plan_id)
+        if self.tombstone is not None and generation:  # no later leader adopts it either
+            self.agent.spawn(self.tombstone, plan_id, generation)
         self.loads.pop(plan_id, None)
         self.orders.pop(plan_id, None)
         self.asked.pop(plan_id, None)
@@ -245,6 +260,11 @@ class Loads:
         self.moved_to[plan_id] = successor
         while len(self.moved_to) > TICKETS_KEPT:
             self.moved_to.pop(next(iter(self.moved_to)))
+
+    def asked_doc(self, plan_id: str) -> bytes:
+        """What load ``plan_id`` was asked as, as its keepers keep it (b"": not known)."""
+        asked = self.asked.get(plan_id)
+        return asked_doc(asked[0], asked[2]) if asked is not None else b""
 
     def gossiped_holders(self, plan_id: str) -> list[str]:
         """Addresses of the connected fellows that gossip a stage of ``plan_id``."""
@@ -269,11 +289,12 @@ class Loads:
         return out
 
     async def _bring_up(self, plan: dict[str, Any], orders: list[StageOrder], addrs: Addrs,
-                        model: dict[str, Any],
-                        adapter: dict[str, Any] | None = None) -> dict[str, Any]:
+                        model: dict[str, Any], adapter: dict[str, Any] | None,
+                        message: dict[str, Any]) -> dict[str, Any]:
         plan_id = plan["plan_id"]
         try:
-            return await self._bring_up_orders(plan, orders, addrs, model, adapter)
+            return await self._bring_up_orders(plan, orders, addrs, model, adapter,
+                                               asked_doc(message, adapter))
         except SwarmError:
             raise  # refused or failed: it released everything already
         except BaseException:  # cancelled (by its asker, or as this agent stops): the
@@ -282,7 +303,7 @@ class Loads:
 
     async def _bring_up_orders(self, plan: dict[str, Any], orders: list[StageOrder],
                                addrs: Addrs, model: dict[str, Any],
-                               adapter: dict[str, Any] | None) -> dict[str, Any]:
+                               adapter: dict[str, Any] | None, asked: bytes) -> dict[str, Any]:
         plan_id = plan["plan_id"]
         began = time.perf_counter()
         prepared = await self._order_all(
@@ -317,7 +338,7 @@ class Loads:
         kept = tuple(o.to_wire() for o in orders)  # every stage keeps them (``adoption``)
         started = await self._order_all(
             orders, addrs, "stage-start", self.prepare_timeout_s, StageStarted,
-            lambda o: StageStart(plan_id, hops, kept))
+            lambda o: StageStart(plan_id, hops, kept, asked))
         failures = [f"{addrs[i][1]}: {r}" for i, r in started.items()
                     if isinstance(r, SwarmError)]
         if failures:
@@ -408,6 +429,9 @@ class Loads:
             addrs = {s["stage"]: (s["fellow_id"], s["fellow"], s["addr"])
                      for s in record["stages"] if s.get("state") in ("alive", "suspect")}
             await self.release_all(plan_id, addrs, self.keeping(plan_id))
+            generation = self._generation_of(plan_id)
+            if self.tombstone is not None and generation:  # remembered past this leader
+                await self.tombstone(plan_id, generation)
             self.loads.pop(plan_id, None)
             self.orders.pop(plan_id, None)
             self.asked.pop(plan_id, None)
@@ -494,6 +518,32 @@ class Loads:
         return out
 
 
+def asked_doc(message: dict[str, Any], adapter: dict[str, Any] | None) -> bytes:
+    """The request a load was asked with, and its whole adapter, as the load's keepers
+    keep them: with its orders' model, what a re-cut plans again (``recut``)."""
+    return pack_doc({"request": message, "adapter": adapter})
+
+
+def asked_from_doc(raw: bytes, model: dict[str, Any]
+                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """``asked_doc`` back, from a fellow's keeping (checked: the request plans the
+    orders' ``model``, and names the adapter it carries); ConfigError otherwise."""
+    try:
+        doc = unpack_doc(raw)
+    except RemoteProtocolError as exc:
+        raise ConfigError(f"not a document ({exc})") from None
+    message, adapter = doc.get("request"), doc.get("adapter")
+    if not isinstance(message, dict) or not isinstance(message.get("model"), dict) \
+            or not isinstance(message["model"].get("config"), dict) \
+            or not (adapter is None or isinstance(adapter, dict)):
+        raise ConfigError("no request, or an adapter that is no document")
+    if (adapter or {}).get("sha256") != (message.get("adapter") or None) and (
+            adapter or message.get("adapter")):
+        raise ConfigError("the adapter is not the one its request names")
+    _check_model(message, model)
+    return message, model, adapter
+
+
 def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
     config = message["model"]["config"]
     if model.get("kind") == "builtin":
@@ -507,7 +557,8 @@ def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
 
 
 def _stage_orders(plan: dict[str, Any], model: dict[str, Any], progress_addr: str,
-                  ticket: str, adapter: dict[str, Any] | None = None) -> list[StageOrder]:
+                  ticket: str, adapter: dict[str, Any] | None = None,
+                  generation: str = "") -> list[StageOrder]:
     cards = {(c["fellow_id"], c["kind"], c["index"]): c for c in plan["cards"] if c["used"]}
     orders = []
     for s in plan["stages"]:
@@ -522,8 +573,9 @@ def _stage_orders(plan: dict[str, Any], model: dict[str, Any], progress_addr: st
             card_kind=s["kind"], card_index=s["index"], card_name=s["name"],
             claim_bytes=claim, need_bytes=need, runtime=dict(plan["runtime"]), model=model,
             progress_addr=progress_addr, ticket=ticket,
-            adapter=stage_block(adapter, s["layers"][0], s["layers"][1]) if adapter else {}))
+            adapter=stage_block(adapter, s["layers"][0], s["layers"][1]) if adapter else {},
+            generation=generation))
     return orders
 
 
-__all__ = ["UNLOAD_TOMBSTONE_S", "Loads"]
+__all__ = ["UNLOAD_TOMBSTONE_S", "Loads", "asked_doc", "asked_from_doc"]

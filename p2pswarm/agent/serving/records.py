@@ -50,6 +50,7 @@ class StageOrder:
     progress_addr: str = ""
     ticket: str = ""
     adapter: dict[str, Any] = field(default_factory=dict)  # LoRA on top: this stage's part
+    generation: str = ""  # the bring-up it is of (kept across moves; ``tombstones``)
 
     @property
     def card_key(self) -> str:
@@ -71,7 +72,8 @@ class StageOrder:
             self.plan_id, self.stage, self.n_stages, self.fellow_id, self.layers[0],
             self.layers[1], self.card_kind, self.card_index, self.card_name,
             self.claim_bytes, self.need_bytes, block, pack_doc(self.model),
-            self.progress_addr, self.ticket, pack_doc(self.adapter) if self.adapter else b"")
+            self.progress_addr, self.ticket, pack_doc(self.adapter) if self.adapter else b"",
+            self.generation)
 
     @staticmethod
     def from_wire(order: StageAssignment) -> StageOrder:
@@ -88,7 +90,8 @@ class StageOrder:
             card_name=order.card_name, claim_bytes=order.claim_bytes,
             need_bytes=order.need_bytes,
             runtime={k: getattr(block, k) for k in _SPEC_FIELDS}, model=model,
-            progress_addr=order.progress_addr, ticket=order.ticket, adapter=adapter)
+            progress_addr=order.progress_addr, ticket=order.ticket, adapter=adapter,
+            generation=order.generation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +177,7 @@ class HostedStage:
         # them: what a new leader asks for to take the load over (``adoption``)
         self.kept_orders: tuple[StageAssignment, ...] = ()
         self.started_term = 0
+        self.kept_asked = b""  # what the load was asked as (``StageStart.asked``)
 
     @property
     def next_hop(self) -> dict[str, Any] | None:

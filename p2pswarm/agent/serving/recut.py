@@ -6,7 +6,9 @@ with no fixed stage count (the default plan is the fastest that fits), and
 ``moves.recut_proposal`` weighs it against the load as placed and against moving whole
 stages. The plan is cached per load until the view changes, since the leader's watch asks
 every half second. A load this leader adopted from its fellows (a predecessor brought it
-up) is not re-planned: its request is not known here; whole-stage moves still are.
+up) is re-planned too: its fellows keep what it was asked as beside its orders
+(``Loads.asked_doc``), and adoption takes it back; only orders kept without it are not
+re-planned (whole-stage moves still are).
 
 Taking it (``take``), all or nothing, with the load's own lock held and ``Loads.lock``:
 

@@ -377,10 +377,10 @@ class StageHost:
                 raise PlacementError(f"StageStart of {plan_id} refused: {exc}") from None
         for h in mine:
             h.route = [route_dict(hop) for hop in call.route]
-            h.kept_orders, h.started_term = call.orders, call.term
+            h.kept_orders, h.started_term, h.kept_asked = call.orders, call.term, call.asked
             h.state = "active"
         if call.orders:
-            self.kept.keep(plan_id, call.term, call.route, call.orders)
+            self.kept.keep(plan_id, call.term, call.route, call.orders, call.asked)
         self._publish_stages()
         return StageStarted(tuple(h.order.stage for h in mine))
 
@@ -391,7 +391,7 @@ class StageHost:
         except ConfigError as exc:
             self.agent.counters.refuse("stage-orders-unfit")
             raise PlacementError(f"LoadKeep of {call.plan_id} refused: {exc}") from None
-        if not self.kept.keep(call.plan_id, call.term, call.route, call.orders):
+        if not self.kept.keep(call.plan_id, call.term, call.route, call.orders, call.asked):
             raise PlacementError(f"{self.agent.name} keeps no more loads")
         self._publish_stages()
         return StageStarted(())
