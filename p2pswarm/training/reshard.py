@@ -66,7 +66,7 @@ def _layer(name: str) -> int | None:
 def _groups_by_name(names: Sequence[str], params: Mapping[str, torch.Tensor],
                     optimizer: Mapping[str, Any]) -> list[list[str]]:
     """The optimizer's parameter groups as names: the decay group (2-D and up) first, then
-    the rest, empty ones left out (``stage._make_optimizer``)."""
+    the rest, empty ones left out (``stage.make_optimizer``)."""
     decay = [n for n in names if params[n].dim() >= 2]
     rest = [n for n in names if params[n].dim() < 2]
     groups = [g for g in (decay, rest) if g]

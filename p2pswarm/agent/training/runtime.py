@@ -41,8 +41,10 @@ class StageCompute(Protocol):
         """After the backwards: the tied-embedding gradient frame (None without one) and
         the squared gradient norm without it."""
 
-    def apply(self, lr: float, clip: float, tied_total: bytes | None) -> None:
-        """Take the optimizer step (with the summed tied gradient, when there is one)."""
+    def apply(self, lr: float, clip: float, tied_total: bytes | None, step: int) -> None:
+        """Take the replica's optimizer step ``step`` (with the summed tied gradient, when
+        there is one); a stage built anew mid-job ramps its learning rate up
+        (``training.stage.fresh_ramp``)."""
 
     def take_delta(self) -> tuple[int, bytes]:
         """(the version it is anchored on, the encoded pseudo-gradient)."""

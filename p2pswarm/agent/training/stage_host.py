@@ -377,7 +377,7 @@ class StageHosts:
         total = None
         if tied is not None:
             total = (await receive_answer(control, TrainTensor, "the driver")).tensor
-        await self.run(lambda: compute.apply(msg.lr, apply.clip, total), host)
+        await self.run(lambda: compute.apply(msg.lr, apply.clip, total, step), host)
         if self.training.simulated_step_s:
             await trio.sleep(self.training.simulated_step_s)
         await send_message(control, Ack(step))

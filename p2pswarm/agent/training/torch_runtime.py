@@ -24,7 +24,7 @@ from p2pswarm.training.replica import job_stage_model, synced_tensors
 from p2pswarm.training.reshard import reshard_checkpoint
 from p2pswarm.training.run import job_data
 from p2pswarm.training.source import open_job_model
-from p2pswarm.training.stage import TrainStage, clip_coefficient
+from p2pswarm.training.stage import TrainStage, clip_coefficient, fresh_ramp
 from p2pswarm.training.sync import (
     JoinState,
     LocalSync,
@@ -52,6 +52,9 @@ class TorchStage:
         self.sync = sync
         self.is_first = stage.is_first
         self.is_last = stage.is_last
+        # the replica's step at which this stage's optimizer started without moments past
+        # the job's first step (-1: it did not; None: not known until its first step)
+        self._fresh_from: int | None = None
 
     def forward(self, micro: int, x: bytes, target: bytes | None) -> bytes | float:
         out = self.stage.forward(micro, tensor(x), None if target is None else tensor(target))
@@ -74,10 +77,14 @@ class TorchStage:
             total += float(p.grad.detach().float().pow(2).sum())
         return (None if tied is None else tensor_bytes(tied)), total
 
-    def apply(self, lr: float, clip: float, tied_total: bytes | None) -> None:
+    def apply(self, lr: float, clip: float, tied_total: bytes | None, step: int) -> None:
         if tied_total is not None:
             self.stage.set_tied_grad(tensor(tied_total))
-        self.stage.step(lr, clip)
+        if self._fresh_from is None:  # built anew mid-job, nothing loaded: ramp up
+            fresh = step > 0 and not self.stage.optimizer.state
+            self._fresh_from = step if fresh else -1
+        ramp = 1.0 if self._fresh_from < 0 else fresh_ramp(step - self._fresh_from)
+        self.stage.step(lr * ramp, clip)
 
     def take_delta(self) -> tuple[int, bytes]:
         encoded, _, version = self.sync.take_delta()
