@@ -20,6 +20,7 @@ from p2pswarm.training import JobConfig, LocalRun
 from p2pswarm.training.checkpoint import CheckpointStore
 from p2pswarm.training.job_export import export_checkpoint
 from p2pswarm.training.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_tensors
+from p2pswarm.training.sync import write_flat
 
 runner = CliRunner()
 CUT = [3, 6]
@@ -90,6 +91,34 @@ def test_the_chaos_runs_final_loss_is_the_newest_checkpoint_on_held_out_data(
     assert got is not None and got["step"] == 2
     assert abs(got["loss"] - run.evaluate(4)) <= 1e-5  # the trained model, held-out batches
     assert held_out_loss(tmp_path) is None  # no checkpoint: nothing to measure
+
+
+def test_a_several_replica_export_is_the_keepers_global_model(tmp_path) -> None:
+    """DiLoCo: each replica's parameters are the global ones plus its own local steps since
+    its last round; the job's model is the keepers' (the chaos run's final loss measured
+    replica 0's, which a replica placed again just before it made worse)."""
+    from p2pswarm.training.replica import synced_tensors
+
+    run = LocalRun(job(tmp_path, steps=4, sync={"inner_steps": 4, "codec": "fp16"}),
+                   replicas=2, cut=CUT)
+    run.run()  # the checkpoint of step 2 is written halfway through the first round
+    store = CheckpointStore(tmp_path / "ckpt")
+    keepers = [store.read(2, f"keeper.stage-{s}")["params"] for s in range(len(CUT) + 1)]
+    exported = export_checkpoint(store, tmp_path / "out", step=2, holdout_batches=4)
+
+    def loss_with(params: list[torch.Tensor] | None) -> float:
+        model = LocalRun(job(tmp_path / "again"), cut=CUT, data=run.data)
+        for s, stage in enumerate(model.replicas[0].stages):
+            if params is None:  # replica 0's own, as the checkpoint holds them
+                stage.load_state_dict(store.read(2, f"replica-0.stage-{s}")["stage"])
+            else:
+                write_flat(params[s], synced_tensors(stage))
+        model.replicas[0].pipeline.copy_tied_weight()
+        return model.evaluate(4)
+
+    assert exported.holdout_loss is not None
+    assert abs(exported.holdout_loss - loss_with(keepers)) <= 1e-5
+    assert abs(exported.holdout_loss - loss_with(None)) > 1e-4  # not replica 0's
 
 
 def test_lora_export_writes_the_adapters_alone_and_names_the_base(trained_lora,

@@ -110,11 +110,14 @@ def _write(store: CheckpointStore, step: int, job: Any, cut: tuple[int, ...], ou
            holdout_batches: int) -> tuple[str, str | None, float | None]:
     from p2pswarm.training.export import STAGE_CUT_KEY, export_hf
     from p2pswarm.training.lora import ADAPTER_CONFIG, save_adapters
-    from p2pswarm.training.replica import build_stages
+    from p2pswarm.training.replica import build_stages, synced_tensors
     from p2pswarm.training.source import open_job_model
+    from p2pswarm.training.sync import write_flat
 
     source = open_job_model(job.model, job.seed)
     stages = build_stages(job, source, list(cut))
+    shards = store.manifest(step)["shards"]
+    synced = "replica-1.stage-0" in shards  # a lone replica's keepers never take a round
     for i, stage in enumerate(stages):
         try:
             shard = store.read(step, f"replica-0.stage-{i}")
@@ -122,6 +125,10 @@ def _write(store: CheckpointStore, step: int, job: Any, cut: tuple[int, ...], ou
             raise ConfigError(f"checkpoint step {step} lacks stage {i} of replica 0: "
                               f"{exc}") from exc
         stage.load_state_dict(shard["stage"])
+        if synced and f"keeper.stage-{i}" in shards:
+            # several replicas: the model is the keepers' global parameters (each
+            # replica's own are those plus its local steps since its last round)
+            write_flat(store.read(step, f"keeper.stage-{i}")["params"], synced_tensors(stage))
     holdout = _holdout(job, stages, holdout_batches) if holdout_batches > 0 else None
     hf_config = dict(getattr(source, "hf_config", None) or source.config.to_hf())
     if job.lora is None:
