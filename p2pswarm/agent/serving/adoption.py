@@ -164,10 +164,15 @@ class Adoption:
                     log.warning("stage orders of %s from %s do not fit: %s", plan_id,
                                 addr, exc)
 
+            learned: list[bool] = []
+
+            async def learn() -> None:
+                learned.append(await self.unloads.learn(plan_id))
+
             async with trio.open_nursery() as nursery:
                 for addr in holders:
                     nursery.start_soon(ask, addr)
-                nursery.start_soon(self.unloads.learn, plan_id)
+                nursery.start_soon(learn)
             if not self.leadership.is_leader():
                 return before
             answers = self._not_unloaded(plan_id, answers)
@@ -179,6 +184,14 @@ class Adoption:
                 self.loads.asked.pop(plan_id, None)
                 return None
             if not answers:
+                return before
+            served = bool(self.loads.gossiped_holders(plan_id)) or any(
+                p == plan_id for p, _ in self.hosted)
+            if not served and not all(learned):
+                # kept only, from disk: maybe unloaded while its keeper was away, and the
+                # fellow that did not answer may hold that tombstone; asked again later
+                log.info("load %s not adopted yet: not every fellow said which unloads "
+                         "it remembers", plan_id)
                 return before
             _, kept, orders = _newest(answers)
             route = [route_dict(h) for h in kept.route]

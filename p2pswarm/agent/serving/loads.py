@@ -480,6 +480,8 @@ class Loads:
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
             members[fellow_id(m.node_id)] = m
+            if m.state not in ("alive", "suspect"):
+                continue  # a fellow that left or died serves nothing, whatever it last said
             for entry in self.agent.member_metadata(m).get("stages", []) or []:
                 if not isinstance(entry, dict) or "plan_id" not in entry:
                     continue

@@ -118,10 +118,12 @@ class UnloadMemory:
             log.info("%s was not told of the unload of %s: %s", addr, record.plan_id,
                      exc or "no answer in time")
 
-    async def learn(self, plan_id: str) -> list[Tombstone]:
-        """Ask the connected fellows (and this one) which unloads of ``plan_id`` they
-        remember; keep the ones that fit here too, and return what is known of it."""
+    async def learn(self, plan_id: str) -> bool:
+        """Ask the connected fellows which unloads of ``plan_id`` they remember and keep
+        the ones that fit here too; whether every fellow asked answered (one just
+        elected may not follow this leader yet, and one silent may hold the tombstone)."""
         term = self.leadership.term()
+        complete = True
 
         async def ask(addr: str) -> None:
             try:
@@ -130,6 +132,8 @@ class UnloadMemory:
                                                         UnloadsKnown)
             except (SwarmError, trio.TooSlowError) as exc:
                 log.info("unloads of %s from %s: %s", plan_id, addr, exc or "no answer")
+                nonlocal complete
+                complete = False
                 return
             for record in known.unloads[:MAX_TOMBSTONES_SHOWN]:
                 if record.plan_id != plan_id or unfit(record, term) is not None:
@@ -140,7 +144,7 @@ class UnloadMemory:
         async with trio.open_nursery() as nursery:
             for addr in self._fellows(plan_id, MAX_ASKED):
                 nursery.start_soon(ask, addr)
-        return self.tombstones.of_plan(plan_id)
+        return complete
 
     def _fellows(self, plan_id: str, most: int) -> list[str]:
         """Addresses of up to ``most`` connected fellows, not this one; the same choice
