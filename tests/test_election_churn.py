@@ -126,6 +126,15 @@ def one_leader_of(swarm: VirtualSwarm, fellows: list[int], above: int = -1) -> b
     return len(seen) == 1 and all(lid is not None and term > above for lid, term in seen)
 
 
+async def formed(swarm: VirtualSwarm) -> tuple[list[int], list[bytes], tuple[bytes, int]]:
+    """Every fellow of ``swarm`` started and following one leader: their indexes, their
+    node ids, and (the leader's id, its term)."""
+    await swarm.start_all()
+    everyone = list(range(len(swarm.fellows)))
+    await wait_until(lambda: one_leader_of(swarm, everyone), timeout_s=60)
+    ((leader, term),) = led_by(swarm, everyone)
+    return everyone, [f.identity.node_id for f in swarm.fellows], (leader, term)
+
 async def thawed_stale_leader(seed: int, timeout_s: float = 60.0) -> float:
     """The chaos run's stall (10:02, issue 20), in virtual time. Five fellows, one of them
     dead (it still counts in the electorate). The leader is frozen (SIGSTOP) and, cut off
@@ -136,11 +145,7 @@ async def thawed_stale_leader(seed: int, timeout_s: float = 60.0) -> float:
     swarm = VirtualSwarm(5, seed=seed)
     async with trio.open_nursery() as nursery:
         await nursery.start(swarm.run)
-        await swarm.start_all()
-        everyone = list(range(5))
-        await wait_until(lambda: one_leader_of(swarm, everyone), timeout_s=60)
-        ((first_id, first_term),) = led_by(swarm, everyone)
-        ids = [f.identity.node_id for f in swarm.fellows]
+        everyone, ids, (first_id, first_term) = await formed(swarm)
         stale = ids.index(first_id)
         dead = next(i for i in everyone if i != stale)
         swarm.crash(dead)
@@ -188,11 +193,7 @@ async def fellow_a_term_ahead(seed: int, timeout_s: float = 60.0) -> float:
     swarm = VirtualSwarm(5, seed=seed)
     async with trio.open_nursery() as nursery:
         await nursery.start(swarm.run)
-        await swarm.start_all()
-        everyone = list(range(5))
-        await wait_until(lambda: one_leader_of(swarm, everyone), timeout_s=60)
-        ((leader, term),) = led_by(swarm, everyone)
-        ids = [f.identity.node_id for f in swarm.fellows]
+        everyone, ids, (leader, term) = await formed(swarm)
         ahead = next(i for i in everyone if ids[i] != leader)
         agent = swarm.fellows[ahead].agent
         assert agent is not None and agent.election is not None
@@ -230,11 +231,7 @@ async def fellow_back_after_a_leave(seed: int, timeout_s: float = 60.0) -> float
     swarm = VirtualSwarm(4, seed=seed)
     async with trio.open_nursery() as nursery:
         await nursery.start(swarm.run)
-        await swarm.start_all()
-        everyone = list(range(4))
-        await wait_until(lambda: one_leader_of(swarm, everyone), timeout_s=60)
-        ((first, term),) = led_by(swarm, everyone)
-        ids = [f.identity.node_id for f in swarm.fellows]
+        everyone, ids, (first, term) = await formed(swarm)
         killed = ids.index(first)
         swarm.crash(killed)
         others = [i for i in everyone if i != killed]
