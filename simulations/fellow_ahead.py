@@ -2,7 +2,7 @@
 
     python simulations/fellow_ahead.py [--seeds 10] [--timeout 600]
 
-The chaos run's 11:02 stall (issue 20) as ``tests/test_election_churn.py`` builds it:
+The chaos run's 11:02 stall (issue 20) as ``p2pswarm.sim.election_churn`` builds it:
 five fellows on the in-memory network follow a leader; one of them comes back from its
 record of a candidacy it lost above the leader's term (its vote its own), so the
 leader's beats and proofs are of an earlier term than its own. Prints, per seed, the
@@ -15,16 +15,11 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import sys
-from pathlib import Path
 
 import trio
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from p2pswarm.sim.virtual import JumpClock  # noqa: E402
-from tests.test_election_churn import fellow_a_term_ahead  # noqa: E402
+from p2pswarm.sim.election_churn import fellow_a_term_ahead
+from p2pswarm.sim.virtual import JumpClock
 
 
 def timed_out(error: BaseException) -> bool:

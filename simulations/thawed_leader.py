@@ -2,7 +2,7 @@
 
     python simulations/thawed_leader.py [--seeds 10] [--timeout 600]
 
-The chaos run's 10:02 stall (issue 20) as ``tests/test_election_churn.py`` builds it:
+The chaos run's 10:02 stall (issue 20) as ``p2pswarm.sim.election_churn`` builds it:
 five fellows on the in-memory network, one dead; the leader frozen (SIGSTOP) and cut off
 until the others have declared it dead and elected a successor; then thawed, still
 leading its old term, as the successor is killed. Three of five are up, a majority only
@@ -15,16 +15,11 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import sys
-from pathlib import Path
 
 import trio
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from p2pswarm.sim.virtual import JumpClock  # noqa: E402
-from tests.test_election_churn import thawed_stale_leader  # noqa: E402
+from p2pswarm.sim.election_churn import thawed_stale_leader
+from p2pswarm.sim.virtual import JumpClock
 
 
 def main() -> None:
