@@ -3,14 +3,17 @@
 A replica placed again on a fellow that lost its stage starts with an AdamW state of no
 moments; its first steps then move every weight by about the learning rate whatever the
 gradient's noise. This trains the benchmark's small Llama on the corpus as one two-stage
-pipeline (constant lr 3e-3, AdamW) three ways per seed: undisturbed, with every stage's
-optimizer made anew every ``--reset-every`` steps, and the same with the learning rate
+pipeline (constant lr 3e-3, AdamW) four ways per seed: undisturbed, with every stage's
+optimizer made anew every ``--reset-every`` steps, the same with the learning rate
 ramped over ``FRESH_RAMP_STEPS`` steps after each reset (what a stage built anew mid-job
-does, ``training.stage.fresh_ramp``), and reports each run's held-out loss.
+does where no replica is training, ``training.stage.fresh_ramp``), and the same with
+each new optimizer borrowing the moments through bf16 (``TrainStage.borrow_moments``:
+here its own old ones, so this measures what their bf16 trip costs; a stage placed
+again borrows another replica's), and reports each run's held-out loss.
 
     python simulations/fresh_optimizer.py [--seeds 0 1] [--steps 600] [--reset-every 25] [--json]
 
-About 30 s per seed on one core.
+About 40 s per seed on one core.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from p2pswarm.training.stage import FRESH_RAMP_STEPS, fresh_ramp, make_optimizer
 LR, BATCH = 3e-3, 4
 
 
-def train(data: TokenData, seed: int, steps: int, reset_every: int, ramp: bool) -> float:
+def train(data: TokenData, seed: int, steps: int, reset_every: int, ramp: bool,
+          borrow: bool = False) -> float:
     """Held-out loss after ``steps`` steps; optimizers made anew every ``reset_every``."""
     torch.manual_seed(seed)
     config = JobConfig.from_dict({"model": {"config": MODEL}, "seq_len": SEQ_LEN,
@@ -45,8 +49,11 @@ def train(data: TokenData, seed: int, steps: int, reset_every: int, ramp: bool) 
     for step in range(steps):
         if reset_every and step and step % reset_every == 0:
             for stage in stages:
+                lent = stage.moments()
                 stage.optimizer = make_optimizer(stage.named_trainable, config.optimizer)
-            since = 0
+                if borrow:
+                    stage.borrow_moments(lent)
+            since = None if borrow else 0
         starts = torch.randint(0, len(data.train) - SEQ_LEN - 1, (BATCH,), generator=draw)
         batch = torch.stack([data.train[i:i + SEQ_LEN + 1] for i in starts]).unsqueeze(0)
         factor = fresh_ramp(since) if ramp and since is not None else 1.0
@@ -69,13 +76,16 @@ def main() -> None:
         calm = train(data, seed, args.steps, 0, False)
         reset = train(data, seed, args.steps, args.reset_every, False)
         ramped = train(data, seed, args.steps, args.reset_every, True)
+        borrowed = train(data, seed, args.steps, args.reset_every, True, borrow=True)
         rows.append({"seed": seed, "calm": calm, "reset": reset, "reset_ramped": ramped,
-                     "reset_gap": reset / calm - 1, "ramped_gap": ramped / calm - 1})
+                     "reset_borrowed": borrowed, "reset_gap": reset / calm - 1,
+                     "ramped_gap": ramped / calm - 1, "borrowed_gap": borrowed / calm - 1})
         if not args.json:
             print(f"seed {seed}: undisturbed {calm:.4f}; optimizers anew every "
                   f"{args.reset_every} steps {reset:.4f} ({reset / calm - 1:+.2%}); the same "
                   f"with a {FRESH_RAMP_STEPS}-step ramp {ramped:.4f} "
-                  f"({ramped / calm - 1:+.2%})", flush=True)
+                  f"({ramped / calm - 1:+.2%}); the moments borrowed through bf16 "
+                  f"{borrowed:.4f} ({borrowed / calm - 1:+.2%})", flush=True)
     if args.json:
         print(json.dumps(rows, indent=2))
 

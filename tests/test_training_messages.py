@@ -45,7 +45,8 @@ def test_the_untyped_command_and_the_one_frame_state_are_retired() -> None:
     commands = [training.StepRun, training.StepReport, training.StepApply, training.TakeDelta,
                 training.Delta, training.Update, training.ParamsAsk, training.Params,
                 training.StateAsk, training.StateHead, training.StateLoadHead,
-                training.StatePart, training.Reset,
+                training.StatePart, training.Reset, training.MomentsAsk,
+                training.MomentsLoadHead,
                 training.TiedAsk, training.Tied, training.TiedWeight, training.Ack,
                 training.Stop]
     tags = [wire.tag_of(cls) for cls in commands]
@@ -59,6 +60,7 @@ def test_the_untyped_command_and_the_one_frame_state_are_retired() -> None:
     training.Update(8, b"u"), training.Reset(8, b"p"), training.Ack(3), training.Stop(),
     training.StateHead(1 << 40, "ab" * 32), training.StateLoadHead(5, "cd" * 32),
     training.StatePart(1 << 33, b"part"), training.Params(b"p", 1 << 30),
+    training.MomentsAsk(), training.MomentsLoadHead(1 << 31, "ef" * 32),
     training.Delta(3, b"d", 5),
     jobs.TrainPrepare("job-0000abcd", 1, 2, 3, "ab" * 16, 4, 8, "cuda", 0, 1 << 30,
                       "10.0.0.2:7000", pack_doc({"steps": 3}), 2, 9),

@@ -36,6 +36,12 @@ from p2pswarm.training.job import OptimizerConfig
 FRESH_RAMP_STEPS = 8
 
 
+# what each optimizer keeps per parameter (``make_optimizer``); the moments travel in bf16
+OPTIMIZER_STATE_KEYS = {"adamw": {"step", "exp_avg", "exp_avg_sq"}, "sgd": {"momentum_buffer"}}
+MOMENT_KEYS = {"exp_avg", "exp_avg_sq", "momentum_buffer"}
+MAX_BORROWED_STEP = 1 << 40
+
+
 def fresh_ramp(steps_since_fresh: int) -> float:
     """The learning-rate factor of a fresh optimizer's step ``steps_since_fresh`` (0, 1...)."""
     return min(1.0, (steps_since_fresh + 1) / FRESH_RAMP_STEPS)
@@ -170,6 +176,60 @@ class TrainStage:
                 params[name].copy_(value)
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["steps"])
+
+    # --- moments, lent to a stage of another replica ----------------------------------------
+
+    def moments(self) -> dict[str, Any]:
+        """The optimizer's state per parameter name, its moments in bfloat16: what the same
+        stage of another replica, built anew, borrows rather than start without any (half
+        the bytes of fp32; an estimate of gradient statistics needs no more)."""
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        for name, p in self.named_trainable:
+            state = {k: (v.detach().to("cpu", torch.bfloat16) if k in MOMENT_KEYS
+                         else v.detach().to("cpu", torch.float32))
+                     for k, v in self.optimizer.state.get(p, {}).items() if v is not None}
+            if state:
+                out[name] = state
+        return {"start_layer": self.start_layer, "end_layer": self.end_layer,
+                "optimizer": self.optimizer_config.name, "moments": out}
+
+    def borrow_moments(self, lent: dict[str, Any]) -> int:
+        """Take another replica's ``moments`` of this stage, checked as hostile (layers,
+        optimizer, names, keys, shapes, finite values) before any is kept; how many
+        parameters took them."""
+        if (lent.get("start_layer"), lent.get("end_layer")) != (self.start_layer,
+                                                               self.end_layer):
+            raise RemoteProtocolError("stage-mismatch", "moments of other layers")
+        if lent.get("optimizer") != self.optimizer_config.name:
+            raise RemoteProtocolError("stage-mismatch", "moments of another optimizer")
+        keys = OPTIMIZER_STATE_KEYS[self.optimizer_config.name]
+        params = dict(self.named_trainable)
+        moments = lent.get("moments")
+        if not isinstance(moments, dict) or not set(moments) <= set(params):
+            raise RemoteProtocolError("stage-mismatch", "moments of other parameters")
+        taken: dict[torch.nn.Parameter, dict[str, torch.Tensor]] = {}
+        for name, state in moments.items():
+            p = params[name]
+            if not isinstance(state, dict) or set(state) != keys:
+                raise RemoteProtocolError("bad-moments", f"{name}: not the state of "
+                                          f"{self.optimizer_config.name}")
+            kept: dict[str, torch.Tensor] = {}
+            for key, value in state.items():
+                shape = () if key == "step" else tuple(p.shape)
+                if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape \
+                        or not value.is_floating_point() or not bool(value.isfinite().all()):
+                    raise RemoteProtocolError("bad-moments", f"{name}.{key}: not a finite "
+                                              f"tensor of shape {list(shape)}")
+                if key == "step":
+                    if not 0 <= float(value) <= MAX_BORROWED_STEP:
+                        raise RemoteProtocolError("bad-moments", f"{name}: step {float(value)}")
+                    kept[key] = value.to(torch.float32)
+                else:
+                    kept[key] = value.to(p.device, p.dtype)
+            taken[p] = kept
+        for p, kept in taken.items():
+            self.optimizer.state[p] = kept
+        return len(taken)
 
 
 def clip_coefficient(sq_norms: list[float], max_norm: float) -> float:

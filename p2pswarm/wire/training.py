@@ -290,7 +290,25 @@ class DataFetch:
     sha256: Hex
 
 
-__all__ = ["SHARD_CHUNK_BYTES", "Ack", "DataFetch", "DataPut", "Delta", "Params", "ParamsAsk", "Reset",
+@message(195)
+@dataclass(frozen=True, slots=True)
+class MomentsAsk:
+    """Send the stage's optimizer moments (``StateHead``, then ``StatePart`` frames): a
+    stage of another replica, built anew, borrows them."""
+
+
+@message(196)
+@dataclass(frozen=True, slots=True)
+class MomentsLoadHead:
+    """Take these optimizer moments (another replica's of the same stage): ``total`` bytes
+    with SHA-256 ``sha256`` follow as ``StatePart`` frames; answered ``Ack``."""
+
+    total: U64
+    sha256: Hex
+
+
+__all__ = ["SHARD_CHUNK_BYTES", "Ack", "DataFetch", "DataPut", "Delta", "MomentsAsk",
+           "MomentsLoadHead", "Params", "ParamsAsk", "Reset",
            "StateAsk", "StateHead", "StateLoadHead", "StatePart", "StepApply", "StepReport",
            "StepRun", "Stop", "TakeDelta", "Tied", "TiedAsk", "TiedWeight", "TrainError", "TrainFetch",
            "TrainOpen", "TrainShard", "TrainTensor", "Update"]

@@ -58,6 +58,8 @@ from p2pswarm.training.checkpoint_files import (
 )
 from p2pswarm.wire.training import (
     Ack,
+    MomentsAsk,
+    MomentsLoadHead,
     StateAsk,
     StateHead,
     StateLoadHead,
@@ -205,17 +207,60 @@ class Checkpoints:
                                "samples_unsent": 0, "steps_unsent": 0, "version": version,
                                "global_state": 1}
 
-    async def _gather_state(self, link: Link, dest: Path) -> str:
-        """Stage ``link``'s state into the file ``dest``; its SHA-256."""
-        await link.send(StateAsk())
+    async def _gather_state(self, link: Link, dest: Path,
+                            ask: StateAsk | MomentsAsk = StateAsk()) -> str:
+        """Stage ``link``'s state (or what else ``ask`` asks for) into the file ``dest``;
+        its SHA-256."""
+        await link.send(ask)
         head = await link.receive(StateHead)
-        what = f"the state of stage {link.stage} on {link.fellow}"
+        what = f"the {'moments' if isinstance(ask, MomentsAsk) else 'state'} of stage " \
+               f"{link.stage} on {link.fellow}"
         check_room(head.total, self._max_shard_bytes, dest.parent, what)
         assert link.stream is not None
         await receive_state_parts(link.stream, Landing(dest, head.total, head.sha256, what),
                                   f"stage {link.stage} on {link.fellow}",
                                   self.training.agent.compute.run)
         return head.sha256
+
+    async def lend_moments(self, r: Replica) -> bool:
+        """Replica ``r``, placed again, takes each stage's optimizer moments from the same
+        stage of a training replica, so its stages, built anew, start with gradient
+        statistics rather than none (``training.TrainStage.moments``; in bf16, about
+        the bytes of the global parameters it takes next). Where no replica trains, or
+        the lender fails (it is then paused), ``r`` starts fresh and ramps its learning
+        rate. False (``r`` paused) when a stage of ``r`` fails."""
+        lender = next((x for x in self.active if x.running and not x.joining
+                       and [k.stage for k in x.links] == [k.stage for k in r.links]), None)
+        if lender is None:
+            return True
+        incoming = self.training.copies.incoming
+        await self.training.agent.compute.run(partial(incoming.mkdir, parents=True,
+                                                      exist_ok=True))
+        for theirs, ours in zip(lender.links, r.links):
+            path = incoming / f"{self.job.job_id}.lent-{ours.stage}.pt"
+            try:
+                try:
+                    async with lender.lock:
+                        with trio.fail_after(self.training.step_timeout_s):
+                            digest = await self._gather_state(theirs, path, MomentsAsk())
+                except (SwarmError, trio.TooSlowError) as exc:
+                    await self.pause(lender, exc)
+                    return True
+                try:
+                    with trio.fail_after(self.training.step_timeout_s):
+                        await ours.send(MomentsLoadHead(path.stat().st_size, digest))
+                        assert ours.stream is not None
+                        await send_state_file(ours.stream, path,
+                                              self.training.agent.compute.run)
+                        await ours.receive(Ack)
+                except (SwarmError, trio.TooSlowError) as exc:
+                    await self.pause(r, exc)
+                    return False
+            finally:
+                path.unlink(missing_ok=True)
+        log.info("job %s: %s borrowed the moments of %s", self.job.job_id, r.name,
+                 lender.name)
+        return True
 
     async def resume(self) -> None:
         """Every stage, keeper and data stream back where the latest checkpoint left: on

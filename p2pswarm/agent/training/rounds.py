@@ -85,6 +85,8 @@ class SyncRounds:
 
         async def checkpoint(self) -> None: ...
 
+        async def lend_moments(self, r: Replica) -> bool: ...
+
     @asynccontextmanager
     async def all_locks(self) -> AsyncIterator[None]:
         """Hold every replica's lock, taken in replica order."""
@@ -332,10 +334,11 @@ class SyncRounds:
 
     async def _admit(self) -> None:
         """After a round closes (or when no replica is training): replicas placed again
-        take the keepers' current global parameters and version and start training in
-        the round that opens now."""
+        borrow a training replica's optimizer moments, take the keepers' current global
+        parameters and version, and start training in the round that opens now."""
         for r in self.replicas:
-            if not r.joining or not await self.to_global_state(r):
+            if not r.joining or not await self.lend_moments(r) \
+                    or not await self.to_global_state(r):
                 continue
             r.joining, r.paused = False, ""
             r.in_round, r.step_s, r.sent_version = 0, 0.0, -1

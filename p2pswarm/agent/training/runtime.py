@@ -59,6 +59,13 @@ class StageCompute(Protocol):
 
     def load_state(self, shard: bytes) -> None: ...
 
+    def moments(self) -> bytes:
+        """The optimizer's moments (``training.TrainStage.moments``) as shard bytes."""
+
+    def borrow_moments(self, shard: bytes) -> int:
+        """Take the same stage's moments from another replica (``moments``); how many
+        parameters took them."""
+
     def reset(self, version: int, params: bytes) -> None:
         """Start over from the keeper's global parameters at ``version``."""
 

@@ -53,6 +53,8 @@ from p2pswarm.wire.training import (
     Delta,
     Params,
     ParamsAsk,
+    MomentsAsk,
+    MomentsLoadHead,
     Reset,
     StateAsk,
     StateHead,
@@ -129,7 +131,8 @@ class StageHosts:
         self._commands: dict[type, Command] = {
             TakeDelta: self._take_delta, Update: self._update, ParamsAsk: self._params,
             StateAsk: self._state, StateLoadHead: self._load, Reset: self._reset,
-            TiedAsk: self._tied, TiedWeight: self._tied_weight,
+            TiedAsk: self._tied, TiedWeight: self._tied_weight, MomentsAsk: self._moments,
+            MomentsLoadHead: self._borrow_moments,
         }
         training.leadership.obey(TrainPrepare, self.prepare)
         training.leadership.obey(TrainRelease, self.release)
@@ -303,25 +306,46 @@ class StageHosts:
         await send_long(control, Params(await self.run(host.compute.params, host)))
 
     async def _state(self, host: TrainHost, msg: StateAsk, control: SecureStream) -> None:
-        state = await self.run(host.compute.state, host)
-        digest = await self.run(lambda: hashlib.sha256(state).hexdigest(), host)
-        await send_message(control, StateHead(len(state), digest))
-        await send_state_parts(control, state)
+        await self._send_bytes(host, control, await self.run(host.compute.state, host))
+
+    async def _moments(self, host: TrainHost, msg: MomentsAsk, control: SecureStream
+                       ) -> None:
+        await self._send_bytes(host, control, await self.run(host.compute.moments, host))
+
+    async def _send_bytes(self, host: TrainHost, control: SecureStream, data: bytes) -> None:
+        digest = await self.run(lambda: hashlib.sha256(data).hexdigest(), host)
+        await send_message(control, StateHead(len(data), digest))
+        await send_state_parts(control, data)
 
     async def _load(self, host: TrainHost, msg: StateLoadHead, control: SecureStream
                     ) -> None:
         """The driver's state for this stage, in parts, through a verified file."""
+        state = await self._land(host, msg, control, "state")
+        await self.run(lambda: host.compute.load_state(state), host)
+        await send_message(control, Ack())
+
+    async def _borrow_moments(self, host: TrainHost, msg: MomentsLoadHead,
+                              control: SecureStream) -> None:
+        """Another replica's moments of this stage (this one was built anew)."""
+        moments = await self._land(host, msg, control, "moments")
+        taken = await self.run(lambda: host.compute.borrow_moments(moments), host)
+        log.info("%s: stage %d of replica %d of %s borrowed the moments of %d parameters",
+                 self.agent.name, host.index, host.replica, host.job_id, taken)
+        await send_message(control, Ack())
+
+    async def _land(self, host: TrainHost, msg: StateLoadHead | MomentsLoadHead,
+                    control: SecureStream, kind: str) -> bytes:
+        """The bytes ``msg`` announces, received in parts through a verified file."""
         incoming = self.training.copies.incoming
-        what = f"the state of stage {host.index}"
+        what = f"the {kind} of stage {host.index}"
         check_room(msg.total, self.agent.config.transport.max_shard_bytes, incoming, what)
-        path = incoming / check_part(f"{host.job_id}.{host.replica}.{host.index}.pt")
+        path = incoming / check_part(f"{host.job_id}.{host.replica}.{host.index}.{kind}.pt")
         try:
             await receive_state_parts(control, Landing(path, msg.total, msg.sha256, what),
                                       "the driver", partial(self.run, host=host))
-            await self.run(lambda: host.compute.load_state(path.read_bytes()), host)
+            return await self.run(path.read_bytes, host)
         finally:
             path.unlink(missing_ok=True)
-        await send_message(control, Ack())
 
     async def _reset(self, host: TrainHost, msg: Reset, control: SecureStream) -> None:
         await self.run(lambda: host.compute.reset(msg.version, msg.blob), host)

@@ -104,6 +104,12 @@ class TorchStage:
         self.stage.load_state_dict(state["stage"])
         self.sync.load_state_dict(state["sync"])
 
+    def moments(self) -> bytes:
+        return shard_bytes(self.stage.moments())
+
+    def borrow_moments(self, shard: bytes) -> int:
+        return self.stage.borrow_moments(read_shard_bytes(shard))
+
     def reset(self, version: int, params: bytes) -> None:
         self.sync.reset(JoinState(version, tensor(params).float(), torch.zeros(0)))
 
