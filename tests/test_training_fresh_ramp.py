@@ -97,6 +97,7 @@ def first(lent: dict[str, Any]) -> dict[str, Any]:
     lambda lent: first(lent).update(exp_avg=first(lent)["exp_avg"][:1]),  # wrong shape
     lambda lent: first(lent)["exp_avg_sq"].view(-1).__setitem__(0, float("nan")),
     lambda lent: first(lent).update(step=torch.tensor(-1.0)),
+    lambda lent: first(lent)["exp_avg_sq"].view(-1).__setitem__(0, -1.0),
     lambda lent: first(lent).update(extra=torch.zeros(1)),
     lambda lent: first(lent).pop("exp_avg"),
     lambda lent: lent.update(moments=[1, 2]),

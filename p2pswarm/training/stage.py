@@ -195,8 +195,8 @@ class TrainStage:
 
     def borrow_moments(self, lent: dict[str, Any]) -> int:
         """Take another replica's ``moments`` of this stage, checked as hostile (layers,
-        optimizer, names, keys, shapes, finite values) before any is kept; how many
-        parameters took them."""
+        optimizer, names, keys, shapes, finite values, second moments not negative)
+        before any is kept; how many parameters took them."""
         if (lent.get("start_layer"), lent.get("end_layer")) != (self.start_layer,
                                                                self.end_layer):
             raise RemoteProtocolError("stage-mismatch", "moments of other layers")
@@ -224,8 +224,11 @@ class TrainStage:
                     if not 0 <= float(value) <= MAX_BORROWED_STEP:
                         raise RemoteProtocolError("bad-moments", f"{name}: step {float(value)}")
                     kept[key] = value.to(torch.float32)
-                else:
-                    kept[key] = value.to(p.device, p.dtype)
+                    continue
+                if key == "exp_avg_sq" and bool((value < 0).any()):  # its root divides
+                    raise RemoteProtocolError("bad-moments", f"{name}: a negative second "
+                                              "moment")
+                kept[key] = value.to(p.device, p.dtype)
             taken[p] = kept
         for p, kept in taken.items():
             self.optimizer.state[p] = kept

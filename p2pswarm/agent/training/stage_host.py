@@ -51,10 +51,10 @@ from p2pswarm.wire.orders import unpack_doc
 from p2pswarm.wire.training import (
     Ack,
     Delta,
-    Params,
-    ParamsAsk,
     MomentsAsk,
     MomentsLoadHead,
+    Params,
+    ParamsAsk,
     Reset,
     StateAsk,
     StateHead,
