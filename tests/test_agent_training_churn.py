@@ -37,7 +37,7 @@ def churn_config() -> dict[str, Any]:
                       sync={"inner_steps": 2, "codec": "fp16"})
 
 
-async def three_replicas(churn: bool) -> dict[str, Any]:
+async def three_replicas(churn: bool, agents: list[Any] | None = None) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
         leader = next(a for a in swarm.live() if a.leadership.is_leader())
@@ -55,6 +55,8 @@ async def three_replicas(churn: bool) -> dict[str, Any]:
             paused_at = job.step
             await swarm.start(victim)
         record = await finished(leader, job_id)
+        if agents is not None:
+            agents.extend(swarm.live())
         if churn:
             record["paused_at"] = paused_at
             record["victim_name"] = swarm.fellows[victim].name
@@ -75,14 +77,15 @@ async def test_a_fellow_killed_and_restarted_rejoins_its_replica(autojump_clock,
     losses = calm["losses"]
     assert sum(losses[-2:]) / 2 < sum(losses[:2]) / 2 - 0.1
 
-    assert "borrowed the moments" not in caplog.text
+    assert "the moments of" not in caplog.text
     churned = await three_replicas(churn=True)
     assert churned["state"] == "finished", churned["reason"]
     # its stages, built anew on the fellow that came back, took a training replica's
-    # optimizer moments there, every parameter's
-    lent = [r.getMessage() for r in caplog.records if "borrowed the moments" in r.getMessage()]
-    assert len([m for m in lent if m.startswith("job ")]) == 1, lent
-    assert any(m.startswith(churned["victim_name"]) for m in lent), lent
+    # optimizer moments there
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if "was lent the moments of" in m]) == 1, said
+    assert any(m.startswith(churned["victim_name"]) and "borrowed the moments of" in m
+               for m in said), said
     assert churned["step"] == 20 and len(churned["losses"]) == 20  # never restarted
     assert churned["rejoins"] == 1 and churned["replicas"] == 3
     rounds = churned["rounds"]
@@ -100,6 +103,24 @@ async def test_a_fellow_killed_and_restarted_rejoins_its_replica(autojump_clock,
     # close to the run without churn (the rejoined replica's steps before its return
     # and its borrowed moments differ, so the runs are not equal, only near)
     assert abs(final_churned - final_calm) <= 0.1 * final_calm, (final_calm, final_churned)
+
+
+async def test_a_lenders_bad_moments_are_dropped_and_the_replica_rejoins_without(
+        autojump_clock, caplog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lender whose stage sends moments that fail their checks (a rogue, or a bug)
+    costs the replica placed again its borrowed moments, not its place: the stage drops
+    them, counts them, and trains from none with its learning rate ramped."""
+    from p2pswarm.agent.training.torch_runtime import TorchStage
+
+    caplog.set_level(logging.INFO, logger="p2pswarm.training")
+    monkeypatch.setattr(TorchStage, "moments", lambda self: b"not a shard")
+    agents: list[Any] = []
+    churned = await three_replicas(churn=True, agents=agents)
+    assert churned["state"] == "finished", churned["reason"]
+    assert churned["rejoins"] == 1 and churned["replicas"] == 3
+    assert "refused the moments lent" in caplog.text
+    assert "borrowed the moments of" not in caplog.text
+    assert sum(a.counters.drops["bad-moments"] for a in agents) >= 1
 
 
 def _hashes(agents: list[Any]) -> tuple[str, dict[str, torch.Tensor]]:

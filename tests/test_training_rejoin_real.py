@@ -80,7 +80,7 @@ def test_a_crashed_fellow_started_again_takes_its_replica_back_with_borrowed_mom
     assert paused["state"] == "running" and back["state"] == "running"
     assert not back["moves"]  # one leader throughout, the job never placed again whole
     lent = [line for line in logs[leader].splitlines()
-            if f"job {job_id}: replica-" in line and "borrowed the moments of" in line]
+            if f"job {job_id}: replica-" in line and "was lent the moments of" in line]
     assert len(lent) == 1, lent
     taken = [line for n in names for line in logs[n].splitlines()
              if "borrowed the moments of" in line and f"of {job_id}" in line]

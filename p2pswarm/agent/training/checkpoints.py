@@ -258,7 +258,7 @@ class Checkpoints:
                     return False
             finally:
                 path.unlink(missing_ok=True)
-        log.info("job %s: %s borrowed the moments of %s", self.job.job_id, r.name,
+        log.info("job %s: %s was lent the moments of %s", self.job.job_id, r.name,
                  lender.name)
         return True
 

@@ -37,7 +37,7 @@ from p2pswarm.agent.training.transfer import (
     receive_state_parts,
     send_state_parts,
 )
-from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError
+from p2pswarm.errors import ConfigError, PlacementError, RemoteProtocolError, SwarmError
 from p2pswarm.planner.wording import card_label, gb
 from p2pswarm.training.schedule import stage_ops
 from p2pswarm.wire.jobs import (
@@ -326,11 +326,20 @@ class StageHosts:
 
     async def _borrow_moments(self, host: TrainHost, msg: MomentsLoadHead,
                               control: SecureStream) -> None:
-        """Another replica's moments of this stage (this one was built anew)."""
+        """Another replica's moments of this stage (this one was built anew). Moments
+        that fail their checks are dropped and counted, and the stage goes on without
+        (ramping its learning rate): a lender's bad bytes must not keep it out."""
         moments = await self._land(host, msg, control, "moments")
-        taken = await self.run(lambda: host.compute.borrow_moments(moments), host)
-        log.info("%s: stage %d of replica %d of %s borrowed the moments of %d parameters",
-                 self.agent.name, host.index, host.replica, host.job_id, taken)
+        try:
+            taken = await self.run(lambda: host.compute.borrow_moments(moments), host)
+        except (RemoteProtocolError, ConfigError) as exc:
+            self.agent.counters.drop("bad-moments")
+            log.warning("%s: stage %d of replica %d of %s refused the moments lent: %s",
+                        self.agent.name, host.index, host.replica, host.job_id, exc)
+        else:
+            log.info("%s: stage %d of replica %d of %s borrowed the moments of %d "
+                     "parameters", self.agent.name, host.index, host.replica, host.job_id,
+                     taken)
         await send_message(control, Ack())
 
     async def _land(self, host: TrainHost, msg: StateLoadHead | MomentsLoadHead,
