@@ -227,8 +227,8 @@ class Checkpoints:
         stage of a training replica, so its stages, built anew, start with gradient
         statistics rather than none (``training.TrainStage.moments``; in bf16, about
         the bytes of the global parameters it takes next). Where no replica trains, or
-        the lender fails (it is then paused), ``r`` starts fresh and ramps its learning
-        rate. False (``r`` paused) when a stage of ``r`` fails."""
+        the lender fails, ``r`` starts fresh and ramps its learning rate. False (``r``
+        paused) when a stage of ``r`` fails."""
         lender = next((x for x in self.active if x.running and not x.joining
                        and [k.stage for k in x.links] == [k.stage for k in r.links]), None)
         if lender is None:
@@ -241,10 +241,15 @@ class Checkpoints:
             try:
                 try:
                     async with lender.lock:
+                        if lender.paused:  # lost while its step ended
+                            return True
                         with trio.fail_after(self.training.step_timeout_s):
                             digest = await self._gather_state(theirs, path, MomentsAsk())
                 except (SwarmError, trio.TooSlowError) as exc:
-                    await self.pause(lender, exc)
+                    # its own task meets a broken stream at its next command and pauses
+                    # it; the lender's fate is not this replica's
+                    log.info("job %s: %s lent no moments: %s", self.job.job_id,
+                             lender.name, exc)
                     return True
                 try:
                     with trio.fail_after(self.training.step_timeout_s):
