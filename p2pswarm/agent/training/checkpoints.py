@@ -251,9 +251,10 @@ class Checkpoints:
                     log.info("job %s: %s lent no moments: %s", self.job.job_id,
                              lender.name, exc)
                     return True
+                size = path.stat().st_size
                 try:
                     with trio.fail_after(self.training.step_timeout_s):
-                        await ours.send(MomentsLoadHead(path.stat().st_size, digest))
+                        await ours.send(MomentsLoadHead(size, digest))
                         assert ours.stream is not None
                         await send_state_file(ours.stream, path,
                                               self.training.agent.compute.run)
@@ -261,6 +262,7 @@ class Checkpoints:
                 except (SwarmError, trio.TooSlowError) as exc:
                     await self.pause(r, exc)
                     return False
+                self.job.bytes_sent += 2 * size  # from the lender, and on to ``r``
             finally:
                 path.unlink(missing_ok=True)
         log.info("job %s: %s was lent the moments of %s", self.job.job_id, r.name,
