@@ -233,11 +233,9 @@ class Checkpoints:
                        and [k.stage for k in x.links] == [k.stage for k in r.links]), None)
         if lender is None:
             return True
-        incoming = self.training.copies.incoming
-        await self.training.agent.compute.run(partial(incoming.mkdir, parents=True,
-                                                      exist_ok=True))
         for theirs, ours in zip(lender.links, r.links):
-            path = incoming / f"{self.job.job_id}.lent-{ours.stage}.pt"
+            # ``_gather_state`` makes the directory when it checks the room there
+            path = self.training.copies.incoming / f"{self.job.job_id}.lent-{ours.stage}.pt"
             try:
                 try:
                     async with lender.lock:
