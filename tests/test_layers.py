@@ -59,9 +59,9 @@ def test_the_tree_keeps_every_contract() -> None:
      "p2pswarm.planner is not allowed to import time"),
     ("p2pswarm/wire/base.py", "import random",
      "p2pswarm.wire is not allowed to import random"),
-    # the layers contract ignores planner -> models.footprint; this one does not
-    ("p2pswarm/models/footprint.py", "import torch",
-     "p2pswarm.planner is not allowed to import torch"),
+    # the planner's byte accounting, shared with the torch runtime, stays torch-free
+    ("p2pswarm/shapes/footprint.py", "import torch",
+     "p2pswarm.shapes is not allowed to import torch"),
 ])
 def test_a_pure_core_that_imports_an_effect_breaks_a_contract(
         tmp_path: Path, module: str, line: str, says: str) -> None:
