@@ -59,9 +59,9 @@ def test_the_tree_keeps_every_contract() -> None:
      "p2pswarm.planner is not allowed to import time"),
     ("p2pswarm/wire/base.py", "import random",
      "p2pswarm.wire is not allowed to import random"),
-    # the layers contract ignores planner -> models.footprint; this one does not
-    ("p2pswarm/models/footprint.py", "import torch",
-     "p2pswarm.planner is not allowed to import torch"),
+    # the planner's byte accounting, shared with the torch runtime, stays torch-free
+    ("p2pswarm/shapes/footprint.py", "import torch",
+     "p2pswarm.shapes is not allowed to import torch"),
 ])
 def test_a_pure_core_that_imports_an_effect_breaks_a_contract(
         tmp_path: Path, module: str, line: str, says: str) -> None:
@@ -81,6 +81,24 @@ def test_an_upward_import_breaks_the_layers(tmp_path: Path) -> None:
     assert "Layers: imports point downward only (docs/architecture.md) BROKEN" in result.stdout
     assert "p2pswarm.inventory is not allowed to import p2pswarm.planner" in result.stdout
     assert "Pure cores: no trio, torch, sockets, clock or global random KEPT" in result.stdout
+
+
+@pytest.mark.parametrize(("module", "line", "says"), [
+    # http is the edge above the agent: the agent never imports it
+    ("p2pswarm/agent/address.py", "import p2pswarm.http",
+     "p2pswarm.agent is not allowed to import p2pswarm.http"),
+    # the planner's shapes sit below the models they describe
+    ("p2pswarm/shapes/footprint.py", "import p2pswarm.models.llama",
+     "p2pswarm.shapes is not allowed to import p2pswarm.models"),
+])
+def test_the_agent_under_http_and_shapes_under_the_models(
+        tmp_path: Path, module: str, line: str, says: str) -> None:
+    root = copy_of_the_package(tmp_path)
+    plant(root, module, line)
+    result = lint_imports(root)
+    assert result.returncode != 0
+    assert "Layers: imports point downward only (docs/architecture.md) BROKEN" in result.stdout
+    assert says in result.stdout
 
 
 def test_a_random_generator_as_a_type_only_is_allowed(tmp_path: Path) -> None:

@@ -33,9 +33,9 @@ from p2pswarm.models import (
     write_builtin_checkpoint,
 )
 from p2pswarm.models import checkpoint as checkpoint_module
-from p2pswarm.models.footprint import dequant_workspace_bytes
 from p2pswarm.models.llama import hf_tensor_shape, rope_inv_freq
 from p2pswarm.models.quant import DequantWorkspace, Int4Linear, Int8Linear
+from p2pswarm.shapes.footprint import dequant_workspace_bytes
 
 SMALL = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
          "num_attention_heads": 4, "max_position_embeddings": 512, "rms_norm_eps": 1e-6}
@@ -392,7 +392,7 @@ def test_hf_tokenizer_reads_tokenizer_json(tmp_path: Path) -> None:
 
 
 def test_pure_parts_import_without_torch() -> None:
-    code = ("import sys, p2pswarm.models.config, p2pswarm.models.footprint, "
+    code = ("import sys, p2pswarm.shapes, p2pswarm.models.config, p2pswarm.models.footprint, "
             "p2pswarm.runtime.spec, p2pswarm.runtime.memory; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

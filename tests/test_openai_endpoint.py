@@ -18,9 +18,15 @@ import openai
 import pytest
 
 from p2pswarm.control.server import current_emitter, emitting_to
-from p2pswarm.http.chat import ChatTemplate, plain_prompt, read_chat_template, render_chat
 from p2pswarm.http.openai_api import StopScanner
-from p2pswarm.http.problems import HttpError
+from p2pswarm.http.problems import from_swarm_error
+from p2pswarm.models.chat_template import (
+    ChatRefused,
+    ChatTemplate,
+    plain_prompt,
+    read_chat_template,
+    render_chat,
+)
 from tests.http_swarm import LoopbackSwarm, serve_message
 
 PROMPT = "The swarm of fellows"
@@ -161,8 +167,9 @@ def test_chat_template_from_the_model_directory(tmp_path: Path) -> None:
     assert render_chat([{"role": "user", "content": "hi"}], template) == \
         "<|user|>hi</s><|assistant|>"
     refusing = ChatTemplate("{{ raise_exception('only user turns') }}")
-    with pytest.raises(HttpError, match="only user turns"):
+    with pytest.raises(ChatRefused, match="only user turns") as refused:
         render_chat([{"role": "user", "content": "hi"}], refusing)
+    assert from_swarm_error(refused.value).status == 400  # the asker's to fix
 
 
 def test_a_client_that_goes_away_ends_the_generation(swarm: LoopbackSwarm) -> None:

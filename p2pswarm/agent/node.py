@@ -7,6 +7,7 @@ import logging
 import random
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,15 @@ from p2pswarm.agent.card_news import cached_benchmarks
 from p2pswarm.agent.world import AgentWorld, Compute
 from p2pswarm.config import SwarmConfig
 from p2pswarm.home import Home
-from p2pswarm.http.app import HttpSettings
 from p2pswarm.inventory import CardSource, read_inventory
 from p2pswarm.transport.udp_tcp import open_udp_tcp_transport
 
 log = logging.getLogger("p2pswarm.agent")
+
+# What runs beside the agent while the node lives, started as ``nursery.start(service,
+# agent)`` once the agent runs: the HTTP API, which the CLI hands in (http sits above the
+# agent in the layers, so the agent never imports it).
+NodeService = Callable[..., Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +41,7 @@ class NodeSettings:
     advertise: str | None = None  # host:port fellows should use, when listen is 0.0.0.0
     leader_priority: int = 0  # higher: preferred as leader (a wired, always-on machine)
     card_source: CardSource | None = None  # the cards this fellow offers
-    http: HttpSettings | None = None  # the HTTP API and pages; None: off
+    services: tuple[NodeService, ...] = ()  # e.g. the HTTP API and pages
 
 
 def tune_allocator(pad_bytes: int = 64 * 1024 * 1024) -> bool:
@@ -83,10 +88,8 @@ async def run_node(settings: NodeSettings, *,
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(agent.run)
-                if settings.http is not None:
-                    from p2pswarm.http import serve_http
-
-                    await nursery.start(serve_http, agent, settings.http)
+                for service in settings.services:
+                    await nursery.start(service, agent)
                 task_status.started(agent)
 
                 async def stop_on_signal() -> None:

@@ -3,6 +3,7 @@ and status (this fellow, the fellows it knows, the leader, traffic)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -135,7 +136,7 @@ def join(
     """Run this machine's agent in the foreground and join the swarm (Ctrl-C leaves)."""
     import trio
 
-    from p2pswarm.agent.node import NodeSettings, run_node
+    from p2pswarm.agent.node import NodeService, NodeSettings, run_node
     from p2pswarm.cli.http_options import join_http_settings
     from p2pswarm.config import ComputeConfig, preset, replace
     from p2pswarm.home import Home
@@ -167,10 +168,15 @@ def join(
                                   own_pids=[os.getpid()])
         threads_within_cpu_quota(os.environ)
         idle_threads_sleep(os.environ)
+        services: tuple[NodeService, ...] = ()
+        if http_server is not None:
+            from p2pswarm.http import serve_http
+
+            services = (functools.partial(serve_http, settings=http_server),)
         settings = NodeSettings(home=directory, listen=listen, seeds=seed_addrs,
                                 name=name or socket.gethostname(), config=config,
                                 advertise=advertise, leader_priority=leader_priority,
-                                card_source=cards, http=http_server)
+                                card_source=cards, services=services)
     setup_logging(log_level)
     with exits_on(EXIT_FAILURE):
         try:

@@ -9,9 +9,9 @@ pipeline's last stage hands the token to this fellow, and ``data: [DONE]`` ends 
 stream. Stop strings are the endpoint's: text that may begin one is held back until it
 is clear, and a stop found ends the generation (the op is cancelled, which closes the
 session on every stage). Chat messages become one prompt through the model's chat
-template, or a plain layout for a model without one (``p2pswarm.http.chat``). A chat's
-session stays cached on the stages after it answers, so a client that resends the
-conversation with a new message has only the new tokens prefilled. A request that finds
+template, or a plain layout for a model without one (``p2pswarm.models.chat_template``).
+A chat's session stays cached on the stages after it answers, so a client that resends
+the conversation with a new message has only the new tokens prefilled. A request that finds
 every session slot of the load taken waits in line; a full line answers 429 with
 ``Retry-After``.
 
@@ -34,8 +34,8 @@ from p2pswarm.agent.serving.records import former_plan_ids, generation_tokens
 from p2pswarm.control.server import emitting_to
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.http.app import Call, Route, dumps
-from p2pswarm.http.chat import ChatTemplate, chat_messages, render_chat
 from p2pswarm.http.problems import HttpError, from_swarm_error
+from p2pswarm.models.chat_template import ChatTemplate, chat_messages, render_chat
 from p2pswarm.models.tokenizer import token_id_list
 
 if TYPE_CHECKING:

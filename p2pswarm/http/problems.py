@@ -23,6 +23,7 @@ from p2pswarm.errors import (
     SwarmError,
     TransportError,
 )
+from p2pswarm.models.chat_template import ChatRefused
 
 STATUS_CODES: dict[str, int] = {
     "bad-json": 400,
@@ -85,7 +86,7 @@ def from_swarm_error(exc: SwarmError) -> HttpError:
         return HttpError("plan-changed", message, {
             "expected_plan_id": exc.expected_plan_id, "new_plan_id": exc.new_plan_id,
             "changed": list(exc.changes), "plan": exc.new_plan})
-    if isinstance(exc, ConfigError):
+    if isinstance(exc, (ConfigError, ChatRefused)):
         return HttpError("bad-request", message)
     if isinstance(exc, Busy):
         return HttpError("busy", message, {"retry_after_s": exc.retry_after_s},

@@ -1,7 +1,8 @@
 """Llama-family decoders in torch, cut into stages, from Hugging Face checkpoints or built in.
 
-Names are imported on first use, so the torch-free parts (``config``, ``footprint``) can
-be imported by the pure planner without pulling torch in.
+Names are imported on first use, so importing one torch-free part pulls no torch in. A
+model's shape and byte accounting live below this package, in ``p2pswarm.shapes``, which
+the planner imports too; ``config`` and ``footprint`` here re-export them.
 """
 
 from __future__ import annotations
@@ -78,8 +79,6 @@ if TYPE_CHECKING:
         stage_tensors,
         tensor_sha256,
     )
-    from p2pswarm.models.config import ModelConfig, RopeScaling
-    from p2pswarm.models.footprint import kv_cache_bytes, layer_bytes, linear_weight_bytes
     from p2pswarm.models.llama import StageModel, hf_tensor_map
     from p2pswarm.models.loader import DTYPES, TensorSource, load_stage_model, open_model
     from p2pswarm.models.quant import DequantWorkspace, Int4Linear, Int8Linear, quantize_linear
@@ -89,3 +88,5 @@ if TYPE_CHECKING:
         Tokenizer,
         load_tokenizer,
     )
+    from p2pswarm.shapes.footprint import kv_cache_bytes, layer_bytes, linear_weight_bytes
+    from p2pswarm.shapes.model_config import ModelConfig, RopeScaling

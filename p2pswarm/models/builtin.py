@@ -20,10 +20,10 @@ import torch
 
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.checkpoint import save_checkpoint
-from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.families import tensor_map, tensor_shape
 from p2pswarm.models.tokenizer import ByteTokenizer
 from p2pswarm.planner.profile import BUILTIN_MODELS
+from p2pswarm.shapes.model_config import ModelConfig
 
 BUILTIN_SEED = 5
 # token-shift mixes halfway, kk's scale, the in-context rate's share of k, the bonus

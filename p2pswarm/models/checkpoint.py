@@ -19,9 +19,9 @@ import torch
 from safetensors import safe_open
 
 from p2pswarm.errors import ConfigError
-from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.families import tensor_map
 from p2pswarm.names import contained, safe_name
+from p2pswarm.shapes.model_config import ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024

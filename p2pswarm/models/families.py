@@ -7,7 +7,7 @@ on ``ModelConfig.model_type`` stands for all of them.
 from __future__ import annotations
 
 from p2pswarm.models import llama, rwkv7
-from p2pswarm.models.config import ModelConfig
+from p2pswarm.shapes.model_config import ModelConfig
 
 AnyStageModel = llama.StageModel | rwkv7.StageModel
 

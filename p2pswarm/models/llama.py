@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.quant import DequantWorkspace
+from p2pswarm.shapes.model_config import ModelConfig
 
 # attention masks of one forward by (new tokens, keys, window, soft-capped)
 Masks = dict[tuple[int, int, int | None, bool], torch.Tensor]

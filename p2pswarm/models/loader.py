@@ -18,8 +18,6 @@ from torch import nn
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.builtin import BUILTIN_MODELS, BuiltinModel
 from p2pswarm.models.checkpoint import Checkpoint
-from p2pswarm.models.config import ModelConfig
-from p2pswarm.models.footprint import check_quant
 from p2pswarm.models.hub import cached_snapshot, is_hub_id
 from p2pswarm.models.llama import (
     BLOCK_LINEARS,
@@ -33,6 +31,8 @@ from p2pswarm.models.rwkv7 import BLOCK_LINEARS as RWKV7_LINEARS
 from p2pswarm.models.rwkv7 import StageModel as Rwkv7StageModel
 from p2pswarm.models.rwkv7 import hf_tensor_map as rwkv7_tensor_map
 from p2pswarm.models.rwkv7_pth import PthCheckpoint, find_pth
+from p2pswarm.shapes.footprint import check_quant
+from p2pswarm.shapes.model_config import ModelConfig
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,

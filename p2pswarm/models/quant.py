@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from p2pswarm.errors import ConfigError
-from p2pswarm.models.footprint import check_quant
+from p2pswarm.shapes.footprint import check_quant
 
 
 class DequantWorkspace:

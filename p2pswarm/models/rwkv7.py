@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.quant import DequantWorkspace
+from p2pswarm.shapes.model_config import ModelConfig
 
 DECAY_SCALE = 0.606531  # exp(-0.5): w = exp(-DECAY_SCALE * sigmoid(.)), in (0.545, 1)
 GROUP_NORM_EPS = 64e-5  # the authors' ln_x epsilon (1e-5 * head_size_divisor 8 squared)

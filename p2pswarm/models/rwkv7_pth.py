@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from p2pswarm.errors import ConfigError
-from p2pswarm.models.config import UNBOUNDED_CONTEXT_TOKENS, ModelConfig
 from p2pswarm.models.files import pth_file
+from p2pswarm.shapes.model_config import UNBOUNDED_CONTEXT_TOKENS, ModelConfig
 
 _ENDS = {"model.embeddings.weight": "emb.weight", "model.norm.weight": "ln_out.weight",
          "model.norm.bias": "ln_out.bias", "lm_head.weight": "head.weight"}

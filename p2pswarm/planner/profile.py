@@ -10,7 +10,7 @@ weights ship with them).
 Every layer of these models has the same shape, so a profile describes one layer plus
 the pieces around the stack: input embeddings, final norm and head (tied or not).
 
-Bytes come from the runtime's own accounting (``p2pswarm.models.footprint``, pure
+Bytes come from the runtime's own accounting (``p2pswarm.shapes.footprint``, pure
 arithmetic), so what a plan claims for a stage is what the loaded stage allocates:
 weights ``f32``/``f16``/``bf16`` as such; ``int8`` one byte a weight plus an f32 scale
 per output row; ``int4`` half a byte plus an f16 scale per group of 32 inputs, a
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from p2pswarm.errors import ConfigError
-from p2pswarm.models import footprint
-from p2pswarm.models.config import ModelConfig
+from p2pswarm.shapes import footprint
+from p2pswarm.shapes.model_config import ModelConfig
 
 WEIGHT_DTYPES = ("f32", "f16", "bf16", "int8", "int4")
 KV_DTYPES = ("f32", "f16", "bf16", "int8")

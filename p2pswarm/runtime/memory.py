@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from p2pswarm.models.config import ModelConfig
-from p2pswarm.models.footprint import (
+from p2pswarm.runtime.spec import StageSpec
+from p2pswarm.shapes.footprint import (
     DTYPE_BYTES,
     dequant_workspace_bytes,
     layer_bytes,
@@ -22,7 +22,7 @@ from p2pswarm.models.footprint import (
     rwkv7_layer_bytes,
     stage_kv_cache_bytes,
 )
-from p2pswarm.runtime.spec import StageSpec
+from p2pswarm.shapes.model_config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from p2pswarm.errors import ConfigError, PlacementError
-from p2pswarm.models.config import UNBOUNDED_CONTEXT_TOKENS
 from p2pswarm.runtime.sampler import Sampler
 from p2pswarm.runtime.stage import Stage, StageInput
+from p2pswarm.shapes.model_config import UNBOUNDED_CONTEXT_TOKENS
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from p2pswarm.errors import ConfigError
-from p2pswarm.models.footprint import DTYPE_BYTES, KV_DTYPE_BYTES, check_quant
+from p2pswarm.shapes.footprint import DTYPE_BYTES, KV_DTYPE_BYTES, check_quant
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from p2pswarm.errors import PlacementError, RemoteProtocolError
-from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.families import AnyStageModel, hidden_width
 from p2pswarm.models.llama import StageModel
 from p2pswarm.models.loader import TensorSource, compute_dtype, load_stage_model, open_model
@@ -28,6 +27,7 @@ from p2pswarm.runtime.batch import batchable, batched_decode
 from p2pswarm.runtime.kv_cache import KVCache
 from p2pswarm.runtime.recurrent_state import RecurrentState
 from p2pswarm.runtime.spec import StageSpec
+from p2pswarm.shapes.model_config import ModelConfig
 
 StageInput = torch.Tensor | Sequence[int]
 

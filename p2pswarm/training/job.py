@@ -375,7 +375,7 @@ def _model(raw: Any, base_dir: Path | None) -> ModelSpec:
             return ModelSpec(name=raw)
         return ModelSpec(name=str(path))
     if isinstance(raw, Mapping) and set(raw) == {"config"} and isinstance(raw["config"], Mapping):
-        from p2pswarm.models.config import ModelConfig
+        from p2pswarm.shapes.model_config import ModelConfig
 
         config = dict(raw["config"])
         ModelConfig.from_hf(config)  # refuse a model the runtime cannot build, now

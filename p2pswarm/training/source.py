@@ -17,11 +17,11 @@ import torch
 
 from p2pswarm.models.builtin import RWKV7_VECTOR_INIT, BuiltinModel
 from p2pswarm.models.checkpoint import Checkpoint
-from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.families import AnyStageModel, tensor_map, tensor_shape
 from p2pswarm.models.loader import TensorSource, load_stage_model, open_model
 from p2pswarm.models.rwkv7_pth import PthCheckpoint
 from p2pswarm.models.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from p2pswarm.shapes.model_config import ModelConfig
 from p2pswarm.training.job import ModelSpec
 
 DTYPE_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}

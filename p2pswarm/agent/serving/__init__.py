@@ -254,7 +254,7 @@ class Serving:
     async def _op_chat(self, request: dict[str, Any]) -> Any:
         """One turn of a chat: ``messages`` (the conversation so far, as the OpenAI
         endpoint takes them) through the model's chat template, the session kept."""
-        from p2pswarm.http.chat import chat_messages
+        from p2pswarm.models.chat_template import chat_messages
 
         messages = chat_messages(request.get("messages"))
         record = await self.find_load(request.get("plan_id") or None)

@@ -13,7 +13,7 @@ import trio
 
 from p2pswarm.agent.serving.records import generation_tokens
 from p2pswarm.errors import PlacementError
-from p2pswarm.http.chat import ChatTemplate, read_chat_template, render_chat
+from p2pswarm.models.chat_template import ChatTemplate, read_chat_template, render_chat
 
 if TYPE_CHECKING:
     from p2pswarm.agent.serving import Serving
