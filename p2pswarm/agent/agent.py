@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -45,6 +46,7 @@ from p2pswarm.agent.card_news import CardNews
 from p2pswarm.agent.compute import Compute
 from p2pswarm.agent.counters import Counters
 from p2pswarm.agent.fellow_meta import FellowSays, MetadataViews
+from p2pswarm.agent.intake import DatagramHandler, Intake
 from p2pswarm.agent.leadership import Leadership
 from p2pswarm.agent.leaving import Goodbye, Leaving
 from p2pswarm.agent.links import Links, count_failed_handler
@@ -69,23 +71,20 @@ from p2pswarm.errors import (
     RemoteProtocolError,
     SwarmError,
     TokenRefused,
-    VersionMismatch,
 )
 from p2pswarm.home import scratch_dir
 from p2pswarm.inventory import CardSource
 from p2pswarm.membership.machine import Membership
 from p2pswarm.membership.member import LocalNode, Member
-from p2pswarm.security import DatagramSealer, Identity, Keyring, OpenedDatagram, node_id_of, verify
+from p2pswarm.security import DatagramSealer, Identity, Keyring, node_id_of, verify
 from p2pswarm.security.ballots import Signatures
 from p2pswarm.transport.base import DeliversDatagrams, Transport
 from p2pswarm.transport.secure import SecureStream
-from p2pswarm.wire.base import Hello, HelloAck, Refusal
+from p2pswarm.wire.base import Hello, HelloAck
 from p2pswarm.wire.gossip import ELECTION_TAGS, MEMBERSHIP_TAGS, Alive, MemberRecord, MetaPull
 from p2pswarm.wire.gossip import Ping, SyncDigest, SyncRecords
 
 log = logging.getLogger("p2pswarm.agent")
-
-DatagramHandler = Callable[[Any, bytes, str], None]  # (message, sender node id, sender addr)
 
 STREAM_REQUEST_TIMEOUT_S = 5.0  # a membership stream request gives up after this long
 LAG_LOGGED_S = 1.0  # a timer this late is worth a log line (at most one a minute)
@@ -138,9 +137,7 @@ class Agent:
         self.events: list[fx.Event] = []  # recent events, newest last (for status)
         self.started_s = 0.0
         self._seen_version = -1
-        self._refused_addrs: set[str] = set()
         self.failure: SwarmError | None = None  # why the agent stopped itself, if it did
-        self._datagram_handlers: dict[type, DatagramHandler] = {Refusal: self._on_refusal}
         self.links = Links(world.name, world.transport, world.keyring, world.identity, config,
                            self.counters)
         self.links.on_stream(Hello, self._on_stream_hello)
@@ -154,6 +151,8 @@ class Agent:
         self._lag_logged_at = -math.inf
         self.outbox = Outbox(world.transport, self.sealer, self.counters,
                              config.transport.max_datagram_bytes, OUTBOX_DATAGRAMS)
+        self.intake = Intake(self.sealer, self.counters, config.transport.max_datagram_bytes,
+                             self.outbox.post)
         # a transport that runs its own loop may deliver datagrams where they land
         transport = world.transport
         self._deliver_to: Callable[[Callable[[bytes, str], None] | None], None] | None = \
@@ -200,25 +199,12 @@ class Agent:
         return self.world.config
 
     @property
-    def rng(self) -> Any:
+    def rng(self) -> random.Random:
         return self.world.rng
-
-    @property
-    def seeds(self) -> tuple[str, ...]:
-        return self.world.seeds
 
     @property
     def home(self) -> Path | None:
         return self.world.home
-
-    @property
-    def advertise(self) -> str | None:
-        """The address fellows reach us at, if not the bound one."""
-        return self.world.advertise
-
-    @property
-    def leader_priority(self) -> int:
-        return self.world.leader_priority
 
     @property
     def card_source(self) -> CardSource | None:
@@ -237,7 +223,8 @@ class Agent:
 
     @property
     def addr(self) -> str:
-        return self.advertise or self.transport.local_addr
+        # the address fellows reach us at, if not the bound one
+        return self.world.advertise or self.transport.local_addr
 
     @property
     def inventory(self) -> Inventory | None:
@@ -260,7 +247,8 @@ class Agent:
         return self.alarm.lag
 
     def on_datagram(self, message_type: type, handler: DatagramHandler) -> None:
-        self._datagram_handlers[message_type] = handler
+        """Hand datagram messages of ``message_type`` neither machine takes to ``handler``."""
+        self.intake.on_datagram(message_type, handler)
 
     def on_stream(self, message_type: type, handler: StreamHandler) -> None:
         """Answer streams whose first envelope is ``message_type`` (see StreamHandler)."""
@@ -279,14 +267,14 @@ class Agent:
         now = self.started_s = trio.current_time()
         self.card_news.start()
         local = LocalNode(self.node_id, self.name, self.addr, self.identity.public_key,
-                          self.leader_priority)
+                          self.world.leader_priority)
         self.membership = self.world.membership(
             local, self.config.gossip, self.rng, sign=self.identity.sign, verify=verify,
             now=now, metadata=self._metadata(),
             datagram_budget_bytes=self.config.transport.max_datagram_bytes
             - self.sealer.overhead_bytes, epoch=self.sealer.epoch)
         self.election = self.world.election(self.node_id, self.name, self.config.election, self.rng,
-                                 leader_priority=self.leader_priority, now=now,
+                                 leader_priority=self.world.leader_priority, now=now,
                                  term=self.votes.term, voted_for=self.votes.voted_for,
                                  voters=self.votes.electorate,
                                  signatures=Signatures(self.identity.sign, fellow_signed))
@@ -309,7 +297,7 @@ class Agent:
                     await nursery.start(serve_control, self.home, self._answer_control)
                 log.info("%s listening on %s (id %s)", self.name, self.addr,
                          self.node_id.hex()[:8])
-                self._apply(self.membership.join(self.seeds, now))
+                self._apply(self.membership.join(self.world.seeds, now))
                 task_status.started()
                 await self.stopped.wait()
                 nursery.cancel_scope.cancel()
@@ -560,41 +548,17 @@ class Agent:
 
     def handle_datagram(self, data: bytes, addr: str) -> None:
         """Open, decode and route one datagram; every failure is a counted drop."""
-        self.counters.datagrams_in += 1
-        self.counters.bytes_in += len(data)
-        try:
-            opened = self.sealer.open_datagram(data)
-            messages = wire.decode(opened.plaintext,
-                                   max_bytes=self.config.transport.max_datagram_bytes)
-        except VersionMismatch as exc:
-            self.counters.drop("version")
-            self._refuse(addr, exc)
+        got = self.intake.open(data, addr)
+        if got is None or self.membership is None or self.election is None:
             return
-        except (AuthenticationError, RemoteProtocolError) as exc:
-            self.counters.drop(exc.reason)
-            return
-        if self.membership is None or self.election is None:
-            return
-        if not self._prove_epoch(opened, messages):
+        opened, messages = got
+        if not self.intake.proves_epoch(opened, messages, self.membership.alive_proven):
             self.counters.drop("stale-epoch")
             return
         try:
             self._route_datagram(messages, opened.sender, addr)
         except Exception as exc:  # one hostile message costs that message, never the agent
             self._handler_failed("datagram", addr, exc)
-
-    def _prove_epoch(self, opened: OpenedDatagram, messages: list[Any]) -> bool:
-        """Let the sender's own signed Alive, naming this datagram's epoch, prove that
-        epoch to the sealer (see ``security.datagrams``). False: a stale datagram that
-        proves nothing, to drop."""
-        assert self.membership is not None
-        for msg in messages:
-            if type(msg) is Alive and msg.node == opened.sender and msg.epoch == opened.epoch \
-                    and self.membership.alive_proven(msg):
-                return self.sealer.confirm(opened.sender, opened.epoch, msg.incarnation,
-                                           opened.seq if opened.stale else None) \
-                    or not opened.stale
-        return not opened.stale
 
     def _handler_failed(self, where: str, addr: str, exc: Exception) -> None:
         """A handler raised on a peer's message: count it, log it once per kind, go on."""
@@ -617,23 +581,10 @@ class Agent:
                 if tag in ELECTION_TAGS:
                     effects += self.election.handle(msg, addr, now)
                 elif tag not in MEMBERSHIP_TAGS:
-                    handler = self._datagram_handlers.get(type(msg))
-                    if handler is None:
-                        self.counters.drop("unexpected-message")
-                    else:
-                        handler(msg, sender, addr)
+                    self.intake.dispatch(msg, sender, addr)
         except RemoteProtocolError as exc:
             self.counters.drop(exc.reason)
         self._apply(effects)
-
-    def _refuse(self, addr: str, exc: VersionMismatch) -> None:
-        if addr not in self._refused_addrs:  # say it once per address, not per packet
-            self._refused_addrs.add(addr)
-            log.warning("refusing %s: %s", addr, exc.detail)
-        self.post(addr, (Refusal(wire.PROTOCOL_MAJOR, wire.PROTOCOL_MINOR, exc.detail),))
-
-    def _on_refusal(self, msg: Refusal, sender: bytes, addr: str) -> None:
-        log.warning("%s refused us: %s", addr, msg.reason)
 
     # --- streams (``links``) ----------------------------------------------------------
 
@@ -712,17 +663,6 @@ class Agent:
             return None
         return {"id": s.leader_id.hex(), "name": s.leader_name, "term": s.term}
 
-    def _counters(self) -> dict[str, Any]:
-        """The traffic counters; ``refused`` adds what the election refused (forged or
-        unsigned votes, leaders without a proof, terms too far ahead)."""
-        counters = self.counters.to_dict()
-        if self.election is not None and self.election.refused:
-            refused = dict(counters["refused"])
-            for reason, n in self.election.refused.items():
-                refused[f"election-{reason}"] = n
-            counters["refused"] = dict(sorted(refused.items()))
-        return counters
-
     def status(self) -> dict[str, Any]:
         now = trio.current_time()
 
@@ -748,7 +688,10 @@ class Agent:
             "leader_note": election.sentence if election is not None else "starting",
             "stages_held": self.serving.held_stages(),
             "role": election.role if election is not None else "follower",
-            "counters": self._counters(),
+            # what the election refused too (forged or unsigned votes, leaders without
+            # a proof, terms too far ahead)
+            "counters": self.counters.to_dict(
+                self.election.refused if self.election is not None else None),
             "transport": dict(getattr(self.transport, "counters", {})),
             "membership": self.membership.counters() if self.membership else {},
             "loop_lag": {**self.loop_lag.to_dict(), "stretch_s": round(

@@ -320,11 +320,12 @@ class MetadataViews:
         if known is not None and known[0] == member.metadata:
             return known[1]
         try:
-            meta = msgpack.unpackb(member.metadata, raw=False, strict_map_key=False)
+            raw = msgpack.unpackb(member.metadata, raw=False, strict_map_key=False)
         except Exception:  # signed by the fellow, but still only bytes to us
-            meta = None
-        if isinstance(meta, dict):
-            meta, dropped = clean_metadata(meta)
+            raw = None
+        meta: dict[str, Any]
+        if isinstance(raw, dict):
+            meta, dropped = clean_metadata(raw)
         else:
             meta, dropped = {}, 1
         if dropped:
