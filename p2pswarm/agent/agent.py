@@ -1,20 +1,20 @@
 """The agent: one trio nursery that drives membership and election over a transport.
 
 Theory of operation. Datagrams arrive sealed; the agent opens them (wrong key, tampering,
-replays are dropped and counted by reason), decodes them (malformed ones likewise), and
-routes the messages: membership news to the membership machine as one batch, election
-messages to the election machine, anything else to a handler registered for its type.
-Streams run the secure handshake first, then carry request/response envelopes, one per
-frame. Nothing a peer sends can raise out of the receive loops: every failure is a
-counted drop.
+replays are dropped and counted by reason), decodes them (malformed ones likewise; see
+``intake``), and routes the messages: membership news to the membership machine as one
+batch, election messages to the election machine, anything else to a handler registered
+for its type. Streams run the secure handshake first, then carry request/response
+envelopes, one per frame (``links``). Nothing a peer sends can raise out of the receive
+loops: every failure is a counted drop.
 
 Both machines are sans-I/O. The agent executes their effects: a datagram goes to the
-outbox (``agent.outbox``; one sender task drains it), a stream request runs in its own
-task and feeds the reply back (``agent.links``), an event becomes a log line. After every call it feeds the election the
-current membership view if that changed, and sets its alarm (``agent.alarm``) to the
-earliest deadline of either machine; when the alarm rings, both machines tick. Leaving
-(``agent.leaving``) and finding lost fellows again (``agent.rejoin``) have their own
-parts too.
+outbox (``outbox``; one sender task drains it), a stream request runs in its own task
+and feeds the reply back, an event becomes a log line. After every call it feeds the
+election the current membership view if that changed, and sets its alarm (``alarm``) to
+the earliest deadline of either machine; when the alarm rings, both machines tick.
+Leaving (``leaving``) and finding lost fellows again (``rejoin``) are parts of their own.
+Services get the agent through small ports (``ports``), never as ``Agent``.
 
 A transport that runs its own event loop (MemoryNetwork) may take over the plumbing:
 ``send_datagram_nowait`` sends where the agent posts, ``deliver_to`` hands each datagram
@@ -53,7 +53,7 @@ from p2pswarm.agent.links import Links, count_failed_handler
 from p2pswarm.agent.outbox import OUTBOX_DATAGRAMS, Outbox
 from p2pswarm.agent.planning import Planning
 from p2pswarm.agent.ports import ControlHandler, StreamHandler
-from p2pswarm.agent.rejoin import JOIN_REFUSALS, Rejoin
+from p2pswarm.agent.rejoin import Rejoin
 from p2pswarm.agent.serving import Serving
 from p2pswarm.agent.training import Training
 from p2pswarm.agent.votes import VOTES_FILE, VoteRecord
@@ -70,7 +70,6 @@ from p2pswarm.errors import (
     NobodyListens,
     RemoteProtocolError,
     SwarmError,
-    TokenRefused,
 )
 from p2pswarm.home import scratch_dir
 from p2pswarm.inventory import CardSource
@@ -159,7 +158,7 @@ class Agent:
             transport.deliver_to if isinstance(transport, DeliversDatagrams) else None
         self.stopped = trio.Event()  # set once the agent has been asked to stop
         self.leaving = Leaving()
-        self.rejoin = Rejoin(world.seeds, world.rng)
+        self.rejoin = Rejoin(world.name, world.seeds, world.rng)
         self.leadership = Leadership(self)
         self.planning = Planning(self, self.leadership)
         self.serving = Serving(self, self.leadership, world.services.stage_runtime)
@@ -471,19 +470,10 @@ class Agent:
         not the seeds' swarm, and retrying forever would only hide it. Stop and say so."""
         if self.membership is None:
             return
-        refusals = self.rejoin.refused(addr, self.membership.joined)
-        if not refusals:
+        failure = self.rejoin.refused(addr, self.membership.joined)
+        if failure is None or self.failure is not None:
             return
-        if refusals < JOIN_REFUSALS:
-            log.warning("%s: the seed %s refused our handshake (%d of %d): is the join token "
-                        "this swarm's?", self.name, addr, refusals, JOIN_REFUSALS)
-            return
-        if self.failure is not None:
-            return
-        self.failure = TokenRefused(
-            f"the seed {addr} refused this fellow's handshake {refusals} times: "
-            "the join token is not its swarm's. Use the token `p2pswarm init` printed for "
-            "that swarm: p2pswarm join SEED --token TOKEN")
+        self.failure = failure
         log.debug("%s: %s", self.name, self.failure)
         self.stop()
 
@@ -503,7 +493,7 @@ class Agent:
 
     def _metadata(self) -> bytes:
         cards = self.gossiped_inventory
-        meta: dict[str, Any] = {"cards": cards.to_dict()["cards"] if cards else []}
+        meta: dict[str, Any] = {"cards": [c.to_dict() for c in cards.cards] if cards else []}
         meta.update(self.extra_metadata)
         return msgpack.packb(meta, use_bin_type=True)  # type: ignore[no-any-return]
 

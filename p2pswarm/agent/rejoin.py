@@ -12,14 +12,20 @@ only hide it.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Collection
+
+from p2pswarm.errors import TokenRefused
+
+log = logging.getLogger("p2pswarm.agent")
 
 JOIN_REFUSALS = 3  # handshakes seeds refuse, none let in, before joining gives up
 
 
 class Rejoin:
-    def __init__(self, seeds: tuple[str, ...], rng: random.Random) -> None:
+    def __init__(self, name: str, seeds: tuple[str, ...], rng: random.Random) -> None:
+        self._name = name
         self._seeds = seeds
         self._rng = rng
         self._lost: dict[bytes, str] = {}  # fellows declared dead -> their last address
@@ -41,13 +47,20 @@ class Rejoin:
             return self._rng.choice(candidates)
         return None
 
-    def refused(self, addr: str, joined: bool) -> int:
-        """A handshake to ``addr`` was refused: the refusals by seeds in a row before we
-        are in (0: not one that counts)."""
+    def refused(self, addr: str, joined: bool) -> TokenRefused | None:
+        """A handshake to ``addr`` was refused. A seed's, before we are in, counts; at
+        ``JOIN_REFUSALS`` in a row, the failure that stops this fellow."""
         if joined or addr not in self._seeds:
-            return 0
+            return None
         self.refusals += 1
-        return self.refusals
+        if self.refusals < JOIN_REFUSALS:
+            log.warning("%s: the seed %s refused our handshake (%d of %d): is the join token "
+                        "this swarm's?", self._name, addr, self.refusals, JOIN_REFUSALS)
+            return None
+        return TokenRefused(
+            f"the seed {addr} refused this fellow's handshake {self.refusals} times: "
+            "the join token is not its swarm's. Use the token `p2pswarm init` printed for "
+            "that swarm: p2pswarm join SEED --token TOKEN")
 
     def let_in(self) -> None:
         """A stream request went through: refusals start over."""

@@ -499,8 +499,8 @@ def incoming(manifest: Manifest, names: Sequence[str], by_hash: bool = False) ->
     return list(out.values())
 
 
-async def fetch(agent: WeightsPort, addr: str, fellow_id: bytes, fellow_name: str, manifest: Manifest,
-                names: Sequence[str], cache: WeightsCache, run: Run[Any],
+async def fetch(agent: WeightsPort, addr: str, fellow_id: bytes, fellow_name: str,
+                manifest: Manifest, names: Sequence[str], cache: WeightsCache, run: Run[Any],
                 on_bytes: OnBytes | None = None) -> int:
     """Fetch ``names`` of ``manifest`` from the fellow at ``addr`` that offered it into
     ``cache``; returns the bytes received. PlacementError names a tensor whose bytes fail
@@ -562,7 +562,8 @@ async def fetch_items(agent: WeightsPort, addr: str, fellow_id: bytes, fellow_na
     return failed
 
 
-async def open_to(agent: WeightsPort, addr: str, fellow_id: bytes, fellow_name: str) -> SecureStream:
+async def open_to(agent: WeightsPort, addr: str, fellow_id: bytes, fellow_name: str
+                  ) -> SecureStream:
     """A sealed stream to the fellow ``fellow_id`` at ``addr``, within
     ``CONNECT_TIMEOUT_S`` (a vanished machine may never answer a connection)."""
     try:
@@ -644,6 +645,6 @@ async def next_message(stream: SecureStream, agent: WeightsPort, fellow_name: st
 __all__ = [
     "CHUNK_BYTES", "Incoming", "Manifest", "ManifestFile", "ManifestTensor",
     "WeightsCache", "WeightsServer", "build_manifest", "check_source_files",
-    "directory_fingerprint", "fetch", "fetch_items", "hash_failure", "incoming", "open_to", "receive_bytes",
-    "send_bytes",
+    "directory_fingerprint", "fetch", "fetch_items", "hash_failure", "incoming", "open_to",
+    "receive_bytes", "send_bytes",
 ]
