@@ -79,16 +79,22 @@ class Answers(Protocol):
     def on_stream(self, message_type: type, handler: StreamHandler) -> None: ...
 
 
-class Fellows(Protocol):
+class FindsFellow(Protocol):
+    def fellow(self, fellow_id: str) -> Member | None:
+        """The fellow plans and records name by ``fellow_id`` (its node id in hex)."""
+
+
+class Fellows(FindsFellow, Protocol):
     """The membership view a service reads: fellows, and what each says about itself."""
 
-    def members(self) -> list[Member]: ...
+    def members(self) -> list[Member]:
+        """Every fellow known, this one included."""
 
-    def fellows(self) -> list[Member]: ...
+    def fellows(self) -> list[Member]:
+        """Every fellow known, this one excluded, by name."""
 
-    def fellow(self, fellow_id: str) -> Member | None: ...
-
-    def member_metadata(self, member: Member) -> dict[str, Any]: ...
+    def member_metadata(self, member: Member) -> dict[str, Any]:
+        """What ``member`` says about itself, checked (``fellow_meta``)."""
 
 
 class Elected(Protocol):
@@ -121,7 +127,7 @@ class ServesControl(Protocol):
     def control_ops(self) -> dict[str, ControlHandler]: ...
 
 
-class LeadershipPort(Named, Dials, Answers, Counted, Fellows, FollowsLeader, Protocol):
+class LeadershipPort(Named, Dials, Answers, Counted, FindsFellow, FollowsLeader, Protocol):
     """What ``Leadership`` asks the leader and takes orders with."""
 
 
@@ -139,6 +145,6 @@ class HoldersPort(Named, Dials, Configured, Counted, Fellows, Protocol):
 
 __all__ = [
     "Answers", "Computes", "Configured", "ControlHandler", "Counted", "Dials", "Elected",
-    "Fellows", "FollowsLeader", "HoldersPort", "LeadershipPort", "Named", "PlanningPort",
+    "Fellows", "FindsFellow", "FollowsLeader", "HoldersPort", "LeadershipPort", "Named", "PlanningPort",
     "Publishes", "ServesControl", "Spawns", "StreamHandler", "WeightsPort",
 ]
