@@ -56,5 +56,6 @@ def test_what_a_fellow_says_from_its_cleaned_metadata() -> None:
              "model": {"kind": "builtin", "key": "k1"}, "runtime": {}}
     meta, dropped = clean_metadata({"cards": [card], "training": True, "stages": [stage]})
     says = FellowSays.of(meta)
-    assert dropped == 0 and says.training and len(says.cards) == 1
+    assert dropped == 0 and says.training and says.inventory.cards[0].total_bytes == 8 << 30
     assert says.serves_model("k1") and not says.serves_model("k2")
+    assert says.inventory.to_dict()["cards"] == meta["cards"]  # the gossip form, exactly

@@ -516,6 +516,11 @@ class Agent:
         version the fellow published."""
         return self._metadata_views.of(member, self.fellows)
 
+    def fellow_says(self, member: Member) -> FellowSays:
+        """``member_metadata`` as one value: the fellow's cards, their speeds, whether it
+        trains, the stages it serves."""
+        return self._metadata_views.says(member, self.fellows)
+
     # --- datagrams ------------------------------------------------------------------
 
     async def send(self, addr: str, *messages: Any) -> None:
@@ -660,7 +665,7 @@ class Agent:
             heard = None if m.last_heard_s is None else round(now - m.last_heard_s, 3)
             return {"id": m.node_id.hex(), "name": m.name, "addr": m.addr, "state": m.state,
                     "incarnation": m.incarnation,
-                    "cards": list(FellowSays.of(self.member_metadata(m)).cards),
+                    "cards": [c.to_dict() for c in self.fellow_says(m).inventory.cards],
                     "last_heard_s": heard, "in_state_s": round(now - m.state_since_s, 3),
                     "self": m.is_self}
 

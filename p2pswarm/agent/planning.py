@@ -16,9 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from p2pswarm.agent.adapter import adapted_plan
-from p2pswarm.agent.fellow_meta import FellowSays
 from p2pswarm.agent.pins import ShownPlans
-from p2pswarm.cards import benchmarks_from_dict
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.planner import ClusterView, cluster_to_dict, cluster_view, fellow_view
 from p2pswarm.planner import pinned_plan_message, plan_message
@@ -49,11 +47,10 @@ class Planning:
         for member in self.agent.members():
             if member.state == "left":
                 continue
-            said = FellowSays.of(self.agent.member_metadata(member))
-            fellows.append(fellow_view(
-                fellow_id(member.node_id), member.name, {"cards": list(said.cards)},
-                benchmarks_from_dict(said.benchmarks), connected=member.present,
-                training=said.training))
+            said = self.agent.fellow_says(member)
+            fellows.append(fellow_view(fellow_id(member.node_id), member.name, said.inventory,
+                                       said.benchmarks, connected=member.present,
+                                       training=said.training))
         return cluster_view(fellows)
 
     async def plan(self, message: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from p2pswarm.agent.fellow_meta import FellowSays
     from p2pswarm.agent.compute import Compute
     from p2pswarm.agent.counters import Counters
     from p2pswarm.config import SwarmConfig
@@ -95,6 +96,9 @@ class Fellows(FindsFellow, Protocol):
 
     def member_metadata(self, member: Member) -> dict[str, Any]:
         """What ``member`` says about itself, checked (``fellow_meta``)."""
+
+    def fellow_says(self, member: Member) -> FellowSays:
+        """``member_metadata`` as one value."""
 
 
 class Elected(Protocol):

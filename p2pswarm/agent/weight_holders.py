@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm import wire
-from p2pswarm.agent.fellow_meta import FellowSays
 from p2pswarm.agent.weights import (
     Incoming,
     Manifest,
@@ -196,7 +195,7 @@ def _candidates(agent: HoldersPort, model_key: str, skip: set[bytes]) -> list[Me
     members = [m for m in agent.fellows() if m.present and m.node_id not in skip]
 
     def serves_model(m: Member) -> bool:
-        return FellowSays.of(agent.member_metadata(m)).serves_model(model_key)
+        return agent.fellow_says(m).serves_model(model_key)
 
     members.sort(key=lambda m: (not serves_model(m), m.node_id))
     return members[:MAX_FELLOWS_ASKED]
