@@ -80,8 +80,16 @@ from p2pswarm.security.ballots import Signatures
 from p2pswarm.transport.base import DeliversDatagrams, Transport
 from p2pswarm.transport.secure import SecureStream
 from p2pswarm.wire.base import Hello, HelloAck
-from p2pswarm.wire.gossip import ELECTION_TAGS, MEMBERSHIP_TAGS, Alive, MemberRecord, MetaPull
-from p2pswarm.wire.gossip import Ping, SyncDigest, SyncRecords
+from p2pswarm.wire.gossip import (
+    ELECTION_TAGS,
+    MEMBERSHIP_TAGS,
+    Alive,
+    MemberRecord,
+    MetaPull,
+    Ping,
+    SyncDigest,
+    SyncRecords,
+)
 
 log = logging.getLogger("p2pswarm.agent")
 

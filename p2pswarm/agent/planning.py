@@ -18,8 +18,14 @@ from typing import TYPE_CHECKING, Any
 from p2pswarm.agent.adapter import adapted_plan
 from p2pswarm.agent.pins import ShownPlans
 from p2pswarm.errors import ConfigError, PlacementError
-from p2pswarm.planner import ClusterView, cluster_to_dict, cluster_view, fellow_view
-from p2pswarm.planner import pinned_plan_message, plan_message
+from p2pswarm.planner import (
+    ClusterView,
+    cluster_to_dict,
+    cluster_view,
+    fellow_view,
+    pinned_plan_message,
+    plan_message,
+)
 from p2pswarm.wire.orders import PlanAsk, PlanShown, pack_doc, unpack_doc
 
 if TYPE_CHECKING:

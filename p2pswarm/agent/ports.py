@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.fellow_meta import FellowSays
     from p2pswarm.agent.compute import Compute
     from p2pswarm.agent.counters import Counters
+    from p2pswarm.agent.fellow_meta import FellowSays
     from p2pswarm.config import SwarmConfig
     from p2pswarm.election import ElectionStatus
     from p2pswarm.membership.member import Member
@@ -149,6 +149,6 @@ class HoldersPort(Named, Dials, Configured, Counted, Fellows, Protocol):
 
 __all__ = [
     "Answers", "Computes", "Configured", "ControlHandler", "Counted", "Dials", "Elected",
-    "Fellows", "FindsFellow", "FollowsLeader", "HoldersPort", "LeadershipPort", "Named", "PlanningPort",
-    "Publishes", "ServesControl", "Spawns", "StreamHandler", "WeightsPort",
+    "Fellows", "FindsFellow", "FollowsLeader", "HoldersPort", "LeadershipPort", "Named",
+    "PlanningPort", "Publishes", "ServesControl", "Spawns", "StreamHandler", "WeightsPort",
 ]
