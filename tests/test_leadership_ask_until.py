@@ -34,19 +34,14 @@ class FakeAgent:
 
     @property
     def election(self) -> Any:
-        return SimpleNamespace(term=self.term,
-                               status=lambda: SimpleNamespace(leader_id=self.leader_id))
+        return SimpleNamespace(term=self.term, status=lambda: SimpleNamespace(
+            leader_id=self.leader_id, leader_name="f-a" if self.leader_id == A else None,
+            sentence="an election is under way"))
 
     def on_stream(self, msg_type: type, handler: object) -> None:
         pass
 
     name = "here"
-
-    def leader(self) -> dict[str, Any] | None:
-        return {"name": "f-a"} if self.leader_id == A else None
-
-    def status(self) -> dict[str, Any]:
-        return {"leader_note": "an election is under way"}
 
     def fellow(self, fid: str) -> Any:
         return SimpleNamespace(addr=fid) if bytes.fromhex(fid) in self.answers else None

@@ -23,22 +23,26 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from p2pswarm.bench import BenchmarkCache
-from p2pswarm.cards import Inventory, benchmarks_to_dict, fingerprint
+from p2pswarm.cards import Card, Inventory, benchmarks_to_dict, fingerprint
 from p2pswarm.errors import ConfigError, SwarmError
-from p2pswarm.inventory import GossipRule, read_inventory
+from p2pswarm.inventory import CardSource, GossipRule, read_inventory
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.ports import Publishes
+    from p2pswarm.config import InventoryConfig
 
 log = logging.getLogger("p2pswarm.agent")
 
 Stamp = tuple[int, int] | None  # (mtime ns, size) of the benchmark cache; None: no file
+# the cards as offered: less what this fellow's own stages hold (Serving.less_live_stages)
+Offered = Callable[[tuple[Card, ...]], tuple[Card, ...]]
 
 
 def cached_benchmarks(home: Path, inventory: Inventory | None) -> dict[str, Any]:
@@ -74,29 +78,33 @@ def _own_bytes(raw: Inventory, offered: Inventory) -> tuple[int, ...]:
 class CardNews:
     """Reads this fellow's cards now and then and gossips them when they are news."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        config = agent.config.inventory
+    def __init__(self, says: Publishes, name: str, config: InventoryConfig,
+                 home: Path | None, card_source: CardSource | None, offered: Offered) -> None:
+        self.says = says  # where the benchmarks go, and who gossips them
+        self.name = name
+        self.config = config
+        self.card_source = card_source
+        self.offered = offered
         self.rule = GossipRule(config.gossip_step_bytes, config.gossip_step_fraction,
                                config.gossip_settle_reads, config.gossip_urgent_fraction)
+        self.inventory: Inventory | None = None  # the cards as last read (as offered)
+        self.gossiped_inventory: Inventory | None = None  # ... as last told the swarm
         self._gossiped_raw: Inventory | None = None  # the machine's cards, as last gossiped
         self._gossiped_own: tuple[int, ...] = ()  # what our stages held, as last gossiped
-        self._bench_path = (None if agent.home is None
-                            else BenchmarkCache(agent.home).path)
+        self._bench_path = None if home is None else BenchmarkCache(home).path
         self._bench_stamp: Stamp = None
         self.published = 0  # times the cards were gossiped again (for status and tests)
 
     def _read(self) -> tuple[Inventory, Inventory] | None:
         """(the machine's cards, the cards as offered: less what our stages hold)."""
-        if self.agent.card_source is None:
+        if self.card_source is None:
             return None
         try:
-            raw = read_inventory(self.agent.card_source)
+            raw = read_inventory(self.card_source)
         except (SwarmError, OSError) as exc:  # OSError: /proc unreadable, out of descriptors
             log.warning("reading cards failed: %s; keeping the last reading", exc)
             return None
-        offered = dataclasses.replace(
-            raw, cards=self.agent.serving.less_live_stages(tuple(raw.cards)))
+        offered = dataclasses.replace(raw, cards=self.offered(tuple(raw.cards)))
         return raw, offered
 
     def start(self) -> None:
@@ -105,7 +113,7 @@ class CardNews:
         if read is not None:
             raw, offered = read
             self._gossiped_raw, self._gossiped_own = raw, _own_bytes(raw, offered)
-            self.agent.inventory = self.agent.gossiped_inventory = offered
+            self.inventory = self.gossiped_inventory = offered
         if self._bench_path is not None:
             self._bench_stamp = _stamp(self._bench_path)
 
@@ -116,28 +124,28 @@ class CardNews:
         if read is None:
             return False
         raw, offered = read
-        self.agent.inventory = offered
+        self.inventory = offered
         own = _own_bytes(raw, offered)
         news = self.rule.decide(self._gossiped_raw, raw) or own != self._gossiped_own
         if self._bench_path is not None:
             stamp = _stamp(self._bench_path)
             if stamp != self._bench_stamp:
                 self._bench_stamp = stamp
-                self.agent.extra_metadata["benchmarks"] = cached_benchmarks(
+                self.says.extra_metadata["benchmarks"] = cached_benchmarks(
                     self._bench_path.parent, offered)
-                log.info("%s: benchmarks changed on disk; gossiping them", self.agent.name)
+                log.info("%s: benchmarks changed on disk; gossiping them", self.name)
                 news = True
         if not news:
             return False
         self._gossiped_raw, self._gossiped_own = raw, own
-        self.agent.gossiped_inventory = offered
+        self.gossiped_inventory = offered
         self.published += 1
-        self.agent.publish_metadata()
+        self.says.publish_metadata()
         return True
 
     async def run(self) -> None:
         while True:
-            await trio.sleep(self.agent.config.inventory.refresh_interval_s)
+            await trio.sleep(self.config.refresh_interval_s)
             self.refresh()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -25,12 +26,17 @@ class Counters:
     def refuse(self, reason: str) -> None:
         self.refused[reason] += 1
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, election_refused: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """The counters as ``status`` shows them; ``election_refused``: what the election
+        refused, shown among ``refused`` as ``election-REASON``."""
+        refused = dict(self.refused)
+        for reason, n in (election_refused or {}).items():
+            refused[f"election-{reason}"] = n
         return {
             "datagrams_in": self.datagrams_in, "datagrams_out": self.datagrams_out,
             "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
             "streams_in": self.streams_in, "streams_out": self.streams_out,
             "frames_in": self.frames_in, "frames_out": self.frames_out,
             "drops": dict(sorted(self.drops.items())),
-            "refused": dict(sorted(self.refused.items())),
+            "refused": dict(sorted(refused.items())),
         }

@@ -12,15 +12,23 @@ drop counters, shown by ``status --json``). Keys this agent does not read pass t
 
 from __future__ import annotations
 
+import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
+from p2pswarm.agent.counters import Counters
 from p2pswarm.agent.weights import Manifest
-from p2pswarm.cards import CARD_KINDS, Benchmark, Card, Holder
+from p2pswarm.cards import CARD_KINDS, Benchmark, Card, Holder, Inventory, benchmarks_from_dict
 from p2pswarm.errors import ConfigError
+from p2pswarm.membership.member import Member
 from p2pswarm.names import is_hex_digest
+
+log = logging.getLogger("p2pswarm.agent")
 
 MAX_CARDS = 64  # cards one fellow may offer
 MAX_HOLDERS = 64  # other programs listed per card
@@ -270,4 +278,76 @@ def _no() -> Any:
     raise Bad("not a boolean")
 
 
-__all__ = ["MAX_CARDS", "MAX_STAGES", "clean_metadata"]
+@dataclass(frozen=True, slots=True)
+class FellowSays:
+    """The entries of a fellow's cleaned metadata the agent's views read, as one value:
+    its cards, their measured speeds by card key, whether it trains, and the stages it
+    serves (in gossip form: serving reads them)."""
+
+    inventory: Inventory = field(default_factory=Inventory)
+    benchmarks: Mapping[str, Benchmark] = field(default_factory=dict)
+    training: bool = False
+    stages: tuple[dict[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, meta: Mapping[str, Any]) -> FellowSays:
+        """From metadata ``clean_metadata`` checked (or ``{}``: nothing said yet)."""
+        return cls(Inventory.from_dict(meta), benchmarks_from_dict(meta.get("benchmarks", {})),
+                   bool(meta.get("training", False)), tuple(meta.get("stages") or ()))
+
+    def serves_model(self, model_key: str) -> bool:
+        """Whether it says it serves a stage of a load of the model ``model_key``."""
+        return any(isinstance(s.get("model"), dict) and s["model"].get("key") == model_key
+                   for s in self.stages)
+
+
+class MetadataViews:
+    """Each fellow's metadata as last checked: its bytes, the clean view of them, and
+    that view as a ``FellowSays``, so a fellow's metadata is decoded and checked once per
+    version it publishes."""
+
+    def __init__(self, name: str, counters: Counters) -> None:
+        self._name = name
+        self._counters = counters
+        self._views: dict[bytes, tuple[bytes, dict[str, Any], FellowSays]] = {}
+
+    def of(self, member: Member, fellows: Callable[[], list[Member]]) -> dict[str, Any]:
+        """``member``'s metadata as a dict ({} if not pulled yet or unreadable), every
+        entry the views read checked: bad ones dropped and counted once per version.
+        ``fellows``: the fellows known now (views of the others are let go)."""
+        return self._view(member, fellows)[1]
+
+    def says(self, member: Member, fellows: Callable[[], list[Member]]) -> FellowSays:
+        """What ``member`` says about itself (``of``), as one value."""
+        return self._view(member, fellows)[2]
+
+    def _view(self, member: Member, fellows: Callable[[], list[Member]]
+              ) -> tuple[bytes, dict[str, Any], FellowSays]:
+        if not member.metadata:
+            return b"", {}, FellowSays()
+        known = self._views.get(member.node_id)
+        if known is not None and known[0] == member.metadata:
+            return known
+        try:
+            raw = msgpack.unpackb(member.metadata, raw=False, strict_map_key=False)
+        except Exception:  # signed by the fellow, but still only bytes to us
+            raw = None
+        meta: dict[str, Any]
+        if isinstance(raw, dict):
+            meta, dropped = clean_metadata(raw)
+        else:
+            meta, dropped = {}, 1
+        if dropped:
+            self._counters.drops["bad-metadata"] += dropped
+            log.info("%s: dropped %d malformed metadata entries of %s", self._name, dropped,
+                     member.name)
+        views = self._views
+        if len(views) >= 64 and len(views) > 2 * len(fellows()):  # fellows long gone
+            present = {m.node_id for m in fellows()}
+            for node_id in [n for n in views if n not in present]:
+                del views[node_id]
+        view = views[member.node_id] = (member.metadata, meta, FellowSays.of(meta))
+        return view
+
+
+__all__ = ["MAX_CARDS", "MAX_STAGES", "FellowSays", "MetadataViews", "clean_metadata"]

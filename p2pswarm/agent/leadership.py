@@ -44,7 +44,7 @@ from p2pswarm.errors import (
 from p2pswarm.wire.orders import CallFailed, pack_doc, unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.ports import LeadershipPort
     from p2pswarm.transport.secure import SecureStream
 
 log = logging.getLogger("p2pswarm.agent")
@@ -117,7 +117,7 @@ class _Answer:
 class Leadership:
     """Calls the leader serves (when this agent leads) and orders every fellow obeys."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: LeadershipPort) -> None:
         self.agent = agent
         self._calls: dict[type, CallHandler] = {}
         self._orders: dict[type, TypedHandler] = {}
@@ -183,7 +183,7 @@ class Leadership:
             asked = self._leader_id()
             answered = False
             if asked is None:
-                last = NotLeader(f"no leader to ask: {self.agent.status()['leader_note']}")
+                last = NotLeader(f"no leader to ask: {self._leader_note()}")
             else:
                 last = TransportError(f"the leader {asked.hex()[:8]} did not answer")
                 with trio.move_on_at(deadline):
@@ -254,12 +254,17 @@ class Leadership:
         e = self.agent.election
         return e.status().leader_id if e is not None else None
 
+    def _leader_note(self) -> str:
+        """Why there is no leader to ask, as ``status`` says it (``leader_note``)."""
+        e = self.agent.election
+        return e.status().sentence if e is not None else "starting"
+
     def _leader_addr(self) -> str:
-        leader = self.agent.leader()
+        leader = self._leader_id()
         if leader is None:
-            note = self.agent.status()["leader_note"]
+            note = self._leader_note()
             raise NotLeader(f"no leader to ask: {note}; wait for one to be elected")
-        member = self.agent.fellow(leader["id"])
+        member = self.agent.fellow(leader.hex())
         if member is None:
             raise NotLeader("the leader is not in this fellow's view yet; try again")
         return member.addr
@@ -267,8 +272,10 @@ class Leadership:
     async def _on_call(self, msg: Any, stream: SecureStream) -> Any:
         try:
             if not self.is_leader():
-                leader = self.agent.leader()
-                where = f"the leader is {leader['name']}" if leader else "no leader yet"
+                e = self.agent.election
+                leader = e.status() if e is not None else None
+                where = f"the leader is {leader.leader_name}" \
+                    if leader is not None and leader.leader_id is not None else "no leader yet"
                 raise NotLeader(f"{self.agent.name} is not the leader ({where}); "
                                 "try again")
             return await self._calls[type(msg)](msg, stream.peer_node_id)

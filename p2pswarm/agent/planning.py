@@ -17,15 +17,20 @@ from typing import TYPE_CHECKING, Any
 
 from p2pswarm.agent.adapter import adapted_plan
 from p2pswarm.agent.pins import ShownPlans
-from p2pswarm.cards import benchmarks_from_dict
 from p2pswarm.errors import ConfigError, PlacementError
-from p2pswarm.planner import ClusterView, cluster_to_dict, cluster_view, fellow_view
-from p2pswarm.planner import pinned_plan_message, plan_message
+from p2pswarm.planner import (
+    ClusterView,
+    cluster_to_dict,
+    cluster_view,
+    fellow_view,
+    pinned_plan_message,
+    plan_message,
+)
 from p2pswarm.wire.orders import PlanAsk, PlanShown, pack_doc, unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
     from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.ports import PlanningPort
 
 
 def fellow_id(node_id: bytes) -> str:
@@ -34,7 +39,7 @@ def fellow_id(node_id: bytes) -> str:
 
 
 class Planning:
-    def __init__(self, agent: Agent, leadership: Leadership) -> None:
+    def __init__(self, agent: PlanningPort, leadership: Leadership) -> None:
         self.agent = agent
         self.leadership = leadership
         agent.control_ops["plan"] = self._op_plan
@@ -45,16 +50,13 @@ class Planning:
     def view(self) -> ClusterView:
         """The swarm as this agent sees it now, in the planner's terms."""
         fellows = []
-        membership = self.agent.membership
-        for member in membership.members() if membership is not None else ():
+        for member in self.agent.members():
             if member.state == "left":
                 continue
-            meta = self.agent.member_metadata(member)
-            fellows.append(fellow_view(
-                fellow_id(member.node_id), member.name, {"cards": meta.get("cards", [])},
-                benchmarks_from_dict(meta.get("benchmarks", {})),
-                connected=member.state in ("alive", "suspect"),
-                training=bool(meta.get("training", False))))
+            said = self.agent.fellow_says(member)
+            fellows.append(fellow_view(fellow_id(member.node_id), member.name, said.inventory,
+                                       said.benchmarks, connected=member.present,
+                                       training=said.training))
         return cluster_view(fellows)
 
     async def plan(self, message: dict[str, Any]) -> dict[str, Any]:

@@ -70,7 +70,7 @@ from p2pswarm.wire.serving import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.ports import Computes, HoldersPort
     from p2pswarm.membership.member import Member
     from p2pswarm.transport.secure import SecureStream
 
@@ -90,7 +90,7 @@ class Gathered:
     senders: tuple[str, ...]
 
 
-async def gather(agent: Agent, manifest: Manifest, names: Sequence[str], cache: WeightsCache,
+async def gather(agent: HoldersPort, manifest: Manifest, names: Sequence[str], cache: WeightsCache,
                  run: Run[Any], *, source_id: str, source_name: str,
                  on_bytes: OnBytes | None = None) -> Gathered:
     """Fetch the tensors or files ``names`` of ``manifest`` that ``cache`` lacks: from the
@@ -151,7 +151,7 @@ async def gather(agent: Agent, manifest: Manifest, names: Sequence[str], cache: 
     return Gathered(received, tuple(senders))
 
 
-async def _fetch_from(agent: Agent, member: Member, request: Any, items: list[Incoming],
+async def _fetch_from(agent: HoldersPort, member: Member, request: Any, items: list[Incoming],
                       cache: WeightsCache, run: Run[Any], count: OnBytes,
                       failures: list[str], bad: set[tuple[bytes, str]]) -> bool:
     """Fetch ``items`` from ``member``, noting what failed; True if it sent something."""
@@ -171,7 +171,7 @@ async def _fetch_from(agent: Agent, member: Member, request: Any, items: list[In
     return len(failed) < len(items)
 
 
-async def first_unheld(agent: Agent, manifest: Manifest, names: Sequence[str],
+async def first_unheld(agent: HoldersPort, manifest: Manifest, names: Sequence[str],
                        cache: WeightsCache, skip_id: str = "") -> str | None:
     """The first of ``names`` that neither ``cache`` nor any connected fellow (but
     ``skip_id``, a source known gone) says it holds; None when every one is held."""
@@ -188,24 +188,20 @@ async def first_unheld(agent: Agent, manifest: Manifest, names: Sequence[str],
     return next((i.name for i in lacking if i.sha256 not in held), None)
 
 
-def _candidates(agent: Agent, model_key: str, skip: set[bytes]) -> list[Member]:
+def _candidates(agent: HoldersPort, model_key: str, skip: set[bytes]) -> list[Member]:
     """The connected fellows to ask, at most ``MAX_FELLOWS_ASKED``: first those that
     gossip a stage of a load of this model (they hold some of its tensors), each group
     by node id."""
-    membership = agent.membership
-    members = [m for m in (membership.members() if membership is not None else ())
-               if m.present and not m.is_self and m.node_id not in skip]
+    members = [m for m in agent.fellows() if m.present and m.node_id not in skip]
 
     def serves_model(m: Member) -> bool:
-        stages = agent.member_metadata(m).get("stages") or []
-        return any(isinstance(s, dict) and isinstance(s.get("model"), dict)
-                   and s["model"].get("key") == model_key for s in stages)
+        return agent.fellow_says(m).serves_model(model_key)
 
     members.sort(key=lambda m: (not serves_model(m), m.node_id))
     return members[:MAX_FELLOWS_ASKED]
 
 
-async def ask_holders(agent: Agent, fellows: Sequence[Member],
+async def ask_holders(agent: HoldersPort, fellows: Sequence[Member],
                       hashes: Sequence[str]) -> list[tuple[Member, set[str]]]:
     """Ask ``fellows`` at once which of ``hashes`` they hold; those holding any, the one
     holding most first (node id breaking ties). A fellow that does not answer in
@@ -230,7 +226,7 @@ async def ask_holders(agent: Agent, fellows: Sequence[Member],
     return [(by_id[fid], answers[fid]) for fid in order]
 
 
-async def _ask(agent: Agent, member: Member, hashes: Sequence[str]) -> set[str]:
+async def _ask(agent: HoldersPort, member: Member, hashes: Sequence[str]) -> set[str]:
     stream = await open_to(agent, member.addr, member.node_id, member.name)
     held: set[str] = set()
     try:
@@ -259,7 +255,7 @@ def held_bitmap(flags: Sequence[bool]) -> bytes:
 class HeldWeights:
     """The holder's side: which hashes this fellow holds, and their bytes."""
 
-    def __init__(self, agent: Agent, server: WeightsServer,
+    def __init__(self, agent: Computes, server: WeightsServer,
                  cache: Callable[[], WeightsCache]) -> None:
         self.agent = agent
         self.server = server

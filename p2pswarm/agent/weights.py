@@ -51,7 +51,7 @@ from p2pswarm.names import UnsafeName, hex_digest, safe_name, sha256_hex
 from p2pswarm.wire.serving import WeightsItem, WeightsRefused, WeightsRequest
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.ports import WeightsPort
     from p2pswarm.transport.secure import SecureStream
 
 CHUNK_BYTES = 8 * 1024 * 1024  # one raw frame of tensor bytes
@@ -499,8 +499,8 @@ def incoming(manifest: Manifest, names: Sequence[str], by_hash: bool = False) ->
     return list(out.values())
 
 
-async def fetch(agent: Agent, addr: str, fellow_id: bytes, fellow_name: str, manifest: Manifest,
-                names: Sequence[str], cache: WeightsCache, run: Run[Any],
+async def fetch(agent: WeightsPort, addr: str, fellow_id: bytes, fellow_name: str,
+                manifest: Manifest, names: Sequence[str], cache: WeightsCache, run: Run[Any],
                 on_bytes: OnBytes | None = None) -> int:
     """Fetch ``names`` of ``manifest`` from the fellow at ``addr`` that offered it into
     ``cache``; returns the bytes received. PlacementError names a tensor whose bytes fail
@@ -529,7 +529,7 @@ def hash_failure(item: Incoming, fellow_name: str) -> str:
             f"{item.sha256[:12]}...): refused, nothing of it kept")
 
 
-async def fetch_items(agent: Agent, addr: str, fellow_id: bytes, fellow_name: str,
+async def fetch_items(agent: WeightsPort, addr: str, fellow_id: bytes, fellow_name: str,
                       request: Any, items: Sequence[Incoming], cache: WeightsCache,
                       run: Run[Any], on_bytes: OnBytes | None = None) -> list[Incoming]:
     """Send ``request`` (a ``WeightsRequest`` or ``WeightsByHash``) to the fellow at
@@ -562,7 +562,8 @@ async def fetch_items(agent: Agent, addr: str, fellow_id: bytes, fellow_name: st
     return failed
 
 
-async def open_to(agent: Agent, addr: str, fellow_id: bytes, fellow_name: str) -> SecureStream:
+async def open_to(agent: WeightsPort, addr: str, fellow_id: bytes, fellow_name: str
+                  ) -> SecureStream:
     """A sealed stream to the fellow ``fellow_id`` at ``addr``, within
     ``CONNECT_TIMEOUT_S`` (a vanished machine may never answer a connection)."""
     try:
@@ -628,7 +629,7 @@ class _Ahead:
         return value
 
 
-async def next_message(stream: SecureStream, agent: Agent, fellow_name: str) -> Any:
+async def next_message(stream: SecureStream, agent: WeightsPort, fellow_name: str) -> Any:
     try:
         with trio.fail_after(FETCH_IDLE_TIMEOUT_S):
             frame = await stream.receive_frame()
@@ -644,6 +645,6 @@ async def next_message(stream: SecureStream, agent: Agent, fellow_name: str) -> 
 __all__ = [
     "CHUNK_BYTES", "Incoming", "Manifest", "ManifestFile", "ManifestTensor",
     "WeightsCache", "WeightsServer", "build_manifest", "check_source_files",
-    "directory_fingerprint", "fetch", "fetch_items", "hash_failure", "incoming", "open_to", "receive_bytes",
-    "send_bytes",
+    "directory_fingerprint", "fetch", "fetch_items", "hash_failure", "incoming", "open_to",
+    "receive_bytes", "send_bytes",
 ]

@@ -21,9 +21,9 @@ from p2pswarm.agent.compute import Compute
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.votes import VoteRecord
 from p2pswarm.config import SwarmConfig
+from p2pswarm.effects import Event
 from p2pswarm.election import Election
 from p2pswarm.inventory import CardSource
-from p2pswarm.effects import Event
 from p2pswarm.membership.machine import Membership
 from p2pswarm.security import Identity, Keyring
 from p2pswarm.transport.base import Transport

@@ -106,7 +106,7 @@ class Rogue:
     def send(self, addr: str, *messages: Any) -> None:
         """Sealed datagram(s) under the swarm key, from the rogue's own sender id."""
         for msg in messages:
-            self.agent._post(addr, (msg,))
+            self.agent.post(addr, (msg,))
 
     def to_all(self, *messages: Any) -> None:
         for victim in self.honest():

@@ -1,0 +1,167 @@
+"""Sealed streams: calling fellows, and answering the streams they open.
+
+Every stream runs the secure handshake first, then carries request/response envelopes,
+one per frame. An accepted stream is answered by the handler registered for the type of
+its first message (``on_stream``); a fellow holds at most
+``transport.max_streams_per_fellow`` of them open at once, and a stream that falls
+silent for ``transport.stream_idle_timeout_s`` is closed. Nothing a peer sends can raise
+out of here: every failure is a counted drop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+import trio
+
+from p2pswarm import wire
+from p2pswarm.agent.counters import Counters
+from p2pswarm.agent.ports import StreamHandler
+from p2pswarm.config import SwarmConfig
+from p2pswarm.errors import (
+    AuthenticationError,
+    RemoteProtocolError,
+    SwarmError,
+    TransportError,
+)
+from p2pswarm.security import Identity, Keyring
+from p2pswarm.transport.base import Stream, Transport
+from p2pswarm.transport.secure import SecureStream, secure_accept, secure_connect
+from p2pswarm.wire.base import Refusal
+
+log = logging.getLogger("p2pswarm.agent")
+
+
+def count_failed_handler(counters: Counters, name: str, where: str, addr: str,
+                         exc: Exception) -> None:
+    """A handler raised on a peer's message: count it, log it once per kind, go on."""
+    reason = exc.reason if isinstance(exc, SwarmError) and hasattr(exc, "reason") \
+        else type(exc).__name__
+    key = f"handler-failed-{where}"
+    if not counters.drops[key]:
+        log.warning("%s: a %s from %s failed its handler (%s); dropped", name, where,
+                    addr, reason, exc_info=not isinstance(exc, SwarmError))
+    counters.drop(key)
+
+
+class Links:
+    """This fellow's sealed streams, both ways."""
+
+    def __init__(self, name: str, transport: Transport, keyring: Keyring, identity: Identity,
+                 config: SwarmConfig, counters: Counters) -> None:
+        self._name = name
+        self._transport = transport
+        self._keyring = keyring
+        self._identity = identity
+        self._config = config
+        self._counters = counters
+        self._handlers: dict[type, StreamHandler] = {}
+        self._streams_of: Counter[bytes] = Counter()  # accepted streams open, per fellow
+
+    def on_stream(self, message_type: type, handler: StreamHandler) -> None:
+        """Answer streams whose first envelope is ``message_type`` (see StreamHandler)."""
+        self._handlers[message_type] = handler
+
+    # --- calling --------------------------------------------------------------------
+
+    async def call(self, addr: str, request: Any, *, timeout_s: float | None = None) -> Any:
+        """Send one request over a fresh secure stream and return the reply message."""
+        async with await self.open_secure(addr, timeout_s=timeout_s) as stream:
+            return await self.request(stream, request)
+
+    async def open_secure(self, addr: str, *, timeout_s: float | None = None) -> SecureStream:
+        timeout_s = timeout_s or self._config.security.handshake_timeout_s
+        raw = await self._transport.open_stream(addr)
+        try:
+            stream = await secure_connect(raw, self._keyring, self._identity, timeout_s)
+        except BaseException:
+            await raw.aclose()
+            raise
+        self._counters.streams_out += 1
+        return stream
+
+    async def request(self, stream: SecureStream, request: Any) -> Any:
+        await stream.send_frame(wire.encode(request))
+        self._counters.frames_out += 1
+        frame = await stream.receive_frame()
+        self._counters.frames_in += 1
+        (reply,) = wire.decode(frame, max_bytes=self._config.transport.max_frame_bytes)
+        if isinstance(reply, Refusal):
+            raise TransportError(f"{stream.peer_addr} refused: {reply.reason}")
+        return reply
+
+    # --- answering ------------------------------------------------------------------
+
+    async def serve(self, raw: Stream) -> None:
+        """Handshake on a stream a peer opened, then answer it (the transport's
+        ``serve_streams`` runs this per stream)."""
+        self._counters.streams_in += 1
+        try:
+            stream = await secure_accept(raw, self._keyring, self._identity,
+                                         self._config.security.handshake_timeout_s)
+        except (AuthenticationError, RemoteProtocolError) as exc:
+            self._counters.drop("stream-" + exc.reason)
+            await raw.aclose()
+            return
+        except TransportError:
+            self._counters.drop("stream-handshake")
+            await raw.aclose()
+            return
+        fellow = stream.peer_node_id
+        if self._streams_of[fellow] >= self._config.transport.max_streams_per_fellow:
+            self._counters.drop("stream-fellow-cap")  # a token holder's streams are bounded
+            await stream.aclose()
+            return
+        self._streams_of[fellow] += 1
+        try:
+            await self._answer(stream)
+        finally:
+            self._streams_of[fellow] -= 1
+            if not self._streams_of[fellow]:
+                del self._streams_of[fellow]
+            await stream.aclose()
+
+    async def _answer(self, stream: SecureStream) -> None:
+        """Answer request envelopes until the peer closes, misbehaves or falls silent for
+        ``stream_idle_timeout_s`` (a handler that keeps the stream bounds its own waits)."""
+        idle_s = self._config.transport.stream_idle_timeout_s
+        while True:
+            try:
+                with trio.move_on_after(idle_s) as waiting:
+                    frame = await stream.receive_frame()
+                if waiting.cancelled_caught:
+                    self._counters.drop("stream-idle")
+                    return
+                self._counters.frames_in += 1
+                messages = wire.decode(frame, max_bytes=self._config.transport.max_frame_bytes)
+            except TransportError:
+                return  # peer closed
+            except (AuthenticationError, RemoteProtocolError) as exc:
+                self._counters.drop("frame-" + exc.reason)
+                return
+            if len(messages) != 1 or type(messages[0]) not in self._handlers:
+                self._counters.drop("frame-unexpected-message")
+                return
+            try:
+                reply = await self._handlers[type(messages[0])](messages[0], stream)
+            except RemoteProtocolError as exc:
+                self._counters.drop("frame-" + exc.reason)
+                return
+            if reply is None:
+                return
+            try:
+                frame = wire.encode(reply)
+            except SwarmError as exc:  # a reply that cannot be encoded costs this stream
+                count_failed_handler(self._counters, self._name, "stream", stream.peer_addr,
+                                     exc)
+                return
+            try:
+                await stream.send_frame(frame)
+                self._counters.frames_out += 1
+            except TransportError:
+                return
+
+
+__all__ = ["Links", "count_failed_handler"]
