@@ -45,6 +45,7 @@ from p2pswarm.agent.serving.asking import LoadAsker
 from p2pswarm.agent.serving.chat_turns import ChatPrompts
 from p2pswarm.agent.serving.copies import CopiesAhead
 from p2pswarm.agent.serving.copy_host import CopyHost
+from p2pswarm.agent.serving.events import LoadEvents, WeightsInUse
 from p2pswarm.agent.serving.failover import Failover
 from p2pswarm.models.tokenizer import token_id_list
 from p2pswarm.agent.serving.generation import Generation, TextStream
@@ -77,9 +78,11 @@ class Serving:
         if runtime is None:  # torch's, imported on first use
             runtime = lazy = TorchOnFirstUse()
         self.runtime = runtime
-        self.offers = Offers(agent)
+        self.events = LoadEvents()
+        self.weights_in_use = WeightsInUse()
+        self.offers = Offers(agent, self.weights_in_use)
         self.progress = Progress(agent)
-        self.leader = Loads(agent, leadership)
+        self.leader = Loads(agent, leadership, self.events)
         self.asker = LoadAsker(agent, leadership, self.offers, self.progress)
         self.host = StageHost(agent, leadership, self.runtime, self.offers, self.progress)
         self.sessions = StageSessions(agent, self.runtime, self.host.hosted)
@@ -89,28 +92,25 @@ class Serving:
         agent.control_ops.update({"load": self._op_load, "load_cancel": self._op_load_cancel,
                                   "loads": self._op_loads, "unload": self._op_unload,
                                   "generate": self._op_generate, "chat": self._op_chat})
-        # after failover, whose watch a load coming up starts first
         self.copies = CopiesAhead(agent, leadership, self.leader)
         self.copy_host = CopyHost(agent, leadership, self.offers)
-        self._copy_after_loads()
+        self._subscribe()
         if lazy is not None and agent.home is not None and agent.card_source is not None:
             # A fellow that offers cards will likely host a stage, and importing torch
             # takes seconds on a small machine: pay it now, beside startup, not in `load`.
             threading.Thread(target=lazy.warm_up, name="p2pswarm-warm-up",
                              daemon=True).start()
 
-    def _copy_after_loads(self) -> None:
-        """Copies ahead follow every load that comes up (after failover's watch starts),
-        and the cache keeps them as it keeps what live stages read."""
-        watch, stages_read = self.leader.on_loaded, self.offers.in_use
-
-        def loaded() -> None:
-            if watch is not None:
-                watch()
-            self.copies.soon()
-
-        self.leader.on_loaded = loaded
-        self.offers.in_use = lambda: {*stages_read(), *self.copy_host.hashes_kept()}
+    def _subscribe(self) -> None:
+        """Every listener of the load events, in the order each event runs them (see
+        ``events``): the only place serving's rooms are wired to each other's news."""
+        self.events.on_loaded(self.failover.watch_soon)  # the watch a load starts first,
+        self.events.on_loaded(self.copies.soon)  # ... then its stages copied ahead
+        self.events.on_unloaded(self.failover.forget_load)
+        self.events.on_forgotten(self.failover.unloads.hand_out)
+        # the weights cache keeps what live stages read and what copies ahead keep
+        self.weights_in_use.add(self.host.hashes_in_use)
+        self.weights_in_use.add(self.copy_host.hashes_kept)
 
     # --- what other parts of the agent (and tests) use ----------------------------------
 

@@ -113,7 +113,6 @@ class Failover:
         self._adopt_at: dict[str, float] = {}  # a load not adopted yet: when to ask again
         self._look_until = 0.0  # the watch runs at least this long (fellows come back)
         self.unloads = UnloadMemory(agent, leadership, host)  # unloads outlive leaders
-        loads.tombstone = self.unloads.hand_out
         self.adoption = Adoption(agent, leadership, loads, host, self._release_stray,
                                  self.unloads)
         self.keepers = Keepers(agent, leadership, loads, self._keep_here)
@@ -122,8 +121,6 @@ class Failover:
         leadership.serve(LoadMove, self._leader_move)
         agent.control_ops["load_move"] = self._op_load_move
         leadership.obey(StageCheck, self._check)
-        loads.on_loaded = self._watch_soon
-        loads.on_unloaded = self._unloaded
 
     # --- the fellow's side ---------------------------------------------------------------
 
@@ -212,21 +209,21 @@ class Failover:
         for plan_id in sorted(self.loads.loads):
             self.agent.spawn(self._adopt_quietly, plan_id, True)
         self._look_until = trio.current_time() + LOOK_AFTER_CHANGE_S
-        self._watch_soon()
+        self.watch_soon()
 
     def look_a_while(self) -> None:
         """Watch for a while even with no load in sight: a fellow (back, or just
         elected) may gossip the orders of a load no one serves any more."""
         self._look_until = trio.current_time() + LOOK_AFTER_CHANGE_S
         if self.leadership.is_leader():
-            self._watch_soon()
+            self.watch_soon()
 
     def _keep_here(self, plan_id: str, term: int, route: tuple[RouteHop, ...],
                    orders: tuple[StageAssignment, ...], asked: bytes) -> None:
         if self.host.kept.keep(plan_id, term, route, orders, asked):
             self.host.publish()
 
-    def _unloaded(self, plan_id: str) -> None:
+    def forget_load(self, plan_id: str) -> None:
         """An unload forgets the load here too: its keepers and kept orders."""
         self.keepers.forget(plan_id)
         if self.host.kept.forget(plan_id):
@@ -235,7 +232,7 @@ class Failover:
     def _release_stray(self, plan_id: str, addr: str) -> None:
         self.agent.spawn(self._release_when_back, plan_id, addr)
 
-    def _watch_soon(self) -> None:
+    def watch_soon(self) -> None:
         if not self._watching:
             self._watching = True
             self.agent.spawn(self._watch)

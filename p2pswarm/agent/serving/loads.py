@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,6 +42,7 @@ import trio
 
 from p2pswarm.agent.adapter import stage_block
 from p2pswarm.agent.planning import fellow_id
+from p2pswarm.agent.serving.events import LoadEvents
 from p2pswarm.agent.serving.records import (
     ROUTE_KEYS,
     StageOrder,
@@ -110,9 +111,10 @@ def _remember(kept: OrderedDict[str, str], ticket: str, value: str) -> None:
 
 
 class Loads:
-    def __init__(self, agent: Agent, leadership: Leadership) -> None:
+    def __init__(self, agent: Agent, leadership: Leadership, events: LoadEvents) -> None:
         self.agent = agent
         self.leadership = leadership
+        self.events = events  # loads come up and go (``events``): this publishes them
         self.loads: dict[str, dict[str, Any]] = {}  # loads this agent led, by plan_id
         self.prepare_timeout_s = 30.0
         self.load_timeout_s = 3600.0  # fetching and loading a big stage takes a while
@@ -126,10 +128,6 @@ class Loads:
         # live move plans it again (``recut``); a load adopted from its fellows lacks it
         self.asked: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]] = {}
         self.moved_to: dict[str, str] = {}  # a re-cut load's old plan_id -> its new one
-        self.on_loaded: Callable[[], None] | None = None  # a load came up (failover watches)
-        self.on_unloaded: Callable[[str], None] | None = None  # ... went (its orders too)
-        # (plan_id, generation): tell the fellows it went, for later leaders (``unload_memory``)
-        self.tombstone: Callable[[str, str], Awaitable[None]] | None = None
         self._in_flight: dict[str, _InFlight] = {}  # ticket -> the bring-up under way
         self._finished: OrderedDict[str, str] = OrderedDict()  # ticket -> plan_id loaded
         # tickets whose load ended without coming up, or was cancelled before it came
@@ -246,14 +244,13 @@ class Loads:
         it, ignore its stages' lagging gossip, and name the successor to whoever asks
         for it (a driver resuming a session). Its stages are the caller's to release."""
         generation = self._generation_of(plan_id)
-        if self.tombstone is not None and generation:  # no later leader adopts it either
-            self.agent.spawn(self.tombstone, plan_id, generation)
+        if generation:  # no later leader adopts it either
+            self.agent.spawn(self.events.forgotten, plan_id, generation)
         self.loads.pop(plan_id, None)
         self.orders.pop(plan_id, None)
         self.asked.pop(plan_id, None)
         self._unloaded[plan_id] = trio.current_time()
-        if self.on_unloaded is not None:  # its orders kept here and by its keepers
-            self.on_unloaded(plan_id)
+        self.events.unloaded(plan_id)  # its orders kept here and by its keepers
         for old, new in list(self.moved_to.items()):
             if new == plan_id:
                 self.moved_to[old] = successor
@@ -354,8 +351,7 @@ class Loads:
         self.orders[plan_id] = list(orders)
         self._unloaded.pop(plan_id, None)
         self._forgotten.pop(plan_id, None)
-        if self.on_loaded is not None:
-            self.on_loaded()
+        self.events.loaded()
         return record
 
     async def _order_all(self, orders: Sequence[StageOrder], addrs: Addrs, what: str,
@@ -430,15 +426,14 @@ class Loads:
                      for s in record["stages"] if s.get("state") in ("alive", "suspect")}
             await self.release_all(plan_id, addrs, self.keeping(plan_id))
             generation = self._generation_of(plan_id)
-            if self.tombstone is not None and generation:  # remembered past this leader
-                await self.tombstone(plan_id, generation)
+            if generation:  # remembered past this leader
+                await self.events.forgotten(plan_id, generation)
             self.loads.pop(plan_id, None)
             self.orders.pop(plan_id, None)
             self.asked.pop(plan_id, None)
             self._unloaded[plan_id] = trio.current_time()
             _remember(self._forgotten, plan_id, plan_id)
-            if self.on_unloaded is not None:
-                self.on_unloaded(plan_id)
+            self.events.unloaded(plan_id)
 
     def recently_unloaded(self, plan_id: str) -> bool:
         """Whether ``plan_id`` was unloaded or re-cut here so lately that its stages'

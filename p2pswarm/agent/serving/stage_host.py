@@ -86,7 +86,6 @@ class StageHost:
         if self.kept.bad_files:
             agent.counters.drops["kept-load-unfit"] += self.kept.bad_files
         self._note_kept()
-        offers.in_use = self.hashes_in_use
         leadership.obey(StagePrepare, self._prepare)
         leadership.obey(StageLoad, self._load)
         leadership.obey(StageStart, self._start)
