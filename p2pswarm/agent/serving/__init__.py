@@ -61,8 +61,7 @@ from p2pswarm.control.server import Emit, current_emitter, emit
 from p2pswarm.errors import ConfigError
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import Leader, ServingPort
 
 T = TypeVar("T")
 
@@ -70,7 +69,7 @@ T = TypeVar("T")
 class Serving:
     """One agent's serving: the rooms above, and the control ops of its CLI."""
 
-    def __init__(self, agent: Agent, leadership: Leadership,
+    def __init__(self, agent: ServingPort, leadership: Leader,
                  runtime: StageRuntime | None = None) -> None:
         self.agent = agent
         self.leadership = leadership

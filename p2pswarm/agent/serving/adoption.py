@@ -48,8 +48,7 @@ from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.wire.loads import RouteHop, StageAssignment, StageOrdersAsk, StageOrdersKept
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import AdoptionPort, Leader
     from p2pswarm.agent.serving.loads import Loads
     from p2pswarm.agent.serving.records import HostedStage
     from p2pswarm.agent.serving.stage_host import StageHost
@@ -89,7 +88,7 @@ def kept_orders(plan_id: str, route: tuple[RouteHop, ...],
 class Adoption:
     """The fellow's answer to ``StageOrdersAsk``, and the leader's adopting of loads."""
 
-    def __init__(self, agent: Agent, leadership: Leadership, loads: Loads, host: StageHost,
+    def __init__(self, agent: AdoptionPort, leadership: Leader, loads: Loads, host: StageHost,
                  release_stray: Callable[[str, str], None], unloads: UnloadMemory) -> None:
         self.agent = agent
         self.unloads = unloads

@@ -77,8 +77,7 @@ from p2pswarm.wire.loads import (
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import FailoverPort, Leader
     from p2pswarm.agent.serving.loads import Loads
     from p2pswarm.agent.serving.stage_host import StageHost
 
@@ -98,7 +97,7 @@ LOOK_AFTER_CHANGE_S = 30.0  # a leader watches this long for kept loads after a 
 class Failover:
     """The leader's side (heal, watch, moves) and the fellow's answer to ``StageCheck``."""
 
-    def __init__(self, agent: Agent, leadership: Leadership, loads: Loads,
+    def __init__(self, agent: FailoverPort, leadership: Leader, loads: Loads,
                  host: StageHost) -> None:
         self.agent = agent
         self.leadership = leadership

@@ -60,6 +60,7 @@ from p2pswarm.agent.serving.records import (
 )
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.serving.stage_session import open_hop
+from p2pswarm.agent.serving.ports import whole
 from p2pswarm.agent.streams import send_best_effort
 from p2pswarm.agent.weight_holders import gather
 from p2pswarm.agent.weights import Manifest
@@ -84,7 +85,7 @@ from p2pswarm.wire.serving import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.serving.ports import GenerationPort
     from p2pswarm.transport.secure import SecureStream
 
 MEMBER_WATCH_S = 0.25  # how often a driver looks at its stage fellows' membership state
@@ -174,7 +175,7 @@ class TextStream:
 
 
 class Generation:
-    def __init__(self, agent: Agent, runtime: StageRuntime, loads: Loads,
+    def __init__(self, agent: GenerationPort, runtime: StageRuntime, loads: Loads,
                  offers: Offers) -> None:
         self.agent = agent
         self.runtime = runtime
@@ -247,7 +248,7 @@ class Generation:
         cache = self.offers.weights_cache()
         missing = [f.name for f in manifest.files if not cache.has(f.sha256, f.nbytes)]
         if missing:  # from the fellow that offered them, or any that holds them
-            await gather(self.agent, manifest, missing, cache, self.agent.compute.run,
+            await gather(whole(self.agent), manifest, missing, cache, self.agent.compute.run,
                          source_id=str(model.get("source_id", "")),
                          source_name=str(model.get("source", "the source"))[:64])
         directory = await self.agent.compute.run(lambda: cache.model_dir(manifest))

@@ -36,8 +36,7 @@ from p2pswarm.wire.loads import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import KeepersPort, Leader
     from p2pswarm.agent.serving.loads import Loads
 
 log = logging.getLogger("p2pswarm.serving")
@@ -59,7 +58,7 @@ def chosen_keepers(plan_id: str, fellows: list[str], copies: int = KEEPERS) -> l
 class Keepers:
     """The leader's side: who keeps each led load's orders, and who is told to drop them."""
 
-    def __init__(self, agent: Agent, leadership: Leadership, loads: Loads,
+    def __init__(self, agent: KeepersPort, leadership: Leader, loads: Loads,
                  keep_here: Callable[[str, int, tuple[RouteHop, ...],
                                       tuple[StageAssignment, ...], bytes], None]) -> None:
         self.agent = agent

@@ -82,8 +82,7 @@ from p2pswarm.wire.loads import (
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import Leader, LoadsPort
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -111,7 +110,7 @@ def _remember(kept: OrderedDict[str, str], ticket: str, value: str) -> None:
 
 
 class Loads:
-    def __init__(self, agent: Agent, leadership: Leadership, events: LoadEvents) -> None:
+    def __init__(self, agent: LoadsPort, leadership: Leader, events: LoadEvents) -> None:
         self.agent = agent
         self.leadership = leadership
         self.events = events  # loads come up and go (``events``): this publishes them

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from p2pswarm.agent.serving.events import WeightsInUse
+from p2pswarm.agent.serving.ports import whole
 from p2pswarm.agent.weight_holders import HeldWeights
 from p2pswarm.agent.weights import (
     Manifest,
@@ -23,12 +24,12 @@ from p2pswarm.home import scratch_dir
 from p2pswarm.wire.serving import WeightsByHash, WeightsHeldAsk, WeightsRequest
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.serving.ports import OffersPort
     from p2pswarm.transport.secure import SecureStream
 
 
 class Offers:
-    def __init__(self, agent: Agent, in_use: WeightsInUse) -> None:
+    def __init__(self, agent: OffersPort, in_use: WeightsInUse) -> None:
         self.agent = agent
         self.server = WeightsServer()
         self.cache: WeightsCache | None = \
@@ -36,7 +37,7 @@ class Offers:
         self._manifests: dict[str, tuple[Any, Manifest]] = {}
         # the hashes live stages read and copies ahead keep, never evicted (``events``)
         self.in_use = in_use
-        self.held = HeldWeights(agent, self.server, self.weights_cache)
+        self.held = HeldWeights(whole(agent), self.server, self.weights_cache)
         agent.on_stream(WeightsRequest, self._on_weights_request)
         agent.on_stream(WeightsHeldAsk, self.held.answer_ask)
         agent.on_stream(WeightsByHash, self.held.serve)

@@ -47,7 +47,7 @@ from p2pswarm.errors import ConfigError, PlacementError, SwarmError
 from p2pswarm.planner import plan_message
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.serving.ports import RecutPort
     from p2pswarm.agent.serving.loads import Loads
     from p2pswarm.agent.serving.records import StageOrder
     from p2pswarm.planner.cluster import ClusterView
@@ -68,7 +68,7 @@ def replan_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 class Recut:
-    def __init__(self, agent: Agent, loads: Loads, moves_kept: int) -> None:
+    def __init__(self, agent: RecutPort, loads: Loads, moves_kept: int) -> None:
         self.agent = agent
         self.loads = loads
         self.moves_kept = moves_kept

@@ -38,6 +38,7 @@ from p2pswarm.agent.serving.records import (
     route_dict,
 )
 from p2pswarm.agent.serving.runtime import StageRuntime
+from p2pswarm.agent.serving.ports import whole
 from p2pswarm.agent.weight_holders import first_unheld, gather
 from p2pswarm.agent.weights import Manifest, check_source_files
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
@@ -57,8 +58,7 @@ from p2pswarm.wire.loads import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import Leader, StageHostPort
     from p2pswarm.agent.weights import WeightsCache
 
 log = logging.getLogger("p2pswarm.serving")
@@ -67,7 +67,7 @@ PROGRESS_STEP = 0.05  # fetch progress is reported every 5% of a stage's bytes
 
 
 class StageHost:
-    def __init__(self, agent: Agent, leadership: Leadership, runtime: StageRuntime,
+    def __init__(self, agent: StageHostPort, leadership: Leader, runtime: StageRuntime,
                  offers: Offers, progress: Progress) -> None:
         self.agent = agent
         self.leadership = leadership
@@ -212,7 +212,7 @@ class StageHost:
         source = self.agent.fellow(source_id)
         if source is not None and source.present:
             return None
-        unheld = await first_unheld(self.agent, manifest, names, cache, source_id)
+        unheld = await first_unheld(whole(self.agent), manifest, names, cache, source_id)
         if unheld is None:
             return None
         source_name = str(block.get("source", "their fellow"))[:64]
@@ -328,7 +328,7 @@ class StageHost:
                     self.agent.spawn(self.progress.report, order, "fetching", done, total)
 
             await self.progress.report(order, "fetching", 0, total)
-            fetched = (await gather(self.agent, manifest, [t.name for t in missing], cache,
+            fetched = (await gather(whole(self.agent), manifest, [t.name for t in missing], cache,
                                     self.agent.compute.run,
                                     source_id=str(model.get("source_id", "")),
                                     source_name=str(model.get("source", "the source"))[:64],
@@ -351,7 +351,7 @@ class StageHost:
             missing = list({t.sha256: t for t in manifest.tensors
                             if not cache.has(t.sha256, t.nbytes)}.values())
             if missing:
-                fetched = (await gather(self.agent, manifest, [t.name for t in missing], cache,
+                fetched = (await gather(whole(self.agent), manifest, [t.name for t in missing], cache,
                                         self.agent.compute.run,
                                         source_id=str(block.get("source_id", "")),
                                         source_name=str(block.get("source", "the source"))[:64])

@@ -62,7 +62,7 @@ from p2pswarm.wire.serving import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.serving.ports import SessionsPort, Streams
     from p2pswarm.transport.secure import SecureStream
 
 T = TypeVar("T")
@@ -88,7 +88,7 @@ class StageSession:
         self.sampler: Any = None
 
 
-async def open_hop(agent: Agent, hop: dict[str, Any]) -> SecureStream:
+async def open_hop(agent: Streams, hop: dict[str, Any]) -> SecureStream:
     """A stream to the fellow a route names, checked to be that fellow."""
     stream = await agent.open_secure(str(hop["addr"]))
     if stream.peer_node_id.hex() != hop["fellow_id"]:
@@ -98,7 +98,7 @@ async def open_hop(agent: Agent, hop: dict[str, Any]) -> SecureStream:
 
 
 class StageSessions:
-    def __init__(self, agent: Agent, runtime: StageRuntime,
+    def __init__(self, agent: SessionsPort, runtime: StageRuntime,
                  hosted: dict[tuple[str, int], HostedStage]) -> None:
         self.agent = agent
         self.runtime = runtime

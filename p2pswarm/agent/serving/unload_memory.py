@@ -28,8 +28,7 @@ from p2pswarm.wire.loads import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import Leader, UnloadsPort
     from p2pswarm.agent.serving.stage_host import StageHost
 
 log = logging.getLogger("p2pswarm.serving")
@@ -42,7 +41,7 @@ MAX_ASKED = 64  # fellows asked before an adoption (each was handed every tombst
 class UnloadMemory:
     """The fellow's tombstones and its answers; the leader's handing out and asking."""
 
-    def __init__(self, agent: Agent, leadership: Leadership, host: StageHost) -> None:
+    def __init__(self, agent: UnloadsPort, leadership: Leader, host: StageHost) -> None:
         self.agent = agent
         self.leadership = leadership
         self.host = host
