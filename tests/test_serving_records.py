@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from p2pswarm import wire
-from p2pswarm.agent.serving.records import StageOrder, route_dict, route_hop
+from p2pswarm.agent.serving.records import StageOrder, route_dict, route_hop, runtime_block
 from p2pswarm.errors import ConfigError, LocalProtocolError
 from p2pswarm.wire.loads import StagePrepare, StageStart
 
@@ -18,7 +18,7 @@ RUNTIME = {"dtype": "float16", "quant": "int4", "quant_group_size": 32,
 ORDER = StageOrder(
     plan_id="0123456789abcdef", stage=1, n_stages=3, fellow_id="ab" * 16, layers=(4, 9),
     card_kind="cuda", card_index=0, card_name="GTX 1050 Ti", claim_bytes=3 * 2**30,
-    need_bytes=3 * 2**30 + 12345, runtime=RUNTIME,
+    need_bytes=3 * 2**30 + 12345, runtime=runtime_block(RUNTIME),
     model={"kind": "files", "name": "m", "manifest": {"files": [], "tensors": []}},
     progress_addr="10.0.0.2:7000", ticket="00ff", adapter={"rank": 8, "alpha": 16})
 HOP = {"stage": 0, "fellow_id": "cd" * 16, "fellow": "fxserver", "addr": "10.0.0.3:7000",

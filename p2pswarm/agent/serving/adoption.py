@@ -43,6 +43,7 @@ from p2pswarm.agent.serving.records import (
     public_model,
     route_dict,
     route_hop,
+    runtime_doc,
 )
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.wire.loads import RouteHop, StageAssignment, StageOrdersAsk, StageOrdersKept
@@ -200,7 +201,7 @@ class Adoption:
             first = orders[0]
             record: dict[str, Any] = {
                 "plan_id": plan_id, "model": public_model(first.model),
-                "runtime": dict(first.runtime), "stages": route,
+                "runtime": runtime_doc(first.runtime), "stages": route,
                 "adopted": {"at": time.time(), "term": self.leadership.term(),
                             "leader": self.agent.name}}
             if first.adapter:

@@ -49,6 +49,7 @@ from p2pswarm.agent.serving.records import (
     public_adapter,
     public_model,
     route_hop,
+    runtime_block,
 )
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.errors import (
@@ -59,6 +60,7 @@ from p2pswarm.errors import (
     SwarmError,
     TransportError,
 )
+from p2pswarm.planner.plan import Plan
 from p2pswarm.planner.profile import BUILTIN_MODELS
 from p2pswarm.planner.wording import card_label
 from p2pswarm.wire.loads import (
@@ -199,14 +201,15 @@ class Loads:
                 adapter or message.get("adapter")):
             raise ConfigError("the load's adapter is not the one its request names")
         async with self._lock:
-            plan = await self.agent.planning.pinned_plan(message, expected)
-            self.agent.planning.shown.check_pin(expected, plan)
-            if plan.get("kind") != "serve":
+            shown = await self.agent.planning.pinned_plan(message, expected)
+            self.agent.planning.shown.check_pin(expected, shown)
+            if shown.get("kind") != "serve":
                 raise ConfigError("load serves a model: plan it without --train")
-            if not plan.get("fits"):
-                raise PlacementError(f"plan {plan['plan_id']} does not fit: "
-                                     f"{plan['layout']['limit']['sentence']}")
-            plan_id = flight.plan_id = plan["plan_id"]
+            plan = Plan.from_doc(shown)
+            if not plan.fits:
+                raise PlacementError(f"plan {plan.plan_id} does not fit: "
+                                     f"{plan.limit.sentence}")
+            plan_id = flight.plan_id = plan.plan_id
             if any(r["plan_id"] == plan_id for r in self.loads_view()):
                 raise PlacementError(f"plan {plan_id} is already loaded: `p2pswarm loads` "
                                      "shows it; unload it first to load it again")
@@ -218,7 +221,7 @@ class Loads:
             self.asked[plan_id] = (message, model, adapter)
             return LoadDone(pack_doc(record))
 
-    async def bring_up_beside(self, plan: dict[str, Any], message: dict[str, Any],
+    async def bring_up_beside(self, plan: Plan, message: dict[str, Any],
                               model: dict[str, Any],
                               adapter: dict[str, Any] | None) -> dict[str, Any]:
         """Bring ``plan`` up as a load of its own, as ``load`` does (checked, fetched,
@@ -227,7 +230,7 @@ class Loads:
         orders = _stage_orders(plan, model, "", "", adapter, self._generation())
         record = await self._bring_up(plan, orders, self._order_addrs(orders), model, adapter,
                                       message)
-        self.asked[plan["plan_id"]] = (message, model, adapter)
+        self.asked[plan.plan_id] = (message, model, adapter)
         return record
 
     def _generation(self) -> str:
@@ -284,10 +287,10 @@ class Loads:
             out[order.stage] = (order.fellow_id, member.name, member.addr)
         return out
 
-    async def _bring_up(self, plan: dict[str, Any], orders: list[StageOrder], addrs: Addrs,
+    async def _bring_up(self, plan: Plan, orders: list[StageOrder], addrs: Addrs,
                         model: dict[str, Any], adapter: dict[str, Any] | None,
                         message: dict[str, Any]) -> dict[str, Any]:
-        plan_id = plan["plan_id"]
+        plan_id = plan.plan_id
         try:
             return await self._bring_up_orders(plan, orders, addrs, model, adapter,
                                                asked_doc(message, adapter))
@@ -297,10 +300,10 @@ class Loads:
             await self.release_all(plan_id, addrs)  # same, all or nothing (shielded)
             raise
 
-    async def _bring_up_orders(self, plan: dict[str, Any], orders: list[StageOrder],
+    async def _bring_up_orders(self, plan: Plan, orders: list[StageOrder],
                                addrs: Addrs, model: dict[str, Any],
                                adapter: dict[str, Any] | None, asked: bytes) -> dict[str, Any]:
-        plan_id = plan["plan_id"]
+        plan_id = plan.plan_id
         began = time.perf_counter()
         prepared = await self._order_all(
             orders, addrs, "stage-prepare", self.prepare_timeout_s, StagePrepared,
@@ -342,7 +345,7 @@ class Loads:
             raise PlacementError(f"load of plan {plan_id} failed to start, everything "
                                  "released: " + "; ".join(failures))
         record = {"plan_id": plan_id, "model": public_model(model),
-                  "runtime": dict(plan["runtime"]), "stages": route,
+                  "runtime": plan.runtime(), "stages": route,
                   "load_s": time.perf_counter() - began}
         if adapter:
             record["adapter"] = public_adapter(adapter)
@@ -552,24 +555,22 @@ def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
         raise ConfigError(f"unknown model kind {model.get('kind')!r}")
 
 
-def _stage_orders(plan: dict[str, Any], model: dict[str, Any], progress_addr: str,
+def _stage_orders(plan: Plan, model: dict[str, Any], progress_addr: str,
                   ticket: str, adapter: dict[str, Any] | None = None,
                   generation: str = "") -> list[StageOrder]:
-    cards = {(c["fellow_id"], c["kind"], c["index"]): c for c in plan["cards"] if c["used"]}
+    cards = {(c.fellow_id, c.kind, c.index): c for c in plan.cards if c.used}
+    runtime = runtime_block(plan.runtime())
     orders = []
-    for s in plan["stages"]:
-        card = cards[(s["fellow_id"], s["kind"], s["index"])]
-        seg = card["segments"]
-        claim = seg["weights"] + seg["embeddings_head_buffers"] + seg["kv_cache"]
-        need = sum(v for k, v in seg.items()
-                   if k not in ("other_programs", "free", "does_not_fit"))
+    for s in plan.stages:
+        card = cards[(s.fellow_id, s.kind, s.card_index)]
+        start, end = s.layers
         orders.append(StageOrder(
-            plan_id=plan["plan_id"], stage=s["stage"], n_stages=len(plan["stages"]),
-            fellow_id=s["fellow_id"], layers=(s["layers"][0], s["layers"][1]),
-            card_kind=s["kind"], card_index=s["index"], card_name=s["name"],
-            claim_bytes=claim, need_bytes=need, runtime=dict(plan["runtime"]), model=model,
-            progress_addr=progress_addr, ticket=ticket,
-            adapter=stage_block(adapter, s["layers"][0], s["layers"][1]) if adapter else {},
+            plan_id=plan.plan_id, stage=s.index, n_stages=len(plan.stages),
+            fellow_id=s.fellow_id, layers=(start, end), card_kind=s.kind,
+            card_index=s.card_index, card_name=s.name,
+            claim_bytes=card.segments.claim_bytes, need_bytes=card.segments.need_bytes,
+            runtime=runtime, model=model, progress_addr=progress_addr, ticket=ticket,
+            adapter=stage_block(adapter, start, end) if adapter else {},
             generation=generation))
     return orders
 

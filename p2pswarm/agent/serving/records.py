@@ -10,6 +10,7 @@ keep it as plain maps (``route_dict``), the ``StageStart`` order as typed ``Rout
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -45,7 +46,7 @@ class StageOrder:
     card_name: str
     claim_bytes: int  # what the stage allocates: weights, embeddings/head/buffers, KV cache
     need_bytes: int  # what must be free: the claim plus activations and workspace
-    runtime: dict[str, Any]  # the plan's runtime block (StageSpec fields)
+    runtime: RuntimeBlock  # what every stage of the plan allocates (``runtime_block``)
     model: dict[str, Any]  # identity: {"kind": "builtin", "name"} or {"kind": "files", ...}
     progress_addr: str = ""
     ticket: str = ""
@@ -61,17 +62,17 @@ class StageOrder:
         return "cpu" if self.card_kind == "cpu" else f"cuda:{self.card_index}"
 
     def spec(self) -> StageSpec:
-        return StageSpec(self.layers[0], self.layers[1], device=self.device,
-                         **{k: self.runtime[k] for k in _SPEC_FIELDS if k in self.runtime})
+        r = self.runtime
+        return StageSpec(self.layers[0], self.layers[1], dtype=r.dtype, quant=r.quant,
+                         quant_group_size=r.quant_group_size, kv_dtype=r.kv_dtype,
+                         max_context_tokens=r.max_context_tokens, max_sessions=r.max_sessions,
+                         prefill_chunk_tokens=r.prefill_chunk_tokens, device=self.device)
 
     def to_wire(self) -> StageAssignment:
-        defaults = StageSpec(0, 0)
-        block = RuntimeBlock(**{k: self.runtime.get(k, getattr(defaults, k))
-                                for k in _SPEC_FIELDS})
         return StageAssignment(
             self.plan_id, self.stage, self.n_stages, self.fellow_id, self.layers[0],
             self.layers[1], self.card_kind, self.card_index, self.card_name,
-            self.claim_bytes, self.need_bytes, block, pack_doc(self.model),
+            self.claim_bytes, self.need_bytes, self.runtime, pack_doc(self.model),
             self.progress_addr, self.ticket, pack_doc(self.adapter) if self.adapter else b"",
             self.generation)
 
@@ -82,16 +83,27 @@ class StageOrder:
             adapter = unpack_doc(order.adapter) if order.adapter else {}
         except RemoteProtocolError as exc:
             raise ConfigError(f"malformed stage order ({exc})") from None
-        block = order.runtime
         return StageOrder(
             plan_id=order.plan_id, stage=order.stage, n_stages=order.n_stages,
             fellow_id=order.fellow_id, layers=(order.start_layer, order.end_layer),
             card_kind=order.card_kind, card_index=order.card_index,
             card_name=order.card_name, claim_bytes=order.claim_bytes,
             need_bytes=order.need_bytes,
-            runtime={k: getattr(block, k) for k in _SPEC_FIELDS}, model=model,
+            runtime=order.runtime, model=model,
             progress_addr=order.progress_addr, ticket=order.ticket, adapter=adapter,
             generation=order.generation)
+
+
+def runtime_block(doc: Mapping[str, Any]) -> RuntimeBlock:
+    """A plan's runtime document (``Plan.runtime``) as the one value stage orders, the wire
+    and ``StageSpec`` share; a field it leaves out is ``StageSpec``'s default."""
+    defaults = StageSpec(0, 0)
+    return RuntimeBlock(**{k: doc.get(k, getattr(defaults, k)) for k in _SPEC_FIELDS})
+
+
+def runtime_doc(block: RuntimeBlock) -> dict[str, Any]:
+    """The block as records and gossip show it."""
+    return {k: getattr(block, k) for k in _SPEC_FIELDS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,4 +264,6 @@ __all__ = [
     "public_model",
     "route_dict",
     "route_hop",
+    "runtime_block",
+    "runtime_doc",
 ]

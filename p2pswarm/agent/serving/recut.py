@@ -45,6 +45,7 @@ from p2pswarm.agent.serving.moves import (
 )
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
 from p2pswarm.planner import plan_message
+from p2pswarm.planner.plan import Plan
 
 if TYPE_CHECKING:
     from p2pswarm.agent.serving.ports import RecutPort
@@ -138,7 +139,8 @@ class Recut:
                 raise PlacementError(f"{refused}: plan {new_id} is loaded already")
             message, model, adapter = replan_message(asked[0]), asked[1], asked[2]
             try:
-                new = await self.loads.bring_up_beside(plan, message, model, adapter)
+                new = await self.loads.bring_up_beside(Plan.from_doc(plan), message, model,
+                                                        adapter)
             except SwarmError as exc:
                 # a fellow short of memory (stage_host says "... free now, the stage
                 # needs ..."): the cards cannot hold both placements at once

@@ -36,6 +36,7 @@ from p2pswarm.agent.serving.records import (
     public_adapter,
     public_model,
     route_dict,
+    runtime_doc,
 )
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.serving.ports import whole
@@ -446,7 +447,7 @@ class StageHost:
                             "layers": list(o.layers),
                             "card": card_label(o.card_kind, o.card_index, o.card_name),
                             "claim_bytes": o.claim_bytes, "allocated_bytes": h.allocated_bytes,
-                            "runtime": o.runtime, "model": public_model(o.model),
+                            "runtime": runtime_doc(o.runtime), "model": public_model(o.model),
                             **({"adapter": public_adapter(o.adapter)} if o.adapter else {}),
                             "route": [{k: r[k] for k in ROUTE_KEYS if k in r}
                                       for r in h.route]})
