@@ -83,15 +83,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("p2pswarm.serving")
 
-GRACE_S = 8.0  # a silent fellow keeps its stage this long (a 5 s radio fade, and some)
-CHECK_TIMEOUT_S = 1.0  # one StageCheck waits this long before it is asked again
-CHECK_RETRY_S = 0.25
-WATCH_S = 0.5  # how often the leader looks at its loads' fellows
-RETRY_WAITING_S = 2.0  # a load waiting for a card tries again this often
 CANDIDATES_TRIED = 3  # cards asked, in order, before a heal gives up for now
 MOVES_KEPT = 32  # moves a load remembers
-RELEASE_FOR_S = 120.0  # a lost fellow that comes back is told to release this long
-LOOK_AFTER_CHANGE_S = 30.0  # a leader watches this long for kept loads after a change
 
 
 class Failover:
@@ -104,7 +97,9 @@ class Failover:
         self.loads = loads
         self.host = host
         self.hosted = host.hosted
-        self.grace_s = GRACE_S
+        self.timings = agent.config.serving  # its watch, checks and grace (``config``)
+        # a silent fellow keeps its stage this long: a test shortens it midway
+        self.grace_s = self.timings.grace_s
         self._locks: dict[str, trio.Lock] = {}
         self._healing: set[str] = set()
         self._retry_at: dict[str, float] = {}
@@ -207,13 +202,13 @@ class Failover:
         and those it led before as their fellows now keep them."""
         for plan_id in sorted(self.loads.loads):
             self.agent.spawn(self._adopt_quietly, plan_id, True)
-        self._look_until = trio.current_time() + LOOK_AFTER_CHANGE_S
+        self._look_until = trio.current_time() + self.timings.look_after_change_s
         self.watch_soon()
 
     def look_a_while(self) -> None:
         """Watch for a while even with no load in sight: a fellow (back, or just
         elected) may gossip the orders of a load no one serves any more."""
-        self._look_until = trio.current_time() + LOOK_AFTER_CHANGE_S
+        self._look_until = trio.current_time() + self.timings.look_after_change_s
         if self.leadership.is_leader():
             self.watch_soon()
 
@@ -243,13 +238,13 @@ class Failover:
         try:
             while self.loads.loads or (self.leadership.is_leader() and (
                     self.adoption.unadopted() or trio.current_time() < self._look_until)):
-                await trio.sleep(WATCH_S)
+                await trio.sleep(self.timings.watch_s)
                 if not self.leadership.is_leader():
                     continue
                 now = trio.current_time()
                 for plan_id in self.adoption.unadopted():
                     if now >= self._adopt_at.get(plan_id, 0.0):
-                        self._adopt_at[plan_id] = now + RETRY_WAITING_S
+                        self._adopt_at[plan_id] = now + self.timings.retry_waiting_s
                         self.agent.spawn(self._adopt_quietly, plan_id)
                 kept_by = self.keepers.kept_by()
                 for plan_id, record in list(self.loads.loads.items()):
@@ -325,7 +320,7 @@ class Failover:
                                          same_fellow_first=answered)
                     except PlacementError as exc:
                         record["waiting"] = str(exc)
-                        self._retry_at[plan_id] = trio.current_time() + RETRY_WAITING_S
+                        self._retry_at[plan_id] = trio.current_time() + self.timings.retry_waiting_s
                         raise
                 record.pop("waiting", None)
                 return record
@@ -358,7 +353,7 @@ class Failover:
             if self._member_state(hop["fellow_id"]) in ("left", "unknown"):
                 return f"{name} left the swarm", False
             try:
-                with trio.fail_after(CHECK_TIMEOUT_S):
+                with trio.fail_after(self.timings.check_timeout_s):
                     reply = await self.leadership.order(
                         hop["addr"], StageCheck(plan_id, int(hop["stage"])), StageChecked)
                 if reply.state == "active":
@@ -370,7 +365,7 @@ class Failover:
                 pass
             if trio.current_time() >= deadline:
                 return f"{name} was silent for {self.grace_s:g} s", False
-            await trio.sleep(CHECK_RETRY_S)
+            await trio.sleep(self.timings.check_retry_s)
 
     async def _move(self, record: dict[str, Any], stage: int, why: str,
                     candidates: list[tuple[Fellow, CardView]] | None = None,
@@ -439,9 +434,9 @@ class Failover:
     async def _bring_up(self, order: StageOrder, addr: str) -> StageLoaded:
         """Prepare and load ``order`` on the fellow at ``addr``; released on failure."""
         try:
-            with trio.fail_after(self.loads.prepare_timeout_s):
+            with trio.fail_after(self.timings.order_timeout_s):
                 await self.leadership.order(addr, StagePrepare(order.to_wire()), StagePrepared)
-            with trio.fail_after(self.loads.load_timeout_s):
+            with trio.fail_after(self.timings.load_timeout_s):
                 return await self.leadership.order(addr, StageLoad(order.plan_id, order.stage),
                                                    StageLoaded)
         except BaseException as exc:
@@ -453,7 +448,7 @@ class Failover:
 
     async def _release(self, plan_id: str, addr: str, stage: int) -> None:
         try:
-            with trio.fail_after(self.loads.prepare_timeout_s):
+            with trio.fail_after(self.timings.order_timeout_s):
                 await self.leadership.order(addr, StageRelease(plan_id), StageReleased)
         except (SwarmError, trio.TooSlowError) as exc:
             log.info("release of stage %d of %s on %s: %s", stage, plan_id, addr, exc)
@@ -468,7 +463,7 @@ class Failover:
 
         async def one(addr: str) -> None:
             try:
-                with trio.fail_after(self.loads.prepare_timeout_s):
+                with trio.fail_after(self.timings.order_timeout_s):
                     await self.leadership.order(addr, StageStart(plan_id, hops, kept, asked),
                                                 StageStarted)
             except (SwarmError, trio.TooSlowError) as exc:
@@ -480,12 +475,12 @@ class Failover:
 
     async def _release_when_back(self, plan_id: str, addr: str) -> None:
         """A lost fellow that comes back still holds the moved stage: release it."""
-        deadline = trio.current_time() + RELEASE_FOR_S
+        deadline = trio.current_time() + self.timings.release_for_s
         while trio.current_time() < deadline and plan_id in self.loads.loads:
             if addr in {h["addr"] for h in self.loads.loads[plan_id]["stages"]}:
                 return  # it holds another stage of the load now; the route says which
             try:
-                with trio.fail_after(CHECK_TIMEOUT_S * 2):
+                with trio.fail_after(self.timings.check_timeout_s * 2):
                     await self.leadership.order(addr, StageRelease(plan_id), StageReleased)
                 return
             except NobodyListens:
@@ -498,4 +493,4 @@ def _distinct(items: Iterable[str]) -> list[str]:
     return sorted(set(items))
 
 
-__all__ = ["GRACE_S", "Failover"]
+__all__ = ["Failover"]

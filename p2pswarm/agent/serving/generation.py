@@ -88,7 +88,6 @@ if TYPE_CHECKING:
     from p2pswarm.agent.serving.ports import GenerationPort
     from p2pswarm.transport.secure import SecureStream
 
-MEMBER_WATCH_S = 0.25  # how often a driver looks at its stage fellows' membership state
 MAX_RESUMES = 8  # a generation resumed on a healed load this often at most
 SAME_ROUTE_RESUMES = 2  # ... and at most this often in a row on an unchanged route
 HEAL_TIMEOUT_S = 900.0  # the most a driver waits for the leader to heal a load
@@ -575,8 +574,8 @@ class Generation:
                     return
                 while (m := self.agent.fellow(hop["fellow_id"])) is not None \
                         and m.state == "dead":  # back, as the leader found: wait for word
-                    await trio.sleep(MEMBER_WATCH_S)
-            await trio.sleep(MEMBER_WATCH_S)
+                    await trio.sleep(self.agent.config.serving.member_watch_s)
+            await trio.sleep(self.agent.config.serving.member_watch_s)
 
 
 def _lost_stage(msg: SessionError, route: list[dict[str, Any]]) -> int | None:

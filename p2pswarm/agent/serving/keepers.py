@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2pswarm.serving")
 
 KEEPERS = 2  # fellows outside the route that keep a load's orders
-ORDER_TIMEOUT_S = 5.0
 DROP_AGAIN_S = 5.0  # a fellow that did not drop orders (no leader yet) is told again
 DROPS_REMEMBERED = 1024
 
@@ -114,7 +113,7 @@ class Keepers:
 
         async def one(addr: str) -> None:
             try:
-                with trio.fail_after(ORDER_TIMEOUT_S):
+                with trio.fail_after(self.agent.config.serving.keep_order_timeout_s):
                     await self.leadership.order(addr, LoadKeep(plan_id, hops, kept, asked),
                                                 StageStarted)
             except (SwarmError, trio.TooSlowError) as exc:
@@ -162,7 +161,7 @@ class Keepers:
 
     async def _drop(self, plan_id: str, addr: str) -> None:
         try:
-            with trio.fail_after(ORDER_TIMEOUT_S):
+            with trio.fail_after(self.agent.config.serving.keep_order_timeout_s):
                 await self.leadership.order(addr, StageRelease(plan_id), StageReleased)
             log.info("%s no longer keeps the orders of %s", addr, plan_id)
         except (SwarmError, trio.TooSlowError) as exc:

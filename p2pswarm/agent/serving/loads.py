@@ -117,8 +117,7 @@ class Loads:
         self.leadership = leadership
         self.events = events  # loads come up and go (``events``): this publishes them
         self.loads: dict[str, dict[str, Any]] = {}  # loads this agent led, by plan_id
-        self.prepare_timeout_s = 30.0
-        self.load_timeout_s = 3600.0  # fetching and loading a big stage takes a while
+        self.timings = agent.config.serving
         self._unloaded: dict[str, float] = {}
         # loads unloaded here (the last TICKETS_KEPT): a fellow away during the unload
         # that comes back keeping their orders is told to drop them, not adopted
@@ -306,7 +305,7 @@ class Loads:
         plan_id = plan.plan_id
         began = time.perf_counter()
         prepared = await self._order_all(
-            orders, addrs, "stage-prepare", self.prepare_timeout_s, StagePrepared,
+            orders, addrs, "stage-prepare", self.timings.order_timeout_s, StagePrepared,
             lambda o: StagePrepare(o.to_wire()))
         refusals = [f"{addrs[i][1]}: {r}" for i, r in prepared.items()
                     if isinstance(r, SwarmError)]
@@ -315,7 +314,7 @@ class Loads:
             raise PlacementError(f"load of plan {plan_id} refused, nothing loaded: "
                                  + "; ".join(refusals))
         loaded = await self._order_all(
-            orders, addrs, "stage-load", self.load_timeout_s, StageLoaded,
+            orders, addrs, "stage-load", self.timings.load_timeout_s, StageLoaded,
             lambda o: StageLoad(plan_id, o.stage))
         failures = [f"{addrs[i][1]}: {r}" for i, r in loaded.items() if isinstance(r, SwarmError)]
         if failures:
@@ -336,7 +335,7 @@ class Loads:
         hops = tuple(route_hop(r) for r in route)
         kept = tuple(o.to_wire() for o in orders)  # every stage keeps them (``adoption``)
         started = await self._order_all(
-            orders, addrs, "stage-start", self.prepare_timeout_s, StageStarted,
+            orders, addrs, "stage-start", self.timings.order_timeout_s, StageStarted,
             lambda o: StageStart(plan_id, hops, kept, asked))
         failures = [f"{addrs[i][1]}: {r}" for i, r in started.items()
                     if isinstance(r, SwarmError)]
@@ -388,7 +387,7 @@ class Loads:
 
         async def one(addr: str) -> None:
             try:
-                with trio.fail_after(self.prepare_timeout_s):
+                with trio.fail_after(self.timings.order_timeout_s):
                     await self.leadership.order(addr, StageRelease(plan_id), StageReleased)
             except (SwarmError, trio.TooSlowError) as exc:
                 log.warning("release of %s on %s failed: %s", plan_id, addr, exc)

@@ -214,7 +214,7 @@ class OffersPort(Computes, Configured, Answers, Cards, Protocol):
     """``offers``: the weights this fellow offers, and its cache."""
 
 
-class LoadsPort(Fellows, Plans, Random, Spawns, Protocol):
+class LoadsPort(Fellows, Plans, Random, Spawns, Configured, Protocol):
     """``loads``: the leader's bring-up and unload."""
 
 
@@ -236,11 +236,11 @@ class GenerationPort(Named, Computes, Configured, Fellows, Random, Streams, Coun
     """``generation``: the driver (and the weights it gathers)."""
 
 
-class KeepersPort(Fellows, Spawns, Plans, Protocol):
+class KeepersPort(Fellows, Spawns, Plans, Configured, Protocol):
     """``keepers``: the fellows that keep a load's orders."""
 
 
-class UnloadsPort(Named, Counted, Fellows, Protocol):
+class UnloadsPort(Named, Counted, Fellows, Configured, Protocol):
     """``unload_memory``: unloads remembered across leaders."""
 
 
@@ -252,7 +252,8 @@ class RecutPort(Spawns, Protocol):
     """``recut``: a live move to another cut."""
 
 
-class FailoverPort(Named, Counted, Fellows, Spawns, Plans, ServesControl, Protocol):
+class FailoverPort(Named, Counted, Fellows, Spawns, Plans, ServesControl, Configured,
+                   Protocol):
     """``failover`` and the rooms it builds (adoption, keepers, recut, unload memory)."""
 
 

@@ -78,7 +78,6 @@ class StageHost:
         self.hosted: dict[tuple[str, int], HostedStage] = {}
         # released while their build ran: what it allocates is dropped when it ends
         self.releasing: dict[tuple[str, int], HostedStage] = {}
-        self.reservation_s = 120.0  # a stage reserved or loaded but never started
         directory = agent.world.services.loads_dir or (
             agent.home / "loads" if agent.home is not None else None)
         # the orders of the loads this fellow hosts a stage of, or keeps for a later
@@ -139,7 +138,7 @@ class StageHost:
         if reason is not None:
             raise PlacementError(f"refuses stage {order.stage}: {reason}")
         hosted = HostedStage(order, self.leadership.term(),
-                             trio.current_time() + self.reservation_s)
+                             trio.current_time() + self.agent.config.serving.reservation_s)
         self.hosted[key] = hosted
         self.agent.spawn(self._expire, key, hosted)
         await self.progress.report(order, "checked", 0, order.claim_bytes)
@@ -293,7 +292,7 @@ class StageHost:
         hosted.stage = stage
         hosted.allocated_bytes = allocated
         hosted.state = "loaded"
-        hosted.expires_s = trio.current_time() + self.reservation_s
+        hosted.expires_s = trio.current_time() + self.agent.config.serving.reservation_s
         await self.progress.report(order, "ready", allocated, order.claim_bytes)
         return StageLoaded(allocated, fetched, fetch_s, time.perf_counter() - began)
 
@@ -430,7 +429,7 @@ class StageHost:
             if self.hosted.get(key) is not hosted or hosted.state == "active":
                 return
             if hosted.state == "loading":
-                hosted.expires_s = trio.current_time() + self.reservation_s
+                hosted.expires_s = trio.current_time() + self.agent.config.serving.reservation_s
                 continue
             log.warning("%s: stage %d of %s was never started; releasing it", self.agent.name,
                         key[1], key[0])

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("p2pswarm.serving")
 
-ORDER_TIMEOUT_S = 5.0  # one fellow handed a tombstone
 ASK_TIMEOUT_S = 2.0  # one fellow asked which unloads it remembers
 MAX_ASKED = 64  # fellows asked before an adoption (each was handed every tombstone)
 
@@ -111,7 +110,7 @@ class UnloadMemory:
 
     async def _hand(self, addr: str, record: UnloadRecord) -> None:
         try:
-            with trio.fail_after(ORDER_TIMEOUT_S):
+            with trio.fail_after(self.agent.config.serving.keep_order_timeout_s):
                 await self.leadership.order(addr, LoadUnloaded(record), StageReleased)
         except (SwarmError, trio.TooSlowError) as exc:
             log.info("%s was not told of the unload of %s: %s", addr, record.plan_id,
