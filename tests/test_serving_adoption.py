@@ -90,10 +90,10 @@ async def test_a_new_leader_moves_a_stage_lost_after_the_change_of_leader(
         # every fellow of the healed load keeps the new route and orders, for the next one
         for agent in swarm.live():
             for (p, _), hosted in agent.serving.hosted.items():
-                assert p == plan_id and [h["fellow"] for h in hosted.route] == [
+                assert p == plan_id and [h.fellow for h in hosted.route] == [
                     r["fellow"] for r in result.route]
                 assert [o.fellow_id for o in hosted.kept_orders] == [
-                    h["fellow_id"] for h in hosted.route]
+                    h.fellow_id for h in hosted.route]
         nursery.cancel_scope.cancel()
 
 

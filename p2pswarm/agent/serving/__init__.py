@@ -203,10 +203,12 @@ class Serving:
         return await self.leader.list_loads()
 
     async def find_load(self, plan_id: str | None = None) -> dict[str, Any]:
-        return await self.driver.find_load(plan_id)
+        """The load ``plan_id`` (or the only one), checked to serve, as its record shows it."""
+        return await self.driver.find_doc(plan_id)
 
     async def tokenizer(self, record: dict[str, Any]) -> Any:
-        return await self.driver.tokenizer(record)
+        """The tokenizer of the load ``record`` shows."""
+        return await self.driver.tokenizer(record.get("model", {}))
 
     async def generate(self, prompt: str | None = None, *,
                        prompt_ids: Sequence[int] | None = None, plan_id: str | None = None,

@@ -42,7 +42,6 @@ from p2pswarm.agent.serving.records import (
     public_adapter,
     public_model,
     route_dict,
-    route_hop,
     runtime_doc,
 )
 from p2pswarm.errors import ConfigError, SwarmError
@@ -109,7 +108,7 @@ class Adoption:
             kept = self.host.kept.get(call.plan_id)
             return kept.answer() if kept is not None else StageOrdersKept(0, (), ())
         h = max(mine, key=lambda h: h.started_term)
-        return StageOrdersKept(h.started_term, tuple(route_hop(r) for r in h.route),
+        return StageOrdersKept(h.started_term, h.route,
                                h.kept_orders, h.kept_asked)
 
     # --- the leader's side ---------------------------------------------------------------

@@ -164,11 +164,86 @@ def generation_tokens(record: dict[str, Any]) -> tuple[int, str]:
     recurrent model wrongly gains nothing: each stage holds a non-recurrent model to its
     context itself."""
     model = record.get("model")
-    if isinstance(model, dict) and model.get("recurrent") is True:  # what the asker said
+    recurrent = isinstance(model, dict) and model.get("recurrent") is True
+    return _generation_tokens(recurrent, int((record.get("runtime") or {}).get(
+        "max_context_tokens", 0)))
+
+
+def _generation_tokens(recurrent: bool, context: int) -> tuple[int, str]:
+    if recurrent:  # what the asker said
         return (RECURRENT_GENERATION_TOKENS, f"the {RECURRENT_GENERATION_TOKENS:,} tokens one "
                 "generation of a recurrent model may reach (its state does not grow)")
-    context = int((record.get("runtime") or {}).get("max_context_tokens", 0))
     return context, f"the load's context of {context} tokens"
+
+
+MAX_ROUTE_STAGES = 1024  # a route from the network longer than this is not believed
+
+
+def _hop(doc: Any, i: int) -> RouteHop:
+    """Route entry ``i`` of a record: its stage, its fellow's id (hex), name and address
+    checked; ConfigError otherwise."""
+    if not (isinstance(doc, dict) and doc.get("stage") == i
+            and isinstance(doc.get("fellow_id"), str) and isinstance(doc.get("fellow"), str)
+            and isinstance(doc.get("addr"), str)):
+        raise ConfigError(f"stage {i} of the load's route is malformed")
+    try:
+        bytes.fromhex(doc["fellow_id"])
+        layers = doc.get("layers") or [0, 0]
+        return RouteHop(i, doc["fellow_id"], doc["fellow"], doc["addr"], int(layers[0]),
+                        int(layers[1]), str(doc.get("card", "")),
+                        int(doc.get("claim_bytes", 0)), int(doc.get("allocated_bytes", 0)),
+                        int(doc.get("fetched_bytes", 0)), float(doc.get("fetch_s", 0.0)))
+    except (ValueError, TypeError, IndexError):
+        raise ConfigError(f"stage {i} of the load's route is malformed") from None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRecord:
+    """A load as a driver runs sessions through it: its route, and what of its runtime
+    and model a generation needs. Read from the document a leader answers or a fellow's
+    view shows (``from_doc``, checked: it may come from the network)."""
+
+    plan_id: str
+    stages: tuple[RouteHop, ...]  # in pipeline order
+    model: dict[str, Any]  # the model's public identity (``public_model``), a document
+    max_sessions: int  # sessions the load's stages hold at once
+    prefill_chunk_tokens: int
+    context_tokens: int  # 0: the record names no context
+    recurrent: bool  # the model's state does not grow with its tokens (what the asker said)
+    recut_from: tuple[str, ...] = ()  # the plan_ids it went by before live moves re-cut it
+
+    @property
+    def fellow_ids(self) -> tuple[str, ...]:
+        return tuple(h.fellow_id for h in self.stages)
+
+    def generation_tokens(self) -> tuple[int, str]:
+        """As ``generation_tokens`` of the record's document."""
+        return _generation_tokens(self.recurrent, self.context_tokens)
+
+    @staticmethod
+    def from_doc(doc: Any) -> LoadRecord:
+        if not isinstance(doc, dict) or not isinstance(doc.get("plan_id"), str):
+            raise ConfigError("a load's record names no plan_id")
+        hops, runtime, model = doc.get("stages"), doc.get("runtime"), doc.get("model", {})
+        if not isinstance(hops, list) or not 0 < len(hops) <= MAX_ROUTE_STAGES:
+            raise ConfigError("a load's record has no route, or too long a one")
+        if not isinstance(runtime, dict) or not isinstance(model, dict):
+            raise ConfigError("a load's record has no runtime or model")
+        try:
+            sessions = int(runtime.get("max_sessions", 1))
+            chunk = int(runtime.get("prefill_chunk_tokens", 256))
+            context = int(runtime.get("max_context_tokens", 0))
+        except (TypeError, ValueError):
+            raise ConfigError("a load's record has a malformed runtime") from None
+        return LoadRecord(doc["plan_id"], tuple(_hop(h, i) for i, h in enumerate(hops)),
+                          model, sessions, chunk, context, model.get("recurrent") is True,
+                          tuple(former_plan_ids(doc)))
+
+
+def route_entry(hop: RouteHop) -> dict[str, Any]:
+    """A route hop as a fellow gossips it with its stages (``ROUTE_KEYS``)."""
+    whole = route_dict(hop)
+    return {k: whole[k] for k in ROUTE_KEYS}
 
 
 class HostedStage:
@@ -183,7 +258,7 @@ class HostedStage:
         self.limiter = trio.CapacityLimiter(1)  # torch calls of one stage run one at a time
         self.allocated_bytes = 0
         self.decode_s = math.inf  # smoothed compute time of one decode step
-        self.route: list[dict[str, Any]] = []
+        self.route: tuple[RouteHop, ...] = ()
         self.sessions: set[str] = set()
         # every stage's order of the load and the term of the StageStart that brought
         # them: what a new leader asks for to take the load over (``adoption``)
@@ -192,12 +267,12 @@ class HostedStage:
         self.kept_asked = b""  # what the load was asked as (``StageStart.asked``)
 
     @property
-    def next_hop(self) -> dict[str, Any] | None:
+    def next_hop(self) -> RouteHop | None:
         i = self.order.stage + 1
         return self.route[i] if i < len(self.route) else None
 
     @property
-    def previous_hop(self) -> dict[str, Any] | None:
+    def previous_hop(self) -> RouteHop | None:
         i = self.order.stage - 1
         return self.route[i] if 0 <= i < len(self.route) else None
 
@@ -255,6 +330,8 @@ __all__ = [
     "CachedWeights",
     "GenerationResult",
     "HostedStage",
+    "LoadRecord",
+    "MAX_ROUTE_STAGES",
     "StageOrder",
     "WeightSource",
     "RECURRENT_GENERATION_TOKENS",
@@ -263,6 +340,7 @@ __all__ = [
     "public_adapter",
     "public_model",
     "route_dict",
+    "route_entry",
     "route_hop",
     "runtime_block",
     "runtime_doc",

@@ -28,14 +28,13 @@ from p2pswarm.agent.serving.kept_loads import KeptLoads
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
 from p2pswarm.agent.serving.records import (
-    ROUTE_KEYS,
     CachedWeights,
     HostedStage,
     StageOrder,
     WeightSource,
     public_adapter,
     public_model,
-    route_dict,
+    route_entry,
     runtime_doc,
 )
 from p2pswarm.agent.serving.runtime import StageRuntime
@@ -375,7 +374,7 @@ class StageHost:
                 self.agent.counters.refuse("stage-orders-unfit")
                 raise PlacementError(f"StageStart of {plan_id} refused: {exc}") from None
         for h in mine:
-            h.route = [route_dict(hop) for hop in call.route]
+            h.route = tuple(call.route)
             h.kept_orders, h.started_term, h.kept_asked = call.orders, call.term, call.asked
             h.state = "active"
         if call.orders:
@@ -448,8 +447,7 @@ class StageHost:
                             "claim_bytes": o.claim_bytes, "allocated_bytes": h.allocated_bytes,
                             "runtime": runtime_doc(o.runtime), "model": public_model(o.model),
                             **({"adapter": public_adapter(o.adapter)} if o.adapter else {}),
-                            "route": [{k: r[k] for k in ROUTE_KEYS if k in r}
-                                      for r in h.route]})
+                            "route": [route_entry(r) for r in h.route]})
         if entries:
             self.agent.extra_metadata["stages"] = entries
         else:
