@@ -160,9 +160,10 @@ class Failover:
                                      f"{self.agent.name} leads nor a placement it proposed "
                                      "for one (`p2pswarm loads` shows both); nothing moved")
             proposal = self.recut.proposal(plan_id, orders, self.agent.planning.view())
-            if pinned and (proposal is None or (proposal.plan or {}).get("plan_id") != pinned):
+            shown = proposal.plan.plan_id if proposal is not None and proposal.plan else ""
+            if pinned and shown != pinned:
                 now = "nothing faster" if proposal is None else \
-                    (proposal.plan or {}).get("plan_id") or "moving whole stages"
+                    shown or "moving whole stages"
                 raise PlacementError(f"plan {pinned} is no longer the faster placement for "
                                      f"load {plan_id} (now: {now}); `p2pswarm loads` shows "
                                      "it; nothing moved")

@@ -428,7 +428,7 @@ class Generation:
         except SwarmError as exc:
             log.info("the load could not be healed: %s", exc)
             return None
-        return healed if _same_load(healed, record) else None
+        return healed if healed.continues(record) else None
 
     async def _drive(self, record: LoadRecord, route: tuple[RouteHop, ...], run: _Run,
                      max_tokens: int, stops: set[int], open_msg: SessionOpen,
@@ -587,15 +587,6 @@ def _lost_stage(msg: SessionError) -> int | None:
     if msg.reason.startswith("failed") or msg.evicted:
         return None
     return int(msg.stage)
-
-
-def _same_load(healed: LoadRecord, record: LoadRecord) -> bool:
-    """Whether the leader's answer (its route checked well-formed by ``from_doc``) is this
-    load with as many stages, or its new cut after a live move that re-cut it (it is
-    checked before a session opens on it)."""
-    if healed.plan_id != record.plan_id:
-        return record.plan_id in healed.recut_from
-    return len(healed.stages) == len(record.stages)
 
 
 async def _until_closed(stream: SecureStream | None) -> None:

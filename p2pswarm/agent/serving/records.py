@@ -216,6 +216,13 @@ class LoadRecord:
     def fellow_ids(self) -> tuple[str, ...]:
         return tuple(h.fellow_id for h in self.stages)
 
+    def continues(self, record: LoadRecord) -> bool:
+        """Whether this record (a heal's answer) is ``record``'s load with as many stages,
+        or its new cut after a live move that re-cut it: a session may resume on it."""
+        if self.plan_id != record.plan_id:
+            return record.plan_id in self.recut_from
+        return len(self.stages) == len(record.stages)
+
     def generation_tokens(self) -> tuple[int, str]:
         """As ``generation_tokens`` of the record's document."""
         return _generation_tokens(self.recurrent, self.context_tokens)
