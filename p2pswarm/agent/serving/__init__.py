@@ -26,11 +26,17 @@ The rooms, one role each:
 - ``tombstones``, ``unload_memory``: an unload remembered by every fellow, so no later
   leader adopts the load again;
 - ``offers``: the weights this fellow offers and the cache of those it fetched;
-- ``records``: the values (``StageOrder``, ``HostedStage``, ``GenerationResult``, routes);
-- ``runtime``: the ``StageRuntime`` seam to compute; ``torch_runtime`` its torch side.
+- ``records``: the values (``StageOrder`` with its ``RuntimeBlock``, ``HostedStage``,
+  ``LoadRecord`` and its route of ``RouteHop``s, ``GenerationResult``); a plan travels as
+  the planner's ``Plan`` (``Plan.from_doc`` where a document comes in);
+- ``runtime``: the ``StageRuntime`` seam to compute; ``torch_runtime`` its torch side;
+- ``ports``: the small Protocols each room is handed instead of the whole agent;
+- ``events``: a load came up or went (``LoadEvents``), the weights in use
+  (``WeightsInUse``): built here, subscribed here, in the order they run.
 
 ``Serving`` wires them together for one agent and answers the control ops ``load``,
-``load_cancel``, ``loads``, ``unload``, ``generate`` and ``chat``.
+``load_cancel``, ``loads``, ``unload``, ``generate`` and ``chat``. Its timings are the
+config's ``serving`` section (``p2pswarm.config.ServingConfig``).
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ class Adoption:
         out: dict[str, list[str]] = {}
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
-            if m.is_self or m.state not in ("alive", "suspect"):
+            if m.is_self or not m.present:
                 continue
             for plan_id in self.agent.member_metadata(m).get("kept_loads") or []:
                 out.setdefault(plan_id, []).append(m.addr)
@@ -263,7 +263,7 @@ class Adoption:
         addrs = set(self._kept_gossip().get(plan_id, []))
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
-            if m.state not in ("alive", "suspect"):
+            if not m.present:
                 continue
             entries = self.agent.member_metadata(m).get("stages") or []
             if any(isinstance(e, dict) and e.get("plan_id") == plan_id for e in entries):

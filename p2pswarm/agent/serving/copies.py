@@ -161,7 +161,7 @@ class CopiesAhead:
     async def _copy(self, record: dict[str, Any], order: StageOrder, fid: str) -> str | None:
         """Order the fellow ``fid`` to copy ``order``'s stage; its name, or None."""
         member = self.agent.fellow(fid)
-        if member is None or member.state not in ("alive", "suspect"):
+        if member is None or not member.present:
             return None
         plan_id = record["plan_id"]
         record["copies"] = [*record.get("copies", []),

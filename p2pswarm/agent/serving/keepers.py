@@ -74,7 +74,7 @@ class Keepers:
         out: dict[str, list[tuple[str, str]]] = {}
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
-            if m.is_self or m.state not in ("alive", "suspect"):
+            if m.is_self or not m.present:
                 continue
             for plan_id in self.agent.member_metadata(m).get("kept_loads") or []:
                 out.setdefault(plan_id, []).append((fellow_id(m.node_id), m.addr))

@@ -268,7 +268,7 @@ class Loads:
         """Addresses of the connected fellows that gossip a stage of ``plan_id``."""
         membership = self.agent.membership
         return sorted({m.addr for m in (membership.members() if membership else ())
-                       if m.state in ("alive", "suspect") and any(
+                       if m.present and any(
                            isinstance(e, dict) and e.get("plan_id") == plan_id
                            for e in self.agent.member_metadata(m).get("stages") or [])})
 
@@ -281,7 +281,7 @@ class Loads:
         out = {}
         for order in orders:
             member = self.agent.fellow(order.fellow_id)
-            if member is None or member.state not in ("alive", "suspect"):
+            if member is None or not member.present:
                 raise PlacementError(f"stage {order.stage}'s fellow is not connected")
             out[order.stage] = (order.fellow_id, member.name, member.addr)
         return out
@@ -452,7 +452,7 @@ class Loads:
         ``plan_id`` without serving it (``kept_loads``)."""
         membership = self.agent.membership
         return sorted({m.addr for m in (membership.members() if membership else ())
-                       if m.state in ("alive", "suspect") and not m.is_self
+                       if m.present and not m.is_self
                        and plan_id in (self.agent.member_metadata(m).get("kept_loads")
                                        or [])})
 
@@ -476,7 +476,7 @@ class Loads:
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
             members[fellow_id(m.node_id)] = m
-            if m.state not in ("alive", "suspect"):
+            if not m.present:
                 continue  # a fellow that left or died serves nothing, whatever it last said
             for entry in self.agent.member_metadata(m).get("stages", []) or []:
                 if not isinstance(entry, dict) or "plan_id" not in entry:

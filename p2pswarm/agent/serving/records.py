@@ -3,8 +3,11 @@ loads and routes look in records, gossip and on the wire.
 
 A ``StageOrder`` is what the leader asks one fellow to host; on the wire it is a typed
 ``StageAssignment`` (``p2pswarm.wire.loads``), whose model identity and adapter block
-travel as documents. A route is the load's stages in pipeline order; records and gossip
-keep it as plain maps (``route_dict``), the ``StageStart`` order as typed ``RouteHop``s.
+travel as documents, and whose runtime block (``RuntimeBlock``, what ``StageSpec`` is
+built from) is one value from the plan to the stage. A route is the load's stages in
+pipeline order, typed ``RouteHop``s inside (a hosted stage's route, a driver's
+``LoadRecord``); records and gossip show it as plain maps (``route_dict``,
+``route_entry``), read back with ``LoadRecord.from_doc``.
 """
 
 from __future__ import annotations

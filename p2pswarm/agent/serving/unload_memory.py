@@ -149,7 +149,7 @@ class UnloadMemory:
         for the same plan (highest random weight) when there are more."""
         membership = self.agent.membership
         addrs = {m.addr for m in (membership.members() if membership is not None else ())
-                 if m.state in ("alive", "suspect") and not m.is_self}
+                 if m.present and not m.is_self}
         ranked = sorted(addrs, key=lambda a: hashlib.sha256(
             f"{plan_id}\0{a}".encode()).digest(), reverse=True)
         return ranked[:most]
