@@ -46,10 +46,11 @@ from p2pswarm.agent.serving.adoption import Adoption
 from p2pswarm.agent.serving.keepers import Keepers
 from p2pswarm.agent.serving.moves import moved_order, spare_cards
 from p2pswarm.agent.serving.recut import Recut
+from p2pswarm.agent.serving.requests import load_move_request
 from p2pswarm.agent.serving.unload_memory import UnloadMemory
 from p2pswarm.agent.serving.records import StageOrder, route_hop
+from p2pswarm.control.requests import typed_op
 from p2pswarm.errors import (
-    ConfigError,
     NobodyListens,
     PlacementError,
     SwarmError,
@@ -74,6 +75,7 @@ from p2pswarm.wire.loads import (
     StageStart,
     StageStarted,
 )
+from p2pswarm.wire.control import LoadMoveRequest
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
@@ -113,7 +115,8 @@ class Failover:
         self.recut = Recut(agent, loads, MOVES_KEPT)  # a live move to another cut
         leadership.serve(StageLost, self._leader_stage_lost)
         leadership.serve(LoadMove, self._leader_move)
-        agent.control_ops["load_move"] = self._op_load_move
+        agent.control_ops["load_move"] = typed_op(LoadMoveRequest, load_move_request,
+                                                  self._op_load_move)
         leadership.obey(StageCheck, self._check)
 
     # --- the fellow's side ---------------------------------------------------------------
@@ -132,11 +135,8 @@ class Failover:
         record = await self.heal(self.loads.current_id(call.plan_id), f"{call.reason[:200]}")
         return LoadDone(pack_doc(record))
 
-    async def _op_load_move(self, request: dict[str, Any]) -> Any:
-        plan_id = request.get("plan_id")
-        if not isinstance(plan_id, str) or not 1 <= len(plan_id) <= 64:
-            raise ConfigError("load_move needs the \"plan_id\" of the load to move")
-        reply = await self.leadership.ask(LoadMove(plan_id), LoadDone)
+    async def _op_load_move(self, call: LoadMoveRequest) -> Any:
+        reply = await self.leadership.ask(LoadMove(call.plan_id), LoadDone)
         return unpack_doc(reply.record)
 
     async def _leader_move(self, call: LoadMove) -> LoadDone:
