@@ -182,6 +182,26 @@ class ComputeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ServingConfig:
+    """Serving's timings (``p2pswarm.agent.serving``): the leader's orders to a load's
+    fellows, a stage's reservation, and failover's watch over a load's fellows. Every
+    preset keeps these: a fade on a radio is what ``grace_s`` already spans."""
+
+    order_timeout_s: float = 30.0  # StagePrepare, StageStart, StageRelease to one fellow
+    load_timeout_s: float = 3600.0  # StageLoad: fetching and building a big stage
+    reservation_s: float = 120.0  # a stage reserved or loaded but never started is dropped
+    grace_s: float = 8.0  # a silent fellow keeps its stage this long (a 5 s radio fade)
+    check_timeout_s: float = 1.0  # one StageCheck waits this long before it is asked again
+    check_retry_s: float = 0.25  # ... and is asked again after this
+    watch_s: float = 0.5  # how often the leader looks at its loads' fellows
+    retry_waiting_s: float = 2.0  # a load waiting for a card tries again this often
+    release_for_s: float = 120.0  # a lost fellow that comes back is told to release this long
+    look_after_change_s: float = 30.0  # a leader watches this long for kept loads after a change
+    keep_order_timeout_s: float = 5.0  # one fellow handed a load's orders or an unload
+    member_watch_s: float = 0.25  # how often a driver looks at its stage fellows' state
+
+
+@dataclass(frozen=True, slots=True)
 class StorageConfig:
     """What other fellows can make this one keep on disk, at most. A store past its cap
     drops what was used least recently, never what a live stage or job uses; what still
@@ -201,6 +221,7 @@ class SwarmConfig:
     inventory: InventoryConfig = field(default_factory=InventoryConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
 
 
 def lan() -> SwarmConfig:
@@ -264,7 +285,7 @@ def preset(name: str) -> SwarmConfig:
 __all__ = [
     "DEFAULT_PORT", "TransportConfig", "SecurityConfig", "GossipTuning", "GossipConfig",
     "ElectionTuning", "ElectionConfig", "InventoryConfig", "StorageConfig", "ComputeConfig",
-    "SwarmConfig",
+    "ServingConfig", "SwarmConfig",
     "lan", "wifi",
     "local", "preset", "replace", "split_addr",
 ]

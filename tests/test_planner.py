@@ -7,6 +7,7 @@ import copy
 import json
 import random
 import re
+from dataclasses import replace
 from itertools import pairwise
 from typing import Any
 
@@ -58,7 +59,7 @@ def check_invariants(p: Plan) -> None:
             assert seg["free"] == c["free_bytes"] and seg["weights"] == 0
     ranges = [tuple(s["layers"]) for s in d["stages"]]
     if d["stages"]:
-        assert ranges[0][0] == 0 and ranges[-1][1] == p.profile.n_layers
+        assert ranges[0][0] == 0 and ranges[-1][1] == p.model.layers
         assert all(a[1] == b[0] for a, b in pairwise(ranges))
         assert all(a < b for a, b in ranges)
     used = [c for c in d["cards"] if c["used"]]
@@ -71,6 +72,15 @@ def check_invariants(p: Plan) -> None:
             seen.append(c["fellow_id"])
     assert re.fullmatch(r"[0-9a-f]{16}", p.plan_id)
     assert d["layout"]["limit"]["sentence"] == p.limit.sentence
+    assert_round_trip(p)
+
+
+def assert_round_trip(p: Plan) -> None:
+    """A plan's document reads back as the same value, through JSON too."""
+    doc = p.to_dict()
+    assert Plan.from_doc(doc) == p
+    assert Plan.from_doc(json.loads(json.dumps(doc))) == p
+    assert Plan.from_doc(doc).to_dict() == doc
 
 
 # --- random clusters -----------------------------------------------------------------------
@@ -122,6 +132,32 @@ def test_reference_plans_hold_the_invariants() -> None:
             check_invariants(make(load_profile(model), reference(), **request))
         check_invariants(make(load_profile(model), reference(), kind="train", method="lora",
                               weights_dtype="int4"))
+
+
+def test_plan_documents_read_back_as_the_plan() -> None:
+    """Serving and training plans, fitting or not, and one with an adapter on top."""
+    cases = [make(MID, reference()), make(load_profile("llama-3.1-70b"), reference()),
+             make(MID, reference(), kind="train", method="lora", weights_dtype="int4"),
+             make(load_profile("llama-3.1-70b"), reference(), kind="train")]
+    assert not cases[1].fits
+    for p in cases:
+        assert_round_trip(p)
+    adapted = replace(cases[0], plan_id="0" * 16, adapter="a" * 64, base_plan_id=cases[0].plan_id)
+    assert_round_trip(adapted)
+    assert adapted.to_dict()["base_plan_id"] == cases[0].plan_id
+
+
+@pytest.mark.parametrize("broken", [
+    lambda d: d.pop("plan_id"), lambda d: d.update(fits="yes"),
+    lambda d: d["stages"][0].update(layers=[0]), lambda d: d["cards"][0].pop("segments"),
+    lambda d: d["layout"]["limit"].update(holds=1.5), lambda d: d["estimate"].pop("hops"),
+    lambda d: d["model"].update(recurrent=None), lambda d: d.update(notes=[1]),
+])
+def test_a_broken_plan_document_is_a_config_error(broken: Any) -> None:
+    doc = make(MID, reference()).to_dict()
+    broken(doc)
+    with pytest.raises(ConfigError):
+        Plan.from_doc(doc)
 
 
 # --- plan_id ---------------------------------------------------------------------------------

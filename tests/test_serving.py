@@ -88,7 +88,7 @@ async def test_a_loaded_cpu_stage_is_not_offered_again(autojump_clock, tmp_path)
         await wait_until(everyone_sees_it, timeout_s=30)
         again = await asker.planning.ask_plan(request())  # the plan shows the stage held
         assert all(c["free_bytes"] == 16_000_000_000 - need[c["fellow"]] for c in again["cards"])
-        await asker.serving._op_unload({"plan_id": plan["plan_id"]})
+        await asker.control_ops["unload"]({"op": "unload", "plan_id": plan["plan_id"]})
         await wait_until(lambda: all(c.free_bytes == 16_000_000_000 for a in swarm.live()
                                      for f in a.planning.view().fellows for c in f.cards),
                          timeout_s=30)
@@ -116,7 +116,7 @@ async def test_pinned_plan_holds_while_memory_drops_within_its_headroom(
         loaded = await asker.serving.load(request(), plan_id=plan["plan_id"])
         assert loaded["plan_id"] == plan["plan_id"]
         assert [s["fellow"] for s in loaded["stages"]] == [s["fellow"] for s in plan["stages"]]
-        await asker.serving._op_unload({"plan_id": plan["plan_id"]})
+        await asker.control_ops["unload"]({"op": "unload", "plan_id": plan["plan_id"]})
         assert nothing_held(swarm)
         nursery.cancel_scope.cancel()
 

@@ -12,7 +12,7 @@ import trio
 from rich.console import Console
 
 from p2pswarm.agent.serving.adoption import _newest, kept_orders
-from p2pswarm.agent.serving.records import StageOrder
+from p2pswarm.agent.serving.records import StageOrder, runtime_block
 from p2pswarm.cli.loads import _print_load
 from p2pswarm.errors import ConfigError
 from p2pswarm.runtime import Sampler
@@ -90,20 +90,20 @@ async def test_a_new_leader_moves_a_stage_lost_after_the_change_of_leader(
         # every fellow of the healed load keeps the new route and orders, for the next one
         for agent in swarm.live():
             for (p, _), hosted in agent.serving.hosted.items():
-                assert p == plan_id and [h["fellow"] for h in hosted.route] == [
+                assert p == plan_id and [h.fellow for h in hosted.route] == [
                     r["fellow"] for r in result.route]
                 assert [o.fellow_id for o in hosted.kept_orders] == [
-                    h["fellow_id"] for h in hosted.route]
+                    h.fellow_id for h in hosted.route]
         nursery.cancel_scope.cancel()
 
 
 def _order(stage: int, fid: str, layers: tuple[int, int], n: int = 3,
            model: str = "tiny-llama") -> StageOrder:
     return StageOrder("ab" * 8, stage, n, fid, layers, "cpu", 0, "CPU", claim_bytes=10,
-                      need_bytes=20, runtime={"dtype": "float32", "quant": "none",
+                      need_bytes=20, runtime=runtime_block({"dtype": "float32", "quant": "none",
                                               "quant_group_size": 0, "kv_dtype": "float32",
                                               "max_context_tokens": 512, "max_sessions": 4,
-                                              "prefill_chunk_tokens": 256},
+                                              "prefill_chunk_tokens": 256}),
                       model={"kind": "builtin", "name": model})
 
 

@@ -147,7 +147,7 @@ def test_spare_cards_fastest_first_and_never_a_busy_or_full_one() -> None:
 
 def test_a_markedly_faster_free_card_is_proposed_for_the_slowest_stage() -> None:
     from p2pswarm.agent.serving.moves import faster_placement
-    from p2pswarm.agent.serving.records import StageOrder
+    from p2pswarm.agent.serving.records import StageOrder, runtime_block
 
     def fellow(fid: str, kind: str, bandwidth: float, free_gb: float = 8):  # type: ignore[no-untyped-def]
         card = {"index": 0, "kind": kind, "name": f"{fid}-{kind}", "total_bytes": 16 * GB,
@@ -156,7 +156,7 @@ def test_a_markedly_faster_free_card_is_proposed_for_the_slowest_stage() -> None
 
     def order(stage: int, fid: str, kind: str = "cpu") -> StageOrder:
         return StageOrder("p" * 16, stage, 3, fid, (stage * 4, stage * 4 + 4), kind, 0, "x",
-                          claim_bytes=GB, need_bytes=GB, runtime={}, model={})
+                          claim_bytes=GB, need_bytes=GB, runtime=runtime_block({}), model={})
 
     orders = [order(0, "aa"), order(1, "bb"), order(2, "cc")]
     slow = [fellow("aa", "cpu", 2e10), fellow("bb", "cpu", 1.6e10), fellow("cc", "cpu", 2e10)]

@@ -15,7 +15,7 @@ import trio
 from p2pswarm.agent import Agent
 from p2pswarm.agent.serving.kept_loads import MAX_KEPT, KeptLoads
 from p2pswarm.agent.serving.loads import asked_doc, asked_from_doc
-from p2pswarm.agent.serving.records import StageOrder
+from p2pswarm.agent.serving.records import StageOrder, runtime_block
 from p2pswarm.agent.serving.tombstones import KEEP_S, Tombstones, unfit
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.runtime import Sampler
@@ -165,10 +165,10 @@ async def test_a_fellow_away_during_the_unload_does_not_bring_the_load_back(
 
 def _orders() -> tuple[tuple[RouteHop, ...], tuple[Any, ...]]:
     order = StageOrder("ab" * 8, 0, 1, "aa", (0, 6), "cpu", 0, "CPU", claim_bytes=10,
-                       need_bytes=20, runtime={"dtype": "float32", "quant": "none",
+                       need_bytes=20, runtime=runtime_block({"dtype": "float32", "quant": "none",
                                                "quant_group_size": 0, "kv_dtype": "float32",
                                                "max_context_tokens": 512, "max_sessions": 4,
-                                               "prefill_chunk_tokens": 256},
+                                               "prefill_chunk_tokens": 256}),
                        model={"kind": "builtin", "name": MODEL})
     hop = RouteHop(0, "aa", "naa", "addr-aa", 0, 6, "CPU", 10, 10, 0, 0.0)
     return (hop,), (order.to_wire(),)

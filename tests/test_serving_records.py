@@ -8,7 +8,14 @@ import dataclasses
 import pytest
 
 from p2pswarm import wire
-from p2pswarm.agent.serving.records import StageOrder, route_dict, route_hop
+from p2pswarm.agent.serving.records import (
+    LoadRecord,
+    StageOrder,
+    generation_tokens,
+    route_dict,
+    route_hop,
+    runtime_block,
+)
 from p2pswarm.errors import ConfigError, LocalProtocolError
 from p2pswarm.wire.loads import StagePrepare, StageStart
 
@@ -18,7 +25,7 @@ RUNTIME = {"dtype": "float16", "quant": "int4", "quant_group_size": 32,
 ORDER = StageOrder(
     plan_id="0123456789abcdef", stage=1, n_stages=3, fellow_id="ab" * 16, layers=(4, 9),
     card_kind="cuda", card_index=0, card_name="GTX 1050 Ti", claim_bytes=3 * 2**30,
-    need_bytes=3 * 2**30 + 12345, runtime=RUNTIME,
+    need_bytes=3 * 2**30 + 12345, runtime=runtime_block(RUNTIME),
     model={"kind": "files", "name": "m", "manifest": {"files": [], "tensors": []}},
     progress_addr="10.0.0.2:7000", ticket="00ff", adapter={"rank": 8, "alpha": 16})
 HOP = {"stage": 0, "fellow_id": "cd" * 16, "fellow": "fxserver", "addr": "10.0.0.3:7000",
@@ -49,3 +56,29 @@ def test_a_model_that_is_not_a_document_is_a_malformed_order() -> None:
     bad = dataclasses.replace(ORDER.to_wire(), model=b"\xc1")
     with pytest.raises(ConfigError, match="malformed stage order"):
         StageOrder.from_wire(bad)
+
+
+RECORD = {"plan_id": "0123456789abcdef", "model": {"kind": "builtin", "name": "tiny-llama"},
+          "runtime": RUNTIME, "stages": [HOP, {**HOP, "stage": 1, "layers": [4, 9]}],
+          "recut_from": ["fedcba9876543210"], "load_s": 1.0}
+
+
+def test_a_load_record_reads_its_route_and_runtime() -> None:
+    record = LoadRecord.from_doc(RECORD)
+    assert record.plan_id == RECORD["plan_id"] and record.recut_from == ("fedcba9876543210",)
+    assert [route_dict(h) for h in record.stages] == RECORD["stages"]
+    assert (record.max_sessions, record.prefill_chunk_tokens, record.context_tokens) == \
+        (2, 256, 4096)
+    assert record.generation_tokens() == generation_tokens(RECORD)
+    recurrent = {**RECORD, "model": {"recurrent": True}}
+    assert LoadRecord.from_doc(recurrent).generation_tokens() == generation_tokens(recurrent)
+
+
+@pytest.mark.parametrize("broken", [
+    {"plan_id": 7}, {"stages": []}, {"stages": [{**HOP, "stage": 1}]},
+    {"stages": [{**HOP, "fellow_id": "not hex"}]}, {"stages": [{**HOP, "addr": None}]},
+    {"runtime": None}, {"runtime": {"max_sessions": "many"}}, {"model": []},
+])
+def test_a_malformed_load_record_is_refused(broken: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        LoadRecord.from_doc({**RECORD, **broken})

@@ -6,6 +6,7 @@ generation completes with the undisturbed run's greedy tokens."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,10 +14,10 @@ import trio
 from rich.console import Console
 
 from p2pswarm.agent import Agent
-from p2pswarm.agent.serving.generation import _same_load
+from p2pswarm.agent.serving.records import LoadRecord
 from p2pswarm.cards import ESTIMATED_MEM_BANDWIDTH, Benchmark
 from p2pswarm.cli.loads import _print_load, _print_moved
-from p2pswarm.errors import PlacementError
+from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
 from tests.serving_swarm import MODEL, PROMPT, reference, request
@@ -171,6 +172,12 @@ def test_a_driver_takes_a_new_cut_only_from_a_record_that_names_its_load() -> No
     def hop(i: int) -> dict[str, Any]:
         return {"stage": i, "fellow_id": "ab" * 8, "fellow": f"f{i}", "addr": "a:1"}
 
+    def _same_load(healed: dict[str, Any], record: dict[str, Any]) -> bool:
+        try:
+            return LoadRecord.from_doc(healed).continues(LoadRecord.from_doc(record))
+        except ConfigError:  # a malformed answer
+            return False
+
     old = {"plan_id": "a" * 16, "stages": [hop(0), hop(1), hop(2)], "runtime": {}}
     new = {"plan_id": "b" * 16, "stages": [hop(0)], "runtime": {}}
     assert not _same_load(new, old)  # another load altogether
@@ -183,7 +190,7 @@ def test_a_driver_takes_a_new_cut_only_from_a_record_that_names_its_load() -> No
 def test_the_planners_new_cut_is_proposed_only_when_markedly_faster() -> None:
     from p2pswarm.agent.serving.loads import _stage_orders
     from p2pswarm.agent.serving.moves import recut_proposal
-    from p2pswarm.planner import cluster_view, fellow_view, plan_message
+    from p2pswarm.planner import Plan, cluster_view, fellow_view, plan_message
 
     def fellow(i: int, bandwidth: float) -> Any:
         card = {"index": 0, "kind": "cpu", "name": f"c{i}", "total_bytes": 16 * 10**9,
@@ -192,20 +199,20 @@ def test_the_planners_new_cut_is_proposed_only_when_markedly_faster() -> None:
 
     slow = [fellow(i, ESTIMATED_MEM_BANDWIDTH["cpu"]) for i in range(3)]
     placed = plan_message(request(), cluster_view(slow))
-    orders = _stage_orders(placed, {"kind": "builtin", "name": MODEL}, "", "")
+    orders = _stage_orders(Plan.from_doc(placed), {"kind": "builtin", "name": MODEL}, "", "")
     again = {**request(), "stages": None}
     # the same slow cards: the planner's plan is no markedly faster placement
     assert recut_proposal(cluster_view(slow), orders,
-                          plan_message(again, cluster_view(slow)), None) is None
+                          Plan.from_doc(plan_message(again, cluster_view(slow))), None) is None
     # a fast card joins: its plan has another cut, and is proposed whole
     view = cluster_view([*slow, fellow(9, ESTIMATED_MEM_BANDWIDTH["cpu"] * 50)])
-    fastest = plan_message(again, view)
+    fastest = Plan.from_doc(plan_message(again, view))
     proposal = recut_proposal(view, orders, fastest, None)
     assert proposal is not None and proposal.plan is fastest and not proposal.moves
-    assert len(fastest["stages"]) < 3 and proposal.after_s <= 0.75 * proposal.now_s
-    assert proposal.to_dict()["plan_id"] == fastest["plan_id"]
+    assert len(fastest.stages) < 3 and proposal.after_s <= 0.75 * proposal.now_s
+    assert proposal.to_dict()["plan_id"] == fastest.plan_id
     # a plan that does not fit is never proposed
-    assert recut_proposal(view, orders, {**fastest, "fits": False}, None) is None
+    assert recut_proposal(view, orders, replace(fastest, fits=False), None) is None
 
 
 def test_load_move_prints_one_line_per_stage_moved_or_refuses_in_one_line(agent: Any) -> None:

@@ -27,10 +27,10 @@ async def _resume(driver: Any, session: str, tokens: tuple[int, ...]) -> Any:
     the session id ``session``."""
     gen = driver.serving.driver
     record = await gen.find_load()
-    tokenizer = await gen.tokenizer(record)
-    run = _Run(list(IDS), [0.0] * len(record["stages"]), 0.0, tokens=list(tokens),
+    tokenizer = await gen.tokenizer(record.model)
+    run = _Run(list(IDS), [0.0] * len(record.stages), 0.0, tokens=list(tokens),
                session=session)
-    return await gen._run(record, run, N, set(), SessionOpen("-", record["plan_id"], 0,
+    return await gen._run(record, run, N, set(), SessionOpen("-", record.plan_id, 0,
                                                             driver.addr), tokenizer, None)
 
 
@@ -50,11 +50,11 @@ async def _stalled(driver: Any, session: str) -> tuple[int, _ReturnSlot]:
     holding its stream back open (``done`` closes it)."""
     gen = driver.serving.driver
     record = await gen.find_load()
-    route = record["stages"]
-    slot = _ReturnSlot(bytes.fromhex(route[-1]["fellow_id"]))
+    route = record.stages
+    slot = _ReturnSlot(bytes.fromhex(route[-1].fellow_id))
     gen._returns[session] = slot
     upstream = await open_hop(driver, route[0])
-    await upstream.send_frame(wire.encode(SessionOpen(session, record["plan_id"], 0,
+    await upstream.send_frame(wire.encode(SessionOpen(session, record.plan_id, 0,
                                                       driver.addr)))
     await upstream.send_frame(wire.encode(StepInput(0, 0, True, (),
                                                     gen.runtime.token_frame(IDS))))

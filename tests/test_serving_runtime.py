@@ -18,14 +18,14 @@ def test_importing_the_agent_does_not_import_torch() -> None:
 
 
 def test_the_torch_runtime_builds_a_stage_and_draws_what_one_process_draws() -> None:
-    from p2pswarm.agent.serving.records import StageOrder
+    from p2pswarm.agent.serving.records import StageOrder, runtime_block
     from p2pswarm.planner import BUILTIN_MODELS
     from p2pswarm.runtime import LocalPipeline, Sampler, Stage, StageSpec
 
     runtime: StageRuntime = TorchOnFirstUse()
     layers = int(BUILTIN_MODELS["tiny-llama"]["num_hidden_layers"])
     order = StageOrder("p" * 16, 0, 1, "f" * 32, (0, layers), "cpu", 0, "CPU", 0, 0,
-                       {"max_context_tokens": 64}, {"kind": "builtin", "name": "tiny-llama"})
+                       runtime_block({"max_context_tokens": 64}), {"kind": "builtin", "name": "tiny-llama"})
     stage = runtime.build(order, "tiny-llama", {})
     assert stage.is_last and stage.allocated_bytes() > 0
     prompt = [256, 72, 105]

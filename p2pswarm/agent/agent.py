@@ -61,6 +61,7 @@ from p2pswarm.agent.weights import WeightsCache
 from p2pswarm.agent.world import AgentWorld, Services
 from p2pswarm.cards import Card, Inventory
 from p2pswarm.config import SwarmConfig
+from p2pswarm.control.requests import typed_op
 from p2pswarm.control.server import serve_control
 from p2pswarm.election import Election
 from p2pswarm.errors import (
@@ -80,6 +81,7 @@ from p2pswarm.security.ballots import Signatures
 from p2pswarm.transport.base import DeliversDatagrams, Transport
 from p2pswarm.transport.secure import SecureStream
 from p2pswarm.wire.base import Hello, HelloAck
+from p2pswarm.wire.control import LeaveRequest, StatusRequest
 from p2pswarm.wire.gossip import (
     ELECTION_TAGS,
     MEMBERSHIP_TAGS,
@@ -151,7 +153,8 @@ class Agent:
         for t in _MEMBERSHIP_STREAM_TYPES:
             self.links.on_stream(t, self._on_membership_stream)
         self.control_ops: dict[str, ControlHandler] = {
-            "status": self._op_status, "leave": self._op_leave,
+            "status": typed_op(StatusRequest, lambda _: StatusRequest(), self._op_status),
+            "leave": typed_op(LeaveRequest, lambda _: LeaveRequest(), self._op_leave),
         }
         self._nursery: trio.Nursery | None = None
         self.alarm = Alarm(world.transport, self._ring)
@@ -616,10 +619,10 @@ class Agent:
                                f"{', '.join(sorted(self.control_ops))}")
         return await handler(request)
 
-    async def _op_status(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def _op_status(self, request: StatusRequest) -> dict[str, Any]:
         return self.status()
 
-    async def _op_leave(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def _op_leave(self, request: LeaveRequest) -> dict[str, Any]:
         """Say goodbye, answer how it went, then stop. ``stop`` only sets an event: the
         nursery is cancelled by ``run``'s task, after this answer has been written."""
         outcome = await self.say_goodbye()

@@ -18,7 +18,9 @@ from p2pswarm.cli.app import HomeOption, JsonOption, app, home_dir, print_json
 from p2pswarm.cli.exits import EXIT_FAILURE, EXIT_USAGE, exits_on, fail
 from p2pswarm.cli.local_agent import ask_agent
 from p2pswarm.config import DEFAULT_PORT, split_addr
+from p2pswarm.control.requests import request_map
 from p2pswarm.errors import TokenRefused
+from p2pswarm.wire.control import LeaveRequest, StatusRequest
 
 
 def seed_list(seeds: list[str]) -> tuple[str, ...]:
@@ -217,7 +219,7 @@ def idle_threads_sleep(environ: MutableMapping[str, str]) -> None:
 @exits_on()
 def leave(home: Optional[Path] = HomeOption) -> None:
     """Make the local agent leave the swarm gracefully (fellows mark it `left`) and exit."""
-    outcome = ask_agent(home, {"op": "leave"})
+    outcome = ask_agent(home, request_map("leave", LeaveRequest()))
     typer.echo(leave_sentence(outcome))
 
 
@@ -246,7 +248,7 @@ def setup_logging(level: str) -> None:
 @exits_on()
 def status(home: Optional[Path] = HomeOption, as_json: bool = JsonOption) -> None:
     """Show this fellow, the fellows it knows, the leader and traffic counters."""
-    data = ask_agent(home, {"op": "status"})
+    data = ask_agent(home, request_map("status", StatusRequest()))
     if as_json:
         print_json(data)
         return

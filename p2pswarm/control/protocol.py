@@ -1,7 +1,9 @@
 """Control API framing and error mapping, shared by the agent's server and the CLI's client.
 
 A request and a response are each one msgpack map behind a 4-byte big-endian length.
-Requests: ``{"op": NAME, ...arguments}``. Responses: ``{"ok": true, "result": ...}`` or
+Requests: ``{"op": NAME, ...arguments}``, or ``{"op": NAME, "msg": ...}`` carrying the
+op's typed request encoded by the wire codec (``p2pswarm.control.requests``). Responses:
+``{"ok": true, "result": ...}`` or
 ``{"ok": false, "error": {"kind": CLASS, "message": TEXT, "data": {...}}}``; the client
 raises the matching SwarmError so the CLI reports it like a local one.
 

@@ -2,6 +2,7 @@
 
 from p2pswarm.wire import (
     base,  # noqa: F401  (registers tags 0-9)
+    control,  # noqa: F401  (registers tags 200-208)
     gossip,  # noqa: F401  (registers tags 10-69)
     jobs,  # noqa: F401  (registers tags 150-179)
     loads,  # noqa: F401  (registers tags 77-99, 132-134)

@@ -209,7 +209,7 @@ async def test_a_rogue_leaders_crafted_names_are_refused_and_counted(
     orders a stage whose manifest's hashes and key are paths, and pushes checkpoint
     shards and job data under names that are paths. Every one is refused and counted;
     every fellow stays up; nothing outside the fellows' state directories changes."""
-    from p2pswarm.agent.serving.records import StageOrder
+    from p2pswarm.agent.serving.records import StageOrder, runtime_block
     from p2pswarm.agent.streams import receive_message, send_message
     from p2pswarm.planner import BUILTIN_MODELS
     from p2pswarm.sim.virtual import VirtualSwarm, wait_until
@@ -239,7 +239,7 @@ async def test_a_rogue_leaders_crafted_names_are_refused_and_counted(
                         "tensors": [["model.embed_tokens.weight", "model.safetensors", "F32",
                                      [4], 0, 16, sha]], "files": []}
             order = StageOrder("00000000000000aa", 0, 1, victim.node_id.hex(), (0, 1), "cpu",
-                               0, "CPU", 1000, 1000, {}, {
+                               0, "CPU", 1000, 1000, runtime_block({}), {
                                    "kind": "files", "source_id": rogue.node_id.hex(),
                                    "source": rogue.name, "manifest": manifest})
             with pytest.raises(SwarmError, match="bad|SHA-256|model key"):

@@ -26,15 +26,22 @@ The rooms, one role each:
 - ``tombstones``, ``unload_memory``: an unload remembered by every fellow, so no later
   leader adopts the load again;
 - ``offers``: the weights this fellow offers and the cache of those it fetched;
-- ``records``: the values (``StageOrder``, ``HostedStage``, ``GenerationResult``, routes);
-- ``runtime``: the ``StageRuntime`` seam to compute; ``torch_runtime`` its torch side.
+- ``records``: the values (``StageOrder`` with its ``RuntimeBlock``, ``HostedStage``,
+  ``LoadRecord`` and its route of ``RouteHop``s, ``GenerationResult``); a plan travels as
+  the planner's ``Plan`` (``Plan.from_doc`` where a document comes in);
+- ``runtime``: the ``StageRuntime`` seam to compute; ``torch_runtime`` its torch side;
+- ``ports``: the small Protocols each room is handed instead of the whole agent;
+- ``events``: a load came up or went (``LoadEvents``), the weights in use
+  (``WeightsInUse``): built here, subscribed here, in the order they run.
 
 ``Serving`` wires them together for one agent and answers the control ops ``load``,
-``load_cancel``, ``loads``, ``unload``, ``generate`` and ``chat``.
+``load_cancel``, ``loads``, ``unload``, ``generate`` and ``chat``. Its timings are the
+config's ``serving`` section (``p2pswarm.config.ServingConfig``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -45,8 +52,8 @@ from p2pswarm.agent.serving.asking import LoadAsker
 from p2pswarm.agent.serving.chat_turns import ChatPrompts
 from p2pswarm.agent.serving.copies import CopiesAhead
 from p2pswarm.agent.serving.copy_host import CopyHost
+from p2pswarm.agent.serving.events import LoadEvents, WeightsInUse
 from p2pswarm.agent.serving.failover import Failover
-from p2pswarm.models.tokenizer import token_id_list
 from p2pswarm.agent.serving.generation import Generation, TextStream
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
@@ -56,12 +63,21 @@ from p2pswarm.agent.serving.runtime import StageRuntime, TorchOnFirstUse
 from p2pswarm.agent.serving.stage_host import StageHost
 from p2pswarm.agent.serving.stage_session import StageSessions
 from p2pswarm.agent.weights import Manifest, WeightsCache, WeightsServer
+from p2pswarm.agent.serving import requests
+from p2pswarm.control.requests import typed_op
 from p2pswarm.control.server import Emit, current_emitter, emit
-from p2pswarm.errors import ConfigError
+from p2pswarm.wire.control import (
+    ChatRequest,
+    GenerateRequest,
+    LoadCancelRequest,
+    LoadRequest,
+    LoadsRequest,
+    UnloadRequest,
+)
+from p2pswarm.wire.orders import unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import ControlHandler, Leader, ServingPort
 
 T = TypeVar("T")
 
@@ -69,7 +85,7 @@ T = TypeVar("T")
 class Serving:
     """One agent's serving: the rooms above, and the control ops of its CLI."""
 
-    def __init__(self, agent: Agent, leadership: Leadership,
+    def __init__(self, agent: ServingPort, leadership: Leader,
                  runtime: StageRuntime | None = None) -> None:
         self.agent = agent
         self.leadership = leadership
@@ -77,40 +93,37 @@ class Serving:
         if runtime is None:  # torch's, imported on first use
             runtime = lazy = TorchOnFirstUse()
         self.runtime = runtime
-        self.offers = Offers(agent)
+        self.events = LoadEvents()
+        self.weights_in_use = WeightsInUse()
+        self.offers = Offers(agent, self.weights_in_use)
         self.progress = Progress(agent)
-        self.leader = Loads(agent, leadership)
+        self.leader = Loads(agent, leadership, self.events)
         self.asker = LoadAsker(agent, leadership, self.offers, self.progress)
         self.host = StageHost(agent, leadership, self.runtime, self.offers, self.progress)
         self.sessions = StageSessions(agent, self.runtime, self.host.hosted)
         self.driver = Generation(agent, self.runtime, self.leader, self.offers)
         self.chat_prompts = ChatPrompts(self)
         self.failover = Failover(agent, leadership, self.leader, self.host)
-        agent.control_ops.update({"load": self._op_load, "load_cancel": self._op_load_cancel,
-                                  "loads": self._op_loads, "unload": self._op_unload,
-                                  "generate": self._op_generate, "chat": self._op_chat})
-        # after failover, whose watch a load coming up starts first
+        self._serve_control(agent.control_ops)
         self.copies = CopiesAhead(agent, leadership, self.leader)
         self.copy_host = CopyHost(agent, leadership, self.offers)
-        self._copy_after_loads()
+        self._subscribe()
         if lazy is not None and agent.home is not None and agent.card_source is not None:
             # A fellow that offers cards will likely host a stage, and importing torch
             # takes seconds on a small machine: pay it now, beside startup, not in `load`.
             threading.Thread(target=lazy.warm_up, name="p2pswarm-warm-up",
                              daemon=True).start()
 
-    def _copy_after_loads(self) -> None:
-        """Copies ahead follow every load that comes up (after failover's watch starts),
-        and the cache keeps them as it keeps what live stages read."""
-        watch, stages_read = self.leader.on_loaded, self.offers.in_use
-
-        def loaded() -> None:
-            if watch is not None:
-                watch()
-            self.copies.soon()
-
-        self.leader.on_loaded = loaded
-        self.offers.in_use = lambda: {*stages_read(), *self.copy_host.hashes_kept()}
+    def _subscribe(self) -> None:
+        """Every listener of the load events, in the order each event runs them (see
+        ``events``): the only place serving's rooms are wired to each other's news."""
+        self.events.on_loaded(self.failover.watch_soon)  # the watch a load starts first,
+        self.events.on_loaded(self.copies.soon)  # ... then its stages copied ahead
+        self.events.on_unloaded(self.failover.forget_load)
+        self.events.on_forgotten(self.failover.unloads.hand_out)
+        # the weights cache keeps what live stages read and what copies ahead keep
+        self.weights_in_use.add(self.host.hashes_in_use)
+        self.weights_in_use.add(self.copy_host.hashes_kept)
 
     # --- what other parts of the agent (and tests) use ----------------------------------
 
@@ -204,10 +217,12 @@ class Serving:
         return await self.leader.list_loads()
 
     async def find_load(self, plan_id: str | None = None) -> dict[str, Any]:
-        return await self.driver.find_load(plan_id)
+        """The load ``plan_id`` (or the only one), checked to serve, as its record shows it."""
+        return await self.driver.find_doc(plan_id)
 
     async def tokenizer(self, record: dict[str, Any]) -> Any:
-        return await self.driver.tokenizer(record)
+        """The tokenizer of the load ``record`` shows."""
+        return await self.driver.tokenizer(record.get("model", {}))
 
     async def generate(self, prompt: str | None = None, *,
                        prompt_ids: Sequence[int] | None = None, plan_id: str | None = None,
@@ -226,77 +241,57 @@ class Serving:
 
     # --- control ops (the CLI's own agent) ------------------------------------------------
 
-    async def _op_load(self, request: dict[str, Any]) -> Any:
-        message = request.get("request")
-        if not isinstance(message, dict):
-            raise ConfigError("a load op needs a \"request\" map, as the plan op")
-        path, adapter = request.get("path"), request.get("adapter")
-        load_id = request.get("load_id")
-        if load_id is not None and not isinstance(load_id, str):
-            raise ConfigError("\"load_id\" must be a string")
-        return await self.load(message, plan_id=request.get("plan_id") or None,
-                               model_dir=str(path) if path else None,
-                               adapter_dir=str(adapter) if adapter else None,
-                               on_progress=current_emitter(), load_id=load_id or None)
+    def _serve_control(self, ops: dict[str, ControlHandler]) -> None:
+        """Serving's control ops: each a typed request (``p2pswarm.wire.control``), from a
+        client's message or made from its plain map (``requests``)."""
+        ops.update({
+            "load": typed_op(LoadRequest, requests.load_request, self._op_load),
+            "load_cancel": typed_op(LoadCancelRequest, requests.load_cancel_request,
+                                    self._op_load_cancel),
+            "loads": typed_op(LoadsRequest, requests.loads_request, self._op_loads),
+            "unload": typed_op(UnloadRequest, requests.unload_request, self._op_unload),
+            "generate": typed_op(GenerateRequest, requests.generate_request,
+                                 self._op_generate),
+            "chat": typed_op(ChatRequest, requests.chat_request, self._op_chat),
+        })
 
-    async def _op_load_cancel(self, request: dict[str, Any]) -> Any:
-        load_id = request.get("load_id")
-        if not isinstance(load_id, str) or not load_id:
-            raise ConfigError("load_cancel needs the \"load_id\" its load was asked with")
-        return await self.cancel_load(load_id)
+    async def _op_load(self, call: LoadRequest) -> Any:
+        return await self.load(unpack_doc(call.request), plan_id=call.plan_id or None,
+                               model_dir=call.path or None, adapter_dir=call.adapter or None,
+                               on_progress=current_emitter(), load_id=call.load_id or None)
 
-    async def _op_loads(self, request: dict[str, Any]) -> Any:
+    async def _op_load_cancel(self, call: LoadCancelRequest) -> Any:
+        return await self.cancel_load(call.load_id)
+
+    async def _op_loads(self, call: LoadsRequest) -> Any:
         return {"loads": await self.list_loads()}
 
-    async def _op_unload(self, request: dict[str, Any]) -> Any:
-        return await self.unload(request.get("plan_id") or None, all=bool(request.get("all")))
+    async def _op_unload(self, call: UnloadRequest) -> Any:
+        return await self.unload(call.plan_id or None, all=call.all)
 
-    async def _op_chat(self, request: dict[str, Any]) -> Any:
-        """One turn of a chat: ``messages`` (the conversation so far, as the OpenAI
-        endpoint takes them) through the model's chat template, the session kept."""
-        from p2pswarm.models.chat_template import chat_messages
+    async def _op_chat(self, call: ChatRequest) -> Any:
+        """One turn of a chat: the conversation through the model's chat template, the
+        session kept."""
+        messages = [{"role": t.role, "content": t.content} for t in call.messages]
+        drawn = call.generate
+        record = await self.find_load(drawn.plan_id or None)
+        prompt = await self.chat_prompts.prompt(record, messages, max(1, drawn.max_tokens))
+        return await self._op_generate(dataclasses.replace(
+            drawn, prompt=prompt, plan_id=record["plan_id"], remember=True))
 
-        messages = chat_messages(request.get("messages"))
-        record = await self.find_load(request.get("plan_id") or None)
-        try:
-            max_tokens = int(request.get("max_tokens", 64))
-        except (TypeError, ValueError):
-            raise ConfigError("chat: max_tokens must be a whole number") from None
-        prompt = await self.chat_prompts.prompt(record, messages, max(1, max_tokens))
-        return await self._op_generate({**request, "prompt": prompt,
-                                        "plan_id": record["plan_id"], "remember": True})
-
-    async def _op_generate(self, request: dict[str, Any]) -> Any:
-        prompt, prompt_ids = request.get("prompt"), request.get("prompt_ids")
-        if prompt_ids is not None:
-            prompt, prompt_ids = None, token_id_list(prompt_ids, "\"prompt_ids\"")
-        elif not isinstance(prompt, str) or not prompt:
-            raise ConfigError("generate needs a non-empty \"prompt\" or \"prompt_ids\"")
-
+    async def _op_generate(self, call: GenerateRequest) -> Any:
         def on_token(token: int, piece: str) -> None:
             emit({"token": token, "text": piece})
 
         def on_wait(ahead: int) -> None:
             emit({"queued": ahead})
 
-        stops = request.get("stop_token_ids")
-        if stops is not None and not (isinstance(stops, list)
-                                      and all(isinstance(t, int) for t in stops)):
-            raise ConfigError("\"stop_token_ids\" must be a list of token ids")
-        try:
-            max_tokens = int(request.get("max_tokens", 64))
-            temperature = float(request.get("temperature", 0.0))
-            top_k = int(request.get("top_k", 0))
-            top_p = float(request.get("top_p", 1.0))
-            seed = int(request.get("seed", 0))
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"generate: a bad number ({exc})") from None
-        result = await self.generate(prompt, prompt_ids=prompt_ids,
-                                     plan_id=request.get("plan_id") or None,
-                                     max_tokens=max_tokens, temperature=temperature,
-                                     top_k=top_k, top_p=top_p, seed=seed,
-                                     stop_token_ids=stops, remember=bool(request.get("remember")),
-                                     on_token=on_token, on_wait=on_wait)
+        ids = call.prompt_ids
+        result = await self.generate(
+            call.prompt if ids is None else None, prompt_ids=ids, plan_id=call.plan_id or None,
+            max_tokens=call.max_tokens, temperature=call.temperature, top_k=call.top_k,
+            top_p=call.top_p, seed=call.seed, stop_token_ids=call.stop_token_ids,
+            remember=call.remember, on_token=on_token, on_wait=on_wait)
         return result.to_dict()
 
 

@@ -42,14 +42,13 @@ from p2pswarm.agent.serving.records import (
     public_adapter,
     public_model,
     route_dict,
-    route_hop,
+    runtime_doc,
 )
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.wire.loads import RouteHop, StageAssignment, StageOrdersAsk, StageOrdersKept
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import AdoptionPort, Leader
     from p2pswarm.agent.serving.loads import Loads
     from p2pswarm.agent.serving.records import HostedStage
     from p2pswarm.agent.serving.stage_host import StageHost
@@ -89,7 +88,7 @@ def kept_orders(plan_id: str, route: tuple[RouteHop, ...],
 class Adoption:
     """The fellow's answer to ``StageOrdersAsk``, and the leader's adopting of loads."""
 
-    def __init__(self, agent: Agent, leadership: Leadership, loads: Loads, host: StageHost,
+    def __init__(self, agent: AdoptionPort, leadership: Leader, loads: Loads, host: StageHost,
                  release_stray: Callable[[str, str], None], unloads: UnloadMemory) -> None:
         self.agent = agent
         self.unloads = unloads
@@ -109,7 +108,7 @@ class Adoption:
             kept = self.host.kept.get(call.plan_id)
             return kept.answer() if kept is not None else StageOrdersKept(0, (), ())
         h = max(mine, key=lambda h: h.started_term)
-        return StageOrdersKept(h.started_term, tuple(route_hop(r) for r in h.route),
+        return StageOrdersKept(h.started_term, h.route,
                                h.kept_orders, h.kept_asked)
 
     # --- the leader's side ---------------------------------------------------------------
@@ -128,7 +127,7 @@ class Adoption:
         out: dict[str, list[str]] = {}
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
-            if m.is_self or m.state not in ("alive", "suspect"):
+            if m.is_self or not m.present:
                 continue
             for plan_id in self.agent.member_metadata(m).get("kept_loads") or []:
                 out.setdefault(plan_id, []).append(m.addr)
@@ -201,7 +200,7 @@ class Adoption:
             first = orders[0]
             record: dict[str, Any] = {
                 "plan_id": plan_id, "model": public_model(first.model),
-                "runtime": dict(first.runtime), "stages": route,
+                "runtime": runtime_doc(first.runtime), "stages": route,
                 "adopted": {"at": time.time(), "term": self.leadership.term(),
                             "leader": self.agent.name}}
             if first.adapter:
@@ -264,7 +263,7 @@ class Adoption:
         addrs = set(self._kept_gossip().get(plan_id, []))
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
-            if m.state not in ("alive", "suspect"):
+            if not m.present:
                 continue
             entries = self.agent.member_metadata(m).get("stages") or []
             if any(isinstance(e, dict) and e.get("plan_id") == plan_id for e in entries):

@@ -37,8 +37,7 @@ from p2pswarm.wire.loads import (
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import AskerPort, Leader
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -59,7 +58,7 @@ class _Asking:
 
 
 class LoadAsker:
-    def __init__(self, agent: Agent, leadership: Leadership, offers: Offers,
+    def __init__(self, agent: AskerPort, leadership: Leader, offers: Offers,
                  progress: Progress) -> None:
         self.agent = agent
         self.leadership = leadership

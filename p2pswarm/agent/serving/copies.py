@@ -34,8 +34,7 @@ from p2pswarm.wire.orders import pack_doc
 from p2pswarm.wire.serving import StageCopied, StageCopy
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import CopiesPort, Leader
     from p2pswarm.agent.serving.loads import Loads
     from p2pswarm.agent.serving.records import StageOrder
 
@@ -51,7 +50,7 @@ Key = tuple[str, int]  # (plan_id, stage)
 
 
 class CopiesAhead:
-    def __init__(self, agent: Agent, leadership: Leadership, loads: Loads) -> None:
+    def __init__(self, agent: CopiesPort, leadership: Leader, loads: Loads) -> None:
         self.agent = agent
         self.leadership = leadership
         self.loads = loads
@@ -162,7 +161,7 @@ class CopiesAhead:
     async def _copy(self, record: dict[str, Any], order: StageOrder, fid: str) -> str | None:
         """Order the fellow ``fid`` to copy ``order``'s stage; its name, or None."""
         member = self.agent.fellow(fid)
-        if member is None or member.state not in ("alive", "suspect"):
+        if member is None or not member.present:
             return None
         plan_id = record["plan_id"]
         record["copies"] = [*record.get("copies", []),

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from p2pswarm.agent.serving.ports import whole
 from p2pswarm.agent.weight_holders import gather
 from p2pswarm.agent.weights import Manifest, ManifestTensor, WeightsCache
 from p2pswarm.errors import ConfigError, PlacementError
@@ -33,8 +34,7 @@ from p2pswarm.wire.orders import unpack_doc
 from p2pswarm.wire.serving import StageCopied, StageCopy
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import CopyHostPort, Leader
     from p2pswarm.agent.serving.offers import Offers
 
 log = logging.getLogger("p2pswarm.serving")
@@ -45,7 +45,7 @@ LOOK_S = 10.0  # how often the fellow looks whether its copies' loads are still 
 
 
 class CopyHost:
-    def __init__(self, agent: Agent, leadership: Leadership, offers: Offers) -> None:
+    def __init__(self, agent: CopyHostPort, leadership: Leader, offers: Offers) -> None:
         self.agent = agent
         self.offers = offers
         self.kept: dict[str, set[str]] = {}  # plan_id -> hashes copied ahead for it
@@ -100,7 +100,7 @@ class CopyHost:
         async with self._one_at_a_time:
             if lacking:
                 manifest = Manifest.from_dict(model["manifest"])
-                got = await gather(self.agent, manifest, [t.name for t in lacking], cache,
+                got = await gather(whole(self.agent), manifest, [t.name for t in lacking], cache,
                                    self._run, source_id=str(model.get("source_id", "")),
                                    source_name=str(model.get("source", "the source"))[:64])
                 fetched = got.received_bytes

@@ -46,10 +46,11 @@ from p2pswarm.agent.serving.adoption import Adoption
 from p2pswarm.agent.serving.keepers import Keepers
 from p2pswarm.agent.serving.moves import moved_order, spare_cards
 from p2pswarm.agent.serving.recut import Recut
+from p2pswarm.agent.serving.requests import load_move_request
 from p2pswarm.agent.serving.unload_memory import UnloadMemory
 from p2pswarm.agent.serving.records import StageOrder, route_hop
+from p2pswarm.control.requests import typed_op
 from p2pswarm.errors import (
-    ConfigError,
     NobodyListens,
     PlacementError,
     SwarmError,
@@ -74,38 +75,33 @@ from p2pswarm.wire.loads import (
     StageStart,
     StageStarted,
 )
+from p2pswarm.wire.control import LoadMoveRequest
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import FailoverPort, Leader
     from p2pswarm.agent.serving.loads import Loads
     from p2pswarm.agent.serving.stage_host import StageHost
 
 log = logging.getLogger("p2pswarm.serving")
 
-GRACE_S = 8.0  # a silent fellow keeps its stage this long (a 5 s radio fade, and some)
-CHECK_TIMEOUT_S = 1.0  # one StageCheck waits this long before it is asked again
-CHECK_RETRY_S = 0.25
-WATCH_S = 0.5  # how often the leader looks at its loads' fellows
-RETRY_WAITING_S = 2.0  # a load waiting for a card tries again this often
 CANDIDATES_TRIED = 3  # cards asked, in order, before a heal gives up for now
 MOVES_KEPT = 32  # moves a load remembers
-RELEASE_FOR_S = 120.0  # a lost fellow that comes back is told to release this long
-LOOK_AFTER_CHANGE_S = 30.0  # a leader watches this long for kept loads after a change
 
 
 class Failover:
     """The leader's side (heal, watch, moves) and the fellow's answer to ``StageCheck``."""
 
-    def __init__(self, agent: Agent, leadership: Leadership, loads: Loads,
+    def __init__(self, agent: FailoverPort, leadership: Leader, loads: Loads,
                  host: StageHost) -> None:
         self.agent = agent
         self.leadership = leadership
         self.loads = loads
         self.host = host
         self.hosted = host.hosted
-        self.grace_s = GRACE_S
+        self.timings = agent.config.serving  # its watch, checks and grace (``config``)
+        # a silent fellow keeps its stage this long: a test shortens it midway
+        self.grace_s = self.timings.grace_s
         self._locks: dict[str, trio.Lock] = {}
         self._healing: set[str] = set()
         self._retry_at: dict[str, float] = {}
@@ -113,17 +109,15 @@ class Failover:
         self._adopt_at: dict[str, float] = {}  # a load not adopted yet: when to ask again
         self._look_until = 0.0  # the watch runs at least this long (fellows come back)
         self.unloads = UnloadMemory(agent, leadership, host)  # unloads outlive leaders
-        loads.tombstone = self.unloads.hand_out
         self.adoption = Adoption(agent, leadership, loads, host, self._release_stray,
                                  self.unloads)
         self.keepers = Keepers(agent, leadership, loads, self._keep_here)
         self.recut = Recut(agent, loads, MOVES_KEPT)  # a live move to another cut
         leadership.serve(StageLost, self._leader_stage_lost)
         leadership.serve(LoadMove, self._leader_move)
-        agent.control_ops["load_move"] = self._op_load_move
+        agent.control_ops["load_move"] = typed_op(LoadMoveRequest, load_move_request,
+                                                  self._op_load_move)
         leadership.obey(StageCheck, self._check)
-        loads.on_loaded = self._watch_soon
-        loads.on_unloaded = self._unloaded
 
     # --- the fellow's side ---------------------------------------------------------------
 
@@ -141,11 +135,8 @@ class Failover:
         record = await self.heal(self.loads.current_id(call.plan_id), f"{call.reason[:200]}")
         return LoadDone(pack_doc(record))
 
-    async def _op_load_move(self, request: dict[str, Any]) -> Any:
-        plan_id = request.get("plan_id")
-        if not isinstance(plan_id, str) or not 1 <= len(plan_id) <= 64:
-            raise ConfigError("load_move needs the \"plan_id\" of the load to move")
-        reply = await self.leadership.ask(LoadMove(plan_id), LoadDone)
+    async def _op_load_move(self, call: LoadMoveRequest) -> Any:
+        reply = await self.leadership.ask(LoadMove(call.plan_id), LoadDone)
         return unpack_doc(reply.record)
 
     async def _leader_move(self, call: LoadMove) -> LoadDone:
@@ -169,9 +160,10 @@ class Failover:
                                      f"{self.agent.name} leads nor a placement it proposed "
                                      "for one (`p2pswarm loads` shows both); nothing moved")
             proposal = self.recut.proposal(plan_id, orders, self.agent.planning.view())
-            if pinned and (proposal is None or (proposal.plan or {}).get("plan_id") != pinned):
+            shown = proposal.plan.plan_id if proposal is not None and proposal.plan else ""
+            if pinned and shown != pinned:
                 now = "nothing faster" if proposal is None else \
-                    (proposal.plan or {}).get("plan_id") or "moving whole stages"
+                    shown or "moving whole stages"
                 raise PlacementError(f"plan {pinned} is no longer the faster placement for "
                                      f"load {plan_id} (now: {now}); `p2pswarm loads` shows "
                                      "it; nothing moved")
@@ -211,22 +203,22 @@ class Failover:
         and those it led before as their fellows now keep them."""
         for plan_id in sorted(self.loads.loads):
             self.agent.spawn(self._adopt_quietly, plan_id, True)
-        self._look_until = trio.current_time() + LOOK_AFTER_CHANGE_S
-        self._watch_soon()
+        self._look_until = trio.current_time() + self.timings.look_after_change_s
+        self.watch_soon()
 
     def look_a_while(self) -> None:
         """Watch for a while even with no load in sight: a fellow (back, or just
         elected) may gossip the orders of a load no one serves any more."""
-        self._look_until = trio.current_time() + LOOK_AFTER_CHANGE_S
+        self._look_until = trio.current_time() + self.timings.look_after_change_s
         if self.leadership.is_leader():
-            self._watch_soon()
+            self.watch_soon()
 
     def _keep_here(self, plan_id: str, term: int, route: tuple[RouteHop, ...],
                    orders: tuple[StageAssignment, ...], asked: bytes) -> None:
         if self.host.kept.keep(plan_id, term, route, orders, asked):
             self.host.publish()
 
-    def _unloaded(self, plan_id: str) -> None:
+    def forget_load(self, plan_id: str) -> None:
         """An unload forgets the load here too: its keepers and kept orders."""
         self.keepers.forget(plan_id)
         if self.host.kept.forget(plan_id):
@@ -235,7 +227,7 @@ class Failover:
     def _release_stray(self, plan_id: str, addr: str) -> None:
         self.agent.spawn(self._release_when_back, plan_id, addr)
 
-    def _watch_soon(self) -> None:
+    def watch_soon(self) -> None:
         if not self._watching:
             self._watching = True
             self.agent.spawn(self._watch)
@@ -247,13 +239,13 @@ class Failover:
         try:
             while self.loads.loads or (self.leadership.is_leader() and (
                     self.adoption.unadopted() or trio.current_time() < self._look_until)):
-                await trio.sleep(WATCH_S)
+                await trio.sleep(self.timings.watch_s)
                 if not self.leadership.is_leader():
                     continue
                 now = trio.current_time()
                 for plan_id in self.adoption.unadopted():
                     if now >= self._adopt_at.get(plan_id, 0.0):
-                        self._adopt_at[plan_id] = now + RETRY_WAITING_S
+                        self._adopt_at[plan_id] = now + self.timings.retry_waiting_s
                         self.agent.spawn(self._adopt_quietly, plan_id)
                 kept_by = self.keepers.kept_by()
                 for plan_id, record in list(self.loads.loads.items()):
@@ -329,7 +321,7 @@ class Failover:
                                          same_fellow_first=answered)
                     except PlacementError as exc:
                         record["waiting"] = str(exc)
-                        self._retry_at[plan_id] = trio.current_time() + RETRY_WAITING_S
+                        self._retry_at[plan_id] = trio.current_time() + self.timings.retry_waiting_s
                         raise
                 record.pop("waiting", None)
                 return record
@@ -362,7 +354,7 @@ class Failover:
             if self._member_state(hop["fellow_id"]) in ("left", "unknown"):
                 return f"{name} left the swarm", False
             try:
-                with trio.fail_after(CHECK_TIMEOUT_S):
+                with trio.fail_after(self.timings.check_timeout_s):
                     reply = await self.leadership.order(
                         hop["addr"], StageCheck(plan_id, int(hop["stage"])), StageChecked)
                 if reply.state == "active":
@@ -374,7 +366,7 @@ class Failover:
                 pass
             if trio.current_time() >= deadline:
                 return f"{name} was silent for {self.grace_s:g} s", False
-            await trio.sleep(CHECK_RETRY_S)
+            await trio.sleep(self.timings.check_retry_s)
 
     async def _move(self, record: dict[str, Any], stage: int, why: str,
                     candidates: list[tuple[Fellow, CardView]] | None = None,
@@ -443,9 +435,9 @@ class Failover:
     async def _bring_up(self, order: StageOrder, addr: str) -> StageLoaded:
         """Prepare and load ``order`` on the fellow at ``addr``; released on failure."""
         try:
-            with trio.fail_after(self.loads.prepare_timeout_s):
+            with trio.fail_after(self.timings.order_timeout_s):
                 await self.leadership.order(addr, StagePrepare(order.to_wire()), StagePrepared)
-            with trio.fail_after(self.loads.load_timeout_s):
+            with trio.fail_after(self.timings.load_timeout_s):
                 return await self.leadership.order(addr, StageLoad(order.plan_id, order.stage),
                                                    StageLoaded)
         except BaseException as exc:
@@ -457,7 +449,7 @@ class Failover:
 
     async def _release(self, plan_id: str, addr: str, stage: int) -> None:
         try:
-            with trio.fail_after(self.loads.prepare_timeout_s):
+            with trio.fail_after(self.timings.order_timeout_s):
                 await self.leadership.order(addr, StageRelease(plan_id), StageReleased)
         except (SwarmError, trio.TooSlowError) as exc:
             log.info("release of stage %d of %s on %s: %s", stage, plan_id, addr, exc)
@@ -472,7 +464,7 @@ class Failover:
 
         async def one(addr: str) -> None:
             try:
-                with trio.fail_after(self.loads.prepare_timeout_s):
+                with trio.fail_after(self.timings.order_timeout_s):
                     await self.leadership.order(addr, StageStart(plan_id, hops, kept, asked),
                                                 StageStarted)
             except (SwarmError, trio.TooSlowError) as exc:
@@ -484,12 +476,12 @@ class Failover:
 
     async def _release_when_back(self, plan_id: str, addr: str) -> None:
         """A lost fellow that comes back still holds the moved stage: release it."""
-        deadline = trio.current_time() + RELEASE_FOR_S
+        deadline = trio.current_time() + self.timings.release_for_s
         while trio.current_time() < deadline and plan_id in self.loads.loads:
             if addr in {h["addr"] for h in self.loads.loads[plan_id]["stages"]}:
                 return  # it holds another stage of the load now; the route says which
             try:
-                with trio.fail_after(CHECK_TIMEOUT_S * 2):
+                with trio.fail_after(self.timings.check_timeout_s * 2):
                     await self.leadership.order(addr, StageRelease(plan_id), StageReleased)
                 return
             except NobodyListens:
@@ -502,4 +494,4 @@ def _distinct(items: Iterable[str]) -> list[str]:
     return sorted(set(items))
 
 
-__all__ = ["GRACE_S", "Failover"]
+__all__ = ["Failover"]

@@ -56,10 +56,11 @@ from p2pswarm.agent.serving.queue import Admission
 from p2pswarm.agent.serving.records import (
     GenerationResult,
     former_plan_ids,
-    generation_tokens,
+    LoadRecord,
 )
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.serving.stage_session import open_hop
+from p2pswarm.agent.serving.ports import whole
 from p2pswarm.agent.streams import send_best_effort
 from p2pswarm.agent.weight_holders import gather
 from p2pswarm.agent.weights import Manifest
@@ -72,7 +73,7 @@ from p2pswarm.errors import (
     TransportError,
 )
 from p2pswarm.models.tokenizer import WORLD_VOCAB_FILE, ByteTokenizer, load_tokenizer
-from p2pswarm.wire.loads import LoadDone, StageLost
+from p2pswarm.wire.loads import LoadDone, RouteHop, StageLost
 from p2pswarm.wire.orders import unpack_doc
 from p2pswarm.wire.serving import (
     SessionEnd,
@@ -84,17 +85,15 @@ from p2pswarm.wire.serving import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.serving.ports import GenerationPort
     from p2pswarm.transport.secure import SecureStream
 
-MEMBER_WATCH_S = 0.25  # how often a driver looks at its stage fellows' membership state
 MAX_RESUMES = 8  # a generation resumed on a healed load this often at most
 SAME_ROUTE_RESUMES = 2  # ... and at most this often in a row on an unchanged route
 HEAL_TIMEOUT_S = 900.0  # the most a driver waits for the leader to heal a load
 # ... and for a leader at all: a new one is elected within seconds where a majority of the
 # fellows is up; past this, this side of the swarm is likely a minority that cannot elect
 HEAL_LEADERLESS_S = 60.0
-MAX_ROUTE_STAGES = 1024  # a re-cut route from the leader longer than this is not believed
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -122,7 +121,7 @@ class _Failure:
         self.error: SwarmError | None = None
         self.scope: trio.CancelScope | None = None
         self.lost: int | None = None  # the stage lost, when the failure is a lost fellow
-        self.healed: dict[str, Any] | None = None  # the record a heal already gave
+        self.healed: LoadRecord | None = None  # the record a heal already gave
         self.unhealed = ""  # why the leader could not be asked to heal, when it could not
 
     def set(self, error: SwarmError, lost: int | None = None) -> None:
@@ -174,7 +173,7 @@ class TextStream:
 
 
 class Generation:
-    def __init__(self, agent: Agent, runtime: StageRuntime, loads: Loads,
+    def __init__(self, agent: GenerationPort, runtime: StageRuntime, loads: Loads,
                  offers: Offers) -> None:
         self.agent = agent
         self.runtime = runtime
@@ -201,7 +200,12 @@ class Generation:
         slot.arrived.set()
         await slot.done.wait()  # the driver reads it; returning would close it
 
-    async def find_load(self, plan_id: str | None = None) -> dict[str, Any]:
+    async def find_load(self, plan_id: str | None = None) -> LoadRecord:
+        """The load ``plan_id`` (or the only one), checked to serve: a ``LoadRecord``."""
+        return LoadRecord.from_doc(await self.find_doc(plan_id))
+
+    async def find_doc(self, plan_id: str | None = None) -> dict[str, Any]:
+        """As ``find_load``, the record as the leader or this fellow's view shows it."""
         loads = await self.loads.list_loads()
         if plan_id:
             chosen = [r for r in loads if r["plan_id"] == plan_id
@@ -227,9 +231,9 @@ class Generation:
                                  "(some stages are not known yet); try again")
         return record
 
-    async def tokenizer(self, record: dict[str, Any]) -> Any:
-        """The load's tokenizer; a files model's come from the fellow that has them."""
-        model = record.get("model", {})
+    async def tokenizer(self, model: dict[str, Any]) -> Any:
+        """The tokenizer of a load's ``model`` (its public identity, as its record shows
+        it); a files model's come from the fellow that has them."""
         files = {f[0] for f in model.get("files", [])}
         world = WORLD_VOCAB_FILE in files and "tokenizer.json" not in files
         if model.get("kind") == "builtin" or ("tokenizer.json" not in files and not world):
@@ -247,7 +251,7 @@ class Generation:
         cache = self.offers.weights_cache()
         missing = [f.name for f in manifest.files if not cache.has(f.sha256, f.nbytes)]
         if missing:  # from the fellow that offered them, or any that holds them
-            await gather(self.agent, manifest, missing, cache, self.agent.compute.run,
+            await gather(whole(self.agent), manifest, missing, cache, self.agent.compute.run,
                          source_id=str(model.get("source_id", "")),
                          source_name=str(model.get("source", "the source"))[:64])
         directory = await self.agent.compute.run(lambda: cache.model_dir(manifest))
@@ -267,8 +271,8 @@ class Generation:
         if max_tokens <= 0:
             raise ConfigError("max_tokens must be positive, e.g. --max-tokens 64")
         record = await self.find_load(plan_id)
-        tokenizer = await self.tokenizer(record)
-        plan = record["plan_id"]
+        tokenizer = await self.tokenizer(record.model)
+        plan = record.plan_id
         if prompt_ids is not None:
             ids = list(prompt_ids)
         elif remember:  # a chat resending its answers: as the ids they were drawn as
@@ -277,16 +281,15 @@ class Generation:
             ids = tokenizer.encode(prompt or "")
         if not ids:
             raise ConfigError("the prompt is empty")
-        reach, bound = generation_tokens(record)  # a recurrent load: past its context
+        reach, bound = record.generation_tokens()  # a recurrent load: past its context
         if reach and len(ids) + max_tokens - 1 > reach:
             raise PlacementError(f"{len(ids)} prompt tokens and {max_tokens} new ones exceed "
                                  f"{bound}")
         stops = set(tokenizer.eos_ids if stop_token_ids is None else stop_token_ids)
-        open_msg = SessionOpen("-", record["plan_id"], 0, self.agent.addr, float(temperature),
+        open_msg = SessionOpen("-", record.plan_id, 0, self.agent.addr, float(temperature),
                                int(top_k), float(top_p), int(seed), keep_logits)
-        async with self.admission.slot(plan, int(record["runtime"].get("max_sessions", 1)),
-                                       on_wait):
-            run = _Run(list(ids), [0.0] * len(record["stages"]), time.perf_counter(),
+        async with self.admission.slot(plan, record.max_sessions, on_wait):
+            run = _Run(list(ids), [0.0] * len(record.stages), time.perf_counter(),
                        remember=remember)
             run.reuse = self.kept.take(plan, ids) if remember else None
             result = await self._run(record, run, max_tokens, stops, open_msg, tokenizer,
@@ -298,7 +301,7 @@ class Generation:
             self.answers.note(plan, tokenizer, tokenizer.decode(answer), answer)
         return result
 
-    async def _run(self, record: dict[str, Any], run: _Run, max_tokens: int,
+    async def _run(self, record: LoadRecord, run: _Run, max_tokens: int,
                    stops: set[int], open_msg: SessionOpen, tokenizer: Any,
                    on_token: Callable[[int, str], None] | None) -> GenerationResult:
         """The generation's sessions: one, or more when the load heals under it (or a
@@ -319,7 +322,7 @@ class Generation:
             if failure.lost is not None and run.resumes < MAX_RESUMES:
                 healed = failure.healed or await self._heal(record, failure)
             if healed is not None:
-                same = _fellows(healed) == _fellows(record)
+                same = healed.fellow_ids == record.fellow_ids
                 same_route = same_route + 1 if same else 0
             if healed is None or same_route > SAME_ROUTE_RESUMES:
                 if isinstance(error, TransportError):  # a lost fellow: say how far it got
@@ -328,24 +331,24 @@ class Generation:
                                            f"{len(run.tokens)} tokens{why}")
                 raise error
             log.info("resuming after %d tokens on the route %s (%s)", len(run.tokens),
-                     ", ".join(h["fellow"] for h in healed["stages"]), error)
+                     ", ".join(h.fellow for h in healed.stages), error)
             record = healed
-            if len(run.stage_s) != len(record["stages"]):  # re-cut: other stages now
-                run.stage_s = [0.0] * len(record["stages"])
+            if len(run.stage_s) != len(record.stages):  # re-cut: other stages now
+                run.stage_s = [0.0] * len(record.stages)
             run.resumes += 1
-        route = record["stages"]
         return GenerationResult(
-            plan_id=record["plan_id"], prompt_ids=tuple(ids), token_ids=tuple(run.tokens),
+            plan_id=record.plan_id, prompt_ids=tuple(ids), token_ids=tuple(run.tokens),
             text=text.tokenizer.decode(run.tokens), stop_reason=run.stop_reason,
             time_to_first_token_s=run.first_token_s,
             decode_s=time.perf_counter() - run.decode_began,
             stage_decode_s=tuple(run.stage_s),
-            route=tuple({"stage": r["stage"], "fellow": r["fellow"], "layers": r["layers"],
-                         "card": r.get("card", "")} for r in route),
+            route=tuple({"stage": r.stage, "fellow": r.fellow,
+                         "layers": [r.start_layer, r.end_layer], "card": r.card}
+                        for r in record.stages),
             logits=tuple(run.kept), resumes=run.resumes, cached_tokens=run.cached,
             stage_prefill_s=run.prefill_s, replayed_stages=tuple(run.replays))
 
-    async def _session(self, record: dict[str, Any], run: _Run, max_tokens: int,
+    async def _session(self, record: LoadRecord, run: _Run, max_tokens: int,
                        stops: set[int], open_msg: SessionOpen, text: TextStream,
                        on_token: Callable[[int, str], None] | None) -> _Failure | None:
         """One session through the load's route, from the tokens ``run`` has so far to
@@ -359,10 +362,10 @@ class Generation:
             # it from every position but the last token's (which not all of them ran)
             session, start, recover = run.session, len(run.ids) + len(run.tokens) - 1, True
         run.reuse, run.cached, run.session = None, 0 if recover else start, session
-        route = [dict(s) for s in record["stages"]]
-        open_msg = dataclasses.replace(open_msg, session=session, plan_id=record["plan_id"],
+        route = record.stages
+        open_msg = dataclasses.replace(open_msg, session=session, plan_id=record.plan_id,
                                        resume_from=start, recover=recover)
-        slot = _ReturnSlot(bytes.fromhex(route[-1]["fellow_id"]))
+        slot = _ReturnSlot(bytes.fromhex(route[-1].fellow_id))
         self._returns[session] = slot
         failure = _Failure()
         try:
@@ -370,7 +373,7 @@ class Generation:
             try:
                 upstream = await open_hop(self.agent, first)
             except SwarmError as exc:
-                failure.set(TransportError(f"stage 0 on fellow {first['fellow']} is "
+                failure.set(TransportError(f"stage 0 on fellow {first.fellow} is "
                                            f"unreachable: {exc}"), lost=0)
                 return failure
             try:
@@ -395,28 +398,29 @@ class Generation:
                             await send_best_effort(upstream, SessionEnd(len(run.tokens),
                                                                         keep))
                         if keep:
-                            self.kept.put(record["plan_id"], session,
-                                          run.ids + run.tokens[:-1],
-                                          int(record["runtime"].get("max_sessions", 1)))
+                            self.kept.put(record.plan_id, session,
+                                          run.ids + run.tokens[:-1], record.max_sessions)
                             await _until_closed(slot.stream)  # every stage kept it
                     await upstream.aclose()
         finally:
             slot.done.set()
             self._returns.pop(session, None)
 
-    async def _heal(self, record: dict[str, Any], failure: _Failure) -> dict[str, Any] | None:
+    async def _heal(self, record: LoadRecord, failure: _Failure) -> LoadRecord | None:
         """Ask the leader to heal the load after ``failure``; the load's record as it now
         stands (checked: it comes from the network), or None when it cannot be healed."""
         stage = failure.lost if failure.lost is not None else 0
-        hops = record["stages"]
-        fid = str(hops[stage]["fellow_id"]) if 0 <= stage < len(hops) else ""
-        ask = StageLost(record["plan_id"], max(0, min(stage, 65535)), fid[:64],
+        hops = record.stages
+        fid = hops[stage].fellow_id if 0 <= stage < len(hops) else ""
+        ask = StageLost(record.plan_id, max(0, min(stage, 65535)), fid[:64],
                         str(failure.error)[:500])
         deadline = trio.current_time() + self.heal_timeout_s
         try:  # a leader that crashed (it may have hosted the lost stage) gives way to the next
             reply = await self.loads.leadership.ask_until(ask, LoadDone, deadline,
                                                           self.heal_leaderless_s)
-            healed = unpack_doc(reply.record)
+            healed = LoadRecord.from_doc(unpack_doc(reply.record))
+        except ConfigError:  # a malformed answer: not this load
+            return None
         except NotLeader as exc:  # no leader at all: say so, not only what was lost
             failure.unhealed = str(exc)
             log.info("the load could not be healed: %s", exc)
@@ -424,20 +428,20 @@ class Generation:
         except SwarmError as exc:
             log.info("the load could not be healed: %s", exc)
             return None
-        return healed if _same_load(healed, record) else None
+        return healed if healed.continues(record) else None
 
-    async def _drive(self, record: dict[str, Any], route: list[dict[str, Any]], run: _Run,
+    async def _drive(self, record: LoadRecord, route: tuple[RouteHop, ...], run: _Run,
                      max_tokens: int, stops: set[int], open_msg: SessionOpen,
                      upstream: SecureStream, slot: _ReturnSlot, failure: _Failure,
                      text: TextStream, on_token: Callable[[int, str], None] | None) -> None:
-        chunk = int(record["runtime"].get("prefill_chunk_tokens", 256))
+        chunk = record.prefill_chunk_tokens
         prompt = run.ids + run.tokens  # a resumed session replays what it had
 
         async def send(msg: Any) -> None:
             try:
                 await upstream.send_frame(wire.encode(msg))
             except TransportError:
-                failure.set(TransportError(f"stage 0 on fellow {route[0]['fellow']} went "
+                failure.set(TransportError(f"stage 0 on fellow {route[0].fellow} went "
                                            "away"), lost=0)
                 await trio.sleep_forever()
 
@@ -489,19 +493,19 @@ class Generation:
             await send(StepInput(step, position, True, (),
                                  self.runtime.token_frame([msg.token])))
 
-    async def _returned(self, slot: _ReturnSlot, route: list[dict[str, Any]],
+    async def _returned(self, slot: _ReturnSlot, route: tuple[RouteHop, ...],
                         failure: _Failure) -> SecureStream:
         """The last stage's stream back, once it has connected."""
         with trio.move_on_after(self.step_timeout_s):
             await slot.arrived.wait()
         if slot.stream is None:
             failure.set(TransportError(
-                f"the last stage on fellow {route[-1]['fellow']} did not connect back within "
+                f"the last stage on fellow {route[-1].fellow} did not connect back within "
                 f"{self.step_timeout_s:g} s"), lost=len(route) - 1)
             await trio.sleep_forever()
         return slot.stream
 
-    async def _receive_output(self, stream: SecureStream, route: list[dict[str, Any]],
+    async def _receive_output(self, stream: SecureStream, route: tuple[RouteHop, ...],
                               timeout_s: float, max_bytes: int,
                               failure: _Failure) -> StepOutput:
         last = route[-1]
@@ -510,17 +514,17 @@ class Generation:
                 frame = await stream.receive_frame()
             (msg,) = wire.decode(frame, max_bytes=max_bytes)
         except trio.TooSlowError:
-            names = ", ".join(r["fellow"] for r in route)
+            names = ", ".join(r.fellow for r in route)
             failure.set(TransportError(f"no token within {timeout_s:g} s from the pipeline "
                                        f"on {names}"), lost=0)
             await trio.sleep_forever()
         except (TransportError, RemoteProtocolError, ValueError):
             failure.set(TransportError(
-                f"stage {last['stage']} on fellow {last['fellow']} went away"),
+                f"stage {last.stage} on fellow {last.fellow} went away"),
                 lost=len(route) - 1)
             await trio.sleep_forever()
         if isinstance(msg, SessionError):
-            failure.set(_session_error(msg), lost=_lost_stage(msg, route))
+            failure.set(_session_error(msg), lost=_lost_stage(msg))
             await trio.sleep_forever()
         if not isinstance(msg, StepOutput):
             failure.set(RemoteProtocolError("unexpected-message",
@@ -528,91 +532,61 @@ class Generation:
             await trio.sleep_forever()
         return msg
 
-    async def _watch_stage_zero(self, stream: SecureStream, first: dict[str, Any],
+    async def _watch_stage_zero(self, stream: SecureStream, first: RouteHop,
                                 failure: _Failure) -> None:
         """Stage 0 only ever sends an error back; a broken stream is its loss."""
         try:
             frame = await stream.receive_frame()
             (msg,) = wire.decode(frame, max_bytes=self.agent.config.transport.max_frame_bytes)
         except (TransportError, RemoteProtocolError, ValueError):
-            failure.set(TransportError(f"stage 0 on fellow {first['fellow']} went away"),
+            failure.set(TransportError(f"stage 0 on fellow {first.fellow} went away"),
                         lost=0)
             return
         if isinstance(msg, SessionError):
-            failure.set(_session_error(msg), lost=_lost_stage(msg, [first]))
+            failure.set(_session_error(msg), lost=_lost_stage(msg))
         else:
             failure.set(RemoteProtocolError("unexpected-message",
                                             f"{type(msg).__name__} from stage 0"))
 
-    async def _watch_members(self, record: dict[str, Any], failure: _Failure) -> None:
+    async def _watch_members(self, record: LoadRecord, failure: _Failure) -> None:
         """A stage fellow that left the swarm ends the session at once. One membership
         declares dead may be silent behind a fading link with its streams intact: the
         leader decides (``failover``), and the session goes on unless the stage moved."""
-        route = record["stages"]
         while True:
-            for hop in route:
-                member = self.agent.fellow(hop["fellow_id"])
+            for hop in record.stages:
+                member = self.agent.fellow(hop.fellow_id)
                 state = member.state if member is not None else "unknown"
                 if state in ("left", "unknown"):
-                    failure.set(TransportError(f"stage {hop['stage']} on fellow "
-                                               f"{hop['fellow']} went away ({state})"),
-                                lost=int(hop["stage"]))
+                    failure.set(TransportError(f"stage {hop.stage} on fellow "
+                                               f"{hop.fellow} went away ({state})"),
+                                lost=hop.stage)
                     return
                 if state != "dead":
                     continue
                 lost = _Failure()
-                lost.set(TransportError(f"stage {hop['stage']} on fellow {hop['fellow']} "
-                                        "went away (dead)"), lost=int(hop["stage"]))
+                lost.set(TransportError(f"stage {hop.stage} on fellow {hop.fellow} "
+                                        "went away (dead)"), lost=hop.stage)
                 healed = await self._heal(record, lost)
                 if healed is None:
                     failure.unhealed = lost.unhealed
                     failure.set(lost.error or TransportError("lost"))
                     return
-                if _fellows(healed) != _fellows(record):  # moved: resume there
+                if healed.fellow_ids != record.fellow_ids:  # moved: resume there
                     failure.healed = healed
                     failure.set(lost.error or TransportError("moved"), lost=lost.lost)
                     return
-                while (m := self.agent.fellow(hop["fellow_id"])) is not None \
+                while (m := self.agent.fellow(hop.fellow_id)) is not None \
                         and m.state == "dead":  # back, as the leader found: wait for word
-                    await trio.sleep(MEMBER_WATCH_S)
-            await trio.sleep(MEMBER_WATCH_S)
+                    await trio.sleep(self.agent.config.serving.member_watch_s)
+            await trio.sleep(self.agent.config.serving.member_watch_s)
 
 
-def _lost_stage(msg: SessionError, route: list[dict[str, Any]]) -> int | None:
+def _lost_stage(msg: SessionError) -> int | None:
     """The stage a relayed error blames, when it is a lost fellow (a stage whose compute
     failed is no fellow lost: replaying would fail again; nor is an evicted cache)."""
     if msg.reason.startswith("failed") or msg.evicted:
         return None
     return int(msg.stage)
-
-
-def _fellows(record: dict[str, Any]) -> list[str]:
-    return [str(h.get("fellow_id")) for h in record["stages"]]
-
-
-def _same_load(healed: Any, record: dict[str, Any]) -> bool:
-    """Whether the leader's answer is this load, with a well-formed route of as many
-    stages, or of its new cut after a live move that re-cut it (it is checked before a
-    session opens on it)."""
-    if not isinstance(healed, dict) or not isinstance(healed.get("plan_id"), str):
-        return False
-    recut = healed["plan_id"] != record["plan_id"]
-    if recut and record["plan_id"] not in former_plan_ids(healed):
-        return False
-    hops = healed.get("stages")
-    if not isinstance(hops, list) or not 0 < len(hops) <= MAX_ROUTE_STAGES or (
-            not recut and len(hops) != len(record["stages"])):
-        return False
-    for i, hop in enumerate(hops):
-        if not (isinstance(hop, dict) and hop.get("stage") == i
-                and isinstance(hop.get("fellow_id"), str)
-                and isinstance(hop.get("fellow"), str) and isinstance(hop.get("addr"), str)):
-            return False
-        try:
-            bytes.fromhex(hop["fellow_id"])
-        except ValueError:
-            return False
-    return isinstance(healed.get("runtime"), dict)
 
 
 async def _until_closed(stream: SecureStream | None) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.serving.ports import InterruptedPort
     from p2pswarm.agent.serving.records import HostedStage
 
 KEEP_INTERRUPTED_S = 120.0  # a broken session's cache waits this long for its driver
@@ -27,7 +27,7 @@ Key = tuple[str, int, str]  # plan, stage, session
 
 
 class InterruptedCaches:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: InterruptedPort) -> None:
         self.agent = agent
         self.keep_s = KEEP_INTERRUPTED_S
         self._marks: dict[Key, object] = {}

@@ -36,14 +36,12 @@ from p2pswarm.wire.loads import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import KeepersPort, Leader
     from p2pswarm.agent.serving.loads import Loads
 
 log = logging.getLogger("p2pswarm.serving")
 
 KEEPERS = 2  # fellows outside the route that keep a load's orders
-ORDER_TIMEOUT_S = 5.0
 DROP_AGAIN_S = 5.0  # a fellow that did not drop orders (no leader yet) is told again
 DROPS_REMEMBERED = 1024
 
@@ -59,7 +57,7 @@ def chosen_keepers(plan_id: str, fellows: list[str], copies: int = KEEPERS) -> l
 class Keepers:
     """The leader's side: who keeps each led load's orders, and who is told to drop them."""
 
-    def __init__(self, agent: Agent, leadership: Leadership, loads: Loads,
+    def __init__(self, agent: KeepersPort, leadership: Leader, loads: Loads,
                  keep_here: Callable[[str, int, tuple[RouteHop, ...],
                                       tuple[StageAssignment, ...], bytes], None]) -> None:
         self.agent = agent
@@ -76,7 +74,7 @@ class Keepers:
         out: dict[str, list[tuple[str, str]]] = {}
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
-            if m.is_self or m.state not in ("alive", "suspect"):
+            if m.is_self or not m.present:
                 continue
             for plan_id in self.agent.member_metadata(m).get("kept_loads") or []:
                 out.setdefault(plan_id, []).append((fellow_id(m.node_id), m.addr))
@@ -115,7 +113,7 @@ class Keepers:
 
         async def one(addr: str) -> None:
             try:
-                with trio.fail_after(ORDER_TIMEOUT_S):
+                with trio.fail_after(self.agent.config.serving.keep_order_timeout_s):
                     await self.leadership.order(addr, LoadKeep(plan_id, hops, kept, asked),
                                                 StageStarted)
             except (SwarmError, trio.TooSlowError) as exc:
@@ -163,7 +161,7 @@ class Keepers:
 
     async def _drop(self, plan_id: str, addr: str) -> None:
         try:
-            with trio.fail_after(ORDER_TIMEOUT_S):
+            with trio.fail_after(self.agent.config.serving.keep_order_timeout_s):
                 await self.leadership.order(addr, StageRelease(plan_id), StageReleased)
             log.info("%s no longer keeps the orders of %s", addr, plan_id)
         except (SwarmError, trio.TooSlowError) as exc:

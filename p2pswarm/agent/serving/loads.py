@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,12 +42,14 @@ import trio
 
 from p2pswarm.agent.adapter import stage_block
 from p2pswarm.agent.planning import fellow_id
+from p2pswarm.agent.serving.events import LoadEvents
 from p2pswarm.agent.serving.records import (
     ROUTE_KEYS,
     StageOrder,
     public_adapter,
     public_model,
     route_hop,
+    runtime_block,
 )
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.errors import (
@@ -58,6 +60,7 @@ from p2pswarm.errors import (
     SwarmError,
     TransportError,
 )
+from p2pswarm.planner.plan import Plan
 from p2pswarm.planner.profile import BUILTIN_MODELS
 from p2pswarm.planner.wording import card_label
 from p2pswarm.wire.loads import (
@@ -81,8 +84,7 @@ from p2pswarm.wire.loads import (
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import Leader, LoadsPort
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -110,12 +112,12 @@ def _remember(kept: OrderedDict[str, str], ticket: str, value: str) -> None:
 
 
 class Loads:
-    def __init__(self, agent: Agent, leadership: Leadership) -> None:
+    def __init__(self, agent: LoadsPort, leadership: Leader, events: LoadEvents) -> None:
         self.agent = agent
         self.leadership = leadership
+        self.events = events  # loads come up and go (``events``): this publishes them
         self.loads: dict[str, dict[str, Any]] = {}  # loads this agent led, by plan_id
-        self.prepare_timeout_s = 30.0
-        self.load_timeout_s = 3600.0  # fetching and loading a big stage takes a while
+        self.timings = agent.config.serving
         self._unloaded: dict[str, float] = {}
         # loads unloaded here (the last TICKETS_KEPT): a fellow away during the unload
         # that comes back keeping their orders is told to drop them, not adopted
@@ -126,10 +128,6 @@ class Loads:
         # live move plans it again (``recut``); a load adopted from its fellows lacks it
         self.asked: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]] = {}
         self.moved_to: dict[str, str] = {}  # a re-cut load's old plan_id -> its new one
-        self.on_loaded: Callable[[], None] | None = None  # a load came up (failover watches)
-        self.on_unloaded: Callable[[str], None] | None = None  # ... went (its orders too)
-        # (plan_id, generation): tell the fellows it went, for later leaders (``unload_memory``)
-        self.tombstone: Callable[[str, str], Awaitable[None]] | None = None
         self._in_flight: dict[str, _InFlight] = {}  # ticket -> the bring-up under way
         self._finished: OrderedDict[str, str] = OrderedDict()  # ticket -> plan_id loaded
         # tickets whose load ended without coming up, or was cancelled before it came
@@ -202,14 +200,15 @@ class Loads:
                 adapter or message.get("adapter")):
             raise ConfigError("the load's adapter is not the one its request names")
         async with self._lock:
-            plan = await self.agent.planning.pinned_plan(message, expected)
-            self.agent.planning.shown.check_pin(expected, plan)
-            if plan.get("kind") != "serve":
+            shown = await self.agent.planning.pinned_plan(message, expected)
+            self.agent.planning.shown.check_pin(expected, shown)
+            if shown.get("kind") != "serve":
                 raise ConfigError("load serves a model: plan it without --train")
-            if not plan.get("fits"):
-                raise PlacementError(f"plan {plan['plan_id']} does not fit: "
-                                     f"{plan['layout']['limit']['sentence']}")
-            plan_id = flight.plan_id = plan["plan_id"]
+            plan = Plan.from_doc(shown)
+            if not plan.fits:
+                raise PlacementError(f"plan {plan.plan_id} does not fit: "
+                                     f"{plan.limit.sentence}")
+            plan_id = flight.plan_id = plan.plan_id
             if any(r["plan_id"] == plan_id for r in self.loads_view()):
                 raise PlacementError(f"plan {plan_id} is already loaded: `p2pswarm loads` "
                                      "shows it; unload it first to load it again")
@@ -221,7 +220,7 @@ class Loads:
             self.asked[plan_id] = (message, model, adapter)
             return LoadDone(pack_doc(record))
 
-    async def bring_up_beside(self, plan: dict[str, Any], message: dict[str, Any],
+    async def bring_up_beside(self, plan: Plan, message: dict[str, Any],
                               model: dict[str, Any],
                               adapter: dict[str, Any] | None) -> dict[str, Any]:
         """Bring ``plan`` up as a load of its own, as ``load`` does (checked, fetched,
@@ -230,7 +229,7 @@ class Loads:
         orders = _stage_orders(plan, model, "", "", adapter, self._generation())
         record = await self._bring_up(plan, orders, self._order_addrs(orders), model, adapter,
                                       message)
-        self.asked[plan["plan_id"]] = (message, model, adapter)
+        self.asked[plan.plan_id] = (message, model, adapter)
         return record
 
     def _generation(self) -> str:
@@ -246,14 +245,13 @@ class Loads:
         it, ignore its stages' lagging gossip, and name the successor to whoever asks
         for it (a driver resuming a session). Its stages are the caller's to release."""
         generation = self._generation_of(plan_id)
-        if self.tombstone is not None and generation:  # no later leader adopts it either
-            self.agent.spawn(self.tombstone, plan_id, generation)
+        if generation:  # no later leader adopts it either
+            self.agent.spawn(self.events.forgotten, plan_id, generation)
         self.loads.pop(plan_id, None)
         self.orders.pop(plan_id, None)
         self.asked.pop(plan_id, None)
         self._unloaded[plan_id] = trio.current_time()
-        if self.on_unloaded is not None:  # its orders kept here and by its keepers
-            self.on_unloaded(plan_id)
+        self.events.unloaded(plan_id)  # its orders kept here and by its keepers
         for old, new in list(self.moved_to.items()):
             if new == plan_id:
                 self.moved_to[old] = successor
@@ -270,7 +268,7 @@ class Loads:
         """Addresses of the connected fellows that gossip a stage of ``plan_id``."""
         membership = self.agent.membership
         return sorted({m.addr for m in (membership.members() if membership else ())
-                       if m.state in ("alive", "suspect") and any(
+                       if m.present and any(
                            isinstance(e, dict) and e.get("plan_id") == plan_id
                            for e in self.agent.member_metadata(m).get("stages") or [])})
 
@@ -283,15 +281,15 @@ class Loads:
         out = {}
         for order in orders:
             member = self.agent.fellow(order.fellow_id)
-            if member is None or member.state not in ("alive", "suspect"):
+            if member is None or not member.present:
                 raise PlacementError(f"stage {order.stage}'s fellow is not connected")
             out[order.stage] = (order.fellow_id, member.name, member.addr)
         return out
 
-    async def _bring_up(self, plan: dict[str, Any], orders: list[StageOrder], addrs: Addrs,
+    async def _bring_up(self, plan: Plan, orders: list[StageOrder], addrs: Addrs,
                         model: dict[str, Any], adapter: dict[str, Any] | None,
                         message: dict[str, Any]) -> dict[str, Any]:
-        plan_id = plan["plan_id"]
+        plan_id = plan.plan_id
         try:
             return await self._bring_up_orders(plan, orders, addrs, model, adapter,
                                                asked_doc(message, adapter))
@@ -301,13 +299,13 @@ class Loads:
             await self.release_all(plan_id, addrs)  # same, all or nothing (shielded)
             raise
 
-    async def _bring_up_orders(self, plan: dict[str, Any], orders: list[StageOrder],
+    async def _bring_up_orders(self, plan: Plan, orders: list[StageOrder],
                                addrs: Addrs, model: dict[str, Any],
                                adapter: dict[str, Any] | None, asked: bytes) -> dict[str, Any]:
-        plan_id = plan["plan_id"]
+        plan_id = plan.plan_id
         began = time.perf_counter()
         prepared = await self._order_all(
-            orders, addrs, "stage-prepare", self.prepare_timeout_s, StagePrepared,
+            orders, addrs, "stage-prepare", self.timings.order_timeout_s, StagePrepared,
             lambda o: StagePrepare(o.to_wire()))
         refusals = [f"{addrs[i][1]}: {r}" for i, r in prepared.items()
                     if isinstance(r, SwarmError)]
@@ -316,7 +314,7 @@ class Loads:
             raise PlacementError(f"load of plan {plan_id} refused, nothing loaded: "
                                  + "; ".join(refusals))
         loaded = await self._order_all(
-            orders, addrs, "stage-load", self.load_timeout_s, StageLoaded,
+            orders, addrs, "stage-load", self.timings.load_timeout_s, StageLoaded,
             lambda o: StageLoad(plan_id, o.stage))
         failures = [f"{addrs[i][1]}: {r}" for i, r in loaded.items() if isinstance(r, SwarmError)]
         if failures:
@@ -337,7 +335,7 @@ class Loads:
         hops = tuple(route_hop(r) for r in route)
         kept = tuple(o.to_wire() for o in orders)  # every stage keeps them (``adoption``)
         started = await self._order_all(
-            orders, addrs, "stage-start", self.prepare_timeout_s, StageStarted,
+            orders, addrs, "stage-start", self.timings.order_timeout_s, StageStarted,
             lambda o: StageStart(plan_id, hops, kept, asked))
         failures = [f"{addrs[i][1]}: {r}" for i, r in started.items()
                     if isinstance(r, SwarmError)]
@@ -346,7 +344,7 @@ class Loads:
             raise PlacementError(f"load of plan {plan_id} failed to start, everything "
                                  "released: " + "; ".join(failures))
         record = {"plan_id": plan_id, "model": public_model(model),
-                  "runtime": dict(plan["runtime"]), "stages": route,
+                  "runtime": plan.runtime(), "stages": route,
                   "load_s": time.perf_counter() - began}
         if adapter:
             record["adapter"] = public_adapter(adapter)
@@ -354,8 +352,7 @@ class Loads:
         self.orders[plan_id] = list(orders)
         self._unloaded.pop(plan_id, None)
         self._forgotten.pop(plan_id, None)
-        if self.on_loaded is not None:
-            self.on_loaded()
+        self.events.loaded()
         return record
 
     async def _order_all(self, orders: Sequence[StageOrder], addrs: Addrs, what: str,
@@ -390,7 +387,7 @@ class Loads:
 
         async def one(addr: str) -> None:
             try:
-                with trio.fail_after(self.prepare_timeout_s):
+                with trio.fail_after(self.timings.order_timeout_s):
                     await self.leadership.order(addr, StageRelease(plan_id), StageReleased)
             except (SwarmError, trio.TooSlowError) as exc:
                 log.warning("release of %s on %s failed: %s", plan_id, addr, exc)
@@ -430,15 +427,14 @@ class Loads:
                      for s in record["stages"] if s.get("state") in ("alive", "suspect")}
             await self.release_all(plan_id, addrs, self.keeping(plan_id))
             generation = self._generation_of(plan_id)
-            if self.tombstone is not None and generation:  # remembered past this leader
-                await self.tombstone(plan_id, generation)
+            if generation:  # remembered past this leader
+                await self.events.forgotten(plan_id, generation)
             self.loads.pop(plan_id, None)
             self.orders.pop(plan_id, None)
             self.asked.pop(plan_id, None)
             self._unloaded[plan_id] = trio.current_time()
             _remember(self._forgotten, plan_id, plan_id)
-            if self.on_unloaded is not None:
-                self.on_unloaded(plan_id)
+            self.events.unloaded(plan_id)
 
     def recently_unloaded(self, plan_id: str) -> bool:
         """Whether ``plan_id`` was unloaded or re-cut here so lately that its stages'
@@ -456,7 +452,7 @@ class Loads:
         ``plan_id`` without serving it (``kept_loads``)."""
         membership = self.agent.membership
         return sorted({m.addr for m in (membership.members() if membership else ())
-                       if m.state in ("alive", "suspect") and not m.is_self
+                       if m.present and not m.is_self
                        and plan_id in (self.agent.member_metadata(m).get("kept_loads")
                                        or [])})
 
@@ -480,7 +476,7 @@ class Loads:
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
             members[fellow_id(m.node_id)] = m
-            if m.state not in ("alive", "suspect"):
+            if not m.present:
                 continue  # a fellow that left or died serves nothing, whatever it last said
             for entry in self.agent.member_metadata(m).get("stages", []) or []:
                 if not isinstance(entry, dict) or "plan_id" not in entry:
@@ -558,24 +554,22 @@ def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
         raise ConfigError(f"unknown model kind {model.get('kind')!r}")
 
 
-def _stage_orders(plan: dict[str, Any], model: dict[str, Any], progress_addr: str,
+def _stage_orders(plan: Plan, model: dict[str, Any], progress_addr: str,
                   ticket: str, adapter: dict[str, Any] | None = None,
                   generation: str = "") -> list[StageOrder]:
-    cards = {(c["fellow_id"], c["kind"], c["index"]): c for c in plan["cards"] if c["used"]}
+    cards = {(c.fellow_id, c.kind, c.index): c for c in plan.cards if c.used}
+    runtime = runtime_block(plan.runtime())
     orders = []
-    for s in plan["stages"]:
-        card = cards[(s["fellow_id"], s["kind"], s["index"])]
-        seg = card["segments"]
-        claim = seg["weights"] + seg["embeddings_head_buffers"] + seg["kv_cache"]
-        need = sum(v for k, v in seg.items()
-                   if k not in ("other_programs", "free", "does_not_fit"))
+    for s in plan.stages:
+        card = cards[(s.fellow_id, s.kind, s.card_index)]
+        start, end = s.layers
         orders.append(StageOrder(
-            plan_id=plan["plan_id"], stage=s["stage"], n_stages=len(plan["stages"]),
-            fellow_id=s["fellow_id"], layers=(s["layers"][0], s["layers"][1]),
-            card_kind=s["kind"], card_index=s["index"], card_name=s["name"],
-            claim_bytes=claim, need_bytes=need, runtime=dict(plan["runtime"]), model=model,
-            progress_addr=progress_addr, ticket=ticket,
-            adapter=stage_block(adapter, s["layers"][0], s["layers"][1]) if adapter else {},
+            plan_id=plan.plan_id, stage=s.index, n_stages=len(plan.stages),
+            fellow_id=s.fellow_id, layers=(start, end), card_kind=s.kind,
+            card_index=s.card_index, card_name=s.name,
+            claim_bytes=card.segments.claim_bytes, need_bytes=card.segments.need_bytes,
+            runtime=runtime, model=model, progress_addr=progress_addr, ticket=ticket,
+            adapter=stage_block(adapter, start, end) if adapter else {},
             generation=generation))
     return orders
 

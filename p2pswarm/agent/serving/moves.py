@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from p2pswarm.planner.cluster import CardView, ClusterView, Fellow
+from p2pswarm.planner.plan import Plan
 
 if TYPE_CHECKING:
     from p2pswarm.agent.serving.records import StageOrder
@@ -50,7 +51,7 @@ class Proposal:
     now_s: float  # estimated seconds a token takes on the load as it runs
     after_s: float  # ... after the moves
     moves: tuple[StageMove, ...]
-    plan: dict[str, Any] | None = None  # a new cut: the planner's plan, taken whole
+    plan: Plan | None = None  # a new cut: the planner's plan, taken whole
 
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -60,19 +61,17 @@ class Proposal:
             "moves": [{"stage": m.stage, "to": m.fellow.name, "to_id": m.fellow.id,
                        "card": m.card.name} for m in self.moves]}
         if self.plan is not None:
-            out["plan_id"] = self.plan["plan_id"]
+            out["plan_id"] = self.plan.plan_id
             out["stages"] = plan_stages(self.plan)
-            estimate = self.plan.get("estimate") or {}
-            if estimate.get("time_per_token_s"):
-                out["plan_ms_per_token"] = round(float(estimate["time_per_token_s"]) * 1e3, 3)
+            if self.plan.estimate.time_per_token_s:
+                out["plan_ms_per_token"] = round(self.plan.estimate.time_per_token_s * 1e3, 3)
         return out
 
 
-def plan_stages(plan: dict[str, Any]) -> list[dict[str, Any]]:
+def plan_stages(plan: Plan) -> list[dict[str, Any]]:
     """A plan's stages as a proposal and a move show them: layers, fellow, card."""
-    return [{"stage": int(s["stage"]), "layers": [int(s["layers"][0]), int(s["layers"][1])],
-             "fellow": str(s.get("fellow", "")), "fellow_id": str(s["fellow_id"]),
-             "card": str(s.get("name", ""))} for s in plan["stages"]]
+    return [{"stage": s.index, "layers": [s.layers[0], s.layers[1]], "fellow": s.fellow,
+             "fellow_id": s.fellow_id, "card": s.name} for s in plan.stages]
 
 
 def _card(view: ClusterView, fellow_id: str, card_key: str) -> CardView | None:
@@ -118,33 +117,30 @@ def load_cost_s(view: ClusterView, orders: list[StageOrder]) -> float | None:
     return total
 
 
-def plan_cost_s(view: ClusterView, plan: dict[str, Any]) -> float | None:
+def plan_cost_s(view: ClusterView, plan: Plan) -> float | None:
     """The same estimate for a plan's placement: each stage's claim (weights, embeddings,
     head and buffers, KV cache: what it reads a token) over its card's bandwidth."""
-    cards = {(c["fellow_id"], c["kind"], c["index"]): c for c in plan.get("cards", [])
-             if c.get("used")}
+    cards = {(c.fellow_id, c.kind, c.index): c for c in plan.cards if c.used}
     total = 0.0
-    for s in plan.get("stages", []):
-        used = cards.get((s["fellow_id"], s["kind"], s["index"]))
-        card = _card(view, s["fellow_id"], f"{s['kind']}:{s['index']}")
+    for s in plan.stages:
+        used = cards.get((s.fellow_id, s.kind, s.card_index))
+        card = _card(view, s.fellow_id, f"{s.kind}:{s.card_index}")
         if used is None or card is None:
             return None
-        seg = used["segments"]
-        claim = seg["weights"] + seg["embeddings_head_buffers"] + seg["kv_cache"]
-        total += claim / card.mem_bandwidth
+        total += used.segments.claim_bytes / card.mem_bandwidth
     return total
 
 
-def recut_proposal(view: ClusterView, orders: list[StageOrder], plan: dict[str, Any] | None,
+def recut_proposal(view: ClusterView, orders: list[StageOrder], plan: Plan | None,
                    stage_moves: Proposal | None) -> Proposal | None:
     """The planner's ``plan`` for the load's request, when it places the load otherwise
     (another cut, or other cards), fits, and makes a token markedly faster than now and
     faster than the whole-stage moves ``stage_moves``; else ``stage_moves``."""
-    if plan is None or not plan.get("fits") or not plan.get("stages"):
+    if plan is None or not plan.fits or not plan.stages:
         return stage_moves
     placed = [(o.fellow_id, o.card_key, tuple(o.layers)) for o in orders]
-    planned = [(s["fellow_id"], f"{s['kind']}:{s['index']}", tuple(s["layers"]))
-               for s in plan["stages"]]
+    planned = [(s.fellow_id, f"{s.kind}:{s.card_index}", tuple(s.layers))
+               for s in plan.stages]
     if planned == placed:
         return stage_moves
     now_s, after_s = load_cost_s(view, orders), plan_cost_s(view, plan)

@@ -6,10 +6,11 @@ travel: ``p2pswarm.agent.weights``; who holds them: ``p2pswarm.agent.weight_hold
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from p2pswarm.agent.serving.events import WeightsInUse
+from p2pswarm.agent.serving.ports import whole
 from p2pswarm.agent.weight_holders import HeldWeights
 from p2pswarm.agent.weights import (
     Manifest,
@@ -23,20 +24,20 @@ from p2pswarm.home import scratch_dir
 from p2pswarm.wire.serving import WeightsByHash, WeightsHeldAsk, WeightsRequest
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.serving.ports import OffersPort
     from p2pswarm.transport.secure import SecureStream
 
 
 class Offers:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: OffersPort, in_use: WeightsInUse) -> None:
         self.agent = agent
         self.server = WeightsServer()
         self.cache: WeightsCache | None = \
             WeightsCache(agent.home / "weights") if agent.home is not None else None
         self._manifests: dict[str, tuple[Any, Manifest]] = {}
-        # the hashes live stages read, never evicted (the stage host fills this in)
-        self.in_use: Callable[[], Iterable[str]] = lambda: ()
-        self.held = HeldWeights(agent, self.server, self.weights_cache)
+        # the hashes live stages read and copies ahead keep, never evicted (``events``)
+        self.in_use = in_use
+        self.held = HeldWeights(whole(agent), self.server, self.weights_cache)
         agent.on_stream(WeightsRequest, self._on_weights_request)
         agent.on_stream(WeightsHeldAsk, self.held.answer_ask)
         agent.on_stream(WeightsByHash, self.held.serve)

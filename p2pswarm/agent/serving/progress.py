@@ -10,12 +10,12 @@ from p2pswarm.errors import SwarmError
 from p2pswarm.wire.serving import LoadProgress
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.serving.ports import ProgressPort
     from p2pswarm.agent.serving.records import StageOrder
 
 
 class Progress:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: ProgressPort) -> None:
         self.agent = agent
         self._sinks: dict[str, Emit] = {}  # ticket -> the waiting CLI's emitter
         agent.on_datagram(LoadProgress, self._on_progress)

@@ -3,13 +3,17 @@ loads and routes look in records, gossip and on the wire.
 
 A ``StageOrder`` is what the leader asks one fellow to host; on the wire it is a typed
 ``StageAssignment`` (``p2pswarm.wire.loads``), whose model identity and adapter block
-travel as documents. A route is the load's stages in pipeline order; records and gossip
-keep it as plain maps (``route_dict``), the ``StageStart`` order as typed ``RouteHop``s.
+travel as documents, and whose runtime block (``RuntimeBlock``, what ``StageSpec`` is
+built from) is one value from the plan to the stage. A route is the load's stages in
+pipeline order, typed ``RouteHop``s inside (a hosted stage's route, a driver's
+``LoadRecord``); records and gossip show it as plain maps (``route_dict``,
+``route_entry``), read back with ``LoadRecord.from_doc``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -45,7 +49,7 @@ class StageOrder:
     card_name: str
     claim_bytes: int  # what the stage allocates: weights, embeddings/head/buffers, KV cache
     need_bytes: int  # what must be free: the claim plus activations and workspace
-    runtime: dict[str, Any]  # the plan's runtime block (StageSpec fields)
+    runtime: RuntimeBlock  # what every stage of the plan allocates (``runtime_block``)
     model: dict[str, Any]  # identity: {"kind": "builtin", "name"} or {"kind": "files", ...}
     progress_addr: str = ""
     ticket: str = ""
@@ -61,17 +65,17 @@ class StageOrder:
         return "cpu" if self.card_kind == "cpu" else f"cuda:{self.card_index}"
 
     def spec(self) -> StageSpec:
-        return StageSpec(self.layers[0], self.layers[1], device=self.device,
-                         **{k: self.runtime[k] for k in _SPEC_FIELDS if k in self.runtime})
+        r = self.runtime
+        return StageSpec(self.layers[0], self.layers[1], dtype=r.dtype, quant=r.quant,
+                         quant_group_size=r.quant_group_size, kv_dtype=r.kv_dtype,
+                         max_context_tokens=r.max_context_tokens, max_sessions=r.max_sessions,
+                         prefill_chunk_tokens=r.prefill_chunk_tokens, device=self.device)
 
     def to_wire(self) -> StageAssignment:
-        defaults = StageSpec(0, 0)
-        block = RuntimeBlock(**{k: self.runtime.get(k, getattr(defaults, k))
-                                for k in _SPEC_FIELDS})
         return StageAssignment(
             self.plan_id, self.stage, self.n_stages, self.fellow_id, self.layers[0],
             self.layers[1], self.card_kind, self.card_index, self.card_name,
-            self.claim_bytes, self.need_bytes, block, pack_doc(self.model),
+            self.claim_bytes, self.need_bytes, self.runtime, pack_doc(self.model),
             self.progress_addr, self.ticket, pack_doc(self.adapter) if self.adapter else b"",
             self.generation)
 
@@ -82,16 +86,27 @@ class StageOrder:
             adapter = unpack_doc(order.adapter) if order.adapter else {}
         except RemoteProtocolError as exc:
             raise ConfigError(f"malformed stage order ({exc})") from None
-        block = order.runtime
         return StageOrder(
             plan_id=order.plan_id, stage=order.stage, n_stages=order.n_stages,
             fellow_id=order.fellow_id, layers=(order.start_layer, order.end_layer),
             card_kind=order.card_kind, card_index=order.card_index,
             card_name=order.card_name, claim_bytes=order.claim_bytes,
             need_bytes=order.need_bytes,
-            runtime={k: getattr(block, k) for k in _SPEC_FIELDS}, model=model,
+            runtime=order.runtime, model=model,
             progress_addr=order.progress_addr, ticket=order.ticket, adapter=adapter,
             generation=order.generation)
+
+
+def runtime_block(doc: Mapping[str, Any]) -> RuntimeBlock:
+    """A plan's runtime document (``Plan.runtime``) as the one value stage orders, the wire
+    and ``StageSpec`` share; a field it leaves out is ``StageSpec``'s default."""
+    defaults = StageSpec(0, 0)
+    return RuntimeBlock(**{k: doc.get(k, getattr(defaults, k)) for k in _SPEC_FIELDS})
+
+
+def runtime_doc(block: RuntimeBlock) -> dict[str, Any]:
+    """The block as records and gossip show it."""
+    return {k: getattr(block, k) for k in _SPEC_FIELDS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,11 +167,93 @@ def generation_tokens(record: dict[str, Any]) -> tuple[int, str]:
     recurrent model wrongly gains nothing: each stage holds a non-recurrent model to its
     context itself."""
     model = record.get("model")
-    if isinstance(model, dict) and model.get("recurrent") is True:  # what the asker said
+    recurrent = isinstance(model, dict) and model.get("recurrent") is True
+    return _generation_tokens(recurrent, int((record.get("runtime") or {}).get(
+        "max_context_tokens", 0)))
+
+
+def _generation_tokens(recurrent: bool, context: int) -> tuple[int, str]:
+    if recurrent:  # what the asker said
         return (RECURRENT_GENERATION_TOKENS, f"the {RECURRENT_GENERATION_TOKENS:,} tokens one "
                 "generation of a recurrent model may reach (its state does not grow)")
-    context = int((record.get("runtime") or {}).get("max_context_tokens", 0))
     return context, f"the load's context of {context} tokens"
+
+
+MAX_ROUTE_STAGES = 1024  # a route from the network longer than this is not believed
+
+
+def _hop(doc: Any, i: int) -> RouteHop:
+    """Route entry ``i`` of a record: its stage, its fellow's id (hex), name and address
+    checked; ConfigError otherwise."""
+    if not (isinstance(doc, dict) and doc.get("stage") == i
+            and isinstance(doc.get("fellow_id"), str) and isinstance(doc.get("fellow"), str)
+            and isinstance(doc.get("addr"), str)):
+        raise ConfigError(f"stage {i} of the load's route is malformed")
+    try:
+        bytes.fromhex(doc["fellow_id"])
+        layers = doc.get("layers") or [0, 0]
+        return RouteHop(i, doc["fellow_id"], doc["fellow"], doc["addr"], int(layers[0]),
+                        int(layers[1]), str(doc.get("card", "")),
+                        int(doc.get("claim_bytes", 0)), int(doc.get("allocated_bytes", 0)),
+                        int(doc.get("fetched_bytes", 0)), float(doc.get("fetch_s", 0.0)))
+    except (ValueError, TypeError, IndexError):
+        raise ConfigError(f"stage {i} of the load's route is malformed") from None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRecord:
+    """A load as a driver runs sessions through it: its route, and what of its runtime
+    and model a generation needs. Read from the document a leader answers or a fellow's
+    view shows (``from_doc``, checked: it may come from the network)."""
+
+    plan_id: str
+    stages: tuple[RouteHop, ...]  # in pipeline order
+    model: dict[str, Any]  # the model's public identity (``public_model``), a document
+    max_sessions: int  # sessions the load's stages hold at once
+    prefill_chunk_tokens: int
+    context_tokens: int  # 0: the record names no context
+    recurrent: bool  # the model's state does not grow with its tokens (what the asker said)
+    recut_from: tuple[str, ...] = ()  # the plan_ids it went by before live moves re-cut it
+
+    @property
+    def fellow_ids(self) -> tuple[str, ...]:
+        return tuple(h.fellow_id for h in self.stages)
+
+    def continues(self, record: LoadRecord) -> bool:
+        """Whether this record (a heal's answer) is ``record``'s load with as many stages,
+        or its new cut after a live move that re-cut it: a session may resume on it."""
+        if self.plan_id != record.plan_id:
+            return record.plan_id in self.recut_from
+        return len(self.stages) == len(record.stages)
+
+    def generation_tokens(self) -> tuple[int, str]:
+        """As ``generation_tokens`` of the record's document."""
+        return _generation_tokens(self.recurrent, self.context_tokens)
+
+    @staticmethod
+    def from_doc(doc: Any) -> LoadRecord:
+        if not isinstance(doc, dict) or not isinstance(doc.get("plan_id"), str):
+            raise ConfigError("a load's record names no plan_id")
+        hops, runtime, model = doc.get("stages"), doc.get("runtime"), doc.get("model", {})
+        if not isinstance(hops, list) or not 0 < len(hops) <= MAX_ROUTE_STAGES:
+            raise ConfigError("a load's record has no route, or too long a one")
+        if not isinstance(runtime, dict) or not isinstance(model, dict):
+            raise ConfigError("a load's record has no runtime or model")
+        try:
+            sessions = int(runtime.get("max_sessions", 1))
+            chunk = int(runtime.get("prefill_chunk_tokens", 256))
+            context = int(runtime.get("max_context_tokens", 0))
+        except (TypeError, ValueError):
+            raise ConfigError("a load's record has a malformed runtime") from None
+        return LoadRecord(doc["plan_id"], tuple(_hop(h, i) for i, h in enumerate(hops)),
+                          model, sessions, chunk, context, model.get("recurrent") is True,
+                          tuple(former_plan_ids(doc)))
+
+
+def route_entry(hop: RouteHop) -> dict[str, Any]:
+    """A route hop as a fellow gossips it with its stages (``ROUTE_KEYS``)."""
+    whole = route_dict(hop)
+    return {k: whole[k] for k in ROUTE_KEYS}
 
 
 class HostedStage:
@@ -171,7 +268,7 @@ class HostedStage:
         self.limiter = trio.CapacityLimiter(1)  # torch calls of one stage run one at a time
         self.allocated_bytes = 0
         self.decode_s = math.inf  # smoothed compute time of one decode step
-        self.route: list[dict[str, Any]] = []
+        self.route: tuple[RouteHop, ...] = ()
         self.sessions: set[str] = set()
         # every stage's order of the load and the term of the StageStart that brought
         # them: what a new leader asks for to take the load over (``adoption``)
@@ -180,12 +277,12 @@ class HostedStage:
         self.kept_asked = b""  # what the load was asked as (``StageStart.asked``)
 
     @property
-    def next_hop(self) -> dict[str, Any] | None:
+    def next_hop(self) -> RouteHop | None:
         i = self.order.stage + 1
         return self.route[i] if i < len(self.route) else None
 
     @property
-    def previous_hop(self) -> dict[str, Any] | None:
+    def previous_hop(self) -> RouteHop | None:
         i = self.order.stage - 1
         return self.route[i] if 0 <= i < len(self.route) else None
 
@@ -243,6 +340,8 @@ __all__ = [
     "CachedWeights",
     "GenerationResult",
     "HostedStage",
+    "LoadRecord",
+    "MAX_ROUTE_STAGES",
     "StageOrder",
     "WeightSource",
     "RECURRENT_GENERATION_TOKENS",
@@ -251,5 +350,8 @@ __all__ = [
     "public_adapter",
     "public_model",
     "route_dict",
+    "route_entry",
     "route_hop",
+    "runtime_block",
+    "runtime_doc",
 ]

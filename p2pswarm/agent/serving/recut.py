@@ -45,9 +45,10 @@ from p2pswarm.agent.serving.moves import (
 )
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
 from p2pswarm.planner import plan_message
+from p2pswarm.planner.plan import Plan
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.serving.ports import RecutPort
     from p2pswarm.agent.serving.loads import Loads
     from p2pswarm.agent.serving.records import StageOrder
     from p2pswarm.planner.cluster import ClusterView
@@ -68,14 +69,14 @@ def replan_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 class Recut:
-    def __init__(self, agent: Agent, loads: Loads, moves_kept: int) -> None:
+    def __init__(self, agent: RecutPort, loads: Loads, moves_kept: int) -> None:
         self.agent = agent
         self.loads = loads
         self.moves_kept = moves_kept
-        self._planned: dict[str, tuple[ClusterView, dict[str, Any] | None]] = {}
+        self._planned: dict[str, tuple[ClusterView, Plan | None]] = {}
         self._proposed: OrderedDict[str, str] = OrderedDict()  # plan_id -> the load's
 
-    def fastest_plan(self, plan_id: str, view: ClusterView) -> dict[str, Any] | None:
+    def fastest_plan(self, plan_id: str, view: ClusterView) -> Plan | None:
         """The planner's fastest plan for load ``plan_id``'s request on ``view``; None
         when the request is not known here or nothing fits."""
         asked = self.loads.asked.get(plan_id)
@@ -87,8 +88,8 @@ class Recut:
             return cached[1]
         message = replan_message(asked[0])
         try:
-            plan: dict[str, Any] | None = adapted_plan(plan_message(message, view),
-                                                       message.get("adapter"))
+            plan: Plan | None = Plan.from_doc(adapted_plan(plan_message(message, view),
+                                                           message.get("adapter")))
         except (ConfigError, PlacementError) as exc:
             log.info("no faster plan for load %s: %s", plan_id, exc)
             plan = None
@@ -104,8 +105,8 @@ class Recut:
         found = recut_proposal(view, orders, self.fastest_plan(plan_id, view),
                                faster_placement(view, orders))
         if found is not None and found.plan is not None:
-            self._proposed[found.plan["plan_id"]] = plan_id
-            self._proposed.move_to_end(found.plan["plan_id"])
+            self._proposed[found.plan.plan_id] = plan_id
+            self._proposed.move_to_end(found.plan.plan_id)
             while len(self._proposed) > PROPOSALS_KEPT:
                 self._proposed.popitem(last=False)
         return found
@@ -126,7 +127,7 @@ class Recut:
         (PlacementError) with the old load serving as before when anything fails."""
         plan = proposal.plan
         assert plan is not None
-        old_id, new_id = record["plan_id"], plan["plan_id"]
+        old_id, new_id = record["plan_id"], plan.plan_id
         refused = f"live move of plan {old_id} to plan {new_id} refused, the load serves on " \
                   "as it was"
         began = time.perf_counter()

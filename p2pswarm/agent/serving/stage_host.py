@@ -28,16 +28,17 @@ from p2pswarm.agent.serving.kept_loads import KeptLoads
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
 from p2pswarm.agent.serving.records import (
-    ROUTE_KEYS,
     CachedWeights,
     HostedStage,
     StageOrder,
     WeightSource,
     public_adapter,
     public_model,
-    route_dict,
+    route_entry,
+    runtime_doc,
 )
 from p2pswarm.agent.serving.runtime import StageRuntime
+from p2pswarm.agent.serving.ports import whole
 from p2pswarm.agent.weight_holders import first_unheld, gather
 from p2pswarm.agent.weights import Manifest, check_source_files
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
@@ -57,8 +58,7 @@ from p2pswarm.wire.loads import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import Leader, StageHostPort
     from p2pswarm.agent.weights import WeightsCache
 
 log = logging.getLogger("p2pswarm.serving")
@@ -67,7 +67,7 @@ PROGRESS_STEP = 0.05  # fetch progress is reported every 5% of a stage's bytes
 
 
 class StageHost:
-    def __init__(self, agent: Agent, leadership: Leadership, runtime: StageRuntime,
+    def __init__(self, agent: StageHostPort, leadership: Leader, runtime: StageRuntime,
                  offers: Offers, progress: Progress) -> None:
         self.agent = agent
         self.leadership = leadership
@@ -77,7 +77,6 @@ class StageHost:
         self.hosted: dict[tuple[str, int], HostedStage] = {}
         # released while their build ran: what it allocates is dropped when it ends
         self.releasing: dict[tuple[str, int], HostedStage] = {}
-        self.reservation_s = 120.0  # a stage reserved or loaded but never started
         directory = agent.world.services.loads_dir or (
             agent.home / "loads" if agent.home is not None else None)
         # the orders of the loads this fellow hosts a stage of, or keeps for a later
@@ -86,7 +85,6 @@ class StageHost:
         if self.kept.bad_files:
             agent.counters.drops["kept-load-unfit"] += self.kept.bad_files
         self._note_kept()
-        offers.in_use = self.hashes_in_use
         leadership.obey(StagePrepare, self._prepare)
         leadership.obey(StageLoad, self._load)
         leadership.obey(StageStart, self._start)
@@ -139,7 +137,7 @@ class StageHost:
         if reason is not None:
             raise PlacementError(f"refuses stage {order.stage}: {reason}")
         hosted = HostedStage(order, self.leadership.term(),
-                             trio.current_time() + self.reservation_s)
+                             trio.current_time() + self.agent.config.serving.reservation_s)
         self.hosted[key] = hosted
         self.agent.spawn(self._expire, key, hosted)
         await self.progress.report(order, "checked", 0, order.claim_bytes)
@@ -213,7 +211,7 @@ class StageHost:
         source = self.agent.fellow(source_id)
         if source is not None and source.present:
             return None
-        unheld = await first_unheld(self.agent, manifest, names, cache, source_id)
+        unheld = await first_unheld(whole(self.agent), manifest, names, cache, source_id)
         if unheld is None:
             return None
         source_name = str(block.get("source", "their fellow"))[:64]
@@ -293,7 +291,7 @@ class StageHost:
         hosted.stage = stage
         hosted.allocated_bytes = allocated
         hosted.state = "loaded"
-        hosted.expires_s = trio.current_time() + self.reservation_s
+        hosted.expires_s = trio.current_time() + self.agent.config.serving.reservation_s
         await self.progress.report(order, "ready", allocated, order.claim_bytes)
         return StageLoaded(allocated, fetched, fetch_s, time.perf_counter() - began)
 
@@ -329,7 +327,7 @@ class StageHost:
                     self.agent.spawn(self.progress.report, order, "fetching", done, total)
 
             await self.progress.report(order, "fetching", 0, total)
-            fetched = (await gather(self.agent, manifest, [t.name for t in missing], cache,
+            fetched = (await gather(whole(self.agent), manifest, [t.name for t in missing], cache,
                                     self.agent.compute.run,
                                     source_id=str(model.get("source_id", "")),
                                     source_name=str(model.get("source", "the source"))[:64],
@@ -352,7 +350,7 @@ class StageHost:
             missing = list({t.sha256: t for t in manifest.tensors
                             if not cache.has(t.sha256, t.nbytes)}.values())
             if missing:
-                fetched = (await gather(self.agent, manifest, [t.name for t in missing], cache,
+                fetched = (await gather(whole(self.agent), manifest, [t.name for t in missing], cache,
                                         self.agent.compute.run,
                                         source_id=str(block.get("source_id", "")),
                                         source_name=str(block.get("source", "the source"))[:64])
@@ -376,7 +374,7 @@ class StageHost:
                 self.agent.counters.refuse("stage-orders-unfit")
                 raise PlacementError(f"StageStart of {plan_id} refused: {exc}") from None
         for h in mine:
-            h.route = [route_dict(hop) for hop in call.route]
+            h.route = tuple(call.route)
             h.kept_orders, h.started_term, h.kept_asked = call.orders, call.term, call.asked
             h.state = "active"
         if call.orders:
@@ -430,7 +428,7 @@ class StageHost:
             if self.hosted.get(key) is not hosted or hosted.state == "active":
                 return
             if hosted.state == "loading":
-                hosted.expires_s = trio.current_time() + self.reservation_s
+                hosted.expires_s = trio.current_time() + self.agent.config.serving.reservation_s
                 continue
             log.warning("%s: stage %d of %s was never started; releasing it", self.agent.name,
                         key[1], key[0])
@@ -447,10 +445,9 @@ class StageHost:
                             "layers": list(o.layers),
                             "card": card_label(o.card_kind, o.card_index, o.card_name),
                             "claim_bytes": o.claim_bytes, "allocated_bytes": h.allocated_bytes,
-                            "runtime": o.runtime, "model": public_model(o.model),
+                            "runtime": runtime_doc(o.runtime), "model": public_model(o.model),
                             **({"adapter": public_adapter(o.adapter)} if o.adapter else {}),
-                            "route": [{k: r[k] for k in ROUTE_KEYS if k in r}
-                                      for r in h.route]})
+                            "route": [route_entry(r) for r in h.route]})
         if entries:
             self.agent.extra_metadata["stages"] = entries
         else:

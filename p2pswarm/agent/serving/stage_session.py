@@ -52,6 +52,7 @@ from p2pswarm.agent.serving.records import HostedStage
 from p2pswarm.agent.serving.runtime import BatchStep, StageRuntime, Stepped
 from p2pswarm.agent.streams import send_best_effort
 from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError, TransportError
+from p2pswarm.wire.loads import RouteHop
 from p2pswarm.wire.serving import (
     SessionEnd,
     SessionError,
@@ -62,7 +63,7 @@ from p2pswarm.wire.serving import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.serving.ports import SessionsPort, Streams
     from p2pswarm.transport.secure import SecureStream
 
 T = TypeVar("T")
@@ -88,17 +89,17 @@ class StageSession:
         self.sampler: Any = None
 
 
-async def open_hop(agent: Agent, hop: dict[str, Any]) -> SecureStream:
+async def open_hop(agent: Streams, hop: RouteHop) -> SecureStream:
     """A stream to the fellow a route names, checked to be that fellow."""
-    stream = await agent.open_secure(str(hop["addr"]))
-    if stream.peer_node_id.hex() != hop["fellow_id"]:
+    stream = await agent.open_secure(hop.addr)
+    if stream.peer_node_id.hex() != hop.fellow_id:
         await stream.aclose()
-        raise TransportError(f"{hop['addr']} is no longer {hop['fellow']}")
+        raise TransportError(f"{hop.addr} is no longer {hop.fellow}")
     return stream
 
 
 class StageSessions:
-    def __init__(self, agent: Agent, runtime: StageRuntime,
+    def __init__(self, agent: SessionsPort, runtime: StageRuntime,
                  hosted: dict[tuple[str, int], HostedStage]) -> None:
         self.agent = agent
         self.runtime = runtime
@@ -218,7 +219,7 @@ class StageSessions:
                 downstream = await self.agent.open_secure(msg.return_addr)
                 await downstream.send_frame(wire.encode(SessionReturn(msg.session, fresh)))
         except SwarmError as exc:
-            blame = (msg.stage + 1, nxt["fellow"]) if nxt is not None else (msg.stage, me)
+            blame = (msg.stage + 1, nxt.fellow) if nxt is not None else (msg.stage, me)
             await send_best_effort(upstream, SessionError(
                 blame[0], blame[1], f"is unreachable from {me}: {exc}"[:500]))
             # a cache taken back for this run is kept again, for the driver's next try
@@ -272,8 +273,8 @@ class StageSessions:
                     why = (f"fell silent (nothing for {me} in {self.session_idle_s:g} s)"
                            if isinstance(exc, trio.TooSlowError)
                            else f"went away (its stream to {me} broke)")
-                    await send_best_effort(s.downstream, SessionError(prev["stage"],
-                                                                   prev["fellow"], why))
+                    await send_best_effort(s.downstream, SessionError(prev.stage,
+                                                                   prev.fellow, why))
                 return
             if isinstance(msg, StepInput):
                 try:
@@ -408,7 +409,7 @@ class StageSessions:
         nxt = s.hosted.next_hop
         if nxt is not None:  # the last stage losing the driver has no one to tell
             await send_best_effort(s.upstream, SessionError(
-                nxt["stage"], nxt["fellow"], f"went away (its stream from {self.agent.name} "
+                nxt.stage, nxt.fellow, f"went away (its stream from {self.agent.name} "
                 "broke)"))
         if s.scope is not None:
             s.scope.cancel()

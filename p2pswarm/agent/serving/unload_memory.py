@@ -28,13 +28,11 @@ from p2pswarm.wire.loads import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.serving.ports import Leader, UnloadsPort
     from p2pswarm.agent.serving.stage_host import StageHost
 
 log = logging.getLogger("p2pswarm.serving")
 
-ORDER_TIMEOUT_S = 5.0  # one fellow handed a tombstone
 ASK_TIMEOUT_S = 2.0  # one fellow asked which unloads it remembers
 MAX_ASKED = 64  # fellows asked before an adoption (each was handed every tombstone)
 
@@ -42,7 +40,7 @@ MAX_ASKED = 64  # fellows asked before an adoption (each was handed every tombst
 class UnloadMemory:
     """The fellow's tombstones and its answers; the leader's handing out and asking."""
 
-    def __init__(self, agent: Agent, leadership: Leadership, host: StageHost) -> None:
+    def __init__(self, agent: UnloadsPort, leadership: Leader, host: StageHost) -> None:
         self.agent = agent
         self.leadership = leadership
         self.host = host
@@ -112,7 +110,7 @@ class UnloadMemory:
 
     async def _hand(self, addr: str, record: UnloadRecord) -> None:
         try:
-            with trio.fail_after(ORDER_TIMEOUT_S):
+            with trio.fail_after(self.agent.config.serving.keep_order_timeout_s):
                 await self.leadership.order(addr, LoadUnloaded(record), StageReleased)
         except (SwarmError, trio.TooSlowError) as exc:
             log.info("%s was not told of the unload of %s: %s", addr, record.plan_id,
@@ -151,7 +149,7 @@ class UnloadMemory:
         for the same plan (highest random weight) when there are more."""
         membership = self.agent.membership
         addrs = {m.addr for m in (membership.members() if membership is not None else ())
-                 if m.state in ("alive", "suspect") and not m.is_self}
+                 if m.present and not m.is_self}
         ranked = sorted(addrs, key=lambda a: hashlib.sha256(
             f"{plan_id}\0{a}".encode()).digest(), reverse=True)
         return ranked[:most]
