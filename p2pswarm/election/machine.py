@@ -1,106 +1,5 @@
-"""Leader election: terms, PreVote, deputies and a lease, as a sans-I/O state machine.
-
-Theory of operation.
-
-Terms and votes (Raft). Time is cut into terms; a candidate for term t needs votes from
-more than half of the electorate, and every node votes at most once per term (``term``
-and ``voted_for`` are the state to persist), so a term has at most one leader. Every
-election message carries its term; a node that sees a newer term adopts it, and orders
-carrying an older term are refused (``accepts_term``).
-
-PreVote. Before it raises its term, a would-be candidate asks "would you vote for me in
-t + 1?". Nothing changes at a voter for a PreVote, and a voter says yes only if it has no
-live leader itself. So a fellow coming back from a partition, or one whose own radio is
-flapping, cannot bump the term and depose a healthy leader: it never gets past PreVote.
-
-Who notices a dead leader, and fast. The leader sends a small beat every heartbeat
-interval to its deputies only: the first few fellows in the order of succession (highest
-``leader_priority`` first, then node id). A deputy that has missed beats for the election
-timeout (plus its rank times a spacing, so the first in line goes first) asks for
-PreVotes. A voter that still sees the leader alive in membership does not take the
-deputy's word for it: it sends the leader a ``LeaderCheck`` itself and grants only if no
-answer comes within the check timeout. Leadership therefore moves only when the leader is
-dead or gone according to membership, or when a majority independently cannot reach it,
-i.e. its lease truly lapsed; never because a datagram or two were lost. Any fellow (not
-only deputies) starts an election when membership declares the leader dead or left, or
-when it knows no leader at all.
-
-The electorate (the denominator of "majority"). Each node keeps the set of fellows it has
-seen present (alive or suspect), itself included, with when it last saw each. A fellow
-that leaves gracefully leaves the set at once; a fellow that is dead (or reaped) stays in
-it for ``electorate_dead_after_s`` after it was last seen, then leaves it too. The set is
-kept across restarts with the vote, and a restored entry counts as seen at the restart: a
-fellow restarted while the others are down would otherwise be a majority of one. So a
-minority side, e.g. 2 of 5 after a partition, cannot elect while the other 3 are recent:
-"no leader: this side sees 2 of 5 fellows"; and a swarm whose fellows come and go always
-has a leader once a majority of its recently live fellows is up. The price of the bound:
-a partition that outlasts it lets each side, having dropped the other, elect its own
-leader; when they meet again the order of succession decides which one stays (see
-docs/election.md).
-
-Settling. A fellow that has just joined (or founded, or restarted) neither runs nor
-votes for ``settle_s`` unless it learns of a leader first: it asks around (``LeaderQuery``)
-and waits for the fellows knocking at its door. So a seed started after its joiners, or
-a whole swarm restarted at once, forms one electorate before anyone counts votes, and a
-fellow that has never seen the swarm cannot win a term alone while others are arriving.
-
-Local health (Lifeguard's, for the election). A fellow whose CPU is starved wakes late:
-its timers ring while the leader's beats and answers still wait in its socket. The driver
-tells it how late each timer rang (``note_lag``), and a deputy's wait for beats and a
-voter's wait for its check stretch by ``lag_stretch_mult`` times the larger of its own
-recent lateness and how late its leader's beats have come beyond one lost beat, by at
-most ``lag_stretch_max_s``, fading with ``lag_half_life_s`` (``stretch``). So a fellow
-does not blame the leader for its own lateness, a starved leader is waited for, and a
-crashed one is still replaced within seconds. In virtual time timers ring on time: 0.
-
-The lease. A leader that sees no majority present (alive or suspect) for
-``leader_lease_s`` steps down on its own; and at once when the present fellows that may
-still follow it are no majority because the others' own signed vote requests showed them
-in a later term (``_deposed``: a leader thawed from a freeze after its successor died).
-
-Priority. The order of succession puts a higher ``leader_priority`` first, so a wired,
-always-on machine is the first deputy and wins the elections it runs; candidates that
-lose a round try again in that order, a rank apart, so rounds do not keep splitting. A
-leader that sees a fellow of higher priority alive for ``handover_after_s`` hands over
-on purpose (``StepDown``): a planned change, never one caused by loss.
-
-Announcements. A new leader sends ``LeaderIs`` to every present fellow at once, again a
-few times shortly after (datagrams get lost), and every ``announce_interval_s``; a fellow
-that knows no leader asks a random fellow with ``LeaderQuery``.
-
-Proofs (leadership is earned). The token only says a datagram came from some fellow, not
-which one, so every message that speaks for a fellow is signed by its identity over a
-statement binding what it says (``security.ballots``): vote requests, every vote answer,
-beats, step-downs, and the acks followers send. A fellow follows a leader only once it
-holds a proof for that term and leader: signed ballots from more than half of its *own*
-electorate (granted votes, and signed acks of fellows that checked an earlier proof, so
-the proof grows with the swarm and fellows that arrive later can check it too). The
-leader sends its proof (``LeaderProof``, a dozen ballots a datagram) with its
-``LeaderIs`` to every fellow that has not acked it yet; a fellow shown a leader without
-one asks that leader (``LeaderQuery``). So a fellow holding the token cannot announce
-itself: its own ballot is one of an electorate of at least two. A fellow that follows no
-live leader and whose own ballot is all a proof lacks (restarted, it still counts fellows
-that left while it was down) gives that leader its vote in that term, once, and counts
-it (``_vote_to_follow``). When sides meet after a partition longer than the electorate's
-bound, a leader whose ballots are no longer a majority gives way to one whose are; a
-proven leader shown a later term it cannot follow (its proof still short a second later,
-asked for again meanwhile: a new leader's first proof is only a majority of its own
-electorate until its followers' acks are in) stands again above it (``_restand``), so
-both sides end up behind one proof. So does a proven leader asked for a PreVote by a
-fellow in a later term (one whose candidacy above the leader failed): that fellow can
-never follow a leader of an earlier term.
-
-Terms move by little. A vote request more than ``MAX_TERM_STEP`` above this fellow's
-term is refused; a real (not Pre-) vote request for a higher term is taken only by a
-fellow with no live leader, that granted that candidate's PreVote for that term, or from
-its own leader standing again (below); a leader takes none. Only a proof moves a term further at once. So a fellow holding the
-token can neither depose a live leader with one request nor push the term towards
-2^64 - 1: each step costs a message, and a live leader stops them all. Terms past
-``MAX_TERM`` are refused everywhere (and in ``election.json``).
-
-One coherent algorithm (terms, PreVote, deputies, lease, proofs and their persistence
-work on one state), so one file.
-"""
+"""The election machine: candidacy, leading and following, and the table of which
+messages each role answers (the theory of operation is the package's docstring)."""
 
 from __future__ import annotations
 
@@ -117,6 +16,19 @@ from p2pswarm.effects import (
     Effect,
     Event,
     SendDatagram,
+)
+from p2pswarm.election.constants import (
+    CANDIDATE,
+    CHECK_REPLY_RANK,
+    CHECKS_PER_S,
+    FOLLOWER,
+    INF,
+    LEADER_ROLE,
+    MAX_TERM,
+    MAX_TERM_STEP,
+    MAX_VOTERS,
+    PRESENT,
+    PROOF_ASK_EVERY_S,
 )
 from p2pswarm.membership.member import Member
 from p2pswarm.security.ballots import (
@@ -146,15 +58,6 @@ from p2pswarm.wire.gossip import (
 if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or not
     from random import Random
 
-_INF = float("inf")
-_CHECK_REPLY_RANK = 255
-MAX_VOTERS = 4096  # a bound on the electorate kept (and restored from disk)
-MAX_TERM_STEP = 8  # the most a vote request may raise a fellow's term
-MAX_TERM = 2**62  # no term beyond: far past any swarm's count, far from 2^64 - 1
-_PROOF_ASK_EVERY_S = 1.0  # a fellow asks a leader for its proof at most this often
-_CHECKS_PER_S = 16.0  # signatures checked per second per (signer, address), twice at once
-_PRESENT = ("alive", "suspect")
-FOLLOWER, CANDIDATE, LEADER_ROLE = "follower", "candidate", "leader"
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,14 +113,14 @@ class Election:
         self._expired: dict[bytes, None] = {}  # dropped for being dead too long
         self._expiry_at: float | None = None  # _next_expiry's cache
         self._arrived: list[Member] = []  # fellows that became present since the last feed
-        self._settle_until = _INF  # set on joining; -inf once a leader is known
-        self._election_at = _INF
-        self._last_beat_at = -_INF  # as a deputy
+        self._settle_until = INF  # set on joining; -inf once a leader is known
+        self._election_at = INF
+        self._last_beat_at = -INF  # as a deputy
         self._last_beat_term = -1  # ... the term of that beat
         # local health, each as (level in seconds, when noted): how late this fellow's own
         # loop ran lately, and how late its leader's beats came in past one lost beat
-        self._own_lag = (0.0, -_INF)
-        self._beat_lag = (0.0, -_INF)
+        self._own_lag = (0.0, -INF)
+        self._beat_lag = (0.0, -INF)
         self._rank = -1  # our place in the succession, from the leader's beats
         self._deputy_term = -1
         self._beats_lost = False
@@ -225,28 +128,28 @@ class Election:
         # (term, leader) of a step-down we saw: it never leads that term again, so a beat
         # or relayed announcement still in flight must not make us follow it back
         self._stood_down: tuple[int, bytes] | None = None
-        self._last_announce_s = -_INF
-        self._announce_due = _INF
+        self._last_announce_s = -INF
+        self._announce_due = INF
         # candidacy
         self._cand_term = 0
         self._cand_pre = False
         self._grants: dict[bytes, None] = {}
         self._cand_electorate = 0
-        self._cand_deadline = _INF
+        self._cand_deadline = INF
         self._cand_answered: dict[bytes, None] = {}
-        self._cand_resend_at = _INF
+        self._cand_resend_at = INF
         self._prevote_answers: dict[tuple[bytes, int], tuple[bool, float]] = {}
         # voter's checks of the leader: seq -> (deadline, [(addr, request)])
         self._checks: dict[int, tuple[float, list[tuple[str, VoteRequest]]]] = {}
         self._check_seq = rng.randrange(2**32)
-        self._check_result: tuple[float, bool] = (-_INF, False)  # (when, leader answered)
+        self._check_result: tuple[float, bool] = (-INF, False)  # (when, leader answered)
         # leader duties
         self._beat_seq = 0
-        self._next_beat_at = _INF
+        self._next_beat_at = INF
         self._unacked: dict[bytes, None] = {}  # fellows yet to ack the new leader's LeaderIs
-        self._retry_at = _INF
-        self._retry_until = _INF
-        self._next_announce_at = _INF
+        self._retry_at = INF
+        self._retry_until = INF
+        self._next_announce_at = INF
         self._last_announced_electorate = 0
         self._minority_since: float | None = None
         # fellows whose own signed vote requests showed them in a later term than ours
@@ -255,7 +158,7 @@ class Election:
         # fellow -> (later term, when first seen) of its PreVotes from that term
         self._ahead_asks: dict[bytes, tuple[int, float]] = {}
         self._better: tuple[bytes, float] | None = None  # (higher-priority fellow, since)
-        self._next_query_at = _INF
+        self._next_query_at = INF
         # proofs
         self._tally = ProofTally()  # ballots checked for leaders we were shown
         self._cand_ballots: dict[bytes, bytes] = {}  # our candidacy's signed grants
@@ -264,10 +167,10 @@ class Election:
         self._proof_cache: tuple[tuple[int, int, int], list[LeaderProof]] | None = None
         self._proof_asked: dict[tuple[int, bytes], float] = {}
         self._request: VoteRequest | None = None  # our candidacy's signed request
-        self._canvass_at = _INF  # as a leader short of a proof: when to ask for votes again
+        self._canvass_at = INF  # as a leader short of a proof: when to ask for votes again
         self._shown: tuple[int, bytes] | None = None  # a leader we were told of, unproven
         self._budget = CheckBudget()  # signature checks per (signer, address)
-        self._restand_after = -_INF  # as a leader: when we may stand again (see _restand)
+        self._restand_after = -INF  # as a leader: when we may stand again (see _restand)
         # as a leader: (term, leader, since) of a later leader whose proof falls short here
         self._short_proof: tuple[int, bytes, float] | None = None
         self._now, self._from = 0.0, ""  # the message being handled: when, from where
@@ -301,7 +204,7 @@ class Election:
         return len(self._voters)
 
     def present(self) -> int:
-        return sum(1 for m in self._members.values() if m.state in _PRESENT)
+        return sum(1 for m in self._members.values() if m.state in PRESENT)
 
     def settled(self, now: float) -> bool:
         """Past the settling time after joining, or following a leader already."""
@@ -365,15 +268,15 @@ class Election:
         not present keeps the time it was last seen (or first heard of, dead), and one
         dropped for being dead too long comes back only by being seen present."""
         self._expiry_at = None
-        if new is not None and new.state in _PRESENT:
+        if new is not None and new.state in PRESENT:
             self._expired.pop(new.node_id, None)
             self._add_voter(new.node_id, now)
-            if (old is None or old.state not in _PRESENT) and new.node_id != self.node_id:
+            if (old is None or old.state not in PRESENT) and new.node_id != self.node_id:
                 self._arrived.append(new)
         elif new is not None and new.state == "left" and new.node_id != self.node_id:
             if self._voters.pop(new.node_id, None) is not None:
                 self._voters_kept = None
-        elif old is not None and old.state in _PRESENT and old.node_id in self._voters:
+        elif old is not None and old.state in PRESENT and old.node_id in self._voters:
             self._voters[old.node_id] = now  # dead or forgotten from now on
         elif new is not None and new.node_id not in self._expired:
             self._add_voter(new.node_id, now, refresh=False)  # heard of, dead
@@ -409,12 +312,12 @@ class Election:
             after = self.config.electorate_dead_after_s
             self._expiry_at = min((seen + after for node, seen in self._voters.items()
                                    if node != self.node_id and not self._is_present(node)),
-                                  default=_INF)
+                                  default=INF)
         return self._expiry_at
 
     def _is_present(self, node: bytes) -> bool:
         m = self._members.get(node)
-        return m is not None and m.state in _PRESENT
+        return m is not None and m.state in PRESENT
 
     def _members_changed(self, now: float, joined: bool) -> list[Effect]:
         out: list[Effect] = []
@@ -459,7 +362,7 @@ class Election:
                 out.append(SendDatagram(m.addr, (msg,)))
             self._become_follower(now, out, "left the swarm")
             self.leader = None
-        self._election_at = _INF
+        self._election_at = INF
         return out
 
     def handle(self, message: Any, sender_addr: str, now: float) -> list[Effect]:
@@ -473,7 +376,7 @@ class Election:
     def _on_leader_check(self, msg: LeaderCheck, addr: str, now: float,
                          out: list[Effect]) -> None:
         if self.role == LEADER_ROLE and msg.term <= self.term:
-            out.append(SendDatagram(addr, (self._beat(msg.seq, _CHECK_REPLY_RANK),)))
+            out.append(SendDatagram(addr, (self._beat(msg.seq, CHECK_REPLY_RANK),)))
 
     def _beat(self, seq: int, rank: int) -> LeaderBeat:
         return LeaderBeat(self.term, self.node_id, seq, self.electorate(), rank,
@@ -528,7 +431,7 @@ class Election:
             t = min(t, self._election_at)
         if self._unacked and self.role == LEADER_ROLE:
             t = min(t, self._retry_at)
-        if self.role == LEADER_ROLE and self._canvass_at != _INF:
+        if self.role == LEADER_ROLE and self._canvass_at != INF:
             t = min(t, self._canvass_at)
         if self._better is not None and self.role == LEADER_ROLE:
             t = min(t, self._better[1] + self.tuning.handover_after_s)
@@ -540,7 +443,7 @@ class Election:
         if self.role == FOLLOWER and self._deputy_term == self.term and \
                 self.leader is not None:
             t = min(t, self._beat_timeout_at())
-        return None if t == _INF else t
+        return None if t == INF else t
 
     def tick(self, now: float) -> list[Effect]:
         out: list[Effect] = []
@@ -565,7 +468,7 @@ class Election:
             self._beats_lost = True
             self._election_at = min(self._election_at, now)
         if now >= self._election_at and self.role != CANDIDATE:
-            self._election_at = _INF
+            self._election_at = INF
             if self._may_elect() and self.settled(now):
                 self._start_candidacy(True, now, out)
             else:
@@ -620,7 +523,7 @@ class Election:
             held *= 0.5 ** ((now - at) / self.tuning.lag_half_life_s)
         if held < 1e-3:
             held = 0.0
-        lag = lag_s if 0.0 < lag_s < _INF else 0.0  # (a NaN or negative lag is none)
+        lag = lag_s if 0.0 < lag_s < INF else 0.0  # (a NaN or negative lag is none)
         return (max(held, lag), now)
 
     def _may_elect(self) -> bool:
@@ -650,13 +553,13 @@ class Election:
         # the leader is gone, or (as a deputy) we missed its beats: run once we may,
         # e.g. when the fellows we need for a majority are back
         if self._may_elect():
-            if self._election_at == _INF:
+            if self._election_at == INF:
                 lo, hi = self.config.election_timeout_min_s, self.config.election_timeout_max_s
                 start = max(now, self._settle_until)  # not before the fellows are in
                 self._election_at = (start + lo + self.rng.random() * max(0.0, hi - lo) * 0.25
                                      + self._rank_delay())
         elif not self._beats_lost:
-            self._election_at = _INF
+            self._election_at = INF
 
     # --- candidacy ---------------------------------------------------------------------
 
@@ -706,8 +609,8 @@ class Election:
         """Lost (a split vote, a leader that still answers, our own radio): try again
         later, in the order of succession so that the next round does not split."""
         self.role = FOLLOWER
-        self._cand_deadline = _INF
-        self._cand_resend_at = _INF
+        self._cand_deadline = INF
+        self._cand_resend_at = INF
         self._grants = {}
         self._election_at = (now + self.tuning.rank_spacing_s * 0.5 + self._rank_delay()
                              + self.rng.random() * self.tuning.jitter_s)
@@ -832,7 +735,7 @@ class Election:
             if msg.term <= self.term:
                 return [self._reply(msg, addr, False, "stale term")]
             # give the candidate time before running ourselves (if we were about to)
-            if self.role == FOLLOWER and self._election_at != _INF:
+            if self.role == FOLLOWER and self._election_at != INF:
                 self._election_at = max(self._election_at, now + self.tuning.vote_timeout_s)
             return [self._reply(msg, addr, True, "")]
         if msg.term != self.term:
@@ -868,9 +771,9 @@ class Election:
     def _become_leader(self, now: float, out: list[Effect]) -> None:
         self.role = LEADER_ROLE
         self.leader = self.node_id
-        self._cand_deadline = _INF
-        self._cand_resend_at = _INF
-        self._election_at = _INF
+        self._cand_deadline = INF
+        self._cand_resend_at = INF
+        self._election_at = INF
         self._grants = {}
         self._ballots, self._cand_ballots = self._cand_ballots, {}
         self._acked = {}
@@ -878,7 +781,7 @@ class Election:
         self._proof_cache = None
         self._minority_since = None
         self.stats["terms_won"] += 1
-        self._settle_until = -_INF
+        self._settle_until = -INF
         self._last_announced_electorate = self.electorate()
         self._announce_all(out)
         self._unacked = {m.node_id: None for m in self._present_others()}
@@ -935,7 +838,7 @@ class Election:
                         self._tell_leader(m.addr, m.node_id, out)
         if changed or now >= self._next_announce_at:
             self._last_announce_s = now
-            self._announce_due = _INF
+            self._announce_due = INF
             self._last_announced_electorate = total
             if now >= self._next_announce_at:
                 self._next_announce_at = now + self.tuning.announce_interval_s
@@ -1041,14 +944,14 @@ class Election:
     def _become_follower(self, now: float, out: list[Effect], why: str) -> None:
         was = self.role
         self.role = FOLLOWER
-        self._cand_deadline = _INF
-        self._cand_resend_at = _INF
-        self._next_beat_at = _INF
-        self._next_announce_at = _INF
-        self._announce_due = _INF
+        self._cand_deadline = INF
+        self._cand_resend_at = INF
+        self._next_beat_at = INF
+        self._next_announce_at = INF
+        self._announce_due = INF
         self._unacked = {}
         self._minority_since = None
-        self._canvass_at = _INF
+        self._canvass_at = INF
         if was == LEADER_ROLE:
             out.append(Event(STEPPED_DOWN, self.node_id, self.name,
                              f"stepped down from term {self.term}: {why}", term=self.term))
@@ -1093,7 +996,7 @@ class Election:
                 self._sign(ballot_statement(msg.term, msg.leader, self.node_id))),)))
 
     def _on_beat(self, msg: LeaderBeat, addr: str, now: float, out: list[Effect]) -> None:
-        if msg.rank == _CHECK_REPLY_RANK:
+        if msg.rank == CHECK_REPLY_RANK:
             waiting = self._checks.get(msg.seq)
             if waiting is None or self._sig is not None and (
                     msg.leader != self.leader or not self._signed_by(
@@ -1141,13 +1044,13 @@ class Election:
             if self.role != FOLLOWER:
                 self._become_follower(now, out, f"{self._name(leader)} leads term {term}")
             self.term = term
-        self._settle_until = -_INF  # a leader is known: the swarm is met
+        self._settle_until = -INF  # a leader is known: the swarm is met
         if new:
             self.leader = leader
             self._deputy_term = -1
             self._beats_lost = False
             self._gone_reported = None
-            self._election_at = _INF
+            self._election_at = INF
             name = self._name(leader)
             out.append(Event(LEADER, leader, name, f"leader {name} (term {term})", term=term))
             others = [m for m in self._present_others() if m.node_id != leader]
@@ -1199,8 +1102,8 @@ class Election:
         if m is None or not m.public_key:
             self._refuse("unknown-signer")
             return False
-        if not self._budget.take((node, self._from), self._now, _CHECKS_PER_S,
-                                 2 * _CHECKS_PER_S):
+        if not self._budget.take((node, self._from), self._now, CHECKS_PER_S,
+                                 2 * CHECKS_PER_S):
             self._refuse("signature-checks-spent")
             return False
         if not self._sig.verify(node, m.public_key, signature, statement):
@@ -1285,7 +1188,7 @@ class Election:
 
     def _short_for_long(self, term: int, leader: bytes, now: float) -> bool:
         """Whether (term, leader)'s checked ballots have fallen short of a majority of our
-        electorate for ``_PROOF_ASK_EVERY_S`` already, we having asked it for its proof
+        electorate for ``PROOF_ASK_EVERY_S`` already, we having asked it for its proof
         meanwhile. A new leader's first proof holds only the votes that elected it, a
         majority of *its* electorate; ours may count a fellow or two more during churn
         (a leave or an expiry we have not heard of yet, our loop running late), and its
@@ -1295,7 +1198,7 @@ class Election:
         if self._short_proof is None or self._short_proof[:2] != (term, leader):
             self._short_proof = (term, leader, now)
             return False
-        return now >= self._short_proof[2] + _PROOF_ASK_EVERY_S
+        return now >= self._short_proof[2] + PROOF_ASK_EVERY_S
 
     def _may_check(self, now: float) -> bool:
         """Ballot checks are budgeted per sending address: twice the electorate at once,
@@ -1329,10 +1232,10 @@ class Election:
         self._refuse("unproven-leader")
         self._shown = (term, leader)
         m = self._members.get(leader)
-        if m is None or m.state not in _PRESENT or term < self.term:
+        if m is None or m.state not in PRESENT or term < self.term:
             return
         key = (term, leader)
-        if now < self._proof_asked.get(key, -_INF) + _PROOF_ASK_EVERY_S:
+        if now < self._proof_asked.get(key, -INF) + PROOF_ASK_EVERY_S:
             return
         self._proof_asked[key] = now
         while len(self._proof_asked) > 8:
@@ -1373,9 +1276,9 @@ class Election:
         """A leader short of a proof asks the fellows whose ballot it lacks for their vote
         in its term (Raft's vote: one per fellow and term, so no other leader gets it)."""
         if not self._proof_short():
-            self._canvass_at = _INF
+            self._canvass_at = INF
             return
-        if now < self._canvass_at != _INF:
+        if now < self._canvass_at != INF:
             return
         self._canvass_at = now + self.tuning.announce_retry_s
         request = VoteRequest(self.term, self.node_id, self.priority, self.electorate(),
