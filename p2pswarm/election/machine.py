@@ -30,6 +30,7 @@ from p2pswarm.election.constants import (
     PRESENT,
     PROOF_ASK_EVERY_S,
 )
+from p2pswarm.election.electorate import Electorate
 from p2pswarm.membership.member import Member
 from p2pswarm.security.ballots import (
     CheckBudget,
@@ -100,19 +101,9 @@ class Election:
         self.voted_for = voted_for
         self.role = FOLLOWER
         self.leader: bytes | None = None
-        self._members: dict[bytes, Member] = {}
+        self._electorate = Electorate(node_id, config, now, voters)
         self._joined = False
         self._leaving = False
-        # the electorate: fellow -> when last seen present (restored ones: now)
-        self._voters: dict[bytes, float] = {node_id: now}
-        for v in voters:
-            if len(self._voters) >= MAX_VOTERS:
-                break
-            self._voters[bytes(v)] = now
-        self._voters_kept: tuple[bytes, ...] | None = None  # persistent_state's cache
-        self._expired: dict[bytes, None] = {}  # dropped for being dead too long
-        self._expiry_at: float | None = None  # _next_expiry's cache
-        self._arrived: list[Member] = []  # fellows that became present since the last feed
         self._settle_until = INF  # set on joining; -inf once a leader is known
         self._election_at = INF
         self._last_beat_at = -INF  # as a deputy
@@ -195,16 +186,14 @@ class Election:
     def persistent_state(self) -> tuple[int, bytes | None, tuple[bytes, ...]]:
         """(term, voted_for, electorate): keep these across restarts. A fellow that forgot
         the electorate would, restarted alone, be a majority of one."""
-        if self._voters_kept is None:
-            self._voters_kept = tuple(sorted(self._voters))
         return (self.term, self.voted_for if self.voted_term == self.term else None,
-                self._voters_kept)
+                self._electorate.kept())
 
     def electorate(self) -> int:
-        return len(self._voters)
+        return self._electorate.size()
 
     def present(self) -> int:
-        return sum(1 for m in self._members.values() if m.state in PRESENT)
+        return self._electorate.present()
 
     def settled(self, now: float) -> bool:
         """Past the settling time after joining, or following a leader already."""
@@ -219,7 +208,7 @@ class Election:
             sentence = f"no leader: this side sees {sees} of {total} fellows"
             return ElectionStatus(None, None, self.term, self.role, sees, total, sentence)
         if self.leader is not None:
-            m = self._members.get(self.leader)
+            m = self._electorate.members.get(self.leader)
             name = m.name if m is not None else self.leader.hex()[:8]
             if self._leader_gone():
                 sentence = f"no leader: {name} is gone; electing"
@@ -238,90 +227,19 @@ class Election:
     def update_members(self, members: Iterable[Member], now: float, *,
                        joined: bool = True) -> list[Effect]:
         """Feed the current membership view (this node included) after every change."""
-        new = {m.node_id: m for m in members}
-        for m in new.values():
-            self._note(self._members.get(m.node_id), m, now)
-        for node in self._members.keys() - new.keys():
-            self._note(self._members[node], None, now)
-        self._members = new
+        self._electorate.feed(members, now)
         return self._members_changed(now, joined)
 
     def update_changed(self, changed: Iterable[Member], gone: Iterable[bytes], now: float,
                        *, joined: bool = True) -> list[Effect]:
         """Feed only what changed in the membership view since the last feed
         (``Membership.roster_changes``): new views, and ids no longer known."""
-        members = self._members
-        added = False
-        for m in changed:
-            old = members.get(m.node_id)
-            added = added or old is None
-            self._note(old, m, now)
-            members[m.node_id] = m
-        for node in gone:
-            self._note(members.pop(node, None), None, now)
-        if added:  # kept in node-id order, as a full view is
-            self._members = dict(sorted(members.items()))
+        self._electorate.feed_changes(changed, gone, now)
         return self._members_changed(now, joined)
-
-    def _note(self, old: Member | None, new: Member | None, now: float) -> None:
-        """Keep the electorate: every fellow known and not left is in it; a fellow that is
-        not present keeps the time it was last seen (or first heard of, dead), and one
-        dropped for being dead too long comes back only by being seen present."""
-        self._expiry_at = None
-        if new is not None and new.state in PRESENT:
-            self._expired.pop(new.node_id, None)
-            self._add_voter(new.node_id, now)
-            if (old is None or old.state not in PRESENT) and new.node_id != self.node_id:
-                self._arrived.append(new)
-        elif new is not None and new.state == "left" and new.node_id != self.node_id:
-            if self._voters.pop(new.node_id, None) is not None:
-                self._voters_kept = None
-        elif old is not None and old.state in PRESENT and old.node_id in self._voters:
-            self._voters[old.node_id] = now  # dead or forgotten from now on
-        elif new is not None and new.node_id not in self._expired:
-            self._add_voter(new.node_id, now, refresh=False)  # heard of, dead
-
-    def _add_voter(self, node: bytes, now: float, *, refresh: bool = True) -> None:
-        if node in self._voters:
-            if refresh:
-                self._voters[node] = now
-        elif len(self._voters) < MAX_VOTERS:
-            self._voters[node] = now
-            self._voters_kept = None
-
-    def _expire_voters(self, now: float) -> None:
-        """Drop the fellows dead for longer than the bound from the electorate."""
-        after = self.config.electorate_dead_after_s
-        # (seen + after, as _next_expiry sums it: now - after may round the other way,
-        # and the alarm would ring again and again at the same instant)
-        stale = [node for node, seen in self._voters.items() if seen + after <= now
-                 and node != self.node_id and not self._is_present(node)]
-        self._expiry_at = None
-        for node in stale:
-            del self._voters[node]
-            self._expired[node] = None
-        while len(self._expired) > MAX_VOTERS:
-            del self._expired[next(iter(self._expired))]
-        if stale:
-            self._voters_kept = None
-
-    def _next_expiry(self) -> float:
-        """When the next absent fellow leaves the electorate (kept until the view moves:
-        this is asked after every datagram)."""
-        if self._expiry_at is None:
-            after = self.config.electorate_dead_after_s
-            self._expiry_at = min((seen + after for node, seen in self._voters.items()
-                                   if node != self.node_id and not self._is_present(node)),
-                                  default=INF)
-        return self._expiry_at
-
-    def _is_present(self, node: bytes) -> bool:
-        m = self._members.get(node)
-        return m is not None and m.state in PRESENT
 
     def _members_changed(self, now: float, joined: bool) -> list[Effect]:
         out: list[Effect] = []
-        self._expire_voters(now)
+        self._electorate.expire(now)
         if joined and not self._joined:
             self._joined = True
             self._next_query_at = now
@@ -330,14 +248,14 @@ class Election:
         if self.leader is not None and self._leader_gone() and self.role != LEADER_ROLE \
                 and self._gone_reported != self.leader:
             self._gone_reported = self.leader  # say it once, when it happens
-            m = self._members.get(self.leader)
+            m = self._electorate.members.get(self.leader)
             state = m.state if m is not None else "gone"
-            out.append(Event(NO_LEADER, self.leader, self._name(self.leader),
-                             f"leader {self._name(self.leader)} is {state}", term=self.term))
+            out.append(Event(NO_LEADER, self.leader, self._electorate.name(self.leader),
+                             f"leader {self._electorate.name(self.leader)} is {state}", term=self.term))
         if self.role == LEADER_ROLE:
-            self._greet(self._arrived, now, out)
+            self._greet(self._electorate.arrived, now, out)
             self._leader_upkeep(now, out)
-        self._arrived = []
+        self._electorate.arrived = []
         self._reconsider(now)
         return out
 
@@ -358,7 +276,7 @@ class Election:
         self._leaving = True
         if self.role == LEADER_ROLE:
             msg = self._step_down(max(1, self.electorate() - 1))
-            for m in self._present_others():
+            for m in self._electorate.others():
                 out.append(SendDatagram(m.addr, (msg,)))
             self._become_follower(now, out, "left the swarm")
             self.leader = None
@@ -390,7 +308,7 @@ class Election:
         if self.role != LEADER_ROLE or msg.term != self.term:
             return
         if self._sig is not None:  # a signed ack is a ballot: the proof grows with it
-            if msg.leader != self.node_id or msg.source not in self._voters or \
+            if msg.leader != self.node_id or msg.source not in self._electorate.voters or \
                     msg.signature is None or not self._signed_by(
                         msg.source, msg.signature,
                         ballot_statement(self.term, self.node_id, msg.source)):
@@ -403,7 +321,7 @@ class Election:
                          out: list[Effect]) -> None:
         if self.leader is None or self._leader_gone():
             return
-        asker = self._members.get(msg.source)
+        asker = self._electorate.members.get(msg.source)
         if self.role == LEADER_ROLE and asker is not None and asker.addr == addr:
             self._tell_leader(addr, None, out)  # it asks: it lacks the proof
         else:
@@ -419,7 +337,7 @@ class Election:
         self._stood_down = (msg.term, msg.leader)
         self._deputy_term = -1
         self._election_at = now + self._rank_delay() + self.rng.random() * self.tuning.jitter_s
-        out.append(Event(NO_LEADER, msg.leader, self._name(msg.leader),
+        out.append(Event(NO_LEADER, msg.leader, self._electorate.name(msg.leader),
                          "the leader stepped down", term=self.term))
 
     def next_deadline(self) -> float | None:
@@ -439,7 +357,7 @@ class Election:
             t = min(t, deadline)
         if self.leader is None and self._joined and not self._leaving:
             t = min(t, self._next_query_at)
-        t = min(t, self._next_expiry())
+        t = min(t, self._electorate.next_expiry())
         if self.role == FOLLOWER and self._deputy_term == self.term and \
                 self.leader is not None:
             t = min(t, self._beat_timeout_at())
@@ -447,8 +365,8 @@ class Election:
 
     def tick(self, now: float) -> list[Effect]:
         out: list[Effect] = []
-        if self._next_expiry() <= now:
-            self._expire_voters(now)
+        if self._electorate.next_expiry() <= now:
+            self._electorate.expire(now)
             self._reconsider(now)  # a smaller electorate: this side may be a majority now
         for seq in [s for s, (d, _) in self._checks.items() if d <= now]:
             _, waiting = self._checks.pop(seq)
@@ -476,7 +394,7 @@ class Election:
         if self.leader is None and self._joined and not self._leaving and \
                 now >= self._next_query_at:
             self._next_query_at = now + self.tuning.query_interval_s
-            others = self._present_others()
+            others = self._electorate.others()
             if others:
                 target = others[self.rng.randrange(len(others))]
                 out.append(SendDatagram(target.addr, (LeaderQuery(self.term, self.node_id),)))
@@ -489,7 +407,7 @@ class Election:
             return True
         if self.leader == self.node_id:
             return self.role != LEADER_ROLE
-        m = self._members.get(self.leader)
+        m = self._electorate.members.get(self.leader)
         return m is None or m.state in ("dead", "left")
 
     def _beat_timeout_at(self) -> float:
@@ -535,17 +453,8 @@ class Election:
             return True
         return self._beats_lost  # a deputy that missed the leader's beats
 
-    def _succession_rank(self) -> int:
-        order = sorted((m for m in self._members.values()
-                        if m.state in ("alive", "suspect") and m.node_id != self.leader),
-                       key=lambda m: (-m.priority, m.node_id))
-        for i, m in enumerate(order):
-            if m.node_id == self.node_id:
-                return i
-        return len(order)
-
     def _rank_delay(self) -> float:
-        return min(self._succession_rank() * self.tuning.rank_spacing_s, 60.0)
+        return min(self._electorate.succession_rank(self.leader) * self.tuning.rank_spacing_s, 60.0)
 
     def _reconsider(self, now: float) -> None:
         if self.role != FOLLOWER:
@@ -593,7 +502,7 @@ class Election:
                 self._cand_term, self.node_id, self.priority, self._cand_electorate,
                 self._cand_pre, self._sign(request_statement(self._cand_term, self.node_id,
                                                              self._cand_pre)))
-        for m in self._present_others():
+        for m in self._electorate.others():
             if m.node_id not in self._cand_answered:
                 out.append(SendDatagram(m.addr, (msg,)))
 
@@ -632,7 +541,7 @@ class Election:
         # a voter that counts more fellows raises the bar, up to the fellows we know of
         # (not to whatever a fellow claims)
         self._cand_electorate = max(self._cand_electorate,
-                                    min(msg.electorate, len(self._members)))
+                                    min(msg.electorate, len(self._electorate.members)))
         self._cand_answered[msg.voter] = None
         if msg.granted:
             self._grants[msg.voter] = None
@@ -640,7 +549,7 @@ class Election:
                 self._cand_ballots[msg.voter] = msg.signature
             self._count_votes(now, out)
         elif self.role == CANDIDATE:
-            unanswered = sum(1 for m in self._present_others()
+            unanswered = sum(1 for m in self._electorate.others()
                              if m.node_id not in self._cand_answered)
             if 2 * (len(self._grants) + unanswered) <= self._cand_electorate:
                 self._candidacy_failed(now)  # cannot win any more: do not wait it out
@@ -711,7 +620,7 @@ class Election:
         for _, waiting in self._checks.values():
             waiting.append((addr, msg))
             return
-        leader = self._members.get(self.leader) if self.leader is not None else None
+        leader = self._electorate.members.get(self.leader) if self.leader is not None else None
         if leader is None:
             out.extend(self._answer_vote(msg, addr, now, leader_alive=False))
             return
@@ -784,7 +693,7 @@ class Election:
         self._settle_until = -INF
         self._last_announced_electorate = self.electorate()
         self._announce_all(out)
-        self._unacked = {m.node_id: None for m in self._present_others()}
+        self._unacked = {m.node_id: None for m in self._electorate.others()}
         self._retry_at = now + self.tuning.announce_retry_s
         self._retry_until = now + self.tuning.announce_retry_for_s
         self._next_announce_at = now + self.tuning.announce_interval_s
@@ -800,7 +709,7 @@ class Election:
 
 
     def _announce_all(self, out: list[Effect]) -> None:
-        for m in self._present_others():
+        for m in self._electorate.others():
             self._tell_leader(m.addr, m.node_id, out)
 
     def _leader_upkeep(self, now: float, out: list[Effect]) -> None:
@@ -814,7 +723,7 @@ class Election:
             elif now - self._minority_since >= self.config.leader_lease_s:
                 # Tell this side, so it reports "no leader" too.
                 msg = self._step_down(total)
-                for m in self._present_others():
+                for m in self._electorate.others():
                     out.append(SendDatagram(m.addr, (msg,)))
                 self._become_follower(now, out, f"this side sees {sees} of {total} fellows")
                 self.leader = None
@@ -833,7 +742,7 @@ class Election:
                 self._unacked = {}
             else:
                 self._retry_at = now + self.tuning.announce_retry_s
-                for m in self._present_others():
+                for m in self._electorate.others():
                     if m.node_id in self._unacked:
                         self._tell_leader(m.addr, m.node_id, out)
         if changed or now >= self._next_announce_at:
@@ -846,7 +755,7 @@ class Election:
         if now >= self._next_beat_at:
             self._next_beat_at = now + self.config.heartbeat_interval_s
             self._beat_seq = (self._beat_seq + 1) % 2**32
-            for rank, m in enumerate(self._deputies()):
+            for rank, m in enumerate(self._electorate.deputies(self.tuning.deputies)):
                 out.append(SendDatagram(m.addr, (self._beat(self._beat_seq, rank),)))
 
     def _note_ahead(self, msg: VoteRequest, now: float, out: list[Effect]) -> None:
@@ -854,11 +763,11 @@ class Election:
         below). In a later term than ours, it follows no leader of ours; a leader that
         learns so of enough of its side steps down at once (``_deposed``)."""
         term = msg.term - 1 if msg.pre_vote else msg.term
-        if term <= self.term or msg.candidate not in self._voters:
+        if term <= self.term or msg.candidate not in self._electorate.voters:
             return
         if len(self._ahead) >= MAX_VOTERS:  # (only fellows of the electorate get in)
             self._ahead = {node: t for node, t in self._ahead.items()
-                           if t > self.term and node in self._voters}
+                           if t > self.term and node in self._electorate.voters}
         if self._ahead.get(msg.candidate, -1) < term:
             self._ahead[msg.candidate] = term
         if self.role == LEADER_ROLE and not self._deposed(now, out) and \
@@ -867,7 +776,7 @@ class Election:
             # It can never follow us (our term is behind its own) and finds no leader in
             # its own term either, e.g. its candidacy above us failed while the others
             # followed us. We hold a majority: stand again above it.
-            self._restand(term, now, out, f"{self._name(msg.candidate)} stays in a "
+            self._restand(term, now, out, f"{self._electorate.name(msg.candidate)} stays in a "
                                           f"later term {term} with no leader")
 
     def _stays_ahead(self, node: bytes, term: int, now: float) -> bool:
@@ -898,11 +807,11 @@ class Election:
             return False
         sees, total = self.present(), self.electorate()
         ahead = sum(1 for node, term in self._ahead.items()
-                    if term > self.term and node in self._voters and self._is_present(node))
+                    if term > self.term and node in self._electorate.voters and self._electorate.is_present(node))
         if ahead == 0 or 2 * (sees - ahead) > total:
             return False
         msg = self._step_down(total)
-        for m in self._present_others():
+        for m in self._electorate.others():
             out.append(SendDatagram(m.addr, (msg,)))
         self._become_follower(now, out, f"{ahead} of the {sees} fellows this side sees "
                                         f"are in a later term (of {total})")
@@ -914,7 +823,7 @@ class Election:
         """A fellow with a higher leader priority (the wired machine the user prefers) that
         has stayed alive for ``handover_after_s`` gets the leadership: we step down and it,
         first in the succession, is elected at once. A planned change, not a failure."""
-        better = [m for m in self._members.values()
+        better = [m for m in self._electorate.members.values()
                   if m.state == "alive" and m.priority > self.priority]
         if not better:
             self._better = None
@@ -926,7 +835,7 @@ class Election:
         if now < self._better[1] + self.tuning.handover_after_s:  # as next_deadline sums it
             return False
         msg = self._step_down(self.electorate())
-        for m in self._present_others():
+        for m in self._electorate.others():
             out.append(SendDatagram(m.addr, (msg,)))
         self._become_follower(now, out, f"handing over to {best.name} "
                                         f"(leader priority {best.priority})")
@@ -934,12 +843,6 @@ class Election:
         self._better = None
         self._election_at = now + self.tuning.vote_timeout_s + self._rank_delay()
         return True
-
-    def _deputies(self) -> list[Member]:
-        order = sorted((m for m in self._members.values()
-                        if m.state == "alive" and m.node_id != self.node_id),
-                       key=lambda m: (-m.priority, m.node_id))
-        return order[:self.tuning.deputies]
 
     def _become_follower(self, now: float, out: list[Effect], why: str) -> None:
         was = self.role
@@ -989,7 +892,7 @@ class Election:
                 and self.role != CANDIDATE and self._conflict(msg.leader, addr, out):
             return
         self._follow(msg.term, msg.leader, msg.electorate, now, out)
-        leader = self._members.get(msg.leader)
+        leader = self._electorate.members.get(msg.leader)
         if self.leader == msg.leader and leader is not None and leader.addr == addr:
             out.append(SendDatagram(addr, (LeaderAck(
                 msg.term, self.node_id, msg.leader,
@@ -1042,7 +945,7 @@ class Election:
         new = term > self.term or self.leader != leader
         if term > self.term or self.role != FOLLOWER:
             if self.role != FOLLOWER:
-                self._become_follower(now, out, f"{self._name(leader)} leads term {term}")
+                self._become_follower(now, out, f"{self._electorate.name(leader)} leads term {term}")
             self.term = term
         self._settle_until = -INF  # a leader is known: the swarm is met
         if new:
@@ -1051,9 +954,9 @@ class Election:
             self._beats_lost = False
             self._gone_reported = None
             self._election_at = INF
-            name = self._name(leader)
+            name = self._electorate.name(leader)
             out.append(Event(LEADER, leader, name, f"leader {name} (term {term})", term=term))
-            others = [m for m in self._present_others() if m.node_id != leader]
+            others = [m for m in self._electorate.others() if m.node_id != leader]
             k = min(self.tuning.announce_relay, len(others))
             for m in self.rng.sample(others, k) if k else []:
                 out.append(SendDatagram(m.addr, (LeaderIs(term, leader, electorate),)))
@@ -1070,17 +973,11 @@ class Election:
         assert ours is not None
         if self._sig is not None and not self._still_proven(ours):
             return False
-        if self._succession_key(ours) <= self._succession_key(other):
+        if self._electorate.succession_key(ours, self.priority) <= self._electorate.succession_key(other, self.priority):
             if self.role == LEADER_ROLE or not self._leader_gone():
                 self._tell_leader(addr, other, out)
             return True
         return False
-
-    def _succession_key(self, node: bytes) -> tuple[int, bytes]:
-        if node == self.node_id:
-            return (-self.priority, node)
-        m = self._members.get(node)
-        return (-(m.priority if m is not None else 0), node)
 
     # --- proofs ------------------------------------------------------------------------
 
@@ -1095,7 +992,7 @@ class Election:
         always, unsigned. A refusal is counted by reason."""
         if self._sig is None:
             return True
-        m = self._members.get(node)
+        m = self._electorate.members.get(node)
         if signature is None:
             self._refuse("unsigned")
             return False
@@ -1118,7 +1015,7 @@ class Election:
         """Ballots for (term, leader) from more than half of our own electorate."""
         if self._sig is None or self._follows(term, leader):
             return True
-        return 2 * self._tally.count(term, leader, self._voters) > len(self._voters)
+        return 2 * self._tally.count(term, leader, self._electorate.voters) > len(self._electorate.voters)
 
     def _on_leader_proof(self, msg: LeaderProof, addr: str, now: float,
                          out: list[Effect]) -> None:
@@ -1129,7 +1026,7 @@ class Election:
         whole = True
         for ballot in msg.ballots:
             voter = ballot.voter
-            if voter not in self._voters or voter in checked or \
+            if voter not in self._electorate.voters or voter in checked or \
                     self._tally.has(msg.term, msg.leader, voter):
                 continue  # counted already, or not ours to count: no signature check
             if not self._may_check(now):
@@ -1145,11 +1042,11 @@ class Election:
             self._vote_to_follow(msg.term, msg.leader, now, out)
         if self._proven(msg.term, msg.leader):
             self._short_proof = None
-            leader = self._members.get(msg.leader)
+            leader = self._electorate.members.get(msg.leader)
             self._take_leader(LeaderIs(msg.term, msg.leader, self.electorate()),
                               leader.addr if leader is not None else addr, now, out)
         elif self.role == LEADER_ROLE and self.term < msg.term < self.term + MAX_TERM_STEP \
-                and self._tally.count(msg.term, msg.leader, self._voters) > 0:
+                and self._tally.count(msg.term, msg.leader, self._electorate.voters) > 0:
             if whole and self._short_for_long(msg.term, msg.leader, now):
                 self._restand(msg.term, now, out, "fellows follow a leader of term "
                               f"{msg.term} that cannot prove itself here")
@@ -1165,7 +1062,7 @@ class Election:
         down, of whom the live swarm holds no ballot any more (its membership does not
         tell a newcomer of a leave); its own vote is the one ballot it can add."""
         if self.role == LEADER_ROLE or leader == self.node_id or \
-                leader not in self._voters or self._stood_down == (term, leader):
+                leader not in self._electorate.voters or self._stood_down == (term, leader):
             return False
         if not self.term <= term <= min(self.term + MAX_TERM_STEP, MAX_TERM):
             return False
@@ -1173,9 +1070,9 @@ class Election:
             return False  # a live leader's followers move only with a whole proof
         if self.voted_term == term and self.voted_for not in (None, leader):
             return False
-        count = self._tally.count(term, leader, self._voters)
+        count = self._tally.count(term, leader, self._electorate.voters)
         others = count - self._tally.has(term, leader, leader)
-        return others >= 1 and 2 * (count + 1) > len(self._voters)
+        return others >= 1 and 2 * (count + 1) > len(self._electorate.voters)
 
     def _vote_to_follow(self, term: int, leader: bytes, now: float,
                         out: list[Effect]) -> None:
@@ -1204,7 +1101,7 @@ class Election:
         """Ballot checks are budgeted per sending address: twice the electorate at once,
         refilled at the electorate a second (a new leader's proof, and a second one, pass
         at once), so proofs forged by the datagram cost a bounded slice of CPU."""
-        total = len(self._voters) + 16
+        total = len(self._electorate.voters) + 16
         if self._budget.take(("proof", self._from), now, total, 2.0 * total):
             return True
         self._refuse("ballot-checks-spent")
@@ -1231,7 +1128,7 @@ class Election:
         """We were told of a leader without its proof: ask it (now and then)."""
         self._refuse("unproven-leader")
         self._shown = (term, leader)
-        m = self._members.get(leader)
+        m = self._electorate.members.get(leader)
         if m is None or m.state not in PRESENT or term < self.term:
             return
         key = (term, leader)
@@ -1250,8 +1147,8 @@ class Election:
         if self._proof_cache is not None and self._proof_cache[0] == key:
             return self._proof_cache[1]
         need = total // 2 + 1 + max(2, total // 8)
-        voters = sorted((v for v in self._ballots if v in self._voters),
-                        key=lambda v: (not self._is_present(v) and v != self.node_id, v))
+        voters = sorted((v for v in self._ballots if v in self._electorate.voters),
+                        key=lambda v: (not self._electorate.is_present(v) and v != self.node_id, v))
         ballots = [Ballot(v, self._ballots[v]) for v in voters[:need]]
         parts = [LeaderProof(self.term, self.node_id, tuple(ballots[i:i + MAX_PROOF_BALLOTS]))
                  for i in range(0, len(ballots), MAX_PROOF_BALLOTS)]
@@ -1263,14 +1160,14 @@ class Election:
         as it is now, not only as it was when we followed."""
         if leader == self.node_id:
             return not self._proof_short()
-        return 2 * self._tally.count(self.term, leader, self._voters) > len(self._voters)
+        return 2 * self._tally.count(self.term, leader, self._electorate.voters) > len(self._electorate.voters)
 
     def _proof_short(self) -> bool:
         """As the leader: our ballots are not (or no longer) a majority of our electorate,
         e.g. elected alone, then the swarm met us."""
         if self._sig is None or self.role != LEADER_ROLE:
             return False
-        return 2 * sum(1 for v in self._ballots if v in self._voters) <= len(self._voters)
+        return 2 * sum(1 for v in self._ballots if v in self._electorate.voters) <= len(self._electorate.voters)
 
     def _canvass(self, now: float, out: list[Effect]) -> None:
         """A leader short of a proof asks the fellows whose ballot it lacks for their vote
@@ -1284,13 +1181,13 @@ class Election:
         request = VoteRequest(self.term, self.node_id, self.priority, self.electorate(),
                               False, self._sign(request_statement(self.term, self.node_id,
                                                                   False)))
-        for m in self._present_others():
+        for m in self._electorate.others():
             if m.node_id not in self._ballots:
                 out.append(SendDatagram(m.addr, (request,)))
 
     def _take_late_vote(self, msg: VoteReply) -> None:
         if self._sig is None or msg.term != self.term or not msg.granted or msg.pre_vote \
-                or msg.candidate != self.node_id or msg.voter not in self._voters \
+                or msg.candidate != self.node_id or msg.voter not in self._electorate.voters \
                 or msg.voter in self._ballots or msg.signature is None:
             return
         if self._signed_by(msg.voter, msg.signature,
@@ -1304,16 +1201,6 @@ class Election:
         out.append(SendDatagram(addr, (self._leader_is(), *also)))
         if self._sig is not None and self.role == LEADER_ROLE and node not in self._acked:
             out.extend(SendDatagram(addr, (part,)) for part in self._proof())
-
-    # --- helpers -----------------------------------------------------------------------
-
-    def _present_others(self) -> list[Member]:
-        return [m for m in self._members.values()
-                if m.state in ("alive", "suspect") and m.node_id != self.node_id]
-
-    def _name(self, node: bytes) -> str:
-        m = self._members.get(node)
-        return m.name if m is not None else node.hex()[:8]
 
 
 __all__ = [
