@@ -31,6 +31,7 @@ from p2pswarm.election.constants import (
     PROOF_ASK_EVERY_S,
 )
 from p2pswarm.election.electorate import Electorate
+from p2pswarm.election.health import Health
 from p2pswarm.membership.member import Member
 from p2pswarm.security.ballots import (
     CheckBudget,
@@ -106,15 +107,6 @@ class Election:
         self._leaving = False
         self._settle_until = INF  # set on joining; -inf once a leader is known
         self._election_at = INF
-        self._last_beat_at = -INF  # as a deputy
-        self._last_beat_term = -1  # ... the term of that beat
-        # local health, each as (level in seconds, when noted): how late this fellow's own
-        # loop ran lately, and how late its leader's beats came in past one lost beat
-        self._own_lag = (0.0, -INF)
-        self._beat_lag = (0.0, -INF)
-        self._rank = -1  # our place in the succession, from the leader's beats
-        self._deputy_term = -1
-        self._beats_lost = False
         self._gone_reported: bytes | None = None
         # (term, leader) of a step-down we saw: it never leads that term again, so a beat
         # or relayed announcement still in flight must not make us follow it back
@@ -130,10 +122,7 @@ class Election:
         self._cand_answered: dict[bytes, None] = {}
         self._cand_resend_at = INF
         self._prevote_answers: dict[tuple[bytes, int], tuple[bool, float]] = {}
-        # voter's checks of the leader: seq -> (deadline, [(addr, request)])
-        self._checks: dict[int, tuple[float, list[tuple[str, VoteRequest]]]] = {}
-        self._check_seq = rng.randrange(2**32)
-        self._check_result: tuple[float, bool] = (-INF, False)  # (when, leader answered)
+        self._health = Health(config, rng.randrange(2**32))  # the leader's, as we see it
         # leader duties
         self._beat_seq = 0
         self._next_beat_at = INF
@@ -335,7 +324,7 @@ class Election:
             return
         self.leader = None
         self._stood_down = (msg.term, msg.leader)
-        self._deputy_term = -1
+        self._health.deputy_term = -1
         self._election_at = now + self._rank_delay() + self.rng.random() * self.tuning.jitter_s
         out.append(Event(NO_LEADER, msg.leader, self._electorate.name(msg.leader),
                          "the leader stepped down", term=self.term))
@@ -353,14 +342,13 @@ class Election:
             t = min(t, self._canvass_at)
         if self._better is not None and self.role == LEADER_ROLE:
             t = min(t, self._better[1] + self.tuning.handover_after_s)
-        for deadline, _ in self._checks.values():
-            t = min(t, deadline)
+        t = self._health.next_check_at(t)
         if self.leader is None and self._joined and not self._leaving:
             t = min(t, self._next_query_at)
         t = min(t, self._electorate.next_expiry())
-        if self.role == FOLLOWER and self._deputy_term == self.term and \
+        if self.role == FOLLOWER and self._health.deputy_term == self.term and \
                 self.leader is not None:
-            t = min(t, self._beat_timeout_at())
+            t = min(t, self._health.beat_timeout_at())
         return None if t == INF else t
 
     def tick(self, now: float) -> list[Effect]:
@@ -368,9 +356,7 @@ class Election:
         if self._electorate.next_expiry() <= now:
             self._electorate.expire(now)
             self._reconsider(now)  # a smaller electorate: this side may be a majority now
-        for seq in [s for s, (d, _) in self._checks.items() if d <= now]:
-            _, waiting = self._checks.pop(seq)
-            self._check_result = (now, False)
+        for waiting in self._health.lapsed(now):
             for addr, req in waiting:  # the leader did not answer us either
                 out.extend(self._answer_vote(req, addr, now, leader_alive=False))
         if self.role == CANDIDATE and now >= self._cand_deadline:
@@ -380,10 +366,10 @@ class Election:
             self._ask_votes(out)
         if self.role == LEADER_ROLE:
             self._leader_upkeep(now, out)
-        elif self._deputy_term == self.term and self.leader is not None and \
-                now >= self._beat_timeout_at():
-            self._deputy_term = -1  # no beats: a deputy no more until the next one
-            self._beats_lost = True
+        elif self._health.deputy_term == self.term and self.leader is not None and \
+                now >= self._health.beat_timeout_at():
+            self._health.deputy_term = -1  # no beats: a deputy no more until the next one
+            self._health.beats_lost = True
             self._election_at = min(self._election_at, now)
         if now >= self._election_at and self.role != CANDIDATE:
             self._election_at = INF
@@ -410,10 +396,6 @@ class Election:
         m = self._electorate.members.get(self.leader)
         return m is None or m.state in ("dead", "left")
 
-    def _beat_timeout_at(self) -> float:
-        return (self._last_beat_at + self.config.election_timeout_min_s
-                + max(0, self._rank) * self.tuning.rank_spacing_s + self.stretch())
-
     # --- local health ------------------------------------------------------------------
 
     def note_lag(self, lag_s: float, now: float) -> None:
@@ -421,7 +403,7 @@ class Election:
         deadline). A starved fellow (training on every core, a busy Pi) reads the beats
         waiting in its socket only after its timers fire: it must not blame the leader
         for its own lateness, so its timeouts that judge the leader stretch (``stretch``)."""
-        self._own_lag = self._raised(self._own_lag, lag_s, now)
+        self._health.note_lag(lag_s, now)
 
     def stretch(self) -> float:
         """How much longer than configured this fellow waits for its leader's beats and
@@ -429,20 +411,7 @@ class Election:
         own loop's recent lag and its leader's beats' recent lateness, at most
         ``lag_stretch_max_s`` (a crashed leader is still replaced within seconds). 0 on
         a healthy fellow, and always in virtual time."""
-        lag = max(self._own_lag[0], self._beat_lag[0])
-        return min(self.tuning.lag_stretch_max_s, self.tuning.lag_stretch_mult * lag)
-
-    def _raised(self, level: tuple[float, float], lag_s: float,
-                now: float) -> tuple[float, float]:
-        """``level`` decayed to ``now`` (halved every ``lag_half_life_s``), raised to
-        ``lag_s`` if that is more."""
-        held, at = level
-        if held > 0.0 and now > at:
-            held *= 0.5 ** ((now - at) / self.tuning.lag_half_life_s)
-        if held < 1e-3:
-            held = 0.0
-        lag = lag_s if 0.0 < lag_s < INF else 0.0  # (a NaN or negative lag is none)
-        return (max(held, lag), now)
+        return self._health.stretch()
 
     def _may_elect(self) -> bool:
         if not self._joined or self._leaving or self.role == LEADER_ROLE:
@@ -451,10 +420,11 @@ class Election:
             return False
         if self._leader_gone():
             return True
-        return self._beats_lost  # a deputy that missed the leader's beats
+        return self._health.beats_lost  # a deputy that missed the leader's beats
 
     def _rank_delay(self) -> float:
-        return min(self._electorate.succession_rank(self.leader) * self.tuning.rank_spacing_s, 60.0)
+        rank = self._electorate.succession_rank(self.leader)
+        return min(rank * self.tuning.rank_spacing_s, 60.0)
 
     def _reconsider(self, now: float) -> None:
         if self.role != FOLLOWER:
@@ -467,7 +437,7 @@ class Election:
                 start = max(now, self._settle_until)  # not before the fellows are in
                 self._election_at = (start + lo + self.rng.random() * max(0.0, hi - lo) * 0.25
                                      + self._rank_delay())
-        elif not self._beats_lost:
+        elif not self._health.beats_lost:
             self._election_at = INF
 
     # --- candidacy ---------------------------------------------------------------------
@@ -587,16 +557,13 @@ class Election:
             if cached is not None and now - cached[1] < 2.0:
                 out.extend(self._answer_vote(msg, addr, now, leader_alive=not cached[0]))
                 return
-            for _, waiting in self._checks.values():
-                if any(req.candidate == msg.candidate for _, req in waiting):
-                    return  # its answer is on the way
+            if self._health.checking(msg.candidate):
+                return  # its answer is on the way
         if msg.pre_vote and not self._leader_gone():
-            if self._deputy_term == self.term and \
-                    now - self._last_beat_at < self.config.election_timeout_min_s \
-                    + self.stretch():
+            if self._health.beats(self.term, now):
                 out.append(self._reply(msg, addr, False, "the leader beats"))
                 return
-            when, answered = self._check_result
+            when, answered = self._health.check_result
             if now - when < self.tuning.check_timeout_s:
                 out.extend(self._answer_vote(msg, addr, now, leader_alive=answered))
                 return
@@ -610,26 +577,22 @@ class Election:
         (a majority, us among it, found the leader gone)."""
         if self.role == LEADER_ROLE:
             return False
-        if self._leader_gone() or self._beats_lost or msg.candidate == self.leader:
+        if self._leader_gone() or self._health.beats_lost or msg.candidate == self.leader:
             return True  # (our own leader standing again: see _restand)
         cached = self._prevote_answers.get((msg.candidate, msg.term))
         return cached is not None and cached[0]
 
     def _check_leader(self, msg: VoteRequest, addr: str, now: float,
                       out: list[Effect]) -> None:
-        for _, waiting in self._checks.values():
-            waiting.append((addr, msg))
+        if self._health.join_check(addr, msg):
             return
         leader = self._electorate.members.get(self.leader) if self.leader is not None else None
         if leader is None:
             out.extend(self._answer_vote(msg, addr, now, leader_alive=False))
             return
-        self._check_seq = (self._check_seq + 1) % 2**32
-        self._checks[self._check_seq] = (now + self.tuning.check_timeout_s + self.stretch(),
-                                         [(addr, msg)])
+        seq = self._health.open_check(addr, msg, now)
         self.stats["checks"] += 1
-        out.append(SendDatagram(leader.addr, (LeaderCheck(self.term, self._check_seq,
-                                                           self.node_id),)))
+        out.append(SendDatagram(leader.addr, (LeaderCheck(self.term, seq, self.node_id),)))
 
     def _answer_vote(self, msg: VoteRequest, addr: str, now: float, *,
                      leader_alive: bool) -> list[Effect]:
@@ -868,8 +831,8 @@ class Election:
             self._become_follower(now, out, f"a newer term {term} exists")
         self.term = term
         self.leader = None
-        self._deputy_term = -1
-        self._beats_lost = False
+        self._health.deputy_term = -1
+        self._health.beats_lost = False
         self._reconsider(now)
 
     def _on_leader_is(self, msg: LeaderIs, addr: str, now: float, out: list[Effect]) -> None:
@@ -900,15 +863,13 @@ class Election:
 
     def _on_beat(self, msg: LeaderBeat, addr: str, now: float, out: list[Effect]) -> None:
         if msg.rank == CHECK_REPLY_RANK:
-            waiting = self._checks.get(msg.seq)
+            waiting = self._health.checks.get(msg.seq)
             if waiting is None or self._sig is not None and (
                     msg.leader != self.leader or not self._signed_by(
                         msg.leader, msg.signature,
                         beat_statement(msg.term, msg.leader, msg.seq, msg.rank))):
                 return
-            del self._checks[msg.seq]
-            self._check_result = (now, True)
-            for req_addr, req in waiting[1]:
+            for req_addr, req in self._health.answered(msg.seq, now):
                 out.extend(self._answer_vote(req, req_addr, now, leader_alive=True))
             return
         if msg.leader == self.node_id or not self._signed_by(
@@ -927,15 +888,9 @@ class Election:
             return
         self._follow(msg.term, msg.leader, msg.electorate, now, out)
         if self.leader == msg.leader:
-            if self._last_beat_term == self.term:  # a beat late past one lost beat: the
-                # leader (or this fellow) is starved, not gone; wait longer for a while
-                late = now - self._last_beat_at - 2 * self.config.heartbeat_interval_s
-                self._beat_lag = self._raised(self._beat_lag, late, now)
-            self._last_beat_at, self._last_beat_term = now, self.term
-            self._rank = msg.rank
-            self._deputy_term = self.term
-            if self._beats_lost:
-                self._beats_lost = False
+            self._health.note_beat(self.term, msg.rank, now)
+            if self._health.beats_lost:
+                self._health.beats_lost = False
                 self._reconsider(now)
 
     def _follow(self, term: int, leader: bytes, electorate: int, now: float,
@@ -950,8 +905,8 @@ class Election:
         self._settle_until = -INF  # a leader is known: the swarm is met
         if new:
             self.leader = leader
-            self._deputy_term = -1
-            self._beats_lost = False
+            self._health.deputy_term = -1
+            self._health.beats_lost = False
             self._gone_reported = None
             self._election_at = INF
             name = self._electorate.name(leader)
