@@ -20,7 +20,6 @@ from p2pswarm.effects import (
 from p2pswarm.election.constants import (
     CANDIDATE,
     CHECK_REPLY_RANK,
-    CHECKS_PER_S,
     FOLLOWER,
     INF,
     LEADER_ROLE,
@@ -28,14 +27,12 @@ from p2pswarm.election.constants import (
     MAX_TERM_STEP,
     MAX_VOTERS,
     PRESENT,
-    PROOF_ASK_EVERY_S,
 )
 from p2pswarm.election.electorate import Electorate
 from p2pswarm.election.health import Health
+from p2pswarm.election.proofs import Proofs
 from p2pswarm.membership.member import Member
 from p2pswarm.security.ballots import (
-    CheckBudget,
-    ProofTally,
     Signatures,
     ballot_statement,
     beat_statement,
@@ -44,8 +41,6 @@ from p2pswarm.security.ballots import (
     step_down_statement,
 )
 from p2pswarm.wire.gossip import (
-    MAX_PROOF_BALLOTS,
-    Ballot,
     LeaderAck,
     LeaderBeat,
     LeaderCheck,
@@ -91,7 +86,6 @@ class Election:
         signatures: Signatures | None = None,
     ) -> None:
         self.node_id = node_id
-        self._sig = signatures  # None: a lab without identities (unsigned, unproven)
         self.name = name
         self.config = config
         self.rng = rng
@@ -140,24 +134,13 @@ class Election:
         self._better: tuple[bytes, float] | None = None  # (higher-priority fellow, since)
         self._next_query_at = INF
         # proofs
-        self._tally = ProofTally()  # ballots checked for leaders we were shown
+        self._proofs = Proofs(self._electorate, signatures)
         self._cand_ballots: dict[bytes, bytes] = {}  # our candidacy's signed grants
-        self._ballots: dict[bytes, bytes] = {}  # as leader: voter -> ballot signature
-        self._acked: dict[bytes, None] = {}  # as leader: fellows that acked with a ballot
-        self._proof_cache: tuple[tuple[int, int, int], list[LeaderProof]] | None = None
-        self._proof_asked: dict[tuple[int, bytes], float] = {}
         self._request: VoteRequest | None = None  # our candidacy's signed request
         self._canvass_at = INF  # as a leader short of a proof: when to ask for votes again
-        self._shown: tuple[int, bytes] | None = None  # a leader we were told of, unproven
-        self._budget = CheckBudget()  # signature checks per (signer, address)
         self._restand_after = -INF  # as a leader: when we may stand again (see _restand)
-        # as a leader: (term, leader, since) of a later leader whose proof falls short here
-        self._short_proof: tuple[int, bytes, float] | None = None
-        self._now, self._from = 0.0, ""  # the message being handled: when, from where
         self.stats: dict[str, int] = {"elections": 0, "terms_won": 0, "checks": 0,
                                       "conflicts": 0}
-        # what a fellow sent that was refused, by reason (agent status shows them)
-        self.refused: dict[str, int] = {}
         self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
             VoteRequest: self._on_vote_request, VoteReply: self._on_vote_reply,
             LeaderBeat: self._on_beat, LeaderCheck: self._on_leader_check,
@@ -165,6 +148,11 @@ class Election:
             StepDown: self._on_step_down, LeaderAck: self._on_leader_ack,
             LeaderProof: self._on_leader_proof,
         }
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """What fellows sent that was refused, by reason (agent status shows them)."""
+        return self._proofs.refused
 
     # --- views -------------------------------------------------------------------------
 
@@ -274,7 +262,6 @@ class Election:
 
     def handle(self, message: Any, sender_addr: str, now: float) -> list[Effect]:
         out: list[Effect] = []
-        self._now, self._from = now, sender_addr
         handler = self._dispatch.get(type(message))
         if handler is not None:
             handler(message, sender_addr, now, out)
@@ -287,23 +274,23 @@ class Election:
 
     def _beat(self, seq: int, rank: int) -> LeaderBeat:
         return LeaderBeat(self.term, self.node_id, seq, self.electorate(), rank,
-                          self._sign(beat_statement(self.term, self.node_id, seq, rank)))
+                          self._proofs.sign(beat_statement(self.term, self.node_id, seq, rank)))
 
     def _step_down(self, electorate: int) -> StepDown:
         return StepDown(self.term, self.node_id, electorate,
-                        self._sign(step_down_statement(self.term, self.node_id)))
+                        self._proofs.sign(step_down_statement(self.term, self.node_id)))
 
     def _on_leader_ack(self, msg: LeaderAck, addr: str, now: float, out: list[Effect]) -> None:
         if self.role != LEADER_ROLE or msg.term != self.term:
             return
-        if self._sig is not None:  # a signed ack is a ballot: the proof grows with it
+        if self._proofs.sig is not None:  # a signed ack is a ballot: the proof grows with it
             if msg.leader != self.node_id or msg.source not in self._electorate.voters or \
-                    msg.signature is None or not self._signed_by(
+                    msg.signature is None or not self._proofs.signed_by(
                         msg.source, msg.signature,
-                        ballot_statement(self.term, self.node_id, msg.source)):
+                        ballot_statement(self.term, self.node_id, msg.source), addr, now):
                 return
-            self._ballots[msg.source] = msg.signature
-            self._acked[msg.source] = None
+            self._proofs.ballots[msg.source] = msg.signature
+            self._proofs.acked[msg.source] = None
         self._unacked.pop(msg.source, None)
 
     def _on_leader_query(self, msg: LeaderQuery, addr: str, now: float,
@@ -319,8 +306,8 @@ class Election:
     def _on_step_down(self, msg: StepDown, addr: str, now: float, out: list[Effect]) -> None:
         if msg.term != self.term or msg.leader != self.leader or msg.leader == self.node_id:
             return
-        if not self._signed_by(msg.leader, msg.signature,
-                               step_down_statement(msg.term, msg.leader)):
+        if not self._proofs.signed_by(msg.leader, msg.signature,
+                               step_down_statement(msg.term, msg.leader), addr, now):
             return
         self.leader = None
         self._stood_down = (msg.term, msg.leader)
@@ -453,8 +440,8 @@ class Election:
             self.stats["elections"] += 1
         self._grants = {self.node_id: None}
         self._cand_ballots = {}
-        if not pre and self._sig is not None:
-            self._cand_ballots[self.node_id] = self._sig.sign(
+        if not pre and self._proofs.sig is not None:
+            self._cand_ballots[self.node_id] = self._proofs.sig.sign(
                 ballot_statement(self.term, self.node_id, self.node_id))
         self._request = None
         self._cand_answered = {self.node_id: None}
@@ -470,7 +457,7 @@ class Election:
         if msg is None or (msg.term, msg.pre_vote) != (self._cand_term, self._cand_pre):
             msg = self._request = VoteRequest(
                 self._cand_term, self.node_id, self.priority, self._cand_electorate,
-                self._cand_pre, self._sign(request_statement(self._cand_term, self.node_id,
+                self._cand_pre, self._proofs.sign(request_statement(self._cand_term, self.node_id,
                                                              self._cand_pre)))
         for m in self._electorate.others():
             if m.node_id not in self._cand_answered:
@@ -496,17 +483,17 @@ class Election:
 
     def _on_vote_reply(self, msg: VoteReply, addr: str, now: float, out: list[Effect]) -> None:
         if self.role == LEADER_ROLE:
-            self._take_late_vote(msg)
+            self._take_late_vote(msg, addr, now)
             return
         if self.role != CANDIDATE or msg.term != self._cand_term or \
                 msg.pre_vote != self._cand_pre or msg.voter == self.node_id:
             return
         real_grant = msg.granted and not msg.pre_vote
-        if self._sig is not None and (msg.candidate != self.node_id or not self._signed_by(
+        if self._proofs.sig is not None and (msg.candidate != self.node_id or not self._proofs.signed_by(
                 msg.voter, msg.signature,
                 ballot_statement(msg.term, self.node_id, msg.voter) if real_grant else
                 reply_statement(msg.term, self.node_id, msg.voter, msg.pre_vote,
-                                msg.granted))):
+                                msg.granted), addr, now)):
             return  # forged or for someone else: a vote counts only from its voter
         # a voter that counts more fellows raises the bar, up to the fellows we know of
         # (not to whatever a fellow claims)
@@ -526,23 +513,23 @@ class Election:
 
     def _on_vote_request(self, msg: VoteRequest, addr: str, now: float,
                          out: list[Effect]) -> None:
-        if msg.candidate == self.node_id or not self._signed_by(
+        if msg.candidate == self.node_id or not self._proofs.signed_by(
                 msg.candidate, msg.signature,
-                request_statement(msg.term, msg.candidate, msg.pre_vote)):
+                request_statement(msg.term, msg.candidate, msg.pre_vote), addr, now):
             return
         self._note_ahead(msg, now, out)
         if msg.term > min(self.term + MAX_TERM_STEP, MAX_TERM):
-            self._refuse("term-too-far")
+            self._proofs.refuse("term-too-far")
             out.append(self._reply(msg, addr, False, "term too far ahead"))
             return
-        if not self.settled(now) and (msg.pre_vote or self._shown != (msg.term,
+        if not self.settled(now) and (msg.pre_vote or self._proofs.shown != (msg.term,
                                                                      msg.candidate)):
             # (a leader we were told of, asking for the votes its proof lacks, is heard)
             out.append(self._reply(msg, addr, False, "just joined: still meeting the swarm"))
             return
         if not msg.pre_vote and msg.term > self.term:
             if not self._may_adopt(msg):
-                self._refuse("vote-while-led")
+                self._proofs.refuse("vote-while-led")
                 self._deny_naming_leader(msg, addr, "the leader answers me", out)
                 return
             self._adopt_term(msg.term, now, out)
@@ -615,7 +602,7 @@ class Election:
         if self.voted_term == self.term and self.voted_for not in (None, msg.candidate):
             return [self._reply(msg, addr, False, "already voted in this term")]
         self.voted_term, self.voted_for = self.term, msg.candidate
-        self._tally.add(self.term, msg.candidate, (self.node_id,))  # our own ballot
+        self._proofs.tally.add(self.term, msg.candidate, (self.node_id,))  # our own ballot
         return [self._reply(msg, addr, True, "")]
 
     def _deny_naming_leader(self, msg: VoteRequest, addr: str, reason: str,
@@ -636,7 +623,7 @@ class Election:
                                         granted)
         return SendDatagram(addr, (VoteReply(msg.term, self.node_id, granted, msg.pre_vote,
                                              self.electorate(), reason, msg.candidate,
-                                             self._sign(statement)),))
+                                             self._proofs.sign(statement)),))
 
     # --- leading -----------------------------------------------------------------------
 
@@ -647,10 +634,9 @@ class Election:
         self._cand_resend_at = INF
         self._election_at = INF
         self._grants = {}
-        self._ballots, self._cand_ballots = self._cand_ballots, {}
-        self._acked = {}
+        self._proofs.lead(self._cand_ballots)
+        self._cand_ballots = {}
         self._canvass_at = now
-        self._proof_cache = None
         self._minority_since = None
         self.stats["terms_won"] += 1
         self._settle_until = -INF
@@ -859,22 +845,22 @@ class Election:
         if self.leader == msg.leader and leader is not None and leader.addr == addr:
             out.append(SendDatagram(addr, (LeaderAck(
                 msg.term, self.node_id, msg.leader,
-                self._sign(ballot_statement(msg.term, msg.leader, self.node_id))),)))
+                self._proofs.sign(ballot_statement(msg.term, msg.leader, self.node_id))),)))
 
     def _on_beat(self, msg: LeaderBeat, addr: str, now: float, out: list[Effect]) -> None:
         if msg.rank == CHECK_REPLY_RANK:
             waiting = self._health.checks.get(msg.seq)
-            if waiting is None or self._sig is not None and (
-                    msg.leader != self.leader or not self._signed_by(
+            if waiting is None or self._proofs.sig is not None and (
+                    msg.leader != self.leader or not self._proofs.signed_by(
                         msg.leader, msg.signature,
-                        beat_statement(msg.term, msg.leader, msg.seq, msg.rank))):
+                        beat_statement(msg.term, msg.leader, msg.seq, msg.rank), addr, now)):
                 return
             for req_addr, req in self._health.answered(msg.seq, now):
                 out.extend(self._answer_vote(req, req_addr, now, leader_alive=True))
             return
-        if msg.leader == self.node_id or not self._signed_by(
+        if msg.leader == self.node_id or not self._proofs.signed_by(
                 msg.leader, msg.signature,
-                beat_statement(msg.term, msg.leader, msg.seq, msg.rank)):
+                beat_statement(msg.term, msg.leader, msg.seq, msg.rank), addr, now):
             return
         if msg.term < self.term:
             if self.leader is not None and not self._leader_gone():
@@ -926,7 +912,7 @@ class Election:
         self.stats["conflicts"] += 1
         ours = self.leader
         assert ours is not None
-        if self._sig is not None and not self._still_proven(ours):
+        if self._proofs.sig is not None and not self._still_proven(ours):
             return False
         if self._electorate.succession_key(ours, self.priority) <= self._electorate.succession_key(other, self.priority):
             if self.role == LEADER_ROLE or not self._leader_gone():
@@ -936,45 +922,18 @@ class Election:
 
     # --- proofs ------------------------------------------------------------------------
 
-    def _refuse(self, reason: str) -> None:
-        self.refused[reason] = self.refused.get(reason, 0) + 1
-
-    def _sign(self, statement: bytes) -> bytes | None:
-        return self._sig.sign(statement) if self._sig is not None else None
-
-    def _signed_by(self, node: bytes, signature: bytes | None, statement: bytes) -> bool:
-        """Whether ``node`` (a fellow we know, with its key) signed ``statement``;
-        always, unsigned. A refusal is counted by reason."""
-        if self._sig is None:
-            return True
-        m = self._electorate.members.get(node)
-        if signature is None:
-            self._refuse("unsigned")
-            return False
-        if m is None or not m.public_key:
-            self._refuse("unknown-signer")
-            return False
-        if not self._budget.take((node, self._from), self._now, CHECKS_PER_S,
-                                 2 * CHECKS_PER_S):
-            self._refuse("signature-checks-spent")
-            return False
-        if not self._sig.verify(node, m.public_key, signature, statement):
-            self._refuse("bad-signature")
-            return False
-        return True
-
     def _follows(self, term: int, leader: bytes) -> bool:
         return term == self.term and self.leader == leader
 
     def _proven(self, term: int, leader: bytes) -> bool:
         """Ballots for (term, leader) from more than half of our own electorate."""
-        if self._sig is None or self._follows(term, leader):
+        if self._proofs.sig is None or self._follows(term, leader):
             return True
-        return 2 * self._tally.count(term, leader, self._electorate.voters) > len(self._electorate.voters)
+        return self._proofs.majority(term, leader)
 
     def _on_leader_proof(self, msg: LeaderProof, addr: str, now: float,
                          out: list[Effect]) -> None:
-        if self._sig is None or msg.term < self.term or msg.term > MAX_TERM or \
+        if self._proofs.sig is None or msg.term < self.term or msg.term > MAX_TERM or \
                 msg.leader == self.node_id or self._follows(msg.term, msg.leader):
             return
         checked: list[bytes] = []
@@ -982,27 +941,27 @@ class Election:
         for ballot in msg.ballots:
             voter = ballot.voter
             if voter not in self._electorate.voters or voter in checked or \
-                    self._tally.has(msg.term, msg.leader, voter):
+                    self._proofs.tally.has(msg.term, msg.leader, voter):
                 continue  # counted already, or not ours to count: no signature check
-            if not self._may_check(now):
+            if not self._proofs.may_check(addr, now):
                 whole = False
                 break
-            if self._signed_by(voter, ballot.signature,
-                               ballot_statement(msg.term, msg.leader, voter)):
+            if self._proofs.signed_by(voter, ballot.signature,
+                               ballot_statement(msg.term, msg.leader, voter), addr, now):
                 checked.append(voter)
         if checked:
-            self._tally.add(msg.term, msg.leader, checked)
+            self._proofs.tally.add(msg.term, msg.leader, checked)
         if not self._proven(msg.term, msg.leader) and \
                 self._our_vote_completes(msg.term, msg.leader):
             self._vote_to_follow(msg.term, msg.leader, now, out)
         if self._proven(msg.term, msg.leader):
-            self._short_proof = None
+            self._proofs.short = None
             leader = self._electorate.members.get(msg.leader)
             self._take_leader(LeaderIs(msg.term, msg.leader, self.electorate()),
                               leader.addr if leader is not None else addr, now, out)
         elif self.role == LEADER_ROLE and self.term < msg.term < self.term + MAX_TERM_STEP \
-                and self._tally.count(msg.term, msg.leader, self._electorate.voters) > 0:
-            if whole and self._short_for_long(msg.term, msg.leader, now):
+                and self._proofs.tally.count(msg.term, msg.leader, self._electorate.voters) > 0:
+            if whole and self._proofs.short_for_long(msg.term, msg.leader, now):
                 self._restand(msg.term, now, out, "fellows follow a leader of term "
                               f"{msg.term} that cannot prove itself here")
             else:
@@ -1025,8 +984,8 @@ class Election:
             return False  # a live leader's followers move only with a whole proof
         if self.voted_term == term and self.voted_for not in (None, leader):
             return False
-        count = self._tally.count(term, leader, self._electorate.voters)
-        others = count - self._tally.has(term, leader, leader)
+        count = self._proofs.tally.count(term, leader, self._electorate.voters)
+        others = count - self._proofs.tally.has(term, leader, leader)
         return others >= 1 and 2 * (count + 1) > len(self._electorate.voters)
 
     def _vote_to_follow(self, term: int, leader: bytes, now: float,
@@ -1035,32 +994,8 @@ class Election:
         once per term, on disk before anything leaves), and count our own ballot."""
         self._adopt_term(term, now, out)
         self.voted_term, self.voted_for = term, leader
-        self._tally.add(term, leader, (self.node_id,))
+        self._proofs.tally.add(term, leader, (self.node_id,))
         self.stats["votes_to_follow"] = self.stats.get("votes_to_follow", 0) + 1
-
-    def _short_for_long(self, term: int, leader: bytes, now: float) -> bool:
-        """Whether (term, leader)'s checked ballots have fallen short of a majority of our
-        electorate for ``PROOF_ASK_EVERY_S`` already, we having asked it for its proof
-        meanwhile. A new leader's first proof holds only the votes that elected it, a
-        majority of *its* electorate; ours may count a fellow or two more during churn
-        (a leave or an expiry we have not heard of yet, our loop running late), and its
-        followers' acks make the proof whole a round trip later. Only a proof that stays
-        short is a side that cannot prove itself here (a partition healed after the
-        electorate's bound), which is what ``_restand`` is for."""
-        if self._short_proof is None or self._short_proof[:2] != (term, leader):
-            self._short_proof = (term, leader, now)
-            return False
-        return now >= self._short_proof[2] + PROOF_ASK_EVERY_S
-
-    def _may_check(self, now: float) -> bool:
-        """Ballot checks are budgeted per sending address: twice the electorate at once,
-        refilled at the electorate a second (a new leader's proof, and a second one, pass
-        at once), so proofs forged by the datagram cost a bounded slice of CPU."""
-        total = len(self._electorate.voters) + 16
-        if self._budget.take(("proof", self._from), now, total, 2.0 * total):
-            return True
-        self._refuse("ballot-checks-spent")
-        return False
 
     def _restand(self, seen: int, now: float, out: list[Effect], why: str) -> None:
         """We lead with a proof, and fellows that just met us (a partition healed after
@@ -1081,48 +1016,28 @@ class Election:
 
     def _ask_proof(self, term: int, leader: bytes, now: float, out: list[Effect]) -> None:
         """We were told of a leader without its proof: ask it (now and then)."""
-        self._refuse("unproven-leader")
-        self._shown = (term, leader)
+        self._proofs.refuse("unproven-leader")
+        self._proofs.shown = (term, leader)
         m = self._electorate.members.get(leader)
         if m is None or m.state not in PRESENT or term < self.term:
             return
-        key = (term, leader)
-        if now < self._proof_asked.get(key, -INF) + PROOF_ASK_EVERY_S:
+        if not self._proofs.may_ask(term, leader, now):
             return
-        self._proof_asked[key] = now
-        while len(self._proof_asked) > 8:
-            del self._proof_asked[next(iter(self._proof_asked))]
         out.append(SendDatagram(m.addr, (LeaderQuery(self.term, self.node_id),)))
-
-    def _proof(self) -> list[LeaderProof]:
-        """Our ballots as a proof: enough of them for a majority of our electorate and a
-        margin (fellows count slightly different electorates), present fellows first."""
-        total = self.electorate()
-        key = (self.term, len(self._ballots), total)
-        if self._proof_cache is not None and self._proof_cache[0] == key:
-            return self._proof_cache[1]
-        need = total // 2 + 1 + max(2, total // 8)
-        voters = sorted((v for v in self._ballots if v in self._electorate.voters),
-                        key=lambda v: (not self._electorate.is_present(v) and v != self.node_id, v))
-        ballots = [Ballot(v, self._ballots[v]) for v in voters[:need]]
-        parts = [LeaderProof(self.term, self.node_id, tuple(ballots[i:i + MAX_PROOF_BALLOTS]))
-                 for i in range(0, len(ballots), MAX_PROOF_BALLOTS)]
-        self._proof_cache = (key, parts)
-        return parts
 
     def _still_proven(self, leader: bytes) -> bool:
         """Whether the leader we follow (or we, leading) holds a proof for our electorate
         as it is now, not only as it was when we followed."""
         if leader == self.node_id:
             return not self._proof_short()
-        return 2 * self._tally.count(self.term, leader, self._electorate.voters) > len(self._electorate.voters)
+        return self._proofs.majority(self.term, leader)
 
     def _proof_short(self) -> bool:
         """As the leader: our ballots are not (or no longer) a majority of our electorate,
         e.g. elected alone, then the swarm met us."""
-        if self._sig is None or self.role != LEADER_ROLE:
+        if self._proofs.sig is None or self.role != LEADER_ROLE:
             return False
-        return 2 * sum(1 for v in self._ballots if v in self._electorate.voters) <= len(self._electorate.voters)
+        return self._proofs.ours_short()
 
     def _canvass(self, now: float, out: list[Effect]) -> None:
         """A leader short of a proof asks the fellows whose ballot it lacks for their vote
@@ -1134,28 +1049,28 @@ class Election:
             return
         self._canvass_at = now + self.tuning.announce_retry_s
         request = VoteRequest(self.term, self.node_id, self.priority, self.electorate(),
-                              False, self._sign(request_statement(self.term, self.node_id,
+                              False, self._proofs.sign(request_statement(self.term, self.node_id,
                                                                   False)))
         for m in self._electorate.others():
-            if m.node_id not in self._ballots:
+            if m.node_id not in self._proofs.ballots:
                 out.append(SendDatagram(m.addr, (request,)))
 
-    def _take_late_vote(self, msg: VoteReply) -> None:
-        if self._sig is None or msg.term != self.term or not msg.granted or msg.pre_vote \
+    def _take_late_vote(self, msg: VoteReply, addr: str, now: float) -> None:
+        if self._proofs.sig is None or msg.term != self.term or not msg.granted or msg.pre_vote \
                 or msg.candidate != self.node_id or msg.voter not in self._electorate.voters \
-                or msg.voter in self._ballots or msg.signature is None:
+                or msg.voter in self._proofs.ballots or msg.signature is None:
             return
-        if self._signed_by(msg.voter, msg.signature,
-                           ballot_statement(self.term, self.node_id, msg.voter)):
-            self._ballots[msg.voter] = msg.signature
+        if self._proofs.signed_by(msg.voter, msg.signature,
+                           ballot_statement(self.term, self.node_id, msg.voter), addr, now):
+            self._proofs.ballots[msg.voter] = msg.signature
 
     def _tell_leader(self, addr: str, node: bytes | None, out: list[Effect],
                      *also: Any) -> None:
         """``LeaderIs`` (and ``also``) to ``addr``; as the leader, with our proof unless
         ``node`` acked it already."""
         out.append(SendDatagram(addr, (self._leader_is(), *also)))
-        if self._sig is not None and self.role == LEADER_ROLE and node not in self._acked:
-            out.extend(SendDatagram(addr, (part,)) for part in self._proof())
+        if self._proofs.sig is not None and self.role == LEADER_ROLE and node not in self._proofs.acked:
+            out.extend(SendDatagram(addr, (part,)) for part in self._proofs.parts(self.term, self.node_id))
 
 
 __all__ = [
