@@ -17,6 +17,7 @@ from p2pswarm.effects import (
     Event,
     SendDatagram,
 )
+from p2pswarm.election.candidacy import Candidacy
 from p2pswarm.election.constants import (
     CANDIDATE,
     CHECK_REPLY_RANK,
@@ -107,14 +108,7 @@ class Election:
         self._stood_down: tuple[int, bytes] | None = None
         self._last_announce_s = -INF
         self._announce_due = INF
-        # candidacy
-        self._cand_term = 0
-        self._cand_pre = False
-        self._grants: dict[bytes, None] = {}
-        self._cand_electorate = 0
-        self._cand_deadline = INF
-        self._cand_answered: dict[bytes, None] = {}
-        self._cand_resend_at = INF
+        self._candidacy = Candidacy(self)
         self._prevote_answers: dict[tuple[bytes, int], tuple[bool, float]] = {}
         self._health = Health(config, rng.randrange(2**32))  # the leader's, as we see it
         # leader duties
@@ -135,14 +129,12 @@ class Election:
         self._next_query_at = INF
         # proofs
         self._proofs = Proofs(self._electorate, signatures)
-        self._cand_ballots: dict[bytes, bytes] = {}  # our candidacy's signed grants
-        self._request: VoteRequest | None = None  # our candidacy's signed request
         self._canvass_at = INF  # as a leader short of a proof: when to ask for votes again
         self._restand_after = -INF  # as a leader: when we may stand again (see _restand)
         self.stats: dict[str, int] = {"elections": 0, "terms_won": 0, "checks": 0,
                                       "conflicts": 0}
         self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
-            VoteRequest: self._on_vote_request, VoteReply: self._on_vote_reply,
+            VoteRequest: self._on_vote_request, VoteReply: self._candidacy.on_vote_reply,
             LeaderBeat: self._on_beat, LeaderCheck: self._on_leader_check,
             LeaderIs: self._on_leader_is, LeaderQuery: self._on_leader_query,
             StepDown: self._on_step_down, LeaderAck: self._on_leader_ack,
@@ -317,10 +309,10 @@ class Election:
                          "the leader stepped down", term=self.term))
 
     def next_deadline(self) -> float | None:
-        t = min(self._cand_deadline, self._next_beat_at, self._next_announce_at,
+        t = min(self._candidacy.deadline, self._next_beat_at, self._next_announce_at,
                 self._announce_due)
         if self.role == CANDIDATE:  # a candidacy under way: tick leaves _election_at alone
-            t = min(t, self._cand_resend_at)
+            t = min(t, self._candidacy.resend_at)
         else:
             t = min(t, self._election_at)
         if self._unacked and self.role == LEADER_ROLE:
@@ -346,11 +338,11 @@ class Election:
         for waiting in self._health.lapsed(now):
             for addr, req in waiting:  # the leader did not answer us either
                 out.extend(self._answer_vote(req, addr, now, leader_alive=False))
-        if self.role == CANDIDATE and now >= self._cand_deadline:
-            self._candidacy_failed(now)
-        elif self.role == CANDIDATE and now >= self._cand_resend_at:
-            self._cand_resend_at = now + self.tuning.vote_resend_s
-            self._ask_votes(out)
+        if self.role == CANDIDATE and now >= self._candidacy.deadline:
+            self._candidacy.failed(now)
+        elif self.role == CANDIDATE and now >= self._candidacy.resend_at:
+            self._candidacy.resend_at = now + self.tuning.vote_resend_s
+            self._candidacy.ask_votes(out)
         if self.role == LEADER_ROLE:
             self._leader_upkeep(now, out)
         elif self._health.deputy_term == self.term and self.leader is not None and \
@@ -361,7 +353,7 @@ class Election:
         if now >= self._election_at and self.role != CANDIDATE:
             self._election_at = INF
             if self._may_elect() and self.settled(now):
-                self._start_candidacy(True, now, out)
+                self._candidacy.start(True, now, out)
             else:
                 self._reconsider(now)
         if self.leader is None and self._joined and not self._leaving and \
@@ -428,88 +420,6 @@ class Election:
             self._election_at = INF
 
     # --- candidacy ---------------------------------------------------------------------
-
-    def _start_candidacy(self, pre: bool, now: float, out: list[Effect]) -> None:
-        self.role = CANDIDATE
-        self._cand_pre = pre
-        self._cand_term = self.term + 1
-        if not pre:
-            self.term = self._cand_term
-            self.voted_term, self.voted_for = self.term, self.node_id
-            self.leader = None
-            self.stats["elections"] += 1
-        self._grants = {self.node_id: None}
-        self._cand_ballots = {}
-        if not pre and self._proofs.sig is not None:
-            self._cand_ballots[self.node_id] = self._proofs.sig.sign(
-                ballot_statement(self.term, self.node_id, self.node_id))
-        self._request = None
-        self._cand_answered = {self.node_id: None}
-        self._cand_electorate = self.electorate()
-        self._cand_deadline = now + self.tuning.vote_timeout_s
-        self._cand_resend_at = now + self.tuning.vote_resend_s
-        self._ask_votes(out)
-        self._count_votes(now, out)
-
-    def _ask_votes(self, out: list[Effect]) -> None:
-        """(Re)send the vote request to every present fellow that has not answered."""
-        msg = self._request
-        if msg is None or (msg.term, msg.pre_vote) != (self._cand_term, self._cand_pre):
-            msg = self._request = VoteRequest(
-                self._cand_term, self.node_id, self.priority, self._cand_electorate,
-                self._cand_pre, self._proofs.sign(request_statement(self._cand_term, self.node_id,
-                                                             self._cand_pre)))
-        for m in self._electorate.others():
-            if m.node_id not in self._cand_answered:
-                out.append(SendDatagram(m.addr, (msg,)))
-
-    def _count_votes(self, now: float, out: list[Effect]) -> None:
-        if 2 * len(self._grants) <= self._cand_electorate:
-            return
-        if self._cand_pre:
-            self._start_candidacy(False, now, out)
-        else:
-            self._become_leader(now, out)
-
-    def _candidacy_failed(self, now: float) -> None:
-        """Lost (a split vote, a leader that still answers, our own radio): try again
-        later, in the order of succession so that the next round does not split."""
-        self.role = FOLLOWER
-        self._cand_deadline = INF
-        self._cand_resend_at = INF
-        self._grants = {}
-        self._election_at = (now + self.tuning.rank_spacing_s * 0.5 + self._rank_delay()
-                             + self.rng.random() * self.tuning.jitter_s)
-
-    def _on_vote_reply(self, msg: VoteReply, addr: str, now: float, out: list[Effect]) -> None:
-        if self.role == LEADER_ROLE:
-            self._take_late_vote(msg, addr, now)
-            return
-        if self.role != CANDIDATE or msg.term != self._cand_term or \
-                msg.pre_vote != self._cand_pre or msg.voter == self.node_id:
-            return
-        real_grant = msg.granted and not msg.pre_vote
-        if self._proofs.sig is not None and (msg.candidate != self.node_id or not self._proofs.signed_by(
-                msg.voter, msg.signature,
-                ballot_statement(msg.term, self.node_id, msg.voter) if real_grant else
-                reply_statement(msg.term, self.node_id, msg.voter, msg.pre_vote,
-                                msg.granted), addr, now)):
-            return  # forged or for someone else: a vote counts only from its voter
-        # a voter that counts more fellows raises the bar, up to the fellows we know of
-        # (not to whatever a fellow claims)
-        self._cand_electorate = max(self._cand_electorate,
-                                    min(msg.electorate, len(self._electorate.members)))
-        self._cand_answered[msg.voter] = None
-        if msg.granted:
-            self._grants[msg.voter] = None
-            if real_grant and msg.signature is not None:
-                self._cand_ballots[msg.voter] = msg.signature
-            self._count_votes(now, out)
-        elif self.role == CANDIDATE:
-            unanswered = sum(1 for m in self._electorate.others()
-                             if m.node_id not in self._cand_answered)
-            if 2 * (len(self._grants) + unanswered) <= self._cand_electorate:
-                self._candidacy_failed(now)  # cannot win any more: do not wait it out
 
     def _on_vote_request(self, msg: VoteRequest, addr: str, now: float,
                          out: list[Effect]) -> None:
@@ -630,12 +540,12 @@ class Election:
     def _become_leader(self, now: float, out: list[Effect]) -> None:
         self.role = LEADER_ROLE
         self.leader = self.node_id
-        self._cand_deadline = INF
-        self._cand_resend_at = INF
+        self._candidacy.deadline = INF
+        self._candidacy.resend_at = INF
         self._election_at = INF
-        self._grants = {}
-        self._proofs.lead(self._cand_ballots)
-        self._cand_ballots = {}
+        self._candidacy.grants = {}
+        self._proofs.lead(self._candidacy.ballots)
+        self._candidacy.ballots = {}
         self._canvass_at = now
         self._minority_since = None
         self.stats["terms_won"] += 1
@@ -796,8 +706,8 @@ class Election:
     def _become_follower(self, now: float, out: list[Effect], why: str) -> None:
         was = self.role
         self.role = FOLLOWER
-        self._cand_deadline = INF
-        self._cand_resend_at = INF
+        self._candidacy.deadline = INF
+        self._candidacy.resend_at = INF
         self._next_beat_at = INF
         self._next_announce_at = INF
         self._announce_due = INF
@@ -1012,7 +922,7 @@ class Election:
         self._become_follower(now, out, f"{why}; standing again above it")
         self.term = seen  # _start_candidacy runs for the next one
         self.leader = None
-        self._start_candidacy(False, now, out)
+        self._candidacy.start(False, now, out)
 
     def _ask_proof(self, term: int, leader: bytes, now: float, out: list[Effect]) -> None:
         """We were told of a leader without its proof: ask it (now and then)."""
