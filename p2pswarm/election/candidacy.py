@@ -94,7 +94,7 @@ class Candidacy:
     def on_vote_reply(self, msg: VoteReply, addr: str, now: float, out: list[Effect]) -> None:
         e = self._election
         if e.role == LEADER_ROLE:
-            e._take_late_vote(msg, addr, now)
+            e._leading.take_late_vote(msg, addr, now)
             return
         if e.role != CANDIDATE or msg.term != self.term or \
                 msg.pre_vote != self.pre or msg.voter == e.node_id:

@@ -26,11 +26,11 @@ from p2pswarm.election.constants import (
     LEADER_ROLE,
     MAX_TERM,
     MAX_TERM_STEP,
-    MAX_VOTERS,
     PRESENT,
 )
 from p2pswarm.election.electorate import Electorate
 from p2pswarm.election.health import Health
+from p2pswarm.election.leading import Leading
 from p2pswarm.election.proofs import Proofs
 from p2pswarm.membership.member import Member
 from p2pswarm.security.ballots import (
@@ -106,38 +106,19 @@ class Election:
         # (term, leader) of a step-down we saw: it never leads that term again, so a beat
         # or relayed announcement still in flight must not make us follow it back
         self._stood_down: tuple[int, bytes] | None = None
-        self._last_announce_s = -INF
-        self._announce_due = INF
         self._candidacy = Candidacy(self)
+        self._leading = Leading(self)
         self._prevote_answers: dict[tuple[bytes, int], tuple[bool, float]] = {}
         self._health = Health(config, rng.randrange(2**32))  # the leader's, as we see it
-        # leader duties
-        self._beat_seq = 0
-        self._next_beat_at = INF
-        self._unacked: dict[bytes, None] = {}  # fellows yet to ack the new leader's LeaderIs
-        self._retry_at = INF
-        self._retry_until = INF
-        self._next_announce_at = INF
-        self._last_announced_electorate = 0
-        self._minority_since: float | None = None
-        # fellows whose own signed vote requests showed them in a later term than ours
-        # (fellow -> that term): they follow no leader of ours, present or not
-        self._ahead: dict[bytes, int] = {}
-        # fellow -> (later term, when first seen) of its PreVotes from that term
-        self._ahead_asks: dict[bytes, tuple[int, float]] = {}
-        self._better: tuple[bytes, float] | None = None  # (higher-priority fellow, since)
         self._next_query_at = INF
-        # proofs
         self._proofs = Proofs(self._electorate, signatures)
-        self._canvass_at = INF  # as a leader short of a proof: when to ask for votes again
-        self._restand_after = -INF  # as a leader: when we may stand again (see _restand)
         self.stats: dict[str, int] = {"elections": 0, "terms_won": 0, "checks": 0,
                                       "conflicts": 0}
         self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
             VoteRequest: self._on_vote_request, VoteReply: self._candidacy.on_vote_reply,
-            LeaderBeat: self._on_beat, LeaderCheck: self._on_leader_check,
+            LeaderBeat: self._on_beat, LeaderCheck: self._leading.on_leader_check,
             LeaderIs: self._on_leader_is, LeaderQuery: self._on_leader_query,
-            StepDown: self._on_step_down, LeaderAck: self._on_leader_ack,
+            StepDown: self._on_step_down, LeaderAck: self._leading.on_leader_ack,
             LeaderProof: self._on_leader_proof,
         }
 
@@ -222,29 +203,18 @@ class Election:
             out.append(Event(NO_LEADER, self.leader, self._electorate.name(self.leader),
                              f"leader {self._electorate.name(self.leader)} is {state}", term=self.term))
         if self.role == LEADER_ROLE:
-            self._greet(self._electorate.arrived, now, out)
-            self._leader_upkeep(now, out)
+            self._leading.greet(self._electorate.arrived, now, out)
+            self._leading.upkeep(now, out)
         self._electorate.arrived = []
         self._reconsider(now)
         return out
-
-    def _greet(self, arrived: list[Member], now: float, out: list[Effect]) -> None:
-        """Tell fellows that just arrived who leads, at once and until they ack: one that
-        joined a led swarm must not find itself leaderless, and run, while it settles."""
-        if not arrived:
-            return
-        for m in arrived:
-            self._tell_leader(m.addr, m.node_id, out)
-            self._unacked[m.node_id] = None
-        self._retry_at = min(self._retry_at, now + self.tuning.announce_retry_s)
-        self._retry_until = max(self._retry_until, now + self.tuning.announce_retry_for_s)
 
     def leave(self, now: float) -> list[Effect]:
         """Leaving: a leader hands over at once (``StepDown``)."""
         out: list[Effect] = []
         self._leaving = True
         if self.role == LEADER_ROLE:
-            msg = self._step_down(max(1, self.electorate() - 1))
+            msg = self._leading.step_down(max(1, self.electorate() - 1))
             for m in self._electorate.others():
                 out.append(SendDatagram(m.addr, (msg,)))
             self._become_follower(now, out, "left the swarm")
@@ -258,32 +228,6 @@ class Election:
         if handler is not None:
             handler(message, sender_addr, now, out)
         return out
-
-    def _on_leader_check(self, msg: LeaderCheck, addr: str, now: float,
-                         out: list[Effect]) -> None:
-        if self.role == LEADER_ROLE and msg.term <= self.term:
-            out.append(SendDatagram(addr, (self._beat(msg.seq, CHECK_REPLY_RANK),)))
-
-    def _beat(self, seq: int, rank: int) -> LeaderBeat:
-        return LeaderBeat(self.term, self.node_id, seq, self.electorate(), rank,
-                          self._proofs.sign(beat_statement(self.term, self.node_id, seq, rank)))
-
-    def _step_down(self, electorate: int) -> StepDown:
-        return StepDown(self.term, self.node_id, electorate,
-                        self._proofs.sign(step_down_statement(self.term, self.node_id)))
-
-    def _on_leader_ack(self, msg: LeaderAck, addr: str, now: float, out: list[Effect]) -> None:
-        if self.role != LEADER_ROLE or msg.term != self.term:
-            return
-        if self._proofs.sig is not None:  # a signed ack is a ballot: the proof grows with it
-            if msg.leader != self.node_id or msg.source not in self._electorate.voters or \
-                    msg.signature is None or not self._proofs.signed_by(
-                        msg.source, msg.signature,
-                        ballot_statement(self.term, self.node_id, msg.source), addr, now):
-                return
-            self._proofs.ballots[msg.source] = msg.signature
-            self._proofs.acked[msg.source] = None
-        self._unacked.pop(msg.source, None)
 
     def _on_leader_query(self, msg: LeaderQuery, addr: str, now: float,
                          out: list[Effect]) -> None:
@@ -309,18 +253,18 @@ class Election:
                          "the leader stepped down", term=self.term))
 
     def next_deadline(self) -> float | None:
-        t = min(self._candidacy.deadline, self._next_beat_at, self._next_announce_at,
-                self._announce_due)
+        t = min(self._candidacy.deadline, self._leading.next_beat_at, self._leading.next_announce_at,
+                self._leading.announce_due)
         if self.role == CANDIDATE:  # a candidacy under way: tick leaves _election_at alone
             t = min(t, self._candidacy.resend_at)
         else:
             t = min(t, self._election_at)
-        if self._unacked and self.role == LEADER_ROLE:
-            t = min(t, self._retry_at)
-        if self.role == LEADER_ROLE and self._canvass_at != INF:
-            t = min(t, self._canvass_at)
-        if self._better is not None and self.role == LEADER_ROLE:
-            t = min(t, self._better[1] + self.tuning.handover_after_s)
+        if self._leading.unacked and self.role == LEADER_ROLE:
+            t = min(t, self._leading.retry_at)
+        if self.role == LEADER_ROLE and self._leading.canvass_at != INF:
+            t = min(t, self._leading.canvass_at)
+        if self._leading.better is not None and self.role == LEADER_ROLE:
+            t = min(t, self._leading.better[1] + self.tuning.handover_after_s)
         t = self._health.next_check_at(t)
         if self.leader is None and self._joined and not self._leaving:
             t = min(t, self._next_query_at)
@@ -344,7 +288,7 @@ class Election:
             self._candidacy.resend_at = now + self.tuning.vote_resend_s
             self._candidacy.ask_votes(out)
         if self.role == LEADER_ROLE:
-            self._leader_upkeep(now, out)
+            self._leading.upkeep(now, out)
         elif self._health.deputy_term == self.term and self.leader is not None and \
                 now >= self._health.beat_timeout_at():
             self._health.deputy_term = -1  # no beats: a deputy no more until the next one
@@ -427,7 +371,7 @@ class Election:
                 msg.candidate, msg.signature,
                 request_statement(msg.term, msg.candidate, msg.pre_vote), addr, now):
             return
-        self._note_ahead(msg, now, out)
+        self._leading.note_ahead(msg, now, out)
         if msg.term > min(self.term + MAX_TERM_STEP, MAX_TERM):
             self._proofs.refuse("term-too-far")
             out.append(self._reply(msg, addr, False, "term too far ahead"))
@@ -546,17 +490,17 @@ class Election:
         self._candidacy.grants = {}
         self._proofs.lead(self._candidacy.ballots)
         self._candidacy.ballots = {}
-        self._canvass_at = now
-        self._minority_since = None
+        self._leading.canvass_at = now
+        self._leading.minority_since = None
         self.stats["terms_won"] += 1
         self._settle_until = -INF
-        self._last_announced_electorate = self.electorate()
-        self._announce_all(out)
-        self._unacked = {m.node_id: None for m in self._electorate.others()}
-        self._retry_at = now + self.tuning.announce_retry_s
-        self._retry_until = now + self.tuning.announce_retry_for_s
-        self._next_announce_at = now + self.tuning.announce_interval_s
-        self._next_beat_at = now
+        self._leading.last_announced_electorate = self.electorate()
+        self._leading.announce_all(out)
+        self._leading.unacked = {m.node_id: None for m in self._electorate.others()}
+        self._leading.retry_at = now + self.tuning.announce_retry_s
+        self._leading.retry_until = now + self.tuning.announce_retry_for_s
+        self._leading.next_announce_at = now + self.tuning.announce_interval_s
+        self._leading.next_beat_at = now
         out.append(Event(ELECTED, self.node_id, self.name,
                          f"elected leader of term {self.term} by {self.present()} of "
                          f"{self.electorate()} fellows", term=self.term))
@@ -567,153 +511,17 @@ class Election:
         return LeaderIs(self.term, self.leader or self.node_id, self.electorate())
 
 
-    def _announce_all(self, out: list[Effect]) -> None:
-        for m in self._electorate.others():
-            self._tell_leader(m.addr, m.node_id, out)
-
-    def _leader_upkeep(self, now: float, out: list[Effect]) -> None:
-        self._canvass(now, out)  # first: whatever follows may return early
-        if self._deposed(now, out):
-            return
-        sees, total = self.present(), self.electorate()
-        if 2 * sees <= total:
-            if self._minority_since is None:
-                self._minority_since = now
-            elif now - self._minority_since >= self.config.leader_lease_s:
-                # Tell this side, so it reports "no leader" too.
-                msg = self._step_down(total)
-                for m in self._electorate.others():
-                    out.append(SendDatagram(m.addr, (msg,)))
-                self._become_follower(now, out, f"this side sees {sees} of {total} fellows")
-                self.leader = None
-                self._reconsider(now)
-                return
-        else:
-            self._minority_since = None
-        if self._hand_over(now, out):
-            return
-        changed = total != self._last_announced_electorate
-        if changed and now - self._last_announce_s < 1.0:
-            self._announce_due = self._last_announce_s + 1.0
-            changed = False
-        if self._unacked and now >= self._retry_at:
-            if now >= self._retry_until:
-                self._unacked = {}
-            else:
-                self._retry_at = now + self.tuning.announce_retry_s
-                for m in self._electorate.others():
-                    if m.node_id in self._unacked:
-                        self._tell_leader(m.addr, m.node_id, out)
-        if changed or now >= self._next_announce_at:
-            self._last_announce_s = now
-            self._announce_due = INF
-            self._last_announced_electorate = total
-            if now >= self._next_announce_at:
-                self._next_announce_at = now + self.tuning.announce_interval_s
-            self._announce_all(out)
-        if now >= self._next_beat_at:
-            self._next_beat_at = now + self.config.heartbeat_interval_s
-            self._beat_seq = (self._beat_seq + 1) % 2**32
-            for rank, m in enumerate(self._electorate.deputies(self.tuning.deputies)):
-                out.append(SendDatagram(m.addr, (self._beat(self._beat_seq, rank),)))
-
-    def _note_ahead(self, msg: VoteRequest, now: float, out: list[Effect]) -> None:
-        """A fellow's own signed vote request says the term it is in (a PreVote's, one
-        below). In a later term than ours, it follows no leader of ours; a leader that
-        learns so of enough of its side steps down at once (``_deposed``)."""
-        term = msg.term - 1 if msg.pre_vote else msg.term
-        if term <= self.term or msg.candidate not in self._electorate.voters:
-            return
-        if len(self._ahead) >= MAX_VOTERS:  # (only fellows of the electorate get in)
-            self._ahead = {node: t for node, t in self._ahead.items()
-                           if t > self.term and node in self._electorate.voters}
-        if self._ahead.get(msg.candidate, -1) < term:
-            self._ahead[msg.candidate] = term
-        if self.role == LEADER_ROLE and not self._deposed(now, out) and \
-                self._stays_ahead(msg.candidate, term, now) and msg.pre_vote and \
-                not self._proof_short() and term < self.term + MAX_TERM_STEP:
-            # It can never follow us (our term is behind its own) and finds no leader in
-            # its own term either, e.g. its candidacy above us failed while the others
-            # followed us. We hold a majority: stand again above it.
-            self._restand(term, now, out, f"{self._electorate.name(msg.candidate)} stays in a "
-                                          f"later term {term} with no leader")
-
-    def _stays_ahead(self, node: bytes, term: int, now: float) -> bool:
-        """Whether ``node`` asks for votes from ``term`` (later than ours) again, a
-        candidacy's time (``vote_timeout_s``) or more after it first did: not a deputy
-        of a later leader that just died (its fellows in that term will soon be enough
-        to depose us, ``_deposed``), but a fellow whose rounds keep failing there."""
-        first = self._ahead_asks.get(node)
-        if first is None or first[0] != term:
-            if len(self._ahead_asks) >= 64:
-                del self._ahead_asks[next(iter(self._ahead_asks))]
-            self._ahead_asks[node] = (term, now)
-            return False
-        return now >= first[1] + self.tuning.vote_timeout_s
-
-    def _deposed(self, now: float, out: list[Effect]) -> bool:
-        """As the leader: whether the present fellows that may still follow us (those
-        not shown to be in a later term, us included) are no majority; then step down.
-        A leader frozen (a stopped process, a suspended laptop) while the others elected
-        a successor that is dead by the time it wakes hears of that term from no one who
-        could prove it, and its lease counts fellows present, not following: it would
-        lead on with no follower and refuse every PreVote, and where its vote is needed
-        for a majority no one would be elected until the dead left the electorate
-        (minutes). Stepping down is always safe; a fellow holding the token can show
-        only itself in a later term, so it can depose only a leader whose majority
-        needs it, as it could by falling silent (the lease)."""
-        if not self._ahead:
-            return False
-        sees, total = self.present(), self.electorate()
-        ahead = sum(1 for node, term in self._ahead.items()
-                    if term > self.term and node in self._electorate.voters and self._electorate.is_present(node))
-        if ahead == 0 or 2 * (sees - ahead) > total:
-            return False
-        msg = self._step_down(total)
-        for m in self._electorate.others():
-            out.append(SendDatagram(m.addr, (msg,)))
-        self._become_follower(now, out, f"{ahead} of the {sees} fellows this side sees "
-                                        f"are in a later term (of {total})")
-        self.leader = None
-        self._reconsider(now)
-        return True
-
-    def _hand_over(self, now: float, out: list[Effect]) -> bool:
-        """A fellow with a higher leader priority (the wired machine the user prefers) that
-        has stayed alive for ``handover_after_s`` gets the leadership: we step down and it,
-        first in the succession, is elected at once. A planned change, not a failure."""
-        better = [m for m in self._electorate.members.values()
-                  if m.state == "alive" and m.priority > self.priority]
-        if not better:
-            self._better = None
-            return False
-        best = min(better, key=lambda m: (-m.priority, m.node_id))
-        if self._better is None or self._better[0] != best.node_id:
-            self._better = (best.node_id, now)
-            return False
-        if now < self._better[1] + self.tuning.handover_after_s:  # as next_deadline sums it
-            return False
-        msg = self._step_down(self.electorate())
-        for m in self._electorate.others():
-            out.append(SendDatagram(m.addr, (msg,)))
-        self._become_follower(now, out, f"handing over to {best.name} "
-                                        f"(leader priority {best.priority})")
-        self.leader = None
-        self._better = None
-        self._election_at = now + self.tuning.vote_timeout_s + self._rank_delay()
-        return True
-
     def _become_follower(self, now: float, out: list[Effect], why: str) -> None:
         was = self.role
         self.role = FOLLOWER
         self._candidacy.deadline = INF
         self._candidacy.resend_at = INF
-        self._next_beat_at = INF
-        self._next_announce_at = INF
-        self._announce_due = INF
-        self._unacked = {}
-        self._minority_since = None
-        self._canvass_at = INF
+        self._leading.next_beat_at = INF
+        self._leading.next_announce_at = INF
+        self._leading.announce_due = INF
+        self._leading.unacked = {}
+        self._leading.minority_since = None
+        self._leading.canvass_at = INF
         if was == LEADER_ROLE:
             out.append(Event(STEPPED_DOWN, self.node_id, self.name,
                              f"stepped down from term {self.term}: {why}", term=self.term))
@@ -872,7 +680,7 @@ class Election:
         elif self.role == LEADER_ROLE and self.term < msg.term < self.term + MAX_TERM_STEP \
                 and self._proofs.tally.count(msg.term, msg.leader, self._electorate.voters) > 0:
             if whole and self._proofs.short_for_long(msg.term, msg.leader, now):
-                self._restand(msg.term, now, out, "fellows follow a leader of term "
+                self._leading.restand(msg.term, now, out, "fellows follow a leader of term "
                               f"{msg.term} that cannot prove itself here")
             else:
                 self._ask_proof(msg.term, msg.leader, now, out)
@@ -907,23 +715,6 @@ class Election:
         self._proofs.tally.add(term, leader, (self.node_id,))
         self.stats["votes_to_follow"] = self.stats.get("votes_to_follow", 0) + 1
 
-    def _restand(self, seen: int, now: float, out: list[Effect], why: str) -> None:
-        """We lead with a proof, and fellows that just met us (a partition healed after
-        the electorate's bound) follow a leader of a later term that cannot prove itself
-        to us, while they cannot follow us (our term is behind theirs). Stand again,
-        above theirs, straight away (our followers know we are alive, so no PreVote):
-        our side's votes give us a proof for everyone. At most once per
-        ``electorate_dead_after_s``, so a fellow holding the token can make us do it
-        rarely and by at most ``MAX_TERM_STEP``."""
-        if now < self._restand_after:
-            return
-        self._restand_after = now + self.config.electorate_dead_after_s
-        self.stats["restands"] = self.stats.get("restands", 0) + 1
-        self._become_follower(now, out, f"{why}; standing again above it")
-        self.term = seen  # _start_candidacy runs for the next one
-        self.leader = None
-        self._candidacy.start(False, now, out)
-
     def _ask_proof(self, term: int, leader: bytes, now: float, out: list[Effect]) -> None:
         """We were told of a leader without its proof: ask it (now and then)."""
         self._proofs.refuse("unproven-leader")
@@ -939,40 +730,8 @@ class Election:
         """Whether the leader we follow (or we, leading) holds a proof for our electorate
         as it is now, not only as it was when we followed."""
         if leader == self.node_id:
-            return not self._proof_short()
+            return not self._leading.proof_short()
         return self._proofs.majority(self.term, leader)
-
-    def _proof_short(self) -> bool:
-        """As the leader: our ballots are not (or no longer) a majority of our electorate,
-        e.g. elected alone, then the swarm met us."""
-        if self._proofs.sig is None or self.role != LEADER_ROLE:
-            return False
-        return self._proofs.ours_short()
-
-    def _canvass(self, now: float, out: list[Effect]) -> None:
-        """A leader short of a proof asks the fellows whose ballot it lacks for their vote
-        in its term (Raft's vote: one per fellow and term, so no other leader gets it)."""
-        if not self._proof_short():
-            self._canvass_at = INF
-            return
-        if now < self._canvass_at != INF:
-            return
-        self._canvass_at = now + self.tuning.announce_retry_s
-        request = VoteRequest(self.term, self.node_id, self.priority, self.electorate(),
-                              False, self._proofs.sign(request_statement(self.term, self.node_id,
-                                                                  False)))
-        for m in self._electorate.others():
-            if m.node_id not in self._proofs.ballots:
-                out.append(SendDatagram(m.addr, (request,)))
-
-    def _take_late_vote(self, msg: VoteReply, addr: str, now: float) -> None:
-        if self._proofs.sig is None or msg.term != self.term or not msg.granted or msg.pre_vote \
-                or msg.candidate != self.node_id or msg.voter not in self._electorate.voters \
-                or msg.voter in self._proofs.ballots or msg.signature is None:
-            return
-        if self._proofs.signed_by(msg.voter, msg.signature,
-                           ballot_statement(self.term, self.node_id, msg.voter), addr, now):
-            self._proofs.ballots[msg.voter] = msg.signature
 
     def _tell_leader(self, addr: str, node: bytes | None, out: list[Effect],
                      *also: Any) -> None:
