@@ -32,13 +32,12 @@ from p2pswarm.election.electorate import Electorate
 from p2pswarm.election.health import Health
 from p2pswarm.election.leading import Leading
 from p2pswarm.election.proofs import Proofs
+from p2pswarm.election.voting import Voting
 from p2pswarm.membership.member import Member
 from p2pswarm.security.ballots import (
     Signatures,
     ballot_statement,
     beat_statement,
-    reply_statement,
-    request_statement,
     step_down_statement,
 )
 from p2pswarm.wire.gossip import (
@@ -108,14 +107,14 @@ class Election:
         self._stood_down: tuple[int, bytes] | None = None
         self._candidacy = Candidacy(self)
         self._leading = Leading(self)
-        self._prevote_answers: dict[tuple[bytes, int], tuple[bool, float]] = {}
+        self._voting = Voting(self)
         self._health = Health(config, rng.randrange(2**32))  # the leader's, as we see it
         self._next_query_at = INF
         self._proofs = Proofs(self._electorate, signatures)
         self.stats: dict[str, int] = {"elections": 0, "terms_won": 0, "checks": 0,
                                       "conflicts": 0}
         self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
-            VoteRequest: self._on_vote_request, VoteReply: self._candidacy.on_vote_reply,
+            VoteRequest: self._voting.on_vote_request, VoteReply: self._candidacy.on_vote_reply,
             LeaderBeat: self._on_beat, LeaderCheck: self._leading.on_leader_check,
             LeaderIs: self._on_leader_is, LeaderQuery: self._on_leader_query,
             StepDown: self._on_step_down, LeaderAck: self._leading.on_leader_ack,
@@ -281,7 +280,7 @@ class Election:
             self._reconsider(now)  # a smaller electorate: this side may be a majority now
         for waiting in self._health.lapsed(now):
             for addr, req in waiting:  # the leader did not answer us either
-                out.extend(self._answer_vote(req, addr, now, leader_alive=False))
+                out.extend(self._voting.answer_vote(req, addr, now, leader_alive=False))
         if self.role == CANDIDATE and now >= self._candidacy.deadline:
             self._candidacy.failed(now)
         elif self.role == CANDIDATE and now >= self._candidacy.resend_at:
@@ -364,120 +363,6 @@ class Election:
             self._election_at = INF
 
     # --- candidacy ---------------------------------------------------------------------
-
-    def _on_vote_request(self, msg: VoteRequest, addr: str, now: float,
-                         out: list[Effect]) -> None:
-        if msg.candidate == self.node_id or not self._proofs.signed_by(
-                msg.candidate, msg.signature,
-                request_statement(msg.term, msg.candidate, msg.pre_vote), addr, now):
-            return
-        self._leading.note_ahead(msg, now, out)
-        if msg.term > min(self.term + MAX_TERM_STEP, MAX_TERM):
-            self._proofs.refuse("term-too-far")
-            out.append(self._reply(msg, addr, False, "term too far ahead"))
-            return
-        if not self.settled(now) and (msg.pre_vote or self._proofs.shown != (msg.term,
-                                                                     msg.candidate)):
-            # (a leader we were told of, asking for the votes its proof lacks, is heard)
-            out.append(self._reply(msg, addr, False, "just joined: still meeting the swarm"))
-            return
-        if not msg.pre_vote and msg.term > self.term:
-            if not self._may_adopt(msg):
-                self._proofs.refuse("vote-while-led")
-                self._deny_naming_leader(msg, addr, "the leader answers me", out)
-                return
-            self._adopt_term(msg.term, now, out)
-        if msg.term <= self.term and msg.pre_vote or msg.term < self.term:
-            self._deny_naming_leader(msg, addr, "stale term", out)
-            return
-        if self.role == LEADER_ROLE and msg.pre_vote:
-            self._deny_naming_leader(msg, addr, "I am the leader", out)
-            return
-        if msg.pre_vote:  # asked again (our answer was lost): the same answer
-            cached = self._prevote_answers.get((msg.candidate, msg.term))
-            if cached is not None and now - cached[1] < 2.0:
-                out.extend(self._answer_vote(msg, addr, now, leader_alive=not cached[0]))
-                return
-            if self._health.checking(msg.candidate):
-                return  # its answer is on the way
-        if msg.pre_vote and not self._leader_gone():
-            if self._health.beats(self.term, now):
-                out.append(self._reply(msg, addr, False, "the leader beats"))
-                return
-            when, answered = self._health.check_result
-            if now - when < self.tuning.check_timeout_s:
-                out.extend(self._answer_vote(msg, addr, now, leader_alive=answered))
-                return
-            self._check_leader(msg, addr, now, out)
-            return
-        out.extend(self._answer_vote(msg, addr, now, leader_alive=False))
-
-    def _may_adopt(self, msg: VoteRequest) -> bool:
-        """Whether a real vote request may raise our term: not while we lead, nor while
-        we follow a live leader, unless we granted this candidate's PreVote for that term
-        (a majority, us among it, found the leader gone)."""
-        if self.role == LEADER_ROLE:
-            return False
-        if self._leader_gone() or self._health.beats_lost or msg.candidate == self.leader:
-            return True  # (our own leader standing again: see _restand)
-        cached = self._prevote_answers.get((msg.candidate, msg.term))
-        return cached is not None and cached[0]
-
-    def _check_leader(self, msg: VoteRequest, addr: str, now: float,
-                      out: list[Effect]) -> None:
-        if self._health.join_check(addr, msg):
-            return
-        leader = self._electorate.members.get(self.leader) if self.leader is not None else None
-        if leader is None:
-            out.extend(self._answer_vote(msg, addr, now, leader_alive=False))
-            return
-        seq = self._health.open_check(addr, msg, now)
-        self.stats["checks"] += 1
-        out.append(SendDatagram(leader.addr, (LeaderCheck(self.term, seq, self.node_id),)))
-
-    def _answer_vote(self, msg: VoteRequest, addr: str, now: float, *,
-                     leader_alive: bool) -> list[Effect]:
-        if msg.pre_vote:
-            self._prevote_answers[(msg.candidate, msg.term)] = (not leader_alive, now)
-            if len(self._prevote_answers) > 64:
-                for key in list(self._prevote_answers)[:32]:
-                    del self._prevote_answers[key]
-        if leader_alive:
-            return [self._reply(msg, addr, False, "the leader answers me")]
-        if msg.pre_vote:
-            if msg.term <= self.term:
-                return [self._reply(msg, addr, False, "stale term")]
-            # give the candidate time before running ourselves (if we were about to)
-            if self.role == FOLLOWER and self._election_at != INF:
-                self._election_at = max(self._election_at, now + self.tuning.vote_timeout_s)
-            return [self._reply(msg, addr, True, "")]
-        if msg.term != self.term:
-            return [self._reply(msg, addr, False, "stale term")]
-        if self.voted_term == self.term and self.voted_for not in (None, msg.candidate):
-            return [self._reply(msg, addr, False, "already voted in this term")]
-        self.voted_term, self.voted_for = self.term, msg.candidate
-        self._proofs.tally.add(self.term, msg.candidate, (self.node_id,))  # our own ballot
-        return [self._reply(msg, addr, True, "")]
-
-    def _deny_naming_leader(self, msg: VoteRequest, addr: str, reason: str,
-                            out: list[Effect]) -> None:
-        """A refusal that, when we know a live leader, also names it: a candidate that
-        missed the leader (it has just joined) follows it rather than running on."""
-        refusal = self._reply(msg, addr, False, reason)
-        if self.leader is None or self._leader_gone():
-            out.append(refusal)
-        else:
-            self._tell_leader(addr, msg.candidate, out, *refusal.messages)
-
-    def _reply(self, msg: VoteRequest, addr: str, granted: bool, reason: str) -> SendDatagram:
-        if granted and not msg.pre_vote:  # a granted vote is a ballot for the candidate
-            statement = ballot_statement(msg.term, msg.candidate, self.node_id)
-        else:
-            statement = reply_statement(msg.term, msg.candidate, self.node_id, msg.pre_vote,
-                                        granted)
-        return SendDatagram(addr, (VoteReply(msg.term, self.node_id, granted, msg.pre_vote,
-                                             self.electorate(), reason, msg.candidate,
-                                             self._proofs.sign(statement)),))
 
     # --- leading -----------------------------------------------------------------------
 
@@ -574,7 +459,7 @@ class Election:
                         beat_statement(msg.term, msg.leader, msg.seq, msg.rank), addr, now)):
                 return
             for req_addr, req in self._health.answered(msg.seq, now):
-                out.extend(self._answer_vote(req, req_addr, now, leader_alive=True))
+                out.extend(self._voting.answer_vote(req, req_addr, now, leader_alive=True))
             return
         if msg.leader == self.node_id or not self._proofs.signed_by(
                 msg.leader, msg.signature,
