@@ -20,15 +20,12 @@ from p2pswarm.effects import (
 from p2pswarm.election.candidacy import Candidacy
 from p2pswarm.election.constants import (
     CANDIDATE,
-    CHECK_REPLY_RANK,
     FOLLOWER,
     INF,
     LEADER_ROLE,
-    MAX_TERM,
-    MAX_TERM_STEP,
-    PRESENT,
 )
 from p2pswarm.election.electorate import Electorate
+from p2pswarm.election.following import Following
 from p2pswarm.election.health import Health
 from p2pswarm.election.leading import Leading
 from p2pswarm.election.proofs import Proofs
@@ -36,9 +33,6 @@ from p2pswarm.election.voting import Voting
 from p2pswarm.membership.member import Member
 from p2pswarm.security.ballots import (
     Signatures,
-    ballot_statement,
-    beat_statement,
-    step_down_statement,
 )
 from p2pswarm.wire.gossip import (
     LeaderAck,
@@ -101,13 +95,10 @@ class Election:
         self._leaving = False
         self._settle_until = INF  # set on joining; -inf once a leader is known
         self._election_at = INF
-        self._gone_reported: bytes | None = None
-        # (term, leader) of a step-down we saw: it never leads that term again, so a beat
-        # or relayed announcement still in flight must not make us follow it back
-        self._stood_down: tuple[int, bytes] | None = None
         self._candidacy = Candidacy(self)
         self._leading = Leading(self)
         self._voting = Voting(self)
+        self._following = Following(self)
         self._health = Health(config, rng.randrange(2**32))  # the leader's, as we see it
         self._next_query_at = INF
         self._proofs = Proofs(self._electorate, signatures)
@@ -115,10 +106,10 @@ class Election:
                                       "conflicts": 0}
         self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
             VoteRequest: self._voting.on_vote_request, VoteReply: self._candidacy.on_vote_reply,
-            LeaderBeat: self._on_beat, LeaderCheck: self._leading.on_leader_check,
-            LeaderIs: self._on_leader_is, LeaderQuery: self._on_leader_query,
-            StepDown: self._on_step_down, LeaderAck: self._leading.on_leader_ack,
-            LeaderProof: self._on_leader_proof,
+            LeaderBeat: self._following.on_beat, LeaderCheck: self._leading.on_leader_check,
+            LeaderIs: self._following.on_leader_is, LeaderQuery: self._on_leader_query,
+            StepDown: self._following.on_step_down, LeaderAck: self._leading.on_leader_ack,
+            LeaderProof: self._following.on_leader_proof,
         }
 
     @property
@@ -195,8 +186,8 @@ class Election:
             if self.leader is None:
                 self._settle_until = now + self.tuning.settle_s
         if self.leader is not None and self._leader_gone() and self.role != LEADER_ROLE \
-                and self._gone_reported != self.leader:
-            self._gone_reported = self.leader  # say it once, when it happens
+                and self._following.gone_reported != self.leader:
+            self._following.gone_reported = self.leader  # say it once, when it happens
             m = self._electorate.members.get(self.leader)
             state = m.state if m is not None else "gone"
             out.append(Event(NO_LEADER, self.leader, self._electorate.name(self.leader),
@@ -237,19 +228,6 @@ class Election:
             self._tell_leader(addr, None, out)  # it asks: it lacks the proof
         else:
             out.append(SendDatagram(addr, (self._leader_is(),)))
-
-    def _on_step_down(self, msg: StepDown, addr: str, now: float, out: list[Effect]) -> None:
-        if msg.term != self.term or msg.leader != self.leader or msg.leader == self.node_id:
-            return
-        if not self._proofs.signed_by(msg.leader, msg.signature,
-                               step_down_statement(msg.term, msg.leader), addr, now):
-            return
-        self.leader = None
-        self._stood_down = (msg.term, msg.leader)
-        self._health.deputy_term = -1
-        self._election_at = now + self._rank_delay() + self.rng.random() * self.tuning.jitter_s
-        out.append(Event(NO_LEADER, msg.leader, self._electorate.name(msg.leader),
-                         "the leader stepped down", term=self.term))
 
     def next_deadline(self) -> float | None:
         t = min(self._candidacy.deadline, self._leading.next_beat_at, self._leading.next_announce_at,
@@ -424,199 +402,7 @@ class Election:
         self._health.beats_lost = False
         self._reconsider(now)
 
-    def _on_leader_is(self, msg: LeaderIs, addr: str, now: float, out: list[Effect]) -> None:
-        if msg.term < self.term:
-            if self.leader is not None and not self._leader_gone():
-                out.append(SendDatagram(addr, (self._leader_is(),)))  # you are behind
-            return
-        if msg.leader == self.node_id:
-            return  # whether we lead, we know
-        if not self._proven(msg.term, msg.leader):
-            self._ask_proof(msg.term, msg.leader, now, out)
-            return
-        self._take_leader(msg, addr, now, out)
-
-    def _take_leader(self, msg: LeaderIs, addr: str, now: float, out: list[Effect]) -> None:
-        """Follow the leader ``msg`` names (its proof checked, or needless)."""
-        if msg.term < self.term:
-            return
-        if msg.term == self.term and self.leader not in (None, msg.leader) \
-                and self.role != CANDIDATE and self._conflict(msg.leader, addr, out):
-            return
-        self._follow(msg.term, msg.leader, msg.electorate, now, out)
-        leader = self._electorate.members.get(msg.leader)
-        if self.leader == msg.leader and leader is not None and leader.addr == addr:
-            out.append(SendDatagram(addr, (LeaderAck(
-                msg.term, self.node_id, msg.leader,
-                self._proofs.sign(ballot_statement(msg.term, msg.leader, self.node_id))),)))
-
-    def _on_beat(self, msg: LeaderBeat, addr: str, now: float, out: list[Effect]) -> None:
-        if msg.rank == CHECK_REPLY_RANK:
-            waiting = self._health.checks.get(msg.seq)
-            if waiting is None or self._proofs.sig is not None and (
-                    msg.leader != self.leader or not self._proofs.signed_by(
-                        msg.leader, msg.signature,
-                        beat_statement(msg.term, msg.leader, msg.seq, msg.rank), addr, now)):
-                return
-            for req_addr, req in self._health.answered(msg.seq, now):
-                out.extend(self._voting.answer_vote(req, req_addr, now, leader_alive=True))
-            return
-        if msg.leader == self.node_id or not self._proofs.signed_by(
-                msg.leader, msg.signature,
-                beat_statement(msg.term, msg.leader, msg.seq, msg.rank), addr, now):
-            return
-        if msg.term < self.term:
-            if self.leader is not None and not self._leader_gone():
-                out.append(SendDatagram(addr, (self._leader_is(),)))  # it was frozen: behind
-            return
-        if not self._proven(msg.term, msg.leader):
-            self._ask_proof(msg.term, msg.leader, now, out)
-            return
-        if msg.term == self.term and self.leader not in (None, msg.leader) \
-                and self.role != CANDIDATE and self._conflict(msg.leader, addr, out):
-            return
-        self._follow(msg.term, msg.leader, msg.electorate, now, out)
-        if self.leader == msg.leader:
-            self._health.note_beat(self.term, msg.rank, now)
-            if self._health.beats_lost:
-                self._health.beats_lost = False
-                self._reconsider(now)
-
-    def _follow(self, term: int, leader: bytes, electorate: int, now: float,
-                out: list[Effect]) -> None:
-        if leader == self.node_id or self._stood_down == (term, leader):
-            return
-        new = term > self.term or self.leader != leader
-        if term > self.term or self.role != FOLLOWER:
-            if self.role != FOLLOWER:
-                self._become_follower(now, out, f"{self._electorate.name(leader)} leads term {term}")
-            self.term = term
-        self._settle_until = -INF  # a leader is known: the swarm is met
-        if new:
-            self.leader = leader
-            self._health.deputy_term = -1
-            self._health.beats_lost = False
-            self._gone_reported = None
-            self._election_at = INF
-            name = self._electorate.name(leader)
-            out.append(Event(LEADER, leader, name, f"leader {name} (term {term})", term=term))
-            others = [m for m in self._electorate.others() if m.node_id != leader]
-            k = min(self.tuning.announce_relay, len(others))
-            for m in self.rng.sample(others, k) if k else []:
-                out.append(SendDatagram(m.addr, (LeaderIs(term, leader, electorate),)))
-
-    def _conflict(self, other: bytes, addr: str, out: list[Effect]) -> bool:
-        """Two leaders in one term (only after a partition that outlasted the electorate's
-        bound): the first in the order of succession stays, everyone follows it. True: we
-        keep ours (and tell the sender); False: follow ``other``. Signed, ``other`` comes
-        with a proof for our electorate as it is now; a leader of ours that has none (its
-        side's ballots, counted before the sides met again, are not a majority of both)
-        gives way to it whatever the order: the other side could never follow ours."""
-        self.stats["conflicts"] += 1
-        ours = self.leader
-        assert ours is not None
-        if self._proofs.sig is not None and not self._still_proven(ours):
-            return False
-        if self._electorate.succession_key(ours, self.priority) <= self._electorate.succession_key(other, self.priority):
-            if self.role == LEADER_ROLE or not self._leader_gone():
-                self._tell_leader(addr, other, out)
-            return True
-        return False
-
     # --- proofs ------------------------------------------------------------------------
-
-    def _follows(self, term: int, leader: bytes) -> bool:
-        return term == self.term and self.leader == leader
-
-    def _proven(self, term: int, leader: bytes) -> bool:
-        """Ballots for (term, leader) from more than half of our own electorate."""
-        if self._proofs.sig is None or self._follows(term, leader):
-            return True
-        return self._proofs.majority(term, leader)
-
-    def _on_leader_proof(self, msg: LeaderProof, addr: str, now: float,
-                         out: list[Effect]) -> None:
-        if self._proofs.sig is None or msg.term < self.term or msg.term > MAX_TERM or \
-                msg.leader == self.node_id or self._follows(msg.term, msg.leader):
-            return
-        checked: list[bytes] = []
-        whole = True
-        for ballot in msg.ballots:
-            voter = ballot.voter
-            if voter not in self._electorate.voters or voter in checked or \
-                    self._proofs.tally.has(msg.term, msg.leader, voter):
-                continue  # counted already, or not ours to count: no signature check
-            if not self._proofs.may_check(addr, now):
-                whole = False
-                break
-            if self._proofs.signed_by(voter, ballot.signature,
-                               ballot_statement(msg.term, msg.leader, voter), addr, now):
-                checked.append(voter)
-        if checked:
-            self._proofs.tally.add(msg.term, msg.leader, checked)
-        if not self._proven(msg.term, msg.leader) and \
-                self._our_vote_completes(msg.term, msg.leader):
-            self._vote_to_follow(msg.term, msg.leader, now, out)
-        if self._proven(msg.term, msg.leader):
-            self._proofs.short = None
-            leader = self._electorate.members.get(msg.leader)
-            self._take_leader(LeaderIs(msg.term, msg.leader, self.electorate()),
-                              leader.addr if leader is not None else addr, now, out)
-        elif self.role == LEADER_ROLE and self.term < msg.term < self.term + MAX_TERM_STEP \
-                and self._proofs.tally.count(msg.term, msg.leader, self._electorate.voters) > 0:
-            if whole and self._proofs.short_for_long(msg.term, msg.leader, now):
-                self._leading.restand(msg.term, now, out, "fellows follow a leader of term "
-                              f"{msg.term} that cannot prove itself here")
-            else:
-                self._ask_proof(msg.term, msg.leader, now, out)
-
-    def _our_vote_completes(self, term: int, leader: bytes) -> bool:
-        """Whether (term, leader)'s checked ballots, another fellow's among them, fall
-        short of a majority of our electorate by our own ballot alone, and we may still
-        give it: we follow no live leader, the term is not behind ours nor more than
-        ``MAX_TERM_STEP`` ahead, and our vote in it is free or already its. A fellow
-        restarted from its record counts fellows that left (or expired) while it was
-        down, of whom the live swarm holds no ballot any more (its membership does not
-        tell a newcomer of a leave); its own vote is the one ballot it can add."""
-        if self.role == LEADER_ROLE or leader == self.node_id or \
-                leader not in self._electorate.voters or self._stood_down == (term, leader):
-            return False
-        if not self.term <= term <= min(self.term + MAX_TERM_STEP, MAX_TERM):
-            return False
-        if self.leader is not None and not self._leader_gone():
-            return False  # a live leader's followers move only with a whole proof
-        if self.voted_term == term and self.voted_for not in (None, leader):
-            return False
-        count = self._proofs.tally.count(term, leader, self._electorate.voters)
-        others = count - self._proofs.tally.has(term, leader, leader)
-        return others >= 1 and 2 * (count + 1) > len(self._electorate.voters)
-
-    def _vote_to_follow(self, term: int, leader: bytes, now: float,
-                        out: list[Effect]) -> None:
-        """Give ``leader`` our vote in ``term``, as if it had asked for it (Raft's vote:
-        once per term, on disk before anything leaves), and count our own ballot."""
-        self._adopt_term(term, now, out)
-        self.voted_term, self.voted_for = term, leader
-        self._proofs.tally.add(term, leader, (self.node_id,))
-        self.stats["votes_to_follow"] = self.stats.get("votes_to_follow", 0) + 1
-
-    def _ask_proof(self, term: int, leader: bytes, now: float, out: list[Effect]) -> None:
-        """We were told of a leader without its proof: ask it (now and then)."""
-        self._proofs.refuse("unproven-leader")
-        self._proofs.shown = (term, leader)
-        m = self._electorate.members.get(leader)
-        if m is None or m.state not in PRESENT or term < self.term:
-            return
-        if not self._proofs.may_ask(term, leader, now):
-            return
-        out.append(SendDatagram(m.addr, (LeaderQuery(self.term, self.node_id),)))
-
-    def _still_proven(self, leader: bytes) -> bool:
-        """Whether the leader we follow (or we, leading) holds a proof for our electorate
-        as it is now, not only as it was when we followed."""
-        if leader == self.node_id:
-            return not self._leading.proof_short()
-        return self._proofs.majority(self.term, leader)
 
     def _tell_leader(self, addr: str, node: bytes | None, out: list[Effect],
                      *also: Any) -> None:
