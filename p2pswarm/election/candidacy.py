@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from p2pswarm.effects import Effect, SendDatagram
-from p2pswarm.election.constants import CANDIDATE, FOLLOWER, INF, LEADER_ROLE
+from p2pswarm.election.constants import CANDIDATE, FOLLOWER, INF
 from p2pswarm.security.ballots import ballot_statement, reply_statement, request_statement
 from p2pswarm.wire.gossip import VoteReply, VoteRequest
 
@@ -92,11 +92,9 @@ class Candidacy:
                              + e.rng.random() * e.tuning.jitter_s)
 
     def on_vote_reply(self, msg: VoteReply, addr: str, now: float, out: list[Effect]) -> None:
+        """A voter's answer to our candidacy (a candidate's row of the machine's table)."""
         e = self._election
-        if e.role == LEADER_ROLE:
-            e._leading.take_late_vote(msg, addr, now)
-            return
-        if e.role != CANDIDATE or msg.term != self.term or \
+        if msg.term != self.term or \
                 msg.pre_vote != self.pre or msg.voter == e.node_id:
             return
         real_grant = msg.granted and not msg.pre_vote

@@ -80,8 +80,10 @@ class Leading:
 
     def on_leader_check(self, msg: LeaderCheck, addr: str, now: float,
                          out: list[Effect]) -> None:
+        """A voter checks that we are alive before it believes a candidate: answer it
+        with a beat of rank ``CHECK_REPLY_RANK``."""
         e = self._election
-        if e.role == LEADER_ROLE and msg.term <= e.term:
+        if msg.term <= e.term:
             out.append(SendDatagram(addr, (self.beat(msg.seq, CHECK_REPLY_RANK),)))
 
     def beat(self, seq: int, rank: int) -> LeaderBeat:
@@ -95,8 +97,9 @@ class Leading:
                         e._proofs.sign(step_down_statement(e.term, e.node_id)))
 
     def on_leader_ack(self, msg: LeaderAck, addr: str, now: float, out: list[Effect]) -> None:
+        """A follower acks our ``LeaderIs``; signed, it is a ballot for our proof."""
         e = self._election
-        if e.role != LEADER_ROLE or msg.term != e.term:
+        if msg.term != e.term:
             return
         if e._proofs.sig is not None:  # a signed ack is a ballot: the proof grows with it
             if msg.leader != e.node_id or msg.source not in e._electorate.voters or \
@@ -293,7 +296,9 @@ class Leading:
             if m.node_id not in e._proofs.ballots:
                 out.append(SendDatagram(m.addr, (request,)))
 
-    def take_late_vote(self, msg: VoteReply, addr: str, now: float) -> None:
+    def on_vote_reply(self, msg: VoteReply, addr: str, now: float,
+                      out: list[Effect]) -> None:
+        """A vote that came after we won (or that we canvassed): a ballot for our proof."""
         e = self._election
         if e._proofs.sig is None or msg.term != e.term or not msg.granted or msg.pre_vote \
                 or msg.candidate != e.node_id or msg.voter not in e._electorate.voters \

@@ -49,6 +49,8 @@ from p2pswarm.wire.gossip import (
 if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or not
     from random import Random
 
+# a part's answer to a message: (message, from address, now, effects out)
+Answer = Callable[[Any, str, float, list[Effect]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +106,31 @@ class Election:
         self._proofs = Proofs(self._electorate, signatures)
         self.stats: dict[str, int] = {"elections": 0, "terms_won": 0, "checks": 0,
                                       "conflicts": 0}
-        self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
-            VoteRequest: self._voting.on_vote_request, VoteReply: self._candidacy.on_vote_reply,
-            LeaderBeat: self._following.on_beat, LeaderCheck: self._leading.on_leader_check,
-            LeaderIs: self._following.on_leader_is, LeaderQuery: self._on_leader_query,
-            StepDown: self._following.on_step_down, LeaderAck: self._leading.on_leader_ack,
-            LeaderProof: self._following.on_leader_proof,
+        # Which messages each role answers, and which part answers them (in the style
+        # of h11's _state.py: the table is the protocol). A message that its role's row
+        # lacks is dropped unread; each answer still checks the message's term,
+        # signature and sender. A leader has no answer to StepDown (only it could step
+        # down from its term), nor a follower to VoteReply, LeaderCheck or LeaderAck.
+        vote, follow, lead = self._voting, self._following, self._leading
+        self._answers: dict[str, dict[type, Answer]] = {
+            FOLLOWER: {
+                VoteRequest: vote.on_vote_request,
+                LeaderIs: follow.on_leader_is, LeaderProof: follow.on_leader_proof,
+                LeaderBeat: follow.on_beat, StepDown: follow.on_step_down,
+                LeaderQuery: self._on_leader_query,
+            },
+            CANDIDATE: {
+                VoteRequest: vote.on_vote_request, VoteReply: self._candidacy.on_vote_reply,
+                LeaderIs: follow.on_leader_is, LeaderProof: follow.on_leader_proof,
+                LeaderBeat: follow.on_beat, StepDown: follow.on_step_down,
+                LeaderQuery: self._on_leader_query,
+            },
+            LEADER_ROLE: {
+                VoteRequest: vote.on_vote_request, VoteReply: lead.on_vote_reply,
+                LeaderIs: follow.on_leader_is, LeaderProof: follow.on_leader_proof,
+                LeaderBeat: follow.on_beat, LeaderCheck: lead.on_leader_check,
+                LeaderAck: lead.on_leader_ack, LeaderQuery: self._on_leader_query,
+            },
         }
 
     @property
@@ -214,9 +235,9 @@ class Election:
 
     def handle(self, message: Any, sender_addr: str, now: float) -> list[Effect]:
         out: list[Effect] = []
-        handler = self._dispatch.get(type(message))
-        if handler is not None:
-            handler(message, sender_addr, now, out)
+        answer = self._answers[self.role].get(type(message))
+        if answer is not None:
+            answer(message, sender_addr, now, out)
         return out
 
     def _on_leader_query(self, msg: LeaderQuery, addr: str, now: float,
