@@ -93,9 +93,10 @@ never follow a leader of an earlier term.
 Terms move by little. A vote request more than ``MAX_TERM_STEP`` above this fellow's
 term is refused; a real (not Pre-) vote request for a higher term is taken only by a
 fellow with no live leader, that granted that candidate's PreVote for that term, or from
-its own leader standing again (below); a leader takes none. Only a proof moves a term further at once. So a fellow holding the
-token can neither depose a live leader with one request nor push the term towards
-2^64 - 1: each step costs a message, and a live leader stops them all. Terms past
+its own leader standing again (below); a leader takes none. Only a proof moves a term
+further at once. So a fellow holding the token can neither depose a live leader with one
+request nor push the term towards 2^64 - 1: each step costs a message, and a live leader
+stops them all. Terms past
 ``MAX_TERM`` are refused everywhere (and in ``election.json``).
 
 Modules, leaves first: ``constants`` (bounds and role names), ``electorate`` (who votes,

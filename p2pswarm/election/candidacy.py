@@ -35,6 +35,18 @@ class Candidacy:
         self.ballots: dict[bytes, bytes] = {}  # our candidacy's signed grants
         self.request: VoteRequest | None = None  # our candidacy's signed request
 
+    def stop(self) -> None:
+        """No candidacy under way (or its timers are no longer ours: we lead or follow)."""
+        self.deadline = INF
+        self.resend_at = INF
+
+    def won(self) -> dict[bytes, bytes]:
+        """Elected: the candidacy ends, and its signed grants become the leader's proof."""
+        self.stop()
+        self.grants = {}
+        ballots, self.ballots = self.ballots, {}
+        return ballots
+
     def start(self, pre: bool, now: float, out: list[Effect]) -> None:
         e = self._election
         e.role = CANDIDATE
@@ -65,8 +77,7 @@ class Candidacy:
         if msg is None or (msg.term, msg.pre_vote) != (self.term, self.pre):
             msg = self.request = VoteRequest(
                 self.term, e.node_id, e.priority, self.electorate,
-                self.pre, e._proofs.sign(request_statement(self.term, e.node_id,
-                                                             self.pre)))
+                self.pre, e._proofs.sign(request_statement(self.term, e.node_id, self.pre)))
         for m in e._electorate.others():
             if m.node_id not in self.answered:
                 out.append(SendDatagram(m.addr, (msg,)))
@@ -89,7 +100,7 @@ class Candidacy:
         self.resend_at = INF
         self.grants = {}
         e._election_at = (now + e.tuning.rank_spacing_s * 0.5 + e._rank_delay()
-                             + e.rng.random() * e.tuning.jitter_s)
+                          + e.rng.random() * e.tuning.jitter_s)
 
     def on_vote_reply(self, msg: VoteReply, addr: str, now: float, out: list[Effect]) -> None:
         """A voter's answer to our candidacy (a candidate's row of the machine's table)."""
@@ -107,7 +118,7 @@ class Candidacy:
         # a voter that counts more fellows raises the bar, up to the fellows we know of
         # (not to whatever a fellow claims)
         self.electorate = max(self.electorate,
-                                    min(msg.electorate, len(e._electorate.members)))
+                              min(msg.electorate, len(e._electorate.members)))
         self.answered[msg.voter] = None
         if msg.granted:
             self.grants[msg.voter] = None

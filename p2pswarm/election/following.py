@@ -53,7 +53,7 @@ class Following:
         if msg.term != e.term or msg.leader != e.leader or msg.leader == e.node_id:
             return
         if not e._proofs.signed_by(msg.leader, msg.signature,
-                               step_down_statement(msg.term, msg.leader), addr, now):
+                                   step_down_statement(msg.term, msg.leader), addr, now):
             return
         e.leader = None
         self.stood_down = (msg.term, msg.leader)
@@ -124,7 +124,7 @@ class Following:
                 e._reconsider(now)
 
     def follow(self, term: int, leader: bytes, electorate: int, now: float,
-                out: list[Effect]) -> None:
+               out: list[Effect]) -> None:
         e = self._election
         if leader == e.node_id or self.stood_down == (term, leader):
             return
@@ -160,7 +160,8 @@ class Following:
         assert ours is not None
         if e._proofs.sig is not None and not self.still_proven(ours):
             return False
-        if e._electorate.succession_key(ours, e.priority) <= e._electorate.succession_key(other, e.priority):
+        key = e._electorate.succession_key
+        if key(ours, e.priority) <= key(other, e.priority):
             if e.role == LEADER_ROLE or not e._leader_gone():
                 e._tell_leader(addr, other, out)
             return True
@@ -178,7 +179,7 @@ class Following:
         return e._proofs.majority(term, leader)
 
     def on_leader_proof(self, msg: LeaderProof, addr: str, now: float,
-                         out: list[Effect]) -> None:
+                        out: list[Effect]) -> None:
         e = self._election
         if e._proofs.sig is None or msg.term < e.term or msg.term > MAX_TERM or \
                 msg.leader == e.node_id or self.follows(msg.term, msg.leader):
@@ -194,7 +195,7 @@ class Following:
                 whole = False
                 break
             if e._proofs.signed_by(voter, ballot.signature,
-                               ballot_statement(msg.term, msg.leader, voter), addr, now):
+                                   ballot_statement(msg.term, msg.leader, voter), addr, now):
                 checked.append(voter)
         if checked:
             e._proofs.tally.add(msg.term, msg.leader, checked)
@@ -205,12 +206,12 @@ class Following:
             e._proofs.short = None
             leader = e._electorate.members.get(msg.leader)
             self.take_leader(LeaderIs(msg.term, msg.leader, e.electorate()),
-                              leader.addr if leader is not None else addr, now, out)
+                             leader.addr if leader is not None else addr, now, out)
         elif e.role == LEADER_ROLE and e.term < msg.term < e.term + MAX_TERM_STEP \
                 and e._proofs.tally.count(msg.term, msg.leader, e._electorate.voters) > 0:
             if whole and e._proofs.short_for_long(msg.term, msg.leader, now):
                 e._leading.restand(msg.term, now, out, "fellows follow a leader of term "
-                              f"{msg.term} that cannot prove itself here")
+                                   f"{msg.term} that cannot prove itself here")
             else:
                 self.ask_proof(msg.term, msg.leader, now, out)
 
@@ -237,7 +238,7 @@ class Following:
         return others >= 1 and 2 * (count + 1) > len(e._electorate.voters)
 
     def vote_to_follow(self, term: int, leader: bytes, now: float,
-                        out: list[Effect]) -> None:
+                       out: list[Effect]) -> None:
         """Give ``leader`` our vote in ``term``, as if it had asked for it (Raft's vote:
         once per term, on disk before anything leaves), and count our own ballot."""
         e = self._election

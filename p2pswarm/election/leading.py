@@ -66,6 +66,29 @@ class Leading:
         self.canvass_at = INF  # as a leader short of a proof: when to ask for votes again
         self.restand_after = -INF  # when we may stand again (see restand)
 
+    def begin(self, now: float, out: list[Effect]) -> None:
+        """Just elected: announce at once (with our proof), then again until acked, and
+        beat to the deputies."""
+        e = self._election
+        self.canvass_at = now
+        self.minority_since = None
+        self.last_announced_electorate = e.electorate()
+        self.announce_all(out)
+        self.unacked = {m.node_id: None for m in e._electorate.others()}
+        self.retry_at = now + e.tuning.announce_retry_s
+        self.retry_until = now + e.tuning.announce_retry_for_s
+        self.next_announce_at = now + e.tuning.announce_interval_s
+        self.next_beat_at = now
+
+    def stop(self) -> None:
+        """No longer the leader: no duties are due."""
+        self.next_beat_at = INF
+        self.next_announce_at = INF
+        self.announce_due = INF
+        self.unacked = {}
+        self.minority_since = None
+        self.canvass_at = INF
+
     def greet(self, arrived: list[Member], now: float, out: list[Effect]) -> None:
         """Tell fellows that just arrived who leads, at once and until they ack: one that
         joined a led swarm must not find itself leaderless, and run, while it settles."""
@@ -79,7 +102,7 @@ class Leading:
         self.retry_until = max(self.retry_until, now + e.tuning.announce_retry_for_s)
 
     def on_leader_check(self, msg: LeaderCheck, addr: str, now: float,
-                         out: list[Effect]) -> None:
+                        out: list[Effect]) -> None:
         """A voter checks that we are alive before it believes a candidate: answer it
         with a beat of rank ``CHECK_REPLY_RANK``."""
         e = self._election
@@ -173,7 +196,7 @@ class Leading:
             return
         if len(self.ahead) >= MAX_VOTERS:  # (only fellows of the electorate get in)
             self.ahead = {node: t for node, t in self.ahead.items()
-                           if t > e.term and node in e._electorate.voters}
+                          if t > e.term and node in e._electorate.voters}
         if self.ahead.get(msg.candidate, -1) < term:
             self.ahead[msg.candidate] = term
         if e.role == LEADER_ROLE and not self.deposed(now, out) and \
@@ -183,7 +206,7 @@ class Leading:
             # its own term either, e.g. its candidacy above us failed while the others
             # followed us. We hold a majority: stand again above it.
             self.restand(term, now, out, f"{e._electorate.name(msg.candidate)} stays in a "
-                                          f"later term {term} with no leader")
+                         f"later term {term} with no leader")
 
     def stays_ahead(self, node: bytes, term: int, now: float) -> bool:
         """Whether ``node`` asks for votes from ``term`` (later than ours) again, a
@@ -215,14 +238,15 @@ class Leading:
             return False
         sees, total = e.present(), e.electorate()
         ahead = sum(1 for node, term in self.ahead.items()
-                    if term > e.term and node in e._electorate.voters and e._electorate.is_present(node))
+                    if term > e.term and node in e._electorate.voters
+                    and e._electorate.is_present(node))
         if ahead == 0 or 2 * (sees - ahead) > total:
             return False
         msg = self.step_down(total)
         for m in e._electorate.others():
             out.append(SendDatagram(m.addr, (msg,)))
         e._become_follower(now, out, f"{ahead} of the {sees} fellows this side sees "
-                                        f"are in a later term (of {total})")
+                           f"are in a later term (of {total})")
         e.leader = None
         e._reconsider(now)
         return True
@@ -247,7 +271,7 @@ class Leading:
         for m in e._electorate.others():
             out.append(SendDatagram(m.addr, (msg,)))
         e._become_follower(now, out, f"handing over to {best.name} "
-                                        f"(leader priority {best.priority})")
+                           f"(leader priority {best.priority})")
         e.leader = None
         self.better = None
         e._election_at = now + e.tuning.vote_timeout_s + e._rank_delay()
@@ -289,9 +313,8 @@ class Leading:
         if now < self.canvass_at != INF:
             return
         self.canvass_at = now + e.tuning.announce_retry_s
-        request = VoteRequest(e.term, e.node_id, e.priority, e.electorate(),
-                              False, e._proofs.sign(request_statement(e.term, e.node_id,
-                                                                  False)))
+        request = VoteRequest(e.term, e.node_id, e.priority, e.electorate(), False,
+                              e._proofs.sign(request_statement(e.term, e.node_id, False)))
         for m in e._electorate.others():
             if m.node_id not in e._proofs.ballots:
                 out.append(SendDatagram(m.addr, (request,)))
@@ -305,7 +328,7 @@ class Leading:
                 or msg.voter in e._proofs.ballots or msg.signature is None:
             return
         if e._proofs.signed_by(msg.voter, msg.signature,
-                           ballot_statement(e.term, e.node_id, msg.voter), addr, now):
+                               ballot_statement(e.term, e.node_id, msg.voter), addr, now):
             e._proofs.ballots[msg.voter] = msg.signature
 
 

@@ -183,7 +183,7 @@ class Election:
             sentence = "no leader yet: electing"
         return ElectionStatus(None, None, self.term, self.role, sees, total, sentence)
 
-    # --- driving -----------------------------------------------------------------------
+    # --- feeding the membership view -----------------------------------------------------
 
     def update_members(self, members: Iterable[Member], now: float, *,
                        joined: bool = True) -> list[Effect]:
@@ -211,8 +211,9 @@ class Election:
             self._following.gone_reported = self.leader  # say it once, when it happens
             m = self._electorate.members.get(self.leader)
             state = m.state if m is not None else "gone"
-            out.append(Event(NO_LEADER, self.leader, self._electorate.name(self.leader),
-                             f"leader {self._electorate.name(self.leader)} is {state}", term=self.term))
+            name = self._electorate.name(self.leader)
+            out.append(Event(NO_LEADER, self.leader, name, f"leader {name} is {state}",
+                             term=self.term))
         if self.role == LEADER_ROLE:
             self._leading.greet(self._electorate.arrived, now, out)
             self._leading.upkeep(now, out)
@@ -233,7 +234,10 @@ class Election:
         self._election_at = INF
         return out
 
+    # --- messages (the table in __init__) ------------------------------------------------
+
     def handle(self, message: Any, sender_addr: str, now: float) -> list[Effect]:
+        """Answer ``message`` from ``sender_addr`` at ``now`` as this fellow's role does."""
         out: list[Effect] = []
         answer = self._answers[self.role].get(type(message))
         if answer is not None:
@@ -242,6 +246,8 @@ class Election:
 
     def _on_leader_query(self, msg: LeaderQuery, addr: str, now: float,
                          out: list[Effect]) -> None:
+        """Who leads? Answered by any role that knows a live leader; the leader adds
+        its proof (the asker lacks it)."""
         if self.leader is None or self._leader_gone():
             return
         asker = self._electorate.members.get(msg.source)
@@ -250,19 +256,35 @@ class Election:
         else:
             out.append(SendDatagram(addr, (self._leader_is(),)))
 
+    def _leader_is(self) -> LeaderIs:
+        return LeaderIs(self.term, self.leader or self.node_id, self.electorate())
+
+    def _tell_leader(self, addr: str, node: bytes | None, out: list[Effect],
+                     *also: Any) -> None:
+        """``LeaderIs`` (and ``also``) to ``addr``; as the leader, with our proof unless
+        ``node`` acked it already."""
+        out.append(SendDatagram(addr, (self._leader_is(), *also)))
+        if self._proofs.sig is not None and self.role == LEADER_ROLE and \
+                node not in self._proofs.acked:
+            out.extend(SendDatagram(addr, (part,))
+                       for part in self._proofs.parts(self.term, self.node_id))
+
+    # --- timers --------------------------------------------------------------------------
+
     def next_deadline(self) -> float | None:
-        t = min(self._candidacy.deadline, self._leading.next_beat_at, self._leading.next_announce_at,
-                self._leading.announce_due)
+        lead = self._leading
+        t = min(self._candidacy.deadline, lead.next_beat_at, lead.next_announce_at,
+                lead.announce_due)
         if self.role == CANDIDATE:  # a candidacy under way: tick leaves _election_at alone
             t = min(t, self._candidacy.resend_at)
         else:
             t = min(t, self._election_at)
-        if self._leading.unacked and self.role == LEADER_ROLE:
-            t = min(t, self._leading.retry_at)
-        if self.role == LEADER_ROLE and self._leading.canvass_at != INF:
-            t = min(t, self._leading.canvass_at)
-        if self._leading.better is not None and self.role == LEADER_ROLE:
-            t = min(t, self._leading.better[1] + self.tuning.handover_after_s)
+        if lead.unacked and self.role == LEADER_ROLE:
+            t = min(t, lead.retry_at)
+        if self.role == LEADER_ROLE and lead.canvass_at != INF:
+            t = min(t, lead.canvass_at)
+        if lead.better is not None and self.role == LEADER_ROLE:
+            t = min(t, lead.better[1] + self.tuning.handover_after_s)
         t = self._health.next_check_at(t)
         if self.leader is None and self._joined and not self._leaving:
             t = min(t, self._next_query_at)
@@ -307,8 +329,6 @@ class Election:
                 out.append(SendDatagram(target.addr, (LeaderQuery(self.term, self.node_id),)))
         return out
 
-    # --- deciding to run ---------------------------------------------------------------
-
     def _leader_gone(self) -> bool:
         if self.leader is None:
             return True
@@ -317,7 +337,7 @@ class Election:
         m = self._electorate.members.get(self.leader)
         return m is None or m.state in ("dead", "left")
 
-    # --- local health ------------------------------------------------------------------
+    # --- local health (see health) ------------------------------------------------------
 
     def note_lag(self, lag_s: float, now: float) -> None:
         """This fellow's own loop woke ``lag_s`` late at ``now`` (a timer against its
@@ -333,6 +353,8 @@ class Election:
         ``lag_stretch_max_s`` (a crashed leader is still replaced within seconds). 0 on
         a healthy fellow, and always in virtual time."""
         return self._health.stretch()
+
+    # --- deciding to run -----------------------------------------------------------------
 
     def _may_elect(self) -> bool:
         if not self._joined or self._leaving or self.role == LEADER_ROLE:
@@ -361,56 +383,30 @@ class Election:
         elif not self._health.beats_lost:
             self._election_at = INF
 
-    # --- candidacy ---------------------------------------------------------------------
-
-    # --- leading -----------------------------------------------------------------------
+    # --- transitions between roles -----------------------------------------------------
 
     def _become_leader(self, now: float, out: list[Effect]) -> None:
         self.role = LEADER_ROLE
         self.leader = self.node_id
-        self._candidacy.deadline = INF
-        self._candidacy.resend_at = INF
         self._election_at = INF
-        self._candidacy.grants = {}
-        self._proofs.lead(self._candidacy.ballots)
-        self._candidacy.ballots = {}
-        self._leading.canvass_at = now
-        self._leading.minority_since = None
+        self._proofs.lead(self._candidacy.won())
         self.stats["terms_won"] += 1
         self._settle_until = -INF
-        self._leading.last_announced_electorate = self.electorate()
-        self._leading.announce_all(out)
-        self._leading.unacked = {m.node_id: None for m in self._electorate.others()}
-        self._leading.retry_at = now + self.tuning.announce_retry_s
-        self._leading.retry_until = now + self.tuning.announce_retry_for_s
-        self._leading.next_announce_at = now + self.tuning.announce_interval_s
-        self._leading.next_beat_at = now
+        self._leading.begin(now, out)
         out.append(Event(ELECTED, self.node_id, self.name,
                          f"elected leader of term {self.term} by {self.present()} of "
                          f"{self.electorate()} fellows", term=self.term))
         out.append(Event(LEADER, self.node_id, self.name, f"leader of term {self.term}",
                          term=self.term))
 
-    def _leader_is(self) -> LeaderIs:
-        return LeaderIs(self.term, self.leader or self.node_id, self.electorate())
-
-
     def _become_follower(self, now: float, out: list[Effect], why: str) -> None:
         was = self.role
         self.role = FOLLOWER
-        self._candidacy.deadline = INF
-        self._candidacy.resend_at = INF
-        self._leading.next_beat_at = INF
-        self._leading.next_announce_at = INF
-        self._leading.announce_due = INF
-        self._leading.unacked = {}
-        self._leading.minority_since = None
-        self._leading.canvass_at = INF
+        self._candidacy.stop()
+        self._leading.stop()
         if was == LEADER_ROLE:
             out.append(Event(STEPPED_DOWN, self.node_id, self.name,
                              f"stepped down from term {self.term}: {why}", term=self.term))
-
-    # --- following ---------------------------------------------------------------------
 
     def _adopt_term(self, term: int, now: float, out: list[Effect]) -> None:
         if term <= self.term:
@@ -423,15 +419,6 @@ class Election:
         self._health.beats_lost = False
         self._reconsider(now)
 
-    # --- proofs ------------------------------------------------------------------------
-
-    def _tell_leader(self, addr: str, node: bytes | None, out: list[Effect],
-                     *also: Any) -> None:
-        """``LeaderIs`` (and ``also``) to ``addr``; as the leader, with our proof unless
-        ``node`` acked it already."""
-        out.append(SendDatagram(addr, (self._leader_is(), *also)))
-        if self._proofs.sig is not None and self.role == LEADER_ROLE and node not in self._proofs.acked:
-            out.extend(SendDatagram(addr, (part,)) for part in self._proofs.parts(self.term, self.node_id))
 
 
 __all__ = [

@@ -32,7 +32,7 @@ class Voting:
         self.prevote_answers: dict[tuple[bytes, int], tuple[bool, float]] = {}
 
     def on_vote_request(self, msg: VoteRequest, addr: str, now: float,
-                         out: list[Effect]) -> None:
+                        out: list[Effect]) -> None:
         e = self._election
         if msg.candidate == e.node_id or not e._proofs.signed_by(
                 msg.candidate, msg.signature,
@@ -43,8 +43,8 @@ class Voting:
             e._proofs.refuse("term-too-far")
             out.append(self.reply(msg, addr, False, "term too far ahead"))
             return
-        if not e.settled(now) and (msg.pre_vote or e._proofs.shown != (msg.term,
-                                                                     msg.candidate)):
+        if not e.settled(now) and (msg.pre_vote or
+                                   e._proofs.shown != (msg.term, msg.candidate)):
             # (a leader we were told of, asking for the votes its proof lacks, is heard)
             out.append(self.reply(msg, addr, False, "just joined: still meeting the swarm"))
             return
@@ -92,7 +92,7 @@ class Voting:
         return cached is not None and cached[0]
 
     def check_leader(self, msg: VoteRequest, addr: str, now: float,
-                      out: list[Effect]) -> None:
+                     out: list[Effect]) -> None:
         e = self._election
         if e._health.join_check(addr, msg):
             return
@@ -105,7 +105,7 @@ class Voting:
         out.append(SendDatagram(leader.addr, (LeaderCheck(e.term, seq, e.node_id),)))
 
     def answer_vote(self, msg: VoteRequest, addr: str, now: float, *,
-                     leader_alive: bool) -> list[Effect]:
+                    leader_alive: bool) -> list[Effect]:
         e = self._election
         if msg.pre_vote:
             self.prevote_answers[(msg.candidate, msg.term)] = (not leader_alive, now)
@@ -130,7 +130,7 @@ class Voting:
         return [self.reply(msg, addr, True, "")]
 
     def deny_naming_leader(self, msg: VoteRequest, addr: str, reason: str,
-                            out: list[Effect]) -> None:
+                           out: list[Effect]) -> None:
         """A refusal that, when we know a live leader, also names it: a candidate that
         missed the leader (it has just joined) follows it rather than running on."""
         e = self._election
