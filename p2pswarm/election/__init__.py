@@ -56,7 +56,8 @@ crashed one is still replaced within seconds. In virtual time timers ring on tim
 The lease. A leader that sees no majority present (alive or suspect) for
 ``leader_lease_s`` steps down on its own; and at once when the present fellows that may
 still follow it are no majority because the others' own signed vote requests showed them
-in a later term (``_deposed``: a leader thawed from a freeze after its successor died).
+in a later term (``Leading.deposed``: a leader thawed from a freeze after its successor
+died).
 
 Priority. The order of succession puts a higher ``leader_priority`` first, so a wired,
 always-on machine is the first deputy and wins the elections it runs; candidates that
@@ -81,11 +82,11 @@ one asks that leader (``LeaderQuery``). So a fellow holding the token cannot ann
 itself: its own ballot is one of an electorate of at least two. A fellow that follows no
 live leader and whose own ballot is all a proof lacks (restarted, it still counts fellows
 that left while it was down) gives that leader its vote in that term, once, and counts
-it (``_vote_to_follow``). When sides meet after a partition longer than the electorate's
+it (``Following.vote_to_follow``). When sides meet after a partition longer than the electorate's
 bound, a leader whose ballots are no longer a majority gives way to one whose are; a
 proven leader shown a later term it cannot follow (its proof still short a second later,
 asked for again meanwhile: a new leader's first proof is only a majority of its own
-electorate until its followers' acks are in) stands again above it (``_restand``), so
+electorate until its followers' acks are in) stands again above it (``Leading.restand``), so
 both sides end up behind one proof. So does a proven leader asked for a PreVote by a
 fellow in a later term (one whose candidacy above the leader failed): that fellow can
 never follow a leader of an earlier term.

@@ -189,7 +189,7 @@ class Leading:
     def note_ahead(self, msg: VoteRequest, now: float, out: list[Effect]) -> None:
         """A fellow's own signed vote request says the term it is in (a PreVote's, one
         below). In a later term than ours, it follows no leader of ours; a leader that
-        learns so of enough of its side steps down at once (``_deposed``)."""
+        learns so of enough of its side steps down at once (``deposed``)."""
         e = self._election
         term = msg.term - 1 if msg.pre_vote else msg.term
         if term <= e.term or msg.candidate not in e._electorate.voters:
@@ -212,7 +212,7 @@ class Leading:
         """Whether ``node`` asks for votes from ``term`` (later than ours) again, a
         candidacy's time (``vote_timeout_s``) or more after it first did: not a deputy
         of a later leader that just died (its fellows in that term will soon be enough
-        to depose us, ``_deposed``), but a fellow whose rounds keep failing there."""
+        to depose us, ``deposed``), but a fellow whose rounds keep failing there."""
         e = self._election
         first = self.ahead_asks.get(node)
         if first is None or first[0] != term:
@@ -291,7 +291,7 @@ class Leading:
         self.restand_after = now + e.config.electorate_dead_after_s
         e.stats["restands"] = e.stats.get("restands", 0) + 1
         e._become_follower(now, out, f"{why}; standing again above it")
-        e.term = seen  # _start_candidacy runs for the next one
+        e.term = seen  # the candidacy runs for the next one
         e.leader = None
         e._candidacy.start(False, now, out)
 

@@ -95,7 +95,7 @@ class Proofs:
         (a leave or an expiry we have not heard of yet, our loop running late), and its
         followers' acks make the proof whole a round trip later. Only a proof that stays
         short is a side that cannot prove itself here (a partition healed after the
-        electorate's bound), which is what the machine's ``_restand`` is for."""
+        electorate's bound), which is what ``Leading.restand`` is for."""
         if self.short is None or self.short[:2] != (term, leader):
             self.short = (term, leader, now)
             return False

@@ -87,7 +87,7 @@ class Voting:
         if e.role == LEADER_ROLE:
             return False
         if e._leader_gone() or e._health.beats_lost or msg.candidate == e.leader:
-            return True  # (our own leader standing again: see _restand)
+            return True  # (our own leader standing again: see Leading.restand)
         cached = self.prevote_answers.get((msg.candidate, msg.term))
         return cached is not None and cached[0]
 
