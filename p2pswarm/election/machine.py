@@ -92,18 +92,19 @@ class Election:
         self.voted_for = voted_for
         self.role = FOLLOWER
         self.leader: bytes | None = None
-        self._electorate = Electorate(node_id, config, now, voters)
         self._joined = False
         self._leaving = False
         self._settle_until = INF  # set on joining; -inf once a leader is known
-        self._election_at = INF
-        self._candidacy = Candidacy(self)
-        self._leading = Leading(self)
-        self._voting = Voting(self)
-        self._following = Following(self)
+        self._election_at = INF  # when to run (as a follower)
+        self._next_query_at = INF  # when to ask who leads (knowing no leader)
+        # the parts, leaves first (see the package's docstring)
+        self._electorate = Electorate(node_id, config, now, voters)
         self._health = Health(config, rng.randrange(2**32))  # the leader's, as we see it
-        self._next_query_at = INF
         self._proofs = Proofs(self._electorate, signatures)
+        self._candidacy = Candidacy(self)
+        self._voting = Voting(self)
+        self._leading = Leading(self)
+        self._following = Following(self)
         self.stats: dict[str, int] = {"elections": 0, "terms_won": 0, "checks": 0,
                                       "conflicts": 0}
         # Which messages each role answers, and which part answers them (in the style
