@@ -48,6 +48,8 @@ class Candidacy:
         return ballots
 
     def start(self, pre: bool, now: float, out: list[Effect]) -> None:
+        """Run: a PreVote for the next term (``pre``), or the real vote, raising our
+        term and voting for ourselves."""
         e = self._election
         e.role = CANDIDATE
         self.pre = pre
@@ -83,6 +85,7 @@ class Candidacy:
                 out.append(SendDatagram(m.addr, (msg,)))
 
     def count_votes(self, now: float, out: list[Effect]) -> None:
+        """A majority of grants: from a PreVote to the real vote, from the vote to lead."""
         e = self._election
         if 2 * len(self.grants) <= self.electorate:
             return
@@ -96,8 +99,7 @@ class Candidacy:
         later, in the order of succession so that the next round does not split."""
         e = self._election
         e.role = FOLLOWER
-        self.deadline = INF
-        self.resend_at = INF
+        self.stop()
         self.grants = {}
         e._election_at = (now + e.tuning.rank_spacing_s * 0.5 + e._rank_delay()
                           + e.rng.random() * e.tuning.jitter_s)
@@ -105,8 +107,7 @@ class Candidacy:
     def on_vote_reply(self, msg: VoteReply, addr: str, now: float, out: list[Effect]) -> None:
         """A voter's answer to our candidacy (a candidate's row of the machine's table)."""
         e = self._election
-        if msg.term != self.term or \
-                msg.pre_vote != self.pre or msg.voter == e.node_id:
+        if msg.term != self.term or msg.pre_vote != self.pre or msg.voter == e.node_id:
             return
         real_grant = msg.granted and not msg.pre_vote
         if e._proofs.sig is not None and (msg.candidate != e.node_id or not e._proofs.signed_by(
@@ -130,7 +131,6 @@ class Candidacy:
                              if m.node_id not in self.answered)
             if 2 * (len(self.grants) + unanswered) <= self.electorate:
                 self.failed(now)  # cannot win any more: do not wait it out
-
 
 
 __all__ = ["Candidacy"]

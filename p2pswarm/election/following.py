@@ -268,5 +268,4 @@ class Following:
         return e._proofs.majority(e.term, leader)
 
 
-
 __all__ = ["Following"]

@@ -332,5 +332,4 @@ class Leading:
             e._proofs.ballots[msg.voter] = msg.signature
 
 
-
 __all__ = ["Leading"]

@@ -421,7 +421,6 @@ class Election:
         self._reconsider(now)
 
 
-
 __all__ = [
     "CANDIDATE",
     "FOLLOWER",

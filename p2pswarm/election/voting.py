@@ -152,5 +152,4 @@ class Voting:
                                              e._proofs.sign(statement)),))
 
 
-
 __all__ = ["Voting"]
