@@ -68,6 +68,19 @@ def test_prevote_changes_nothing_and_a_live_leader_is_checked_first() -> None:
     assert granted.granted and e.term == 3  # a PreVote does not move the term
 
 
+def test_each_role_answers_only_its_row_of_the_table() -> None:
+    e = election(0)
+    check = g.LeaderCheck(0, 7, IDS[1])
+    assert e.handle(check, "10.0.0.1:7946", 1.0) == []  # a follower has no beat to give
+    late = g.VoteReply(0, IDS[1], True, False, 5, "", IDS[0])
+    assert e.handle(late, "10.0.0.1:7946", 1.0) == []
+    e._become_leader(1.0, [])
+    (answer,) = [m for x in e.handle(check, "10.0.0.1:7946", 1.1) for m in x.messages]
+    assert isinstance(answer, g.LeaderBeat) and (answer.seq, answer.rank) == (7, 255)
+    e.handle(g.StepDown(0, IDS[0], 5), "10.0.0.1:7946", 1.2)  # not its to hear
+    assert e.role == "leader" and e.status().leader_id == IDS[0]
+
+
 def test_stale_terms_are_refused() -> None:
     e = election(0)
     e.handle(g.LeaderIs(5, IDS[2], 5), "10.0.0.2:7946", 1.0)
