@@ -18,6 +18,7 @@ from p2pswarm.membership import Membership
 from p2pswarm.sim.virtual import Fellow, VirtualSwarm, cpu_card, wait_until
 from p2pswarm.transport.memory import Bernoulli, LinkModel, UniformDelay
 from p2pswarm.wire import gossip as g
+from tests.swarm_start import formed
 from tests.test_membership import kinds, make, sends
 
 # --- the machine ---------------------------------------------------------------------------
@@ -174,9 +175,7 @@ async def test_leaves_are_left_at_every_fellow_with_20_percent_loss(
         autojump_clock: trio.testing.MockClock, seed: int) -> None:
     swarm, deaths = swarm_noting_deaths(6, seed)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(swarm.converged, timeout_s=30)
+        await formed(nursery, swarm, timeout_s=30)
         swarm.net.set_default(LinkModel(delay=UniformDelay(0.002, 0.010), loss=Bernoulli(0.2)))
         leavers = [5, 4, 3]
         for i in leavers:
@@ -199,9 +198,7 @@ async def test_a_card_change_while_leaving_does_not_bring_the_leaver_back(
         autojump_clock: trio.testing.MockClock, seed: int) -> None:
     swarm, deaths = swarm_noting_deaths(4, seed)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(swarm.converged, timeout_s=30)
+        await formed(nursery, swarm, timeout_s=30)
         leaver = swarm.fellows[3]
         leaver.cards.cards = (cpu_card(16.0, free_gb=10.0),)  # memory moved: news to publish
         await trio.sleep(swarm.config.inventory.refresh_interval_s * 0.7)
@@ -216,9 +213,7 @@ async def test_fellows_leaving_at_once_do_not_wait_out_the_bound(
         autojump_clock: trio.testing.MockClock) -> None:
     swarm, deaths = swarm_noting_deaths(4, seed=5)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(swarm.converged, timeout_s=30)
+        await formed(nursery, swarm, timeout_s=30)
         outcomes: dict[int, tuple[dict[str, Any], float]] = {}
 
         async def leave(i: int) -> None:
