@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,16 +16,33 @@ def autojump_clock() -> trio.testing.MockClock:
     return trio.testing.MockClock(autojump_threshold=0)
 
 
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Torch computes on ``n`` threads inside, and on as many as before after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """Several fellows share the process; on a small, busy machine several torch threads
     per call only wait for each other."""
-    import torch
+    with torch_threads(1):
+        yield
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+
+@pytest.fixture(scope="module")
+def one_torch_thread_per_module() -> Iterator[None]:
+    """One torch thread for a whole module, its module-scoped fixtures included: for
+    modules whose tests each compute a little on one process."""
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ they load; the same stages in one process to compare with."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import trio
 
 from p2pswarm.agent import Agent
 from p2pswarm.agent.world import AgentWorld, Services
+from p2pswarm.models import write_builtin_checkpoint
 from p2pswarm.planner import BUILTIN_MODELS
 from p2pswarm.runtime import LocalPipeline, Stage, StageSpec
 from p2pswarm.sim.virtual import Fellow, VirtualSwarm, wait_until
@@ -71,6 +73,38 @@ async def next_leader(swarm: VirtualSwarm, old_id: bytes, old_term: int,
     new = found()
     assert new is not None
     return new
+
+
+async def adopted(swarm: VirtualSwarm, old_id: bytes, old_term: int, plan_id: str) -> Agent:
+    """The next leader (see ``next_leader``), once it has adopted load ``plan_id``."""
+    new = await next_leader(swarm, old_id, old_term)
+    await wait_until(lambda: plan_id in new.serving.loads, timeout_s=30)
+    return new
+
+
+def crashing_after(swarm: VirtualSwarm, victim: int, tokens: int, seen: list[int]
+                   ) -> Callable[[int, str], None]:
+    """A generation's ``on_token`` that keeps each token in ``seen`` and crashes fellow
+    ``victim`` once ``tokens`` have come."""
+    def on_token(token: int, text: str) -> None:
+        seen.append(token)
+        if len(seen) == tokens:
+            swarm.crash(victim)
+
+    return on_token
+
+
+def short_grace(swarm: VirtualSwarm) -> None:
+    """Every live fellow's failover waits 2 s, not its default, before it re-places the
+    stage of a fellow gone silent."""
+    for agent in swarm.live():
+        agent.serving.failover.grace_s = 2.0
+
+
+def write_model(tmp_path_factory: Any) -> Path:
+    """The built-in model's checkpoint in shards of 4 MB, in a new temporary directory."""
+    return write_builtin_checkpoint(MODEL, tmp_path_factory.mktemp("model") / MODEL,
+                                    max_shard_bytes=4_000_000)
 
 
 def random_adapter(out: Path, model: str, config: Any, *, base: str, seeds: tuple[int, int]

@@ -18,7 +18,14 @@ from p2pswarm.planner.profile import BUILTIN_MODELS
 from p2pswarm.sim.virtual import wait_until
 from p2pswarm.training import JobConfig, LocalRun
 from p2pswarm.training.checkpoint import CheckpointStore
-from tests.training_swarm import finished, job_config, start_swarm
+from tests.training_swarm import (
+    disks_under,
+    finished,
+    job_config,
+    leader_and_asker,
+    start_swarm,
+    stopping_at,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -53,10 +60,8 @@ async def test_a_stage_state_over_64_mib_is_copied_twice_and_resumed_exactly(
 
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, n=4)
-        for a in swarm.live():
-            a.training.copies._root = tmp_path / a.name
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
-        asker = next(a for a in swarm.live() if a is not leader)
+        disks_under(swarm, tmp_path)
+        leader, asker = leader_and_asker(swarm)
 
         # undisturbed: four steps, a checkpoint at the end (one copy is enough here)
         calm = await asker.training.submit(config("calm", 4, 1), stages=2)
@@ -68,12 +73,7 @@ async def test_a_stage_state_over_64_mib_is_copied_twice_and_resumed_exactly(
         job_id = record["job_id"]
         job = leader.training.jobs[job_id]
 
-        def stop_after_the_checkpoint() -> bool:
-            if job.step >= 3 and job.scope is not None:
-                job.cancel_asked = True
-                job.scope.cancel()
-                return True
-            return False
+        stop_after_the_checkpoint = stopping_at(job, 3)
 
         await wait_until(stop_after_the_checkpoint, timeout_s=120, step_s=0.0005)
         stopped = await finished(asker, job_id)
@@ -119,21 +119,14 @@ async def test_a_checkpoint_resumed_on_another_cut_is_re_sharded(
                         checkpoint={"dir": str(tmp_path / "ckpt"), "interval_steps": 2})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, n=4)
-        for a in swarm.live():
-            a.training.copies._root = tmp_path / a.name
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
-        asker = next(a for a in swarm.live() if a is not leader)
+        disks_under(swarm, tmp_path)
+        leader, asker = leader_and_asker(swarm)
         record = await asker.training.submit(config, stages=2)
         job_id = record["job_id"]
         job = leader.training.jobs[job_id]
         ckpt = Path(record["checkpoint_dir"])  # the leader's own: asked from a fellow
 
-        def stop_after_the_checkpoint() -> bool:
-            if job.step >= 3 and job.scope is not None:
-                job.cancel_asked = True
-                job.scope.cancel()
-                return True
-            return False
+        stop_after_the_checkpoint = stopping_at(job, 3)
 
         await wait_until(stop_after_the_checkpoint, timeout_s=120, step_s=0.0005)
         old_cut = [s["layers"][0] for s in job.placement[0][1:]]
@@ -160,20 +153,14 @@ async def test_a_resume_keeps_the_checkpoints_cut_where_the_cards_hold_it(
                         checkpoint={"dir": str(tmp_path / "ckpt"), "interval_steps": 2})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, n=3)
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
-        asker = next(a for a in swarm.live() if a is not leader)
+        leader, asker = leader_and_asker(swarm)
         free_plan = await asker.training.ask_plan(config)
         assert len(free_plan["stages"]) == 1  # left to itself, the planner takes one card
         record = await asker.training.submit(config, stages=2)
         job_id = record["job_id"]
         job = leader.training.jobs[job_id]
 
-        def stop_after_the_checkpoint() -> bool:
-            if job.step >= 3 and job.scope is not None:
-                job.cancel_asked = True
-                job.scope.cancel()
-                return True
-            return False
+        stop_after_the_checkpoint = stopping_at(job, 3)
 
         await wait_until(stop_after_the_checkpoint, timeout_s=120, step_s=0.0005)
         old_cut = [s["layers"][0] for s in job.placement[0][1:]]

@@ -16,7 +16,7 @@ from p2pswarm.agent.training.links import receive_answer
 from p2pswarm.errors import ConfigError, RemoteProtocolError, TransportError
 from p2pswarm.training import JobConfig, LocalRun
 from p2pswarm.wire.training import Ack, DataPut, StatePart
-from tests.training_swarm import finished, job_config, start_swarm
+from tests.training_swarm import finished, job_config, leader_and_asker, start_swarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -51,8 +51,7 @@ async def test_the_submitting_fellow_sends_the_data_and_the_job_trains_on_it(
     digest = hashlib.sha256(TEXT.encode()).hexdigest()
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, n=3)
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
-        asker = next(a for a in swarm.live() if a is not leader)
+        leader, asker = leader_and_asker(swarm)
         record = await asker.training._op_submit({"config": config, "stages": 2})
         record = await finished(asker, record["job_id"])
         assert record["state"] == "finished", record["reason"]

@@ -6,18 +6,17 @@ import pytest
 import trio
 import trio.testing
 
+from p2pswarm.sim.election_churn import one_leader
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
+from tests.swarm_start import formed
 
 
 async def test_five_fellows_form_elect_and_survive_a_crash(autojump_clock) -> None:
     swarm = VirtualSwarm(5, seed=7)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        formed_s = await wait_until(swarm.converged, timeout_s=20)
+        formed_s = await formed(nursery, swarm, timeout_s=20)
         assert formed_s < 10
-        await wait_until(lambda: len(swarm.leaders()) == 1
-                         and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=20)
+        await wait_until(lambda: one_leader(swarm), timeout_s=20)
         ((leader_id, term),) = swarm.leaders()
 
         # a follower crashes: every live fellow declares it dead; the leader stays
@@ -56,9 +55,7 @@ async def test_five_fellows_form_elect_and_survive_a_crash(autojump_clock) -> No
 async def test_leaving_is_left_not_dead(autojump_clock) -> None:
     swarm = VirtualSwarm(4, seed=8)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(swarm.converged, timeout_s=20)
+        await formed(nursery, swarm, timeout_s=20)
         await swarm.leave(3)
         await wait_until(lambda: swarm.states_seen_by_all(3) == {"left"}, timeout_s=10)
         await trio.sleep(30)
@@ -69,11 +66,8 @@ async def test_leaving_is_left_not_dead(autojump_clock) -> None:
 async def test_minority_side_of_a_partition_elects_no_leader(autojump_clock) -> None:
     swarm = VirtualSwarm(5, seed=9)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(swarm.converged, timeout_s=20)
-        await wait_until(lambda: len(swarm.leaders()) == 1
-                         and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=20)
+        await formed(nursery, swarm, timeout_s=20)
+        await wait_until(lambda: one_leader(swarm), timeout_s=20)
         ((leader_id, _),) = swarm.leaders()
         leader = next(i for i, f in enumerate(swarm.fellows) if f.identity.node_id == leader_id)
         minority = [leader, (leader + 1) % 5]  # the leader lands on the small side
@@ -96,9 +90,7 @@ async def test_minority_side_of_a_partition_elects_no_leader(autojump_clock) -> 
 async def test_a_changed_inventory_reaches_every_fellow(autojump_clock) -> None:
     swarm = VirtualSwarm(4, seed=10)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(swarm.converged, timeout_s=20)
+        await formed(nursery, swarm, timeout_s=20)
         target = swarm.fellows[2]
         target.cards.cards = (cpu_card(16.0, free_gb=3.0),)
 
@@ -121,10 +113,8 @@ async def test_any_fellow_plans_through_the_leader(autojump_clock) -> None:
     for fellow in swarm.fellows:  # 16 GB of weights on 8 GB machines: all three are needed
         fellow.cards.cards = (cpu_card(8.0, name=f"{fellow.name} CPU"),)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
-                         and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
+        await formed(nursery, swarm, timeout_s=30,
+                     until=lambda: swarm.converged() and one_leader(swarm))
         ((leader_id, _),) = swarm.leaders()
         follower = next(a for a in swarm.live() if a.node_id != leader_id)
         request = {"model": {"name": "llama-3-8b", "config": REFERENCE_CONFIGS["llama-3-8b"]},
@@ -147,10 +137,7 @@ async def test_a_restarted_fellow_keeps_its_term_and_vote(autojump_clock) -> Non
     # one vote per term holds across a crash only if the vote is remembered
     swarm = VirtualSwarm(5, seed=11)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(lambda: len(swarm.leaders()) == 1
-                         and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
+        await formed(nursery, swarm, timeout_s=30, until=lambda: one_leader(swarm))
         ((leader_id, term),) = swarm.leaders()
         voter = next(i for i, f in enumerate(swarm.fellows)
                      if f.identity.node_id != leader_id
@@ -170,9 +157,7 @@ async def test_a_restarted_fellow_s_fresh_metadata_replaces_its_old(autojump_clo
     # at a version as high, must not keep winning (the planner would plan with old cards)
     swarm = VirtualSwarm(4, seed=12)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(swarm.converged, timeout_s=20)
+        await formed(nursery, swarm, timeout_s=20)
         victim = swarm.fellows[3]
         victim_id = victim.identity.node_id
 

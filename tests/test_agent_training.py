@@ -17,7 +17,16 @@ import trio.testing
 from p2pswarm.errors import ConfigError, PlanChanged
 from p2pswarm.sim.virtual import cpu_card, wait_until
 from p2pswarm.training import JobConfig, LocalRun
-from tests.training_swarm import finished, job_config, start_swarm
+from tests.training_swarm import (
+    disks_under,
+    finished,
+    job_config,
+    leader_and_asker,
+    leader_of,
+    new_disk_under,
+    start_swarm,
+    stopping_at,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -129,7 +138,7 @@ async def test_a_refused_attempt_to_place_a_job_again_releases_what_it_placed(
     config = job_config()
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        leader = leader_of(swarm)
         plan = await leader.training.ask_plan(config, stages=3)
         victim = next(f for f in swarm.fellows if f.name == plan["stages"][1]["fellow"])
         victim.cards.cards = (cpu_card(16.0, free_gb=0.01, name=f"{victim.name} CPU"),)
@@ -151,7 +160,7 @@ async def test_cancel_a_running_job_releases_its_stages(autojump_clock) -> None:
         record = await asker.training.submit(config, stages=3)
         job_id = record["job_id"]
         await wait_until(lambda: any(a.training.hosts for a in swarm.live()), timeout_s=30)
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        leader = leader_of(swarm)
         await wait_until(lambda: leader.training.jobs[job_id].step >= 2, timeout_s=60)
         await asker.training._op_cancel({"job_id": job_id})
         record = await finished(asker, job_id)
@@ -185,20 +194,13 @@ async def test_resume_continues_the_loss_trajectory_from_surviving_copies(
                                              "interval_steps": 3})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, n=4)
-        for a in swarm.live():
-            a.training.copies._root = tmp_path / a.name
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
-        asker = next(a for a in swarm.live() if a is not leader)
+        disks_under(swarm, tmp_path)
+        leader, asker = leader_and_asker(swarm)
         record = await asker.training.submit(config, stages=3)
         job_id = record["job_id"]
         job = leader.training.jobs[job_id]
 
-        def stop_at_step_4() -> bool:  # every process stopped mid-run
-            if job.step >= 4 and job.scope is not None:
-                job.cancel_asked = True
-                job.scope.cancel()
-                return True
-            return False
+        stop_at_step_4 = stopping_at(job, 4)  # every process stopped mid-run
 
         await wait_until(stop_at_step_4, timeout_s=60, step_s=0.0005)
         stopped = await finished(asker, job_id)
@@ -221,7 +223,7 @@ async def test_resume_continues_the_loss_trajectory_from_surviving_copies(
         swarm.crash(victim)
         await trio.sleep(1)
         again = await swarm.start(victim)  # back, its disk gone
-        again.training.copies._root = tmp_path / f"{again.name}-again"
+        new_disk_under(again, tmp_path)
         assert again.training.copies.held(job_id) == {}
         await wait_until(lambda: swarm.converged(), timeout_s=60)
         resumed = await asker.training.submit(None, stages=3, resume=job_id)

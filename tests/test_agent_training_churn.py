@@ -15,7 +15,7 @@ import trio.testing
 from p2pswarm.agent.world import Services
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
 from tests.cpu_swarm import start_cpu_swarm
-from tests.training_swarm import finished, job_config
+from tests.training_swarm import disks_under, finished, job_config, leader_of, new_disk_under
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -40,7 +40,7 @@ def churn_config() -> dict[str, Any]:
 async def three_replicas(churn: bool, agents: list[Any] | None = None) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        leader = leader_of(swarm)
         plan = await leader.training.ask_plan(churn_config())
         assert len(plan["replicas"]) == 3
         assert len({s["fellow"] for r in plan["replicas"] for s in r["stages"]}) == 3
@@ -145,7 +145,7 @@ async def test_lora_job_trains_and_syncs_only_the_adapters(autojump_clock) -> No
                         sync={"inner_steps": 2, "codec": "fp16"})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        leader = leader_of(swarm)
         record = await leader.training.submit(config)
         job = leader.training.jobs[record["job_id"]]
         await wait_until(lambda: job.state == "running", timeout_s=60, step_s=0.01)
@@ -174,7 +174,7 @@ async def test_a_slow_replica_never_holds_the_rounds_past_their_deadline(
                               "staleness_bound": 1, "staleness_decay": 0.5})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        leader = leader_of(swarm)
         slow = next(a for a in swarm.live() if a is not leader)
         slow.training.simulated_step_s = 5 * STEP_S  # one fellow five times slower
         began = trio.current_time()
@@ -220,9 +220,8 @@ async def test_a_lone_replica_that_loses_a_fellow_waits_and_resumes_from_its_che
                                              "interval_steps": 3})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
-        for a in swarm.live():
-            a.training.copies._root = tmp_path / a.name
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        disks_under(swarm, tmp_path)
+        leader = leader_of(swarm)
         record = await leader.training.submit(config, stages=3)
         job = leader.training.jobs[record["job_id"]]
         await wait_until(lambda: job.step >= 4, timeout_s=60, step_s=0.01)
@@ -242,7 +241,7 @@ async def test_a_lone_replica_that_loses_a_fellow_waits_and_resumes_from_its_che
         assert not any(a.training.hosts for a in swarm.live())
         await swarm.start(victim)  # a card again
         again = swarm.fellows[victim].agent
-        again.training.copies._root = tmp_path / f"{again.name}-again"
+        new_disk_under(again, tmp_path)
         record = await finished(leader, record["job_id"])
         nursery.cancel_scope.cancel()
     assert record["state"] == "finished", record["reason"]
@@ -258,7 +257,7 @@ async def test_a_lone_replica_without_a_checkpoint_dir_fails_saying_why(
         autojump_clock) -> None:
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        leader = leader_of(swarm)
         record = await leader.training.submit(job_config(steps=1000), stages=3)
         job = leader.training.jobs[record["job_id"]]
         await wait_until(lambda: job.step >= 2, timeout_s=60, step_s=0.01)
@@ -276,7 +275,7 @@ async def test_equally_fast_replicas_train_as_one_process_round_for_round(
     config = job_config(replicas=2, steps=8, sync={"inner_steps": 2, "codec": "int8"})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        leader = leader_of(swarm)
         record = await leader.training.submit(config)
         record = await finished(leader, record["job_id"])
         nursery.cancel_scope.cancel()
@@ -306,9 +305,8 @@ async def test_a_fellow_lost_while_a_checkpoint_gathers_pauses_its_replica_not_t
 
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
-        for a in swarm.live():
-            a.training.copies._root = tmp_path / a.name
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        disks_under(swarm, tmp_path)
+        leader = leader_of(swarm)
         victim = next(i for i, f in enumerate(swarm.fellows) if f.agent is not leader)
         victim_name = swarm.fellows[victim].name
 
@@ -326,7 +324,7 @@ async def test_a_fellow_lost_while_a_checkpoint_gathers_pauses_its_replica_not_t
         assert job.state == "running", job.reason
         await swarm.start(victim)
         again = swarm.fellows[victim].agent
-        again.training.copies._root = tmp_path / f"{again.name}-again"
+        new_disk_under(again, tmp_path)
         record = await finished(leader, record["job_id"])
         nursery.cancel_scope.cancel()
     assert record["state"] == "finished", record["reason"]
@@ -359,9 +357,8 @@ async def test_every_replica_losing_a_fellow_at_once_goes_on_from_the_checkpoint
                         checkpoint={"dir": str(tmp_path / "ckpt"), "interval_steps": 2})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, n=5)
-        for a in swarm.live():
-            a.training.copies._root = tmp_path / a.name
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        disks_under(swarm, tmp_path)
+        leader = leader_of(swarm)
         record = await leader.training.submit(
             config, exclude_cards=[f"{leader.node_id.hex()}:cpu"])
         job = leader.training.jobs[record["job_id"]]

@@ -18,7 +18,7 @@ import trio.testing
 from p2pswarm.agent.world import Services
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
 from tests.cpu_swarm import start_cpu_swarm
-from tests.training_swarm import finished, job_config
+from tests.training_swarm import disks_under, finished, job_config, new_disk_under
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -166,8 +166,7 @@ async def test_a_checkpoint_is_written_while_a_replica_is_paused_and_resumes(
                                                    "interval_steps": 4})
     async with trio.open_nursery() as nursery:
         swarm = await start_cpu_swarm(nursery, 3, 5, services=SERVICES)
-        for a in swarm.live():
-            a.training.copies._root = tmp_path / a.name
+        disks_under(swarm, tmp_path)
         leader = leader_of(swarm)
         record = await leader.training.submit(
             config, exclude_cards=[f"{leader.node_id.hex()}:cpu"])
@@ -203,7 +202,7 @@ async def test_a_checkpoint_is_written_while_a_replica_is_paused_and_resumes(
         assert exported.step == written
         # and so does the swarm's: the job resumed from it finishes its steps
         again = await swarm.start(index_of(swarm, victim))
-        again.training.copies._root = tmp_path / f"{again.name}-again"
+        new_disk_under(again, tmp_path)
         await wait_until(lambda: swarm.converged(), timeout_s=60)
         await leader.training.submit(None, resume=job_id)
         record = await finished(leader, job_id)

@@ -27,7 +27,7 @@ from p2pswarm.wire.jobs import (
 )
 from p2pswarm.wire.orders import CallFailed, pack_doc
 from tests.cpu_swarm import start_cpu_swarm
-from tests.training_swarm import finished, job_config
+from tests.training_swarm import disks_under, finished, job_config, new_disk_under
 
 STEP_S = 1.0  # the virtual seconds one stage step takes
 SERVICES = Services(training_step_s=STEP_S, training_step_timeout_s=10.0,
@@ -116,8 +116,7 @@ async def test_a_lone_replica_whose_leader_died_resumes_from_its_checkpoint(
                                              "interval_steps": 3})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
-        for a in swarm.live():
-            a.training.copies._root = tmp_path / a.name
+        disks_under(swarm, tmp_path)
         leader = leader_of(swarm)
         record = await leader.training.submit(config, stages=3)
         job_id = record["job_id"]
@@ -136,7 +135,7 @@ async def test_a_lone_replica_whose_leader_died_resumes_from_its_checkpoint(
         assert "waiting for cards to resume from its checkpoint of step 3" in taken.reason
         await swarm.start(dead)  # the old leader's fellow is back, as a follower
         back = swarm.fellows[dead].agent
-        back.training.copies._root = tmp_path / f"{back.name}-again"
+        new_disk_under(back, tmp_path)
         record = await finished(new, job_id)
         nursery.cancel_scope.cancel()
     assert record["state"] == "finished", record["reason"]

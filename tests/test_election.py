@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Any
 
 from p2pswarm.agent.agent import fellow_signed
 from p2pswarm.config import ElectionConfig, ElectionTuning
@@ -202,15 +203,23 @@ def single_leader(lab: GossipLab, nodes: list[int] | None = None) -> bytes | Non
     return seen.pop() if len(seen) == 1 else None
 
 
+def converged_lab(n: int, seed: int, preset: str, until_s: float = 20.0,
+                  **options: Any) -> GossipLab:
+    """``n`` fellows that know each other from the start, on ``preset``'s proposed
+    timings, run until ``until_s``."""
+    lab = GossipLab(n, seed=seed, config=proposed(preset), **options)
+    lab.start(converged=True)
+    lab.run_until(until_s)
+    return lab
+
+
 def one_leader_per_term(lab: GossipLab) -> None:
     assert all(len(winners) == 1 for winners in lab.leaders_per_term().values()), \
         lab.leaders_per_term()
 
 
 def test_partition_three_two_minority_elects_none_then_heals() -> None:
-    lab = GossipLab(5, seed=11, config=proposed("lan"))
-    lab.start(converged=True)
-    lab.run_until(20.0)
+    lab = converged_lab(5, 11, "lan")
     leader = single_leader(lab)
     assert leader is not None
     old = lab.node_by_id(leader).index
@@ -230,9 +239,7 @@ def test_partition_three_two_minority_elects_none_then_heals() -> None:
 
 
 def test_the_minority_leader_steps_down_and_the_majority_elects() -> None:
-    lab = GossipLab(5, seed=12, config=proposed("lan"))
-    lab.start(converged=True)
-    lab.run_until(20.0)
+    lab = converged_lab(5, 12, "lan")
     old = lab.node_by_id(single_leader(lab)).index
     minor = [old, (old + 1) % 5]
     major = [i for i in range(5) if i not in minor]
@@ -248,10 +255,8 @@ def test_the_minority_leader_steps_down_and_the_majority_elects() -> None:
 
 
 def test_leader_killed_everyone_follows_a_new_one_fast() -> None:
-    lab = GossipLab(20, seed=13, config=proposed("wifi"),
-                    radio=GilbertElliott(bad_fraction=0.05, mean_burst_s=0.3))
-    lab.start(converged=True)
-    lab.run_until(30.0)
+    lab = converged_lab(20, 13, "wifi", until_s=30.0,
+                        radio=GilbertElliott(bad_fraction=0.05, mean_burst_s=0.3))
     for _ in range(3):
         old = single_leader(lab)
         assert old is not None
@@ -270,9 +275,7 @@ def test_leader_killed_everyone_follows_a_new_one_fast() -> None:
 
 
 def test_a_flapping_fellow_causes_no_leader_change() -> None:
-    lab = GossipLab(10, seed=14, config=proposed("wifi"))
-    lab.start(converged=True)
-    lab.run_until(20.0)
+    lab = converged_lab(10, 14, "wifi")
     leader = single_leader(lab)
     assert leader is not None
     term = lab.nodes[0].election.term

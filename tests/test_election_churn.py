@@ -14,6 +14,7 @@ from p2pswarm.sim.election_churn import (
     thawed_stale_leader,
 )
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
+from tests.swarm_start import formed
 
 
 async def test_a_seed_started_last_never_gives_a_term_two_leaders(autojump_clock) -> None:
@@ -26,9 +27,7 @@ async def test_a_leave_then_a_leader_crash_elects_and_a_restart_elects_again(
         autojump_clock) -> None:
     swarm = VirtualSwarm(4, seed=5)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(lambda: one_leader(swarm), timeout_s=60)
+        await formed(nursery, swarm, timeout_s=60, until=lambda: one_leader(swarm))
         ((leader_id, term),) = swarm.leaders()
         ids = [f.identity.node_id for f in swarm.fellows]
         leaver = next(i for i, node in enumerate(ids) if node != leader_id)
@@ -56,9 +55,7 @@ async def test_a_partition_longer_than_the_bound_heals_to_one_proven_leader(
     cannot follow. The leader stands again above it, and everyone follows."""
     swarm = VirtualSwarm(5, seed=1)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(lambda: one_leader(swarm), timeout_s=60)
+        await formed(nursery, swarm, timeout_s=60, until=lambda: one_leader(swarm))
         ((leader, term),) = swarm.leaders()
         ids = [f.identity.node_id for f in swarm.fellows]
         small = [i for i in range(5) if ids[i] != leader][:2]

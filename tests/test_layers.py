@@ -45,6 +45,14 @@ def plant(root: Path, module: str, line: str) -> None:
         f.write(f"\n{line}\n")
 
 
+def lint_planted(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` on a copy of the package with ``line`` planted at the end of
+    ``module``."""
+    root = copy_of_the_package(tmp_path)
+    plant(root, module, line)
+    return lint_imports(root)
+
+
 def test_the_tree_keeps_every_contract() -> None:
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -65,18 +73,14 @@ def test_the_tree_keeps_every_contract() -> None:
 ])
 def test_a_pure_core_that_imports_an_effect_breaks_a_contract(
         tmp_path: Path, module: str, line: str, says: str) -> None:
-    root = copy_of_the_package(tmp_path)
-    plant(root, module, line)
-    result = lint_imports(root)
+    result = lint_planted(tmp_path, module, line)
     assert result.returncode != 0
     assert "Pure cores: no trio, torch, sockets, clock or global random BROKEN" in result.stdout
     assert says in result.stdout
 
 
 def test_an_upward_import_breaks_the_layers(tmp_path: Path) -> None:
-    root = copy_of_the_package(tmp_path)
-    plant(root, "p2pswarm/inventory.py", "import p2pswarm.planner")
-    result = lint_imports(root)
+    result = lint_planted(tmp_path, "p2pswarm/inventory.py", "import p2pswarm.planner")
     assert result.returncode != 0
     assert "Layers: imports point downward only (docs/architecture.md) BROKEN" in result.stdout
     assert "p2pswarm.inventory is not allowed to import p2pswarm.planner" in result.stdout
@@ -93,17 +97,14 @@ def test_an_upward_import_breaks_the_layers(tmp_path: Path) -> None:
 ])
 def test_the_agent_under_http_and_shapes_under_the_models(
         tmp_path: Path, module: str, line: str, says: str) -> None:
-    root = copy_of_the_package(tmp_path)
-    plant(root, module, line)
-    result = lint_imports(root)
+    result = lint_planted(tmp_path, module, line)
     assert result.returncode != 0
     assert "Layers: imports point downward only (docs/architecture.md) BROKEN" in result.stdout
     assert says in result.stdout
 
 
 def test_a_random_generator_as_a_type_only_is_allowed(tmp_path: Path) -> None:
-    root = copy_of_the_package(tmp_path)
-    plant(root, "p2pswarm/planner/costs.py",
-          "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from random import Random")
-    result = lint_imports(root)
+    result = lint_planted(tmp_path, "p2pswarm/planner/costs.py",
+                          "from typing import TYPE_CHECKING\n"
+                          "if TYPE_CHECKING:\n    from random import Random")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -18,6 +18,7 @@ from p2pswarm.membership import Membership
 from p2pswarm.sim.virtual import Fellow, VirtualSwarm, cpu_card, wait_until
 from p2pswarm.transport.memory import Bernoulli, LinkModel, UniformDelay
 from p2pswarm.wire import gossip as g
+from tests.swarm_start import formed
 from tests.test_membership import kinds, make, sends
 
 # --- the machine ---------------------------------------------------------------------------
@@ -156,8 +157,10 @@ def test_a_goodbye_heard_late_turns_dead_into_left() -> None:
 # --- agents in virtual time ----------------------------------------------------------------
 
 
-def swarm_noting_deaths(n: int, seed: int) -> tuple[VirtualSwarm, set[tuple[str, bytes]]]:
-    """A swarm whose fellows report every death they record: (who, whom)."""
+async def formed_noting_deaths(nursery: trio.Nursery, n: int, seed: int
+                              ) -> tuple[VirtualSwarm, set[tuple[str, bytes]]]:
+    """A swarm whose fellows report every death they record: (who, whom); run in
+    ``nursery`` and formed."""
     deaths: set[tuple[str, bytes]] = set()
 
     def agent(fellow: Fellow, world: AgentWorld) -> Agent:
@@ -166,17 +169,16 @@ def swarm_noting_deaths(n: int, seed: int) -> tuple[VirtualSwarm, set[tuple[str,
                 deaths.add((fellow.name, event.node_id))
         return Agent(dataclasses.replace(world, on_event=note))
 
-    return VirtualSwarm(n, seed=seed, agent_factory=agent), deaths
+    swarm = VirtualSwarm(n, seed=seed, agent_factory=agent)
+    await formed(nursery, swarm, timeout_s=30)
+    return swarm, deaths
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_leaves_are_left_at_every_fellow_with_20_percent_loss(
         autojump_clock: trio.testing.MockClock, seed: int) -> None:
-    swarm, deaths = swarm_noting_deaths(6, seed)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(swarm.converged, timeout_s=30)
+        swarm, deaths = await formed_noting_deaths(nursery, 6, seed)
         swarm.net.set_default(LinkModel(delay=UniformDelay(0.002, 0.010), loss=Bernoulli(0.2)))
         leavers = [5, 4, 3]
         for i in leavers:
@@ -197,11 +199,8 @@ async def test_leaves_are_left_at_every_fellow_with_20_percent_loss(
 @pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_a_card_change_while_leaving_does_not_bring_the_leaver_back(
         autojump_clock: trio.testing.MockClock, seed: int) -> None:
-    swarm, deaths = swarm_noting_deaths(4, seed)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(swarm.converged, timeout_s=30)
+        swarm, deaths = await formed_noting_deaths(nursery, 4, seed)
         leaver = swarm.fellows[3]
         leaver.cards.cards = (cpu_card(16.0, free_gb=10.0),)  # memory moved: news to publish
         await trio.sleep(swarm.config.inventory.refresh_interval_s * 0.7)
@@ -214,11 +213,8 @@ async def test_a_card_change_while_leaving_does_not_bring_the_leaver_back(
 
 async def test_fellows_leaving_at_once_do_not_wait_out_the_bound(
         autojump_clock: trio.testing.MockClock) -> None:
-    swarm, deaths = swarm_noting_deaths(4, seed=5)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        await swarm.start_all()
-        await wait_until(swarm.converged, timeout_s=30)
+        swarm, deaths = await formed_noting_deaths(nursery, 4, seed=5)
         outcomes: dict[int, tuple[dict[str, Any], float]] = {}
 
         async def leave(i: int) -> None:

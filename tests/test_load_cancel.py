@@ -12,12 +12,12 @@ import trio.testing
 
 from p2pswarm.agent import Agent
 from p2pswarm.errors import PlacementError
-from p2pswarm.models import Checkpoint, write_builtin_checkpoint
+from p2pswarm.models import Checkpoint
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
 from p2pswarm.transport.memory import LinkModel, UniformDelay
 from p2pswarm.wire.loads import LoadAsk, LoadCancel, LoadCancelled, LoadDone
 from p2pswarm.wire.orders import pack_doc
-from tests.serving_swarm import MODEL, request, start_swarm
+from tests.serving_swarm import MODEL, request, start_swarm, write_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -26,8 +26,7 @@ SLOW_LINK = LinkModel(delay=UniformDelay(0.002, 0.010), bandwidth_bytes_per_s=2_
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_builtin_checkpoint(MODEL, tmp_path_factory.mktemp("model") / MODEL,
-                                    max_shard_bytes=4_000_000)
+    return write_model(tmp_path_factory)
 
 
 def nothing_held(swarm: VirtualSwarm) -> bool:

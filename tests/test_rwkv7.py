@@ -6,7 +6,6 @@ import importlib
 import itertools
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -26,12 +25,7 @@ CONFIG = ModelConfig.from_hf(HF)
 PROMPT = [3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
 
 
 def random_tensors(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:

@@ -113,6 +113,21 @@ async def connect_pair(
     return results["client"], results["server"]
 
 
+async def connect_fellows(
+    client_tap: Tap | None = None, server_tap: Tap | None = None, **connect_options: object
+) -> tuple[SecureStream | BaseException, SecureStream | BaseException]:
+    """Two new fellows of the one swarm (``SECRET``), connected."""
+    return await connect_pair(
+        Keyring([SECRET]),
+        Keyring([SECRET]),
+        Identity.generate(),
+        Identity.generate(),
+        client_tap,
+        server_tap,
+        **connect_options,
+    )
+
+
 async def test_handshake_and_frames_both_ways(autojump_clock: trio.abc.Clock) -> None:
     client_id, server_id = Identity.generate(), Identity.generate()
     client, server = await connect_pair(Keyring([SECRET]), Keyring([SECRET]), client_id, server_id)
@@ -140,13 +155,7 @@ async def test_handshake_and_frames_both_ways(autojump_clock: trio.abc.Clock) ->
 
 
 async def test_chacha_suite_works_too(autojump_clock: trio.abc.Clock) -> None:
-    client, server = await connect_pair(
-        Keyring([SECRET]),
-        Keyring([SECRET]),
-        Identity.generate(),
-        Identity.generate(),
-        suite=SUITE_CHACHA20POLY1305,
-    )
+    client, server = await connect_fellows(suite=SUITE_CHACHA20POLY1305)
     assert isinstance(client, SecureStream) and isinstance(server, SecureStream)
     await server.send_frame(b"tensor bytes")
     assert await client.receive_frame() == b"tensor bytes"
@@ -159,13 +168,7 @@ async def test_frames_on_the_wire_are_sealed(autojump_clock: trio.abc.Clock) -> 
         seen.append(frame)
         return [frame]
 
-    client, server = await connect_pair(
-        Keyring([SECRET]),
-        Keyring([SECRET]),
-        Identity.generate(),
-        Identity.generate(),
-        client_tap=record,
-    )
+    client, server = await connect_fellows(client_tap=record)
     assert isinstance(client, SecureStream) and isinstance(server, SecureStream)
     await client.send_frame(b"plain words here")
     assert await server.receive_frame() == b"plain words here"
@@ -189,13 +192,7 @@ async def test_tampered_hello_fails_the_handshake(autojump_clock: trio.abc.Clock
             return [frame[:40] + bytes([frame[40] ^ 1]) + frame[41:]]
         return [frame]
 
-    client, server = await connect_pair(
-        Keyring([SECRET]),
-        Keyring([SECRET]),
-        Identity.generate(),
-        Identity.generate(),
-        client_tap=tamper_hello,
-    )
+    client, server = await connect_fellows(client_tap=tamper_hello)
     assert isinstance(server, AuthenticationError) and server.reason == "bad-seal"
     assert isinstance(client, TransportError)
 
@@ -204,25 +201,13 @@ async def test_tampered_server_hello_fails_the_client(autojump_clock: trio.abc.C
     def tamper(index: int, frame: bytes) -> list[bytes]:
         return [frame[:-1] + bytes([frame[-1] ^ 1])] if index == 0 else [frame]
 
-    client, server = await connect_pair(
-        Keyring([SECRET]),
-        Keyring([SECRET]),
-        Identity.generate(),
-        Identity.generate(),
-        server_tap=tamper,
-    )
+    client, server = await connect_fellows(server_tap=tamper)
     assert isinstance(client, AuthenticationError) and client.reason == "bad-seal"
     assert isinstance(server, TransportError)
 
 
 async def test_wrong_peer_is_refused(autojump_clock: trio.abc.Clock) -> None:
-    client, _ = await connect_pair(
-        Keyring([SECRET]),
-        Keyring([SECRET]),
-        Identity.generate(),
-        Identity.generate(),
-        expected_node_id=b"x" * 16,
-    )
+    client, _ = await connect_fellows(expected_node_id=b"x" * 16)
     assert isinstance(client, AuthenticationError) and client.reason == "wrong-peer"
 
 
@@ -259,13 +244,7 @@ async def test_bad_frames_are_refused_and_break_the_stream(
             held.append(frame)
         return []  # dropped (or held back)
 
-    client, server = await connect_pair(
-        Keyring([SECRET]),
-        Keyring([SECRET]),
-        Identity.generate(),
-        Identity.generate(),
-        client_tap=middlebox,
-    )
+    client, server = await connect_fellows(client_tap=middlebox)
     assert isinstance(client, SecureStream) and isinstance(server, SecureStream)
     for i in range(3):
         await client.send_frame(b"frame %d" % i)

@@ -19,7 +19,16 @@ from p2pswarm.models import Checkpoint, stage_tensor_names, write_builtin_checkp
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import cpu_card, wait_until
 from p2pswarm.wire.loads import UnloadAsk, Unloaded
-from tests.serving_swarm import MODEL, PROMPT, nothing_held, reference, request, start_swarm
+from tests.serving_swarm import (
+    MODEL,
+    PROMPT,
+    crashing_after,
+    nothing_held,
+    reference,
+    request,
+    start_swarm,
+    write_model,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -145,8 +154,7 @@ async def test_one_refusal_aborts_the_whole_load(autojump_clock, tmp_path) -> No
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_builtin_checkpoint(MODEL, tmp_path_factory.mktemp("model") / MODEL,
-                                    max_shard_bytes=4_000_000)
+    return write_model(tmp_path_factory)
 
 
 async def test_fellows_fetch_exactly_their_stage_verified(autojump_clock, tmp_path,
@@ -225,11 +233,7 @@ async def test_a_vanished_stage_fellow_ends_generation_with_its_name(autojump_cl
             middle = plan["stages"][2]["fellow"]
             victim = next(i for i, f in enumerate(swarm.fellows) if f.name == middle)
         seen: list[int] = []
-
-        def crash_after_three(token: int, text: str) -> None:
-            seen.append(token)
-            if len(seen) == 3:
-                swarm.crash(victim)
+        crash_after_three = crashing_after(swarm, victim, 3, seen)
 
         began = trio.current_time()
         with pytest.raises(TransportError, match=f"on fellow {middle}") as error:

@@ -18,14 +18,7 @@ from p2pswarm.errors import ConfigError
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
 from p2pswarm.wire.loads import RouteHop, StageOrdersKept
-from tests.serving_swarm import (
-    MODEL,
-    PROMPT,
-    next_leader,
-    reference,
-    request,
-    start_swarm,
-)
+from tests.serving_swarm import MODEL, PROMPT, adopted, reference, request, short_grace, start_swarm
 
 
 async def test_a_new_leader_moves_a_stage_lost_after_the_change_of_leader(
@@ -45,13 +38,11 @@ async def test_a_new_leader_moves_a_stage_lost_after_the_change_of_leader(
                     if i != old and f.name not in staged]
         local = reference(plan, MODEL).generate(PROMPT[:30], 12, Sampler.greedy(),
                                                 stop_token_ids=())
-        for agent in swarm.live():
-            agent.serving.failover.grace_s = 2.0
+        short_grace(swarm)
 
         swarm.crash(old)  # the leader that made the load, and kept its orders, is gone
 
-        new = await next_leader(swarm, old_id, old_term)
-        await wait_until(lambda: plan_id in new.serving.loads, timeout_s=30)  # adopted
+        new = await adopted(swarm, old_id, old_term, plan_id)
         assert [h["fellow"] for h in new.serving.loads[plan_id]["stages"]] == staged
         as_adopted = [dict(h) for h in new.serving.loads[plan_id]["stages"]]
 

@@ -22,7 +22,7 @@ from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
 from p2pswarm.wire.orders import CallFailed, pack_doc
 from p2pswarm.wire.serving import StageCopied, StageCopy
-from tests.serving_swarm import MODEL, PROMPT, next_leader, reference, request, start_swarm
+from tests.serving_swarm import MODEL, PROMPT, adopted, reference, request, short_grace, start_swarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -70,13 +70,11 @@ async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
             assert "copies" not in record and not agents[spare].serving.weights_cache().held()
         local = reference(plan, checkpoint).generate(PROMPT[:30], 12, Sampler.greedy(),
                                                      stop_token_ids=())
-        for agent in swarm.live():
-            agent.serving.failover.grace_s = 2.0
+        short_grace(swarm)
 
         await swarm.leave(offerer)  # the laptop that offered the model and led goes home
 
-        new = await next_leader(swarm, old_id, old_term)
-        await wait_until(lambda: plan_id in new.serving.loads, timeout_s=30)  # adopted
+        new = await adopted(swarm, old_id, old_term, plan_id)
         # the stage whose fellow is not the new leader is lost; the other fellow drives
         lost = staged[0] if staged[0] != new.name else staged[1]
         driver = agents[staged[1] if lost == staged[0] else staged[0]]

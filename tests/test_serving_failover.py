@@ -14,7 +14,7 @@ from p2pswarm.errors import PlacementError
 from p2pswarm.planner.cluster import cluster_view, fellow_view
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
-from tests.serving_swarm import MODEL, PROMPT, reference, request, start_swarm
+from tests.serving_swarm import MODEL, PROMPT, crashing_after, reference, request, start_swarm
 
 GB = 10**9
 
@@ -93,11 +93,7 @@ async def test_a_stage_cut_off_for_5_s_stays_and_a_crashed_one_moves_to_the_spar
         driver.serving.failover.grace_s = 2.0
         await wait_until(lambda: swarm.states_seen_by_all(victim) == {"alive"}, timeout_s=30)
         seen: list[int] = []
-
-        def crash_after_five(token: int, text: str) -> None:
-            seen.append(token)
-            if len(seen) == 5:
-                swarm.crash(victim)
+        crash_after_five = crashing_after(swarm, victim, 5, seen)
 
         before = _positions(swarm, plan["plan_id"])
         result = await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=12,

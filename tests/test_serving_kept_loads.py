@@ -22,7 +22,15 @@ from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
 from p2pswarm.wire.loads import LoadKeep, LoadUnloaded, RouteHop, UnloadRecord
 from p2pswarm.wire.orders import pack_doc
-from tests.serving_swarm import MODEL, PROMPT, next_leader, reference, request, start_swarm
+from tests.serving_swarm import (
+    MODEL,
+    PROMPT,
+    next_leader,
+    reference,
+    request,
+    short_grace,
+    start_swarm,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -42,8 +50,7 @@ async def _load_on_the_leader(swarm: VirtualSwarm) -> tuple[int, dict[str, Any]]
     others = [a for a in swarm.live() if a is not leader]
     await wait_until(lambda: all(plan["plan_id"] in a.serving.host.kept.loads
                                  for a in others), timeout_s=10)
-    for agent in swarm.live():
-        agent.serving.failover.grace_s = 2.0
+    short_grace(swarm)
     return at, plan
 
 

@@ -16,10 +16,19 @@ import trio
 
 from p2pswarm.agent.weights import Manifest, WeightsCache
 from p2pswarm.errors import TransportError
-from p2pswarm.models import Checkpoint, stage_tensor_names, write_builtin_checkpoint
+from p2pswarm.models import Checkpoint, stage_tensor_names
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import VirtualSwarm
-from tests.serving_swarm import MODEL, PROMPT, reference, request, start_swarm
+from tests.serving_swarm import (
+    MODEL,
+    PROMPT,
+    crashing_after,
+    reference,
+    request,
+    short_grace,
+    start_swarm,
+    write_model,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -63,16 +72,14 @@ async def _load_on_the_leader(swarm: VirtualSwarm, spare: bool,  # type: ignore[
     assert leader.name in staged
     driver = swarm.fellows[_index(swarm, next(n for n in staged if n != leader.name))].agent
     assert driver is not None
-    for agent in swarm.live():
-        agent.serving.failover.grace_s = 2.0
+    short_grace(swarm)
     return leader_at, plan, loaded, driver
 
 
 @pytest.mark.slow
 async def test_the_leader_that_hosts_a_stage_crashes_and_the_next_leader_heals_the_load(
         autojump_clock, tmp_path, tmp_path_factory) -> None:
-    model_dir = write_builtin_checkpoint(MODEL, tmp_path_factory.mktemp("model") / MODEL,
-                                         max_shard_bytes=4_000_000)
+    model_dir = write_model(tmp_path_factory)
     checkpoint = Checkpoint(model_dir)
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, tmp_path, seed=51, n=4)
@@ -126,11 +133,7 @@ async def test_a_new_leader_that_cannot_heal_ends_the_generation_promptly(
         leader_at, plan, _, driver = await _load_on_the_leader(swarm, spare=False)
         old = swarm.fellows[leader_at].name
         seen: list[int] = []
-
-        def crash_after_three(token: int, text: str) -> None:
-            seen.append(token)
-            if len(seen) == 3:
-                swarm.crash(leader_at)
+        crash_after_three = crashing_after(swarm, leader_at, 3, seen)
 
         began = trio.current_time()
         with pytest.raises(TransportError, match=f"on fellow {old}") as error:

@@ -20,6 +20,7 @@ from p2pswarm.cli.loads import _print_load, _print_moved
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
+from tests.cpu_swarm import start_cpu_swarm
 from tests.serving_swarm import MODEL, PROMPT, reference, request
 
 FAST = 3  # the fellow that joins late, with a card far faster than the others'
@@ -29,14 +30,7 @@ async def _three_slow_serving(nursery: trio.Nursery, seed: int
                               ) -> tuple[VirtualSwarm, Agent, dict[str, Any]]:
     """Three slow fellows (a fourth, ``FAST``, not started) serving a load of three
     stages; the swarm, its leader (which drives) and the plan."""
-    swarm = VirtualSwarm(FAST + 1, seed=seed, inline_compute=True)
-    for fellow in swarm.fellows:
-        fellow.cards.cards = (cpu_card(16.0, name=f"{fellow.name} CPU"),)
-    await nursery.start(swarm.run)
-    for i in range(FAST):
-        await swarm.start(i)
-    await wait_until(lambda: swarm.converged() and len(swarm.leaders()) == 1
-                     and None not in {lid for lid, _ in swarm.leaders()}, timeout_s=30)
+    swarm = await start_cpu_swarm(nursery, FAST + 1, seed, started=FAST)
     ((leader_id, _),) = swarm.leaders()
     driver = next(a for a in swarm.live() if a.node_id == leader_id)
     plan = await driver.planning.ask_plan(request())

@@ -20,14 +20,7 @@ from p2pswarm.models import Checkpoint, stage_tensor_names, write_builtin_checkp
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
 from p2pswarm.wire.serving import WeightsByHash, WeightsHeld, WeightsHeldAsk, WeightsRefused
-from tests.serving_swarm import (
-    MODEL,
-    PROMPT,
-    next_leader,
-    reference,
-    request,
-    start_swarm,
-)
+from tests.serving_swarm import MODEL, PROMPT, adopted, reference, request, short_grace, start_swarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -82,13 +75,11 @@ async def test_the_spare_fetches_a_lost_stage_from_the_fellows_that_hold_it_when
         _cache_copy(agents[staged[0]].serving.weights_cache(), model_dir, manifest, [rotten])
         local = reference(plan, checkpoint).generate(PROMPT[:30], 12, Sampler.greedy(),
                                                      stop_token_ids=())
-        for agent in swarm.live():
-            agent.serving.failover.grace_s = 2.0
+        short_grace(swarm)
 
         await swarm.leave(offerer)  # the laptop that offered the model and led goes home
 
-        new = await next_leader(swarm, old_id, old_term)
-        await wait_until(lambda: plan_id in new.serving.loads, timeout_s=30)  # adopted
+        await adopted(swarm, old_id, old_term, plan_id)
         driver = agents[staged[0]]
         seen: list[int] = []
 

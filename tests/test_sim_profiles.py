@@ -21,7 +21,8 @@ from p2pswarm.sim.harness import ScenarioRun, variant_for
 from p2pswarm.sim.metrics import percentile
 from p2pswarm.sim.profiles import L20, W1, W2, W3, WIRED, delay_quantile_s, pareto_delay
 from p2pswarm.sim.scenario import scenario_from_dict
-from p2pswarm.transport.memory import DELIVERED, LOST_LINK, LOST_RADIO, _LossState, _lost, _Rng
+from p2pswarm.transport.memory import DELIVERED, LOST_LINK, LOST_RADIO
+from p2pswarm.transport.netmodel import _LossState, _lost, _Rng
 
 
 def chain_stats(profile, step_s: float, steps: int, seed: str = "t"):

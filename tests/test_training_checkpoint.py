@@ -5,7 +5,6 @@ model exports as a Hugging Face directory that records its stage cut."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,30 +15,23 @@ from hypothesis import strategies as st
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.checkpoint import Checkpoint
 from p2pswarm.models.loader import load_stage_model
-from p2pswarm.models.tokenizer import ByteTokenizer
 from p2pswarm.planner.profile import profile_from_config
 from p2pswarm.training import checkpoint as checkpoint_module
 from p2pswarm.training.checkpoint import CheckpointStore, atomic_write_bytes, shard_holders
-from p2pswarm.training.data import TokenData, load_tokens
-from p2pswarm.training.job import DataConfig, JobConfig
+from p2pswarm.training.data import TokenData
+from p2pswarm.training.job import JobConfig
 from p2pswarm.training.run import LocalRun
+from tests.byte_llama import byte_llama, byte_token_data
 
-MODEL = {"model_type": "llama", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64,
-         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "head_dim": 8, "max_position_embeddings": 64, "tie_word_embeddings": True}
+MODEL = byte_llama(hidden_size=32, layers=4, positions=64, tied=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
 
 
 @pytest.fixture(scope="module")
 def data() -> TokenData:
-    return TokenData.split(load_tokens(DataConfig(), ByteTokenizer()), 0.05, 32)
+    return byte_token_data()
 
 
 def job_in(directory: Path, **checkpoint: object) -> JobConfig:

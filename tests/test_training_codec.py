@@ -3,8 +3,6 @@ error feedback carrying the residual exactly, QSGD unbiased, malformed frames re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,13 +11,7 @@ from hypothesis import strategies as st
 from p2pswarm.errors import ConfigError, RemoteProtocolError
 from p2pswarm.training.codec import Encoded, ErrorFeedback, make_codec
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
 
 
 CODECS = [("fp32", {}), ("fp16", {}), ("int8", {}), ("int8", {"k_sigma": 2.0}),

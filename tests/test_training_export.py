@@ -209,13 +209,13 @@ async def test_a_swarm_job_exports_from_a_fellow_that_does_not_lead(autojump_clo
 
     import trio
 
-    from tests.training_swarm import finished, job_config, start_swarm
+    from tests.training_swarm import finished, job_config, leader_of, start_swarm
 
     config = job_config(steps=2, checkpoint={"dir": str(tmp_path / "ckpt"),
                                              "interval_steps": 2, "copies": 2})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
-        leader = next(a for a in swarm.live() if a.leadership.is_leader())
+        leader = leader_of(swarm)
         other = next(a for a in swarm.live() if not a.leadership.is_leader())
         with pytest.raises(ConfigError, match="no job 'job-nope'"):
             await other.training.export("job-nope", str(tmp_path / "nope"))

@@ -4,7 +4,6 @@ saved adapters reproduce the trained model on top of the base (float or quantize
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,9 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from p2pswarm.models.loader import load_stage_model
-from p2pswarm.models.tokenizer import ByteTokenizer
-from p2pswarm.training.data import TokenData, load_tokens
-from p2pswarm.training.job import DataConfig, JobConfig, LoraConfig
+from p2pswarm.training.data import TokenData
+from p2pswarm.training.job import JobConfig, LoraConfig
 from p2pswarm.training.lora import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -25,23 +23,17 @@ from p2pswarm.training.lora import (
 )
 from p2pswarm.training.run import LocalRun
 from p2pswarm.training.source import ScratchModel, trainable_stage
+from tests.byte_llama import byte_llama, byte_token_data
 
-MODEL = {"model_type": "llama", "vocab_size": 259, "hidden_size": 64, "intermediate_size": 128,
-         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "head_dim": 16, "max_position_embeddings": 64, "tie_word_embeddings": False}
+MODEL = byte_llama(hidden_size=64, layers=4, positions=64, tied=False)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
 
 
 @pytest.fixture(scope="module")
 def data() -> TokenData:
-    return TokenData.split(load_tokens(DataConfig(), ByteTokenizer()), 0.05, 32)
+    return byte_token_data()
 
 
 def lora_job(base_dtype: str, codec: str = "fp32") -> JobConfig:

@@ -4,7 +4,6 @@ the same result with every activation and gradient sent as a tensor frame."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,21 +19,15 @@ from p2pswarm.training.pipeline import LocalTrainPipeline
 from p2pswarm.training.schedule import Op, peak_live_micro_batches, stage_ops
 from p2pswarm.training.source import ScratchModel, trainable_stage
 from p2pswarm.training.stage import TrainStage, clip_coefficient
+from tests.byte_llama import byte_llama
 
 # tied embeddings, grouped-query attention: big enough for three stages of two layers
-SMALL = {"model_type": "llama", "vocab_size": 259, "hidden_size": 64, "intermediate_size": 128,
-         "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "head_dim": 16, "max_position_embeddings": 128, "tie_word_embeddings": True}
+SMALL = byte_llama(hidden_size=64, layers=6, positions=128, tied=True)
 OPTIMIZER = OptimizerConfig(weight_decay=0.1, grad_clip=1.0)
 LR = LrSchedule(peak_lr=3e-3, min_lr=3e-4, warmup_steps=4, total_steps=20)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
 
 
 @pytest.fixture(scope="module")

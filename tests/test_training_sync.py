@@ -5,7 +5,6 @@ and restarted mid-run in virtual time while the job goes on."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -14,23 +13,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pswarm.errors import RemoteProtocolError
-from p2pswarm.models.tokenizer import ByteTokenizer
-from p2pswarm.training.data import TokenData, load_tokens
-from p2pswarm.training.job import DataConfig, JobConfig, SyncConfig
+from p2pswarm.training.job import JobConfig, SyncConfig
 from p2pswarm.training.source import ScratchModel
 from p2pswarm.training.sync import LocalSync, OuterSync, flatten, step_budgets
 from p2pswarm.training.virtual import FellowPlan, LinkModel, SharedLink, VirtualSwarm
+from tests.byte_llama import byte_llama, byte_token_data
 
 EXACT = SyncConfig(outer_lr=1.0, outer_momentum=0.0, codec="fp32", staleness_bound=2,
                    staleness_decay=0.5, round_deadline_s=10.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
 
 
 def test_step_budgets_by_speed() -> None:
@@ -155,9 +148,7 @@ def test_shared_link_queues_transfers() -> None:
 
 # --- a replica killed and restarted, in virtual time ---------------------------------------
 
-MODEL = {"model_type": "llama", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64,
-         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "head_dim": 8, "max_position_embeddings": 64, "tie_word_embeddings": True}
+MODEL = byte_llama(hidden_size=32, layers=2, positions=64, tied=True)
 
 
 def test_killed_replica_rejoins_and_the_job_never_restarts() -> None:
@@ -166,7 +157,7 @@ def test_killed_replica_rejoins_and_the_job_never_restarts() -> None:
         "lr": {"peak": 3e-3, "min": 3e-4, "warmup_steps": 5},
         "sync": {"inner_steps": 10, "codec": "int8", "outer_lr": 1.0, "outer_momentum": 0.0,
                  "round_deadline_s": 15.0}})
-    data = TokenData.split(load_tokens(DataConfig(), ByteTokenizer()), 0.05, 32)
+    data = byte_token_data()
     source = ScratchModel(MODEL, seed=0)
     batches = data.holdout_batches(32, 8, max_batches=4)
     samples = 3 * 90 * 4
@@ -206,7 +197,7 @@ def test_killed_replica_rejoins_and_the_job_never_restarts() -> None:
 
 
 def test_heterogeneous_fellows_all_stay_useful() -> None:
-    data = TokenData.split(load_tokens(DataConfig(), ByteTokenizer()), 0.05, 32)
+    data = byte_token_data()
     speeds = [1.0, 1.0, 2.0, 10.0]
 
     def utilisation(speed_aware: bool) -> float:

@@ -4,6 +4,8 @@ and a wait for a job to end."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -20,6 +22,43 @@ def job_config(**extra: Any) -> dict[str, Any]:
 
 async def start_swarm(nursery: trio.Nursery, n: int = 3, seed: int = 5) -> VirtualSwarm:
     return await start_cpu_swarm(nursery, n, seed)
+
+
+def leader_of(swarm: VirtualSwarm) -> Any:
+    """The live fellow that leads."""
+    return next(a for a in swarm.live() if a.leadership.is_leader())
+
+
+def leader_and_asker(swarm: VirtualSwarm) -> tuple[Any, Any]:
+    """The leader, and a live fellow that does not lead: a job asked from it is kept
+    in the leader's own state directory."""
+    leader = leader_of(swarm)
+    return leader, next(a for a in swarm.live() if a is not leader)
+
+
+def disks_under(swarm: VirtualSwarm, root: Path) -> None:
+    """Each live fellow keeps the checkpoint copies it holds for others in a directory of
+    its own, ``root / name``."""
+    for agent in swarm.live():
+        agent.training.copies._root = root / agent.name
+
+
+def new_disk_under(agent: Any, root: Path) -> None:
+    """A fellow started again with its disk gone: its copies go to a new directory."""
+    agent.training.copies._root = root / f"{agent.name}-again"
+
+
+def stopping_at(job: Any, step: int) -> Callable[[], bool]:
+    """A wait's predicate that stops every process of ``job`` (as a cancel on the leader)
+    once it reaches ``step``: wait in steps small enough to catch it there."""
+    def stop() -> bool:
+        if job.step >= step and job.scope is not None:
+            job.cancel_asked = True
+            job.scope.cancel()
+            return True
+        return False
+
+    return stop
 
 
 async def finished(agent: Any, job_id: str, timeout_s: float = 600) -> dict[str, Any]:

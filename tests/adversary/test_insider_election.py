@@ -50,25 +50,24 @@ def all_alive(swarm: VirtualSwarm) -> bool:
                and f.agent.failure is None for f in swarm.fellows)
 
 
-async def led_swarm(seed: int) -> tuple[VirtualSwarm, Rogue]:
+async def led_swarm(nursery: trio.Nursery, seed: int
+                    ) -> tuple[VirtualSwarm, Rogue, bytes, int]:
+    """The swarm with its rogue, run in ``nursery`` and started, once every honest fellow
+    follows one honest leader: with that leader and its term."""
     swarm = VirtualSwarm(N, seed=seed, agent_factory=rogue_factory(ROGUE))
-    return swarm, Rogue(swarm, ROGUE)
-
-
-async def start(swarm: VirtualSwarm, rogue: Rogue) -> tuple[bytes, int]:
+    rogue = Rogue(swarm, ROGUE)
+    await nursery.start(swarm.run)
     await swarm.start_all()
     await wait_until(lambda: len(led_by(rogue)) == 1 and None not in
                      {lid for lid, _ in led_by(rogue)}, timeout_s=60)
     ((leader, term),) = led_by(rogue)
     assert leader != rogue.node_id
-    return leader, term
+    return swarm, rogue, leader, term
 
 
 async def test_a_rogue_cannot_announce_itself_or_forge_a_proof(autojump_clock) -> None:
-    swarm, rogue = await led_swarm(3)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        leader, term = await start(swarm, rogue)
+        swarm, rogue, leader, term = await led_swarm(nursery, 3)
         for t in (term, term + 1, term + 5, term + 1000, MAX_TERM_U64):
             rogue.announce_itself(t)
             rogue.claim_with_forged_proof(t)
@@ -88,10 +87,8 @@ async def test_a_rogue_cannot_announce_itself_or_forge_a_proof(autojump_clock) -
 
 
 async def test_a_rogue_cannot_run_the_term_out_or_depose_the_leader(autojump_clock) -> None:
-    swarm, rogue = await led_swarm(4)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        leader, term = await start(swarm, rogue)
+        swarm, rogue, leader, term = await led_swarm(nursery, 4)
         for t in (MAX_TERM_U64, MAX_TERM_U64 - 1, term + MAX_TERM_STEP + 1, term + 10**9):
             rogue.push_term(t, pre_vote=True)
             rogue.push_term(t)
@@ -108,10 +105,8 @@ async def test_a_rogue_cannot_run_the_term_out_or_depose_the_leader(autojump_clo
 
 
 async def test_orders_and_pushes_from_a_fellow_not_leading_are_refused(autojump_clock) -> None:
-    swarm, rogue = await led_swarm(5)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        leader, term = await start(swarm, rogue)
+        swarm, rogue, leader, term = await led_swarm(nursery, 5)
         victim = next(a for a in rogue.honest() if a.node_id != leader)
         before = refused(victim).get("order-not-from-leader", 0)
         for order in (StageRelease("0123456789abcdef", term), StageLoad("0123456789abcdef", 0,
@@ -136,10 +131,8 @@ async def test_orders_and_pushes_from_a_fellow_not_leading_are_refused(autojump_
 async def test_only_the_previous_stage_feeds_a_training_stage(autojump_clock) -> None:
     """A stage's data stream (activations in, gradients out) is taken only from the fellow
     the leader placed on the stage before it."""
-    swarm, rogue = await led_swarm(7)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        leader, term = await start(swarm, rogue)
+        swarm, rogue, leader, term = await led_swarm(nursery, 7)
         upstream, victim = [a for a in rogue.honest() if a.node_id != leader][:2]
         order = TrainPrepare("job-1", 0, 1, 2, victim.node_id.hex(), 2, 4, "cpu", 0, 0, "",
                              b"\x80", 0, term, prev_fellow=upstream.node_id.hex())
@@ -159,10 +152,8 @@ async def test_only_the_previous_stage_feeds_a_training_stage(autojump_clock) ->
 
 async def test_the_leader_orders_in_its_term_only(autojump_clock) -> None:
     """The seam itself: the leader's identity with a stale or future term is refused too."""
-    swarm, rogue = await led_swarm(6)
     async with trio.open_nursery() as nursery:
-        await nursery.start(swarm.run)
-        leader, term = await start(swarm, rogue)
+        swarm, rogue, leader, term = await led_swarm(nursery, 6)
         boss = next(a for a in rogue.honest() if a.node_id == leader)
         victim = next(a for a in rogue.honest() if a.node_id != leader)
         for t in (term - 1, term + 1):

@@ -9,6 +9,8 @@ keeps being served. Every refusal is counted in ``status``.
 from __future__ import annotations
 
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 
 import trio
@@ -42,6 +44,17 @@ async def pair(nursery: trio.Nursery, transports) -> tuple[Agent, Agent]:  # typ
     return agents[0], agents[1]
 
 
+@asynccontextmanager
+async def two_fellows() -> AsyncIterator[tuple[Agent, Agent, trio.Nursery]]:
+    """Fellows ``a`` and ``b`` (seeded with ``a``) on real sockets, running in a nursery
+    of their own: cancel it to stop them."""
+    async with open_udp_tcp_transport("127.0.0.1:0", local().transport) as a_t, \
+            open_udp_tcp_transport("127.0.0.1:0", local().transport) as b_t, \
+            trio.open_nursery() as nursery:
+        a, b = await pair(nursery, (a_t, b_t))
+        yield a, b, nursery
+
+
 async def honest_call(b: Agent, a: Agent) -> None:
     reply = await b.call(a.addr, Hello(1, b.node_id, "b", b.addr))
     assert reply == HelloAck(1, a.node_id, "a", a.addr)
@@ -49,10 +62,7 @@ async def honest_call(b: Agent, a: Agent) -> None:
 
 async def test_announced_giant_frames_and_a_slow_handshake_are_cut_off() -> None:
     with trio.fail_after(DEADLINE_S):
-        async with open_udp_tcp_transport("127.0.0.1:0", local().transport) as a_t, \
-                open_udp_tcp_transport("127.0.0.1:0", local().transport) as b_t, \
-                trio.open_nursery() as nursery:
-            a, b = await pair(nursery, (a_t, b_t))
+        async with two_fellows() as (a, b, nursery):
             socks = [await announce_frame(a.addr) for _ in range(10)]
             for sock in socks:
                 with sock, trio.fail_after(2):  # cut off after the header, not waited out
@@ -68,10 +78,7 @@ async def test_announced_giant_frames_and_a_slow_handshake_are_cut_off() -> None
 
 async def test_a_connection_flood_meets_the_per_host_cap() -> None:
     with trio.fail_after(DEADLINE_S):
-        async with open_udp_tcp_transport("127.0.0.1:0", local().transport) as a_t, \
-                open_udp_tcp_transport("127.0.0.1:0", local().transport) as b_t, \
-                trio.open_nursery() as nursery:
-            a, b = await pair(nursery, (a_t, b_t))
+        async with two_fellows() as (a, b, nursery):
             cap = a.config.transport.max_unauthenticated_per_host
             socks = await flood(a.addr, 4 * cap)
             try:
