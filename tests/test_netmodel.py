@@ -12,10 +12,10 @@ from p2pswarm.transport.netmodel import (
     RTO_MAX_S,
     FadeTimeline,
     GilbertElliott,
+    LossState,
     Retransmission,
-    _LossState,
-    _lost,
-    _Rng,
+    SplitMixRng,
+    is_lost,
 )
 
 
@@ -46,9 +46,9 @@ def test_first_arrival_is_the_first_copy_not_lost() -> None:
 def test_both_chain_keepers_lose_about_the_bad_fraction() -> None:
     model = GilbertElliott(bad_fraction=0.2, mean_burst_s=0.3)
     timeline = FadeTimeline(model, RandomDraws(7))
-    state, rng = _LossState(), _Rng("t")
+    state, rng = LossState(), SplitMixRng("t")
     steps = 200_000
     ahead = sum(timeline.lost_at(k * 0.05) for k in range(steps)) / steps
-    lazy = sum(_lost(state, model, rng, k * 0.05) for k in range(steps)) / steps
+    lazy = sum(is_lost(state, model, rng, k * 0.05) for k in range(steps)) / steps
     assert ahead == pytest.approx(0.2, abs=0.02) and lazy == pytest.approx(0.2, abs=0.02)
     assert timeline.longest_outage_s(0.0, 100.0) > 0.3

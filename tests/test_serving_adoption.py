@@ -11,9 +11,9 @@ import pytest
 import trio
 from rich.console import Console
 
-from p2pswarm.agent.serving.adoption import _newest, kept_orders
+from p2pswarm.agent.serving.adoption import kept_orders, newest_kept
 from p2pswarm.agent.serving.records import StageOrder, runtime_block
-from p2pswarm.cli.loads import _print_load
+from p2pswarm.cli.loads import print_load
 from p2pswarm.errors import ConfigError
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
@@ -65,7 +65,7 @@ async def test_a_new_leader_moves_a_stage_lost_after_the_change_of_leader(
         assert (move["stage"], move["from"], move["to"]) == (stage, victim_name, spare)
         assert record["complete"] and record["adopted"]["leader"] == new.name
         shown = io.StringIO()
-        _print_load(record, Console(file=shown, width=200))
+        print_load(record, Console(file=shown, width=200))
         assert f"led by {new.name} since" in shown.getvalue()
         assert f"moved stage {stage} at " in shown.getvalue()
         # a leader elected again takes the load as its fellows keep it now, not as it
@@ -139,6 +139,6 @@ def test_the_newest_kept_route_wins_whatever_order_the_answers_came_in() -> None
     answers = [("addr-aa", now, moved), ("addr-bb", stale, ORDERS),
                ("addr-cc", now, moved), ("addr-dd", now, moved)]
     for seen in (answers, list(reversed(answers))):
-        assert _newest(seen)[1] is now
+        assert newest_kept(seen)[1] is now
     # a later term wins even when fewer fellows hold it
-    assert _newest([("a", older, ORDERS), ("b", older, ORDERS), ("c", now, moved)])[1] is now
+    assert newest_kept([("a", older, ORDERS), ("b", older, ORDERS), ("c", now, moved)])[1] is now

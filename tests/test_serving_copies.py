@@ -15,7 +15,7 @@ import trio
 
 from p2pswarm.agent import Agent
 from p2pswarm.agent.weights import WeightsCache
-from p2pswarm.cli.loads import _copies
+from p2pswarm.cli.loads import copies_line
 from p2pswarm.errors import SwarmError
 from p2pswarm.models import Checkpoint, stage_tensor_names, write_builtin_checkpoint
 from p2pswarm.runtime import Sampler
@@ -57,7 +57,7 @@ async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
         if copies:
             await wait_until(lambda: _copied(record) == {0, 1}, timeout_s=60)
             # both stages' tensors on the spare, which failover would move either to
-            assert _copies(record["copies"]) == f"stage 0 on {spare}, stage 1 on {spare}"
+            assert copies_line(record["copies"]) == f"stage 0 on {spare}, stage 1 on {spare}"
             held = set(agents[spare].serving.weights_cache().held())
             for s in plan["stages"]:
                 names = stage_tensor_names(checkpoint.config, *s["layers"])
@@ -141,16 +141,17 @@ async def _refusals(leader: Agent, spare: Agent, other: Agent, plan_id: str,
                                                                  pack_doc(forged)))
     assert spare.counters.refused["stage-copy-unfit"] == 2
     # no room: a cache (empty, capped below the stage's bytes) it may not fill
-    cache, config = spare.serving.offers.cache, spare.config
+    cache, world = spare.serving.offers.cache, spare.world
     spare.serving.offers.cache = WeightsCache(Path(str(cache.root) + "-small"))
-    spare.config = replace(config, storage=replace(config.storage, weights_cache_bytes=4096))
+    storage = replace(world.config.storage, weights_cache_bytes=4096)
+    spare.world = replace(world, config=replace(world.config, storage=storage))
     try:
         assert "has no room to copy stage 1" in await copy(StageCopy(plan_id, 1, a, b,
                                                                      pack_doc(model)))
         assert spare.counters.refused["stage-copy-no-room"] == 1
         assert not spare.serving.offers.cache.held()
     finally:
-        spare.serving.offers.cache, spare.config = cache, config
+        spare.serving.offers.cache, spare.world = cache, world
     # an order from a fellow that does not lead
     reply = await copy(StageCopy(plan_id, 1, a, b, pack_doc(model),
                                  term=leader.leadership.term()), sender=other)

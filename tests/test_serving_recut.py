@@ -16,7 +16,7 @@ from rich.console import Console
 from p2pswarm.agent import Agent
 from p2pswarm.agent.serving.records import LoadRecord
 from p2pswarm.cards import ESTIMATED_MEM_BANDWIDTH, Benchmark
-from p2pswarm.cli.loads import _print_load, _print_moved
+from p2pswarm.cli.loads import print_load, print_moved
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
@@ -82,7 +82,7 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
         assert 1 <= len(faster["stages"]) <= 2 and faster["plan_id"] != plan["plan_id"]
         assert swarm.fellows[FAST].name in {s["fellow"] for s in faster["stages"]}
         assert faster["ms_per_token_after"] <= 0.75 * faster["ms_per_token_now"]
-        shown = _printed(_print_load, record)
+        shown = _printed(print_load, record)
         assert (f"faster: plan {faster['plan_id']}, {len(faster['stages'])} stage" in shown
                 and f"p2pswarm load --move {faster['plan_id']}" in shown)
 
@@ -137,7 +137,7 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
         (move_record,) = moved[0]["moved"]
         assert move_record["recut"] and move_record["from_plan"] == plan["plan_id"]
 
-        said = _printed(_print_moved, moved[0]).splitlines()
+        said = _printed(print_moved, moved[0]).splitlines()
         assert said[0].startswith(f"moved plan {plan['plan_id']} live to plan {new_id}")
         assert f"3 stages -> {len(result.route)}" in said[0]
         assert said[1:] == [f"  stage {s['stage']}: layers {s['layers'][0]}-"
@@ -150,7 +150,7 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
         assert [s["fellow"] for s in now["stages"]] == [s["fellow"] for s in
                                                        record["faster"]["stages"]]
         assert now["moves"][-1]["to_plan"] == new_id and "faster" not in now
-        assert f"from plan {plan['plan_id']} (3 stages) into" in _printed(_print_load, now)
+        assert f"from plan {plan['plan_id']} (3 stages) into" in _printed(print_load, now)
         assert not any(k[0] == plan["plan_id"] for a in swarm.live()
                        for k in a.serving.hosted)
         # asked for by the plan_id it had, it is the same load
@@ -182,7 +182,7 @@ def test_a_driver_takes_a_new_cut_only_from_a_record_that_names_its_load() -> No
 
 
 def test_the_planners_new_cut_is_proposed_only_when_markedly_faster() -> None:
-    from p2pswarm.agent.serving.loads import _stage_orders
+    from p2pswarm.agent.serving.loads import stage_orders
     from p2pswarm.agent.serving.moves import recut_proposal
     from p2pswarm.planner import Plan, cluster_view, fellow_view, plan_message
 
@@ -193,7 +193,7 @@ def test_the_planners_new_cut_is_proposed_only_when_markedly_faster() -> None:
 
     slow = [fellow(i, ESTIMATED_MEM_BANDWIDTH["cpu"]) for i in range(3)]
     placed = plan_message(request(), cluster_view(slow))
-    orders = _stage_orders(Plan.from_doc(placed), {"kind": "builtin", "name": MODEL}, "", "")
+    orders = stage_orders(Plan.from_doc(placed), {"kind": "builtin", "name": MODEL}, "", "")
     again = {**request(), "stages": None}
     # the same slow cards: the planner's plan is no markedly faster placement
     assert recut_proposal(cluster_view(slow), orders,

@@ -11,7 +11,7 @@ from typing import Any
 import trio
 
 from p2pswarm import wire
-from p2pswarm.agent.serving.generation import _ReturnSlot, _Run
+from p2pswarm.agent.serving.generation import GenerationRun, ReturnSlot
 from p2pswarm.agent.serving.stage_session import open_hop
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
@@ -28,7 +28,7 @@ async def _resume(driver: Any, session: str, tokens: tuple[int, ...]) -> Any:
     gen = driver.serving.driver
     record = await gen.find_load()
     tokenizer = await gen.tokenizer(record.model)
-    run = _Run(list(IDS), [0.0] * len(record.stages), 0.0, tokens=list(tokens),
+    run = GenerationRun(list(IDS), [0.0] * len(record.stages), 0.0, tokens=list(tokens),
                session=session)
     return await gen._run(record, run, N, set(), SessionOpen("-", record.plan_id, 0,
                                                             driver.addr), tokenizer, None)
@@ -44,14 +44,14 @@ async def _kept(driver: Any, plan_id: str) -> str:
     return kept.session
 
 
-async def _stalled(driver: Any, session: str) -> tuple[int, _ReturnSlot]:
+async def _stalled(driver: Any, session: str) -> tuple[int, ReturnSlot]:
     """A session that prefilled ``IDS`` on every stage and drew its first token, then fell
     silent with its streams open (as behind a frozen fellow): that token, and the slot
     holding its stream back open (``done`` closes it)."""
     gen = driver.serving.driver
     record = await gen.find_load()
     route = record.stages
-    slot = _ReturnSlot(bytes.fromhex(route[-1].fellow_id))
+    slot = ReturnSlot(bytes.fromhex(route[-1].fellow_id))
     gen._returns[session] = slot
     upstream = await open_hop(driver, route[0])
     await upstream.send_frame(wire.encode(SessionOpen(session, record.plan_id, 0,

@@ -1,7 +1,7 @@
 """The WiFi profiles do what they say: loss, bursts, delay and roaming outages.
 
 Two levels. The long statistics run the very loss chain and delay draws MemoryNetwork
-uses (``_lost`` with its SplitMix generator, ``DelayModel.sample_s``) over millions of
+uses (``is_lost`` with its SplitMix generator, ``DelayModel.sample_s``) over millions of
 steps, fast. The end-to-end check sends datagrams through a MemoryNetwork wired by the
 harness from the profiles, under an autojump clock, and reads the network's own trace.
 Bounds are stated per check; every run is seeded, so a pass is a pass every time.
@@ -22,17 +22,17 @@ from p2pswarm.sim.metrics import percentile
 from p2pswarm.sim.profiles import L20, W1, W2, W3, WIRED, delay_quantile_s, pareto_delay
 from p2pswarm.sim.scenario import scenario_from_dict
 from p2pswarm.transport.memory import DELIVERED, LOST_LINK, LOST_RADIO
-from p2pswarm.transport.netmodel import _LossState, _lost, _Rng
+from p2pswarm.transport.netmodel import LossState, SplitMixRng, is_lost
 
 
 def chain_stats(profile, step_s: float, steps: int, seed: str = "t"):
     """Sample the radio every ``step_s``: loss fraction and the bad runs (seconds)."""
-    state, rng, model = _LossState(), _Rng(seed, profile.name), profile.radio
+    state, rng, model = LossState(), SplitMixRng(seed, profile.name), profile.radio
     lost_n, runs, run = 0, [], 0
     t = 0.0
     for _ in range(steps):
         t += step_s
-        if _lost(state, model, rng, t):
+        if is_lost(state, model, rng, t):
             lost_n += 1
             run += 1
         elif run:
@@ -84,7 +84,7 @@ def test_w3_is_twenty_percent_with_heavy_tailed_bursts_of_300_ms() -> None:
 def test_delays_have_the_stated_median_and_p99(profile, p50_s, p99_s) -> None:
     assert delay_quantile_s(profile.delay, 0.5) == pytest.approx(p50_s, rel=1e-6)
     assert delay_quantile_s(profile.delay, 0.99) == pytest.approx(p99_s, rel=1e-6)
-    rng = _Rng("delay", profile.name)
+    rng = SplitMixRng("delay", profile.name)
     samples = [profile.delay.sample_s(rng) for _ in range(200_000)]
     assert percentile(samples, 0.5) == pytest.approx(p50_s, rel=0.03)
     assert percentile(samples, 0.99) == pytest.approx(p99_s, rel=0.08)

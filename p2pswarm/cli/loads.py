@@ -97,7 +97,7 @@ class _LoadProgress:
                            markup=False)
 
 
-def _print_load(record: dict[str, Any], console: Any) -> None:
+def print_load(record: dict[str, Any], console: Any) -> None:
     from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
@@ -154,7 +154,7 @@ def _print_moves(record: dict[str, Any], console: Any) -> None:
                       f"{move.get('from')} to {move.get('to')} ({move.get('card')}) in "
                       f"{float(move.get('took_s', 0.0)):.1f} s: {move.get('why')}",
                       markup=False, highlight=False)
-    copies = _copies(record.get("copies"))
+    copies = copies_line(record.get("copies"))
     if copies:
         console.print(f"  copies: {copies}", markup=False, highlight=False)
     if record.get("waiting"):
@@ -175,7 +175,7 @@ def _print_moves(record: dict[str, Any], console: Any) -> None:
                       f"{record['plan_id']}", markup=False, highlight=False)
 
 
-def _copies(copies: Any) -> str:
+def copies_line(copies: Any) -> str:
     """Which fellow outside each stage holds a copy of its tensors (failover fetches them
     there when the stage's fellow and the model's offerer are both gone)."""
     parts = []
@@ -202,11 +202,11 @@ def _new_cut(stages: Any) -> str:
     return f"{len(stages)} stage{'s' if len(stages) != 1 else ''}: " + "; ".join(parts)
 
 
-def _print_moved(doc: dict[str, Any], console: Any) -> None:
+def print_moved(doc: dict[str, Any], console: Any) -> None:
     """What ``load --move`` did: the new cut, or one line per stage moved."""
     moved = [m for m in doc.get("moved") or [] if isinstance(m, dict)]
     if not moved:
-        _print_load(doc, console)
+        print_load(doc, console)
         return
     say = {"markup": False, "highlight": False}
     if moved[0].get("recut"):
@@ -263,7 +263,7 @@ def load(
         if as_json:
             print_json(moved)
         else:
-            _print_moved(moved, Console())
+            print_moved(moved, Console())
         return
     if model is None:
         raise ConfigError("load needs a MODEL (a model directory or a built-in name), or "
@@ -305,7 +305,7 @@ def load(
     if as_json:
         print_json(record)
         return
-    _print_load(record, console)
+    print_load(record, console)
     console.print("generate with: p2pswarm generate \"Once upon a time\"")
 
 
@@ -348,7 +348,7 @@ def loads(home: Optional[Path] = HomeOption, as_json: bool = JsonOption) -> None
         console.print("nothing is loaded; load a model with `p2pswarm load MODEL`")
         return
     for record in records:
-        _print_load(record, console)
+        print_load(record, console)
         if not record.get("complete", True) and not record.get("waiting"):
             console.print("[bold red]incomplete:[/] a stage is missing or its fellow is gone; "
                           "the leader moves a lost stage to a spare card when one has room, "

@@ -80,7 +80,7 @@ def _job_line(job: dict[str, Any]) -> str:
     return text + (f" ({job['reason']})" if job.get("reason") else "")
 
 
-def _kept_elsewhere(job: Optional[dict[str, Any]], record: dict[str, Any]) -> str:
+def kept_elsewhere_note(job: Optional[dict[str, Any]], record: dict[str, Any]) -> str:
     """A line saying where the leader keeps the checkpoints when that is not the job's
     ``checkpoint.dir`` (the job came from a fellow that does not lead); else ""."""
     kept = record.get("checkpoint_dir")
@@ -167,7 +167,7 @@ def train(
             console.print(moved, markup=False)
         if isinstance(record.get("job_id"), str):
             said["job_id"] = record["job_id"]
-        kept = _kept_elsewhere(job, record)
+        kept = kept_elsewhere_note(job, record)
         if kept and said.get("kept") != kept:
             said["kept"] = kept
             console.print(kept, markup=False, soft_wrap=True)

@@ -61,10 +61,10 @@ from p2pswarm.transport.netmodel import (
     Bernoulli,
     FadeTimeline,
     GilbertElliott,
+    LossState,
     Retransmission,
     UniformDelay,
-    _LossState,
-    _lost,
+    is_lost,
 )
 from p2pswarm.wire.codec import encode
 from p2pswarm.wire.gossip import Alive, is_election
@@ -85,7 +85,7 @@ class RandomDraws(random.Random):
     (``expovariate``, ``gauss``): a seeded lab's generator, same stream as before."""
 
     def chance(self, probability: float) -> bool:
-        # No draw for 0 and 1, as with _Rng.
+        # No draw for 0 and 1, as with SplitMixRng.
         if probability <= 0.0:
             return False
         return probability >= 1.0 or self.random() < probability
@@ -203,7 +203,7 @@ class GossipLab:
         self.seed = seed
         self.config = config or lan()
         self.link = Bernoulli(link_loss)
-        self._link_state = _LossState()
+        self._link_state = LossState()
         self.radio_model = radio
         self.delay_s = delay_s
         self.delay = UniformDelay(*delay_s)
@@ -466,7 +466,7 @@ class GossipLab:
     def _datagram_lost(self, src: LabNode, dst: LabNode, t_send: float, t_arrive: float) -> bool:
         if not dst.up or src.group != dst.group:
             return True
-        if _lost(self._link_state, self.link, self._net, t_send):
+        if is_lost(self._link_state, self.link, self._net, t_send):
             return True
         if src.radio is not None and src.radio.lost_at(t_send):
             return True

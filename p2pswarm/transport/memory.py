@@ -92,11 +92,11 @@ from p2pswarm.transport.netmodel import (  # the models, re-exported: tests impo
     LinkModel,
     LognormalDelay,
     LossModel,
+    LossState,
     ParetoDelay,
+    SplitMixRng,
     UniformDelay,
-    _LossState,
-    _lost,
-    _Rng,
+    is_lost,
 )
 
 # Outcome of a datagram; also the keys of the loss counters.
@@ -133,7 +133,7 @@ class PacketRecord:
 # --- state behind the models -------------------------------------------------------------
 
 
-class _Link(_LossState):
+class _Link(LossState):
     """One directed link: its generator, loss chain, sequence numbers and counters."""
 
     __slots__ = ("busy_until_s", "counts", "dst", "explicit", "rng", "sends", "seq", "src")
@@ -143,7 +143,7 @@ class _Link(_LossState):
         self.src = src
         self.dst = dst
         self.explicit: LinkModel | None = None
-        self.rng = _Rng(seed, "link", src, dst)
+        self.rng = SplitMixRng(seed, "link", src, dst)
         self.sends = 0  # datagrams sent, numbering PacketRecord.seq
         self.seq = 0  # heap entries pushed: with (at, src, dst) a key unique and stable
         self.busy_until_s = -math.inf
@@ -154,7 +154,7 @@ _SENT = len(OUTCOMES)
 _OUTCOME_INDEX = {outcome: index for index, outcome in enumerate(OUTCOMES)}
 
 
-class _Node(_LossState):
+class _Node(LossState):
     """One address: whether it is up, its radio, its partition group, its transport."""
 
     __slots__ = ("addr", "group", "radio", "rng", "transport", "up")
@@ -164,7 +164,7 @@ class _Node(_LossState):
         self.addr = addr
         self.up = True
         self.radio: LossModel | None = None
-        self.rng = _Rng(seed, "radio", addr)
+        self.rng = SplitMixRng(seed, "radio", addr)
         self.group: int | None = None
         self.transport: MemoryTransport | None = None
 
@@ -500,11 +500,11 @@ class MemoryNetwork:
                          now: float) -> str | None:
         """LOST_LINK or LOST_RADIO for a packet sent now that the link's loss or either
         end's radio takes (drawn in that order), None if it gets through."""
-        if model.loss is not None and _lost(link, model.loss, link.rng, now):
+        if model.loss is not None and is_lost(link, model.loss, link.rng, now):
             return LOST_LINK
         for node in (src, dst):
-            if node is not None and node.radio is not None and _lost(node, node.radio,
-                                                                     node.rng, now):
+            if node is not None and node.radio is not None and is_lost(node, node.radio,
+                                                                       node.rng, now):
                 return LOST_RADIO
         return None
 

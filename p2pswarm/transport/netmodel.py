@@ -2,7 +2,7 @@
 
 Theory of operation. Everything here is pure: no trio, no clock, no global ``random``.
 Time comes in as ``now`` (seconds) and randomness as a generator passed in that makes the
-few draws of ``Draws``: the SplitMix64 ``_Rng`` (eight bytes of state, seeded from names:
+few draws of ``Draws``: the SplitMix64 ``SplitMixRng`` (eight bytes of state, seeded from names:
 MemoryNetwork has one per link and per radio), or GossipLab's seeded ``random.Random``
 with those draws added (``p2pswarm.sim.gossip_lab.RandomDraws``). Both worlds that
 simulate a network, ``MemoryNetwork`` (trio, virtual time) and ``GossipLab`` (the pure
@@ -12,7 +12,7 @@ definition of each.
 - Delay models (``FixedDelay``, ``UniformDelay``, ``LognormalDelay``, ``ParetoDelay``):
   ``sample_s(rng)`` is one packet's one-way delay.
 - Loss models (``Bernoulli``, ``GilbertElliott``) are values; where a loss chain stands is
-  state kept beside them, in one of two forms. ``_LossState`` with ``_lost`` advances a
+  state kept beside them, in one of two forms. ``LossState`` with ``is_lost`` advances a
   continuous-time Gilbert-Elliott chain lazily to the instant a packet is sent (one draw
   for an hour of silence); ``FadeTimeline`` draws the same chain ahead as switch times,
   so one can also ask how long the radio was bad around a moment (``longest_outage_s``).
@@ -47,7 +47,7 @@ RTO_MAX_S = 60.0  # the timer doubles up to this
 
 
 class Draws(Protocol):
-    """The few draws the models make; ``_Rng`` and gossip_lab's ``RandomDraws`` make them."""
+    """The few draws the models make; ``SplitMixRng`` and gossip_lab's ``RandomDraws`` make them."""
 
     def random(self) -> float: ...
 
@@ -60,7 +60,7 @@ class Draws(Protocol):
     def pareto(self, alpha: float) -> float: ...
 
 
-class _Rng:
+class SplitMixRng:
     """SplitMix64 with the few distributions the models need."""
 
     __slots__ = ("_state",)
@@ -295,7 +295,7 @@ class LinkModel:
 # --- state behind the models -------------------------------------------------------------
 
 
-class _LossState:
+class LossState:
     """Where a loss chain stands; shared shape for links and radios."""
 
     __slots__ = ("bad", "chain_model", "on_bad_stay", "until_s")
@@ -307,7 +307,7 @@ class _LossState:
         self.on_bad_stay: Callable[[float, float], None] | None = None  # (start, end)
 
 
-def _lost(state: _LossState, model: LossModel, rng: Draws, now: float) -> bool:
+def is_lost(state: LossState, model: LossModel, rng: Draws, now: float) -> bool:
     """Does a packet sent at ``now`` fall to ``model``? Advances the chain to ``now``."""
     if isinstance(model, Bernoulli):
         return rng.chance(model.loss)
@@ -355,7 +355,7 @@ def _lost(state: _LossState, model: LossModel, rng: Draws, now: float) -> bool:
 class FadeTimeline:
     """A Gilbert-Elliott radio in continuous time, drawn ahead as switch times.
 
-    The same chain as ``_lost`` advances lazily, kept as the list of instants it flips,
+    The same chain as ``is_lost`` advances lazily, kept as the list of instants it flips,
     so a verdict can be judged against the radio's past (``bad_runs``,
     ``longest_outage_s``). Asked about a later time, it draws the stays up to it."""
 

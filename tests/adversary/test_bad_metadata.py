@@ -22,7 +22,7 @@ from rich.console import Console
 from p2pswarm.agent import Agent
 from p2pswarm.agent.fellow_meta import clean_metadata
 from p2pswarm.agent.world import AgentWorld
-from p2pswarm.cli.loads import _print_load
+from p2pswarm.cli.loads import print_load
 from p2pswarm.cli.render import print_plan
 from p2pswarm.cli.swarm import render_status
 from p2pswarm.sim.virtual import Fellow, VirtualSwarm, cpu_card, wait_until
@@ -132,7 +132,7 @@ async def test_a_rogue_gossiping_malformed_metadata_breaks_no_view(autojump_cloc
             render_status(agent.status())
         print_plan(plan, Console(file=io.StringIO()))
         out = io.StringIO()
-        _print_load({**loaded, "model": {"name": "[/red]"}}, Console(file=out))
+        print_load({**loaded, "model": {"name": "[/red]"}}, Console(file=out))
         assert "[/red]" in out.getvalue()
         await honest[1].leadership.ask(UnloadAsk(plan["plan_id"]), Unloaded)
         assert all(not a.stopped.is_set() for a in swarm.live())

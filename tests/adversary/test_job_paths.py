@@ -149,13 +149,13 @@ async def test_the_leaders_own_user_gets_the_directory_it_names(
 
 
 def test_train_says_where_the_leader_keeps_the_checkpoints() -> None:
-    from p2pswarm.cli.training import _kept_elsewhere
+    from p2pswarm.cli.training import kept_elsewhere_note
 
     job = {"checkpoint": {"dir": "/home/me/ckpt"}}
     kept = {"job_id": "job-0123abcd", "checkpoint_dir": "/srv/leader/job-checkpoints/x"}
-    line = _kept_elsewhere(job, kept)
+    line = kept_elsewhere_note(job, kept)
     assert "kept on the leader in /srv/leader/job-checkpoints/x" in line
     assert "jobs export job-0123abcd --out DIR" in line
-    assert _kept_elsewhere(job, {**kept, "checkpoint_dir": "/home/me/ckpt"}) == ""
-    assert _kept_elsewhere({"checkpoint": {}}, kept) == ""
-    assert _kept_elsewhere(None, kept) == ""
+    assert kept_elsewhere_note(job, {**kept, "checkpoint_dir": "/home/me/ckpt"}) == ""
+    assert kept_elsewhere_note({"checkpoint": {}}, kept) == ""
+    assert kept_elsewhere_note(None, kept) == ""

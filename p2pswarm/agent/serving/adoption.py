@@ -192,7 +192,7 @@ class Adoption:
                 log.info("load %s not adopted yet: not every fellow said which unloads "
                          "it remembers", plan_id)
                 return before
-            _, kept, orders = _newest(answers)
+            _, kept, orders = newest_kept(answers)
             route = [route_dict(h) for h in kept.route]
             if before is not None and [h["fellow_id"] for h in before["stages"]] == [
                     h["fellow_id"] for h in route]:
@@ -273,8 +273,8 @@ class Adoption:
         return sorted(addrs)
 
 
-def _newest(answers: list[tuple[str, StageOrdersKept, list[StageOrder]]]
-            ) -> tuple[str, StageOrdersKept, list[StageOrder]]:
+def newest_kept(answers: list[tuple[str, StageOrdersKept, list[StageOrder]]]
+                ) -> tuple[str, StageOrdersKept, list[StageOrder]]:
     """The latest term's answer, then the route most answers hold, then the least
     route by fellow ids (the same choice whatever order the answers came in)."""
     def route_of(kept: StageOrdersKept) -> tuple[str, ...]:

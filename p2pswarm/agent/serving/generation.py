@@ -99,7 +99,7 @@ log = logging.getLogger("p2pswarm.serving")
 
 
 @dataclass
-class _ReturnSlot:
+class ReturnSlot:
     """Where the last stage's stream back to a driver lands."""
 
     expected_id: bytes
@@ -133,7 +133,7 @@ class _Failure:
 
 
 @dataclass
-class _Run:
+class GenerationRun:
     """One generation across its sessions: when the leader heals the load, the driver
     opens a new session on the healed route and replays ``ids + tokens`` as its prompt,
     so the generation goes on from the token it had reached."""
@@ -188,7 +188,7 @@ class Generation:
         self.admission = Admission()
         self.kept = PrefixCache()
         self.answers = AnswerIds()  # remembered answers' own ids, for the next turn's prompt
-        self._returns: dict[str, _ReturnSlot] = {}
+        self._returns: dict[str, ReturnSlot] = {}
         agent.on_stream(SessionReturn, self._on_session_return)
 
     async def _on_session_return(self, msg: SessionReturn, stream: SecureStream) -> None:
@@ -289,8 +289,8 @@ class Generation:
         open_msg = SessionOpen("-", record.plan_id, 0, self.agent.addr, float(temperature),
                                int(top_k), float(top_p), int(seed), keep_logits)
         async with self.admission.slot(plan, record.max_sessions, on_wait):
-            run = _Run(list(ids), [0.0] * len(record.stages), time.perf_counter(),
-                       remember=remember)
+            run = GenerationRun(list(ids), [0.0] * len(record.stages), time.perf_counter(),
+                                remember=remember)
             run.reuse = self.kept.take(plan, ids) if remember else None
             result = await self._run(record, run, max_tokens, stops, open_msg, tokenizer,
                                      on_token)
@@ -301,7 +301,7 @@ class Generation:
             self.answers.note(plan, tokenizer, tokenizer.decode(answer), answer)
         return result
 
-    async def _run(self, record: LoadRecord, run: _Run, max_tokens: int,
+    async def _run(self, record: LoadRecord, run: GenerationRun, max_tokens: int,
                    stops: set[int], open_msg: SessionOpen, tokenizer: Any,
                    on_token: Callable[[int, str], None] | None) -> GenerationResult:
         """The generation's sessions: one, or more when the load heals under it (or a
@@ -348,7 +348,7 @@ class Generation:
             logits=tuple(run.kept), resumes=run.resumes, cached_tokens=run.cached,
             stage_prefill_s=run.prefill_s, replayed_stages=tuple(run.replays))
 
-    async def _session(self, record: LoadRecord, run: _Run, max_tokens: int,
+    async def _session(self, record: LoadRecord, run: GenerationRun, max_tokens: int,
                        stops: set[int], open_msg: SessionOpen, text: TextStream,
                        on_token: Callable[[int, str], None] | None) -> _Failure | None:
         """One session through the load's route, from the tokens ``run`` has so far to
@@ -365,7 +365,7 @@ class Generation:
         route = record.stages
         open_msg = dataclasses.replace(open_msg, session=session, plan_id=record.plan_id,
                                        resume_from=start, recover=recover)
-        slot = _ReturnSlot(bytes.fromhex(route[-1].fellow_id))
+        slot = ReturnSlot(bytes.fromhex(route[-1].fellow_id))
         self._returns[session] = slot
         failure = _Failure()
         try:
@@ -430,9 +430,9 @@ class Generation:
             return None
         return healed if healed.continues(record) else None
 
-    async def _drive(self, record: LoadRecord, route: tuple[RouteHop, ...], run: _Run,
+    async def _drive(self, record: LoadRecord, route: tuple[RouteHop, ...], run: GenerationRun,
                      max_tokens: int, stops: set[int], open_msg: SessionOpen,
-                     upstream: SecureStream, slot: _ReturnSlot, failure: _Failure,
+                     upstream: SecureStream, slot: ReturnSlot, failure: _Failure,
                      text: TextStream, on_token: Callable[[int, str], None] | None) -> None:
         chunk = record.prefill_chunk_tokens
         prompt = run.ids + run.tokens  # a resumed session replays what it had
@@ -493,7 +493,7 @@ class Generation:
             await send(StepInput(step, position, True, (),
                                  self.runtime.token_frame([msg.token])))
 
-    async def _returned(self, slot: _ReturnSlot, route: tuple[RouteHop, ...],
+    async def _returned(self, slot: ReturnSlot, route: tuple[RouteHop, ...],
                         failure: _Failure) -> SecureStream:
         """The last stage's stream back, once it has connected."""
         with trio.move_on_after(self.step_timeout_s):

@@ -213,8 +213,8 @@ class Loads:
                 raise PlacementError(f"plan {plan_id} is already loaded: `p2pswarm loads` "
                                      "shows it; unload it first to load it again")
             _check_model(message, model)
-            orders = _stage_orders(plan, model, call.progress_addr, call.ticket, adapter,
-                                   self._generation())
+            orders = stage_orders(plan, model, call.progress_addr, call.ticket, adapter,
+                                  self._generation())
             addrs = self._order_addrs(orders)
             record = await self._bring_up(plan, orders, addrs, model, adapter, message)
             self.asked[plan_id] = (message, model, adapter)
@@ -226,7 +226,7 @@ class Loads:
         """Bring ``plan`` up as a load of its own, as ``load`` does (checked, fetched,
         loaded, started; all or nothing), beside a load it is to replace (``recut``).
         Hold ``lock``."""
-        orders = _stage_orders(plan, model, "", "", adapter, self._generation())
+        orders = stage_orders(plan, model, "", "", adapter, self._generation())
         record = await self._bring_up(plan, orders, self._order_addrs(orders), model, adapter,
                                       message)
         self.asked[plan.plan_id] = (message, model, adapter)
@@ -554,9 +554,9 @@ def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
         raise ConfigError(f"unknown model kind {model.get('kind')!r}")
 
 
-def _stage_orders(plan: Plan, model: dict[str, Any], progress_addr: str,
-                  ticket: str, adapter: dict[str, Any] | None = None,
-                  generation: str = "") -> list[StageOrder]:
+def stage_orders(plan: Plan, model: dict[str, Any], progress_addr: str,
+                 ticket: str, adapter: dict[str, Any] | None = None,
+                 generation: str = "") -> list[StageOrder]:
     cards = {(c.fellow_id, c.kind, c.index): c for c in plan.cards if c.used}
     runtime = runtime_block(plan.runtime())
     orders = []
