@@ -5,6 +5,7 @@ restarts."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -176,7 +177,8 @@ async def test_a_slow_replica_never_holds_the_rounds_past_their_deadline(
         swarm = await start_swarm(nursery)
         leader = next(a for a in swarm.live() if a.leadership.is_leader())
         slow = next(a for a in swarm.live() if a is not leader)
-        slow.training.simulated_step_s = 5 * STEP_S  # one fellow five times slower
+        slow.training.timings = replace(slow.training.timings,  # one fellow five times slower
+                                        simulated_step_s=5 * STEP_S)
         began = trio.current_time()
         record = await leader.training.submit(config)
         record = await finished(leader, record["job_id"])
@@ -297,11 +299,11 @@ async def test_a_fellow_lost_while_a_checkpoint_gathers_pauses_its_replica_not_t
     """A replica's fellow that leaves or crashes just as the checkpoint asks its stage
     for its state: that replica is paused and the job finishes; it used to fail the
     whole job."""
-    from p2pswarm.agent.training.checkpoints import Checkpoints
+    from p2pswarm.agent.training.checkpoints import CheckpointKeeper
 
     config = churn_config() | {"steps": 12, "checkpoint": {"dir": str(tmp_path / "ckpt"),
                                                            "interval_steps": 4}}
-    gather = Checkpoints._gather_state
+    gather = CheckpointKeeper.gather_state
     crashed: list[str] = []
 
     async with trio.open_nursery() as nursery:
@@ -318,7 +320,7 @@ async def test_a_fellow_lost_while_a_checkpoint_gathers_pauses_its_replica_not_t
                 swarm.crash(victim)
             return await gather(self, link, dest, *ask)
 
-        monkeypatch.setattr(Checkpoints, "_gather_state", crash_first)
+        monkeypatch.setattr(CheckpointKeeper, "gather_state", crash_first)
         record = await leader.training.submit(config)
         job = leader.training.jobs[record["job_id"]]
         await wait_until(lambda: bool(crashed), timeout_s=120, step_s=0.01)

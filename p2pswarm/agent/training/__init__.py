@@ -47,6 +47,7 @@ from p2pswarm.agent.training.jobs import (
 from p2pswarm.agent.training.placement import Placer
 from p2pswarm.agent.training.stage_host import StageHosts, TrainHost
 from p2pswarm.agent.training.takeover import Handed, Takeover
+from p2pswarm.config import TrainingTimings
 from p2pswarm.control.server import current_emitter, emit
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
 from p2pswarm.training.job import split_launch
@@ -64,8 +65,7 @@ from p2pswarm.wire.jobs import (
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.training.ports import Leadership, TrainingAgent
     from p2pswarm.agent.training.runtime import TrainRuntime
 
 log = logging.getLogger("p2pswarm.training")
@@ -95,23 +95,19 @@ class Training:
     ops ``job_plan``, ``job_submit``, ``jobs``, ``job_cancel``, ``job_export`` of one
     agent."""
 
-    def __init__(self, agent: Agent, leadership: Leadership,
-                 runtime: TrainRuntime | None = None) -> None:
+    def __init__(self, agent: TrainingAgent, leadership: Leadership,
+                 runtime: TrainRuntime | None = None, *,
+                 timings: TrainingTimings = TrainingTimings()) -> None:
         self.agent = agent
         self.leadership = leadership
         self._runtime = runtime
-        self.step_timeout_s = 120.0  # the most the driver waits for one stage's step
-        self.open_timeout_s = 30.0
-        self.retry_s = 5.0  # a pending job tries its fellows again this often
-        # simulations only: the virtual seconds one step of a hosted stage takes (compute
-        # runs inline and takes none); 0 in the real world
-        self.simulated_step_s = 0.0
+        self.timings = timings  # how long the driver waits, how often it retries
         self.shown = ShownPlans(agent.name)  # job plans this leader has shown
         self._checkpoints_root: Path | None = None
         self.leader = LeaderJobs(self)
         self.placer = Placer(self)
         self.stages = StageHosts(self)
-        self.copies = TrainCopies(agent)
+        self.copies = TrainCopies(agent, leadership)
         self.data = JobData(agent, self._data_in_use)
         self.handover = JobHandover(self)
         self.takeover = Takeover(self)
@@ -262,8 +258,9 @@ class Training:
         leads: they are in its store already)."""
         if self.leadership.is_leader() or not sent_files(config):
             return
-        leader = self.agent.leader()
-        member = self.agent.fellow(leader["id"]) if leader is not None else None
+        election = self.agent.election
+        leader_id = election.status().leader_id if election is not None else None
+        member = self.agent.fellow(leader_id.hex()) if leader_id is not None else None
         if member is None:
             raise PlacementError("no leader in this fellow's view to send the job's data to; "
                                  "wait for one to be elected")

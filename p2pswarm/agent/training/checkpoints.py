@@ -69,14 +69,11 @@ from p2pswarm.wire.training import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.training import Training
-    from p2pswarm.agent.training.driver import Replica
-    from p2pswarm.agent.training.jobs import Job
+    from p2pswarm.agent.training.global_state import GlobalState
     from p2pswarm.agent.training.links import Link
-    from p2pswarm.agent.training.runtime import StageKeeper, TrainRuntime
+    from p2pswarm.agent.training.ports import DriverPort, Leadership, SwarmNode
+    from p2pswarm.agent.training.replica import Replica
     from p2pswarm.training.checkpoint import CheckpointStore
-    from p2pswarm.training.job import JobConfig
     from p2pswarm.transport.secure import SecureStream
 
 log = logging.getLogger("p2pswarm.training")
@@ -107,40 +104,28 @@ def same_training(job: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in job.items() if k != "checkpoint"}
 
 
-class Checkpoints:
-    """The driver's checkpoints (a mixin of ``driver.Driver``, which holds the state)."""
+class CheckpointKeeper:
+    """A driver's checkpoints: gathered from its stages into its store, copied to
+    fellows, resumed from; and the optimizer moments a replica placed again borrows.
+    Its state is its store; the driver's replicas and keepers it reaches through the
+    driver (``ports.DriverPort``), the global state through ``global_state``."""
 
-    training: Training
-    runtime: TrainRuntime
-    job: Job
-    cfg: JobConfig
-    replicas: list[Replica]
-    keepers: list[StageKeeper]
-
-    def init_checkpoints(self) -> None:
-        self.store: CheckpointStore | None = None
-
-    if TYPE_CHECKING:  # provided by the driver and its other rooms
-        @property
-        def active(self) -> list[Replica]: ...
-
-        async def copy_tied(self, r: Replica) -> None: ...
-
-        async def to_global_state(self, r: Replica) -> bool: ...
-
-        async def pause(self, r: Replica, exc: BaseException) -> None: ...
+    def __init__(self, driver: DriverPort, global_state: GlobalState) -> None:
+        self._driver = driver
+        self._global = global_state
+        self.store: CheckpointStore | None = None  # None: the job keeps no checkpoints
 
     @property
     def _max_shard_bytes(self) -> int:
-        return self.training.agent.config.transport.max_shard_bytes
+        return self._driver.training.agent.config.transport.max_shard_bytes
 
     async def checkpoint(self) -> None:
         """Gather every stage's state into the store (each straight into its shard file,
         in parts), then copy the checkpoint to fellows."""
         store = self.store
         assert store is not None
-        present = list(self.active)
-        step = self.job.step
+        present = list(self._driver.active)
+        step = self._driver.job.step
         target = store.step_dir(step)
         files: dict[str, str] = {}
         positions: dict[str, dict[str, int]] = {}
@@ -148,7 +133,7 @@ class Checkpoints:
             try:
                 for link in r.links:
                     name = f"{r.name}.stage-{link.stage}"
-                    files[name] = await self._gather_state(link, target / f"{name}.pt")
+                    files[name] = await self.gather_state(link, target / f"{name}.pt")
                     positions[name] = {"data_position": r.stream.position,
                                        "pipeline_steps": r.steps,
                                        "samples_unsent": r.samples_unsent,
@@ -156,37 +141,37 @@ class Checkpoints:
             except SwarmError as exc:
                 # a fellow that left or crashed since the last step: its replica is
                 # lost, not the job; the checkpoint is written as for any paused replica
-                log.info("job %s: checkpoint at step %d: %s lost a fellow", self.job.job_id,
+                log.info("job %s: checkpoint at step %d: %s lost a fellow", self._driver.job.job_id,
                          step, r.name)
-                await self.pause(r, exc)
+                await self._driver.pause(r, exc)
                 present.remove(r)
         if not present:
             log.info("job %s: checkpoint at step %d skipped, every replica is paused",
-                     self.job.job_id, step)
+                     self._driver.job.job_id, step)
             if step not in store.steps():  # only this attempt's shards
                 shutil.rmtree(target, ignore_errors=True)
             return
-        for r in self.replicas:
+        for r in self._driver.replicas:
             if all(r is not x for x in present):
                 await self._stand_in(r, present[0], target, files, positions)
         shards = {f"keeper.stage-{s}": keeper.state_dict()
-                  for s, keeper in enumerate(self.keepers)}
+                  for s, keeper in enumerate(self._driver.keepers)}
         cut = [link_layers[0] for link_layers in
-               (s["layers"] for s in self.job.placement[0][1:])]
-        meta = {"step": step, "samples": self.job.samples,
-                "bytes_sent": self.job.bytes_sent, "losses": self.job.losses, "cut": cut,
-                "replicas": len(self.replicas), "job": self.cfg.to_dict(),
-                "job_id": self.job.job_id, "positions": positions}
-        path = await self.training.agent.compute.run(
+               (s["layers"] for s in self._driver.job.placement[0][1:])]
+        meta = {"step": step, "samples": self._driver.job.samples,
+                "bytes_sent": self._driver.job.bytes_sent, "losses": self._driver.job.losses, "cut": cut,
+                "replicas": len(self._driver.replicas), "job": self._driver.cfg.to_dict(),
+                "job_id": self._driver.job.job_id, "positions": positions}
+        path = await self._driver.training.agent.compute.run(
             lambda: store.write(step, shards, meta, files))
-        self.job.checkpoint = str(path)
-        self.job.checkpoint_step = self.job.step
-        self.job.copies = await self.training.copies.spread(
-            self.job.job_id, self.job.step, path, self.cfg.checkpoint.copies)
-        thin = sorted(n for n, h in self.job.copies.items() if len(h) < self.cfg.checkpoint.copies)
+        self._driver.job.checkpoint = str(path)
+        self._driver.job.checkpoint_step = self._driver.job.step
+        self._driver.job.copies = await self._driver.training.copies.spread(
+            self._driver.job.job_id, self._driver.job.step, path, self._driver.cfg.checkpoint.copies)
+        thin = sorted(n for n, h in self._driver.job.copies.items() if len(h) < self._driver.cfg.checkpoint.copies)
         if thin:
             log.warning("job %s: checkpoint %d has fewer than %d copies on fellows of %s",
-                        self.job.job_id, self.job.step, self.cfg.checkpoint.copies,
+                        self._driver.job.job_id, self._driver.job.step, self._driver.cfg.checkpoint.copies,
                         ", ".join(thin))
 
     async def _stand_in(self, r: Replica, present: Replica, target: Path,
@@ -197,17 +182,17 @@ class Checkpoints:
         resume puts ``r`` on the keepers' global parameters (as its rejoin would) and
         its data goes on from where its last delta left. Every reader of the layout
         (resume, export, re-shard) finds every shard."""
-        version = self.keepers[0].version if self.keepers else r.version
+        version = self._driver.keepers[0].version if self._driver.keepers else r.version
         for link in present.links:
             name, like = f"{r.name}.stage-{link.stage}", f"{present.name}.stage-{link.stage}"
             source, dest = target / f"{like}.pt", target / f"{name}.pt"
-            await self.training.agent.compute.run(partial(second_name, source, dest))
+            await self._driver.training.agent.compute.run(partial(second_name, source, dest))
             files[name] = files[like]
             positions[name] = {"data_position": r.kept_position, "pipeline_steps": r.steps,
                                "samples_unsent": 0, "steps_unsent": 0, "version": version,
                                "global_state": 1}
 
-    async def _gather_state(self, link: Link, dest: Path,
+    async def gather_state(self, link: Link, dest: Path,
                             ask: StateAsk | MomentsAsk = StateAsk()) -> str:
         """Stage ``link``'s state (or what else ``ask`` asks for) into the file ``dest``;
         its SHA-256."""
@@ -219,7 +204,7 @@ class Checkpoints:
         assert link.stream is not None
         await receive_state_parts(link.stream, Landing(dest, head.total, head.sha256, what),
                                   f"stage {link.stage} on {link.fellow}",
-                                  self.training.agent.compute.run)
+                                  self._driver.training.agent.compute.run)
         return head.sha256
 
     async def lend_moments(self, r: Replica) -> bool:
@@ -229,41 +214,41 @@ class Checkpoints:
         the bytes of the global parameters it takes next). Where no replica trains, or
         the lender fails, ``r`` starts fresh and ramps its learning rate. False (``r``
         paused) when a stage of ``r`` fails."""
-        lender = next((x for x in self.active if x.running and not x.joining
+        lender = next((x for x in self._driver.active if x.running and not x.joining
                        and [k.stage for k in x.links] == [k.stage for k in r.links]), None)
         if lender is None:
             return True
         for theirs, ours in zip(lender.links, r.links):
-            # ``_gather_state`` makes the directory when it checks the room there
-            path = self.training.copies.incoming / f"{self.job.job_id}.lent-{ours.stage}.pt"
+            # ``gather_state`` makes the directory when it checks the room there
+            path = self._driver.training.copies.incoming / f"{self._driver.job.job_id}.lent-{ours.stage}.pt"
             try:
                 try:
                     async with lender.lock:
                         if lender.paused:  # lost while its step ended
                             return True
-                        with trio.fail_after(self.training.step_timeout_s):
-                            digest = await self._gather_state(theirs, path, MomentsAsk())
+                        with trio.fail_after(self._driver.training.timings.step_timeout_s):
+                            digest = await self.gather_state(theirs, path, MomentsAsk())
                 except (SwarmError, trio.TooSlowError) as exc:
                     # its own task meets a broken stream at its next command and pauses
                     # it; the lender's fate is not this replica's
-                    log.info("job %s: %s lent no moments: %s", self.job.job_id,
+                    log.info("job %s: %s lent no moments: %s", self._driver.job.job_id,
                              lender.name, exc)
                     return True
                 size = path.stat().st_size
                 try:
-                    with trio.fail_after(self.training.step_timeout_s):
+                    with trio.fail_after(self._driver.training.timings.step_timeout_s):
                         await ours.send(MomentsLoadHead(size, digest))
                         assert ours.stream is not None
                         await send_state_file(ours.stream, path,
-                                              self.training.agent.compute.run)
+                                              self._driver.training.agent.compute.run)
                         await ours.receive(Ack)
                 except (SwarmError, trio.TooSlowError) as exc:
-                    await self.pause(r, exc)
+                    await self._driver.pause(r, exc)
                     return False
-                self.job.bytes_sent += 2 * size  # from the lender, and on to ``r``
+                self._driver.job.bytes_sent += 2 * size  # from the lender, and on to ``r``
             finally:
                 path.unlink(missing_ok=True)
-        log.info("job %s: %s was lent the moments of %s", self.job.job_id, r.name,
+        log.info("job %s: %s was lent the moments of %s", self._driver.job.job_id, r.name,
                  lender.name)
         return True
 
@@ -273,25 +258,25 @@ class Checkpoints:
         store = self.store
         if store is None:
             raise ConfigError("the job names no checkpoint.dir to resume from")
-        step = await self.training.copies.restore(self.job.job_id, store)
+        step = await self._driver.training.copies.restore(self._driver.job.job_id, store)
         if step is None:
-            raise ConfigError(f"no complete checkpoint of {self.job.job_id} in "
+            raise ConfigError(f"no complete checkpoint of {self._driver.job.job_id} in "
                               f"{store.directory} or on any connected fellow")
         meta = store.manifest(step)["meta"]
-        if same_training(meta["job"]) != same_training(self.cfg.to_dict()):
+        if same_training(meta["job"]) != same_training(self._driver.cfg.to_dict()):
             raise ConfigError("the checkpoint was written by a different job.json; resume "
                               "with the job it was trained with")
-        cut = [s["layers"][0] for s in self.job.placement[0][1:]]
-        if int(meta["replicas"]) != len(self.replicas):
+        cut = [s["layers"][0] for s in self._driver.job.placement[0][1:]]
+        if int(meta["replicas"]) != len(self._driver.replicas):
             raise PlacementError(
                 f"the checkpoint was trained as {meta['replicas']} replicas; the swarm now "
-                f"gives {len(self.replicas)} (resume when the cards hold as many)")
+                f"gives {len(self._driver.replicas)} (resume when the cards hold as many)")
         source = store
         if list(meta["cut"]) != cut:
             log.info("job %s: checkpoint %d was cut at %s, the swarm now cuts at %s: "
-                     "re-sharding it", self.job.job_id, step, meta["cut"], cut)
-            runtime = self.runtime
-            source = await self.training.agent.compute.run(
+                     "re-sharding it", self._driver.job.job_id, step, meta["cut"], cut)
+            runtime = self._driver.runtime
+            source = await self._driver.training.agent.compute.run(
                 lambda: runtime.reshard(store, step, cut))
         try:
             await self._load_from(source, step)
@@ -303,7 +288,7 @@ class Checkpoints:
         manifest = store.manifest(step)
         meta, digests = manifest["meta"], manifest["shards"]
         positions = meta.get("positions") or {}
-        for r in self.replicas:
+        for r in self._driver.replicas:
             for link in r.links:
                 name = f"{r.name}.stage-{link.stage}"
                 # checkpoints written before the positions moved to the manifest keep
@@ -326,20 +311,20 @@ class Checkpoints:
                 # a stage whose stream fails while the job resumes (its fellow left, or
                 # it was placed again meanwhile) loses its replica, not the job: the
                 # driver places that replica again, as after any loss
-                log.info("job %s: %s not resumed from checkpoint %d", self.job.job_id,
+                log.info("job %s: %s not resumed from checkpoint %d", self._driver.job.job_id,
                          r.name, step)
-                await self.pause(r, exc)
-        for s, keeper in enumerate(self.keepers):
+                await self._driver.pause(r, exc)
+        for s, keeper in enumerate(self._driver.keepers):
             keeper.load_state_dict(store.read(step, f"keeper.stage-{s}"), float(step))
-        for r in self.replicas:  # paused when it was written: it stood in for them
+        for r in self._driver.replicas:  # paused when it was written: it stood in for them
             if (positions.get(f"{r.name}.stage-0") or {}).get("global_state"):
                 r.kept_position = r.stream.position
-                await self.to_global_state(r)
-        self.job.step = int(meta["step"])
-        self.job.samples = int(meta["samples"])
-        self.job.bytes_sent = int(meta["bytes_sent"])
-        self.job.losses = [float(x) for x in meta["losses"]]
-        self.job.loss = self.job.losses[-1] if self.job.losses else None
+                await self._global.put(r)
+        self._driver.job.step = int(meta["step"])
+        self._driver.job.samples = int(meta["samples"])
+        self._driver.job.bytes_sent = int(meta["bytes_sent"])
+        self._driver.job.losses = [float(x) for x in meta["losses"]]
+        self._driver.job.loss = self._driver.job.losses[-1] if self._driver.job.losses else None
 
     async def _load_replica(self, store: CheckpointStore, step: int, r: Replica,
                             digests: dict[str, str]) -> None:
@@ -349,9 +334,9 @@ class Checkpoints:
             path = store.step_dir(step) / f"{name}.pt"
             await link.send(StateLoadHead(path.stat().st_size, digests[name]))
             assert link.stream is not None
-            await send_state_file(link.stream, path, self.training.agent.compute.run)
+            await send_state_file(link.stream, path, self._driver.training.agent.compute.run)
             await link.receive(Ack)
-        await self.copy_tied(r)
+        await self._global.copy_tied(r)
 
 
 # --- copies of checkpoint shards on fellows ---------------------------------------------------
@@ -361,8 +346,9 @@ class TrainCopies:
     """This fellow's copies of checkpoint shards (holder side) and the leader's side:
     spread a checkpoint, fetch one back."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: SwarmNode, leadership: Leadership) -> None:
         self.agent = agent
+        self.leadership = leadership
         self._root: Path | None = None
         self.evicted = 0  # steps dropped to make room, since start
         agent.on_stream(TrainShard, self._on_shard)
@@ -399,7 +385,7 @@ class TrainCopies:
 
     async def _on_shard(self, first: TrainShard, stream: SecureStream) -> None:
         try:  # only the leader spreads checkpoints: no one else fills this disk
-            self.agent.leadership.from_leader(stream.peer_node_id, "a checkpoint shard")
+            self.leadership.from_leader(stream.peer_node_id, "a checkpoint shard")
             directory = self.step_dir(first.job_id, first.step)
             filename = _filename(first.name)
             cap = MAX_MANIFEST_BYTES if first.name == MANIFEST else self._cap
@@ -462,12 +448,12 @@ class TrainCopies:
             held += size
             steps.append((max((f.st_mtime_ns for f in files), default=0), str(directory),
                           size))
-        for _, directory, size in sorted(steps):
+        for _, name, size in sorted(steps):
             if held + nbytes <= cap:
                 break
-            if Path(directory) in keep:
+            if Path(name) in keep:
                 continue
-            shutil.rmtree(directory, ignore_errors=True)
+            shutil.rmtree(name, ignore_errors=True)
             held -= size
             self.evicted += 1
         if held + nbytes > cap:
@@ -619,4 +605,4 @@ def _copy_timeout_s(total_bytes: int) -> float:
     return COPY_TIMEOUT_S + total_bytes / COPY_FLOOR_BYTES_PER_S
 
 
-__all__ = ["COPY_TIMEOUT_S", "KEEP_STEPS", "Checkpoints", "TrainCopies", "same_training"]
+__all__ = ["COPY_TIMEOUT_S", "KEEP_STEPS", "CheckpointKeeper", "TrainCopies", "same_training"]

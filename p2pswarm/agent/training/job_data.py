@@ -48,7 +48,7 @@ from p2pswarm.training.job import (
 from p2pswarm.wire.training import Ack, DataFetch, DataPut, TrainError
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.training.ports import SwarmNode
     from p2pswarm.transport.secure import SecureStream
 
 log = logging.getLogger("p2pswarm.training")
@@ -60,7 +60,7 @@ DATA_FLOOR_BYTES_PER_S = 10e6  # a big one gets this much longer per byte
 class JobData:
     """This fellow's store of job data files, and the streams that fill it."""
 
-    def __init__(self, agent: Agent, in_use: Callable[[], Iterable[str]] | None = None) -> None:
+    def __init__(self, agent: SwarmNode, in_use: Callable[[], Iterable[str]] | None = None) -> None:
         self.agent = agent
         # the files live jobs train on (``Training`` tells): never evicted
         self.in_use: Callable[[], Iterable[str]] = in_use or (lambda: ())

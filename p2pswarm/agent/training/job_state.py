@@ -12,21 +12,13 @@ bound first: the document came over the network, and a bad one is refused with o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
-from p2pswarm.agent.training.jobs import (
-    JOB_ID,
-    LOSSES_KEPT,
-    ROUNDS_KEPT,
-    STATES,
-    Job,
-    job_config,
-)
+from p2pswarm.agent.training.job_paths import JOB_ID
+from p2pswarm.agent.training.job_record import LOSSES_KEPT, ROUNDS_KEPT, STATES, Job, Running
+from p2pswarm.agent.training.jobs import job_config
 from p2pswarm.errors import ConfigError, RemoteProtocolError
-
-if TYPE_CHECKING:
-    from p2pswarm.agent.training.driver import Driver
 
 MAX_REPLICAS = 256
 MAX_STAGES = 1024
@@ -60,7 +52,7 @@ class RoundsState:
     replicas: tuple[ReplicaState, ...]
 
 
-def snapshot(job: Job, driver: Driver | None, leader: str) -> dict[str, Any]:
+def snapshot(job: Job, driver: Running | None, leader: str) -> dict[str, Any]:
     """The job's record and, while ``driver`` runs it, where its rounds stand; ``leader``
     names the leader that made it."""
     doc: dict[str, Any] = {
@@ -90,6 +82,19 @@ def snapshot(job: Job, driver: Driver | None, leader: str) -> dict[str, Any]:
 
 
 # --- reading a copy back ----------------------------------------------------------------------
+
+
+@dataclass
+class Handed:
+    """A job taken over: where its rounds stood, the keepers' outer state, and what the
+    driver is to do with them."""
+
+    rounds: RoundsState | None
+    outer: tuple[bytes, ...]
+    from_leader: str
+    lost: dict[int, str] = field(default_factory=dict)  # replica -> why it is not placed
+    generation: int = 0  # the placement generation the replicas were ordered back with
+    restore_rounds: bool = False
 
 
 def _bad(what: str) -> RemoteProtocolError:
@@ -241,4 +246,4 @@ def restore(doc: dict[str, Any]) -> tuple[Job, RoundsState | None]:
     return job, rounds_state
 
 
-__all__ = ["MOVES_KEPT", "ReplicaState", "RoundsState", "restore", "snapshot"]
+__all__ = ["MOVES_KEPT", "Handed", "ReplicaState", "RoundsState", "restore", "snapshot"]

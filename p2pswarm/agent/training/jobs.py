@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import trio
 
 from p2pswarm.agent.training.job_data import refuse_paths
+from p2pswarm.agent.training.job_record import (
+    LOSSES_KEPT,
+    ROUNDS_KEPT,
+    STATES,
+    TERMINAL,
+    Job,
+)
 from p2pswarm.agent.training.job_paths import (
     JOB_ID,
     JobPathRefused,
@@ -46,14 +51,9 @@ from p2pswarm.wire.jobs import (
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.training import Training
-    from p2pswarm.agent.training.driver import Driver
+    from p2pswarm.agent.training.ports import JobsPort
 
-STATES = ("pending", "running", "finished", "failed", "cancelled")
-TERMINAL = ("finished", "failed", "cancelled")
 CHANGED = "the cluster changed since the plan was shown: "
-LOSSES_KEPT = 1000  # per-step losses a job record carries
-ROUNDS_KEPT = 200  # sync rounds a job record carries
 
 
 def job_config(config: Any) -> JobConfig:
@@ -115,76 +115,10 @@ def card_key(stage: dict[str, Any]) -> str:
     return f"{stage['fellow_id']}:{which}"
 
 
-@dataclass
-class Job:
-    """The leader's record of one job."""
-
-    job_id: str
-    config: dict[str, Any]
-    plan_id: str
-    pinned: bool
-    stages: int | None
-    resume: bool = False
-    state: str = "pending"
-    reason: str = ""
-    step: int = 0
-    loss: float | None = None
-    losses: list[float] = field(default_factory=list)
-    tokens_per_s: float = 0.0
-    replicas: int = 0
-    bytes_sent: int = 0
-    samples: int = 0
-    checkpoint: str = ""
-    checkpoint_step: int = 0
-    # where this leader keeps the job's checkpoints: the submitter's own checkpoint.dir
-    # when its user is local to this disk, else set from this leader's state directory
-    # (``Training.checkpoint_dir``); never taken from a copy
-    checkpoint_dir: str = ""
-    copies: dict[str, list[str]] = field(default_factory=dict)  # shard -> fellows holding it
-    placement: list[list[dict[str, Any]]] = field(default_factory=list)
-    rejoins: int = 0
-    paused_times: int = 0  # a lone replica lost a fellow and the job waited to resume
-    # the newest placement generation given any of its replicas: one counter for the job,
-    # so a late release of an older placement never drops a newer one (``next_generation``)
-    generation: int = 0
-    rounds: list[dict[str, Any]] = field(default_factory=list)
-    replica_steps: dict[str, int] = field(default_factory=dict)  # local steps per replica
-    maximize: str | None = None
-    exclude_cards: list[str] = field(default_factory=list)  # cards the user left out
-    moves: list[str] = field(default_factory=list)  # one line per leader that took it over
-    scope: trio.CancelScope | None = None
-    driver: Driver | None = None  # while it runs
-    cancel_asked: bool = False
-    term: int = 0  # the term this agent drives it in
-    handed: str = ""  # why this agent stopped driving it: it no longer leads
-
-    def next_generation(self) -> int:
-        """The generation for a new placement of any of the job's replicas."""
-        self.generation += 1
-        return self.generation
-
-    def record(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "state": self.state, "reason": self.reason,
-                "step": self.step, "steps": int(self.config.get("steps", 0)),
-                "loss": self.loss, "losses": self.losses[-LOSSES_KEPT:],
-                "tokens_per_s": self.tokens_per_s, "replicas": self.replicas,
-                "bytes_sent": self.bytes_sent, "samples": self.samples,
-                "plan_id": self.plan_id, "pinned": self.pinned,
-                "model": self.config.get("model"), "checkpoint": self.checkpoint,
-                "checkpoint_dir": self.checkpoint_dir,
-                "checkpoint_copies": self.copies,
-                "seq_len": int(self.config.get("seq_len", 0)), "rejoins": self.rejoins,
-                "paused_times": self.paused_times,
-                "rounds": self.rounds[-ROUNDS_KEPT:], "replica_steps": self.replica_steps,
-                "moved": self.moves[-1] if self.moves else "", "moves": self.moves,
-                "stages": [[{k: s[k] for k in ("stage", "fellow", "layers", "card")}
-                            for s in replica] for replica in self.placement]}
-
-
 class LeaderJobs:
     """The leader's side: the job calls it serves and the jobs it leads."""
 
-    def __init__(self, training: Training) -> None:
+    def __init__(self, training: JobsPort) -> None:
         self.training = training
         self.agent = training.agent
         self.jobs: dict[str, Job] = {}  # jobs this agent leads, by id
@@ -414,5 +348,6 @@ class LeaderJobs:
         return JobRecord(pack_doc(await self.cancel(call.job_id)))
 
 
-__all__ = ["CHANGED", "JOB_ID", "STATES", "TERMINAL", "Job", "LeaderJobs", "card_key",
+__all__ = ["CHANGED", "JOB_ID", "LOSSES_KEPT", "ROUNDS_KEPT", "STATES", "TERMINAL", "Job",
+           "LeaderJobs", "card_key",
            "job_config", "job_plan", "model_message"]

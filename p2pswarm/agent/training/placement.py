@@ -22,6 +22,7 @@ import trio
 
 from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.training.jobs import CHANGED, TERMINAL, Job, job_config, model_message
+from p2pswarm.agent.training.placed import Placement
 from p2pswarm.errors import PlacementError, ReplicaLost, SwarmError
 from p2pswarm.planner import ClusterView, plan_message
 from p2pswarm.planner.wording import card_label
@@ -30,17 +31,15 @@ from p2pswarm.wire.jobs import TrainPrepare, TrainPrepared, TrainRelease, TrainR
 from p2pswarm.wire.orders import pack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.training import Training
+    from p2pswarm.agent.training.ports import PlacerPort
 
 log = logging.getLogger("p2pswarm.training")
-
-Placement = list[list[dict[str, Any]]]  # per replica, its stages with their fellows
 
 
 class Placer:
     """The leader's side of placing jobs' stages on fellows."""
 
-    def __init__(self, training: Training) -> None:
+    def __init__(self, training: PlacerPort) -> None:
         self.training = training
         self.agent = training.agent
 
@@ -84,7 +83,7 @@ class Placer:
                     reason = CHANGED + reason
                 job.state, job.reason = "pending", reason
                 log.info("job %s pending: %s", job.job_id, exc)
-            await trio.sleep(self.training.retry_s)
+            await trio.sleep(self.training.timings.retry_s)
 
     def _checkpoint_cut(self, job: Job) -> list[int] | None:
         """The cut of the checkpoint an unpinned job resumes from, on this leader's disk:
@@ -118,7 +117,7 @@ class Placer:
         if job.pinned:
             return await self.place(job)
         while True:
-            await trio.sleep(self.training.retry_s)
+            await trio.sleep(self.training.timings.retry_s)
             try:
                 stages = await self.replacement(job, 0)
                 refusals = await self.prepare(job, [stages], None, job.next_generation())
@@ -168,7 +167,8 @@ class Placer:
         other replicas' stages."""
         cfg = job_config(job.config)
         old = job.placement[replica]
-        own = {k: old[0][k] for k in ("micro_batch", "micro_batches") if old and k in old[0]}
+        own: dict[str, Any] = {k: old[0][k] for k in ("micro_batch", "micro_batches")
+                               if old and k in old[0]}
         message = {"model": model_message(cfg), **cfg.plan_request(), "stages": len(old),
                    "maximize": None, "exclude": sorted(job.exclude_cards), **own}
         plan = plan_message(message, self._view_for_training())
@@ -204,7 +204,7 @@ class Placer:
         """Order every stage of ``replicas`` (default: all) onto its fellow; the refusals."""
         refusals: list[str] = []
         config = pack_doc(job.config)
-        timeout_s = self.training.open_timeout_s
+        timeout_s = self.training.timings.open_timeout_s
 
         async def one(r: int, s: dict[str, Any], n_stages: int, next_addr: str,
                       prev_fellow: str) -> None:
@@ -251,7 +251,7 @@ class Placer:
             if not self.training.leads(job.term):
                 return  # the stages are the new leader's to keep or release
             try:
-                with trio.fail_after(self.training.open_timeout_s):
+                with trio.fail_after(self.training.timings.open_timeout_s):
                     await self.training.leadership.order(addr, order, TrainReleased)
             except (SwarmError, trio.TooSlowError) as exc:
                 log.info("release of %s on %s: %s", job.job_id, addr, exc)

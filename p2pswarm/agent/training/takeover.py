@@ -27,13 +27,11 @@ leader.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
 
-from p2pswarm.agent.training.job_state import RoundsState, restore
+from p2pswarm.agent.training.job_state import Handed, restore
 from p2pswarm.agent.training.jobs import TERMINAL, Job, job_config
 from p2pswarm.errors import ReplicaLost, SwarmError
 from p2pswarm.agent.training.handover import JobCopy, fetch_copy
@@ -41,9 +39,8 @@ from p2pswarm.wire.jobs import JobCopyAsk, JobsKept, JobsKeptAsk
 from p2pswarm.wire.orders import unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.training import Training
-    from p2pswarm.agent.training.driver import Driver
-    from p2pswarm.agent.training.placement import Placement
+    from p2pswarm.agent.training.ports import TakeoverPort
+    from p2pswarm.agent.training.placed import Placement
 
 log = logging.getLogger("p2pswarm.training")
 
@@ -51,23 +48,10 @@ ASK_TIMEOUT_S = 10.0  # the most one fellow may take to list its copies
 FETCH_TIMEOUT_S = 120.0  # the most one copy (outer state and all) may take to arrive
 
 
-@dataclass
-class Handed:
-    """A job taken over: where its rounds stood, the keepers' outer state, and what the
-    driver is to do with them."""
-
-    rounds: RoundsState | None
-    outer: tuple[bytes, ...]
-    from_leader: str
-    lost: dict[int, str] = field(default_factory=dict)  # replica -> why it is not placed
-    generation: int = 0  # the placement generation the replicas were ordered back with
-    restore_rounds: bool = False
-
-
 class Takeover:
     """The new leader's side: gather the copies, adopt the jobs, drive them again."""
 
-    def __init__(self, training: Training) -> None:
+    def __init__(self, training: TakeoverPort) -> None:
         self.training = training
         self.agent = training.agent
         self._adopting = trio.Lock()  # one gather at a time: a job is adopted once
@@ -307,28 +291,6 @@ class Takeover:
             return True
         member = self.agent.fellow(fellow_id)
         return member is not None and member.state == "alive"
-
-    # --- the driver, resuming the rounds ---------------------------------------------------
-
-    @staticmethod
-    async def restore_rounds(driver: Driver, handed: Handed) -> None:
-        """The keepers take the copied outer state; every replica placed takes the global
-        parameters and goes on from its place in the copy."""
-        rounds = handed.rounds
-        assert rounds is not None
-        runtime = driver.runtime
-        now = trio.current_time()
-        for keeper, blob in zip(driver.keepers, handed.outer):
-            state = await driver.agent.compute.run(partial(runtime.read_shard, blob))
-            keeper.load_state_dict(state, now)
-        for r, was in zip(driver.replicas, rounds.replicas):
-            r.steps = was.steps
-            r.stream.position = r.kept_position = was.position
-            if r.paused:
-                for keeper in driver.keepers:
-                    keeper.leave(r.name)
-        for r in driver.active:
-            await driver.to_global_state(r)
 
 
 def placement_cut(placement: Placement) -> list[int]:
