@@ -228,7 +228,7 @@ async def test_a_lone_replica_that_loses_a_fellow_waits_and_resumes_from_its_che
         record = await leader.training.submit(config, stages=3)
         job = leader.training.jobs[record["job_id"]]
         await wait_until(lambda: job.step >= 4, timeout_s=60, step_s=0.01)
-        cut = [s["layers"][0] for s in job.placement[0][1:]]
+        cut = job.placement[0].cut
         victim = next(i for i, f in enumerate(swarm.fellows) if f.agent is not leader)
         swarm.crash(victim)
         await wait_until(lambda: job.state == "pending", timeout_s=60, step_s=0.01)
@@ -368,7 +368,7 @@ async def test_every_replica_losing_a_fellow_at_once_goes_on_from_the_checkpoint
             config, exclude_cards=[f"{leader.node_id.hex()}:cpu"])
         job = leader.training.jobs[record["job_id"]]
         await wait_until(lambda: job.step >= 5, timeout_s=120, step_s=0.01)
-        held = {s["fellow_id"] for stages in job.placement for s in stages}
+        held = {s.fellow_id for replica in job.placement for s in replica.stages}
         # both replicas' fellows crash together (a shared WiFi access point goes down)
         for i, f in enumerate(swarm.fellows):
             if f.agent is not None and f.agent.node_id.hex() in held:

@@ -10,6 +10,7 @@ from typing import Any
 
 from p2pswarm.agent.training.driver import Link, Replica
 from p2pswarm.agent.training.global_state import GlobalState
+from p2pswarm.agent.training.placed import BatchShape
 from p2pswarm.agent.training.rounds import RoundsKeeper
 from p2pswarm.training.sync import Verdict
 from p2pswarm.wire.training import Ack, Delta
@@ -55,7 +56,8 @@ class Rounds:
         self.cfg = SimpleNamespace(sync=SimpleNamespace(staleness_decay=0.5,
                                                         staleness_bound=2))
         self.keepers = [Keeper()]
-        self.replicas = [Replica(0, [StageLink(0, "a", "127.0.0.1:1")], data=Stream())]
+        self.replicas = [Replica(0, [StageLink(0, "a", "127.0.0.1:1")], BatchShape(2, 1),
+                                 data=Stream())]
         global_state = GlobalState(self)  # type: ignore[arg-type]
         keeper = RoundsKeeper(self, global_state, None)  # type: ignore[arg-type]
         self._contribute = keeper._contribute

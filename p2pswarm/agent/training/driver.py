@@ -36,9 +36,9 @@ from p2pswarm.agent.streams import send_best_effort
 from p2pswarm.agent.training.checkpoints import CheckpointKeeper
 from p2pswarm.agent.training.global_state import GlobalState
 from p2pswarm.agent.training.handover import KEEP_EVERY_STEPS
-from p2pswarm.agent.training.jobs import TERMINAL, Job, job_config
+from p2pswarm.agent.training.jobs import TERMINAL, Job
 from p2pswarm.agent.training.links import Link
-from p2pswarm.agent.training.placed import Placement
+from p2pswarm.agent.training.placed import Placement, ReplicaPlacement
 from p2pswarm.agent.training.replica import Replica
 from p2pswarm.agent.training.rounds import RoundsKeeper
 from p2pswarm.errors import EveryReplicaLost, PlacementError, ReplicaLost, SwarmError
@@ -79,6 +79,11 @@ async def run_all_or_fail_first(fns: list[Callable[[], Awaitable[None]]]) -> Non
             nursery.start_soon(guard, fn, nursery.cancel_scope)
     if errors:
         raise errors[0]
+
+
+def links(placed: ReplicaPlacement) -> list[Link]:
+    """A driver's link to every stage of a replica (streams not open yet)."""
+    return [Link(s.stage, s.fellow, s.addr) for s in placed.stages]
 
 
 async def replace_all(training: DrivePort, job: Job, lost: ReplicaLost
@@ -184,16 +189,11 @@ class Driver:
         self.agent = training.agent
         self.runtime = training.runtime
         self.job = job
-        self.cfg = job_config(job.config)
+        self.cfg = job.config
         self.handed = handed  # a job taken over from another leader
         generation = handed.generation if handed is not None else job.generation
-        self.replicas = [Replica(i, [Link(s["stage"], s["fellow"], s["addr"])
-                                     for s in stages], generation=generation,
-                                 micro_batch=int(stages[0].get("micro_batch", 0)) if stages
-                                 else 0,
-                                 micro_batches=int(stages[0].get("micro_batches", 0)) if stages
-                                 else 0)
-                         for i, stages in enumerate(placement)]
+        self.replicas = [Replica(i, links(placed), placed.batch, generation=generation)
+                         for i, placed in enumerate(placement)]
         self.keepers: list[StageKeeper] = []
         self.started_s = 0.0
         self.tokens = 0
@@ -206,9 +206,8 @@ class Driver:
         return [r for r in self.replicas if not r.paused]
 
     def batch_of(self, r: Replica) -> int:
-        """Sequences replica ``r`` trains on a step: its own batch, or the job's."""
-        return ((r.micro_batch or self.cfg.micro_batch)
-                * (r.micro_batches or self.cfg.micro_batches))
+        """Sequences replica ``r`` trains on a step."""
+        return r.batch.sequences
 
     @property
     def synced(self) -> bool:
@@ -317,7 +316,7 @@ class Driver:
             keeper.leave(r.name)
         await self._close_links(r)
         # released in the background: a dead fellow's silence must not hold the others up
-        addrs = sorted({s["addr"] for s in self.job.placement[r.index]})
+        addrs = self.job.placement[r.index].addrs
         self.agent.spawn(self.training.placer.release, self.job, r.index, addrs,
                          r.generation)
 
@@ -336,24 +335,22 @@ class Driver:
         placer = self.training.placer
         r.placing = True
         try:
-            stages = await placer.replacement(self.job, r.index)
+            placed = await placer.replacement(self.job, r.index)
             generation = self.job.next_generation()
-            placement = [stages if i == r.index else [] for i in range(len(self.replicas))]
-            refusals = await placer.prepare(self.job, placement, [r.index], generation)
+            refusals = await placer.prepare(self.job, {r.index: placed}, generation)
             if refusals:
-                await placer.release(self.job, r.index, sorted({s["addr"] for s in stages}),
-                                     generation)
+                await placer.release(self.job, r.index, placed.addrs, generation)
                 raise PlacementError("; ".join(refusals))
             r.generation = generation
-            self.job.placement[r.index] = stages
-            r.links = [Link(s["stage"], s["fellow"], s["addr"]) for s in stages]
-            r.micro_batch = int(stages[0].get("micro_batch", r.micro_batch))
-            r.micro_batches = int(stages[0].get("micro_batches", r.micro_batches))
+            self.job.placement = tuple(placed if i == r.index else was
+                                       for i, was in enumerate(self.job.placement))
+            r.links = links(placed)
+            r.batch = placed.batch
             await self._open_links(r)
             r.joining = True
             self.rounds.wake()
             log.info("job %s: %s placed again on %s", self.job.job_id, r.name,
-                     ", ".join(s["fellow"] for s in stages))
+                     ", ".join(s.fellow for s in placed.stages))
         except (SwarmError, trio.TooSlowError) as exc:
             why = str(exc) if isinstance(exc, SwarmError) else "a stage fell silent"
             log.info("job %s: %s not placed again yet: %s", self.job.job_id, r.name, why)
@@ -381,8 +378,7 @@ class Driver:
         learning-rate schedule (default: the steps it has taken)."""
         cfg = self.cfg
         step = r.steps
-        inputs, targets = r.stream.next_step(r.micro_batches or cfg.micro_batches,
-                                             r.micro_batch or cfg.micro_batch)
+        inputs, targets = r.stream.next_step(r.batch.micro_batches, r.batch.micro_batch)
         n_micro = len(inputs)
         lr = cfg.lr.lr_at(r.steps if position is None else position)
         first, last = r.links[0], r.links[-1]
@@ -417,7 +413,7 @@ class Driver:
         for link in r.links:
             await link.receive(Ack)
         r.steps += 1
-        r.samples_unsent += n_micro * (r.micro_batch or cfg.micro_batch)
+        r.samples_unsent += n_micro * r.batch.micro_batch
         r.steps_unsent += 1
         return reports[last.stage].loss_sum / n_micro
 

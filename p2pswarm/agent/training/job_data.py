@@ -21,7 +21,7 @@ import dataclasses
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -143,7 +143,7 @@ class JobData:
         os.utime(self.path(sha256))  # the most recently used
         return sha256
 
-    async def push(self, config: dict[str, Any], addr: str) -> None:
+    async def push(self, config: Mapping[str, Any], addr: str) -> None:
         """Every sent data file ``config`` names that this fellow holds, to the fellow at
         ``addr`` (one it lacks, say a job resumed from elsewhere, is fetched by the leader
         from whichever fellow holds it)."""
@@ -272,7 +272,7 @@ def sent_files_of(job: JobConfig) -> list[str]:
     return list(dict.fromkeys(n[len(DATA_REF):] for n in names if is_data_ref(n)))
 
 
-def sent_files(config: dict[str, Any]) -> list[str]:
+def sent_files(config: Mapping[str, Any]) -> list[str]:
     return sent_files_of(JobConfig.from_dict(config))
 
 

@@ -8,6 +8,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from p2pswarm.agent.training.placed import Placement
+from p2pswarm.errors import ConfigError
+from p2pswarm.training.job import JobConfig
+
 if TYPE_CHECKING:
     from p2pswarm.agent.training.replica import Replica
     from p2pswarm.agent.training.runtime import StageKeeper
@@ -16,6 +20,13 @@ STATES = ("pending", "running", "finished", "failed", "cancelled")
 TERMINAL = ("finished", "failed", "cancelled")
 LOSSES_KEPT = 1000  # per-step losses a job record carries
 ROUNDS_KEPT = 200  # sync rounds a job record carries
+
+
+def job_config(config: Any) -> JobConfig:
+    """``config`` (the contents of job.json) as a checked ``JobConfig``."""
+    if not isinstance(config, dict):
+        raise ConfigError("a job needs \"config\": the contents of job.json")
+    return JobConfig.from_dict(config)
 
 
 class Running(Protocol):
@@ -36,7 +47,7 @@ class Job:
     """The leader's record of one job."""
 
     job_id: str
-    config: dict[str, Any]
+    config: JobConfig
     plan_id: str
     pinned: bool
     stages: int | None
@@ -57,7 +68,7 @@ class Job:
     # (``Training.checkpoint_dir``); never taken from a copy
     checkpoint_dir: str = ""
     copies: dict[str, list[str]] = field(default_factory=dict)  # shard -> fellows holding it
-    placement: list[list[dict[str, Any]]] = field(default_factory=list)
+    placement: Placement = ()
     rejoins: int = 0
     paused_times: int = 0  # a lone replica lost a fellow and the job waited to resume
     # the newest placement generation given any of its replicas: one counter for the job,
@@ -81,20 +92,21 @@ class Job:
 
     def record(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "state": self.state, "reason": self.reason,
-                "step": self.step, "steps": int(self.config.get("steps", 0)),
+                "step": self.step, "steps": self.config.steps,
                 "loss": self.loss, "losses": self.losses[-LOSSES_KEPT:],
                 "tokens_per_s": self.tokens_per_s, "replicas": self.replicas,
                 "bytes_sent": self.bytes_sent, "samples": self.samples,
                 "plan_id": self.plan_id, "pinned": self.pinned,
-                "model": self.config.get("model"), "checkpoint": self.checkpoint,
+                "model": self.config.model.to_dict(), "checkpoint": self.checkpoint,
                 "checkpoint_dir": self.checkpoint_dir,
                 "checkpoint_copies": self.copies,
-                "seq_len": int(self.config.get("seq_len", 0)), "rejoins": self.rejoins,
+                "seq_len": self.config.seq_len, "rejoins": self.rejoins,
                 "paused_times": self.paused_times,
                 "rounds": self.rounds[-ROUNDS_KEPT:], "replica_steps": self.replica_steps,
                 "moved": self.moves[-1] if self.moves else "", "moves": self.moves,
-                "stages": [[{k: s[k] for k in ("stage", "fellow", "layers", "card")}
-                            for s in replica] for replica in self.placement]}
+                "stages": [[{"stage": s.stage, "fellow": s.fellow, "layers": list(s.layers),
+                             "card": s.card} for s in replica.stages]
+                           for replica in self.placement]}
 
 
-__all__ = ["LOSSES_KEPT", "ROUNDS_KEPT", "STATES", "TERMINAL", "Job", "Running"]
+__all__ = ["LOSSES_KEPT", "ROUNDS_KEPT", "STATES", "TERMINAL", "Job", "Running", "job_config"]

@@ -15,6 +15,7 @@ cancels a job and ``JobConfigAsk`` shows its config (for an export).
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 import itertools
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from p2pswarm.agent.training.job_record import (
     STATES,
     TERMINAL,
     Job,
+    job_config,
 )
 from p2pswarm.agent.training.job_paths import (
     JOB_ID,
@@ -54,13 +56,6 @@ if TYPE_CHECKING:
     from p2pswarm.agent.training.ports import JobsPort
 
 CHANGED = "the cluster changed since the plan was shown: "
-
-
-def job_config(config: Any) -> JobConfig:
-    """``config`` (the contents of job.json) as a checked ``JobConfig``."""
-    if not isinstance(config, dict):
-        raise ConfigError("a job needs \"config\": the contents of job.json")
-    return JobConfig.from_dict(config)
 
 
 def model_message(job: JobConfig) -> dict[str, Any]:
@@ -131,13 +126,12 @@ class LeaderJobs:
 
     # --- plans ----------------------------------------------------------------------------
 
-    async def plan(self, config: Any, *, stages: int | None = None,
+    async def plan(self, job: JobConfig, *, stages: int | None = None,
                    maximize: str | None = None,
                    exclude_cards: list[str] | None = None,
                    cut: list[int] | None = None) -> dict[str, Any]:
         """The job's plan on this leader's view: one pipeline per replica (on ``cut``,
         a resumed checkpoint's, where the cards hold it)."""
-        job = job_config(config)
         model = model_message(job)
         if cut:  # the planner keeps a model's trained cut where it fits
             model = {**model, "config": {**model["config"], "p2pswarm_stage_cut": cut}}
@@ -176,7 +170,7 @@ class LeaderJobs:
             exclude += [card_key(s) for s in plan["stages"]]
         return self.training.shown.remember(job_plan(job, plans))  # type: ignore[no-any-return]
 
-    async def pinned_plan(self, expected: str | None, config: Any, *,
+    async def pinned_plan(self, expected: str | None, config: JobConfig, *,
                           stages: int | None = None, maximize: str | None = None,
                           exclude_cards: list[str] | None = None) -> dict[str, Any]:
         """The plan a job pinned to ``expected`` (None: not pinned) gets: the plan now, or
@@ -196,7 +190,7 @@ class LeaderJobs:
                 or plan
         return plan
 
-    def still_holds(self, expected: str, config: Any, stages: int | None,
+    def still_holds(self, expected: str, job: JobConfig, stages: int | None,
                     maximize: str | None, exclude_cards: list[str] | None
                     ) -> dict[str, Any] | None:
         """The job plan ``expected`` this leader showed, as it stands on its view now,
@@ -208,7 +202,6 @@ class LeaderJobs:
         replicas = shown.get("replicas") if shown is not None else None
         if shown is None or not isinstance(replicas, list) or not replicas:
             return None
-        job = job_config(config)
         model = model_message(job)
         view = self.agent.planning.view()
         exclude = list(exclude_cards or [])
@@ -248,8 +241,9 @@ class LeaderJobs:
             raise ConfigError(str(exc)) from None  # a ConfigError at the asker's end too
 
     async def _serve_plan(self, call: JobPlanAsk, origin: bytes | None) -> JobPlanShown:
-        self._from_fellow(origin, unpack_doc(call.config))
-        plan = await self.plan(unpack_doc(call.config), stages=call.stages,
+        config = unpack_doc(call.config)
+        self._from_fellow(origin, config)
+        plan = await self.plan(job_config(config), stages=call.stages,
                                maximize=call.maximize or None,
                                exclude_cards=list(call.exclude_cards))
         return JobPlanShown(pack_doc(plan))
@@ -260,15 +254,13 @@ class LeaderJobs:
         resume = call.resume
         config: Any = None if call.config is None else unpack_doc(call.config)
         self._from_fellow(origin, config, resume)
-        if resume:
-            config = self._resume_config(resume, config)
-        cfg = job_config(config)
+        cfg = self._resume_config(resume, config) if resume else job_config(config)
         refuse_paths(cfg)  # data comes with the job, never from this disk
         expected = call.plan_id or None
         maximize = "seq_len" if call.maximize == "seq_len" else None
         exclude = list(call.exclude_cards)
         try:
-            plan = await self.pinned_plan(expected, config, stages=call.stages,
+            plan = await self.pinned_plan(expected, cfg, stages=call.stages,
                                           maximize=maximize, exclude_cards=exclude)
         except PlacementError as exc:
             if not expected:
@@ -284,10 +276,9 @@ class LeaderJobs:
             raise PlacementError(f"job {resume} is still {self.jobs[resume].state}")
         job_id = resume if resume in self.jobs or JOB_ID.fullmatch(resume) \
             else f"job-{self.agent.rng.getrandbits(32):08x}"
-        config = dict(config)
         if maximize:  # the job runs at the sequence length the plan found
-            config["seq_len"] = int(plan["request"]["seq_len"])
-        job = Job(job_id, config, str(plan["plan_id"]), pinned=bool(expected),
+            cfg = replace(cfg, seq_len=int(plan["request"]["seq_len"]))
+        job = Job(job_id, cfg, str(plan["plan_id"]), pinned=bool(expected),
                   stages=call.stages, resume=bool(resume),
                   reason="waiting for its fellows to take their stages", maximize=maximize,
                   exclude_cards=exclude)
@@ -312,9 +303,9 @@ class LeaderJobs:
         self.agent.counters.refuse("job-checkpoint-dir-moved")
         return ""
 
-    def _resume_config(self, resume: str, config: Any) -> dict[str, Any]:
+    def _resume_config(self, resume: str, config: Any) -> JobConfig:
         if isinstance(config, dict):
-            return config
+            return job_config(config)
         known = self.jobs.get(resume)
         if known is not None:
             return known.config
@@ -332,7 +323,8 @@ class LeaderJobs:
 
     async def _serve_config(self, call: JobConfigAsk) -> JobConfigShown:
         job = self._known(call.job_id)
-        return JobConfigShown(pack_doc(job.config), job.state, job.step, job.checkpoint_step)
+        return JobConfigShown(pack_doc(job.config.to_dict()), job.state, job.step,
+                              job.checkpoint_step)
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
         """Cancel job ``job_id`` (this agent leads it); its record."""

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from p2pswarm.agent.training.job_record import Job, Running
     from p2pswarm.agent.training.job_state import Handed
     from p2pswarm.agent.training.kept_store import JobCopy
-    from p2pswarm.agent.training.placed import Placement
+    from p2pswarm.agent.training.placed import Placement, ReplicaPlacement
     from p2pswarm.agent.training.replica import Replica
     from p2pswarm.agent.training.runtime import TrainRuntime
     from p2pswarm.errors import ReplicaLost
@@ -238,9 +238,9 @@ class Placing(Protocol):
 
     async def wait_to_resume(self, job: Job, lost: ReplicaLost) -> Placement: ...
 
-    async def replacement(self, job: Job, replica: int) -> list[dict[str, Any]]: ...
+    async def replacement(self, job: Job, replica: int) -> ReplicaPlacement: ...
 
-    async def prepare(self, job: Job, placement: Placement, replicas: list[int] | None = None,
+    async def prepare(self, job: Job, replicas: Mapping[int, ReplicaPlacement],
                       generation: int = 0) -> list[str]: ...
 
     async def release(self, job: Job, replica: int | None = None,
@@ -321,11 +321,11 @@ class PlacerNode(SwarmNode, Protocol):
 class JobPlans(Protocol):
     """The leader's job plans, as the placer asks for them."""
 
-    async def plan(self, config: Any, *, stages: int | None = None,
+    async def plan(self, job: JobConfig, *, stages: int | None = None,
                    maximize: str | None = None, exclude_cards: list[str] | None = None,
                    cut: list[int] | None = None) -> dict[str, Any]: ...
 
-    async def pinned_plan(self, expected: str | None, config: Any, *,
+    async def pinned_plan(self, expected: str | None, config: JobConfig, *,
                           stages: int | None = None, maximize: str | None = None,
                           exclude_cards: list[str] | None = None) -> dict[str, Any]: ...
 

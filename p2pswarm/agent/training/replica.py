@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from p2pswarm.agent.training.links import Link
+from p2pswarm.agent.training.placed import BatchShape
 
 if TYPE_CHECKING:
     from p2pswarm.agent.training.runtime import ReplicaData
@@ -20,6 +21,7 @@ class Replica:
 
     index: int
     links: list[Link]
+    batch: BatchShape  # resolved when it was placed (``placed``)
     data: ReplicaData | None = None
     steps: int = 0  # optimizer steps taken (the learning-rate schedule's position)
     samples_unsent: int = 0
@@ -42,8 +44,6 @@ class Replica:
     running: bool = False  # its training task is alive
     finished: bool = False  # trained to the job's end and sent everything
     lock: trio.Lock = field(default_factory=trio.Lock)  # one command sequence at a time
-    micro_batch: int = 0  # its own (a fleet plan sized it); 0: the job's
-    micro_batches: int = 0
 
     @property
     def name(self) -> str:

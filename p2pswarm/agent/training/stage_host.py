@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.streams import send_best_effort, send_message
 from p2pswarm.agent.training.jobs import job_config
 from p2pswarm.agent.training.links import receive_answer, send_long
@@ -146,7 +145,7 @@ class StageHosts:
     async def prepare(self, order: TrainPrepare) -> TrainPrepared:
         key = (order.job_id, order.replica, order.stage)
         kind, index, need = order.card_kind, order.card_index, order.need_bytes
-        if order.fellow_id != fellow_id(self.agent.node_id):
+        if order.fellow_id != self.agent.node_id.hex():
             raise PlacementError(f"{self.agent.name} got the order for stage {key[2]}, which "
                                  "the plan gives another fellow")
         old = self._take_over_from(key, order)
