@@ -28,7 +28,7 @@ class Replica:
     steps_unsent: int = 0
     # its data position when its last delta left (or it last took the global state):
     # the samples past it are in no delta yet, and are trained again if its local steps
-    # are thrown away (``SyncRounds.forget_local_steps``)
+    # are thrown away (``GlobalState.forget_local_steps``)
     kept_position: int = 0
     paused: str = ""
     generation: int = 0  # its placement's (``Job.next_generation``)
