@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from p2pswarm.agent.training.replica import Replica
     from p2pswarm.agent.training.runtime import TrainRuntime
     from p2pswarm.errors import ReplicaLost
+    from p2pswarm.training.checkpoint import CheckpointStore
     from p2pswarm.training.job import JobConfig
     from p2pswarm.agent.pins import ShownPlans
     from p2pswarm.config import SwarmConfig, TrainingTimings
@@ -96,7 +97,7 @@ class OfferedModel(Protocol):
 
 class OfferServer(Protocol):
     @property
-    def offers(self) -> dict[Any, Any]: ...
+    def offers(self) -> Mapping[str, OfferedModel]: ...
 
 
 class Offers(Protocol):
@@ -208,7 +209,7 @@ class Shown(Protocol):
 class DataFiles(Protocol):
     """The files a job trains on, where this leader keeps them."""
 
-    async def local(self, config: Any) -> Any: ...
+    async def local(self, job: JobConfig) -> JobConfig: ...
 
 
 class CheckpointCopies(Protocol):
@@ -220,12 +221,8 @@ class CheckpointCopies(Protocol):
     async def spread(self, job_id: str, step: int, directory: Path,
                      copies: int) -> dict[str, list[str]]: ...
 
-    async def restore(self, job_id: str, store: Any) -> int | None: ...
+    async def restore(self, job_id: str, store: CheckpointStore) -> int | None: ...
 
-
-__all__ = ["CheckpointCopies", "Compute", "DataFiles", "ElectionView", "HasTimings",
-           "Leads", "Leadership", "MemberList", "Node", "Planning", "ServingView", "Shown",
-           "StageNode", "StreamHandler", "SwarmNode", "TrainingAgent"]
 
 
 # --- the driver's side, as its rounds and checkpoints use it ---------------------------------
@@ -456,3 +453,12 @@ class DrivePort(DriverTraining, Leads, CheckpointDirs, Protocol):
     def data(self) -> DataFiles: ...
 
     def hand_on(self, job: Job) -> None: ...
+
+
+__all__ = ["CheckpointCopies", "CheckpointDirs", "Compute", "Copying", "DataFiles",
+           "DrivePort", "DriverPort", "DriverTraining", "Drives", "ElectionView",
+           "HandoverPort", "HasTimings", "JobPlans", "JobsNode", "JobsPort", "KeptCopies",
+           "Leads", "Leadership", "MemberList", "Node", "OfferServer", "OfferedModel",
+           "Offers", "PlacerNode", "PlacerPort", "Placing", "Planning", "Resuming",
+           "ServingView", "Shown", "StageHostsPort", "StageNode", "StreamHandler",
+           "SwarmNode", "TakeoverPort", "TrainingAgent"]
