@@ -211,6 +211,44 @@ class StorageConfig:
     checkpoint_copies_bytes: int = 64 << 30  # checkpoint shards held for the leader
 
 
+# --- training timings ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingTimings:
+    """How long the leader's driver of a training job waits, and how often it retries.
+    ``simulated_step_s`` is for simulations only: the virtual seconds one step of a
+    hosted stage takes (compute runs inline and takes none); 0 in the real world."""
+
+    step_timeout_s: float = 120.0  # the most the driver waits for one stage's step
+    open_timeout_s: float = 30.0  # the most an order to a stage, or opening its stream, takes
+    retry_s: float = 5.0  # a pending job (or a paused replica) tries its fellows this often
+    simulated_step_s: float = 0.0
+
+    def simulating(self, step_s: float, *, step_timeout_s: float | None = None,
+                   retry_s: float | None = None) -> TrainingTimings:
+        """These timings in virtual time: each hosted step takes ``step_s``; a timeout
+        or a retry left None stays as it is."""
+        return replace(self, simulated_step_s=step_s,
+                       step_timeout_s=self.step_timeout_s if step_timeout_s is None
+                       else step_timeout_s,
+                       retry_s=self.retry_s if retry_s is None else retry_s)
+
+
+def training_real() -> TrainingTimings:
+    """Real machines: a step may take minutes on a slow card."""
+    return TrainingTimings()
+
+
+def training_sim(step_s: float) -> TrainingTimings:
+    """A simulated swarm whose hosted steps take ``step_s`` virtual seconds: the driver
+    waits ten steps for one and retries every two seconds (the harness's timings)."""
+    return TrainingTimings().simulating(step_s, step_timeout_s=10.0 * step_s, retry_s=2.0)
+
+
+# --- the whole config ---------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class SwarmConfig:
     preset: str = "lan"  # the preset this was derived from, for status output
@@ -222,6 +260,7 @@ class SwarmConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
+    training: TrainingTimings = field(default_factory=TrainingTimings)
 
 
 def lan() -> SwarmConfig:
@@ -285,7 +324,7 @@ def preset(name: str) -> SwarmConfig:
 __all__ = [
     "DEFAULT_PORT", "TransportConfig", "SecurityConfig", "GossipTuning", "GossipConfig",
     "ElectionTuning", "ElectionConfig", "InventoryConfig", "StorageConfig", "ComputeConfig",
-    "ServingConfig", "SwarmConfig",
+    "ServingConfig", "SwarmConfig", "TrainingTimings", "training_real", "training_sim",
     "lan", "wifi",
     "local", "preset", "replace", "split_addr",
 ]

@@ -129,14 +129,14 @@ async def test_a_checkpoint_resumed_on_another_cut_is_re_sharded(
         stop_after_the_checkpoint = stopping_at(job, 3)
 
         await wait_until(stop_after_the_checkpoint, timeout_s=120, step_s=0.0005)
-        old_cut = [s["layers"][0] for s in job.placement[0][1:]]
+        old_cut = job.placement[0].cut
         assert (await finished(asker, job_id))["state"] == "cancelled"
         resumed = await asker.training.submit(None, stages=3, resume=job_id)
         assert resumed["job_id"] == job_id
         record = await finished(asker, job_id)
         assert record["state"] == "finished", record["reason"]
         again = leader.training.jobs[job_id]  # the resumed job's record
-        new_cut = [s["layers"][0] for s in again.placement[0][1:]]
+        new_cut = again.placement[0].cut
         assert len(new_cut) == 2 and len(old_cut) == 1
         assert not list(ckpt.glob(".reshard-*"))  # the scratch copy is gone
         assert CheckpointStore(ckpt).manifest(4)["meta"]["cut"] == new_cut
@@ -163,13 +163,13 @@ async def test_a_resume_keeps_the_checkpoints_cut_where_the_cards_hold_it(
         stop_after_the_checkpoint = stopping_at(job, 3)
 
         await wait_until(stop_after_the_checkpoint, timeout_s=120, step_s=0.0005)
-        old_cut = [s["layers"][0] for s in job.placement[0][1:]]
+        old_cut = job.placement[0].cut
         assert (await finished(asker, job_id))["state"] == "cancelled"
         await asker.training.submit(None, resume=job_id)
         record = await finished(asker, job_id)
         assert record["state"] == "finished", record["reason"]
         again = leader.training.jobs[job_id]
-        assert [s["layers"][0] for s in again.placement[0][1:]] == old_cut
+        assert again.placement[0].cut == old_cut
         calm = LocalRun(JobConfig.from_dict({**config, "checkpoint": {}}), cut=old_cut).run()
         assert record["losses"] == pytest.approx(calm, abs=1e-4)
         nursery.cancel_scope.cancel()

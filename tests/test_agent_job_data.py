@@ -56,8 +56,8 @@ async def test_the_submitting_fellow_sends_the_data_and_the_job_trains_on_it(
         record = await finished(asker, record["job_id"])
         assert record["state"] == "finished", record["reason"]
         # the job names its text by hash; the leader holds it in its store
-        sent = leader.training.jobs[record["job_id"]].config["data"]["files"]
-        assert sent == [f"sha256:{digest}"]
+        sent = leader.training.jobs[record["job_id"]].config.data.files
+        assert sent == (f"sha256:{digest}",)
         assert leader.training.data.path(digest).read_text() == TEXT
         assert asker.training.data.has(digest)
         plan = await asker.training.ask_plan(config, stages=2)

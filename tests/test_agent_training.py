@@ -134,6 +134,8 @@ async def test_a_refused_attempt_to_place_a_job_again_releases_what_it_placed(
     refuse the next attempt's order for them ("already holds"). The release used to go
     to the old placement's fellows only."""
     from p2pswarm.agent.training.jobs import Job
+    from p2pswarm.agent.training.placed import BatchShape, ReplicaPlacement, StagePlacement
+    from p2pswarm.training.job import JobConfig
 
     config = job_config()
     async with trio.open_nursery() as nursery:
@@ -142,9 +144,11 @@ async def test_a_refused_attempt_to_place_a_job_again_releases_what_it_placed(
         plan = await leader.training.ask_plan(config, stages=3)
         victim = next(f for f in swarm.fellows if f.name == plan["stages"][1]["fellow"])
         victim.cards.cards = (cpu_card(16.0, free_gb=0.01, name=f"{victim.name} CPU"),)
-        job = Job("job-0000aaaa", config, plan["plan_id"], pinned=False, stages=3)
+        cfg = JobConfig.from_dict(config)
+        job = Job("job-0000aaaa", cfg, plan["plan_id"], pinned=False, stages=3)
         job.term = leader.leadership.term()
-        job.placement = [[{"addr": victim.addr}]]  # where it ran before
+        before = StagePlacement(0, "", victim.name, victim.addr, (0, 1), "cpu", 0, "CPU", 0)
+        job.placement = (ReplicaPlacement((before,), BatchShape.of_job(cfg)),)  # it ran here
         with trio.move_on_after(1):  # one attempt, refused by the victim
             await leader.training.placer.place(job)
         assert job.state == "pending" and victim.name in job.reason

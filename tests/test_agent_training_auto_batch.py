@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from p2pswarm.agent.training.job_state import _placement
+from p2pswarm.agent.training.placed import placement_from_doc, placement_to_doc
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
+from p2pswarm.training.job import JobConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -33,8 +34,10 @@ async def test_replicas_of_fellows_with_different_memory_get_their_own_batches(
         roomy, tight = (f.name for f in swarm.fellows)
         assert batches[roomy] > batches[tight] >= 1, batches
         leader = next(a for a in swarm.live() if a.leadership.is_leader())
-        placement = leader.training.placer.placement(plan)
-        assert [s[0]["micro_batch"] for s in placement] == \
+        job = JobConfig.from_dict(config)
+        placement = leader.training.placer.placement(plan, job)
+        assert [r.batch.micro_batch for r in placement] == \
             [r["micro_batch"] for r in plan["replicas"]]
-        assert _placement(placement) == placement  # kept in the copies a new leader reads
+        # kept in the copies a new leader reads
+        assert placement_from_doc(placement_to_doc(placement, job), job) == placement
         nursery.cancel_scope.cancel()

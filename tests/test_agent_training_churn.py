@@ -5,6 +5,7 @@ restarts."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -176,7 +177,8 @@ async def test_a_slow_replica_never_holds_the_rounds_past_their_deadline(
         swarm = await start_swarm(nursery)
         leader = leader_of(swarm)
         slow = next(a for a in swarm.live() if a is not leader)
-        slow.training.simulated_step_s = 5 * STEP_S  # one fellow five times slower
+        slow.training.timings = replace(slow.training.timings,  # one fellow five times slower
+                                        simulated_step_s=5 * STEP_S)
         began = trio.current_time()
         record = await leader.training.submit(config)
         record = await finished(leader, record["job_id"])
@@ -225,7 +227,7 @@ async def test_a_lone_replica_that_loses_a_fellow_waits_and_resumes_from_its_che
         record = await leader.training.submit(config, stages=3)
         job = leader.training.jobs[record["job_id"]]
         await wait_until(lambda: job.step >= 4, timeout_s=60, step_s=0.01)
-        cut = [s["layers"][0] for s in job.placement[0][1:]]
+        cut = job.placement[0].cut
         victim = next(i for i, f in enumerate(swarm.fellows) if f.agent is not leader)
         swarm.crash(victim)
         await wait_until(lambda: job.state == "pending", timeout_s=60, step_s=0.01)
@@ -296,11 +298,11 @@ async def test_a_fellow_lost_while_a_checkpoint_gathers_pauses_its_replica_not_t
     """A replica's fellow that leaves or crashes just as the checkpoint asks its stage
     for its state: that replica is paused and the job finishes; it used to fail the
     whole job."""
-    from p2pswarm.agent.training.checkpoints import Checkpoints
+    from p2pswarm.agent.training.checkpoints import CheckpointKeeper
 
     config = churn_config() | {"steps": 12, "checkpoint": {"dir": str(tmp_path / "ckpt"),
                                                            "interval_steps": 4}}
-    gather = Checkpoints._gather_state
+    gather = CheckpointKeeper.gather_state
     crashed: list[str] = []
 
     async with trio.open_nursery() as nursery:
@@ -316,7 +318,7 @@ async def test_a_fellow_lost_while_a_checkpoint_gathers_pauses_its_replica_not_t
                 swarm.crash(victim)
             return await gather(self, link, dest, *ask)
 
-        monkeypatch.setattr(Checkpoints, "_gather_state", crash_first)
+        monkeypatch.setattr(CheckpointKeeper, "gather_state", crash_first)
         record = await leader.training.submit(config)
         job = leader.training.jobs[record["job_id"]]
         await wait_until(lambda: bool(crashed), timeout_s=120, step_s=0.01)
@@ -363,7 +365,7 @@ async def test_every_replica_losing_a_fellow_at_once_goes_on_from_the_checkpoint
             config, exclude_cards=[f"{leader.node_id.hex()}:cpu"])
         job = leader.training.jobs[record["job_id"]]
         await wait_until(lambda: job.step >= 5, timeout_s=120, step_s=0.01)
-        held = {s["fellow_id"] for stages in job.placement for s in stages}
+        held = {s.fellow_id for replica in job.placement for s in replica.stages}
         # both replicas' fellows crash together (a shared WiFi access point goes down)
         for i, f in enumerate(swarm.fellows):
             if f.agent is not None and f.agent.node_id.hex() in held:

@@ -53,7 +53,7 @@ def index_of(swarm: VirtualSwarm, name: str) -> int:
 
 
 def hosts(job: Any) -> set[str]:
-    return {s["fellow"] for stages in job.placement for s in stages}
+    return {s.fellow for replica in job.placement for s in replica.stages}
 
 
 def offer(fellow: Any, free_gb: float) -> None:
@@ -119,7 +119,7 @@ async def test_every_replica_losing_a_fellow_goes_on_where_the_rounds_stood(
         await wait_until(lambda: job.step >= 4, timeout_s=120, step_s=0.01)
         # first one fellow drops and comes back: its replica is placed again (a later
         # placement generation than the job's first)
-        victim = index_of(swarm, job.placement[0][0]["fellow"])
+        victim = index_of(swarm, job.placement[0].stages[0].fellow)
         swarm.crash(victim)
         await wait_until(lambda: job.rejoins >= 1, timeout_s=120, step_s=0.01)
         await swarm.start(victim)
@@ -173,7 +173,7 @@ async def test_a_checkpoint_is_written_while_a_replica_is_paused_and_resumes(
         job_id = record["job_id"]
         job = leader.training.jobs[job_id]
         await wait_until(lambda: job.step >= 2, timeout_s=120, step_s=0.01)
-        victim = next(iter(job.placement[1]))["fellow"]
+        victim = job.placement[1].stages[0].fellow
         swarm.crash(index_of(swarm, victim))
         await wait_until(lambda: job.replicas == 1, timeout_s=60, step_s=0.01)
         paused_at = job.step

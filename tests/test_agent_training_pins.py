@@ -28,9 +28,9 @@ CONFIG = job_config(micro_batch=64)  # activations that make memory limit the se
 
 
 def placed(plan_or_job: Any) -> list[tuple[str, list[int]]]:
-    stages = plan_or_job["stages"] if isinstance(plan_or_job, dict) else \
-        plan_or_job.placement[0]
-    return [(s["fellow"], list(s["layers"])) for s in stages]
+    if isinstance(plan_or_job, dict):
+        return [(s["fellow"], list(s["layers"])) for s in plan_or_job["stages"]]
+    return [(s.fellow, list(s.layers)) for s in plan_or_job.placement[0].stages]
 
 
 async def test_a_pinned_job_starts_the_shown_plan_while_it_still_holds(
@@ -38,7 +38,7 @@ async def test_a_pinned_job_starts_the_shown_plan_while_it_still_holds(
     started: list[tuple[list[tuple[str, list[int]]], int]] = []
 
     async def run(self: Driver) -> None:  # where it starts, and at what seq_len
-        started.append((placed(self.job), int(self.job.config["seq_len"])))
+        started.append((placed(self.job), self.job.config.seq_len))
 
     monkeypatch.setattr(Driver, "run", run)
     async with trio.open_nursery() as nursery:

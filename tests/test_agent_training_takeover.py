@@ -14,9 +14,11 @@ import trio.testing
 from p2pswarm.agent.training.handover import JobCopy, JobHandover, receive_outer
 from p2pswarm.agent.training.job_state import restore, snapshot
 from p2pswarm.agent.training.jobs import Job
+from p2pswarm.agent.training.placed import BatchShape, ReplicaPlacement, StagePlacement
 from p2pswarm.agent.world import Services
 from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
+from p2pswarm.training.job import JobConfig
 from p2pswarm.wire.jobs import (
     MAX_KEPT_JOBS,
     OUTER_KEEP_BYTES,
@@ -122,7 +124,7 @@ async def test_a_lone_replica_whose_leader_died_resumes_from_its_checkpoint(
         job_id = record["job_id"]
         job = leader.training.jobs[job_id]
         await wait_until(lambda: job.step >= 4, timeout_s=60, step_s=0.01)
-        cut = [s["layers"][0] for s in job.placement[0][1:]]
+        cut = job.placement[0].cut
         dead = next(i for i, f in enumerate(swarm.fellows) if f.agent is leader)
         swarm.crash(dead)
         # a new leader adopts it; its three stages need three cards: it waits pending
@@ -151,11 +153,12 @@ async def test_a_lone_replica_whose_leader_died_resumes_from_its_checkpoint(
 
 
 def _job() -> Job:
-    return Job("job-0000abcd", takeover_config(), "ab" * 8, pinned=False, stages=None,
+    config = JobConfig.from_dict(takeover_config())
+    stage = StagePlacement(0, "ab" * 16, "f000", "10.0.0.1:7000", (0, 2), "cpu", 0, "CPU",
+                           1 << 20)
+    return Job("job-0000abcd", config, "ab" * 8, pinned=False, stages=None,
                state="running", step=7, losses=[3.0, 2.5], loss=2.5,
-               placement=[[{"stage": 0, "fellow_id": "ab" * 16, "fellow": "f000",
-                            "addr": "10.0.0.1:7000", "layers": [0, 2], "card_kind": "cpu",
-                            "card_index": 0, "card": "CPU", "need_bytes": 1 << 20}]])
+               placement=(ReplicaPlacement((stage,), BatchShape.of_job(config)),))
 
 
 def test_a_job_copy_reads_back_as_the_job() -> None:

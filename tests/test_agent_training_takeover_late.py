@@ -13,6 +13,7 @@ from p2pswarm.agent.training.handover import JobCopy
 from p2pswarm.agent.training.job_state import snapshot
 from p2pswarm.agent.training.jobs import Job
 from p2pswarm.sim.virtual import wait_until
+from p2pswarm.training.job import JobConfig
 from p2pswarm.wire.jobs import JobKeep
 from p2pswarm.wire.orders import pack_doc
 from tests.cpu_swarm import start_cpu_swarm
@@ -20,7 +21,7 @@ from tests.training_swarm import job_config
 
 
 def finished_job(job_id: str) -> Job:
-    return Job(job_id, job_config(steps=4), "ab" * 8, pinned=False, stages=None,
+    return Job(job_id, JobConfig.from_dict(job_config(steps=4)), "ab" * 8, pinned=False, stages=None,
                state="finished", step=4, losses=[3.0, 2.9, 2.7, 2.5], loss=2.5)
 
 

@@ -3,7 +3,7 @@ on loopback train two replicas; a fellow holding a stage, not the leader, is kil
 (SIGKILL) mid-job and the user starts it again from its state directory. The replica is
 placed again (on cards free meanwhile, or on that fellow once it is back) and, before it
 takes the global parameters, its stages built anew borrow the optimizer moments of the
-replica that trained on (``Checkpoints.lend_moments``); both replicas then close rounds
+replica that trained on (``CheckpointKeeper.lend_moments``); both replicas then close rounds
 together, the job never restarted; then the user cancels it."""
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from p2pswarm.agent.training.driver import Link, Replica
-from p2pswarm.agent.training.rounds import SyncRounds
+from p2pswarm.agent.training.global_state import GlobalState
+from p2pswarm.agent.training.placed import BatchShape
+from p2pswarm.agent.training.rounds import RoundsKeeper
 from p2pswarm.training.sync import Verdict
 from p2pswarm.wire.training import Ack, Delta
 
@@ -45,20 +47,27 @@ class StageLink(Link):
         return Delta(Keeper.version, b"delta") if reply is Delta else Ack()
 
 
-class Rounds(SyncRounds):
+class Rounds:
+    """A driver as its rounds keeper sees it (``ports.DriverPort``), and the keeper."""
+
     def __init__(self) -> None:
-        self.training = SimpleNamespace(step_timeout_s=5.0)  # type: ignore[assignment]
-        self.job = SimpleNamespace(bytes_sent=0, job_id="j", rounds=[], samples=0)  # type: ignore[assignment]
-        self.cfg = SimpleNamespace(sync=SimpleNamespace(staleness_decay=0.5,  # type: ignore[assignment]
+        self.training = SimpleNamespace(timings=SimpleNamespace(step_timeout_s=5.0))
+        self.job = SimpleNamespace(bytes_sent=0, job_id="j", rounds=[], samples=0)
+        self.cfg = SimpleNamespace(sync=SimpleNamespace(staleness_decay=0.5,
                                                         staleness_bound=2))
-        self.keepers = [Keeper()]  # type: ignore[list-item]
-        self.replicas = [Replica(0, [StageLink(0, "a", "127.0.0.1:1")], data=Stream())]
-        self.init_rounds()
+        self.keepers = [Keeper()]
+        self.replicas = [Replica(0, [StageLink(0, "a", "127.0.0.1:1")], BatchShape(2, 1),
+                                 data=Stream())]
+        global_state = GlobalState(self)  # type: ignore[arg-type]
+        keeper = RoundsKeeper(self, global_state, None)  # type: ignore[arg-type]
+        self._contribute = keeper._contribute
+        self._catch_up = keeper._catch_up
+        self.to_global_state = global_state.put
 
 
 def local_steps(rounds: Rounds, r: Replica, n: int, batch: int = 2) -> None:
     """``n`` steps as ``Driver.step`` takes them: the data moves, the samples wait (and
-    count in the job's samples, as ``SyncRounds._count`` counts them)."""
+    count in the job's samples, as ``RoundsKeeper._count`` counts them)."""
     for _ in range(n):
         r.stream.next_step(1, batch)
         r.samples_unsent += batch

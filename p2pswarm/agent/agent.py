@@ -173,18 +173,16 @@ class Agent:
         self.leadership = Leadership(self)
         self.planning = Planning(self, self.leadership)
         self.serving = Serving(self, self.leadership, world.services.stage_runtime)
-        self.training = Training(self, self.leadership)
+        services = world.services  # training's timings: the config's, as this world runs them
+        self.training = Training(self, self.leadership, timings=config.training.simulating(
+            services.training_step_s, step_timeout_s=services.training_step_timeout_s,
+            retry_s=services.training_retry_s))
         self._set_up_services(world.services)
 
     def _set_up_services(self, services: Services) -> None:
         """Hand serving and training what this world sets for them (see ``Services``)."""
         if services.weights_dir is not None:
             self.serving.cache = WeightsCache(services.weights_dir)
-        self.training.simulated_step_s = services.training_step_s
-        if services.training_step_timeout_s is not None:
-            self.training.step_timeout_s = services.training_step_timeout_s
-        if services.training_retry_s is not None:
-            self.training.retry_s = services.training_retry_s
 
     # --- what the world says (the agent's own, read-only) --------------------------------
 

@@ -129,7 +129,7 @@ class Stage:
         with torch.inference_mode():  # no autograd bookkeeping per op
             for begin in range(0, T, chunk):
                 part = x[begin:begin + chunk].unsqueeze(0)
-                out = model(part, start + begin, view,  # type: ignore[arg-type]
+                out = model(part, start + begin, view,
                             last_logits_only=not keep_all)
                 if keep_all or begin + chunk >= T:
                     outputs.append(out[0])

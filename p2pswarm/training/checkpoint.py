@@ -28,12 +28,12 @@ from typing import Any
 import torch
 
 from p2pswarm.errors import ConfigError
-from p2pswarm.training.checkpoint_files import (  # noqa: F401  (re-exported)
+from p2pswarm.training.checkpoint_files import (
     LATEST,
     MANIFEST,
-    atomic_write_bytes,
-    shard_holders,
 )
+from p2pswarm.training.checkpoint_files import atomic_write_bytes as atomic_write_bytes
+from p2pswarm.training.checkpoint_files import shard_holders as shard_holders
 
 FORMAT = 1
 

@@ -42,12 +42,15 @@ def _local_tensor(model: StageModel, local: str) -> torch.Tensor:
     module_name, _, attr = local.rpartition(".")
     module: Any = model.get_submodule(module_name)
     if isinstance(module, LoRALinear) and attr == "weight":
-        return module.merged_weight()
+        merged: torch.Tensor = module.merged_weight()
+        return merged
     if isinstance(module, (LoRALinear, FrozenQuantizedLinear)):
         module = module.base
     if attr == "weight" and hasattr(module, "dequantize"):
-        return module.dequantize().clone()
-    return getattr(module, attr).detach()
+        plain: torch.Tensor = module.dequantize().clone()
+        return plain
+    tensor: torch.Tensor = getattr(module, attr).detach()
+    return tensor
 
 
 def export_hf(stages: Sequence[StageModel], hf_config: Mapping[str, Any],

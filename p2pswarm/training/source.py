@@ -20,7 +20,7 @@ from p2pswarm.models.checkpoint import Checkpoint
 from p2pswarm.models.families import AnyStageModel, tensor_map, tensor_shape
 from p2pswarm.models.loader import TensorSource, load_stage_model, open_model
 from p2pswarm.models.rwkv7_pth import PthCheckpoint
-from p2pswarm.models.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from p2pswarm.models.tokenizer import ByteTokenizer, HFTokenizer, WorldTokenizer, load_tokenizer
 from p2pswarm.shapes.model_config import ModelConfig
 from p2pswarm.training.job import ModelSpec
 
@@ -70,7 +70,7 @@ def open_job_model(spec: ModelSpec, seed: int
     return open_model(spec.name)
 
 
-def job_tokenizer(spec: ModelSpec) -> ByteTokenizer | HFTokenizer:
+def job_tokenizer(spec: ModelSpec) -> ByteTokenizer | HFTokenizer | WorldTokenizer:
     """Byte-level for built-ins and scratch models, the directory's tokenizer otherwise."""
     if spec.init_config is not None:
         return ByteTokenizer()

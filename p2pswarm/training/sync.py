@@ -39,10 +39,8 @@ import torch
 from p2pswarm.errors import RemoteProtocolError
 from p2pswarm.training.codec import Codec, Encoded, ErrorFeedback, make_codec
 from p2pswarm.training.job import SyncConfig
-from p2pswarm.training.round_rule import (
-    delta_weight,
-    step_budgets,  # noqa: F401  (re-exported)
-)
+from p2pswarm.training.round_rule import delta_weight
+from p2pswarm.training.round_rule import step_budgets as step_budgets
 
 HISTORY_UPDATES = 8  # updates a keeper keeps for replicas catching up
 

@@ -78,7 +78,8 @@ def _step(copies: TrainCopies, job: str, step: int, nbytes: int, age_s: int) -> 
 
 
 def test_checkpoint_copies_stay_under_their_cap(tmp_path: Path) -> None:
-    copies = TrainCopies(_agent(tmp_path, checkpoint_copies_bytes=300))
+    copies = TrainCopies(_agent(tmp_path, checkpoint_copies_bytes=300),
+                         SimpleNamespace())  # type: ignore[arg-type]
     old_other = _step(copies, "job-00000001", 1, 98, 1)
     newest_mine = _step(copies, "job-00000002", 4, 98, 2)
     newer_other = _step(copies, "job-00000001", 2, 98, 3)

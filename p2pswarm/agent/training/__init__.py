@@ -6,10 +6,16 @@
   config);
 - ``placement``: ordering fellows to take a job's stages, releasing them, retrying;
 - ``stage_host``: a fellow hosting stages (the orders, the control and data streams);
-- ``driver``: the leader driving a job (streams, steps, pauses, placing again);
-- ``rounds``: DiLoCo sync rounds between replicas (``training.round_rule``);
-- ``checkpoints``: checkpoints gathered, stored, copied to fellows, resumed (``transfer``:
-  states and shards of any size, in parts);
+- ``driver``: the leader driving a job (streams, steps, pauses, placing again); it holds
+  a ``rounds.RoundsKeeper`` (DiLoCo sync rounds between replicas, ``training.round_rule``),
+  a ``checkpoints.CheckpointKeeper`` (checkpoints gathered, stored, copied to fellows,
+  resumed; ``transfer``: states and shards of any size, in parts) and a
+  ``global_state.GlobalState`` (a replica put on the keepers' global parameters);
+- values: ``job_record.Job`` (``config`` a ``JobConfig``, ``placement`` a tuple of
+  ``placed.ReplicaPlacement``, each with its batch shape resolved once, at placement),
+  ``checkpoint_meta``, ``control_ask``; each with one document form, read at the edge;
+- ``ports``: what each part uses of the agent and of the other parts, as protocols (no
+  part takes the whole ``Agent``, none imports it);
 - ``job_data``: the files a job trains on, read where it is submitted and sent with it;
 - ``job_state``, ``handover``, ``takeover``: each job's record and round state copied to
   a few fellows, and a new leader driving the jobs on from there;
@@ -26,14 +32,16 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from p2pswarm.agent.pins import ShownPlans
 from p2pswarm.agent.training.checkpoints import TrainCopies
+from p2pswarm.agent.training.control_ask import TrainingAsk
 from p2pswarm.agent.training.driver import drive
-from p2pswarm.agent.training.job_data import JobData, sent_files
+from p2pswarm.agent.training.job_data import JobData, sent_files, sent_files_of
 from p2pswarm.agent.training.job_paths import leader_checkpoint_dir
 from p2pswarm.agent.training.handover import JobHandover
 from p2pswarm.agent.training.jobs import (
@@ -47,9 +55,9 @@ from p2pswarm.agent.training.jobs import (
 from p2pswarm.agent.training.placement import Placer
 from p2pswarm.agent.training.stage_host import StageHosts, TrainHost
 from p2pswarm.agent.training.takeover import Handed, Takeover
+from p2pswarm.config import TrainingTimings
 from p2pswarm.control.server import current_emitter, emit
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
-from p2pswarm.training.job import split_launch
 from p2pswarm.wire.jobs import (
     JobCancel,
     JobConfigAsk,
@@ -64,30 +72,13 @@ from p2pswarm.wire.jobs import (
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.leadership import Leadership
+    from p2pswarm.agent.training.ports import Leadership, TrainingAgent
     from p2pswarm.agent.training.runtime import TrainRuntime
 
 log = logging.getLogger("p2pswarm.training")
 
 FOLLOW_POLL_S = 0.5  # how often a streaming job_submit asks the leader for the record
 TAKEOVER_GRACE_S = 60.0  # how long a followed job may be missing while a new leader adopts it
-MAX_STAGES = 65535  # the most stages a job may ask each pipeline to take
-
-
-def _exclude_cards(request: dict[str, Any]) -> list[str]:
-    exclude = request.get("exclude_cards") or []
-    if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
-        raise ConfigError("exclude_cards must be a list of \"FELLOW:INDEX\" strings")
-    return list(exclude)
-
-
-def _stages(request: dict[str, Any]) -> int | None:
-    stages = request.get("stages")
-    if stages is not None and (isinstance(stages, bool) or not isinstance(stages, int)
-                               or not 1 <= stages <= MAX_STAGES):
-        raise ConfigError(f"stages must be a whole number of at least 1, got {stages!r}")
-    return stages
 
 
 class Training:
@@ -95,23 +86,19 @@ class Training:
     ops ``job_plan``, ``job_submit``, ``jobs``, ``job_cancel``, ``job_export`` of one
     agent."""
 
-    def __init__(self, agent: Agent, leadership: Leadership,
-                 runtime: TrainRuntime | None = None) -> None:
+    def __init__(self, agent: TrainingAgent, leadership: Leadership,
+                 runtime: TrainRuntime | None = None, *,
+                 timings: TrainingTimings = TrainingTimings()) -> None:
         self.agent = agent
         self.leadership = leadership
         self._runtime = runtime
-        self.step_timeout_s = 120.0  # the most the driver waits for one stage's step
-        self.open_timeout_s = 30.0
-        self.retry_s = 5.0  # a pending job tries its fellows again this often
-        # simulations only: the virtual seconds one step of a hosted stage takes (compute
-        # runs inline and takes none); 0 in the real world
-        self.simulated_step_s = 0.0
+        self.timings = timings  # how long the driver waits, how often it retries
         self.shown = ShownPlans(agent.name)  # job plans this leader has shown
         self._checkpoints_root: Path | None = None
         self.leader = LeaderJobs(self)
         self.placer = Placer(self)
         self.stages = StageHosts(self)
-        self.copies = TrainCopies(agent)
+        self.copies = TrainCopies(agent, leadership)
         self.data = JobData(agent, self._data_in_use)
         self.handover = JobHandover(self)
         self.takeover = Takeover(self)
@@ -125,7 +112,7 @@ class Training:
         for job in self.leader.jobs.values():
             if job.state not in TERMINAL:
                 try:
-                    out.update(sent_files(job.config))
+                    out.update(sent_files_of(job.config))
                 except SwarmError:
                     continue
         return out
@@ -142,7 +129,7 @@ class Training:
         """Where this leader writes and reads ``job``'s checkpoints (None: it keeps none):
         the directory its submit settled (``jobs``, ``job_paths``), else one named by the
         job's id in this leader's own state directory."""
-        if job_config(job.config).checkpoint.dir is None:
+        if job.config.checkpoint.dir is None:
             return None
         if not job.checkpoint_dir:
             job.checkpoint_dir = str(leader_checkpoint_dir(self.checkpoints_root, job.job_id))
@@ -257,13 +244,14 @@ class Training:
                 emit({"job": record})
         return record
 
-    async def _send_data(self, config: dict[str, Any]) -> None:
+    async def _send_data(self, config: Mapping[str, Any]) -> None:
         """The data files ``config`` sends with it, to the leader (unless this fellow
         leads: they are in its store already)."""
         if self.leadership.is_leader() or not sent_files(config):
             return
-        leader = self.agent.leader()
-        member = self.agent.fellow(leader["id"]) if leader is not None else None
+        election = self.agent.election
+        leader_id = election.status().leader_id if election is not None else None
+        member = self.agent.fellow(leader_id.hex()) if leader_id is not None else None
         if member is None:
             raise PlacementError("no leader in this fellow's view to send the job's data to; "
                                  "wait for one to be elected")
@@ -317,70 +305,51 @@ class Training:
     # --- control ops (the CLI's own agent) ------------------------------------------------
 
     @staticmethod
-    def _checked(request: dict[str, Any]) -> tuple[Any, int | None]:
-        config = request.get("config")
-        job_config(config)  # a bad job.json is refused here, before the leader is asked
-        return config, _stages(request)
-
-    @staticmethod
-    def _launched(request: dict[str, Any]) -> dict[str, Any]:
-        """``request`` with job.json's launch fields (exclude_cards, maximize, plan_id)
-        moved out of the job and into the request, where a flag given there wins."""
-        config = request.get("config")
-        if not isinstance(config, dict):
-            return request
-        config, launch = split_launch(config)
-        return {**request, "config": config,
-                "exclude_cards": request.get("exclude_cards") or list(launch.exclude_cards),
-                "maximize": request.get("maximize") or launch.maximize,
-                "plan_id": request.get("plan_id") or launch.plan_id}
+    def _checked(ask: TrainingAsk) -> tuple[Any, int | None]:
+        job_config(ask.config)  # a bad job.json is refused here, before the leader is asked
+        return ask.config, ask.checked_stages()
 
     async def _op_plan(self, request: dict[str, Any]) -> Any:
-        request = self._launched(request)
-        exclude = _exclude_cards(request)
-        maximize = request.get("maximize")
+        ask = TrainingAsk.from_doc(request)
+        exclude = ask.checked_exclude_cards()
+        maximize = ask.maximize
         if maximize not in (None, "seq_len", "speed"):
             raise ConfigError(f"maximize {maximize!r} must be \"seq_len\", \"speed\" or null")
-        config, stages = self._checked(request)
+        config, stages = self._checked(ask)
         return await self.ask_plan(config, stages=stages, maximize=maximize,
                                    exclude_cards=exclude)
 
     async def _op_submit(self, request: dict[str, Any]) -> Any:
-        request = self._launched(request)
-        resume = request.get("resume")
-        if resume and request.get("config") is None:
-            config, stages = None, _stages(request)
+        ask = TrainingAsk.from_doc(request)
+        resume = ask.resume
+        if resume and ask.config is None:
+            config, stages = None, ask.checked_stages()
         else:
-            config, stages = self._checked(request)
+            config, stages = self._checked(ask)
         if config is not None:  # the files it names are read here and travel with it
             config = await self.data.attach(config)
-        plan_id = request.get("plan_id")
+        plan_id = ask.plan_id
         if plan_id is not None and not isinstance(plan_id, str):
             raise ConfigError("plan_id must be a string")
-        maximize = request.get("maximize")
+        maximize = ask.maximize
         if maximize not in (None, "seq_len"):
             raise ConfigError(f"maximize {maximize!r} for a job must be \"seq_len\" or null")
         return await self.submit(config, plan_id=plan_id or None, stages=stages,
                                  resume=str(resume or ""),
                                  follow=current_emitter() is not None, maximize=maximize,
-                                 exclude_cards=_exclude_cards(request))
+                                 exclude_cards=ask.checked_exclude_cards())
 
     async def _op_jobs(self, request: dict[str, Any]) -> Any:
         return await self.list_jobs()
 
     async def _op_cancel(self, request: dict[str, Any]) -> Any:
-        job_id = request.get("job_id")
-        if not isinstance(job_id, str) or not job_id:
-            raise ConfigError("job_cancel needs a \"job_id\"")
-        return await self.ask_cancel(job_id)
+        ask = TrainingAsk.from_doc(request)
+        return await self.ask_cancel(ask.checked_text("job_id", "job_cancel needs a \"job_id\""))
 
     async def _op_export(self, request: dict[str, Any]) -> Any:
-        job_id = request.get("job_id")
-        out = request.get("out")
-        if not isinstance(job_id, str) or not job_id:
-            raise ConfigError("job_export needs a \"job_id\"")
-        if not isinstance(out, str) or not out:
-            raise ConfigError("job_export needs an \"out\" directory")
+        ask = TrainingAsk.from_doc(request)
+        job_id = ask.checked_text("job_id", "job_export needs a \"job_id\"")
+        out = ask.checked_text("out", "job_export needs an \"out\" directory")
         return (await self.export(job_id, out)).to_dict()
 
 

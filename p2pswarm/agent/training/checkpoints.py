@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.streams import send_best_effort, send_message
+from p2pswarm.agent.training.checkpoint_meta import CheckpointMeta, StagePosition
 from p2pswarm.agent.training.links import receive_answer
 from p2pswarm.agent.training.transfer import (
     Landing,
@@ -69,14 +70,11 @@ from p2pswarm.wire.training import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.training import Training
-    from p2pswarm.agent.training.driver import Replica
-    from p2pswarm.agent.training.jobs import Job
+    from p2pswarm.agent.training.global_state import GlobalState
     from p2pswarm.agent.training.links import Link
-    from p2pswarm.agent.training.runtime import StageKeeper, TrainRuntime
+    from p2pswarm.agent.training.ports import Compute, DriverPort, Leadership, SwarmNode
+    from p2pswarm.agent.training.replica import Replica
     from p2pswarm.training.checkpoint import CheckpointStore
-    from p2pswarm.training.job import JobConfig
     from p2pswarm.transport.secure import SecureStream
 
 log = logging.getLogger("p2pswarm.training")
@@ -107,108 +105,96 @@ def same_training(job: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in job.items() if k != "checkpoint"}
 
 
-class Checkpoints:
-    """The driver's checkpoints (a mixin of ``driver.Driver``, which holds the state)."""
+class CheckpointKeeper:
+    """A driver's checkpoints: gathered from its stages into its store, copied to
+    fellows, resumed from; and the optimizer moments a replica placed again borrows.
+    Its state is its store; the driver's replicas and keepers it reaches through the
+    driver (``ports.DriverPort``), the global state through ``global_state``."""
 
-    training: Training
-    runtime: TrainRuntime
-    job: Job
-    cfg: JobConfig
-    replicas: list[Replica]
-    keepers: list[StageKeeper]
+    def __init__(self, driver: DriverPort, global_state: GlobalState) -> None:
+        self._driver = driver
+        self._global = global_state
+        self.store: CheckpointStore | None = None  # None: the job keeps no checkpoints
 
-    def init_checkpoints(self) -> None:
-        self.store: CheckpointStore | None = None
-
-    if TYPE_CHECKING:  # provided by the driver and its other rooms
-        @property
-        def active(self) -> list[Replica]: ...
-
-        async def copy_tied(self, r: Replica) -> None: ...
-
-        async def to_global_state(self, r: Replica) -> bool: ...
-
-        async def pause(self, r: Replica, exc: BaseException) -> None: ...
+    @property
+    def _compute(self) -> Compute:
+        """Where work off the event loop runs (the agent's compute)."""
+        return self._driver.training.agent.compute
 
     @property
     def _max_shard_bytes(self) -> int:
-        return self.training.agent.config.transport.max_shard_bytes
+        return self._driver.training.agent.config.transport.max_shard_bytes
 
     async def checkpoint(self) -> None:
         """Gather every stage's state into the store (each straight into its shard file,
         in parts), then copy the checkpoint to fellows."""
+        driver, job, cfg = self._driver, self._driver.job, self._driver.cfg
         store = self.store
         assert store is not None
-        present = list(self.active)
-        step = self.job.step
+        present = list(driver.active)
+        step = job.step
         target = store.step_dir(step)
         files: dict[str, str] = {}
-        positions: dict[str, dict[str, int]] = {}
+        positions: dict[str, StagePosition] = {}
         for r in list(present):
             try:
                 for link in r.links:
                     name = f"{r.name}.stage-{link.stage}"
-                    files[name] = await self._gather_state(link, target / f"{name}.pt")
-                    positions[name] = {"data_position": r.stream.position,
-                                       "pipeline_steps": r.steps,
-                                       "samples_unsent": r.samples_unsent,
-                                       "steps_unsent": r.steps_unsent, "version": r.version}
+                    files[name] = await self.gather_state(link, target / f"{name}.pt")
+                    positions[name] = StagePosition(r.stream.position, r.steps,
+                                                    r.samples_unsent, r.steps_unsent,
+                                                    r.version)
             except SwarmError as exc:
                 # a fellow that left or crashed since the last step: its replica is
                 # lost, not the job; the checkpoint is written as for any paused replica
-                log.info("job %s: checkpoint at step %d: %s lost a fellow", self.job.job_id,
+                log.info("job %s: checkpoint at step %d: %s lost a fellow", job.job_id,
                          step, r.name)
-                await self.pause(r, exc)
+                await driver.pause(r, exc)
                 present.remove(r)
         if not present:
             log.info("job %s: checkpoint at step %d skipped, every replica is paused",
-                     self.job.job_id, step)
+                     job.job_id, step)
             if step not in store.steps():  # only this attempt's shards
                 shutil.rmtree(target, ignore_errors=True)
             return
-        for r in self.replicas:
+        for r in driver.replicas:
             if all(r is not x for x in present):
                 await self._stand_in(r, present[0], target, files, positions)
         shards = {f"keeper.stage-{s}": keeper.state_dict()
-                  for s, keeper in enumerate(self.keepers)}
-        cut = [link_layers[0] for link_layers in
-               (s["layers"] for s in self.job.placement[0][1:])]
-        meta = {"step": step, "samples": self.job.samples,
-                "bytes_sent": self.job.bytes_sent, "losses": self.job.losses, "cut": cut,
-                "replicas": len(self.replicas), "job": self.cfg.to_dict(),
-                "job_id": self.job.job_id, "positions": positions}
-        path = await self.training.agent.compute.run(
-            lambda: store.write(step, shards, meta, files))
-        self.job.checkpoint = str(path)
-        self.job.checkpoint_step = self.job.step
-        self.job.copies = await self.training.copies.spread(
-            self.job.job_id, self.job.step, path, self.cfg.checkpoint.copies)
-        thin = sorted(n for n, h in self.job.copies.items() if len(h) < self.cfg.checkpoint.copies)
+                  for s, keeper in enumerate(driver.keepers)}
+        meta = CheckpointMeta(step, job.samples, job.bytes_sent, tuple(job.losses),
+                              tuple(job.placement[0].cut), len(driver.replicas),
+                              cfg.to_dict(), job.job_id, positions).to_doc()
+        path = await self._compute.run(lambda: store.write(step, shards, meta, files))
+        job.checkpoint = str(path)
+        job.checkpoint_step = job.step
+        copies = cfg.checkpoint.copies
+        job.copies = await driver.training.copies.spread(job.job_id, job.step, path, copies)
+        thin = sorted(n for n, h in job.copies.items() if len(h) < copies)
         if thin:
             log.warning("job %s: checkpoint %d has fewer than %d copies on fellows of %s",
-                        self.job.job_id, self.job.step, self.cfg.checkpoint.copies,
-                        ", ".join(thin))
+                        job.job_id, job.step, copies, ", ".join(thin))
 
     async def _stand_in(self, r: Replica, present: Replica, target: Path,
-                        files: dict[str, str], positions: dict[str, dict[str, int]]) -> None:
+                        files: dict[str, str], positions: dict[str, StagePosition]) -> None:
         """Shards for paused replica ``r``, whose stages are not there to ask (under
         churn one nearly always is, and a checkpoint skipped for it left a job with none
         for hundreds of steps): copies of ``present``'s, marked ``global_state``, so a
         resume puts ``r`` on the keepers' global parameters (as its rejoin would) and
         its data goes on from where its last delta left. Every reader of the layout
         (resume, export, re-shard) finds every shard."""
-        version = self.keepers[0].version if self.keepers else r.version
+        keepers = self._driver.keepers
+        version = keepers[0].version if keepers else r.version
         for link in present.links:
             name, like = f"{r.name}.stage-{link.stage}", f"{present.name}.stage-{link.stage}"
             source, dest = target / f"{like}.pt", target / f"{name}.pt"
-            await self.training.agent.compute.run(partial(second_name, source, dest))
+            await self._compute.run(partial(second_name, source, dest))
             files[name] = files[like]
-            positions[name] = {"data_position": r.kept_position, "pipeline_steps": r.steps,
-                               "samples_unsent": 0, "steps_unsent": 0, "version": version,
-                               "global_state": 1}
+            positions[name] = StagePosition(r.kept_position, r.steps, 0, 0, version,
+                                            global_state=True)
 
-    async def _gather_state(self, link: Link, dest: Path,
-                            ask: StateAsk | MomentsAsk = StateAsk()) -> str:
+    async def gather_state(self, link: Link, dest: Path,
+                           ask: StateAsk | MomentsAsk = StateAsk()) -> str:
         """Stage ``link``'s state (or what else ``ask`` asks for) into the file ``dest``;
         its SHA-256."""
         await link.send(ask)
@@ -218,8 +204,7 @@ class Checkpoints:
         check_room(head.total, self._max_shard_bytes, dest.parent, what)
         assert link.stream is not None
         await receive_state_parts(link.stream, Landing(dest, head.total, head.sha256, what),
-                                  f"stage {link.stage} on {link.fellow}",
-                                  self.training.agent.compute.run)
+                                  f"stage {link.stage} on {link.fellow}", self._compute.run)
         return head.sha256
 
     async def lend_moments(self, r: Replica) -> bool:
@@ -229,70 +214,69 @@ class Checkpoints:
         the bytes of the global parameters it takes next). Where no replica trains, or
         the lender fails, ``r`` starts fresh and ramps its learning rate. False (``r``
         paused) when a stage of ``r`` fails."""
-        lender = next((x for x in self.active if x.running and not x.joining
+        driver, job = self._driver, self._driver.job
+        timeout_s = driver.training.timings.step_timeout_s
+        lender = next((x for x in driver.active if x.running and not x.joining
                        and [k.stage for k in x.links] == [k.stage for k in r.links]), None)
         if lender is None:
             return True
         for theirs, ours in zip(lender.links, r.links):
-            # ``_gather_state`` makes the directory when it checks the room there
-            path = self.training.copies.incoming / f"{self.job.job_id}.lent-{ours.stage}.pt"
+            # ``gather_state`` makes the directory when it checks the room there
+            path = driver.training.copies.incoming / f"{job.job_id}.lent-{ours.stage}.pt"
             try:
                 try:
                     async with lender.lock:
                         if lender.paused:  # lost while its step ended
                             return True
-                        with trio.fail_after(self.training.step_timeout_s):
-                            digest = await self._gather_state(theirs, path, MomentsAsk())
+                        with trio.fail_after(timeout_s):
+                            digest = await self.gather_state(theirs, path, MomentsAsk())
                 except (SwarmError, trio.TooSlowError) as exc:
                     # its own task meets a broken stream at its next command and pauses
                     # it; the lender's fate is not this replica's
-                    log.info("job %s: %s lent no moments: %s", self.job.job_id,
-                             lender.name, exc)
+                    log.info("job %s: %s lent no moments: %s", job.job_id, lender.name, exc)
                     return True
                 size = path.stat().st_size
                 try:
-                    with trio.fail_after(self.training.step_timeout_s):
+                    with trio.fail_after(timeout_s):
                         await ours.send(MomentsLoadHead(size, digest))
                         assert ours.stream is not None
-                        await send_state_file(ours.stream, path,
-                                              self.training.agent.compute.run)
+                        await send_state_file(ours.stream, path, self._compute.run)
                         await ours.receive(Ack)
                 except (SwarmError, trio.TooSlowError) as exc:
-                    await self.pause(r, exc)
+                    await driver.pause(r, exc)
                     return False
-                self.job.bytes_sent += 2 * size  # from the lender, and on to ``r``
+                job.bytes_sent += 2 * size  # from the lender, and on to ``r``
             finally:
                 path.unlink(missing_ok=True)
-        log.info("job %s: %s was lent the moments of %s", self.job.job_id, r.name,
-                 lender.name)
+        log.info("job %s: %s was lent the moments of %s", job.job_id, r.name, lender.name)
         return True
 
     async def resume(self) -> None:
         """Every stage, keeper and data stream back where the latest checkpoint left: on
         the checkpoint's own cut, or re-sharded onto the cut the swarm gives now."""
+        driver, job = self._driver, self._driver.job
         store = self.store
         if store is None:
             raise ConfigError("the job names no checkpoint.dir to resume from")
-        step = await self.training.copies.restore(self.job.job_id, store)
+        step = await driver.training.copies.restore(job.job_id, store)
         if step is None:
-            raise ConfigError(f"no complete checkpoint of {self.job.job_id} in "
+            raise ConfigError(f"no complete checkpoint of {job.job_id} in "
                               f"{store.directory} or on any connected fellow")
-        meta = store.manifest(step)["meta"]
-        if same_training(meta["job"]) != same_training(self.cfg.to_dict()):
+        meta = CheckpointMeta.from_doc(store.manifest(step)["meta"])
+        if same_training(meta.job) != same_training(driver.cfg.to_dict()):
             raise ConfigError("the checkpoint was written by a different job.json; resume "
                               "with the job it was trained with")
-        cut = [s["layers"][0] for s in self.job.placement[0][1:]]
-        if int(meta["replicas"]) != len(self.replicas):
+        cut = job.placement[0].cut
+        if meta.replicas != len(driver.replicas):
             raise PlacementError(
-                f"the checkpoint was trained as {meta['replicas']} replicas; the swarm now "
-                f"gives {len(self.replicas)} (resume when the cards hold as many)")
+                f"the checkpoint was trained as {meta.replicas} replicas; the swarm now "
+                f"gives {len(driver.replicas)} (resume when the cards hold as many)")
         source = store
-        if list(meta["cut"]) != cut:
+        if list(meta.cut) != cut:
             log.info("job %s: checkpoint %d was cut at %s, the swarm now cuts at %s: "
-                     "re-sharding it", self.job.job_id, step, meta["cut"], cut)
-            runtime = self.runtime
-            source = await self.training.agent.compute.run(
-                lambda: runtime.reshard(store, step, cut))
+                     "re-sharding it", job.job_id, step, list(meta.cut), cut)
+            runtime = driver.runtime
+            source = await self._compute.run(lambda: runtime.reshard(store, step, cut))
         try:
             await self._load_from(source, step)
         finally:
@@ -300,24 +284,23 @@ class Checkpoints:
                 shutil.rmtree(source.directory, ignore_errors=True)
 
     async def _load_from(self, store: CheckpointStore, step: int) -> None:
+        driver, job = self._driver, self._driver.job
         manifest = store.manifest(step)
-        meta, digests = manifest["meta"], manifest["shards"]
-        positions = meta.get("positions") or {}
-        for r in self.replicas:
+        meta, digests = CheckpointMeta.from_doc(manifest["meta"]), manifest["shards"]
+        for r in driver.replicas:
             for link in r.links:
                 name = f"{r.name}.stage-{link.stage}"
                 # checkpoints written before the positions moved to the manifest keep
                 # them in each shard
-                state = positions.get(name) or store.read(step, name)
-                r.stream.position = int(state["data_position"])
-                r.steps = int(state["pipeline_steps"])
-                r.samples_unsent = int(state["samples_unsent"])
-                r.steps_unsent = int(state["steps_unsent"])
+                at = meta.positions.get(name) or StagePosition.from_doc(store.read(step, name))
+                r.stream.position = at.data_position
+                r.steps = at.pipeline_steps
+                r.samples_unsent = at.samples_unsent
+                r.steps_unsent = at.steps_unsent
                 # the stages come back with their local steps: what no delta carries
                 # yet began that many samples back
                 r.kept_position = max(0, r.stream.position - r.samples_unsent)
-                version = state["version"] if "version" in state else state["sync"]["version"]
-                r.version = r.rounds_done = int(version)
+                r.version = r.rounds_done = at.version
             if r.paused:
                 continue  # placed again later, it takes the keepers' global state then
             try:
@@ -326,20 +309,19 @@ class Checkpoints:
                 # a stage whose stream fails while the job resumes (its fellow left, or
                 # it was placed again meanwhile) loses its replica, not the job: the
                 # driver places that replica again, as after any loss
-                log.info("job %s: %s not resumed from checkpoint %d", self.job.job_id,
-                         r.name, step)
-                await self.pause(r, exc)
-        for s, keeper in enumerate(self.keepers):
+                log.info("job %s: %s not resumed from checkpoint %d", job.job_id, r.name,
+                         step)
+                await driver.pause(r, exc)
+        for s, keeper in enumerate(driver.keepers):
             keeper.load_state_dict(store.read(step, f"keeper.stage-{s}"), float(step))
-        for r in self.replicas:  # paused when it was written: it stood in for them
-            if (positions.get(f"{r.name}.stage-0") or {}).get("global_state"):
+        for r in driver.replicas:  # paused when it was written: it stood in for them
+            stood_in = meta.positions.get(f"{r.name}.stage-0")
+            if stood_in is not None and stood_in.global_state:
                 r.kept_position = r.stream.position
-                await self.to_global_state(r)
-        self.job.step = int(meta["step"])
-        self.job.samples = int(meta["samples"])
-        self.job.bytes_sent = int(meta["bytes_sent"])
-        self.job.losses = [float(x) for x in meta["losses"]]
-        self.job.loss = self.job.losses[-1] if self.job.losses else None
+                await self._global.put(r)
+        job.step, job.samples, job.bytes_sent = meta.step, meta.samples, meta.bytes_sent
+        job.losses = list(meta.losses)
+        job.loss = job.losses[-1] if job.losses else None
 
     async def _load_replica(self, store: CheckpointStore, step: int, r: Replica,
                             digests: dict[str, str]) -> None:
@@ -349,9 +331,9 @@ class Checkpoints:
             path = store.step_dir(step) / f"{name}.pt"
             await link.send(StateLoadHead(path.stat().st_size, digests[name]))
             assert link.stream is not None
-            await send_state_file(link.stream, path, self.training.agent.compute.run)
+            await send_state_file(link.stream, path, self._compute.run)
             await link.receive(Ack)
-        await self.copy_tied(r)
+        await self._global.copy_tied(r)
 
 
 # --- copies of checkpoint shards on fellows ---------------------------------------------------
@@ -361,8 +343,9 @@ class TrainCopies:
     """This fellow's copies of checkpoint shards (holder side) and the leader's side:
     spread a checkpoint, fetch one back."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: SwarmNode, leadership: Leadership) -> None:
         self.agent = agent
+        self.leadership = leadership
         self._root: Path | None = None
         self.evicted = 0  # steps dropped to make room, since start
         agent.on_stream(TrainShard, self._on_shard)
@@ -399,7 +382,7 @@ class TrainCopies:
 
     async def _on_shard(self, first: TrainShard, stream: SecureStream) -> None:
         try:  # only the leader spreads checkpoints: no one else fills this disk
-            self.agent.leadership.from_leader(stream.peer_node_id, "a checkpoint shard")
+            self.leadership.from_leader(stream.peer_node_id, "a checkpoint shard")
             directory = self.step_dir(first.job_id, first.step)
             filename = _filename(first.name)
             cap = MAX_MANIFEST_BYTES if first.name == MANIFEST else self._cap
@@ -462,12 +445,12 @@ class TrainCopies:
             held += size
             steps.append((max((f.st_mtime_ns for f in files), default=0), str(directory),
                           size))
-        for _, directory, size in sorted(steps):
+        for _, name, size in sorted(steps):
             if held + nbytes <= cap:
                 break
-            if Path(directory) in keep:
+            if Path(name) in keep:
                 continue
-            shutil.rmtree(directory, ignore_errors=True)
+            shutil.rmtree(name, ignore_errors=True)
             held -= size
             self.evicted += 1
         if held + nbytes > cap:
@@ -619,4 +602,4 @@ def _copy_timeout_s(total_bytes: int) -> float:
     return COPY_TIMEOUT_S + total_bytes / COPY_FLOOR_BYTES_PER_S
 
 
-__all__ = ["COPY_TIMEOUT_S", "KEEP_STEPS", "Checkpoints", "TrainCopies", "same_training"]
+__all__ = ["COPY_TIMEOUT_S", "KEEP_STEPS", "CheckpointKeeper", "TrainCopies", "same_training"]

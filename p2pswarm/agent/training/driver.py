@@ -27,19 +27,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
 
 from p2pswarm.agent.streams import send_best_effort
-from p2pswarm.agent.training.checkpoints import Checkpoints
+from p2pswarm.agent.training.checkpoints import CheckpointKeeper
+from p2pswarm.agent.training.global_state import GlobalState
 from p2pswarm.agent.training.handover import KEEP_EVERY_STEPS
-from p2pswarm.agent.training.jobs import TERMINAL, Job, job_config
+from p2pswarm.agent.training.jobs import TERMINAL, Job
 from p2pswarm.agent.training.links import Link
-from p2pswarm.agent.training.placement import Placement
-from p2pswarm.agent.training.rounds import SyncRounds
+from p2pswarm.agent.training.placed import Placement, ReplicaPlacement
+from p2pswarm.agent.training.replica import Replica
+from p2pswarm.agent.training.rounds import RoundsKeeper
 from p2pswarm.errors import EveryReplicaLost, PlacementError, ReplicaLost, SwarmError
 from p2pswarm.wire.training import (
     Ack,
@@ -54,52 +55,11 @@ from p2pswarm.wire.training import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.training import Training
-    from p2pswarm.agent.training.runtime import ReplicaData, StageKeeper
-    from p2pswarm.agent.training.takeover import Handed
+    from p2pswarm.agent.training.job_state import Handed
+    from p2pswarm.agent.training.ports import DrivePort
+    from p2pswarm.agent.training.runtime import StageKeeper
 
 log = logging.getLogger("p2pswarm.training")
-
-
-@dataclass
-class Replica:
-    """The driver's view of one replica: its links, data, place in the job and rounds."""
-
-    index: int
-    links: list[Link]
-    data: ReplicaData | None = None
-    steps: int = 0  # optimizer steps taken (the learning-rate schedule's position)
-    samples_unsent: int = 0
-    steps_unsent: int = 0
-    # its data position when its last delta left (or it last took the global state):
-    # the samples past it are in no delta yet, and are trained again if its local steps
-    # are thrown away (``SyncRounds.forget_local_steps``)
-    kept_position: int = 0
-    paused: str = ""
-    generation: int = 0  # its placement's (``Job.next_generation``)
-    joining: bool = False  # placed again, links open: joins at the next round boundary
-    placing: bool = False
-    # asynchronous rounds (several replicas)
-    version: int = 0  # the global version its stages are anchored on
-    in_round: int = 0  # local steps taken of this round's budget
-    rounds_done: int = 0  # budgets sent, or rounds caught up to (its place in the job)
-    sent_version: int = -1  # the version its last fresh delta was anchored on
-    budget: int = 0  # local steps this round (by measured speed)
-    step_s: float = 0.0  # measured seconds per step (moving average); 0: not yet measured
-    running: bool = False  # its training task is alive
-    finished: bool = False  # trained to the job's end and sent everything
-    lock: trio.Lock = field(default_factory=trio.Lock)  # one command sequence at a time
-    micro_batch: int = 0  # its own (a fleet plan sized it); 0: the job's
-    micro_batches: int = 0
-
-    @property
-    def name(self) -> str:
-        return f"replica-{self.index}"
-
-    @property
-    def stream(self) -> ReplicaData:
-        assert self.data is not None
-        return self.data
 
 
 async def run_all_or_fail_first(fns: list[Callable[[], Awaitable[None]]]) -> None:
@@ -121,7 +81,12 @@ async def run_all_or_fail_first(fns: list[Callable[[], Awaitable[None]]]) -> Non
         raise errors[0]
 
 
-async def replace_all(training: Training, job: Job, lost: ReplicaLost
+def links(placed: ReplicaPlacement) -> list[Link]:
+    """A driver's link to every stage of a replica (streams not open yet)."""
+    return [Link(s.stage, s.fellow, s.addr) for s in placed.stages]
+
+
+async def replace_all(training: DrivePort, job: Job, lost: ReplicaLost
                       ) -> tuple[Placement, Handed | None]:
     """Every replica of ``job`` placed afresh after ``lost``: where the rounds stood at
     this leader's last copy (the keepers' global state, newer than any checkpoint), else
@@ -138,7 +103,7 @@ async def replace_all(training: Training, job: Job, lost: ReplicaLost
     job.state, job.reason = "pending", f"{lost}; placing every replica again: {whence}"
     job.paused_times += 1
     log.warning("job %s: %s", job.job_id, job.reason)
-    await trio.sleep(training.retry_s)
+    await trio.sleep(training.timings.retry_s)
     if handed is None:
         return await placer.place(job), None
     placement = await training.takeover.place_afresh(job, handed, synced=True, moved=False)
@@ -146,7 +111,7 @@ async def replace_all(training: Training, job: Job, lost: ReplicaLost
     return placement, handed if handed.restore_rounds else None
 
 
-async def drive(training: Training, job: Job, handed: Handed | None = None) -> None:
+async def drive(training: DrivePort, job: Job, handed: Handed | None = None) -> None:
     """Place the job (waiting while pending), train it, release its stages. A job taken
     over from another leader (``handed``) goes back on its fellows first (``takeover``).
 
@@ -213,39 +178,36 @@ async def drive(training: Training, job: Job, handed: Handed | None = None) -> N
         await placer.release(job)
 
 
-class Driver(SyncRounds, Checkpoints):
-    """One job on the leader, from its placement to its end."""
+class Driver:
+    """One job on the leader, from its placement to its end: its replicas' links and
+    steps here; its sync rounds in a ``RoundsKeeper``, its checkpoints in a
+    ``CheckpointKeeper``, both of which it holds."""
 
-    def __init__(self, training: Training, job: Job, placement: Placement,
+    def __init__(self, training: DrivePort, job: Job, placement: Placement,
                  handed: Handed | None = None) -> None:
         self.training = training
         self.agent = training.agent
         self.runtime = training.runtime
         self.job = job
-        self.cfg = job_config(job.config)
+        self.cfg = job.config
         self.handed = handed  # a job taken over from another leader
         generation = handed.generation if handed is not None else job.generation
-        self.replicas = [Replica(i, [Link(s["stage"], s["fellow"], s["addr"])
-                                     for s in stages], generation=generation,
-                                 micro_batch=int(stages[0].get("micro_batch", 0)) if stages
-                                 else 0,
-                                 micro_batches=int(stages[0].get("micro_batches", 0)) if stages
-                                 else 0)
-                         for i, stages in enumerate(placement)]
+        self.replicas = [Replica(i, links(placed), placed.batch, generation=generation)
+                         for i, placed in enumerate(placement)]
         self.keepers: list[StageKeeper] = []
         self.started_s = 0.0
         self.tokens = 0
-        self.init_rounds()
-        self.init_checkpoints()
+        self.global_state = GlobalState(self)
+        self.checkpoints = CheckpointKeeper(self, self.global_state)
+        self.rounds = RoundsKeeper(self, self.global_state, self.checkpoints)
 
     @property
     def active(self) -> list[Replica]:
         return [r for r in self.replicas if not r.paused]
 
     def batch_of(self, r: Replica) -> int:
-        """Sequences replica ``r`` trains on a step: its own batch, or the job's."""
-        return ((r.micro_batch or self.cfg.micro_batch)
-                * (r.micro_batches or self.cfg.micro_batches))
+        """Sequences replica ``r`` trains on a step."""
+        return r.batch.sequences
 
     @property
     def synced(self) -> bool:
@@ -269,11 +231,11 @@ class Driver(SyncRounds, Checkpoints):
             await self._make_keepers()
         where = self.training.checkpoint_dir(job)  # the leader's own choice, not a copy's
         if where is not None:
-            self.store = runtime.checkpoint_store(where, cfg.checkpoint.keep)
+            self.checkpoints.store = runtime.checkpoint_store(where, cfg.checkpoint.keep)
         if handed is not None and handed.restore_rounds:
-            await self.training.takeover.restore_rounds(self, handed)
+            await self._restore_rounds(handed)
         elif job.resume:
-            await self.resume()
+            await self.checkpoints.resume()
         if self.synced and not self.active:  # a stage failed each replica as it resumed
             raise EveryReplicaLost("every replica lost a fellow as the job resumed: " +
                                    "; ".join(r.paused for r in self.replicas))
@@ -288,7 +250,7 @@ class Driver(SyncRounds, Checkpoints):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._place_again_loop)
             try:
-                await self.run_rounds(nursery)
+                await self.rounds.run(nursery)
             except SwarmError as exc:
                 failed.append(exc)
             nursery.cancel_scope.cancel()
@@ -305,7 +267,7 @@ class Driver(SyncRounds, Checkpoints):
 
             async def one(r: Replica, losses: dict[int, float]) -> None:
                 try:
-                    with trio.fail_after(self.training.step_timeout_s):
+                    with trio.fail_after(self.training.timings.step_timeout_s):
                         losses[r.index] = await self.step(r)
                 except (SwarmError, trio.TooSlowError) as exc:
                     await self.pause(r, exc)
@@ -321,8 +283,9 @@ class Driver(SyncRounds, Checkpoints):
             self.tokens += samples * cfg.seq_len
             job.loss = sum(losses[i] for i in sorted(losses)) / len(losses)
             job.losses.append(job.loss)
-            if self.store is not None and job.step % cfg.checkpoint.interval_steps == 0:
-                await self.checkpoint()
+            if self.checkpoints.store is not None \
+                    and job.step % cfg.checkpoint.interval_steps == 0:
+                await self.checkpoints.checkpoint()
                 await self.training.handover.keep(job, self)
             elif job.step % KEEP_EVERY_STEPS == 0:
                 await self.training.handover.keep(job, self)
@@ -338,7 +301,7 @@ class Driver(SyncRounds, Checkpoints):
 
     async def _open_links(self, r: Replica) -> None:
         """Control streams to every stage, last first (each opens its data stream on)."""
-        with trio.fail_after(self.training.open_timeout_s):
+        with trio.fail_after(self.training.timings.open_timeout_s):
             for link in reversed(r.links):
                 link.stream = await self.agent.open_secure(link.addr)
                 await link.ask(TrainOpen(self.job.job_id, r.index, link.stage, "control"),
@@ -353,7 +316,7 @@ class Driver(SyncRounds, Checkpoints):
             keeper.leave(r.name)
         await self._close_links(r)
         # released in the background: a dead fellow's silence must not hold the others up
-        addrs = sorted({s["addr"] for s in self.job.placement[r.index]})
+        addrs = self.job.placement[r.index].addrs
         self.agent.spawn(self.training.placer.release, self.job, r.index, addrs,
                          r.generation)
 
@@ -363,7 +326,7 @@ class Driver(SyncRounds, Checkpoints):
         """Every ``retry_s``, try to place each paused replica again (on its fellow, alive
         again, or on free cards); it joins the rounds at the next round boundary."""
         while True:
-            await trio.sleep(self.training.retry_s)
+            await trio.sleep(self.training.timings.retry_s)
             for r in self.replicas:
                 if r.paused and not r.joining:
                     await self._place_again(r)
@@ -372,24 +335,22 @@ class Driver(SyncRounds, Checkpoints):
         placer = self.training.placer
         r.placing = True
         try:
-            stages = await placer.replacement(self.job, r.index)
+            placed = await placer.replacement(self.job, r.index)
             generation = self.job.next_generation()
-            placement = [stages if i == r.index else [] for i in range(len(self.replicas))]
-            refusals = await placer.prepare(self.job, placement, [r.index], generation)
+            refusals = await placer.prepare(self.job, {r.index: placed}, generation)
             if refusals:
-                await placer.release(self.job, r.index, sorted({s["addr"] for s in stages}),
-                                     generation)
+                await placer.release(self.job, r.index, placed.addrs, generation)
                 raise PlacementError("; ".join(refusals))
             r.generation = generation
-            self.job.placement[r.index] = stages
-            r.links = [Link(s["stage"], s["fellow"], s["addr"]) for s in stages]
-            r.micro_batch = int(stages[0].get("micro_batch", r.micro_batch))
-            r.micro_batches = int(stages[0].get("micro_batches", r.micro_batches))
+            self.job.placement = tuple(placed if i == r.index else was
+                                       for i, was in enumerate(self.job.placement))
+            r.links = links(placed)
+            r.batch = placed.batch
             await self._open_links(r)
             r.joining = True
-            self.wake_round_closer()
+            self.rounds.wake()
             log.info("job %s: %s placed again on %s", self.job.job_id, r.name,
-                     ", ".join(s["fellow"] for s in stages))
+                     ", ".join(s.fellow for s in placed.stages))
         except (SwarmError, trio.TooSlowError) as exc:
             why = str(exc) if isinstance(exc, SwarmError) else "a stage fell silent"
             log.info("job %s: %s not placed again yet: %s", self.job.job_id, r.name, why)
@@ -417,8 +378,7 @@ class Driver(SyncRounds, Checkpoints):
         learning-rate schedule (default: the steps it has taken)."""
         cfg = self.cfg
         step = r.steps
-        inputs, targets = r.stream.next_step(r.micro_batches or cfg.micro_batches,
-                                             r.micro_batch or cfg.micro_batch)
+        inputs, targets = r.stream.next_step(r.batch.micro_batches, r.batch.micro_batch)
         n_micro = len(inputs)
         lr = cfg.lr.lr_at(r.steps if position is None else position)
         first, last = r.links[0], r.links[-1]
@@ -453,9 +413,29 @@ class Driver(SyncRounds, Checkpoints):
         for link in r.links:
             await link.receive(Ack)
         r.steps += 1
-        r.samples_unsent += n_micro * (r.micro_batch or cfg.micro_batch)
+        r.samples_unsent += n_micro * r.batch.micro_batch
         r.steps_unsent += 1
         return reports[last.stage].loss_sum / n_micro
+
+    async def _restore_rounds(self, handed: Handed) -> None:
+        """A job taken over (``takeover``): the keepers take the copied outer state;
+        every replica placed takes the global parameters and goes on from its place in
+        the copy."""
+        rounds = handed.rounds
+        assert rounds is not None
+        runtime = self.runtime
+        now = trio.current_time()
+        for keeper, blob in zip(self.keepers, handed.outer):
+            state = await self.agent.compute.run(partial(runtime.read_shard, blob))
+            keeper.load_state_dict(state, now)
+        for r, was in zip(self.replicas, rounds.replicas):
+            r.steps = was.steps
+            r.stream.position = r.kept_position = was.position
+            if r.paused:
+                for keeper in self.keepers:
+                    keeper.leave(r.name)
+        for r in self.active:
+            await self.global_state.put(r)
 
     async def _make_keepers(self) -> None:
         """Each stage's keeper, from the first replica whose stages all answer: one whose

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -36,7 +35,7 @@ from p2pswarm.agent.leadership import call_failed, expect_reply
 from p2pswarm.agent.streams import receive_message, send_message
 from p2pswarm.agent.training.job_state import restore, snapshot
 from p2pswarm.agent.training.jobs import TERMINAL
-from p2pswarm.agent.training.kept_store import KeptStore
+from p2pswarm.agent.training.kept_store import JobCopy, KeptStore
 from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError
 from p2pswarm.training.checkpoint_files import shard_holders
 from p2pswarm.wire.jobs import (
@@ -54,10 +53,8 @@ from p2pswarm.wire.jobs import (
 from p2pswarm.wire.orders import CallFailed, pack_doc, unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
-    from p2pswarm.agent.training import Training
-    from p2pswarm.agent.training.driver import Driver
-    from p2pswarm.agent.training.jobs import Job
+    from p2pswarm.agent.training.job_record import Job, Running
+    from p2pswarm.agent.training.ports import HandoverPort, Node
     from p2pswarm.transport.secure import SecureStream
 
 log = logging.getLogger("p2pswarm.training")
@@ -67,26 +64,6 @@ KEEP_EVERY_STEPS = 10  # a job of one replica (no rounds) is copied this often
 KEEP_TIMEOUT_S = 120.0  # the most one copy may take to reach one fellow
 KEPT_OUTER_BYTES = 512 * 1024 * 1024  # outer state one fellow keeps, all jobs together
 OUTER_KEYS = ("version", "params", "momentum", "compressor")  # what a keeper resumes from
-
-
-@dataclass(frozen=True, slots=True)
-class JobCopy:
-    """One copy of a job: its header (record, sizes, digest) and its outer state."""
-
-    head: JobKeep
-    outer: bytes = b""
-
-    @property
-    def order(self) -> tuple[int, int]:
-        return (self.head.term, self.head.seq)
-
-    def outer_parts(self) -> list[bytes]:
-        """Each stage keeper's outer state (empty when the copy carries none)."""
-        parts, at = [], 0
-        for n in self.head.outer_bytes:
-            parts.append(self.outer[at:at + n])
-            at += n
-        return parts
 
 
 def outer_state(keeper_state: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +102,7 @@ async def receive_outer(head: JobKeep, stream: SecureStream, who: str) -> bytes:
     return data
 
 
-async def fetch_copy(agent: Agent, addr: str, ask: JobCopyAsk) -> JobCopy:
+async def fetch_copy(agent: Node, addr: str, ask: JobCopyAsk) -> JobCopy:
     """Job copy ``ask.job_id`` from the fellow at ``addr``, outer state and all."""
     async with await agent.open_secure(addr) as stream:
         await send_message(stream, ask)
@@ -136,7 +113,7 @@ async def fetch_copy(agent: Agent, addr: str, ask: JobCopyAsk) -> JobCopy:
 class JobHandover:
     """This fellow's kept copies (any fellow) and the leader's side: copying its jobs."""
 
-    def __init__(self, training: Training) -> None:
+    def __init__(self, training: HandoverPort) -> None:
         self.training = training
         self.agent = training.agent
         self.kept: dict[str, JobCopy] = {}  # job id -> the newest copy this fellow holds
@@ -158,7 +135,7 @@ class JobHandover:
 
     # --- the leader's side ------------------------------------------------------------------
 
-    async def keep(self, job: Job, driver: Driver | None = None) -> None:
+    async def keep(self, job: Job, driver: Running | None = None) -> None:
         """Copy ``job`` (and where ``driver``'s rounds stand) to its fellows, in the
         background; returns once the copy is made, not sent."""
         leadership = self.training.leadership

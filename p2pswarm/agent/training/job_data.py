@@ -21,7 +21,7 @@ import dataclasses
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,7 +48,7 @@ from p2pswarm.training.job import (
 from p2pswarm.wire.training import Ack, DataFetch, DataPut, TrainError
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.agent import Agent
+    from p2pswarm.agent.training.ports import SwarmNode
     from p2pswarm.transport.secure import SecureStream
 
 log = logging.getLogger("p2pswarm.training")
@@ -60,7 +60,7 @@ DATA_FLOOR_BYTES_PER_S = 10e6  # a big one gets this much longer per byte
 class JobData:
     """This fellow's store of job data files, and the streams that fill it."""
 
-    def __init__(self, agent: Agent, in_use: Callable[[], Iterable[str]] | None = None) -> None:
+    def __init__(self, agent: SwarmNode, in_use: Callable[[], Iterable[str]] | None = None) -> None:
         self.agent = agent
         # the files live jobs train on (``Training`` tells): never evicted
         self.in_use: Callable[[], Iterable[str]] = in_use or (lambda: ())
@@ -143,7 +143,7 @@ class JobData:
         os.utime(self.path(sha256))  # the most recently used
         return sha256
 
-    async def push(self, config: dict[str, Any], addr: str) -> None:
+    async def push(self, config: Mapping[str, Any], addr: str) -> None:
         """Every sent data file ``config`` names that this fellow holds, to the fellow at
         ``addr`` (one it lacks, say a job resumed from elsewhere, is fetched by the leader
         from whichever fellow holds it)."""
@@ -272,7 +272,7 @@ def sent_files_of(job: JobConfig) -> list[str]:
     return list(dict.fromkeys(n[len(DATA_REF):] for n in names if is_data_ref(n)))
 
 
-def sent_files(config: dict[str, Any]) -> list[str]:
+def sent_files(config: Mapping[str, Any]) -> list[str]:
     return sent_files_of(JobConfig.from_dict(config))
 
 

@@ -12,32 +12,30 @@ bound first: the document came over the network, and a bad one is refused with o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from p2pswarm.agent.training.jobs import (
-    JOB_ID,
+from p2pswarm.agent.training.job_paths import JOB_ID
+from p2pswarm.agent.training.job_record import (
     LOSSES_KEPT,
     ROUNDS_KEPT,
     STATES,
     Job,
+    Running,
     job_config,
+)
+from p2pswarm.agent.training.placed import (
+    MAX_INT,
+    MAX_REPLICAS,
+    MAX_STAGES,
+    placement_from_doc,
+    placement_to_doc,
 )
 from p2pswarm.errors import ConfigError, RemoteProtocolError
 
-if TYPE_CHECKING:
-    from p2pswarm.agent.training.driver import Driver
-
-MAX_REPLICAS = 256
-MAX_STAGES = 1024
-MAX_INT = 2**63 - 1
 MOVES_KEPT = 20  # "moved" lines a job record carries
 TEXT = 4096  # the longest free text (a reason, a moved line) a copy may carry
-PLACEMENT_KEYS = {"stage": int, "fellow_id": str, "fellow": str, "addr": str,
-                  "layers": list, "card_kind": str, "card_index": int, "card": str,
-                  "need_bytes": int}
-BATCH_KEYS = ("micro_batch", "micro_batches")  # a replica's own, when its plan sized it
-MAX_BATCH = 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +58,21 @@ class RoundsState:
     replicas: tuple[ReplicaState, ...]
 
 
-def snapshot(job: Job, driver: Driver | None, leader: str) -> dict[str, Any]:
+def snapshot(job: Job, driver: Running | None, leader: str) -> dict[str, Any]:
     """The job's record and, while ``driver`` runs it, where its rounds stand; ``leader``
     names the leader that made it."""
     doc: dict[str, Any] = {
-        "leader": leader, "job_id": job.job_id, "config": job.config, "plan_id": job.plan_id,
+        "leader": leader, "job_id": job.job_id, "config": job.config.to_dict(),
+        "plan_id": job.plan_id,
         "pinned": job.pinned, "stages": job.stages, "resume": job.resume,
         "state": job.state, "reason": job.reason[:TEXT], "step": job.step,
         "loss": job.loss, "losses": job.losses[-LOSSES_KEPT:],
         "tokens_per_s": job.tokens_per_s, "replicas": job.replicas,
         "bytes_sent": job.bytes_sent, "samples": job.samples,
         "checkpoint": job.checkpoint[:TEXT], "checkpoint_step": job.checkpoint_step,
-        "copies": job.copies, "placement": job.placement, "rejoins": job.rejoins,
-        "paused_times": job.paused_times, "generation": job.generation, "rounds": job.rounds[-ROUNDS_KEPT:],
+        "copies": job.copies, "placement": placement_to_doc(job.placement, job.config),
+        "rejoins": job.rejoins, "paused_times": job.paused_times,
+        "generation": job.generation, "rounds": job.rounds[-ROUNDS_KEPT:],
         "replica_steps": job.replica_steps, "maximize": job.maximize,
         "exclude_cards": job.exclude_cards, "moves": job.moves[-MOVES_KEPT:],
         "rounds_state": None}
@@ -92,18 +92,31 @@ def snapshot(job: Job, driver: Driver | None, leader: str) -> dict[str, Any]:
 # --- reading a copy back ----------------------------------------------------------------------
 
 
+@dataclass
+class Handed:
+    """A job taken over: where its rounds stood, the keepers' outer state, and what the
+    driver is to do with them."""
+
+    rounds: RoundsState | None
+    outer: tuple[bytes, ...]
+    from_leader: str
+    lost: dict[int, str] = field(default_factory=dict)  # replica -> why it is not placed
+    generation: int = 0  # the placement generation the replicas were ordered back with
+    restore_rounds: bool = False
+
+
 def _bad(what: str) -> RemoteProtocolError:
     return RemoteProtocolError("bad-job-copy", f"a job copy's {what} is malformed")
 
 
-def _int(doc: dict[str, Any], key: str, high: int = MAX_INT) -> int:
+def _int(doc: Mapping[str, Any], key: str, high: int = MAX_INT) -> int:
     value = doc.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
         raise _bad(key)
     return value
 
 
-def _text(doc: dict[str, Any], key: str, high: int = TEXT) -> str:
+def _text(doc: Mapping[str, Any], key: str, high: int = TEXT) -> str:
     value = doc.get(key)
     if not isinstance(value, str) or len(value) > high:
         raise _bad(key)
@@ -117,43 +130,11 @@ def _float(value: Any, key: str) -> float:
     return float(value)
 
 
-def _list(doc: dict[str, Any], key: str, high: int) -> list[Any]:
+def _list(doc: Mapping[str, Any], key: str, high: int) -> list[Any]:
     value = doc.get(key)
     if not isinstance(value, list) or len(value) > high:
         raise _bad(key)
     return value
-
-
-def _placement(value: Any) -> list[list[dict[str, Any]]]:
-    if not isinstance(value, list) or len(value) > MAX_REPLICAS:
-        raise _bad("placement")
-    out = []
-    for stages in value:
-        if not isinstance(stages, list) or len(stages) > MAX_STAGES:
-            raise _bad("placement")
-        checked = []
-        for s in stages:
-            if not isinstance(s, dict) or any(
-                    not isinstance(s.get(k), t) or isinstance(s.get(k), bool) and t is int
-                    for k, t in PLACEMENT_KEYS.items()):
-                raise _bad("placement")
-            layers = s["layers"]
-            if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
-                                           and 0 <= x <= MAX_INT for x in layers):
-                raise _bad("placement")
-            if any(len(s[k]) > 256 for k in ("fellow_id", "fellow", "addr", "card_kind",
-                                              "card")):
-                raise _bad("placement")
-            kept = {k: s[k] for k in PLACEMENT_KEYS}
-            for k in BATCH_KEYS:
-                if k in s:
-                    if not isinstance(s[k], int) or isinstance(s[k], bool) \
-                            or not 1 <= s[k] <= MAX_BATCH:
-                        raise _bad("placement")
-                    kept[k] = s[k]
-            checked.append(kept)
-        out.append(checked)
-    return out
 
 
 def _copies(value: Any) -> dict[str, list[str]]:
@@ -217,7 +198,11 @@ def restore(doc: dict[str, Any]) -> tuple[Job, RoundsState | None]:
     for key in ("pinned", "resume"):
         if not isinstance(doc.get(key), bool):
             raise _bad(key)
-    job = Job(job_id, config, _text(doc, "plan_id", 64), pinned=doc["pinned"],
+    try:
+        cfg = job_config(config)
+    except ConfigError as exc:
+        raise RemoteProtocolError("bad-job-copy", f"a job copy's config: {exc}") from None
+    job = Job(job_id, cfg, _text(doc, "plan_id", 64), pinned=doc["pinned"],
               stages=stages, resume=doc["resume"], state=state, reason=_text(doc, "reason"),
               step=_int(doc, "step"),
               loss=None if loss is None else _float(loss, "loss"),
@@ -226,7 +211,7 @@ def restore(doc: dict[str, Any]) -> tuple[Job, RoundsState | None]:
               replicas=_int(doc, "replicas", MAX_REPLICAS), bytes_sent=_int(doc, "bytes_sent"),
               samples=_int(doc, "samples"), checkpoint=_text(doc, "checkpoint"),
               checkpoint_step=_int(doc, "checkpoint_step"), copies=_copies(doc.get("copies")),
-              placement=_placement(doc.get("placement")), rejoins=_int(doc, "rejoins"),
+              placement=placement_from_doc(doc.get("placement"), cfg), rejoins=_int(doc, "rejoins"),
               paused_times=_int(doc, "paused_times", 2**32 - 1), rounds=rounds,
               generation=_int(doc, "generation", 2**32 - 1) if "generation" in doc else 0,
               replica_steps=dict(replica_steps), maximize=maximize, exclude_cards=exclude,
@@ -234,11 +219,7 @@ def restore(doc: dict[str, Any]) -> tuple[Job, RoundsState | None]:
     rounds_state = _rounds_state(doc.get("rounds_state"))
     if rounds_state is not None and len(rounds_state.replicas) != len(job.placement):
         raise _bad("rounds_state")
-    try:
-        job_config(config)
-    except ConfigError as exc:
-        raise RemoteProtocolError("bad-job-copy", f"a job copy's config: {exc}") from None
     return job, rounds_state
 
 
-__all__ = ["MOVES_KEPT", "ReplicaState", "RoundsState", "restore", "snapshot"]
+__all__ = ["MOVES_KEPT", "Handed", "ReplicaState", "RoundsState", "restore", "snapshot"]

@@ -15,13 +15,20 @@ cancels a job and ``JobConfigAsk`` shows its config (for an export).
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 import itertools
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import trio
 
 from p2pswarm.agent.training.job_data import refuse_paths
+from p2pswarm.agent.training.job_record import (
+    LOSSES_KEPT,
+    ROUNDS_KEPT,
+    STATES,
+    TERMINAL,
+    Job,
+    job_config,
+)
 from p2pswarm.agent.training.job_paths import (
     JOB_ID,
     JobPathRefused,
@@ -46,21 +53,9 @@ from p2pswarm.wire.jobs import (
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.training import Training
-    from p2pswarm.agent.training.driver import Driver
+    from p2pswarm.agent.training.ports import JobsPort
 
-STATES = ("pending", "running", "finished", "failed", "cancelled")
-TERMINAL = ("finished", "failed", "cancelled")
 CHANGED = "the cluster changed since the plan was shown: "
-LOSSES_KEPT = 1000  # per-step losses a job record carries
-ROUNDS_KEPT = 200  # sync rounds a job record carries
-
-
-def job_config(config: Any) -> JobConfig:
-    """``config`` (the contents of job.json) as a checked ``JobConfig``."""
-    if not isinstance(config, dict):
-        raise ConfigError("a job needs \"config\": the contents of job.json")
-    return JobConfig.from_dict(config)
 
 
 def model_message(job: JobConfig) -> dict[str, Any]:
@@ -115,76 +110,10 @@ def card_key(stage: dict[str, Any]) -> str:
     return f"{stage['fellow_id']}:{which}"
 
 
-@dataclass
-class Job:
-    """The leader's record of one job."""
-
-    job_id: str
-    config: dict[str, Any]
-    plan_id: str
-    pinned: bool
-    stages: int | None
-    resume: bool = False
-    state: str = "pending"
-    reason: str = ""
-    step: int = 0
-    loss: float | None = None
-    losses: list[float] = field(default_factory=list)
-    tokens_per_s: float = 0.0
-    replicas: int = 0
-    bytes_sent: int = 0
-    samples: int = 0
-    checkpoint: str = ""
-    checkpoint_step: int = 0
-    # where this leader keeps the job's checkpoints: the submitter's own checkpoint.dir
-    # when its user is local to this disk, else set from this leader's state directory
-    # (``Training.checkpoint_dir``); never taken from a copy
-    checkpoint_dir: str = ""
-    copies: dict[str, list[str]] = field(default_factory=dict)  # shard -> fellows holding it
-    placement: list[list[dict[str, Any]]] = field(default_factory=list)
-    rejoins: int = 0
-    paused_times: int = 0  # a lone replica lost a fellow and the job waited to resume
-    # the newest placement generation given any of its replicas: one counter for the job,
-    # so a late release of an older placement never drops a newer one (``next_generation``)
-    generation: int = 0
-    rounds: list[dict[str, Any]] = field(default_factory=list)
-    replica_steps: dict[str, int] = field(default_factory=dict)  # local steps per replica
-    maximize: str | None = None
-    exclude_cards: list[str] = field(default_factory=list)  # cards the user left out
-    moves: list[str] = field(default_factory=list)  # one line per leader that took it over
-    scope: trio.CancelScope | None = None
-    driver: Driver | None = None  # while it runs
-    cancel_asked: bool = False
-    term: int = 0  # the term this agent drives it in
-    handed: str = ""  # why this agent stopped driving it: it no longer leads
-
-    def next_generation(self) -> int:
-        """The generation for a new placement of any of the job's replicas."""
-        self.generation += 1
-        return self.generation
-
-    def record(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "state": self.state, "reason": self.reason,
-                "step": self.step, "steps": int(self.config.get("steps", 0)),
-                "loss": self.loss, "losses": self.losses[-LOSSES_KEPT:],
-                "tokens_per_s": self.tokens_per_s, "replicas": self.replicas,
-                "bytes_sent": self.bytes_sent, "samples": self.samples,
-                "plan_id": self.plan_id, "pinned": self.pinned,
-                "model": self.config.get("model"), "checkpoint": self.checkpoint,
-                "checkpoint_dir": self.checkpoint_dir,
-                "checkpoint_copies": self.copies,
-                "seq_len": int(self.config.get("seq_len", 0)), "rejoins": self.rejoins,
-                "paused_times": self.paused_times,
-                "rounds": self.rounds[-ROUNDS_KEPT:], "replica_steps": self.replica_steps,
-                "moved": self.moves[-1] if self.moves else "", "moves": self.moves,
-                "stages": [[{k: s[k] for k in ("stage", "fellow", "layers", "card")}
-                            for s in replica] for replica in self.placement]}
-
-
 class LeaderJobs:
     """The leader's side: the job calls it serves and the jobs it leads."""
 
-    def __init__(self, training: Training) -> None:
+    def __init__(self, training: JobsPort) -> None:
         self.training = training
         self.agent = training.agent
         self.jobs: dict[str, Job] = {}  # jobs this agent leads, by id
@@ -197,13 +126,12 @@ class LeaderJobs:
 
     # --- plans ----------------------------------------------------------------------------
 
-    async def plan(self, config: Any, *, stages: int | None = None,
+    async def plan(self, job: JobConfig, *, stages: int | None = None,
                    maximize: str | None = None,
                    exclude_cards: list[str] | None = None,
                    cut: list[int] | None = None) -> dict[str, Any]:
         """The job's plan on this leader's view: one pipeline per replica (on ``cut``,
         a resumed checkpoint's, where the cards hold it)."""
-        job = job_config(config)
         model = model_message(job)
         if cut:  # the planner keeps a model's trained cut where it fits
             model = {**model, "config": {**model["config"], "p2pswarm_stage_cut": cut}}
@@ -242,7 +170,7 @@ class LeaderJobs:
             exclude += [card_key(s) for s in plan["stages"]]
         return self.training.shown.remember(job_plan(job, plans))  # type: ignore[no-any-return]
 
-    async def pinned_plan(self, expected: str | None, config: Any, *,
+    async def pinned_plan(self, expected: str | None, config: JobConfig, *,
                           stages: int | None = None, maximize: str | None = None,
                           exclude_cards: list[str] | None = None) -> dict[str, Any]:
         """The plan a job pinned to ``expected`` (None: not pinned) gets: the plan now, or
@@ -262,7 +190,7 @@ class LeaderJobs:
                 or plan
         return plan
 
-    def still_holds(self, expected: str, config: Any, stages: int | None,
+    def still_holds(self, expected: str, job: JobConfig, stages: int | None,
                     maximize: str | None, exclude_cards: list[str] | None
                     ) -> dict[str, Any] | None:
         """The job plan ``expected`` this leader showed, as it stands on its view now,
@@ -274,7 +202,6 @@ class LeaderJobs:
         replicas = shown.get("replicas") if shown is not None else None
         if shown is None or not isinstance(replicas, list) or not replicas:
             return None
-        job = job_config(config)
         model = model_message(job)
         view = self.agent.planning.view()
         exclude = list(exclude_cards or [])
@@ -314,8 +241,9 @@ class LeaderJobs:
             raise ConfigError(str(exc)) from None  # a ConfigError at the asker's end too
 
     async def _serve_plan(self, call: JobPlanAsk, origin: bytes | None) -> JobPlanShown:
-        self._from_fellow(origin, unpack_doc(call.config))
-        plan = await self.plan(unpack_doc(call.config), stages=call.stages,
+        config = unpack_doc(call.config)
+        self._from_fellow(origin, config)
+        plan = await self.plan(job_config(config), stages=call.stages,
                                maximize=call.maximize or None,
                                exclude_cards=list(call.exclude_cards))
         return JobPlanShown(pack_doc(plan))
@@ -326,15 +254,13 @@ class LeaderJobs:
         resume = call.resume
         config: Any = None if call.config is None else unpack_doc(call.config)
         self._from_fellow(origin, config, resume)
-        if resume:
-            config = self._resume_config(resume, config)
-        cfg = job_config(config)
+        cfg = self._resume_config(resume, config) if resume else job_config(config)
         refuse_paths(cfg)  # data comes with the job, never from this disk
         expected = call.plan_id or None
         maximize = "seq_len" if call.maximize == "seq_len" else None
         exclude = list(call.exclude_cards)
         try:
-            plan = await self.pinned_plan(expected, config, stages=call.stages,
+            plan = await self.pinned_plan(expected, cfg, stages=call.stages,
                                           maximize=maximize, exclude_cards=exclude)
         except PlacementError as exc:
             if not expected:
@@ -350,10 +276,9 @@ class LeaderJobs:
             raise PlacementError(f"job {resume} is still {self.jobs[resume].state}")
         job_id = resume if resume in self.jobs or JOB_ID.fullmatch(resume) \
             else f"job-{self.agent.rng.getrandbits(32):08x}"
-        config = dict(config)
         if maximize:  # the job runs at the sequence length the plan found
-            config["seq_len"] = int(plan["request"]["seq_len"])
-        job = Job(job_id, config, str(plan["plan_id"]), pinned=bool(expected),
+            cfg = replace(cfg, seq_len=int(plan["request"]["seq_len"]))
+        job = Job(job_id, cfg, str(plan["plan_id"]), pinned=bool(expected),
                   stages=call.stages, resume=bool(resume),
                   reason="waiting for its fellows to take their stages", maximize=maximize,
                   exclude_cards=exclude)
@@ -378,9 +303,9 @@ class LeaderJobs:
         self.agent.counters.refuse("job-checkpoint-dir-moved")
         return ""
 
-    def _resume_config(self, resume: str, config: Any) -> dict[str, Any]:
+    def _resume_config(self, resume: str, config: Any) -> JobConfig:
         if isinstance(config, dict):
-            return config
+            return job_config(config)
         known = self.jobs.get(resume)
         if known is not None:
             return known.config
@@ -398,7 +323,8 @@ class LeaderJobs:
 
     async def _serve_config(self, call: JobConfigAsk) -> JobConfigShown:
         job = self._known(call.job_id)
-        return JobConfigShown(pack_doc(job.config), job.state, job.step, job.checkpoint_step)
+        return JobConfigShown(pack_doc(job.config.to_dict()), job.state, job.step,
+                              job.checkpoint_step)
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
         """Cancel job ``job_id`` (this agent leads it); its record."""
@@ -414,5 +340,6 @@ class LeaderJobs:
         return JobRecord(pack_doc(await self.cancel(call.job_id)))
 
 
-__all__ = ["CHANGED", "JOB_ID", "STATES", "TERMINAL", "Job", "LeaderJobs", "card_key",
+__all__ = ["CHANGED", "JOB_ID", "LOSSES_KEPT", "ROUNDS_KEPT", "STATES", "TERMINAL", "Job",
+           "LeaderJobs", "card_key",
            "job_config", "job_plan", "model_message"]

@@ -22,7 +22,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from p2pswarm.agent.training.transfer import check_part
 from p2pswarm.errors import SwarmError
@@ -31,15 +32,32 @@ from p2pswarm.wire.codec import decode, encode
 from p2pswarm.wire.jobs import MAX_KEPT_JOBS, OUTER_KEEP_BYTES, JobKeep
 from p2pswarm.wire.orders import DOC_BYTES
 
-if TYPE_CHECKING:
-    from p2pswarm.agent.training.handover import JobCopy
-
 log = logging.getLogger("p2pswarm.training")
 
 MAX_HEAD_BYTES = DOC_BYTES + 64 * 1024  # a header: the job's record and round state, framed
 HEAD, OUTER = ".head", ".outer"
 
 Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class JobCopy:
+    """One copy of a job: its header (record, sizes, digest) and its outer state."""
+
+    head: JobKeep
+    outer: bytes = b""
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return (self.head.term, self.head.seq)
+
+    def outer_parts(self) -> list[bytes]:
+        """Each stage keeper's outer state (empty when the copy carries none)."""
+        parts, at = [], 0
+        for n in self.head.outer_bytes:
+            parts.append(self.outer[at:at + n])
+            at += n
+        return parts
 
 
 class KeptStore:
@@ -108,7 +126,6 @@ class KeptStore:
 
     def load(self) -> list[JobCopy]:
         """The copies on disk that read back whole (see the module), newest first."""
-        from p2pswarm.agent.training.handover import JobCopy
 
         if not self.root.is_dir():
             return []
@@ -136,7 +153,6 @@ class KeptStore:
         return out
 
     def _with_outer(self, head: JobKeep) -> JobCopy:
-        from p2pswarm.agent.training.handover import JobCopy
 
         path = self.root / f"{head.job_id}{OUTER}"
         total = sum(head.outer_bytes)
@@ -168,4 +184,4 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-__all__ = ["KeptStore", "MAX_HEAD_BYTES"]
+__all__ = ["JobCopy", "KeptStore", "MAX_HEAD_BYTES"]

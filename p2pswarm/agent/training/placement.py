@@ -16,31 +16,44 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from p2pswarm.agent.planning import fellow_id
-from p2pswarm.agent.training.jobs import CHANGED, TERMINAL, Job, job_config, model_message
+from p2pswarm.agent.training.jobs import CHANGED, TERMINAL, Job, model_message
+from p2pswarm.agent.training.placed import (
+    BatchShape,
+    Placement,
+    ReplicaPlacement,
+    StagePlacement,
+)
 from p2pswarm.errors import PlacementError, ReplicaLost, SwarmError
-from p2pswarm.planner import ClusterView, plan_message
+from p2pswarm.planner import ClusterView, profile_from_config, request_from_dict
+from p2pswarm.planner import plan as plan_pipeline
+from p2pswarm.planner.plan import Segments
 from p2pswarm.planner.wording import card_label
 from p2pswarm.training.checkpoint_files import latest_cut
 from p2pswarm.wire.jobs import TrainPrepare, TrainPrepared, TrainRelease, TrainReleased
 from p2pswarm.wire.orders import pack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.training import Training
+    from p2pswarm.agent.training.ports import PlacerPort
+    from p2pswarm.training.job import JobConfig
 
 log = logging.getLogger("p2pswarm.training")
 
-Placement = list[list[dict[str, Any]]]  # per replica, its stages with their fellows
+
+def claimed_bytes(segments: Segments) -> int:
+    """What a stage claims on its card: every segment but the card's other programs,
+    its free memory and how far the plan runs past its end."""
+    return sum(segments.claims_dict().values())
 
 
 class Placer:
     """The leader's side of placing jobs' stages on fellows."""
 
-    def __init__(self, training: Training) -> None:
+    def __init__(self, training: PlacerPort) -> None:
         self.training = training
         self.agent = training.agent
 
@@ -60,22 +73,23 @@ class Placer:
                         exclude_cards=job.exclude_cards,
                         cut=cut or self._checkpoint_cut(job))
                 if job.maximize and not job.pinned:
-                    job.config["seq_len"] = int(plan["request"]["seq_len"])
+                    job.config = replace(job.config, seq_len=int(plan["request"]["seq_len"]))
                 if job.pinned and plan["plan_id"] != job.plan_id:
                     raise PlacementError(CHANGED + "; ".join(
                         self.training.shown.changes(job.plan_id, plan)))
                 if not plan.get("fits"):
                     raise PlacementError(plan["layout"]["limit"]["sentence"])
                 job.plan_id = plan["plan_id"]
-                placement = self.placement(plan)
-                refusals = await self.prepare(job, placement, None, job.next_generation())
+                placement = self.placement(plan, job.config)
+                refusals = await self.prepare(job, dict(enumerate(placement)),
+                                              job.next_generation())
                 if not refusals:
                     job.placement = placement
                     return placement
                 # what this attempt placed, not the job's last placement: a stage left
                 # held here would refuse the next attempt's order for it ("already holds")
-                await self.release(job, None, sorted({s["addr"] for stages in placement
-                                                      for s in stages}), job.generation)
+                await self.release(job, None, sorted({a for r in placement for a in r.addrs}),
+                                   job.generation)
                 raise PlacementError((CHANGED if job.pinned else "waiting for fellows: ")
                                      + "; ".join(refusals))
             except PlacementError as exc:
@@ -84,7 +98,7 @@ class Placer:
                     reason = CHANGED + reason
                 job.state, job.reason = "pending", reason
                 log.info("job %s pending: %s", job.job_id, exc)
-            await trio.sleep(self.training.retry_s)
+            await trio.sleep(self.training.timings.retry_s)
 
     def _checkpoint_cut(self, job: Job) -> list[int] | None:
         """The cut of the checkpoint an unpinned job resumes from, on this leader's disk:
@@ -99,8 +113,7 @@ class Placer:
         stages again (a pinned job: its own plan; otherwise any free cards, on the cut
         it trained with), then resumes from its latest checkpoint (or from the start
         when it has written none yet). Without a checkpoint directory it fails."""
-        cfg = job_config(job.config)
-        if cfg.checkpoint.dir is None:
+        if job.config.checkpoint.dir is None:
             raise PlacementError(f"{lost}; the job names no checkpoint.dir to resume from")
         if job.checkpoint:
             job.resume = True
@@ -109,7 +122,8 @@ class Placer:
             job.resume = False
             job.step, job.loss, job.losses, job.samples = 0, None, [], 0
             whence = "start again (it wrote no checkpoint yet)"
-        gone = sorted({s["fellow"] for s in (job.placement or [[]])[0] if s["addr"] in str(lost)})
+        first = job.placement[0].stages if job.placement else ()
+        gone = sorted({s.fellow for s in first if s.addr in str(lost)})
         paused = (f"lost {', '.join(gone)}: " if gone else "") + f"{lost}; waiting for " \
             f"cards to {whence}"
         job.state, job.reason = "pending", paused
@@ -118,70 +132,80 @@ class Placer:
         if job.pinned:
             return await self.place(job)
         while True:
-            await trio.sleep(self.training.retry_s)
+            await trio.sleep(self.training.timings.retry_s)
             try:
-                stages = await self.replacement(job, 0)
-                refusals = await self.prepare(job, [stages], None, job.next_generation())
+                replica = await self.replacement(job, 0)
+                refusals = await self.prepare(job, {0: replica}, job.next_generation())
                 if not refusals:
-                    job.placement = [stages]
-                    return [stages]
-                await self.release(job, 0, sorted({s["addr"] for s in stages}),
-                                   job.generation)
+                    job.placement = (replica,)
+                    return job.placement
+                await self.release(job, 0, replica.addrs, job.generation)
                 why = "; ".join(refusals)
             except PlacementError as exc:
                 why = str(exc)
             job.reason = f"{paused} ({why})"
             log.info("job %s still pending: %s", job.job_id, why)
 
-    def placement(self, plan: dict[str, Any], auto: bool = True) -> Placement:
-        """Each replica's stages with their fellows' addresses; a replica the plan sized
-        its own batch for (``micro_batch: "auto"``) carries it on every stage."""
-        auto = auto and (plan.get("job") or {}).get("micro_batch") == "auto"
+    def placement(self, plan: dict[str, Any], job: JobConfig) -> Placement:
+        """Each replica of the leader's job plan ``plan`` with its fellows' addresses and
+        its batch shape, resolved here once: the one the plan sized for it (a fleet plan,
+        ``micro_batch: "auto"``), else the job's."""
+        auto = (plan.get("job") or {}).get("micro_batch") == "auto"
         cards = {(c["fellow_id"], c["kind"], c["index"]): c for c in plan["cards"] if c["used"]}
+        default = BatchShape.of_job(job)
         out = []
         for replica in plan["replicas"]:
+            batch = default
+            if auto:
+                own = {k: int(replica[k]) for k in ("micro_batch", "micro_batches")
+                       if isinstance(replica.get(k), int)}
+                batch = BatchShape(own.get("micro_batch", default.micro_batch),
+                                   own.get("micro_batches", default.micro_batches))
             stages = []
-            own = {k: int(replica[k]) for k in ("micro_batch", "micro_batches")
-                   if isinstance(replica.get(k), int) and auto}
             for s in replica["stages"]:
-                member = self.agent.fellow(s["fellow_id"])
-                if member is None or member.state not in ("alive", "suspect"):
-                    raise PlacementError(f"stage {s['stage']}'s fellow {s['fellow']} is not "
-                                         "connected")
-                seg = (cards.get((s["fellow_id"], s["kind"], s["index"])) or {}).get(
-                    "segments", {})
-                need = sum(v for k, v in seg.items()
-                           if k not in ("other_programs", "free", "does_not_fit"))
-                stages.append({"stage": s["stage"], "fellow_id": s["fellow_id"],
-                               "fellow": member.name, "addr": member.addr,
-                               "layers": list(s["layers"]), "card_kind": s["kind"],
-                               "card_index": s["index"],
-                               "card": card_label(s["kind"], s["index"], s["name"]),
-                               "need_bytes": need, **own})
-            out.append(stages)
-        return out
+                card = cards.get((s["fellow_id"], s["kind"], s["index"]))
+                need = claimed_bytes(Segments(**card["segments"]) if card else Segments())
+                stages.append(self._stage(s["stage"], s["fellow_id"], s["fellow"],
+                                          tuple(s["layers"]), s["kind"], s["index"],
+                                          s["name"], need))
+            out.append(ReplicaPlacement(tuple(stages), batch))
+        return tuple(out)
 
-    async def replacement(self, job: Job, replica: int) -> list[dict[str, Any]]:
+    def _stage(self, stage: int, fellow_id: str, planned_as: str, layers: tuple[int, ...],
+               kind: str, index: int, name: str, need_bytes: int) -> StagePlacement:
+        """A planned stage on a connected fellow's card, with the fellow's address."""
+        member = self.agent.fellow(fellow_id)
+        if member is None or not member.present:
+            raise PlacementError(f"stage {stage}'s fellow {planned_as} is not connected")
+        start, end = layers
+        return StagePlacement(stage, fellow_id, member.name, member.addr, (start, end), kind,
+                              index, card_label(kind, index, name), need_bytes)
+
+    async def replacement(self, job: Job, replica: int) -> ReplicaPlacement:
         """Cards for a paused replica, on this leader's view now: the planner places one
         pipeline on the cards nobody trains on (the replica's own fellow, alive again, or
-        free ones); the replica keeps the job's cut, so its stages still sync with the
-        other replicas' stages."""
-        cfg = job_config(job.config)
+        free ones); the replica keeps the job's cut and its batch shape, so its stages
+        still sync with the other replicas' stages."""
+        cfg = job.config
         old = job.placement[replica]
-        own = {k: old[0][k] for k in ("micro_batch", "micro_batches") if old and k in old[0]}
-        message = {"model": model_message(cfg), **cfg.plan_request(), "stages": len(old),
-                   "maximize": None, "exclude": sorted(job.exclude_cards), **own}
-        plan = plan_message(message, self._view_for_training())
-        if not plan.get("fits"):
-            raise PlacementError(plan["layout"]["limit"]["sentence"])
-        if len(plan["stages"]) != len(old):
-            raise PlacementError(f"the free cards give {len(plan['stages'])} stages, the job "
-                                 f"is cut in {len(old)}")
-        stages = self.placement({**plan, "replicas": [{"stages": plan["stages"]}]})[0]
-        for new, was in zip(stages, old):
-            new["layers"] = list(was["layers"])
-            new.update(own)
-        return stages
+        model = model_message(cfg)
+        profile = profile_from_config(model["config"], str(model.get("name") or "model"))
+        request = request_from_dict({
+            **cfg.plan_request(), "stages": len(old.stages), "maximize": None,
+            "exclude": sorted(job.exclude_cards), **old.batch.to_doc()})
+        planned = plan_pipeline(profile, self._view_for_training(), request)
+        if not planned.fits:
+            raise PlacementError(planned.limit.sentence)
+        if len(planned.stages) != len(old.stages):
+            raise PlacementError(f"the free cards give {len(planned.stages)} stages, the job "
+                                 f"is cut in {len(old.stages)}")
+        claims = {(c.fellow_id, c.kind, c.index): claimed_bytes(c.segments)
+                  for c in planned.cards if c.used}
+        stages = tuple(
+            self._stage(s.index, s.fellow_id, s.fellow, was.layers, s.kind, s.card_index,
+                        s.name, claims.get((s.fellow_id, s.kind, s.card_index), 0))
+            for s, was in zip(planned.stages, old.stages))
+        return ReplicaPlacement(stages, old.batch)
 
     def _view_for_training(self) -> ClusterView:
         """The leader's view with each fellow's ``training`` flag from the leader's own
@@ -192,45 +216,44 @@ class Placer:
             if job.state in TERMINAL or job.driver is None:
                 continue  # a pending job holds no stages
             idle = {r.index for r in job.driver.replicas if r.paused and not r.joining}
-            busy.update(s["fellow_id"] for i, stages in enumerate(job.placement)
-                        if i not in idle for s in stages)
-        busy.update(fellow_id(self.agent.node_id) for _ in self.training.hosts)
+            busy.update(s.fellow_id for i, replica in enumerate(job.placement)
+                        if i not in idle for s in replica.stages)
+        busy.update(self.agent.node_id.hex() for _ in self.training.hosts)
         view = self.agent.planning.view()
         fellows = tuple(replace(f, training=f.id in busy) for f in view.fellows)
         return ClusterView(fellows, view.default_link, view.local_link, view.links)
 
-    async def prepare(self, job: Job, placement: Placement, replicas: list[int] | None = None,
+    async def prepare(self, job: Job, replicas: Mapping[int, ReplicaPlacement],
                       generation: int = 0) -> list[str]:
-        """Order every stage of ``replicas`` (default: all) onto its fellow; the refusals."""
+        """Order every stage of ``replicas`` (by replica index) onto its fellow; the
+        refusals."""
         refusals: list[str] = []
-        config = pack_doc(job.config)
-        timeout_s = self.training.open_timeout_s
+        config = pack_doc(job.config.to_dict())
+        timeout_s = self.training.timings.open_timeout_s
 
-        async def one(r: int, s: dict[str, Any], n_stages: int, next_addr: str,
+        async def one(r: int, s: StagePlacement, n_stages: int, next_addr: str,
                       prev_fellow: str) -> None:
             if not self.training.leads(job.term):
-                refusals.append(f"{s['fellow']}: not ordered, this fellow no longer leads")
+                refusals.append(f"{s.fellow}: not ordered, this fellow no longer leads")
                 return
-            start, end = s["layers"]
-            order = TrainPrepare(job.job_id, r, s["stage"], n_stages, s["fellow_id"],
-                                 int(start), int(end), s["card_kind"], int(s["card_index"]),
-                                 int(s["need_bytes"]), next_addr, config, generation,
-                                 prev_fellow=prev_fellow)
+            start, end = s.layers
+            order = TrainPrepare(job.job_id, r, s.stage, n_stages, s.fellow_id, start, end,
+                                 s.card_kind, s.card_index, s.need_bytes, next_addr, config,
+                                 generation, prev_fellow=prev_fellow)
             try:
                 with trio.fail_after(timeout_s):
-                    await self.training.leadership.order(s["addr"], order, TrainPrepared)
+                    await self.training.leadership.order(s.addr, order, TrainPrepared)
             except SwarmError as exc:
-                refusals.append(f"{s['fellow']}: {exc}")
+                refusals.append(f"{s.fellow}: {exc}")
             except trio.TooSlowError:
-                refusals.append(f"{s['fellow']}: no answer within {timeout_s:g} s")
+                refusals.append(f"{s.fellow}: no answer within {timeout_s:g} s")
 
         async with trio.open_nursery() as nursery:
-            for r, stages in enumerate(placement):
-                if replicas is not None and r not in replicas:
-                    continue
+            for r, replica in sorted(replicas.items()):
+                stages = replica.stages
                 for i, s in enumerate(stages):
-                    nxt = stages[i + 1]["addr"] if i + 1 < len(stages) else ""
-                    prev = str(stages[i - 1]["fellow_id"]) if i else ""
+                    nxt = stages[i + 1].addr if i + 1 < len(stages) else ""
+                    prev = stages[i - 1].fellow_id if i else ""
                     nursery.start_soon(one, r, s, len(stages), nxt, prev)
         return sorted(refusals)
 
@@ -238,20 +261,20 @@ class Placer:
                       addrs: list[str] | None = None, generation: int | None = None) -> None:
         """Order the job's stages (of one replica, up to one placement of it) released."""
         if addrs is None:
-            addrs = sorted({s["addr"] for r, stages in enumerate(job.placement)
-                            for s in stages if replica is None or r == replica})
+            addrs = sorted({s.addr for r, placed in enumerate(job.placement)
+                            for s in placed.stages if replica is None or r == replica})
         if not job.placement and replica is None:
             # a failed prepare: every fellow that may hold a stage
             membership = self.agent.membership
             addrs = sorted({m.addr for m in (membership.members() if membership else ())
-                            if m.state in ("alive", "suspect")})
+                            if m.present})
         order = TrainRelease(job.job_id, replica, generation)
 
         async def one(addr: str) -> None:
             if not self.training.leads(job.term):
                 return  # the stages are the new leader's to keep or release
             try:
-                with trio.fail_after(self.training.open_timeout_s):
+                with trio.fail_after(self.training.timings.open_timeout_s):
                     await self.training.leadership.order(addr, order, TrainReleased)
             except (SwarmError, trio.TooSlowError) as exc:
                 log.info("release of %s on %s: %s", job.job_id, addr, exc)

@@ -20,11 +20,10 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from p2pswarm.agent.training.jobs import model_message
 from p2pswarm.errors import EveryReplicaLost, SwarmError
 from p2pswarm.training.round_rule import (
     delta_weight,
@@ -32,40 +31,28 @@ from p2pswarm.training.round_rule import (
     round_closes,
     worth_waiting,
 )
-from p2pswarm.wire.training import (
-    Ack,
-    Delta,
-    Reset,
-    TakeDelta,
-    Tied,
-    TiedAsk,
-    TiedWeight,
-    Update,
-)
+from p2pswarm.wire.training import Ack, Delta, TakeDelta, Update
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.training import Training
-    from p2pswarm.agent.training.driver import Driver, Replica
-    from p2pswarm.agent.training.jobs import Job
-    from p2pswarm.agent.training.runtime import StageKeeper
-    from p2pswarm.training.job import JobConfig
+    from p2pswarm.agent.training.checkpoints import CheckpointKeeper
+    from p2pswarm.agent.training.global_state import GlobalState
+    from p2pswarm.agent.training.ports import DriverPort
+    from p2pswarm.agent.training.replica import Replica
 
 log = logging.getLogger("p2pswarm.training")
 
 
-class SyncRounds:
-    """The driver's rounds (a mixin of ``driver.Driver``, which holds the state below)."""
+class RoundsKeeper:
+    """A driver's sync rounds: the round-closer, each replica's task, the sync traffic.
+    Its state is its own (the losses per step, the open round's late contributions,
+    when it last checkpointed); the driver's replicas and keepers it reaches through the
+    driver (``ports.DriverPort``)."""
 
-    training: Training
-    job: Job
-    cfg: JobConfig
-    replicas: list[Replica]
-    keepers: list[StageKeeper]
-    tokens: int
-    started_s: float
-    store: Any
-
-    def init_rounds(self) -> None:
+    def __init__(self, driver: DriverPort, global_state: GlobalState,
+                 checkpoints: CheckpointKeeper) -> None:
+        self._driver = driver
+        self._global = global_state
+        self._checkpoints = checkpoints
         self._buckets: dict[int, list[float]] = {}  # job step -> the replicas' losses there
         self._wake = trio.Event()  # something the round-closer should look at happened
         self._closed = trio.Event()  # set (and replaced) when a round closes
@@ -73,58 +60,45 @@ class SyncRounds:
         self._nursery: trio.Nursery | None = None
         self._checkpointed = 0
 
-    if TYPE_CHECKING:  # provided by the driver and its other rooms
-        @property
-        def active(self) -> list[Replica]: ...
-
-        async def step(self, r: Replica, position: int | None = None) -> float: ...
-
-        async def pause(self, r: Replica, exc: BaseException) -> None: ...
-
-        def batch_of(self, r: Replica) -> int: ...
-
-        async def checkpoint(self) -> None: ...
-
-        async def lend_moments(self, r: Replica) -> bool: ...
-
     @asynccontextmanager
     async def all_locks(self) -> AsyncIterator[None]:
         """Hold every replica's lock, taken in replica order."""
         async with AsyncExitStack() as stack:
-            for r in self.replicas:
+            for r in self._driver.replicas:
                 await stack.enter_async_context(r.lock)
             yield
 
     # --- the round-closer -------------------------------------------------------------------
 
-    async def run_rounds(self, nursery: trio.Nursery) -> None:
+    async def run(self, nursery: trio.Nursery) -> None:
         """Every replica trains in its own task; this one closes each stage's round by
         ``round_rule.round_closes``, admits replicas placed again, checkpoints."""
+        driver = self._driver
         self._nursery = nursery
-        self._checkpointed = self.job.step
-        for i, loss in enumerate(self.job.losses):  # a resumed job's record goes on
+        self._checkpointed = driver.job.step
+        for i, loss in enumerate(driver.job.losses):  # a resumed job's record goes on
             self._buckets[i + 1] = [loss]
         now = trio.current_time()
-        for keeper in self.keepers:
+        for keeper in driver.keepers:
             keeper.restart_deadline(now)
-        for r in self.active:
+        for r in driver.active:
             r.running = True
             nursery.start_soon(self._replica_loop, r)
-        keeper = self.keepers[0]
+        keeper = driver.keepers[0]
         while True:
-            if not any(r.running for r in self.replicas) and any(
-                    r.joining for r in self.replicas):
+            if not any(r.running for r in driver.replicas) and any(
+                    r.joining for r in driver.replicas):
                 await self._admit()  # no round would close to let it in
             now = trio.current_time()
-            if not any(r.running for r in self.replicas):
-                if any(r.finished for r in self.replicas):
+            if not any(r.running for r in driver.replicas):
+                if any(r.finished for r in driver.replicas):
                     await self._close_round(now)  # what the last budgets sent
                     return
-                if not any(r.joining or r.placing for r in self.replicas):
+                if not any(r.joining or r.placing for r in driver.replicas):
                     # none left to close a round: the job goes on from its checkpoint,
                     # every replica placed again as fellows come back (``replace_all``)
                     raise EveryReplicaLost("every replica lost a fellow: " + "; ".join(
-                        r.paused for r in self.replicas))
+                        r.paused for r in driver.replicas))
             if round_closes(keeper, now):
                 await self._close_round(now)
                 continue
@@ -132,16 +106,17 @@ class SyncRounds:
                 await self._wake.wait()
             self._wake = trio.Event()
 
-    def wake_round_closer(self) -> None:
+    def wake(self) -> None:
         self._wake.set()
 
     async def _close_round(self, now: float) -> None:
-        results = [keeper.close_round(now) for keeper in self.keepers]
+        driver = self._driver
+        results = [keeper.close_round(now) for keeper in driver.keepers]
         first = results[0]
         if first is None:
             return  # nothing arrived: the deadline moved on
-        self.job.rounds.append({
-            "step": self.job.step, "version": first.version, "closed_at_s": round(now, 3),
+        driver.job.rounds.append({
+            "step": driver.job.step, "version": first.version, "closed_at_s": round(now, 3),
             "replicas": list(dict.fromkeys(a.replica for a in first.applied)),
             "dropped": list(dict.fromkeys(a.replica for a in first.dropped)),
             "late": self._late})
@@ -149,46 +124,52 @@ class SyncRounds:
         closed, self._closed = self._closed, trio.Event()
         closed.set()
         await self._admit()
-        await self.training.handover.keep(self.job, cast("Driver", self))  # resumed from here
-        due = self.cfg.checkpoint.interval_steps
-        if self.store is not None and self.job.step // due > self._checkpointed // due:
+        await driver.training.handover.keep(driver.job, driver)  # resumed from here
+        due = driver.cfg.checkpoint.interval_steps
+        store = self._checkpoints.store
+        if store is not None and driver.job.step // due > self._checkpointed // due:
             async with self.all_locks():
-                await self.checkpoint()
-            self._checkpointed = self.job.step
+                await self._checkpoints.checkpoint()
+            self._checkpointed = driver.job.step
 
     # --- one replica's task -----------------------------------------------------------------
 
     def _budget(self, r: Replica) -> int:
         """Local steps this round, by ``round_rule.round_budgets``."""
-        inner = self.cfg.sync.inner_steps
-        if not self.cfg.sync.speed_aware or r.step_s <= 0:
+        driver = self._driver
+        inner = driver.cfg.sync.inner_steps
+        if not driver.cfg.sync.speed_aware or r.step_s <= 0:
             return inner
-        speeds = {x.name: 1.0 / x.step_s for x in self.replicas
+        speeds = {x.name: 1.0 / x.step_s for x in driver.replicas
                   if x.running and x.step_s > 0}
         return round_budgets(speeds, inner)[r.name]
 
     def _samples_per_step(self) -> int:
         """Sequences one step of the job is: one step of every replica's batch."""
-        return max(1, sum(self.batch_of(x) for x in self.replicas))
+        driver = self._driver
+        return max(1, sum(driver.batch_of(x) for x in driver.replicas))
 
     def _trained_enough(self) -> bool:
         """Whether the job has trained its length: ``steps`` steps of every replica's
         batch, in sequences. A paused replica's share (and a slow one's, which takes
         fewer steps a round) is trained by the others, so churn makes a job take longer,
         never learn from less data."""
-        return self.job.samples >= self.cfg.steps * self._samples_per_step()
+        driver = self._driver
+        return driver.job.samples >= driver.cfg.steps * self._samples_per_step()
 
     def _worth_waiting(self, r: Replica) -> bool:
         """``round_rule.worth_waiting`` over the replicas yet to send this round."""
-        version = self.keepers[0].version
-        unsent = [(x.budget - x.in_round, x.step_s) for x in self.replicas
+        driver = self._driver
+        version = driver.keepers[0].version
+        unsent = [(x.budget - x.in_round, x.step_s) for x in driver.replicas
                   if x is not r and x.running and x.sent_version != version]
         return worth_waiting(r.step_s, unsent)
 
     async def _replica_loop(self, r: Replica) -> None:
         """Catch up on the updates, take this round's budget of steps, send the deltas;
         wait for the round only while it is open (never past its deadline)."""
-        cfg = self.cfg
+        driver = self._driver
+        cfg = driver.cfg
         try:
             while True:
                 async with r.lock:
@@ -201,9 +182,9 @@ class SyncRounds:
                         await self._catch_up(r)  # a round that closed meanwhile
                         began = trio.current_time()
                         # the job's place, not the replica's, sets the learning rate
-                        position = self.job.samples // self._samples_per_step()
-                        with trio.fail_after(self.training.step_timeout_s):
-                            loss = await self.step(r, min(position, cfg.steps - 1))
+                        position = driver.job.samples // self._samples_per_step()
+                        with trio.fail_after(driver.training.timings.step_timeout_s):
+                            loss = await driver.step(r, min(position, cfg.steps - 1))
                     took = trio.current_time() - began
                     r.step_s = took if r.step_s <= 0 else 0.5 * r.step_s + 0.5 * took
                     r.in_round += 1
@@ -214,152 +195,110 @@ class SyncRounds:
                 if fresh:
                     r.sent_version = version
                 if fresh and self._worth_waiting(r):
-                    while self.keepers[0].version <= version:
+                    while driver.keepers[0].version <= version:
                         await self._closed.wait()
             async with r.lock:
                 if r.samples_unsent:
                     await self._contribute(r)
             r.finished = True
         except (SwarmError, trio.TooSlowError) as exc:
-            await self.pause(r, exc)
+            await driver.pause(r, exc)
         finally:
             r.running = False
-            for keeper in self.keepers:
+            for keeper in driver.keepers:
                 keeper.leave(r.name)
-            self.wake_round_closer()
+            self.wake()
 
     def _count(self, r: Replica, loss: float) -> None:
         """A replica's step into the job's record: the job's step is the samples trained
         in steps of every replica's batch; each step's loss is the mean of the replicas'
         losses there."""
-        cfg, job = self.cfg, self.job
-        per_step = self.batch_of(r)
+        driver = self._driver
+        cfg, job = driver.cfg, driver.job
+        per_step = driver.batch_of(r)
         job.samples += per_step
         at = min(cfg.steps, max(1, math.ceil(job.samples / self._samples_per_step())))
         self._buckets.setdefault(at, []).append(loss)
         job.step = max(job.step, at)
         job.losses = [sum(v) / len(v) for _, v in sorted(self._buckets.items())]
         job.loss = job.losses[-1]
-        self.tokens += per_step * cfg.seq_len
-        elapsed = trio.current_time() - self.started_s
-        job.tokens_per_s = self.tokens / elapsed if elapsed > 0 else 0.0
-        job.replicas = len(self.active)
-        job.replica_steps = {x.name: x.steps for x in self.replicas}
+        driver.tokens += per_step * cfg.seq_len
+        elapsed = trio.current_time() - driver.started_s
+        job.tokens_per_s = driver.tokens / elapsed if elapsed > 0 else 0.0
+        job.replicas = len(driver.active)
+        job.replica_steps = {x.name: x.steps for x in driver.replicas}
 
     # --- sync traffic -----------------------------------------------------------------------
 
     async def _contribute(self, r: Replica) -> tuple[int, bool]:
         """Send each stage's delta to its keeper; (the version it is anchored on, whether
         it is fresh: for the round still open)."""
+        driver = self._driver
         deltas = [await link.ask(TakeDelta(), Delta) for link in r.links]
         now = trio.current_time()
         version = deltas[0].version
         verdict = None
-        for keeper, delta in zip(self.keepers, deltas):
+        for keeper, delta in zip(driver.keepers, deltas):
             verdict = keeper.contribute(r.name, delta.version, delta.blob, r.samples_unsent,
                                         now)
-            self.job.bytes_sent += len(delta.blob)
+            driver.job.bytes_sent += len(delta.blob)
         assert verdict is not None
         if verdict.staleness:
-            sync = self.cfg.sync
+            sync = driver.cfg.sync
             decay = sync.staleness_decay ** verdict.staleness
             weight = delta_weight(1, verdict.staleness, sync.staleness_decay,
                                   sync.staleness_bound) if verdict.accepted else 0.0
             self._late.append({"replica": r.name, "staleness": verdict.staleness,
                                "samples": r.samples_unsent, "weight": weight,
                                "dropped": not verdict.accepted})
-            log.info("job %s: %s sent %d round(s) late: %s", self.job.job_id, r.name,
+            log.info("job %s: %s sent %d round(s) late: %s", driver.job.job_id, r.name,
                      verdict.staleness, "dropped" if not verdict.accepted
                      else f"weighed {decay:g}")
         if not verdict.accepted:  # too stale: the model never learns from these
-            self.job.samples = max(0, self.job.samples - r.samples_unsent)
+            driver.job.samples = max(0, driver.job.samples - r.samples_unsent)
         r.samples_unsent = r.steps_unsent = 0
         r.kept_position = r.stream.position
-        self.wake_round_closer()
+        self.wake()
         return version, verdict.accepted and verdict.staleness == 0
 
     async def _catch_up(self, r: Replica) -> None:
         """Apply the updates the replica has not had (or, when the keepers no longer hold
         them, start it over from the global parameters)."""
-        target = self.keepers[0].version
+        driver = self._driver
+        target = driver.keepers[0].version
         if r.version >= target:
             return
-        missed = [keeper.updates_since(r.version) for keeper in self.keepers]
+        missed = [keeper.updates_since(r.version) for keeper in driver.keepers]
         if any(m is None for m in missed):
-            await self._send_global_state(r)
-            self.forget_local_steps(r)
+            await self._global.send(r)
+            self._global.forget_local_steps(r)
         else:
             for i in range(target - r.version):
                 for link, updates in zip(r.links, missed):
                     assert updates is not None
                     await link.ask(Update(r.version + i + 1, updates[i]), Ack)
-                    self.job.bytes_sent += len(updates[i])
+                    driver.job.bytes_sent += len(updates[i])
         r.version = target
         r.rounds_done = max(r.rounds_done, target)
-        await self.copy_tied(r)
-
-    async def _send_global_state(self, r: Replica) -> None:
-        """Every stage of replica ``r`` takes its keeper's global parameters and version."""
-        for link, keeper in zip(r.links, self.keepers):
-            version, params, nbytes = keeper.join_state(r.name)
-            await link.ask(Reset(version, params), Ack)
-            self.job.bytes_sent += nbytes
-
-    async def to_global_state(self, r: Replica) -> bool:
-        """Bring replica ``r`` to the keepers' global state: every stage takes its
-        keeper's global parameters and version, the tied head the synced embedding, and
-        the replica stands at that version with nothing unsent. False (the replica
-        paused) when a stage fails or falls silent."""
-        try:
-            with trio.fail_after(self.training.step_timeout_s):
-                await self._send_global_state(r)
-                await self.copy_tied(r)
-        except (SwarmError, trio.TooSlowError) as exc:
-            await self.pause(r, exc)
-            return False
-        r.version = r.rounds_done = self.keepers[0].version
-        self.forget_local_steps(r)
-        return True
-
-    def forget_local_steps(self, r: Replica) -> None:
-        """Replica ``r``'s stages took the global parameters: the local steps it took
-        since its last delta (and a step cut short by a lost fellow) are gone, so its
-        data goes back to where they began and those samples are trained again, not
-        skipped (a replica that lost a fellow skipped up to a round of its data at
-        every rejoin), nor counted in the job's length."""
-        if r.data is not None:
-            r.stream.position = r.kept_position
-        self.job.samples = max(0, self.job.samples - r.samples_unsent)
-        r.samples_unsent = r.steps_unsent = 0
+        await self._global.copy_tied(r)
 
     async def _admit(self) -> None:
         """After a round closes (or when no replica is training): replicas placed again
         borrow a training replica's optimizer moments, take the keepers' current global
         parameters and version, and start training in the round that opens now."""
-        for r in self.replicas:
-            if not r.joining or not await self.lend_moments(r) \
-                    or not await self.to_global_state(r):
+        driver = self._driver
+        for r in driver.replicas:
+            if not r.joining or not await self._checkpoints.lend_moments(r) \
+                    or not await self._global.put(r):
                 continue
             r.joining, r.paused = False, ""
             r.in_round, r.step_s, r.sent_version = 0, 0.0, -1
             r.running, r.finished = True, False
-            self.job.rejoins += 1
+            driver.job.rejoins += 1
             assert self._nursery is not None
             self._nursery.start_soon(self._replica_loop, r)
-            log.info("job %s: %s rejoined at step %d", self.job.job_id, r.name,
-                     self.job.step)
-
-    async def copy_tied(self, r: Replica) -> None:
-        """The last stage's tied head takes the first stage's synced embedding."""
-        if len(r.links) < 2 or not self._tied():
-            return
-        first, last = r.links[0], r.links[-1]
-        weight = (await first.ask(TiedAsk(), Tied)).blob
-        await last.ask(TiedWeight(weight), Ack)
-
-    def _tied(self) -> bool:
-        model = model_message(self.cfg)["config"]
-        return bool(model.get("tie_word_embeddings")) and self.cfg.lora is None
+            log.info("job %s: %s rejoined at step %d", driver.job.job_id, r.name,
+                     driver.job.step)
 
 
-__all__ = ["SyncRounds"]
+__all__ = ["RoundsKeeper"]

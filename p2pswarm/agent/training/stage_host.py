@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.streams import send_best_effort, send_message
 from p2pswarm.agent.training.jobs import job_config
 from p2pswarm.agent.training.links import receive_answer, send_long
@@ -74,7 +73,7 @@ from p2pswarm.wire.training import (
 )
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.training import Training
+    from p2pswarm.agent.training.ports import StageHostsPort
     from p2pswarm.agent.training.runtime import StageCompute
     from p2pswarm.training.job import JobConfig
     from p2pswarm.transport.secure import SecureStream
@@ -124,7 +123,7 @@ Command = Callable[[TrainHost, Any, "SecureStream"], Awaitable[None]]
 class StageHosts:
     """The stages this fellow hosts: orders, streams, steps."""
 
-    def __init__(self, training: Training) -> None:
+    def __init__(self, training: StageHostsPort) -> None:
         self.training = training
         self.agent = training.agent
         self.hosts: dict[tuple[str, int, int], TrainHost] = {}
@@ -146,7 +145,7 @@ class StageHosts:
     async def prepare(self, order: TrainPrepare) -> TrainPrepared:
         key = (order.job_id, order.replica, order.stage)
         kind, index, need = order.card_kind, order.card_index, order.need_bytes
-        if order.fellow_id != fellow_id(self.agent.node_id):
+        if order.fellow_id != self.agent.node_id.hex():
             raise PlacementError(f"{self.agent.name} got the order for stage {key[2]}, which "
                                  "the plan gives another fellow")
         old = self._take_over_from(key, order)
@@ -247,7 +246,7 @@ class StageHosts:
         if msg.role != "control":
             raise RemoteProtocolError("bad-role", f"role {msg.role!r}")
         try:  # the driver runs on the leader: no one else steers a stage
-            self.agent.leadership.from_leader(stream.peer_node_id, "a stage's control stream")
+            self.training.leadership.from_leader(stream.peer_node_id, "a stage's control stream")
         except SwarmError as exc:
             await send_best_effort(stream, TrainError(msg.stage, self.agent.name, str(exc)))
             return
@@ -352,7 +351,8 @@ class StageHosts:
         try:
             await receive_state_parts(control, Landing(path, msg.total, msg.sha256, what),
                                       "the driver", partial(self.run, host=host))
-            return await self.run(path.read_bytes, host)
+            shard: bytes = await self.run(path.read_bytes, host)
+            return shard
         finally:
             path.unlink(missing_ok=True)
 
@@ -411,16 +411,16 @@ class StageHosts:
         if tied is not None:
             total = (await receive_answer(control, TrainTensor, "the driver")).tensor
         await self.run(lambda: compute.apply(msg.lr, apply.clip, total, step), host)
-        if self.training.simulated_step_s:
-            await trio.sleep(self.training.simulated_step_s)
+        if self.training.timings.simulated_step_s:
+            await trio.sleep(self.training.timings.simulated_step_s)
         await send_message(control, Ack(step))
 
     async def _upstream_receive(self, host: TrainHost) -> TrainTensor:
         if host.upstream is None:
-            with trio.fail_after(self.training.open_timeout_s):
+            with trio.fail_after(self.training.timings.open_timeout_s):
                 await host.upstream_ready.wait()
         assert host.upstream is not None
-        with trio.fail_after(self.training.step_timeout_s):
+        with trio.fail_after(self.training.timings.step_timeout_s):
             return await receive_answer(host.upstream, TrainTensor, "the stage before")
 
 

@@ -27,23 +27,20 @@ leader.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
 
-from p2pswarm.agent.training.job_state import RoundsState, restore
-from p2pswarm.agent.training.jobs import TERMINAL, Job, job_config
+from p2pswarm.agent.training.job_state import Handed, restore
+from p2pswarm.agent.training.jobs import TERMINAL, Job
 from p2pswarm.errors import ReplicaLost, SwarmError
 from p2pswarm.agent.training.handover import JobCopy, fetch_copy
 from p2pswarm.wire.jobs import JobCopyAsk, JobsKept, JobsKeptAsk
 from p2pswarm.wire.orders import unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.training import Training
-    from p2pswarm.agent.training.driver import Driver
-    from p2pswarm.agent.training.placement import Placement
+    from p2pswarm.agent.training.ports import TakeoverPort
+    from p2pswarm.agent.training.placed import Placement, StagePlacement
 
 log = logging.getLogger("p2pswarm.training")
 
@@ -51,23 +48,10 @@ ASK_TIMEOUT_S = 10.0  # the most one fellow may take to list its copies
 FETCH_TIMEOUT_S = 120.0  # the most one copy (outer state and all) may take to arrive
 
 
-@dataclass
-class Handed:
-    """A job taken over: where its rounds stood, the keepers' outer state, and what the
-    driver is to do with them."""
-
-    rounds: RoundsState | None
-    outer: tuple[bytes, ...]
-    from_leader: str
-    lost: dict[int, str] = field(default_factory=dict)  # replica -> why it is not placed
-    generation: int = 0  # the placement generation the replicas were ordered back with
-    restore_rounds: bool = False
-
-
 class Takeover:
     """The new leader's side: gather the copies, adopt the jobs, drive them again."""
 
-    def __init__(self, training: Training) -> None:
+    def __init__(self, training: TakeoverPort) -> None:
         self.training = training
         self.agent = training.agent
         self._adopting = trio.Lock()  # one gather at a time: a job is adopted once
@@ -178,7 +162,7 @@ class Takeover:
             return placement
         n = len(job.placement)
         rounds = handed.rounds
-        stages = len(job.placement[0]) if job.placement else 0
+        stages = len(job.placement[0].stages) if job.placement else 0
         synced = n > 1 and rounds is not None and len(handed.outer) == stages > 0
         placed = await self._prepare_old(job, handed)
         whence: str
@@ -193,8 +177,8 @@ class Takeover:
             # placed afresh: every stage the fellows still hold goes (a lone replica then
             # waits for its cards as after any loss)
             await placer.release(job, None, sorted({
-                s["addr"] for stages in job.placement for s in stages
-                if self._alive(s["fellow_id"])}))
+                s.addr for replica in job.placement for s in replica.stages
+                if self._alive(s.fellow_id)}))
             lost = ReplicaLost("; ".join(handed.lost.values()) or "its fellows are gone")
             handed.lost = {}  # placed afresh below: nothing of the old placement to pause
             if n == 1:
@@ -247,7 +231,7 @@ class Takeover:
     @staticmethod
     def from_checkpoint(job: Job) -> str:
         """Set ``job`` to resume from its latest checkpoint, else from step 0; says which."""
-        if job_config(job.config).checkpoint.dir is not None and job.checkpoint_step:
+        if job.config.checkpoint.dir is not None and job.checkpoint_step:
             job.resume = True
             return f"resumed from its checkpoint of step {job.checkpoint_step}"
         job.resume = False
@@ -265,19 +249,19 @@ class Takeover:
         job.generation = max(known)
         handed.generation = generation = job.next_generation()
         placed: list[int] = []
-        for i, stages in enumerate(job.placement):
-            gone = [s["fellow"] for s in stages if not self._alive(s["fellow_id"])]
+        for i in range(len(job.placement)):
+            replica = job.placement[i]
+            gone = [s.fellow for s in replica.stages if not self._alive(s.fellow_id)]
             if gone:
                 handed.lost[i] = f"replica-{i}: {', '.join(gone)} not connected"
                 continue
-            for s in stages:  # a fellow restarted may answer at a new address
-                member = self.agent.fellow(s["fellow_id"])
-                assert member is not None
-                s["addr"], s["fellow"] = member.addr, member.name
-            placement = [stages if r == i else [] for r in range(len(job.placement))]
-            refusals = await placer.prepare(job, placement, [i], generation)
+            # a fellow restarted may answer at a new address
+            replica = replica.with_stages(tuple(self._now_at(s) for s in replica.stages))
+            job.placement = tuple(replica if r == i else was
+                                  for r, was in enumerate(job.placement))
+            refusals = await placer.prepare(job, {i: replica}, generation)
             if refusals:
-                await placer.release(job, i, sorted({s["addr"] for s in stages}), generation)
+                await placer.release(job, i, replica.addrs, generation)
                 handed.lost[i] = f"replica-{i}: " + "; ".join(refusals)
                 continue
             placed.append(i)
@@ -294,7 +278,7 @@ class Takeover:
         except SwarmError as exc:
             log.warning("job %s: its own copy does not read back: %s", job.job_id, exc)
             return None
-        if rounds is None or len(copy.head.outer_bytes) != len(job.placement[0]):
+        if rounds is None or len(copy.head.outer_bytes) != len(job.placement[0].stages):
             return None
         # the record goes back to that copy too: the steps after it are trained again
         job.step, job.loss, job.losses, job.samples = was.step, was.loss, was.losses, \
@@ -302,38 +286,22 @@ class Takeover:
         job.rounds, job.replica_steps = was.rounds, was.replica_steps
         return Handed(rounds, tuple(copy.outer_parts()), self.agent.name)
 
+    def _now_at(self, stage: StagePlacement) -> StagePlacement:
+        """``stage`` with its fellow's name and address as this leader sees them now."""
+        member = self.agent.fellow(stage.fellow_id)
+        assert member is not None
+        return stage.at(member.name, member.addr)
+
     def _alive(self, fellow_id: str) -> bool:
         if fellow_id == self.agent.node_id.hex():
             return True
         member = self.agent.fellow(fellow_id)
         return member is not None and member.state == "alive"
 
-    # --- the driver, resuming the rounds ---------------------------------------------------
-
-    @staticmethod
-    async def restore_rounds(driver: Driver, handed: Handed) -> None:
-        """The keepers take the copied outer state; every replica placed takes the global
-        parameters and goes on from its place in the copy."""
-        rounds = handed.rounds
-        assert rounds is not None
-        runtime = driver.runtime
-        now = trio.current_time()
-        for keeper, blob in zip(driver.keepers, handed.outer):
-            state = await driver.agent.compute.run(partial(runtime.read_shard, blob))
-            keeper.load_state_dict(state, now)
-        for r, was in zip(driver.replicas, rounds.replicas):
-            r.steps = was.steps
-            r.stream.position = r.kept_position = was.position
-            if r.paused:
-                for keeper in driver.keepers:
-                    keeper.leave(r.name)
-        for r in driver.active:
-            await driver.to_global_state(r)
-
 
 def placement_cut(placement: Placement) -> list[int]:
     """The first layer of every stage but the first: where the replicas are cut."""
-    return [int(s["layers"][0]) for s in placement[0][1:]] if placement else []
+    return placement[0].cut if placement else []
 
 
 __all__ = ["Handed", "Takeover", "placement_cut"]
