@@ -15,15 +15,15 @@ from p2pswarm.election.constants import CANDIDATE, FOLLOWER, INF
 from p2pswarm.security.ballots import ballot_statement, reply_statement, request_statement
 from p2pswarm.wire.gossip import VoteReply, VoteRequest
 
-if TYPE_CHECKING:  # the machine this candidacy is part of
-    from p2pswarm.election.machine import Election
+if TYPE_CHECKING:  # the machine this role is part of, as the roles see it
+    from p2pswarm.election.roles import ElectionPort
 
 
 class Candidacy:
     """This fellow's candidacy: its term, whether a PreVote, the grants and signed
     ballots it has, who answered, and when to ask again or give up."""
 
-    def __init__(self, election: Election) -> None:
+    def __init__(self, election: ElectionPort) -> None:
         self._election = election
         self.term = 0
         self.pre = False

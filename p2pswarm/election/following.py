@@ -34,14 +34,14 @@ from p2pswarm.wire.gossip import (
     StepDown,
 )
 
-if TYPE_CHECKING:  # the machine this follower is part of
-    from p2pswarm.election.machine import Election
+if TYPE_CHECKING:  # the machine this role is part of, as the roles see it
+    from p2pswarm.election.roles import ElectionPort
 
 
 class Following:
     """Taking, checking and dropping a leader."""
 
-    def __init__(self, election: Election) -> None:
+    def __init__(self, election: ElectionPort) -> None:
         self._election = election
         self.gone_reported: bytes | None = None  # the leader whose loss we reported
         # (term, leader) of a step-down we saw: it never leads that term again, so a beat

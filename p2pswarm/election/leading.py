@@ -37,15 +37,15 @@ from p2pswarm.wire.gossip import (
     VoteRequest,
 )
 
-if TYPE_CHECKING:  # the machine these duties are part of
-    from p2pswarm.election.machine import Election
+if TYPE_CHECKING:  # the machine this role is part of, as the roles see it
+    from p2pswarm.election.roles import ElectionPort
 
 
 class Leading:
     """A leader's duties and their timers: beats, announcements and their retries, the
     lease, the fellows seen in later terms, the handover, canvassing and standing again."""
 
-    def __init__(self, election: Election) -> None:
+    def __init__(self, election: ElectionPort) -> None:
         self._election = election
         self.last_announce_s = -INF
         self.announce_due = INF

@@ -18,15 +18,15 @@ from p2pswarm.election.constants import FOLLOWER, INF, LEADER_ROLE, MAX_TERM, MA
 from p2pswarm.security.ballots import ballot_statement, reply_statement, request_statement
 from p2pswarm.wire.gossip import LeaderCheck, VoteReply, VoteRequest
 
-if TYPE_CHECKING:  # the machine this voter is part of
-    from p2pswarm.election.machine import Election
+if TYPE_CHECKING:  # the machine this role is part of, as the roles see it
+    from p2pswarm.election.roles import ElectionPort
 
 
 class Voting:
     """The voter's side of an election, and its PreVote answers (kept a little while, so
     that a candidate asking again gets the same answer)."""
 
-    def __init__(self, election: Election) -> None:
+    def __init__(self, election: ElectionPort) -> None:
         self._election = election
         # (candidate, term) -> (granted, when)
         self.prevote_answers: dict[tuple[bytes, int], tuple[bool, float]] = {}
