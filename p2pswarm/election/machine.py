@@ -47,7 +47,7 @@ from p2pswarm.wire.gossip import (
 )
 
 if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or not
-    from random import Random
+    from p2pswarm.randomness import Rng
 
 # a part's answer to a message: (message, from address, now, effects out)
 Answer = Callable[[Any, str, float, list[Effect]], None]
@@ -72,7 +72,7 @@ class Election:
         node_id: bytes,
         name: str,
         config: ElectionConfig,
-        rng: Random,
+        rng: Rng,
         *,
         leader_priority: int = 0,
         now: float = 0.0,

@@ -9,13 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from random import Random
-
     from p2pswarm.config import ElectionConfig, ElectionTuning
     from p2pswarm.effects import Effect
     from p2pswarm.election.electorate import Electorate
     from p2pswarm.election.health import Health
     from p2pswarm.election.proofs import Proofs
+    from p2pswarm.randomness import Rng
     from p2pswarm.wire.gossip import LeaderIs, VoteRequest
 
 
@@ -66,7 +65,7 @@ class ElectionPort(Protocol):
     def tuning(self) -> ElectionTuning: ...
 
     @property
-    def rng(self) -> Random: ...
+    def rng(self) -> Rng: ...
 
     @property
     def priority(self) -> int: ...
