@@ -103,8 +103,20 @@ def test_the_agent_under_http_and_shapes_under_the_models(
     assert says in result.stdout
 
 
-def test_a_random_generator_as_a_type_only_is_allowed(tmp_path: Path) -> None:
-    result = lint_planted(tmp_path, "p2pswarm/planner/costs.py",
-                          "from typing import TYPE_CHECKING\n"
-                          "if TYPE_CHECKING:\n    from random import Random")
+def test_a_random_generator_is_typed_by_the_protocol_not_the_module(tmp_path: Path) -> None:
+    # TYPE_CHECKING imports count: a pure core names p2pswarm.randomness.Rng, not random
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    "
+    result = lint_planted(tmp_path / "rng", "p2pswarm/planner/costs.py",
+                          typed + "from p2pswarm.randomness import Rng")
     assert result.returncode == 0, result.stdout + result.stderr
+    result = lint_planted(tmp_path / "random", "p2pswarm/planner/costs.py",
+                          typed + "from random import Random")
+    assert "p2pswarm.planner is not allowed to import random" in result.stdout
+
+
+def test_a_type_only_upward_import_in_the_agent_breaks_the_layers(tmp_path: Path) -> None:
+    result = lint_planted(tmp_path, "p2pswarm/agent/address.py",
+                          "from typing import TYPE_CHECKING\n"
+                          "if TYPE_CHECKING:\n    import p2pswarm.http")
+    assert result.returncode != 0
+    assert "p2pswarm.agent is not allowed to import p2pswarm.http" in result.stdout

@@ -178,7 +178,7 @@ from p2pswarm.wire.gossip import (  # importing it registers the messages with t
 )
 
 if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or not
-    from random import Random
+    from p2pswarm.randomness import Rng as Random
 
 Signer = Callable[[bytes], bytes]
 Verifier = Callable[[bytes, bytes, bytes], object]  # (public_key, signature, data)
