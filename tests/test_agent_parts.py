@@ -59,3 +59,23 @@ def test_what_a_fellow_says_from_its_cleaned_metadata() -> None:
     assert dropped == 0 and says.training and says.inventory.cards[0].total_bytes == 8 << 30
     assert says.serves_model("k1") and not says.serves_model("k2")
     assert says.inventory.to_dict()["cards"] == meta["cards"]  # the gossip form, exactly
+
+
+def test_what_a_fellow_says_round_trips_through_its_gossip_form() -> None:
+    hop = {"stage": 0, "fellow_id": "ab" * 16, "fellow": "f", "addr": "h:1",
+           "layers": [0, 4], "card": "cpu:0", "claim_bytes": 3}
+    stage = {"plan_id": "0123456789abcdef", "stage": 0, "layers": [0, 4], "n_stages": 1,
+             "model": {"kind": "builtin", "key": "k1"}, "runtime": {"max_sessions": 2},
+             "card": "cpu:0", "allocated_bytes": 5, "adapter": {"rank": 4}, "route": [hop]}
+    cpu = {"kind": "cpu", "index": 0, "name": "CPU", "uuid": "", "total_bytes": 8,
+           "free_bytes": 4, "held_by_others": []}
+    gpu = {**cpu, "kind": "cuda", "name": "GPU"}
+    doc = {"cards": [cpu, gpu], "kept_loads": ["fedcba9876543210"], "note": [1],
+           "stages": [stage], "training": False}
+    says = FellowSays.from_doc(doc)
+    assert says.dropped == 0 and says.to_doc() == doc and list(says.to_doc()) == list(doc)
+    assert FellowSays.from_doc(says.to_doc()) == says
+    assert [c.kind for c in says.inventory.cards] == ["cuda", "cpu"]  # canonical order
+    said = says.stages[0]
+    assert said.layers == (0, 4) and said.route is not None and said.route[0].claim_bytes == 3
+    assert said.route[0].allocated_bytes is None and says.kept_loads == ("fedcba9876543210",)

@@ -17,13 +17,13 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
 from p2pswarm.agent.counters import Counters
 from p2pswarm.agent.weights import Manifest
-from p2pswarm.cards import CARD_KINDS, Benchmark, Card, Holder, Inventory, benchmarks_from_dict
+from p2pswarm.cards import CARD_KINDS, Benchmark, Card, Holder, Inventory
 from p2pswarm.errors import ConfigError
 from p2pswarm.membership.member import Member
 from p2pswarm.names import is_hex_digest
@@ -43,6 +43,7 @@ MAX_PLAN_ID_CHARS = 64
 _CARD_KEY = re.compile(r"(cuda|cpu):[0-9]{1,4}")
 _RUNTIME_COUNTS = ("quant_group_size", "max_context_tokens", "max_sessions",
                    "prefill_chunk_tokens")
+T = TypeVar("T")
 
 
 class Bad(Exception):
@@ -86,13 +87,72 @@ def _document(value: Any, depth: int = 0) -> Any:
     raise Bad(f"a {type(value).__name__} in a document")
 
 
+Doc = Mapping[str, Any]  # a checked plain document (a model, runtime or adapter block)
+
+
+@dataclass(frozen=True, slots=True)
+class SaidHop:
+    """One hop of the route a fellow says a load of its stage takes (``records.route_hop``
+    reads all of it)."""
+
+    stage: int
+    fellow_id: str
+    fellow: str
+    addr: str
+    layers: tuple[int, int]
+    card: str | None = None
+    claim_bytes: int | None = None
+    allocated_bytes: int | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        """The hop in gossip form, as the fellow said it."""
+        doc: dict[str, Any] = {"stage": self.stage, "fellow_id": self.fellow_id,
+                               "fellow": self.fellow, "addr": self.addr,
+                               "layers": list(self.layers)}
+        return doc | _present(card=self.card, claim_bytes=self.claim_bytes,
+                              allocated_bytes=self.allocated_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class SaidStage:
+    """One stage a fellow says it serves: the plan it belongs to, its place and layers,
+    its model and runtime blocks (checked documents), and what else the fellow said."""
+
+    plan_id: str
+    stage: int
+    layers: tuple[int, int]
+    model: Doc
+    runtime: Doc
+    n_stages: int | None = None
+    card: str | None = None
+    claim_bytes: int | None = None
+    allocated_bytes: int | None = None
+    adapter: Doc | None = None
+    route: tuple[SaidHop, ...] | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        """The stage in gossip form, as the fellow said it."""
+        doc: dict[str, Any] = {"plan_id": self.plan_id, "stage": self.stage,
+                               "layers": list(self.layers), "model": self.model,
+                               "runtime": self.runtime}
+        return doc | _present(
+            n_stages=self.n_stages, card=self.card, claim_bytes=self.claim_bytes,
+            allocated_bytes=self.allocated_bytes, adapter=self.adapter,
+            route=None if self.route is None else [h.to_doc() for h in self.route])
+
+
+def _present(**entries: Any) -> dict[str, Any]:
+    """The entries that were said (None: left out)."""
+    return {k: v for k, v in entries.items() if v is not None}
+
+
 class _Cleaner:
     """Checks one fellow's metadata, counting what it drops."""
 
     def __init__(self) -> None:
         self.dropped = 0
 
-    def each(self, values: Any, check: Callable[[Any], Any], limit: int) -> list[Any]:
+    def each(self, values: Any, check: Callable[[Any], T], limit: int) -> list[T]:
         """The items of the list ``values`` that pass ``check`` (at most ``limit``)."""
         if not isinstance(values, list):
             raise Bad("not a list")
@@ -113,37 +173,37 @@ class _Cleaner:
         return Holder(_int(raw.get("pid", 0), 0, 1 << 32), _text(raw.get("name", "")),
                       _int(raw["bytes"])).to_dict()
 
-    def card(self, raw: Any) -> dict[str, Any]:
+    def card(self, raw: Any) -> Card:
         if not isinstance(raw, dict):
             raise Bad("a card is not a map")
         if raw.get("kind", "cuda") not in CARD_KINDS:
             raise Bad("unknown card kind")
         total = _int(raw["total_bytes"], 1)
         holders = self.each(raw.get("held_by_others", []), self.holder, MAX_HOLDERS)
-        card = Card.from_dict({
+        return Card.from_dict({
             "kind": raw.get("kind", "cuda"), "index": _int(raw.get("index", 0), 0, 4095),
             "name": _text(raw.get("name", "")), "uuid": _text(raw.get("uuid", "")),
             "total_bytes": total, "free_bytes": _int(raw["free_bytes"], 0, total),
             "held_by_others": holders, "memory_source": _text(raw.get("memory_source", ""))})
-        return card.to_dict()
 
-    def cards(self, raw: Any) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def cards(self, raw: Any) -> tuple[Card, ...]:
+        out: list[Card] = []
         seen: set[tuple[str, int]] = set()
         for card in self.each(raw, self.card, MAX_CARDS):
-            key = (card["kind"], card["index"])
+            key = (card.kind, card.index)
             if key in seen:  # two cards under one key: the planner could not tell them apart
                 self.dropped += 1
                 continue
             seen.add(key)
             out.append(card)
-        return out
+        return tuple(out)
 
-    def benchmarks(self, raw: Any) -> dict[str, Any]:
+    def benchmarks(self, raw: Any) -> dict[str, Benchmark]:
         if not isinstance(raw, dict) or not isinstance(raw.get("cards", {}), dict):
             raise Bad("benchmarks are not a map of cards")
         out = {}
-        for key, value in list(raw.get("cards", {}).items())[:MAX_CARDS]:
+        said = raw.get("cards", {})
+        for key, value in list(said.items())[:MAX_CARDS]:
             try:
                 if not isinstance(key, str) or not _CARD_KEY.fullmatch(key) \
                         or not isinstance(value, dict):
@@ -153,24 +213,24 @@ class _Cleaner:
                     _text(value.get("dtype", "f32"), 16),
                     bool(value.get("measured", True)),
                     _text(value.get("fingerprint", ""), 64),
-                    _float(value.get("seconds", 0.0))).to_dict()
+                    _float(value.get("seconds", 0.0)))
             except (Bad, KeyError):
                 self.dropped += 1
-        self.dropped += max(0, len(raw.get("cards", {})) - MAX_CARDS)
-        return {"cards": out}
+        self.dropped += max(0, len(said) - MAX_CARDS)
+        return out
 
     # --- the stages a fellow serves ---------------------------------------------------------
 
     @staticmethod
-    def layers(raw: Any) -> list[int]:
+    def layers(raw: Any) -> tuple[int, int]:
         if not isinstance(raw, list) or len(raw) != 2:
             raise Bad("layers are not [start, end]")
         start, end = _int(raw[0], 0, MAX_LAYER), _int(raw[1], 0, MAX_LAYER)
         if start > end:
             raise Bad("layers run backwards")
-        return [start, end]
+        return start, end
 
-    def hop(self, raw: Any) -> dict[str, Any]:
+    def hop(self, raw: Any) -> SaidHop:
         if not isinstance(raw, dict):
             raise Bad("a route hop is not a map")
         fellow_id = raw["fellow_id"]
@@ -178,20 +238,25 @@ class _Cleaner:
                 or len(fellow_id) % 2 or not is_hex_digest(fellow_id, len(fellow_id)):
             raise Bad("a fellow id is not hex")
         # what a route hop must say (``records.route_hop`` reads all of it)
-        hop: dict[str, Any] = {"stage": _int(raw["stage"], 0, MAX_HOPS),
-                               "fellow_id": fellow_id, "fellow": _text(raw["fellow"]),
-                               "addr": _text(raw["addr"]), "layers": self.layers(raw["layers"])}
-        if "card" in raw:
-            hop["card"] = _text(raw["card"])
-        for key in ("claim_bytes", "allocated_bytes"):
-            if key in raw:
-                hop[key] = _int(raw[key])
-        return hop
+        stage, fellow, addr = _int(raw["stage"], 0, MAX_HOPS), _text(raw["fellow"]), \
+            _text(raw["addr"])
+        layers = self.layers(raw["layers"])
+        return SaidHop(stage, fellow_id, fellow, addr, layers, *self.placed(raw))
 
-    def stage(self, raw: Any) -> dict[str, Any]:
+    @staticmethod
+    def placed(raw: dict[Any, Any]) -> tuple[str | None, int | None, int | None]:
+        """The card a stage or hop says it is on, and the bytes it claims and holds
+        (each None where not said)."""
+        card = _text(raw["card"]) if "card" in raw else None
+        claim, held = (_int(raw[key]) if key in raw else None
+                       for key in ("claim_bytes", "allocated_bytes"))
+        return card, claim, held
+
+    def stage(self, raw: Any) -> SaidStage:
         if not isinstance(raw, dict):
             raise Bad("a stage is not a map")
-        if not is_hex_digest(raw["plan_id"], 16):
+        plan_id = raw["plan_id"]
+        if not is_hex_digest(plan_id, 16):
             raise Bad("a plan id is not 16 hex digits")
         model = _document(raw.get("model", {}))
         if not isinstance(model, dict) or model.get("kind", "builtin") not in ("builtin",
@@ -205,27 +270,21 @@ class _Cleaner:
         for key in _RUNTIME_COUNTS:  # a driver does arithmetic with these
             if runtime.get(key) is not None:
                 _int(runtime[key], 0, MAX_BYTES)
-        entry: dict[str, Any] = {"plan_id": raw["plan_id"],
-                                 "stage": _int(raw["stage"], 0, MAX_HOPS),
-                                 "layers": self.layers(raw["layers"]),
-                                 "model": model, "runtime": runtime}
-        if "n_stages" in raw:
-            entry["n_stages"] = _int(raw["n_stages"], 1, MAX_HOPS)
-        if "card" in raw:
-            entry["card"] = _text(raw["card"])
-        for key in ("claim_bytes", "allocated_bytes"):
-            if key in raw:
-                entry[key] = _int(raw[key])
+        stage, layers = _int(raw["stage"], 0, MAX_HOPS), self.layers(raw["layers"])
+        n_stages = _int(raw["n_stages"], 1, MAX_HOPS) if "n_stages" in raw else None
+        card, claim, held = self.placed(raw)
+        adapter = None
         if "adapter" in raw:
             adapter = _document(raw["adapter"])
             if not isinstance(adapter, dict):
                 raise Bad("an adapter block is not a map")
-            entry["adapter"] = adapter
+        route = None
         if "route" in raw:
             if not isinstance(raw["route"], list) or len(raw["route"]) > MAX_HOPS:
                 raise Bad("a route is not a list of hops")
-            entry["route"] = [self.hop(h) for h in raw["route"]]  # one bad hop: the stage
-        return entry
+            route = tuple(self.hop(h) for h in raw["route"])  # one bad hop: the stage
+        return SaidStage(str(plan_id), stage, layers, model, runtime, n_stages, card, claim,
+                         held, adapter, route)
 
     @staticmethod
     def files_model(model: dict[str, Any]) -> None:
@@ -237,68 +296,114 @@ class _Cleaner:
         except ConfigError as exc:
             raise Bad(str(exc)) from None
 
-    def stages(self, raw: Any) -> list[dict[str, Any]]:
-        return self.each(raw, self.stage, MAX_STAGES)
+    def stages(self, raw: Any) -> tuple[SaidStage, ...]:
+        return tuple(self.each(raw, self.stage, MAX_STAGES))
 
-    def kept_loads(self, raw: Any) -> list[str]:
+    def kept_loads(self, raw: Any) -> tuple[str, ...]:
         """The plan ids of the loads a fellow keeps the orders of without serving them."""
         def plan_id(value: Any) -> str:
             if not _text(value, MAX_PLAN_ID_CHARS):
                 raise Bad("an empty plan id")
             return str(value)
 
-        return self.each(raw, plan_id, MAX_KEPT_LOADS)
+        return tuple(self.each(raw, plan_id, MAX_KEPT_LOADS))
+
+    @staticmethod
+    def training(raw: Any) -> bool:
+        if not isinstance(raw, bool):
+            raise Bad("not a boolean")
+        return raw
 
 
 def clean_metadata(meta: dict[Any, Any]) -> tuple[dict[str, Any], int]:
     """``meta`` with every entry a view reads in the form it expects (bad ones dropped),
     and how many entries were dropped."""
-    cleaner = _Cleaner()
-    checks: dict[str, Callable[[Any], Any]] = {
-        "cards": cleaner.cards, "benchmarks": cleaner.benchmarks,
-        "stages": cleaner.stages, "kept_loads": cleaner.kept_loads,
-        "training": lambda v: v if isinstance(v, bool) else _no()}
-    out: dict[str, Any] = {}
-    for key, value in meta.items():
-        if not isinstance(key, str):
-            cleaner.dropped += 1
-            continue
-        check = checks.get(key)
-        if check is None:
-            out[key] = value
-            continue
-        try:
-            out[key] = check(value)
-        except (Bad, ValueError, TypeError, KeyError):
-            cleaner.dropped += 1
-    return out, cleaner.dropped
-
-
-def _no() -> Any:
-    raise Bad("not a boolean")
+    says = FellowSays.from_doc(meta)
+    return says.to_doc(), says.dropped
 
 
 @dataclass(frozen=True, slots=True)
 class FellowSays:
-    """The entries of a fellow's cleaned metadata the agent's views read, as one value:
-    its cards, their measured speeds by card key, whether it trains, and the stages it
-    serves (in gossip form: serving reads them)."""
+    """What a fellow says about itself, checked: its cards (in the order it listed them),
+    their measured speeds by card key, whether it trains, the stages it serves, the loads
+    whose orders it keeps; ``said``: the checked entries it said well, in its order, and
+    ``others``: the entries this agent does not read, passed through as they came.
+    ``dropped``: how many entries the check dropped."""
 
-    inventory: Inventory = field(default_factory=Inventory)
+    cards: tuple[Card, ...] = ()
     benchmarks: Mapping[str, Benchmark] = field(default_factory=dict)
     training: bool = False
-    stages: tuple[dict[str, Any], ...] = ()
+    stages: tuple[SaidStage, ...] = ()
+    kept_loads: tuple[str, ...] = ()
+    said: tuple[str, ...] = ()
+    others: Mapping[str, Any] = field(default_factory=dict)
+    dropped: int = 0
+
+    @classmethod
+    def from_doc(cls, meta: Mapping[Any, Any]) -> FellowSays:
+        """Check a fellow's decoded metadata: every entry a view reads in the form it
+        expects, a bad one dropped (the fellow's other entries stay) and counted; keys
+        this agent does not read pass through."""
+        cleaner = _Cleaner()
+        checks: dict[str, Callable[[Any], Any]] = {
+            "cards": cleaner.cards, "benchmarks": cleaner.benchmarks,
+            "stages": cleaner.stages, "kept_loads": cleaner.kept_loads,
+            "training": cleaner.training}
+        said: dict[str, Any] = {}
+        others: dict[str, Any] = {}
+        order: list[str] = []
+        for key, value in meta.items():
+            if not isinstance(key, str):
+                cleaner.dropped += 1
+                continue
+            check = checks.get(key)
+            if check is None:
+                others[key] = value
+                order.append(key)
+                continue
+            try:
+                said[key] = check(value)
+            except (Bad, ValueError, TypeError, KeyError):
+                cleaner.dropped += 1
+                continue
+            order.append(key)
+        return cls(said.get("cards", ()), said.get("benchmarks", {}),
+                   said.get("training", False), said.get("stages", ()),
+                   said.get("kept_loads", ()), tuple(order), others, cleaner.dropped)
 
     @classmethod
     def of(cls, meta: Mapping[str, Any]) -> FellowSays:
         """From metadata ``clean_metadata`` checked (or ``{}``: nothing said yet)."""
-        return cls(Inventory.from_dict(meta), benchmarks_from_dict(meta.get("benchmarks", {})),
-                   bool(meta.get("training", False)), tuple(meta.get("stages") or ()))
+        return cls.from_doc(meta)
+
+    @property
+    def inventory(self) -> Inventory:
+        """Its cards in canonical order, as the planner reads them."""
+        return Inventory(self.cards)
+
+    def to_doc(self) -> dict[str, Any]:
+        """The checked metadata in gossip form: what ``from_doc`` kept, in the fellow's
+        order (what a fellow that said nothing bad published, exactly)."""
+        return {key: self._entry(key) for key in self.said}
+
+    def _entry(self, key: str) -> Any:
+        """The entry ``key`` in gossip form."""
+        match key:
+            case "cards":
+                return [c.to_dict() for c in self.cards]
+            case "benchmarks":
+                return {"cards": {k: b.to_dict() for k, b in self.benchmarks.items()}}
+            case "training":
+                return self.training
+            case "stages":
+                return [s.to_doc() for s in self.stages]
+            case "kept_loads":
+                return list(self.kept_loads)
+        return self.others[key]
 
     def serves_model(self, model_key: str) -> bool:
         """Whether it says it serves a stage of a load of the model ``model_key``."""
-        return any(isinstance(s.get("model"), dict) and s["model"].get("key") == model_key
-                   for s in self.stages)
+        return any(s.model.get("key") == model_key for s in self.stages)
 
 
 class MetadataViews:
@@ -332,11 +437,9 @@ class MetadataViews:
             raw = msgpack.unpackb(member.metadata, raw=False, strict_map_key=False)
         except Exception:  # signed by the fellow, but still only bytes to us
             raw = None
-        meta: dict[str, Any]
-        if isinstance(raw, dict):
-            meta, dropped = clean_metadata(raw)
-        else:
-            meta, dropped = {}, 1
+        says, dropped = (FellowSays.from_doc(raw), 0) if isinstance(raw, dict) \
+            else (FellowSays(), 1)
+        dropped += says.dropped
         if dropped:
             self._counters.drops["bad-metadata"] += dropped
             log.info("%s: dropped %d malformed metadata entries of %s", self._name, dropped,
@@ -346,8 +449,9 @@ class MetadataViews:
             present = {m.node_id for m in fellows()}
             for node_id in [n for n in views if n not in present]:
                 del views[node_id]
-        view = views[member.node_id] = (member.metadata, meta, FellowSays.of(meta))
+        view = views[member.node_id] = (member.metadata, says.to_doc(), says)
         return view
 
 
-__all__ = ["MAX_CARDS", "MAX_STAGES", "FellowSays", "MetadataViews", "clean_metadata"]
+__all__ = ["MAX_CARDS", "MAX_STAGES", "FellowSays", "MetadataViews", "SaidHop", "SaidStage",
+           "clean_metadata"]
