@@ -87,6 +87,47 @@ def _document(value: Any, depth: int = 0) -> Any:
     raise Bad(f"a {type(value).__name__} in a document")
 
 
+_NONE: Any = object()  # no default: the field must be there
+
+
+class _Fields:
+    """One map of a fellow's metadata, read field by field, each value checked against
+    its bounds as it is read (a missing field: KeyError, unless it has a default)."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: Any, not_a_map: str) -> None:
+        if not isinstance(raw, dict):
+            raise Bad(not_a_map)
+        self._raw: dict[Any, Any] = raw
+
+    def has(self, key: str) -> bool:
+        return key in self._raw
+
+    def value(self, key: str, default: Any = _NONE) -> Any:
+        """The field as it came (``default`` where missing)."""
+        if default is _NONE or key in self._raw:
+            return self._raw[key]
+        return default
+
+    def whole(self, key: str, low: int = 0, high: int = MAX_BYTES, *,
+              default: Any = _NONE) -> int:
+        return _int(self.value(key, default), low, high)
+
+    def number(self, key: str, low: float = 0.0, *, default: Any = _NONE) -> float:
+        return _float(self.value(key, default), low)
+
+    def text(self, key: str, max_chars: int = MAX_TEXT_CHARS, *, default: Any = _NONE) -> str:
+        return _text(self.value(key, default), max_chars)
+
+    def maybe_whole(self, key: str, low: int = 0, high: int = MAX_BYTES) -> int | None:
+        """The field, or None where it is not said."""
+        return self.whole(key, low, high) if key in self._raw else None
+
+    def maybe_text(self, key: str) -> str | None:
+        return self.text(key) if key in self._raw else None
+
+
 Doc = Mapping[str, Any]  # a checked plain document (a model, runtime or adapter block)
 
 
@@ -168,23 +209,22 @@ class _Cleaner:
     # --- cards and their speed --------------------------------------------------------
 
     def holder(self, raw: Any) -> dict[str, Any]:
-        if not isinstance(raw, dict):
-            raise Bad("a holder is not a map")
-        return Holder(_int(raw.get("pid", 0), 0, 1 << 32), _text(raw.get("name", "")),
-                      _int(raw["bytes"])).to_dict()
+        f = _Fields(raw, "a holder is not a map")
+        return Holder(f.whole("pid", 0, 1 << 32, default=0), f.text("name", default=""),
+                      f.whole("bytes")).to_dict()
 
     def card(self, raw: Any) -> Card:
-        if not isinstance(raw, dict):
-            raise Bad("a card is not a map")
-        if raw.get("kind", "cuda") not in CARD_KINDS:
+        f = _Fields(raw, "a card is not a map")
+        kind = f.value("kind", "cuda")
+        if kind not in CARD_KINDS:
             raise Bad("unknown card kind")
-        total = _int(raw["total_bytes"], 1)
-        holders = self.each(raw.get("held_by_others", []), self.holder, MAX_HOLDERS)
+        total = f.whole("total_bytes", 1)
+        holders = self.each(f.value("held_by_others", []), self.holder, MAX_HOLDERS)
         return Card.from_dict({
-            "kind": raw.get("kind", "cuda"), "index": _int(raw.get("index", 0), 0, 4095),
-            "name": _text(raw.get("name", "")), "uuid": _text(raw.get("uuid", "")),
-            "total_bytes": total, "free_bytes": _int(raw["free_bytes"], 0, total),
-            "held_by_others": holders, "memory_source": _text(raw.get("memory_source", ""))})
+            "kind": kind, "index": f.whole("index", 0, 4095, default=0),
+            "name": f.text("name", default=""), "uuid": f.text("uuid", default=""),
+            "total_bytes": total, "free_bytes": f.whole("free_bytes", 0, total),
+            "held_by_others": holders, "memory_source": f.text("memory_source", default="")})
 
     def cards(self, raw: Any) -> tuple[Card, ...]:
         out: list[Card] = []
@@ -199,21 +239,19 @@ class _Cleaner:
         return tuple(out)
 
     def benchmarks(self, raw: Any) -> dict[str, Benchmark]:
-        if not isinstance(raw, dict) or not isinstance(raw.get("cards", {}), dict):
+        said = raw.get("cards", {}) if isinstance(raw, dict) else None
+        if not isinstance(said, dict):
             raise Bad("benchmarks are not a map of cards")
         out = {}
-        said = raw.get("cards", {})
         for key, value in list(said.items())[:MAX_CARDS]:
             try:
-                if not isinstance(key, str) or not _CARD_KEY.fullmatch(key) \
-                        or not isinstance(value, dict):
+                if not isinstance(key, str) or not _CARD_KEY.fullmatch(key):
                     raise Bad("not a card's benchmark")
+                f = _Fields(value, "not a card's benchmark")
                 out[key] = Benchmark(
-                    _float(value["flops"], 1e-9), _float(value["mem_bandwidth"], 1e-9),
-                    _text(value.get("dtype", "f32"), 16),
-                    bool(value.get("measured", True)),
-                    _text(value.get("fingerprint", ""), 64),
-                    _float(value.get("seconds", 0.0)))
+                    f.number("flops", 1e-9), f.number("mem_bandwidth", 1e-9),
+                    f.text("dtype", 16, default="f32"), bool(f.value("measured", True)),
+                    f.text("fingerprint", 64, default=""), f.number("seconds", default=0.0))
             except (Bad, KeyError):
                 self.dropped += 1
         self.dropped += max(0, len(said) - MAX_CARDS)
@@ -231,58 +269,49 @@ class _Cleaner:
         return start, end
 
     def hop(self, raw: Any) -> SaidHop:
-        if not isinstance(raw, dict):
-            raise Bad("a route hop is not a map")
-        fellow_id = raw["fellow_id"]
+        f = _Fields(raw, "a route hop is not a map")
+        fellow_id = f.value("fellow_id")
         if not isinstance(fellow_id, str) or not fellow_id or len(fellow_id) > 128 \
                 or len(fellow_id) % 2 or not is_hex_digest(fellow_id, len(fellow_id)):
             raise Bad("a fellow id is not hex")
         # what a route hop must say (``records.route_hop`` reads all of it)
-        stage, fellow, addr = _int(raw["stage"], 0, MAX_HOPS), _text(raw["fellow"]), \
-            _text(raw["addr"])
-        layers = self.layers(raw["layers"])
-        return SaidHop(stage, fellow_id, fellow, addr, layers, *self.placed(raw))
-
-    @staticmethod
-    def placed(raw: dict[Any, Any]) -> tuple[str | None, int | None, int | None]:
-        """The card a stage or hop says it is on, and the bytes it claims and holds
-        (each None where not said)."""
-        card = _text(raw["card"]) if "card" in raw else None
-        claim, held = (_int(raw[key]) if key in raw else None
-                       for key in ("claim_bytes", "allocated_bytes"))
-        return card, claim, held
+        stage, fellow, addr = f.whole("stage", 0, MAX_HOPS), f.text("fellow"), f.text("addr")
+        layers = self.layers(f.value("layers"))
+        return SaidHop(stage, fellow_id, fellow, addr, layers, f.maybe_text("card"),
+                       f.maybe_whole("claim_bytes"), f.maybe_whole("allocated_bytes"))
 
     def stage(self, raw: Any) -> SaidStage:
-        if not isinstance(raw, dict):
-            raise Bad("a stage is not a map")
-        plan_id = raw["plan_id"]
+        f = _Fields(raw, "a stage is not a map")
+        plan_id = f.value("plan_id")
         if not is_hex_digest(plan_id, 16):
             raise Bad("a plan id is not 16 hex digits")
-        model = _document(raw.get("model", {}))
+        model = _document(f.value("model", {}))
         if not isinstance(model, dict) or model.get("kind", "builtin") not in ("builtin",
                                                                                "files"):
             raise Bad("a model is not a built-in's or a directory's")
         if model.get("kind") == "files":
             self.files_model(model)
-        runtime = _document(raw.get("runtime", {}))
+        runtime = _document(f.value("runtime", {}))
         if not isinstance(runtime, dict):
             raise Bad("a runtime block is not a map")
         for key in _RUNTIME_COUNTS:  # a driver does arithmetic with these
             if runtime.get(key) is not None:
                 _int(runtime[key], 0, MAX_BYTES)
-        stage, layers = _int(raw["stage"], 0, MAX_HOPS), self.layers(raw["layers"])
-        n_stages = _int(raw["n_stages"], 1, MAX_HOPS) if "n_stages" in raw else None
-        card, claim, held = self.placed(raw)
+        stage, layers = f.whole("stage", 0, MAX_HOPS), self.layers(f.value("layers"))
+        n_stages = f.maybe_whole("n_stages", 1, MAX_HOPS)
+        card, claim, held = f.maybe_text("card"), f.maybe_whole("claim_bytes"), \
+            f.maybe_whole("allocated_bytes")
         adapter = None
-        if "adapter" in raw:
-            adapter = _document(raw["adapter"])
+        if f.has("adapter"):
+            adapter = _document(f.value("adapter"))
             if not isinstance(adapter, dict):
                 raise Bad("an adapter block is not a map")
         route = None
-        if "route" in raw:
-            if not isinstance(raw["route"], list) or len(raw["route"]) > MAX_HOPS:
+        if f.has("route"):
+            hops = f.value("route")
+            if not isinstance(hops, list) or len(hops) > MAX_HOPS:
                 raise Bad("a route is not a list of hops")
-            route = tuple(self.hop(h) for h in raw["route"])  # one bad hop: the stage
+            route = tuple(self.hop(h) for h in hops)  # one bad hop: the stage
         return SaidStage(str(plan_id), stage, layers, model, runtime, n_stages, card, claim,
                          held, adapter, route)
 
