@@ -520,14 +520,14 @@ class Agent:
             self._apply(self.membership.set_metadata(self._metadata(), trio.current_time()))
 
     def member_metadata(self, member: Member) -> dict[str, Any]:
-        """A fellow's metadata as a dict ({} if not pulled yet or unreadable), every entry
-        the views read checked (``fellow_meta``): bad ones dropped and counted once per
-        version the fellow published."""
+        """A fellow's metadata as a dict ({} if not pulled yet or unreadable): ``fellow_says``
+        in gossip form, for the readers that still take the document."""
         return self._metadata_views.of(member, self.fellows)
 
     def fellow_says(self, member: Member) -> FellowSays:
-        """``member_metadata`` as one value: the fellow's cards, their speeds, whether it
-        trains, the stages it serves."""
+        """What a fellow says about itself, checked once per version it publishes
+        (``fellow_meta``: bad entries dropped and counted): its cards, their speeds,
+        whether it trains, the stages it serves, the loads whose orders it keeps."""
         return self._metadata_views.says(member, self.fellows)
 
     # --- datagrams ------------------------------------------------------------------

@@ -94,11 +94,8 @@ class Fellows(FindsFellow, Protocol):
     def fellows(self) -> list[Member]:
         """Every fellow known, this one excluded, by name."""
 
-    def member_metadata(self, member: Member) -> dict[str, Any]:
-        """What ``member`` says about itself, checked (``fellow_meta``)."""
-
     def fellow_says(self, member: Member) -> FellowSays:
-        """``member_metadata`` as one value."""
+        """What ``member`` says about itself, checked once at the edge (``fellow_meta``)."""
 
 
 class Elected(Protocol):
