@@ -8,6 +8,11 @@ export`` or ``/api/models/loads`` for the whole swarm, so every entry the views 
 checked against the form they expect when the metadata is decoded: a bad entry is
 dropped (the fellow's other entries stay) and counted (``bad-metadata`` in the agent's
 drop counters, shown by ``status --json``). Keys this agent does not read pass through.
+
+The check decodes the metadata once, at this edge, into a typed ``FellowSays``
+(``FellowSays.from_doc``: cards, benchmarks, ``SaidStage`` and ``SaidHop``, kept loads);
+the agent reads its fields, and ``to_doc`` gives the checked gossip form back to the
+readers that still take a document.
 """
 
 from __future__ import annotations
