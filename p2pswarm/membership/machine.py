@@ -44,27 +44,27 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 from p2pswarm import effects as fx
 from p2pswarm.config import GossipConfig, GossipTuning
-from p2pswarm.effects import Effect, Event, EventKind, SendDatagram, StreamRequest
+from p2pswarm.effects import Effect, Event, SendDatagram, StreamRequest
 from p2pswarm.membership import metadata as meta
-from p2pswarm.membership.broadcasts import ENVELOPE_BYTES, BroadcastQueue, item_bytes
+from p2pswarm.membership.broadcasts import item_bytes
 from p2pswarm.membership.detector import DIRECT, INDIRECT, FailureDetector, Probe, Verdict
+from p2pswarm.membership.dissemination import Dissemination
 from p2pswarm.membership.join import Join
 from p2pswarm.membership.leave import LeaveHandshake
-from p2pswarm.membership.member import STATE_NAMES, LocalNode, Member, MemberState, node_id_of
+from p2pswarm.membership.member import LocalNode, Member, MemberState
 from p2pswarm.membership.proofs import (
     U32_MAX,
     OwnSignatures,
     ProofCache,
     Signer,
     Verifier,
-    alive_signed_bytes,
     meta_signed_bytes,
 )
 from p2pswarm.membership.requests import StreamRequests
-from p2pswarm.membership.roster import Entry, Roster
+from p2pswarm.membership.roster import Roster
 from p2pswarm.membership.states import ALIVE, DEAD, GONE, INF, LEFT, PRESENT, SEQ_MOD, SUSPECT
 from p2pswarm.membership.sync import AntiEntropy, compare, summaries
-from p2pswarm.membership.timing import retransmit_limit
+from p2pswarm.membership.updates import Updates
 from p2pswarm.wire.gossip import (  # importing it registers the messages with the codec
     Ack,
     Alive,
@@ -131,9 +131,7 @@ class Membership:
         self.config = config
         self.rng = rng
         self._signatures = OwnSignatures(sign)
-        self._budget = datagram_budget_bytes
         self.epoch = epoch  # our datagram epoch, signed into our Alive
-        self._proofs = ProofCache(verify)
         self.incarnation = incarnation
         self.meta_version = 1 if metadata else 0
         self.metadata = metadata
@@ -147,6 +145,7 @@ class Membership:
             "claims_clamped": 0, "incarnation_exhausted": 0, "probes_refused": 0,
             "refutations_unasked": 0, "late_wakes": 0,
         }
+        self._proofs = ProofCache(verify, self.stats)
         self._roster = Roster(local.node_id, rng)
         # the draws in this order: first probe, first sync, first reconnect, probe seq
         next_probe_at = now + rng.random() * config.probe_interval_s
@@ -154,18 +153,19 @@ class Membership:
         self._detector = FailureDetector(local.node_id, config, rng, self._roster, self.stats,
                                          next_probe_at=next_probe_at,
                                          seq=rng.randrange(SEQ_MOD), now=now)
-        self._queue = BroadcastQueue(config.tuning.linger_s)
-        self._next_gossip_at = now
+        self._gossip = Dissemination(config, rng, self._roster, datagram_budget_bytes, now)
         self._requests = StreamRequests()
+        self._book = meta.MetadataBook(self._roster, self._proofs, self._requests, self._gossip,
+                                       self.stats, config.tuning.meta_pull_retry_s)
+        self._updates = Updates(local.node_id, local.name, config, self._roster, self._detector,
+                                self._gossip, self._book, self._proofs, self.stats)
         self._join = Join(config)
         self._leave = LeaveHandshake()
-        self._pulls = meta.MetaPulls(config.tuning.meta_pull_retry_s)
         self._refute_streamed: dict[bytes, float] = {}
         self._proof_asked: dict[str, float] = {}  # addr -> when we last asked it
         # the datagram in hand carries a ping from this address: what to add to the ack
         self._replying_to: str | None = None
         self._reply_extra: list[Any] = []
-        self._quiet = False
         self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
             Ping: self._on_ping, Ack: self._on_ack, Nack: self._on_nack,
             PingReq: self._on_ping_req, Alive: self._on_alive, Suspect: self._on_suspect,
@@ -289,7 +289,7 @@ class Membership:
         live = self._roster.live
         self._leave.begin(len(live), now, self.config.probe_timeout_s,
                           self.config.leave_timeout_s)
-        self._queue.add(self.node_id, Left(self.node_id, self.incarnation))
+        self._gossip.queue.add(self.node_id, Left(self.node_id, self.incarnation))
         for node in sorted(live):
             self._ask_to_note_leave(node, out)
         self._detector.probe = None
@@ -302,7 +302,7 @@ class Membership:
     def leave_spread(self) -> bool:
         """Whether our goodbye has got around (see ``leave``); False before ``leave``."""
         return self._leave.spread(self.config.indirect_checks,
-                                  self._queue.retired(self.node_id))
+                                  self._gossip.queue.retired(self.node_id))
 
     def leave_acknowledgements(self) -> tuple[int, int]:
         """(fellows that acknowledged our leave, fellows asked to)."""
@@ -339,7 +339,7 @@ class Membership:
         self.meta_signature = self._sign_meta()
         self.incarnation += 1
         self._news_of_metadata(now)
-        self._queue.add(self.node_id, self._alive_msg())
+        self._gossip.queue.add(self.node_id, self._alive_msg())
         self._changed(roster=False)
         return [Event(fx.METADATA, self.node_id, self.local.name,
                       f"published metadata version {self.meta_version}", self.incarnation,
@@ -363,7 +363,7 @@ class Membership:
         to ride on a datagram the driver sends anyway."""
         if now is not None:  # an entry point whose time is optional
             self._clock = max(self._clock, now)
-        return self._queue.take(budget_bytes, self._limit(), self._clock)
+        return self._gossip.queue.take(budget_bytes, self._gossip.limit(), self._clock)
 
     @_entry
     def handle(self, message: Any, sender_addr: str, now: float) -> list[Effect]:
@@ -465,7 +465,7 @@ class Membership:
         if self._join.failed(request_id):
             self._schedule_join_retry(now, out)
         if pending is not None and pending.kind == "meta":
-            self._pulls.failed(pending.extra, now)
+            self._book.failed(pending.extra, now)
         return out
 
     def next_deadline(self) -> float | None:
@@ -479,8 +479,7 @@ class Membership:
                 t = min(t, self._sync.next_sync_at)
             if len(roster.members) > len(roster.live) or roster.lost:
                 t = min(t, self._sync.next_reconnect_at)
-        if len(self._queue) and self._roster.live:
-            t = min(t, self._next_gossip_at)
+        t = self._gossip.deadline(t)
         reap_at = self._roster.next_reap_at()
         if reap_at is not None and reap_at < t:
             t = reap_at
@@ -517,17 +516,17 @@ class Membership:
                     self._apply(detector.finish_probe(False, now), now, out)
             if detector.suspicions:
                 for node in detector.expire(now):
-                    self._declare_dead(node, now, out)
+                    self._updates.declare_dead(node, now, out)
             if detector.probe is None and now >= detector.next_probe_at:
                 self._start_probe(now, out)
             if self._join.joined and now >= self._sync.next_sync_at:
                 self._start_sync(now, out)
             if self._join.joined and now >= self._sync.next_reconnect_at:
                 self._reconnect(now, out)
-        if len(self._queue) and now >= self._next_gossip_at:
-            self._gossip(now, out)
+        if self._gossip.due(now):
+            self._gossip.gossip(now, out)
         for node in self._roster.due_reaps(now):
-            self._reap(node, now, out)
+            self._updates.reap(node, now, out)
         return out
 
     def merge_records(self, records: Iterable[MemberRecord], now: float, *,
@@ -535,11 +534,11 @@ class Membership:
         """Take in full records (as from anti-entropy). ``quiet``: no gossip, no events;
         for building an already converged swarm in simulations."""
         out: list[Effect] = []
-        self._quiet = quiet
+        self._gossip.quiet = quiet
         try:
             self._merge_records(tuple(records), b"", now, out)
         finally:
-            self._quiet = False
+            self._gossip.quiet = False
         if quiet:
             out = [e for e in out if not isinstance(e, Event)]
         return out
@@ -547,7 +546,7 @@ class Membership:
     # --- probing -----------------------------------------------------------------------
 
     def _start_probe(self, now: float, out: list[Effect]) -> None:
-        self._retry_meta(now, out)
+        self._book.retry(now, out)
         p = self._detector.start_probe(now)
         if p is None:
             return
@@ -595,38 +594,18 @@ class Membership:
                 e.last_heard = now
         elif kind == "suspect":
             assert e is not None
-            self._start_suspicion(target, e.incarnation, self.node_id, verdict.start_s, now,
+            self._updates.start_suspicion(target, e.incarnation, self.node_id, verdict.start_s, now,
                                   out, silent_since=verdict.silent_since_s)
             if verdict.nobody_listens:
                 self._detector.nobody_listens(target)
         elif kind in ("confirm", "declare"):
             assert e is not None
             if verdict.news is not None:
-                self._queue.add(target, verdict.news)
+                self._gossip.queue.add(target, verdict.news)
                 out.append(Event(fx.SUSPECT, target, e.name, "confirmed by this node",
                                  e.incarnation, self.node_id))
             if kind == "declare":
-                self._declare_dead(target, now, out)
-
-    # --- suspicion ---------------------------------------------------------------------
-
-    def _start_suspicion(self, node: bytes, incarnation: int, source: bytes, start: float,
-                         now: float, out: list[Effect], msg: Suspect | None = None,
-                         silent_since: float | None = None) -> None:
-        e = self._roster.members[node]
-        e.state = SUSPECT
-        e.incarnation = incarnation
-        e.state_at = now
-        msg = self._detector.suspect(node, incarnation, source, start, now, msg, silent_since)
-        self._broadcast(node, msg)
-        self._changed(node=node)
-        self._event(out, fx.SUSPECT, e, "suspected by this node" if source == self.node_id
-                    else f"suspected by {self._name_of(source)}", source)
-
-    def _declare_dead(self, node: bytes, now: float, out: list[Effect]) -> None:
-        e = self._roster.members[node]
-        self.stats["dead_declared"] += 1
-        self._set_dead(e, e.incarnation, self.node_id, now, out)
+                self._updates.declare_dead(target, now, out)
 
     # --- refutation --------------------------------------------------------------------
 
@@ -646,23 +625,7 @@ class Membership:
 
     def alive_proven(self, msg: Alive) -> bool:
         """Whether ``msg`` carries its owner's valid signature (cached)."""
-        return self._proofs.check(msg.node, msg.public_key, msg.signature, alive_signed_bytes(
-            msg.node, msg.incarnation, msg.name, msg.addr, msg.public_key, msg.meta_version,
-            msg.priority, msg.epoch))
-
-    def _proven(self, msg: Alive) -> bool:
-        """``alive_proven``, counting what fails: an Alive counts only if its owner signed
-        it."""
-        if node_id_of(msg.public_key) != msg.node:
-            self.stats["bad_bindings"] += 1
-            return False
-        if msg.signature is None:
-            self.stats["unsigned_alives"] += 1
-            return False
-        if not self.alive_proven(msg):
-            self.stats["bad_signatures"] += 1
-            return False
-        return True
+        return self._proofs.alive(msg)
 
     def _about_us(self, incarnation: int, addr: str, now: float, out: list[Effect]) -> int:
         """A verdict about us above our incarnation: honest fellows only know numbers we
@@ -677,21 +640,13 @@ class Membership:
                 rid = self._requests.new("sync", addr, None, now)
                 out.append(StreamRequest(addr, SyncRecords(
                     self.node_id, (self.self_record(),), (self.node_id,)), rid))
-        return self._claimed(incarnation, self.incarnation)
-
-    def _claimed(self, incarnation: int, known: int) -> int:
-        """A third party's claim about a fellow counts at most at the incarnation the
-        fellow itself signed (as far as we know): nobody can push it further."""
-        if incarnation > known:
-            self.stats["claims_clamped"] += 1
-            return known
-        return incarnation
+        return self._updates.claimed(incarnation, self.incarnation)
 
     def _news_of_metadata(self, now: float) -> None:
         """Our Alives carry our metadata while gossip spreads its news (a join or a new
         version): a refutation then does not take it out of the queue. Later Alives only
         announce the version, so refutations stay small."""
-        self._meta_news_until = now + self._limit() * self.config.gossip_interval_s
+        self._meta_news_until = now + self._gossip.limit() * self.config.gossip_interval_s
 
     def _inline_meta(self, metadata: bytes, signature: bytes | None
                      ) -> tuple[bytes, bytes | None]:
@@ -713,10 +668,10 @@ class Membership:
         self._detector.awareness.apply(1)
         self.stats["refutations"] += 1
         alive = self._alive_msg()
-        self._queue.add(self.node_id, alive)
+        self._gossip.queue.add(self.node_id, alive)
         self._changed(roster=False)
         out.append(Event(fx.REFUTED, self.node_id, self.local.name,
-                         f"refuted a suspicion by {self._name_of(accuser)}"
+                         f"refuted a suspicion by {self._updates.name_of(accuser)}"
                          if accuser else "refuted", self.incarnation, accuser or b""))
         if sender_addr:
             self._answer_with_alive(sender_addr, out)
@@ -810,176 +765,46 @@ class Membership:
         self._send(out, msg.target_addr, msgs, size)
 
     def _on_alive(self, msg: Alive, addr: str, now: float, out: list[Effect]) -> None:
-        node = msg.node
-        e = self._roster.get(node)
-        # Only what changes something needs its owner's signature: an older or the same
-        # incarnation changes nothing but metadata, which carries a signature of its own.
-        if (e is None or msg.incarnation > e.incarnation) and not self._proven(msg):
-            if e is not None:
-                self._merge_inline_meta(msg, out)
+        if msg.node != self.node_id:
+            self._updates.alive(msg, addr, now, out)
             return
-        if node == self.node_id:
-            seen = msg.metadata if msg.meta_signature is not None and self._our_meta_proven(
-                msg.meta_version, msg.metadata, msg.meta_signature) else None
-            self._outdo_old_metadata(msg.meta_version, msg.incarnation, seen, now, out)
-            if msg.incarnation > self.incarnation or (
-                    msg.incarnation == self.incarnation
-                    and (msg.addr != self.local.addr or msg.public_key != self.local.public_key)):
-                self._refute(msg.incarnation, None, "", now, out)
+        if not self._proofs.proven(msg):
             return
-        if e is None:
-            if not self._binding_ok(node, msg.public_key):
-                return
-            e = Entry(node, msg.name, msg.addr, msg.public_key, msg.priority, msg.incarnation,
-                      ALIVE, now)
-            e.signed(msg)
-            e.announced_meta = msg.meta_version
-            self._roster.add(e)
-            if addr == msg.addr:
-                e.last_heard = now
-            self._broadcast(node, msg)
-            self._changed(node=node)
-            self._event(out, fx.MEMBER_JOINED, e, f"joined at {msg.addr}", node)
-            self._merge_inline_meta(msg, out)
-            self._want_meta(e, now, out)
-            return
-        if msg.incarnation > e.incarnation and msg.epoch > e.alive_epoch \
-                and msg.public_key == e.public_key:
-            self._forget_old_life_metadata(e)
-        meta_news = self._merge_inline_meta(msg, out)
-        if msg.incarnation <= e.incarnation:
-            return
-        if msg.public_key != e.public_key and not self._binding_ok(node, msg.public_key):
-            return
-        old = e.state
-        changed = (msg.name, msg.addr, msg.priority) != (e.name, e.addr, e.priority)
-        e.incarnation = msg.incarnation
-        e.name, e.addr, e.public_key, e.priority = msg.name, msg.addr, msg.public_key, msg.priority
-        e.signed(msg)
-        e.announced_meta = max(e.announced_meta, msg.meta_version)
-        if addr == msg.addr:
-            e.last_heard = now
-        if old != ALIVE:
-            e.state = ALIVE
-            e.state_at = now
-            if old in GONE:
-                self._roster.live_add(node)
-                self._roster.recent_dead.pop(node, None)
-        # news it signed since: whatever failed probes we were still doubting it on are
-        # older than that proof of life, and must not carry over to its new incarnation
-        self._detector.forget(node)
-        # relay the bytes only while they are news: a refutation learnt with bytes we
-        # already hold (from a sync record, say) must not crowd the gossip it rides in
-        self._broadcast(node, msg if meta_news or msg.meta_signature is None
-                        else meta.without_meta(msg))
-        self._changed(roster=changed or old != ALIVE, node=node)
-        if old != ALIVE:
-            self._event(out, fx.ALIVE, e, f"alive again (incarnation {msg.incarnation})"
-                        if old == SUSPECT else f"back after {STATE_NAMES[old]}", node)
-        elif changed:
-            self._event(out, fx.UPDATED, e, f"now {msg.name} at {msg.addr}", node)
-        self._want_meta(e, now, out)
+        seen = msg.metadata if msg.meta_signature is not None and self._our_meta_proven(
+            msg.meta_version, msg.metadata, msg.meta_signature) else None
+        self._outdo_old_metadata(msg.meta_version, msg.incarnation, seen, now, out)
+        if msg.incarnation > self.incarnation or (
+                msg.incarnation == self.incarnation
+                and (msg.addr != self.local.addr or msg.public_key != self.local.public_key)):
+            self._refute(msg.incarnation, None, "", now, out)
 
     def _on_suspect(self, msg: Suspect, addr: str, now: float, out: list[Effect]) -> None:
-        node = msg.node
-        if node == self.node_id:
+        if msg.node == self.node_id:
             self._refute(self._about_us(msg.incarnation, addr, now, out), msg.source, addr,
                          now, out)
-            return
-        e = self._roster.get(node)
-        if e is None or msg.incarnation < e.incarnation or e.state in GONE:
-            return
-        if msg.incarnation > e.incarnation:
-            msg = Suspect(node, self._claimed(msg.incarnation, e.incarnation), msg.source,
-                          msg.silent_ms)
-        if e.state == SUSPECT and msg.incarnation == e.incarnation:
-            if self._detector.confirm(node, msg.source, now, msg) and not self._quiet:
-                self._queue.add(node, msg)
-            return
-        self._detector.doubt.pop(node, None)
-        self._start_suspicion(node, msg.incarnation, msg.source, now, now, out, msg)
+        else:
+            self._updates.suspect(msg, now, out)
 
     def _on_dead(self, msg: Dead, addr: str, now: float, out: list[Effect]) -> None:
-        node = msg.node
-        if node == self.node_id:
+        if msg.node == self.node_id:
             self._refute(self._about_us(msg.incarnation, addr, now, out), msg.source, addr,
                          now, out)
-            return
-        e = self._roster.get(node)
-        if e is None or msg.incarnation < e.incarnation:
-            return
-        if msg.incarnation > e.incarnation:
-            msg = Dead(node, self._claimed(msg.incarnation, e.incarnation), msg.source)
-        if e.state in GONE:
-            if e.state == DEAD and msg.incarnation > e.incarnation:
-                e.incarnation = msg.incarnation
-            return
-        self._set_dead(e, msg.incarnation, msg.source, now, out, msg)
+        else:
+            self._updates.dead(msg, now, out)
 
     def _on_left(self, msg: Left, addr: str, now: float, out: list[Effect]) -> None:
-        node = msg.node
-        if node == self.node_id:
+        if msg.node == self.node_id:
             self._refute(self._about_us(msg.incarnation, addr, now, out), None, addr, now, out)
-            return
-        e = self._roster.get(node)
-        if e is None or msg.incarnation < e.incarnation or e.state == LEFT:
-            return
-        if msg.incarnation > e.incarnation:
-            msg = Left(node, self._claimed(msg.incarnation, e.incarnation))
-        was_live = e.state in PRESENT
-        e.incarnation = msg.incarnation
-        e.state = LEFT
-        e.state_at = now
-        if was_live:
-            self._roster.live_remove(node)
-        self._detector.forget(node)
-        self._roster.recent_dead.pop(node, None)
-        self._broadcast(node, msg)
-        self._roster.schedule_reap(now + self.config.dead_reap_after_s, node)
-        self._changed(node=node)
-        self._event(out, fx.LEFT, e, "left the swarm", node)
+        else:
+            self._updates.left(msg, now, out)
 
     # --- state changes -----------------------------------------------------------------
 
-    def _set_dead(self, e: Entry, incarnation: int, source: bytes, now: float,
-                  out: list[Effect], msg: Dead | None = None) -> None:
-        node = e.node
-        was_live = e.state in PRESENT
-        e.incarnation = incarnation
-        e.state = DEAD
-        e.state_at = now
-        if was_live:
-            self._roster.live_remove(node)
-        self._detector.forget(node)
-        self._roster.recent_dead[node] = now
-        self._broadcast(node, msg if msg is not None else Dead(node, incarnation, source))
-        self._roster.schedule_reap(now + self.config.dead_reap_after_s, node)
-        self._changed(node=node)
-        self._event(out, fx.DEAD, e, "declared dead by this node" if source == self.node_id
-                    else f"declared dead by {self._name_of(source)}", source)
-
-    def _reap(self, node: bytes, now: float, out: list[Effect]) -> None:
-        e = self._roster.reap(node, now, self.config.dead_reap_after_s,
-                              self.tuning.reconnect_max_lost)
-        if e is None:
-            return
-        self._pulls.forget(node)
-        self._changed(node=node)
-        self._event(out, fx.REAPED, e, f"forgotten after {STATE_NAMES[e.state]}", node)
-
-    def _changed(self, roster: bool = True, node: bytes | None = None) -> None:
-        """Something a view shows changed; ``roster``: ``node``'s (default: this node's)
-        presence, state, name, address or priority (what an election reads), not just
-        metadata or incarnation."""
-        self._roster.changed(self.node_id if node is None else node, roster)
-
-    def _broadcast(self, node: bytes, msg: Any) -> None:
-        if not self._quiet:
-            self._queue.add(node, msg)
-
-    def _event(self, out: list[Effect], kind: EventKind, e: Entry, detail: str, by: bytes) -> None:
-        if not self._quiet:
-            out.append(Event(kind, e.node, e.name, detail, e.incarnation, by))
+    def _changed(self, roster: bool = True) -> None:
+        """Something a view of this node shows changed; ``roster``: its presence, state,
+        name, address or priority (what an election reads), not just metadata or
+        incarnation."""
+        self._roster.changed(self.node_id, roster)
 
     def _heard(self, node: bytes, now: float) -> None:
         e = self._roster.get(node)
@@ -987,54 +812,8 @@ class Membership:
             e.last_heard = now
             self._detector.streak.pop(node, None)
 
-    def _name_of(self, node: bytes | None) -> str:
-        if node is None:
-            return "?"
-        if node == self.node_id:
-            return self.local.name
-        e = self._roster.get(node)
-        return e.name if e is not None else node.hex()[:8]
-
-    def _binding_ok(self, node: bytes, public_key: bytes) -> bool:
-        if self._proofs.binding_ok(node, public_key):
-            return True
-        self.stats["bad_bindings"] += 1
-        return False
-
-    # --- sending -----------------------------------------------------------------------
-
-    def _limit(self) -> int:
-        return retransmit_limit(self.config.retransmit_mult, len(self._roster) + 1)
-
     def _send(self, out: list[Effect], addr: str, msgs: list[Any], size: int) -> None:
-        extra = self._queue.take(self._budget - ENVELOPE_BYTES - size, self._limit(),
-                                 self._clock, to=addr)
-        if extra:
-            msgs.extend(extra)
-        out.append(SendDatagram(addr, tuple(msgs)))
-
-    def _gossip(self, now: float, out: list[Effect]) -> None:
-        self._next_gossip_at = now + self.config.gossip_interval_s
-        k = self.config.gossip_nodes
-        if self._queue.has_fresh():  # news: spend its first sends wide (same total sends)
-            k *= self.tuning.fresh_fanout_mult
-        roster = self._roster
-        targets = roster.sample_live(k)
-        if roster.recent_dead:
-            horizon = now - self.tuning.gossip_to_dead_s
-            for node in [n for n, t in roster.recent_dead.items() if t < horizon]:
-                del roster.recent_dead[node]
-            dead = [n for n in roster.recent_dead if n in roster.members]
-            if dead and self.rng.random() < len(dead) / (len(dead) + len(roster.live) + 1.0):
-                targets = targets[:-1] + [self.rng.choice(dead)] if targets else [
-                    self.rng.choice(dead)]
-        limit = self._limit()
-        budget = self._budget - ENVELOPE_BYTES
-        for node in targets:
-            msgs = self._queue.take(budget, limit, now, lingering=False)
-            if not msgs:
-                break
-            out.append(SendDatagram(roster.members[node].addr, tuple(msgs)))
+        self._gossip.send(out, addr, msgs, size, self._clock)
 
     # --- joining -----------------------------------------------------------------------
 
@@ -1104,20 +883,21 @@ class Membership:
             self._join.done()
             self._changed()  # the election waits for this, even if no record was new
             self._news_of_metadata(now)
-            self._queue.add(self.node_id, self._alive_msg())
+            self._gossip.queue.add(self.node_id, self._alive_msg())
             out.append(Event(fx.JOINED, self.node_id, self.local.name,
                              f"joined through {addr}; {len(self._roster.live) + 1} fellows "
                              "alive"))
 
     def _merge_records(self, records: Sequence[MemberRecord], source: bytes, now: float,
                        out: list[Effect]) -> None:
+        updates = self._updates
         for r in records:
             node = r.node
             alive = Alive(node, r.incarnation, r.name, r.addr, r.public_key,
                           r.alive_meta_version, r.priority, b"", None, r.alive_epoch,
                           r.alive_signature)
             if node == self.node_id:
-                if not self._proven(alive):  # only what we signed ourselves counts
+                if not self._proofs.proven(alive):  # only what we signed ourselves counts
                     continue
                 if self._our_meta_proven(r.meta_version, r.metadata, r.meta_signature):
                     self._outdo_old_metadata(r.meta_version, r.incarnation, r.metadata, now,
@@ -1130,50 +910,23 @@ class Membership:
             if r.state == ALIVE:  # small metadata inside: merged before a pull is asked
                 inline = self._inline_meta(r.metadata, r.meta_signature) \
                     if r.meta_version == r.alive_meta_version else (b"", None)
-                self._on_alive(Alive(node, r.incarnation, r.name, r.addr, r.public_key,
-                                     r.alive_meta_version, r.priority, *inline,
-                                     r.alive_epoch, r.alive_signature),
-                               "", now, out)
+                updates.alive(Alive(node, r.incarnation, r.name, r.addr, r.public_key,
+                                    r.alive_meta_version, r.priority, *inline, r.alive_epoch,
+                                    r.alive_signature), "", now, out)
             elif r.state == LEFT:
-                self._on_left(Left(node, r.incarnation), "", now, out)
+                updates.left(Left(node, r.incarnation), now, out)
             else:  # a remote verdict of dead is only a suspicion here (as memberlist)
                 e = self._roster.get(node)
                 if e is None and r.state == SUSPECT:
-                    self._on_alive(alive, "", now, out)
-                self._on_suspect(Suspect(node, r.incarnation, source or node), "", now, out)
-            self._merge_meta(node, r.public_key, r.meta_version, r.metadata, r.meta_signature,
+                    updates.alive(alive, "", now, out)
+                updates.suspect(Suspect(node, r.incarnation, source or node), now, out)
+            self._book.merge(node, r.public_key, r.meta_version, r.metadata, r.meta_signature,
                              out, r.alive_epoch)
 
     # --- metadata ----------------------------------------------------------------------
 
     def _sign_meta(self) -> bytes:
         return self._signatures.meta(self.node_id, self.meta_version, self.metadata)
-
-    def _merge_meta(self, node: bytes, public_key: bytes, version: int, metadata: bytes,
-                    signature: bytes | None, out: list[Effect], epoch: int) -> bool:
-        """Take ``node``'s signed metadata if newer than ours; True if it was taken.
-        ``epoch``: that of the Alive it came with; one older than the Alive we hold is
-        from the owner's earlier life (its versions start again at 1 after a restart)."""
-        e = self._roster.get(node)
-        if e is None or version <= e.meta_version or signature is None \
-                or epoch < e.alive_epoch:
-            return False
-        if not self._binding_ok(node, public_key) or public_key != e.public_key:
-            return False
-        if not self._proofs.signed_by(e.public_key, signature,
-                                      meta_signed_bytes(node, version, metadata)):
-            self.stats["bad_signatures"] += 1
-            return False
-        meta.take(e, version, metadata, signature)
-        self._pulls.forget(node)
-        self._changed(roster=False)
-        self._event(out, fx.METADATA, e, f"metadata version {version}", node)
-        return True
-
-    def _forget_old_life_metadata(self, e: Entry) -> None:
-        if meta.forget_old_life(e):
-            self._pulls.forget(e.node)
-            self._changed(roster=False)
 
     def _our_meta_proven(self, version: int, metadata: bytes, signature: bytes | None) -> bool:
         """Whether this is metadata we signed (in this life or an earlier one: a version we
@@ -1185,24 +938,9 @@ class Membership:
         return self._proofs.signed_by(self.local.public_key, signature,
                                       meta_signed_bytes(self.node_id, version, metadata))
 
-    def _merge_inline_meta(self, msg: Alive, out: list[Effect]) -> bool:
-        return msg.meta_signature is not None and self._merge_meta(
-            msg.node, msg.public_key, msg.meta_version, msg.metadata, msg.meta_signature, out,
-            msg.epoch)
-
-    def _want_meta(self, e: Entry, now: float, out: list[Effect]) -> None:
-        if self._quiet or not self._pulls.ask(e, now):
-            return
-        rid = self._requests.new("meta", e.addr, e.node, now)
-        out.append(StreamRequest(e.addr, MetaPull((e.node,)), rid))
-
-    def _retry_meta(self, now: float, out: list[Effect]) -> None:
-        for e in self._pulls.due(now, self._roster):
-            self._want_meta(e, now, out)
-
     def _on_meta_push(self, msg: MetaPush, addr: str, now: float, out: list[Effect]) -> None:
         for r in msg.records:
-            self._merge_meta(r.node, r.public_key, r.meta_version, r.metadata,
+            self._book.merge(r.node, r.public_key, r.meta_version, r.metadata,
                              r.meta_signature, out, r.alive_epoch)
 
 

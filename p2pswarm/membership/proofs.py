@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from p2pswarm.errors import AuthenticationError
 from p2pswarm.membership.member import node_id_of
+from p2pswarm.wire.gossip import Alive
 
 Signer = Callable[[bytes], bytes]
 Verifier = Callable[[bytes, bytes, bytes], object]  # (public_key, signature, data)
@@ -66,8 +67,10 @@ class OwnSignatures:
 class ProofCache:
     """Verifies owner signatures, remembering the last ``capacity`` answers."""
 
-    def __init__(self, verify: Verifier, capacity: int = 4096) -> None:
+    def __init__(self, verify: Verifier, counters: dict[str, int],
+                 capacity: int = 4096) -> None:
         self._verify = verify
+        self._counters = counters  # what fails is counted here (the machine's counters)
         self._capacity = capacity
         self._seen: OrderedDict[tuple[bytes, bytes], bool] = OrderedDict()
         self._bindings: dict[bytes, bytes] = {}  # node id -> the public key it is bound to
@@ -77,6 +80,7 @@ class ProofCache:
         if self._bindings.get(node) == public_key:
             return True
         if node_id_of(public_key) != node:
+            self._counters["bad_bindings"] += 1
             return False
         self._bindings[node] = public_key
         return True
@@ -87,6 +91,25 @@ class ProofCache:
             return self._verify(public_key, signature, data) is not False
         except AuthenticationError:
             return False
+
+    def alive(self, msg: Alive) -> bool:
+        """Whether ``msg`` carries its owner's valid signature (cached)."""
+        return self.check(msg.node, msg.public_key, msg.signature, alive_signed_bytes(
+            msg.node, msg.incarnation, msg.name, msg.addr, msg.public_key, msg.meta_version,
+            msg.priority, msg.epoch))
+
+    def proven(self, msg: Alive) -> bool:
+        """``alive``, counting what fails: an Alive counts only if its owner signed it."""
+        if node_id_of(msg.public_key) != msg.node:
+            self._counters["bad_bindings"] += 1
+            return False
+        if msg.signature is None:
+            self._counters["unsigned_alives"] += 1
+            return False
+        if not self.alive(msg):
+            self._counters["bad_signatures"] += 1
+            return False
+        return True
 
     def check(self, node: bytes, public_key: bytes, signature: bytes | None,
               data: bytes) -> bool:
