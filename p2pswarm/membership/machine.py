@@ -51,10 +51,10 @@ from p2pswarm.membership.detector import DIRECT, INDIRECT, FailureDetector, Prob
 from p2pswarm.membership.dissemination import Dissemination
 from p2pswarm.membership.join import Join
 from p2pswarm.membership.leave import LeaveHandshake
-from p2pswarm.membership.member import LocalNode, Member, MemberState
+from p2pswarm.membership.member import LocalNode, Member
+from p2pswarm.membership.own import OwnRecord
 from p2pswarm.membership.proofs import (
     U32_MAX,
-    OwnSignatures,
     ProofCache,
     Signer,
     Verifier,
@@ -127,16 +127,9 @@ class Membership:
         datagram_budget_bytes: int = 1340,
         epoch: int = 0,
     ) -> None:
-        self.local = local
+        self._own = OwnRecord(local, sign, incarnation, metadata, epoch)
         self.config = config
         self.rng = rng
-        self._signatures = OwnSignatures(sign)
-        self.epoch = epoch  # our datagram epoch, signed into our Alive
-        self.incarnation = incarnation
-        self.meta_version = 1 if metadata else 0
-        self.metadata = metadata
-        self.meta_signature = self._sign_meta() if metadata else None
-        self._meta_news_until = -INF  # our Alives carry our metadata until then
         self._clock = now  # the latest `now` we were given
         self.stats: dict[str, int] = {
             "probes": 0, "probes_failed": 0, "probes_inconclusive": 0, "suspicions_raised": 0,
@@ -179,6 +172,43 @@ class Membership:
     @property
     def node_id(self) -> bytes:
         return self.local.node_id
+
+    @property
+    def local(self) -> LocalNode:
+        return self._own.local
+
+    @property
+    def epoch(self) -> int:
+        """Our datagram epoch, signed into our Alive."""
+        return self._own.epoch
+
+    @property
+    def incarnation(self) -> int:
+        return self._own.incarnation
+
+    @incarnation.setter
+    def incarnation(self, incarnation: int) -> None:
+        self._own.incarnation = incarnation
+
+    @property
+    def metadata(self) -> bytes:
+        return self._own.metadata
+
+    @property
+    def meta_version(self) -> int:
+        return self._own.meta_version
+
+    @meta_version.setter
+    def meta_version(self, version: int) -> None:
+        self._own.meta_version = version
+
+    @property
+    def meta_signature(self) -> bytes | None:
+        return self._own.meta_signature
+
+    @meta_signature.setter
+    def meta_signature(self, signature: bytes | None) -> None:
+        self._own.meta_signature = signature
 
     @property
     def tuning(self) -> GossipTuning:
@@ -238,30 +268,18 @@ class Membership:
         e = self._roster.get(node_id)
         return None if e is None else e.view()
 
-    def _own_state(self) -> int:
-        return LEFT if self._leave.leaving else ALIVE
-
     def _self_view(self) -> Member:
-        loc = self.local
-        state: MemberState = "left" if self._leave.leaving else "alive"
-        return Member(loc.node_id, loc.name, loc.addr, state, self.incarnation, self.metadata,
-                      self.meta_version, self.meta_version, None, 0.0, loc.priority,
-                      loc.public_key, is_self=True)
+        return self._own.view(self._leave.leaving)
 
     def self_record(self) -> MemberRecord:
-        loc = self.local
-        return MemberRecord(loc.node_id, self.incarnation, self._own_state(),
-                            loc.name, loc.addr, loc.public_key, loc.priority, self.meta_version,
-                            self.metadata, self.meta_signature, self.meta_version, self.epoch,
-                            self._sign_alive())
+        return self._own.record(self._leave.leaving)
 
     def counters(self) -> dict[str, int]:
         return dict(self.stats)
 
     def digest(self) -> bytes:
         """SHA-256 over (id, incarnation, state, metadata version) of every member."""
-        return self._roster.digest((self.node_id, self.incarnation, self._own_state(),
-                                    self.meta_version))
+        return self._roster.digest(self._own.row(self._leave.leaving))
 
     # --- driving -----------------------------------------------------------------------
 
@@ -327,17 +345,14 @@ class Membership:
         Nothing while leaving: its new incarnation would take the goodbye back."""
         if self._leave.leaving:
             return []
-        if self.incarnation >= U32_MAX or self.meta_version >= U32_MAX:
+        if self._own.exhausted():
             self.stats["incarnation_exhausted"] += 1  # saturated: keep what fellows hold
             return []
         return self._publish_metadata(metadata, now)
 
     @_entry
     def _publish_metadata(self, metadata: bytes, now: float) -> list[Effect]:
-        self.metadata = metadata
-        self.meta_version += 1
-        self.meta_signature = self._sign_meta()
-        self.incarnation += 1
+        self._own.publish(metadata)
         self._news_of_metadata(now)
         self._gossip.queue.add(self.node_id, self._alive_msg())
         self._changed(roster=False)
@@ -355,7 +370,7 @@ class Membership:
             if seen_version >= U32_MAX or self.incarnation >= U32_MAX:
                 self.stats["incarnation_exhausted"] += 1
                 return
-            self.meta_version = seen_version
+            self._own.meta_version = seen_version
             out.extend(self.set_metadata(self.metadata, now))
 
     def piggyback(self, budget_bytes: int, now: float | None = None) -> list[Any]:
@@ -610,18 +625,7 @@ class Membership:
     # --- refutation --------------------------------------------------------------------
 
     def _alive_msg(self) -> Alive:
-        loc = self.local
-        metadata = self._inline_meta(self.metadata, self.meta_signature) \
-            if self._clock < self._meta_news_until else (b"", None)
-        return Alive(loc.node_id, self.incarnation, loc.name, loc.addr, loc.public_key,
-                     self.meta_version, loc.priority, *metadata, self.epoch, self._sign_alive())
-
-    def _sign_alive(self) -> bytes:
-        """Our signature over our Alive as it stands: signed once per incarnation."""
-        loc = self.local
-        return self._signatures.alive((loc.node_id, self.incarnation, loc.name, loc.addr,
-                                       loc.public_key, self.meta_version, loc.priority,
-                                       self.epoch))
+        return self._own.alive(self._clock, self.tuning.meta_inline_bytes)
 
     def alive_proven(self, msg: Alive) -> bool:
         """Whether ``msg`` carries its owner's valid signature (cached)."""
@@ -646,7 +650,7 @@ class Membership:
         """Our Alives carry our metadata while gossip spreads its news (a join or a new
         version): a refutation then does not take it out of the queue. Later Alives only
         announce the version, so refutations stay small."""
-        self._meta_news_until = now + self._gossip.limit() * self.config.gossip_interval_s
+        self._own.meta_news_until = now + self._gossip.limit() * self.config.gossip_interval_s
 
     def _inline_meta(self, metadata: bytes, signature: bytes | None
                      ) -> tuple[bytes, bytes | None]:
@@ -664,7 +668,7 @@ class Membership:
         if seen_incarnation >= U32_MAX:  # cannot be outdone: saturate, never overflow
             self.stats["incarnation_exhausted"] += 1
             return
-        self.incarnation = seen_incarnation + 1
+        self._own.incarnation = seen_incarnation + 1
         self._detector.awareness.apply(1)
         self.stats["refutations"] += 1
         alive = self._alive_msg()
@@ -833,9 +837,7 @@ class Membership:
     # --- anti-entropy ------------------------------------------------------------------
 
     def _summaries(self) -> tuple[MemberSummary, ...]:
-        own = MemberSummary(self.node_id, self.incarnation, self._own_state(),
-                            self.meta_version)
-        return summaries(own, self._roster.members.values())
+        return summaries(self._own.summary(self._leave.leaving), self._roster.members.values())
 
     def _record(self, node: bytes) -> MemberRecord | None:
         if node == self.node_id:
@@ -926,17 +928,10 @@ class Membership:
     # --- metadata ----------------------------------------------------------------------
 
     def _sign_meta(self) -> bytes:
-        return self._signatures.meta(self.node_id, self.meta_version, self.metadata)
+        return self._own.sign_meta()
 
     def _our_meta_proven(self, version: int, metadata: bytes, signature: bytes | None) -> bool:
-        """Whether this is metadata we signed (in this life or an earlier one: a version we
-        may have to outdo)."""
-        if signature is None or version == 0:
-            return False
-        if version == self.meta_version and metadata == self.metadata:
-            return True  # what we publish now (signatures are deterministic): no check
-        return self._proofs.signed_by(self.local.public_key, signature,
-                                      meta_signed_bytes(self.node_id, version, metadata))
+        return self._own.meta_proven(self._proofs, version, metadata, signature)
 
     def _on_meta_push(self, msg: MetaPush, addr: str, now: float, out: list[Effect]) -> None:
         for r in msg.records:
