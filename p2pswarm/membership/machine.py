@@ -63,7 +63,7 @@ from p2pswarm.membership.proofs import (
 from p2pswarm.membership.requests import StreamRequests
 from p2pswarm.membership.roster import Roster
 from p2pswarm.membership.states import ALIVE, DEAD, GONE, INF, LEFT, PRESENT, SEQ_MOD, SUSPECT
-from p2pswarm.membership.sync import AntiEntropy, compare, summaries
+from p2pswarm.membership.sync import AntiEntropy, record_alive
 from p2pswarm.membership.updates import Updates
 from p2pswarm.wire.gossip import (  # importing it registers the messages with the codec
     Ack,
@@ -71,7 +71,6 @@ from p2pswarm.wire.gossip import (  # importing it registers the messages with t
     Dead,
     Left,
     MemberRecord,
-    MemberSummary,
     MetaPull,
     MetaPush,
     Nack,
@@ -142,7 +141,8 @@ class Membership:
         self._roster = Roster(local.node_id, rng)
         # the draws in this order: first probe, first sync, first reconnect, probe seq
         next_probe_at = now + rng.random() * config.probe_interval_s
-        self._sync = AntiEntropy(config, rng, now)
+        next_sync_at = now + config.push_pull_interval_s * (0.5 + rng.random())
+        next_reconnect_at = now + config.tuning.reconnect_interval_s * (0.5 + rng.random())
         self._detector = FailureDetector(local.node_id, config, rng, self._roster, self.stats,
                                          next_probe_at=next_probe_at,
                                          seq=rng.randrange(SEQ_MOD), now=now)
@@ -152,8 +152,11 @@ class Membership:
                                        self.stats, config.tuning.meta_pull_retry_s)
         self._updates = Updates(local.node_id, local.name, config, self._roster, self._detector,
                                 self._gossip, self._book, self._proofs, self.stats)
-        self._join = Join(config)
         self._leave = LeaveHandshake()
+        self._sync = AntiEntropy(config, rng, self._own, self._leave, self._roster,
+                                 self._requests, self._updates, self._book,
+                                 next_sync_at=next_sync_at, next_reconnect_at=next_reconnect_at)
+        self._join = Join(config)
         self._refute_streamed: dict[bytes, float] = {}
         self._proof_asked: dict[str, float] = {}  # addr -> when we last asked it
         # the datagram in hand carries a ping from this address: what to add to the ack
@@ -279,7 +282,7 @@ class Membership:
 
     def digest(self) -> bytes:
         """SHA-256 over (id, incarnation, state, metadata version) of every member."""
-        return self._roster.digest(self._own.row(self._leave.leaving))
+        return self._sync.digest()
 
     # --- driving -----------------------------------------------------------------------
 
@@ -440,21 +443,13 @@ class Membership:
         if t is SyncDigest:
             self._heard(message.source, now)
             self.stats["syncs"] += 1
-            if message.digest == self.digest():
-                return SyncSame(), out
-            return SyncSummary(self._summaries()), out
+            return self._sync.answer_digest(message), out
         if t is SyncRecords:
             self._heard(message.source, now)
             self._merge_records(message.records, message.source, now, out)
-            if message.want_all:
-                records = self._all_records()
-            else:  # what was asked for, and always our own (we may have just refuted)
-                wanted = [n for n in message.want if n != self.node_id]
-                records = (self.self_record(),) + tuple(
-                    r for r in (self._record(n) for n in wanted) if r)
-            return SyncRecords(self.node_id, records), out
+            return self._sync.answer_records(message), out
         if t is MetaPull:
-            records = tuple(r for r in (self._record(n) for n in message.nodes)
+            records = tuple(r for r in (self._sync.record(n) for n in message.nodes)
                             if r is not None and r.meta_version > 0)
             return MetaPush(records), out
         if t is Alive:
@@ -535,9 +530,9 @@ class Membership:
             if detector.probe is None and now >= detector.next_probe_at:
                 self._start_probe(now, out)
             if self._join.joined and now >= self._sync.next_sync_at:
-                self._start_sync(now, out)
+                self._sync.start(now, out)
             if self._join.joined and now >= self._sync.next_reconnect_at:
-                self._reconnect(now, out)
+                self._sync.reconnect(now, out)
         if self._gossip.due(now):
             self._gossip.gossip(now, out)
         for node in self._roster.due_reaps(now):
@@ -836,46 +831,9 @@ class Membership:
 
     # --- anti-entropy ------------------------------------------------------------------
 
-    def _summaries(self) -> tuple[MemberSummary, ...]:
-        return summaries(self._own.summary(self._leave.leaving), self._roster.members.values())
-
-    def _record(self, node: bytes) -> MemberRecord | None:
-        if node == self.node_id:
-            return self.self_record()
-        e = self._roster.get(node)
-        return None if e is None else e.record()
-
-    def _all_records(self) -> tuple[MemberRecord, ...]:
-        out = [self.self_record()]
-        out.extend(r for r in (self._record(n) for n in self._roster.members) if r is not None)
-        return tuple(out)
-
-    def _sync_digest(self) -> SyncDigest:
-        return SyncDigest(self.node_id, self.digest(), len(self._roster) + 1)
-
-    def _start_sync(self, now: float, out: list[Effect]) -> None:
-        self._requests.expire(now)
-        addr = self._sync.sync_target(now, self._roster)
-        if addr is None:
-            return
-        rid = self._requests.new("sync", addr, None, now)
-        out.append(StreamRequest(addr, self._sync_digest(), rid))
-
-    def _reconnect(self, now: float, out: list[Effect]) -> None:
-        addr = self._sync.reconnect_target(now, self._roster)
-        if addr is None:
-            return
-        rid = self._requests.new("sync", addr, None, now)
-        out.append(StreamRequest(addr, self._sync_digest(), rid))
-
     def _on_sync_summary(self, msg: SyncSummary, addr: str, now: float,
                          out: list[Effect]) -> None:
-        send_nodes, want = compare(self._summaries(), msg.entries)
-        send = [r for r in (self._record(n) for n in send_nodes) if r is not None]
-        if send or want:
-            rid = self._requests.new("sync", addr, None, now)
-            out.append(StreamRequest(addr, SyncRecords(self.node_id, tuple(send), tuple(want)),
-                                     rid))
+        self._sync.on_summary(msg, addr, now, out)
 
     def _on_sync_records(self, msg: SyncRecords, addr: str, now: float,
                          out: list[Effect]) -> None:
@@ -892,38 +850,18 @@ class Membership:
 
     def _merge_records(self, records: Sequence[MemberRecord], source: bytes, now: float,
                        out: list[Effect]) -> None:
-        updates = self._updates
         for r in records:
-            node = r.node
-            alive = Alive(node, r.incarnation, r.name, r.addr, r.public_key,
-                          r.alive_meta_version, r.priority, b"", None, r.alive_epoch,
-                          r.alive_signature)
-            if node == self.node_id:
-                if not self._proofs.proven(alive):  # only what we signed ourselves counts
-                    continue
-                if self._our_meta_proven(r.meta_version, r.metadata, r.meta_signature):
-                    self._outdo_old_metadata(r.meta_version, r.incarnation, r.metadata, now,
-                                             out)
-                if r.incarnation >= self.incarnation and (
-                        r.state != ALIVE or r.incarnation > self.incarnation
-                        or r.addr != self.local.addr):
-                    self._refute(r.incarnation, None, "", now, out)
+            if r.node != self.node_id:
+                self._sync.merge(r, source, now, out)
                 continue
-            if r.state == ALIVE:  # small metadata inside: merged before a pull is asked
-                inline = self._inline_meta(r.metadata, r.meta_signature) \
-                    if r.meta_version == r.alive_meta_version else (b"", None)
-                updates.alive(Alive(node, r.incarnation, r.name, r.addr, r.public_key,
-                                    r.alive_meta_version, r.priority, *inline, r.alive_epoch,
-                                    r.alive_signature), "", now, out)
-            elif r.state == LEFT:
-                updates.left(Left(node, r.incarnation), now, out)
-            else:  # a remote verdict of dead is only a suspicion here (as memberlist)
-                e = self._roster.get(node)
-                if e is None and r.state == SUSPECT:
-                    updates.alive(alive, "", now, out)
-                updates.suspect(Suspect(node, r.incarnation, source or node), now, out)
-            self._book.merge(node, r.public_key, r.meta_version, r.metadata, r.meta_signature,
-                             out, r.alive_epoch)
+            if not self._proofs.proven(record_alive(r)):  # only what we signed counts
+                continue
+            if self._our_meta_proven(r.meta_version, r.metadata, r.meta_signature):
+                self._outdo_old_metadata(r.meta_version, r.incarnation, r.metadata, now, out)
+            if r.incarnation >= self.incarnation and (
+                    r.state != ALIVE or r.incarnation > self.incarnation
+                    or r.addr != self.local.addr):
+                self._refute(r.incarnation, None, "", now, out)
 
     # --- metadata ----------------------------------------------------------------------
 
