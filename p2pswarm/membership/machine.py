@@ -47,12 +47,13 @@ from p2pswarm.config import GossipConfig, GossipTuning
 from p2pswarm.effects import Effect, Event, SendDatagram, StreamRequest
 from p2pswarm.membership import metadata as meta
 from p2pswarm.membership.broadcasts import item_bytes
-from p2pswarm.membership.detector import DIRECT, INDIRECT, FailureDetector, Probe, Verdict
+from p2pswarm.membership.detector import FailureDetector, Verdict
 from p2pswarm.membership.dissemination import Dissemination
 from p2pswarm.membership.join import Join
 from p2pswarm.membership.leave import LeaveHandshake
 from p2pswarm.membership.member import LocalNode, Member
 from p2pswarm.membership.own import OwnRecord
+from p2pswarm.membership.prober import ACK_ITEM, Prober
 from p2pswarm.membership.proofs import (
     U32_MAX,
     ProofCache,
@@ -62,7 +63,7 @@ from p2pswarm.membership.proofs import (
 )
 from p2pswarm.membership.requests import StreamRequests
 from p2pswarm.membership.roster import Roster
-from p2pswarm.membership.states import ALIVE, DEAD, GONE, INF, LEFT, PRESENT, SEQ_MOD, SUSPECT
+from p2pswarm.membership.states import ALIVE, INF, LEFT, PRESENT, SEQ_MOD
 from p2pswarm.membership.sync import AntiEntropy, record_alive
 from p2pswarm.membership.updates import Updates
 from p2pswarm.wire.gossip import (  # importing it registers the messages with the codec
@@ -87,9 +88,6 @@ from p2pswarm.wire.gossip import (  # importing it registers the messages with t
 if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or not
     from random import Random
 
-_PING_ITEM = item_bytes(Ping(SEQ_MOD - 1, b"\0" * 16, b"\0" * 16))
-_ACK_ITEM = item_bytes(Ack(SEQ_MOD - 1))
-_NACK_ITEM = item_bytes(Nack(SEQ_MOD - 1))
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -152,6 +150,8 @@ class Membership:
                                        self.stats, config.tuning.meta_pull_retry_s)
         self._updates = Updates(local.node_id, local.name, config, self._roster, self._detector,
                                 self._gossip, self._book, self._proofs, self.stats)
+        self._prober = Prober(local.node_id, self._detector, self._roster, self._gossip,
+                              self._requests, config.tuning.meta_inline_bytes)
         self._leave = LeaveHandshake()
         self._sync = AntiEntropy(config, rng, self._own, self._leave, self._roster,
                                  self._requests, self._updates, self._book,
@@ -514,16 +514,11 @@ class Membership:
             self._send_join(now, out)
         if self._leave.due(now):
             self._ask_again_to_note_leave(now, out)
-        for r in detector.due_relays(now):
-            self._send(out, r.requester_addr, [Nack(r.req_seq)], _NACK_ITEM)
-            detector.relay_failed(r.target, now)
+        self._prober.expire_relays(now, self._clock, out)
         if not leaving:
-            p = detector.probe
-            if p is not None:
-                if p.phase == DIRECT and now >= p.direct_deadline:
-                    self._go_indirect(p, now, out)
-                if p.phase == INDIRECT and now >= p.final_deadline:
-                    self._apply(detector.finish_probe(False, now), now, out)
+            verdict = self._prober.timeouts(now, self._clock, out)
+            if verdict is not None:
+                self._apply(verdict, now, out)
             if detector.suspicions:
                 for node in detector.expire(now):
                     self._updates.declare_dead(node, now, out)
@@ -557,43 +552,7 @@ class Membership:
 
     def _start_probe(self, now: float, out: list[Effect]) -> None:
         self._book.retry(now, out)
-        p = self._detector.start_probe(now)
-        if p is None:
-            return
-        msgs: list[Any] = [Ping(p.seq, p.target, self.node_id)]
-        size = _PING_ITEM
-        news = self._news_about(p.target)
-        if news is not None:
-            msgs.append(news)
-            size += item_bytes(news)
-        self._send(out, p.addr, msgs, size)
-        if p.watch:  # a suspect: ask the helpers at once
-            self._go_indirect(p, now, out, stream=False)
-
-    def _news_about(self, node: bytes) -> Any | None:
-        """What a ping to ``node`` should tell it about itself (the buddy rule)."""
-        e = self._roster.get(node)
-        if e is None:
-            return None
-        if e.state == SUSPECT:
-            s = self._detector.suspicions.get(node)
-            source = s.first_source if s is not None else self.node_id
-            return Suspect(node, e.incarnation, source)
-        if e.state == DEAD:
-            return Dead(node, e.incarnation, self.node_id)
-        return None
-
-    def _go_indirect(self, p: Probe, now: float, out: list[Effect], *,
-                     stream: bool = True) -> None:
-        helpers = self._detector.go_indirect(p)
-        e = self._roster.get(p.target)
-        incarnation = e.incarnation if e is not None else 0
-        for helper in helpers:
-            req = PingReq(p.seq, p.target, p.addr, self.node_id, incarnation)
-            self._send(out, self._roster.members[helper].addr, [req], item_bytes(req))
-        if stream:
-            rid = self._requests.new("ping", p.addr, p.seq, now)
-            out.append(StreamRequest(p.addr, Ping(p.seq, p.target, self.node_id), rid))
+        self._prober.start(now, self._clock, out)
 
     def _apply(self, verdict: Verdict, now: float, out: list[Effect]) -> None:
         """Do what the failure detector's verdict on a fellow says."""
@@ -604,8 +563,8 @@ class Membership:
                 e.last_heard = now
         elif kind == "suspect":
             assert e is not None
-            self._updates.start_suspicion(target, e.incarnation, self.node_id, verdict.start_s, now,
-                                  out, silent_since=verdict.silent_since_s)
+            self._updates.start_suspicion(target, e.incarnation, self.node_id, verdict.start_s,
+                                          now, out, silent_since=verdict.silent_since_s)
             if verdict.nobody_listens:
                 self._detector.nobody_listens(target)
         elif kind in ("confirm", "declare"):
@@ -646,10 +605,6 @@ class Membership:
         version): a refutation then does not take it out of the queue. Later Alives only
         announce the version, so refutations stay small."""
         self._own.meta_news_until = now + self._gossip.limit() * self.config.gossip_interval_s
-
-    def _inline_meta(self, metadata: bytes, signature: bytes | None
-                     ) -> tuple[bytes, bytes | None]:
-        return meta.inline(metadata, signature, self.tuning.meta_inline_bytes)
 
     def _refute(self, seen_incarnation: int, accuser: bytes | None, sender_addr: str,
                 now: float, out: list[Effect]) -> None:
@@ -705,63 +660,34 @@ class Membership:
             e = self._roster.get(msg.source)  # leaving together each wait for the others')
             if e is None or e.state != LEFT:
                 return
-        self._heard(msg.source, now)
+        self._prober.heard(msg.source, now)
         msgs: list[Any] = [Ack(msg.seq)]
-        size = _ACK_ITEM
+        size = ACK_ITEM
         if self._reply_extra and addr == self._replying_to:
             msgs.extend(self._reply_extra)
             size += sum(item_bytes(m) for m in self._reply_extra)
             self._reply_extra = []
-        news = self._news_about(msg.source)  # tell a suspect who pings us, too
+        news = self._prober.news_about(msg.source)  # tell a suspect who pings us, too
         if news is not None:
             msgs.append(news)
             size += item_bytes(news)
-        self._send(out, addr, msgs, size)
+        self._gossip.send(out, addr, msgs, size, self._clock)
 
     def _on_ack(self, msg: Ack, addr: str, now: float, out: list[Effect]) -> None:
         if self._leave.acknowledged(msg.seq):
             return
-        p = self._detector.probe
-        if p is not None and msg.seq == p.seq:
-            if p.phase == DIRECT:
-                p.direct_ok = True
-            self._apply(self._detector.finish_probe(True, now), now, out)
-            return
-        r = self._detector.relays.pop(msg.seq, None)
-        if r is not None:
-            self._heard(r.target, now)
-            self._send(out, r.requester_addr, [Ack(r.req_seq)], _ACK_ITEM)
+        verdict = self._prober.on_ack(msg, now, self._clock, out)
+        if verdict is not None:
+            self._apply(verdict, now, out)
 
     def _on_nack(self, msg: Nack, addr: str, now: float, out: list[Effect]) -> None:
-        p = self._detector.probe
-        if p is not None and msg.seq == p.seq:
-            p.nacks += 1
-            if p.nacks >= p.expected_nacks:  # every helper failed too: no need to wait
-                self._apply(self._detector.finish_probe(False, now), now, out)
+        verdict = self._prober.on_nack(msg, now)
+        if verdict is not None:
+            self._apply(verdict, now, out)
 
     def _on_ping_req(self, msg: PingReq, addr: str, now: float, out: list[Effect]) -> None:
-        if self._leave.leaving:
-            return
-        self._heard(msg.source, now)
-        e = self._roster.get(msg.target)
-        if e is not None and e.state in GONE:
-            news = Dead(e.node, e.incarnation, self.node_id) if e.state == DEAD \
-                else Left(e.node, e.incarnation)
-            self._send(out, addr, [Nack(msg.seq), news], _NACK_ITEM + item_bytes(news))
-            return
-        if e is not None and e.incarnation > msg.incarnation:
-            # the asker missed a refutation (or a rejoin): tell it, it may be all it needs
-            held = e.meta_signature if e.meta_version == e.alive_meta_version else None
-            alive = e.alive(self._inline_meta(e.metadata, held))
-            out.append(SendDatagram(addr, (alive,)))
-        seq = self._detector.relay(addr, msg.seq, msg.target, now)
-        msgs: list[Any] = [Ping(seq, msg.target, self.node_id)]
-        size = _PING_ITEM
-        about = self._news_about(msg.target)
-        if about is not None:
-            msgs.append(about)
-            size += item_bytes(about)
-        self._send(out, msg.target_addr, msgs, size)
+        if not self._leave.leaving:
+            self._prober.relay(msg, addr, now, self._clock, out)
 
     def _on_alive(self, msg: Alive, addr: str, now: float, out: list[Effect]) -> None:
         if msg.node != self.node_id:
@@ -806,13 +732,7 @@ class Membership:
         self._roster.changed(self.node_id, roster)
 
     def _heard(self, node: bytes, now: float) -> None:
-        e = self._roster.get(node)
-        if e is not None:
-            e.last_heard = now
-            self._detector.streak.pop(node, None)
-
-    def _send(self, out: list[Effect], addr: str, msgs: list[Any], size: int) -> None:
-        self._gossip.send(out, addr, msgs, size, self._clock)
+        self._prober.heard(node, now)
 
     # --- joining -----------------------------------------------------------------------
 
