@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from p2pswarm.config import GossipConfig
 from p2pswarm.effects import Effect, Event, EventKind, SendDatagram
 from p2pswarm.membership.broadcasts import ENVELOPE_BYTES, BroadcastQueue
+from p2pswarm.membership.clock import Clock
 from p2pswarm.membership.roster import Entry, Roster
 from p2pswarm.membership.timing import retransmit_limit
 
@@ -27,16 +28,18 @@ if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or n
 
 
 class Dissemination:
-    __slots__ = ("_budget", "_config", "_rng", "_roster", "next_gossip_at", "queue", "quiet")
+    __slots__ = ("_budget", "_clock", "_config", "_rng", "_roster", "next_gossip_at", "queue",
+                 "quiet")
 
-    def __init__(self, config: GossipConfig, rng: Random, roster: Roster, budget_bytes: int,
-                 now: float) -> None:
+    def __init__(self, config: GossipConfig, rng: Random, roster: Roster, clock: Clock,
+                 budget_bytes: int) -> None:
         self._config = config
+        self._clock = clock
         self._rng = rng
         self._roster = roster
         self._budget = budget_bytes
         self.queue = BroadcastQueue(config.tuning.linger_s)
-        self.next_gossip_at = now
+        self.next_gossip_at = clock.now
         self.quiet = False
 
     def limit(self) -> int:
@@ -52,11 +55,10 @@ class Dissemination:
         if not self.quiet:
             out.append(Event(kind, e.node, e.name, detail, e.incarnation, by))
 
-    def send(self, out: list[Effect], addr: str, msgs: list[Any], size: int,
-             clock: float) -> None:
+    def send(self, out: list[Effect], addr: str, msgs: list[Any], size: int) -> None:
         """``msgs`` (``size`` item bytes) to ``addr``, with what updates fit beside them."""
         extra = self.queue.take(self._budget - ENVELOPE_BYTES - size, self.limit(),
-                                clock, to=addr)
+                                self._clock.now, to=addr)
         if extra:
             msgs.extend(extra)
         out.append(SendDatagram(addr, tuple(msgs)))

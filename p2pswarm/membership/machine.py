@@ -47,6 +47,7 @@ from p2pswarm.config import GossipConfig, GossipTuning
 from p2pswarm.effects import Effect, Event, SendDatagram, StreamRequest
 from p2pswarm.membership import metadata as meta
 from p2pswarm.membership.broadcasts import item_bytes
+from p2pswarm.membership.clock import Clock
 from p2pswarm.membership.detector import FailureDetector, Verdict
 from p2pswarm.membership.dissemination import Dissemination
 from p2pswarm.membership.join import Join
@@ -99,8 +100,7 @@ def _entry(method: Callable[Concatenate[Membership, _P], _R]
     moves the machine's clock forward before anything else."""
 
     def entry(self: Membership, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        now = cast(float, kwargs["now"] if "now" in kwargs else args[-1])
-        self._clock = max(self._clock, now)
+        self._clock.advance(cast(float, kwargs["now"] if "now" in kwargs else args[-1]))
         return method(self, *args, **kwargs)
 
     functools.update_wrapper(entry, method)
@@ -124,10 +124,11 @@ class Membership:
         datagram_budget_bytes: int = 1340,
         epoch: int = 0,
     ) -> None:
-        self._own = OwnRecord(local, sign, incarnation, metadata, epoch)
+        self._clock = Clock(now)  # the latest `now` we were given
+        self._own = OwnRecord(local, sign, self._clock, config.tuning.meta_inline_bytes,
+                              incarnation=incarnation, metadata=metadata, epoch=epoch)
         self.config = config
         self.rng = rng
-        self._clock = now  # the latest `now` we were given
         self.stats: dict[str, int] = {
             "probes": 0, "probes_failed": 0, "probes_inconclusive": 0, "suspicions_raised": 0,
             "confirmations_sent": 0, "dead_declared": 0, "refutations": 0, "syncs": 0,
@@ -144,7 +145,8 @@ class Membership:
         self._detector = FailureDetector(local.node_id, config, rng, self._roster, self.stats,
                                          next_probe_at=next_probe_at,
                                          seq=rng.randrange(SEQ_MOD), now=now)
-        self._gossip = Dissemination(config, rng, self._roster, datagram_budget_bytes, now)
+        self._gossip = Dissemination(config, rng, self._roster, self._clock,
+                                     datagram_budget_bytes)
         self._requests = StreamRequests()
         self._book = meta.MetadataBook(self._roster, self._proofs, self._requests, self._gossip,
                                        self.stats, config.tuning.meta_pull_retry_s)
@@ -380,8 +382,8 @@ class Membership:
         """Queued updates fitting in ``budget_bytes`` (item bytes, envelope not included),
         to ride on a datagram the driver sends anyway."""
         if now is not None:  # an entry point whose time is optional
-            self._clock = max(self._clock, now)
-        return self._gossip.queue.take(budget_bytes, self._gossip.limit(), self._clock)
+            self._clock.advance(now)
+        return self._gossip.queue.take(budget_bytes, self._gossip.limit(), self._clock.now)
 
     @_entry
     def handle(self, message: Any, sender_addr: str, now: float) -> list[Effect]:
@@ -514,9 +516,9 @@ class Membership:
             self._send_join(now, out)
         if self._leave.due(now):
             self._ask_again_to_note_leave(now, out)
-        self._prober.expire_relays(now, self._clock, out)
+        self._prober.expire_relays(now, out)
         if not leaving:
-            verdict = self._prober.timeouts(now, self._clock, out)
+            verdict = self._prober.timeouts(now, out)
             if verdict is not None:
                 self._apply(verdict, now, out)
             if detector.suspicions:
@@ -552,7 +554,7 @@ class Membership:
 
     def _start_probe(self, now: float, out: list[Effect]) -> None:
         self._book.retry(now, out)
-        self._prober.start(now, self._clock, out)
+        self._prober.start(now, out)
 
     def _apply(self, verdict: Verdict, now: float, out: list[Effect]) -> None:
         """Do what the failure detector's verdict on a fellow says."""
@@ -579,7 +581,7 @@ class Membership:
     # --- refutation --------------------------------------------------------------------
 
     def _alive_msg(self) -> Alive:
-        return self._own.alive(self._clock, self.tuning.meta_inline_bytes)
+        return self._own.alive()
 
     def alive_proven(self, msg: Alive) -> bool:
         """Whether ``msg`` carries its owner's valid signature (cached)."""
@@ -671,12 +673,12 @@ class Membership:
         if news is not None:
             msgs.append(news)
             size += item_bytes(news)
-        self._gossip.send(out, addr, msgs, size, self._clock)
+        self._gossip.send(out, addr, msgs, size)
 
     def _on_ack(self, msg: Ack, addr: str, now: float, out: list[Effect]) -> None:
         if self._leave.acknowledged(msg.seq):
             return
-        verdict = self._prober.on_ack(msg, now, self._clock, out)
+        verdict = self._prober.on_ack(msg, now, out)
         if verdict is not None:
             self._apply(verdict, now, out)
 
@@ -687,7 +689,7 @@ class Membership:
 
     def _on_ping_req(self, msg: PingReq, addr: str, now: float, out: list[Effect]) -> None:
         if not self._leave.leaving:
-            self._prober.relay(msg, addr, now, self._clock, out)
+            self._prober.relay(msg, addr, now, out)
 
     def _on_alive(self, msg: Alive, addr: str, now: float, out: list[Effect]) -> None:
         if msg.node != self.node_id:

@@ -10,6 +10,7 @@ only announce the version, so refutations stay small.
 
 from __future__ import annotations
 
+from p2pswarm.membership.clock import Clock
 from p2pswarm.membership.member import LocalNode, Member, MemberState
 from p2pswarm.membership.metadata import inline
 from p2pswarm.membership.proofs import (
@@ -24,12 +25,14 @@ from p2pswarm.wire.gossip import Alive, MemberRecord, MemberSummary
 
 
 class OwnRecord:
-    __slots__ = ("_signatures", "epoch", "incarnation", "local", "meta_news_until",
-                 "meta_signature", "meta_version", "metadata")
+    __slots__ = ("_clock", "_inline_bytes", "_signatures", "epoch", "incarnation", "local",
+                 "meta_news_until", "meta_signature", "meta_version", "metadata")
 
-    def __init__(self, local: LocalNode, sign: Signer, incarnation: int, metadata: bytes,
-                 epoch: int) -> None:
+    def __init__(self, local: LocalNode, sign: Signer, clock: Clock, inline_bytes: int, *,
+                 incarnation: int, metadata: bytes, epoch: int) -> None:
         self.local = local
+        self._clock = clock
+        self._inline_bytes = inline_bytes  # metadata up to this size rides in our Alive
         self._signatures = OwnSignatures(sign)
         self.epoch = epoch  # our datagram epoch, signed into our Alive
         self.incarnation = incarnation
@@ -48,11 +51,11 @@ class OwnRecord:
                                        loc.public_key, self.meta_version, loc.priority,
                                        self.epoch))
 
-    def alive(self, clock: float, inline_bytes: int) -> Alive:
-        """Our Alive at ``clock``, with our metadata inline while it is news."""
+    def alive(self) -> Alive:
+        """Our Alive as it stands, with our metadata inline while it is news."""
         loc = self.local
-        metadata = inline(self.metadata, self.meta_signature, inline_bytes) \
-            if clock < self.meta_news_until else (b"", None)
+        metadata = inline(self.metadata, self.meta_signature, self._inline_bytes) \
+            if self._clock.now < self.meta_news_until else (b"", None)
         return Alive(loc.node_id, self.incarnation, loc.name, loc.addr, loc.public_key,
                      self.meta_version, loc.priority, *metadata, self.epoch, self.sign_alive())
 

@@ -61,8 +61,7 @@ class Prober:
             return Dead(node, e.incarnation, self._node_id)
         return None
 
-    def _ping(self, seq: int, target: bytes, addr: str, clock: float,
-              out: list[Effect]) -> None:
+    def _ping(self, seq: int, target: bytes, addr: str, out: list[Effect]) -> None:
         """Our ping ``seq`` to ``target`` at ``addr``, with its news about itself."""
         msgs: list[Any] = [Ping(seq, target, self._node_id)]
         size = PING_ITEM
@@ -70,18 +69,18 @@ class Prober:
         if news is not None:
             msgs.append(news)
             size += item_bytes(news)
-        self._dissemination.send(out, addr, msgs, size, clock)
+        self._dissemination.send(out, addr, msgs, size)
 
-    def start(self, now: float, clock: float, out: list[Effect]) -> None:
+    def start(self, now: float, out: list[Effect]) -> None:
         """Start the next probe, if the detector finds a target."""
         p = self._detector.start_probe(now)
         if p is None:
             return
-        self._ping(p.seq, p.target, p.addr, clock, out)
+        self._ping(p.seq, p.target, p.addr, out)
         if p.watch:  # a suspect: ask the helpers at once
-            self.go_indirect(p, now, clock, out, stream=False)
+            self.go_indirect(p, now, out, stream=False)
 
-    def go_indirect(self, p: Probe, now: float, clock: float, out: list[Effect], *,
+    def go_indirect(self, p: Probe, now: float, out: list[Effect], *,
                     stream: bool = True) -> None:
         helpers = self._detector.go_indirect(p)
         e = self._roster.get(p.target)
@@ -89,23 +88,23 @@ class Prober:
         for helper in helpers:
             req = PingReq(p.seq, p.target, p.addr, self._node_id, incarnation)
             self._dissemination.send(out, self._roster.members[helper].addr, [req],
-                                     item_bytes(req), clock)
+                                     item_bytes(req))
         if stream:
             rid = self._requests.new("ping", p.addr, p.seq, now)
             out.append(StreamRequest(p.addr, Ping(p.seq, p.target, self._node_id), rid))
 
-    def timeouts(self, now: float, clock: float, out: list[Effect]) -> Verdict | None:
+    def timeouts(self, now: float, out: list[Effect]) -> Verdict | None:
         """The probe in flight past a deadline: ask the helpers, or end it as failed."""
         p = self._detector.probe
         if p is None:
             return None
         if p.phase == DIRECT and now >= p.direct_deadline:
-            self.go_indirect(p, now, clock, out)
+            self.go_indirect(p, now, out)
         if p.phase == INDIRECT and now >= p.final_deadline:
             return self._detector.finish_probe(False, now)
         return None
 
-    def on_ack(self, msg: Ack, now: float, clock: float, out: list[Effect]) -> Verdict | None:
+    def on_ack(self, msg: Ack, now: float, out: list[Effect]) -> Verdict | None:
         """An ack: of our probe (its verdict), or of a ping we relayed (passed on)."""
         p = self._detector.probe
         if p is not None and msg.seq == p.seq:
@@ -115,7 +114,7 @@ class Prober:
         r = self._detector.relays.pop(msg.seq, None)
         if r is not None:
             self.heard(r.target, now)
-            self._dissemination.send(out, r.requester_addr, [Ack(r.req_seq)], ACK_ITEM, clock)
+            self._dissemination.send(out, r.requester_addr, [Ack(r.req_seq)], ACK_ITEM)
         return None
 
     def on_nack(self, msg: Nack, now: float) -> Verdict | None:
@@ -127,8 +126,7 @@ class Prober:
                 return self._detector.finish_probe(False, now)
         return None
 
-    def relay(self, msg: PingReq, addr: str, now: float, clock: float,
-              out: list[Effect]) -> None:
+    def relay(self, msg: PingReq, addr: str, now: float, out: list[Effect]) -> None:
         """A fellow at ``addr`` asks us to ping its target."""
         self.heard(msg.source, now)
         e = self._roster.get(msg.target)
@@ -136,7 +134,7 @@ class Prober:
             news = Dead(e.node, e.incarnation, self._node_id) if e.state == DEAD \
                 else Left(e.node, e.incarnation)
             self._dissemination.send(out, addr, [Nack(msg.seq), news],
-                                     NACK_ITEM + item_bytes(news), clock)
+                                     NACK_ITEM + item_bytes(news))
             return
         if e is not None and e.incarnation > msg.incarnation:
             # the asker missed a refutation (or a rejoin): tell it, it may be all it needs
@@ -144,13 +142,13 @@ class Prober:
             alive = e.alive(inline(e.metadata, held, self._inline_bytes))
             out.append(SendDatagram(addr, (alive,)))
         seq = self._detector.relay(addr, msg.seq, msg.target, now)
-        self._ping(seq, msg.target, msg.target_addr, clock, out)
+        self._ping(seq, msg.target, msg.target_addr, out)
 
-    def expire_relays(self, now: float, clock: float, out: list[Effect]) -> None:
+    def expire_relays(self, now: float, out: list[Effect]) -> None:
         """Relayed pings that went unanswered: each owes its asker a nack."""
         detector = self._detector
         for r in detector.due_relays(now):
-            self._dissemination.send(out, r.requester_addr, [Nack(r.req_seq)], NACK_ITEM, clock)
+            self._dissemination.send(out, r.requester_addr, [Nack(r.req_seq)], NACK_ITEM)
             detector.relay_failed(r.target, now)
 
 
