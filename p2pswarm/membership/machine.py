@@ -62,9 +62,10 @@ from p2pswarm.membership.proofs import (
     Verifier,
     meta_signed_bytes,
 )
+from p2pswarm.membership.refutation import Refuter
 from p2pswarm.membership.requests import StreamRequests
 from p2pswarm.membership.roster import Roster
-from p2pswarm.membership.states import ALIVE, INF, LEFT, PRESENT, SEQ_MOD
+from p2pswarm.membership.states import ALIVE, INF, LEFT, SEQ_MOD
 from p2pswarm.membership.sync import AntiEntropy, record_alive
 from p2pswarm.membership.updates import Updates
 from p2pswarm.wire.gossip import (  # importing it registers the messages with the codec
@@ -159,11 +160,9 @@ class Membership:
                                  self._requests, self._updates, self._book,
                                  next_sync_at=next_sync_at, next_reconnect_at=next_reconnect_at)
         self._join = Join(config)
-        self._refute_streamed: dict[bytes, float] = {}
-        self._proof_asked: dict[str, float] = {}  # addr -> when we last asked it
-        # the datagram in hand carries a ping from this address: what to add to the ack
-        self._replying_to: str | None = None
-        self._reply_extra: list[Any] = []
+        self._refuter = Refuter(config, self._own, self._leave, self._detector.awareness,
+                                self._roster, self._gossip, self._requests, self._updates,
+                                self.stats)
         self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
             Ping: self._on_ping, Ack: self._on_ack, Nack: self._on_nack,
             PingReq: self._on_ping_req, Alive: self._on_alive, Suspect: self._on_suspect,
@@ -402,7 +401,7 @@ class Membership:
         ack of a ping carries the refutation of a suspicion that came with it."""
         out: list[Effect] = []
         pings = [m for m in messages if type(m) is Ping]
-        self._replying_to = sender_addr if pings else None
+        self._refuter.replying_to = sender_addr if pings else None
         self._received(sender_addr, now, out)
         for msg in messages:
             if type(msg) is not Ping:
@@ -411,8 +410,7 @@ class Membership:
                     handler(msg, sender_addr, now, out)
         for msg in pings:
             self._on_ping(msg, sender_addr, now, out)
-        self._replying_to = None
-        self._reply_extra = []
+        self._refuter.replied()
         return out
 
     def _received(self, sender_addr: str, now: float, out: list[Effect]) -> None:
@@ -422,7 +420,7 @@ class Membership:
         if self._detector.heard_datagram(now) and self._join.joined \
                 and not self._leave.leaving:
             self.stats["refutations_unasked"] += 1
-            self._refute(self.incarnation, None, sender_addr, now, out)
+            self._refuter.refute(self.incarnation, None, sender_addr, now, out)
 
     def handle_reply(self, request_id: int, reply: Any, now: float) -> list[Effect]:
         """The reply to ``StreamRequest`` ``request_id``."""
@@ -587,68 +585,11 @@ class Membership:
         """Whether ``msg`` carries its owner's valid signature (cached)."""
         return self._proofs.alive(msg)
 
-    def _about_us(self, incarnation: int, addr: str, now: float, out: list[Effect]) -> int:
-        """A verdict about us above our incarnation: honest fellows only know numbers we
-        signed, so after a restart the sender holds our signed record from before. Ask
-        it for that record (its answer, proven, lets us refute above it) and meanwhile
-        count the claim at our own incarnation."""
-        if incarnation > self.incarnation and addr and not self._leave.leaving:
-            if now - self._proof_asked.get(addr, -INF) >= self.config.probe_interval_s:
-                self._proof_asked[addr] = now
-                if len(self._proof_asked) > 256:
-                    del self._proof_asked[next(iter(self._proof_asked))]
-                rid = self._requests.new("sync", addr, None, now)
-                out.append(StreamRequest(addr, SyncRecords(
-                    self.node_id, (self.self_record(),), (self.node_id,)), rid))
-        return self._updates.claimed(incarnation, self.incarnation)
-
     def _news_of_metadata(self, now: float) -> None:
         """Our Alives carry our metadata while gossip spreads its news (a join or a new
         version): a refutation then does not take it out of the queue. Later Alives only
         announce the version, so refutations stay small."""
         self._own.meta_news_until = now + self._gossip.limit() * self.config.gossip_interval_s
-
-    def _refute(self, seen_incarnation: int, accuser: bytes | None, sender_addr: str,
-                now: float, out: list[Effect]) -> None:
-        if self._leave.leaving:
-            return
-        if seen_incarnation < self.incarnation:
-            # old news: the sender missed our refutation; tell it again, first hand
-            if sender_addr:
-                self._answer_with_alive(sender_addr, out)
-            return
-        if seen_incarnation >= U32_MAX:  # cannot be outdone: saturate, never overflow
-            self.stats["incarnation_exhausted"] += 1
-            return
-        self._own.incarnation = seen_incarnation + 1
-        self._detector.awareness.apply(1)
-        self.stats["refutations"] += 1
-        alive = self._alive_msg()
-        self._gossip.queue.add(self.node_id, alive)
-        self._changed(roster=False)
-        out.append(Event(fx.REFUTED, self.node_id, self.local.name,
-                         f"refuted a suspicion by {self._updates.name_of(accuser)}"
-                         if accuser else "refuted", self.incarnation, accuser or b""))
-        if sender_addr:
-            self._answer_with_alive(sender_addr, out)
-        if accuser is not None and accuser != self.node_id and self.tuning.refute_by_stream:
-            acc = self._roster.get(accuser)
-            if acc is not None and acc.state in PRESENT:
-                last = self._refute_streamed.get(accuser, -INF)
-                if now - last >= self.config.probe_interval_s:
-                    self._refute_streamed[accuser] = now
-                    rid = self._requests.new("refute", acc.addr, None, now)
-                    out.append(StreamRequest(acc.addr, alive, rid))
-
-    def _answer_with_alive(self, addr: str, out: list[Effect]) -> None:
-        """Send our current ``Alive`` to ``addr``: on the ack we are about to send if the
-        news came with a ping, else in a datagram of its own."""
-        alive = self._alive_msg()
-        if addr == self._replying_to:
-            if alive not in self._reply_extra:
-                self._reply_extra.append(alive)
-        else:
-            out.append(SendDatagram(addr, (alive,)))
 
     # --- incoming ----------------------------------------------------------------------
 
@@ -665,10 +606,10 @@ class Membership:
         self._prober.heard(msg.source, now)
         msgs: list[Any] = [Ack(msg.seq)]
         size = ACK_ITEM
-        if self._reply_extra and addr == self._replying_to:
-            msgs.extend(self._reply_extra)
-            size += sum(item_bytes(m) for m in self._reply_extra)
-            self._reply_extra = []
+        riders = self._refuter.riders(addr)  # our refutation, if the ping told us news
+        if riders:
+            msgs.extend(riders)
+            size += sum(item_bytes(m) for m in riders)
         news = self._prober.news_about(msg.source)  # tell a suspect who pings us, too
         if news is not None:
             msgs.append(news)
@@ -703,25 +644,25 @@ class Membership:
         if msg.incarnation > self.incarnation or (
                 msg.incarnation == self.incarnation
                 and (msg.addr != self.local.addr or msg.public_key != self.local.public_key)):
-            self._refute(msg.incarnation, None, "", now, out)
+            self._refuter.refute(msg.incarnation, None, "", now, out)
 
     def _on_suspect(self, msg: Suspect, addr: str, now: float, out: list[Effect]) -> None:
         if msg.node == self.node_id:
-            self._refute(self._about_us(msg.incarnation, addr, now, out), msg.source, addr,
+            self._refuter.refute(self._refuter.about_us(msg.incarnation, addr, now, out), msg.source, addr,
                          now, out)
         else:
             self._updates.suspect(msg, now, out)
 
     def _on_dead(self, msg: Dead, addr: str, now: float, out: list[Effect]) -> None:
         if msg.node == self.node_id:
-            self._refute(self._about_us(msg.incarnation, addr, now, out), msg.source, addr,
+            self._refuter.refute(self._refuter.about_us(msg.incarnation, addr, now, out), msg.source, addr,
                          now, out)
         else:
             self._updates.dead(msg, now, out)
 
     def _on_left(self, msg: Left, addr: str, now: float, out: list[Effect]) -> None:
         if msg.node == self.node_id:
-            self._refute(self._about_us(msg.incarnation, addr, now, out), None, addr, now, out)
+            self._refuter.refute(self._refuter.about_us(msg.incarnation, addr, now, out), None, addr, now, out)
         else:
             self._updates.left(msg, now, out)
 
@@ -783,7 +724,7 @@ class Membership:
             if r.incarnation >= self.incarnation and (
                     r.state != ALIVE or r.incarnation > self.incarnation
                     or r.addr != self.local.addr):
-                self._refute(r.incarnation, None, "", now, out)
+                self._refuter.refute(r.incarnation, None, "", now, out)
 
     # --- metadata ----------------------------------------------------------------------
 
