@@ -3,37 +3,33 @@
 Theory of operation.
 
 The machine takes in messages, replies and ticks, and gives back effects (datagrams,
-stream requests, events). It holds this node's own record (incarnation, metadata, its
-signed ``Alive``) and the clock, and applies what its parts decide, each of which lives
-in a module of its own, as memberlist splits its ``state.go``:
+stream requests, events). It routes each message to the part it concerns, applies what
+the parts decide, and answers news about this node itself (it refutes, or publishes its
+metadata again above an old life's). Each part lives in a module of its own, with its
+own theory of operation, as memberlist splits its ``state.go``, ``suspicion.go``,
+``awareness.go`` and ``queue.go``; the leaves first:
 
+- ``states``: the states and constants the parts share (so none imports the machine);
+  ``clock``: the latest ``now``; ``requests``: the stream requests in flight;
 - ``roster``: the fellows (one ``Entry`` each), the probe ring, the live set, the reaps
   and the versions a view is read by;
-- ``detector``: probing, doubt, watching, suspicions and local health; a probe that ends
-  gives a ``Verdict`` (healthy, doubt, suspect, confirm, declare, ...) applied here;
-- ``suspicion``: one suspicion's bounds, timer and confirmations;
-- ``awareness``: Lifeguard's local health score;
-- ``broadcasts``: the queue of updates waiting to be piggybacked;
-- ``leave``, ``join``, ``sync`` (anti-entropy), ``metadata``: each its book and its
-  theory of operation;
-- ``requests``: the stream requests in flight; ``proofs``: what fellows sign, checked;
-- ``states``: the states and constants they share, so no part imports the machine.
+- ``suspicion``: one suspicion's bounds, timer and confirmations; ``awareness``:
+  Lifeguard's local health score;
+- ``detector``: probing, doubt, watching, suspicions and the dead verdict; a probe that
+  ends gives a ``Verdict`` (healthy, doubt, suspect, confirm, declare, ...) that the
+  machine applies; ``prober``: the datagrams the detector plans, and relayed pings;
+- ``broadcasts``: the queue of updates; ``dissemination``: piggybacking and gossip rounds;
+- ``updates``: what news about a fellow does to the view of it (alive, suspect, dead,
+  left, reaped);
+- ``own``: this node's own record and signed ``Alive``; ``refutation``: its answer to
+  news about itself; ``proofs``: what fellows sign, checked;
+- ``metadata``, ``leave``, ``join``, ``sync`` (anti-entropy): each its book and its
+  exchange.
 
-Refutation. A suspected fellow raises its incarnation and says ``Alive``: on the ack of
-the very ping that told it, by gossip, straight back to whoever sent the news, and pushed
-over a stream to its accuser. A fellow whose probes heard nothing for a while (its radio
-was out) refutes unasked with the first datagram it hears again. Old news about itself
-is answered with its current ``Alive`` rather than a new incarnation.
-
-Dissemination. Updates (``Alive``, ``Suspect``, ``Dead``, ``Left``) wait in a queue, one
-per fellow, and ride on every datagram this node sends, least-sent first, as many as fit
-the datagram budget; a gossip round every gossip interval sends them to a few random
-fellows (twice as many when news is unsent; now and then a recently dead one, which may
-refute). Each is sent ``retransmit_mult * ceil(log10(N + 1))`` times, then lingers a few
-seconds more where a probe or an ack has room, for whoever missed the wave.
-
-Time comes in as ``now`` on every call (an entry point moves the clock forward once,
-``_entry``); randomness from the injected ``random.Random``, drawn in one fixed order.
+Time comes in as ``now`` on every call: an entry point (``_entry``) moves the clock
+forward once, before anything else. Randomness comes from the injected ``random.Random``,
+drawn in one fixed order (the constructor's draws included), so a seeded run replays
+exactly.
 """
 
 from __future__ import annotations
@@ -576,7 +572,7 @@ class Membership:
             if kind == "declare":
                 self._updates.declare_dead(target, now, out)
 
-    # --- refutation --------------------------------------------------------------------
+    # --- this node --------------------------------------------------------------------
 
     def _alive_msg(self) -> Alive:
         return self._own.alive()
@@ -648,21 +644,19 @@ class Membership:
 
     def _on_suspect(self, msg: Suspect, addr: str, now: float, out: list[Effect]) -> None:
         if msg.node == self.node_id:
-            self._refuter.refute(self._refuter.about_us(msg.incarnation, addr, now, out), msg.source, addr,
-                         now, out)
+            self._refuter.news_about_us(msg.incarnation, msg.source, addr, now, out)
         else:
             self._updates.suspect(msg, now, out)
 
     def _on_dead(self, msg: Dead, addr: str, now: float, out: list[Effect]) -> None:
         if msg.node == self.node_id:
-            self._refuter.refute(self._refuter.about_us(msg.incarnation, addr, now, out), msg.source, addr,
-                         now, out)
+            self._refuter.news_about_us(msg.incarnation, msg.source, addr, now, out)
         else:
             self._updates.dead(msg, now, out)
 
     def _on_left(self, msg: Left, addr: str, now: float, out: list[Effect]) -> None:
         if msg.node == self.node_id:
-            self._refuter.refute(self._refuter.about_us(msg.incarnation, addr, now, out), None, addr, now, out)
+            self._refuter.news_about_us(msg.incarnation, None, addr, now, out)
         else:
             self._updates.left(msg, now, out)
 
