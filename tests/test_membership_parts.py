@@ -8,6 +8,7 @@ import random
 import pytest
 
 from p2pswarm.config import GossipConfig
+from p2pswarm.effects import Effect, SendDatagram
 from p2pswarm.membership.clock import Clock
 from p2pswarm.membership.detector import FailureDetector
 from p2pswarm.membership.leave import LeaveHandshake
@@ -15,6 +16,7 @@ from p2pswarm.membership.roster import Entry, Roster
 from p2pswarm.membership.states import ALIVE, DEAD, INF, SUSPECT
 from p2pswarm.membership.suspicion import Suspicion, suspicion_bounds
 from p2pswarm.membership.timing import suspicion_timeout_s
+from p2pswarm.wire.gossip import Left, Ping
 
 A, B, C, ME = b"a" * 16, b"b" * 16, b"c" * 16, b"m" * 16
 
@@ -55,19 +57,25 @@ def test_suspicion_bounds_grow_with_loss() -> None:
 
 
 def test_the_leave_handshake_spreads_once_enough_fellows_acknowledge() -> None:
-    leave = LeaveHandshake()
+    seqs = iter(range(100))
+    config = GossipConfig(probe_timeout_s=0.5, leave_timeout_s=2.0)
+    roster = _roster((A, ALIVE), (B, ALIVE), (C, ALIVE))
+    leave = LeaveHandshake(config, roster, lambda: next(seqs))
     assert not leave.spread(2, True) and not leave.acknowledged(7)
-    leave.begin(3, 0.0, retry_s=0.5, timeout_s=2.0)
-    for seq, node in enumerate((A, B, C)):
-        leave.asking(node, seq)
+    out: list[Effect] = []
+    goodbye = Left(ME, 4)
+    leave.begin(goodbye, 0.0, out)
+    assert [e.messages for e in out if isinstance(e, SendDatagram)] == [
+        (goodbye, Ping(seq, node, ME)) for seq, node in enumerate((A, B, C))]
     assert leave.deadline() == 0.5 and not leave.due(0.4) and leave.due(0.5)
     assert leave.acknowledged(0) and leave.acknowledged(1) and not leave.acknowledged(9)
     assert not leave.acknowledged(1)  # the same ping acked twice: counted once
     assert leave.acked == 2 and not leave.spread(2, gossip_done=False)
     assert leave.spread(2, gossip_done=True)
-    assert leave.ask_again(1.9, 0.5) == [C]
-    assert leave.deadline() == INF  # the next try would fall past the bound
-    leave.drop(C)
+    roster.live_remove(C)  # found dead meanwhile: it will not answer
+    out.clear()
+    leave.ask_again(goodbye, 1.9, out)
+    assert out == [] and leave.deadline() == INF
     assert leave.spread(5, gossip_done=False)  # nobody left to wait for
 
 

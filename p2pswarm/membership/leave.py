@@ -12,18 +12,28 @@ publishes no new metadata: a new incarnation would undo its goodbye, and it woul
 recorded dead.
 
 This keeps the handshake's book (who was asked under which ping, who acknowledged, when to
-ask again); the machine sends the datagrams.
+ask again) and sends its datagrams; the machine gossips the goodbye.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from p2pswarm.config import GossipConfig
+from p2pswarm.effects import Effect, SendDatagram
+from p2pswarm.membership.roster import Roster
 from p2pswarm.membership.states import INF
+from p2pswarm.wire.gossip import Left, Ping
 
 
 class LeaveHandshake:
-    __slots__ = ("_retry_at", "_seqs", "_until", "_waiting", "acked", "asked", "leaving")
+    __slots__ = ("_config", "_next_seq", "_retry_at", "_roster", "_seqs", "_until", "_waiting",
+                 "acked", "asked", "leaving")
 
-    def __init__(self) -> None:
+    def __init__(self, config: GossipConfig, roster: Roster, next_seq: Callable[[], int]) -> None:
+        self._config = config
+        self._roster = roster
+        self._next_seq = next_seq  # the probes' sequence: an ack names the ping it answers
         self.leaving = False
         self._waiting: dict[bytes, int] = {}  # fellows yet to acknowledge our leave
         self._seqs: dict[int, bytes] = {}  # the pings that rode with it -> fellow
@@ -32,17 +42,23 @@ class LeaveHandshake:
         self._retry_at = INF
         self._until = INF  # no more asking after this
 
-    def begin(self, asked: int, now: float, retry_s: float, timeout_s: float) -> None:
-        """Start leaving, with ``asked`` fellows to ask."""
+    def begin(self, goodbye: Left, now: float, out: list[Effect]) -> None:
+        """Start leaving: ``goodbye`` straight to every live fellow, a ping behind it."""
         self.leaving = True
-        self.asked = asked
-        self._retry_at = now + retry_s
-        self._until = now + timeout_s
+        live = self._roster.live
+        self.asked = len(live)
+        for node in sorted(live):
+            self._ask(node, goodbye, out)
+        self._retry_at = now + self._config.probe_timeout_s
+        self._until = now + self._config.leave_timeout_s
 
-    def asking(self, node: bytes, seq: int) -> None:
-        """``node`` is asked (again) under the ping ``seq``."""
+    def _ask(self, node: bytes, goodbye: Left, out: list[Effect]) -> None:
+        """Our goodbye to ``node`` with a ping behind it: its ack proves it took the news."""
+        seq = self._next_seq()
         self._waiting[node] = seq
         self._seqs[seq] = node
+        out.append(SendDatagram(self._roster.members[node].addr, (
+            goodbye, Ping(seq, node, goodbye.node))))
 
     def due(self, now: float) -> bool:
         return bool(self._waiting) and self._retry_at <= now < self._until
@@ -50,14 +66,14 @@ class LeaveHandshake:
     def deadline(self) -> float:
         return self._retry_at if self._waiting and self._retry_at < self._until else INF
 
-    def ask_again(self, now: float, retry_s: float) -> list[bytes]:
-        """Time to ask again: the fellows still waited for, in order."""
-        self._retry_at = now + retry_s
-        return sorted(self._waiting)
-
-    def drop(self, node: bytes) -> None:
-        """``node`` was found dead or gone meanwhile: it will not answer."""
-        del self._waiting[node]
+    def ask_again(self, goodbye: Left, now: float, out: list[Effect]) -> None:
+        """Time to ask again the fellows still waited for."""
+        self._retry_at = now + self._config.probe_timeout_s
+        for node in sorted(self._waiting):
+            if node in self._roster.live_pos:
+                self._ask(node, goodbye, out)
+            else:  # found dead or gone meanwhile: it will not answer
+                del self._waiting[node]
 
     def acknowledged(self, seq: int) -> bool:
         """An ack for ``seq``; True if it answers a goodbye ping (and is taken here)."""

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 from p2pswarm import effects as fx
 from p2pswarm.config import GossipConfig, GossipTuning
-from p2pswarm.effects import Effect, Event, SendDatagram, StreamRequest
+from p2pswarm.effects import Effect, Event
 from p2pswarm.membership import metadata as meta
 from p2pswarm.membership.broadcasts import item_bytes
 from p2pswarm.membership.clock import Clock
@@ -61,7 +61,7 @@ from p2pswarm.membership.proofs import (
 from p2pswarm.membership.refutation import Refuter
 from p2pswarm.membership.requests import StreamRequests
 from p2pswarm.membership.roster import Roster
-from p2pswarm.membership.states import ALIVE, INF, LEFT, SEQ_MOD
+from p2pswarm.membership.states import ALIVE, COUNTERS, INF, LEFT, SEQ_MOD
 from p2pswarm.membership.sync import AntiEntropy, record_alive
 from p2pswarm.membership.updates import Updates
 from p2pswarm.wire.gossip import (  # importing it registers the messages with the codec
@@ -126,13 +126,7 @@ class Membership:
                               incarnation=incarnation, metadata=metadata, epoch=epoch)
         self.config = config
         self.rng = rng
-        self.stats: dict[str, int] = {
-            "probes": 0, "probes_failed": 0, "probes_inconclusive": 0, "suspicions_raised": 0,
-            "confirmations_sent": 0, "dead_declared": 0, "refutations": 0, "syncs": 0,
-            "bad_signatures": 0, "bad_bindings": 0, "unsigned_alives": 0,
-            "claims_clamped": 0, "incarnation_exhausted": 0, "probes_refused": 0,
-            "refutations_unasked": 0, "late_wakes": 0,
-        }
+        self.stats: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._proofs = ProofCache(verify, self.stats)
         self._roster = Roster(local.node_id, rng)
         # the draws in this order: first probe, first sync, first reconnect, probe seq
@@ -151,11 +145,11 @@ class Membership:
                                 self._gossip, self._book, self._proofs, self.stats)
         self._prober = Prober(local.node_id, self._detector, self._roster, self._gossip,
                               self._requests, config.tuning.meta_inline_bytes)
-        self._leave = LeaveHandshake()
+        self._leave = LeaveHandshake(config, self._roster, self._detector.next_seq)
         self._sync = AntiEntropy(config, rng, self._own, self._leave, self._roster,
                                  self._requests, self._updates, self._book,
                                  next_sync_at=next_sync_at, next_reconnect_at=next_reconnect_at)
-        self._join = Join(config)
+        self._join = Join(config, self._own, self._leave, self._requests)
         self._refuter = Refuter(config, self._own, self._leave, self._detector.awareness,
                                 self._roster, self._gossip, self._requests, self._updates,
                                 self.stats)
@@ -163,8 +157,8 @@ class Membership:
             Ping: self._on_ping, Ack: self._on_ack, Nack: self._on_nack,
             PingReq: self._on_ping_req, Alive: self._on_alive, Suspect: self._on_suspect,
             Dead: self._on_dead, Left: self._on_left, SyncSame: self._on_nothing,
-            SyncSummary: self._on_sync_summary, SyncRecords: self._on_sync_records,
-            MetaPush: self._on_meta_push, Noted: self._on_nothing,
+            SyncSummary: self._sync.on_summary, SyncRecords: self._on_sync_records,
+            MetaPush: self._book.on_push, Noted: self._on_nothing,
         }
 
     # --- views -------------------------------------------------------------------------
@@ -294,7 +288,7 @@ class Membership:
             self._changed()  # the election waits for this
             out.append(Event(fx.JOINED, self.node_id, self.local.name, "founded a new swarm"))
             return out
-        self._send_join(now, out)
+        self._join.attempt(now, out)
         return out
 
     @_entry
@@ -304,12 +298,9 @@ class Membership:
         out: list[Effect] = []
         if self._leave.leaving:
             return out
-        live = self._roster.live
-        self._leave.begin(len(live), now, self.config.probe_timeout_s,
-                          self.config.leave_timeout_s)
-        self._gossip.queue.add(self.node_id, Left(self.node_id, self.incarnation))
-        for node in sorted(live):
-            self._ask_to_note_leave(node, out)
+        goodbye = Left(self.node_id, self.incarnation)
+        self._leave.begin(goodbye, now, out)
+        self._gossip.queue.add(self.node_id, goodbye)
         self._detector.probe = None
         self._changed()
         out.append(Event(fx.LEFT, self.node_id, self.local.name, "this node left the swarm",
@@ -325,20 +316,6 @@ class Membership:
     def leave_acknowledgements(self) -> tuple[int, int]:
         """(fellows that acknowledged our leave, fellows asked to)."""
         return self._leave.acked, self._leave.asked
-
-    def _ask_to_note_leave(self, node: bytes, out: list[Effect]) -> None:
-        """Our ``Left`` to ``node`` with a ping behind it: its ack proves it took the news."""
-        seq = self._detector.next_seq()
-        self._leave.asking(node, seq)
-        out.append(SendDatagram(self._roster.members[node].addr, (
-            Left(self.node_id, self.incarnation), Ping(seq, node, self.node_id))))
-
-    def _ask_again_to_note_leave(self, now: float, out: list[Effect]) -> None:
-        for node in self._leave.ask_again(now, self.config.probe_timeout_s):
-            if node in self._roster.live_pos:
-                self._ask_to_note_leave(node, out)
-            else:  # found dead or gone meanwhile: it will not answer
-                self._leave.drop(node)
 
     def set_metadata(self, metadata: bytes, now: float) -> list[Effect]:
         """Publish new metadata: a new version, announced by gossip, pulled by fellows.
@@ -468,8 +445,7 @@ class Membership:
                 verdict = self._detector.refused_late(pending.addr)
                 if verdict is not None:
                     self._apply(verdict, now, out)
-        if self._join.failed(request_id):
-            self._schedule_join_retry(now, out)
+        self._join.failed(request_id, now, out)
         if pending is not None and pending.kind == "meta":
             self._book.failed(pending.extra, now)
         return out
@@ -507,9 +483,9 @@ class Membership:
         leaving = self._leave.leaving
         detector = self._detector
         if not self._join.joined and not leaving and now >= self._join.next_at:
-            self._send_join(now, out)
+            self._join.attempt(now, out)
         if self._leave.due(now):
-            self._ask_again_to_note_leave(now, out)
+            self._leave.ask_again(Left(self.node_id, self.incarnation), now, out)
         self._prober.expire_relays(now, out)
         if not leaving:
             verdict = self._prober.timeouts(now, out)
@@ -671,26 +647,7 @@ class Membership:
     def _heard(self, node: bytes, now: float) -> None:
         self._prober.heard(node, now)
 
-    # --- joining -----------------------------------------------------------------------
-
-    def _send_join(self, now: float, out: list[Effect]) -> None:
-        self._join.attempt(now)
-        request = SyncRecords(self.node_id, (self.self_record(),), (), True)
-        for seed in self._join.seeds:
-            rid = self._requests.new("join", seed, None, now)
-            self._join.track(rid)
-            out.append(StreamRequest(seed, request, rid))
-
-    def _schedule_join_retry(self, now: float, out: list[Effect]) -> None:
-        backoff = self._join.retry_later(now)
-        out.append(Event(fx.JOIN_RETRY, self.node_id, self.local.name,
-                         f"no seed answered; trying again in {backoff:.0f} s"))
-
     # --- anti-entropy ------------------------------------------------------------------
-
-    def _on_sync_summary(self, msg: SyncSummary, addr: str, now: float,
-                         out: list[Effect]) -> None:
-        self._sync.on_summary(msg, addr, now, out)
 
     def _on_sync_records(self, msg: SyncRecords, addr: str, now: float,
                          out: list[Effect]) -> None:
@@ -727,11 +684,6 @@ class Membership:
 
     def _our_meta_proven(self, version: int, metadata: bytes, signature: bytes | None) -> bool:
         return self._own.meta_proven(self._proofs, version, metadata, signature)
-
-    def _on_meta_push(self, msg: MetaPush, addr: str, now: float, out: list[Effect]) -> None:
-        for r in msg.records:
-            self._book.merge(r.node, r.public_key, r.meta_version, r.metadata,
-                             r.meta_signature, out, r.alive_epoch)
 
 
 __all__ = ["Membership", "Signer", "Verifier", "meta_signed_bytes"]

@@ -23,7 +23,7 @@ from p2pswarm.membership.proofs import ProofCache, meta_signed_bytes
 from p2pswarm.membership.requests import StreamRequests
 from p2pswarm.membership.roster import Entry, Roster
 from p2pswarm.membership.states import INF, PRESENT
-from p2pswarm.wire.gossip import Alive, MetaPull
+from p2pswarm.wire.gossip import Alive, MetaPull, MetaPush
 
 
 def inline(metadata: bytes, signature: bytes | None,
@@ -130,6 +130,12 @@ class MetadataBook:
                 del self._wait[node]
             elif at <= now and e.state in PRESENT:
                 self.want(e, now, out)
+
+    def on_push(self, msg: MetaPush, addr: str, now: float, out: list[Effect]) -> None:
+        """The answer to our pull: the records asked for."""
+        for r in msg.records:
+            self.merge(r.node, r.public_key, r.meta_version, r.metadata, r.meta_signature, out,
+                       r.alive_epoch)
 
     def failed(self, node: bytes, now: float) -> None:
         """A pull of ``node``'s metadata failed: ask again a while later."""

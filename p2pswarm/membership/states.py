@@ -14,8 +14,17 @@ PRESENT_NAMES = ("alive", "suspect")  # the same, as ``Member.state`` spells the
 INF = float("inf")
 SEQ_MOD = 2**32  # probe sequence numbers wrap here (a u32 on the wire)
 
+# what the machine counts (``Membership.counters``), in the order ``status`` shows them
+COUNTERS = (
+    "probes", "probes_failed", "probes_inconclusive", "suspicions_raised",
+    "confirmations_sent", "dead_declared", "refutations", "syncs", "bad_signatures",
+    "bad_bindings", "unsigned_alives", "claims_clamped", "incarnation_exhausted",
+    "probes_refused", "refutations_unasked", "late_wakes",
+)
+
 __all__ = [
     "ALIVE",
+    "COUNTERS",
     "DEAD",
     "GONE",
     "INF",
