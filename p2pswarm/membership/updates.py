@@ -19,25 +19,9 @@ fellows', and hands what it changes to gossip and to the election's feed.
 
 from __future__ import annotations
 
+from p2pswarm import effects as fx
 from p2pswarm.config import GossipConfig
-from p2pswarm.effects import (
-    ALIVE as ALIVE_EVENT,
-)
-from p2pswarm.effects import (
-    DEAD as DEAD_EVENT,
-)
-from p2pswarm.effects import (
-    LEFT as LEFT_EVENT,
-)
-from p2pswarm.effects import (
-    MEMBER_JOINED,
-    REAPED,
-    UPDATED,
-    Effect,
-)
-from p2pswarm.effects import (
-    SUSPECT as SUSPECT_EVENT,
-)
+from p2pswarm.effects import Effect
 from p2pswarm.membership.detector import FailureDetector
 from p2pswarm.membership.dissemination import Dissemination
 from p2pswarm.membership.member import STATE_NAMES
@@ -90,7 +74,7 @@ class Updates:
                 e.last_heard = now
             gossip.broadcast(node, msg)
             self._roster.changed(node)
-            gossip.event(out, MEMBER_JOINED, e, f"joined at {msg.addr}", node)
+            gossip.event(out, fx.MEMBER_JOINED, e, f"joined at {msg.addr}", node)
             self._book.merge_inline(msg, out)
             self._book.want(e, now, out)
             return
@@ -125,10 +109,10 @@ class Updates:
                          else without_meta(msg))
         self._roster.changed(node, roster=changed or old != ALIVE)
         if old != ALIVE:
-            gossip.event(out, ALIVE_EVENT, e, f"alive again (incarnation {msg.incarnation})"
+            gossip.event(out, fx.ALIVE, e, f"alive again (incarnation {msg.incarnation})"
                          if old == SUSPECT else f"back after {STATE_NAMES[old]}", node)
         elif changed:
-            gossip.event(out, UPDATED, e, f"now {msg.name} at {msg.addr}", node)
+            gossip.event(out, fx.UPDATED, e, f"now {msg.name} at {msg.addr}", node)
         self._book.want(e, now, out)
 
     def suspect(self, msg: Suspect, now: float, out: list[Effect]) -> None:
@@ -180,7 +164,7 @@ class Updates:
         self._dissemination.broadcast(node, msg)
         self._roster.schedule_reap(now + self._config.dead_reap_after_s, node)
         self._roster.changed(node)
-        self._dissemination.event(out, LEFT_EVENT, e, "left the swarm", node)
+        self._dissemination.event(out, fx.LEFT, e, "left the swarm", node)
 
     def claimed(self, incarnation: int, known: int) -> int:
         """A third party's claim about a fellow counts at most at the incarnation the
@@ -202,7 +186,7 @@ class Updates:
         msg = self._detector.suspect(node, incarnation, source, start, now, msg, silent_since)
         self._dissemination.broadcast(node, msg)
         self._roster.changed(node)
-        self._dissemination.event(out, SUSPECT_EVENT, e, "suspected by this node"
+        self._dissemination.event(out, fx.SUSPECT, e, "suspected by this node"
                                   if source == self._node_id
                                   else f"suspected by {self.name_of(source)}", source)
 
@@ -226,7 +210,7 @@ class Updates:
                                       else Dead(node, incarnation, source))
         self._roster.schedule_reap(now + self._config.dead_reap_after_s, node)
         self._roster.changed(node)
-        self._dissemination.event(out, DEAD_EVENT, e, "declared dead by this node"
+        self._dissemination.event(out, fx.DEAD, e, "declared dead by this node"
                                   if source == self._node_id
                                   else f"declared dead by {self.name_of(source)}", source)
 
@@ -237,7 +221,7 @@ class Updates:
             return
         self._book.forget(node)
         self._roster.changed(node)
-        self._dissemination.event(out, REAPED, e, f"forgotten after {STATE_NAMES[e.state]}",
+        self._dissemination.event(out, fx.REAPED, e, f"forgotten after {STATE_NAMES[e.state]}",
                                   node)
 
     def name_of(self, node: bytes | None) -> str:
