@@ -393,7 +393,7 @@ class Membership:
         if self._detector.heard_datagram(now) and self._join.joined \
                 and not self._leave.leaving:
             self.stats["refutations_unasked"] += 1
-            self._refuter.refute(self.incarnation, None, sender_addr, now, out)
+            self._refute(self.incarnation, None, sender_addr, now, out)
 
     def handle_reply(self, request_id: int, reply: Any, now: float) -> list[Effect]:
         """The reply to ``StreamRequest`` ``request_id``."""
@@ -550,6 +550,12 @@ class Membership:
 
     # --- this node --------------------------------------------------------------------
 
+    def _refute(self, seen_incarnation: int, accuser: bytes | None, sender_addr: str,
+                now: float, out: list[Effect]) -> None:
+        """Every refutation goes through here (see ``refutation``): the simulation harness
+        plants a fellow that never refutes by overriding it."""
+        self._refuter.refute(seen_incarnation, accuser, sender_addr, now, out)
+
     def _alive_msg(self) -> Alive:
         return self._own.alive()
 
@@ -616,23 +622,26 @@ class Membership:
         if msg.incarnation > self.incarnation or (
                 msg.incarnation == self.incarnation
                 and (msg.addr != self.local.addr or msg.public_key != self.local.public_key)):
-            self._refuter.refute(msg.incarnation, None, "", now, out)
+            self._refute(msg.incarnation, None, "", now, out)
 
     def _on_suspect(self, msg: Suspect, addr: str, now: float, out: list[Effect]) -> None:
         if msg.node == self.node_id:
-            self._refuter.news_about_us(msg.incarnation, msg.source, addr, now, out)
+            self._refute(self._refuter.about_us(msg.incarnation, addr, now, out), msg.source,
+                         addr, now, out)
         else:
             self._updates.suspect(msg, now, out)
 
     def _on_dead(self, msg: Dead, addr: str, now: float, out: list[Effect]) -> None:
         if msg.node == self.node_id:
-            self._refuter.news_about_us(msg.incarnation, msg.source, addr, now, out)
+            self._refute(self._refuter.about_us(msg.incarnation, addr, now, out), msg.source,
+                         addr, now, out)
         else:
             self._updates.dead(msg, now, out)
 
     def _on_left(self, msg: Left, addr: str, now: float, out: list[Effect]) -> None:
         if msg.node == self.node_id:
-            self._refuter.news_about_us(msg.incarnation, None, addr, now, out)
+            self._refute(self._refuter.about_us(msg.incarnation, addr, now, out), None, addr,
+                         now, out)
         else:
             self._updates.left(msg, now, out)
 
@@ -675,7 +684,7 @@ class Membership:
             if r.incarnation >= self.incarnation and (
                     r.state != ALIVE or r.incarnation > self.incarnation
                     or r.addr != self.local.addr):
-                self._refuter.refute(r.incarnation, None, "", now, out)
+                self._refute(r.incarnation, None, "", now, out)
 
     # --- metadata ----------------------------------------------------------------------
 

@@ -113,11 +113,6 @@ class Refuter:
         else:
             out.append(SendDatagram(addr, (alive,)))
 
-    def news_about_us(self, incarnation: int, accuser: bytes | None, addr: str, now: float,
-                      out: list[Effect]) -> None:
-        """A ``Suspect``, ``Dead`` or ``Left`` of us, at ``incarnation``, from ``addr``."""
-        self.refute(self.about_us(incarnation, addr, now, out), accuser, addr, now, out)
-
     def about_us(self, incarnation: int, addr: str, now: float, out: list[Effect]) -> int:
         """A verdict about us above our incarnation: honest fellows only know numbers we
         signed, so after a restart the sender holds our signed record from before. Ask
