@@ -6,6 +6,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
+from p2pswarm.membership.states import PRESENT_NAMES
+
 MemberState = Literal["alive", "suspect", "dead", "left"]
 STATE_NAMES: tuple[MemberState, ...] = ("alive", "suspect", "dead", "left")
 
@@ -47,7 +49,7 @@ class Member:
     @property
     def present(self) -> bool:
         """Alive or suspect: still counted as part of the swarm."""
-        return self.state in ("alive", "suspect")
+        return self.state in PRESENT_NAMES
 
 
 __all__ = ["STATE_NAMES", "LocalNode", "Member", "MemberState", "node_id_of"]

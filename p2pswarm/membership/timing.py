@@ -6,7 +6,8 @@ The machine's knobs live in the config (``GossipConfig.tuning``, a
 ``suspicion_timeout_s`` is Lifeguard's (as in memberlist): it starts at ``max_s`` and
 shrinks towards ``min_s`` logarithmically with the number of independent confirmations,
 reaching ``min_s`` at ``expected`` confirmations. What differs here is what ``min_s`` is
-and what counts as independent (see ``p2pswarm.membership.machine``).
+and what counts as independent (see ``p2pswarm.membership.suspicion`` and
+``p2pswarm.membership.detector``).
 """
 
 from __future__ import annotations
