@@ -75,7 +75,7 @@ from p2pswarm.membership.timing import lerp_by_loss
 from p2pswarm.wire.gossip import Suspect
 
 if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or not
-    from random import Random
+    from p2pswarm.randomness import Rng
 
 DIRECT, INDIRECT = 0, 1
 
@@ -156,7 +156,7 @@ class Relay:
 class FailureDetector:
     """Probing, doubt, watching, suspicions and local health (see the module docstring)."""
 
-    def __init__(self, node_id: bytes, config: GossipConfig, rng: Random, roster: Roster,
+    def __init__(self, node_id: bytes, config: GossipConfig, rng: Rng, roster: Roster,
                  stats: dict[str, int], *, next_probe_at: float, seq: int,
                  now: float) -> None:
         self.node_id = node_id

@@ -24,14 +24,14 @@ from p2pswarm.membership.roster import Entry, Roster
 from p2pswarm.membership.timing import retransmit_limit
 
 if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or not
-    from random import Random
+    from p2pswarm.randomness import Rng
 
 
 class Dissemination:
     __slots__ = ("_budget", "_clock", "_config", "_rng", "_roster", "next_gossip_at", "queue",
                  "quiet")
 
-    def __init__(self, config: GossipConfig, rng: Random, roster: Roster, clock: Clock,
+    def __init__(self, config: GossipConfig, rng: Rng, roster: Roster, clock: Clock,
                  budget_bytes: int) -> None:
         self._config = config
         self._clock = clock

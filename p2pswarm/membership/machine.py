@@ -84,7 +84,7 @@ from p2pswarm.wire.gossip import (  # importing it registers the messages with t
 )
 
 if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or not
-    from p2pswarm.randomness import Rng as Random
+    from p2pswarm.randomness import Rng
 
 
 _P = ParamSpec("_P")
@@ -111,7 +111,7 @@ class Membership:
         self,
         local: LocalNode,
         config: GossipConfig,
-        rng: Random,
+        rng: Rng,
         *,
         sign: Signer,
         verify: Verifier,

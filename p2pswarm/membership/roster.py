@@ -33,7 +33,7 @@ from p2pswarm.membership.states import DEAD, GONE, PRESENT
 from p2pswarm.wire.gossip import Alive, MemberRecord
 
 if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or not
-    from random import Random
+    from p2pswarm.randomness import Rng
 
 
 class Entry:
@@ -120,7 +120,7 @@ class Roster:
         "version",
     )
 
-    def __init__(self, node_id: bytes, rng: Random) -> None:
+    def __init__(self, node_id: bytes, rng: Rng) -> None:
         self.node_id = node_id
         self.rng = rng
         self.members: dict[bytes, Entry] = {}

@@ -40,14 +40,14 @@ from p2pswarm.wire.gossip import (
 )
 
 if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or not
-    from random import Random
+    from p2pswarm.randomness import Rng
 
 
 class AntiEntropy:
     __slots__ = ("_book", "_config", "_leave", "_own", "_requests", "_rng", "_roster",
                  "_updates", "next_reconnect_at", "next_sync_at")
 
-    def __init__(self, config: GossipConfig, rng: Random, own: OwnRecord, leave: LeaveHandshake,
+    def __init__(self, config: GossipConfig, rng: Rng, own: OwnRecord, leave: LeaveHandshake,
                  roster: Roster, requests: StreamRequests, updates: Updates, book: MetadataBook,
                  *, next_sync_at: float, next_reconnect_at: float) -> None:
         self._config = config
