@@ -85,10 +85,11 @@ async def test_the_leader_hosting_a_one_stage_load_crashes_and_the_load_is_serve
             await swarm.start(at)  # from its home: it keeps the orders, not the stage
         new = await next_leader(swarm, old_id, old_term)
         await wait_until(lambda: len(_served_on(swarm, plan_id)) == 1
-                         and not new.serving.loads.get(plan_id, {}).get("waiting"),
+                         and plan_id in new.serving.loads
+                         and not new.serving.loads[plan_id].waiting,
                          timeout_s=60)
         record = new.serving.loads[plan_id]
-        assert record["adopted"]["leader"] == new.name
+        assert record.adopted is not None and record.adopted["leader"] == new.name
         # what it was asked as came with its orders: a re-cut can plan it again
         assert new.serving.leader.asked[plan_id] == asked
         driver = next(a for a in swarm.live() if a is not new)
@@ -96,7 +97,7 @@ async def test_the_leader_hosting_a_one_stage_load_crashes_and_the_load_is_serve
         # no second copy comes up, and what each fellow keeps is the load as it runs
         await trio.sleep(5.0)
         assert len(_served_on(swarm, plan_id)) == 1
-        route = [h["fellow_id"] for h in new.serving.loads[plan_id]["stages"]]
+        route = list(new.serving.loads[plan_id].fellow_ids)
         for agent in swarm.live():
             kept = agent.serving.host.kept.get(plan_id)
             if kept is not None:

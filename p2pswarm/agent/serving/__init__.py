@@ -55,6 +55,7 @@ from p2pswarm.agent.serving.copy_host import CopyHost
 from p2pswarm.agent.serving.events import LoadEvents, WeightsInUse
 from p2pswarm.agent.serving.failover import Failover
 from p2pswarm.agent.serving.generation import Generation, TextStream
+from p2pswarm.agent.serving.leader_load import LeaderLoad
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
@@ -149,7 +150,7 @@ class Serving:
         return self.host.hosted
 
     @property
-    def loads(self) -> dict[str, dict[str, Any]]:
+    def loads(self) -> dict[str, LeaderLoad]:
         return self.leader.loads
 
     @property

@@ -43,12 +43,12 @@ import trio
 from p2pswarm.agent.adapter import stage_block
 from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.serving.events import LoadEvents
+from p2pswarm.agent.serving.leader_load import LeaderLoad
 from p2pswarm.agent.serving.records import (
     ROUTE_KEYS,
     StageOrder,
     public_adapter,
     public_model,
-    route_hop,
     runtime_block,
 )
 from p2pswarm.agent.weights import Manifest
@@ -64,6 +64,7 @@ from p2pswarm.planner.plan import Plan
 from p2pswarm.planner.profile import BUILTIN_MODELS
 from p2pswarm.planner.wording import card_label
 from p2pswarm.wire.loads import (
+    RouteHop,
     LoadAsk,
     LoadCancel,
     LoadCancelled,
@@ -116,7 +117,8 @@ class Loads:
         self.agent = agent
         self.leadership = leadership
         self.events = events  # loads come up and go (``events``): this publishes them
-        self.loads: dict[str, dict[str, Any]] = {}  # loads this agent led, by plan_id
+        self.loads: dict[str, LeaderLoad] = {}  # loads this agent leads, by plan_id
+        self._serial = 0  # the last record taken into ``loads`` (``lead``)
         self.timings = agent.config.serving
         self._unloaded: dict[str, float] = {}
         # loads unloaded here (the last TICKETS_KEPT): a fellow away during the unload
@@ -136,6 +138,24 @@ class Loads:
         leadership.serve(LoadsAsk, self._leader_loads)
         leadership.serve(UnloadAsk, self._leader_unload)
         leadership.serve(LoadCancel, self._leader_cancel)
+
+    def lead(self, load: LeaderLoad, orders: list[StageOrder]) -> None:
+        """Take ``load`` into the table as the current record of its plan, with its
+        stage orders."""
+        self._serial += 1
+        load.serial = self._serial
+        self.loads[load.plan_id] = load
+        self.orders[load.plan_id] = orders
+
+    def leads(self, load: LeaderLoad) -> bool:
+        """Whether ``load`` is still the table's record of its plan (not unloaded, re-cut
+        or adopted afresh meanwhile)."""
+        now = self.loads.get(load.plan_id)
+        return now is not None and now.serial == load.serial
+
+    def loaded_ids(self) -> set[str]:
+        """The plan_ids of the loads this agent knows of (``loads_view``)."""
+        return {str(r["plan_id"]) for r in self.loads_view()}
 
     @property
     def lock(self) -> trio.Lock:
@@ -209,7 +229,7 @@ class Loads:
                 raise PlacementError(f"plan {plan.plan_id} does not fit: "
                                      f"{plan.limit.sentence}")
             plan_id = flight.plan_id = plan.plan_id
-            if any(r["plan_id"] == plan_id for r in self.loads_view()):
+            if plan_id in self.loaded_ids():
                 raise PlacementError(f"plan {plan_id} is already loaded: `p2pswarm loads` "
                                      "shows it; unload it first to load it again")
             _check_model(message, model)
@@ -218,11 +238,11 @@ class Loads:
             addrs = self._order_addrs(orders)
             record = await self._bring_up(plan, orders, addrs, model, adapter, message)
             self.asked[plan_id] = (message, model, adapter)
-            return LoadDone(pack_doc(record))
+            return LoadDone(pack_doc(record.to_doc()))
 
     async def bring_up_beside(self, plan: Plan, message: dict[str, Any],
                               model: dict[str, Any],
-                              adapter: dict[str, Any] | None) -> dict[str, Any]:
+                              adapter: dict[str, Any] | None) -> LeaderLoad:
         """Bring ``plan`` up as a load of its own, as ``load`` does (checked, fetched,
         loaded, started; all or nothing), beside a load it is to replace (``recut``).
         Hold ``lock``."""
@@ -288,7 +308,7 @@ class Loads:
 
     async def _bring_up(self, plan: Plan, orders: list[StageOrder], addrs: Addrs,
                         model: dict[str, Any], adapter: dict[str, Any] | None,
-                        message: dict[str, Any]) -> dict[str, Any]:
+                        message: dict[str, Any]) -> LeaderLoad:
         plan_id = plan.plan_id
         try:
             return await self._bring_up_orders(plan, orders, addrs, model, adapter,
@@ -301,7 +321,7 @@ class Loads:
 
     async def _bring_up_orders(self, plan: Plan, orders: list[StageOrder],
                                addrs: Addrs, model: dict[str, Any],
-                               adapter: dict[str, Any] | None, asked: bytes) -> dict[str, Any]:
+                               adapter: dict[str, Any] | None, asked: bytes) -> LeaderLoad:
         plan_id = plan.plan_id
         began = time.perf_counter()
         prepared = await self._order_all(
@@ -325,14 +345,12 @@ class Loads:
         for o in orders:
             done = loaded[o.stage]
             assert isinstance(done, StageLoaded)
-            route.append({"stage": o.stage, "fellow_id": addrs[o.stage][0],
-                          "fellow": addrs[o.stage][1], "addr": addrs[o.stage][2],
-                          "layers": list(o.layers),
-                          "card": card_label(o.card_kind, o.card_index, o.card_name),
-                          "claim_bytes": o.claim_bytes,
-                          "allocated_bytes": done.allocated_bytes,
-                          "fetched_bytes": done.fetched_bytes, "fetch_s": done.fetch_s})
-        hops = tuple(route_hop(r) for r in route)
+            fid, name, addr = addrs[o.stage]
+            route.append(RouteHop(o.stage, fid, name, addr, o.layers[0], o.layers[1],
+                                  card_label(o.card_kind, o.card_index, o.card_name),
+                                  o.claim_bytes, done.allocated_bytes, done.fetched_bytes,
+                                  done.fetch_s))
+        hops = tuple(route)
         kept = tuple(o.to_wire() for o in orders)  # every stage keeps them (``adoption``)
         started = await self._order_all(
             orders, addrs, "stage-start", self.timings.order_timeout_s, StageStarted,
@@ -343,13 +361,11 @@ class Loads:
             await self.release_all(plan_id, addrs)
             raise PlacementError(f"load of plan {plan_id} failed to start, everything "
                                  "released: " + "; ".join(failures))
-        record = {"plan_id": plan_id, "model": public_model(model),
-                  "runtime": plan.runtime(), "stages": route,
-                  "load_s": time.perf_counter() - began}
+        record = LeaderLoad(plan_id, public_model(model), plan.runtime(), hops)
+        record.set_load_s(time.perf_counter() - began)
         if adapter:
-            record["adapter"] = public_adapter(adapter)
-        self.loads[plan_id] = record
-        self.orders[plan_id] = list(orders)
+            record.set_adapter(public_adapter(adapter))
+        self.lead(record, list(orders))
         self._unloaded.pop(plan_id, None)
         self._forgotten.pop(plan_id, None)
         self.events.loaded()
@@ -417,7 +433,7 @@ class Loads:
                 raise ConfigError(f"{len(views)} loads: name one (`p2pswarm unload PLAN_ID`) "
                                   "or pass --all")
             await self._unload(chosen)
-            return Unloaded(tuple(r["plan_id"] for r in chosen))
+            return Unloaded(tuple(str(r["plan_id"]) for r in chosen))
 
     async def _unload(self, records: list[dict[str, Any]]) -> None:
         """Release every stage of these loads (hold ``_lock``)."""
@@ -484,8 +500,7 @@ class Loads:
                 gossiped.setdefault(str(entry["plan_id"]), {})[int(entry["stage"])] = {
                     **entry, "fellow_id": fellow_id(m.node_id), "fellow": m.name,
                     "addr": m.addr}
-        records = {p: {**r, "stages": [dict(s) for s in r["stages"]]}
-                   for p, r in self.loads.items()}
+        records = {p: r.to_doc() for p, r in self.loads.items()}
         for plan_id, entries in gossiped.items():
             if plan_id in records or plan_id in self._unloaded or plan_id in self.moved_to:
                 continue  # unloaded, or re-cut: its stages' gossip lags, or they linger
