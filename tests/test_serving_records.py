@@ -40,7 +40,7 @@ def test_a_stage_order_crosses_the_wire_whole() -> None:
 
 
 def test_a_route_crosses_the_wire_whole() -> None:
-    (msg,) = wire.decode(wire.encode(StageStart("0123456789abcdef", (route_hop(HOP),))),
+    (msg,) = wire.decode(wire.encode(StageStart("0123456789abcdef", (route_hop(HOP, 0),))),
                          max_bytes=1 << 20)
     assert [route_dict(h) for h in msg.route] == [HOP]
 

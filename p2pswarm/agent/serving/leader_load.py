@@ -19,6 +19,7 @@ from typing import Any
 
 from p2pswarm.agent.serving.records import route_dict, route_hop
 from p2pswarm.wire.loads import RouteHop
+from p2pswarm.wire.orders import pack_doc
 
 _OPTIONAL = ("load_s", "adapter", "adopted", "moves", "waiting", "faster", "copies",
              "recut_from")
@@ -123,7 +124,7 @@ class LeaderLoad:
     def from_doc(doc: dict[str, Any]) -> LeaderLoad:
         """``to_doc`` back (the optional keys in the order the document has them)."""
         load = LeaderLoad(str(doc["plan_id"]), dict(doc["model"]), dict(doc["runtime"]),
-                          tuple(route_hop(h) for h in doc["stages"]))
+                          tuple(route_hop(h, i) for i, h in enumerate(doc["stages"])))
         for key in doc:
             if key not in _OPTIONAL:
                 continue
@@ -135,4 +136,19 @@ class LeaderLoad:
         return load
 
 
-__all__ = ["LeaderLoad"]
+@dataclass(frozen=True, slots=True)
+class LoadAsked:
+    """What a load was asked as: the plan request, the model's identity and the whole
+    adapter (None: none). A live re-cut plans it again (``recut``); its keepers keep it
+    (``to_doc``; read back, checked, by ``loads.asked_from_doc``)."""
+
+    request: dict[str, Any]
+    model: dict[str, Any]
+    adapter: dict[str, Any] | None = None
+
+    def to_doc(self) -> bytes:
+        """As the load's keepers keep it (the model travels with the stage orders)."""
+        return pack_doc({"request": self.request, "adapter": self.adapter})
+
+
+__all__ = ["LeaderLoad", "LoadAsked"]

@@ -43,7 +43,7 @@ import trio
 from p2pswarm.agent.adapter import stage_block
 from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.serving.events import LoadEvents
-from p2pswarm.agent.serving.leader_load import LeaderLoad
+from p2pswarm.agent.serving.leader_load import LeaderLoad, LoadAsked
 from p2pswarm.agent.serving.records import (
     ROUTE_KEYS,
     StageOrder,
@@ -105,6 +105,15 @@ class _InFlight:
     plan_id: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """A load as ``loads_view`` shows it (``doc``), with what an unload needs of it."""
+
+    plan_id: str
+    live: Addrs  # its stages whose fellow is alive or suspect
+    doc: dict[str, Any]
+
+
 def _remember(kept: OrderedDict[str, str], ticket: str, value: str) -> None:
     kept[ticket] = value
     kept.move_to_end(ticket)
@@ -128,7 +137,7 @@ class Loads:
         self.orders: dict[str, list[StageOrder]] = {}  # each led load's stage orders
         # what each load this agent brought up was asked as (request, model, adapter): a
         # live move plans it again (``recut``); a load adopted from its fellows lacks it
-        self.asked: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]] = {}
+        self.asked: dict[str, LoadAsked] = {}
         self.moved_to: dict[str, str] = {}  # a re-cut load's old plan_id -> its new one
         self._in_flight: dict[str, _InFlight] = {}  # ticket -> the bring-up under way
         self._finished: OrderedDict[str, str] = OrderedDict()  # ticket -> plan_id loaded
@@ -155,7 +164,7 @@ class Loads:
 
     def loaded_ids(self) -> set[str]:
         """The plan_ids of the loads this agent knows of (``loads_view``)."""
-        return {str(r["plan_id"]) for r in self.loads_view()}
+        return {seen.plan_id for seen in self._seen()}
 
     @property
     def lock(self) -> trio.Lock:
@@ -198,9 +207,9 @@ class Loads:
         plan_id = self._finished.pop(ticket, None)
         if plan_id is not None:  # it came up before the cancel arrived: take it down
             async with self._lock:
-                record = next((r for r in self.loads_view() if r["plan_id"] == plan_id), None)
-                if record is not None:
-                    await self._unload([record])
+                seen = next((r for r in self._seen() if r.plan_id == plan_id), None)
+                if seen is not None:
+                    await self._unload([seen])
             log.info("load %s cancelled by its asker just after it came up; unloaded", plan_id)
             return LoadCancelled("unloaded", plan_id)
         if ticket in self._cancelled:
@@ -216,8 +225,7 @@ class Loads:
         message, model = unpack_doc(call.request), unpack_doc(call.model)
         adapter = unpack_doc(call.adapter) if call.adapter else None
         expected = call.plan_id or None
-        if (adapter or {}).get("sha256") != (message.get("adapter") or None) and (
-                adapter or message.get("adapter")):
+        if not _adapter_named(message, adapter):
             raise ConfigError("the load's adapter is not the one its request names")
         async with self._lock:
             shown = await self.agent.planning.pinned_plan(message, expected)
@@ -236,20 +244,18 @@ class Loads:
             orders = stage_orders(plan, model, call.progress_addr, call.ticket, adapter,
                                   self._generation())
             addrs = self._order_addrs(orders)
-            record = await self._bring_up(plan, orders, addrs, model, adapter, message)
-            self.asked[plan_id] = (message, model, adapter)
+            asked = LoadAsked(message, model, adapter)
+            record = await self._bring_up(plan, orders, addrs, asked)
+            self.asked[plan_id] = asked
             return LoadDone(pack_doc(record.to_doc()))
 
-    async def bring_up_beside(self, plan: Plan, message: dict[str, Any],
-                              model: dict[str, Any],
-                              adapter: dict[str, Any] | None) -> LeaderLoad:
+    async def bring_up_beside(self, plan: Plan, asked: LoadAsked) -> LeaderLoad:
         """Bring ``plan`` up as a load of its own, as ``load`` does (checked, fetched,
         loaded, started; all or nothing), beside a load it is to replace (``recut``).
         Hold ``lock``."""
-        orders = stage_orders(plan, model, "", "", adapter, self._generation())
-        record = await self._bring_up(plan, orders, self._order_addrs(orders), model, adapter,
-                                      message)
-        self.asked[plan.plan_id] = (message, model, adapter)
+        orders = stage_orders(plan, asked.model, "", "", asked.adapter, self._generation())
+        record = await self._bring_up(plan, orders, self._order_addrs(orders), asked)
+        self.asked[plan.plan_id] = asked
         return record
 
     def _generation(self) -> str:
@@ -282,7 +288,7 @@ class Loads:
     def asked_doc(self, plan_id: str) -> bytes:
         """What load ``plan_id`` was asked as, as its keepers keep it (b"": not known)."""
         asked = self.asked.get(plan_id)
-        return asked_doc(asked[0], asked[2]) if asked is not None else b""
+        return asked.to_doc() if asked is not None else b""
 
     def gossiped_holders(self, plan_id: str) -> list[str]:
         """Addresses of the connected fellows that gossip a stage of ``plan_id``."""
@@ -307,12 +313,10 @@ class Loads:
         return out
 
     async def _bring_up(self, plan: Plan, orders: list[StageOrder], addrs: Addrs,
-                        model: dict[str, Any], adapter: dict[str, Any] | None,
-                        message: dict[str, Any]) -> LeaderLoad:
+                        asked: LoadAsked) -> LeaderLoad:
         plan_id = plan.plan_id
         try:
-            return await self._bring_up_orders(plan, orders, addrs, model, adapter,
-                                               asked_doc(message, adapter))
+            return await self._bring_up_orders(plan, orders, addrs, asked)
         except SwarmError:
             raise  # refused or failed: it released everything already
         except BaseException:  # cancelled (by its asker, or as this agent stops): the
@@ -320,9 +324,9 @@ class Loads:
             raise
 
     async def _bring_up_orders(self, plan: Plan, orders: list[StageOrder],
-                               addrs: Addrs, model: dict[str, Any],
-                               adapter: dict[str, Any] | None, asked: bytes) -> LeaderLoad:
-        plan_id = plan.plan_id
+                               addrs: Addrs, asking: LoadAsked) -> LeaderLoad:
+        plan_id, model, adapter = plan.plan_id, asking.model, asking.adapter
+        asked = asking.to_doc()
         began = time.perf_counter()
         prepared = await self._order_all(
             orders, addrs, "stage-prepare", self.timings.order_timeout_s, StagePrepared,
@@ -420,28 +424,26 @@ class Loads:
 
     async def _leader_unload(self, call: UnloadAsk) -> Unloaded:
         async with self._lock:
-            views = self.loads_view()
+            views = self._seen()
             wanted = call.plan_id
             if wanted:
-                chosen = [r for r in views if r["plan_id"] == wanted]
+                chosen = [r for r in views if r.plan_id == wanted]
                 if not chosen:
                     raise PlacementError(f"plan {wanted} is not loaded; loaded: "
-                                         f"{', '.join(r['plan_id'] for r in views) or 'nothing'}")
+                                         f"{', '.join(r.plan_id for r in views) or 'nothing'}")
             elif call.all or len(views) <= 1:
                 chosen = views
             else:
                 raise ConfigError(f"{len(views)} loads: name one (`p2pswarm unload PLAN_ID`) "
                                   "or pass --all")
             await self._unload(chosen)
-            return Unloaded(tuple(str(r["plan_id"]) for r in chosen))
+            return Unloaded(tuple(r.plan_id for r in chosen))
 
-    async def _unload(self, records: list[dict[str, Any]]) -> None:
+    async def _unload(self, loads: list[_Seen]) -> None:
         """Release every stage of these loads (hold ``_lock``)."""
-        for record in records:
-            plan_id = record["plan_id"]
-            addrs = {s["stage"]: (s["fellow_id"], s["fellow"], s["addr"])
-                     for s in record["stages"] if s.get("state") in ("alive", "suspect")}
-            await self.release_all(plan_id, addrs, self.keeping(plan_id))
+        for seen in loads:
+            plan_id = seen.plan_id
+            await self.release_all(plan_id, seen.live, self.keeping(plan_id))
             generation = self._generation_of(plan_id)
             if generation:  # remembered past this leader
                 await self.events.forgotten(plan_id, generation)
@@ -484,6 +486,10 @@ class Loads:
     def loads_view(self) -> list[dict[str, Any]]:
         """Loads as this agent knows them: those it led, and those fellows gossip that
         they serve; each stage with its fellow's membership state."""
+        return [seen.doc for seen in self._seen()]
+
+    def _seen(self) -> list[_Seen]:
+        """``loads_view``, each load with its plan_id and live stages beside."""
         now = trio.current_time()
         self._unloaded = {p: t for p, t in self._unloaded.items()
                           if now - t < UNLOAD_TOMBSTONE_S}
@@ -521,14 +527,26 @@ class Loads:
         out = []
         for plan_id in sorted(records):
             record = records[plan_id]
-            for s in record["stages"]:
+            stages = record["stages"]
+            live: Addrs = {}  # what an unload releases
+            whole = True
+            for s in stages:
                 member = members.get(s["fellow_id"])
                 s["state"] = member.state if member is not None else "unknown"
-            present = sorted(s["stage"] for s in record["stages"])
-            record["complete"] = present == list(range(len(present))) and all(
-                s["state"] in ("alive", "suspect") for s in record["stages"])
-            out.append(record)
+                if member is not None and member.present:
+                    live[s["stage"]] = (s["fellow_id"], s["fellow"], s["addr"])
+                else:
+                    whole = False
+            present = sorted(s["stage"] for s in stages)
+            record["complete"] = present == list(range(len(present))) and whole
+            out.append(_Seen(plan_id, live, record))
         return out
+
+
+def _adapter_named(message: dict[str, Any], adapter: dict[str, Any] | None) -> bool:
+    """Whether ``adapter`` is the one the request names (or neither has one)."""
+    named = message.get("adapter") or None
+    return not (adapter or named) or (adapter or {}).get("sha256") == named
 
 
 def asked_doc(message: dict[str, Any], adapter: dict[str, Any] | None) -> bytes:
@@ -537,8 +555,7 @@ def asked_doc(message: dict[str, Any], adapter: dict[str, Any] | None) -> bytes:
     return pack_doc({"request": message, "adapter": adapter})
 
 
-def asked_from_doc(raw: bytes, model: dict[str, Any]
-                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+def asked_from_doc(raw: bytes, model: dict[str, Any]) -> LoadAsked:
     """``asked_doc`` back, from a fellow's keeping (checked: the request plans the
     orders' ``model``, and names the adapter it carries); ConfigError otherwise."""
     try:
@@ -550,11 +567,10 @@ def asked_from_doc(raw: bytes, model: dict[str, Any]
             or not isinstance(message["model"].get("config"), dict) \
             or not (adapter is None or isinstance(adapter, dict)):
         raise ConfigError("no request, or an adapter that is no document")
-    if (adapter or {}).get("sha256") != (message.get("adapter") or None) and (
-            adapter or message.get("adapter")):
+    if not _adapter_named(message, adapter):
         raise ConfigError("the adapter is not the one its request names")
     _check_model(message, model)
-    return message, model, adapter
+    return LoadAsked(message, model, adapter)
 
 
 def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:

@@ -121,15 +121,6 @@ class CachedWeights:
 WeightSource: TypeAlias = "str | Path | CachedWeights"  # a built-in's name, a directory
 
 
-def route_hop(hop: dict[str, Any]) -> RouteHop:
-    """A route entry of a record as the ``StageStart`` order carries it."""
-    return RouteHop(int(hop["stage"]), str(hop["fellow_id"]), str(hop["fellow"]),
-                    str(hop["addr"]), int(hop["layers"][0]), int(hop["layers"][1]),
-                    str(hop.get("card", "")), int(hop.get("claim_bytes", 0)),
-                    int(hop.get("allocated_bytes", 0)), int(hop.get("fetched_bytes", 0)),
-                    float(hop.get("fetch_s", 0.0)))
-
-
 def route_dict(hop: RouteHop) -> dict[str, Any]:
     """A ``RouteHop`` as records and gossip keep it."""
     return {"stage": hop.stage, "fellow_id": hop.fellow_id, "fellow": hop.fellow,
@@ -182,7 +173,7 @@ def _generation_tokens(recurrent: bool, context: int) -> tuple[int, str]:
 MAX_ROUTE_STAGES = 1024  # a route from the network longer than this is not believed
 
 
-def _hop(doc: Any, i: int) -> RouteHop:
+def route_hop(doc: Any, i: int) -> RouteHop:
     """Route entry ``i`` of a record: its stage, its fellow's id (hex), name and address
     checked; ConfigError otherwise."""
     if not (isinstance(doc, dict) and doc.get("stage") == i
@@ -245,7 +236,7 @@ class LoadRecord:
             context = int(runtime.get("max_context_tokens", 0))
         except (TypeError, ValueError):
             raise ConfigError("a load's record has a malformed runtime") from None
-        return LoadRecord(doc["plan_id"], tuple(_hop(h, i) for i, h in enumerate(hops)),
+        return LoadRecord(doc["plan_id"], tuple(route_hop(h, i) for i, h in enumerate(hops)),
                           model, sessions, chunk, context, model.get("recurrent") is True,
                           tuple(former_plan_ids(doc)))
 

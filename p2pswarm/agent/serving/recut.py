@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +88,7 @@ class Recut:
         cached = self._planned.get(plan_id)
         if cached is not None and cached[0] == view:
             return cached[1]
-        message = replan_message(asked[0])
+        message = replan_message(asked.request)
         try:
             plan: Plan | None = Plan.from_doc(adapted_plan(plan_message(message, view),
                                                            message.get("adapter")))
@@ -138,9 +139,9 @@ class Recut:
                 raise PlacementError(f"{refused}: it was unloaded or changed meanwhile")
             if new_id in self.loads.loaded_ids():
                 raise PlacementError(f"{refused}: plan {new_id} is loaded already")
-            message, model, adapter = replan_message(asked[0]), asked[1], asked[2]
             try:
-                new = await self.loads.bring_up_beside(plan, message, model, adapter)
+                new = await self.loads.bring_up_beside(
+                    plan, replace(asked, request=replan_message(asked.request)))
             except SwarmError as exc:
                 # a fellow short of memory (stage_host says "... free now, the stage
                 # needs ..."): the cards cannot hold both placements at once
