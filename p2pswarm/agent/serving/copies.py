@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.serving.moves import spare_cards
+from p2pswarm.agent.serving.records import StageOrder, WeightsOrigin
 from p2pswarm.errors import SwarmError
 from p2pswarm.wire.orders import pack_doc
 from p2pswarm.wire.serving import StageCopied, StageCopy
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from p2pswarm.agent.serving.leader_load import LeaderLoad
     from p2pswarm.agent.serving.ports import CopiesPort, Leader
     from p2pswarm.agent.serving.loads import Loads
-    from p2pswarm.agent.serving.records import StageOrder
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -114,12 +114,12 @@ class CopiesAhead:
         return out
 
     async def _stage(self, record: LeaderLoad, order: StageOrder) -> None:
-        model = order.model
-        if model.get("kind") != "files":
+        model = WeightsOrigin.of(order.model)
+        if model.kind != "files":
             return
         key = (record.plan_id, order.stage)
         hop = record.stages[order.stage]
-        offerer = str(model.get("source_id", ""))
+        offerer = model.source_id
         route = record.fellow_ids
         asked = self._asked.get(key)
         if asked is not None and asked[0] == route and trio.current_time() < asked[1]:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.serving.ports import whole
+from p2pswarm.agent.serving.records import WeightsOrigin
 from p2pswarm.agent.weight_holders import gather
 from p2pswarm.agent.weights import Manifest, ManifestTensor, WeightsCache
 from p2pswarm.errors import ConfigError, PlacementError
@@ -94,15 +95,15 @@ class CopyHost:
         total = sum(t.nbytes for t in wanted)
         if lacking:
             await self._check_room(cache, sum(t.nbytes for t in lacking), call)
-        model = unpack_doc(call.model)
+        model = WeightsOrigin.of(unpack_doc(call.model))
         began = time.perf_counter()
         fetched = 0
         async with self._one_at_a_time:
             if lacking:
-                manifest = Manifest.from_dict(model["manifest"])
+                manifest = Manifest.from_dict(model.manifest)
                 got = await gather(whole(self.agent), manifest, [t.name for t in lacking], cache,
-                                   self._run, source_id=str(model.get("source_id", "")),
-                                   source_name=str(model.get("source", "the source"))[:64])
+                                   self._run, source_id=model.source_id,
+                                   source_name=model.source_name())
                 fetched = got.received_bytes
         self._keep(call.plan_id, {t.sha256 for t in wanted})
         took = time.perf_counter() - began
@@ -121,13 +122,13 @@ class CopyHost:
             return PlacementError(f"refuses to copy stage {call.stage} of {call.plan_id}: "
                                   f"{why}")
 
-        model = unpack_doc(call.model)
-        if model.get("kind") != "files" or not isinstance(model.get("manifest"), dict):
+        model = WeightsOrigin.of(unpack_doc(call.model))
+        if model.kind != "files" or not isinstance(model.manifest, dict):
             raise refuse("its model is not files a fellow offered")
         if not call.start_layer < call.end_layer:
             raise refuse("its layers are empty")
         try:
-            manifest = Manifest.from_dict(model["manifest"])
+            manifest = Manifest.from_dict(model.manifest)
             if not manifest.key_holds():
                 raise refuse("the manifest is not the model its key names")
             tensors = manifest.stage_tensors(call.start_layer, call.end_layer)

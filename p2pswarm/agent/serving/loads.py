@@ -47,6 +47,7 @@ from p2pswarm.agent.serving.leader_load import LeaderLoad, LoadAsked
 from p2pswarm.agent.serving.records import (
     ROUTE_KEYS,
     StageOrder,
+    WeightsOrigin,
     public_adapter,
     public_model,
     runtime_block,
@@ -575,14 +576,15 @@ def asked_from_doc(raw: bytes, model: dict[str, Any]) -> LoadAsked:
 
 def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
     config = message["model"]["config"]
-    if model.get("kind") == "builtin":
-        if dict(BUILTIN_MODELS.get(str(model.get("name")), {})) != config:
-            raise ConfigError(f"built-in {model.get('name')!r} is not the planned model")
-    elif model.get("kind") == "files":
-        if Manifest.from_dict(model.get("manifest") or {}).hf_config != config:
+    origin = WeightsOrigin.of(model)
+    if origin.kind == "builtin":
+        if dict(BUILTIN_MODELS.get(str(origin.name), {})) != config:
+            raise ConfigError(f"built-in {origin.name!r} is not the planned model")
+    elif origin.kind == "files":
+        if Manifest.from_dict(origin.manifest or {}).hf_config != config:
             raise ConfigError("the model files are not the planned model")
     else:
-        raise ConfigError(f"unknown model kind {model.get('kind')!r}")
+        raise ConfigError(f"unknown model kind {origin.kind!r}")
 
 
 def stage_orders(plan: Plan, model: dict[str, Any], progress_addr: str,
