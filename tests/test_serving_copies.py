@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def _copied(record: LeaderLoad) -> set[int]:
-    return {c["stage"] for c in record.copies if c.get("state") == "held"}
+    return {c.stage for c in record.copies if c.since is None}
 
 
 async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
@@ -58,7 +58,7 @@ async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
         if copies:
             await wait_until(lambda: _copied(record) == {0, 1}, timeout_s=60)
             # both stages' tensors on the spare, which failover would move either to
-            assert copies_line(list(record.copies)) == f"stage 0 on {spare}, stage 1 on {spare}"
+            assert copies_line([c.to_doc() for c in record.copies]) == f"stage 0 on {spare}, stage 1 on {spare}"
             held = set(agents[spare].serving.weights_cache().held())
             for s in plan["stages"]:
                 names = stage_tensor_names(checkpoint.config, *s["layers"])
@@ -108,8 +108,8 @@ async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
         # one fellow left outside it, while the other stage keeps its copy on the spare
         healed = new.serving.loads[plan_id]
         expected = {(lost_stage, driver.name), (1 - lost_stage, spare)}
-        await wait_until(lambda: {(c["stage"], c["fellow"]) for c in healed.copies
-                                  if c["state"] == "held"} == expected, timeout_s=60)
+        await wait_until(lambda: {(c.stage, c.fellow) for c in healed.copies
+                                  if c.since is None} == expected, timeout_s=60)
         nursery.cancel_scope.cancel()
 
 

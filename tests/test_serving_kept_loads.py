@@ -90,7 +90,7 @@ async def test_the_leader_hosting_a_one_stage_load_crashes_and_the_load_is_serve
                          and not new.serving.loads[plan_id].waiting,
                          timeout_s=60)
         record = new.serving.loads[plan_id]
-        assert record.adopted is not None and record.adopted["leader"] == new.name
+        assert record.adopted is not None and record.adopted.leader == new.name
         # what it was asked as came with its orders: a re-cut can plan it again
         assert new.serving.leader.asked[plan_id] == asked
         driver = next(a for a in swarm.live() if a is not new)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from p2pswarm.agent.serving.leader_load import LeaderLoad
+from p2pswarm.agent.serving.leader_load import Adopted, LeaderLoad
 from p2pswarm.agent.serving.loads import asked_from_doc
 from p2pswarm.agent.serving.records import (
     StageOrder,
@@ -199,8 +199,7 @@ class Adoption:
             first = orders[0]
             record = LeaderLoad(plan_id, public_model(first.model), runtime_doc(first.runtime),
                                 route)
-            record.set_adopted({"at": time.time(), "term": self.leadership.term(),
-                                "leader": self.agent.name})
+            record.set_adopted(Adopted(time.time(), self.leadership.term(), self.agent.name))
             if first.adapter:
                 record.set_adapter(public_adapter(first.adapter))
             if before is not None:  # what this agent saw when it led it before

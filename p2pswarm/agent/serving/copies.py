@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
+from p2pswarm.agent.serving.leader_load import CopyAhead, CopyTaken
 from p2pswarm.agent.serving.moves import spare_cards
 from p2pswarm.agent.serving.records import StageOrder, WeightsOrigin
 from p2pswarm.errors import SwarmError
@@ -57,7 +58,7 @@ class CopiesAhead:
         self.loads = loads
         self.wanted = HOLDERS_WANTED  # 0: no copies (a test of failover without them)
         self.holders: dict[Key, dict[str, str]] = {}  # fellows that copied: id -> name
-        self.copied: dict[tuple[str, int, str], dict[str, Any]] = {}  # what each copy took
+        self.copied: dict[tuple[str, int, str], CopyTaken] = {}  # what each copy took
         self._asked: dict[Key, tuple[tuple[str, ...], float]] = {}  # route, when, in vain
         self._watching = False
 
@@ -165,8 +166,7 @@ class CopiesAhead:
             return None
         plan_id = record.plan_id
         record.set_copies((*record.copies,
-                           {"stage": order.stage, "fellow": member.name, "fellow_id": fid,
-                            "state": "copying", "since": time.time()}))
+                           CopyAhead(order.stage, member.name, fid, since=time.time())))
         try:
             with trio.fail_after(COPY_TIMEOUT_S):
                 done = await self.leadership.order(
@@ -177,9 +177,8 @@ class CopiesAhead:
             log.info("stage %d of %s not copied to %s: %s", order.stage, plan_id,
                      member.name, exc)
             return None
-        self.copied[(plan_id, order.stage, fid)] = {
-            "bytes": done.held_bytes, "fetched_bytes": done.fetched_bytes,
-            "took_s": round(done.fetch_s, 3), "at": time.time()}
+        self.copied[(plan_id, order.stage, fid)] = CopyTaken(
+            done.held_bytes, done.fetched_bytes, round(done.fetch_s, 3), time.time())
         log.info("stage %d of %s copied ahead to %s (%d bytes fetched in %.1f s)",
                  order.stage, plan_id, member.name, done.fetched_bytes, done.fetch_s)
         return member.name
@@ -192,9 +191,8 @@ class CopiesAhead:
             hop_fid = record.stages[order.stage].fellow_id
             for fid, name in sorted(self.holders.get(key, {}).items(), key=lambda x: x[1]):
                 if fid != hop_fid and self._state(fid) in ("alive", "suspect"):
-                    shown.append({"stage": order.stage, "fellow": name, "fellow_id": fid,
-                                  "state": "held",
-                                  **self.copied.get(key + (fid,), {})})
+                    shown.append(CopyAhead(order.stage, name, fid,
+                                           taken=self.copied.get(key + (fid,))))
         record.set_copies(tuple(shown))
 
     def _forget_gone(self) -> None:

@@ -45,7 +45,7 @@ import trio
 
 from p2pswarm.agent.serving.adoption import Adoption
 from p2pswarm.agent.serving.keepers import Keepers
-from p2pswarm.agent.serving.leader_load import LeaderLoad
+from p2pswarm.agent.serving.leader_load import LeaderLoad, StageMoved
 from p2pswarm.agent.serving.moves import moved_order, spare_cards
 from p2pswarm.agent.serving.recut import Recut
 from p2pswarm.agent.serving.requests import load_move_request
@@ -177,7 +177,7 @@ class Failover:
             if proposal.plan is not None:
                 moved = await self.recut.take(record, proposal)
                 self._locks.pop(plan_id, None)  # the load goes by the new plan_id now
-                return LoadDone(pack_doc({**moved.to_doc(), "moved": list(moved.moves[-1:])}))
+                return LoadDone(pack_doc({**moved.to_doc(), "moved": [m.to_doc() for m in moved.moves[-1:]]}))
             estimate = (f"{proposal.now_s * 1e3:.1f} -> {proposal.after_s * 1e3:.1f} ms a "
                         "token, estimated")
             before = len(record.moves)
@@ -187,7 +187,7 @@ class Failover:
             record.set_faster(None)
             moves = record.moves
             return LoadDone(pack_doc({**record.to_doc(),
-                                      "moved": list(moves[-len(proposal.moves):])
+                                      "moved": [m.to_doc() for m in moves[-len(proposal.moves):]]
                                       if len(moves) > before else []}))
 
     def _note_faster(self, record: LeaderLoad) -> None:
@@ -196,7 +196,7 @@ class Failover:
         orders = self.loads.orders.get(plan_id)
         proposal = self.recut.proposal(plan_id, orders, self.agent.planning.view()) \
             if orders else None
-        record.set_faster(None if proposal is None else proposal.to_dict())
+        record.set_faster(proposal)
 
     def elected(self) -> None:
         """This agent won an election: watch the loads, adopting those it did not lead,
@@ -415,11 +415,10 @@ class Failover:
             orders[stage] = order
             await self._start(plan_id, new_route, orders)
             record.stages = new_route
-            move = {"at": time.time(), "stage": stage, "layers": list(old.layers),
-                    "from": old_hop.fellow, "from_id": old_hop.fellow_id,
-                    "to": member.name, "to_id": fellow.id, "card": hop.card,
-                    "why": why[:300], "took_s": round(time.perf_counter() - began, 3)}
-            record.add_move(move, MOVES_KEPT)
+            record.add_move(StageMoved(time.time(), stage, old.layers, old_hop.fellow,
+                                       old_hop.fellow_id, member.name, fellow.id, hop.card,
+                                       why[:300], round(time.perf_counter() - began, 3)),
+                            MOVES_KEPT)
             log.warning("stage %d of %s moved from %s to %s: %s", stage, plan_id,
                         old_hop.fellow, member.name, why)
             if old_hop.fellow_id not in record.fellow_ids:

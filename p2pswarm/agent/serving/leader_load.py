@@ -9,20 +9,113 @@ mutable class rather than a frozen value; the table says which record is current
 
 Its document (``to_doc``: the ``loads`` listing, a ``LoadDone`` reply) keeps the keys a
 plain map had, in the order they were set: the optional ones go through the methods
-below, which remember that order.
+below, which remember that order. A driver reads it back as a ``LoadRecord``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
-from p2pswarm.agent.serving.records import route_dict, route_hop
+from p2pswarm.agent.serving.moves import Proposal
+from p2pswarm.agent.serving.records import route_dict
 from p2pswarm.wire.loads import RouteHop
 from p2pswarm.wire.orders import pack_doc
 
-_OPTIONAL = ("load_s", "adapter", "adopted", "moves", "waiting", "faster", "copies",
-             "recut_from")
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """When, in which term and by which leader a load was adopted from its fellows."""
+
+    at: float  # wall-clock seconds
+    term: int
+    leader: str
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"at": self.at, "term": self.term, "leader": self.leader}
+
+
+@dataclass(frozen=True, slots=True)
+class StageMoved:
+    """One stage of a load moved to another fellow's card (lost, or to a faster one)."""
+
+    at: float  # wall-clock seconds
+    stage: int
+    layers: tuple[int, int]
+    from_name: str
+    from_id: str
+    to_name: str
+    to_id: str
+    card: str
+    why: str
+    took_s: float
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"at": self.at, "stage": self.stage, "layers": list(self.layers),
+                "from": self.from_name, "from_id": self.from_id, "to": self.to_name,
+                "to_id": self.to_id, "card": self.card, "why": self.why,
+                "took_s": self.took_s}
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRecut:
+    """A load re-cut live into another plan (``recut``)."""
+
+    at: float  # wall-clock seconds
+    from_plan: str
+    to_plan: str
+    stages_before: int
+    stages: tuple[dict[str, Any], ...]  # the new plan's stages (``moves.plan_stages``)
+    ms_per_token_now: float
+    ms_per_token_after: float
+    why: str
+    took_s: float
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"at": self.at, "recut": True, "from_plan": self.from_plan,
+                "to_plan": self.to_plan, "stages_before": self.stages_before,
+                "stages": list(self.stages), "ms_per_token_now": self.ms_per_token_now,
+                "ms_per_token_after": self.ms_per_token_after, "why": self.why,
+                "took_s": self.took_s}
+
+
+Move: TypeAlias = "StageMoved | LoadRecut"
+
+
+@dataclass(frozen=True, slots=True)
+class CopyTaken:
+    """What copying a stage's tensors ahead to a fellow took (``copies``)."""
+
+    held_bytes: int
+    fetched_bytes: int
+    took_s: float
+    at: float  # wall-clock seconds
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"bytes": self.held_bytes, "fetched_bytes": self.fetched_bytes,
+                "took_s": self.took_s, "at": self.at}
+
+
+@dataclass(frozen=True, slots=True)
+class CopyAhead:
+    """A copy of a stage's tensors ahead on a fellow outside its route: being made
+    (``since``), or held (with what it took, when this leader ordered it)."""
+
+    stage: int
+    fellow: str
+    fellow_id: str
+    since: float | None = None  # wall-clock seconds it is copying since; None: held
+    taken: CopyTaken | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"stage": self.stage, "fellow": self.fellow,
+                               "fellow_id": self.fellow_id,
+                               "state": "held" if self.since is None else "copying"}
+        if self.since is not None:
+            doc["since"] = self.since
+        elif self.taken is not None:
+            doc.update(self.taken.to_doc())
+        return doc
 
 
 @dataclass(eq=False, slots=True)
@@ -36,11 +129,11 @@ class LeaderLoad:
     serial: int = 0  # which record of the plan the leader's table holds (``Loads.lead``)
     load_s: float | None = None  # how long its bring-up took (None: not brought up here)
     adapter: dict[str, Any] | None = None  # ``public_adapter``; None: no adapter
-    adopted: dict[str, Any] | None = None  # when, in which term and by whom it was adopted
-    moves: tuple[dict[str, Any], ...] = ()  # the last moves of its stages, the oldest first
+    adopted: Adopted | None = None  # None: brought up by this agent
+    moves: tuple[Move, ...] = ()  # the last moves of its stages, the oldest first
     waiting: str = ""  # why a lost stage waits for a card ("": it does not)
-    faster: dict[str, Any] | None = None  # the markedly faster placement seen (``moves``)
-    copies: tuple[dict[str, Any], ...] = ()  # its stages' copies ahead (``copies``)
+    faster: Proposal | None = None  # the markedly faster placement seen (``moves``)
+    copies: tuple[CopyAhead, ...] = ()  # its stages' copies ahead (``copies``)
     recut_from: tuple[str, ...] = ()  # the plan_ids it went by before live re-cuts
     _order: list[str] = field(default_factory=list)  # the optional keys, as they were set
 
@@ -68,15 +161,15 @@ class LeaderLoad:
         self.adapter = adapter
         self._note("adapter", True)
 
-    def set_adopted(self, adopted: dict[str, Any]) -> None:
+    def set_adopted(self, adopted: Adopted) -> None:
         self.adopted = adopted
         self._note("adopted", True)
 
-    def set_moves(self, moves: tuple[dict[str, Any], ...]) -> None:
+    def set_moves(self, moves: tuple[Move, ...]) -> None:
         self.moves = moves
         self._note("moves", bool(moves))
 
-    def add_move(self, move: dict[str, Any], kept: int) -> None:
+    def add_move(self, move: Move, kept: int) -> None:
         """Record a move, keeping the last ``kept``."""
         self.set_moves((*self.moves, move)[-kept:])
 
@@ -85,11 +178,11 @@ class LeaderLoad:
         self.waiting = why
         self._note("waiting", bool(why))
 
-    def set_faster(self, faster: dict[str, Any] | None) -> None:
+    def set_faster(self, faster: Proposal | None) -> None:
         self.faster = faster
         self._note("faster", faster is not None)
 
-    def set_copies(self, copies: tuple[dict[str, Any], ...]) -> None:
+    def set_copies(self, copies: tuple[CopyAhead, ...]) -> None:
         self.copies = copies
         self._note("copies", bool(copies))
 
@@ -116,24 +209,20 @@ class LeaderLoad:
                                "stages": [route_dict(h) for h in self.stages]}
         for key in self._order:
             if self._present(key):
-                value = getattr(self, key)
-                doc[key] = list(value) if isinstance(value, tuple) else value
+                doc[key] = self._shown(key)
         return doc
 
-    @staticmethod
-    def from_doc(doc: dict[str, Any]) -> LeaderLoad:
-        """``to_doc`` back (the optional keys in the order the document has them)."""
-        load = LeaderLoad(str(doc["plan_id"]), dict(doc["model"]), dict(doc["runtime"]),
-                          tuple(route_hop(h, i) for i, h in enumerate(doc["stages"])))
-        for key in doc:
-            if key not in _OPTIONAL:
-                continue
-            value = doc[key]
-            if key in ("moves", "copies", "recut_from"):
-                value = tuple(value)
-            setattr(load, key, value)
-            load._note(key, load._present(key))
-        return load
+    def _shown(self, key: str) -> Any:
+        if key == "adopted":
+            return self.adopted.to_doc() if self.adopted is not None else None
+        if key == "faster":
+            return self.faster.to_dict() if self.faster is not None else None
+        if key == "moves":
+            return [m.to_doc() for m in self.moves]
+        if key == "copies":
+            return [c.to_doc() for c in self.copies]
+        value = getattr(self, key)
+        return list(value) if isinstance(value, tuple) else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,4 +240,5 @@ class LoadAsked:
         return pack_doc({"request": self.request, "adapter": self.adapter})
 
 
-__all__ = ["LeaderLoad", "LoadAsked"]
+__all__ = ["Adopted", "CopyAhead", "CopyTaken", "LeaderLoad", "LoadAsked", "LoadRecut", "Move",
+           "StageMoved"]

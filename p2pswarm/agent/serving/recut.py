@@ -48,6 +48,8 @@ from p2pswarm.errors import ConfigError, PlacementError, SwarmError
 from p2pswarm.planner import plan_message
 from p2pswarm.planner.plan import Plan
 
+from p2pswarm.agent.serving.leader_load import LoadRecut
+
 if TYPE_CHECKING:
     from p2pswarm.agent.serving.leader_load import LeaderLoad
     from p2pswarm.agent.serving.ports import RecutPort
@@ -151,13 +153,11 @@ class Recut:
                 raise PlacementError(f"{refused}: {exc}{both}") from None
             estimate = (f"{proposal.now_s * 1e3:.1f} -> {proposal.after_s * 1e3:.1f} ms a "
                         "token, estimated")
-            move = {"at": time.time(), "recut": True, "from_plan": old_id,
-                    "to_plan": new_id, "stages_before": len(record.stages),
-                    "stages": plan_stages(plan),
-                    "ms_per_token_now": round(proposal.now_s * 1e3, 3),
-                    "ms_per_token_after": round(proposal.after_s * 1e3, 3),
-                    "why": f"live move to a faster placement ({estimate})",
-                    "took_s": round(time.perf_counter() - began, 3)}
+            move = LoadRecut(time.time(), old_id, new_id, len(record.stages),
+                             tuple(plan_stages(plan)), round(proposal.now_s * 1e3, 3),
+                             round(proposal.after_s * 1e3, 3),
+                             f"live move to a faster placement ({estimate})",
+                             round(time.perf_counter() - began, 3))
             new.set_moves((*record.moves, move)[-self.moves_kept:])
             new.set_recut_from((*record.recut_from, old_id)[-RECUTS_NAMED:])
             old_addrs = {h.stage: (h.fellow_id, h.fellow, h.addr) for h in record.stages}
