@@ -28,6 +28,7 @@ import trio
 from p2pswarm.agent.serving.ports import whole
 from p2pswarm.agent.serving.records import WeightsOrigin
 from p2pswarm.agent.weight_holders import gather
+from p2pswarm.agent.serving.stage_gossip import gossiped_stages
 from p2pswarm.agent.weights import Manifest, ManifestTensor, WeightsCache
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.names import UnsafeName
@@ -155,12 +156,12 @@ class CopyHost:
                 f"{need:,} bytes more, its weights cache keeps {kept:,} of {cap:,}")
 
     def _stage_entries(self) -> list[dict[str, Any]]:
-        entries: list[Any] = list(self.agent.extra_metadata.get("stages") or [])
+        entries = gossiped_stages(self.agent.extra_metadata)
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
             if m.present and not m.is_self:
-                entries += self.agent.member_metadata(m).get("stages") or []
-        return [e for e in entries if isinstance(e, dict)]
+                entries += gossiped_stages(self.agent.member_metadata(m))
+        return entries
 
     def _gossiped_plans(self) -> set[str]:
         return {str(e.get("plan_id")) for e in self._stage_entries()}

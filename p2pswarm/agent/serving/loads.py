@@ -52,6 +52,11 @@ from p2pswarm.agent.serving.records import (
     public_model,
     runtime_block,
 )
+from p2pswarm.agent.serving.stage_gossip import (
+    gossiped_plan_ids,
+    gossiped_stages,
+    kept_plan_ids,
+)
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.errors import (
     ConfigError,
@@ -295,9 +300,8 @@ class Loads:
         """Addresses of the connected fellows that gossip a stage of ``plan_id``."""
         membership = self.agent.membership
         return sorted({m.addr for m in (membership.members() if membership else ())
-                       if m.present and any(
-                           isinstance(e, dict) and e.get("plan_id") == plan_id
-                           for e in self.agent.member_metadata(m).get("stages") or [])})
+                       if m.present
+                       and plan_id in gossiped_plan_ids(self.agent.member_metadata(m))})
 
     def current_id(self, plan_id: str) -> str:
         """The plan_id load ``plan_id`` goes by now (another after a re-cut)."""
@@ -472,8 +476,7 @@ class Loads:
         membership = self.agent.membership
         return sorted({m.addr for m in (membership.members() if membership else ())
                        if m.present and not m.is_self
-                       and plan_id in (self.agent.member_metadata(m).get("kept_loads")
-                                       or [])})
+                       and plan_id in kept_plan_ids(self.agent.member_metadata(m))})
 
     async def list_loads(self) -> list[dict[str, Any]]:
         """The leader's answer, or this fellow's own view when no leader answers."""
@@ -501,8 +504,8 @@ class Loads:
             members[fellow_id(m.node_id)] = m
             if not m.present:
                 continue  # a fellow that left or died serves nothing, whatever it last said
-            for entry in self.agent.member_metadata(m).get("stages", []) or []:
-                if not isinstance(entry, dict) or "plan_id" not in entry:
+            for entry in gossiped_stages(self.agent.member_metadata(m)):
+                if "plan_id" not in entry:
                     continue
                 gossiped.setdefault(str(entry["plan_id"]), {})[int(entry["stage"])] = {
                     **entry, "fellow_id": fellow_id(m.node_id), "fellow": m.name,
