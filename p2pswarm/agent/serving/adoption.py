@@ -179,9 +179,7 @@ class Adoption:
             if before is not None and self._unloaded(plan_id, self.loads.orders.get(plan_id)):
                 log.warning("load %s was unloaded while %s did not lead it; forgotten here",
                             plan_id, self.agent.name)
-                self.loads.loads.pop(plan_id, None)
-                self.loads.orders.pop(plan_id, None)
-                self.loads.asked.pop(plan_id, None)
+                self.loads.drop(plan_id)
                 return None
             if not answers:
                 return before

@@ -162,6 +162,12 @@ class Loads:
         self.loads[load.plan_id] = load
         self.orders[load.plan_id] = orders
 
+    def drop(self, plan_id: str) -> None:
+        """Stop leading ``plan_id``: its record, orders and request go from the table."""
+        self.loads.pop(plan_id, None)
+        self.orders.pop(plan_id, None)
+        self.asked.pop(plan_id, None)
+
     def leads(self, load: LeaderLoad) -> bool:
         """Whether ``load`` is still the table's record of its plan (not unloaded, re-cut
         or adopted afresh meanwhile)."""
@@ -279,9 +285,7 @@ class Loads:
         generation = self._generation_of(plan_id)
         if generation:  # no later leader adopts it either
             self.agent.spawn(self.events.forgotten, plan_id, generation)
-        self.loads.pop(plan_id, None)
-        self.orders.pop(plan_id, None)
-        self.asked.pop(plan_id, None)
+        self.drop(plan_id)
         self._unloaded[plan_id] = trio.current_time()
         self.events.unloaded(plan_id)  # its orders kept here and by its keepers
         for old, new in list(self.moved_to.items()):
@@ -452,9 +456,7 @@ class Loads:
             generation = self._generation_of(plan_id)
             if generation:  # remembered past this leader
                 await self.events.forgotten(plan_id, generation)
-            self.loads.pop(plan_id, None)
-            self.orders.pop(plan_id, None)
-            self.asked.pop(plan_id, None)
+            self.drop(plan_id)
             self._unloaded[plan_id] = trio.current_time()
             _remember(self._forgotten, plan_id, plan_id)
             self.events.unloaded(plan_id)
