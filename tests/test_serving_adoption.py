@@ -43,15 +43,15 @@ async def test_a_new_leader_moves_a_stage_lost_after_the_change_of_leader(
         swarm.crash(old)  # the leader that made the load, and kept its orders, is gone
 
         new = await adopted(swarm, old_id, old_term, plan_id)
-        assert [h["fellow"] for h in new.serving.loads[plan_id]["stages"]] == staged
-        as_adopted = [dict(h) for h in new.serving.loads[plan_id]["stages"]]
+        assert [h.fellow for h in new.serving.loads[plan_id].stages] == staged
+        as_adopted = new.serving.loads[plan_id].stages
 
         victim_name = next(n for n in staged if n != new.name)
         stage = staged.index(victim_name)
         victim = next(i for i, f in enumerate(swarm.fellows) if f.name == victim_name)
         swarm.crash(victim)  # a stage lost after the change of leader
         await wait_until(
-            lambda: new.serving.loads[plan_id]["stages"][stage]["fellow"] == spare,
+            lambda: new.serving.loads[plan_id].stages[stage].fellow == spare,
             timeout_s=60)
 
         driver = next(a for a in swarm.live() if a.node_id != new.node_id)
@@ -71,13 +71,14 @@ async def test_a_new_leader_moves_a_stage_lost_after_the_change_of_leader(
         # a leader elected again takes the load as its fellows keep it now, not as it
         # left it (another leader may have moved a stage meanwhile)
         led = new.serving.loads[plan_id]
-        new.serving.loads[plan_id] = {**led, "stages": as_adopted}
+        moves = led.moves
+        led.stages = as_adopted
         again = await new.serving.failover.adoption.adopt(plan_id, refresh=True)
-        assert again is not None and again is new.serving.loads[plan_id]
-        assert [h["fellow"] for h in again["stages"]] == [r["fellow"] for r in result.route]
-        assert again["moves"] == led["moves"]
+        assert again is not None and again is new.serving.loads[plan_id] and again is not led
+        assert [h.fellow for h in again.stages] == [r["fellow"] for r in result.route]
+        assert again.moves == moves
         assert new.serving.leader.orders[plan_id][stage].fellow_id == \
-            again["stages"][stage]["fellow_id"]
+            again.stages[stage].fellow_id
         # every fellow of the healed load keeps the new route and orders, for the next one
         for agent in swarm.live():
             for (p, _), hosted in agent.serving.hosted.items():

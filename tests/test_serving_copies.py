@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from p2pswarm.agent import Agent
+from p2pswarm.agent.serving.leader_load import LeaderLoad
 from p2pswarm.agent.weights import WeightsCache
 from p2pswarm.cli.loads import copies_line
 from p2pswarm.errors import SwarmError
@@ -27,8 +28,8 @@ from tests.serving_swarm import MODEL, PROMPT, adopted, reference, request, shor
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
-def _copied(record: dict[str, Any]) -> set[int]:
-    return {c["stage"] for c in record.get("copies", []) if c.get("state") == "held"}
+def _copied(record: LeaderLoad) -> set[int]:
+    return {c.stage for c in record.copies if c.since is None}
 
 
 async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
@@ -57,7 +58,7 @@ async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
         if copies:
             await wait_until(lambda: _copied(record) == {0, 1}, timeout_s=60)
             # both stages' tensors on the spare, which failover would move either to
-            assert copies_line(record["copies"]) == f"stage 0 on {spare}, stage 1 on {spare}"
+            assert copies_line([c.to_doc() for c in record.copies]) == f"stage 0 on {spare}, stage 1 on {spare}"
             held = set(agents[spare].serving.weights_cache().held())
             for s in plan["stages"]:
                 names = stage_tensor_names(checkpoint.config, *s["layers"])
@@ -67,7 +68,7 @@ async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
             await _refusals(leader, agents[spare], agents[staged[1]], plan_id, plan, loaded)
         else:
             await trio.sleep(10)
-            assert "copies" not in record and not agents[spare].serving.weights_cache().held()
+            assert not record.copies and not agents[spare].serving.weights_cache().held()
         local = reference(plan, checkpoint).generate(PROMPT[:30], 12, Sampler.greedy(),
                                                      stop_token_ids=())
         short_grace(swarm)
@@ -89,7 +90,7 @@ async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
             with pytest.raises(SwarmError, match="the generation stopped after 5 tokens"):
                 await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=12,
                                               stop_token_ids=(), on_token=crash_after_five)
-            assert "and no connected fellow holds model.layers" in new.serving.loads[plan_id]["waiting"]
+            assert "and no connected fellow holds model.layers" in new.serving.loads[plan_id].waiting
             nursery.cancel_scope.cancel()
             return
         with trio.fail_after(120):
@@ -107,8 +108,8 @@ async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
         # one fellow left outside it, while the other stage keeps its copy on the spare
         healed = new.serving.loads[plan_id]
         expected = {(lost_stage, driver.name), (1 - lost_stage, spare)}
-        await wait_until(lambda: {(c["stage"], c["fellow"]) for c in healed.get("copies", [])
-                                  if c["state"] == "held"} == expected, timeout_s=60)
+        await wait_until(lambda: {(c.stage, c.fellow) for c in healed.copies
+                                  if c.since is None} == expected, timeout_s=60)
         nursery.cancel_scope.cancel()
 
 

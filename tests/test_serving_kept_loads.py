@@ -14,6 +14,7 @@ import trio
 
 from p2pswarm.agent import Agent
 from p2pswarm.agent.serving.kept_loads import MAX_KEPT, KeptLoads
+from p2pswarm.agent.serving.leader_load import LoadAsked
 from p2pswarm.agent.serving.loads import asked_doc, asked_from_doc
 from p2pswarm.agent.serving.records import StageOrder, runtime_block
 from p2pswarm.agent.serving.tombstones import KEEP_S, Tombstones, unfit
@@ -85,10 +86,11 @@ async def test_the_leader_hosting_a_one_stage_load_crashes_and_the_load_is_serve
             await swarm.start(at)  # from its home: it keeps the orders, not the stage
         new = await next_leader(swarm, old_id, old_term)
         await wait_until(lambda: len(_served_on(swarm, plan_id)) == 1
-                         and not new.serving.loads.get(plan_id, {}).get("waiting"),
+                         and plan_id in new.serving.loads
+                         and not new.serving.loads[plan_id].waiting,
                          timeout_s=60)
         record = new.serving.loads[plan_id]
-        assert record["adopted"]["leader"] == new.name
+        assert record.adopted is not None and record.adopted.leader == new.name
         # what it was asked as came with its orders: a re-cut can plan it again
         assert new.serving.leader.asked[plan_id] == asked
         driver = next(a for a in swarm.live() if a is not new)
@@ -96,7 +98,7 @@ async def test_the_leader_hosting_a_one_stage_load_crashes_and_the_load_is_serve
         # no second copy comes up, and what each fellow keeps is the load as it runs
         await trio.sleep(5.0)
         assert len(_served_on(swarm, plan_id)) == 1
-        route = [h["fellow_id"] for h in new.serving.loads[plan_id]["stages"]]
+        route = list(new.serving.loads[plan_id].fellow_ids)
         for agent in swarm.live():
             kept = agent.serving.host.kept.get(plan_id)
             if kept is not None:
@@ -304,7 +306,8 @@ def test_a_kept_request_is_checked_against_the_orders_model() -> None:
     route, orders = _orders()
     model = StageOrder.from_wire(orders[0]).model
     message = request(stages=1)
-    assert asked_from_doc(asked_doc(message, None), model) == (message, model, None)
+    assert asked_from_doc(asked_doc(message, None), model) == LoadAsked(message, model, None)
+    assert LoadAsked(message, model, None).to_doc() == asked_doc(message, None)
     other = {**message, "model": {"name": "x", "config": {"hidden_size": 1}}}
     for raw in (asked_doc(other, None), b"\xc1", pack_doc({"request": 3}),
                 asked_doc({**message, "adapter": "ab" * 32}, None)):

@@ -11,6 +11,7 @@ from p2pswarm import wire
 from p2pswarm.agent.serving.records import (
     LoadRecord,
     StageOrder,
+    WeightsOrigin,
     generation_tokens,
     route_dict,
     route_hop,
@@ -40,7 +41,7 @@ def test_a_stage_order_crosses_the_wire_whole() -> None:
 
 
 def test_a_route_crosses_the_wire_whole() -> None:
-    (msg,) = wire.decode(wire.encode(StageStart("0123456789abcdef", (route_hop(HOP),))),
+    (msg,) = wire.decode(wire.encode(StageStart("0123456789abcdef", (route_hop(HOP, 0),))),
                          max_bytes=1 << 20)
     assert [route_dict(h) for h in msg.route] == [HOP]
 
@@ -82,3 +83,12 @@ def test_a_load_record_reads_its_route_and_runtime() -> None:
 def test_a_malformed_load_record_is_refused(broken: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         LoadRecord.from_doc({**RECORD, **broken})
+
+
+def test_a_weights_origin_reads_what_the_identity_says() -> None:
+    origin = WeightsOrigin.of({"kind": "files", "name": "m", "source_id": "ab", "path": "/m"})
+    assert (origin.kind, origin.name, origin.path) == ("files", "m", "/m")
+    assert origin.offered_by("ab") and not origin.offered_by("cd")
+    assert origin.source_name() == "the source" and origin.source is None
+    named = WeightsOrigin.of({"kind": "builtin", "source": "x" * 80})
+    assert named.source_name() == "x" * 64 and named.source_id == "" and named.path is None

@@ -106,7 +106,7 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
 
         # its memory free again: the move, asked by the proposed plan's id, is taken while
         # a generation runs; the generation resumes on the new cut with the same tokens
-        await wait_until(lambda: "faster" not in driver.serving.leader.loads[plan["plan_id"]],
+        await wait_until(lambda: driver.serving.leader.loads[plan["plan_id"]].faster is None,
                          timeout_s=30)  # the shortage is heard: no proposal
         # the plan proposed before is stale now, and the refusal says so
         with pytest.raises(PlacementError, match=f"plan {faster['plan_id']} is no longer the "

@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from p2pswarm import wire
+from p2pswarm.agent.serving.records import WeightsOrigin
 from p2pswarm.agent.weight_holders import ask_holders, first_unheld, gather
 from p2pswarm.agent.weights import Manifest, ManifestTensor, WeightsCache
 from p2pswarm.errors import PlacementError, TransportError
@@ -156,7 +157,7 @@ async def test_tensors_come_from_the_holders_by_hash_and_hostile_answers_cost_no
                                   gone) is None
         assert await first_unheld(full, manifest, ["t2", "t4"], caches[full.name],
                                   gone) == "t4"
-        block = {"source_id": gone, "source": "laptop"}
+        block = WeightsOrigin.of({"source_id": gone, "source": "laptop"})
         assert await full.serving.host._unreachable(manifest, ["t4"], block, "the model "
                                                     "files") == (
             "the model files are not here, laptop (which offered them) is not connected, "

@@ -55,11 +55,13 @@ from p2pswarm.agent.serving.copy_host import CopyHost
 from p2pswarm.agent.serving.events import LoadEvents, WeightsInUse
 from p2pswarm.agent.serving.failover import Failover
 from p2pswarm.agent.serving.generation import Generation, TextStream
+from p2pswarm.agent.serving.leader_load import LeaderLoad
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
 from p2pswarm.agent.serving.records import GenerationResult, HostedStage, StageOrder
 from p2pswarm.agent.serving.runtime import StageRuntime, TorchOnFirstUse
+from p2pswarm.agent.serving.stage_gossip import kept_plan_ids
 from p2pswarm.agent.serving.stage_host import StageHost
 from p2pswarm.agent.serving.stage_session import StageSessions
 from p2pswarm.agent.weights import Manifest, WeightsCache, WeightsServer
@@ -141,7 +143,7 @@ class Serving:
         orders it keeps (it may have restarted before anyone thought it dead)."""
         member = self.agent.membership.member(node_id) if self.agent.membership else None
         if member is not None and self.leadership.is_leader() \
-                and self.agent.member_metadata(member).get("kept_loads"):
+                and kept_plan_ids(self.agent.member_metadata(member)):
             self.failover.look_a_while()
 
     @property
@@ -149,7 +151,7 @@ class Serving:
         return self.host.hosted
 
     @property
-    def loads(self) -> dict[str, dict[str, Any]]:
+    def loads(self) -> dict[str, LeaderLoad]:
         return self.leader.loads
 
     @property

@@ -36,14 +36,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from p2pswarm.agent.serving.leader_load import Adopted, LeaderLoad
 from p2pswarm.agent.serving.loads import asked_from_doc
 from p2pswarm.agent.serving.records import (
     StageOrder,
     public_adapter,
     public_model,
-    route_dict,
     runtime_doc,
 )
+from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids, kept_plan_ids
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.wire.loads import RouteHop, StageAssignment, StageOrdersAsk, StageOrdersKept
 
@@ -116,7 +117,7 @@ class Adoption:
     def unadopted(self) -> list[str]:
         """Loads fellows gossip that they serve, or keep the orders of, that this leader
         does not lead (yet); not those it unloaded or re-cut."""
-        served = {r["plan_id"] for r in self.loads.loads_view()}
+        served = self.loads.loaded_ids()
         kept = set(self._kept_gossip()) | set(self.host.kept_idle())
         kept -= {p for p in kept if self.loads.forgotten_load(p) or p in self.loads.moved_to
                  or self.loads.recently_unloaded(p)}
@@ -129,11 +130,11 @@ class Adoption:
         for m in membership.members() if membership is not None else ():
             if m.is_self or not m.present:
                 continue
-            for plan_id in self.agent.member_metadata(m).get("kept_loads") or []:
+            for plan_id in kept_plan_ids(self.agent.member_metadata(m)):
                 out.setdefault(plan_id, []).append(m.addr)
         return out
 
-    async def adopt(self, plan_id: str, refresh: bool = False) -> dict[str, Any] | None:
+    async def adopt(self, plan_id: str, refresh: bool = False) -> LeaderLoad | None:
         """Lead load ``plan_id`` from what its stage fellows keep; its record, or None
         when no fellow of it answers with a route and orders that fit. A load this
         agent led before is taken as it is, or, with ``refresh`` (elected again: another
@@ -178,9 +179,7 @@ class Adoption:
             if before is not None and self._unloaded(plan_id, self.loads.orders.get(plan_id)):
                 log.warning("load %s was unloaded while %s did not lead it; forgotten here",
                             plan_id, self.agent.name)
-                self.loads.loads.pop(plan_id, None)
-                self.loads.orders.pop(plan_id, None)
-                self.loads.asked.pop(plan_id, None)
+                self.loads.drop(plan_id)
                 return None
             if not answers:
                 return before
@@ -193,27 +192,25 @@ class Adoption:
                          "it remembers", plan_id)
                 return before
             _, kept, orders = newest_kept(answers)
-            route = [route_dict(h) for h in kept.route]
-            if before is not None and [h["fellow_id"] for h in before["stages"]] == [
-                    h["fellow_id"] for h in route]:
+            route = tuple(kept.route)
+            if before is not None and before.fellow_ids == tuple(h.fellow_id for h in route):
                 return before  # as this agent left it
             first = orders[0]
-            record: dict[str, Any] = {
-                "plan_id": plan_id, "model": public_model(first.model),
-                "runtime": runtime_doc(first.runtime), "stages": route,
-                "adopted": {"at": time.time(), "term": self.leadership.term(),
-                            "leader": self.agent.name}}
+            record = LeaderLoad(plan_id, public_model(first.model), runtime_doc(first.runtime),
+                                route)
+            record.set_adopted(Adopted(time.time(), self.leadership.term(), self.agent.name))
             if first.adapter:
-                record["adapter"] = public_adapter(first.adapter)
-            for key in ("moves", "load_s"):  # what this agent saw when it led it before
-                if before is not None and key in before:
-                    record[key] = before[key]
-            self.loads.loads[plan_id] = record
-            self.loads.orders[plan_id] = orders
+                record.set_adapter(public_adapter(first.adapter))
+            if before is not None:  # what this agent saw when it led it before
+                if before.moves:
+                    record.set_moves(before.moves)
+                if before.load_s is not None:
+                    record.set_load_s(before.load_s)
+            self.loads.lead(record, orders)
             self._take_asked(plan_id, kept, first.model)
             log.warning("%s leads load %s now (its route and orders from %d of its "
                         "fellows)", self.agent.name, plan_id, len(answers))
-            named = {h["addr"] for h in route}
+            named = record.addrs
             serving = set(self.loads.gossiped_holders(plan_id))
             if any(p == plan_id for p, _ in self.hosted):
                 serving.add(self.agent.addr)
@@ -265,8 +262,7 @@ class Adoption:
         for m in membership.members() if membership is not None else ():
             if not m.present:
                 continue
-            entries = self.agent.member_metadata(m).get("stages") or []
-            if any(isinstance(e, dict) and e.get("plan_id") == plan_id for e in entries):
+            if plan_id in gossiped_plan_ids(self.agent.member_metadata(m)):
                 addrs.add(m.addr)
         if any(p == plan_id for p, _ in self.hosted) or self.host.kept.get(plan_id):
             addrs.add(self.agent.addr)

@@ -21,6 +21,7 @@ import trio
 from p2pswarm.agent.adapter import check_adapter, read_adapter
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
+from p2pswarm.agent.serving.records import WeightsOrigin
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.control.server import Emit
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
@@ -177,8 +178,9 @@ class LoadAsker:
         if wanted and wanted != adapter.sha256:
             raise ConfigError(f"the adapter in {adapter.path} changed since it was hashed "
                               "for this request: run the command again")
-        check_adapter(adapter, message["model"]["config"], str(model.get("name")),
-                      model.get("path") if model.get("kind") == "files" else None)
+        origin = WeightsOrigin.of(model)
+        check_adapter(adapter, message["model"]["config"], str(origin.name),
+                      origin.path if origin.kind == "files" else None)
         self.offers.server.offer(adapter.manifest)
         return {**adapter.public(), "source_id": self.agent.node_id.hex(),
                 "source": self.agent.name, "manifest": adapter.manifest.to_dict()}

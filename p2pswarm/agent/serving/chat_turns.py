@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from p2pswarm.agent.serving.records import generation_tokens
+from p2pswarm.agent.serving.records import WeightsOrigin, generation_tokens
 from p2pswarm.errors import PlacementError
 from p2pswarm.models.chat_template import ChatTemplate, read_chat_template, render_chat
 
@@ -34,11 +34,12 @@ class ChatPrompts:
         model = record.get("model") or {}
         files = {f[0] for f in model.get("files", [])}
         template = None
-        if model.get("kind") == "files" and "tokenizer_config.json" in files:
+        origin = WeightsOrigin.of(model)
+        if origin.kind == "files" and "tokenizer_config.json" in files:
             serving = self.serving
             await serving.tokenizer(record)  # fetches the side files this fellow lacks
-            if model.get("source_id") == serving.agent.node_id.hex():
-                directory = str(model["path"])
+            if origin.offered_by(serving.agent.node_id.hex()):
+                directory = str(origin.path)
             else:
                 manifest = Manifest.from_dict({**model, "config": {}, "tensors": []})
                 cache = serving.weights_cache()

@@ -24,19 +24,21 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
+from p2pswarm.agent.serving.leader_load import CopyAhead, CopyTaken
 from p2pswarm.agent.serving.moves import spare_cards
+from p2pswarm.agent.serving.records import StageOrder, WeightsOrigin
 from p2pswarm.errors import SwarmError
 from p2pswarm.wire.orders import pack_doc
 from p2pswarm.wire.serving import StageCopied, StageCopy
 
 if TYPE_CHECKING:
+    from p2pswarm.agent.serving.leader_load import LeaderLoad
     from p2pswarm.agent.serving.ports import CopiesPort, Leader
     from p2pswarm.agent.serving.loads import Loads
-    from p2pswarm.agent.serving.records import StageOrder
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -56,7 +58,7 @@ class CopiesAhead:
         self.loads = loads
         self.wanted = HOLDERS_WANTED  # 0: no copies (a test of failover without them)
         self.holders: dict[Key, dict[str, str]] = {}  # fellows that copied: id -> name
-        self.copied: dict[tuple[str, int, str], dict[str, Any]] = {}  # what each copy took
+        self.copied: dict[tuple[str, int, str], CopyTaken] = {}  # what each copy took
         self._asked: dict[Key, tuple[tuple[str, ...], float]] = {}  # route, when, in vain
         self._watching = False
 
@@ -87,17 +89,16 @@ class CopiesAhead:
                 continue
             self._show(record, orders)  # the route may have changed since the last round
             for order in list(orders):  # a move replaces an order in place
-                if order.stage < len(record["stages"]):
+                if order.stage < len(record.stages):
                     await self._stage(record, order)
                     self._show(record, orders)
         self._forget_gone()
 
-    def _whole(self, record: dict[str, Any]) -> bool:
+    def _whole(self, record: LeaderLoad) -> bool:
         """A load waiting for a card, or with a stage's fellow lost, is failover's first."""
-        if record.get("waiting"):
+        if record.waiting:
             return False
-        return all(self._state(s["fellow_id"]) in ("alive", "suspect")
-                   for s in record["stages"])
+        return all(self._state(f) in ("alive", "suspect") for f in record.fellow_ids)
 
     def _state(self, fid: str) -> str:
         member = self.agent.fellow(fid)
@@ -113,18 +114,18 @@ class CopiesAhead:
         out.pop(offerer, None)
         return out
 
-    async def _stage(self, record: dict[str, Any], order: StageOrder) -> None:
-        model = order.model
-        if model.get("kind") != "files":
+    async def _stage(self, record: LeaderLoad, order: StageOrder) -> None:
+        model = WeightsOrigin.of(order.model)
+        if model.kind != "files":
             return
-        key = (record["plan_id"], order.stage)
-        hop = record["stages"][order.stage]
-        offerer = str(model.get("source_id", ""))
-        route = tuple(str(h["fellow_id"]) for h in record["stages"])
+        key = (record.plan_id, order.stage)
+        hop = record.stages[order.stage]
+        offerer = model.source_id
+        route = record.fellow_ids
         asked = self._asked.get(key)
         if asked is not None and asked[0] == route and trio.current_time() < asked[1]:
             return  # nobody had room a moment ago, on this route
-        held = self._held_by(key, str(hop["fellow_id"]), offerer)
+        held = self._held_by(key, hop.fellow_id, offerer)
         tried = 0
         for fid in self._candidates(order, route, offerer, held):
             if len(held) >= self.wanted or tried >= CANDIDATES_TRIED:
@@ -138,7 +139,7 @@ class CopiesAhead:
             self._asked[key] = (route, trio.current_time() + RETRY_S)
             if tried:
                 log.info("stage %d of %s: no fellow took a copy of its tensors now; asked "
-                         "again in %g s", order.stage, record["plan_id"], RETRY_S)
+                         "again in %g s", order.stage, record.plan_id, RETRY_S)
         else:
             self._asked.pop(key, None)
 
@@ -158,15 +159,14 @@ class CopiesAhead:
                 out.append(fellow.id)
         return out
 
-    async def _copy(self, record: dict[str, Any], order: StageOrder, fid: str) -> str | None:
+    async def _copy(self, record: LeaderLoad, order: StageOrder, fid: str) -> str | None:
         """Order the fellow ``fid`` to copy ``order``'s stage; its name, or None."""
         member = self.agent.fellow(fid)
         if member is None or not member.present:
             return None
-        plan_id = record["plan_id"]
-        record["copies"] = [*record.get("copies", []),
-                            {"stage": order.stage, "fellow": member.name, "fellow_id": fid,
-                             "state": "copying", "since": time.time()}]
+        plan_id = record.plan_id
+        record.set_copies((*record.copies,
+                           CopyAhead(order.stage, member.name, fid, since=time.time())))
         try:
             with trio.fail_after(COPY_TIMEOUT_S):
                 done = await self.leadership.order(
@@ -177,28 +177,23 @@ class CopiesAhead:
             log.info("stage %d of %s not copied to %s: %s", order.stage, plan_id,
                      member.name, exc)
             return None
-        self.copied[(plan_id, order.stage, fid)] = {
-            "bytes": done.held_bytes, "fetched_bytes": done.fetched_bytes,
-            "took_s": round(done.fetch_s, 3), "at": time.time()}
+        self.copied[(plan_id, order.stage, fid)] = CopyTaken(
+            done.held_bytes, done.fetched_bytes, round(done.fetch_s, 3), time.time())
         log.info("stage %d of %s copied ahead to %s (%d bytes fetched in %.1f s)",
                  order.stage, plan_id, member.name, done.fetched_bytes, done.fetch_s)
         return member.name
 
-    def _show(self, record: dict[str, Any], orders: list[StageOrder]) -> None:
+    def _show(self, record: LeaderLoad, orders: list[StageOrder]) -> None:
         """The record's ``copies``: each stage's copies outside its route hop, as held."""
         shown = []
         for order in orders:
-            key = (record["plan_id"], order.stage)
-            hop_fid = str(record["stages"][order.stage]["fellow_id"])
+            key = (record.plan_id, order.stage)
+            hop_fid = record.stages[order.stage].fellow_id
             for fid, name in sorted(self.holders.get(key, {}).items(), key=lambda x: x[1]):
                 if fid != hop_fid and self._state(fid) in ("alive", "suspect"):
-                    shown.append({"stage": order.stage, "fellow": name, "fellow_id": fid,
-                                  "state": "held",
-                                  **self.copied.get((record["plan_id"], order.stage, fid), {})})
-        if shown:
-            record["copies"] = shown
-        else:
-            record.pop("copies", None)
+                    shown.append(CopyAhead(order.stage, name, fid,
+                                           taken=self.copied.get(key + (fid,))))
+        record.set_copies(tuple(shown))
 
     def _forget_gone(self) -> None:
         led = set(self.loads.loads)

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.serving.ports import whole
+from p2pswarm.agent.serving.records import WeightsOrigin
 from p2pswarm.agent.weight_holders import gather
+from p2pswarm.agent.serving.stage_gossip import gossiped_stages
 from p2pswarm.agent.weights import Manifest, ManifestTensor, WeightsCache
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.names import UnsafeName
@@ -94,15 +96,15 @@ class CopyHost:
         total = sum(t.nbytes for t in wanted)
         if lacking:
             await self._check_room(cache, sum(t.nbytes for t in lacking), call)
-        model = unpack_doc(call.model)
+        model = WeightsOrigin.of(unpack_doc(call.model))
         began = time.perf_counter()
         fetched = 0
         async with self._one_at_a_time:
             if lacking:
-                manifest = Manifest.from_dict(model["manifest"])
+                manifest = Manifest.from_dict(model.manifest)
                 got = await gather(whole(self.agent), manifest, [t.name for t in lacking], cache,
-                                   self._run, source_id=str(model.get("source_id", "")),
-                                   source_name=str(model.get("source", "the source"))[:64])
+                                   self._run, source_id=model.source_id,
+                                   source_name=model.source_name())
                 fetched = got.received_bytes
         self._keep(call.plan_id, {t.sha256 for t in wanted})
         took = time.perf_counter() - began
@@ -121,13 +123,13 @@ class CopyHost:
             return PlacementError(f"refuses to copy stage {call.stage} of {call.plan_id}: "
                                   f"{why}")
 
-        model = unpack_doc(call.model)
-        if model.get("kind") != "files" or not isinstance(model.get("manifest"), dict):
+        model = WeightsOrigin.of(unpack_doc(call.model))
+        if model.kind != "files" or not isinstance(model.manifest, dict):
             raise refuse("its model is not files a fellow offered")
         if not call.start_layer < call.end_layer:
             raise refuse("its layers are empty")
         try:
-            manifest = Manifest.from_dict(model["manifest"])
+            manifest = Manifest.from_dict(model.manifest)
             if not manifest.key_holds():
                 raise refuse("the manifest is not the model its key names")
             tensors = manifest.stage_tensors(call.start_layer, call.end_layer)
@@ -154,12 +156,12 @@ class CopyHost:
                 f"{need:,} bytes more, its weights cache keeps {kept:,} of {cap:,}")
 
     def _stage_entries(self) -> list[dict[str, Any]]:
-        entries: list[Any] = list(self.agent.extra_metadata.get("stages") or [])
+        entries = gossiped_stages(self.agent.extra_metadata)
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
             if m.present and not m.is_self:
-                entries += self.agent.member_metadata(m).get("stages") or []
-        return [e for e in entries if isinstance(e, dict)]
+                entries += gossiped_stages(self.agent.member_metadata(m))
+        return entries
 
     def _gossiped_plans(self) -> set[str]:
         return {str(e.get("plan_id")) for e in self._stage_entries()}

@@ -38,17 +38,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from p2pswarm.agent.serving.adoption import Adoption
 from p2pswarm.agent.serving.keepers import Keepers
+from p2pswarm.agent.serving.leader_load import LeaderLoad, StageMoved
 from p2pswarm.agent.serving.moves import moved_order, spare_cards
 from p2pswarm.agent.serving.recut import Recut
 from p2pswarm.agent.serving.requests import load_move_request
 from p2pswarm.agent.serving.unload_memory import UnloadMemory
-from p2pswarm.agent.serving.records import StageOrder, route_hop
+from p2pswarm.agent.serving.records import StageOrder
 from p2pswarm.control.requests import typed_op
 from p2pswarm.errors import (
     NobodyListens,
@@ -133,7 +135,7 @@ class Failover:
         async with self._locks.setdefault(call.plan_id, trio.Lock()):
             pass  # a live move under way ends first: it may re-cut the load (``recut``)
         record = await self.heal(self.loads.current_id(call.plan_id), f"{call.reason[:200]}")
-        return LoadDone(pack_doc(record))
+        return LoadDone(pack_doc(record.to_doc()))
 
     async def _op_load_move(self, call: LoadMoveRequest) -> Any:
         reply = await self.leadership.ask(LoadMove(call.plan_id), LoadDone)
@@ -175,28 +177,26 @@ class Failover:
             if proposal.plan is not None:
                 moved = await self.recut.take(record, proposal)
                 self._locks.pop(plan_id, None)  # the load goes by the new plan_id now
-                return LoadDone(pack_doc({**moved, "moved": moved["moves"][-1:]}))
+                return LoadDone(pack_doc({**moved.to_doc(), "moved": [m.to_doc() for m in moved.moves[-1:]]}))
             estimate = (f"{proposal.now_s * 1e3:.1f} -> {proposal.after_s * 1e3:.1f} ms a "
                         "token, estimated")
-            before = len(record.get("moves", []))
+            before = len(record.moves)
             for m in proposal.moves:
                 await self._move(record, m.stage, f"live move to a faster card ({estimate})",
                                  [(m.fellow, m.card)])
-            record.pop("faster", None)
-            moves = record.get("moves", [])
-            return LoadDone(pack_doc({**record, "moved": moves[-len(proposal.moves):]
+            record.set_faster(None)
+            moves = record.moves
+            return LoadDone(pack_doc({**record.to_doc(),
+                                      "moved": [m.to_doc() for m in moves[-len(proposal.moves):]]
                                       if len(moves) > before else []}))
 
-    def _note_faster(self, record: dict[str, Any]) -> None:
+    def _note_faster(self, record: LeaderLoad) -> None:
         """Say on the load's record whether a markedly faster placement is to be had."""
-        plan_id = record["plan_id"]
+        plan_id = record.plan_id
         orders = self.loads.orders.get(plan_id)
         proposal = self.recut.proposal(plan_id, orders, self.agent.planning.view()) \
             if orders else None
-        if proposal is None:
-            record.pop("faster", None)
-        else:
-            record["faster"] = proposal.to_dict()
+        record.set_faster(proposal)
 
     def elected(self) -> None:
         """This agent won an election: watch the loads, adopting those it did not lead,
@@ -251,11 +251,11 @@ class Failover:
                 for plan_id, record in list(self.loads.loads.items()):
                     if plan_id in self._healing:
                         continue
-                    states = [self._member_state(s["fellow_id"]) for s in record["stages"]]
+                    states = [self._member_state(f) for f in record.fellow_ids]
                     # a stage's fellow that keeps the orders but serves none: restarted
-                    restarted = {f for f, _ in kept_by.get(plan_id, [])} & {
-                        s["fellow_id"] for s in record["stages"]}
-                    waiting = bool(record.get("waiting"))
+                    restarted = {f for f, _ in kept_by.get(plan_id, [])} & set(
+                        record.fellow_ids)
+                    waiting = bool(record.waiting)
                     if waiting and now < self._retry_at.get(plan_id, 0.0):
                         continue
                     if waiting or restarted or any(s in ("dead", "left", "unknown")
@@ -297,7 +297,7 @@ class Failover:
         member = self.agent.fellow(fid)
         return member.state if member is not None else "unknown"
 
-    async def heal(self, plan_id: str, why: str) -> dict[str, Any]:
+    async def heal(self, plan_id: str, why: str) -> LeaderLoad:
         """Make load ``plan_id`` whole: every stage's fellow back, or its stage re-placed.
         Returns the load's record; PlacementError when a lost stage has no card to go to
         (the record then says what it waits for)."""
@@ -312,7 +312,7 @@ class Failover:
                                          f"{self.agent.name}); it cannot be healed")
                 lost = await self._lost_stages(record)
                 if not lost:
-                    record.pop("waiting", None)
+                    record.set_waiting("")
                     return record
                 for stage in sorted(lost):
                     said, answered = lost[stage]
@@ -320,73 +320,73 @@ class Failover:
                         await self._move(record, stage, f"{said} ({why})",
                                          same_fellow_first=answered)
                     except PlacementError as exc:
-                        record["waiting"] = str(exc)
+                        record.set_waiting(str(exc))
                         self._retry_at[plan_id] = trio.current_time() + self.timings.retry_waiting_s
                         raise
-                record.pop("waiting", None)
+                record.set_waiting("")
                 return record
         finally:
             self._healing.discard(plan_id)
             if plan_id not in self.loads.loads:
                 self._locks.pop(plan_id, None)
 
-    async def _lost_stages(self, record: dict[str, Any]) -> dict[int, tuple[str, bool]]:
+    async def _lost_stages(self, record: LeaderLoad) -> dict[int, tuple[str, bool]]:
         """stage -> why its fellow is lost, and whether that fellow answered (it no longer
         holds the stage: restarted, say), for the stages whose fellow is gone, silent past
         the grace window, or without the stage; the others hold their stage live."""
         lost: dict[int, tuple[str, bool]] = {}
         deadline = trio.current_time() + self.grace_s
 
-        async def one(hop: dict[str, Any]) -> None:
-            why = await self._lost_why(record["plan_id"], hop, deadline)
+        async def one(hop: RouteHop) -> None:
+            why = await self._lost_why(record.plan_id, hop, deadline)
             if why is not None:
-                lost[int(hop["stage"])] = why
+                lost[hop.stage] = why
 
         async with trio.open_nursery() as nursery:
-            for hop in record["stages"]:
+            for hop in record.stages:
                 nursery.start_soon(one, hop)
         return lost
 
-    async def _lost_why(self, plan_id: str, hop: dict[str, Any],
+    async def _lost_why(self, plan_id: str, hop: RouteHop,
                         deadline: float) -> tuple[str, bool] | None:
-        name = hop["fellow"]
+        name = hop.fellow
         while True:
-            if self._member_state(hop["fellow_id"]) in ("left", "unknown"):
+            if self._member_state(hop.fellow_id) in ("left", "unknown"):
                 return f"{name} left the swarm", False
             try:
                 with trio.fail_after(self.timings.check_timeout_s):
                     reply = await self.leadership.order(
-                        hop["addr"], StageCheck(plan_id, int(hop["stage"])), StageChecked)
+                        hop.addr, StageCheck(plan_id, hop.stage), StageChecked)
                 if reply.state == "active":
                     return None
                 return f"{name} no longer holds the stage ({reply.state})", True
             except NobodyListens:
-                return f"{name}'s process is gone (nothing listens at {hop['addr']})", False
+                return f"{name}'s process is gone (nothing listens at {hop.addr})", False
             except (SwarmError, trio.TooSlowError):
                 pass
             if trio.current_time() >= deadline:
                 return f"{name} was silent for {self.grace_s:g} s", False
             await trio.sleep(self.timings.check_retry_s)
 
-    async def _move(self, record: dict[str, Any], stage: int, why: str,
+    async def _move(self, record: LeaderLoad, stage: int, why: str,
                     candidates: list[tuple[Fellow, CardView]] | None = None,
                     same_fellow_first: bool = False) -> None:
         """Re-place ``stage`` of the load on a spare card (the first of ``candidates``
         that takes it), and start the new route. With ``same_fellow_first`` (its fellow
         answered that it no longer holds it), its own card comes first when it has room:
         the stage's weights are cached there."""
-        plan_id = record["plan_id"]
+        plan_id = record.plan_id
         orders = self.loads.orders.get(plan_id)
         if orders is None:
             raise PlacementError(f"the leader {self.agent.name} has not the stage orders of "
                                  f"plan {plan_id} (it did not load it)")
         old = orders[stage]
-        route = record["stages"]
+        route = record.stages
         old_hop = route[stage]
         if candidates is None:
-            busy = {h["fellow_id"] for h in route}
-            own = old_hop["fellow_id"]
-            if same_fellow_first and [h["fellow_id"] for h in route].count(own) == 1:
+            busy = set(record.fellow_ids)
+            own = old_hop.fellow_id
+            if same_fellow_first and record.fellow_ids.count(own) == 1:
                 busy.discard(own)  # it holds no other stage of the load
             candidates = spare_cards(self.agent.planning.view(), old.need_bytes, busy)
             if same_fellow_first:
@@ -404,27 +404,25 @@ class Failover:
             except SwarmError as exc:
                 refusals.append(f"{fellow.name}: {exc}")
                 continue
-            if self.loads.loads.get(plan_id) is not record:  # unloaded meanwhile
+            if not self.loads.leads(record):  # unloaded meanwhile
                 await self._release(plan_id, member.addr, stage)
                 raise PlacementError(f"plan {plan_id} was unloaded while stage {stage} moved")
-            hop = {**old_hop, "fellow_id": fellow.id, "fellow": member.name,
-                   "addr": member.addr,
-                   "card": card_label(card.kind, card.index, card.name),
-                   "allocated_bytes": loaded.allocated_bytes,
-                   "fetched_bytes": loaded.fetched_bytes, "fetch_s": loaded.fetch_s}
-            new_route = [hop if int(h["stage"]) == stage else h for h in route]
+            hop = replace(old_hop, fellow_id=fellow.id, fellow=member.name, addr=member.addr,
+                          card=card_label(card.kind, card.index, card.name),
+                          allocated_bytes=loaded.allocated_bytes,
+                          fetched_bytes=loaded.fetched_bytes, fetch_s=loaded.fetch_s)
+            new_route = tuple(hop if h.stage == stage else h for h in route)
             orders[stage] = order
             await self._start(plan_id, new_route, orders)
-            record["stages"] = new_route
-            move = {"at": time.time(), "stage": stage, "layers": list(old.layers),
-                    "from": old_hop["fellow"], "from_id": old_hop["fellow_id"],
-                    "to": member.name, "to_id": fellow.id, "card": hop["card"],
-                    "why": why[:300], "took_s": round(time.perf_counter() - began, 3)}
-            record["moves"] = [*record.get("moves", []), move][-MOVES_KEPT:]
+            record.stages = new_route
+            record.add_move(StageMoved(time.time(), stage, old.layers, old_hop.fellow,
+                                       old_hop.fellow_id, member.name, fellow.id, hop.card,
+                                       why[:300], round(time.perf_counter() - began, 3)),
+                            MOVES_KEPT)
             log.warning("stage %d of %s moved from %s to %s: %s", stage, plan_id,
-                        old_hop["fellow"], member.name, why)
-            if old_hop["fellow_id"] not in {h["fellow_id"] for h in new_route}:
-                self.agent.spawn(self._release_when_back, plan_id, old_hop["addr"])
+                        old_hop.fellow, member.name, why)
+            if old_hop.fellow_id not in record.fellow_ids:
+                self.agent.spawn(self._release_when_back, plan_id, old_hop.addr)
             return
         needs = (f"stage {stage} (layers {old.layers[0]}-{old.layers[1] - 1}) needs a card "
                  f"with {gb(old.need_bytes)} free outside the load")
@@ -454,11 +452,10 @@ class Failover:
         except (SwarmError, trio.TooSlowError) as exc:
             log.info("release of stage %d of %s on %s: %s", stage, plan_id, addr, exc)
 
-    async def _start(self, plan_id: str, route: list[dict[str, Any]],
+    async def _start(self, plan_id: str, hops: tuple[RouteHop, ...],
                      orders: list[StageOrder]) -> None:
         """Every stage's fellow learns the new route (the moved stage goes live) and keeps
         the orders (``adoption``). One that does not answer is left to the next heal."""
-        hops = tuple(route_hop(h) for h in route)
         kept = tuple(o.to_wire() for o in orders)
         asked = self.loads.asked_doc(plan_id)
 
@@ -471,14 +468,14 @@ class Failover:
                 log.warning("route of %s to %s: %s", plan_id, addr, exc)
 
         async with trio.open_nursery() as nursery:
-            for addr in _distinct(h["addr"] for h in route):
+            for addr in _distinct(h.addr for h in hops):
                 nursery.start_soon(one, addr)
 
     async def _release_when_back(self, plan_id: str, addr: str) -> None:
         """A lost fellow that comes back still holds the moved stage: release it."""
         deadline = trio.current_time() + self.timings.release_for_s
         while trio.current_time() < deadline and plan_id in self.loads.loads:
-            if addr in {h["addr"] for h in self.loads.loads[plan_id]["stages"]}:
+            if addr in self.loads.loads[plan_id].addrs:
                 return  # it holds another stage of the load now; the route says which
             try:
                 with trio.fail_after(self.timings.check_timeout_s * 2):

@@ -54,6 +54,7 @@ from p2pswarm.agent.serving.answer_ids import AnswerIds
 from p2pswarm.agent.serving.prefix_cache import PrefixCache
 from p2pswarm.agent.serving.queue import Admission
 from p2pswarm.agent.serving.records import (
+    WeightsOrigin,
     GenerationResult,
     former_plan_ids,
     LoadRecord,
@@ -236,12 +237,13 @@ class Generation:
         it); a files model's come from the fellow that has them."""
         files = {f[0] for f in model.get("files", [])}
         world = WORLD_VOCAB_FILE in files and "tokenizer.json" not in files
-        if model.get("kind") == "builtin" or ("tokenizer.json" not in files and not world):
+        origin = WeightsOrigin.of(model)
+        if origin.kind == "builtin" or ("tokenizer.json" not in files and not world):
             # p2pswarm's own models (built in, or trained from scratch and saved) are
             # byte-level and ship no tokenizer.json
             return ByteTokenizer()
         manifest = Manifest.from_dict({**model, "config": {}, "tensors": []})
-        if model.get("source_id") == self.agent.node_id.hex():
+        if origin.offered_by(self.agent.node_id.hex()):
             # a record gossiped by any fellow may name this one the source: read only a
             # directory this fellow offered
             if not self.offers.offered(manifest):
@@ -252,8 +254,7 @@ class Generation:
         missing = [f.name for f in manifest.files if not cache.has(f.sha256, f.nbytes)]
         if missing:  # from the fellow that offered them, or any that holds them
             await gather(whole(self.agent), manifest, missing, cache, self.agent.compute.run,
-                         source_id=str(model.get("source_id", "")),
-                         source_name=str(model.get("source", "the source"))[:64])
+                         source_id=origin.source_id, source_name=origin.source_name())
         directory = await self.agent.compute.run(lambda: cache.model_dir(manifest))
         return load_tokenizer(Path(directory))
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from p2pswarm.agent.planning import fellow_id
-from p2pswarm.agent.serving.records import StageOrder, route_hop
+from p2pswarm.agent.serving.records import StageOrder
+from p2pswarm.agent.serving.stage_gossip import kept_plan_ids
 from p2pswarm.errors import SwarmError
 from p2pswarm.wire.loads import (
     LoadKeep,
@@ -36,6 +37,7 @@ from p2pswarm.wire.loads import (
 )
 
 if TYPE_CHECKING:
+    from p2pswarm.agent.serving.leader_load import LeaderLoad
     from p2pswarm.agent.serving.ports import KeepersPort, Leader
     from p2pswarm.agent.serving.loads import Loads
 
@@ -76,17 +78,17 @@ class Keepers:
         for m in membership.members() if membership is not None else ():
             if m.is_self or not m.present:
                 continue
-            for plan_id in self.agent.member_metadata(m).get("kept_loads") or []:
+            for plan_id in kept_plan_ids(self.agent.member_metadata(m)):
                 out.setdefault(plan_id, []).append((fellow_id(m.node_id), m.addr))
         return out
 
-    def due(self, plan_id: str, record: dict[str, Any]) -> bool:
+    def due(self, plan_id: str, record: LeaderLoad) -> bool:
         """Whether ``plan_id``'s keepers are to be handed its orders (again)."""
         return self.handed.get(plan_id) != self._key(plan_id, record)
 
-    def _key(self, plan_id: str, record: dict[str, Any]
+    def _key(self, plan_id: str, record: LeaderLoad
              ) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
-        route = tuple(str(h["fellow_id"]) for h in record["stages"])
+        route = record.fellow_ids
         return (self.leadership.term(), route,
                 tuple(sorted(self._choose(plan_id, set(route)))))
 
@@ -99,14 +101,14 @@ class Keepers:
         candidates = [f for f in fellows if f not in route]
         return {f: fellows[f] for f in chosen_keepers(plan_id, candidates)}
 
-    async def hand(self, plan_id: str, record: dict[str, Any],
+    async def hand(self, plan_id: str, record: LeaderLoad,
                    orders: list[StageOrder]) -> None:
         """Hand the keepers of ``plan_id`` its route and orders, and tell fellows that
         keep them but are neither keepers nor in the route to drop them."""
         key = self._key(plan_id, record)
         route_ids = set(key[1])
         keepers = self._choose(plan_id, route_ids)
-        hops = tuple(route_hop(h) for h in record["stages"])
+        hops = record.stages
         kept = tuple(o.to_wire() for o in orders)
         asked = self.loads.asked_doc(plan_id)  # so an adopted load can be re-cut
         self.keep_here(plan_id, key[0], hops, kept, asked)
@@ -127,14 +129,14 @@ class Keepers:
         self.handed[plan_id] = key
         self.tidy(plan_id, record)
 
-    def tidy(self, plan_id: str, record: dict[str, Any]) -> None:
+    def tidy(self, plan_id: str, record: LeaderLoad) -> None:
         """Fellows that keep ``plan_id``'s orders, neither in its route nor its keepers
         (a keeper no longer chosen, a stale copy read back after a restart), drop them.
         Not while a stage of the load moves: the fellow it moves to may be one."""
         handed = self.handed.get(plan_id)
         if handed is None:
             return
-        wanted = {str(h["fellow_id"]) for h in record["stages"]} | set(handed[2])
+        wanted = set(record.fellow_ids) | set(handed[2])
         for fid, addr in self.kept_by().get(plan_id, []):
             if fid not in wanted:
                 self.drop(plan_id, addr)

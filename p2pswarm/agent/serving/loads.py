@@ -43,13 +43,19 @@ import trio
 from p2pswarm.agent.adapter import stage_block
 from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.serving.events import LoadEvents
+from p2pswarm.agent.serving.leader_load import LeaderLoad, LoadAsked
 from p2pswarm.agent.serving.records import (
     ROUTE_KEYS,
     StageOrder,
+    WeightsOrigin,
     public_adapter,
     public_model,
-    route_hop,
     runtime_block,
+)
+from p2pswarm.agent.serving.stage_gossip import (
+    gossiped_plan_ids,
+    gossiped_stages,
+    kept_plan_ids,
 )
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.errors import (
@@ -64,6 +70,7 @@ from p2pswarm.planner.plan import Plan
 from p2pswarm.planner.profile import BUILTIN_MODELS
 from p2pswarm.planner.wording import card_label
 from p2pswarm.wire.loads import (
+    RouteHop,
     LoadAsk,
     LoadCancel,
     LoadCancelled,
@@ -104,6 +111,15 @@ class _InFlight:
     plan_id: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """A load as ``loads_view`` shows it (``doc``), with what an unload needs of it."""
+
+    plan_id: str
+    live: Addrs  # its stages whose fellow is alive or suspect
+    doc: dict[str, Any]
+
+
 def _remember(kept: OrderedDict[str, str], ticket: str, value: str) -> None:
     kept[ticket] = value
     kept.move_to_end(ticket)
@@ -116,7 +132,8 @@ class Loads:
         self.agent = agent
         self.leadership = leadership
         self.events = events  # loads come up and go (``events``): this publishes them
-        self.loads: dict[str, dict[str, Any]] = {}  # loads this agent led, by plan_id
+        self.loads: dict[str, LeaderLoad] = {}  # loads this agent leads, by plan_id
+        self._serial = 0  # the last record taken into ``loads`` (``lead``)
         self.timings = agent.config.serving
         self._unloaded: dict[str, float] = {}
         # loads unloaded here (the last TICKETS_KEPT): a fellow away during the unload
@@ -126,7 +143,7 @@ class Loads:
         self.orders: dict[str, list[StageOrder]] = {}  # each led load's stage orders
         # what each load this agent brought up was asked as (request, model, adapter): a
         # live move plans it again (``recut``); a load adopted from its fellows lacks it
-        self.asked: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]] = {}
+        self.asked: dict[str, LoadAsked] = {}
         self.moved_to: dict[str, str] = {}  # a re-cut load's old plan_id -> its new one
         self._in_flight: dict[str, _InFlight] = {}  # ticket -> the bring-up under way
         self._finished: OrderedDict[str, str] = OrderedDict()  # ticket -> plan_id loaded
@@ -136,6 +153,30 @@ class Loads:
         leadership.serve(LoadsAsk, self._leader_loads)
         leadership.serve(UnloadAsk, self._leader_unload)
         leadership.serve(LoadCancel, self._leader_cancel)
+
+    def lead(self, load: LeaderLoad, orders: list[StageOrder]) -> None:
+        """Take ``load`` into the table as the current record of its plan, with its
+        stage orders."""
+        self._serial += 1
+        load.serial = self._serial
+        self.loads[load.plan_id] = load
+        self.orders[load.plan_id] = orders
+
+    def drop(self, plan_id: str) -> None:
+        """Stop leading ``plan_id``: its record, orders and request go from the table."""
+        self.loads.pop(plan_id, None)
+        self.orders.pop(plan_id, None)
+        self.asked.pop(plan_id, None)
+
+    def leads(self, load: LeaderLoad) -> bool:
+        """Whether ``load`` is still the table's record of its plan (not unloaded, re-cut
+        or adopted afresh meanwhile)."""
+        now = self.loads.get(load.plan_id)
+        return now is not None and now.serial == load.serial
+
+    def loaded_ids(self) -> set[str]:
+        """The plan_ids of the loads this agent knows of (``loads_view``)."""
+        return {seen.plan_id for seen in self._seen()}
 
     @property
     def lock(self) -> trio.Lock:
@@ -178,9 +219,9 @@ class Loads:
         plan_id = self._finished.pop(ticket, None)
         if plan_id is not None:  # it came up before the cancel arrived: take it down
             async with self._lock:
-                record = next((r for r in self.loads_view() if r["plan_id"] == plan_id), None)
-                if record is not None:
-                    await self._unload([record])
+                seen = next((r for r in self._seen() if r.plan_id == plan_id), None)
+                if seen is not None:
+                    await self._unload([seen])
             log.info("load %s cancelled by its asker just after it came up; unloaded", plan_id)
             return LoadCancelled("unloaded", plan_id)
         if ticket in self._cancelled:
@@ -196,8 +237,7 @@ class Loads:
         message, model = unpack_doc(call.request), unpack_doc(call.model)
         adapter = unpack_doc(call.adapter) if call.adapter else None
         expected = call.plan_id or None
-        if (adapter or {}).get("sha256") != (message.get("adapter") or None) and (
-                adapter or message.get("adapter")):
+        if not _adapter_named(message, adapter):
             raise ConfigError("the load's adapter is not the one its request names")
         async with self._lock:
             shown = await self.agent.planning.pinned_plan(message, expected)
@@ -209,27 +249,25 @@ class Loads:
                 raise PlacementError(f"plan {plan.plan_id} does not fit: "
                                      f"{plan.limit.sentence}")
             plan_id = flight.plan_id = plan.plan_id
-            if any(r["plan_id"] == plan_id for r in self.loads_view()):
+            if plan_id in self.loaded_ids():
                 raise PlacementError(f"plan {plan_id} is already loaded: `p2pswarm loads` "
                                      "shows it; unload it first to load it again")
             _check_model(message, model)
             orders = stage_orders(plan, model, call.progress_addr, call.ticket, adapter,
                                   self._generation())
             addrs = self._order_addrs(orders)
-            record = await self._bring_up(plan, orders, addrs, model, adapter, message)
-            self.asked[plan_id] = (message, model, adapter)
-            return LoadDone(pack_doc(record))
+            asked = LoadAsked(message, model, adapter)
+            record = await self._bring_up(plan, orders, addrs, asked)
+            self.asked[plan_id] = asked
+            return LoadDone(pack_doc(record.to_doc()))
 
-    async def bring_up_beside(self, plan: Plan, message: dict[str, Any],
-                              model: dict[str, Any],
-                              adapter: dict[str, Any] | None) -> dict[str, Any]:
+    async def bring_up_beside(self, plan: Plan, asked: LoadAsked) -> LeaderLoad:
         """Bring ``plan`` up as a load of its own, as ``load`` does (checked, fetched,
         loaded, started; all or nothing), beside a load it is to replace (``recut``).
         Hold ``lock``."""
-        orders = stage_orders(plan, model, "", "", adapter, self._generation())
-        record = await self._bring_up(plan, orders, self._order_addrs(orders), model, adapter,
-                                      message)
-        self.asked[plan.plan_id] = (message, model, adapter)
+        orders = stage_orders(plan, asked.model, "", "", asked.adapter, self._generation())
+        record = await self._bring_up(plan, orders, self._order_addrs(orders), asked)
+        self.asked[plan.plan_id] = asked
         return record
 
     def _generation(self) -> str:
@@ -247,9 +285,7 @@ class Loads:
         generation = self._generation_of(plan_id)
         if generation:  # no later leader adopts it either
             self.agent.spawn(self.events.forgotten, plan_id, generation)
-        self.loads.pop(plan_id, None)
-        self.orders.pop(plan_id, None)
-        self.asked.pop(plan_id, None)
+        self.drop(plan_id)
         self._unloaded[plan_id] = trio.current_time()
         self.events.unloaded(plan_id)  # its orders kept here and by its keepers
         for old, new in list(self.moved_to.items()):
@@ -262,15 +298,14 @@ class Loads:
     def asked_doc(self, plan_id: str) -> bytes:
         """What load ``plan_id`` was asked as, as its keepers keep it (b"": not known)."""
         asked = self.asked.get(plan_id)
-        return asked_doc(asked[0], asked[2]) if asked is not None else b""
+        return asked.to_doc() if asked is not None else b""
 
     def gossiped_holders(self, plan_id: str) -> list[str]:
         """Addresses of the connected fellows that gossip a stage of ``plan_id``."""
         membership = self.agent.membership
         return sorted({m.addr for m in (membership.members() if membership else ())
-                       if m.present and any(
-                           isinstance(e, dict) and e.get("plan_id") == plan_id
-                           for e in self.agent.member_metadata(m).get("stages") or [])})
+                       if m.present
+                       and plan_id in gossiped_plan_ids(self.agent.member_metadata(m))})
 
     def current_id(self, plan_id: str) -> str:
         """The plan_id load ``plan_id`` goes by now (another after a re-cut)."""
@@ -287,12 +322,10 @@ class Loads:
         return out
 
     async def _bring_up(self, plan: Plan, orders: list[StageOrder], addrs: Addrs,
-                        model: dict[str, Any], adapter: dict[str, Any] | None,
-                        message: dict[str, Any]) -> dict[str, Any]:
+                        asked: LoadAsked) -> LeaderLoad:
         plan_id = plan.plan_id
         try:
-            return await self._bring_up_orders(plan, orders, addrs, model, adapter,
-                                               asked_doc(message, adapter))
+            return await self._bring_up_orders(plan, orders, addrs, asked)
         except SwarmError:
             raise  # refused or failed: it released everything already
         except BaseException:  # cancelled (by its asker, or as this agent stops): the
@@ -300,9 +333,9 @@ class Loads:
             raise
 
     async def _bring_up_orders(self, plan: Plan, orders: list[StageOrder],
-                               addrs: Addrs, model: dict[str, Any],
-                               adapter: dict[str, Any] | None, asked: bytes) -> dict[str, Any]:
-        plan_id = plan.plan_id
+                               addrs: Addrs, asking: LoadAsked) -> LeaderLoad:
+        plan_id, model, adapter = plan.plan_id, asking.model, asking.adapter
+        asked = asking.to_doc()
         began = time.perf_counter()
         prepared = await self._order_all(
             orders, addrs, "stage-prepare", self.timings.order_timeout_s, StagePrepared,
@@ -325,14 +358,12 @@ class Loads:
         for o in orders:
             done = loaded[o.stage]
             assert isinstance(done, StageLoaded)
-            route.append({"stage": o.stage, "fellow_id": addrs[o.stage][0],
-                          "fellow": addrs[o.stage][1], "addr": addrs[o.stage][2],
-                          "layers": list(o.layers),
-                          "card": card_label(o.card_kind, o.card_index, o.card_name),
-                          "claim_bytes": o.claim_bytes,
-                          "allocated_bytes": done.allocated_bytes,
-                          "fetched_bytes": done.fetched_bytes, "fetch_s": done.fetch_s})
-        hops = tuple(route_hop(r) for r in route)
+            fid, name, addr = addrs[o.stage]
+            route.append(RouteHop(o.stage, fid, name, addr, o.layers[0], o.layers[1],
+                                  card_label(o.card_kind, o.card_index, o.card_name),
+                                  o.claim_bytes, done.allocated_bytes, done.fetched_bytes,
+                                  done.fetch_s))
+        hops = tuple(route)
         kept = tuple(o.to_wire() for o in orders)  # every stage keeps them (``adoption``)
         started = await self._order_all(
             orders, addrs, "stage-start", self.timings.order_timeout_s, StageStarted,
@@ -343,13 +374,11 @@ class Loads:
             await self.release_all(plan_id, addrs)
             raise PlacementError(f"load of plan {plan_id} failed to start, everything "
                                  "released: " + "; ".join(failures))
-        record = {"plan_id": plan_id, "model": public_model(model),
-                  "runtime": plan.runtime(), "stages": route,
-                  "load_s": time.perf_counter() - began}
+        record = LeaderLoad(plan_id, public_model(model), plan.runtime(), hops)
+        record.set_load_s(time.perf_counter() - began)
         if adapter:
-            record["adapter"] = public_adapter(adapter)
-        self.loads[plan_id] = record
-        self.orders[plan_id] = list(orders)
+            record.set_adapter(public_adapter(adapter))
+        self.lead(record, list(orders))
         self._unloaded.pop(plan_id, None)
         self._forgotten.pop(plan_id, None)
         self.events.loaded()
@@ -404,34 +433,30 @@ class Loads:
 
     async def _leader_unload(self, call: UnloadAsk) -> Unloaded:
         async with self._lock:
-            views = self.loads_view()
+            views = self._seen()
             wanted = call.plan_id
             if wanted:
-                chosen = [r for r in views if r["plan_id"] == wanted]
+                chosen = [r for r in views if r.plan_id == wanted]
                 if not chosen:
                     raise PlacementError(f"plan {wanted} is not loaded; loaded: "
-                                         f"{', '.join(r['plan_id'] for r in views) or 'nothing'}")
+                                         f"{', '.join(r.plan_id for r in views) or 'nothing'}")
             elif call.all or len(views) <= 1:
                 chosen = views
             else:
                 raise ConfigError(f"{len(views)} loads: name one (`p2pswarm unload PLAN_ID`) "
                                   "or pass --all")
             await self._unload(chosen)
-            return Unloaded(tuple(r["plan_id"] for r in chosen))
+            return Unloaded(tuple(r.plan_id for r in chosen))
 
-    async def _unload(self, records: list[dict[str, Any]]) -> None:
+    async def _unload(self, loads: list[_Seen]) -> None:
         """Release every stage of these loads (hold ``_lock``)."""
-        for record in records:
-            plan_id = record["plan_id"]
-            addrs = {s["stage"]: (s["fellow_id"], s["fellow"], s["addr"])
-                     for s in record["stages"] if s.get("state") in ("alive", "suspect")}
-            await self.release_all(plan_id, addrs, self.keeping(plan_id))
+        for seen in loads:
+            plan_id = seen.plan_id
+            await self.release_all(plan_id, seen.live, self.keeping(plan_id))
             generation = self._generation_of(plan_id)
             if generation:  # remembered past this leader
                 await self.events.forgotten(plan_id, generation)
-            self.loads.pop(plan_id, None)
-            self.orders.pop(plan_id, None)
-            self.asked.pop(plan_id, None)
+            self.drop(plan_id)
             self._unloaded[plan_id] = trio.current_time()
             _remember(self._forgotten, plan_id, plan_id)
             self.events.unloaded(plan_id)
@@ -453,8 +478,7 @@ class Loads:
         membership = self.agent.membership
         return sorted({m.addr for m in (membership.members() if membership else ())
                        if m.present and not m.is_self
-                       and plan_id in (self.agent.member_metadata(m).get("kept_loads")
-                                       or [])})
+                       and plan_id in kept_plan_ids(self.agent.member_metadata(m))})
 
     async def list_loads(self) -> list[dict[str, Any]]:
         """The leader's answer, or this fellow's own view when no leader answers."""
@@ -468,6 +492,10 @@ class Loads:
     def loads_view(self) -> list[dict[str, Any]]:
         """Loads as this agent knows them: those it led, and those fellows gossip that
         they serve; each stage with its fellow's membership state."""
+        return [seen.doc for seen in self._seen()]
+
+    def _seen(self) -> list[_Seen]:
+        """``loads_view``, each load with its plan_id and live stages beside."""
         now = trio.current_time()
         self._unloaded = {p: t for p, t in self._unloaded.items()
                           if now - t < UNLOAD_TOMBSTONE_S}
@@ -478,14 +506,13 @@ class Loads:
             members[fellow_id(m.node_id)] = m
             if not m.present:
                 continue  # a fellow that left or died serves nothing, whatever it last said
-            for entry in self.agent.member_metadata(m).get("stages", []) or []:
-                if not isinstance(entry, dict) or "plan_id" not in entry:
+            for entry in gossiped_stages(self.agent.member_metadata(m)):
+                if "plan_id" not in entry:
                     continue
                 gossiped.setdefault(str(entry["plan_id"]), {})[int(entry["stage"])] = {
                     **entry, "fellow_id": fellow_id(m.node_id), "fellow": m.name,
                     "addr": m.addr}
-        records = {p: {**r, "stages": [dict(s) for s in r["stages"]]}
-                   for p, r in self.loads.items()}
+        records = {p: r.to_doc() for p, r in self.loads.items()}
         for plan_id, entries in gossiped.items():
             if plan_id in records or plan_id in self._unloaded or plan_id in self.moved_to:
                 continue  # unloaded, or re-cut: its stages' gossip lags, or they linger
@@ -506,14 +533,26 @@ class Loads:
         out = []
         for plan_id in sorted(records):
             record = records[plan_id]
-            for s in record["stages"]:
+            stages = record["stages"]
+            live: Addrs = {}  # what an unload releases
+            whole = True
+            for s in stages:
                 member = members.get(s["fellow_id"])
                 s["state"] = member.state if member is not None else "unknown"
-            present = sorted(s["stage"] for s in record["stages"])
-            record["complete"] = present == list(range(len(present))) and all(
-                s["state"] in ("alive", "suspect") for s in record["stages"])
-            out.append(record)
+                if member is not None and member.present:
+                    live[s["stage"]] = (s["fellow_id"], s["fellow"], s["addr"])
+                else:
+                    whole = False
+            present = sorted(s["stage"] for s in stages)
+            record["complete"] = present == list(range(len(present))) and whole
+            out.append(_Seen(plan_id, live, record))
         return out
+
+
+def _adapter_named(message: dict[str, Any], adapter: dict[str, Any] | None) -> bool:
+    """Whether ``adapter`` is the one the request names (or neither has one)."""
+    named = message.get("adapter") or None
+    return not (adapter or named) or (adapter or {}).get("sha256") == named
 
 
 def asked_doc(message: dict[str, Any], adapter: dict[str, Any] | None) -> bytes:
@@ -522,8 +561,7 @@ def asked_doc(message: dict[str, Any], adapter: dict[str, Any] | None) -> bytes:
     return pack_doc({"request": message, "adapter": adapter})
 
 
-def asked_from_doc(raw: bytes, model: dict[str, Any]
-                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+def asked_from_doc(raw: bytes, model: dict[str, Any]) -> LoadAsked:
     """``asked_doc`` back, from a fellow's keeping (checked: the request plans the
     orders' ``model``, and names the adapter it carries); ConfigError otherwise."""
     try:
@@ -535,23 +573,23 @@ def asked_from_doc(raw: bytes, model: dict[str, Any]
             or not isinstance(message["model"].get("config"), dict) \
             or not (adapter is None or isinstance(adapter, dict)):
         raise ConfigError("no request, or an adapter that is no document")
-    if (adapter or {}).get("sha256") != (message.get("adapter") or None) and (
-            adapter or message.get("adapter")):
+    if not _adapter_named(message, adapter):
         raise ConfigError("the adapter is not the one its request names")
     _check_model(message, model)
-    return message, model, adapter
+    return LoadAsked(message, model, adapter)
 
 
 def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
     config = message["model"]["config"]
-    if model.get("kind") == "builtin":
-        if dict(BUILTIN_MODELS.get(str(model.get("name")), {})) != config:
-            raise ConfigError(f"built-in {model.get('name')!r} is not the planned model")
-    elif model.get("kind") == "files":
-        if Manifest.from_dict(model.get("manifest") or {}).hf_config != config:
+    origin = WeightsOrigin.of(model)
+    if origin.kind == "builtin":
+        if dict(BUILTIN_MODELS.get(str(origin.name), {})) != config:
+            raise ConfigError(f"built-in {origin.name!r} is not the planned model")
+    elif origin.kind == "files":
+        if Manifest.from_dict(origin.manifest or {}).hf_config != config:
             raise ConfigError("the model files are not the planned model")
     else:
-        raise ConfigError(f"unknown model kind {model.get('kind')!r}")
+        raise ConfigError(f"unknown model kind {origin.kind!r}")
 
 
 def stage_orders(plan: Plan, model: dict[str, Any], progress_addr: str,

@@ -97,6 +97,36 @@ class StageOrder:
             generation=order.generation)
 
 
+@dataclass(frozen=True, slots=True)
+class WeightsOrigin:
+    """Where a model's or an adapter's tensors come from, read once from its identity
+    document (``StageOrder.model``, ``StageOrder.adapter``, a record's ``model``). The
+    fields keep what the document says, unchecked: it may come from the network."""
+
+    kind: object  # "builtin" or "files" for a model (anything else is refused)
+    name: object
+    source_id: str  # the fellow that offered the tensors (hex id; "": none named)
+    source: str | None  # its name, None when the document names none
+    manifest: Any  # the manifest's document, for files (checked by Manifest.from_dict)
+    path: str | None  # the directory it was offered from, on its source (None: unnamed)
+
+    @staticmethod
+    def of(doc: Mapping[str, Any]) -> WeightsOrigin:
+        return WeightsOrigin(doc.get("kind"), doc.get("name"),
+                             str(doc.get("source_id", "")),
+                             str(doc["source"]) if "source" in doc else None,
+                             doc.get("manifest"),
+                             str(doc["path"]) if "path" in doc else None)
+
+    def source_name(self, default: str = "the source") -> str:
+        """The source's name as messages show it (``default`` when none is named)."""
+        return (self.source if self.source is not None else default)[:64]
+
+    def offered_by(self, node_hex: str) -> bool:
+        """Whether the fellow whose id is ``node_hex`` offered the tensors."""
+        return self.source_id == node_hex
+
+
 def runtime_block(doc: Mapping[str, Any]) -> RuntimeBlock:
     """A plan's runtime document (``Plan.runtime``) as the one value stage orders, the wire
     and ``StageSpec`` share; a field it leaves out is ``StageSpec``'s default."""
@@ -119,15 +149,6 @@ class CachedWeights:
 
 
 WeightSource: TypeAlias = "str | Path | CachedWeights"  # a built-in's name, a directory
-
-
-def route_hop(hop: dict[str, Any]) -> RouteHop:
-    """A route entry of a record as the ``StageStart`` order carries it."""
-    return RouteHop(int(hop["stage"]), str(hop["fellow_id"]), str(hop["fellow"]),
-                    str(hop["addr"]), int(hop["layers"][0]), int(hop["layers"][1]),
-                    str(hop.get("card", "")), int(hop.get("claim_bytes", 0)),
-                    int(hop.get("allocated_bytes", 0)), int(hop.get("fetched_bytes", 0)),
-                    float(hop.get("fetch_s", 0.0)))
 
 
 def route_dict(hop: RouteHop) -> dict[str, Any]:
@@ -182,7 +203,7 @@ def _generation_tokens(recurrent: bool, context: int) -> tuple[int, str]:
 MAX_ROUTE_STAGES = 1024  # a route from the network longer than this is not believed
 
 
-def _hop(doc: Any, i: int) -> RouteHop:
+def route_hop(doc: Any, i: int) -> RouteHop:
     """Route entry ``i`` of a record: its stage, its fellow's id (hex), name and address
     checked; ConfigError otherwise."""
     if not (isinstance(doc, dict) and doc.get("stage") == i
@@ -245,7 +266,7 @@ class LoadRecord:
             context = int(runtime.get("max_context_tokens", 0))
         except (TypeError, ValueError):
             raise ConfigError("a load's record has a malformed runtime") from None
-        return LoadRecord(doc["plan_id"], tuple(_hop(h, i) for i, h in enumerate(hops)),
+        return LoadRecord(doc["plan_id"], tuple(route_hop(h, i) for i, h in enumerate(hops)),
                           model, sessions, chunk, context, model.get("recurrent") is True,
                           tuple(former_plan_ids(doc)))
 
@@ -344,6 +365,7 @@ __all__ = [
     "MAX_ROUTE_STAGES",
     "StageOrder",
     "WeightSource",
+    "WeightsOrigin",
     "RECURRENT_GENERATION_TOKENS",
     "former_plan_ids",
     "generation_tokens",

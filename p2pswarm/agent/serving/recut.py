@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,10 @@ from p2pswarm.errors import ConfigError, PlacementError, SwarmError
 from p2pswarm.planner import plan_message
 from p2pswarm.planner.plan import Plan
 
+from p2pswarm.agent.serving.leader_load import LoadRecut
+
 if TYPE_CHECKING:
+    from p2pswarm.agent.serving.leader_load import LeaderLoad
     from p2pswarm.agent.serving.ports import RecutPort
     from p2pswarm.agent.serving.loads import Loads
     from p2pswarm.agent.serving.records import StageOrder
@@ -86,7 +90,7 @@ class Recut:
         cached = self._planned.get(plan_id)
         if cached is not None and cached[0] == view:
             return cached[1]
-        message = replan_message(asked[0])
+        message = replan_message(asked.request)
         try:
             plan: Plan | None = Plan.from_doc(adapted_plan(plan_message(message, view),
                                                            message.get("adapter")))
@@ -121,25 +125,25 @@ class Recut:
         now = self.loads.current_id(load)
         return now if now in self.loads.loads else None
 
-    async def take(self, record: dict[str, Any], proposal: Proposal) -> dict[str, Any]:
+    async def take(self, record: LeaderLoad, proposal: Proposal) -> LeaderLoad:
         """Bring ``proposal.plan`` up beside load ``record``, switch the load to it and
         release the old stages; the new load's record. Hold the load's own lock. Refused
         (PlacementError) with the old load serving as before when anything fails."""
         plan = proposal.plan
         assert plan is not None
-        old_id, new_id = record["plan_id"], plan.plan_id
+        old_id, new_id = record.plan_id, plan.plan_id
         refused = f"live move of plan {old_id} to plan {new_id} refused, the load serves on " \
                   "as it was"
         began = time.perf_counter()
         async with self.loads.lock:
             asked = self.loads.asked.get(old_id)
-            if asked is None or self.loads.loads.get(old_id) is not record:
+            if asked is None or not self.loads.leads(record):
                 raise PlacementError(f"{refused}: it was unloaded or changed meanwhile")
-            if any(r["plan_id"] == new_id for r in self.loads.loads_view()):
+            if new_id in self.loads.loaded_ids():
                 raise PlacementError(f"{refused}: plan {new_id} is loaded already")
-            message, model, adapter = replan_message(asked[0]), asked[1], asked[2]
             try:
-                new = await self.loads.bring_up_beside(plan, message, model, adapter)
+                new = await self.loads.bring_up_beside(
+                    plan, replace(asked, request=replan_message(asked.request)))
             except SwarmError as exc:
                 # a fellow short of memory (stage_host says "... free now, the stage
                 # needs ..."): the cards cannot hold both placements at once
@@ -149,21 +153,18 @@ class Recut:
                 raise PlacementError(f"{refused}: {exc}{both}") from None
             estimate = (f"{proposal.now_s * 1e3:.1f} -> {proposal.after_s * 1e3:.1f} ms a "
                         "token, estimated")
-            move = {"at": time.time(), "recut": True, "from_plan": old_id,
-                    "to_plan": new_id, "stages_before": len(record["stages"]),
-                    "stages": plan_stages(plan),
-                    "ms_per_token_now": round(proposal.now_s * 1e3, 3),
-                    "ms_per_token_after": round(proposal.after_s * 1e3, 3),
-                    "why": f"live move to a faster placement ({estimate})",
-                    "took_s": round(time.perf_counter() - began, 3)}
-            new["moves"] = [*record.get("moves", []), move][-self.moves_kept:]
-            new["recut_from"] = [*record.get("recut_from", []), old_id][-RECUTS_NAMED:]
-            old_addrs = {int(s["stage"]): (s["fellow_id"], s["fellow"], s["addr"])
-                         for s in record["stages"]}
+            move = LoadRecut(time.time(), old_id, new_id, len(record.stages),
+                             tuple(plan_stages(plan)), round(proposal.now_s * 1e3, 3),
+                             round(proposal.after_s * 1e3, 3),
+                             f"live move to a faster placement ({estimate})",
+                             round(time.perf_counter() - began, 3))
+            new.set_moves((*record.moves, move)[-self.moves_kept:])
+            new.set_recut_from((*record.recut_from, old_id)[-RECUTS_NAMED:])
+            old_addrs = {h.stage: (h.fellow_id, h.fellow, h.addr) for h in record.stages}
             self.loads.retire(old_id, new_id)
             self._planned.pop(old_id, None)
             log.warning("load %s re-cut live into plan %s (%d stages -> %d): %s", old_id,
-                        new_id, len(record["stages"]), len(new["stages"]), estimate)
+                        new_id, len(record.stages), len(new.stages), estimate)
             # the sessions in flight lose their streams here and resume on the new route
             await self.loads.release_all(old_id, old_addrs, self.loads.keeping(old_id))
             self.agent.spawn(self._release_stragglers, old_id)

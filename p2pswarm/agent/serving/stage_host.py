@@ -32,6 +32,7 @@ from p2pswarm.agent.serving.records import (
     HostedStage,
     StageOrder,
     WeightSource,
+    WeightsOrigin,
     public_adapter,
     public_model,
     route_entry,
@@ -162,17 +163,17 @@ class StageHost:
         if available < order.need_bytes:
             return (f"its {label} has {gb(available)} free now, the stage needs "
                     f"{gb(order.need_bytes)}")
-        model = order.model
-        if model.get("kind") == "builtin":
-            return None if model.get("name") in BUILTIN_MODELS else \
-                f"it does not know a built-in model {model.get('name')!r}"
+        model = WeightsOrigin.of(order.model)
+        if model.kind == "builtin":
+            return None if model.name in BUILTIN_MODELS else \
+                f"it does not know a built-in model {model.name!r}"
         try:
-            manifest = Manifest.from_dict(model.get("manifest") or {})
+            manifest = Manifest.from_dict(model.manifest or {})
             names = [t.name for t in manifest.stage_tensors(*order.layers)]
         except ConfigError as exc:
             self._count(exc)
             return str(exc)
-        if model.get("source_id") == self.agent.node_id.hex():
+        if model.offered_by(self.agent.node_id.hex()):
             if not self.offers.offered(manifest):
                 return "it offered no such model directory (a fellow reads only what it offered)"
             try:
@@ -184,13 +185,13 @@ class StageHost:
 
     async def _adapter_refusal(self, order: StageOrder) -> str | None:
         """Why this fellow cannot get the adapter tensors of ``order``; None if it can."""
-        block = order.adapter
+        block = WeightsOrigin.of(order.adapter)
         try:
-            manifest = block_manifest(block)
+            manifest = block_manifest(order.adapter)
         except ConfigError as exc:
             self._count(exc)
             return str(exc)
-        if block.get("source_id") == self.agent.node_id.hex():
+        if block.offered_by(self.agent.node_id.hex()):
             if not self.offers.offered(manifest):
                 return "it offered no such adapter (a fellow reads only what it offered)"
             if not Path(manifest.path).is_dir():
@@ -199,7 +200,7 @@ class StageHost:
         return await self._unreachable(manifest, [t.name for t in manifest.tensors], block,
                                        "the adapter's tensors")
 
-    async def _unreachable(self, manifest: Manifest, names: list[str], block: dict[str, Any],
+    async def _unreachable(self, manifest: Manifest, names: list[str], block: WeightsOrigin,
                            what: str) -> str | None:
         """Why ``names`` of ``manifest`` cannot be had here: not in the cache, their
         source not connected, and no connected fellow holding one of them; None if they
@@ -207,14 +208,14 @@ class StageHost:
         cache = self.offers.weights_cache()
         if all(cache.has(manifest.tensor(n).sha256, manifest.tensor(n).nbytes) for n in names):
             return None
-        source_id = str(block.get("source_id", ""))
+        source_id = block.source_id
         source = self.agent.fellow(source_id)
         if source is not None and source.present:
             return None
         unheld = await first_unheld(whole(self.agent), manifest, names, cache, source_id)
         if unheld is None:
             return None
-        source_name = str(block.get("source", "their fellow"))[:64]
+        source_name = block.source_name("their fellow")
         return (f"{what} are not here, {source_name} (which offered them) is not connected, "
                 f"and no connected fellow holds {unheld}")
 
@@ -298,11 +299,11 @@ class StageHost:
     async def _stage_source(self, order: StageOrder) -> tuple[WeightSource, int, float]:
         """What the stage loads from (built-in name, model directory, cached tensors),
         fetching the tensors this fellow lacks first; the bytes fetched, and how long."""
-        model = order.model
-        if model.get("kind") == "builtin":
-            return str(model["name"]), 0, 0.0
-        manifest = Manifest.from_dict(model["manifest"])
-        if model.get("source_id") == self.agent.node_id.hex():
+        model = WeightsOrigin.of(order.model)
+        if model.kind == "builtin":
+            return str(model.name), 0, 0.0
+        manifest = Manifest.from_dict(model.manifest)
+        if model.offered_by(self.agent.node_id.hex()):
             if not self.offers.offered(manifest):
                 raise PlacementError(f"{self.agent.name} offered no model directory "
                                      f"{manifest.path}")
@@ -329,8 +330,8 @@ class StageHost:
             await self.progress.report(order, "fetching", 0, total)
             fetched = (await gather(whole(self.agent), manifest, [t.name for t in missing], cache,
                                     self.agent.compute.run,
-                                    source_id=str(model.get("source_id", "")),
-                                    source_name=str(model.get("source", "the source"))[:64],
+                                    source_id=model.source_id,
+                                    source_name=model.source_name(),
                                     on_bytes=on_bytes)).received_bytes
         return CachedWeights(manifest, cache), fetched, time.perf_counter() - began
 
@@ -341,7 +342,8 @@ class StageHost:
         if not block:
             return {}, 0
         manifest = block_manifest(block)
-        local = block.get("source_id") == self.agent.node_id.hex()
+        origin = WeightsOrigin.of(block)
+        local = origin.offered_by(self.agent.node_id.hex())
         if local and not self.offers.offered(manifest):
             raise PlacementError(f"{self.agent.name} offered no adapter {manifest.path}")
         cache: WeightsCache = self.offers.weights_cache()
@@ -352,8 +354,8 @@ class StageHost:
             if missing:
                 fetched = (await gather(whole(self.agent), manifest, [t.name for t in missing], cache,
                                         self.agent.compute.run,
-                                        source_id=str(block.get("source_id", "")),
-                                        source_name=str(block.get("source", "the source"))[:64])
+                                        source_id=origin.source_id,
+                                        source_name=origin.source_name())
                            ).received_bytes
         tensors = await self.agent.compute.run(
             lambda: self.runtime.adapter_tensors(block, cache, local))

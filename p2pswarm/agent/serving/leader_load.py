@@ -1,0 +1,244 @@
+"""The leader's record of a load it leads: typed inside serving, a document at the edge.
+
+A ``LeaderLoad`` is what ``Loads`` keeps in its table for each load this agent leads
+(brought up here, adopted from its fellows, or re-cut into). Failover, copies and the
+watch change it in place while they hold the load's lock (a stage moved, the load
+waiting for a card, a faster placement seen, copies made ahead), so it is a small
+mutable class rather than a frozen value; the table says which record is current
+(``serial``), so a move that outlived an unload can tell, without comparing identities.
+
+Its document (``to_doc``: the ``loads`` listing, a ``LoadDone`` reply) keeps the keys a
+plain map had, in the order they were set: the optional ones go through the methods
+below, which remember that order. A driver reads it back as a ``LoadRecord``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from p2pswarm.agent.serving.moves import Proposal
+from p2pswarm.agent.serving.records import route_dict
+from p2pswarm.wire.loads import RouteHop
+from p2pswarm.wire.orders import pack_doc
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """When, in which term and by which leader a load was adopted from its fellows."""
+
+    at: float  # wall-clock seconds
+    term: int
+    leader: str
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"at": self.at, "term": self.term, "leader": self.leader}
+
+
+@dataclass(frozen=True, slots=True)
+class StageMoved:
+    """One stage of a load moved to another fellow's card (lost, or to a faster one)."""
+
+    at: float  # wall-clock seconds
+    stage: int
+    layers: tuple[int, int]
+    from_name: str
+    from_id: str
+    to_name: str
+    to_id: str
+    card: str
+    why: str
+    took_s: float
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"at": self.at, "stage": self.stage, "layers": list(self.layers),
+                "from": self.from_name, "from_id": self.from_id, "to": self.to_name,
+                "to_id": self.to_id, "card": self.card, "why": self.why,
+                "took_s": self.took_s}
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRecut:
+    """A load re-cut live into another plan (``recut``)."""
+
+    at: float  # wall-clock seconds
+    from_plan: str
+    to_plan: str
+    stages_before: int
+    stages: tuple[dict[str, Any], ...]  # the new plan's stages (``moves.plan_stages``)
+    ms_per_token_now: float
+    ms_per_token_after: float
+    why: str
+    took_s: float
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"at": self.at, "recut": True, "from_plan": self.from_plan,
+                "to_plan": self.to_plan, "stages_before": self.stages_before,
+                "stages": list(self.stages), "ms_per_token_now": self.ms_per_token_now,
+                "ms_per_token_after": self.ms_per_token_after, "why": self.why,
+                "took_s": self.took_s}
+
+
+Move: TypeAlias = "StageMoved | LoadRecut"
+
+
+@dataclass(frozen=True, slots=True)
+class CopyTaken:
+    """What copying a stage's tensors ahead to a fellow took (``copies``)."""
+
+    held_bytes: int
+    fetched_bytes: int
+    took_s: float
+    at: float  # wall-clock seconds
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"bytes": self.held_bytes, "fetched_bytes": self.fetched_bytes,
+                "took_s": self.took_s, "at": self.at}
+
+
+@dataclass(frozen=True, slots=True)
+class CopyAhead:
+    """A copy of a stage's tensors ahead on a fellow outside its route: being made
+    (``since``), or held (with what it took, when this leader ordered it)."""
+
+    stage: int
+    fellow: str
+    fellow_id: str
+    since: float | None = None  # wall-clock seconds it is copying since; None: held
+    taken: CopyTaken | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"stage": self.stage, "fellow": self.fellow,
+                               "fellow_id": self.fellow_id,
+                               "state": "held" if self.since is None else "copying"}
+        if self.since is not None:
+            doc["since"] = self.since
+        elif self.taken is not None:
+            doc.update(self.taken.to_doc())
+        return doc
+
+
+@dataclass(eq=False, slots=True)
+class LeaderLoad:
+    """A load this agent leads. Change the optional fields through the methods."""
+
+    plan_id: str
+    model: dict[str, Any]  # the model's public identity (``public_model``)
+    runtime: dict[str, Any]  # the plan's runtime document (``runtime_doc``)
+    stages: tuple[RouteHop, ...]  # the route, in pipeline order
+    serial: int = 0  # which record of the plan the leader's table holds (``Loads.lead``)
+    load_s: float | None = None  # how long its bring-up took (None: not brought up here)
+    adapter: dict[str, Any] | None = None  # ``public_adapter``; None: no adapter
+    adopted: Adopted | None = None  # None: brought up by this agent
+    moves: tuple[Move, ...] = ()  # the last moves of its stages, the oldest first
+    waiting: str = ""  # why a lost stage waits for a card ("": it does not)
+    faster: Proposal | None = None  # the markedly faster placement seen (``moves``)
+    copies: tuple[CopyAhead, ...] = ()  # its stages' copies ahead (``copies``)
+    recut_from: tuple[str, ...] = ()  # the plan_ids it went by before live re-cuts
+    _order: list[str] = field(default_factory=list)  # the optional keys, as they were set
+
+    def _note(self, key: str, present: bool) -> None:
+        """Keep ``key``'s place in the document as a plain map would: set last when it
+        appears, dropped when it goes."""
+        if not present:
+            if key in self._order:
+                self._order.remove(key)
+        elif key not in self._order:
+            self._order.append(key)
+
+    def _present(self, key: str) -> bool:
+        value = getattr(self, key)
+        return value is not None if key in ("load_s", "adapter", "adopted", "faster") \
+            else bool(value)
+
+    # --- changes ---------------------------------------------------------------------
+
+    def set_load_s(self, seconds: float) -> None:
+        self.load_s = seconds
+        self._note("load_s", True)
+
+    def set_adapter(self, adapter: dict[str, Any]) -> None:
+        self.adapter = adapter
+        self._note("adapter", True)
+
+    def set_adopted(self, adopted: Adopted) -> None:
+        self.adopted = adopted
+        self._note("adopted", True)
+
+    def set_moves(self, moves: tuple[Move, ...]) -> None:
+        self.moves = moves
+        self._note("moves", bool(moves))
+
+    def add_move(self, move: Move, kept: int) -> None:
+        """Record a move, keeping the last ``kept``."""
+        self.set_moves((*self.moves, move)[-kept:])
+
+    def set_waiting(self, why: str) -> None:
+        """Why a lost stage waits for a card; "" when nothing waits."""
+        self.waiting = why
+        self._note("waiting", bool(why))
+
+    def set_faster(self, faster: Proposal | None) -> None:
+        self.faster = faster
+        self._note("faster", faster is not None)
+
+    def set_copies(self, copies: tuple[CopyAhead, ...]) -> None:
+        self.copies = copies
+        self._note("copies", bool(copies))
+
+    def set_recut_from(self, plan_ids: tuple[str, ...]) -> None:
+        self.recut_from = plan_ids
+        self._note("recut_from", bool(plan_ids))
+
+    # --- reading ---------------------------------------------------------------------
+
+    @property
+    def fellow_ids(self) -> tuple[str, ...]:
+        return tuple(h.fellow_id for h in self.stages)
+
+    @property
+    def addrs(self) -> set[str]:
+        return {h.addr for h in self.stages}
+
+    # --- the edge --------------------------------------------------------------------
+
+    def to_doc(self) -> dict[str, Any]:
+        """The record as the ``loads`` listing and the leader's replies show it."""
+        doc: dict[str, Any] = {"plan_id": self.plan_id, "model": self.model,
+                               "runtime": self.runtime,
+                               "stages": [route_dict(h) for h in self.stages]}
+        for key in self._order:
+            if self._present(key):
+                doc[key] = self._shown(key)
+        return doc
+
+    def _shown(self, key: str) -> Any:
+        if key == "adopted":
+            return self.adopted.to_doc() if self.adopted is not None else None
+        if key == "faster":
+            return self.faster.to_dict() if self.faster is not None else None
+        if key == "moves":
+            return [m.to_doc() for m in self.moves]
+        if key == "copies":
+            return [c.to_doc() for c in self.copies]
+        value = getattr(self, key)
+        return list(value) if isinstance(value, tuple) else value
+
+
+@dataclass(frozen=True, slots=True)
+class LoadAsked:
+    """What a load was asked as: the plan request, the model's identity and the whole
+    adapter (None: none). A live re-cut plans it again (``recut``); its keepers keep it
+    (``to_doc``; read back, checked, by ``loads.asked_from_doc``)."""
+
+    request: dict[str, Any]
+    model: dict[str, Any]
+    adapter: dict[str, Any] | None = None
+
+    def to_doc(self) -> bytes:
+        """As the load's keepers keep it (the model travels with the stage orders)."""
+        return pack_doc({"request": self.request, "adapter": self.adapter})
+
+
+__all__ = ["Adopted", "CopyAhead", "CopyTaken", "LeaderLoad", "LoadAsked", "LoadRecut", "Move",
+           "StageMoved"]
