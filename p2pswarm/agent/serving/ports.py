@@ -14,10 +14,20 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from p2pswarm.agent.ports import (
+    Answers,
+    Computes,
+    Configured,
+    ControlHandler,
+    Counted,
+    Named,
+    Publishes,
+    ServesControl,
+    Spawns,
+    StreamHandler,
+)
+
 if TYPE_CHECKING:
-    from p2pswarm.agent.compute import Compute
-    from p2pswarm.agent.counters import Counters
-    from p2pswarm.config import SwarmConfig
     from p2pswarm.cards import Inventory
     from p2pswarm.inventory import CardSource
     from p2pswarm.membership.machine import Membership
@@ -28,51 +38,10 @@ if TYPE_CHECKING:
 M = TypeVar("M")
 R = TypeVar("R")
 
-# a stream's first message and the stream: the reply, or None (see ``Agent.on_stream``)
-StreamHandler = Callable[[Any, "SecureStream"], Awaitable[Any]]
 DatagramHandler = Callable[[Any, bytes, str], None]  # message, sender id, sender addr
-ControlHandler = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
-# --- capabilities ------------------------------------------------------------------------
-
-
-class Named(Protocol):
-    """Who this fellow is."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def node_id(self) -> bytes: ...
-
-    @property
-    def addr(self) -> str: ...
-
-
-class Spawns(Protocol):
-    """Runs a room's timer or reporter beside the agent, ending with it."""
-
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None: ...
-
-
-class Computes(Protocol):
-    """Where blocking work (torch, disk, hashing) runs."""
-
-    @property
-    def compute(self) -> Compute: ...
-
-
-class Counted(Protocol):
-    """The counters drops and refusals are counted in."""
-
-    @property
-    def counters(self) -> Counters: ...
-
-
-class Configured(Protocol):
-    @property
-    def config(self) -> SwarmConfig: ...
+# --- capabilities (the common ones are the agent's: ``p2pswarm.agent.ports``) ------------
 
 
 class Random(Protocol):
@@ -93,15 +62,6 @@ class Fellows(Protocol):
     def member_metadata(self, member: Member) -> dict[str, Any]: ...
 
 
-class Publishes(Protocol):
-    """What this fellow says about itself, and gossiping a new version of it."""
-
-    @property
-    def extra_metadata(self) -> dict[str, Any]: ...
-
-    def publish_metadata(self) -> None: ...
-
-
 class Streams(Protocol):
     """Sealed streams: answering those that fellows open, and opening one."""
 
@@ -111,23 +71,12 @@ class Streams(Protocol):
                           ) -> SecureStream: ...
 
 
-class Answers(Protocol):
-    def on_stream(self, message_type: type, handler: StreamHandler) -> None: ...
-
-
 class Datagrams(Protocol):
     """Sealed datagrams: sending, and answering a type of them."""
 
     def on_datagram(self, message_type: type, handler: DatagramHandler) -> None: ...
 
     async def send(self, addr: str, *messages: Any) -> None: ...
-
-
-class ServesControl(Protocol):
-    """The local control API's operations, by name."""
-
-    @property
-    def control_ops(self) -> dict[str, ControlHandler]: ...
 
 
 class ShownPins(Protocol):
