@@ -89,7 +89,8 @@ async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
             with pytest.raises(SwarmError, match="the generation stopped after 5 tokens"):
                 await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=12,
                                               stop_token_ids=(), on_token=crash_after_five)
-            assert "and no connected fellow holds model.layers" in new.serving.loads[plan_id]["waiting"]
+            assert ("and no connected fellow holds model.layers"
+                    in new.serving.loads[plan_id]["waiting"])
             nursery.cancel_scope.cancel()
             return
         with trio.fail_after(120):
