@@ -255,7 +255,8 @@ def giant_frames_here(count: int = 1000) -> list[Row]:
     async def attack() -> tuple[int, int, dict[str, int]]:
         async with open_udp_tcp_transport("127.0.0.1:0", local().transport) as t, \
                 trio.open_nursery() as nursery:
-            agent = Agent(AgentWorld(name="a", transport=t, keyring=Keyring([SwarmSecret.generate()]),
+            agent = Agent(AgentWorld(name="a", transport=t,
+                                     keyring=Keyring([SwarmSecret.generate()]),
                                      identity=Identity.generate(), config=local(), epoch=1,
                                      rng=random.Random(1)))
             await nursery.start(agent.run)

@@ -2,19 +2,19 @@
 lost, with the surviving stages continuing from the session's kept cache, against every
 stage replaying the session's tokens (as before), side by side.
 
-Four agents in this process, each on its own UDP+TCP sockets on 127.0.0.1 (sealed
-streams, real compute, one torch thread each), hold a model in three stages with one
-spare: the leader's card, left out of the plan, so that it drives the generation and heals
-the load whatever stage is lost. A session with a prompt of ``--context`` tokens
-generates; at its fourth token one stage's agent is stopped (its sockets close, as a killed process's do: the driver and the
-leader find nothing listening at once), the leader re-places the stage on the spare, and
-the driver resumes. The figure is the time from the stop to the next token, and of it the
-time from the leader's answer (the stage re-placed) to the next token; beside them, what
-a busy machine does not blur: the CPU time this process (every agent) spent from the
-stop to the next token, and the positions the stages computed in it. The rounds
-alternate between the two ways of resuming, each on a fresh swarm, and each round checks
-the greedy tokens against the same prompt run undisturbed first. Which stages replayed is
-the result's ``replayed_stages``.
+Four agents in this process, each on its own UDP+TCP sockets on 127.0.0.1 (sealed streams,
+real compute, one torch thread each), hold a model in three stages with one spare: the
+leader's card, left out of the plan, so that it drives the generation and heals the load
+whatever stage is lost. A session with a prompt of ``--context`` tokens generates; at its
+fourth token one stage's agent is stopped (its sockets close, as a killed process's do:
+the driver and the leader find nothing listening at once), the leader re-places the stage
+on the spare, and the driver resumes. The figure is the time from the stop to the next
+token, and of it the time from the leader's answer (the stage re-placed) to the next
+token; beside them, what a busy machine does not blur: the CPU time this process (every
+agent) spent from the stop to the next token, and the positions the stages computed in it.
+The rounds alternate between the two ways of resuming, each on a fresh swarm, and each
+round checks the greedy tokens against the same prompt run undisturbed first. Which stages
+replayed is the result's ``replayed_stages``.
 
     python simulations/failover_replay.py [--model small-llama] [--context 1000]
                                           [--rounds 1] [--json]

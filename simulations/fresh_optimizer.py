@@ -19,7 +19,8 @@ every ``--reset-every`` steps but in the first:
 
 It reports each run's held-out loss against the undisturbed one, and the mean per way.
 
-    python simulations/fresh_optimizer.py [--seeds 0 1 2 3 4 5] [--steps 600] [--reset-every 25] [--json]
+    python simulations/fresh_optimizer.py [--seeds 0 1 2 3 4 5] [--steps 600] \
+        [--reset-every 25] [--json]
 
 About 90 s per seed on one core.
 """

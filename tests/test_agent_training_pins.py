@@ -2,9 +2,10 @@
 
 ``plan --train --maximize-seq-len`` on identical idle fellows, then their free memory
 moves up a little: the plan the leader would make now differs (a longer ``seq_len``
-fits), yet the shown placement still holds its claims, so ``train --plan-id`` starts exactly it, at the shown
-``seq_len``. A card filled past its stage's claim still refuses the pin. The driver is
-stubbed: the test is about where a job starts, not about its steps.
+fits), yet the shown placement still holds its claims, so ``train --plan-id`` starts
+exactly it, at the shown ``seq_len``. A card filled past its stage's claim still refuses
+the pin. The driver is stubbed: the test is about where a job starts, not about its
+steps.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from tests.training_swarm import job_config
 
 
 def finished_job(job_id: str) -> Job:
-    return Job(job_id, JobConfig.from_dict(job_config(steps=4)), "ab" * 8, pinned=False, stages=None,
-               state="finished", step=4, losses=[3.0, 2.9, 2.7, 2.5], loss=2.5)
+    return Job(job_id, JobConfig.from_dict(job_config(steps=4)), "ab" * 8, pinned=False,
+               stages=None, state="finished", step=4, losses=[3.0, 2.9, 2.7, 2.5], loss=2.5)
 
 
 def leader_of(swarm: Any) -> Any:

@@ -64,7 +64,8 @@ def test_join_writes_the_tokens_secret(home: Home) -> None:
     identity = home.load_identity()
     home.join_swarm(SECRET)  # joining again changes nothing
     assert home.load_identity() == identity
-    with pytest.raises(ConfigError, match="already holds another swarm; to leave it and join this one, run join again with --force"):
+    with pytest.raises(ConfigError, match="already holds another swarm; to leave it and join "
+                                          "this one, run join again with --force"):
         home.join_swarm(OTHER_SECRET)
     home.join_swarm(OTHER_SECRET, force=True)
     assert home.load_keyring().secrets == (OTHER_SECRET,)

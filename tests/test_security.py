@@ -510,7 +510,8 @@ def test_ephemeral_keys_are_dropped_after_finish() -> None:
     finish, _ = client.finish(server.respond(client.hello()))
     server.finish(finish)
     assert client._ephemeral is None
-    assert not any(isinstance(v, security.handshake.X25519PrivateKey) for v in vars(server).values())
+    assert not any(isinstance(v, security.handshake.X25519PrivateKey)
+                   for v in vars(server).values())
     with pytest.raises(LocalProtocolError):
         client.finish(b"")
     with pytest.raises(LocalProtocolError):

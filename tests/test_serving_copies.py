@@ -58,7 +58,8 @@ async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
         if copies:
             await wait_until(lambda: _copied(record) == {0, 1}, timeout_s=60)
             # both stages' tensors on the spare, which failover would move either to
-            assert copies_line([c.to_doc() for c in record.copies]) == f"stage 0 on {spare}, stage 1 on {spare}"
+            copies = copies_line([c.to_doc() for c in record.copies])
+            assert copies == f"stage 0 on {spare}, stage 1 on {spare}"
             held = set(agents[spare].serving.weights_cache().held())
             for s in plan["stages"]:
                 names = stage_tensor_names(checkpoint.config, *s["layers"])
@@ -90,7 +91,8 @@ async def _lose_a_stage_after_its_offerer(tmp_path: Any, model_dir: Any,
             with pytest.raises(SwarmError, match="the generation stopped after 5 tokens"):
                 await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=12,
                                               stop_token_ids=(), on_token=crash_after_five)
-            assert "and no connected fellow holds model.layers" in new.serving.loads[plan_id].waiting
+            assert ("and no connected fellow holds model.layers"
+                    in new.serving.loads[plan_id].waiting)
             nursery.cancel_scope.cancel()
             return
         with trio.fail_after(120):

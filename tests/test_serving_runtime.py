@@ -25,7 +25,8 @@ def test_the_torch_runtime_builds_a_stage_and_draws_what_one_process_draws() -> 
     runtime: StageRuntime = TorchOnFirstUse()
     layers = int(BUILTIN_MODELS["tiny-llama"]["num_hidden_layers"])
     order = StageOrder("p" * 16, 0, 1, "f" * 32, (0, layers), "cpu", 0, "CPU", 0, 0,
-                       runtime_block({"max_context_tokens": 64}), {"kind": "builtin", "name": "tiny-llama"})
+                       runtime_block({"max_context_tokens": 64}),
+                       {"kind": "builtin", "name": "tiny-llama"})
     stage = runtime.build(order, "tiny-llama", {})
     assert stage.is_last and stage.allocated_bytes() > 0
     prompt = [256, 72, 105]

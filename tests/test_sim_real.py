@@ -21,13 +21,16 @@ WHY = missing_requirements()
 
 @pytest.mark.skipif(WHY is not None, reason=WHY or "")
 def test_three_namespaces_with_loss_and_a_link_down_run_and_clean_up() -> None:
-    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                            check=False).stdout
     scenario = load_scenario("real-small").with_overrides(duration_s=30.0)
     result = run_real(scenario)
     assert result["leftovers"] == []
-    after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                           check=False).stdout
     assert after == before
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=False).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
+                           check=False).stdout
     assert "p2sb" not in links or "p2sb" in before
     assert result["nodes"] == 3 and result["node_hours"] > 0.015  # three fellows ran ~20 s
     assert result["traffic"]["datagrams_out_per_fellow_s"]["count"] == 3

@@ -69,10 +69,12 @@ async def test_full_queue_drops_and_counts() -> None:
             for i in range(20):
                 await a.send_datagram(b.local_addr, bytes([i]))
             # Wait for the receive loop to have taken all 20 off the socket.
-            while b.counters["datagrams_received"] + b.counters["datagrams_dropped_queue_full"] < 20:
+            while (b.counters["datagrams_received"]
+                   + b.counters["datagrams_dropped_queue_full"] < 20):
                 await trio.testing.wait_all_tasks_blocked()
             assert b.counters["datagrams_dropped_queue_full"] == 16
-            assert [(await b.receive_datagram())[0] for _ in range(4)] == [bytes([i]) for i in range(4)]
+            assert ([(await b.receive_datagram())[0] for _ in range(4)]
+                    == [bytes([i]) for i in range(4)])
 
 
 @pytest.mark.parametrize("size", [0, 1, 1000, 65_535, 65_536, 65_537, 262_145, 1 << 20])

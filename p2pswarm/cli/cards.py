@@ -55,7 +55,8 @@ def cards(
         held = ", ".join(f"{h.name} {gb(h.held_bytes)}" for h in c.held_by_others) or "-"
         # program names like "[kworker]" are text, not markup
         table.add_row(Text(card_label(c.kind, c.index, c.name)), gb(c.total_bytes),
-                      gb(c.free_bytes), Text(held), f"{bench.flops / 1e12:.2f}", f"{bench.mem_bandwidth / 1e9:.0f}",
+                      gb(c.free_bytes), Text(held), f"{bench.flops / 1e12:.2f}",
+                      f"{bench.mem_bandwidth / 1e9:.0f}",
                       "measured" if bench.measured else "estimate (run `p2pswarm bench`)")
     Console().print(table)
 

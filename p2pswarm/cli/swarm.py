@@ -84,8 +84,9 @@ def init(
         print_json({"home": str(directory), "token": token})
         return
     typer.echo(f"New swarm in {directory}.\nJoin token (keep it secret; anyone holding it "
-               f"can join):\n\n  {token}\n\nOn every machine:  P2PSWARM_TOKEN={token} p2pswarm join "
-               f"SEED:{DEFAULT_PORT}\n(or --token-file FILE; --token works too, but `ps` shows "
+               f"can join):\n\n  {token}\n\n"
+               f"On every machine:  P2PSWARM_TOKEN={token} p2pswarm join SEED:{DEFAULT_PORT}\n"
+               "(or --token-file FILE; --token works too, but `ps` shows "
                "it to every user of the machine)")
 
 

@@ -186,8 +186,8 @@ def _is_block_linear_weight(local: str, linears: tuple[str, ...] = BLOCK_LINEARS
     return parts[0] == "layers" and parts[-1] == "weight" and ".".join(parts[2:-1]) in linears
 
 
-def _quantize_into(model: StageModel | Rwkv7StageModel, local: str, weight: torch.Tensor, quant: str,
-                   group_size: int) -> None:
+def _quantize_into(model: StageModel | Rwkv7StageModel, local: str, weight: torch.Tensor,
+                   quant: str, group_size: int) -> None:
     assert model.workspace is not None
     module_name = local.rpartition(".")[0]
     parent_name, _, child_name = module_name.rpartition(".")

@@ -139,7 +139,8 @@ def diff_plans(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     old_strip = old.get("layout", {}).get("strip_text", "")
     new_strip = new.get("layout", {}).get("strip_text", "")
     if old_strip != new_strip:
-        out.append(f"the layers now run {new_strip or 'nowhere'}; they ran {old_strip or 'nowhere'}")
+        out.append(f"the layers now run {new_strip or 'nowhere'}; "
+                   f"they ran {old_strip or 'nowhere'}")
     elif old.get("plan_id") != new.get("plan_id") and not out:
         out.append("the cards' byte claims changed")
     return out

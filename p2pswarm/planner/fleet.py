@@ -17,8 +17,9 @@ How the plan is made (pure and deterministic, like ``plan``):
    fastest replica keeps its own, a replica half as fast gets half (rounded down to a
    power of two, never past what fits), so every replica's step takes about as long and
    each takes its full budget of steps per round; one whose step would still outlast a
-   round (the others held to small batches by their memory) takes a smaller batch. Its pipeline is filled: at least as
-   many micro-batches a step as it has stages. A fixed micro-batch is used as given.
+   round (the others held to small batches by their memory) takes a smaller batch. Its
+   pipeline is filled: at least as many micro-batches a step as it has stages. A fixed
+   micro-batch is used as given.
 4. The round: compute is ``inner_steps`` steps of the fastest replica; communication
    is every stage's delta up and update down, encoded with the job's codecs
    (``sync_cost``), all through the keeper's link (the fellow whose links make the

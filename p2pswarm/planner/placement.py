@@ -68,7 +68,8 @@ def pipeline_order(slots: Sequence[Slot]) -> tuple[Slot, ...]:
                                               card_speed(s.card), s.card.sort_key)))
 
 
-def split_in_proportion(total: int, weights: Sequence[int], caps: Sequence[int]) -> list[int] | None:
+def split_in_proportion(total: int, weights: Sequence[int],
+                        caps: Sequence[int]) -> list[int] | None:
     """``total`` layers split in proportion to ``weights``, each part in [1, cap].
 
     Largest-remainder rounding in exact integer arithmetic, then moves of single layers

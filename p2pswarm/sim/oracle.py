@@ -23,10 +23,11 @@ at once, because the truth at that instant is known:
 At the end (``finish``) it turns this into figures and a list of failures: any two
 leaders in one term, any crash some observer never saw as dead within
 ``detect_within_s``, any running and reachable fellow held suspect or dead (or
-forgotten) by a running fellow for longer than ``max_suspect_s``, any plan change no real change explains, and (if the scenario asks)
-any unexcused false death. ``trace_hash`` is a SHA-256 of every event with its virtual
-time, observer and subject, ordered by (time, observer, order at that observer): the
-same seed must give the same hash.
+forgotten) by a running fellow for longer than ``max_suspect_s``, any plan change no
+real change explains, and (if the scenario asks) any unexcused false death.
+``trace_hash`` is a SHA-256 of every event with its virtual time, observer and subject,
+ordered by (time, observer, order at that observer): the same seed must give the same
+hash.
 """
 
 from __future__ import annotations

@@ -11,10 +11,12 @@ The WiFi profiles, as the harness defines them:
 |---|---|---|---|---|
 | ``wired`` | none | - | uniform 0.2-0.6 ms | none |
 | ``W1`` | 1% | exponential, mean 20 ms | median 2 ms, p99 10 ms | none |
-| ``W2`` | 5% | exponential, mean 100 ms | 5 +- 3 ms (median 5, quartiles ~3 and ~8), p99 50 ms | none |
-| ``W3`` | 20% (1% outside bursts) | Pareto (tail 1.5), mean 300 ms | median 10 ms, p99 100 ms | 2-10 s every 10 min |
+| ``W2`` | 5% | exponential, mean 100 ms | 5 +- 3 ms, p99 50 ms | none |
+| ``W3`` | 20% | Pareto (tail 1.5), mean 300 ms | median 10 ms, p99 100 ms | 2-10 s every 10 min |
 | ``bursty`` | as W3 | as W3 | as W3 | none |
 | ``L20`` | 20% per packet on the link, independent | - | uniform 0.5-2 ms | none |
+
+W2's delay: median 5, quartiles ~3 and ~8. W3's radio loss: 20% (1% outside bursts).
 
 Loss is Gilbert-Elliott in time: the fraction of time in the bad state and the mean
 length of a stay there are what the table gives; in the bad state every packet is lost,

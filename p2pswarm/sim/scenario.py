@@ -44,8 +44,8 @@ SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 EVENT_KINDS = ("crash", "restart", "leave", "rejoin", "partition", "heal", "card_fill",
                "card_free", "leader_kill", "join_burst", "link_down", "link_up")
 RATE_KINDS = ("crash", "leave", "card_change", "leader_kill", "partition")
-_TOP_KEYS = {"name", "description", "nodes", "start", "formed", "duration_s", "warmup_s", "stagger_s",
-             "preset", "seed", "fellows", "events", "rates", "plan", "sample_every_s",
+_TOP_KEYS = {"name", "description", "nodes", "start", "formed", "duration_s", "warmup_s",
+             "stagger_s", "preset", "seed", "fellows", "events", "rates", "plan", "sample_every_s",
              "checks", "real", "training"}
 DEFAULT_PLAN_REQUEST: dict[str, Any] = {"model": "llama-2-13b", "kind": "serve",
                                         "context": 4096}
@@ -308,7 +308,8 @@ def scenario_from_dict(d: dict[str, Any], name: str = "scenario") -> Scenario:
         raise ConfigError(f"scenario {name}: nodes must be an integer >= 2")
     scenario = Scenario(
         name=name, description=str(d.get("description", "")), nodes=nodes,
-        start=d.get("start"), formed=bool(d.get("formed", False)), duration_s=_number(d, "duration_s", 600.0, name),
+        start=d.get("start"), formed=bool(d.get("formed", False)),
+        duration_s=_number(d, "duration_s", 600.0, name),
         warmup_s=_number(d, "warmup_s", 60.0, name),
         stagger_s=_number(d, "stagger_s", 0.05, name), preset=str(d.get("preset", "lan")),
         seed=int(d.get("seed", 1)), fellows=tuple(groups),

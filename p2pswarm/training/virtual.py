@@ -11,11 +11,12 @@ Each fellow takes its step budget (``round_rule.round_budgets`` by speed), then 
 updates it missed, sends its contribution and goes straight on training. The keepers
 close a round when every member has sent or at the deadline, and send the update to
 every member that is online, by the rule of ``training.round_rule`` that the
-agent's driver runs too (here a fellow never waits for its round to close). Faults: a fellow may miss a round (offline from one
-budget's end to the next: nothing sent, updates missed, fetched on return), or be
-killed (its process and state gone; the round stops waiting for it) and later rejoin
-(a fresh process pulls the current global parameters and trains on). Nothing else
-stops or restarts: the job as a whole never does.
+agent's driver runs too (here a fellow never waits for its round to close). Faults: a
+fellow may miss a round (offline from one budget's end to the next: nothing sent,
+updates missed, fetched on return), or be killed (its process and state gone; the round
+stops waiting for it) and later rejoin (a fresh process pulls the current global
+parameters and trains on). Nothing else stops or restarts: the job as a whole never
+does.
 
 Randomness (who misses a round) comes from an injected ``random.Random``.
 """

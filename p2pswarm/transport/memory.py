@@ -454,7 +454,8 @@ class MemoryNetwork:
         return connection.client_end
 
     @staticmethod
-    def _accept(listener: trio.MemorySendChannel[MemoryStream], connection: StreamConnection) -> bool:
+    def _accept(listener: trio.MemorySendChannel[MemoryStream],
+                connection: StreamConnection) -> bool:
         """Hand the server's end to the listener; False (both ends closed) if its backlog
         is full or it has closed."""
         try:

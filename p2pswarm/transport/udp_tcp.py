@@ -74,7 +74,8 @@ def parse_addr(addr: str) -> tuple[str, int]:
     """``"host:port"`` (or ``"[v6]:port"``) as (host, port); TransportError if malformed."""
     host, sep, port_text = addr.rpartition(":")
     if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise TransportError(f"bad address {addr!r}: expected host:port, e.g. 10.0.0.5:{DEFAULT_PORT}")
+        raise TransportError(f"bad address {addr!r}: expected host:port, "
+                             f"e.g. 10.0.0.5:{DEFAULT_PORT}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     elif ":" in host:

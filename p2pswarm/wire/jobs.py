@@ -253,6 +253,7 @@ class JobOuterChunk:
 
 
 __all__ = ["OUTER_CHUNK_BYTES", "OUTER_KEEP_BYTES", "JobCancel", "JobCopyAsk", "JobKeep",
-           "JobKept", "JobOuterChunk", "JobsKept", "JobsKeptAsk", "KeptCopy", "JobConfigAsk", "JobConfigShown", "JobList", "JobPlanAsk",
-           "JobPlanShown", "JobRecord", "JobSubmit", "JobsAsk", "StageKey", "TrainPrepare",
-           "TrainPrepared", "TrainRelease", "TrainReleased"]
+           "JobKept", "JobOuterChunk", "JobsKept", "JobsKeptAsk", "KeptCopy", "JobConfigAsk",
+           "JobConfigShown", "JobList", "JobPlanAsk", "JobPlanShown", "JobRecord", "JobSubmit",
+           "JobsAsk", "StageKey", "TrainPrepare", "TrainPrepared", "TrainRelease",
+           "TrainReleased"]

@@ -2,11 +2,12 @@
 
 A fellow asks the leader to ``LoadAsk`` a plan request (answered ``LoadDone`` with the
 load's record), to show ``LoadsAsk`` what is loaded (``LoadsShown``), to ``UnloadAsk``
-(``Unloaded``) and to ``LoadCancel`` a load its CLI gave up on (``LoadCancelled``). The leader brings a load up with three rounds of orders, one per stage:
-``StagePrepare`` (check and reserve, ``StagePrepared``), ``StageLoad`` (fetch and build,
-``StageLoaded``), ``StageStart`` (learn the route and go live, ``StageStarted``; every
-stage also keeps all the load's orders, so that a later leader can ask any of them with
-``StageOrdersAsk``, ``StageOrdersKept``), and takes it down with ``StageRelease`` (``StageReleased``),
+(``Unloaded``) and to ``LoadCancel`` a load its CLI gave up on (``LoadCancelled``). The
+leader brings a load up with three rounds of orders, one per stage: ``StagePrepare``
+(check and reserve, ``StagePrepared``), ``StageLoad`` (fetch and build, ``StageLoaded``),
+``StageStart`` (learn the route and go live, ``StageStarted``; every stage also keeps all
+the load's orders, so that a later leader can ask any of them with ``StageOrdersAsk``,
+``StageOrdersKept``), and takes it down with ``StageRelease`` (``StageReleased``),
 handing every fellow a tombstone of it (``LoadUnloaded``) that a later leader asks for
 before it adopts a load (``UnloadsAsk``, ``UnloadsKnown``). A refusal travels as
 ``CallFailed`` (``p2pswarm.wire.orders``) with its text, e.g. ``refuses stage 1: it is
@@ -379,7 +380,8 @@ class LoadMove:
 
 __all__ = [
     "LOAD_CANCEL_OUTCOMES", "LoadKeep", "LoadUnloaded", "UnloadRecord", "UnloadsAsk",
-    "UnloadsKnown", "LoadMove", "StageCheck", "StageChecked", "StageLost", "LoadAsk", "LoadCancel", "LoadCancelled", "LoadDone", "LoadsAsk",
+    "UnloadsKnown", "LoadMove", "StageCheck", "StageChecked", "StageLost", "LoadAsk", "LoadCancel",
+    "LoadCancelled", "LoadDone", "LoadsAsk",
     "LoadsShown", "RouteHop", "RuntimeBlock", "StageAssignment", "StageLoad", "StageLoaded",
     "StagePrepare", "StagePrepared", "StageRelease", "StageReleased", "StageStart",
     "StageOrdersAsk", "StageOrdersKept", "StageStarted", "UnloadAsk", "Unloaded",

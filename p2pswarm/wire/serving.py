@@ -213,6 +213,6 @@ class WeightsByHash:
 
 __all__ = [
     "LoadProgress", "SessionEnd", "SessionError", "SessionOpen", "SessionReturn", "StageCopied",
-    "StageCopy", "StepInput", "StepOutput", "WeightsByHash", "WeightsHeld", "WeightsHeldAsk", "WeightsItem",
-    "WeightsRefused", "WeightsRequest",
+    "StageCopy", "StepInput", "StepOutput", "WeightsByHash", "WeightsHeld", "WeightsHeldAsk",
+    "WeightsItem", "WeightsRefused", "WeightsRequest",
 ]

@@ -310,5 +310,5 @@ class MomentsLoadHead:
 __all__ = ["SHARD_CHUNK_BYTES", "Ack", "DataFetch", "DataPut", "Delta", "MomentsAsk",
            "MomentsLoadHead", "Params", "ParamsAsk", "Reset",
            "StateAsk", "StateHead", "StateLoadHead", "StatePart", "StepApply", "StepReport",
-           "StepRun", "Stop", "TakeDelta", "Tied", "TiedAsk", "TiedWeight", "TrainError", "TrainFetch",
-           "TrainOpen", "TrainShard", "TrainTensor", "Update"]
+           "StepRun", "Stop", "TakeDelta", "Tied", "TiedAsk", "TiedWeight", "TrainError",
+           "TrainFetch", "TrainOpen", "TrainShard", "TrainTensor", "Update"]

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from p2pswarm.agent.serving.ports import whole
 from p2pswarm.agent.serving.records import WeightsOrigin
 from p2pswarm.agent.weight_holders import gather
 from p2pswarm.agent.serving.stage_gossip import gossiped_stages
@@ -102,7 +101,7 @@ class CopyHost:
         async with self._one_at_a_time:
             if lacking:
                 manifest = Manifest.from_dict(model.manifest)
-                got = await gather(whole(self.agent), manifest, [t.name for t in lacking], cache,
+                got = await gather(self.agent, manifest, [t.name for t in lacking], cache,
                                    self._run, source_id=model.source_id,
                                    source_name=model.source_name())
                 fetched = got.received_bytes

@@ -177,7 +177,8 @@ class Failover:
             if proposal.plan is not None:
                 moved = await self.recut.take(record, proposal)
                 self._locks.pop(plan_id, None)  # the load goes by the new plan_id now
-                return LoadDone(pack_doc({**moved.to_doc(), "moved": [m.to_doc() for m in moved.moves[-1:]]}))
+                last = [m.to_doc() for m in moved.moves[-1:]]
+                return LoadDone(pack_doc({**moved.to_doc(), "moved": last}))
             estimate = (f"{proposal.now_s * 1e3:.1f} -> {proposal.after_s * 1e3:.1f} ms a "
                         "token, estimated")
             before = len(record.moves)

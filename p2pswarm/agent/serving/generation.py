@@ -61,7 +61,6 @@ from p2pswarm.agent.serving.records import (
 )
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.serving.stage_session import open_hop
-from p2pswarm.agent.serving.ports import whole
 from p2pswarm.agent.streams import send_best_effort
 from p2pswarm.agent.weight_holders import gather
 from p2pswarm.agent.weights import Manifest
@@ -253,7 +252,7 @@ class Generation:
         cache = self.offers.weights_cache()
         missing = [f.name for f in manifest.files if not cache.has(f.sha256, f.nbytes)]
         if missing:  # from the fellow that offered them, or any that holds them
-            await gather(whole(self.agent), manifest, missing, cache, self.agent.compute.run,
+            await gather(self.agent, manifest, missing, cache, self.agent.compute.run,
                          source_id=origin.source_id, source_name=origin.source_name())
         directory = await self.agent.compute.run(lambda: cache.model_dir(manifest))
         return load_tokenizer(Path(directory))

@@ -3,15 +3,16 @@
 Theory of operation. A load is known to its leader (in memory) and to the fellows it
 handed the route and every stage's order: each stage's fellow (``StageStart``) and
 ``KEEPERS`` connected fellows outside the route (``LoadKeep``), all of whom also write
-them to their disk (``kept_loads``), as the leader does itself. So a one-stage load hosted by the leader outlives
-that machine's death: the keepers answer the next leader (``adoption``), which re-places
-the stage. Keepers are chosen by highest-random-weight hashing of the plan id over the
-connected fellows (not the leader itself, nor the route's), so a choice moves only when
-a keeper goes or the route takes it; the leader hands them the orders whenever the
-route or the term changes and when a keeper is lost. A fellow that keeps orders the
-leader no longer wants kept there (a keeper no longer chosen, a stale copy read back
-after a restart, a load unloaded while it was away) is told to drop them
-(``StageRelease``). The leader's watch (``failover``) runs this every half second.
+them to their disk (``kept_loads``), as the leader does itself. So a one-stage load
+hosted by the leader outlives that machine's death: the keepers answer the next leader
+(``adoption``), which re-places the stage. Keepers are chosen by highest-random-weight
+hashing of the plan id over the connected fellows (not the leader itself, nor the
+route's), so a choice moves only when a keeper goes or the route takes it; the leader
+hands them the orders whenever the route or the term changes and when a keeper is lost.
+A fellow that keeps orders the leader no longer wants kept there (a keeper no longer
+chosen, a stale copy read back after a restart, a load unloaded while it was away) is
+told to drop them (``StageRelease``). The leader's watch (``failover``) runs this every
+half second.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ every fellow that knew it is gone or restarted at once: a one-stage load hosted 
 leader whose machine is killed, a swarm whose machines all reboot. So each fellow also
 writes what it was handed to its state directory, one small file per load
 (``HOME/loads/PLAN_ID.json``: the route and orders as the wire carried them, what the
-load was asked as, and the term of the order), reads them back when it starts, and gossips the plan ids it keeps
-without serving them (metadata ``kept_loads``). A leader adopts such a load from them
-(``adoption``) and its heal re-places the stages no fellow holds live.
+load was asked as, and the term of the order), reads them back when it starts, and
+gossips the plan ids it keeps without serving them (metadata ``kept_loads``). A leader
+adopts such a load from them (``adoption``) and its heal re-places the stages no fellow
+holds live.
 
 A file is removed when the leader says to drop the load (``StageRelease``: an unload,
 a stage moved away, a keeper no longer needed; ``LoadUnloaded``: a tombstone of that

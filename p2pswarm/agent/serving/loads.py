@@ -4,8 +4,8 @@ Loading is the leader's job (``LoadAsk``), all or nothing. The leader plans the 
 again on its current view; a pinned ``plan_id`` that no longer comes out, and whose shown
 placement no longer holds either (``Planning.pinned_plan``: memory that moved within the
 plan's headroom keeps it), is refused as ``plan-changed`` (409) with what changed
-(``diff_plans`` against the plan the leader showed) and the new plan. Otherwise three rounds of term-fenced orders go out, one per
-stage, concurrently:
+(``diff_plans`` against the plan the leader showed) and the new plan. Otherwise three
+rounds of term-fenced orders go out, one per stage, concurrently:
 
 1. ``StagePrepare``: the fellow checks its own live view before allocating anything
    (the card is still offered, its free memory still covers the stage's claim, it is not

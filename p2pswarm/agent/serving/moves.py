@@ -83,8 +83,9 @@ def spare_cards(view: ClusterView, need_bytes: int,
                 busy: set[str]) -> list[tuple[Fellow, CardView]]:
     """Cards that could take a stage needing ``need_bytes``: a connected fellow's, not
     training, not lost nor running a stage of the load (``busy``: fellow ids; a release
-    order names a whole load, so one fellow holds one stage of it), with that much free; the fastest first (decoding reads every weight once a
-    token: memory bandwidth), then by fellow id and card, so the choice is the same
+    order names a whole load, so one fellow holds one stage of it), with that much free;
+    the fastest first (decoding reads every weight once a token: memory bandwidth), then
+    by fellow id and card, so the choice is the same
     whatever order the swarm was heard in."""
     out = []
     for fellow in view.fellows:

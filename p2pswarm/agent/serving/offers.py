@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from p2pswarm.agent.serving.events import WeightsInUse
-from p2pswarm.agent.serving.ports import whole
 from p2pswarm.agent.weight_holders import HeldWeights
 from p2pswarm.agent.weights import (
     Manifest,
@@ -37,7 +36,7 @@ class Offers:
         self._manifests: dict[str, tuple[Any, Manifest]] = {}
         # the hashes live stages read and copies ahead keep, never evicted (``events``)
         self.in_use = in_use
-        self.held = HeldWeights(whole(agent), self.server, self.weights_cache)
+        self.held = HeldWeights(agent, self.server, self.weights_cache)
         agent.on_stream(WeightsRequest, self._on_weights_request)
         agent.on_stream(WeightsHeldAsk, self.held.answer_ask)
         agent.on_stream(WeightsByHash, self.held.serve)

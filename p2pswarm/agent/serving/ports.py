@@ -20,6 +20,7 @@ from p2pswarm.agent.ports import (
     Configured,
     ControlHandler,
     Counted,
+    HoldersPort,
     Named,
     Publishes,
     ServesControl,
@@ -146,12 +147,6 @@ class Leader(Protocol):
     async def order(self, addr: str, order: Any, reply_type: type[R]) -> R: ...
 
 
-def whole(agent: object) -> Any:
-    """``agent`` as ``p2pswarm.agent.weight_holders`` takes it: that module still names the
-    whole ``Agent`` for its parameter, and the object serving is handed is that agent."""
-    return agent
-
-
 # --- what each room is handed ------------------------------------------------------------
 
 
@@ -171,8 +166,8 @@ class AskerPort(Named, Computes, Protocol):
     """``asking``: the fellow where ``load`` runs."""
 
 
-class StageHostPort(Named, Computes, Counted, Fellows, Publishes, Spawns, Cards,
-                    Configured, Streams, Protocol):
+class StageHostPort(HoldersPort, Computes, Fellows, Publishes, Spawns, Cards, Streams,
+                    Protocol):
     """``stage_host``: a fellow's side of a load (and the weights it gathers)."""
 
 
@@ -180,8 +175,7 @@ class SessionsPort(Named, Computes, Configured, Streams, Spawns, Protocol):
     """``stage_session``: a hosted stage serving sessions."""
 
 
-class GenerationPort(Named, Computes, Configured, Fellows, Random, Streams, Counted,
-                     Protocol):
+class GenerationPort(HoldersPort, Computes, Fellows, Random, Streams, Protocol):
     """``generation``: the driver (and the weights it gathers)."""
 
 
@@ -210,8 +204,7 @@ class CopiesPort(Fellows, Plans, Spawns, Protocol):
     """``copies``: the leader has stages copied ahead."""
 
 
-class CopyHostPort(Named, Computes, Counted, Fellows, Publishes, Spawns, Configured,
-                   Streams, Protocol):
+class CopyHostPort(HoldersPort, Computes, Fellows, Publishes, Spawns, Streams, Protocol):
     """``copy_host``: a fellow keeping a stage's copy (and the weights it gathers)."""
 
 
@@ -219,8 +212,8 @@ class InterruptedPort(Computes, Spawns, Protocol):
     """``interrupted``: a generation stopped midway."""
 
 
-class ServingPort(Named, Computes, Counted, Configured, Random, Fellows, Publishes, Streams,
-                  Datagrams, ServesControl, Plans, Cards, Spawns, Protocol):
+class ServingPort(HoldersPort, Computes, Random, Fellows, Publishes, Streams, Datagrams,
+                  ServesControl, Plans, Cards, Spawns, Protocol):
     """Everything serving's rooms use, together: what ``Serving`` is handed."""
 
 
@@ -230,5 +223,5 @@ __all__ = [
     "GenerationPort", "InterruptedPort", "KeepersPort", "Leader", "LoadsPort", "Named",
     "OffersPort", "PlanningView", "Plans", "ProgressPort", "Publishes", "Random",
     "RecutPort", "ServesControl", "ServingPort", "SessionsPort", "Spawns", "StageHostPort",
-    "StreamHandler", "Streams", "UnloadsPort", "whole",
+    "StreamHandler", "Streams", "UnloadsPort",
 ]

@@ -39,7 +39,6 @@ from p2pswarm.agent.serving.records import (
     runtime_doc,
 )
 from p2pswarm.agent.serving.runtime import StageRuntime
-from p2pswarm.agent.serving.ports import whole
 from p2pswarm.agent.weight_holders import first_unheld, gather
 from p2pswarm.agent.weights import Manifest, check_source_files
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
@@ -212,7 +211,7 @@ class StageHost:
         source = self.agent.fellow(source_id)
         if source is not None and source.present:
             return None
-        unheld = await first_unheld(whole(self.agent), manifest, names, cache, source_id)
+        unheld = await first_unheld(self.agent, manifest, names, cache, source_id)
         if unheld is None:
             return None
         source_name = block.source_name("their fellow")
@@ -328,7 +327,7 @@ class StageHost:
                     self.agent.spawn(self.progress.report, order, "fetching", done, total)
 
             await self.progress.report(order, "fetching", 0, total)
-            fetched = (await gather(whole(self.agent), manifest, [t.name for t in missing], cache,
+            fetched = (await gather(self.agent, manifest, [t.name for t in missing], cache,
                                     self.agent.compute.run,
                                     source_id=model.source_id,
                                     source_name=model.source_name(),
@@ -352,7 +351,7 @@ class StageHost:
             missing = list({t.sha256: t for t in manifest.tensors
                             if not cache.has(t.sha256, t.nbytes)}.values())
             if missing:
-                fetched = (await gather(whole(self.agent), manifest, [t.name for t in missing], cache,
+                fetched = (await gather(self.agent, manifest, [t.name for t in missing], cache,
                                         self.agent.compute.run,
                                         source_id=origin.source_id,
                                         source_name=origin.source_name())
