@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from p2pswarm.agent.training.placed import Placement
+from p2pswarm.agent.training.round_entry import RoundEntry
 from p2pswarm.errors import ConfigError
 from p2pswarm.training.job import JobConfig
 
@@ -74,7 +75,7 @@ class Job:
     # the newest placement generation given any of its replicas: one counter for the job,
     # so a late release of an older placement never drops a newer one (``next_generation``)
     generation: int = 0
-    rounds: list[dict[str, Any]] = field(default_factory=list)
+    rounds: list[RoundEntry] = field(default_factory=list)
     replica_steps: dict[str, int] = field(default_factory=dict)  # local steps per replica
     maximize: str | None = None
     exclude_cards: list[str] = field(default_factory=list)  # cards the user left out
@@ -102,7 +103,7 @@ class Job:
                 "checkpoint_copies": self.copies,
                 "seq_len": self.config.seq_len, "rejoins": self.rejoins,
                 "paused_times": self.paused_times,
-                "rounds": self.rounds[-ROUNDS_KEPT:], "replica_steps": self.replica_steps,
+                "rounds": [r.to_doc() for r in self.rounds[-ROUNDS_KEPT:]], "replica_steps": self.replica_steps,
                 "moved": self.moves[-1] if self.moves else "", "moves": self.moves,
                 "stages": [[{"stage": s.stage, "fellow": s.fellow, "layers": list(s.layers),
                              "card": s.card} for s in replica.stages]
