@@ -33,3 +33,14 @@ def test_round_entry_document_round_trip() -> None:
 def test_a_malformed_round_entry_is_refused(bad: object) -> None:
     with pytest.raises(RemoteProtocolError):
         RoundEntry.from_doc(bad)
+
+
+def test_following_a_job_reads_its_headline() -> None:
+    from p2pswarm.agent.training.job_record import JobHeadline
+    from p2pswarm.errors import ConfigError
+
+    assert JobHeadline.from_doc({"job_id": "job-1", "state": "running", "step": 3}) == \
+        JobHeadline("job-1", "running")
+    assert JobHeadline.from_doc({"job_id": "job-1", "state": "finished"}).ended
+    with pytest.raises(ConfigError):
+        JobHeadline.from_doc({"state": "running"})

@@ -3,6 +3,7 @@ driver running it (while one does). ``Job.record`` is what ``jobs`` lists."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -28,6 +29,26 @@ def job_config(config: Any) -> JobConfig:
     if not isinstance(config, dict):
         raise ConfigError("a job needs \"config\": the contents of job.json")
     return JobConfig.from_dict(config)
+
+
+@dataclass(frozen=True, slots=True)
+class JobHeadline:
+    """What following a job reads from its record document (``Job.record``, as
+    ``jobs`` lists it over the wire): which job, and whether it ended."""
+
+    job_id: str
+    state: str
+
+    @property
+    def ended(self) -> bool:
+        return self.state in TERMINAL
+
+    @staticmethod
+    def from_doc(record: Mapping[str, Any]) -> JobHeadline:
+        job_id, state = record.get("job_id"), record.get("state")
+        if not isinstance(job_id, str) or state not in STATES:
+            raise ConfigError("a job record without its job_id or state")
+        return JobHeadline(job_id, str(state))
 
 
 class Running(Protocol):
@@ -110,4 +131,5 @@ class Job:
                            for replica in self.placement]}
 
 
-__all__ = ["LOSSES_KEPT", "ROUNDS_KEPT", "STATES", "TERMINAL", "Job", "Running", "job_config"]
+__all__ = ["LOSSES_KEPT", "ROUNDS_KEPT", "STATES", "TERMINAL", "Job", "JobHeadline", "Running",
+           "job_config"]
