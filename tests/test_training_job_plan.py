@@ -31,3 +31,8 @@ def test_a_job_plan_reads_back_what_its_replicas_planned() -> None:
     assert (read.replicas[0].micro_batch, read.replicas[0].micro_batches) == (2, 3)
     assert {c.fellow_id for c in read.cards} == {s.fellow_id for s in plan.stages}
     assert [card_key(s) for s in plan.stages] == ["00:cpu", "01:cpu"]
+    assert list(shown) == [*doc, "replicas", "job"]
+    two = job_plan(job, [plan, plan])
+    assert list(two) == [*doc, "replicas", "job"] and two["plan_id"] != doc["plan_id"]
+    assert two["summary"].startswith("2 replicas, synced every ")
+    assert [r["replica"] for r in two["replicas"]] == [0, 1]

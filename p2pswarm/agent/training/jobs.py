@@ -71,21 +71,19 @@ def model_message(job: JobConfig) -> dict[str, Any]:
 def job_plan(job: JobConfig, plans: list[Plan]) -> PlanDoc:
     """A job's plan document from its replicas' plans: the first replica's plan with
     every replica's stages; several replicas get one ``plan_id`` over all of theirs."""
-    out = plans[0].to_dict()
-    out["replicas"] = [{"replica": i, "plan_id": p.plan_id,
-                        "stages": [s.to_dict() for s in p.stages],
-                        "strip_text": p.strip_text,
-                        "micro_batch": p.request.micro_batch,
-                        "micro_batches": p.request.micro_batches,
-                        "request": p.request.to_dict()}
-                       for i, p in enumerate(plans)]
-    if len(plans) > 1:
-        out["plan_id"] = replicas_plan_id([p.plan_id for p in plans])
-        out["summary"] = (f"{len(plans)} replicas, synced every {job.sync.inner_steps} "
-                          f"steps ({job.sync.codec}). Replica 0: {plans[0].summary}")
-    out["job"] = {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
-                  "replicas": len(plans)}
-    return out
+    several = {"plan_id": replicas_plan_id([p.plan_id for p in plans]),
+               "summary": (f"{len(plans)} replicas, synced every {job.sync.inner_steps} "
+                           f"steps ({job.sync.codec}). Replica 0: {plans[0].summary}")}
+    return {**plans[0].to_dict(), **(several if len(plans) > 1 else {}),
+            "replicas": [{"replica": i, "plan_id": p.plan_id,
+                          "stages": [s.to_dict() for s in p.stages],
+                          "strip_text": p.strip_text,
+                          "micro_batch": p.request.micro_batch,
+                          "micro_batches": p.request.micro_batches,
+                          "request": p.request.to_dict()}
+                         for i, p in enumerate(plans)],
+            "job": {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
+                    "replicas": len(plans)}}
 
 
 def replicas_plan_id(plan_ids: list[str]) -> str:
@@ -98,13 +96,11 @@ def replicas_plan_id(plan_ids: list[str]) -> str:
 def fleet_job_plan(job: JobConfig, fleet: PlanDoc) -> PlanDoc:
     """A job's plan from the planner's fleet plan (``micro_batch: "auto"``): its
     replicas with their own batches, under the job's ``plan_id`` rule."""
-    out = dict(fleet)
     replicas = JobPlan.from_doc(fleet).replicas
-    if replicas:
-        out["plan_id"] = replicas_plan_id([r.plan_id for r in replicas])
-    out["job"] = {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
-                  "replicas": len(replicas), "micro_batch": "auto"}
-    return out
+    own = {"plan_id": replicas_plan_id([r.plan_id for r in replicas])} if replicas else {}
+    return {**fleet, **own,
+            "job": {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
+                    "replicas": len(replicas), "micro_batch": "auto"}}
 
 
 def card_key(stage: StagePlan) -> str:
