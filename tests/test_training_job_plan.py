@@ -36,3 +36,14 @@ def test_a_job_plan_reads_back_what_its_replicas_planned() -> None:
     assert list(two) == [*doc, "replicas", "job"] and two["plan_id"] != doc["plan_id"]
     assert two["summary"].startswith("2 replicas, synced every ")
     assert [r["replica"] for r in two["replicas"]] == [0, 1]
+
+
+def test_a_jobs_model_source_and_its_document() -> None:
+    from p2pswarm.agent.training.jobs import ModelSource, model_source
+
+    job = JobConfig.from_dict({"model": "tiny-llama", "steps": 4, "seq_len": 32})
+    source = model_source(job)
+    assert model_message(job) == source.to_doc() and list(source.to_doc()) == ["name", "config"]
+    cut = source.cut_at([2])
+    assert cut == ModelSource(source.name, {**source.config, "p2pswarm_stage_cut": [2]})
+    assert "p2pswarm_stage_cut" not in source.config

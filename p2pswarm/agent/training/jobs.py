@@ -15,7 +15,7 @@ cancels a job and ``JobConfigAsk`` shows its config (for an export).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 import itertools
 from typing import TYPE_CHECKING, Any
 
@@ -60,12 +60,31 @@ if TYPE_CHECKING:
 CHANGED = "the cluster changed since the plan was shown: "
 
 
-def model_message(job: JobConfig) -> dict[str, Any]:
-    """The planner's ``model`` for the job: a scratch config or the named model's."""
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """The model a job trains, as the planner reads it: its name and its config.json."""
+
+    name: str
+    config: dict[str, Any]  # config.json, as the model's files give it
+
+    def cut_at(self, cut: list[int]) -> ModelSource:
+        """The same model, with the stage cut the planner keeps where it fits."""
+        return ModelSource(self.name, {**self.config, "p2pswarm_stage_cut": cut})
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"name": self.name, "config": self.config}
+
+
+def model_source(job: JobConfig) -> ModelSource:
+    """The job's model: a scratch config or the named model's."""
     if job.model.init_config is not None:
-        return {"name": "scratch", "config": dict(job.model.init_config)}
-    name, config = read_model_config(str(job.model.name))
-    return {"name": name, "config": config}
+        return ModelSource("scratch", dict(job.model.init_config))
+    return ModelSource(*read_model_config(str(job.model.name)))
+
+
+def model_message(job: JobConfig) -> dict[str, Any]:
+    """The planner's ``model`` for the job (``ModelSource.to_doc``)."""
+    return model_source(job).to_doc()
 
 
 def job_plan(job: JobConfig, plans: list[Plan]) -> PlanDoc:
@@ -131,9 +150,9 @@ class LeaderJobs:
                    cut: list[int] | None = None) -> dict[str, Any]:
         """The job's plan on this leader's view: one pipeline per replica (on ``cut``,
         a resumed checkpoint's, where the cards hold it)."""
-        model = model_message(job)
-        if cut:  # the planner keeps a model's trained cut where it fits
-            model = {**model, "config": {**model["config"], "p2pswarm_stage_cut": cut}}
+        source = model_source(job)
+        # the planner keeps a model's trained cut where it fits
+        model = (source.cut_at(cut) if cut else source).to_doc()
         exclude = list(exclude_cards or [])
         wanted = job.replicas
         if job.auto_batch and not cut:  # the fleet planner sizes each replica's batch
@@ -217,9 +236,11 @@ class LeaderJobs:
                 message = {"model": model, **own}
             held = pinned_plan_message(message, view, {"stages": replica.get("stages"),
                                                        "request": shown.get("request")})
-            if held is None or held["plan_id"] != replica.get("plan_id"):
+            if held is None:
                 return None
             plans.append(Plan.from_doc(held))
+            if plans[-1].plan_id != replica.get("plan_id"):
+                return None
             exclude += [card_key(s) for s in plans[-1].stages]
         plan = job_plan(job, plans)
         if job.auto_batch:
@@ -343,5 +364,5 @@ class LeaderJobs:
 
 
 __all__ = ["CHANGED", "JOB_ID", "LOSSES_KEPT", "ROUNDS_KEPT", "STATES", "TERMINAL", "Job",
-           "LeaderJobs", "card_key",
-           "job_config", "job_plan", "model_message"]
+           "LeaderJobs", "ModelSource", "card_key",
+           "job_config", "job_plan", "model_message", "model_source"]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from p2pswarm.agent.training.job_plan import JobPlan
-from p2pswarm.agent.training.jobs import CHANGED, TERMINAL, Job, model_message
+from p2pswarm.agent.training.jobs import CHANGED, TERMINAL, Job, model_source
 from p2pswarm.agent.training.placed import (
     BatchShape,
     Placement,
@@ -189,8 +189,8 @@ class Placer:
         still sync with the other replicas' stages."""
         cfg = job.config
         old = job.placement[replica]
-        model = model_message(cfg)
-        profile = profile_from_config(model["config"], str(model.get("name") or "model"))
+        model = model_source(cfg)
+        profile = profile_from_config(model.config, model.name or "model")
         request = request_from_dict({
             **cfg.plan_request(), "stages": len(old.stages), "maximize": None,
             "exclude": sorted(job.exclude_cards), **old.batch.to_doc()})
