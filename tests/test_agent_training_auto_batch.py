@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import trio
 
+from p2pswarm.agent.training.job_plan import JobPlan
 from p2pswarm.agent.training.placed import placement_from_doc, placement_to_doc
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
 from p2pswarm.training.job import JobConfig
@@ -35,7 +36,7 @@ async def test_replicas_of_fellows_with_different_memory_get_their_own_batches(
         assert batches[roomy] > batches[tight] >= 1, batches
         leader = next(a for a in swarm.live() if a.leadership.is_leader())
         job = JobConfig.from_dict(config)
-        placement = leader.training.placer.placement(plan, job)
+        placement = leader.training.placer.placement(JobPlan.from_doc(plan), job)
         assert [r.batch.micro_batch for r in placement] == \
             [r["micro_batch"] for r in plan["replicas"]]
         # kept in the copies a new leader reads

@@ -44,6 +44,7 @@ from p2pswarm.agent.training.driver import drive
 from p2pswarm.agent.training.job_data import JobData, sent_files, sent_files_of
 from p2pswarm.agent.training.job_paths import leader_checkpoint_dir
 from p2pswarm.agent.training.handover import JobHandover
+from p2pswarm.agent.training.job_record import JobHeadline
 from p2pswarm.agent.training.jobs import (
     CHANGED,
     STATES,
@@ -223,24 +224,26 @@ class Training:
             return record
         emit({"job": record})
         missing_since = 0.0
-        while record["state"] not in TERMINAL:
+        headline = JobHeadline.from_doc(record)
+        while not headline.ended:
             await trio.sleep(FOLLOW_POLL_S)
             try:
                 jobs = await self.list_jobs()
             except (PlacementError, TransportError) as exc:
-                log.info("following job %s: %s", record["job_id"], exc)
+                log.info("following job %s: %s", headline.job_id, exc)
                 continue
-            now = next((j for j in jobs if j["job_id"] == record["job_id"]), None)
+            now = next((j for j in jobs
+                        if JobHeadline.from_doc(j).job_id == headline.job_id), None)
             if now is None:  # a new leader may still be taking it over
                 missing_since = missing_since or trio.current_time()
                 if trio.current_time() - missing_since < TAKEOVER_GRACE_S:
                     continue
-                raise PlacementError(f"the leader no longer knows job {record['job_id']} "
+                raise PlacementError(f"the leader no longer knows job {headline.job_id} "
                                      "(a new leader without a copy of it); resume it with "
                                      "--resume")
             missing_since = 0.0
-            if now != record:
-                record = now
+            if now != record:  # the document is what the follower streams
+                record, headline = now, JobHeadline.from_doc(now)
                 emit({"job": record})
         return record
 

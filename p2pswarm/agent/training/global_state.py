@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from p2pswarm.agent.training.jobs import model_message
+from p2pswarm.agent.training.jobs import model_source
 from p2pswarm.errors import SwarmError
 from p2pswarm.wire.training import Ack, Reset, Tied, TiedAsk, TiedWeight
 
@@ -79,7 +79,7 @@ class GlobalState:
 def _tied(driver: DriverPort) -> bool:
     """Whether the job's model ties its head to its embedding (and trains them whole)."""
     cfg = driver.cfg
-    model = model_message(cfg)["config"]
+    model = model_source(cfg).config
     return bool(model.get("tie_word_embeddings")) and cfg.lora is None
 
 

@@ -3,12 +3,14 @@ driver running it (while one does). ``Job.record`` is what ``jobs`` lists."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from p2pswarm.agent.training.placed import Placement
+from p2pswarm.agent.training.round_entry import RoundEntry
 from p2pswarm.errors import ConfigError
 from p2pswarm.training.job import JobConfig
 
@@ -27,6 +29,26 @@ def job_config(config: Any) -> JobConfig:
     if not isinstance(config, dict):
         raise ConfigError("a job needs \"config\": the contents of job.json")
     return JobConfig.from_dict(config)
+
+
+@dataclass(frozen=True, slots=True)
+class JobHeadline:
+    """What following a job reads from its record document (``Job.record``, as
+    ``jobs`` lists it over the wire): which job, and whether it ended."""
+
+    job_id: str
+    state: str
+
+    @property
+    def ended(self) -> bool:
+        return self.state in TERMINAL
+
+    @staticmethod
+    def from_doc(record: Mapping[str, Any]) -> JobHeadline:
+        job_id, state = record.get("job_id"), record.get("state")
+        if not isinstance(job_id, str) or state not in STATES:
+            raise ConfigError("a job record without its job_id or state")
+        return JobHeadline(job_id, str(state))
 
 
 class Running(Protocol):
@@ -74,7 +96,7 @@ class Job:
     # the newest placement generation given any of its replicas: one counter for the job,
     # so a late release of an older placement never drops a newer one (``next_generation``)
     generation: int = 0
-    rounds: list[dict[str, Any]] = field(default_factory=list)
+    rounds: list[RoundEntry] = field(default_factory=list)
     replica_steps: dict[str, int] = field(default_factory=dict)  # local steps per replica
     maximize: str | None = None
     exclude_cards: list[str] = field(default_factory=list)  # cards the user left out
@@ -102,11 +124,12 @@ class Job:
                 "checkpoint_copies": self.copies,
                 "seq_len": self.config.seq_len, "rejoins": self.rejoins,
                 "paused_times": self.paused_times,
-                "rounds": self.rounds[-ROUNDS_KEPT:], "replica_steps": self.replica_steps,
+                "rounds": [r.to_doc() for r in self.rounds[-ROUNDS_KEPT:]], "replica_steps": self.replica_steps,
                 "moved": self.moves[-1] if self.moves else "", "moves": self.moves,
                 "stages": [[{"stage": s.stage, "fellow": s.fellow, "layers": list(s.layers),
                              "card": s.card} for s in replica.stages]
                            for replica in self.placement]}
 
 
-__all__ = ["LOSSES_KEPT", "ROUNDS_KEPT", "STATES", "TERMINAL", "Job", "Running", "job_config"]
+__all__ = ["LOSSES_KEPT", "ROUNDS_KEPT", "STATES", "TERMINAL", "Job", "JobHeadline", "Running",
+           "job_config"]

@@ -32,6 +32,7 @@ from p2pswarm.agent.training.placed import (
     placement_from_doc,
     placement_to_doc,
 )
+from p2pswarm.agent.training.round_entry import RoundEntry
 from p2pswarm.errors import ConfigError, RemoteProtocolError
 
 MOVES_KEPT = 20  # "moved" lines a job record carries
@@ -72,7 +73,7 @@ def snapshot(job: Job, driver: Running | None, leader: str) -> dict[str, Any]:
         "checkpoint": job.checkpoint[:TEXT], "checkpoint_step": job.checkpoint_step,
         "copies": job.copies, "placement": placement_to_doc(job.placement, job.config),
         "rejoins": job.rejoins, "paused_times": job.paused_times,
-        "generation": job.generation, "rounds": job.rounds[-ROUNDS_KEPT:],
+        "generation": job.generation, "rounds": [r.to_doc() for r in job.rounds[-ROUNDS_KEPT:]],
         "replica_steps": job.replica_steps, "maximize": job.maximize,
         "exclude_cards": job.exclude_cards, "moves": job.moves[-MOVES_KEPT:],
         "rounds_state": None}
@@ -192,9 +193,7 @@ def restore(doc: dict[str, Any]) -> tuple[Job, RoundsState | None]:
     if not isinstance(replica_steps, dict) or len(replica_steps) > MAX_REPLICAS or not all(
             isinstance(k, str) and isinstance(v, int) for k, v in replica_steps.items()):
         raise _bad("replica_steps")
-    rounds = _list(doc, "rounds", ROUNDS_KEPT)
-    if not all(isinstance(r, dict) for r in rounds):
-        raise _bad("rounds")
+    rounds = [RoundEntry.from_doc(r) for r in _list(doc, "rounds", ROUNDS_KEPT)]
     for key in ("pinned", "resume"):
         if not isinstance(doc.get(key), bool):
             raise _bad(key)

@@ -15,12 +15,13 @@ cancels a job and ``JobConfigAsk`` shows its config (for an export).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 import itertools
 from typing import TYPE_CHECKING, Any
 
 
 from p2pswarm.agent.training.job_data import refuse_paths
+from p2pswarm.agent.training.job_plan import JobPlan, PlanDoc
 from p2pswarm.agent.training.job_record import (
     LOSSES_KEPT,
     ROUNDS_KEPT,
@@ -38,6 +39,7 @@ from p2pswarm.agent.training.job_paths import (
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.models.files import read_model_config
 from p2pswarm.planner import pinned_plan_message
+from p2pswarm.planner.plan import Plan, StagePlan
 from p2pswarm.training.job import JobConfig
 from p2pswarm.wire.jobs import (
     JobCancel,
@@ -58,31 +60,49 @@ if TYPE_CHECKING:
 CHANGED = "the cluster changed since the plan was shown: "
 
 
-def model_message(job: JobConfig) -> dict[str, Any]:
-    """The planner's ``model`` for the job: a scratch config or the named model's."""
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """The model a job trains, as the planner reads it: its name and its config.json."""
+
+    name: str
+    config: dict[str, Any]  # config.json, as the model's files give it
+
+    def cut_at(self, cut: list[int]) -> ModelSource:
+        """The same model, with the stage cut the planner keeps where it fits."""
+        return ModelSource(self.name, {**self.config, "p2pswarm_stage_cut": cut})
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"name": self.name, "config": self.config}
+
+
+def model_source(job: JobConfig) -> ModelSource:
+    """The job's model: a scratch config or the named model's."""
     if job.model.init_config is not None:
-        return {"name": "scratch", "config": dict(job.model.init_config)}
-    name, config = read_model_config(str(job.model.name))
-    return {"name": name, "config": config}
+        return ModelSource("scratch", dict(job.model.init_config))
+    return ModelSource(*read_model_config(str(job.model.name)))
 
 
-def job_plan(job: JobConfig, plans: list[dict[str, Any]]) -> dict[str, Any]:
-    """A job's plan from its replicas' plans: the first replica's plan with every
-    replica's stages; several replicas get one ``plan_id`` over all of theirs."""
-    out = dict(plans[0])
-    out["replicas"] = [{"replica": i, "plan_id": p["plan_id"], "stages": p["stages"],
-                        "strip_text": p["layout"]["strip_text"],
-                        "micro_batch": p["request"]["micro_batch"],
-                        "micro_batches": p["request"]["micro_batches"],
-                        "request": p["request"]}
-                       for i, p in enumerate(plans)]
-    if len(plans) > 1:
-        out["plan_id"] = replicas_plan_id([p["plan_id"] for p in plans])
-        out["summary"] = (f"{len(plans)} replicas, synced every {job.sync.inner_steps} "
-                          f"steps ({job.sync.codec}). Replica 0: {plans[0]['summary']}")
-    out["job"] = {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
-                  "replicas": len(plans)}
-    return out
+def model_message(job: JobConfig) -> dict[str, Any]:
+    """The planner's ``model`` for the job (``ModelSource.to_doc``)."""
+    return model_source(job).to_doc()
+
+
+def job_plan(job: JobConfig, plans: list[Plan]) -> PlanDoc:
+    """A job's plan document from its replicas' plans: the first replica's plan with
+    every replica's stages; several replicas get one ``plan_id`` over all of theirs."""
+    several = {"plan_id": replicas_plan_id([p.plan_id for p in plans]),
+               "summary": (f"{len(plans)} replicas, synced every {job.sync.inner_steps} "
+                           f"steps ({job.sync.codec}). Replica 0: {plans[0].summary}")}
+    return {**plans[0].to_dict(), **(several if len(plans) > 1 else {}),
+            "replicas": [{"replica": i, "plan_id": p.plan_id,
+                          "stages": [s.to_dict() for s in p.stages],
+                          "strip_text": p.strip_text,
+                          "micro_batch": p.request.micro_batch,
+                          "micro_batches": p.request.micro_batches,
+                          "request": p.request.to_dict()}
+                         for i, p in enumerate(plans)],
+            "job": {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
+                    "replicas": len(plans)}}
 
 
 def replicas_plan_id(plan_ids: list[str]) -> str:
@@ -92,22 +112,20 @@ def replicas_plan_id(plan_ids: list[str]) -> str:
     return hashlib.sha256(f"job|{','.join(plan_ids)}".encode()).hexdigest()[:16]
 
 
-def fleet_job_plan(job: JobConfig, fleet: dict[str, Any]) -> dict[str, Any]:
+def fleet_job_plan(job: JobConfig, fleet: PlanDoc) -> PlanDoc:
     """A job's plan from the planner's fleet plan (``micro_batch: "auto"``): its
     replicas with their own batches, under the job's ``plan_id`` rule."""
-    out = dict(fleet)
-    replicas = fleet.get("replicas") or []
-    if replicas:
-        out["plan_id"] = replicas_plan_id([r["plan_id"] for r in replicas])
-    out["job"] = {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
-                  "replicas": len(replicas), "micro_batch": "auto"}
-    return out
+    replicas = JobPlan.from_doc(fleet).replicas
+    own = {"plan_id": replicas_plan_id([r.plan_id for r in replicas])} if replicas else {}
+    return {**fleet, **own,
+            "job": {"steps": job.steps, "seq_len": job.seq_len, "mode": job.mode,
+                    "replicas": len(replicas), "micro_batch": "auto"}}
 
 
-def card_key(stage: dict[str, Any]) -> str:
+def card_key(stage: StagePlan) -> str:
     """How ``exclude`` names a plan stage's card."""
-    which = "cpu" if stage["kind"] == "cpu" else str(stage["index"])
-    return f"{stage['fellow_id']}:{which}"
+    which = "cpu" if stage.kind == "cpu" else str(stage.card_index)
+    return f"{stage.fellow_id}:{which}"
 
 
 class LeaderJobs:
@@ -132,20 +150,21 @@ class LeaderJobs:
                    cut: list[int] | None = None) -> dict[str, Any]:
         """The job's plan on this leader's view: one pipeline per replica (on ``cut``,
         a resumed checkpoint's, where the cards hold it)."""
-        model = model_message(job)
-        if cut:  # the planner keeps a model's trained cut where it fits
-            model = {**model, "config": {**model["config"], "p2pswarm_stage_cut": cut}}
+        source = model_source(job)
+        # the planner keeps a model's trained cut where it fits
+        model = (source.cut_at(cut) if cut else source).to_doc()
         exclude = list(exclude_cards or [])
         wanted = job.replicas
         if job.auto_batch and not cut:  # the fleet planner sizes each replica's batch
             fleet = await self.agent.planning.plan({
                 "model": model, **job.fleet_request(), "stages": stages,
                 "maximize": maximize, "exclude": sorted(exclude)})
-            if fleet.get("replicas") and not fleet.get("fits"):
+            shown = JobPlan.from_doc(fleet)
+            if shown.replicas and not shown.fits:
                 raise PlacementError(fleet["fleet"]["sentence"])
             return self.training.shown.remember(  # type: ignore[no-any-return]
                 fleet_job_plan(job, fleet))
-        plans: list[dict[str, Any]] = []
+        plans: list[Plan] = []
         # "auto": replicas until no more fit; each takes at least one card, so the
         # usable cards bound the count (no fixed cap)
         for r in itertools.count():
@@ -154,20 +173,21 @@ class LeaderJobs:
             message = {"model": model, **job.plan_request(), "stages": stages,
                        "maximize": maximize, "exclude": sorted(exclude)}
             try:
-                plan = await self.agent.planning.plan(message)
+                doc = await self.agent.planning.plan(message)
             except PlacementError:
                 if r == 0 or wanted:
                     raise
                 break
-            if not plan.get("fits"):
+            plan = Plan.from_doc(doc)
+            if not plan.fits:
                 if r == 0:
-                    return plan  # says why; nothing to run
+                    return doc  # says why; nothing to run
                 if wanted:
                     raise PlacementError(f"only {r} of the {wanted} replicas asked for fit: "
-                                         f"{plan['layout']['limit']['sentence']}")
+                                         f"{plan.limit.sentence}")
                 break
             plans.append(plan)
-            exclude += [card_key(s) for s in plan["stages"]]
+            exclude += [card_key(s) for s in plan.stages]
         return self.training.shown.remember(job_plan(job, plans))  # type: ignore[no-any-return]
 
     async def pinned_plan(self, expected: str | None, config: JobConfig, *,
@@ -185,7 +205,7 @@ class LeaderJobs:
             if held is None:
                 raise
             return held
-        if expected and plan["plan_id"] != expected:
+        if expected and JobPlan.from_doc(plan).plan_id != expected:
             return self.still_holds(expected, config, stages, maximize, exclude_cards) \
                 or plan
         return plan
@@ -205,7 +225,7 @@ class LeaderJobs:
         model = model_message(job)
         view = self.agent.planning.view()
         exclude = list(exclude_cards or [])
-        plans: list[dict[str, Any]] = []
+        plans: list[Plan] = []
         for replica in replicas:  # each on the cards the ones before it left, as planned
             if not isinstance(replica, dict):
                 return None
@@ -216,14 +236,16 @@ class LeaderJobs:
                 message = {"model": model, **own}
             held = pinned_plan_message(message, view, {"stages": replica.get("stages"),
                                                        "request": shown.get("request")})
-            if held is None or held["plan_id"] != replica.get("plan_id"):
+            if held is None:
                 return None
-            plans.append(held)
-            exclude += [card_key(s) for s in held["stages"]]
+            plans.append(Plan.from_doc(held))
+            if plans[-1].plan_id != replica.get("plan_id"):
+                return None
+            exclude += [card_key(s) for s in plans[-1].stages]
         plan = job_plan(job, plans)
         if job.auto_batch:
             plan = fleet_job_plan(job, {**shown, "replicas": plan["replicas"]})
-        return plan if plan["plan_id"] == expected else None
+        return plan if JobPlan.from_doc(plan).plan_id == expected else None
 
     def _from_fellow(self, origin: bytes | None, config: Any, resume: str = "") -> None:
         """A job from another fellow (``origin``; None: this leader's own user) may name
@@ -268,17 +290,18 @@ class LeaderJobs:
             raise PlacementError(f"plan {expected} no longer holds, and no plan does: "
                                  f"{exc}") from exc
         self.training.shown.check_pin(expected, plan)
-        if not plan.get("fits"):
-            raise PlacementError(f"plan {plan['plan_id']} does not fit: "
-                                 f"{plan['layout']['limit']['sentence']}")
+        planned = JobPlan.from_doc(plan)
+        if not planned.fits:
+            raise PlacementError(f"plan {planned.plan_id} does not fit: {planned.why_not}")
         busy = [j for j in self.jobs.values() if j.state in ("pending", "running")]
         if resume and any(j.job_id == resume for j in busy):
             raise PlacementError(f"job {resume} is still {self.jobs[resume].state}")
         job_id = resume if resume in self.jobs or JOB_ID.fullmatch(resume) \
             else f"job-{self.agent.rng.getrandbits(32):08x}"
         if maximize:  # the job runs at the sequence length the plan found
-            cfg = replace(cfg, seq_len=int(plan["request"]["seq_len"]))
-        job = Job(job_id, cfg, str(plan["plan_id"]), pinned=bool(expected),
+            assert planned.seq_len is not None  # a plan maximizing seq_len says it
+            cfg = replace(cfg, seq_len=planned.seq_len)
+        job = Job(job_id, cfg, planned.plan_id, pinned=bool(expected),
                   stages=call.stages, resume=bool(resume),
                   reason="waiting for its fellows to take their stages", maximize=maximize,
                   exclude_cards=exclude)
@@ -341,5 +364,5 @@ class LeaderJobs:
 
 
 __all__ = ["CHANGED", "JOB_ID", "LOSSES_KEPT", "ROUNDS_KEPT", "STATES", "TERMINAL", "Job",
-           "LeaderJobs", "card_key",
-           "job_config", "job_plan", "model_message"]
+           "LeaderJobs", "ModelSource", "card_key",
+           "job_config", "job_plan", "model_message", "model_source"]

@@ -17,11 +17,12 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
-from p2pswarm.agent.training.jobs import CHANGED, TERMINAL, Job, model_message
+from p2pswarm.agent.training.job_plan import JobPlan
+from p2pswarm.agent.training.jobs import CHANGED, TERMINAL, Job, model_source
 from p2pswarm.agent.training.placed import (
     BatchShape,
     Placement,
@@ -64,22 +65,24 @@ class Placer:
         while True:
             try:
                 if job.pinned:  # the shown plan, while it still holds
-                    plan = await self.training.leader.pinned_plan(
+                    doc = await self.training.leader.pinned_plan(
                         job.plan_id, job.config, stages=job.stages, maximize=job.maximize,
                         exclude_cards=job.exclude_cards)
                 else:
-                    plan = await self.training.leader.plan(
+                    doc = await self.training.leader.plan(
                         job.config, stages=job.stages, maximize=job.maximize,
                         exclude_cards=job.exclude_cards,
                         cut=cut or self._checkpoint_cut(job))
+                plan = JobPlan.from_doc(doc)
                 if job.maximize and not job.pinned:
-                    job.config = replace(job.config, seq_len=int(plan["request"]["seq_len"]))
-                if job.pinned and plan["plan_id"] != job.plan_id:
+                    assert plan.seq_len is not None  # a plan maximizing seq_len says it
+                    job.config = replace(job.config, seq_len=plan.seq_len)
+                if job.pinned and plan.plan_id != job.plan_id:
                     raise PlacementError(CHANGED + "; ".join(
-                        self.training.shown.changes(job.plan_id, plan)))
-                if not plan.get("fits"):
-                    raise PlacementError(plan["layout"]["limit"]["sentence"])
-                job.plan_id = plan["plan_id"]
+                        self.training.shown.changes(job.plan_id, doc)))
+                if not plan.fits:
+                    raise PlacementError(plan.why_not)
+                job.plan_id = plan.plan_id
                 placement = self.placement(plan, job.config)
                 refusals = await self.prepare(job, dict(enumerate(placement)),
                                               job.next_generation())
@@ -146,28 +149,26 @@ class Placer:
             job.reason = f"{paused} ({why})"
             log.info("job %s still pending: %s", job.job_id, why)
 
-    def placement(self, plan: dict[str, Any], job: JobConfig) -> Placement:
+    def placement(self, plan: JobPlan, job: JobConfig) -> Placement:
         """Each replica of the leader's job plan ``plan`` with its fellows' addresses and
         its batch shape, resolved here once: the one the plan sized for it (a fleet plan,
         ``micro_batch: "auto"``), else the job's."""
-        auto = (plan.get("job") or {}).get("micro_batch") == "auto"
-        cards = {(c["fellow_id"], c["kind"], c["index"]): c for c in plan["cards"] if c["used"]}
+        cards = {(c.fellow_id, c.kind, c.index): c for c in plan.cards}
         default = BatchShape.of_job(job)
         out = []
-        for replica in plan["replicas"]:
+        for replica in plan.replicas:
             batch = default
-            if auto:
-                own = {k: int(replica[k]) for k in ("micro_batch", "micro_batches")
-                       if isinstance(replica.get(k), int)}
-                batch = BatchShape(own.get("micro_batch", default.micro_batch),
-                                   own.get("micro_batches", default.micro_batches))
+            if plan.auto_batch:
+                batch = BatchShape(
+                    default.micro_batch if replica.micro_batch is None else replica.micro_batch,
+                    default.micro_batches if replica.micro_batches is None
+                    else replica.micro_batches)
             stages = []
-            for s in replica["stages"]:
-                card = cards.get((s["fellow_id"], s["kind"], s["index"]))
-                need = claimed_bytes(Segments(**card["segments"]) if card else Segments())
-                stages.append(self._stage(s["stage"], s["fellow_id"], s["fellow"],
-                                          tuple(s["layers"]), s["kind"], s["index"],
-                                          s["name"], need))
+            for s in replica.stages:
+                card = cards.get((s.fellow_id, s.kind, s.card_index))
+                need = claimed_bytes(card.segments if card else Segments())
+                stages.append(self._stage(s.index, s.fellow_id, s.fellow, s.layers, s.kind,
+                                          s.card_index, s.name, need))
             out.append(ReplicaPlacement(tuple(stages), batch))
         return tuple(out)
 
@@ -188,8 +189,8 @@ class Placer:
         still sync with the other replicas' stages."""
         cfg = job.config
         old = job.placement[replica]
-        model = model_message(cfg)
-        profile = profile_from_config(model["config"], str(model.get("name") or "model"))
+        model = model_source(cfg)
+        profile = profile_from_config(model.config, model.name or "model")
         request = request_from_dict({
             **cfg.plan_request(), "stages": len(old.stages), "maximize": None,
             "exclude": sorted(job.exclude_cards), **old.batch.to_doc()})

@@ -20,10 +20,11 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
+from p2pswarm.agent.training.round_entry import LateContribution, RoundEntry
 from p2pswarm.errors import EveryReplicaLost, SwarmError
 from p2pswarm.training.round_rule import (
     delta_weight,
@@ -56,7 +57,7 @@ class RoundsKeeper:
         self._buckets: dict[int, list[float]] = {}  # job step -> the replicas' losses there
         self._wake = trio.Event()  # something the round-closer should look at happened
         self._closed = trio.Event()  # set (and replaced) when a round closes
-        self._late: list[dict[str, Any]] = []  # late contributions of the open round
+        self._late: list[LateContribution] = []  # late contributions of the open round
         self._nursery: trio.Nursery | None = None
         self._checkpointed = 0
 
@@ -115,11 +116,10 @@ class RoundsKeeper:
         first = results[0]
         if first is None:
             return  # nothing arrived: the deadline moved on
-        driver.job.rounds.append({
-            "step": driver.job.step, "version": first.version, "closed_at_s": round(now, 3),
-            "replicas": list(dict.fromkeys(a.replica for a in first.applied)),
-            "dropped": list(dict.fromkeys(a.replica for a in first.dropped)),
-            "late": self._late})
+        driver.job.rounds.append(RoundEntry(
+            driver.job.step, first.version, round(now, 3),
+            tuple(dict.fromkeys(a.replica for a in first.applied)),
+            tuple(dict.fromkeys(a.replica for a in first.dropped)), tuple(self._late)))
         self._late = []
         closed, self._closed = self._closed, trio.Event()
         closed.set()
@@ -248,9 +248,8 @@ class RoundsKeeper:
             decay = sync.staleness_decay ** verdict.staleness
             weight = delta_weight(1, verdict.staleness, sync.staleness_decay,
                                   sync.staleness_bound) if verdict.accepted else 0.0
-            self._late.append({"replica": r.name, "staleness": verdict.staleness,
-                               "samples": r.samples_unsent, "weight": weight,
-                               "dropped": not verdict.accepted})
+            self._late.append(LateContribution(r.name, verdict.staleness, r.samples_unsent,
+                                               weight, not verdict.accepted))
             log.info("job %s: %s sent %d round(s) late: %s", driver.job.job_id, r.name,
                      verdict.staleness, "dropped" if not verdict.accepted
                      else f"weighed {decay:g}")
