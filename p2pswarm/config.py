@@ -215,7 +215,7 @@ class StorageConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class TrainingTimings:
+class TrainingConfig:
     """How long the leader's driver of a training job waits, and how often it retries.
     ``simulated_step_s`` is for simulations only: the virtual seconds one step of a
     hosted stage takes (compute runs inline and takes none); 0 in the real world."""
@@ -226,7 +226,7 @@ class TrainingTimings:
     simulated_step_s: float = 0.0
 
     def simulating(self, step_s: float, *, step_timeout_s: float | None = None,
-                   retry_s: float | None = None) -> TrainingTimings:
+                   retry_s: float | None = None) -> TrainingConfig:
         """These timings in virtual time: each hosted step takes ``step_s``; a timeout
         or a retry left None stays as it is."""
         return replace(self, simulated_step_s=step_s,
@@ -235,15 +235,15 @@ class TrainingTimings:
                        retry_s=self.retry_s if retry_s is None else retry_s)
 
 
-def training_real() -> TrainingTimings:
+def training_real() -> TrainingConfig:
     """Real machines: a step may take minutes on a slow card."""
-    return TrainingTimings()
+    return TrainingConfig()
 
 
-def training_sim(step_s: float) -> TrainingTimings:
+def training_sim(step_s: float) -> TrainingConfig:
     """A simulated swarm whose hosted steps take ``step_s`` virtual seconds: the driver
     waits ten steps for one and retries every two seconds (the harness's timings)."""
-    return TrainingTimings().simulating(step_s, step_timeout_s=10.0 * step_s, retry_s=2.0)
+    return TrainingConfig().simulating(step_s, step_timeout_s=10.0 * step_s, retry_s=2.0)
 
 
 # --- the whole config ---------------------------------------------------------------------------
@@ -260,7 +260,7 @@ class SwarmConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
-    training: TrainingTimings = field(default_factory=TrainingTimings)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
 
 
 def lan() -> SwarmConfig:
@@ -324,7 +324,7 @@ def preset(name: str) -> SwarmConfig:
 __all__ = [
     "DEFAULT_PORT", "TransportConfig", "SecurityConfig", "GossipTuning", "GossipConfig",
     "ElectionTuning", "ElectionConfig", "InventoryConfig", "StorageConfig", "ComputeConfig",
-    "ServingConfig", "SwarmConfig", "TrainingTimings", "training_real", "training_sim",
+    "ServingConfig", "SwarmConfig", "TrainingConfig", "training_real", "training_sim",
     "lan", "wifi",
     "local", "preset", "replace", "split_addr",
 ]

@@ -13,7 +13,7 @@ from p2pswarm.agent.training.placed import (
     placement_from_doc,
     placement_to_doc,
 )
-from p2pswarm.config import SwarmConfig, TrainingTimings, training_sim
+from p2pswarm.config import SwarmConfig, TrainingConfig, training_sim
 from p2pswarm.errors import RemoteProtocolError
 from p2pswarm.training.job import JobConfig
 
@@ -54,10 +54,10 @@ def test_a_malformed_placement_is_refused(bad: object) -> None:
 
 
 def test_training_timings_have_presets_and_live_in_the_config() -> None:
-    assert SwarmConfig().training == TrainingTimings()
+    assert SwarmConfig().training == TrainingConfig()
     sim = training_sim(0.5)
     assert (sim.step_timeout_s, sim.retry_s, sim.simulated_step_s) == (5.0, 2.0, 0.5)
-    assert TrainingTimings().simulating(0.0) == TrainingTimings()
+    assert TrainingConfig().simulating(0.0) == TrainingConfig()
 
 
 def test_a_checkpoints_meta_reads_back_and_old_shard_positions_still_read() -> None:

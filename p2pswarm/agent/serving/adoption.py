@@ -49,8 +49,8 @@ from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.wire.loads import RouteHop, StageAssignment, StageOrdersAsk, StageOrdersKept
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.serving.ports import AdoptionPort, Leader
     from p2pswarm.agent.serving.loads import Loads
+    from p2pswarm.agent.serving.ports import AdoptionPort, Leader
     from p2pswarm.agent.serving.records import HostedStage
     from p2pswarm.agent.serving.stage_host import StageHost
     from p2pswarm.agent.serving.tombstones import Tombstone

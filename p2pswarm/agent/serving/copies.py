@@ -37,8 +37,8 @@ from p2pswarm.wire.serving import StageCopied, StageCopy
 
 if TYPE_CHECKING:
     from p2pswarm.agent.serving.leader_load import LeaderLoad
-    from p2pswarm.agent.serving.ports import CopiesPort, Leader
     from p2pswarm.agent.serving.loads import Loads
+    from p2pswarm.agent.serving.ports import CopiesPort, Leader
 
 log = logging.getLogger("p2pswarm.serving")
 

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.serving.records import WeightsOrigin
-from p2pswarm.agent.weight_holders import gather
 from p2pswarm.agent.serving.stage_gossip import gossiped_stages
+from p2pswarm.agent.weight_holders import gather
 from p2pswarm.agent.weights import Manifest, ManifestTensor, WeightsCache
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.names import UnsafeName
@@ -35,8 +35,8 @@ from p2pswarm.wire.orders import unpack_doc
 from p2pswarm.wire.serving import StageCopied, StageCopy
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.serving.ports import CopyHostPort, Leader
     from p2pswarm.agent.serving.offers import Offers
+    from p2pswarm.agent.serving.ports import CopyHostPort, Leader
 
 log = logging.getLogger("p2pswarm.serving")
 

@@ -47,10 +47,10 @@ from p2pswarm.agent.serving.adoption import Adoption
 from p2pswarm.agent.serving.keepers import Keepers
 from p2pswarm.agent.serving.leader_load import LeaderLoad, StageMoved
 from p2pswarm.agent.serving.moves import moved_order, spare_cards
+from p2pswarm.agent.serving.records import StageOrder
 from p2pswarm.agent.serving.recut import Recut
 from p2pswarm.agent.serving.requests import load_move_request
 from p2pswarm.agent.serving.unload_memory import UnloadMemory
-from p2pswarm.agent.serving.records import StageOrder
 from p2pswarm.control.requests import typed_op
 from p2pswarm.errors import (
     NobodyListens,
@@ -60,11 +60,12 @@ from p2pswarm.errors import (
 )
 from p2pswarm.planner.cluster import CardView, Fellow
 from p2pswarm.planner.wording import card_label, gb
+from p2pswarm.wire.control import LoadMoveRequest
 from p2pswarm.wire.loads import (
     LoadDone,
+    LoadMove,
     RouteHop,
     StageAssignment,
-    LoadMove,
     StageCheck,
     StageChecked,
     StageLoad,
@@ -77,12 +78,11 @@ from p2pswarm.wire.loads import (
     StageStart,
     StageStarted,
 )
-from p2pswarm.wire.control import LoadMoveRequest
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.serving.ports import FailoverPort, Leader
     from p2pswarm.agent.serving.loads import Loads
+    from p2pswarm.agent.serving.ports import FailoverPort, Leader
     from p2pswarm.agent.serving.stage_host import StageHost
 
 log = logging.getLogger("p2pswarm.serving")

@@ -41,23 +41,23 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from p2pswarm import wire
+from p2pswarm.agent.serving.answer_ids import AnswerIds
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
-from p2pswarm.agent.serving.answer_ids import AnswerIds
 from p2pswarm.agent.serving.prefix_cache import PrefixCache
 from p2pswarm.agent.serving.queue import Admission
 from p2pswarm.agent.serving.records import (
-    WeightsOrigin,
     GenerationResult,
-    former_plan_ids,
     LoadRecord,
+    WeightsOrigin,
+    former_plan_ids,
 )
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.serving.stage_session import open_hop

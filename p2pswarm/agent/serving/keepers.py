@@ -39,8 +39,8 @@ from p2pswarm.wire.loads import (
 
 if TYPE_CHECKING:
     from p2pswarm.agent.serving.leader_load import LeaderLoad
-    from p2pswarm.agent.serving.ports import KeepersPort, Leader
     from p2pswarm.agent.serving.loads import Loads
+    from p2pswarm.agent.serving.ports import KeepersPort, Leader
 
 log = logging.getLogger("p2pswarm.serving")
 

@@ -70,13 +70,13 @@ from p2pswarm.planner.plan import Plan
 from p2pswarm.planner.profile import BUILTIN_MODELS
 from p2pswarm.planner.wording import card_label
 from p2pswarm.wire.loads import (
-    RouteHop,
     LoadAsk,
     LoadCancel,
     LoadCancelled,
     LoadDone,
     LoadsAsk,
     LoadsShown,
+    RouteHop,
     StageLoad,
     StageLoaded,
     StagePrepare,

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from collections import OrderedDict
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from p2pswarm.agent.adapter import adapted_plan
+from p2pswarm.agent.serving.leader_load import LoadRecut
 from p2pswarm.agent.serving.moves import (
     Proposal,
     faster_placement,
@@ -48,12 +49,10 @@ from p2pswarm.errors import ConfigError, PlacementError, SwarmError
 from p2pswarm.planner import plan_message
 from p2pswarm.planner.plan import Plan
 
-from p2pswarm.agent.serving.leader_load import LoadRecut
-
 if TYPE_CHECKING:
     from p2pswarm.agent.serving.leader_load import LeaderLoad
-    from p2pswarm.agent.serving.ports import RecutPort
     from p2pswarm.agent.serving.loads import Loads
+    from p2pswarm.agent.serving.ports import RecutPort
     from p2pswarm.agent.serving.records import StageOrder
     from p2pswarm.planner.cluster import ClusterView
 

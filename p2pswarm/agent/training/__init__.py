@@ -31,8 +31,8 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -41,9 +41,9 @@ from p2pswarm.agent.pins import ShownPlans
 from p2pswarm.agent.training.checkpoints import TrainCopies
 from p2pswarm.agent.training.control_ask import TrainingAsk
 from p2pswarm.agent.training.driver import drive
+from p2pswarm.agent.training.handover import JobHandover
 from p2pswarm.agent.training.job_data import JobData, sent_files, sent_files_of
 from p2pswarm.agent.training.job_paths import leader_checkpoint_dir
-from p2pswarm.agent.training.handover import JobHandover
 from p2pswarm.agent.training.job_record import JobHeadline
 from p2pswarm.agent.training.jobs import (
     CHANGED,
@@ -56,7 +56,7 @@ from p2pswarm.agent.training.jobs import (
 from p2pswarm.agent.training.placement import Placer
 from p2pswarm.agent.training.stage_host import StageHosts, TrainHost
 from p2pswarm.agent.training.takeover import Handed, Takeover
-from p2pswarm.config import TrainingTimings
+from p2pswarm.config import TrainingConfig
 from p2pswarm.control.server import current_emitter, emit
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
 from p2pswarm.wire.jobs import (
@@ -89,7 +89,7 @@ class Training:
 
     def __init__(self, agent: TrainingAgent, leadership: Leadership,
                  runtime: TrainRuntime | None = None, *,
-                 timings: TrainingTimings = TrainingTimings()) -> None:
+                 timings: TrainingConfig = TrainingConfig()) -> None:
         self.agent = agent
         self.leadership = leadership
         self._runtime = runtime

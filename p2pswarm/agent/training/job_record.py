@@ -124,7 +124,8 @@ class Job:
                 "checkpoint_copies": self.copies,
                 "seq_len": self.config.seq_len, "rejoins": self.rejoins,
                 "paused_times": self.paused_times,
-                "rounds": [r.to_doc() for r in self.rounds[-ROUNDS_KEPT:]], "replica_steps": self.replica_steps,
+                "rounds": [r.to_doc() for r in self.rounds[-ROUNDS_KEPT:]],
+                "replica_steps": self.replica_steps,
                 "moved": self.moves[-1] if self.moves else "", "moves": self.moves,
                 "stages": [[{"stage": s.stage, "fellow": s.fellow, "layers": list(s.layers),
                              "card": s.card} for s in replica.stages]

@@ -15,12 +15,17 @@ cancels a job and ``JobConfigAsk`` shows its config (for an export).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
 import itertools
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-
 from p2pswarm.agent.training.job_data import refuse_paths
+from p2pswarm.agent.training.job_paths import (
+    JOB_ID,
+    JobPathRefused,
+    check_model_from_fellow,
+    check_resume_from_fellow,
+)
 from p2pswarm.agent.training.job_plan import JobPlan, PlanDoc
 from p2pswarm.agent.training.job_record import (
     LOSSES_KEPT,
@@ -29,12 +34,6 @@ from p2pswarm.agent.training.job_record import (
     TERMINAL,
     Job,
     job_config,
-)
-from p2pswarm.agent.training.job_paths import (
-    JOB_ID,
-    JobPathRefused,
-    check_model_from_fellow,
-    check_resume_from_fellow,
 )
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.models.files import read_model_config

@@ -20,9 +20,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from dataclasses import dataclass
 from typing import Any
 
 from p2pswarm.agent.training.transfer import check_part

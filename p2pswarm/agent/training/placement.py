@@ -15,8 +15,8 @@ from its latest checkpoint (``wait_to_resume``).
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import trio

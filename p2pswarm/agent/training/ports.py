@@ -17,20 +17,20 @@ import trio
 
 if TYPE_CHECKING:
     from p2pswarm.agent.counters import Counters
+    from p2pswarm.agent.pins import ShownPlans
     from p2pswarm.agent.training.job_record import Job, Running
     from p2pswarm.agent.training.job_state import Handed
     from p2pswarm.agent.training.kept_store import JobCopy
     from p2pswarm.agent.training.placed import Placement, ReplicaPlacement
     from p2pswarm.agent.training.replica import Replica
     from p2pswarm.agent.training.runtime import TrainRuntime
-    from p2pswarm.errors import ReplicaLost
-    from p2pswarm.training.checkpoint import CheckpointStore
-    from p2pswarm.training.job import JobConfig
-    from p2pswarm.agent.pins import ShownPlans
-    from p2pswarm.config import SwarmConfig, TrainingTimings
+    from p2pswarm.config import SwarmConfig, TrainingConfig
     from p2pswarm.election import ElectionStatus
+    from p2pswarm.errors import ReplicaLost
     from p2pswarm.membership.member import Member
     from p2pswarm.planner import ClusterView
+    from p2pswarm.training.checkpoint import CheckpointStore
+    from p2pswarm.training.job import JobConfig
     from p2pswarm.transport.secure import SecureStream
 
 T = TypeVar("T")
@@ -194,7 +194,7 @@ class TrainingAgent(StageNode, Protocol):
 
 class HasTimings(Protocol):
     @property
-    def timings(self) -> TrainingTimings: ...
+    def timings(self) -> TrainingConfig: ...
 
 
 class Leads(Protocol):

@@ -31,16 +31,16 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from p2pswarm.agent.training.handover import JobCopy, fetch_copy
 from p2pswarm.agent.training.job_state import Handed, restore
 from p2pswarm.agent.training.jobs import TERMINAL, Job
 from p2pswarm.errors import ReplicaLost, SwarmError
-from p2pswarm.agent.training.handover import JobCopy, fetch_copy
 from p2pswarm.wire.jobs import JobCopyAsk, JobsKept, JobsKeptAsk
 from p2pswarm.wire.orders import unpack_doc
 
 if TYPE_CHECKING:
-    from p2pswarm.agent.training.ports import TakeoverPort
     from p2pswarm.agent.training.placed import Placement, StagePlacement
+    from p2pswarm.agent.training.ports import TakeoverPort
 
 log = logging.getLogger("p2pswarm.training")
 

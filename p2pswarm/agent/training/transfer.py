@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from contextlib import aclosing
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from contextlib import aclosing
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
