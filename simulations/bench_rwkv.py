@@ -35,10 +35,10 @@ from typing import Any
 import torch
 
 from p2pswarm.models import ModelConfig
-from p2pswarm.models.footprint import kv_cache_bytes
 from p2pswarm.models.rwkv7 import hf_tensor_map, hf_tensor_shape
 from p2pswarm.models.rwkv7_pth import PthCheckpoint, save_pth
 from p2pswarm.runtime import Stage, StageSpec
+from p2pswarm.shapes.footprint import kv_cache_bytes
 
 
 def rwkv7_config(hidden: int, layers: int, vocab: int) -> ModelConfig:

@@ -736,7 +736,7 @@ def _turn(driver: Path, kept: bool, messages: list[dict[str, str]], max_tokens: 
     """One turn, through the chat op (the session kept) or generate on the same prompt:
     its result, and the time from the request to the first token as the client sees it."""
     from p2pswarm.control.client import stream
-    from p2pswarm.http.chat import plain_prompt
+    from p2pswarm.models.chat_template import plain_prompt
 
     options = {"max_tokens": max_tokens, "stop_token_ids": [], "temperature": 0.0}
     ask = ({"op": "chat", "messages": messages, **options} if kept else

@@ -4,7 +4,7 @@ each turn's prompt ids begin with the ids the turn before held."""
 from __future__ import annotations
 
 from p2pswarm.agent.serving.answer_ids import ANSWERS_KEPT, AnswerIds
-from p2pswarm.http.chat import plain_prompt
+from p2pswarm.models.chat_template import plain_prompt
 from p2pswarm.models.tokenizer import ByteTokenizer
 
 PLAN = "3f9a1c0d2e4b5a6f"

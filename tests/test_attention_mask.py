@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.llama import Attention, StageModel
 from p2pswarm.runtime import Stage, StageSpec
+from p2pswarm.shapes.model_config import ModelConfig
 
 TINY = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,

@@ -392,7 +392,7 @@ def test_hf_tokenizer_reads_tokenizer_json(tmp_path: Path) -> None:
 
 
 def test_pure_parts_import_without_torch() -> None:
-    code = ("import sys, p2pswarm.shapes, p2pswarm.models.config, p2pswarm.models.footprint, "
+    code = ("import sys, p2pswarm.shapes, p2pswarm.shapes.model_config, p2pswarm.shapes.footprint, "
             "p2pswarm.runtime.spec, p2pswarm.runtime.memory; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -20,7 +20,7 @@ import pytest
 
 from p2pswarm.control.client import request
 from p2pswarm.errors import PlacementError
-from p2pswarm.http.chat import plain_prompt
+from p2pswarm.models.chat_template import plain_prompt
 from p2pswarm.planner import BUILTIN_MODELS
 from p2pswarm.sim.field import free_address
 from p2pswarm.sim.processes import LocalSwarm, local_swarm

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from p2pswarm.http.chat import plain_prompt
+from p2pswarm.models.chat_template import plain_prompt
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import wait_until
 from tests.serving_swarm import MODEL, PROMPT, reference, request, start_swarm

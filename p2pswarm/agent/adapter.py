@@ -32,8 +32,8 @@ from typing import Any
 
 from p2pswarm.agent.weights import Manifest, ManifestTensor
 from p2pswarm.errors import ConfigError
-from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.lora_targets import family_targets, proj_parents
+from p2pswarm.shapes.model_config import ModelConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

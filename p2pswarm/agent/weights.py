@@ -46,8 +46,8 @@ from p2pswarm.errors import (
     TransportError,
     WeightsCacheFull,
 )
-from p2pswarm.models.config import ModelConfig
 from p2pswarm.names import UnsafeName, hex_digest, safe_name, sha256_hex
+from p2pswarm.shapes.model_config import ModelConfig
 from p2pswarm.wire.serving import WeightsItem, WeightsRefused, WeightsRequest
 
 if TYPE_CHECKING:

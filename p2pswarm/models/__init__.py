@@ -2,7 +2,7 @@
 
 Names are imported on first use, so importing one torch-free part pulls no torch in. A
 model's shape and byte accounting live below this package, in ``p2pswarm.shapes``, which
-the planner imports too; ``config`` and ``footprint`` here re-export them.
+the planner imports too; the names of the most used are exported here as well.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ _EXPORTS = {
     "Checkpoint": "checkpoint", "TensorEntry": "checkpoint", "read_tensor_bytes": "checkpoint",
     "save_checkpoint": "checkpoint", "stage_tensor_names": "checkpoint",
     "stage_tensors": "checkpoint", "tensor_sha256": "checkpoint",
-    "ModelConfig": "config", "RopeScaling": "config",
-    "linear_weight_bytes": "footprint", "layer_bytes": "footprint",
-    "kv_cache_bytes": "footprint",
+    "ModelConfig": "p2pswarm.shapes.model_config", "RopeScaling": "p2pswarm.shapes.model_config",
+    "linear_weight_bytes": "p2pswarm.shapes.footprint",
+    "layer_bytes": "p2pswarm.shapes.footprint", "kv_cache_bytes": "p2pswarm.shapes.footprint",
     "StageModel": "llama", "hf_tensor_map": "llama",
     "DTYPES": "loader", "TensorSource": "loader", "load_stage_model": "loader",
     "open_model": "loader",
@@ -65,7 +65,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    where = module if module.startswith("p2pswarm.") else f"{__name__}.{module}"
+    return getattr(importlib.import_module(where), name)
 
 
 if TYPE_CHECKING:

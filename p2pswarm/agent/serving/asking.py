@@ -25,8 +25,8 @@ from p2pswarm.agent.serving.records import WeightsOrigin
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.control.server import Emit
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
-from p2pswarm.models.config import RECURRENT_MODEL_TYPES
 from p2pswarm.planner.profile import BUILTIN_MODELS
+from p2pswarm.shapes.model_config import RECURRENT_MODEL_TYPES
 from p2pswarm.wire.loads import (
     LoadAsk,
     LoadCancel,

@@ -23,11 +23,11 @@ from p2pswarm.agent.serving.records import CachedWeights, StageOrder, WeightSour
 from p2pswarm.agent.serving.runtime import BatchStep, Stepped
 from p2pswarm.agent.weights import Manifest, WeightsCache
 from p2pswarm.errors import ConfigError, PlacementError, RemoteProtocolError
-from p2pswarm.models.config import ModelConfig
 from p2pswarm.models.loader import open_model
 from p2pswarm.runtime.frame import decode_tensor, encode_tensor
 from p2pswarm.runtime.sampler import Sampler
 from p2pswarm.runtime.stage import Stage
+from p2pswarm.shapes.model_config import ModelConfig
 
 
 class TorchRuntime:
