@@ -31,7 +31,9 @@ usage: docker/deploy.sh COMMAND
   deploy                         make the join-token secret if missing, then deploy the stack
                                  with one fellow per labelled machine
   status                         nodes, services, and where each fellow runs
-  logs [SERVICE]                 recent logs of every service, or follow one
+  logs [SERVICE|leader]          recent logs of every service, or follow one; "leader"
+                                 follows the fellow that leads now (it coordinates: there
+                                 is no coordinator service)
   scale SERVICE N                run N fellows of a service (one per machine at most)
   help                           this text
 
@@ -258,13 +260,49 @@ service_name() {  # worker-rpi or p2pswarm_worker-rpi -> p2pswarm_worker-rpi
     local name=${1#"$STACK"_}
     case " $SERVICES " in
         *" $name "*) printf '%s_%s\n' "$STACK" "$name" ;;
-        *) die "no service $1: use one of $SERVICES" ;;
+        *) die "no service $1: use one of $SERVICES (or leader, for logs)" ;;
     esac
 }
 
+# The name of the fellow that leads, as a fellow of the stack on this machine sees it.
+leader_name() {
+    local container
+    container=$(docker ps -q --filter "label=com.docker.stack.namespace=$STACK" | head -n 1)
+    [ -n "$container" ] || die "logs leader: no fellow of $STACK runs on this machine to ask \
+who leads; run it on a machine that runs one (deploy.sh status shows where they run)"
+    local ask='import json, subprocess; out = subprocess.run(["p2pswarm", "status", "--json"],
+capture_output=True, text=True).stdout; print((json.loads(out or "{}").get("leader") or {})
+.get("name") or "")'
+    docker exec "$container" python -c "${ask//$'\n'/ }"
+}
+
+# The running task of fellow NAME: the stack names a fellow by its machine's hostname,
+# with -gpu for the worker-gpu service.
+fellow_task() {
+    local id node name
+    while read -r id node name; do
+        case "$name" in
+            "${STACK}_worker-gpu."*) [ "$1" = "$node-gpu" ] && { echo "$id"; return; } ;;
+            *) [ "$1" = "$node" ] && { echo "$id"; return; } ;;
+        esac
+    done < <(docker stack ps --filter desired-state=running \
+                 --format '{{.ID}} {{.Node}} {{.Name}}' "$STACK")
+    die "logs leader: $1 leads, but no running task of $STACK is on a machine of that name"
+}
+
 cmd_logs() {
-    [ "$#" -le 1 ] || die "too many arguments: logs [SERVICE]"
+    [ "$#" -le 1 ] || die "too many arguments: logs [SERVICE|leader]"
     local service
+    if [ "${1-}" = leader ] || [ "${1-}" = coordinator ]; then
+        local name task
+        name=$(leader_name)
+        [ -n "$name" ] || die "logs leader: the swarm has no leader right now (p2pswarm status \
+inside a fellow says why); try again in a few seconds"
+        echo "the leader is $name (it coordinates the swarm; there is no coordinator service)" >&2
+        task=$(fellow_task "$name")
+        run docker service logs --follow --tail 100 "$task"
+        return
+    fi
     if [ "$#" -eq 1 ]; then
         service=$(service_name "$1")
         run docker service logs --follow --tail 100 "$service"

@@ -79,6 +79,9 @@ case "$1 $2" in
         done ;;
     "run --rm")
         printf '{\n  "home": "/tmp/swarm",\n  "token": "%s"\n}\n' "$(cat "$w/made_token")" ;;
+    "ps -q") cat "$w/containers" 2>/dev/null ;;
+    "exec "*) cat "$w/leader" 2>/dev/null ;;
+    "stack ps") cat "$w/tasks" 2>/dev/null ;;
 esac
 exit 0
 """
@@ -109,6 +112,9 @@ class FakeDocker:
         shutil.rmtree(self.world_dir, ignore_errors=True)
         self.world_dir.mkdir()
         (self.world_dir / "made_token").write_text(self.world["made_token"])
+        for name in ("containers", "leader", "tasks"):  # what `logs leader` asks
+            if name in self.world:
+                (self.world_dir / name).write_text(self.world[name])
         for flag in ("secret", "image", "builder"):
             if self.world.get(flag) or (flag == "secret" and made_secret):
                 (self.world_dir / flag).touch()
@@ -283,6 +289,40 @@ def test_status_and_logs(docker: FakeDocker) -> None:
     assert logs[5] == ["service", "logs", "--follow", "--tail", "100", "p2pswarm_worker-rpi"]
 
 
+RUNNING_TASKS = ("t1 n1 p2pswarm_worker-server.1\n"
+                 "t2 n2 p2pswarm_worker-desktop.1\n"
+                 "t3 n2 p2pswarm_worker-gpu.1\n"
+                 "t4 n3 p2pswarm_worker-rpi.1\n")
+
+
+@pytest.mark.parametrize("word", ["leader", "coordinator"])
+@pytest.mark.parametrize("leader, task", [("n3", "t4"), ("n2-gpu", "t3"), ("n2", "t2")])
+def test_logs_leader_follows_the_fellow_that_leads(docker: FakeDocker, word: str, leader: str,
+                                                   task: str) -> None:
+    # The leader coordinates: `logs coordinator`, as a design may name it, finds it too.
+    docker.world.update(containers="c1\n", leader=leader + "\n", tasks=RUNNING_TASKS)
+    printed = ok(docker.run("logs", word))
+    assert f"the leader is {leader}" in printed
+    argvs = docker.argvs()
+    assert argvs[0][:2] == ["ps", "-q"] and argvs[1][:2] == ["exec", "c1"]
+    assert argvs[-1] == ["service", "logs", "--follow", "--tail", "100", task]
+
+
+@pytest.mark.parametrize("world, line", [
+    ({}, "deploy.sh: logs leader: no fellow of p2pswarm runs on this machine to ask who leads"),
+    ({"containers": "c1\n", "leader": "\n"}, "deploy.sh: logs leader: the swarm has no leader "
+     "right now"),
+    ({"containers": "c1\n", "leader": "n9\n", "tasks": RUNNING_TASKS}, "deploy.sh: logs "
+     "leader: n9 leads, but no running task of p2pswarm is on a machine of that name"),
+])
+def test_logs_leader_says_why_it_cannot(docker: FakeDocker, world: dict[str, str],
+                                        line: str) -> None:
+    docker.world.update(world)
+    refused = docker.run("logs", "leader")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1].startswith(line)
+
+
 @pytest.mark.parametrize("args, line", [
     ((), None),
     (("join", DOCKER_JOIN_TOKEN), "deploy.sh: missing argument: join TOKEN MANAGER-IP:2377"),
@@ -294,8 +334,8 @@ def test_status_and_logs(docker: FakeDocker) -> None:
     (("scale", "worker-rpi"), "deploy.sh: missing argument: scale SERVICE N"),
     (("scale", "worker-rpi", "many"), "deploy.sh: scale: N must be a whole number, not many"),
     (("scale", "worker-toaster", "2"), "deploy.sh: no service worker-toaster: use one of "
-     "worker-server worker-desktop worker-laptop worker-rpi worker-gpu"),
-    (("logs", "a", "b"), "deploy.sh: too many arguments: logs [SERVICE]"),
+     "worker-server worker-desktop worker-laptop worker-rpi worker-gpu (or leader, for logs)"),
+    (("logs", "a", "b"), "deploy.sh: too many arguments: logs [SERVICE|leader]"),
     (("status", "now"), "deploy.sh: too many arguments: status"),
     (("frobnicate",), "deploy.sh: unknown command frobnicate: docker/deploy.sh help lists them"),
 ])
