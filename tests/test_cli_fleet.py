@@ -43,3 +43,17 @@ def test_bad_fleet_options_are_one_line() -> None:
                  str(CLUSTERS / "reference.json"))
     assert result.exit_code == 2 and "--replicas must be auto or a whole number" in \
         result.output
+
+
+def test_lora_plan_on_a_cluster_whose_cpu_card_comes_after_two_gpus(tmp_path: Path) -> None:
+    # The fleet planner leaves cards out by name (FELLOW:cpu); a CPU card numbered 2 in the
+    # cluster file was "no such card" although it was in the card's own list.
+    data = json.loads((CLUSTERS / "home-busy.json").read_text())
+    desk = data["fellows"][0]
+    assert [c["kind"] for c in desk["cards"]] == ["cuda", "cuda", "cpu"]
+    desk["cards"][2]["index"] = 2
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(data))
+    result = run("plan", "tiny-llama", "--train", "--lora-rank", "16", "--cluster", str(path))
+    assert result.exit_code == 0, result.output
+    assert "no such card" not in result.output and "plan_id " in result.stdout

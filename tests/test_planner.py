@@ -244,6 +244,15 @@ def test_exclude_by_id_or_name_and_unknown_cards() -> None:
         request_from_dict({"exclude": ["box"]})
 
 
+def test_exclude_cpu_finds_the_cpu_card_whatever_its_index() -> None:
+    # an inventory may number its CPU card after the GPUs (cuda 0, cuda 1, cpu 2)
+    data = cluster(fellow("id-1", card(0, free=8), card(1, free=8), card(2, kind="cpu", free=8),
+                          name="box"))
+    assert reasons(make(MID, data, exclude=["box:cpu"]))[("box", "cpu", 2)] == "left out by you"
+    with pytest.raises(ConfigError, match="has no such card"):
+        make(MID, data, exclude=["box:2"])  # a GPU index: there is no third GPU
+
+
 # --- the limit sentence -----------------------------------------------------------------------
 
 SENTENCE = re.compile(

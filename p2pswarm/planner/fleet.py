@@ -590,8 +590,9 @@ def plan_fleet(profile: ModelProfile, view: ClusterView, request: PlanRequest,
                 dropped[i] = ("not needed: its replica would add more sync traffic than "
                               "tokens/s")
             elif i not in kept:
-                dropped[i] = (f"not needed: its replica takes {replicas[i].step_s:,.0f} s a "
-                              f"step, longer than a round ({compute:,.0f} s)")
+                dropped[i] = (f"not needed: its replica takes "
+                              f"{wording.seconds(replicas[i].step_s)} a step, longer than a "
+                              f"round ({wording.seconds(compute)})")
         if kept != picked:
             picked = kept
             replicas, stage_bytes = written(picked)

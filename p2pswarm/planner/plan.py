@@ -62,19 +62,19 @@ def _resolve_excludes(view: ClusterView, exclude: tuple[str, ...]) -> set[tuple[
         if fellow is None:
             raise ConfigError(f"--exclude {item}: no fellow {who!r} in the cluster; fellows: "
                               f"{', '.join(f.name for f in view.fellows) or 'none'}")
-        if which == "cpu":
-            kind, index = "cpu", 0
+        if which == "cpu":  # the CPU card, whatever index its inventory gave it
+            card = next((c for c in fellow.cards if c.kind == "cpu"), None)
         elif which.isdigit():
-            kind, index = "cuda", int(which)
+            card = next((c for c in fellow.cards if c.kind == "cuda" and c.index == int(which)),
+                        None)
         else:
             raise ConfigError(f"--exclude {item}: give a GPU index or cpu, e.g. {who}:0")
-        card = next((c for c in fellow.cards if c.kind == kind and c.index == index), None)
         if card is None:
             have = ", ".join(f"{who}:{c.index if c.kind == 'cuda' else 'cpu'}"
                              for c in fellow.cards)
             raise ConfigError(f"--exclude {item}: {fellow.name} has no such card; it has "
                               f"{have or 'no cards'}")
-        out.add((fellow.id, kind, index))
+        out.add((fellow.id, card.kind, card.index))
     return out
 
 
@@ -488,10 +488,6 @@ def _estimate(search: Search, placement: Placement, r: PlanRequest) -> Estimate:
                     total_time_s=step * r.steps)
 
 
-def _seconds(t: float) -> str:
-    return f"{t:.2f} s" if t >= 1 else f"{t * 1000:.1f} ms" if t >= 1e-3 else f"{t * 1e6:.0f} µs"
-
-
 def _rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 10 else f"{x:.2f}"
 
@@ -528,11 +524,11 @@ def _summary(profile: ModelProfile, r: PlanRequest, fits: bool,
         slow = stages[estimate.bottleneck_stage]
         if r.kind == "serve":
             parts.append(f"Estimated {estimate.tokens_per_s:.1f} tokens/s "
-                         f"({_seconds(estimate.time_per_token_s)} per token), prefill "
+                         f"({wording.seconds(estimate.time_per_token_s)} per token), prefill "
                          f"{_rate(estimate.prefill_tokens_per_s)} tokens/s; slowest stage "
                          f"{slow.index} on {slow.label}.")
         else:
-            parts.append(f"Estimated {_seconds(estimate.time_per_step_s)} per step "
+            parts.append(f"Estimated {wording.seconds(estimate.time_per_step_s)} per step "
                          f"({estimate.tokens_per_s:,.0f} tokens/s); slowest stage "
                          f"{slow.index} on {slow.label}.")
     left = [c for c in cards if not c.used]

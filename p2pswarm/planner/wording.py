@@ -62,3 +62,8 @@ __all__ = [
     "stage_needs",
     "tokens",
 ]
+
+
+def seconds(t: float) -> str:
+    """A duration at the precision its size deserves: 2.41 s, 380.0 ms, 950 µs."""
+    return f"{t:.2f} s" if t >= 1 else f"{t * 1000:.1f} ms" if t >= 1e-3 else f"{t * 1e6:.0f} µs"
