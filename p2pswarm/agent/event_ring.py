@@ -4,7 +4,8 @@ A bounded ring (the newest ``EVENTS_KEPT``) fed where events already happen: the
 membership and election events (``Agent._note``) and the load events serving publishes
 (``LoadEvents``: a load came up, a load went). Beside the ring, a count of every kind
 ever noted, so a scrape sees how many leader changes or deaths happened, not only the
-last ones. Times are the agent's clock (virtual in a simulation).
+last ones. Times are the agent's clock (virtual in a simulation). A fellow's
+new metadata is counted but not kept (``QUIET_KINDS``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 EVENTS_KEPT = 200
+# counted, not kept: a fellow's new metadata comes every few seconds and tells a person
+# little; kept, it would push the deaths and elections out of the ring
+QUIET_KINDS = frozenset({"metadata"})
 DETAIL_CHARS = 300  # a detail is a sentence, never a document
 
 
@@ -44,12 +48,13 @@ class EventRing:
 
     def note(self, at_s: float, kind: str, fellow_id: str = "", fellow: str = "",
              detail: str = "", term: int = 0) -> None:
-        self._events.append(NotedEvent(at_s, kind, fellow_id, fellow,
-                                       detail[:DETAIL_CHARS], term))
         self.kinds[kind] += 1
+        if kind not in QUIET_KINDS:
+            self._events.append(NotedEvent(at_s, kind, fellow_id, fellow,
+                                           detail[:DETAIL_CHARS], term))
 
     def events(self) -> tuple[NotedEvent, ...]:
         return tuple(self._events)
 
 
-__all__ = ["EVENTS_KEPT", "EventRing", "NotedEvent"]
+__all__ = ["EVENTS_KEPT", "QUIET_KINDS", "EventRing", "NotedEvent"]

@@ -121,13 +121,21 @@ def replica_rates(job: Mapping[str, Any]) -> list[dict[str, Any]]:
     rate = _number(job.get("tokens_per_s")) or 0.0
     steps = {str(k): int(v) for k, v in _dict(job.get("replica_steps")).items()
              if _number(v) is not None}
-    if not steps:
-        names = [f"replica {i}" for i in range(len(_list(job.get("stages"))))]
-        steps = dict.fromkeys(names, 1)
+    if not steps:  # replicas in lockstep: each takes every step
+        n = max(1, len(_list(job.get("stages"))))
+        return [{"replica": f"replica {i}", "steps": None,
+                 "tokens_per_s": round(rate / n, 3)} for i in range(n)]
     total = sum(steps.values())
     return [{"replica": name, "steps": n,
              "tokens_per_s": round(rate * n / total, 3) if total else 0.0}
             for name, n in sorted(steps.items())]
+
+
+def _model_name(model: Any) -> str:
+    """A job's model as its record names it: a name, or a config trained from scratch."""
+    if isinstance(model, str):
+        return model
+    return "a model from scratch" if isinstance(model, dict) else ""
 
 
 def job_rows(jobs: Sequence[Any]) -> list[dict[str, Any]]:
@@ -137,7 +145,7 @@ def job_rows(jobs: Sequence[Any]) -> list[dict[str, Any]]:
         first = max(0, len(losses) - LOSSES_SHOWN)
         out.append({
             "job_id": job.get("job_id"), "state": job.get("state"), "reason": job.get("reason"),
-            "model": _dict(job.get("model")).get("name", ""),
+            "model": _model_name(job.get("model")),
             "step": job.get("step"), "steps": job.get("steps"), "loss": job.get("loss"),
             "losses": losses[first:], "losses_from_step": first + 1,
             "tokens_per_s": job.get("tokens_per_s"), "replicas": replica_rates(job),

@@ -30,7 +30,8 @@
     const others = (card.held_by_others || []).reduce((n, h) => n + (h.bytes || 0), 0);
     const used = Math.max(0, total - free - others);
     const pct = (b) => total > 0 ? (100 * b / total) + "%" : "0%";
-    const name = (card.kind === "cpu" ? "CPU" : card.kind + ":" + card.index) + " " + (card.name || "");
+    const name = card.kind === "cpu" ? (card.name || "CPU") :
+      card.kind + ":" + card.index + " " + (card.name || "");
     return el("div", {class: "card"},
       el("div", {class: "name"}, name, el("small", {}, size(free) + " free of " + size(total))),
       el("div", {class: "track", role: "img",
@@ -114,7 +115,7 @@
       el("thead", {}, el("tr", {}, el("th", {scope: "col"}, "Replica"), el("th", {scope: "col"}, "Local steps"),
                                 el("th", {scope: "col"}, "Tokens/s"))),
       el("tbody", {}, ...job.replicas.map((r) => el("tr", {"data-replica": r.replica},
-        el("td", {}, r.replica), el("td", {}, String(r.steps)), el("td", {}, num(r.tokens_per_s, 1))))));
+        el("td", {}, r.replica), el("td", {}, r.steps === null ? "every step" : String(r.steps)), el("td", {}, num(r.tokens_per_s, 1))))));
     const rounds = job.rounds.length ? el("p", {class: "note"}, "Rounds: " + job.rounds.slice(-6).map((r) =>
       "v" + r.version + " at step " + r.step + (r.dropped && r.dropped.length ? " (dropped " + r.dropped.join(", ") + ")" : "")).join(" · ")) :
       el("p", {class: "note"}, "No sync round closed yet.");
