@@ -27,7 +27,7 @@ from p2pswarm.errors import SwarmError
 if TYPE_CHECKING:
     from p2pswarm.agent.agent import Agent
 
-LEADER_ASK_S = 2.0  # the most one look waits for the leader's loads or jobs
+LEADER_ASK_S = 1.0  # the most one look waits for the leader's loads or jobs
 LOSSES_SHOWN = 400  # the newest losses a job's curve plots
 ROUNDS_SHOWN = 20
 EVENTS_SHOWN = 60
@@ -183,21 +183,34 @@ class SwarmView:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.load_rates = Rates()
+        self._last: dict[str, tuple[float, list[Any]]] = {}  # part -> (when, last answer)
 
-    async def _leader_part(self, what: str, ask: Any) -> tuple[list[Any], str]:
+    async def _leader_part(self, what: str, ask: Any, now_s: float,
+                           out: dict[str, tuple[list[Any], str]]) -> None:
+        """The leader's answer for ``what``; when it does not come within
+        ``LEADER_ASK_S`` (a leader just lost, before anyone knows), the last answer with a
+        note saying how old it is, so the rest of the page keeps its pace."""
         try:
             with trio.fail_after(LEADER_ASK_S):
-                return list(await ask()), ""
+                answer = list(await ask())
+            self._last[what] = (now_s, answer)
+            out[what] = (answer, "")
         except (SwarmError, trio.TooSlowError) as exc:
-            note = str(exc) or type(exc).__name__
-            return [], f"{what} unknown now: {note}"
+            why = str(exc) or "the leader did not answer in time"
+            at, last = self._last.get(what, (now_s, []))
+            age = f" (shown as of {now_s - at:.0f} s ago)" if last else ""
+            out[what] = (last, f"{what} unknown now: {why}{age}")
 
     async def document(self, wall_now_s: float) -> dict[str, Any]:
         agent = self.agent
         now = trio.current_time()
         status = agent.status()
-        loads, loads_note = await self._leader_part("loads", agent.serving.list_loads)
-        jobs, jobs_note = await self._leader_part("jobs", agent.training.list_jobs)
+        parts: dict[str, tuple[list[Any], str]] = {}
+        async with trio.open_nursery() as nursery:  # both asks at once
+            nursery.start_soon(self._leader_part, "loads", agent.serving.list_loads, now, parts)
+            nursery.start_soon(self._leader_part, "jobs", agent.training.list_jobs, now, parts)
+        loads, loads_note = parts["loads"]
+        jobs, jobs_note = parts["jobs"]
         tokens = dict(agent.serving.driver.tally.tokens)
         rates = self.load_rates.look(now, tokens)
         events: list[dict[str, Any]] = [e.to_doc(now) for e in agent.event_ring.events()]
