@@ -1,7 +1,8 @@
 """The dashboard's and /metrics' figures on a real swarm on loopback.
 
-1. Death to page: fellows are killed one at a time; for each, the time from the kill to
-   the swarm page (headless Chromium, polling /api/swarm about once a second) showing
+1. Death to page: fellows are killed one at a time, followers first and then the
+   leader (the page is served by a fellow that is neither); for each, the time from the
+   kill to the swarm page (headless Chromium, polling /api/swarm about once a second) showing
    it dead, beside the membership's own detection time (kill to the watching agent's
    membership marking it dead). Target: page <= detection + 2 s.
 2. Scrape time: GET /metrics on a 10-fellow swarm, from the leader and from a follower,
@@ -97,18 +98,21 @@ def death_to_page(fellows: int, kills: int) -> dict[str, Any]:
                      if p and Path(p).exists()), None)
     rows = []
     with tempfile.TemporaryDirectory() as root, LoopbackSwarm(Path(root), fellows) as swarm:
-        watched = swarm.agents[0]
-        page: Any = ChromiumPage(swarm.url(0), chromium) if chromium \
-            else PollingPage(swarm.url(0))
+        leader = swarm.leader()
+        others = [a for a in swarm.agents if a is not leader]
+        watched = others[0]
+        url = swarm.url(swarm.agents.index(watched))
+        page: Any = ChromiumPage(url, chromium) if chromium else PollingPage(url)
         try:
-            for victim in swarm.agents[-kills:]:
+            for victim in [*others[1:][-(kills - 1):], leader] if kills > 1 else [leader]:
                 killed_at = swarm.run_sync(trio.current_time)
                 wall = time.monotonic()
                 swarm.run_sync(victim.stop)
                 shown = page.wait_dead(victim.name) - wall
                 member = swarm.run_sync(lambda v=victim: watched.membership.member(v.node_id))
                 detection = member.state_since_s - killed_at
-                rows.append({"fellow": victim.name, "detection_s": round(detection, 3),
+                rows.append({"fellow": victim.name, "was_leader": victim is leader,
+                             "detection_s": round(detection, 3),
                              "page_s": round(shown, 3),
                              "page_after_detection_s": round(shown - detection, 3)})
         finally:
@@ -166,7 +170,8 @@ def main() -> None:
     death = report["death_to_page"]
     print(f"death to page ({death['page']}, {death['fellows']} fellows):")
     for row in death["kills"]:
-        print(f"  {row['fellow']}: membership {row['detection_s']:.2f} s, page "
+        role = " (the leader)" if row["was_leader"] else ""
+        print(f"  {row['fellow']}{role}: membership {row['detection_s']:.2f} s, page "
               f"{row['page_s']:.2f} s (+{row['page_after_detection_s']:.2f} s)")
     scrape = report["scrape"]
     print(f"/metrics on {scrape['fellows']} fellows, {scrape['scrapes']} scrapes each:")
