@@ -132,7 +132,7 @@ def test_training_families_from_the_leaders_job_records(swarm: LoopbackSwarm) ->
 def test_rates_rings_and_round_trips() -> None:
     rates = Rates(window_s=10.0)
     assert rates.look(0.0, {"a": 0}) == {"a": 0.0}
-    assert rates.look(2.0, {"a": 20, "b": 5}) == {"a": 10.0, "b": 0.0}
+    assert rates.look(2.0, {"a": 20, "b": 5}) == {"a": 10.0, "b": 2.5}
     assert rates.look(30.0, {"a": 20, "b": 5})["a"] == 0.0  # nothing new in the window
 
     ring = EventRing()

@@ -93,6 +93,12 @@ def test_the_dashboard_shows_the_swarm_live_and_a_death_in_time(
         load = page.locator(f".load[data-plan-id='{plan_id}']")
         expect(load).to_be_visible()
         expect(load.locator(".strip .stage")).to_have_count(2)
+        # generations through the page's fellow: its tokens and tokens/s go up
+        made = client.post("/v1/completions", json={"model": "tiny-llama", "prompt": "hello",
+                                                    "max_tokens": 12, "temperature": 0})
+        assert made.status_code == 200, made.text
+        expect(load.locator("[data-role=tokens]")).not_to_have_text("0")
+        expect(load.locator("[data-role=tokens-per-s]")).not_to_have_text("0.0")
 
         job = client.post("/api/jobs", json={"config": job_config(steps=400, replicas=1),
                                              "exclude_cards": off})

@@ -50,8 +50,8 @@ class Rates:
         self._samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
 
     def look(self, now_s: float, counts: Mapping[str, float]) -> dict[str, float]:
-        """Note ``counts`` at ``now_s``; each key's growth per second over the window (0
-        for a key first seen now, or a count that went down: a restart)."""
+        """Note ``counts`` at ``now_s``; each key's growth per second over the window (a
+        key the window's first look lacked grew from 0; a count that went down, 0)."""
         self._samples.append(Sample(now_s, dict(counts)))
         while len(self._samples) > 2 and now_s - self._samples[1].at_s >= self.window_s:
             self._samples.popleft()
@@ -59,8 +59,7 @@ class Rates:
         span = now_s - first.at_s
         out = {}
         for key, value in counts.items():
-            before = first.counts.get(key)
-            grew = value - before if before is not None else 0.0
+            grew = value - first.counts.get(key, 0.0)
             out[key] = round(grew / span, 3) if span > 0 and grew > 0 else 0.0
         return out
 

@@ -65,7 +65,7 @@
       el("h3", {}, (load.model || "load") + " · plan " + load.plan_id),
       el("div", {class: "figures"},
         el("span", {}, "Tokens/s (through this fellow): ", el("b", {"data-role": "tokens-per-s"}, num(load.tokens_per_s, 1))),
-        el("span", {}, "Tokens: ", el("b", {}, String(load.tokens))),
+        el("span", {}, "Tokens: ", el("b", {"data-role": "tokens"}, String(load.tokens))),
         el("span", {}, "Stages: ", el("b", {}, String(load.stages.length))),
         el("span", {}, "Moves: ", el("b", {}, String(load.moves.length)))),
       stages, moves);
