@@ -45,6 +45,7 @@ from p2pswarm.agent.alarm import Alarm, LoopLag
 from p2pswarm.agent.card_news import CardNews
 from p2pswarm.agent.compute import Compute
 from p2pswarm.agent.counters import Counters
+from p2pswarm.agent.event_ring import EventRing
 from p2pswarm.agent.fellow_meta import FellowSays, MetadataViews
 from p2pswarm.agent.intake import DatagramHandler, Intake
 from p2pswarm.agent.leadership import Leadership
@@ -144,6 +145,7 @@ class Agent:
         self.membership: Membership | None = None
         self.election: Election | None = None
         self.events: list[fx.Event] = []  # recent events, newest last (for status)
+        self.event_ring = EventRing()  # the same and load events, timed (the dashboard)
         self.started_s = 0.0
         self._seen_version = -1
         self.failure: SwarmError | None = None  # why the agent stopped itself, if it did
@@ -178,6 +180,9 @@ class Agent:
             services.training_step_s, step_timeout_s=services.training_step_timeout_s,
             retry_s=services.training_retry_s))
         self._set_up_services(world.services)
+        # the dashboard's ring hears loads come and go, after serving's own listeners
+        self.serving.events.on_loaded(self._note_loaded)
+        self.serving.events.on_unloaded(self._note_unloaded)
 
     def _set_up_services(self, services: Services) -> None:
         """Hand serving and training what this world sets for them (see ``Services``)."""
@@ -405,10 +410,18 @@ class Agent:
             self.serving.metadata_changed(event.node_id)  # it may keep loads' orders now
         self.events.append(event)
         del self.events[:-100]
+        self.event_ring.note(trio.current_time(), event.kind, event.node_id.hex(), event.name,
+                             event.detail, event.term)
         level = _LOGGED_EVENTS.get(event.kind, logging.DEBUG)
         who = f"{event.name} ({event.node_id.hex()[:8]})" if event.node_id else ""
         log.log(level, "%s: %s %s%s", self.name, event.kind, who,
                 f": {event.detail}" if event.detail else "")
+
+    def _note_loaded(self) -> None:
+        self.event_ring.note(trio.current_time(), "load-up", detail="a load came up")
+
+    def _note_unloaded(self, plan_id: str) -> None:
+        self.event_ring.note(trio.current_time(), "load-gone", detail=f"plan {plan_id}")
 
     def _ring(self, deadline: float) -> None:
         """The alarm set for ``deadline`` rings: tick both machines, unless it was moved."""

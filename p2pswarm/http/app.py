@@ -22,6 +22,8 @@ import json
 import logging
 import math
 import mimetypes
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +52,7 @@ log = logging.getLogger("p2pswarm.http")
 
 DEFAULT_HTTP = "127.0.0.1:7780"
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-PAGES = {"/": "index.html", "/plan": "plan.html"}
+PAGES = {"/": "index.html", "/plan": "plan.html", "/swarm": "swarm.html"}
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -277,20 +279,35 @@ class HttpApp:
     def __init__(self, agent: Agent, token: str | None = None, *,
                  guard: WebGuard | None = None, allow_dirs: tuple[str, ...] = ()) -> None:
         from p2pswarm.http.api import api_routes
+        from p2pswarm.http.metrics import Metrics
         from p2pswarm.http.openai_api import openai_routes
         from p2pswarm.http.openapi import openapi_document
+        from p2pswarm.http.swarm_view import SwarmView
 
         self.agent = agent
         self.token = token
         self.guard = guard or WebGuard()
+        self.errors: Counter[str] = Counter()  # error answers by code, for /metrics
         document = openapi_document()
+        view = SwarmView(agent)
+        self.metrics = Metrics(agent, self.errors)
 
         async def openapi(call: Call) -> None:
             await call.respond_json(document)
 
+        async def swarm(call: Call) -> None:
+            await call.respond_json(await view.document(time.time()))
+
+        async def metrics(call: Call) -> None:
+            from prometheus_client import CONTENT_TYPE_LATEST
+
+            await call.respond(200, await self.metrics.scrape(), CONTENT_TYPE_LATEST)
+
         self.routes: list[Route] = [
             *api_routes(agent, tuple(Path(d) for d in allow_dirs)), *openai_routes(agent),
             Route("GET", "/openapi.json", openapi),
+            Route("GET", "/api/swarm", swarm),
+            Route("GET", "/metrics", metrics),
             *(Route("GET", path, _page(name)) for path, name in PAGES.items()),
             Route("GET", "/static/{name}", _static),
         ]
@@ -317,6 +334,7 @@ class HttpApp:
                                                             f"{type(exc).__name__}: {exc}"))
 
     async def _fail(self, call: Call, error: HttpError) -> None:
+        self.errors[error.code] += 1  # every refusal, by its code (bounded: the codes)
         if error.code in COUNTED:
             self.agent.counters.drop(f"http-{error.code}")
         if call.started:  # mid-stream: the handler said what it could; just end

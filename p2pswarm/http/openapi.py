@@ -183,6 +183,17 @@ def openapi_document() -> dict[str, Any]:
         "/plan": {"get": {"summary": "The plan page", "operationId": "page_plan",
                           "tags": ["pages"], "responses": {"200": {
                               "description": "HTML", "content": {"text/html": {}}}}}},
+        "/swarm": {"get": {"summary": "The swarm dashboard page", "operationId": "page_swarm",
+                           "tags": ["pages"], "responses": {"200": {
+                               "description": "HTML", "content": {"text/html": {}}}}}},
+        "/api/swarm": {"get": {"summary": "The swarm as this fellow sees it: fellows, leader, "
+                                          "loads, jobs, last events (the dashboard's data)",
+                               "operationId": "swarm", "tags": ["pages"],
+                               "responses": {"200": _json(_OBJECT, "The swarm")}}},
+        "/metrics": {"get": {"summary": "Prometheus metrics of this agent", "operationId":
+                             "metrics", "tags": ["pages"], "responses": {"200": {
+                                 "description": "Prometheus text format",
+                                 "content": {"text/plain": {}}}}}},
         "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi",
                                   "tags": ["pages"], "responses": {"200": _json(
                                       _OBJECT, "OpenAPI 3.1")}}},

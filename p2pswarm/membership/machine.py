@@ -61,6 +61,7 @@ from p2pswarm.membership.proofs import (
 from p2pswarm.membership.refutation import Refuter
 from p2pswarm.membership.requests import StreamRequests
 from p2pswarm.membership.roster import Roster
+from p2pswarm.membership.round_trips import ProbeRoundTrips
 from p2pswarm.membership.states import ALIVE, COUNTERS, INF, LEFT, SEQ_MOD
 from p2pswarm.membership.sync import AntiEntropy, record_alive
 from p2pswarm.membership.updates import Updates
@@ -270,6 +271,11 @@ class Membership:
 
     def counters(self) -> dict[str, int]:
         return dict(self.stats)
+
+    @property
+    def probe_round_trips(self) -> ProbeRoundTrips:
+        """Direct probes' round trips so far (read by ``/metrics``)."""
+        return self._prober.round_trips
 
     def digest(self) -> bytes:
         """SHA-256 over (id, incarnation, state, metadata version) of every member."""

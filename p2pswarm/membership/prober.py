@@ -19,6 +19,7 @@ from p2pswarm.membership.dissemination import Dissemination
 from p2pswarm.membership.metadata import inline
 from p2pswarm.membership.requests import StreamRequests
 from p2pswarm.membership.roster import Roster
+from p2pswarm.membership.round_trips import ProbeRoundTrips
 from p2pswarm.membership.states import DEAD, GONE, SEQ_MOD, SUSPECT
 from p2pswarm.wire.gossip import Ack, Dead, Left, Nack, Ping, PingReq, Suspect
 
@@ -29,7 +30,7 @@ NACK_ITEM = item_bytes(Nack(SEQ_MOD - 1))
 
 class Prober:
     __slots__ = ("_detector", "_dissemination", "_inline_bytes", "_node_id", "_requests",
-                 "_roster")
+                 "_roster", "round_trips")
 
     def __init__(self, node_id: bytes, detector: FailureDetector, roster: Roster,
                  dissemination: Dissemination, requests: StreamRequests,
@@ -40,6 +41,7 @@ class Prober:
         self._dissemination = dissemination
         self._requests = requests
         self._inline_bytes = inline_bytes
+        self.round_trips = ProbeRoundTrips()  # direct acks' round trips, for /metrics
 
     def heard(self, node: bytes, now: float) -> None:
         """``node`` spoke to us first hand: it is not failing now."""
@@ -110,6 +112,7 @@ class Prober:
         if p is not None and msg.seq == p.seq:
             if p.phase == DIRECT:
                 p.direct_ok = True
+                self.round_trips.note(now - p.started)
             return self._detector.finish_probe(True, now)
         r = self._detector.relays.pop(msg.seq, None)
         if r is not None:

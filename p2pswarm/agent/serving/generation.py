@@ -61,6 +61,7 @@ from p2pswarm.agent.serving.records import (
 )
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.serving.stage_session import open_hop
+from p2pswarm.agent.serving.tally import GenerationTally
 from p2pswarm.agent.streams import send_best_effort
 from p2pswarm.agent.weight_holders import gather
 from p2pswarm.agent.weights import Manifest
@@ -186,6 +187,7 @@ class Generation:
         # stages kept broken sessions' caches (the benchmark's comparison)
         self.replay_everything = False
         self.admission = Admission()
+        self.tally = GenerationTally()  # tokens and first-token times, for /metrics
         self.kept = PrefixCache()
         self.answers = AnswerIds()  # remembered answers' own ids, for the next turn's prompt
         self._returns: dict[str, ReturnSlot] = {}
@@ -472,12 +474,14 @@ class Generation:
             now = time.perf_counter()
             if not run.tokens:
                 run.first_token_s = now - began
+                self.tally.first_token(run.first_token_s)
                 run.decode_began = now
                 run.prefill_s = tuple(msg.stage_s)
             elif step > 0:  # a resumed session's first step is a prefill: not decode time
                 for i, t in enumerate(msg.stage_s[:len(run.stage_s)]):
                     run.stage_s[i] += t
             run.tokens.append(msg.token)
+            self.tally.token(record.plan_id)
             if open_msg.keep_logits:
                 run.kept.append(self.runtime.read_logits(msg.logits))
             if on_token is not None:

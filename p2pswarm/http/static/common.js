@@ -60,5 +60,8 @@ const P2P = (() => {
     return node;
   }
 
+  // Links between the pages keep the token: <a data-page="/swarm">.
+  for (const a of document.querySelectorAll("a[data-page]")) a.href = link(a.dataset.page);
+
   return {api, link, size, count, el, params};
 })();
