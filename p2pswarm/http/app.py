@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qs
 
 import trio
@@ -423,6 +423,7 @@ async def serve_http(agent: Agent, settings: HttpSettings, *,
     ``host:port`` (None when the default port was busy and the server stayed off)."""
     from hypercorn.config import Config
     from hypercorn.trio.run import worker_serve
+    from hypercorn.typing import ASGIFramework
     from hypercorn.utils import wrap_app
 
     config = Config()
@@ -450,7 +451,9 @@ async def serve_http(agent: Agent, settings: HttpSettings, *,
     bound = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     log.info("HTTP API on http://%s (%s)", bound,
              "bearer token required" if settings.token else "this machine only")
-    await worker_serve(wrap_app(app, config.wsgi_max_body_size, "asgi"), config,
+    # HttpApp speaks ASGI 3 with plain-dict scopes and events, not hypercorn's TypedDicts
+    framework = cast("ASGIFramework", app)
+    await worker_serve(wrap_app(framework, config.wsgi_max_body_size, "asgi"), config,
                        sockets=sockets, shutdown_trigger=agent.stopped.wait,
                        task_status=_Started(task_status, bound))
 

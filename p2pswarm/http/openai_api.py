@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_MAX_TOKENS = 512  # without max_tokens, a chat answer stops here or at the context's end
 MAX_STOPS = 4
-_REFUSED_OPTIONS = {  # option -> the value that means "not used"
+_REFUSED_OPTIONS: dict[str, tuple[object, ...]] = {  # option -> the value that means "not used"
     "logprobs": (None, False), "top_logprobs": (None, 0), "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0), "tools": (None, []), "functions": (None, []),
     "logit_bias": (None, {}), "suffix": (None, ""), "best_of": (None, 1),
