@@ -502,9 +502,9 @@ class Agent:
 
     def _metadata(self) -> bytes:
         cards = self.gossiped_inventory
-        meta: dict[str, Any] = {"cards": [c.to_dict() for c in cards.cards] if cards else []}
-        meta.update(self.extra_metadata)
-        return msgpack.packb(meta, use_bin_type=True)  # type: ignore[no-any-return]
+        return msgpack.packb(  # type: ignore[no-any-return]
+            {"cards": [c.to_dict() for c in cards.cards] if cards else [],
+             **self.extra_metadata}, use_bin_type=True)
 
     def merge_records(self, records: list[MemberRecord], *, quiet: bool = False) -> None:
         """Take in fellows' membership records (``Membership.self_record``) as anti-entropy
