@@ -180,11 +180,9 @@ class SaidHop:
 
     def to_doc(self) -> dict[str, Any]:
         """The hop in gossip form, as the fellow said it."""
-        doc: dict[str, Any] = {"stage": self.stage, "fellow_id": self.fellow_id,
-                               "fellow": self.fellow, "addr": self.addr,
-                               "layers": list(self.layers)}
-        return doc | _present(card=self.card, claim_bytes=self.claim_bytes,
-                              allocated_bytes=self.allocated_bytes)
+        return {"stage": self.stage, "fellow_id": self.fellow_id, "fellow": self.fellow,
+                "addr": self.addr, "layers": list(self.layers)} | _present(
+            card=self.card, claim_bytes=self.claim_bytes, allocated_bytes=self.allocated_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,10 +204,8 @@ class SaidStage:
 
     def to_doc(self) -> dict[str, Any]:
         """The stage in gossip form, as the fellow said it."""
-        doc: dict[str, Any] = {"plan_id": self.plan_id, "stage": self.stage,
-                               "layers": list(self.layers), "model": self.model.block,
-                               "runtime": self.runtime}
-        return doc | _present(
+        return {"plan_id": self.plan_id, "stage": self.stage, "layers": list(self.layers),
+                "model": self.model.block, "runtime": self.runtime} | _present(
             n_stages=self.n_stages, card=self.card, claim_bytes=self.claim_bytes,
             allocated_bytes=self.allocated_bytes, adapter=self.adapter,
             route=None if self.route is None else [h.to_doc() for h in self.route])
@@ -457,6 +453,16 @@ class FellowSays:
         return any(s.model.key == model_key for s in self.stages)
 
 
+@dataclass(frozen=True, slots=True)
+class _View:
+    """One version of a fellow's metadata: its bytes, what it says, and that in gossip
+    form (for the readers that still take the document)."""
+
+    metadata: bytes
+    says: FellowSays
+    doc: dict[str, Any]
+
+
 class MetadataViews:
     """Each fellow's metadata as last checked: its bytes, the clean view of them, and
     that view as a ``FellowSays``, so a fellow's metadata is decoded and checked once per
@@ -465,24 +471,23 @@ class MetadataViews:
     def __init__(self, name: str, counters: Counters) -> None:
         self._name = name
         self._counters = counters
-        self._views: dict[bytes, tuple[bytes, dict[str, Any], FellowSays]] = {}
+        self._views: dict[bytes, _View] = {}
 
     def of(self, member: Member, fellows: Callable[[], list[Member]]) -> dict[str, Any]:
         """``member``'s metadata as a dict ({} if not pulled yet or unreadable), every
         entry the views read checked: bad ones dropped and counted once per version.
         ``fellows``: the fellows known now (views of the others are let go)."""
-        return self._view(member, fellows)[1]
+        return self._view(member, fellows).doc
 
     def says(self, member: Member, fellows: Callable[[], list[Member]]) -> FellowSays:
         """What ``member`` says about itself (``of``), as one value."""
-        return self._view(member, fellows)[2]
+        return self._view(member, fellows).says
 
-    def _view(self, member: Member, fellows: Callable[[], list[Member]]
-              ) -> tuple[bytes, dict[str, Any], FellowSays]:
+    def _view(self, member: Member, fellows: Callable[[], list[Member]]) -> _View:
         if not member.metadata:
-            return b"", {}, FellowSays()
+            return _View(b"", FellowSays(), {})
         known = self._views.get(member.node_id)
-        if known is not None and known[0] == member.metadata:
+        if known is not None and known.metadata == member.metadata:
             return known
         try:
             raw = msgpack.unpackb(member.metadata, raw=False, strict_map_key=False)
@@ -500,7 +505,7 @@ class MetadataViews:
             present = {m.node_id for m in fellows()}
             for node_id in [n for n in views if n not in present]:
                 del views[node_id]
-        view = views[member.node_id] = (member.metadata, says.to_doc(), says)
+        view = views[member.node_id] = _View(member.metadata, says, says.to_doc())
         return view
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from p2pswarm.agent.adapter import adapted
 from p2pswarm.agent.pins import ShownPlanValues
 from p2pswarm.agent.plan_query import PlanQuery
+from p2pswarm.control.requests import typed_op
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.planner import (
     ClusterView,
@@ -42,6 +43,14 @@ if TYPE_CHECKING:
     from p2pswarm.agent.ports import PlanningPort
 
 
+def plan_ask(request: dict[str, Any]) -> PlanAsk:
+    """The plan op's request from a plain map: ``{"request": plan message}``."""
+    message = request.get("request")
+    if not isinstance(message, dict):
+        raise ConfigError("a plan op needs a \"request\" map")
+    return PlanAsk(pack_doc(message))
+
+
 def fellow_id(node_id: bytes) -> str:
     """How plans name a fellow: its node id in hex."""
     return node_id.hex()
@@ -51,7 +60,8 @@ class Planning:
     def __init__(self, agent: PlanningPort, leadership: Leadership) -> None:
         self.agent = agent
         self.leadership = leadership
-        agent.control_ops["plan"] = self._op_plan
+        # the plan op's request is the ask it forwards to the leader
+        agent.control_ops["plan"] = typed_op(PlanAsk, plan_ask, self._op_plan)
         agent.control_ops["cluster"] = self._op_cluster
         self.shown = ShownPlanValues(agent.name)  # the plans this leader has shown
         leadership.serve(PlanAsk, self._leader_plan)
@@ -126,14 +136,12 @@ class Planning:
 
     async def ask_plan(self, message: dict[str, Any]) -> dict[str, Any]:
         """The plan the leader makes for ``message`` (here, if this agent leads)."""
-        reply = await self.leadership.ask(PlanAsk(pack_doc(message)), PlanShown)
-        return unpack_doc(reply.plan)
+        return await self._op_plan(PlanAsk(pack_doc(message)))
 
-    async def _op_plan(self, request: dict[str, Any]) -> Any:
-        message = request.get("request")
-        if not isinstance(message, dict):
-            raise ConfigError("a plan op needs a \"request\" map")
-        return await self.ask_plan(message)
+    async def _op_plan(self, ask: PlanAsk) -> dict[str, Any]:
+        """The leader's plan for ``ask``, as its document (what the CLI shows)."""
+        reply = await self.leadership.ask(ask, PlanShown)
+        return unpack_doc(reply.plan)
 
     async def _op_cluster(self, request: dict[str, Any]) -> Any:
         return cluster_to_dict(self.view())
