@@ -448,6 +448,11 @@ class FellowSays:
                 return list(self.kept_loads)
         return self.others[key]
 
+    @property
+    def plan_ids(self) -> frozenset[str]:
+        """The plan ids of the loads it says it serves a stage of."""
+        return frozenset(s.plan_id for s in self.stages)
+
     def serves_model(self, model_key: str) -> bool:
         """Whether it says it serves a stage of a load of the model ``model_key``."""
         return any(s.model.key == model_key for s in self.stages)
