@@ -110,7 +110,7 @@ class Planning:
     def pinned(self, query: PlanQuery, expected: str | None) -> Plan | FleetPlan:
         """The plan a start pinned to ``expected`` (None: not pinned) gets: the plan now,
         or the shown one while it still holds. The caller checks the pin
-        (``ShownPlans.check_pin``), which refuses any other plan with what changed."""
+        (``ShownPlanValues.check_pin``), which refuses any other plan with what changed."""
         try:
             now = self.planned(query)
         except PlacementError as exc:
