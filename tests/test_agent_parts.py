@@ -8,6 +8,7 @@ from p2pswarm.agent.alarm import LoopLag
 from p2pswarm.agent.fellow_meta import FellowSays, clean_metadata
 from p2pswarm.agent.leaving import Goodbye, Leaving
 from p2pswarm.agent.rejoin import JOIN_REFUSALS, Rejoin
+from p2pswarm.cards import Card
 from p2pswarm.errors import TokenRefused
 
 
@@ -79,3 +80,21 @@ def test_what_a_fellow_says_round_trips_through_its_gossip_form() -> None:
     said = says.stages[0]
     assert said.layers == (0, 4) and said.route is not None and said.route[0].claim_bytes == 3
     assert said.route[0].allocated_bytes is None and says.kept_loads == ("fedcba9876543210",)
+
+
+def test_a_fellows_card_and_stage_model_are_read_as_values() -> None:
+    card = {"kind": "cuda", "index": 1, "name": "GPU", "uuid": "u", "total_bytes": 8 << 30,
+            "free_bytes": 2 << 30, "memory_source": "nvml",
+            "held_by_others": [{"pid": 7, "name": "a", "bytes": 1 << 20},
+                               {"pid": 3, "name": "b", "bytes": 5 << 20}]}
+    stage = {"plan_id": "0123456789abcdef", "stage": 0, "layers": [0, 4],
+             "model": {"kind": "builtin", "key": "k1", "name": "tiny"}, "runtime": {}}
+    says = FellowSays.from_doc({"cards": [card], "stages": [stage, {**stage, "model": {}}]})
+    assert says.dropped == 0 and says.cards == (Card.from_dict(card),)
+    assert [h.pid for h in says.cards[0].held_by_others] == [3, 7]  # the largest first
+    first, second = says.stages
+    assert (first.model.kind, first.model.key) == ("builtin", "k1")
+    assert (second.model.kind, second.model.key) == ("builtin", None)
+    assert first.to_doc()["model"] == stage["model"] and says.plan_ids == {stage["plan_id"]}
+    unknown = FellowSays.from_doc({"stages": [{**stage, "model": {"kind": "hub"}}]})
+    assert unknown.dropped == 1 and unknown.stages == ()

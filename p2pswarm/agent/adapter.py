@@ -26,13 +26,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from p2pswarm.agent.weights import Manifest, ManifestTensor
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.lora_targets import family_targets, proj_parents
+from p2pswarm.planner.plan_values import Plan
 from p2pswarm.shapes.model_config import ModelConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -175,17 +176,36 @@ def check_adapter(adapter: AdapterManifest, hf_config: dict[str, Any], model_nam
             raise ConfigError(f"adapter {where} lacks {pair}")
 
 
-def adapted_plan(plan: Any, adapter_sha256: Any) -> Any:
-    """The plan with the adapter in it: its content hash, and a ``plan_id`` that differs
-    from the base's (and from any other adapter's)."""
-    if not isinstance(plan, dict) or not isinstance(plan.get("plan_id"), str) \
-            or not adapter_sha256:
-        return plan
+def _adapter_sha(adapter_sha256: object) -> str:
     sha = str(adapter_sha256)
     if not re.fullmatch(r"[0-9a-f]{64}", sha):
         raise ConfigError("\"adapter\" in a plan request must be the adapter's SHA-256")
-    plan_id = hashlib.sha256(f"{plan['plan_id']}/adapter/{sha}".encode()).hexdigest()[:16]
-    return {**plan, "plan_id": plan_id, "base_plan_id": plan["plan_id"], "adapter": sha}
+    return sha
+
+
+def _adapted_id(plan_id: str, sha: str) -> str:
+    return hashlib.sha256(f"{plan_id}/adapter/{sha}".encode()).hexdigest()[:16]
+
+
+def adapted(plan: Plan, adapter_sha256: str) -> Plan:
+    """The plan with the adapter in it: its content hash, and a ``plan_id`` that differs
+    from the base's (and from any other adapter's); ``plan`` itself without one."""
+    if not adapter_sha256:
+        return plan
+    sha = _adapter_sha(adapter_sha256)
+    return replace(plan, plan_id=_adapted_id(plan.plan_id, sha), base_plan_id=plan.plan_id,
+                   adapter=sha)
+
+
+def adapted_plan(plan: Any, adapter_sha256: Any) -> Any:
+    """``adapted`` on a plan's document (a fleet plan's too), for the readers that still
+    hold one: the same ``plan_id``, ``base_plan_id`` and ``adapter``."""
+    base_id = plan.get("plan_id") if isinstance(plan, dict) else None
+    if not isinstance(base_id, str) or not adapter_sha256:
+        return plan
+    sha = _adapter_sha(adapter_sha256)
+    return {**plan, "plan_id": _adapted_id(base_id, sha), "base_plan_id": base_id,
+            "adapter": sha}
 
 
 # --- on the stage's fellow ---------------------------------------------------------------

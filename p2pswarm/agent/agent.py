@@ -323,24 +323,20 @@ class Agent:
     def stop(self) -> None:
         self.stopped.set()
 
-    async def leave(self) -> dict[str, Any]:
+    async def leave(self) -> Goodbye:
         """Leave gracefully: fellows mark us ``left``, not dead; then stop. What
-        ``say_goodbye`` says."""
+        ``goodbye`` says."""
         try:
-            return await self.say_goodbye()
+            return await self.goodbye()
         finally:
             self.stop()
 
-    async def say_goodbye(self) -> dict[str, Any]:
+    async def goodbye(self) -> Goodbye:
         """Gossip our leave and wait, ``gossip.leave_timeout_s`` at most, until fellows
         have acknowledged it or it has spread (``Membership.leave_spread``) and the
         datagrams saying it have left the outbox. The agent keeps running: ``stop`` it.
-        Returns how many fellows acknowledged, of how many asked, and whether it spread
-        (``Goodbye.to_dict``)."""
-        return (await self.goodbye()).to_dict()
-
-    async def goodbye(self) -> Goodbye:
-        """``say_goodbye``, as a value."""
+        Returns how many fellows acknowledged, of how many asked, and whether it
+        spread."""
         if self.membership is None or self.election is None:
             return Goodbye(0, 0, True)
         now = trio.current_time()
@@ -515,9 +511,9 @@ class Agent:
 
     def _metadata(self) -> bytes:
         cards = self.gossiped_inventory
-        meta: dict[str, Any] = {"cards": [c.to_dict() for c in cards.cards] if cards else []}
-        meta.update(self.extra_metadata)
-        return msgpack.packb(meta, use_bin_type=True)  # type: ignore[no-any-return]
+        return msgpack.packb(  # type: ignore[no-any-return]
+            {"cards": [c.to_dict() for c in cards.cards] if cards else [],
+             **self.extra_metadata}, use_bin_type=True)
 
     def merge_records(self, records: list[MemberRecord], *, quiet: bool = False) -> None:
         """Take in fellows' membership records (``Membership.self_record``) as anti-entropy
@@ -633,12 +629,12 @@ class Agent:
     async def _op_status(self, request: StatusRequest) -> dict[str, Any]:
         return self.status()
 
-    async def _op_leave(self, request: LeaveRequest) -> dict[str, Any]:
+    async def _op_leave(self, request: LeaveRequest) -> dict[str, int | bool]:
         """Say goodbye, answer how it went, then stop. ``stop`` only sets an event: the
         nursery is cancelled by ``run``'s task, after this answer has been written."""
-        outcome = await self.say_goodbye()
+        outcome = await self.goodbye()
         self.stop()
-        return outcome
+        return outcome.to_dict()
 
     def members(self) -> list[Member]:
         """Every fellow this agent knows, itself included, as the membership lists them."""

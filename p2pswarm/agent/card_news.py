@@ -25,12 +25,12 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from p2pswarm.bench import BenchmarkCache
-from p2pswarm.cards import Card, Inventory, benchmarks_to_dict, fingerprint
+from p2pswarm.cards import Benchmark, Card, Inventory, benchmarks_to_dict, fingerprint
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.inventory import CardSource, GossipRule, read_inventory
 
@@ -45,8 +45,9 @@ Stamp = tuple[int, int] | None  # (mtime ns, size) of the benchmark cache; None:
 Offered = Callable[[tuple[Card, ...]], tuple[Card, ...]]
 
 
-def cached_benchmarks(home: Path, inventory: Inventory | None) -> dict[str, Any]:
-    """The measured speeds of this fellow's cards (``p2pswarm bench``), in gossip form.
+def cached_benchmarks(home: Path, inventory: Inventory | None) -> dict[str, Benchmark]:
+    """The measured speeds of this fellow's cards (``p2pswarm bench``), by card key
+    (``benchmarks_to_dict`` gives their gossip form).
 
     Cards never measured are left out: the planner then uses its conservative estimate
     and says so, rather than gossiping a guess as if it were a measurement.
@@ -58,9 +59,8 @@ def cached_benchmarks(home: Path, inventory: Inventory | None) -> dict[str, Any]
     except ConfigError as exc:
         log.warning("%s", exc)
         return {}
-    measured = {card.key: cached[fingerprint(card)] for card in inventory.cards
-                if fingerprint(card) in cached}
-    return benchmarks_to_dict(measured)
+    return {card.key: cached[fingerprint(card)] for card in inventory.cards
+            if fingerprint(card) in cached}
 
 
 def _stamp(path: Path) -> Stamp:
@@ -131,8 +131,8 @@ class CardNews:
             stamp = _stamp(self._bench_path)
             if stamp != self._bench_stamp:
                 self._bench_stamp = stamp
-                self.says.extra_metadata["benchmarks"] = cached_benchmarks(
-                    self._bench_path.parent, offered)
+                self.says.extra_metadata["benchmarks"] = benchmarks_to_dict(
+                    cached_benchmarks(self._bench_path.parent, offered))
                 log.info("%s: benchmarks changed on disk; gossiping them", self.name)
                 news = True
         if not news:

@@ -21,14 +21,14 @@ import logging
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import msgpack
 
 from p2pswarm.agent.counters import Counters
 from p2pswarm.agent.weights import Manifest
-from p2pswarm.cards import CARD_KINDS, Benchmark, Card, Holder, Inventory
+from p2pswarm.cards import CARD_KINDS, MEMORY_SOURCE_MAX_CHARS, Benchmark, Card, Holder, Inventory
 from p2pswarm.errors import ConfigError
 from p2pswarm.membership.member import Member
 from p2pswarm.names import is_hex_digest
@@ -137,6 +137,34 @@ Doc = Mapping[str, Any]  # a checked plain document (a model, runtime or adapter
 
 
 @dataclass(frozen=True, slots=True)
+class SaidModel:
+    """The model block of a stage a fellow serves: a built-in's or a directory's, named
+    by ``key`` (None where it names none); ``block``: the checked block as it was said,
+    which the stage's readers take whole."""
+
+    kind: str  # "builtin" | "files"
+    key: str | None
+    block: Doc
+
+    @staticmethod
+    def from_doc(block: Any) -> SaidModel:
+        f = _Fields(block, "a model is not a built-in's or a directory's")
+        kind = f.value("kind", "builtin")
+        if kind not in ("builtin", "files"):
+            raise Bad("a model is not a built-in's or a directory's")
+        if kind == "files":
+            # a model directory's identity names its key and small files as a manifest
+            # does; a driver fetches those files by them (``Manifest.from_dict`` checks)
+            try:
+                Manifest.from_dict({**block, "config": {}, "tensors": [],
+                                    "path": f.value("path", ""), "files": f.value("files", [])})
+            except ConfigError as exc:
+                raise Bad(str(exc)) from None
+        key = f.value("key", None)
+        return SaidModel(kind, key if isinstance(key, str) else None, block)
+
+
+@dataclass(frozen=True, slots=True)
 class SaidHop:
     """One hop of the route a fellow says a load of its stage takes (``records.route_hop``
     reads all of it)."""
@@ -152,11 +180,9 @@ class SaidHop:
 
     def to_doc(self) -> dict[str, Any]:
         """The hop in gossip form, as the fellow said it."""
-        doc: dict[str, Any] = {"stage": self.stage, "fellow_id": self.fellow_id,
-                               "fellow": self.fellow, "addr": self.addr,
-                               "layers": list(self.layers)}
-        return doc | _present(card=self.card, claim_bytes=self.claim_bytes,
-                              allocated_bytes=self.allocated_bytes)
+        return {"stage": self.stage, "fellow_id": self.fellow_id, "fellow": self.fellow,
+                "addr": self.addr, "layers": list(self.layers)} | _present(
+            card=self.card, claim_bytes=self.claim_bytes, allocated_bytes=self.allocated_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +193,7 @@ class SaidStage:
     plan_id: str
     stage: int
     layers: tuple[int, int]
-    model: Doc
+    model: SaidModel
     runtime: Doc
     n_stages: int | None = None
     card: str | None = None
@@ -178,10 +204,8 @@ class SaidStage:
 
     def to_doc(self) -> dict[str, Any]:
         """The stage in gossip form, as the fellow said it."""
-        doc: dict[str, Any] = {"plan_id": self.plan_id, "stage": self.stage,
-                               "layers": list(self.layers), "model": self.model,
-                               "runtime": self.runtime}
-        return doc | _present(
+        return {"plan_id": self.plan_id, "stage": self.stage, "layers": list(self.layers),
+                "model": self.model.block, "runtime": self.runtime} | _present(
             n_stages=self.n_stages, card=self.card, claim_bytes=self.claim_bytes,
             allocated_bytes=self.allocated_bytes, adapter=self.adapter,
             route=None if self.route is None else [h.to_doc() for h in self.route])
@@ -213,10 +237,10 @@ class _Cleaner:
 
     # --- cards and their speed --------------------------------------------------------
 
-    def holder(self, raw: Any) -> dict[str, Any]:
+    def holder(self, raw: Any) -> Holder:
         f = _Fields(raw, "a holder is not a map")
         return Holder(f.whole("pid", 0, 1 << 32, default=0), f.text("name", default=""),
-                      f.whole("bytes")).to_dict()
+                      f.whole("bytes"))
 
     def card(self, raw: Any) -> Card:
         f = _Fields(raw, "a card is not a map")
@@ -225,11 +249,14 @@ class _Cleaner:
             raise Bad("unknown card kind")
         total = f.whole("total_bytes", 1)
         holders = self.each(f.value("held_by_others", []), self.holder, MAX_HOLDERS)
-        return Card.from_dict({
-            "kind": kind, "index": f.whole("index", 0, 4095, default=0),
-            "name": f.text("name", default=""), "uuid": f.text("uuid", default=""),
-            "total_bytes": total, "free_bytes": f.whole("free_bytes", 0, total),
-            "held_by_others": holders, "memory_source": f.text("memory_source", default="")})
+        index = f.whole("index", 0, 4095, default=0)
+        name, uuid = f.text("name", default=""), f.text("uuid", default="")
+        free = f.whole("free_bytes", 0, total)
+        source = f.text("memory_source", default="")[:MEMORY_SOURCE_MAX_CHARS]
+        # the order ``Card.from_dict`` keeps them in: the largest first
+        held = tuple(sorted(holders, key=lambda h: (-h.held_bytes, h.pid, h.name)))
+        return Card(index=index, kind=kind, name=name, uuid=uuid, total_bytes=total,
+                    free_bytes=free, held_by_others=held, memory_source=source)
 
     def cards(self, raw: Any) -> tuple[Card, ...]:
         out: list[Card] = []
@@ -244,7 +271,7 @@ class _Cleaner:
         return tuple(out)
 
     def benchmarks(self, raw: Any) -> dict[str, Benchmark]:
-        said = raw.get("cards", {}) if isinstance(raw, dict) else None
+        said = _Fields(raw, "benchmarks are not a map").value("cards", {})
         if not isinstance(said, dict):
             raise Bad("benchmarks are not a map of cards")
         out = {}
@@ -290,12 +317,7 @@ class _Cleaner:
         plan_id = f.value("plan_id")
         if not is_hex_digest(plan_id, 16):
             raise Bad("a plan id is not 16 hex digits")
-        model = _document(f.value("model", {}))
-        if not isinstance(model, dict) or model.get("kind", "builtin") not in ("builtin",
-                                                                               "files"):
-            raise Bad("a model is not a built-in's or a directory's")
-        if model.get("kind") == "files":
-            self.files_model(model)
+        model = SaidModel.from_doc(_document(f.value("model", {})))
         runtime = _document(f.value("runtime", {}))
         if not isinstance(runtime, dict):
             raise Bad("a runtime block is not a map")
@@ -319,16 +341,6 @@ class _Cleaner:
             route = tuple(self.hop(h) for h in hops)  # one bad hop: the stage
         return SaidStage(str(plan_id), stage, layers, model, runtime, n_stages, card, claim,
                          held, adapter, route)
-
-    @staticmethod
-    def files_model(model: dict[str, Any]) -> None:
-        """A model directory's identity names its key and small files as a manifest
-        does; a driver fetches those files by them (``Manifest.from_dict`` checks)."""
-        try:
-            Manifest.from_dict({**model, "config": {}, "tensors": [],
-                                "path": model.get("path", ""), "files": model.get("files", [])})
-        except ConfigError as exc:
-            raise Bad(str(exc)) from None
 
     def stages(self, raw: Any) -> tuple[SaidStage, ...]:
         return tuple(self.each(raw, self.stage, MAX_STAGES))
@@ -379,31 +391,32 @@ class FellowSays:
         expects, a bad one dropped (the fellow's other entries stay) and counted; keys
         this agent does not read pass through."""
         cleaner = _Cleaner()
-        checks: dict[str, Callable[[Any], Any]] = {
-            "cards": cleaner.cards, "benchmarks": cleaner.benchmarks,
-            "stages": cleaner.stages, "kept_loads": cleaner.kept_loads,
-            "training": cleaner.training}
-        said: dict[str, Any] = {}
+        says = cls()
         others: dict[str, Any] = {}
         order: list[str] = []
         for key, value in meta.items():
             if not isinstance(key, str):
                 cleaner.dropped += 1
                 continue
-            check = checks.get(key)
-            if check is None:
-                others[key] = value
-                order.append(key)
-                continue
             try:
-                said[key] = check(value)
+                match key:
+                    case "cards":
+                        says = replace(says, cards=cleaner.cards(value))
+                    case "benchmarks":
+                        says = replace(says, benchmarks=cleaner.benchmarks(value))
+                    case "training":
+                        says = replace(says, training=cleaner.training(value))
+                    case "stages":
+                        says = replace(says, stages=cleaner.stages(value))
+                    case "kept_loads":
+                        says = replace(says, kept_loads=cleaner.kept_loads(value))
+                    case _:
+                        others[key] = value
             except (Bad, ValueError, TypeError, KeyError):
                 cleaner.dropped += 1
                 continue
             order.append(key)
-        return cls(said.get("cards", ()), said.get("benchmarks", {}),
-                   said.get("training", False), said.get("stages", ()),
-                   said.get("kept_loads", ()), tuple(order), others, cleaner.dropped)
+        return replace(says, said=tuple(order), others=others, dropped=cleaner.dropped)
 
     @classmethod
     def of(cls, meta: Mapping[str, Any]) -> FellowSays:
@@ -435,9 +448,24 @@ class FellowSays:
                 return list(self.kept_loads)
         return self.others[key]
 
+    @property
+    def plan_ids(self) -> frozenset[str]:
+        """The plan ids of the loads it says it serves a stage of."""
+        return frozenset(s.plan_id for s in self.stages)
+
     def serves_model(self, model_key: str) -> bool:
         """Whether it says it serves a stage of a load of the model ``model_key``."""
-        return any(s.model.get("key") == model_key for s in self.stages)
+        return any(s.model.key == model_key for s in self.stages)
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """One version of a fellow's metadata: its bytes, what it says, and that in gossip
+    form (for the readers that still take the document)."""
+
+    metadata: bytes
+    says: FellowSays
+    doc: dict[str, Any]
 
 
 class MetadataViews:
@@ -448,24 +476,23 @@ class MetadataViews:
     def __init__(self, name: str, counters: Counters) -> None:
         self._name = name
         self._counters = counters
-        self._views: dict[bytes, tuple[bytes, dict[str, Any], FellowSays]] = {}
+        self._views: dict[bytes, _View] = {}
 
     def of(self, member: Member, fellows: Callable[[], list[Member]]) -> dict[str, Any]:
         """``member``'s metadata as a dict ({} if not pulled yet or unreadable), every
         entry the views read checked: bad ones dropped and counted once per version.
         ``fellows``: the fellows known now (views of the others are let go)."""
-        return self._view(member, fellows)[1]
+        return self._view(member, fellows).doc
 
     def says(self, member: Member, fellows: Callable[[], list[Member]]) -> FellowSays:
         """What ``member`` says about itself (``of``), as one value."""
-        return self._view(member, fellows)[2]
+        return self._view(member, fellows).says
 
-    def _view(self, member: Member, fellows: Callable[[], list[Member]]
-              ) -> tuple[bytes, dict[str, Any], FellowSays]:
+    def _view(self, member: Member, fellows: Callable[[], list[Member]]) -> _View:
         if not member.metadata:
-            return b"", {}, FellowSays()
+            return _View(b"", FellowSays(), {})
         known = self._views.get(member.node_id)
-        if known is not None and known[0] == member.metadata:
+        if known is not None and known.metadata == member.metadata:
             return known
         try:
             raw = msgpack.unpackb(member.metadata, raw=False, strict_map_key=False)
@@ -483,7 +510,7 @@ class MetadataViews:
             present = {m.node_id for m in fellows()}
             for node_id in [n for n in views if n not in present]:
                 del views[node_id]
-        view = views[member.node_id] = (member.metadata, says.to_doc(), says)
+        view = views[member.node_id] = _View(member.metadata, says, says.to_doc())
         return view
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
 import trio
 
-from p2pswarm.control.protocol import error_response, raise_error
+from p2pswarm.control.protocol import error_data, raise_error
 from p2pswarm.errors import (
     NotFollowingYet,
     NotLeader,
@@ -65,10 +65,11 @@ SAME_LEADER_AGAIN_S = 2.0  # an unreachable leader still in office is asked agai
 
 
 def call_failed(exc: SwarmError) -> CallFailed:
-    """A SwarmError as the reply that carries it to the caller."""
-    error = error_response(exc)["error"]
-    data = pack_doc(error["data"]) if error["data"] else b""
-    return CallFailed(error["kind"][:64], error["message"][:4096], data)
+    """A SwarmError as the reply that carries it to the caller: its class, its text and
+    its details, as the control API's error response says them."""
+    data = error_data(exc)
+    return CallFailed(type(exc).__name__[:64], str(exc)[:4096],
+                      pack_doc(data) if data else b"")
 
 
 def raise_failure(failed: CallFailed) -> None:

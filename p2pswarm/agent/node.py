@@ -18,6 +18,7 @@ from p2pswarm.agent.address import advertised
 from p2pswarm.agent.agent import Agent
 from p2pswarm.agent.card_news import cached_benchmarks
 from p2pswarm.agent.world import AgentWorld, Compute
+from p2pswarm.cards import benchmarks_to_dict
 from p2pswarm.config import SwarmConfig
 from p2pswarm.home import Home
 from p2pswarm.inventory import CardSource, read_inventory
@@ -74,8 +75,9 @@ async def run_node(settings: NodeSettings, *,
     keyring = home.load_keyring()
     identity = home.load_identity()
     async with open_udp_tcp_transport(settings.listen, settings.config.transport) as transport:
-        benchmarks: dict[str, Any] = {} if settings.card_source is None else {
-            "benchmarks": cached_benchmarks(settings.home, read_inventory(settings.card_source))}
+        # what it measured of its cards, gossiped from the start
+        benchmarks = {} if settings.card_source is None else {"benchmarks": benchmarks_to_dict(
+            cached_benchmarks(settings.home, read_inventory(settings.card_source)))}
         agent = Agent(AgentWorld(
             name=settings.name, transport=transport, keyring=keyring, identity=identity,
             config=settings.config,

@@ -4,6 +4,10 @@ The cluster view is built from membership: every fellow that has not left, with 
 cards and benchmarks it gossiped about itself; a dead or unreachable one stays in the
 view as "not connected", so the plan can say why its cards are left out.
 
+The leader reads a plan message once (``PlanQuery``) and plans on values: a ``Plan``
+(or a training request's ``FleetPlan``); the plan's document is made where it leaves
+the leader (``PlanShown``, the control API) or is remembered (``ShownPlans``).
+
 A start pinned to a ``plan_id`` (``pinned_plan``) gets the leader's plan now; when that
 came out different, the plan this leader showed under that id is checked again on the
 current view, and while each of its cards still holds its stage's claims (memory moved
@@ -15,22 +19,36 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from p2pswarm.agent.adapter import adapted_plan
-from p2pswarm.agent.pins import ShownPlans
+from p2pswarm.agent.adapter import adapted
+from p2pswarm.agent.pins import ShownPlanValues
+from p2pswarm.agent.plan_query import PlanQuery
+from p2pswarm.control.requests import typed_op
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.planner import (
     ClusterView,
+    FleetPlan,
+    Pin,
+    Plan,
     cluster_to_dict,
     cluster_view,
     fellow_view,
-    pinned_plan_message,
-    plan_message,
+    plan,
+    plan_fleet,
+    plan_pinned,
 )
 from p2pswarm.wire.orders import PlanAsk, PlanShown, pack_doc, unpack_doc
 
 if TYPE_CHECKING:
     from p2pswarm.agent.leadership import Leadership
     from p2pswarm.agent.ports import PlanningPort
+
+
+def plan_ask(request: dict[str, Any]) -> PlanAsk:
+    """The plan op's request from a plain map: ``{"request": plan message}``."""
+    message = request.get("request")
+    if not isinstance(message, dict):
+        raise ConfigError("a plan op needs a \"request\" map")
+    return PlanAsk(pack_doc(message))
 
 
 def fellow_id(node_id: bytes) -> str:
@@ -42,9 +60,10 @@ class Planning:
     def __init__(self, agent: PlanningPort, leadership: Leadership) -> None:
         self.agent = agent
         self.leadership = leadership
-        agent.control_ops["plan"] = self._op_plan
+        # the plan op's request is the ask it forwards to the leader
+        agent.control_ops["plan"] = typed_op(PlanAsk, plan_ask, self._op_plan)
         agent.control_ops["cluster"] = self._op_cluster
-        self.shown = ShownPlans(agent.name)  # serving plans this leader has shown
+        self.shown = ShownPlanValues(agent.name)  # the plans this leader has shown
         leadership.serve(PlanAsk, self._leader_plan)
 
     def view(self) -> ClusterView:
@@ -59,55 +78,70 @@ class Planning:
                                        training=said.training))
         return cluster_view(fellows)
 
+    def planned(self, query: PlanQuery) -> Plan | FleetPlan:
+        """Plan ``query`` on this agent's current view (the leader runs this): a single
+        plan with the adapter it names in it and in its ``plan_id``, or a fleet plan."""
+        if query.fleet is not None:
+            if query.adapter:
+                raise ConfigError("an adapter is served on its base (`load --adapter`); a "
+                                  "training fleet's plan takes none")
+            return plan_fleet(query.profile, self.view(), query.request, query.fleet)
+        return adapted(plan(query.profile, self.view(), query.request), query.adapter)
+
     async def plan(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Plan on this agent's current view (the leader runs this), with the adapter
-        the request names in the plan and its ``plan_id``."""
-        return adapted_plan(plan_message(message, self.view()),  # type: ignore[no-any-return]
-                            message.get("adapter"))
+        """``planned`` for a plan message, as the plan's document."""
+        return self.planned(PlanQuery.from_doc(message)).to_dict()
 
-    def still_holds(self, message: dict[str, Any], expected: str) -> dict[str, Any] | None:
+    def still_holds(self, query: PlanQuery, expected: str) -> Plan | None:
         """The plan ``expected`` this leader showed, as it stands on its view now, when it
-        still holds for ``message``; None when it was not shown here or no longer holds."""
+        still holds for ``query``; None when it was not shown here or no longer holds."""
         shown = self.shown.get(expected)
-        if shown is None:
+        if not isinstance(shown, Plan) or query.fleet is not None:
+            return None  # a fleet's id is not a single plan's: it never holds as one
+        pin = Pin.of(shown)
+        if pin is None:
             return None
-        plan = adapted_plan(pinned_plan_message(message, self.view(), shown),
-                            message.get("adapter"))
-        return plan if isinstance(plan, dict) and plan.get("plan_id") == expected else None
+        held = plan_pinned(query.profile, self.view(), query.request, pin)
+        if held is None:
+            return None
+        held = adapted(held, query.adapter)
+        return held if held.plan_id == expected else None
 
-    async def pinned_plan(self, message: dict[str, Any], expected: str | None
-                          ) -> dict[str, Any]:
+    def pinned(self, query: PlanQuery, expected: str | None) -> Plan | FleetPlan:
         """The plan a start pinned to ``expected`` (None: not pinned) gets: the plan now,
         or the shown one while it still holds. The caller checks the pin
-        (``ShownPlans.check_pin``), which refuses any other plan with what changed."""
+        (``ShownPlanValues.check_pin``), which refuses any other plan with what changed."""
         try:
-            plan = await self.plan(message)
+            now = self.planned(query)
         except PlacementError as exc:
-            held = self.still_holds(message, expected) if expected else None
+            held = self.still_holds(query, expected) if expected else None
             if held is not None:
                 return held
             if not expected:
                 raise
             raise PlacementError(f"plan {expected} no longer holds, and no plan does: "
                                  f"{exc}") from exc
-        if expected and plan["plan_id"] != expected:
-            return self.still_holds(message, expected) or plan
-        return plan
+        if expected and now.plan_id != expected:
+            return self.still_holds(query, expected) or now
+        return now
+
+    async def pinned_plan(self, message: dict[str, Any], expected: str | None
+                          ) -> dict[str, Any]:
+        """``pinned`` for a plan message, as the plan's document."""
+        return self.pinned(PlanQuery.from_doc(message), expected).to_dict()
 
     async def _leader_plan(self, call: PlanAsk) -> PlanShown:
-        plan = self.shown.remember(await self.plan(unpack_doc(call.request)))
-        return PlanShown(pack_doc(plan))
+        shown = self.shown.remember(self.planned(PlanQuery.from_doc(unpack_doc(call.request))))
+        return PlanShown(pack_doc(shown.to_dict()))
 
     async def ask_plan(self, message: dict[str, Any]) -> dict[str, Any]:
         """The plan the leader makes for ``message`` (here, if this agent leads)."""
-        reply = await self.leadership.ask(PlanAsk(pack_doc(message)), PlanShown)
-        return unpack_doc(reply.plan)
+        return await self._op_plan(PlanAsk(pack_doc(message)))
 
-    async def _op_plan(self, request: dict[str, Any]) -> Any:
-        message = request.get("request")
-        if not isinstance(message, dict):
-            raise ConfigError("a plan op needs a \"request\" map")
-        return await self.ask_plan(message)
+    async def _op_plan(self, ask: PlanAsk) -> dict[str, Any]:
+        """The leader's plan for ``ask``, as its document (what the CLI shows)."""
+        reply = await self.leadership.ask(ask, PlanShown)
+        return unpack_doc(reply.plan)
 
     async def _op_cluster(self, request: dict[str, Any]) -> Any:
         return cluster_to_dict(self.view())

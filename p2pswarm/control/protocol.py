@@ -50,13 +50,18 @@ def unpack(body: bytes) -> dict[str, Any]:
     return obj
 
 
-def error_response(exc: BaseException) -> dict[str, Any]:
-    data: dict[str, Any] = {}
+def error_data(exc: BaseException) -> dict[str, Any]:
+    """An error's details in an error response (``{}``: none): a refused pin's plan ids,
+    what changed and the new plan."""
     if isinstance(exc, errors.PlanChanged):
-        data = {"expected_plan_id": exc.expected_plan_id, "new_plan_id": exc.new_plan_id,
+        return {"expected_plan_id": exc.expected_plan_id, "new_plan_id": exc.new_plan_id,
                 "changes": exc.changes, "new_plan": exc.new_plan}
+    return {}
+
+
+def error_response(exc: BaseException) -> dict[str, Any]:
     kind = type(exc).__name__ if isinstance(exc, errors.SwarmError) else "SwarmError"
-    return {"ok": False, "error": {"kind": kind, "message": str(exc), "data": data}}
+    return {"ok": False, "error": {"kind": kind, "message": str(exc), "data": error_data(exc)}}
 
 
 def raise_error(error: dict[str, Any]) -> None:

@@ -38,7 +38,13 @@ from p2pswarm.planner.cluster import (
     fellow_view,
 )
 from p2pswarm.planner.diff import diff_plans, diff_views
-from p2pswarm.planner.fleet import FleetPlan, FleetRequest, fleet_plan_message, plan_fleet
+from p2pswarm.planner.fleet import (
+    FleetPlan,
+    FleetRequest,
+    fleet_plan_message,
+    fleet_request_from_dict,
+    plan_fleet,
+)
 from p2pswarm.planner.pin import Pin, PinnedStage, pin_from_plan
 from p2pswarm.planner.plan import PLANNER_VERSION, Plan, plan, plan_pinned
 from p2pswarm.planner.profile import (
@@ -58,12 +64,31 @@ def _read_message(message: Mapping[str, Any]) -> tuple[ModelProfile, PlanRequest
     return profile, request_from_dict({k: v for k, v in message.items() if k != "model"})
 
 
+def asks_fleet(message: Mapping[str, Any]) -> bool:
+    """Whether a plan message is a training request naming ``replicas`` ("auto" or a
+    number): the fleet planner's (``fleet_plan_message``)."""
+    return message.get("kind") == "train" and "replicas" in message
+
+
+def read_plan_message(message: Mapping[str, Any]
+                      ) -> tuple[ModelProfile, PlanRequest, FleetRequest | None]:
+    """A plan message read and checked once: the model's profile, the plan request, and
+    the fleet's part of a fleet request (None for a single plan). Raises ConfigError."""
+    if asks_fleet(message):
+        profile, _ = _read_message({"model": message.get("model"), "kind": "train"})
+        fleet, rest = fleet_request_from_dict(
+            {k: v for k, v in message.items() if k != "model"})
+        return profile, request_from_dict({**rest, "kind": "train"}), fleet
+    profile, request = _read_message(message)
+    return profile, request, None
+
+
 def plan_message(message: Mapping[str, Any], view: ClusterView) -> dict[str, Any]:
     """The ``plan`` op: ``{"model": {"name": str, "config": HF config dict}, **request}``
     planned on ``view``, as the plan's dict. A training request that names
     ``replicas`` ("auto" or a number) gets the fleet plan (``fleet``). Raises
     ConfigError / PlacementError."""
-    if message.get("kind") == "train" and "replicas" in message:
+    if asks_fleet(message):
         return fleet_plan_message(message, view)
     profile, request = _read_message(message)
     return plan(profile, view, request).to_dict()
@@ -95,6 +120,7 @@ __all__ = [
     "Fellow",
     "Link",
     "ModelProfile",
+    "asks_fleet",
     "Plan",
     "PlanRequest",
     "cluster_from_dict",
@@ -111,5 +137,6 @@ __all__ = [
     "pin_from_plan",
     "pinned_plan_message",
     "profile_from_config",
+    "read_plan_message",
     "request_from_dict",
 ]

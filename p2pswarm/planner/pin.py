@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p2pswarm.cards import CARD_KINDS
+
+if TYPE_CHECKING:
+    from p2pswarm.planner.plan_values import Plan
 
 MAX_PINNED_STAGES = 4096  # more stages than any model has layers: a plan dict gone wrong
 
@@ -37,6 +40,17 @@ class Pin:
 
     stages: tuple[PinnedStage, ...]
     tokens: int
+
+    @staticmethod
+    def of(plan: Plan) -> Pin | None:
+        """The placement of ``plan`` (what ``pin_from_plan`` reads of its dict), or None
+        when it has none."""
+        r = plan.request
+        tokens = r.context if r.kind == "serve" else r.seq_len
+        if not plan.stages or tokens is None:
+            return None
+        return Pin(tuple(PinnedStage(s.fellow_id, s.kind, s.card_index, s.layers)
+                         for s in plan.stages), tokens)
 
 
 def _whole(value: Any) -> int | None:

@@ -166,7 +166,7 @@ class VirtualSwarm:
         assert agent is not None
         outcome = await agent.leave()
         self.fellows[i].agent = None
-        return outcome
+        return outcome.to_dict()
 
     def live(self) -> list[Agent]:
         return [f.agent for f in self.fellows if f.agent is not None]
