@@ -15,11 +15,14 @@ other logits, so the comparison does tell the rule apart.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import torch
+import trio
 
+from p2pswarm.agent.serving.batching import DecodeBatcher
 from p2pswarm.models import Checkpoint
 from p2pswarm.models.llama import Attention
 from p2pswarm.runtime import LocalPipeline, Sampler, Stage, StageSpec
@@ -52,6 +55,7 @@ SPLITS = {2: [(0, 2), (2, 4)], 3: [(0, 1), (1, 3), (3, 4)]}
 PROMPTS = {"shorter": 7, "equal": WINDOW, "longer": 2 * WINDOW + 3}  # prompt tokens
 END = 2 * WINDOW + 10  # tokens in each sequence: every prompt decodes past one more edge
 TOLERANCE = 1e-5
+STEP_S = 0.01  # what a stage's step takes, in virtual time (the batcher waits by it)
 
 
 def reference_model(family: str, window: int = WINDOW) -> Any:
@@ -190,35 +194,56 @@ def test_the_comparison_tells_a_window_one_key_wider_or_narrower_apart(
 
 
 @pytest.mark.parametrize("n_stages", sorted(SPLITS))
-def test_two_sessions_in_one_decode_batch_equal_transformers(
-        family: tuple[str, Any, Checkpoint], n_stages: int) -> None:
-    """The batched decode path (``Stage.decode_batch``, as serving's batcher calls it):
-    a session inside the window and one past it step together, each at its own
-    position, across the edge."""
+async def test_two_sessions_in_one_decode_batch_equal_transformers(
+        family: tuple[str, Any, Checkpoint], n_stages: int, autojump_clock: object) -> None:
+    """The batched decode path: serving's batcher at each stage, running
+    ``Stage.decode_batch`` over the steps that meet there. A session inside the window and
+    one past it decode together, each at its own position, across the edge."""
     name, model, checkpoint = family
     chain = stages(checkpoint, n_stages, max_sessions=2)
+    Step = tuple[str, torch.Tensor, int]  # session, its input row, its position
+
+    def batcher(stage: Stage) -> DecodeBatcher[Step, torch.Tensor]:
+        async def one(step: Step) -> torch.Tensor:
+            await trio.sleep(STEP_S)
+            return stage.decode(step[0], step[1], step[2])[0]
+
+        async def many(steps: Sequence[Step]) -> list[torch.Tensor]:
+            await trio.sleep(STEP_S)
+            out = stage.decode_batch([s for s, _, _ in steps],
+                                     torch.cat([x for _, x, _ in steps]), [p for _, _, p in steps])
+            return list(out)
+
+        return DecodeBatcher(one, many)
+
+    batchers = [batcher(stage) for stage in chain]
     prompts = {"short": PROMPTS["shorter"], "long": PROMPTS["equal"] + 4}
     ids = {s: sequence(END, 10 + i) for i, s in enumerate(prompts)}
-    want = {s: expected_logits(model, ids[s])[prompts[s] - 1:] for s in prompts}
+    steps = END - max(prompts.values())
     got: dict[str, list[torch.Tensor]] = {}
-    for s, prompt in prompts.items():
-        x: Any = ids[s][:prompt]
+
+    async def session(s: str) -> None:
+        x: Any = ids[s][:prompts[s]]
         for stage in chain:
             x = stage.prefill(s, x)
         got[s] = [x[-1]]
-    sessions = list(prompts)
-    steps = END - max(prompts.values())
-    for step in range(steps):
-        positions = [prompts[s] + step for s in sessions]
-        x = torch.tensor([ids[s][p] for s, p in zip(sessions, positions)])
-        for stage in chain:
-            x = stage.decode_batch(sessions, x, positions)
-        for i, s in enumerate(sessions):
-            got[s].append(x[i])
+        for position in range(prompts[s], prompts[s] + steps):
+            row = torch.tensor([ids[s][position]])
+            for b in batchers:
+                row = (await b.step((s, row, position), s)).unsqueeze(0)
+            got[s].append(row[0])
+
+    async with trio.open_nursery() as nursery:
+        for s in prompts:
+            nursery.start_soon(session, s)
+    for b in batchers:  # the two sessions stepped together: the batcher merged most steps
+        paired = b.steps - b.batches  # batches that held both sessions' steps
+        assert b.steps == 2 * steps and paired >= steps // 2, (b.batches, b.steps)
     worst = 0.0
-    for s in sessions:
+    for s, prompt in prompts.items():
         rows = torch.stack(got[s])
-        diff = (rows - want[s][:len(rows)]).abs().amax(dim=-1)
+        want = expected_logits(model, ids[s])[prompt - 1:prompt + steps]
+        diff = (rows - want).abs().amax(dim=-1)
         assert diff.max().item() <= TOLERANCE, (name, n_stages, s, diff.max().item())
         worst = max(worst, diff.max().item())
     print(f"{name} batched over {n_stages} stages: max |logit difference| {worst:.2e}")
