@@ -32,7 +32,8 @@ transformers = pytest.importorskip("transformers", reason="transformers is a tes
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 WINDOW = 16
-SHAPE = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
+VOCAB = 96
+SHAPE = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
          "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
          # a head of its own and no end token: greedy runs wander through the vocabulary
@@ -85,7 +86,7 @@ def family(request: pytest.FixtureRequest,
 
 
 def sequence(length: int, seed: int) -> list[int]:
-    ids = torch.randint(1, SHAPE["vocab_size"], (length,),
+    ids = torch.randint(1, VOCAB, (length,),
                         generator=torch.Generator().manual_seed(seed))
     return [int(i) for i in ids]
 
