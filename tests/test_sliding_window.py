@@ -54,7 +54,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
 WEIGHT_STD = {"gemma2": 0.15, "gemma3": 0.15, "mistral": 0.1}
 SPLITS = {2: [(0, 2), (2, 4)], 3: [(0, 1), (1, 3), (3, 4)]}
 PROMPTS = {"shorter": 7, "equal": WINDOW, "longer": 2 * WINDOW + 3}  # prompt tokens
-END = 2 * WINDOW + 10  # tokens in each sequence: every prompt decodes past one more edge
+END = 2 * WINDOW + 10  # tokens in each sequence: the shorter prompts decode across the edge
 TOLERANCE = 1e-5
 STEP_S = 0.01  # what a stage's step takes, in virtual time (the batcher waits by it)
 
