@@ -8,8 +8,9 @@ checkpoint's ``model.layers.{i}.self_attn.q_proj.weight`` lands in
 
 The other families are switches on the same blocks (see ``ModelConfig``): q/k norms,
 Gemma's (1 + w) norms around both halves of a layer, scaled embeddings, soft-capping,
-sliding-window layers (a query sees the last ``window`` keys, itself included) and a
-second RoPE base for Gemma 3's sliding layers. Phi-3's fused ``qkv_proj`` and
+sliding-window layers (a query sees the last ``window`` keys, itself included: key
+positions ``> query - window``, transformers' rule for Gemma 2, Gemma 3 and Mistral alike)
+and a second RoPE base for Gemma 3's sliding layers. Phi-3's fused ``qkv_proj`` and
 ``gate_up_proj`` are split into our q, k, v and gate, up as they are read.
 
 Shapes: B batch, T new tokens, L tokens attended to (cache plus new), D head_dim.
@@ -190,7 +191,9 @@ class Attention(nn.Module):
 
     def _softcapped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     mask: torch.Tensor | None) -> torch.Tensor:
-        """Attention with Gemma 2's tanh cap on the scores (no fused kernel has it)."""
+        """Attention with Gemma 2's tanh cap on the scores (no fused kernel has it): the
+        scaled scores are capped, then masked, on sliding and full layers alike, as in
+        transformers' eager attention."""
         assert self.softcap is not None
         groups = self.num_heads // self.num_kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
