@@ -266,3 +266,37 @@ def test_greedy_generation_equals_transformers_generate(
     ours = torch.stack([logits.reshape(-1) for logits in run.logits])
     assert (ours - theirs).abs().max().item() <= TOLERANCE
 
+
+
+def _as_stored(x: torch.Tensor, kv_dtype: str) -> torch.Tensor:
+    """What a cache of ``kv_dtype`` gives back for ``x``: rounded to its dtype, or int8 with
+    one scale per vector."""
+    if kv_dtype != "int8":
+        return x.to(getattr(torch, kv_dtype)).float()
+    scale = (x.abs().amax(dim=-1, keepdim=True) / 127.0).clamp_min(1e-30)
+    return torch.round(x / scale).clamp(-127, 127) * scale
+
+
+@pytest.mark.parametrize("kv_dtype", ["float16", "bfloat16", "int8"])
+def test_a_ring_rounds_new_keys_through_storage_as_the_in_place_path_does(kv_dtype: str) -> None:
+    # Before the window's edge a step reads its own key back from the cache (rounded to
+    # the cache's dtype); past the edge it used the unrounded one: a step at the edge
+    # then saw itself at another precision than the step before.
+    from p2pswarm.runtime.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    window, steps = 4, 10
+    cache = KVCache(num_layers=1, num_kv_heads=2, head_dim=8, max_context_tokens=64,
+                    max_sessions=1, kv_dtype=kv_dtype, compute_dtype=torch.float32,
+                    layer_windows=[window])
+    cache.open("s")
+    view = cache.view("s")
+    keys = torch.randn(1, 2, steps, 8)
+    values = torch.randn(1, 2, steps, 8)
+    for pos in range(steps):
+        seen_k, seen_v = view.update(0, keys[:, :, pos:pos + 1], values[:, :, pos:pos + 1], pos)
+        first = max(0, pos - window + 1)
+        want_k = _as_stored(keys[:, :, first:pos + 1], kv_dtype)
+        want_v = _as_stored(values[:, :, first:pos + 1], kv_dtype)
+        torch.testing.assert_close(seen_k, want_k, rtol=0, atol=1e-6, msg=f"keys at {pos}")
+        torch.testing.assert_close(seen_v, want_v, rtol=0, atol=1e-6, msg=f"values at {pos}")

@@ -165,8 +165,18 @@ class SessionKV:
         kept = min(k.shape[2], capacity)  # of the new positions, the ring keeps the last
         new = torch.arange(end - kept, end, device=k.device) % capacity
         self._store(layer, new, k[0, :, -kept:], v[0, :, -kept:])
-        return (torch.cat([old_k, k.to(c.compute_dtype)], dim=2),
-                torch.cat([old_v, v.to(c.compute_dtype)], dim=2))
+        # the new positions as storage rounds them, as the in-place path reads them back:
+        # otherwise a step past the window's edge sees its own key at another precision
+        return (torch.cat([old_k, self._stored(k)], dim=2),
+                torch.cat([old_v, self._stored(v)], dim=2))
+
+    def _stored(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (1, kv_heads, n, D) rounded as the cache would hold it, in compute dtype."""
+        c = self.cache
+        if c.k_scale is None:
+            return x.to(c.k[0].dtype).to(c.compute_dtype)
+        q, scale = _int8(x)
+        return (q.float() * scale[..., None]).to(c.compute_dtype)
 
     def _store(self, layer: int, where: slice | torch.Tensor, k: torch.Tensor,
                v: torch.Tensor) -> None:
@@ -192,13 +202,17 @@ class SessionKV:
         return keys.unsqueeze(0), values.unsqueeze(0)
 
 
-def _store_int8(q: torch.Tensor, scale: torch.Tensor, x: torch.Tensor,
-                where: slice | torch.Tensor) -> None:
+def _int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 values, a float scale per vector of the last dimension)."""
     x = x.float()
     s = x.abs().amax(dim=-1) / 127.0
     s = torch.where(s == 0, torch.ones_like(s), s)
-    q[:, where] = torch.round(x / s[..., None]).clamp_(-127, 127).to(torch.int8)
-    scale[:, where] = s
+    return torch.round(x / s[..., None]).clamp_(-127, 127).to(torch.int8), s
+
+
+def _store_int8(q: torch.Tensor, scale: torch.Tensor, x: torch.Tensor,
+                where: slice | torch.Tensor) -> None:
+    q[:, where], scale[:, where] = _int8(x)
 
 
 def _load_int8(q: torch.Tensor, scale: torch.Tensor, where: slice | torch.Tensor,
