@@ -22,6 +22,9 @@ from p2pswarm.control.requests import request_map
 from p2pswarm.errors import TokenRefused
 from p2pswarm.wire.control import LeaveRequest, StatusRequest
 
+if sys.version_info < (3, 11):  # trio's own dependency there
+    from exceptiongroup import BaseExceptionGroup
+
 
 def seed_list(seeds: list[str]) -> tuple[str, ...]:
     """Each seed as HOST:PORT (the default port where none is given); one argument may
@@ -157,6 +160,9 @@ def join(
             split_addr(advertise)
         http_server = join_http_settings(http, http_token, http_token_file, http_allow_host,
                                          http_allow_dir)
+        refuse_a_second_agent(directory)
+        if http_server is not None and http_server.explicit:
+            refuse_a_busy_http_port(http_server.host, http_server.port)
         text = read_token(token, token_file)
         state = Home(directory)
         if force and text is None:
@@ -190,6 +196,58 @@ def join(
             if new_keys:
                 state.forget_swarm()
             raise
+        except BaseExceptionGroup as group:  # a service that failed to start: its one line
+            raise first_swarm_error(group) from None
+
+
+def first_swarm_error(group: BaseExceptionGroup) -> BaseException:
+    """The SwarmError a nursery's group carries (a busy port, a second agent that
+    raced the check), so ``join`` says it in one line; the group itself otherwise."""
+    from p2pswarm.errors import SwarmError
+
+    found = group.subgroup(lambda exc: isinstance(exc, SwarmError))
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    return found if found is not None else group
+
+
+def refuse_a_second_agent(directory: Path) -> None:
+    """One line, before anything slow starts, when an agent already answers on the
+    control socket of ``directory``: two agents cannot share a home."""
+    from p2pswarm.control.protocol import socket_path
+
+    path = socket_path(directory)
+    if not path.exists():
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return  # a stale socket of an agent that did not exit cleanly: the agent clears it
+    fail(f"an agent is already running in {directory}: `p2pswarm status --home {directory}` "
+         f"shows it; stop it first (`p2pswarm leave --home {directory}`), or give this one "
+         "another --home (each agent on a machine needs its own)", EXIT_FAILURE)
+
+
+def refuse_a_busy_http_port(host: str, port: int) -> None:
+    """One line when another program holds --http's port (the server binds it again
+    itself, and says the same if the port is taken in between)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            fail(http_port_busy(host, port, exc.strerror or str(exc)), EXIT_FAILURE)
+
+
+def http_port_busy(host: str, port: int, why: str) -> str:
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    other = port + 1 if port < 65535 else port - 1
+    return (f"cannot serve HTTP on {bind}: {why}: another program holds port {port}; "
+            f"give another --http port (e.g. --http {host}:{other}), stop the other "
+            "program, or --http off")
 
 
 def threads_within_cpu_quota(environ: MutableMapping[str, str]) -> None:
