@@ -5,6 +5,7 @@ the folder holding the clone, a seed that never answers, and narrow terminals.""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -37,6 +38,7 @@ def error_lines(stderr: str) -> list[str]:
 def one_fellow() -> Iterator[LocalSwarm]:
     with local_swarm(lambda text: None) as swarm:
         swarm.start("only", extra=("--http", "off", "--cpu-memory", "300MB"))
+        swarm.wait_formed(["only"])
         yield swarm
 
 
@@ -164,3 +166,96 @@ def test_the_package_asks_for_a_torch_range_not_the_pin() -> None:
 
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     assert [d for d in deps if d.startswith("torch")] == ["torch>=2.5"]
+
+
+# --- model names: shape-only built-ins, the shipped demo-llama, the models page -----------
+
+
+def test_load_of_a_shape_only_name_says_what_it_is_and_what_to_give(tmp_path: Path) -> None:
+    result = invoke("load", "llama-3-8b", "--home", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: llama-3-8b is a shape-only built-in")
+    assert "no weights" in lines[0] and "model's directory" in lines[0]
+    assert "config.json not found" not in lines[0]
+
+
+@pytest.mark.slow
+def test_demo_llama_is_a_name_for_plan_and_load(one_fellow: LocalSwarm) -> None:
+    home = str(one_fellow.homes["only"])
+    plan = invoke("plan", "demo-llama", "--floor", "cpu=200MB", "--home", home)
+    assert plan.exit_code == 0, plan.output
+    assert "demo-llama" in plan.output and "plan_id" in plan.output
+    shape = invoke("load", "llama-3-8b", "--plan", "--home", home, columns=120)
+    assert "shape-only" not in shape.output  # plan on paper stays allowed
+    loaded = invoke("load", "demo-llama", "--floor", "cpu=200MB", "--weights-dtype", "f32",
+                    "--home", home, columns=120)
+    assert loaded.exit_code == 0, loaded.output
+    assert "loaded plan" in loaded.output and "(demo-llama)" in loaded.output
+    assert invoke("unload", "--all", "--home", home).exit_code == 0
+
+
+def test_the_models_listing_holds_demo_llama_with_its_weights() -> None:
+    from p2pswarm.http.api import model_summaries
+
+    models = {m["name"]: m for m in model_summaries()}
+    assert models["demo-llama"]["weights"] and models["demo-llama"]["source"] == "shipped"
+    assert models["demo-llama"]["layers"] == 6
+    assert not models["llama-3-8b"]["weights"]
+
+
+CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p
+                 and Path(p).exists()), None)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_the_models_page_reads_sensibly() -> None:
+    """The real listing on the page: an RWKV's unbounded context, 999.9 M parameters as
+    1.0B, the shipped demo-llama with a Load button."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from playwright.sync_api import expect, sync_playwright
+
+    from p2pswarm.http.api import model_summaries
+
+    static = REPO / "p2pswarm" / "http" / "static"
+    answers = {"/api/models": {"models": model_summaries()}, "/api/models/loads": {"loads": []},
+               "/api/status": {"self": {"name": "deskpc"}, "members": [], "leader": None}}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            path = self.path.split("?")[0]
+            name = "index.html" if path == "/" else path.removeprefix("/static/")
+            if (static / name).is_file():
+                kind = {".html": "text/html", ".js": "application/javascript",
+                        ".css": "text/css"}[Path(name).suffix]
+                data = (static / name).read_bytes()
+            else:
+                kind, data = "application/json", json.dumps(answers[path]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", kind + "; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM)
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+            rwkv = page.locator('tr[data-model="tiny-rwkv7"] td')
+            expect(rwkv.nth(2)).to_have_text("unbounded", timeout=15_000)
+            expect(page.locator('tr[data-model="gemma-3-1b"] td').first).to_have_text("1.0B")
+            expect(page.locator('tr[data-model="demo-llama"] td').first).to_have_text("1.2M")
+            expect(page.locator('tr[data-model="demo-llama"] td').nth(3)).to_have_text("shipped")
+            expect(page.get_by_role("button", name="Load demo-llama")).to_be_enabled()
+            browser.close()
+    finally:
+        server.shutdown()

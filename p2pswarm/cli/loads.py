@@ -24,8 +24,8 @@ from p2pswarm.cli.plan_request import (
     floors,
 )
 
-_PLAN_HELP_MODEL_SERVE = ("Model directory (config.json and *.safetensors) or built-in name "
-                          "(tiny-llama, small-llama).")
+_PLAN_HELP_MODEL_SERVE = ("Model directory (config.json and *.safetensors) or a name with "
+                          "weights (tiny-llama, small-llama, tiny-rwkv7, demo-llama).")
 
 _LOAD_TIMEOUT_S = 600.0  # the most a `load` waits between two words from its agent
 _CANCEL_TIMEOUT_S = 60.0  # the most an interrupted `load` waits for its cancel
@@ -271,6 +271,10 @@ def load(
     from p2pswarm.models.pth_cache import PTH_DIR, offered_model
 
     model = offered_model(model, home_dir(home) / PTH_DIR)  # an RWKV .pth: converted once
+    if not show_plan:
+        from p2pswarm.models.files import weights_directory
+
+        weights_directory(model)  # a shape-only name: what to give instead, before asking
     message, path = _serve_message(model, context, sequences, stages, weights_dtype, kv_dtype,
                                    maximize, exclude, floor)
     adapter_dir: Optional[str] = None
