@@ -281,3 +281,100 @@ def test_the_demo_runs_from_the_folder_that_holds_the_clone(tmp_path: Path) -> N
         shutil.rmtree(state, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "checked against the same model in one process: the same tokens" in done.stdout
+
+
+# --- status explains a leaderless side; a waiting stage says the true reason ------------
+
+
+def status_through_cli(monkeypatch: pytest.MonkeyPatch, doc: dict, columns: int = 80) -> str:
+    """`p2pswarm status` as a terminal ``columns`` wide shows ``doc`` (an agent's)."""
+    from p2pswarm.control import client
+
+    monkeypatch.setattr(client, "request", lambda home, request, timeout_s=30.0: doc)
+    result = invoke("status", columns=columns)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+async def test_status_says_why_a_side_has_no_leader_and_what_ends_it(
+        autojump_clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    import trio
+
+    from p2pswarm.sim.virtual import VirtualSwarm, wait_until
+    from tests.swarm_start import formed
+
+    swarm = VirtualSwarm(4, seed=11)
+    async with trio.open_nursery() as nursery:
+        await formed(nursery, swarm, timeout_s=30)
+        await wait_until(lambda: len(swarm.leaders()) == 1
+                         and next(iter(swarm.leaders()))[0] is not None, timeout_s=30)
+        swarm.crash(2)
+        await trio.sleep(60.0)  # two crashes within four minutes
+        swarm.crash(3)
+        crashed_s = trio.current_time()
+        await wait_until(lambda: all(lead is None for lead, _ in swarm.leaders()),
+                         timeout_s=60)
+        waited_s = trio.current_time() - crashed_s
+        doc = swarm.live()[0].status()
+        nursery.cancel_scope.cancel()
+    electorate = doc["electorate"]
+    assert (electorate["voters"], electorate["needs"], electorate["sees"]) == (4, 3, 2)
+    # the first to die leaves the electorate 240 s after it was last seen alive
+    assert 240.0 - 60.0 - waited_s - 15.0 <= electorate["shrinks_in_s"] <= 240.0 - 60.0
+    out = status_through_cli(monkeypatch, doc)
+    assert "no leader: this side sees 2 of 4 fellows" in out
+    assert "a leader needs the votes of a majority of the electorate: 3 of its 4" in out
+    assert "the electorate shrinks to 3" in out and "then 2 votes elect" in out
+    assert "restart a fellow that died" in out
+    assert "last heard" in out and all(len(line) <= 80 for line in out.splitlines())
+
+
+def test_a_waiting_stage_says_which_fellows_were_ruled_out_and_why() -> None:
+    from p2pswarm.agent.serving.moves import no_spare_reason
+    from p2pswarm.planner.cluster import CardView, ClusterView, Fellow
+
+    def fellow(name: str, connected: bool = True, training: bool = False,
+               free_gb: float = 20.0) -> Fellow:
+        card = CardView(0, "cpu", "CPU", 32 * 10**9, int(free_gb * 1e9), (), 1e11, 2e10, False)
+        return Fellow(name, name, connected, training, (card,))
+
+    view = ClusterView((fellow("a"), fellow("b"), fellow("c", connected=False),
+                        fellow("d", connected=False)))
+    why = no_spare_reason(view, 300_000_000, {"a", "b"})
+    assert "a, b already run a stage of this load" in why
+    assert "2 fellows are not connected" in why and "restart a lost one" in why
+    why = no_spare_reason(ClusterView((fellow("a"), fellow("e", training=True),
+                                       fellow("f", free_gb=0.1))), 300_000_000, {"a"})
+    assert "e trains" in why and "too little free on f (0.1 GB at most)" in why
+
+
+# --- narrow terminals: status keeps "last heard"; a small model's plan in MB ------------
+
+
+def test_status_keeps_every_important_column_at_80_columns(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    card = {"kind": "cpu", "index": 0, "name": "CPU", "free_bytes": 1_600_000_000,
+            "total_bytes": 2_000_000_000, "memory_source": "cgroup memory.max"}
+    members = [{"id": f"{i:02x}" * 16, "name": f"workstation-{i}", "self": i == 0,
+                "addr": f"192.168.100.{100 + i}:7782", "state": "alive", "incarnation": i,
+                "cards": [card, {**card, "kind": "cuda", "name": "RTX 3060"}],
+                "last_heard_s": 12.5 * i} for i in range(3)]
+    doc = {"self": {"id": "00" * 16, "name": "workstation-0", "addr": members[0]["addr"]},
+           "preset": "lan", "health": 0, "members": members, "counters": {},
+           "leader": {"id": "00" * 16, "name": "workstation-0", "term": 2}}
+    out = status_through_cli(monkeypatch, doc, columns=80)
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    for words in ("last heard", "25.0 s ago", "192.168.100.102:7782", "alive", "(cgroup"):
+        assert words in out, words
+    assert "…" not in out  # folded, never cut short
+    wide = status_through_cli(monkeypatch, doc, columns=140)
+    assert "inc" in wide and "0101010" in wide
+
+
+@pytest.mark.slow
+def test_a_small_models_plan_reads_megabytes(one_fellow: LocalSwarm) -> None:
+    result = invoke("plan", "demo-llama", "--floor", "cpu=200MB", "--home",
+                    str(one_fellow.homes["only"]))
+    assert result.exit_code == 0, result.output
+    assert "segments in MB" in result.output
+    assert " 0.0 " not in result.output and "0.0 GB" not in result.output

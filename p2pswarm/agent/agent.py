@@ -667,6 +667,18 @@ class Agent:
             return None
         return {"id": s.leader_id.hex(), "name": s.leader_name, "term": s.term}
 
+    def _electorate_doc(self, now: float) -> dict[str, Any] | None:
+        """What a leader needs and this side has: votes of a majority of the electorate,
+        and when the electorate next shrinks (the dead leave it after
+        ``electorate_dead_after_s`` unseen). ``status`` explains a leaderless side by it."""
+        if self.election is None:
+            return None
+        voters, shrinks_at = self.election.electorate(), self.election.shrinks_at()
+        return {"voters": voters, "needs": voters // 2 + 1, "sees": self.election.present(),
+                "dead_leave_after_s": self.config.election.electorate_dead_after_s,
+                "shrinks_in_s": None if shrinks_at is None
+                else round(max(0.0, shrinks_at - now), 3)}
+
     def status(self) -> dict[str, Any]:
         now = trio.current_time()
 
@@ -690,6 +702,7 @@ class Agent:
             "members": [row(m) for m in members],
             "leader": self.leader(),
             "leader_note": election.sentence if election is not None else "starting",
+            "electorate": self._electorate_doc(now),
             "stages_held": self.serving.held_stages(),
             "role": election.role if election is not None else "follower",
             # what the election refused too (forged or unsigned votes, leaders without

@@ -323,10 +323,72 @@ def card_summary(card: dict[str, Any]) -> str:
     return f"{label} {free:.1f}/{total:.1f} GB free" + (f" ({source})" if source else "")
 
 
+def duration(seconds: float) -> str:
+    """``3 min 46 s``, ``12 s``: a wait as people say it."""
+    whole = max(0, round(seconds))
+    minutes, rest = divmod(whole, 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+def leaderless_lines(electorate: Any) -> list[str]:
+    """Why a side has no leader and what ends it: a leader needs the votes of a majority
+    of the electorate, the dead leave the electorate only after their time, and a fellow
+    brought back counts at once. Nothing while this side is a majority (it is electing)."""
+    if not isinstance(electorate, dict):
+        return []
+    voters, needs, sees = (int(electorate.get(k, 0)) for k in ("voters", "needs", "sees"))
+    if sees >= needs:
+        return []
+    lines = [f"  a leader needs the votes of a majority of the electorate: {needs} of its "
+             f"{voters} fellows; this side sees {sees}"]
+    shrinks_in_s = electorate.get("shrinks_in_s")
+    after_s = float(electorate.get("dead_leave_after_s", 0.0))
+    if isinstance(shrinks_in_s, (int, float)):
+        smaller = voters - 1
+        lines.append(f"  in {duration(shrinks_in_s)} the electorate shrinks to {smaller} "
+                     f"(a dead fellow leaves it {duration(after_s)} after it was last seen), "
+                     f"then {smaller // 2 + 1} votes elect")
+    lines.append("  sooner: restart a fellow that died (`p2pswarm join` on its machine) or "
+                 "join another; each one seen alive counts at once")
+    return lines
+
+
+def members_table(members: list[dict[str, Any]], width: int) -> Any:
+    """The fellows, each with its address, state, cards and when it was last heard; on a
+    terminal under 110 columns without id and incarnation, so none of those is lost."""
+    from rich.table import Table
+    from rich.text import Text
+
+    narrow = width < 110
+    longest = max((len(str(m["addr"])) for m in members), default=21)
+    address_width = min(longest, 21 if narrow else 32)
+    table = Table(title=f"{len(members)} fellows")
+    columns = ("name", "address", "state", "cards", "last heard") if narrow else \
+        ("name", "id", "address", "state", "inc", "cards", "last heard")
+    for column in columns:
+        # an address, a name and where a card's memory figure came from are never cut
+        # short; "last heard" is what tells a live fellow from a silent one
+        # (rich narrows the widest wrapping columns first, then widens the ones under
+        # their min_width again, past the terminal's edge: the address's width is fixed
+        # instead, and a longer one folds)
+        table.add_column(column, overflow="fold" if column in ("name", "address", "cards")
+                         else "ellipsis", no_wrap=column in ("state", "last heard"),
+                         width=address_width if column == "address" else None,
+                         min_width={"last heard": 10, "state": 5}.get(column))
+    for m in members:
+        cards = ", ".join(card_summary(c) for c in m.get("cards", [])) or "-"
+        heard = m.get("last_heard_s")
+        cells = {"name": Text(str(m["name"]) + (" (this one)" if m.get("self") else "")),
+                 "id": str(m["id"])[:8], "address": Text(str(m["addr"])),
+                 "state": str(m["state"]), "inc": str(m["incarnation"]), "cards": Text(cards),
+                 "last heard": "-" if heard is None else f"{heard:.1f} s ago"}
+        table.add_row(*(cells[c] for c in columns))
+    return table
+
+
 def render_status(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
     from rich.text import Text
 
     # names, addresses and card names come from fellows: shown as text, never as markup
@@ -345,20 +407,9 @@ def render_status(data: dict[str, Any]) -> None:
                       f"term {leader['term']}")
     else:
         console.print(Text(f"leader: {data.get('leader_note') or 'none yet'}"))
-    table = Table(title=f"{len(data['members'])} fellows")
-    for column in ("name", "id", "address", "state", "inc", "cards", "last heard"):
-        # an address and where a card's memory figure came from are never cut short
-        table.add_column(column, overflow="fold" if column in ("address", "cards")
-                         else "ellipsis",
-                         min_width=21 if column == "address" else None)
-    for m in data["members"]:
-        cards = ", ".join(card_summary(c) for c in m.get("cards", [])) or "-"
-        heard = m.get("last_heard_s")
-        name = str(m["name"]) + (" (this one)" if m.get("self") else "")
-        table.add_row(Text(name), m["id"][:8], Text(str(m["addr"])), m["state"],
-                      str(m["incarnation"]), Text(cards),
-                      "-" if heard is None else f"{heard:.1f} s ago")
-    console.print(table)
+        for line in leaderless_lines(data.get("electorate")):
+            console.print(Text(line))
+    console.print(members_table(data["members"], console.width))
     held = data.get("stages_held") or []
     if held:
         console.print(Text("holds: " + ", ".join(
