@@ -378,3 +378,41 @@ def test_a_small_models_plan_reads_megabytes(one_fellow: LocalSwarm) -> None:
     assert result.exit_code == 0, result.output
     assert "segments in MB" in result.output
     assert " 0.0 " not in result.output and "0.0 GB" not in result.output
+
+
+# --- a seed that never answers ------------------------------------------------------------
+
+
+def test_an_unreachable_seed_gets_a_hint_while_joining_goes_on(tmp_path: Path) -> None:
+    import queue
+    import threading
+
+    invoke("init", "--home", str(tmp_path))
+    with socket.socket() as closed:  # a port nothing listens on: a mistyped one
+        closed.bind(("127.0.0.1", 0))
+        seed = f"127.0.0.1:{closed.getsockname()[1]}"
+    process = subprocess.Popen(
+        [*CLI, "join", seed, "--home", str(tmp_path), "--listen", "127.0.0.1:0", "--http",
+         "off", "--preset", "local", "--cpu-memory", "300MB", "--log-level", "warning"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stderr or []],
+                     daemon=True).start()
+    hint = None
+    deadline = time.monotonic() + 60
+    try:
+        while hint is None and time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            if "did not answer" in line:
+                hint = line
+        assert hint is not None, "no hint within 60 s"
+        assert f"the seed {seed} did not answer 3 tries" in hint
+        assert "connection refused" in hint and "is the address right?" in hint
+        assert "still trying" in hint
+        assert process.poll() is None  # it goes on trying
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

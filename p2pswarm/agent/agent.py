@@ -461,6 +461,9 @@ class Agent:
             log.debug("stream request to %s failed: %s", request.addr, exc)
             if isinstance(exc, HandshakeRefused):
                 self._refused_at_join(request.addr)
+            elif self.membership is not None:
+                self.rejoin.unreached(request.addr, self.membership.joined,
+                                      str(exc) or f"no answer in {STREAM_REQUEST_TIMEOUT_S:g} s")
             if self.membership is not None:
                 self._apply(self.membership.stream_failed(
                     request.request_id, trio.current_time(),
