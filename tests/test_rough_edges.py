@@ -416,3 +416,18 @@ def test_an_unreachable_seed_gets_a_hint_while_joining_goes_on(tmp_path: Path) -
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_loads_keeps_its_columns_at_80_columns(agent) -> None:
+    from tests.fakes import RECORD
+
+    stages = [dict(s, card="NVIDIA GeForce RTX 3060 #0", fellow=f"workstation-{i}",
+                   allocated_bytes=5_900_000_000, claim_bytes=5_900_000_000,
+                   fetched_bytes=0) for i, s in enumerate(RECORD["stages"])]
+    agent.answers["loads"] = {"loads": [dict(RECORD, stages=stages)]}
+    result = invoke("loads", columns=80)
+    assert result.exit_code == 0, result.output
+    assert all(len(line) <= 80 for line in result.output.splitlines())
+    for header in ("stage", "fellow", "layers", "allocated", "claimed", "fetched", "state"):
+        assert header in result.output
+    assert "5.9 GB" in result.output and "0 MB" in result.output and "…" not in result.output

@@ -114,18 +114,22 @@ def print_load(record: dict[str, Any], console: Any) -> None:
                       f"{', '.join(map(str, adapter.get('targets') or []))}; sha256 "
                       f"{str(adapter.get('sha256', ''))[:16]}), merged into the weights",
                       markup=False)
+    from p2pswarm.cli.render import amount
+
     table = Table()
+    # at 80 columns: names fold rather than lose their ends; figures never wrap
     for column in ("stage", "fellow", "card", "layers", "allocated", "claimed", "fetched",
                    "state"):
-        table.add_column(column)
+        figure = column in ("allocated", "claimed", "fetched")
+        table.add_column(column, overflow="fold", no_wrap=figure or column == "layers",
+                         justify="right" if figure else "left")
     for s in stages:
         a, b = s["layers"]
         table.add_row(str(s["stage"]), Text(str(s["fellow"])), Text(str(s.get("card", ""))),
-                      f"{a}-{b - 1}",
-                      f"{s.get('allocated_bytes', 0) / 1e6:,.1f} MB",
-                      f"{s.get('claim_bytes', 0) / 1e6:,.1f} MB",
-                      f"{s.get('fetched_bytes', 0) / 1e6:,.1f} MB"
-                      if "fetched_bytes" in s else "-", Text(str(s.get("state", "alive"))))
+                      f"{a}-{b - 1}", amount(int(s.get("allocated_bytes", 0))),
+                      amount(int(s.get("claim_bytes", 0))),
+                      amount(int(s.get("fetched_bytes", 0))) if "fetched_bytes" in s else "-",
+                      Text(str(s.get("state", "alive"))))
     console.print(table)
     _print_moves(record, console)
 

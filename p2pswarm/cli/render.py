@@ -86,8 +86,10 @@ def layer_strip(plan: Mapping[str, Any], width: int = BAR_WIDTH + 12) -> Text:
 def amount(n_bytes: int) -> str:
     """``11.2 GB``, or ``360 MB`` / ``2.4 MB`` under a gigabyte: a small model's figures
     never read ``0.0 GB``."""
-    if n_bytes >= 1e9 or n_bytes == 0:
+    if n_bytes >= 1e9:
         return wording.gb(n_bytes)
+    if n_bytes == 0:
+        return "0 MB"
     return f"{n_bytes / 1e6:.0f} MB" if n_bytes >= 10e6 else wording.mb(n_bytes)
 
 
