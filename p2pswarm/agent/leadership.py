@@ -257,13 +257,11 @@ class Leadership:
     def _leader_note(self) -> str:
         """Why there is no leader to ask, as ``status`` says it (``leader_note``)."""
         e = self.agent.election
-        if e is None:
-            return "starting"
-        status = e.status()
-        if 2 * status.sees <= status.electorate:  # what waits, and for what
-            return (f"{status.sentence} (a leader needs {status.electorate // 2 + 1}: a "
-                    "majority of the electorate; `p2pswarm status` says when that changes)")
-        return status.sentence
+        sentence = e.status().sentence if e is not None else "starting"
+        if sentence.startswith("no leader: this side sees"):  # what waits, and for what
+            sentence += (" (a leader needs the votes of a majority of the electorate; "
+                         "`p2pswarm status` says when that changes and what helps)")
+        return sentence
 
     def _leader_addr(self) -> str:
         leader = self._leader_id()
