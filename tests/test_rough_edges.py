@@ -20,6 +20,9 @@ from typer.testing import CliRunner
 from p2pswarm.cli import app
 from p2pswarm.sim.processes import LocalSwarm, local_swarm
 
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
 runner = CliRunner()
 CLI = [sys.executable, "-m", "p2pswarm.cli"]
 
@@ -431,3 +434,14 @@ def test_loads_keeps_its_columns_at_80_columns(agent) -> None:
     for header in ("stage", "fellow", "layers", "allocated", "claimed", "fetched", "state"):
         assert header in result.output
     assert "5.9 GB" in result.output and "0 MB" in result.output and "…" not in result.output
+
+
+def test_a_service_that_fails_to_start_is_its_own_error_not_a_group() -> None:
+    from p2pswarm.cli.swarm import first_swarm_error
+    from p2pswarm.errors import TransportError
+
+    busy = TransportError("cannot serve HTTP on 127.0.0.1:7780: Address already in use")
+    nested = BaseExceptionGroup("nursery", [BaseExceptionGroup("inner", [busy])])
+    assert first_swarm_error(nested) is busy
+    other = BaseExceptionGroup("nursery", [ValueError("a bug")])
+    assert first_swarm_error(other) is other  # a bug keeps its traceback
