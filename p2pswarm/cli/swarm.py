@@ -140,6 +140,7 @@ def join(
     log_level: str = typer.Option("info", "--log-level", help="debug, info or warning."),
 ) -> None:
     """Run this machine's agent in the foreground and join the swarm (Ctrl-C leaves)."""
+    refuse_a_second_agent(home_dir(home))  # first: before the imports of the agent
     import trio
 
     from p2pswarm.agent.node import NodeService, NodeSettings, run_node
@@ -160,7 +161,6 @@ def join(
             split_addr(advertise)
         http_server = join_http_settings(http, http_token, http_token_file, http_allow_host,
                                          http_allow_dir)
-        refuse_a_second_agent(directory)
         if http_server is not None and http_server.explicit:
             refuse_a_busy_http_port(http_server.host, http_server.port)
         text = read_token(token, token_file)
