@@ -324,10 +324,12 @@ def card_summary(card: dict[str, Any]) -> str:
 
 
 def duration(seconds: float) -> str:
-    """``3 min 46 s``, ``12 s``: a wait as people say it."""
+    """``3 min 46 s``, ``4 min``, ``12 s``: a wait as people say it."""
     whole = max(0, round(seconds))
     minutes, rest = divmod(whole, 60)
-    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+    if not minutes:
+        return f"{rest} s"
+    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
 
 
 def leaderless_lines(electorate: Any) -> list[str]:
