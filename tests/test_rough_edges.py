@@ -445,3 +445,41 @@ def test_a_service_that_fails_to_start_is_its_own_error_not_a_group() -> None:
     assert first_swarm_error(nested) is busy
     other = BaseExceptionGroup("nursery", [ValueError("a bug")])
     assert first_swarm_error(other) is other  # a bug keeps its traceback
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+async def test_loads_says_why_a_lost_stage_waits_when_the_others_have_room(
+        autojump_clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three fellows, a stage on each, 16 GB free on every card: the leader that hosts a
+    stage crashes, and its stage waits. Not for a card with room (every fellow has one)
+    but because each one left already runs a stage of the load."""
+    import trio
+
+    from p2pswarm.errors import TransportError
+    from tests.serving_swarm import PROMPT, crashing_after, request, short_grace, start_swarm
+
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=52, n=3)
+        ((leader_id, _),) = swarm.leaders()
+        leader_at = next(i for i, f in enumerate(swarm.fellows)
+                         if f.identity.node_id == leader_id)
+        leader = swarm.fellows[leader_at].agent
+        assert leader is not None
+        message = request()
+        plan = await leader.planning.ask_plan(message)
+        await leader.serving.load(message, plan_id=plan["plan_id"])
+        driver = next(a for a in swarm.live() if a is not leader)
+        short_grace(swarm)
+        with pytest.raises(TransportError):
+            await driver.serving.generate(prompt_ids=PROMPT[:30], max_tokens=200,
+                                          stop_token_ids=(),
+                                          on_token=crashing_after(swarm, leader_at, 3, []))
+        (record,) = await driver.serving.list_loads()
+        nursery.cancel_scope.cancel()
+    from p2pswarm.control import client
+
+    monkeypatch.setattr(client, "request", lambda home, req, timeout_s=30.0: {
+        "loads": [record]})
+    out = " ".join(invoke("loads", columns=200).output.split())
+    assert "no connected fellow has one" not in out
+    assert "already run a stage of this load" in out and "1 fellow is not connected" in out
