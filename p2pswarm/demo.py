@@ -19,6 +19,7 @@ plan, generates after two prompts, and leaves.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -38,6 +39,18 @@ DEMO_CPU_MEMORY = "360MB"  # per fellow: a small slice, with the OS headroom
 DEMO_FLOOR = "250MB"  # the planner's default floor (1 GB) would leave these small cards out
 DEMO_PROMPT = "We the People"
 DEMO_MAX_TOKENS = 64
+
+
+def run_apart(swarm: LocalSwarm) -> None:
+    """Start the fellows in the swarm's own directory, not the caller's: they run as
+    ``python -m``, which imports from the current directory first, and the folder that
+    holds a clone of p2pswarm would shadow the installed package with the clone's root.
+    Relative entries of PYTHONPATH are made absolute, so they still name what they named."""
+    swarm.cwd = swarm.root
+    path = os.environ.get("PYTHONPATH")
+    if path:
+        swarm.env["PYTHONPATH"] = os.pathsep.join(
+            os.path.abspath(entry) if entry else os.getcwd() for entry in path.split(os.pathsep))
 
 
 def form_swarm(swarm: LocalSwarm, names: list[str], cap: tuple[str, ...], memory: str,
@@ -79,6 +92,7 @@ def run_demo(say: Say, render_status: Show, render_plan: Show | None = None,
     names = [f"fellow-{i + 1}" for i in range(fellows)]
     cap = ("--cpu-memory", DEMO_CPU_MEMORY, "--log-level", "warning")
     with local_swarm(say, keep) as swarm:
+        run_apart(swarm)
         status = form_swarm(swarm, names, cap, DEMO_CPU_MEMORY, say, started)
         render_status(status)
 
@@ -242,6 +256,7 @@ def run_train_demo(say: Say, render_status: Show, render_plan: Show | None = Non
     names = [f"fellow-{i + 1}" for i in range(fellows)]
     cap = ("--cpu-memory", DEMO_TRAIN_MEMORY, "--log-level", "warning")
     with local_swarm(say, keep) as swarm:
+        run_apart(swarm)
         status = form_swarm(swarm, names, cap, DEMO_TRAIN_MEMORY, say, started)
         render_status(status)
         home = swarm.homes[names[0]]

@@ -470,6 +470,9 @@ class Agent:
             log.debug("stream request to %s failed: %s", request.addr, exc)
             if isinstance(exc, HandshakeRefused):
                 self._refused_at_join(request.addr)
+            elif self.membership is not None:
+                self.rejoin.unreached(request.addr, self.membership.joined,
+                                      str(exc) or f"no answer in {STREAM_REQUEST_TIMEOUT_S:g} s")
             if self.membership is not None:
                 self._apply(self.membership.stream_failed(
                     request.request_id, trio.current_time(),
@@ -676,6 +679,18 @@ class Agent:
             return None
         return {"id": s.leader_id.hex(), "name": s.leader_name, "term": s.term}
 
+    def _electorate_doc(self, now: float) -> dict[str, Any] | None:
+        """What a leader needs and this side has: votes of a majority of the electorate,
+        and when the electorate next shrinks (the dead leave it after
+        ``electorate_dead_after_s`` unseen). ``status`` explains a leaderless side by it."""
+        if self.election is None:
+            return None
+        voters, shrinks_at = self.election.electorate(), self.election.shrinks_at()
+        return {"voters": voters, "needs": voters // 2 + 1, "sees": self.election.present(),
+                "dead_leave_after_s": self.config.election.electorate_dead_after_s,
+                "shrinks_in_s": None if shrinks_at is None
+                else round(max(0.0, shrinks_at - now), 3)}
+
     def status(self) -> dict[str, Any]:
         now = trio.current_time()
 
@@ -699,6 +714,7 @@ class Agent:
             "members": [row(m) for m in members],
             "leader": self.leader(),
             "leader_note": election.sentence if election is not None else "starting",
+            "electorate": self._electorate_doc(now),
             "stages_held": self.serving.held_stages(),
             "role": election.role if election is not None else "follower",
             # what the election refused too (forged or unsigned votes, leaders without

@@ -258,7 +258,11 @@ class Leadership:
     def _leader_note(self) -> str:
         """Why there is no leader to ask, as ``status`` says it (``leader_note``)."""
         e = self.agent.election
-        return e.status().sentence if e is not None else "starting"
+        sentence = e.status().sentence if e is not None else "starting"
+        if sentence.startswith("no leader: this side sees"):  # what waits, and for what
+            sentence += (" (a leader needs the votes of a majority of the electorate; "
+                         "`p2pswarm status` says when that changes and what helps)")
+        return sentence
 
     def _leader_addr(self) -> str:
         leader = self._leader_id()

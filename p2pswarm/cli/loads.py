@@ -24,8 +24,8 @@ from p2pswarm.cli.plan_request import (
     floors,
 )
 
-_PLAN_HELP_MODEL_SERVE = ("Model directory (config.json and *.safetensors) or built-in name "
-                          "(tiny-llama, small-llama).")
+_PLAN_HELP_MODEL_SERVE = ("Model directory (config.json and *.safetensors) or a name with "
+                          "weights (tiny-llama, small-llama, tiny-rwkv7, demo-llama).")
 
 _LOAD_TIMEOUT_S = 600.0  # the most a `load` waits between two words from its agent
 _CANCEL_TIMEOUT_S = 60.0  # the most an interrupted `load` waits for its cancel
@@ -114,18 +114,22 @@ def print_load(record: dict[str, Any], console: Any) -> None:
                       f"{', '.join(map(str, adapter.get('targets') or []))}; sha256 "
                       f"{str(adapter.get('sha256', ''))[:16]}), merged into the weights",
                       markup=False)
+    from p2pswarm.cli.render import amount
+
     table = Table()
+    # at 80 columns: names fold rather than lose their ends; figures never wrap
     for column in ("stage", "fellow", "card", "layers", "allocated", "claimed", "fetched",
                    "state"):
-        table.add_column(column)
+        figure = column in ("allocated", "claimed", "fetched")
+        table.add_column(column, overflow="fold", no_wrap=figure or column == "layers",
+                         justify="right" if figure else "left")
     for s in stages:
         a, b = s["layers"]
         table.add_row(str(s["stage"]), Text(str(s["fellow"])), Text(str(s.get("card", ""))),
-                      f"{a}-{b - 1}",
-                      f"{s.get('allocated_bytes', 0) / 1e6:,.1f} MB",
-                      f"{s.get('claim_bytes', 0) / 1e6:,.1f} MB",
-                      f"{s.get('fetched_bytes', 0) / 1e6:,.1f} MB"
-                      if "fetched_bytes" in s else "-", Text(str(s.get("state", "alive"))))
+                      f"{a}-{b - 1}", amount(int(s.get("allocated_bytes", 0))),
+                      amount(int(s.get("claim_bytes", 0))),
+                      amount(int(s.get("fetched_bytes", 0))) if "fetched_bytes" in s else "-",
+                      Text(str(s.get("state", "alive"))))
     console.print(table)
     _print_moves(record, console)
 
@@ -271,6 +275,10 @@ def load(
     from p2pswarm.models.pth_cache import PTH_DIR, offered_model
 
     model = offered_model(model, home_dir(home) / PTH_DIR)  # an RWKV .pth: converted once
+    if not show_plan:
+        from p2pswarm.models.files import weights_directory
+
+        weights_directory(model)  # a shape-only name: what to give instead, before asking
     message, path = _serve_message(model, context, sequences, stages, weights_dtype, kv_dtype,
                                    maximize, exclude, floor)
     adapter_dir: Optional[str] = None

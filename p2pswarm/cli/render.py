@@ -83,6 +83,16 @@ def layer_strip(plan: Mapping[str, Any], width: int = BAR_WIDTH + 12) -> Text:
     return text
 
 
+def amount(n_bytes: int) -> str:
+    """``11.2 GB``, or ``360 MB`` / ``2.4 MB`` under a gigabyte: a small model's figures
+    never read ``0.0 GB``."""
+    if n_bytes >= 1e9:
+        return wording.gb(n_bytes)
+    if n_bytes == 0:
+        return "0 MB"
+    return f"{n_bytes / 1e6:.0f} MB" if n_bytes >= 10e6 else wording.mb(n_bytes)
+
+
 def _label(card: Mapping[str, Any], most: int = 1000) -> str:
     label = wording.card_label(card["kind"], card["index"], card["name"])
     return label if len(label) <= most else label[:most - 1] + "…"
@@ -113,7 +123,7 @@ def plan_renderable(plan: Mapping[str, Any], width: int = 120) -> Group:
                          .append(f"  ({card['fellow_id']})", style="dim"))
         line = Text("  " + _label(card, label_width).ljust(label_width) + " ")
         line.append_text(card_bar(card, bar_width, overflow))
-        line.append(f" {wording.gb(card['total_bytes']):>8}  ")
+        line.append(f" {amount(card['total_bytes']):>8}  ")
         if card["used"]:
             a, b = card["layers"]
             line.append(f"layers {a}-{b - 1}", style="bold")
@@ -121,7 +131,7 @@ def plan_renderable(plan: Mapping[str, Any], width: int = 120) -> Group:
             line.append("left out", style="dim")
         over = card["segments"]["does_not_fit"]
         if over:
-            line.append(f"  {wording.gb(over)} does not fit", style="bold red")
+            line.append(f"  {amount(over)} does not fit", style="bold red")
         parts.append(line)
     legend = Text("  ")
     state = bool(plan["model"].get("recurrent"))
@@ -143,8 +153,12 @@ def cards_table(plan: Mapping[str, Any], width: int = 120) -> Table:
     the segments that decide most (weights, KV or optimizer, other programs, free)."""
     narrow = width < 110
     train = plan["kind"] == "train"
+    # megabytes when no figure reaches a gigabyte (a small model's would all read 0.0)
+    largest = max((v for card in plan["cards"] for k, v in card["segments"].items()
+                   if k != "free"), default=0)
+    unit_bytes, unit = (1e9, "GB") if largest >= 1e9 else (1e6, "MB")
     table = Table(show_edge=False, pad_edge=False, header_style="bold", box=None,
-                  title="segments in GB", title_justify="left", title_style="dim")
+                  title=f"segments in {unit}", title_justify="left", title_style="dim")
     table.add_column("fellow", no_wrap=True, overflow="ellipsis", max_width=12)
     table.add_column("card", no_wrap=True, overflow="ellipsis", max_width=16 if narrow else 24)
     table.add_column("layers", no_wrap=True, min_width=5)
@@ -165,7 +179,10 @@ def cards_table(plan: Mapping[str, Any], width: int = 120) -> Table:
     table.add_column("reason", min_width=16)
 
     def size(n: int) -> str:
-        return f"{n / 1e9:.1f}" if n else "-"
+        if not n:
+            return "-"
+        shown = f"{n / unit_bytes:.1f}"
+        return "<0.1" if shown == "0.0" else shown
 
     for card in plan["cards"]:
         seg = card["segments"]
@@ -194,5 +211,5 @@ def print_any_plan(plan: Mapping[str, Any], console: Console | None = None) -> N
     print_plan(plan, console)
 
 
-__all__ = ["card_bar", "cards_table", "layer_strip", "plan_renderable", "print_any_plan",
+__all__ = ["amount", "card_bar", "cards_table", "layer_strip", "plan_renderable", "print_any_plan",
            "print_plan"]

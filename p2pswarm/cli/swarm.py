@@ -22,6 +22,9 @@ from p2pswarm.control.requests import request_map
 from p2pswarm.errors import TokenRefused
 from p2pswarm.wire.control import LeaveRequest, StatusRequest
 
+if sys.version_info < (3, 11):  # trio's own dependency there
+    from exceptiongroup import BaseExceptionGroup
+
 
 def seed_list(seeds: list[str]) -> tuple[str, ...]:
     """Each seed as HOST:PORT (the default port where none is given); one argument may
@@ -137,6 +140,7 @@ def join(
     log_level: str = typer.Option("info", "--log-level", help="debug, info or warning."),
 ) -> None:
     """Run this machine's agent in the foreground and join the swarm (Ctrl-C leaves)."""
+    refuse_a_second_agent(home_dir(home))  # first: before the imports of the agent
     import trio
 
     from p2pswarm.agent.node import NodeService, NodeSettings, run_node
@@ -157,6 +161,8 @@ def join(
             split_addr(advertise)
         http_server = join_http_settings(http, http_token, http_token_file, http_allow_host,
                                          http_allow_dir)
+        if http_server is not None and http_server.explicit:
+            refuse_a_busy_http_port(http_server.host, http_server.port)
         text = read_token(token, token_file)
         state = Home(directory)
         if force and text is None:
@@ -190,6 +196,58 @@ def join(
             if new_keys:
                 state.forget_swarm()
             raise
+        except BaseExceptionGroup as group:  # a service that failed to start: its one line
+            raise first_swarm_error(group) from None
+
+
+def first_swarm_error(group: BaseExceptionGroup) -> BaseException:
+    """The SwarmError a nursery's group carries (a busy port, a second agent that
+    raced the check), so ``join`` says it in one line; the group itself otherwise."""
+    from p2pswarm.errors import SwarmError
+
+    found = group.subgroup(lambda exc: isinstance(exc, SwarmError))
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    return found if found is not None else group
+
+
+def refuse_a_second_agent(directory: Path) -> None:
+    """One line, before anything slow starts, when an agent already answers on the
+    control socket of ``directory``: two agents cannot share a home."""
+    from p2pswarm.control.protocol import socket_path
+
+    path = socket_path(directory)
+    if not path.exists():
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return  # a stale socket of an agent that did not exit cleanly: the agent clears it
+    fail(f"an agent is already running in {directory}: `p2pswarm status --home {directory}` "
+         f"shows it; stop it first (`p2pswarm leave --home {directory}`), or give this one "
+         "another --home (each agent on a machine needs its own)", EXIT_FAILURE)
+
+
+def refuse_a_busy_http_port(host: str, port: int) -> None:
+    """One line when another program holds --http's port (the server binds it again
+    itself, and says the same if the port is taken in between)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            fail(http_port_busy(host, port, exc.strerror or str(exc)), EXIT_FAILURE)
+
+
+def http_port_busy(host: str, port: int, why: str) -> str:
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    other = port + 1 if port < 65535 else port - 1
+    return (f"cannot serve HTTP on {bind}: {why}: another program holds port {port}; "
+            f"give another --http port (e.g. --http {host}:{other}), stop the other "
+            "program, or --http off")
 
 
 def threads_within_cpu_quota(environ: MutableMapping[str, str]) -> None:
@@ -265,10 +323,74 @@ def card_summary(card: dict[str, Any]) -> str:
     return f"{label} {free:.1f}/{total:.1f} GB free" + (f" ({source})" if source else "")
 
 
+def duration(seconds: float) -> str:
+    """``3 min 46 s``, ``4 min``, ``12 s``: a wait as people say it."""
+    whole = max(0, round(seconds))
+    minutes, rest = divmod(whole, 60)
+    if not minutes:
+        return f"{rest} s"
+    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+
+
+def leaderless_lines(electorate: Any) -> list[str]:
+    """Why a side has no leader and what ends it: a leader needs the votes of a majority
+    of the electorate, the dead leave the electorate only after their time, and a fellow
+    brought back counts at once. Nothing while this side is a majority (it is electing)."""
+    if not isinstance(electorate, dict):
+        return []
+    voters, needs, sees = (int(electorate.get(k, 0)) for k in ("voters", "needs", "sees"))
+    if sees >= needs:
+        return []
+    lines = [f"  a leader needs the votes of a majority of the electorate: {needs} of its "
+             f"{voters} fellows; this side sees {sees}"]
+    shrinks_in_s = electorate.get("shrinks_in_s")
+    after_s = float(electorate.get("dead_leave_after_s", 0.0))
+    if isinstance(shrinks_in_s, (int, float)):
+        smaller = voters - 1
+        lines.append(f"  in {duration(shrinks_in_s)} the electorate shrinks to {smaller} "
+                     f"(a dead fellow leaves it {duration(after_s)} after it was last seen), "
+                     f"then {smaller // 2 + 1} votes elect")
+    lines.append("  sooner: restart a fellow that died (`p2pswarm join` on its machine) or "
+                 "join another; each one seen alive counts at once")
+    return lines
+
+
+def members_table(members: list[dict[str, Any]], width: int) -> Any:
+    """The fellows, each with its address, state, cards and when it was last heard; on a
+    terminal under 110 columns without id and incarnation, so none of those is lost."""
+    from rich.table import Table
+    from rich.text import Text
+
+    narrow = width < 110
+    longest = max((len(str(m["addr"])) for m in members), default=21)
+    address_width = min(longest, 21 if narrow else 32)
+    table = Table(title=f"{len(members)} fellows")
+    columns = ("name", "address", "state", "cards", "last heard") if narrow else \
+        ("name", "id", "address", "state", "inc", "cards", "last heard")
+    for column in columns:
+        # an address, a name and where a card's memory figure came from are never cut
+        # short; "last heard" is what tells a live fellow from a silent one
+        # (rich narrows the widest wrapping columns first, then widens the ones under
+        # their min_width again, past the terminal's edge: the address's width is fixed
+        # instead, and a longer one folds)
+        table.add_column(column, overflow="fold" if column in ("name", "address", "cards")
+                         else "ellipsis", no_wrap=column in ("state", "last heard"),
+                         width=address_width if column == "address" else None,
+                         min_width={"last heard": 10, "state": 5}.get(column))
+    for m in members:
+        cards = ", ".join(card_summary(c) for c in m.get("cards", [])) or "-"
+        heard = m.get("last_heard_s")
+        cells = {"name": Text(str(m["name"]) + (" (this one)" if m.get("self") else "")),
+                 "id": str(m["id"])[:8], "address": Text(str(m["addr"])),
+                 "state": str(m["state"]), "inc": str(m["incarnation"]), "cards": Text(cards),
+                 "last heard": "-" if heard is None else f"{heard:.1f} s ago"}
+        table.add_row(*(cells[c] for c in columns))
+    return table
+
+
 def render_status(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
     from rich.text import Text
 
     # names, addresses and card names come from fellows: shown as text, never as markup
@@ -287,20 +409,9 @@ def render_status(data: dict[str, Any]) -> None:
                       f"term {leader['term']}")
     else:
         console.print(Text(f"leader: {data.get('leader_note') or 'none yet'}"))
-    table = Table(title=f"{len(data['members'])} fellows")
-    for column in ("name", "id", "address", "state", "inc", "cards", "last heard"):
-        # an address and where a card's memory figure came from are never cut short
-        table.add_column(column, overflow="fold" if column in ("address", "cards")
-                         else "ellipsis",
-                         min_width=21 if column == "address" else None)
-    for m in data["members"]:
-        cards = ", ".join(card_summary(c) for c in m.get("cards", [])) or "-"
-        heard = m.get("last_heard_s")
-        name = str(m["name"]) + (" (this one)" if m.get("self") else "")
-        table.add_row(Text(name), m["id"][:8], Text(str(m["addr"])), m["state"],
-                      str(m["incarnation"]), Text(cards),
-                      "-" if heard is None else f"{heard:.1f} s ago")
-    console.print(table)
+        for line in leaderless_lines(data.get("electorate")):
+            console.print(Text(line))
+    console.print(members_table(data["members"], console.width))
     held = data.get("stages_held") or []
     if held:
         console.print(Text("holds: " + ", ".join(

@@ -157,6 +157,12 @@ class Election:
     def present(self) -> int:
         return self._electorate.present()
 
+    def shrinks_at(self) -> float | None:
+        """When the next absent fellow leaves the electorate (None: none is absent):
+        what a side too small to elect waits for."""
+        at = self._electorate.next_expiry()
+        return None if at == INF else at
+
     def settled(self, now: float) -> bool:
         """Past the settling time after joining, or following a leader already."""
         return now >= self._settle_until

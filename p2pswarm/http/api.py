@@ -85,17 +85,21 @@ def serve_message(body: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
 
 
 def model_summaries() -> list[dict[str, Any]]:
-    """Every model the planner knows by name: the built-ins (weights ship with
-    p2pswarm) and reference shapes (plan on paper; load needs the model's directory)."""
+    """Every model the planner knows by name: the built-ins (weights drawn by
+    p2pswarm), the models shipped in the package (``demo-llama``) and reference shapes
+    (plan on paper; load needs the model's directory)."""
+    from p2pswarm.models.files import SHIPPED_MODELS, read_model_config
     from p2pswarm.planner import BUILTIN_MODELS, profile_from_config
     from p2pswarm.planner.profile import REFERENCE_CONFIGS
 
+    shipped = {name: read_model_config(name)[1] for name in SHIPPED_MODELS}
     out = []
-    for source, configs in (("builtin", BUILTIN_MODELS), ("reference", REFERENCE_CONFIGS)):
+    for source, configs in (("builtin", BUILTIN_MODELS), ("shipped", shipped),
+                            ("reference", REFERENCE_CONFIGS)):
         for name in configs:
             profile = profile_from_config(configs[name], name)
             out.append({
-                "name": name, "source": source, "weights": source == "builtin",
+                "name": name, "source": source, "weights": source != "reference",
                 "model_type": profile.model_type, "layers": profile.n_layers,
                 "hidden": profile.hidden, "heads": profile.n_heads,
                 "kv_heads": profile.n_kv_heads, "vocab": profile.vocab,
@@ -129,10 +133,13 @@ class Api:
         await call.respond_json(await self.op("plan", {"request": message}))
 
     async def load(self, call: Call) -> None:
+        from p2pswarm.models.files import weights_directory
+
         body = await call.json()
         check_fields(body, LOAD_FIELDS)
         plan_id = plan_id_field(body)
         message, path = serve_message(body)
+        weights_directory(str(body["model"]))  # a shape-only name: 400, saying what to give
         await call.respond_json(await self.op("load", {"request": message, "plan_id": plan_id,
                                                        "path": path}))
 

@@ -440,7 +440,8 @@ async def serve_http(agent: Agent, settings: HttpSettings, *,
     except OSError as exc:
         what = f"cannot serve HTTP on {settings.bind}: {exc.strerror or exc}"
         if settings.explicit:
-            raise TransportError(f"{what}; choose another --http ADDR:PORT, or --http off") \
+            raise TransportError(f"{what}; give another --http port, stop the other program "
+                                 "holding it, or --http off") \
                 from exc
         log.warning("%s; the HTTP API is off (choose a port with --http ADDR:PORT)", what)
         task_status.started(None)

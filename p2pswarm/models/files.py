@@ -1,5 +1,10 @@
-"""Finding a model's config: a built-in name, a model directory, a config.json path, or a
-hub id (``Qwen/Qwen2.5-0.5B-Instruct``) in the local Hugging Face cache.
+"""Finding a model's config: a built-in name, a model shipped in the package
+(``demo-llama``), a model directory, a config.json path, or a hub id
+(``Qwen/Qwen2.5-0.5B-Instruct``) in the local Hugging Face cache.
+
+Built-in names come in two kinds: models p2pswarm draws its own weights for
+(``tiny-llama``), and reference shapes (``llama-3-8b``) that plan on paper and have no
+weights: loading one needs the model's own directory (``weights_directory`` says so).
 
 The planner itself reads no files and only sees the dict; this module, beside the model
 code that reads checkpoints, turns a name or a path into that dict.
@@ -17,11 +22,26 @@ from p2pswarm.errors import ConfigError
 from p2pswarm.models.hub import cached_snapshot, is_hub_id
 from p2pswarm.planner.profile import (
     BUILTIN_MODELS,
+    REFERENCE_CONFIGS,
     ModelProfile,
     builtin_config,
-    known_names,
     profile_from_config,
 )
+
+# Models whose files ship in the package, by name: a name like the built-ins' for
+# `plan` and `load`, read from its directory (weights included).
+SHIPPED_MODELS: dict[str, Path] = {"demo-llama": Path(__file__).resolve().parent / "demo-llama"}
+
+
+def model_names() -> tuple[str, ...]:
+    """Every name `plan` and `load` take besides paths and hub ids."""
+    return (*BUILTIN_MODELS, *SHIPPED_MODELS, *REFERENCE_CONFIGS)
+
+
+def is_shape_only(spec: str) -> bool:
+    """A reference shape: plans on paper, has no weights to load."""
+    return spec in REFERENCE_CONFIGS and spec not in BUILTIN_MODELS \
+        and not Path(spec).expanduser().exists()
 
 
 def read_model_config(spec: str) -> tuple[str, dict[str, Any]]:
@@ -30,6 +50,8 @@ def read_model_config(spec: str) -> tuple[str, dict[str, Any]]:
     config = builtin_config(spec)
     if config is not None:
         return spec, config
+    if spec in SHIPPED_MODELS and not Path(spec).exists():
+        spec = str(SHIPPED_MODELS[spec])
     path = Path(spec).expanduser()
     if pth_file(path) is not None:
         raise ConfigError(f"{spec[:200]} is an RWKV .pth checkpoint: convert it with `python "
@@ -46,7 +68,7 @@ def read_model_config(spec: str) -> tuple[str, dict[str, Any]]:
     if not path.is_file():
         raise ConfigError(
             f"unknown model {spec[:200]!r}: give a model directory, a config.json path, a "
-            f"hub id like Qwen/Qwen2.5-0.5B-Instruct, or one of {', '.join(known_names())}"
+            f"hub id like Qwen/Qwen2.5-0.5B-Instruct, or one of {', '.join(model_names())}"
         )
     try:
         data = json.loads(path.read_text())
@@ -68,13 +90,28 @@ def _hub_snapshot(spec: str) -> Path | None:
 def model_directory(spec: str) -> str | None:
     """The directory holding a model's files on this machine (None for a
     built-in): the directory named, a config.json's, or a hub id's snapshot."""
-    if spec in BUILTIN_MODELS:
+    if spec in BUILTIN_MODELS or is_shape_only(spec):
         return None
+    if spec in SHIPPED_MODELS and not Path(spec).exists():
+        return str(SHIPPED_MODELS[spec])
     hub = _hub_snapshot(spec)
     if hub is not None:
         return str(hub)
     where = Path(spec).expanduser()
     return str((where if where.is_dir() else where.parent).resolve())
+
+
+def weights_directory(spec: str) -> str | None:
+    """``model_directory`` for a load, which needs weights: ConfigError, saying what to
+    give instead, for a reference shape (``llama-3-8b``), which has none."""
+    if is_shape_only(spec):
+        with_weights = ", ".join((*BUILTIN_MODELS, *SHIPPED_MODELS))
+        raise ConfigError(
+            f"{spec} is a shape-only built-in: `plan {spec}` sizes it on paper, but it has no "
+            "weights to load. Give the model's directory (config.json and *.safetensors, "
+            "e.g. downloaded with `huggingface-cli download ORG/MODEL`) or a hub id in the "
+            f"local cache, or load a model with weights: {with_weights}")
+    return model_directory(spec)
 
 
 def pth_file(path: Path) -> Path | None:
@@ -94,4 +131,5 @@ def load_profile(spec: str) -> ModelProfile:
     return profile_from_config(config, name)
 
 
-__all__ = ["load_profile", "model_directory", "pth_file", "read_model_config"]
+__all__ = ["SHIPPED_MODELS", "is_shape_only", "load_profile", "model_directory", "model_names",
+           "pth_file", "read_model_config", "weights_directory"]

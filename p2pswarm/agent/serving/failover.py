@@ -46,7 +46,7 @@ import trio
 from p2pswarm.agent.serving.adoption import Adoption
 from p2pswarm.agent.serving.keepers import Keepers
 from p2pswarm.agent.serving.leader_load import LeaderLoad, StageMoved
-from p2pswarm.agent.serving.moves import moved_order, spare_cards
+from p2pswarm.agent.serving.moves import moved_order, no_spare_reason, spare_cards
 from p2pswarm.agent.serving.records import StageOrder
 from p2pswarm.agent.serving.recut import Recut
 from p2pswarm.agent.serving.requests import load_move_request
@@ -429,7 +429,9 @@ class Failover:
                  f"with {gb(old.need_bytes)} free outside the load")
         if refusals:
             raise PlacementError(f"{needs}; those asked refused: " + "; ".join(refusals))
-        raise PlacementError(f"{needs}, and no connected fellow has one: it waits for one")
+        why = no_spare_reason(self.agent.planning.view(), old.need_bytes,
+                              set(record.fellow_ids))
+        raise PlacementError(f"{needs}; {why}")
 
     async def _bring_up(self, order: StageOrder, addr: str) -> StageLoaded:
         """Prepare and load ``order`` on the fellow at ``addr``; released on failure."""

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from p2pswarm.planner.cluster import CardView, ClusterView, Fellow
 from p2pswarm.planner.plan import Plan
+from p2pswarm.planner.wording import gb
 
 if TYPE_CHECKING:
     from p2pswarm.agent.serving.records import StageOrder
@@ -97,6 +98,31 @@ def spare_cards(view: ClusterView, need_bytes: int,
             out.append((fellow, card))
     out.sort(key=lambda fc: (-fc[1].mem_bandwidth, fc[0].id, fc[1].sort_key))
     return out
+
+
+def no_spare_reason(view: ClusterView, need_bytes: int, busy: set[str]) -> str:
+    """Why ``spare_cards`` found none, fellow by fellow as it ruled them out: the words a
+    waiting load shows (``no connected fellow has one`` hid that each connected fellow
+    already ran a stage of the load while its cards had room)."""
+    connected = [f for f in view.fellows if f.connected]
+    running = [f.name for f in connected if f.id in busy]
+    training = [f.name for f in connected if f.id not in busy and f.training]
+    small = [f"{f.name} ({gb(max((c.free_bytes for c in f.cards), default=0))} at most)"
+             for f in connected if f.id not in busy and not f.training]
+    gone = len(view.fellows) - len(connected)
+    parts = []
+    if running:
+        parts.append(f"{', '.join(running)} already run{'s' if len(running) == 1 else ''} a "
+                     "stage of this load (a fellow holds one stage of a load)")
+    if training:
+        parts.append(f"{', '.join(training)} train{'s' if len(training) == 1 else ''}")
+    if small:
+        parts.append(f"too little free on {', '.join(small)}")
+    if gone:
+        parts.append(f"{gone} fellow{'s are' if gone != 1 else ' is'} not connected")
+    said = "; ".join(parts) if parts else "the leader's view holds no fellow"
+    return (f"no card can take it: {said}. It moves when a fellow joins or comes back "
+            "(restart a lost one), or a card frees that much")
 
 
 def moved_order(order: StageOrder, fellow: Fellow, card: CardView) -> StageOrder:

@@ -12,9 +12,20 @@
     box.hidden = false;
   }
 
+  // 999.6 million reads 1.0B, not "1000M": the unit goes by the rounded figure
   function params(n) {
-    return n >= 1e9 ? (n / 1e9).toFixed(1) + "B" : n >= 1e6 ? Math.round(n / 1e6) + "M" : count(n);
+    if (n >= 0.95e9) return (n / 1e9).toFixed(1) + "B";
+    if (n >= 0.95e6) return (n >= 9.95e6 ? Math.round(n / 1e6) : (n / 1e6).toFixed(1)) + "M";
+    return count(n);
   }
+
+  // A recurrent model (RWKV) has no context bound: the planner writes 2^30 tokens
+  const UNBOUNDED_CONTEXT = 2 ** 30;
+  function context(n) {
+    return n >= UNBOUNDED_CONTEXT ? "unbounded" : count(n);
+  }
+
+  const SOURCES = {builtin: "built in", shipped: "shipped", reference: "shape only"};
 
   async function load(name, button) {
     button.disabled = true;
@@ -44,8 +55,10 @@
       loadButton.textContent = "Load";
       loadButton.addEventListener("click", () => load(m.name, loadButton));
       return el("tr", {"data-model": m.name},
-        el("th", {scope: "row"}, m.name), el("td", {}, params(m.params)), el("td", {}, m.layers),
-        el("td", {}, count(m.max_context)), el("td", {}, m.weights ? "built in" : "shape only"),
+        el("th", {scope: "row"}, m.name), el("td", {title: count(m.params) + " parameters"}, params(m.params)),
+        el("td", {}, m.layers),
+        el("td", {}, context(m.max_context)),
+        el("td", {}, SOURCES[m.source] || (m.weights ? "built in" : "shape only")),
         el("td", {class: "buttons-cell"},
           el("a", {class: "button", href: link("/plan", {model: m.name}), "aria-label": "Plan " + m.name}, "Plan"),
           loadButton));
