@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from p2pswarm.agent.serving import requests
 from p2pswarm.agent.serving.asking import LoadAsker
 from p2pswarm.agent.serving.chat_turns import ChatPrompts
 from p2pswarm.agent.serving.copies import CopiesAhead
@@ -66,6 +65,7 @@ from p2pswarm.agent.serving.stage_gossip import kept_plan_ids
 from p2pswarm.agent.serving.stage_host import StageHost
 from p2pswarm.agent.serving.stage_session import StageSessions
 from p2pswarm.agent.weights import Manifest, WeightsCache, WeightsServer
+from p2pswarm.control import serving_requests as requests
 from p2pswarm.control.requests import typed_op
 from p2pswarm.control.server import Emit, current_emitter, emit
 from p2pswarm.wire.control import (
