@@ -154,7 +154,7 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
         assert not any(k[0] == plan["plan_id"] for a in swarm.live()
                        for k in a.serving.hosted)
         # asked for by the plan_id it had, it is the same load
-        assert (await driver.serving.find_load(plan["plan_id"]))["plan_id"] == new_id
+        assert (await driver.serving.find_load(plan["plan_id"])).plan_id == new_id
         with pytest.raises(PlacementError, match=f"plan {new_id} \\(plan {plan['plan_id']} "
                            "before it was re-cut\\): no markedly faster placement"):
             await driver.control_ops["load_move"]({"op": "load_move",

@@ -59,7 +59,7 @@ from p2pswarm.agent.serving.leader_load import LeaderLoad
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
-from p2pswarm.agent.serving.records import GenerationResult, HostedStage, StageOrder
+from p2pswarm.agent.serving.records import GenerationResult, HostedStage, LoadRecord, StageOrder
 from p2pswarm.agent.serving.runtime import StageRuntime, TorchOnFirstUse
 from p2pswarm.agent.serving.stage_gossip import kept_plan_ids
 from p2pswarm.agent.serving.stage_host import StageHost
@@ -218,13 +218,13 @@ class Serving:
     async def list_loads(self) -> list[dict[str, Any]]:
         return await self.leader.list_loads()
 
-    async def find_load(self, plan_id: str | None = None) -> dict[str, Any]:
-        """The load ``plan_id`` (or the only one), checked to serve, as its record shows it."""
-        return await self.driver.find_doc(plan_id)
+    async def find_load(self, plan_id: str | None = None) -> LoadRecord:
+        """The load ``plan_id`` (or the only one), checked to serve."""
+        return await self.driver.find_load(plan_id)
 
-    async def tokenizer(self, record: dict[str, Any]) -> Any:
+    async def tokenizer(self, record: LoadRecord) -> Any:
         """The tokenizer of the load ``record`` shows."""
-        return await self.driver.tokenizer(record.get("model", {}))
+        return await self.driver.tokenizer(record)
 
     async def generate(self, prompt: str | None = None, *,
                        prompt_ids: Sequence[int] | None = None, plan_id: str | None = None,
@@ -274,12 +274,12 @@ class Serving:
     async def _op_chat(self, call: ChatRequest) -> Any:
         """One turn of a chat: the conversation through the model's chat template, the
         session kept."""
-        messages = [{"role": t.role, "content": t.content} for t in call.messages]
         drawn = call.generate
         record = await self.find_load(drawn.plan_id or None)
-        prompt = await self.chat_prompts.prompt(record, messages, max(1, drawn.max_tokens))
+        prompt = await self.chat_prompts.prompt(record, call.messages,
+                                                max(1, drawn.max_tokens))
         return await self._op_generate(dataclasses.replace(
-            drawn, prompt=prompt, plan_id=record["plan_id"], remember=True))
+            drawn, prompt=prompt, plan_id=record.plan_id, remember=True))
 
     async def _op_generate(self, call: GenerateRequest) -> Any:
         def on_token(token: int, piece: str) -> None:
