@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from p2pswarm.agent.adapter import check_adapter, read_adapter
+from p2pswarm.agent.adapter import AdapterManifest, check_adapter, read_adapter
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
 from p2pswarm.agent.serving.records import WeightsOrigin
@@ -58,6 +58,55 @@ class _Asking:
     outcome: str = ""  # the leader's word on a cancel (``LoadCancelled.outcome``)
 
 
+@dataclass(frozen=True, slots=True)
+class AskedModel:
+    """What a load request (the plan request ``load`` takes) says of its model, read once:
+    its name, its config.json and the adapter it names (its SHA-256; "" for none)."""
+
+    name: str
+    config: dict[str, Any]  # config.json, as the request gives it (the planner's input)
+    adapter: str
+
+    @staticmethod
+    def of(message: dict[str, Any]) -> AskedModel:
+        model, adapter = message.get("model"), message.get("adapter")
+        config = model.get("config") if isinstance(model, dict) else None
+        if not isinstance(model, dict) or not isinstance(config, dict):
+            raise ConfigError("a load request needs \"model\": {\"name\", \"config\"}")
+        return AskedModel(str(model.get("name")), config, str(adapter) if adapter else "")
+
+    @property
+    def recurrent(self) -> bool:
+        return self.config.get("model_type") in RECURRENT_MODEL_TYPES
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIdentity:
+    """A model as load orders name it (``StageOrder.model``): a built-in by name, or a
+    directory a fellow offers, whose manifest travels with the orders (records and gossip
+    keep the rest); ``to_doc`` is the document the orders carry."""
+
+    name: str
+    manifest: Manifest | None = None  # None: a built-in
+    source_id: str = ""  # the offering fellow (hex id), its name and address
+    source: str = ""
+    source_addr: str = ""
+    recurrent: bool = False  # records say so: its generations pass the context
+
+    def to_doc(self) -> dict[str, Any]:
+        m = self.manifest
+        recurrent = {"recurrent": True} if self.recurrent else {}
+        if m is None:
+            return {"kind": "builtin", "name": self.name, **recurrent}
+        return {"kind": "files", "name": m.name, "key": m.key, "source_id": self.source_id,
+                "source": self.source, "source_addr": self.source_addr, "path": m.path,
+                "files": [[f.name, f.nbytes, f.sha256] for f in m.files],
+                "manifest": m.to_dict(), **recurrent}
+
+    def origin(self) -> WeightsOrigin:
+        return WeightsOrigin.of(self.to_doc())
+
+
 class LoadAsker:
     def __init__(self, agent: AskerPort, leadership: Leader, offers: Offers,
                  progress: Progress) -> None:
@@ -80,16 +129,20 @@ class LoadAsker:
         asked = False
         try:
             with asking.scope:
-                model = await self._model_identity(message, model_dir)
-                adapter = None
+                wanted = AskedModel.of(message)
+                model = await self._model_identity(wanted, model_dir)
+                adapter = b""
                 if adapter_dir is not None:
-                    adapter = await self._adapter_identity(message, model, adapter_dir)
-                    message = {**message, "adapter": adapter["sha256"]}
-                elif message.get("adapter"):
+                    read = await self._adapter(wanted, model, adapter_dir)
+                    message = {**message, "adapter": read.sha256}
+                    adapter = pack_doc({**read.public(), "source_id": self.agent.node_id.hex(),
+                                        "source": self.agent.name,
+                                        "manifest": read.manifest.to_dict()})
+                elif wanted.adapter:
                     raise ConfigError("the request names an adapter: give its directory "
                                       "(--adapter)")
-                call = LoadAsk(pack_doc(message), plan_id or "", pack_doc(model),
-                               pack_doc(adapter) if adapter else b"", self.agent.addr, ticket)
+                call = LoadAsk(pack_doc(message), plan_id or "", pack_doc(model.to_doc()),
+                               adapter, self.agent.addr, ticket)
                 asked = True
                 try:
                     reply = await self.leadership.ask(call, LoadDone)
@@ -166,53 +219,33 @@ class LoadAsker:
         reply = await self.leadership.ask(UnloadAsk(plan_id or "", all), Unloaded)
         return {"unloaded": list(reply.plan_ids)}
 
-    async def _adapter_identity(self, message: dict[str, Any], model: dict[str, Any],
-                                adapter_dir: str) -> dict[str, Any]:
+    async def _adapter(self, wanted: AskedModel, model: ModelIdentity,
+                       adapter_dir: str) -> AdapterManifest:
         """Read, hash and check the adapter against the planned base, and offer its
-        tensors; what the leader passes on (each stage gets its own layers' part)."""
+        tensors (each stage gets its own layers' part, which the leader cuts)."""
         try:
             adapter = await self.agent.compute.run(lambda: read_adapter(adapter_dir))
         except OSError as exc:
             raise ConfigError(f"cannot read the adapter directory {adapter_dir}: {exc}") from exc
-        wanted = message.get("adapter")
-        if wanted and wanted != adapter.sha256:
+        if wanted.adapter and wanted.adapter != adapter.sha256:
             raise ConfigError(f"the adapter in {adapter.path} changed since it was hashed "
                               "for this request: run the command again")
-        origin = WeightsOrigin.of(model)
-        check_adapter(adapter, message["model"]["config"], str(origin.name),
+        origin = model.origin()
+        check_adapter(adapter, wanted.config, str(origin.name),
                       origin.path if origin.kind == "files" else None)
         self.offers.server.offer(adapter.manifest)
-        return {**adapter.public(), "source_id": self.agent.node_id.hex(),
-                "source": self.agent.name, "manifest": adapter.manifest.to_dict()}
+        return adapter
 
-    async def _model_identity(self, message: dict[str, Any],
-                              model_dir: str | None) -> dict[str, Any]:
-        model = message.get("model")
-        if not isinstance(model, dict) or not isinstance(model.get("config"), dict):
-            raise ConfigError("a load request needs \"model\": {\"name\", \"config\"}")
-        identity = await self._weights_identity(model, model_dir)
-        if model["config"].get("model_type") in RECURRENT_MODEL_TYPES:
-            identity["recurrent"] = True  # records say so: its generations pass the context
-        return identity
-
-    async def _weights_identity(self, model: dict[str, Any],
-                                model_dir: str | None) -> dict[str, Any]:
+    async def _model_identity(self, wanted: AskedModel,
+                              model_dir: str | None) -> ModelIdentity:
         if model_dir is None:
-            name = str(model.get("name"))
-            if name in BUILTIN_MODELS and dict(BUILTIN_MODELS[name]) == model["config"]:
-                return {"kind": "builtin", "name": name}
+            name = wanted.name
+            if name in BUILTIN_MODELS and dict(BUILTIN_MODELS[name]) == wanted.config:
+                return ModelIdentity(name, recurrent=wanted.recurrent)
             raise ConfigError(f"no weights ship with {name!r}: give the model's directory "
                               f"(a Hugging Face config.json and *.safetensors)")
         manifest = await self.offers.offer(model_dir)
-        if manifest.hf_config != model["config"]:
+        if manifest.hf_config != wanted.config:
             raise ConfigError(f"{model_dir}/config.json differs from the planned model")
-        return self._files_identity(manifest)
-
-    def _files_identity(self, manifest: Manifest) -> dict[str, Any]:
-        """A model directory on this fellow, as orders name it (the manifest travels with
-        the orders; records and gossip keep the rest)."""
-        data = manifest.to_dict()
-        return {"kind": "files", "name": manifest.name, "key": manifest.key,
-                "source_id": self.agent.node_id.hex(), "source": self.agent.name,
-                "source_addr": self.agent.addr, "path": manifest.path,
-                "files": data["files"], "manifest": data}
+        return ModelIdentity(manifest.name, manifest, self.agent.node_id.hex(), self.agent.name,
+                             self.agent.addr, wanted.recurrent)
