@@ -205,9 +205,10 @@ class Generation:
         the record the leader or this fellow's view shows (its stages' states and
         completeness checked there first, as they say what is wrong in words)."""
         loads = await self.loads.list_loads()
+        ids = [str(r["plan_id"]) for r in loads]
         if plan_id:
-            chosen = [r for r in loads if r["plan_id"] == plan_id
-                      or plan_id in former_plan_ids(r)]  # re-cut since
+            chosen = [(p, r) for p, r in zip(ids, loads)
+                      if p == plan_id or plan_id in former_plan_ids(r)]  # re-cut since
             if not chosen:
                 raise PlacementError(f"plan {plan_id} is not loaded; `p2pswarm loads` shows "
                                      "what is")
@@ -215,17 +216,18 @@ class Generation:
             raise PlacementError("nothing is loaded: run `p2pswarm load MODEL` first")
         elif len(loads) > 1:
             raise ConfigError(f"{len(loads)} loads: pick one with --plan-id "
-                              f"({', '.join(r['plan_id'] for r in loads)})")
+                              f"({', '.join(ids)})")
         else:
-            chosen = loads
-        record = chosen[0]
+            chosen = [(ids[0], loads[0])]
+        found, record = chosen[0]
         for s in record["stages"]:
-            if s.get("state") not in ("alive", "suspect"):
+            state = s.get("state", "unknown")
+            if state not in ("alive", "suspect"):
                 raise TransportError(f"stage {s['stage']} on fellow {s['fellow']} is "
-                                     f"{s.get('state', 'unknown')}: the load cannot serve; "
-                                     "unload it and load again")
+                                     f"{state}: the load cannot serve; unload it and load "
+                                     "again")
         if not record.get("complete", True):
-            raise PlacementError(f"plan {record['plan_id']} is not completely loaded "
+            raise PlacementError(f"plan {found} is not completely loaded "
                                  "(some stages are not known yet); try again")
         return LoadRecord.from_doc(record)
 

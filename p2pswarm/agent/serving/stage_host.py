@@ -97,7 +97,7 @@ class StageHost:
         out: set[str] = set()
         for h in (*self.hosted.values(), *self.releasing.values()):
             for block in (h.order.model, h.order.adapter):
-                raw = block.get("manifest") if isinstance(block, dict) else None
+                raw = WeightsOrigin.of(block).manifest
                 if isinstance(raw, dict):
                     try:
                         manifest = Manifest.from_dict(raw)
