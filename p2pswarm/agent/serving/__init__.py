@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from p2pswarm.agent.serving.asking import LoadAsker
+from p2pswarm.agent.serving.asking import CancelOutcome, LoadAsker
 from p2pswarm.agent.serving.chat_turns import ChatPrompts
 from p2pswarm.agent.serving.copies import CopiesAhead
 from p2pswarm.agent.serving.copy_host import CopyHost
@@ -192,7 +192,7 @@ class Serving:
                                      adapter_dir=adapter_dir, on_progress=on_progress,
                                      load_id=load_id)
 
-    async def cancel_load(self, load_id: str) -> dict[str, Any]:
+    async def cancel_load(self, load_id: str) -> CancelOutcome:
         """Cancel the load asked for as ``load_id``, all or nothing (``asking``)."""
         return await self.asker.cancel(load_id)
 
@@ -206,7 +206,9 @@ class Serving:
                  "sessions": len(h.sessions)}
                 for (plan_id, stage), state, h in sorted(held, key=lambda x: x[:2])]
 
-    async def unload(self, plan_id: str | None = None, *, all: bool = False) -> dict[str, Any]:
+    async def unload(self, plan_id: str | None = None, *,
+                     all: bool = False) -> tuple[str, ...]:
+        """Unload ``plan_id`` (or the only load, or ``all``); the plan_ids unloaded."""
         return await self.asker.unload(plan_id, all=all)
 
     async def release(self, plan_id: str) -> list[int]:
@@ -263,13 +265,13 @@ class Serving:
                                on_progress=current_emitter(), load_id=call.load_id or None)
 
     async def _op_load_cancel(self, call: LoadCancelRequest) -> Any:
-        return await self.cancel_load(call.load_id)
+        return (await self.cancel_load(call.load_id)).to_doc()
 
     async def _op_loads(self, call: LoadsRequest) -> Any:
         return {"loads": await self.list_loads()}
 
     async def _op_unload(self, call: UnloadRequest) -> Any:
-        return await self.unload(call.plan_id or None, all=call.all)
+        return {"unloaded": list(await self.unload(call.plan_id or None, all=call.all))}
 
     async def _op_chat(self, call: ChatRequest) -> Any:
         """One turn of a chat: the conversation through the model's chat template, the

@@ -107,6 +107,20 @@ class ModelIdentity:
         return WeightsOrigin.of(self.to_doc())
 
 
+@dataclass(frozen=True, slots=True)
+class CancelOutcome:
+    """What became of a load cancelled by its id (``LoadAsker.cancel``)."""
+
+    load_id: str
+    outcome: str  # "cancelled", "unloaded", "not-started" or "unconfirmed"
+    plan_id: str = ""  # the load that came up (or the one the leader cancelled); "": none
+
+    def to_doc(self) -> dict[str, Any]:
+        """As the control op ``load_cancel`` answers it."""
+        return {"load_id": self.load_id, "outcome": self.outcome,
+                "plan_id": self.plan_id or None}
+
+
 class LoadAsker:
     def __init__(self, agent: AskerPort, leadership: Leader, offers: Offers,
                  progress: Progress) -> None:
@@ -193,7 +207,7 @@ class LoadAsker:
                         CANCEL_TIMEOUT_S)
             asking.outcome = "unconfirmed"
 
-    async def cancel(self, load_id: str) -> dict[str, Any]:
+    async def cancel(self, load_id: str) -> CancelOutcome:
         """Cancel the load asked for as ``load_id``, all or nothing: what became of it
         (``cancelled``: nothing stays loaded; ``unloaded``: it had come up, and is
         unloaded again; ``not-started``: it had not reached this agent, and never will;
@@ -203,7 +217,7 @@ class LoadAsker:
         asking = self._asking.get(load_id)
         if asking is None:  # its load op has not arrived yet: refuse it when it does
             self._begin(load_id).done.set()
-            return {"load_id": load_id, "outcome": "not-started", "plan_id": None}
+            return CancelOutcome(load_id, "not-started")
         asking.scope.cancel()
         await asking.done.wait()
         if asking.loaded:  # it came up before the cancel: take it down
@@ -212,12 +226,14 @@ class LoadAsker:
             asking.outcome = "unloaded"
         outcome = asking.outcome if asking.outcome in ("unloaded", "unconfirmed") \
             else "cancelled"
-        return {"load_id": load_id, "outcome": outcome, "plan_id": asking.plan_id or None}
+        return CancelOutcome(load_id, outcome, asking.plan_id)
 
-    async def unload(self, plan_id: str | None = None, *, all: bool = False) -> dict[str, Any]:
-        """Ask the leader to unload ``plan_id`` (or the only load, or ``all``)."""
+    async def unload(self, plan_id: str | None = None, *,
+                     all: bool = False) -> tuple[str, ...]:
+        """Ask the leader to unload ``plan_id`` (or the only load, or ``all``); the plan_ids
+        it unloaded."""
         reply = await self.leadership.ask(UnloadAsk(plan_id or "", all), Unloaded)
-        return {"unloaded": list(reply.plan_ids)}
+        return reply.plan_ids
 
     async def _adapter(self, wanted: AskedModel, model: ModelIdentity,
                        adapter_dir: str) -> AdapterManifest:
