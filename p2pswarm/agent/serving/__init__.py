@@ -76,7 +76,7 @@ from p2pswarm.wire.control import (
     LoadsRequest,
     UnloadRequest,
 )
-from p2pswarm.wire.orders import unpack_doc
+from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
     from p2pswarm.agent.serving.ports import ControlHandler, Leader, ServingPort
@@ -188,9 +188,11 @@ class Serving:
                    model_dir: str | None = None, adapter_dir: str | None = None,
                    on_progress: Emit | None = None,
                    load_id: str | None = None) -> dict[str, Any]:
-        return await self.asker.load(message, plan_id=plan_id, model_dir=model_dir,
-                                     adapter_dir=adapter_dir, on_progress=on_progress,
-                                     load_id=load_id)
+        """Load the plan of ``message`` (a plan request) through the leader; its record."""
+        reply = await self.asker.load(pack_doc(message), plan_id=plan_id, model_dir=model_dir,
+                                      adapter_dir=adapter_dir, on_progress=on_progress,
+                                      load_id=load_id)
+        return unpack_doc(reply.record)
 
     async def cancel_load(self, load_id: str) -> CancelOutcome:
         """Cancel the load asked for as ``load_id``, all or nothing (``asking``)."""
@@ -260,9 +262,12 @@ class Serving:
         })
 
     async def _op_load(self, call: LoadRequest) -> Any:
-        return await self.load(unpack_doc(call.request), plan_id=call.plan_id or None,
-                               model_dir=call.path or None, adapter_dir=call.adapter or None,
-                               on_progress=current_emitter(), load_id=call.load_id or None)
+        reply = await self.asker.load(call.request, plan_id=call.plan_id or None,
+                                      model_dir=call.path or None,
+                                      adapter_dir=call.adapter or None,
+                                      on_progress=current_emitter(),
+                                      load_id=call.load_id or None)
+        return unpack_doc(reply.record)
 
     async def _op_load_cancel(self, call: LoadCancelRequest) -> Any:
         return (await self.cancel_load(call.load_id)).to_doc()

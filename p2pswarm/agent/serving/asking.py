@@ -68,7 +68,9 @@ class AskedModel:
     adapter: str
 
     @staticmethod
-    def of(message: dict[str, Any]) -> AskedModel:
+    def of(request: bytes) -> AskedModel:
+        """The model of a packed plan request; ConfigError without one."""
+        message = unpack_doc(request)
         model, adapter = message.get("model"), message.get("adapter")
         config = model.get("config") if isinstance(model, dict) else None
         if not isinstance(model, dict) or not isinstance(config, dict):
@@ -130,32 +132,33 @@ class LoadAsker:
         self.progress = progress
         self._asking: OrderedDict[str, _Asking] = OrderedDict()  # by load id
 
-    async def load(self, message: dict[str, Any], *, plan_id: str | None = None,
+    async def load(self, request: bytes, *, plan_id: str | None = None,
                    model_dir: str | None = None, adapter_dir: str | None = None,
                    on_progress: Emit | None = None,
-                   load_id: str | None = None) -> dict[str, Any]:
-        """Ask the leader to load ``message`` (a plan request), pinned to ``plan_id`` if
-        given; ``model_dir``: the model's directory on this fellow (else a built-in);
+                   load_id: str | None = None) -> LoadDone:
+        """Ask the leader to load ``request`` (a plan request, packed as ``LoadRequest``
+        carries it and ``LoadAsk`` passes it on), pinned to ``plan_id`` if given;
+        ``model_dir``: the model's directory on this fellow (else a built-in);
         ``adapter_dir``: LoRA adapters on this fellow to serve on top of the model;
-        ``load_id``: the name ``cancel`` finds it by."""
+        ``load_id``: the name ``cancel`` finds it by. The leader's answer: its record."""
         asking = self._begin(load_id)
         ticket = self.progress.new_ticket(on_progress)
         asked = False
         try:
             with asking.scope:
-                wanted = AskedModel.of(message)
+                wanted = AskedModel.of(request)
                 model = await self._model_identity(wanted, model_dir)
                 adapter = b""
                 if adapter_dir is not None:
                     read = await self._adapter(wanted, model, adapter_dir)
-                    message = {**message, "adapter": read.sha256}
+                    request = pack_doc({**unpack_doc(request), "adapter": read.sha256})
                     adapter = pack_doc({**read.public(), "source_id": self.agent.node_id.hex(),
                                         "source": self.agent.name,
                                         "manifest": read.manifest.to_dict()})
                 elif wanted.adapter:
                     raise ConfigError("the request names an adapter: give its directory "
                                       "(--adapter)")
-                call = LoadAsk(pack_doc(message), plan_id or "", pack_doc(model.to_doc()),
+                call = LoadAsk(request, plan_id or "", pack_doc(model.to_doc()),
                                adapter, self.agent.addr, ticket)
                 asked = True
                 try:
@@ -167,7 +170,7 @@ class LoadAsker:
                     raise
                 record = unpack_doc(reply.record)
                 asking.plan_id, asking.loaded = str(record.get("plan_id", "")), True
-                return record
+                return reply
             raise PlacementError("the load was cancelled; nothing stays loaded")
         finally:
             self.progress.done(ticket)
