@@ -21,7 +21,7 @@ import trio
 from p2pswarm.agent.adapter import AdapterManifest, check_adapter, read_adapter
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
-from p2pswarm.agent.serving.records import WeightsOrigin
+from p2pswarm.agent.serving.records import LoadRecord, WeightsOrigin
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.control.server import Emit
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
@@ -168,8 +168,9 @@ class LoadAsker:
                 except SwarmError:
                     asked = False  # the leader refused it: it keeps nothing of it
                     raise
-                record = unpack_doc(reply.record)
-                asking.plan_id, asking.loaded = str(record.get("plan_id", "")), True
+                # the record, checked as any from the network (a malformed one is cancelled)
+                asking.plan_id = LoadRecord.from_doc(unpack_doc(reply.record)).plan_id
+                asking.loaded = True
                 return reply
             raise PlacementError("the load was cancelled; nothing stays loaded")
         finally:
