@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from p2pswarm.agent.serving.asking import AskedModel, CancelOutcome, ModelIdentity
+from p2pswarm.agent.serving.records import WeightsOrigin
 from p2pswarm.agent.weights import Manifest, ManifestFile
 from p2pswarm.control.requests import checked, decoded, request_map
 from p2pswarm.control.serving_requests import chat_request, generate_request
@@ -36,9 +37,9 @@ def test_a_files_identity_keeps_the_document_orders_carry() -> None:
         ("source_id", "aa" * 16), ("source", "fellow-1"), ("source_addr", "10.0.0.1:7000"),
         ("path", "/models/my-model"), ("files", data["files"]), ("manifest", data)]
     assert Manifest.from_dict(doc["manifest"]) == manifest
-    origin = ModelIdentity("my-model", manifest, "aa" * 16).origin()
-    assert (origin.kind, origin.path, origin.offered_by("aa" * 16)) == (
-        "files", "/models/my-model", True)
+    origin = WeightsOrigin.of(doc)  # as stage orders read it
+    assert (origin.kind, origin.name, origin.path, origin.offered_by("aa" * 16)) == (
+        "files", "my-model", "/models/my-model", True)
 
 
 def test_a_cancel_outcome_answers_as_it_always_did() -> None:

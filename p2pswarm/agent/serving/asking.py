@@ -21,7 +21,7 @@ import trio
 from p2pswarm.agent.adapter import AdapterManifest, check_adapter, read_adapter
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
-from p2pswarm.agent.serving.records import LoadRecord, WeightsOrigin
+from p2pswarm.agent.serving.records import LoadRecord
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.control.server import Emit
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
@@ -104,9 +104,6 @@ class ModelIdentity:
                 "source": self.source, "source_addr": self.source_addr, "path": m.path,
                 "files": [[f.name, f.nbytes, f.sha256] for f in m.files],
                 "manifest": m.to_dict(), **recurrent}
-
-    def origin(self) -> WeightsOrigin:
-        return WeightsOrigin.of(self.to_doc())
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,9 +247,8 @@ class LoadAsker:
         if wanted.adapter and wanted.adapter != adapter.sha256:
             raise ConfigError(f"the adapter in {adapter.path} changed since it was hashed "
                               "for this request: run the command again")
-        origin = model.origin()
-        check_adapter(adapter, wanted.config, str(origin.name),
-                      origin.path if origin.kind == "files" else None)
+        check_adapter(adapter, wanted.config, model.name,
+                      model.manifest.path if model.manifest is not None else None)
         self.offers.server.offer(adapter.manifest)
         return adapter
 
