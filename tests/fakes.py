@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from p2pswarm.control.requests import decoded
+
+M = TypeVar("M")
 
 # what a load of small-llama on three fellows answers (a load record)
 RECORD = {"plan_id": "0123456789abcdef", "model": {"kind": "builtin", "name": "small-llama"},
@@ -14,6 +18,11 @@ RECORD = {"plan_id": "0123456789abcdef", "model": {"kind": "builtin", "name": "s
               for i in range(3)], "complete": True}
 
 
+_OPS = {"LoadRequest": "load", "LoadCancelRequest": "load_cancel", "LoadsRequest": "loads",
+        "UnloadRequest": "unload", "LoadMoveRequest": "load_move",
+        "GenerateRequest": "generate", "ChatRequest": "chat"}
+
+
 class FakeAgent:
     """Answers control requests as the agent would, and records them."""
 
@@ -22,6 +31,11 @@ class FakeAgent:
         self.answers = answers
         self.events = events or {}
         self.requests: list[dict[str, Any]] = []
+
+    def sent(self, kind: type[M]) -> list[M]:
+        """The typed requests of ``kind`` a client sent (encoded, as the CLI sends them)."""
+        return [decoded(r["msg"], kind) for r in self.requests
+                if isinstance(r.get("msg"), bytes) and r["op"] == _OPS.get(kind.__name__)]
 
     def request(self, home: Path, req: dict[str, Any], timeout_s: float = 30.0) -> Any:
         return self.stream(home, req, lambda e: None, timeout_s)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from p2pswarm.agent.serving.runtime import Stepped
+from p2pswarm.agent.serving.runtime import AdapterPart, AdapterWeights, Stepped
 
 
 class PaperStage:
@@ -39,7 +39,7 @@ class PaperRuntime:
     def __init__(self) -> None:
         self.built: list[PaperStage] = []
 
-    def build(self, order: Any, source: Any, adapter: dict[str, Any]) -> PaperStage:
+    def build(self, order: Any, source: Any, adapter: AdapterWeights | None) -> PaperStage:
         stage = PaperStage(order.claim_bytes, order.stage == order.n_stages - 1)
         self.built.append(stage)
         return stage
@@ -57,5 +57,5 @@ class PaperRuntime:
     def read_logits(self, frame: bytes) -> Any:
         raise NotImplementedError("a paper stage runs nothing")
 
-    def adapter_tensors(self, block: dict[str, Any], cache: Any, local: bool) -> dict[str, Any]:
-        return {}
+    def adapter_tensors(self, part: AdapterPart, cache: Any) -> AdapterWeights:
+        return AdapterWeights(part, {})

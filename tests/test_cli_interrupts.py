@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from p2pswarm.cli import app
+from p2pswarm.wire.control import LoadCancelRequest, LoadRequest
 from tests.fakes import FakeAgent
 from tests.test_training_cli import JOB, record
 
@@ -58,9 +59,9 @@ def test_ctrl_c_on_load_cancels_it_by_its_id(agent: FakeAgent, outcome: dict[str
     out = " ".join(result.stdout.split())
     assert "interrupted: cancelling the load, releasing every stage" in out
     assert said in out
-    load, cancel = agent.requests
-    assert load["op"] == "load" and cancel["op"] == "load_cancel"
-    assert len(load["load_id"]) == 16 and cancel["load_id"] == load["load_id"]
+    (load,), (cancel,) = agent.sent(LoadRequest), agent.sent(LoadCancelRequest)
+    assert len(agent.requests) == 2
+    assert len(load.load_id) == 16 and cancel.load_id == load.load_id
 
 
 @pytest.fixture

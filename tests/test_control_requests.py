@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from p2pswarm.agent.serving import requests
+from p2pswarm.control import serving_requests as requests
 from p2pswarm.control.requests import checked, decoded, request_map, typed_op
 from p2pswarm.errors import ConfigError
 from p2pswarm.wire.control import (

@@ -73,8 +73,8 @@ async def test_a_load_cancelled_while_its_stages_fetch_leaves_nothing(
         assert any(a.serving.held_stages() for a in swarm.live())
         began = trio.current_time()
         outcome = await asker.serving.cancel_load("cli-1")
-        assert outcome == {"load_id": "cli-1", "outcome": "cancelled",
-                           "plan_id": plan["plan_id"]}
+        assert outcome.to_doc() == {"load_id": "cli-1", "outcome": "cancelled",
+                                    "plan_id": plan["plan_id"]}
         assert trio.current_time() - began < 2.0  # not the rest of the fetch
         assert failed and "cancelled" in str(failed[0])
         assert phases.count("ready") < len(plan["stages"])  # it never came up whole
@@ -93,8 +93,8 @@ async def test_a_load_that_came_up_before_its_cancel_is_unloaded(
         record = await asker.serving.load(request(), load_id="cli-2")
         assert not nothing_held(swarm)
         outcome = await asker.serving.cancel_load("cli-2")
-        assert outcome == {"load_id": "cli-2", "outcome": "unloaded",
-                           "plan_id": record["plan_id"]}
+        assert outcome.to_doc() == {"load_id": "cli-2", "outcome": "unloaded",
+                                    "plan_id": record["plan_id"]}
         assert nothing_held(swarm) and await asker.serving.list_loads() == []
         await wait_until(lambda: nothing_loaded(swarm), timeout_s=10)  # gossip catches up
         nursery.cancel_scope.cancel()
@@ -105,7 +105,7 @@ async def test_a_cancel_that_overtakes_its_load_makes_it_refused(
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, tmp_path, seed=33)
         asker = swarm.live()[2]
-        assert (await asker.serving.cancel_load("cli-3"))["outcome"] == "not-started"
+        assert (await asker.serving.cancel_load("cli-3")).outcome == "not-started"
         with pytest.raises(PlacementError, match="cancelled"):
             await asker.serving.load(request(), load_id="cli-3")
         # the leader does the same for a ticket: a LoadAsk after its LoadCancel is refused

@@ -22,7 +22,9 @@ from p2pswarm.errors import ConfigError, PlanChanged
 from p2pswarm.runtime import LocalPipeline, Sampler
 from p2pswarm.training.job import LoraConfig
 from p2pswarm.training.lora import ADAPTER_WEIGHTS, load_adapters
+from p2pswarm.wire.control import LoadRequest
 from p2pswarm.wire.loads import UnloadAsk, Unloaded
+from p2pswarm.wire.orders import unpack_doc
 from tests.serving_swarm import (
     nothing_held,
     random_adapter,
@@ -163,8 +165,8 @@ def test_cli_load_adapter_sends_it_and_shows_it(agent, tmp_path) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["load", MODEL, "--adapter", str(adapter)])
     assert result.exit_code == 0, result.output
-    sent = fake.requests[-1]
-    assert sent["adapter"] == str(adapter.resolve()) and sent["request"]["adapter"] == sha
+    sent = fake.sent(LoadRequest)[-1]
+    assert sent.adapter == str(adapter.resolve()) and unpack_doc(sent.request)["adapter"] == sha
     assert "with LoRA adapter adapter (rank 4" in result.stdout and sha[:16] in result.stdout
 
     other = make_adapter(tmp_path / "other", base="small-llama")

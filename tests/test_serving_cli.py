@@ -18,6 +18,7 @@ from p2pswarm.cli import app
 from p2pswarm.control.server import emit, serve_control
 from p2pswarm.errors import Busy, PlanChanged
 from p2pswarm.planner import BUILTIN_MODELS, cluster_from_dict, plan_message
+from p2pswarm.wire.control import ChatRequest, ChatTurn, GenerateRequest, LoadRequest, UnloadRequest
 from tests.fakes import RECORD, FakeAgent
 
 runner = CliRunner()
@@ -59,9 +60,9 @@ def test_load_shows_progress_per_fellow_then_where_it_runs(agent: FakeAgent) -> 
     assert "stage 1 on fellow-2: fetching weights 30.0 / 60.0 MB" in out
     assert "stage 1 on fellow-2: ready, 59.0 MB allocated (plan claimed 59.0 MB)" in out
     assert "loaded plan 0123456789abcdef (small-llama): 3 stages in 1.5 s" in out
-    (sent,) = agent.requests
-    assert sent["op"] == "load" and sent["plan_id"] == "0123456789abcdef"
-    assert sent["path"] is None  # a built-in: no directory to offer
+    (sent,) = agent.sent(LoadRequest)
+    assert len(agent.requests) == 1 and sent.plan_id == "0123456789abcdef"
+    assert sent.path == ""  # a built-in: no directory to offer
 
 
 def test_plan_changed_says_what_changed_and_the_new_id(agent: FakeAgent) -> None:
@@ -97,8 +98,8 @@ def test_generate_streams_sanitised_text_then_the_timings(agent: FakeAgent) -> N
     assert "3 tokens (max_tokens)" in result.stderr and "31.0 tokens/s" in result.stderr
     assert "stage 1 fellow-2 (layers 4-7) 8.0 ms" in result.stderr
     assert "network 1.2 ms over 4 hops" in result.stderr
-    (sent,) = agent.requests
-    assert sent["prompt"] == "Hi" and sent["max_tokens"] == 3 and sent["seed"] == 5
+    (sent,) = agent.sent(GenerateRequest)
+    assert sent.prompt == "Hi" and sent.max_tokens == 3 and sent.seed == 5
     bad = runner.invoke(app, ["generate", "Hi", "--max-tokens", "0"])
     assert bad.exit_code == 2 and bad.stderr.startswith("error: --max-tokens 0")
 
@@ -108,12 +109,12 @@ def test_chat_takes_turns_until_end_of_input(agent: FakeAgent) -> None:
     agent.answers["chat"] = lambda req: {"text": next(replies), "token_ids": []}
     result = runner.invoke(app, ["chat", "--max-tokens", "8"], input="hi\n\nand you?\n")
     assert result.exit_code == 0, result.output
-    sent = [r["messages"] for r in agent.requests]  # the whole conversation, every turn
-    assert sent == [[{"role": "user", "content": "hi"}],
-                    [{"role": "user", "content": "hi"},
-                     {"role": "assistant", "content": " hello"},
-                     {"role": "user", "content": "and you?"}]]
-    assert all(r["op"] == "chat" and r["max_tokens"] == 8 for r in agent.requests)
+    turns = agent.sent(ChatRequest)
+    sent = [list(r.messages) for r in turns]  # the whole conversation, every turn
+    assert sent == [[ChatTurn("user", "hi")],
+                    [ChatTurn("user", "hi"), ChatTurn("assistant", " hello"),
+                     ChatTurn("user", "and you?")]]
+    assert len(turns) == len(agent.requests) and all(r.generate.max_tokens == 8 for r in turns)
 
 
 def test_a_full_queue_is_one_line(agent: FakeAgent) -> None:
@@ -134,7 +135,7 @@ def test_loads_and_unload(agent: FakeAgent) -> None:
     assert "loaded plan 0123456789abcdef" in table.stdout and "fellow-3" in table.stdout
     gone = runner.invoke(app, ["unload", "0123456789abcdef"])
     assert gone.exit_code == 0 and gone.stdout.strip() == "unloaded 0123456789abcdef"
-    assert agent.requests[-1] == {"op": "unload", "plan_id": "0123456789abcdef", "all": False}
+    assert agent.sent(UnloadRequest)[-1] == UnloadRequest("0123456789abcdef", False)
 
 
 def test_loads_says_where_each_stage_is_copied_ahead(agent: FakeAgent) -> None:

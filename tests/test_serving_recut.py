@@ -20,6 +20,7 @@ from p2pswarm.cli.loads import print_load, print_moved
 from p2pswarm.errors import ConfigError, PlacementError
 from p2pswarm.runtime import Sampler
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
+from p2pswarm.wire.control import LoadMoveRequest
 from tests.cpu_swarm import start_cpu_swarm
 from tests.serving_swarm import MODEL, PROMPT, reference, request
 
@@ -154,7 +155,7 @@ async def test_a_fast_fellow_joins_and_the_load_is_re_cut_live_under_a_generatio
         assert not any(k[0] == plan["plan_id"] for a in swarm.live()
                        for k in a.serving.hosted)
         # asked for by the plan_id it had, it is the same load
-        assert (await driver.serving.find_load(plan["plan_id"]))["plan_id"] == new_id
+        assert (await driver.serving.find_load(plan["plan_id"])).plan_id == new_id
         with pytest.raises(PlacementError, match=f"plan {new_id} \\(plan {plan['plan_id']} "
                            "before it was re-cut\\): no markedly faster placement"):
             await driver.control_ops["load_move"]({"op": "load_move",
@@ -223,7 +224,7 @@ def test_load_move_prints_one_line_per_stage_moved_or_refuses_in_one_line(agent:
     assert shown.stdout.splitlines() == [
         f"moved 1 stage of plan {RECORD['plan_id']} live:",
         "  stage 1 (layers 4-7): fellow-2 -> gpu-box (cuda:0 (RTX 3060)) in 2.2 s"]
-    assert agent.requests[-1] == {"op": "load_move", "plan_id": RECORD["plan_id"]}
+    assert agent.sent(LoadMoveRequest)[-1] == LoadMoveRequest(RECORD["plan_id"])
     agent.answers["load_move"] = PlacementError("plan 0123456789abcdef: no markedly faster "
                                                 "placement now")
     refused = CliRunner().invoke(app, ["load", "--move", RECORD["plan_id"]])

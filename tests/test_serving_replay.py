@@ -27,7 +27,7 @@ async def _resume(driver: Any, session: str, tokens: tuple[int, ...]) -> Any:
     the session id ``session``."""
     gen = driver.serving.driver
     record = await gen.find_load()
-    tokenizer = await gen.tokenizer(record.model)
+    tokenizer = await gen.tokenizer(record)
     run = GenerationRun(list(IDS), [0.0] * len(record.stages), 0.0, tokens=list(tokens),
                session=session)
     return await gen._run(record, run, N, set(), SessionOpen("-", record.plan_id, 0,

@@ -27,7 +27,7 @@ def test_the_torch_runtime_builds_a_stage_and_draws_what_one_process_draws() -> 
     order = StageOrder("p" * 16, 0, 1, "f" * 32, (0, layers), "cpu", 0, "CPU", 0, 0,
                        runtime_block({"max_context_tokens": 64}),
                        {"kind": "builtin", "name": "tiny-llama"})
-    stage = runtime.build(order, "tiny-llama", {})
+    stage = runtime.build(order, "tiny-llama", None)
     assert stage.is_last and stage.allocated_bytes() > 0
     prompt = [256, 72, 105]
     first = runtime.step(stage, "s", runtime.token_frame(prompt), 0,

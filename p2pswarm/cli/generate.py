@@ -4,6 +4,7 @@ stages keep the session's cache between turns, so only the new turn is prefilled
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -13,6 +14,8 @@ import typer
 from p2pswarm.cli.app import HomeOption, JsonOption, app, print_json, printable
 from p2pswarm.cli.exits import exits_on, fail
 from p2pswarm.cli.local_agent import stream_agent
+from p2pswarm.control.requests import request_map
+from p2pswarm.wire.control import ChatRequest, ChatTurn, GenerateRequest
 
 _GENERATE_TIMEOUT_S = 180.0  # the most a `generate` waits between two tokens
 
@@ -30,10 +33,11 @@ def _print_generation_stats(result: dict[str, Any]) -> None:
                f"{result.get('hops')} hops", err=True)
 
 
-def _generate_once(home: Optional[Path], prompt: str | list[int], options: dict[str, Any],
+def _generate_once(home: Optional[Path], prompt: str | list[int], options: GenerateRequest,
                    as_json: bool) -> dict[str, Any]:
-    given = {"prompt_ids": prompt} if isinstance(prompt, list) else {"prompt": prompt}
-    return _stream_op(home, {"op": "generate", **given, **options}, as_json)
+    asked = dataclasses.replace(options, prompt_ids=tuple(prompt)) if isinstance(prompt, list) \
+        else dataclasses.replace(options, prompt=prompt)
+    return _stream_op(home, request_map("generate", asked), as_json)
 
 
 def _stream_op(home: Optional[Path], request: dict[str, Any], as_json: bool) -> dict[str, Any]:
@@ -65,13 +69,14 @@ def _prompt_ids(text: str) -> list[int]:
 
 
 def _generate_options(max_tokens: int, temperature: float, top_k: int, top_p: float,
-                      seed: int, plan_id: Optional[str]) -> dict[str, Any]:
+                      seed: int, plan_id: Optional[str]) -> GenerateRequest:
+    """How to draw: a generate request with no prompt yet."""
     if max_tokens <= 0:
         fail(f"--max-tokens {max_tokens} must be positive, e.g. --max-tokens 64")
     if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
         fail("--temperature and --top-k must be >= 0 and --top-p in (0, 1]")
-    return {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k,
-            "top_p": top_p, "seed": seed, "plan_id": plan_id}
+    return GenerateRequest(plan_id=plan_id or "", max_tokens=max_tokens,
+                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
 
 MaxTokensOption = typer.Option(64, "--max-tokens", help="The most new tokens.")
@@ -132,7 +137,7 @@ def chat(
     options = _generate_options(max_tokens, temperature, top_k, top_p, seed, plan_id)
     if turns < 0:
         fail(f"--turns {turns} must be 0 (all that fit) or more")
-    history: list[dict[str, str]] = []  # user and assistant messages, in order
+    history: list[ChatTurn] = []  # user and assistant messages, in order
     interactive = sys.stdin.isatty()
     while True:
         if interactive:
@@ -147,15 +152,15 @@ def chat(
         if not line.strip():
             continue
         recent = history[-2 * turns:] if turns else history
-        messages = ([{"role": "system", "content": system}] if system else []) + recent \
-            + [{"role": "user", "content": line}]
+        messages = ([ChatTurn("system", system)] if system else []) + recent \
+            + [ChatTurn("user", line)]
+        turn = ChatRequest(tuple(messages), options)
         try:
-            result = _stream_op(home, {"op": "chat", "messages": messages, **options}, False)
+            result = _stream_op(home, request_map("chat", turn), False)
         except KeyboardInterrupt:
             typer.echo("\ninterrupted", err=True)
             continue
         typer.echo("")
-        history += [{"role": "user", "content": line},
-                    {"role": "assistant", "content": str(result.get("text", ""))}]
+        history += [ChatTurn("user", line), ChatTurn("assistant", str(result.get("text", "")))]
     if interactive:
         typer.echo("")

@@ -23,6 +23,15 @@ from p2pswarm.cli.plan_request import (
     WeightsDtypeOption,
     floors,
 )
+from p2pswarm.control.requests import request_map
+from p2pswarm.wire.control import (
+    LoadCancelRequest,
+    LoadMoveRequest,
+    LoadRequest,
+    LoadsRequest,
+    UnloadRequest,
+)
+from p2pswarm.wire.orders import pack_doc
 
 _PLAN_HELP_MODEL_SERVE = ("Model directory (config.json and *.safetensors) or a name with "
                           "weights (tiny-llama, small-llama, tiny-rwkv7, demo-llama).")
@@ -263,7 +272,11 @@ def load(
     from p2pswarm.errors import ConfigError, PlanChanged
 
     if move is not None:
-        moved = agent_answer(home, {"op": "load_move", "plan_id": move}, "", _LOAD_TIMEOUT_S)
+        if not 1 <= len(move) <= 64:
+            raise ConfigError("--move needs the plan_id of the load to move, as "
+                              "`p2pswarm loads` shows it")
+        moved = agent_answer(home, request_map("load_move", LoadMoveRequest(move)), "",
+                             _LOAD_TIMEOUT_S)
         if as_json:
             print_json(moved)
         else:
@@ -303,9 +316,10 @@ def load(
     load_id = secrets.token_hex(8)  # what an interrupted load is cancelled by
     try:
         with _LoadProgress(console) as progress:
-            record = stream_agent(home, {"op": "load", "request": message, "plan_id": plan_id,
-                                         "path": path, "adapter": adapter_dir,
-                                         "load_id": load_id}, progress, _LOAD_TIMEOUT_S)
+            asked = LoadRequest(pack_doc(message), plan_id or "", path or "",
+                                adapter_dir or "", load_id)
+            record = stream_agent(home, request_map("load", asked), progress,
+                                  _LOAD_TIMEOUT_S)
     except PlanChanged as exc:
         explain_plan_changed(exc, model, as_json)
     except KeyboardInterrupt:
@@ -321,8 +335,8 @@ def _cancel_load(home: Optional[Path], load_id: str, console: Any) -> None:
     """Ctrl-C during `load`: cancel it all or nothing, say what became of it, exit 130."""
     console.print("interrupted: cancelling the load, releasing every stage ...")
     try:
-        result = agent_answer(home, {"op": "load_cancel", "load_id": load_id}, "",
-                              _CANCEL_TIMEOUT_S)
+        result = agent_answer(home, request_map("load_cancel", LoadCancelRequest(load_id)),
+                              "", _CANCEL_TIMEOUT_S)
     except KeyboardInterrupt:  # again: stop waiting; the agent goes on cancelling
         console.print("not waiting: the agent goes on cancelling it; `p2pswarm loads` shows "
                       "what is loaded")
@@ -344,7 +358,7 @@ def _cancel_load(home: Optional[Path], load_id: str, console: Any) -> None:
 @exits_on()
 def loads(home: Optional[Path] = HomeOption, as_json: bool = JsonOption) -> None:
     """Show what is loaded in the swarm: each load's plan_id, model, and where its stages run."""
-    result = agent_answer(home, {"op": "loads"}, "")
+    result = agent_answer(home, request_map("loads", LoadsRequest()), "")
     records = result.get("loads", [])
     if as_json:
         print_json(records)
@@ -372,7 +386,8 @@ def unload(
     as_json: bool = JsonOption,
 ) -> None:
     """Free the stages of a load on every fellow."""
-    result = agent_answer(home, {"op": "unload", "plan_id": plan_id, "all": all_loads}, "")
+    result = agent_answer(home, request_map("unload", UnloadRequest(plan_id or "", all_loads)),
+                          "")
     if as_json:
         print_json(result)
         return

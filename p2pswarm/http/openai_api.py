@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from p2pswarm.agent.serving.records import former_plan_ids, generation_tokens
+from p2pswarm.agent.serving.records import LoadRecord, former_plan_ids, generation_tokens
 from p2pswarm.control.server import emitting_to
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.http.app import Call, Route, dumps
@@ -213,7 +213,15 @@ class OpenAIEndpoint:
 
     async def _template(self, record: dict[str, Any]) -> ChatTemplate | None:
         """The load's chat template (the serving side reads and caches it)."""
-        return await self.agent.serving.chat_prompts.template(record)
+        return await self.agent.serving.chat_prompts.template(await self._typed(record))
+
+    async def _typed(self, record: dict[str, Any]) -> LoadRecord:
+        """The serving side's value of a load record ``_find`` found; one not fit to serve
+        (a stage not known yet) is refused in the words a generation would meet."""
+        try:
+            return LoadRecord.from_doc(record)
+        except ConfigError:
+            return await self.agent.serving.find_load(str(record.get("plan_id")))
 
     async def completions(self, call: Call) -> None:
         body = await call.json()
@@ -252,7 +260,8 @@ class OpenAIEndpoint:
                       prompt: str | list[int], options: Sampling, *, chat: bool,
                       echo: str = "") -> None:
         prompt_tokens = (len(prompt) if isinstance(prompt, list) else
-                         len((await self.agent.serving.tokenizer(record)).encode(prompt)))
+                         len((await self.agent.serving.tokenizer(await self._typed(record)))
+                             .encode(prompt)))
         context, bound = generation_tokens(record)  # a recurrent load: past its context
         room = context - prompt_tokens + 1 if context else CHAT_MAX_TOKENS
         max_tokens = options.max_tokens or min(CHAT_MAX_TOKENS, room)

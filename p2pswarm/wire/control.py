@@ -3,8 +3,9 @@ message, bounded like every message on the wire.
 
 A control request still arrives as a map, ``{"op": NAME, ...}``: either carrying the
 message itself, encoded (``"msg"``: what ``encode`` makes of it), or, from a client that
-sends plain maps, its fields by name, which the agent turns into the message at the edge
-(``p2pswarm.agent.serving.control_ops``) and then checks with this codec as any message.
+sends plain maps (the HTTP API, scripts), its fields by name, which the control API's edge
+turns into the message (``p2pswarm.control.serving_requests``) and then checks with this
+codec as any message. The CLI sends the messages themselves.
 Either way, a handler receives one of these values, never the map.
 """
 

@@ -48,8 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from p2pswarm.agent.serving import requests
-from p2pswarm.agent.serving.asking import LoadAsker
+from p2pswarm.agent.serving.asking import CancelOutcome, LoadAsker
 from p2pswarm.agent.serving.chat_turns import ChatPrompts
 from p2pswarm.agent.serving.copies import CopiesAhead
 from p2pswarm.agent.serving.copy_host import CopyHost
@@ -60,12 +59,13 @@ from p2pswarm.agent.serving.leader_load import LeaderLoad
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
-from p2pswarm.agent.serving.records import GenerationResult, HostedStage, StageOrder
+from p2pswarm.agent.serving.records import GenerationResult, HostedStage, LoadRecord, StageOrder
 from p2pswarm.agent.serving.runtime import StageRuntime, TorchOnFirstUse
 from p2pswarm.agent.serving.stage_gossip import kept_plan_ids
 from p2pswarm.agent.serving.stage_host import StageHost
 from p2pswarm.agent.serving.stage_session import StageSessions
 from p2pswarm.agent.weights import Manifest, WeightsCache, WeightsServer
+from p2pswarm.control import serving_requests as requests
 from p2pswarm.control.requests import typed_op
 from p2pswarm.control.server import Emit, current_emitter, emit
 from p2pswarm.wire.control import (
@@ -76,7 +76,7 @@ from p2pswarm.wire.control import (
     LoadsRequest,
     UnloadRequest,
 )
-from p2pswarm.wire.orders import unpack_doc
+from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
     from p2pswarm.agent.serving.ports import ControlHandler, Leader, ServingPort
@@ -188,11 +188,13 @@ class Serving:
                    model_dir: str | None = None, adapter_dir: str | None = None,
                    on_progress: Emit | None = None,
                    load_id: str | None = None) -> dict[str, Any]:
-        return await self.asker.load(message, plan_id=plan_id, model_dir=model_dir,
-                                     adapter_dir=adapter_dir, on_progress=on_progress,
-                                     load_id=load_id)
+        """Load the plan of ``message`` (a plan request) through the leader; its record."""
+        reply = await self.asker.load(pack_doc(message), plan_id=plan_id, model_dir=model_dir,
+                                      adapter_dir=adapter_dir, on_progress=on_progress,
+                                      load_id=load_id)
+        return unpack_doc(reply.record)
 
-    async def cancel_load(self, load_id: str) -> dict[str, Any]:
+    async def cancel_load(self, load_id: str) -> CancelOutcome:
         """Cancel the load asked for as ``load_id``, all or nothing (``asking``)."""
         return await self.asker.cancel(load_id)
 
@@ -206,7 +208,9 @@ class Serving:
                  "sessions": len(h.sessions)}
                 for (plan_id, stage), state, h in sorted(held, key=lambda x: x[:2])]
 
-    async def unload(self, plan_id: str | None = None, *, all: bool = False) -> dict[str, Any]:
+    async def unload(self, plan_id: str | None = None, *,
+                     all: bool = False) -> tuple[str, ...]:
+        """Unload ``plan_id`` (or the only load, or ``all``); the plan_ids unloaded."""
         return await self.asker.unload(plan_id, all=all)
 
     async def release(self, plan_id: str) -> list[int]:
@@ -218,13 +222,13 @@ class Serving:
     async def list_loads(self) -> list[dict[str, Any]]:
         return await self.leader.list_loads()
 
-    async def find_load(self, plan_id: str | None = None) -> dict[str, Any]:
-        """The load ``plan_id`` (or the only one), checked to serve, as its record shows it."""
-        return await self.driver.find_doc(plan_id)
+    async def find_load(self, plan_id: str | None = None) -> LoadRecord:
+        """The load ``plan_id`` (or the only one), checked to serve."""
+        return await self.driver.find_load(plan_id)
 
-    async def tokenizer(self, record: dict[str, Any]) -> Any:
+    async def tokenizer(self, record: LoadRecord) -> Any:
         """The tokenizer of the load ``record`` shows."""
-        return await self.driver.tokenizer(record.get("model", {}))
+        return await self.driver.tokenizer(record)
 
     async def generate(self, prompt: str | None = None, *,
                        prompt_ids: Sequence[int] | None = None, plan_id: str | None = None,
@@ -258,28 +262,31 @@ class Serving:
         })
 
     async def _op_load(self, call: LoadRequest) -> Any:
-        return await self.load(unpack_doc(call.request), plan_id=call.plan_id or None,
-                               model_dir=call.path or None, adapter_dir=call.adapter or None,
-                               on_progress=current_emitter(), load_id=call.load_id or None)
+        reply = await self.asker.load(call.request, plan_id=call.plan_id or None,
+                                      model_dir=call.path or None,
+                                      adapter_dir=call.adapter or None,
+                                      on_progress=current_emitter(),
+                                      load_id=call.load_id or None)
+        return unpack_doc(reply.record)
 
     async def _op_load_cancel(self, call: LoadCancelRequest) -> Any:
-        return await self.cancel_load(call.load_id)
+        return (await self.cancel_load(call.load_id)).to_doc()
 
     async def _op_loads(self, call: LoadsRequest) -> Any:
         return {"loads": await self.list_loads()}
 
     async def _op_unload(self, call: UnloadRequest) -> Any:
-        return await self.unload(call.plan_id or None, all=call.all)
+        return {"unloaded": list(await self.unload(call.plan_id or None, all=call.all))}
 
     async def _op_chat(self, call: ChatRequest) -> Any:
         """One turn of a chat: the conversation through the model's chat template, the
         session kept."""
-        messages = [{"role": t.role, "content": t.content} for t in call.messages]
         drawn = call.generate
         record = await self.find_load(drawn.plan_id or None)
-        prompt = await self.chat_prompts.prompt(record, messages, max(1, drawn.max_tokens))
+        prompt = await self.chat_prompts.prompt(record, call.messages,
+                                                max(1, drawn.max_tokens))
         return await self._op_generate(dataclasses.replace(
-            drawn, prompt=prompt, plan_id=record["plan_id"], remember=True))
+            drawn, prompt=prompt, plan_id=record.plan_id, remember=True))
 
     async def _op_generate(self, call: GenerateRequest) -> Any:
         def on_token(token: int, piece: str) -> None:

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from p2pswarm.agent.adapter import check_adapter, read_adapter
+from p2pswarm.agent.adapter import AdapterManifest, check_adapter, read_adapter
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
-from p2pswarm.agent.serving.records import WeightsOrigin
+from p2pswarm.agent.serving.records import LoadRecord
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.control.server import Emit
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
@@ -58,6 +58,68 @@ class _Asking:
     outcome: str = ""  # the leader's word on a cancel (``LoadCancelled.outcome``)
 
 
+@dataclass(frozen=True, slots=True)
+class AskedModel:
+    """What a load request (the plan request ``load`` takes) says of its model, read once:
+    its name, its config.json and the adapter it names (its SHA-256; "" for none)."""
+
+    name: str
+    config: dict[str, Any]  # config.json, as the request gives it (the planner's input)
+    adapter: str
+
+    @staticmethod
+    def of(request: bytes) -> AskedModel:
+        """The model of a packed plan request; ConfigError without one."""
+        message = unpack_doc(request)
+        model, adapter = message.get("model"), message.get("adapter")
+        config = model.get("config") if isinstance(model, dict) else None
+        if not isinstance(model, dict) or not isinstance(config, dict):
+            raise ConfigError("a load request needs \"model\": {\"name\", \"config\"}")
+        return AskedModel(str(model.get("name")), config, str(adapter) if adapter else "")
+
+    @property
+    def recurrent(self) -> bool:
+        return self.config.get("model_type") in RECURRENT_MODEL_TYPES
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIdentity:
+    """A model as load orders name it (``StageOrder.model``): a built-in by name, or a
+    directory a fellow offers, whose manifest travels with the orders (records and gossip
+    keep the rest); ``to_doc`` is the document the orders carry."""
+
+    name: str
+    manifest: Manifest | None = None  # None: a built-in
+    source_id: str = ""  # the offering fellow (hex id), its name and address
+    source: str = ""
+    source_addr: str = ""
+    recurrent: bool = False  # records say so: its generations pass the context
+
+    def to_doc(self) -> dict[str, Any]:
+        m = self.manifest
+        recurrent = {"recurrent": True} if self.recurrent else {}
+        if m is None:
+            return {"kind": "builtin", "name": self.name, **recurrent}
+        return {"kind": "files", "name": m.name, "key": m.key, "source_id": self.source_id,
+                "source": self.source, "source_addr": self.source_addr, "path": m.path,
+                "files": [[f.name, f.nbytes, f.sha256] for f in m.files],
+                "manifest": m.to_dict(), **recurrent}
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOutcome:
+    """What became of a load cancelled by its id (``LoadAsker.cancel``)."""
+
+    load_id: str
+    outcome: str  # "cancelled", "unloaded", "not-started" or "unconfirmed"
+    plan_id: str = ""  # the load that came up (or the one the leader cancelled); "": none
+
+    def to_doc(self) -> dict[str, Any]:
+        """As the control op ``load_cancel`` answers it."""
+        return {"load_id": self.load_id, "outcome": self.outcome,
+                "plan_id": self.plan_id or None}
+
+
 class LoadAsker:
     def __init__(self, agent: AskerPort, leadership: Leader, offers: Offers,
                  progress: Progress) -> None:
@@ -67,29 +129,34 @@ class LoadAsker:
         self.progress = progress
         self._asking: OrderedDict[str, _Asking] = OrderedDict()  # by load id
 
-    async def load(self, message: dict[str, Any], *, plan_id: str | None = None,
+    async def load(self, request: bytes, *, plan_id: str | None = None,
                    model_dir: str | None = None, adapter_dir: str | None = None,
                    on_progress: Emit | None = None,
-                   load_id: str | None = None) -> dict[str, Any]:
-        """Ask the leader to load ``message`` (a plan request), pinned to ``plan_id`` if
-        given; ``model_dir``: the model's directory on this fellow (else a built-in);
+                   load_id: str | None = None) -> LoadDone:
+        """Ask the leader to load ``request`` (a plan request, packed as ``LoadRequest``
+        carries it and ``LoadAsk`` passes it on), pinned to ``plan_id`` if given;
+        ``model_dir``: the model's directory on this fellow (else a built-in);
         ``adapter_dir``: LoRA adapters on this fellow to serve on top of the model;
-        ``load_id``: the name ``cancel`` finds it by."""
+        ``load_id``: the name ``cancel`` finds it by. The leader's answer: its record."""
         asking = self._begin(load_id)
         ticket = self.progress.new_ticket(on_progress)
         asked = False
         try:
             with asking.scope:
-                model = await self._model_identity(message, model_dir)
-                adapter = None
+                wanted = AskedModel.of(request)
+                model = await self._model_identity(wanted, model_dir)
+                adapter = b""
                 if adapter_dir is not None:
-                    adapter = await self._adapter_identity(message, model, adapter_dir)
-                    message = {**message, "adapter": adapter["sha256"]}
-                elif message.get("adapter"):
+                    read = await self._adapter(wanted, model, adapter_dir)
+                    request = pack_doc({**unpack_doc(request), "adapter": read.sha256})
+                    adapter = pack_doc({**read.public(), "source_id": self.agent.node_id.hex(),
+                                        "source": self.agent.name,
+                                        "manifest": read.manifest.to_dict()})
+                elif wanted.adapter:
                     raise ConfigError("the request names an adapter: give its directory "
                                       "(--adapter)")
-                call = LoadAsk(pack_doc(message), plan_id or "", pack_doc(model),
-                               pack_doc(adapter) if adapter else b"", self.agent.addr, ticket)
+                call = LoadAsk(request, plan_id or "", pack_doc(model.to_doc()),
+                               adapter, self.agent.addr, ticket)
                 asked = True
                 try:
                     reply = await self.leadership.ask(call, LoadDone)
@@ -98,9 +165,10 @@ class LoadAsker:
                 except SwarmError:
                     asked = False  # the leader refused it: it keeps nothing of it
                     raise
-                record = unpack_doc(reply.record)
-                asking.plan_id, asking.loaded = str(record.get("plan_id", "")), True
-                return record
+                # the record, checked as any from the network (a malformed one is cancelled)
+                asking.plan_id = LoadRecord.from_doc(unpack_doc(reply.record)).plan_id
+                asking.loaded = True
+                return reply
             raise PlacementError("the load was cancelled; nothing stays loaded")
         finally:
             self.progress.done(ticket)
@@ -140,7 +208,7 @@ class LoadAsker:
                         CANCEL_TIMEOUT_S)
             asking.outcome = "unconfirmed"
 
-    async def cancel(self, load_id: str) -> dict[str, Any]:
+    async def cancel(self, load_id: str) -> CancelOutcome:
         """Cancel the load asked for as ``load_id``, all or nothing: what became of it
         (``cancelled``: nothing stays loaded; ``unloaded``: it had come up, and is
         unloaded again; ``not-started``: it had not reached this agent, and never will;
@@ -150,7 +218,7 @@ class LoadAsker:
         asking = self._asking.get(load_id)
         if asking is None:  # its load op has not arrived yet: refuse it when it does
             self._begin(load_id).done.set()
-            return {"load_id": load_id, "outcome": "not-started", "plan_id": None}
+            return CancelOutcome(load_id, "not-started")
         asking.scope.cancel()
         await asking.done.wait()
         if asking.loaded:  # it came up before the cancel: take it down
@@ -159,60 +227,41 @@ class LoadAsker:
             asking.outcome = "unloaded"
         outcome = asking.outcome if asking.outcome in ("unloaded", "unconfirmed") \
             else "cancelled"
-        return {"load_id": load_id, "outcome": outcome, "plan_id": asking.plan_id or None}
+        return CancelOutcome(load_id, outcome, asking.plan_id)
 
-    async def unload(self, plan_id: str | None = None, *, all: bool = False) -> dict[str, Any]:
-        """Ask the leader to unload ``plan_id`` (or the only load, or ``all``)."""
+    async def unload(self, plan_id: str | None = None, *,
+                     all: bool = False) -> tuple[str, ...]:
+        """Ask the leader to unload ``plan_id`` (or the only load, or ``all``); the plan_ids
+        it unloaded."""
         reply = await self.leadership.ask(UnloadAsk(plan_id or "", all), Unloaded)
-        return {"unloaded": list(reply.plan_ids)}
+        return reply.plan_ids
 
-    async def _adapter_identity(self, message: dict[str, Any], model: dict[str, Any],
-                                adapter_dir: str) -> dict[str, Any]:
+    async def _adapter(self, wanted: AskedModel, model: ModelIdentity,
+                       adapter_dir: str) -> AdapterManifest:
         """Read, hash and check the adapter against the planned base, and offer its
-        tensors; what the leader passes on (each stage gets its own layers' part)."""
+        tensors (each stage gets its own layers' part, which the leader cuts)."""
         try:
             adapter = await self.agent.compute.run(lambda: read_adapter(adapter_dir))
         except OSError as exc:
             raise ConfigError(f"cannot read the adapter directory {adapter_dir}: {exc}") from exc
-        wanted = message.get("adapter")
-        if wanted and wanted != adapter.sha256:
+        if wanted.adapter and wanted.adapter != adapter.sha256:
             raise ConfigError(f"the adapter in {adapter.path} changed since it was hashed "
                               "for this request: run the command again")
-        origin = WeightsOrigin.of(model)
-        check_adapter(adapter, message["model"]["config"], str(origin.name),
-                      origin.path if origin.kind == "files" else None)
+        check_adapter(adapter, wanted.config, model.name,
+                      model.manifest.path if model.manifest is not None else None)
         self.offers.server.offer(adapter.manifest)
-        return {**adapter.public(), "source_id": self.agent.node_id.hex(),
-                "source": self.agent.name, "manifest": adapter.manifest.to_dict()}
+        return adapter
 
-    async def _model_identity(self, message: dict[str, Any],
-                              model_dir: str | None) -> dict[str, Any]:
-        model = message.get("model")
-        if not isinstance(model, dict) or not isinstance(model.get("config"), dict):
-            raise ConfigError("a load request needs \"model\": {\"name\", \"config\"}")
-        identity = await self._weights_identity(model, model_dir)
-        if model["config"].get("model_type") in RECURRENT_MODEL_TYPES:
-            identity["recurrent"] = True  # records say so: its generations pass the context
-        return identity
-
-    async def _weights_identity(self, model: dict[str, Any],
-                                model_dir: str | None) -> dict[str, Any]:
+    async def _model_identity(self, wanted: AskedModel,
+                              model_dir: str | None) -> ModelIdentity:
         if model_dir is None:
-            name = str(model.get("name"))
-            if name in BUILTIN_MODELS and dict(BUILTIN_MODELS[name]) == model["config"]:
-                return {"kind": "builtin", "name": name}
+            name = wanted.name
+            if name in BUILTIN_MODELS and dict(BUILTIN_MODELS[name]) == wanted.config:
+                return ModelIdentity(name, recurrent=wanted.recurrent)
             raise ConfigError(f"no weights ship with {name!r}: give the model's directory "
                               f"(a Hugging Face config.json and *.safetensors)")
         manifest = await self.offers.offer(model_dir)
-        if manifest.hf_config != model["config"]:
+        if manifest.hf_config != wanted.config:
             raise ConfigError(f"{model_dir}/config.json differs from the planned model")
-        return self._files_identity(manifest)
-
-    def _files_identity(self, manifest: Manifest) -> dict[str, Any]:
-        """A model directory on this fellow, as orders name it (the manifest travels with
-        the orders; records and gossip keep the rest)."""
-        data = manifest.to_dict()
-        return {"kind": "files", "name": manifest.name, "key": manifest.key,
-                "source_id": self.agent.node_id.hex(), "source": self.agent.name,
-                "source_addr": self.agent.addr, "path": manifest.path,
-                "files": data["files"], "manifest": data}
+        return ModelIdentity(manifest.name, manifest, self.agent.node_id.hex(), self.agent.name,
+                             self.agent.addr, wanted.recurrent)

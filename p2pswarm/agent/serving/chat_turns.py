@@ -7,13 +7,15 @@ new."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
-from p2pswarm.agent.serving.records import WeightsOrigin, generation_tokens
+from p2pswarm.agent.serving.records import LoadRecord, WeightsOrigin
+from p2pswarm.agent.weights import Manifest
 from p2pswarm.errors import PlacementError
 from p2pswarm.models.chat_template import ChatTemplate, read_chat_template, render_chat
+from p2pswarm.wire.control import ChatTurn
 
 if TYPE_CHECKING:
     from p2pswarm.agent.serving import Serving
@@ -24,43 +26,41 @@ class ChatPrompts:
         self.serving = serving
         self._templates: dict[str, ChatTemplate | None] = {}
 
-    async def template(self, record: dict[str, Any]) -> ChatTemplate | None:
+    async def template(self, record: LoadRecord) -> ChatTemplate | None:
         """The load's chat template, from its model directory (None for built-ins)."""
-        from p2pswarm.agent.weights import Manifest
-
-        plan_id = record["plan_id"]
+        plan_id = record.plan_id
         if plan_id in self._templates:
             return self._templates[plan_id]
-        model = record.get("model") or {}
-        files = {f[0] for f in model.get("files", [])}
         template = None
-        origin = WeightsOrigin.of(model)
-        if origin.kind == "files" and "tokenizer_config.json" in files:
-            serving = self.serving
-            await serving.tokenizer(record)  # fetches the side files this fellow lacks
-            if origin.offered_by(serving.agent.node_id.hex()):
-                directory = str(origin.path)
-            else:
-                manifest = Manifest.from_dict({**model, "config": {}, "tensors": []})
-                cache = serving.weights_cache()
-                directory = str(await serving.run(lambda: cache.model_dir(manifest)))
-            template = await trio.to_thread.run_sync(read_chat_template, directory)
+        origin = WeightsOrigin.of(record.model)
+        if origin.kind == "files":
+            manifest = Manifest.from_dict({**record.model, "config": {}, "tensors": []})
+            if any(f.name == "tokenizer_config.json" for f in manifest.files):
+                serving = self.serving
+                await serving.tokenizer(record)  # fetches the side files this fellow lacks
+                if origin.offered_by(serving.agent.node_id.hex()):
+                    directory = str(origin.path)
+                else:
+                    cache = serving.weights_cache()
+                    directory = str(await serving.run(lambda: cache.model_dir(manifest)))
+                template = await trio.to_thread.run_sync(read_chat_template, directory)
         self._templates[plan_id] = template
         return template
 
-    async def prompt(self, record: dict[str, Any], messages: list[dict[str, str]],
+    async def prompt(self, record: LoadRecord, messages: tuple[ChatTurn, ...],
                      max_tokens: int) -> str:
         """The prompt for ``messages``, the oldest turns dropped until it leaves room for
         ``max_tokens`` in the load's context (system messages and the last turn stay)."""
         template = await self.template(record)
         tokenizer = await self.serving.tokenizer(record)
-        context, bound = generation_tokens(record)
+        context, bound = record.generation_tokens()
         kept = list(messages)
-        while True:
-            prompt = render_chat(kept, template)
+        while True:  # the template renders the turns as the OpenAI endpoint takes them
+            prompt = render_chat([{"role": t.role, "content": t.content} for t in kept],
+                                 template)
             if not context or len(tokenizer.encode(prompt)) + max_tokens - 1 <= context:
                 return prompt
-            turns = [i for i, m in enumerate(kept) if m["role"] not in ("system", "developer")]
+            turns = [i for i, t in enumerate(kept) if t.role not in ("system", "developer")]
             if len(turns) <= 1:
                 raise PlacementError(f"the last message and {max_tokens} new tokens exceed "
                                      f"{bound}")

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from p2pswarm.agent.serving.records import WeightsOrigin
-from p2pswarm.agent.serving.stage_gossip import gossiped_stages
+from p2pswarm.agent.serving.records import WeightsOrigin, route_hop
+from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids, gossiped_stages
 from p2pswarm.agent.weight_holders import gather
 from p2pswarm.agent.weights import Manifest, ManifestTensor, WeightsCache
 from p2pswarm.errors import ConfigError, PlacementError
@@ -154,26 +155,31 @@ class CopyHost:
                 f"{self.agent.name} has no room to copy stage {call.stage} of {call.plan_id}: "
                 f"{need:,} bytes more, its weights cache keeps {kept:,} of {cap:,}")
 
-    def _stage_entries(self) -> list[dict[str, Any]]:
-        entries = gossiped_stages(self.agent.extra_metadata)
+    def _gossips(self) -> Iterator[dict[str, Any]]:
+        """This fellow's metadata and each present fellow's, as they gossip it."""
+        yield self.agent.extra_metadata
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
             if m.present and not m.is_self:
-                entries += gossiped_stages(self.agent.member_metadata(m))
-        return entries
+                yield self.agent.member_metadata(m)
 
     def _gossiped_plans(self) -> set[str]:
-        return {str(e.get("plan_id")) for e in self._stage_entries()}
+        return {p for metadata in self._gossips() for p in gossiped_plan_ids(metadata)}
 
     def _gossiped_stage(self, call: StageCopy, model_key: str) -> bool:
-        for entry in self._stage_entries():
+        layers = (call.start_layer, call.end_layer)
+        for entry in (e for metadata in self._gossips() for e in gossiped_stages(metadata)):
             model = entry.get("model")
             if entry.get("plan_id") != call.plan_id or not isinstance(model, dict) \
                     or model.get("key") != model_key:
                 continue
-            for hop in entry.get("route") or []:
-                if isinstance(hop, dict) and hop.get("stage") == call.stage \
-                        and list(hop.get("layers") or ()) == [call.start_layer, call.end_layer]:
+            route = entry.get("route")
+            for i, doc in enumerate(route if isinstance(route, list) else ()):
+                try:
+                    hop = route_hop(doc, i)
+                except ConfigError:
+                    continue
+                if hop.stage == call.stage and (hop.start_layer, hop.end_layer) == layers:
                     return True
         return False
 

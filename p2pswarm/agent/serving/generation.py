@@ -203,15 +203,14 @@ class Generation:
         await slot.done.wait()  # the driver reads it; returning would close it
 
     async def find_load(self, plan_id: str | None = None) -> LoadRecord:
-        """The load ``plan_id`` (or the only one), checked to serve: a ``LoadRecord``."""
-        return LoadRecord.from_doc(await self.find_doc(plan_id))
-
-    async def find_doc(self, plan_id: str | None = None) -> dict[str, Any]:
-        """As ``find_load``, the record as the leader or this fellow's view shows it."""
+        """The load ``plan_id`` (or the only one), checked to serve: a ``LoadRecord`` of
+        the record the leader or this fellow's view shows (its stages' states and
+        completeness checked there first, as they say what is wrong in words)."""
         loads = await self.loads.list_loads()
+        ids = [str(r["plan_id"]) for r in loads]
         if plan_id:
-            chosen = [r for r in loads if r["plan_id"] == plan_id
-                      or plan_id in former_plan_ids(r)]  # re-cut since
+            chosen = [(p, r) for p, r in zip(ids, loads)
+                      if p == plan_id or plan_id in former_plan_ids(r)]  # re-cut since
             if not chosen:
                 raise PlacementError(f"plan {plan_id} is not loaded; `p2pswarm loads` shows "
                                      "what is")
@@ -219,31 +218,33 @@ class Generation:
             raise PlacementError("nothing is loaded: run `p2pswarm load MODEL` first")
         elif len(loads) > 1:
             raise ConfigError(f"{len(loads)} loads: pick one with --plan-id "
-                              f"({', '.join(r['plan_id'] for r in loads)})")
+                              f"({', '.join(ids)})")
         else:
-            chosen = loads
-        record = chosen[0]
+            chosen = [(ids[0], loads[0])]
+        found, record = chosen[0]
         for s in record["stages"]:
-            if s.get("state") not in ("alive", "suspect"):
+            state = s.get("state", "unknown")
+            if state not in ("alive", "suspect"):
                 raise TransportError(f"stage {s['stage']} on fellow {s['fellow']} is "
-                                     f"{s.get('state', 'unknown')}: the load cannot serve; "
-                                     "unload it and load again")
+                                     f"{state}: the load cannot serve; unload it and load "
+                                     "again")
         if not record.get("complete", True):
-            raise PlacementError(f"plan {record['plan_id']} is not completely loaded "
+            raise PlacementError(f"plan {found} is not completely loaded "
                                  "(some stages are not known yet); try again")
-        return record
+        return LoadRecord.from_doc(record)
 
-    async def tokenizer(self, model: dict[str, Any]) -> Any:
-        """The tokenizer of a load's ``model`` (its public identity, as its record shows
-        it); a files model's come from the fellow that has them."""
-        files = {f[0] for f in model.get("files", [])}
-        world = WORLD_VOCAB_FILE in files and "tokenizer.json" not in files
-        origin = WeightsOrigin.of(model)
-        if origin.kind == "builtin" or ("tokenizer.json" not in files and not world):
+    async def tokenizer(self, record: LoadRecord) -> Any:
+        """The tokenizer of a load's model (its public identity, as its record shows it);
+        a files model's come from the fellow that has them."""
+        origin = WeightsOrigin.of(record.model)
+        if origin.kind != "files":
+            return ByteTokenizer()  # a built-in: p2pswarm's own, byte-level
+        manifest = Manifest.from_dict({**record.model, "config": {}, "tensors": []})
+        files = {f.name for f in manifest.files}
+        if "tokenizer.json" not in files and WORLD_VOCAB_FILE not in files:
             # p2pswarm's own models (built in, or trained from scratch and saved) are
             # byte-level and ship no tokenizer.json
             return ByteTokenizer()
-        manifest = Manifest.from_dict({**model, "config": {}, "tensors": []})
         if origin.offered_by(self.agent.node_id.hex()):
             # a record gossiped by any fellow may name this one the source: read only a
             # directory this fellow offered
@@ -273,7 +274,7 @@ class Generation:
         if max_tokens <= 0:
             raise ConfigError("max_tokens must be positive, e.g. --max-tokens 64")
         record = await self.find_load(plan_id)
-        tokenizer = await self.tokenizer(record.model)
+        tokenizer = await self.tokenizer(record)
         plan = record.plan_id
         if prompt_ids is not None:
             ids = list(prompt_ids)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from p2pswarm.agent.serving.records import StageOrder, WeightSource
+    from p2pswarm.agent.weights import Manifest
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -68,9 +69,28 @@ class BatchStep:
     keep_logits: bool
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterPart:
+    """This stage's part of a LoRA adapter, read once from its order's adapter block:
+    the manifest of its tensors and the scale its ``B @ A`` is merged with."""
+
+    manifest: Manifest
+    scale: float  # alpha / rank
+    local: bool  # this fellow offered the adapter: its tensors are read from its directory
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterWeights:
+    """An adapter part's tensors, read and verified by the runtime: opaque here (torch's
+    tensors by name, for the torch runtime), handed back to its ``build``."""
+
+    part: AdapterPart
+    tensors: Any
+
+
 class StageRuntime(Protocol):
     def build(self, order: StageOrder, source: WeightSource,
-              adapter: dict[str, Any]) -> LoadedStage:
+              adapter: AdapterWeights | None) -> LoadedStage:
         """The stage ``order`` asks for, built from ``source`` with ``adapter``'s tensors
         (by name, verified) merged in; PlacementError when the card cannot hold it."""
 
@@ -92,7 +112,7 @@ class StageRuntime(Protocol):
     def read_logits(self, frame: bytes) -> Any:
         """The logits a last stage kept, as a tensor."""
 
-    def adapter_tensors(self, block: dict[str, Any], cache: Any, local: bool) -> dict[str, Any]:
+    def adapter_tensors(self, part: AdapterPart, cache: Any) -> AdapterWeights:
         """This stage's adapter tensors, read and verified against their SHA-256."""
 
 
@@ -117,7 +137,7 @@ class TorchOnFirstUse:
             log.debug("importing the runtime ahead failed", exc_info=True)
 
     def build(self, order: StageOrder, source: WeightSource,
-              adapter: dict[str, Any]) -> LoadedStage:
+              adapter: AdapterWeights | None) -> LoadedStage:
         return self._runtime().build(order, source, adapter)
 
     def sampler(self, temperature: float, top_k: int, top_p: float, seed: int) -> Any:
@@ -136,8 +156,9 @@ class TorchOnFirstUse:
     def read_logits(self, frame: bytes) -> Any:
         return self._runtime().read_logits(frame)
 
-    def adapter_tensors(self, block: dict[str, Any], cache: Any, local: bool) -> dict[str, Any]:
-        return self._runtime().adapter_tensors(block, cache, local)
+    def adapter_tensors(self, part: AdapterPart, cache: Any) -> AdapterWeights:
+        return self._runtime().adapter_tensors(part, cache)
 
 
-__all__ = ["BatchStep", "LoadedStage", "StageRuntime", "Stepped", "TorchOnFirstUse"]
+__all__ = ["AdapterPart", "AdapterWeights", "BatchStep", "LoadedStage", "StageRuntime", "Stepped",
+           "TorchOnFirstUse"]

@@ -38,7 +38,7 @@ from p2pswarm.agent.serving.records import (
     route_entry,
     runtime_doc,
 )
-from p2pswarm.agent.serving.runtime import StageRuntime
+from p2pswarm.agent.serving.runtime import AdapterPart, AdapterWeights, StageRuntime
 from p2pswarm.agent.weight_holders import first_unheld, gather
 from p2pswarm.agent.weights import Manifest, check_source_files
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
@@ -97,7 +97,7 @@ class StageHost:
         out: set[str] = set()
         for h in (*self.hosted.values(), *self.releasing.values()):
             for block in (h.order.model, h.order.adapter):
-                raw = block.get("manifest") if isinstance(block, dict) else None
+                raw = WeightsOrigin.of(block).manifest
                 if isinstance(raw, dict):
                     try:
                         manifest = Manifest.from_dict(raw)
@@ -334,12 +334,12 @@ class StageHost:
                                     on_bytes=on_bytes)).received_bytes
         return CachedWeights(manifest, cache), fetched, time.perf_counter() - began
 
-    async def _stage_adapter(self, order: StageOrder) -> tuple[dict[str, Any], int]:
+    async def _stage_adapter(self, order: StageOrder) -> tuple[AdapterWeights | None, int]:
         """This stage's adapter tensors (fetched first when this fellow lacks them),
         verified against their SHA-256; and the bytes fetched."""
         block = order.adapter
         if not block:
-            return {}, 0
+            return None, 0
         manifest = block_manifest(block)
         origin = WeightsOrigin.of(block)
         local = origin.offered_by(self.agent.node_id.hex())
@@ -356,9 +356,13 @@ class StageHost:
                                         source_id=origin.source_id,
                                         source_name=origin.source_name())
                            ).received_bytes
-        tensors = await self.agent.compute.run(
-            lambda: self.runtime.adapter_tensors(block, cache, local))
-        return tensors, fetched
+        try:  # the scale of its B @ A: alpha / rank (its adapter_config)
+            scale = float(block["alpha"]) / int(block["rank"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            raise ConfigError("malformed adapter block: no alpha / rank to scale it by") from None
+        part = AdapterPart(manifest, scale, local)
+        weights = await self.agent.compute.run(lambda: self.runtime.adapter_tensors(part, cache))
+        return weights, fetched
 
     # --- start, release, expiry --------------------------------------------------------
 
@@ -471,3 +475,4 @@ class StageHost:
             self.agent.extra_metadata["kept_loads"] = idle
         else:
             self.agent.extra_metadata.pop("kept_loads", None)
+

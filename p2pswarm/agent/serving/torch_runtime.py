@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from p2pswarm.agent.adapter import TENSOR_NAME, block_manifest
+from p2pswarm.agent.adapter import TENSOR_NAME
 from p2pswarm.agent.serving.records import CachedWeights, StageOrder, WeightSource
-from p2pswarm.agent.serving.runtime import BatchStep, Stepped
+from p2pswarm.agent.serving.runtime import AdapterPart, AdapterWeights, BatchStep, Stepped
 from p2pswarm.agent.weights import Manifest, WeightsCache
 from p2pswarm.errors import ConfigError, PlacementError, RemoteProtocolError
 from p2pswarm.models.loader import open_model
@@ -34,14 +34,15 @@ class TorchRuntime:
     """``StageRuntime`` on torch: ``p2pswarm.runtime.Stage`` per stage."""
 
     def build(self, order: StageOrder, source: WeightSource,
-              adapter: dict[str, Any]) -> Stage:
+              adapter: AdapterWeights | None) -> Stage:
         tensors: Any = source
         if isinstance(source, CachedWeights):
             tensors = CachedTensors(source.manifest, source.cache)
-        if order.adapter:  # merge W += scale * B @ A as the stage reads its weights
+        if adapter is not None:  # merge W += scale * B @ A as the stage reads its weights
             if isinstance(tensors, (str, Path)):
                 tensors = open_model(tensors)
-            tensors = AdaptedSource(tensors, order.adapter, adapter, *order.layers)
+            tensors = AdaptedSource(tensors, adapter.part.scale, adapter.tensors,
+                                    *order.layers)
         try:
             return Stage.load(tensors, order.spec())
         except (RuntimeError, MemoryError) as exc:  # torch's out-of-memory and kin
@@ -92,9 +93,8 @@ class TorchRuntime:
     def read_logits(self, frame: bytes) -> torch.Tensor:
         return decode_tensor(frame)
 
-    def adapter_tensors(self, block: dict[str, Any], cache: WeightsCache | None,
-                        local: bool) -> dict[str, torch.Tensor]:
-        return read_adapter_tensors(block, cache, local)
+    def adapter_tensors(self, part: AdapterPart, cache: WeightsCache | None) -> AdapterWeights:
+        return AdapterWeights(part, read_adapter_tensors(part.manifest, cache, part.local))
 
 
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16",
@@ -132,11 +132,10 @@ class CachedTensors:
             yield name, tensor.reshape(entry.shape).to(device)
 
 
-def read_adapter_tensors(block: dict[str, Any], cache: WeightsCache | None,
+def read_adapter_tensors(manifest: Manifest, cache: WeightsCache | None,
                          local: bool) -> dict[str, torch.Tensor]:
-    """This stage's adapter tensors as float32, each checked against its SHA-256, from the
-    adapter directory (``local``: this fellow has it) or the cache."""
-    manifest = block_manifest(block)
+    """This stage's adapter tensors (``manifest``) as float32, each checked against its
+    SHA-256, from the adapter directory (``local``: this fellow has it) or the cache."""
     out: dict[str, torch.Tensor] = {}
     for t in manifest.tensors:
         try:
@@ -164,12 +163,12 @@ def read_adapter_tensors(block: dict[str, Any], cache: WeightsCache | None,
 class AdaptedSource:
     """A tensor source whose adapted weights come out merged: ``W + scale * B @ A``."""
 
-    def __init__(self, source: Any, block: dict[str, Any], tensors: dict[str, torch.Tensor],
+    def __init__(self, source: Any, scale: float, tensors: dict[str, torch.Tensor],
                  start_layer: int, end_layer: int) -> None:
         self._source = source
         self.name = source.name
         self.config = source.config
-        self.scale = float(block["alpha"]) / int(block["rank"])
+        self.scale = scale
         self._pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for name, a in tensors.items():
             layer, parent, proj, which = TENSOR_NAME.match(name).groups()  # type: ignore[union-attr]
