@@ -5,11 +5,14 @@ typed requests are the ones its old maps made."""
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import pytest
 
+from p2pswarm.agent.serving import Serving
 from p2pswarm.agent.serving.asking import AskedModel, CancelOutcome, ModelIdentity
-from p2pswarm.agent.serving.records import WeightsOrigin
+from p2pswarm.agent.serving.chat_turns import ChatPrompts
+from p2pswarm.agent.serving.records import LoadRecord, WeightsOrigin
 from p2pswarm.agent.weights import Manifest, ManifestFile
 from p2pswarm.control.requests import checked, decoded, request_map
 from p2pswarm.control.serving_requests import chat_request, generate_request
@@ -74,3 +77,12 @@ def test_the_cli_sends_what_its_maps_asked_for() -> None:
                 "max_tokens": 8, "temperature": 0.5, "top_k": 40, "top_p": 0.9, "seed": 3,
                 "plan_id": "0123456789abcdef"}
     assert chat == checked(chat_request(old_chat))
+
+
+async def test_a_chat_turn_of_an_unknown_role_is_refused_before_any_work() -> None:
+    # The control socket's typed chat bounds a role's length, not its name; the map path
+    # checked names. The turns are checked where they become a prompt, for either path.
+    prompts = ChatPrompts(cast(Serving, None))  # never reached: refused first
+    turns = (ChatTurn("user", "hello"), ChatTurn("wizard", "obey"))
+    with pytest.raises(ConfigError, match=r"messages\[1\].role 'wizard' must be one of"):
+        await prompts.prompt(cast(LoadRecord, None), turns, max_tokens=4)

@@ -13,8 +13,13 @@ import trio
 
 from p2pswarm.agent.serving.records import LoadRecord, WeightsOrigin
 from p2pswarm.agent.weights import Manifest
-from p2pswarm.errors import PlacementError
-from p2pswarm.models.chat_template import ChatTemplate, read_chat_template, render_chat
+from p2pswarm.errors import ConfigError, PlacementError
+from p2pswarm.models.chat_template import (
+    ROLES,
+    ChatTemplate,
+    read_chat_template,
+    render_chat,
+)
 from p2pswarm.wire.control import ChatTurn
 
 if TYPE_CHECKING:
@@ -51,6 +56,10 @@ class ChatPrompts:
                      max_tokens: int) -> str:
         """The prompt for ``messages``, the oldest turns dropped until it leaves room for
         ``max_tokens`` in the load's context (system messages and the last turn stay)."""
+        for i, turn in enumerate(messages):  # the typed request bounds a role, not its name
+            if turn.role not in ROLES:
+                raise ConfigError(f"messages[{i}].role {turn.role!r} must be one of "
+                                  f"{', '.join(ROLES)}")
         template = await self.template(record)
         tokenizer = await self.serving.tokenizer(record)
         context, bound = record.generation_tokens()
