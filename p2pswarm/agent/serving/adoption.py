@@ -44,7 +44,7 @@ from p2pswarm.agent.serving.records import (
     public_model,
     runtime_doc,
 )
-from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids, kept_plan_ids
+from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.wire.loads import RouteHop, StageAssignment, StageOrdersAsk, StageOrdersKept
 
@@ -130,7 +130,7 @@ class Adoption:
         for m in membership.members() if membership is not None else ():
             if m.is_self or not m.present:
                 continue
-            for plan_id in kept_plan_ids(self.agent.member_metadata(m)):
+            for plan_id in self.agent.fellow_says(m).kept_loads:
                 out.setdefault(plan_id, []).append(m.addr)
         return out
 
@@ -262,7 +262,7 @@ class Adoption:
         for m in membership.members() if membership is not None else ():
             if not m.present:
                 continue
-            if plan_id in gossiped_plan_ids(self.agent.member_metadata(m)):
+            if plan_id in gossiped_plan_ids(self.agent.fellow_says(m)):
                 addrs.add(m.addr)
         if any(p == plan_id for p, _ in self.hosted) or self.host.kept.get(plan_id):
             addrs.add(self.agent.addr)

@@ -44,19 +44,15 @@ from p2pswarm.agent.adapter import stage_block
 from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.serving.events import LoadEvents
 from p2pswarm.agent.serving.leader_load import LeaderLoad, LoadAsked
+from p2pswarm.agent.serving.load_view import UNKNOWN, LoadView, ViewHop
 from p2pswarm.agent.serving.records import (
-    ROUTE_KEYS,
     StageOrder,
     WeightsOrigin,
     public_adapter,
     public_model,
     runtime_block,
 )
-from p2pswarm.agent.serving.stage_gossip import (
-    gossiped_plan_ids,
-    gossiped_stages,
-    kept_plan_ids,
-)
+from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.errors import (
     ConfigError,
@@ -91,7 +87,9 @@ from p2pswarm.wire.loads import (
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
+    from p2pswarm.agent.fellow_meta import SaidStage
     from p2pswarm.agent.serving.ports import Leader, LoadsPort
+    from p2pswarm.membership.member import Member
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -109,15 +107,6 @@ class _InFlight:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     done: trio.Event = field(default_factory=trio.Event)
     plan_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class _Seen:
-    """A load as ``loads_view`` shows it (``doc``), with what an unload needs of it."""
-
-    plan_id: str
-    live: Addrs  # its stages whose fellow is alive or suspect
-    doc: dict[str, Any]
 
 
 def _remember(kept: OrderedDict[str, str], ticket: str, value: str) -> None:
@@ -176,7 +165,7 @@ class Loads:
 
     def loaded_ids(self) -> set[str]:
         """The plan_ids of the loads this agent knows of (``loads_view``)."""
-        return {seen.plan_id for seen in self._seen()}
+        return {view.plan_id for view in self.views()}
 
     @property
     def lock(self) -> trio.Lock:
@@ -219,7 +208,7 @@ class Loads:
         plan_id = self._finished.pop(ticket, None)
         if plan_id is not None:  # it came up before the cancel arrived: take it down
             async with self._lock:
-                seen = next((r for r in self._seen() if r.plan_id == plan_id), None)
+                seen = next((r for r in self.views() if r.plan_id == plan_id), None)
                 if seen is not None:
                     await self._unload([seen])
             log.info("load %s cancelled by its asker just after it came up; unloaded", plan_id)
@@ -305,7 +294,7 @@ class Loads:
         membership = self.agent.membership
         return sorted({m.addr for m in (membership.members() if membership else ())
                        if m.present
-                       and plan_id in gossiped_plan_ids(self.agent.member_metadata(m))})
+                       and plan_id in gossiped_plan_ids(self.agent.fellow_says(m))})
 
     def current_id(self, plan_id: str) -> str:
         """The plan_id load ``plan_id`` goes by now (another after a re-cut)."""
@@ -433,7 +422,7 @@ class Loads:
 
     async def _leader_unload(self, call: UnloadAsk) -> Unloaded:
         async with self._lock:
-            views = self._seen()
+            views = self.views()
             wanted = call.plan_id
             if wanted:
                 chosen = [r for r in views if r.plan_id == wanted]
@@ -448,7 +437,7 @@ class Loads:
             await self._unload(chosen)
             return Unloaded(tuple(r.plan_id for r in chosen))
 
-    async def _unload(self, loads: list[_Seen]) -> None:
+    async def _unload(self, loads: list[LoadView]) -> None:
         """Release every stage of these loads (hold ``_lock``)."""
         for seen in loads:
             plan_id = seen.plan_id
@@ -478,7 +467,7 @@ class Loads:
         membership = self.agent.membership
         return sorted({m.addr for m in (membership.members() if membership else ())
                        if m.present and not m.is_self
-                       and plan_id in kept_plan_ids(self.agent.member_metadata(m))})
+                       and plan_id in self.agent.fellow_says(m).kept_loads})
 
     async def list_loads(self) -> list[dict[str, Any]]:
         """The leader's answer, or this fellow's own view when no leader answers."""
@@ -491,62 +480,50 @@ class Loads:
 
     def loads_view(self) -> list[dict[str, Any]]:
         """Loads as this agent knows them: those it led, and those fellows gossip that
-        they serve; each stage with its fellow's membership state."""
-        return [seen.doc for seen in self._seen()]
+        they serve; each stage with its fellow's membership state (``views``, as the
+        listing's documents)."""
+        return [view.to_doc() for view in self.views()]
 
-    def _seen(self) -> list[_Seen]:
-        """``loads_view``, each load with its plan_id and live stages beside."""
+    def views(self) -> list[LoadView]:
+        """``loads_view`` as values, by plan_id."""
         now = trio.current_time()
         self._unloaded = {p: t for p, t in self._unloaded.items()
                           if now - t < UNLOAD_TOMBSTONE_S}
-        members = {}
-        gossiped: dict[str, dict[int, dict[str, Any]]] = {}
+        members: dict[str, Member] = {}
+        # plan_id -> stage -> (what its fellow says of it, as a hop; the stage it says)
+        gossiped: dict[str, dict[int, tuple[ViewHop, SaidStage]]] = {}
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
-            members[fellow_id(m.node_id)] = m
+            fid = fellow_id(m.node_id)
+            members[fid] = m
             if not m.present:
                 continue  # a fellow that left or died serves nothing, whatever it last said
-            for entry in gossiped_stages(self.agent.member_metadata(m)):
-                if "plan_id" not in entry:
-                    continue
-                gossiped.setdefault(str(entry["plan_id"]), {})[int(entry["stage"])] = {
-                    **entry, "fellow_id": fellow_id(m.node_id), "fellow": m.name,
-                    "addr": m.addr}
-        records = {p: r.to_doc() for p, r in self.loads.items()}
+            for said in self.agent.fellow_says(m).stages:
+                gossiped.setdefault(said.plan_id, {})[said.stage] = (
+                    ViewHop.said(said, fid, m.name, m.addr), said)
+        views = {p: LoadView(p, tuple(ViewHop.led(h, UNKNOWN) for h in r.stages), r)
+                 for p, r in self.loads.items()}
         for plan_id, entries in gossiped.items():
-            if plan_id in records or plan_id in self._unloaded or plan_id in self.moved_to:
+            if plan_id in views or plan_id in self._unloaded or plan_id in self.moved_to:
                 continue  # unloaded, or re-cut: its stages' gossip lags, or they linger
             # every stage fellow gossips the whole route: one entry heard is enough
-            first = entries[min(entries)]
+            first = entries[min(entries)][1]
+            hops = [ViewHop.said(h, h.fellow_id, h.fellow, h.addr) for h in first.route] \
+                if first.route else [hop for hop, _ in entries.values()]
             stages = []
-            for hop in first.get("route") or list(entries.values()):
-                member = members.get(str(hop.get("fellow_id")))
-                stages.append({**{k: hop[k] for k in ROUTE_KEYS if k in hop},
-                               **{k: v for k, v in entries.get(int(hop["stage"]), {}).items()
-                                  if k in ROUTE_KEYS},
-                               **({"fellow": member.name, "addr": member.addr}
-                                  if member is not None else {})})
-            records[plan_id] = {"plan_id": plan_id, "model": first.get("model", {}),
-                                "runtime": first.get("runtime", {}), "stages": stages}
-            if first.get("adapter"):
-                records[plan_id]["adapter"] = first["adapter"]
-        out = []
-        for plan_id in sorted(records):
-            record = records[plan_id]
-            stages = record["stages"]
-            live: Addrs = {}  # what an unload releases
-            whole = True
-            for s in stages:
-                member = members.get(s["fellow_id"])
-                s["state"] = member.state if member is not None else "unknown"
-                if member is not None and member.present:
-                    live[s["stage"]] = (s["fellow_id"], s["fellow"], s["addr"])
-                else:
-                    whole = False
-            present = sorted(s["stage"] for s in stages)
-            record["complete"] = present == list(range(len(present))) and whole
-            out.append(_Seen(plan_id, live, record))
-        return out
+            for hop in hops:
+                entry = entries.get(hop.stage)
+                stages.append((hop if entry is None else hop.over(entry[0])).at(
+                    members.get(hop.fellow_id)))
+            views[plan_id] = LoadView(plan_id, tuple(stages), first)
+        return [LoadView(p, tuple(s.with_state(_state(members.get(s.fellow_id)))
+                                  for s in views[p].stages), views[p].source)
+                for p in sorted(views)]
+
+
+def _state(member: Member | None) -> str:
+    """A stage's fellow's membership state as the listing shows it."""
+    return member.state if member is not None else UNKNOWN
 
 
 def _adapter_named(message: dict[str, Any], adapter: dict[str, Any] | None) -> bool:
