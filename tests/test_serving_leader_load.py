@@ -11,14 +11,14 @@ from p2pswarm.agent.serving.leader_load import (
     LoadRecut,
     StageMoved,
 )
-from p2pswarm.agent.serving.records import LoadRecord
+from p2pswarm.agent.serving.records import LoadRecord, runtime_block
 from p2pswarm.wire.loads import RouteHop
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 HOPS = (RouteHop(0, "aa", "a", "10.0.0.1:1", 0, 2, "cuda:0 (X)", 10, 9, 8, 0.5),
         RouteHop(1, "bb", "b", "10.0.0.2:1", 2, 4, "cpu", 10, 9, 0, 0.0))
-RUNTIME = {"dtype": "float32", "max_sessions": 3, "prefill_chunk_tokens": 64,
-           "max_context_tokens": 512}
+RUNTIME = runtime_block({"dtype": "float32", "max_sessions": 3, "prefill_chunk_tokens": 64,
+                         "max_context_tokens": 512})
 
 
 def _load() -> LeaderLoad:

@@ -42,7 +42,6 @@ from p2pswarm.agent.serving.records import (
     StageOrder,
     public_adapter,
     public_model,
-    runtime_doc,
 )
 from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids
 from p2pswarm.errors import ConfigError, SwarmError
@@ -196,7 +195,7 @@ class Adoption:
             if before is not None and before.fellow_ids == tuple(h.fellow_id for h in route):
                 return before  # as this agent left it
             first = orders[0]
-            record = LeaderLoad(plan_id, public_model(first.model), runtime_doc(first.runtime),
+            record = LeaderLoad(plan_id, public_model(first.model), first.runtime,
                                 route)
             record.set_adopted(Adopted(time.time(), self.leadership.term(), self.agent.name))
             if first.adapter:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from p2pswarm.agent.serving.moves import Proposal
-from p2pswarm.agent.serving.records import route_dict
-from p2pswarm.wire.loads import RouteHop
+from p2pswarm.agent.serving.records import planned_runtime_doc, route_dict, runtime_doc
+from p2pswarm.wire.loads import RouteHop, RuntimeBlock
 from p2pswarm.wire.orders import pack_doc
 
 
@@ -124,7 +124,7 @@ class LeaderLoad:
 
     plan_id: str
     model: dict[str, Any]  # the model's public identity (``public_model``)
-    runtime: dict[str, Any]  # the plan's runtime document (``runtime_doc``)
+    runtime: RuntimeBlock  # what every stage of it allocates
     stages: tuple[RouteHop, ...]  # the route, in pipeline order
     serial: int = 0  # which record of the plan the leader's table holds (``Loads.lead``)
     load_s: float | None = None  # how long its bring-up took (None: not brought up here)
@@ -204,8 +204,12 @@ class LeaderLoad:
 
     def to_doc(self) -> dict[str, Any]:
         """The record as the ``loads`` listing and the leader's replies show it."""
+        # a load brought up here shows its runtime as its plan listed it; one adopted,
+        # as its fellows keep it
+        runtime = runtime_doc(self.runtime) if self.adopted is not None \
+            else planned_runtime_doc(self.runtime)
         doc: dict[str, Any] = {"plan_id": self.plan_id, "model": self.model,
-                               "runtime": self.runtime,
+                               "runtime": runtime,
                                "stages": [route_dict(h) for h in self.stages]}
         for key in self._order:
             if self._present(key):

@@ -363,7 +363,7 @@ class Loads:
             await self.release_all(plan_id, addrs)
             raise PlacementError(f"load of plan {plan_id} failed to start, everything "
                                  "released: " + "; ".join(failures))
-        record = LeaderLoad(plan_id, public_model(model), plan.runtime(), hops)
+        record = LeaderLoad(plan_id, public_model(model), orders[0].runtime, hops)
         record.set_load_s(time.perf_counter() - began)
         if adapter:
             record.set_adapter(public_adapter(adapter))
