@@ -42,7 +42,6 @@ from p2pswarm.agent.serving.leader_load import LoadRecut
 from p2pswarm.agent.serving.moves import (
     Proposal,
     faster_placement,
-    plan_stages,
     recut_proposal,
 )
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
@@ -153,7 +152,7 @@ class Recut:
             estimate = (f"{proposal.now_s * 1e3:.1f} -> {proposal.after_s * 1e3:.1f} ms a "
                         "token, estimated")
             move = LoadRecut(time.time(), old_id, new_id, len(record.stages),
-                             tuple(plan_stages(plan)), round(proposal.now_s * 1e3, 3),
+                             plan.stages, round(proposal.now_s * 1e3, 3),
                              round(proposal.after_s * 1e3, 3),
                              f"live move to a faster placement ({estimate})",
                              round(time.perf_counter() - began, 3))
