@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -206,7 +206,7 @@ class Adoption:
                 if before.load_s is not None:
                     record.set_load_s(before.load_s)
             self.loads.lead(record, orders)
-            self._take_asked(plan_id, kept, first.model)
+            self._take_asked(plan_id, kept, first)
             log.warning("%s leads load %s now (its route and orders from %d of its "
                         "fellows)", self.agent.name, plan_id, len(answers))
             named = record.addrs
@@ -217,12 +217,12 @@ class Adoption:
                 self.release_stray(plan_id, addr)
             return record
 
-    def _take_asked(self, plan_id: str, kept: StageOrdersKept, model: dict[str, Any]) -> None:
+    def _take_asked(self, plan_id: str, kept: StageOrdersKept, first: StageOrder) -> None:
         """What the load was asked as, when its fellows kept it: a re-cut plans it again."""
         if plan_id in self.loads.asked or not kept.asked:
             return  # led here before (as asked here), or kept before requests were
         try:
-            self.loads.asked[plan_id] = asked_from_doc(kept.asked, model)
+            self.loads.asked[plan_id] = asked_from_doc(kept.asked, first.model)
         except ConfigError as exc:
             self.agent.counters.refuse("load-request-unfit")
             log.warning("the request of load %s as its fellows keep it does not fit: %s",

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypedDict
 
+from p2pswarm.agent.serving.doc_fields import DocFields
 from p2pswarm.agent.serving.moves import PlannedStageDoc, Proposal, planned_stage_doc
 from p2pswarm.agent.serving.records import planned_runtime_doc, route_dict, runtime_doc
 from p2pswarm.planner.plan_values import StagePlan
@@ -290,6 +291,11 @@ class LoadAsked:
     request: dict[str, Any]
     model: dict[str, Any]
     adapter: dict[str, Any] | None = None
+
+    @property
+    def adapter_named(self) -> Any:
+        """The adapter the request names (its sha256; None: none), as the request says it."""
+        return DocFields(self.request, "the load's request").value("adapter", None)
 
     def to_doc(self) -> bytes:
         """As the load's keepers keep it (the model travels with the stage orders)."""

@@ -42,6 +42,7 @@ import trio
 
 from p2pswarm.agent.adapter import stage_block
 from p2pswarm.agent.planning import fellow_id
+from p2pswarm.agent.serving.doc_fields import DocFields
 from p2pswarm.agent.serving.events import LoadEvents
 from p2pswarm.agent.serving.leader_load import LeaderLoad, LoadAsked
 from p2pswarm.agent.serving.load_view import UNKNOWN, LoadView, ViewHop
@@ -223,10 +224,11 @@ class Loads:
         return LoadCancelled("unknown", "")
 
     async def _load(self, call: LoadAsk, flight: _InFlight) -> LoadDone:
-        message, model = unpack_doc(call.request), unpack_doc(call.model)
-        adapter = unpack_doc(call.adapter) if call.adapter else None
+        message = unpack_doc(call.request)
+        asked = LoadAsked(message, unpack_doc(call.model),
+                          unpack_doc(call.adapter) if call.adapter else None)
         expected = call.plan_id or None
-        if not _adapter_named(message, adapter):
+        if not _names_its_adapter(asked):
             raise ConfigError("the load's adapter is not the one its request names")
         async with self._lock:
             shown = await self.agent.planning.pinned_plan(message, expected)
@@ -241,11 +243,10 @@ class Loads:
             if plan_id in self.loaded_ids():
                 raise PlacementError(f"plan {plan_id} is already loaded: `p2pswarm loads` "
                                      "shows it; unload it first to load it again")
-            _check_model(message, model)
-            orders = stage_orders(plan, model, call.progress_addr, call.ticket, adapter,
+            _check_model(asked)
+            orders = stage_orders(plan, asked, call.progress_addr, call.ticket,
                                   self._generation())
             addrs = self._order_addrs(orders)
-            asked = LoadAsked(message, model, adapter)
             record = await self._bring_up(plan, orders, addrs, asked)
             self.asked[plan_id] = asked
             return LoadDone(pack_doc(record.to_doc()))
@@ -254,7 +255,7 @@ class Loads:
         """Bring ``plan`` up as a load of its own, as ``load`` does (checked, fetched,
         loaded, started; all or nothing), beside a load it is to replace (``recut``).
         Hold ``lock``."""
-        orders = stage_orders(plan, asked.model, "", "", asked.adapter, self._generation())
+        orders = stage_orders(plan, asked, "", "", self._generation())
         record = await self._bring_up(plan, orders, self._order_addrs(orders), asked)
         self.asked[plan.plan_id] = asked
         return record
@@ -526,39 +527,39 @@ def _state(member: Member | None) -> str:
     return member.state if member is not None else UNKNOWN
 
 
-def _adapter_named(message: dict[str, Any], adapter: dict[str, Any] | None) -> bool:
-    """Whether ``adapter`` is the one the request names (or neither has one)."""
-    named = message.get("adapter") or None
-    return not (adapter or named) or (adapter or {}).get("sha256") == named
-
-
-def asked_doc(message: dict[str, Any], adapter: dict[str, Any] | None) -> bytes:
-    """The request a load was asked with, and its whole adapter, as the load's keepers
-    keep them: with its orders' model, what a re-cut plans again (``recut``)."""
-    return pack_doc({"request": message, "adapter": adapter})
+def _names_its_adapter(asked: LoadAsked) -> bool:
+    """Whether the adapter is the one the request names (or neither has one)."""
+    named = DocFields(asked.request, "the load's request").value("adapter", None) or None
+    if not (asked.adapter or named):
+        return True
+    return bool(DocFields(asked.adapter or {}, "its adapter").value("sha256", None) == named)
 
 
 def asked_from_doc(raw: bytes, model: dict[str, Any]) -> LoadAsked:
-    """``asked_doc`` back, from a fellow's keeping (checked: the request plans the
-    orders' ``model``, and names the adapter it carries); ConfigError otherwise."""
+    """``LoadAsked.to_doc`` back, from a fellow's keeping (checked: the request plans
+    the orders' ``model``, and names the adapter it carries); ConfigError otherwise."""
     try:
-        doc = unpack_doc(raw)
+        doc = DocFields(unpack_doc(raw), "a kept request")
     except RemoteProtocolError as exc:
         raise ConfigError(f"not a document ({exc})") from None
-    message, adapter = doc.get("request"), doc.get("adapter")
-    if not isinstance(message, dict) or not isinstance(message.get("model"), dict) \
-            or not isinstance(message["model"].get("config"), dict) \
-            or not (adapter is None or isinstance(adapter, dict)):
+    message, adapter = doc.value("request", None), doc.value("adapter", None)
+    try:
+        DocFields(message, "its request").fields("model").fields("config")
+    except ConfigError:
+        raise ConfigError("no request, or an adapter that is no document") from None
+    if not (adapter is None or isinstance(adapter, dict)):
         raise ConfigError("no request, or an adapter that is no document")
-    if not _adapter_named(message, adapter):
+    asked = LoadAsked(message, model, adapter)
+    if not _names_its_adapter(asked):
         raise ConfigError("the adapter is not the one its request names")
-    _check_model(message, model)
-    return LoadAsked(message, model, adapter)
+    _check_model(asked)
+    return asked
 
 
-def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
-    config = message["model"]["config"]
-    origin = WeightsOrigin.of(model)
+def _check_model(asked: LoadAsked) -> None:
+    """Whether the model's weights (``asked.model``) are the model the request plans."""
+    config = DocFields(asked.request, "the load's request").fields("model").value("config")
+    origin = WeightsOrigin.of(asked.model)
     if origin.kind == "builtin":
         if dict(BUILTIN_MODELS.get(str(origin.name), {})) != config:
             raise ConfigError(f"built-in {origin.name!r} is not the planned model")
@@ -569,9 +570,10 @@ def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
         raise ConfigError(f"unknown model kind {origin.kind!r}")
 
 
-def stage_orders(plan: Plan, model: dict[str, Any], progress_addr: str,
-                 ticket: str, adapter: dict[str, Any] | None = None,
+def stage_orders(plan: Plan, asked: LoadAsked, progress_addr: str, ticket: str,
                  generation: str = "") -> list[StageOrder]:
+    """The stage order of each stage of ``plan``, for the model and the adapter (its
+    part of it: ``stage_block``) a load was asked with."""
     cards = {(c.fellow_id, c.kind, c.index): c for c in plan.cards if c.used}
     runtime = runtime_block(plan.runtime())
     orders = []
@@ -583,10 +585,10 @@ def stage_orders(plan: Plan, model: dict[str, Any], progress_addr: str,
             fellow_id=s.fellow_id, layers=(start, end), card_kind=s.kind,
             card_index=s.card_index, card_name=s.name,
             claim_bytes=card.segments.claim_bytes, need_bytes=card.segments.need_bytes,
-            runtime=runtime, model=model, progress_addr=progress_addr, ticket=ticket,
-            adapter=stage_block(adapter, start, end) if adapter else {},
+            runtime=runtime, model=asked.model, progress_addr=progress_addr, ticket=ticket,
+            adapter=stage_block(asked.adapter, start, end) if asked.adapter else {},
             generation=generation))
     return orders
 
 
-__all__ = ["UNLOAD_TOMBSTONE_S", "Loads", "asked_doc", "asked_from_doc"]
+__all__ = ["UNLOAD_TOMBSTONE_S", "Loads", "asked_from_doc", "stage_orders"]

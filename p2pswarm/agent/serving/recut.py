@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.adapter import adapted_plan
-from p2pswarm.agent.serving.leader_load import LoadRecut
+from p2pswarm.agent.serving.leader_load import LoadAsked, LoadRecut
 from p2pswarm.agent.serving.moves import (
     Proposal,
     faster_placement,
@@ -63,11 +63,11 @@ STRAGGLERS_FOR_S = 120.0  # a fellow still gossiping an old stage is told to rel
 STRAGGLERS_EVERY_S = 2.0  # ... this often, for this long
 
 
-def replan_message(message: dict[str, Any]) -> dict[str, Any]:
+def replan_message(asked: LoadAsked) -> dict[str, Any]:
     """The request a load is planned again with: as loaded, less its stage count, so the
     plan is the fastest that fits (a model trained on a cut keeps that cut, as a plain
     ``plan`` does)."""
-    return {**message, "stages": None}
+    return {**asked.request, "stages": None}
 
 
 class Recut:
@@ -88,10 +88,10 @@ class Recut:
         cached = self._planned.get(plan_id)
         if cached is not None and cached[0] == view:
             return cached[1]
-        message = replan_message(asked.request)
+        message = replan_message(asked)
         try:
             plan: Plan | None = Plan.from_doc(adapted_plan(plan_message(message, view),
-                                                           message.get("adapter")))
+                                                           asked.adapter_named))
         except (ConfigError, PlacementError) as exc:
             log.info("no faster plan for load %s: %s", plan_id, exc)
             plan = None
@@ -141,7 +141,7 @@ class Recut:
                 raise PlacementError(f"{refused}: plan {new_id} is loaded already")
             try:
                 new = await self.loads.bring_up_beside(
-                    plan, replace(asked, request=replan_message(asked.request)))
+                    plan, replace(asked, request=replan_message(asked)))
             except SwarmError as exc:
                 # a fellow short of memory (stage_host says "... free now, the stage
                 # needs ..."): the cards cannot hold both placements at once
