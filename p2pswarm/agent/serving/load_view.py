@@ -11,10 +11,9 @@ had.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from p2pswarm.agent.serving.leader_load import LeaderLoad
-from p2pswarm.agent.serving.records import route_dict
 from p2pswarm.membership.states import PRESENT_NAMES
 from p2pswarm.wire.loads import RouteHop
 
@@ -23,6 +22,26 @@ if TYPE_CHECKING:
     from p2pswarm.membership.member import Member
 
 UNKNOWN = "unknown"  # the state of a stage whose fellow this agent does not know
+
+
+class _ViewHopSaid(TypedDict):
+    stage: int
+    fellow_id: str
+    fellow: str
+    addr: str
+    layers: list[int]
+
+
+class ViewHopDoc(_ViewHopSaid, total=False):
+    """A stage as the ``loads`` listing shows it: what was said of it, in the order of a
+    route's document (``RouteDoc``), and its fellow's state last."""
+
+    card: str
+    claim_bytes: int
+    allocated_bytes: int
+    fetched_bytes: int  # a load this agent leads
+    fetch_s: float
+    state: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,23 +104,21 @@ class ViewHop:
                        self.card, self.claim_bytes, self.allocated_bytes, self.fetched,
                        state)
 
-    def route_hop(self) -> RouteHop:
-        """As a route hop (what the gossip leaves out: empty, zero)."""
-        fetched_bytes, fetch_s = self.fetched or (0, 0.0)
-        return RouteHop(self.stage, self.fellow_id, self.fellow, self.addr, self.layers[0],
-                        self.layers[1], self.card or "", self.claim_bytes or 0,
-                        self.allocated_bytes or 0, fetched_bytes, fetch_s)
-
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> ViewHopDoc:
         """The stage as the listing shows it (a led stage: ``route_dict``, and its state)."""
+        doc: ViewHopDoc = {"stage": self.stage, "fellow_id": self.fellow_id,
+                           "fellow": self.fellow, "addr": self.addr,
+                           "layers": list(self.layers)}
+        if self.card is not None:
+            doc["card"] = self.card
+        if self.claim_bytes is not None:
+            doc["claim_bytes"] = self.claim_bytes
+        if self.allocated_bytes is not None:
+            doc["allocated_bytes"] = self.allocated_bytes
         if self.fetched is not None:
-            return {**route_dict(self.route_hop()), "state": self.state}
-        said = (("card", self.card), ("claim_bytes", self.claim_bytes),
-                ("allocated_bytes", self.allocated_bytes))
-        return {"stage": self.stage, "fellow_id": self.fellow_id, "fellow": self.fellow,
-                "addr": self.addr, "layers": list(self.layers),
-                **{key: value for key, value in said if value is not None},
-                "state": self.state}
+            doc["fetched_bytes"], doc["fetch_s"] = self.fetched
+        doc["state"] = self.state
+        return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,4 +155,4 @@ class LoadView:
                 "complete": self.complete}
 
 
-__all__ = ["UNKNOWN", "LoadView", "ViewHop"]
+__all__ = ["UNKNOWN", "LoadView", "ViewHop", "ViewHopDoc"]

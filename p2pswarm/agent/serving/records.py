@@ -218,8 +218,9 @@ def public_model(model: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in model.items() if k != "manifest"}
 
 
-def former_plan_ids(record: dict[str, Any]) -> list[str]:
-    """The plan_ids a load went by before live moves re-cut it (``recut``)."""
+def former_plan_ids(record: Any) -> list[str]:
+    """The plan_ids a load went by before live moves re-cut it (``recut``), read from
+    its record's document (checked: a map, or ConfigError)."""
     before = DocFields(record, "a load's record").value("recut_from", None)
     return [p for p in before if isinstance(p, str)] if isinstance(before, list) else []
 
@@ -230,7 +231,7 @@ def former_plan_ids(record: dict[str, Any]) -> list[str]:
 RECURRENT_GENERATION_TOKENS = 1 << 20
 
 
-def generation_tokens(record: dict[str, Any]) -> tuple[int, str]:
+def generation_tokens(record: Any) -> tuple[int, str]:
     """How many tokens (prompt and new) one generation on this load may reach, and what
     bounds them in words; 0 when the record names no bound. A record that claims a
     recurrent model wrongly gains nothing: each stage holds a non-recurrent model to its
@@ -358,6 +359,15 @@ class HostedStage:
         return self.route[i] if 0 <= i < len(self.route) else None
 
 
+class GenerationHopDoc(TypedDict):
+    """A stage of a generation's route as its result shows it."""
+
+    stage: int
+    fellow: str
+    layers: list[int]
+    card: str
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationResult:
     plan_id: str
@@ -368,7 +378,7 @@ class GenerationResult:
     time_to_first_token_s: float
     decode_s: float
     stage_decode_s: tuple[float, ...]  # compute per stage over the decode steps
-    route: tuple[dict[str, Any], ...]
+    route: tuple[GenerationHopDoc, ...]  # its stages, as the result shows them
     logits: tuple[Any, ...] = ()  # (vocab,) float32 tensors, one per token, with keep_logits
     cached_tokens: int = 0  # prompt tokens a kept session's cache held (not prefilled)
     resumes: int = 0  # sessions re-opened on a healed load (a stage moved, or came back)
@@ -409,6 +419,7 @@ class GenerationResult:
 __all__ = [
     "ROUTE_KEYS",
     "CachedWeights",
+    "GenerationHopDoc",
     "GenerationResult",
     "HostedStage",
     "LoadRecord",
