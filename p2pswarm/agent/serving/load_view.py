@@ -67,7 +67,7 @@ class ViewHop:
         return self.state in PRESENT_NAMES
 
     @staticmethod
-    def led(hop: RouteHop, state: str) -> ViewHop:
+    def led(hop: RouteHop, state: str = UNKNOWN) -> ViewHop:
         """A stage of a load this agent leads."""
         return ViewHop(hop.stage, hop.fellow_id, hop.fellow, hop.addr,
                        (hop.start_layer, hop.end_layer), hop.card, hop.claim_bytes,

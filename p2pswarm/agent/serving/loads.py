@@ -502,10 +502,10 @@ class Loads:
             for said in self.agent.fellow_says(m).stages:
                 gossiped.setdefault(said.plan_id, {})[said.stage] = (
                     ViewHop.said(said, fid, m.name, m.addr), said)
-        views = {p: LoadView(p, tuple(ViewHop.led(h, UNKNOWN) for h in r.stages), r)
-                 for p, r in self.loads.items()}
+        found: dict[str, tuple[list[ViewHop], LeaderLoad | SaidStage]] = {
+            p: ([ViewHop.led(h) for h in r.stages], r) for p, r in self.loads.items()}
         for plan_id, entries in gossiped.items():
-            if plan_id in views or plan_id in self._unloaded or plan_id in self.moved_to:
+            if plan_id in found or plan_id in self._unloaded or plan_id in self.moved_to:
                 continue  # unloaded, or re-cut: its stages' gossip lags, or they linger
             # every stage fellow gossips the whole route: one entry heard is enough
             first = entries[min(entries)][1]
@@ -516,10 +516,10 @@ class Loads:
                 entry = entries.get(hop.stage)
                 stages.append((hop if entry is None else hop.over(entry[0])).at(
                     members.get(hop.fellow_id)))
-            views[plan_id] = LoadView(plan_id, tuple(stages), first)
-        return [LoadView(p, tuple(s.with_state(_state(members.get(s.fellow_id)))
-                                  for s in views[p].stages), views[p].source)
-                for p in sorted(views)]
+            found[plan_id] = (stages, first)
+        return [LoadView(p, tuple(h.with_state(_state(members.get(h.fellow_id))) for h in hops),
+                         source)
+                for p, (hops, source) in sorted(found.items())]
 
 
 def _state(member: Member | None) -> str:
