@@ -14,7 +14,7 @@ below, which remember that order. A driver reads it back as a ``LoadRecord``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeAlias, TypedDict
 
 from p2pswarm.agent.serving.doc_fields import DocFields
@@ -291,6 +291,12 @@ class LoadAsked:
     request: dict[str, Any]
     model: dict[str, Any]
     adapter: dict[str, Any] | None = None
+
+    def replanned(self) -> LoadAsked:
+        """As a load is planned again: its request less its stage count, so the plan is
+        the fastest that fits (a model trained on a cut keeps that cut, as a plain
+        ``plan`` does)."""
+        return replace(self, request={**self.request, "stages": None})
 
     @property
     def adapter_named(self) -> Any:

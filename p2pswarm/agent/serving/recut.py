@@ -32,13 +32,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from p2pswarm.agent.adapter import adapted_plan
-from p2pswarm.agent.serving.leader_load import LoadAsked, LoadRecut
+from p2pswarm.agent.serving.leader_load import LoadRecut
 from p2pswarm.agent.serving.moves import (
     Proposal,
     faster_placement,
@@ -63,13 +62,6 @@ STRAGGLERS_FOR_S = 120.0  # a fellow still gossiping an old stage is told to rel
 STRAGGLERS_EVERY_S = 2.0  # ... this often, for this long
 
 
-def replan_message(asked: LoadAsked) -> dict[str, Any]:
-    """The request a load is planned again with: as loaded, less its stage count, so the
-    plan is the fastest that fits (a model trained on a cut keeps that cut, as a plain
-    ``plan`` does)."""
-    return {**asked.request, "stages": None}
-
-
 class Recut:
     def __init__(self, agent: RecutPort, loads: Loads, moves_kept: int) -> None:
         self.agent = agent
@@ -88,10 +80,10 @@ class Recut:
         cached = self._planned.get(plan_id)
         if cached is not None and cached[0] == view:
             return cached[1]
-        message = replan_message(asked)
+        again = asked.replanned()
         try:
-            plan: Plan | None = Plan.from_doc(adapted_plan(plan_message(message, view),
-                                                           asked.adapter_named))
+            plan: Plan | None = Plan.from_doc(adapted_plan(plan_message(again.request, view),
+                                                           again.adapter_named))
         except (ConfigError, PlacementError) as exc:
             log.info("no faster plan for load %s: %s", plan_id, exc)
             plan = None
@@ -141,7 +133,7 @@ class Recut:
                 raise PlacementError(f"{refused}: plan {new_id} is loaded already")
             try:
                 new = await self.loads.bring_up_beside(
-                    plan, replace(asked, request=replan_message(asked)))
+                    plan, asked.replanned())
             except SwarmError as exc:
                 # a fellow short of memory (stage_host says "... free now, the stage
                 # needs ..."): the cards cannot hold both placements at once
@@ -180,4 +172,4 @@ class Recut:
                                                        for i, a in enumerate(addrs)})
 
 
-__all__ = ["Recut", "replan_message"]
+__all__ = ["Recut"]
