@@ -15,7 +15,7 @@ import trio
 from p2pswarm.agent import Agent
 from p2pswarm.agent.serving.kept_loads import MAX_KEPT, KeptLoads
 from p2pswarm.agent.serving.leader_load import LoadAsked
-from p2pswarm.agent.serving.loads import asked_doc, asked_from_doc
+from p2pswarm.agent.serving.loads import asked_from_doc
 from p2pswarm.agent.serving.records import StageOrder, runtime_block
 from p2pswarm.agent.serving.tombstones import KEEP_S, Tombstones, unfit
 from p2pswarm.errors import ConfigError, PlacementError
@@ -306,10 +306,11 @@ def test_a_kept_request_is_checked_against_the_orders_model() -> None:
     route, orders = _orders()
     model = StageOrder.from_wire(orders[0]).model
     message = request(stages=1)
-    assert asked_from_doc(asked_doc(message, None), model) == LoadAsked(message, model, None)
-    assert LoadAsked(message, model, None).to_doc() == asked_doc(message, None)
+    asked = LoadAsked(message, model, None)
+    assert asked_from_doc(asked.to_doc(), model) == asked
+    assert asked.to_doc() == pack_doc({"request": message, "adapter": None})
     other = {**message, "model": {"name": "x", "config": {"hidden_size": 1}}}
-    for raw in (asked_doc(other, None), b"\xc1", pack_doc({"request": 3}),
-                asked_doc({**message, "adapter": "ab" * 32}, None)):
+    for raw in (LoadAsked(other, model).to_doc(), b"\xc1", pack_doc({"request": 3}),
+                LoadAsked({**message, "adapter": "ab" * 32}, model).to_doc()):
         with pytest.raises(ConfigError):
             asked_from_doc(raw, model)

@@ -11,14 +11,15 @@ from p2pswarm.agent.serving.leader_load import (
     LoadRecut,
     StageMoved,
 )
-from p2pswarm.agent.serving.records import LoadRecord
+from p2pswarm.agent.serving.records import LoadRecord, runtime_block
+from p2pswarm.planner.plan_values import StagePlan
 from p2pswarm.wire.loads import RouteHop
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 HOPS = (RouteHop(0, "aa", "a", "10.0.0.1:1", 0, 2, "cuda:0 (X)", 10, 9, 8, 0.5),
         RouteHop(1, "bb", "b", "10.0.0.2:1", 2, 4, "cpu", 10, 9, 0, 0.0))
-RUNTIME = {"dtype": "float32", "max_sessions": 3, "prefill_chunk_tokens": 64,
-           "max_context_tokens": 512}
+RUNTIME = runtime_block({"dtype": "float32", "max_sessions": 3, "prefill_chunk_tokens": 64,
+                         "max_context_tokens": 512})
 
 
 def _load() -> LeaderLoad:
@@ -75,7 +76,8 @@ def test_optional_keys_keep_the_order_they_were_set_in() -> None:
 def test_a_re_cut_load_names_its_former_plans() -> None:
     load = _load()
     load.set_load_s(0.25)
-    recut = LoadRecut(2.0, "p0", "p1", 3, ({"stage": 0},), 4.0, 2.0, "faster", 1.0)
+    stage = StagePlan(0, "aa", "a", 0, "cuda", "X", (0, 4), 0.01)
+    recut = LoadRecut(2.0, "p0", "p1", 3, (stage,), 4.0, 2.0, "faster", 1.0)
     load.set_moves((recut,))
     load.set_recut_from(("p0",))
     doc = load.to_doc()
@@ -83,6 +85,8 @@ def test_a_re_cut_load_names_its_former_plans() -> None:
     assert list(doc["moves"][0]) == ["at", "recut", "from_plan", "to_plan", "stages_before",
                                      "stages", "ms_per_token_now", "ms_per_token_after",
                                      "why", "took_s"]
+    assert doc["moves"][0]["stages"] == [{"stage": 0, "layers": [0, 4], "fellow": "a",
+                                          "fellow_id": "aa", "card": "X"}]
     record = LoadRecord.from_doc(doc)
     assert record.recut_from == ("p0",) and record.continues(
         LoadRecord.from_doc({**doc, "plan_id": "p0"}))

@@ -183,6 +183,7 @@ def test_a_driver_takes_a_new_cut_only_from_a_record_that_names_its_load() -> No
 
 
 def test_the_planners_new_cut_is_proposed_only_when_markedly_faster() -> None:
+    from p2pswarm.agent.serving.leader_load import LoadAsked
     from p2pswarm.agent.serving.loads import stage_orders
     from p2pswarm.agent.serving.moves import recut_proposal
     from p2pswarm.planner import Plan, cluster_view, fellow_view, plan_message
@@ -194,7 +195,8 @@ def test_the_planners_new_cut_is_proposed_only_when_markedly_faster() -> None:
 
     slow = [fellow(i, ESTIMATED_MEM_BANDWIDTH["cpu"]) for i in range(3)]
     placed = plan_message(request(), cluster_view(slow))
-    orders = stage_orders(Plan.from_doc(placed), {"kind": "builtin", "name": MODEL}, "", "")
+    orders = stage_orders(Plan.from_doc(placed),
+                          LoadAsked({}, {"kind": "builtin", "name": MODEL}), "", "")
     again = {**request(), "stages": None}
     # the same slow cards: the planner's plan is no markedly faster placement
     assert recut_proposal(cluster_view(slow), orders,

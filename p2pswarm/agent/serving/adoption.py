@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -42,9 +42,8 @@ from p2pswarm.agent.serving.records import (
     StageOrder,
     public_adapter,
     public_model,
-    runtime_doc,
 )
-from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids, kept_plan_ids
+from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.wire.loads import RouteHop, StageAssignment, StageOrdersAsk, StageOrdersKept
 
@@ -130,7 +129,7 @@ class Adoption:
         for m in membership.members() if membership is not None else ():
             if m.is_self or not m.present:
                 continue
-            for plan_id in kept_plan_ids(self.agent.member_metadata(m)):
+            for plan_id in self.agent.fellow_says(m).kept_loads:
                 out.setdefault(plan_id, []).append(m.addr)
         return out
 
@@ -196,7 +195,7 @@ class Adoption:
             if before is not None and before.fellow_ids == tuple(h.fellow_id for h in route):
                 return before  # as this agent left it
             first = orders[0]
-            record = LeaderLoad(plan_id, public_model(first.model), runtime_doc(first.runtime),
+            record = LeaderLoad(plan_id, public_model(first.model), first.runtime,
                                 route)
             record.set_adopted(Adopted(time.time(), self.leadership.term(), self.agent.name))
             if first.adapter:
@@ -207,7 +206,7 @@ class Adoption:
                 if before.load_s is not None:
                     record.set_load_s(before.load_s)
             self.loads.lead(record, orders)
-            self._take_asked(plan_id, kept, first.model)
+            self._take_asked(plan_id, kept, first)
             log.warning("%s leads load %s now (its route and orders from %d of its "
                         "fellows)", self.agent.name, plan_id, len(answers))
             named = record.addrs
@@ -218,12 +217,12 @@ class Adoption:
                 self.release_stray(plan_id, addr)
             return record
 
-    def _take_asked(self, plan_id: str, kept: StageOrdersKept, model: dict[str, Any]) -> None:
+    def _take_asked(self, plan_id: str, kept: StageOrdersKept, first: StageOrder) -> None:
         """What the load was asked as, when its fellows kept it: a re-cut plans it again."""
         if plan_id in self.loads.asked or not kept.asked:
             return  # led here before (as asked here), or kept before requests were
         try:
-            self.loads.asked[plan_id] = asked_from_doc(kept.asked, model)
+            self.loads.asked[plan_id] = asked_from_doc(kept.asked, first.model)
         except ConfigError as exc:
             self.agent.counters.refuse("load-request-unfit")
             log.warning("the request of load %s as its fellows keep it does not fit: %s",
@@ -262,7 +261,7 @@ class Adoption:
         for m in membership.members() if membership is not None else ():
             if not m.present:
                 continue
-            if plan_id in gossiped_plan_ids(self.agent.member_metadata(m)):
+            if plan_id in gossiped_plan_ids(self.agent.fellow_says(m)):
                 addrs.add(m.addr)
         if any(p == plan_id for p, _ in self.hosted) or self.host.kept.get(plan_id):
             addrs.add(self.agent.addr)

@@ -26,7 +26,6 @@ import trio
 
 from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.serving.records import StageOrder
-from p2pswarm.agent.serving.stage_gossip import kept_plan_ids
 from p2pswarm.errors import SwarmError
 from p2pswarm.wire.loads import (
     LoadKeep,
@@ -79,7 +78,7 @@ class Keepers:
         for m in membership.members() if membership is not None else ():
             if m.is_self or not m.present:
                 continue
-            for plan_id in kept_plan_ids(self.agent.member_metadata(m)):
+            for plan_id in self.agent.fellow_says(m).kept_loads:
                 out.setdefault(plan_id, []).append((fellow_id(m.node_id), m.addr))
         return out
 

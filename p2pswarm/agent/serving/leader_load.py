@@ -14,13 +14,62 @@ below, which remember that order. A driver reads it back as a ``LoadRecord``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeAlias, TypedDict
 
-from p2pswarm.agent.serving.moves import Proposal
-from p2pswarm.agent.serving.records import route_dict
-from p2pswarm.wire.loads import RouteHop
+from p2pswarm.agent.serving.doc_fields import DocFields
+from p2pswarm.agent.serving.moves import PlannedStageDoc, Proposal, planned_stage_doc
+from p2pswarm.agent.serving.records import planned_runtime_doc, route_dict, runtime_doc
+from p2pswarm.planner.plan_values import StagePlan
+from p2pswarm.wire.loads import RouteHop, RuntimeBlock
 from p2pswarm.wire.orders import pack_doc
+
+
+class AdoptedDoc(TypedDict):
+    at: float
+    term: int
+    leader: str
+
+
+# "from" is a keyword: the functional form
+StageMovedDoc = TypedDict("StageMovedDoc", {
+    "at": float, "stage": int, "layers": list[int], "from": str, "from_id": str, "to": str,
+    "to_id": str, "card": str, "why": str, "took_s": float})
+
+
+class LoadRecutDoc(TypedDict):
+    at: float
+    recut: bool
+    from_plan: str
+    to_plan: str
+    stages_before: int
+    stages: list[PlannedStageDoc]
+    ms_per_token_now: float
+    ms_per_token_after: float
+    why: str
+    took_s: float
+
+
+class CopyTakenDoc(TypedDict):
+    bytes: int
+    fetched_bytes: int
+    took_s: float
+    at: float
+
+
+class _CopyAheadSaid(TypedDict):
+    stage: int
+    fellow: str
+    fellow_id: str
+    state: str  # "copying" | "held"
+
+
+class CopyAheadDoc(_CopyAheadSaid, total=False):
+    since: float  # copying: since when
+    bytes: int  # held: what it took (``CopyTaken``)
+    fetched_bytes: int
+    took_s: float
+    at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +80,7 @@ class Adopted:
     term: int
     leader: str
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> AdoptedDoc:
         return {"at": self.at, "term": self.term, "leader": self.leader}
 
 
@@ -50,7 +99,7 @@ class StageMoved:
     why: str
     took_s: float
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> StageMovedDoc:
         return {"at": self.at, "stage": self.stage, "layers": list(self.layers),
                 "from": self.from_name, "from_id": self.from_id, "to": self.to_name,
                 "to_id": self.to_id, "card": self.card, "why": self.why,
@@ -65,16 +114,17 @@ class LoadRecut:
     from_plan: str
     to_plan: str
     stages_before: int
-    stages: tuple[dict[str, Any], ...]  # the new plan's stages (``moves.plan_stages``)
+    stages: tuple[StagePlan, ...]  # the new plan's stages
     ms_per_token_now: float
     ms_per_token_after: float
     why: str
     took_s: float
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> LoadRecutDoc:
         return {"at": self.at, "recut": True, "from_plan": self.from_plan,
                 "to_plan": self.to_plan, "stages_before": self.stages_before,
-                "stages": list(self.stages), "ms_per_token_now": self.ms_per_token_now,
+                "stages": [planned_stage_doc(s) for s in self.stages],
+                "ms_per_token_now": self.ms_per_token_now,
                 "ms_per_token_after": self.ms_per_token_after, "why": self.why,
                 "took_s": self.took_s}
 
@@ -91,7 +141,7 @@ class CopyTaken:
     took_s: float
     at: float  # wall-clock seconds
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> CopyTakenDoc:
         return {"bytes": self.held_bytes, "fetched_bytes": self.fetched_bytes,
                 "took_s": self.took_s, "at": self.at}
 
@@ -107,15 +157,18 @@ class CopyAhead:
     since: float | None = None  # wall-clock seconds it is copying since; None: held
     taken: CopyTaken | None = None
 
-    def to_doc(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"stage": self.stage, "fellow": self.fellow,
-                               "fellow_id": self.fellow_id,
-                               "state": "held" if self.since is None else "copying"}
+    def to_doc(self) -> CopyAheadDoc:
         if self.since is not None:
-            doc["since"] = self.since
-        elif self.taken is not None:
-            doc.update(self.taken.to_doc())
-        return doc
+            return {"stage": self.stage, "fellow": self.fellow, "fellow_id": self.fellow_id,
+                    "state": "copying", "since": self.since}
+        taken = self.taken
+        if taken is None:
+            return {"stage": self.stage, "fellow": self.fellow, "fellow_id": self.fellow_id,
+                    "state": "held"}
+        return {"stage": self.stage, "fellow": self.fellow, "fellow_id": self.fellow_id,
+                "state": "held", "bytes": taken.held_bytes,
+                "fetched_bytes": taken.fetched_bytes, "took_s": taken.took_s,
+                "at": taken.at}
 
 
 @dataclass(eq=False, slots=True)
@@ -124,7 +177,7 @@ class LeaderLoad:
 
     plan_id: str
     model: dict[str, Any]  # the model's public identity (``public_model``)
-    runtime: dict[str, Any]  # the plan's runtime document (``runtime_doc``)
+    runtime: RuntimeBlock  # what every stage of it allocates
     stages: tuple[RouteHop, ...]  # the route, in pipeline order
     serial: int = 0  # which record of the plan the leader's table holds (``Loads.lead``)
     load_s: float | None = None  # how long its bring-up took (None: not brought up here)
@@ -204,8 +257,12 @@ class LeaderLoad:
 
     def to_doc(self) -> dict[str, Any]:
         """The record as the ``loads`` listing and the leader's replies show it."""
+        # a load brought up here shows its runtime as its plan listed it; one adopted,
+        # as its fellows keep it
+        runtime = runtime_doc(self.runtime) if self.adopted is not None \
+            else planned_runtime_doc(self.runtime)
         doc: dict[str, Any] = {"plan_id": self.plan_id, "model": self.model,
-                               "runtime": self.runtime,
+                               "runtime": runtime,
                                "stages": [route_dict(h) for h in self.stages]}
         for key in self._order:
             if self._present(key):
@@ -235,10 +292,22 @@ class LoadAsked:
     model: dict[str, Any]
     adapter: dict[str, Any] | None = None
 
+    def replanned(self) -> LoadAsked:
+        """As a load is planned again: its request less its stage count, so the plan is
+        the fastest that fits (a model trained on a cut keeps that cut, as a plain
+        ``plan`` does)."""
+        return replace(self, request={**self.request, "stages": None})
+
+    @property
+    def adapter_named(self) -> Any:
+        """The adapter the request names (its sha256; None: none), as the request says it."""
+        return DocFields(self.request, "the load's request").value("adapter", None)
+
     def to_doc(self) -> bytes:
         """As the load's keepers keep it (the model travels with the stage orders)."""
         return pack_doc({"request": self.request, "adapter": self.adapter})
 
 
-__all__ = ["Adopted", "CopyAhead", "CopyTaken", "LeaderLoad", "LoadAsked", "LoadRecut", "Move",
+__all__ = ["Adopted", "AdoptedDoc", "CopyAhead", "CopyAheadDoc", "CopyTakenDoc", "LoadRecutDoc",
+           "StageMovedDoc", "CopyTaken", "LeaderLoad", "LoadAsked", "LoadRecut", "Move",
            "StageMoved"]

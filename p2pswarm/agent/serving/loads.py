@@ -42,21 +42,18 @@ import trio
 
 from p2pswarm.agent.adapter import stage_block
 from p2pswarm.agent.planning import fellow_id
+from p2pswarm.agent.serving.doc_fields import DocFields
 from p2pswarm.agent.serving.events import LoadEvents
 from p2pswarm.agent.serving.leader_load import LeaderLoad, LoadAsked
+from p2pswarm.agent.serving.load_view import UNKNOWN, LoadView, ViewHop
 from p2pswarm.agent.serving.records import (
-    ROUTE_KEYS,
     StageOrder,
     WeightsOrigin,
     public_adapter,
     public_model,
     runtime_block,
 )
-from p2pswarm.agent.serving.stage_gossip import (
-    gossiped_plan_ids,
-    gossiped_stages,
-    kept_plan_ids,
-)
+from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.errors import (
     ConfigError,
@@ -91,7 +88,9 @@ from p2pswarm.wire.loads import (
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 if TYPE_CHECKING:
+    from p2pswarm.agent.fellow_meta import SaidStage
     from p2pswarm.agent.serving.ports import Leader, LoadsPort
+    from p2pswarm.membership.member import Member
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -109,15 +108,6 @@ class _InFlight:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     done: trio.Event = field(default_factory=trio.Event)
     plan_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class _Seen:
-    """A load as ``loads_view`` shows it (``doc``), with what an unload needs of it."""
-
-    plan_id: str
-    live: Addrs  # its stages whose fellow is alive or suspect
-    doc: dict[str, Any]
 
 
 def _remember(kept: OrderedDict[str, str], ticket: str, value: str) -> None:
@@ -176,7 +166,7 @@ class Loads:
 
     def loaded_ids(self) -> set[str]:
         """The plan_ids of the loads this agent knows of (``loads_view``)."""
-        return {seen.plan_id for seen in self._seen()}
+        return {view.plan_id for view in self.views()}
 
     @property
     def lock(self) -> trio.Lock:
@@ -219,7 +209,7 @@ class Loads:
         plan_id = self._finished.pop(ticket, None)
         if plan_id is not None:  # it came up before the cancel arrived: take it down
             async with self._lock:
-                seen = next((r for r in self._seen() if r.plan_id == plan_id), None)
+                seen = next((r for r in self.views() if r.plan_id == plan_id), None)
                 if seen is not None:
                     await self._unload([seen])
             log.info("load %s cancelled by its asker just after it came up; unloaded", plan_id)
@@ -234,10 +224,11 @@ class Loads:
         return LoadCancelled("unknown", "")
 
     async def _load(self, call: LoadAsk, flight: _InFlight) -> LoadDone:
-        message, model = unpack_doc(call.request), unpack_doc(call.model)
-        adapter = unpack_doc(call.adapter) if call.adapter else None
+        message = unpack_doc(call.request)
+        asked = LoadAsked(message, unpack_doc(call.model),
+                          unpack_doc(call.adapter) if call.adapter else None)
         expected = call.plan_id or None
-        if not _adapter_named(message, adapter):
+        if not _names_its_adapter(asked):
             raise ConfigError("the load's adapter is not the one its request names")
         async with self._lock:
             shown = await self.agent.planning.pinned_plan(message, expected)
@@ -252,11 +243,10 @@ class Loads:
             if plan_id in self.loaded_ids():
                 raise PlacementError(f"plan {plan_id} is already loaded: `p2pswarm loads` "
                                      "shows it; unload it first to load it again")
-            _check_model(message, model)
-            orders = stage_orders(plan, model, call.progress_addr, call.ticket, adapter,
+            _check_model(asked)
+            orders = stage_orders(plan, asked, call.progress_addr, call.ticket,
                                   self._generation())
             addrs = self._order_addrs(orders)
-            asked = LoadAsked(message, model, adapter)
             record = await self._bring_up(plan, orders, addrs, asked)
             self.asked[plan_id] = asked
             return LoadDone(pack_doc(record.to_doc()))
@@ -265,7 +255,7 @@ class Loads:
         """Bring ``plan`` up as a load of its own, as ``load`` does (checked, fetched,
         loaded, started; all or nothing), beside a load it is to replace (``recut``).
         Hold ``lock``."""
-        orders = stage_orders(plan, asked.model, "", "", asked.adapter, self._generation())
+        orders = stage_orders(plan, asked, "", "", self._generation())
         record = await self._bring_up(plan, orders, self._order_addrs(orders), asked)
         self.asked[plan.plan_id] = asked
         return record
@@ -305,7 +295,7 @@ class Loads:
         membership = self.agent.membership
         return sorted({m.addr for m in (membership.members() if membership else ())
                        if m.present
-                       and plan_id in gossiped_plan_ids(self.agent.member_metadata(m))})
+                       and plan_id in gossiped_plan_ids(self.agent.fellow_says(m))})
 
     def current_id(self, plan_id: str) -> str:
         """The plan_id load ``plan_id`` goes by now (another after a re-cut)."""
@@ -374,7 +364,7 @@ class Loads:
             await self.release_all(plan_id, addrs)
             raise PlacementError(f"load of plan {plan_id} failed to start, everything "
                                  "released: " + "; ".join(failures))
-        record = LeaderLoad(plan_id, public_model(model), plan.runtime(), hops)
+        record = LeaderLoad(plan_id, public_model(model), orders[0].runtime, hops)
         record.set_load_s(time.perf_counter() - began)
         if adapter:
             record.set_adapter(public_adapter(adapter))
@@ -433,7 +423,7 @@ class Loads:
 
     async def _leader_unload(self, call: UnloadAsk) -> Unloaded:
         async with self._lock:
-            views = self._seen()
+            views = self.views()
             wanted = call.plan_id
             if wanted:
                 chosen = [r for r in views if r.plan_id == wanted]
@@ -448,7 +438,7 @@ class Loads:
             await self._unload(chosen)
             return Unloaded(tuple(r.plan_id for r in chosen))
 
-    async def _unload(self, loads: list[_Seen]) -> None:
+    async def _unload(self, loads: list[LoadView]) -> None:
         """Release every stage of these loads (hold ``_lock``)."""
         for seen in loads:
             plan_id = seen.plan_id
@@ -478,7 +468,7 @@ class Loads:
         membership = self.agent.membership
         return sorted({m.addr for m in (membership.members() if membership else ())
                        if m.present and not m.is_self
-                       and plan_id in kept_plan_ids(self.agent.member_metadata(m))})
+                       and plan_id in self.agent.fellow_says(m).kept_loads})
 
     async def list_loads(self) -> list[dict[str, Any]]:
         """The leader's answer, or this fellow's own view when no leader answers."""
@@ -491,97 +481,85 @@ class Loads:
 
     def loads_view(self) -> list[dict[str, Any]]:
         """Loads as this agent knows them: those it led, and those fellows gossip that
-        they serve; each stage with its fellow's membership state."""
-        return [seen.doc for seen in self._seen()]
+        they serve; each stage with its fellow's membership state (``views``, as the
+        listing's documents)."""
+        return [view.to_doc() for view in self.views()]
 
-    def _seen(self) -> list[_Seen]:
-        """``loads_view``, each load with its plan_id and live stages beside."""
+    def views(self) -> list[LoadView]:
+        """``loads_view`` as values, by plan_id."""
         now = trio.current_time()
         self._unloaded = {p: t for p, t in self._unloaded.items()
                           if now - t < UNLOAD_TOMBSTONE_S}
-        members = {}
-        gossiped: dict[str, dict[int, dict[str, Any]]] = {}
+        members: dict[str, Member] = {}
+        # plan_id -> stage -> (what its fellow says of it, as a hop; the stage it says)
+        gossiped: dict[str, dict[int, tuple[ViewHop, SaidStage]]] = {}
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
-            members[fellow_id(m.node_id)] = m
+            fid = fellow_id(m.node_id)
+            members[fid] = m
             if not m.present:
                 continue  # a fellow that left or died serves nothing, whatever it last said
-            for entry in gossiped_stages(self.agent.member_metadata(m)):
-                if "plan_id" not in entry:
-                    continue
-                gossiped.setdefault(str(entry["plan_id"]), {})[int(entry["stage"])] = {
-                    **entry, "fellow_id": fellow_id(m.node_id), "fellow": m.name,
-                    "addr": m.addr}
-        records = {p: r.to_doc() for p, r in self.loads.items()}
+            for said in self.agent.fellow_says(m).stages:
+                gossiped.setdefault(said.plan_id, {})[said.stage] = (
+                    ViewHop.said(said, fid, m.name, m.addr), said)
+        found: dict[str, tuple[list[ViewHop], LeaderLoad | SaidStage]] = {
+            p: ([ViewHop.led(h) for h in r.stages], r) for p, r in self.loads.items()}
         for plan_id, entries in gossiped.items():
-            if plan_id in records or plan_id in self._unloaded or plan_id in self.moved_to:
+            if plan_id in found or plan_id in self._unloaded or plan_id in self.moved_to:
                 continue  # unloaded, or re-cut: its stages' gossip lags, or they linger
             # every stage fellow gossips the whole route: one entry heard is enough
-            first = entries[min(entries)]
+            first = entries[min(entries)][1]
+            hops = [ViewHop.said(h, h.fellow_id, h.fellow, h.addr) for h in first.route] \
+                if first.route else [hop for hop, _ in entries.values()]
             stages = []
-            for hop in first.get("route") or list(entries.values()):
-                member = members.get(str(hop.get("fellow_id")))
-                stages.append({**{k: hop[k] for k in ROUTE_KEYS if k in hop},
-                               **{k: v for k, v in entries.get(int(hop["stage"]), {}).items()
-                                  if k in ROUTE_KEYS},
-                               **({"fellow": member.name, "addr": member.addr}
-                                  if member is not None else {})})
-            records[plan_id] = {"plan_id": plan_id, "model": first.get("model", {}),
-                                "runtime": first.get("runtime", {}), "stages": stages}
-            if first.get("adapter"):
-                records[plan_id]["adapter"] = first["adapter"]
-        out = []
-        for plan_id in sorted(records):
-            record = records[plan_id]
-            stages = record["stages"]
-            live: Addrs = {}  # what an unload releases
-            whole = True
-            for s in stages:
-                member = members.get(s["fellow_id"])
-                s["state"] = member.state if member is not None else "unknown"
-                if member is not None and member.present:
-                    live[s["stage"]] = (s["fellow_id"], s["fellow"], s["addr"])
-                else:
-                    whole = False
-            present = sorted(s["stage"] for s in stages)
-            record["complete"] = present == list(range(len(present))) and whole
-            out.append(_Seen(plan_id, live, record))
-        return out
+            for hop in hops:
+                entry = entries.get(hop.stage)
+                stages.append((hop if entry is None else hop.over(entry[0])).at(
+                    members.get(hop.fellow_id)))
+            found[plan_id] = (stages, first)
+        return [LoadView(p, tuple(h.with_state(_state(members.get(h.fellow_id))) for h in hops),
+                         source)
+                for p, (hops, source) in sorted(found.items())]
 
 
-def _adapter_named(message: dict[str, Any], adapter: dict[str, Any] | None) -> bool:
-    """Whether ``adapter`` is the one the request names (or neither has one)."""
-    named = message.get("adapter") or None
-    return not (adapter or named) or (adapter or {}).get("sha256") == named
+def _state(member: Member | None) -> str:
+    """A stage's fellow's membership state as the listing shows it."""
+    return member.state if member is not None else UNKNOWN
 
 
-def asked_doc(message: dict[str, Any], adapter: dict[str, Any] | None) -> bytes:
-    """The request a load was asked with, and its whole adapter, as the load's keepers
-    keep them: with its orders' model, what a re-cut plans again (``recut``)."""
-    return pack_doc({"request": message, "adapter": adapter})
+def _names_its_adapter(asked: LoadAsked) -> bool:
+    """Whether the adapter is the one the request names (or neither has one)."""
+    named = DocFields(asked.request, "the load's request").value("adapter", None) or None
+    if not (asked.adapter or named):
+        return True
+    return bool(DocFields(asked.adapter or {}, "its adapter").value("sha256", None) == named)
 
 
 def asked_from_doc(raw: bytes, model: dict[str, Any]) -> LoadAsked:
-    """``asked_doc`` back, from a fellow's keeping (checked: the request plans the
-    orders' ``model``, and names the adapter it carries); ConfigError otherwise."""
+    """``LoadAsked.to_doc`` back, from a fellow's keeping (checked: the request plans
+    the orders' ``model``, and names the adapter it carries); ConfigError otherwise."""
     try:
-        doc = unpack_doc(raw)
+        doc = DocFields(unpack_doc(raw), "a kept request")
     except RemoteProtocolError as exc:
         raise ConfigError(f"not a document ({exc})") from None
-    message, adapter = doc.get("request"), doc.get("adapter")
-    if not isinstance(message, dict) or not isinstance(message.get("model"), dict) \
-            or not isinstance(message["model"].get("config"), dict) \
-            or not (adapter is None or isinstance(adapter, dict)):
+    message, adapter = doc.value("request", None), doc.value("adapter", None)
+    try:
+        DocFields(message, "its request").fields("model").fields("config")
+    except ConfigError:
+        raise ConfigError("no request, or an adapter that is no document") from None
+    if not (adapter is None or isinstance(adapter, dict)):
         raise ConfigError("no request, or an adapter that is no document")
-    if not _adapter_named(message, adapter):
+    asked = LoadAsked(message, model, adapter)
+    if not _names_its_adapter(asked):
         raise ConfigError("the adapter is not the one its request names")
-    _check_model(message, model)
-    return LoadAsked(message, model, adapter)
+    _check_model(asked)
+    return asked
 
 
-def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
-    config = message["model"]["config"]
-    origin = WeightsOrigin.of(model)
+def _check_model(asked: LoadAsked) -> None:
+    """Whether the model's weights (``asked.model``) are the model the request plans."""
+    config = DocFields(asked.request, "the load's request").fields("model").value("config")
+    origin = WeightsOrigin.of(asked.model)
     if origin.kind == "builtin":
         if dict(BUILTIN_MODELS.get(str(origin.name), {})) != config:
             raise ConfigError(f"built-in {origin.name!r} is not the planned model")
@@ -592,9 +570,10 @@ def _check_model(message: dict[str, Any], model: dict[str, Any]) -> None:
         raise ConfigError(f"unknown model kind {origin.kind!r}")
 
 
-def stage_orders(plan: Plan, model: dict[str, Any], progress_addr: str,
-                 ticket: str, adapter: dict[str, Any] | None = None,
+def stage_orders(plan: Plan, asked: LoadAsked, progress_addr: str, ticket: str,
                  generation: str = "") -> list[StageOrder]:
+    """The stage order of each stage of ``plan``, for the model and the adapter (its
+    part of it: ``stage_block``) a load was asked with."""
     cards = {(c.fellow_id, c.kind, c.index): c for c in plan.cards if c.used}
     runtime = runtime_block(plan.runtime())
     orders = []
@@ -606,10 +585,10 @@ def stage_orders(plan: Plan, model: dict[str, Any], progress_addr: str,
             fellow_id=s.fellow_id, layers=(start, end), card_kind=s.kind,
             card_index=s.card_index, card_name=s.name,
             claim_bytes=card.segments.claim_bytes, need_bytes=card.segments.need_bytes,
-            runtime=runtime, model=model, progress_addr=progress_addr, ticket=ticket,
-            adapter=stage_block(adapter, start, end) if adapter else {},
+            runtime=runtime, model=asked.model, progress_addr=progress_addr, ticket=ticket,
+            adapter=stage_block(asked.adapter, start, end) if asked.adapter else {},
             generation=generation))
     return orders
 
 
-__all__ = ["UNLOAD_TOMBSTONE_S", "Loads", "asked_doc", "asked_from_doc"]
+__all__ = ["UNLOAD_TOMBSTONE_S", "Loads", "asked_from_doc", "stage_orders"]

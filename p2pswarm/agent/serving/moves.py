@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from p2pswarm.planner.cluster import CardView, ClusterView, Fellow
 from p2pswarm.planner.plan import Plan
+from p2pswarm.planner.plan_values import StagePlan
 from p2pswarm.planner.wording import gb
 
 if TYPE_CHECKING:
@@ -47,6 +48,40 @@ class StageMove:
     card: CardView
 
 
+class PlannedStageDoc(TypedDict):
+    """A plan's stage as a proposal and a re-cut show it (``planned_stage_doc``)."""
+
+    stage: int
+    layers: list[int]
+    fellow: str
+    fellow_id: str
+    card: str
+
+
+class StageMoveDoc(TypedDict):
+    stage: int
+    to: str
+    to_id: str
+    card: str
+
+
+class _ProposalSaid(TypedDict):
+    """A proposal as the load's record shows it (``faster``)."""
+
+    ms_per_token_now: float
+    ms_per_token_after: float
+    speedup: float
+    moves: list[StageMoveDoc]
+
+
+class ProposalDoc(_ProposalSaid, total=False):
+    """... and a new cut's plan."""
+
+    plan_id: str
+    stages: list[PlannedStageDoc]
+    plan_ms_per_token: float
+
+
 @dataclass(frozen=True, slots=True)
 class Proposal:
     now_s: float  # estimated seconds a token takes on the load as it runs
@@ -54,25 +89,35 @@ class Proposal:
     moves: tuple[StageMove, ...]
     plan: Plan | None = None  # a new cut: the planner's plan, taken whole
 
-    def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "ms_per_token_now": round(self.now_s * 1e3, 3),
-            "ms_per_token_after": round(self.after_s * 1e3, 3),
-            "speedup": round(self.now_s / self.after_s, 2) if self.after_s else 0.0,
-            "moves": [{"stage": m.stage, "to": m.fellow.name, "to_id": m.fellow.id,
-                       "card": m.card.name} for m in self.moves]}
-        if self.plan is not None:
-            out["plan_id"] = self.plan.plan_id
-            out["stages"] = plan_stages(self.plan)
-            if self.plan.estimate.time_per_token_s:
-                out["plan_ms_per_token"] = round(self.plan.estimate.time_per_token_s * 1e3, 3)
-        return out
+    def to_dict(self) -> ProposalDoc:
+        now_ms, after_ms = round(self.now_s * 1e3, 3), round(self.after_s * 1e3, 3)
+        speedup = round(self.now_s / self.after_s, 2) if self.after_s else 0.0
+        moves: list[StageMoveDoc] = [{"stage": m.stage, "to": m.fellow.name,
+                                      "to_id": m.fellow.id, "card": m.card.name}
+                                     for m in self.moves]
+        plan = self.plan
+        if plan is None:
+            return {"ms_per_token_now": now_ms, "ms_per_token_after": after_ms,
+                    "speedup": speedup, "moves": moves}
+        if not plan.estimate.time_per_token_s:
+            return {"ms_per_token_now": now_ms, "ms_per_token_after": after_ms,
+                    "speedup": speedup, "moves": moves, "plan_id": plan.plan_id,
+                    "stages": plan_stages(plan)}
+        return {"ms_per_token_now": now_ms, "ms_per_token_after": after_ms,
+                "speedup": speedup, "moves": moves, "plan_id": plan.plan_id,
+                "stages": plan_stages(plan),
+                "plan_ms_per_token": round(plan.estimate.time_per_token_s * 1e3, 3)}
 
 
-def plan_stages(plan: Plan) -> list[dict[str, Any]]:
-    """A plan's stages as a proposal and a move show them: layers, fellow, card."""
-    return [{"stage": s.index, "layers": [s.layers[0], s.layers[1]], "fellow": s.fellow,
-             "fellow_id": s.fellow_id, "card": s.name} for s in plan.stages]
+def planned_stage_doc(stage: StagePlan) -> PlannedStageDoc:
+    """A plan's stage as a proposal and a move show it: layers, fellow, card."""
+    return {"stage": stage.index, "layers": [stage.layers[0], stage.layers[1]],
+            "fellow": stage.fellow, "fellow_id": stage.fellow_id, "card": stage.name}
+
+
+def plan_stages(plan: Plan) -> list[PlannedStageDoc]:
+    """A plan's stages as a proposal and a move show them."""
+    return [planned_stage_doc(s) for s in plan.stages]
 
 
 def _card(view: ClusterView, fellow_id: str, card_key: str) -> CardView | None:
@@ -209,5 +254,6 @@ def faster_placement(view: ClusterView, orders: list[StageOrder]) -> Proposal | 
 
 
 __all__ = ["FASTER_CARD", "MARKEDLY", "Proposal", "StageMove", "faster_placement",
-           "load_cost_s", "moved_order", "plan_cost_s", "plan_stages", "recut_proposal",
+           "load_cost_s", "moved_order", "plan_cost_s", "plan_stages", "planned_stage_doc",
+           "PlannedStageDoc", "ProposalDoc", "StageMoveDoc", "recut_proposal",
            "spare_cards"]

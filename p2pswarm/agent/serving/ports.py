@@ -29,6 +29,7 @@ from p2pswarm.agent.ports import (
 )
 
 if TYPE_CHECKING:
+    from p2pswarm.agent.fellow_meta import FellowSays
     from p2pswarm.cards import Inventory
     from p2pswarm.inventory import CardSource
     from p2pswarm.membership.machine import Membership
@@ -61,6 +62,8 @@ class Fellows(Protocol):
     def fellow(self, fellow_id: str) -> Member | None: ...
 
     def member_metadata(self, member: Member) -> dict[str, Any]: ...
+
+    def fellow_says(self, member: Member) -> FellowSays: ...
 
 
 class Streams(Protocol):

@@ -16,10 +16,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
 import trio
 
+from p2pswarm.agent.serving.doc_fields import DocFields
 from p2pswarm.errors import ConfigError, RemoteProtocolError
 from p2pswarm.runtime.spec import StageSpec
 from p2pswarm.wire.loads import RouteHop, RuntimeBlock, StageAssignment
@@ -112,11 +113,12 @@ class WeightsOrigin:
 
     @staticmethod
     def of(doc: Mapping[str, Any]) -> WeightsOrigin:
-        return WeightsOrigin(doc.get("kind"), doc.get("name"),
-                             str(doc.get("source_id", "")),
-                             str(doc["source"]) if "source" in doc else None,
-                             doc.get("manifest"),
-                             str(doc["path"]) if "path" in doc else None)
+        f = DocFields(doc, "a model's identity")
+        return WeightsOrigin(f.value("kind", None), f.value("name", None),
+                             str(f.value("source_id", "")),
+                             str(f.value("source")) if f.has("source") else None,
+                             f.value("manifest", None),
+                             str(f.value("path")) if f.has("path") else None)
 
     def source_name(self, default: str = "the source") -> str:
         """The source's name as messages show it (``default`` when none is named)."""
@@ -134,9 +136,35 @@ def runtime_block(doc: Mapping[str, Any]) -> RuntimeBlock:
     return RuntimeBlock(**{k: doc.get(k, getattr(defaults, k)) for k in _SPEC_FIELDS})
 
 
-def runtime_doc(block: RuntimeBlock) -> dict[str, Any]:
-    """The block as records and gossip show it."""
-    return {k: getattr(block, k) for k in _SPEC_FIELDS}
+class RuntimeDoc(TypedDict):
+    """A runtime block as records and gossip show it (``runtime_doc``)."""
+
+    dtype: str
+    quant: str
+    quant_group_size: int
+    kv_dtype: str
+    max_context_tokens: int
+    max_sessions: int
+    prefill_chunk_tokens: int
+
+
+def planned_runtime_doc(block: RuntimeBlock) -> RuntimeDoc:
+    """The block as a serving plan's document lists it (``Plan.runtime``): the record of
+    a load brought up from a plan shows it so."""
+    return {"dtype": block.dtype, "quant": block.quant,
+            "quant_group_size": block.quant_group_size,
+            "prefill_chunk_tokens": block.prefill_chunk_tokens, "kv_dtype": block.kv_dtype,
+            "max_context_tokens": block.max_context_tokens,
+            "max_sessions": block.max_sessions}
+
+
+def runtime_doc(block: RuntimeBlock) -> RuntimeDoc:
+    """The block as gossip shows it, and the record of a load adopted from its fellows."""
+    return {"dtype": block.dtype, "quant": block.quant,
+            "quant_group_size": block.quant_group_size, "kv_dtype": block.kv_dtype,
+            "max_context_tokens": block.max_context_tokens,
+            "max_sessions": block.max_sessions,
+            "prefill_chunk_tokens": block.prefill_chunk_tokens}
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +179,28 @@ class CachedWeights:
 WeightSource: TypeAlias = "str | Path | CachedWeights"  # a built-in's name, a directory
 
 
-def route_dict(hop: RouteHop) -> dict[str, Any]:
-    """A ``RouteHop`` as records and gossip keep it."""
+class RouteEntryDoc(TypedDict):
+    """A route hop as a fellow gossips it with its stages (``route_entry``: ``ROUTE_KEYS``)."""
+
+    stage: int
+    fellow_id: str
+    fellow: str
+    addr: str
+    layers: list[int]
+    card: str
+    claim_bytes: int
+    allocated_bytes: int
+
+
+class RouteDoc(RouteEntryDoc):
+    """A route hop as records keep it (``route_dict``): what it fetched, besides."""
+
+    fetched_bytes: int
+    fetch_s: float
+
+
+def route_dict(hop: RouteHop) -> RouteDoc:
+    """A ``RouteHop`` as records keep it."""
     return {"stage": hop.stage, "fellow_id": hop.fellow_id, "fellow": hop.fellow,
             "addr": hop.addr, "layers": [hop.start_layer, hop.end_layer], "card": hop.card,
             "claim_bytes": hop.claim_bytes, "allocated_bytes": hop.allocated_bytes,
@@ -170,9 +218,10 @@ def public_model(model: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in model.items() if k != "manifest"}
 
 
-def former_plan_ids(record: dict[str, Any]) -> list[str]:
-    """The plan_ids a load went by before live moves re-cut it (``recut``)."""
-    before = record.get("recut_from")
+def former_plan_ids(record: Any) -> list[str]:
+    """The plan_ids a load went by before live moves re-cut it (``recut``), read from
+    its record's document (checked: a map, or ConfigError)."""
+    before = DocFields(record, "a load's record").value("recut_from", None)
     return [p for p in before if isinstance(p, str)] if isinstance(before, list) else []
 
 
@@ -182,15 +231,16 @@ def former_plan_ids(record: dict[str, Any]) -> list[str]:
 RECURRENT_GENERATION_TOKENS = 1 << 20
 
 
-def generation_tokens(record: dict[str, Any]) -> tuple[int, str]:
+def generation_tokens(record: Any) -> tuple[int, str]:
     """How many tokens (prompt and new) one generation on this load may reach, and what
     bounds them in words; 0 when the record names no bound. A record that claims a
     recurrent model wrongly gains nothing: each stage holds a non-recurrent model to its
     context itself."""
-    model = record.get("model")
-    recurrent = isinstance(model, dict) and model.get("recurrent") is True
-    return _generation_tokens(recurrent, int((record.get("runtime") or {}).get(
-        "max_context_tokens", 0)))
+    f = DocFields(record, "a load's record")
+    model = f.value("model", None)
+    recurrent = isinstance(model, dict) and DocFields(model, "its model").flag("recurrent")
+    runtime = DocFields(f.value("runtime", None) or {}, "its runtime")
+    return _generation_tokens(recurrent, int(runtime.value("max_context_tokens", 0)))
 
 
 def _generation_tokens(recurrent: bool, context: int) -> tuple[int, str]:
@@ -205,19 +255,20 @@ MAX_ROUTE_STAGES = 1024  # a route from the network longer than this is not beli
 
 def route_hop(doc: Any, i: int) -> RouteHop:
     """Route entry ``i`` of a record: its stage, its fellow's id (hex), name and address
-    checked; ConfigError otherwise."""
-    if not (isinstance(doc, dict) and doc.get("stage") == i
-            and isinstance(doc.get("fellow_id"), str) and isinstance(doc.get("fellow"), str)
-            and isinstance(doc.get("addr"), str)):
-        raise ConfigError(f"stage {i} of the load's route is malformed")
+    checked, and every field within what the wire's ``RouteHop`` carries; ConfigError
+    otherwise."""
     try:
-        bytes.fromhex(doc["fellow_id"])
-        layers = doc.get("layers") or [0, 0]
-        return RouteHop(i, doc["fellow_id"], doc["fellow"], doc["addr"], int(layers[0]),
-                        int(layers[1]), str(doc.get("card", "")),
-                        int(doc.get("claim_bytes", 0)), int(doc.get("allocated_bytes", 0)),
-                        int(doc.get("fetched_bytes", 0)), float(doc.get("fetch_s", 0.0)))
-    except (ValueError, TypeError, IndexError):
+        f = DocFields(doc, f"stage {i} of the load's route")
+        fid = f.text("fellow_id", max_chars=64)
+        bytes.fromhex(fid)
+        if f.whole("stage", high=MAX_ROUTE_STAGES) != i:
+            raise ConfigError("not in its place")
+        start, end = f.pair("layers", [0, 0])
+        return RouteHop(i, fid, f.text("fellow", max_chars=64), f.text("addr", max_chars=128),
+                        start, end, f.text("card", "", max_chars=320),
+                        f.whole("claim_bytes", 0), f.whole("allocated_bytes", 0),
+                        f.whole("fetched_bytes", 0), f.number("fetch_s", 0.0))
+    except (ConfigError, ValueError):
         raise ConfigError(f"stage {i} of the load's route is malformed") from None
 
 
@@ -253,28 +304,28 @@ class LoadRecord:
 
     @staticmethod
     def from_doc(doc: Any) -> LoadRecord:
-        if not isinstance(doc, dict) or not isinstance(doc.get("plan_id"), str):
+        """A record a leader answers or a view shows, checked; ConfigError otherwise."""
+        f = DocFields(doc, "a load's record")
+        if not isinstance(f.value("plan_id", None), str):
             raise ConfigError("a load's record names no plan_id")
-        hops, runtime, model = doc.get("stages"), doc.get("runtime"), doc.get("model", {})
+        hops = f.value("stages", None)
         if not isinstance(hops, list) or not 0 < len(hops) <= MAX_ROUTE_STAGES:
             raise ConfigError("a load's record has no route, or too long a one")
-        if not isinstance(runtime, dict) or not isinstance(model, dict):
-            raise ConfigError("a load's record has no runtime or model")
-        try:
-            sessions = int(runtime.get("max_sessions", 1))
-            chunk = int(runtime.get("prefill_chunk_tokens", 256))
-            context = int(runtime.get("max_context_tokens", 0))
-        except (TypeError, ValueError):
-            raise ConfigError("a load's record has a malformed runtime") from None
-        return LoadRecord(doc["plan_id"], tuple(route_hop(h, i) for i, h in enumerate(hops)),
-                          model, sessions, chunk, context, model.get("recurrent") is True,
-                          tuple(former_plan_ids(doc)))
+        runtime, model = f.fields("runtime", None), f.fields("model", {})
+        sessions = runtime.whole("max_sessions", 1, high=1 << 32)
+        chunk = runtime.whole("prefill_chunk_tokens", 256, high=1 << 32)
+        context = runtime.whole("max_context_tokens", 0, high=1 << 32)
+        return LoadRecord(f.text("plan_id", max_chars=64),
+                          tuple(route_hop(h, i) for i, h in enumerate(hops)),
+                          f.value("model", {}), sessions, chunk, context,
+                          model.flag("recurrent"), tuple(former_plan_ids(doc)))
 
 
-def route_entry(hop: RouteHop) -> dict[str, Any]:
+def route_entry(hop: RouteHop) -> RouteEntryDoc:
     """A route hop as a fellow gossips it with its stages (``ROUTE_KEYS``)."""
-    whole = route_dict(hop)
-    return {k: whole[k] for k in ROUTE_KEYS}
+    return {"stage": hop.stage, "fellow_id": hop.fellow_id, "fellow": hop.fellow,
+            "addr": hop.addr, "layers": [hop.start_layer, hop.end_layer], "card": hop.card,
+            "claim_bytes": hop.claim_bytes, "allocated_bytes": hop.allocated_bytes}
 
 
 class HostedStage:
@@ -308,6 +359,15 @@ class HostedStage:
         return self.route[i] if 0 <= i < len(self.route) else None
 
 
+class GenerationHopDoc(TypedDict):
+    """A stage of a generation's route as its result shows it."""
+
+    stage: int
+    fellow: str
+    layers: list[int]
+    card: str
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationResult:
     plan_id: str
@@ -318,7 +378,7 @@ class GenerationResult:
     time_to_first_token_s: float
     decode_s: float
     stage_decode_s: tuple[float, ...]  # compute per stage over the decode steps
-    route: tuple[dict[str, Any], ...]
+    route: tuple[GenerationHopDoc, ...]  # its stages, as the result shows them
     logits: tuple[Any, ...] = ()  # (vocab,) float32 tensors, one per token, with keep_logits
     cached_tokens: int = 0  # prompt tokens a kept session's cache held (not prefilled)
     resumes: int = 0  # sessions re-opened on a healed load (a stage moved, or came back)
@@ -359,6 +419,7 @@ class GenerationResult:
 __all__ = [
     "ROUTE_KEYS",
     "CachedWeights",
+    "GenerationHopDoc",
     "GenerationResult",
     "HostedStage",
     "LoadRecord",
@@ -372,8 +433,12 @@ __all__ = [
     "public_adapter",
     "public_model",
     "route_dict",
+    "planned_runtime_doc",
     "route_entry",
     "route_hop",
     "runtime_block",
     "runtime_doc",
+    "RouteDoc",
+    "RouteEntryDoc",
+    "RuntimeDoc",
 ]

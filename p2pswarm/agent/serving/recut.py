@@ -32,8 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -42,7 +41,6 @@ from p2pswarm.agent.serving.leader_load import LoadRecut
 from p2pswarm.agent.serving.moves import (
     Proposal,
     faster_placement,
-    plan_stages,
     recut_proposal,
 )
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
@@ -64,13 +62,6 @@ STRAGGLERS_FOR_S = 120.0  # a fellow still gossiping an old stage is told to rel
 STRAGGLERS_EVERY_S = 2.0  # ... this often, for this long
 
 
-def replan_message(message: dict[str, Any]) -> dict[str, Any]:
-    """The request a load is planned again with: as loaded, less its stage count, so the
-    plan is the fastest that fits (a model trained on a cut keeps that cut, as a plain
-    ``plan`` does)."""
-    return {**message, "stages": None}
-
-
 class Recut:
     def __init__(self, agent: RecutPort, loads: Loads, moves_kept: int) -> None:
         self.agent = agent
@@ -89,10 +80,10 @@ class Recut:
         cached = self._planned.get(plan_id)
         if cached is not None and cached[0] == view:
             return cached[1]
-        message = replan_message(asked.request)
+        again = asked.replanned()
         try:
-            plan: Plan | None = Plan.from_doc(adapted_plan(plan_message(message, view),
-                                                           message.get("adapter")))
+            plan: Plan | None = Plan.from_doc(adapted_plan(plan_message(again.request, view),
+                                                           again.adapter_named))
         except (ConfigError, PlacementError) as exc:
             log.info("no faster plan for load %s: %s", plan_id, exc)
             plan = None
@@ -142,7 +133,7 @@ class Recut:
                 raise PlacementError(f"{refused}: plan {new_id} is loaded already")
             try:
                 new = await self.loads.bring_up_beside(
-                    plan, replace(asked, request=replan_message(asked.request)))
+                    plan, asked.replanned())
             except SwarmError as exc:
                 # a fellow short of memory (stage_host says "... free now, the stage
                 # needs ..."): the cards cannot hold both placements at once
@@ -153,7 +144,7 @@ class Recut:
             estimate = (f"{proposal.now_s * 1e3:.1f} -> {proposal.after_s * 1e3:.1f} ms a "
                         "token, estimated")
             move = LoadRecut(time.time(), old_id, new_id, len(record.stages),
-                             tuple(plan_stages(plan)), round(proposal.now_s * 1e3, 3),
+                             plan.stages, round(proposal.now_s * 1e3, 3),
                              round(proposal.after_s * 1e3, 3),
                              f"live move to a faster placement ({estimate})",
                              round(time.perf_counter() - began, 3))
@@ -181,4 +172,4 @@ class Recut:
                                                        for i, a in enumerate(addrs)})
 
 
-__all__ = ["Recut", "replan_message"]
+__all__ = ["Recut"]
