@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from p2pswarm.agent.fellow_meta import FellowSays
 from p2pswarm.agent.serving.records import WeightsOrigin, route_hop
 from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids, gossiped_stages
 from p2pswarm.agent.weight_holders import gather
@@ -164,7 +165,13 @@ class CopyHost:
                 yield self.agent.member_metadata(m)
 
     def _gossiped_plans(self) -> set[str]:
-        return {p for metadata in self._gossips() for p in gossiped_plan_ids(metadata)}
+        """The loads this fellow and each present fellow say they serve a stage of."""
+        plans = gossiped_plan_ids(FellowSays.from_doc(self.agent.extra_metadata))
+        membership = self.agent.membership
+        for m in membership.members() if membership is not None else ():
+            if m.present and not m.is_self:
+                plans |= gossiped_plan_ids(self.agent.fellow_says(m))
+        return plans
 
     def _gossiped_stage(self, call: StageCopy, model_key: str) -> bool:
         layers = (call.start_layer, call.end_layer)
