@@ -150,7 +150,7 @@ class LoadView:
         said = self.source
         if isinstance(said, LeaderLoad):  # its stages keep their place in its record
             return {**said.to_doc(), "stages": stages, "complete": self.complete}
-        return {"plan_id": self.plan_id, "model": said.model, "runtime": said.runtime,
+        return {"plan_id": self.plan_id, "model": said.model.block, "runtime": said.runtime,
                 "stages": stages, **({"adapter": said.adapter} if said.adapter else {}),
                 "complete": self.complete}
 
