@@ -28,7 +28,7 @@ import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from p2pswarm.agent.weights import Manifest, ManifestTensor
 from p2pswarm.errors import ConfigError
@@ -44,6 +44,19 @@ TENSOR_NAME = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|
                    r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|r_proj|key|value)"
                    r"\.lora_([AB])\.weight$")
 _FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+
+
+class AdapterPublic(TypedDict):
+    """What a load's adapter block says of the adapter (its asker adds where it is served
+    from and its tensors' manifest)."""
+
+    name: str
+    path: str
+    sha256: str
+    base: str
+    rank: int
+    alpha: float
+    targets: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +76,10 @@ class AdapterManifest:
     def scale(self) -> float:
         return self.alpha / self.rank
 
-    def public(self) -> dict[str, Any]:
-        return {"name": self.name, "path": self.path, "sha256": self.sha256, "base": self.base,
-                "rank": self.rank, "alpha": self.alpha, "targets": list(self.targets)}
+    def public(self) -> AdapterPublic:
+        return AdapterPublic(name=self.name, path=self.path, sha256=self.sha256,
+                             base=self.base, rank=self.rank, alpha=self.alpha,
+                             targets=list(self.targets))
 
 
 def read_adapter(adapter_dir: str | Path) -> AdapterManifest:

@@ -56,6 +56,7 @@ from p2pswarm.agent.planning import Planning
 from p2pswarm.agent.ports import ControlHandler, StreamHandler
 from p2pswarm.agent.rejoin import Rejoin
 from p2pswarm.agent.serving import Serving
+from p2pswarm.agent.status_doc import ElectorateDoc, LeaderDoc, MemberRow, SelfDoc, StatusDoc
 from p2pswarm.agent.training import Training
 from p2pswarm.agent.votes import VOTES_FILE, VoteRecord
 from p2pswarm.agent.weights import WeightsCache
@@ -629,7 +630,7 @@ class Agent:
                                f"{', '.join(sorted(self.control_ops))}")
         return await handler(request)
 
-    async def _op_status(self, request: StatusRequest) -> dict[str, Any]:
+    async def _op_status(self, request: StatusRequest) -> StatusDoc:
         return self.status()
 
     async def _op_leave(self, request: LeaveRequest) -> dict[str, int | bool]:
@@ -670,44 +671,44 @@ class Agent:
         except ValueError:
             return None
 
-    def leader(self) -> dict[str, Any] | None:
+    def leader(self) -> LeaderDoc | None:
         """The leader this fellow follows, as ``status`` shows it; None: none."""
         if self.election is None:
             return None
         s = self.election.status()
         if s.leader_id is None:
             return None
-        return {"id": s.leader_id.hex(), "name": s.leader_name, "term": s.term}
+        return LeaderDoc(id=s.leader_id.hex(), name=s.leader_name, term=s.term)
 
-    def _electorate_doc(self, now: float) -> dict[str, Any] | None:
+    def _electorate_doc(self, now: float) -> ElectorateDoc | None:
         """What a leader needs and this side has: votes of a majority of the electorate,
         and when the electorate next shrinks (the dead leave it after
         ``electorate_dead_after_s`` unseen). ``status`` explains a leaderless side by it."""
         if self.election is None:
             return None
         voters, shrinks_at = self.election.electorate(), self.election.shrinks_at()
-        return {"voters": voters, "needs": voters // 2 + 1, "sees": self.election.present(),
-                "dead_leave_after_s": self.config.election.electorate_dead_after_s,
-                "shrinks_in_s": None if shrinks_at is None
-                else round(max(0.0, shrinks_at - now), 3)}
+        return ElectorateDoc(voters=voters, needs=voters // 2 + 1, sees=self.election.present(),
+                             dead_leave_after_s=self.config.election.electorate_dead_after_s,
+                             shrinks_in_s=None if shrinks_at is None
+                             else round(max(0.0, shrinks_at - now), 3))
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusDoc:
         now = trio.current_time()
 
-        def row(m: Member) -> dict[str, Any]:
+        def row(m: Member) -> MemberRow:
             heard = None if m.last_heard_s is None else round(now - m.last_heard_s, 3)
-            return {"id": m.node_id.hex(), "name": m.name, "addr": m.addr, "state": m.state,
-                    "incarnation": m.incarnation,
-                    "cards": [c.to_dict() for c in self.fellow_says(m).inventory.cards],
-                    "last_heard_s": heard, "in_state_s": round(now - m.state_since_s, 3),
-                    "self": m.is_self}
+            return MemberRow(id=m.node_id.hex(), name=m.name, addr=m.addr, state=m.state,
+                             incarnation=m.incarnation,
+                             cards=[c.to_dict() for c in self.fellow_says(m).inventory.cards],
+                             last_heard_s=heard, in_state_s=round(now - m.state_since_s, 3),
+                             self=m.is_self)
 
         members = sorted(self.membership.members(), key=lambda m: (m.name, m.node_id)) \
             if self.membership is not None else []
         election = self.election.status() if self.election is not None else None
         return {
-            "self": {"id": self.node_id.hex(), "name": self.name, "addr": self.addr,
-                     "listen": self.transport.local_addr},
+            "self": SelfDoc(id=self.node_id.hex(), name=self.name, addr=self.addr,
+                            listen=self.transport.local_addr),
             "preset": self.config.preset,
             "uptime_s": round(now - self.started_s, 3),
             "health": self.membership.health_score if self.membership else 0,

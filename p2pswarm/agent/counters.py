@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+
+from p2pswarm.agent.status_doc import CountersDoc
 
 
 class Counters:
@@ -26,7 +27,7 @@ class Counters:
     def refuse(self, reason: str) -> None:
         self.refused[reason] += 1
 
-    def to_dict(self, election_refused: Mapping[str, int] | None = None) -> dict[str, Any]:
+    def to_dict(self, election_refused: Mapping[str, int] | None = None) -> CountersDoc:
         """The counters as ``status`` shows them; ``election_refused``: what the election
         refused, shown among ``refused`` as ``election-REASON``."""
         refused = dict(self.refused)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from p2pswarm.control.requests import Handler
+
 if TYPE_CHECKING:
     from p2pswarm.agent.compute import Compute
     from p2pswarm.agent.counters import Counters
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 # Returns the reply message, or None to end the stream. A handler may instead keep the
 # stream for itself (raw frames, e.g. tensors) and return None when it is done with it.
 StreamHandler = Callable[[Any, "SecureStream"], Awaitable[Any]]
-ControlHandler = Callable[[dict[str, Any]], Awaitable[Any]]
+ControlHandler = Handler  # a control op: the request map in, the answer out (control's own)
 
 
 class Named(Protocol):

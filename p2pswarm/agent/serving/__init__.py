@@ -64,6 +64,7 @@ from p2pswarm.agent.serving.runtime import StageRuntime, TorchOnFirstUse
 from p2pswarm.agent.serving.stage_gossip import kept_plan_ids
 from p2pswarm.agent.serving.stage_host import StageHost
 from p2pswarm.agent.serving.stage_session import StageSessions
+from p2pswarm.agent.status_doc import HeldStageDoc
 from p2pswarm.agent.weights import Manifest, WeightsCache, WeightsServer
 from p2pswarm.control import serving_requests as requests
 from p2pswarm.control.requests import typed_op
@@ -198,14 +199,14 @@ class Serving:
         """Cancel the load asked for as ``load_id``, all or nothing (``asking``)."""
         return await self.asker.cancel(load_id)
 
-    def held_stages(self) -> list[dict[str, Any]]:
+    def held_stages(self) -> list[HeldStageDoc]:
         """The stages this fellow holds (reserved, loading, loaded, active, or released
         while their build still runs: ``releasing``), with their claims."""
         held = [(key, h.state, h) for key, h in self.host.hosted.items()]
         held += [(key, "releasing", h) for key, h in self.host.releasing.items()]
-        return [{"plan_id": plan_id, "stage": stage, "state": state,
-                 "claim_bytes": h.order.claim_bytes, "allocated_bytes": h.allocated_bytes,
-                 "sessions": len(h.sessions)}
+        return [HeldStageDoc(plan_id=plan_id, stage=stage, state=state,
+                             claim_bytes=h.order.claim_bytes,
+                             allocated_bytes=h.allocated_bytes, sessions=len(h.sessions))
                 for (plan_id, stage), state, h in sorted(held, key=lambda x: x[:2])]
 
     async def unload(self, plan_id: str | None = None, *,

@@ -14,7 +14,7 @@ import logging
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import trio
 
@@ -106,6 +106,14 @@ class ModelIdentity:
                 "manifest": m.to_dict(), **recurrent}
 
 
+class CancelDoc(TypedDict):
+    """The control op ``load_cancel``'s answer (``plan_id``: None where no load came up)."""
+
+    load_id: str
+    outcome: str
+    plan_id: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class CancelOutcome:
     """What became of a load cancelled by its id (``LoadAsker.cancel``)."""
@@ -114,10 +122,10 @@ class CancelOutcome:
     outcome: str  # "cancelled", "unloaded", "not-started" or "unconfirmed"
     plan_id: str = ""  # the load that came up (or the one the leader cancelled); "": none
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> CancelDoc:
         """As the control op ``load_cancel`` answers it."""
-        return {"load_id": self.load_id, "outcome": self.outcome,
-                "plan_id": self.plan_id or None}
+        return CancelDoc(load_id=self.load_id, outcome=self.outcome,
+                         plan_id=self.plan_id or None)
 
 
 class LoadAsker:
