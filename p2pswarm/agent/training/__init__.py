@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.pins import ShownPlans
+from p2pswarm.agent.training import control_ask
 from p2pswarm.agent.training.checkpoints import TrainCopies
-from p2pswarm.agent.training.control_ask import TrainingAsk
 from p2pswarm.agent.training.driver import drive
 from p2pswarm.agent.training.handover import JobHandover
 from p2pswarm.agent.training.job_data import JobData, sent_files, sent_files_of
@@ -57,18 +57,24 @@ from p2pswarm.agent.training.placement import Placer
 from p2pswarm.agent.training.stage_host import StageHosts, TrainHost
 from p2pswarm.agent.training.takeover import Handed, Takeover
 from p2pswarm.config import TrainingConfig
+from p2pswarm.control.requests import typed_op
 from p2pswarm.control.server import current_emitter, emit
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
 from p2pswarm.wire.jobs import (
     JobCancel,
+    JobCancelRequest,
     JobConfigAsk,
     JobConfigShown,
+    JobExportRequest,
     JobList,
     JobPlanAsk,
+    JobPlanRequest,
     JobPlanShown,
     JobRecord,
     JobsAsk,
+    JobsRequest,
     JobSubmit,
+    JobSubmitRequest,
 )
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
@@ -103,9 +109,15 @@ class Training:
         self.data = JobData(agent, self._data_in_use)
         self.handover = JobHandover(self)
         self.takeover = Takeover(self)
-        agent.control_ops.update({"job_plan": self._op_plan, "job_submit": self._op_submit,
-                                  "jobs": self._op_jobs, "job_cancel": self._op_cancel,
-                                  "job_export": self._op_export})
+        agent.control_ops.update({
+            "job_plan": typed_op(JobPlanRequest, control_ask.job_plan_request, self._op_plan),
+            "job_submit": typed_op(JobSubmitRequest, control_ask.job_submit_request,
+                                   self._op_submit),
+            "jobs": typed_op(JobsRequest, control_ask.jobs_request, self._op_jobs),
+            "job_cancel": typed_op(JobCancelRequest, control_ask.job_cancel_request,
+                                   self._op_cancel),
+            "job_export": typed_op(JobExportRequest, control_ask.job_export_request,
+                                   self._op_export)})
 
     def _data_in_use(self) -> set[str]:
         """The data files (by SHA-256) of the jobs this fellow leads that may still run."""
@@ -307,53 +319,29 @@ class Training:
 
     # --- control ops (the CLI's own agent) ------------------------------------------------
 
-    @staticmethod
-    def _checked(ask: TrainingAsk) -> tuple[Any, int | None]:
-        job_config(ask.config)  # a bad job.json is refused here, before the leader is asked
-        return ask.config, ask.checked_stages()
+    async def _op_plan(self, request: JobPlanRequest) -> Any:
+        return await self.ask_plan(unpack_doc(request.config), stages=request.stages,
+                                   maximize=request.maximize or None,
+                                   exclude_cards=list(request.exclude_cards))
 
-    async def _op_plan(self, request: dict[str, Any]) -> Any:
-        ask = TrainingAsk.from_doc(request)
-        exclude = ask.checked_exclude_cards()
-        maximize = ask.maximize
-        if maximize not in (None, "seq_len", "speed"):
-            raise ConfigError(f"maximize {maximize!r} must be \"seq_len\", \"speed\" or null")
-        config, stages = self._checked(ask)
-        return await self.ask_plan(config, stages=stages, maximize=maximize,
-                                   exclude_cards=exclude)
+    async def _op_submit(self, request: JobSubmitRequest) -> Any:
+        config = None
+        if request.config is not None:  # the files it names are read here and travel with it
+            config = await self.data.attach(unpack_doc(request.config))
+        return await self.submit(config, plan_id=request.plan_id or None,
+                                 stages=request.stages, resume=request.resume,
+                                 follow=current_emitter() is not None,
+                                 maximize=request.maximize or None,
+                                 exclude_cards=list(request.exclude_cards))
 
-    async def _op_submit(self, request: dict[str, Any]) -> Any:
-        ask = TrainingAsk.from_doc(request)
-        resume = ask.resume
-        if resume and ask.config is None:
-            config, stages = None, ask.checked_stages()
-        else:
-            config, stages = self._checked(ask)
-        if config is not None:  # the files it names are read here and travel with it
-            config = await self.data.attach(config)
-        plan_id = ask.plan_id
-        if plan_id is not None and not isinstance(plan_id, str):
-            raise ConfigError("plan_id must be a string")
-        maximize = ask.maximize
-        if maximize not in (None, "seq_len"):
-            raise ConfigError(f"maximize {maximize!r} for a job must be \"seq_len\" or null")
-        return await self.submit(config, plan_id=plan_id or None, stages=stages,
-                                 resume=str(resume or ""),
-                                 follow=current_emitter() is not None, maximize=maximize,
-                                 exclude_cards=ask.checked_exclude_cards())
-
-    async def _op_jobs(self, request: dict[str, Any]) -> Any:
+    async def _op_jobs(self, request: JobsRequest) -> Any:
         return await self.list_jobs()
 
-    async def _op_cancel(self, request: dict[str, Any]) -> Any:
-        ask = TrainingAsk.from_doc(request)
-        return await self.ask_cancel(ask.checked_text("job_id", "job_cancel needs a \"job_id\""))
+    async def _op_cancel(self, request: JobCancelRequest) -> Any:
+        return await self.ask_cancel(request.job_id)
 
-    async def _op_export(self, request: dict[str, Any]) -> Any:
-        ask = TrainingAsk.from_doc(request)
-        job_id = ask.checked_text("job_id", "job_export needs a \"job_id\"")
-        out = ask.checked_text("out", "job_export needs an \"out\" directory")
-        return (await self.export(job_id, out)).to_dict()
+    async def _op_export(self, request: JobExportRequest) -> Any:
+        return (await self.export(request.job_id, request.out)).to_dict()
 
 
 __all__ = ["CHANGED", "STATES", "TERMINAL", "Job", "TrainHost", "Training"]

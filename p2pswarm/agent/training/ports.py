@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from p2pswarm.agent.training.replica import Replica
     from p2pswarm.agent.training.runtime import TrainRuntime
     from p2pswarm.config import SwarmConfig, TrainingConfig
+    from p2pswarm.control.requests import Handler
     from p2pswarm.election import ElectionStatus
     from p2pswarm.errors import ReplicaLost
     from p2pswarm.membership.member import Member
@@ -186,7 +187,7 @@ class TrainingAgent(StageNode, Protocol):
     def rng(self) -> random.Random: ...
 
     @property
-    def control_ops(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]: ...
+    def control_ops(self) -> dict[str, Handler]: ...
 
 
 # --- training's own parts -------------------------------------------------------------------
