@@ -13,17 +13,20 @@
   ``global_state.GlobalState`` (a replica put on the keepers' global parameters);
 - values: ``job_record.Job`` (``config`` a ``JobConfig``, ``placement`` a tuple of
   ``placed.ReplicaPlacement``, each with its batch shape resolved once, at placement),
-  ``checkpoint_meta``, ``control_ask``; each with one document form, read at the edge;
+  ``checkpoint_meta``, ``job_state.JobSnapshot`` (a job copy); each with one document
+  form, read at the edge;
 - ``ports``: what each part uses of the agent and of the other parts, as protocols (no
   part takes the whole ``Agent``, none imports it);
 - ``job_data``: the files a job trains on, read where it is submitted and sent with it;
+- ``control_ask``: the control ops' typed requests (``wire.jobs``) made from a plain map;
 - ``job_state``, ``handover``, ``takeover``: each job's record and round state copied to
   a few fellows, and a new leader driving the jobs on from there;
 - ``runtime`` / ``torch_runtime``: the seam to torch, loaded on first use.
 
 Here: the control ops of the CLI's own agent (``job_plan``, ``job_submit``, ``jobs``,
-``job_cancel``, ``job_export``), which ask the leader with typed calls; the fellow whose
-``job_submit`` streams follows the job's record until it ends.
+``job_cancel``, ``job_export``; each handler takes its typed request), which ask the
+leader with typed calls; the fellow whose ``job_submit`` streams follows the job's record
+until it ends.
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ class JobPlan:
     auto_batch: bool  # a fleet plan: each replica has its own batch
     cards: tuple[CardPlan, ...]  # the cards it uses
     replicas: tuple[PlannedReplica, ...]
+    fleet_sentence: str = ""  # a fleet plan's own account of what fits, and why not more
 
     @staticmethod
     def from_doc(doc: Mapping[str, Any]) -> JobPlan:
@@ -69,7 +70,8 @@ class JobPlan:
             cards=tuple(CardPlan.from_doc(c) for c in doc.get("cards") or ()
                         if _mapping(c).get("used")),
             replicas=tuple(PlannedReplica.from_doc(_mapping(r))
-                           for r in doc.get("replicas") or ()))
+                           for r in doc.get("replicas") or ()),
+            fleet_sentence=str(_mapping(doc.get("fleet")).get("sentence", "")))
 
     @property
     def why_not(self) -> str:

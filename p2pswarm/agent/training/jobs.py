@@ -160,7 +160,7 @@ class LeaderJobs:
                 "maximize": maximize, "exclude": sorted(exclude)})
             shown = JobPlan.from_doc(fleet)
             if shown.replicas and not shown.fits:
-                raise PlacementError(fleet["fleet"]["sentence"])
+                raise PlacementError(shown.fleet_sentence)
             return self.training.shown.remember(  # type: ignore[no-any-return]
                 fleet_job_plan(job, fleet))
         plans: list[Plan] = []
