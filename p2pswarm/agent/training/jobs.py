@@ -209,6 +209,23 @@ class LeaderJobs:
                 or plan
         return plan
 
+    async def placing_plan(self, job: Job, cut: list[int] | None) -> JobPlan:
+        """The plan ``job`` is placed on: a pinned job's shown plan while it still holds
+        (refused with what changed once it does not), else the plan on this view now (on
+        ``cut``, a resumed checkpoint's, where the cards hold it)."""
+        if job.pinned:  # the shown plan, while it still holds
+            doc = await self.pinned_plan(job.plan_id, job.config, stages=job.stages,
+                                         maximize=job.maximize,
+                                         exclude_cards=job.exclude_cards)
+        else:
+            doc = await self.plan(job.config, stages=job.stages, maximize=job.maximize,
+                                  exclude_cards=job.exclude_cards, cut=cut)
+        plan = JobPlan.from_doc(doc)
+        if job.pinned and plan.plan_id != job.plan_id:
+            raise PlacementError(CHANGED + "; ".join(
+                self.training.shown.changes(job.plan_id, doc)))
+        return plan
+
     def still_holds(self, expected: str, job: JobConfig, stages: int | None,
                     maximize: str | None, exclude_cards: list[str] | None
                     ) -> dict[str, Any] | None:
