@@ -169,7 +169,7 @@ def test_a_job_copy_reads_back_as_the_job() -> None:
     job = _job()
     back = JobSnapshot.from_doc(_copy_doc(job, "f000"))
     assert back.rounds is None and back.leader == "f000"
-    assert back.job.record() == job.record()
+    assert back.job.report() == job.report()
 
 
 def test_a_job_copy_document_round_trips() -> None:

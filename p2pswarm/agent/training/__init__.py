@@ -47,7 +47,7 @@ from p2pswarm.agent.training.driver import drive
 from p2pswarm.agent.training.handover import JobHandover
 from p2pswarm.agent.training.job_data import JobData, sent_files, sent_files_of
 from p2pswarm.agent.training.job_paths import leader_checkpoint_dir
-from p2pswarm.agent.training.job_record import JobHeadline
+from p2pswarm.agent.training.job_record import JobReport
 from p2pswarm.agent.training.jobs import (
     CHANGED,
     STATES,
@@ -220,8 +220,13 @@ class Training:
         return unpack_doc((await self.leadership.ask(JobCancel(job_id), JobRecord)).record)
 
     async def list_jobs(self) -> list[dict[str, Any]]:
+        """The leader's job records, as documents (the ``jobs`` op's answer)."""
         reply = await self.leadership.ask(JobsAsk(), JobList)
         return [unpack_doc(r) for r in reply.records]
+
+    async def job_reports(self) -> list[JobReport]:
+        """The leader's job records, read."""
+        return [JobReport.from_doc(r) for r in await self.list_jobs()]
 
     async def submit(self, config: dict[str, Any] | None, *, plan_id: str | None = None,
                      stages: int | None = None, resume: str = "",
@@ -234,33 +239,32 @@ class Training:
             await self._send_data(config)
         call = JobSubmit(None if config is None else pack_doc(config), plan_id or "", stages,
                          resume, maximize or "", tuple(exclude_cards or ()))
-        record = unpack_doc((await self.leadership.ask(call, JobRecord)).record)
+        report = JobReport.from_doc(unpack_doc((await self.leadership.ask(call,
+                                                                          JobRecord)).record))
         if not follow:
-            return record
-        emit({"job": record})
+            return report.to_doc()
+        emit({"job": report.to_doc()})
         missing_since = 0.0
-        headline = JobHeadline.from_doc(record)
-        while not headline.ended:
+        while not report.ended:
             await trio.sleep(FOLLOW_POLL_S)
             try:
-                jobs = await self.list_jobs()
+                reports = await self.job_reports()
             except (PlacementError, TransportError) as exc:
-                log.info("following job %s: %s", headline.job_id, exc)
+                log.info("following job %s: %s", report.job_id, exc)
                 continue
-            now = next((j for j in jobs
-                        if JobHeadline.from_doc(j).job_id == headline.job_id), None)
+            now = next((r for r in reports if r.job_id == report.job_id), None)
             if now is None:  # a new leader may still be taking it over
                 missing_since = missing_since or trio.current_time()
                 if trio.current_time() - missing_since < TAKEOVER_GRACE_S:
                     continue
-                raise PlacementError(f"the leader no longer knows job {headline.job_id} "
+                raise PlacementError(f"the leader no longer knows job {report.job_id} "
                                      "(a new leader without a copy of it); resume it with "
                                      "--resume")
             missing_since = 0.0
-            if now != record:  # the document is what the follower streams
-                record, headline = now, JobHeadline.from_doc(now)
-                emit({"job": record})
-        return record
+            if now != report:  # the record is what the follower streams
+                report = now
+                emit({"job": report.to_doc()})
+        return report.to_doc()
 
     async def _send_data(self, config: Mapping[str, Any]) -> None:
         """The data files ``config`` sends with it, to the leader (unless this fellow

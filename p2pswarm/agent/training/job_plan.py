@@ -15,8 +15,6 @@ from typing import Any
 
 from p2pswarm.planner.plan import CardPlan, Limit, StagePlan
 
-PlanDoc = dict[str, Any]  # a plan as the planner and the wire give it
-
 
 def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
@@ -79,4 +77,4 @@ class JobPlan:
         return self.limit.sentence if self.limit is not None else ""
 
 
-__all__ = ["JobPlan", "PlanDoc", "PlannedReplica"]
+__all__ = ["JobPlan", "PlannedReplica"]

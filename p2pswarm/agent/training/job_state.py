@@ -11,11 +11,11 @@ and a bad one is refused with one line (``RemoteProtocolError``), never half app
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2pswarm.agent.training.doc_fields import TEXT, DocFields
 from p2pswarm.agent.training.job_paths import JOB_ID
 from p2pswarm.agent.training.job_record import (
     LOSSES_KEPT,
@@ -26,7 +26,6 @@ from p2pswarm.agent.training.job_record import (
     job_config,
 )
 from p2pswarm.agent.training.placed import (
-    MAX_INT,
     MAX_REPLICAS,
     MAX_STAGES,
     placement_from_doc,
@@ -37,7 +36,6 @@ from p2pswarm.errors import ConfigError, RemoteProtocolError
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 MOVES_KEPT = 20  # "moved" lines a job record carries
-TEXT = 4096  # the longest free text (a reason, a moved line) a copy may carry
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +58,10 @@ class ReplicaState:
     def from_doc(cls, doc: object) -> ReplicaState:
         if not isinstance(doc, dict):
             raise _bad("rounds_state")
-        return cls(_int(doc, "index", MAX_REPLICAS - 1), _bool(doc, "paused"),
-                   _int(doc, "generation", 2**32 - 1), _int(doc, "steps"),
-                   _int(doc, "position"), _int(doc, "rounds_done"))
+        f = _fields(doc)
+        return cls(f.whole("index", MAX_REPLICAS - 1), f.flag("paused"),
+                   f.whole("generation", 2**32 - 1), f.whole("steps"), f.whole("position"),
+                   f.whole("rounds_done"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +77,14 @@ class RoundsState:
     @classmethod
     def from_doc(cls, copy: Mapping[str, Any]) -> RoundsState | None:
         """The ``rounds_state`` of a copy's document (None: no driver ran it)."""
-        doc = _optional_map(copy, "rounds_state")
+        doc = _fields(copy).optional_map("rounds_state")
         if doc is None:
             return None
-        replicas = tuple(ReplicaState.from_doc(r)
-                         for r in _list(doc, "replicas", MAX_REPLICAS))
+        f = _fields(doc)
+        replicas = tuple(ReplicaState.from_doc(r) for r in f.items("replicas", MAX_REPLICAS))
         if [r.index for r in replicas] != list(range(len(replicas))):
             raise _bad("rounds_state")
-        return cls(_int(doc, "version"), replicas)
+        return cls(f.whole("version"), replicas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,132 +167,52 @@ class Handed:
     restore_rounds: bool = False
 
 
+def _fields(doc: Mapping[str, Any]) -> DocFields:
+    return DocFields(doc, "bad-job-copy", "a job copy")
+
+
 def _bad(what: str) -> RemoteProtocolError:
-    return RemoteProtocolError("bad-job-copy", f"a job copy's {what} is malformed")
-
-
-def _int(doc: Mapping[str, Any], key: str, high: int = MAX_INT) -> int:
-    value = doc.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
-        raise _bad(key)
-    return value
-
-
-def _text(doc: Mapping[str, Any], key: str, high: int = TEXT) -> str:
-    value = doc.get(key)
-    if not isinstance(value, str) or len(value) > high:
-        raise _bad(key)
-    return value
-
-
-def _float(doc: Mapping[str, Any], key: str) -> float:
-    value = doc.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value):
-        raise _bad(key)
-    return float(value)
-
-
-def _floats(doc: Mapping[str, Any], key: str, high: int) -> list[float]:
-    values = _list(doc, key, high)
-    if not all(not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
-               for x in values):
-        raise _bad(key)
-    return [float(x) for x in values]
-
-
-def _bool(doc: Mapping[str, Any], key: str) -> bool:
-    value = doc.get(key)
-    if not isinstance(value, bool):
-        raise _bad(key)
-    return value
-
-
-def _list(doc: Mapping[str, Any], key: str, high: int) -> list[Any]:
-    value = doc.get(key)
-    if not isinstance(value, list) or len(value) > high:
-        raise _bad(key)
-    return value
-
-
-def _texts(doc: Mapping[str, Any], key: str, high: int, chars: int) -> list[str]:
-    values = _list(doc, key, high)
-    if not all(isinstance(v, str) and len(v) <= chars for v in values):
-        raise _bad(key)
-    return list(values)
-
-
-def _optional_map(doc: Mapping[str, Any], key: str) -> dict[str, Any] | None:
-    value = doc.get(key)
-    if value is not None and not isinstance(value, dict):
-        raise _bad(key)
-    return value
-
-
-def _optional_int(doc: Mapping[str, Any], key: str, high: int) -> int | None:
-    return None if doc.get(key) is None else _int(doc, key, high)
-
-
-def _optional_float(doc: Mapping[str, Any], key: str) -> float | None:
-    return None if doc.get(key) is None else _float(doc, key)
-
-
-def _copies(doc: Mapping[str, Any]) -> dict[str, list[str]]:
-    value = _optional_map(doc, "copies")
-    if value is None or len(value) > MAX_REPLICAS * MAX_STAGES + MAX_STAGES:
-        raise _bad("copies")
-    for name, holders in value.items():
-        if not isinstance(name, str) or not isinstance(holders, list) or not all(
-                isinstance(h, str) for h in holders):
-            raise _bad("copies")
-    return {str(k): list(v) for k, v in value.items()}
-
-
-def _replica_steps(doc: Mapping[str, Any]) -> dict[str, int]:
-    value = _optional_map(doc, "replica_steps")
-    if value is None or len(value) > MAX_REPLICAS or not all(
-            isinstance(k, str) and isinstance(v, int) for k, v in value.items()):
-        raise _bad("replica_steps")
-    return dict(value)
+    return _fields({}).bad(what)
 
 
 def _job(doc: Mapping[str, Any]) -> Job:
     """A copy's job (its record, ready to be driven again), checked in the order the
     fields were always checked, so the first fault named stays the same."""
-    job_id = _text(doc, "job_id", 64)
+    f = _fields(doc)
+    job_id = f.text("job_id", 64)
     if not JOB_ID.fullmatch(job_id):
-        raise _bad("job_id")
-    config = _optional_map(doc, "config")
+        raise f.bad("job_id")
+    config = f.optional_map("config")
     if config is None:
-        raise _bad("config")
-    state = _text(doc, "state", 16)
+        raise f.bad("config")
+    state = f.text("state", 16)
     if state not in STATES:
-        raise _bad("state")
-    stages = _optional_int(doc, "stages", 65535)
+        raise f.bad("state")
+    stages = f.optional_whole("stages", 65535)
     maximize = doc.get("maximize")
     if maximize not in (None, "seq_len"):
-        raise _bad("maximize")
-    exclude = _texts(doc, "exclude_cards", 1024, 96)
-    moves = _texts(doc, "moves", MOVES_KEPT, TEXT)
-    replica_steps = _replica_steps(doc)
-    rounds = [RoundEntry.from_doc(r) for r in _list(doc, "rounds", ROUNDS_KEPT)]
-    pinned, resume = _bool(doc, "pinned"), _bool(doc, "resume")
+        raise f.bad("maximize")
+    exclude = f.texts("exclude_cards", 1024, 96)
+    moves = f.texts("moves", MOVES_KEPT, TEXT)
+    replica_steps = f.counts("replica_steps", MAX_REPLICAS)
+    rounds = [RoundEntry.from_doc(r) for r in f.items("rounds", ROUNDS_KEPT)]
+    pinned, resume = f.flag("pinned"), f.flag("resume")
     try:
         cfg = job_config(config)
     except ConfigError as exc:
         raise RemoteProtocolError("bad-job-copy", f"a job copy's config: {exc}") from None
-    return Job(job_id, cfg, _text(doc, "plan_id", 64), pinned=pinned,
-               stages=stages, resume=resume, state=state, reason=_text(doc, "reason"),
-               step=_int(doc, "step"), loss=_optional_float(doc, "loss"),
-               losses=_floats(doc, "losses", LOSSES_KEPT),
-               tokens_per_s=_float(doc, "tokens_per_s"),
-               replicas=_int(doc, "replicas", MAX_REPLICAS), bytes_sent=_int(doc, "bytes_sent"),
-               samples=_int(doc, "samples"), checkpoint=_text(doc, "checkpoint"),
-               checkpoint_step=_int(doc, "checkpoint_step"), copies=_copies(doc),
-               placement=placement_from_doc(_list(doc, "placement", MAX_REPLICAS), cfg),
-               rejoins=_int(doc, "rejoins"),
-               paused_times=_int(doc, "paused_times", 2**32 - 1), rounds=rounds,
-               generation=_int(doc, "generation", 2**32 - 1) if "generation" in doc else 0,
+    return Job(job_id, cfg, f.text("plan_id", 64), pinned=pinned,
+               stages=stages, resume=resume, state=state, reason=f.text("reason"),
+               step=f.whole("step"), loss=f.optional_real("loss"),
+               losses=f.reals("losses", LOSSES_KEPT), tokens_per_s=f.real("tokens_per_s"),
+               replicas=f.whole("replicas", MAX_REPLICAS), bytes_sent=f.whole("bytes_sent"),
+               samples=f.whole("samples"), checkpoint=f.text("checkpoint"),
+               checkpoint_step=f.whole("checkpoint_step"),
+               copies=f.holders("copies", MAX_REPLICAS * MAX_STAGES + MAX_STAGES),
+               placement=placement_from_doc(f.items("placement", MAX_REPLICAS), cfg),
+               rejoins=f.whole("rejoins"), paused_times=f.whole("paused_times", 2**32 - 1),
+               rounds=rounds,
+               generation=f.whole("generation", 2**32 - 1) if "generation" in doc else 0,
                replica_steps=replica_steps, maximize=maximize, exclude_cards=exclude,
                moves=moves)
 
