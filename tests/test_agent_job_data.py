@@ -52,7 +52,7 @@ async def test_the_submitting_fellow_sends_the_data_and_the_job_trains_on_it(
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, n=3)
         leader, asker = leader_and_asker(swarm)
-        record = await asker.training._op_submit({"config": config, "stages": 2})
+        record = await asker.control_ops["job_submit"]({"config": config, "stages": 2})
         record = await finished(asker, record["job_id"])
         assert record["state"] == "finished", record["reason"]
         # the job names its text by hash; the leader holds it in its store
@@ -70,7 +70,7 @@ async def test_the_submitting_fellow_sends_the_data_and_the_job_trains_on_it(
         # and a relative path reaching an agent has no job file to resolve against
         relative = job_config(steps=3, data={"files": ["notes.txt"]})
         with pytest.raises(ConfigError, match="relative path"):
-            await asker.training._op_submit({"config": relative, "stages": 2})
+            await asker.control_ops["job_submit"]({"config": relative, "stages": 2})
         nursery.cancel_scope.cancel()
 
 

@@ -79,17 +79,17 @@ async def test_a_pin_made_with_cards_left_out_holds_only_with_them_left_out(
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
         asker = swarm.live()[1]
-        whole = await asker.training._op_plan({"config": config, "stages": 2})
+        whole = await asker.control_ops["job_plan"]({"config": config, "stages": 2})
         left_out = f"{whole['stages'][0]['fellow_id']}:cpu"
-        plan = await asker.training._op_plan({"config": config, "stages": 2,
-                                              "exclude_cards": [left_out]})
+        plan = await asker.control_ops["job_plan"]({"config": config, "stages": 2,
+                                                   "exclude_cards": [left_out]})
         assert plan["plan_id"] != whole["plan_id"]
         with pytest.raises(PlanChanged):  # the same pin without the exclusion
             await asker.training.submit(config, plan_id=plan["plan_id"], stages=2)
         record = await asker.training.submit(config, plan_id=plan["plan_id"], stages=2,
                                              exclude_cards=[left_out])
         assert record["plan_id"] == plan["plan_id"]
-        await asker.training._op_cancel({"job_id": record["job_id"]})
+        await asker.control_ops["job_cancel"]({"job_id": record["job_id"]})
         nursery.cancel_scope.cancel()
 
 
@@ -166,7 +166,7 @@ async def test_cancel_a_running_job_releases_its_stages(autojump_clock) -> None:
         await wait_until(lambda: any(a.training.hosts for a in swarm.live()), timeout_s=30)
         leader = leader_of(swarm)
         await wait_until(lambda: leader.training.jobs[job_id].step >= 2, timeout_s=60)
-        await asker.training._op_cancel({"job_id": job_id})
+        await asker.control_ops["job_cancel"]({"job_id": job_id})
         record = await finished(asker, job_id)
         assert record["state"] == "cancelled" and 2 <= record["step"] < 1000
         await wait_until(lambda: all(not a.training.hosts for a in swarm.live()), timeout_s=10)
@@ -178,13 +178,13 @@ async def test_bad_config_is_refused_with_a_clear_error(autojump_clock) -> None:
         swarm = await start_swarm(nursery, n=1)
         agent = swarm.live()[0]
         with pytest.raises(ConfigError, match="model"):
-            await agent.training._op_plan({"op": "job_plan", "config": {"steps": 3}})
+            await agent.control_ops["job_plan"]({"op": "job_plan", "config": {"steps": 3}})
         with pytest.raises(ConfigError, match="seq_len"):
-            await agent.training._op_submit({"config": job_config(seq_len=0)})
+            await agent.control_ops["job_submit"]({"config": job_config(seq_len=0)})
         with pytest.raises(ConfigError, match="unknown setting"):
-            await agent.training._op_submit({"config": job_config(speed=3)})
+            await agent.control_ops["job_submit"]({"config": job_config(speed=3)})
         with pytest.raises(ConfigError, match="job_id"):
-            await agent.training._op_cancel({})
+            await agent.control_ops["job_cancel"]({})
         assert await agent.training.list_jobs() == []
         nursery.cancel_scope.cancel()
 

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from p2pswarm.agent.training.handover import JobCopy, JobHandover, receive_outer
-from p2pswarm.agent.training.job_state import restore, snapshot
+from p2pswarm.agent.training.job_state import JobSnapshot, ReplicaState, RoundsState
 from p2pswarm.agent.training.jobs import Job
 from p2pswarm.agent.training.placed import BatchShape, ReplicaPlacement, StagePlacement
 from p2pswarm.agent.world import Services
@@ -161,11 +161,23 @@ def _job() -> Job:
                placement=(ReplicaPlacement((stage,), BatchShape.of_job(config)),))
 
 
+def _copy_doc(job: Job, leader: str) -> dict[str, Any]:
+    return JobSnapshot.of(job, None, leader).to_doc()
+
+
 def test_a_job_copy_reads_back_as_the_job() -> None:
     job = _job()
-    back, rounds = restore(snapshot(job, None, "f000"))
-    assert rounds is None
-    assert back.record() == job.record()
+    back = JobSnapshot.from_doc(_copy_doc(job, "f000"))
+    assert back.rounds is None and back.leader == "f000"
+    assert back.job.report() == job.report()
+
+
+def test_a_job_copy_document_round_trips() -> None:
+    rounds = RoundsState(4, (ReplicaState(0, False, 2, 9, 1234, 3),))
+    doc = JobSnapshot("f000", _job(), rounds).to_doc()
+    back = JobSnapshot.from_doc(doc)
+    assert back.rounds == rounds and back.to_doc() == doc
+    assert JobSnapshot.read(back.packed()).to_doc() == doc
 
 
 @pytest.mark.parametrize("change", [
@@ -175,9 +187,9 @@ def test_a_job_copy_reads_back_as_the_job() -> None:
     {"loss": float("nan")}, {"reason": "x" * 10_000},
 ])
 def test_a_malformed_job_copy_is_refused_with_one_line(change: dict[str, Any]) -> None:
-    doc = {**snapshot(_job(), None, "f000"), **change}
+    doc = {**_copy_doc(_job(), "f000"), **change}
     with pytest.raises(RemoteProtocolError) as err:
-        restore(doc)
+        JobSnapshot.from_doc(doc)
     assert "\n" not in str(err.value)
 
 
@@ -188,7 +200,7 @@ async def test_a_fellow_keeps_copies_only_from_its_leader_in_its_term(
         leader = leader_of(swarm)
         a, b = [x for x in swarm.live() if x is not leader]
         term = leader.leadership.term()
-        state = pack_doc(snapshot(_job(), None, leader.name))
+        state = JobSnapshot.of(_job(), None, leader.name).packed()
         # from a fellow that is not the leader: refused
         with pytest.raises(PlacementError, match="only from the leader it follows"):
             await a.leadership.order(b.addr, JobKeep("job-0000abcd", 1, state), JobKept)
@@ -205,7 +217,7 @@ async def test_a_fellow_keeps_copies_only_from_its_leader_in_its_term(
         assert [(c.job_id, c.term, c.seq, c.state) for c in listed.copies] == [
             ("job-0000abcd", term, 5, "running")]
         # a copy that does not read back as a job is refused, not kept
-        bad = pack_doc({**snapshot(_job(), None, leader.name), "step": -3})
+        bad = pack_doc({**_copy_doc(_job(), leader.name), "step": -3})
         with pytest.raises(SwarmError, match="step is malformed"):
             await order(b.addr, JobKeep("job-0000beef", 6, bad), JobKept)
         assert "job-0000beef" not in b.training.handover.kept
@@ -221,7 +233,7 @@ async def test_outer_state_over_the_bound_is_refused_before_it_is_read() -> None
 def test_a_fellow_keeps_a_bounded_number_of_copies_finished_ones_first() -> None:
     agent = SimpleNamespace(on_stream=lambda *args: None)
     handover = JobHandover(SimpleNamespace(agent=agent))  # type: ignore[arg-type]
-    state = pack_doc(snapshot(_job(), None, "f000"))
+    state = JobSnapshot.of(_job(), None, "f000").packed()
     for i in range(MAX_KEPT_JOBS):
         handover._hold(JobCopy(JobKeep(f"job-{i:08x}", 1, state, term=2)),
                        "finished" if i == 7 else "running")

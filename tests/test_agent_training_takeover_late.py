@@ -10,12 +10,11 @@ import trio
 import trio.testing
 
 from p2pswarm.agent.training.handover import JobCopy
-from p2pswarm.agent.training.job_state import snapshot
+from p2pswarm.agent.training.job_state import JobSnapshot
 from p2pswarm.agent.training.jobs import Job
 from p2pswarm.sim.virtual import wait_until
 from p2pswarm.training.job import JobConfig
 from p2pswarm.wire.jobs import JobKeep
-from p2pswarm.wire.orders import pack_doc
 from tests.cpu_swarm import start_cpu_swarm
 from tests.training_swarm import job_config
 
@@ -42,7 +41,7 @@ async def test_a_fellow_that_comes_back_hands_the_leader_the_copies_it_keeps(
                          leader.fellow(away.node_id.hex()).state != "alive", timeout_s=60)
         # meanwhile it holds the only copy of a job (kept from an earlier leader)
         job = finished_job("job-0000cafe")
-        head = JobKeep(job.job_id, 1, pack_doc(snapshot(job, None, "an earlier leader")),
+        head = JobKeep(job.job_id, 1, JobSnapshot.of(job, None, "an earlier leader").packed(),
                        (), "", leader.leadership.term())
         away.training.handover._hold(JobCopy(head), job.state, write=False)
         assert job.job_id not in leader.training.jobs

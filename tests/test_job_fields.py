@@ -35,31 +35,32 @@ async def test_fields_in_the_file_act_as_flags_and_flags_win(autojump_clock) -> 
     config = job_config(steps=1000)
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
-        asker = swarm.live()[1].training
-        whole = await asker._op_plan({"config": config, "stages": 2})
+        ops = swarm.live()[1].control_ops
+        asker_plan, asker_submit = ops["job_plan"], ops["job_submit"]
+        whole = await asker_plan({"config": config, "stages": 2})
         first = f"{whole['stages'][0]['fellow_id']}:cpu"
         second = f"{whole['stages'][1]['fellow_id']}:cpu"
-        by_flag = await asker._op_plan({"config": config, "stages": 2,
-                                        "exclude_cards": [first]})
+        by_flag = await asker_plan({"config": config, "stages": 2,
+                                    "exclude_cards": [first]})
         in_file = job_config(steps=1000, exclude_cards=[first])
-        by_file = await asker._op_plan({"config": in_file, "stages": 2})
+        by_file = await asker_plan({"config": in_file, "stages": 2})
         assert by_file["plan_id"] == by_flag["plan_id"] != whole["plan_id"]
         # a flag given wins over the file's field
-        other = await asker._op_plan({"config": in_file, "stages": 2,
-                                      "exclude_cards": [second]})
-        alone = await asker._op_plan({"config": config, "stages": 2,
-                                      "exclude_cards": [second]})
+        other = await asker_plan({"config": in_file, "stages": 2,
+                                  "exclude_cards": [second]})
+        alone = await asker_plan({"config": config, "stages": 2,
+                                  "exclude_cards": [second]})
         assert other["plan_id"] == alone["plan_id"] != by_file["plan_id"]
-        longest = await asker._op_plan({"config": config, "maximize": "seq_len"})
-        assert (await asker._op_plan({"config": job_config(steps=1000, maximize="seq_len")})
+        longest = await asker_plan({"config": config, "maximize": "seq_len"})
+        assert (await asker_plan({"config": job_config(steps=1000, maximize="seq_len")})
                 )["plan_id"] == longest["plan_id"]
         # the file's plan_id pins the job; a stale one in the file is refused...
         with pytest.raises(PlanChanged):
-            await asker._op_submit({"config": {**in_file, "plan_id": whole["plan_id"]},
-                                    "stages": 2})
+            await asker_submit({"config": {**in_file, "plan_id": whole["plan_id"]},
+                                "stages": 2})
         # ...unless the flag names the plan to start on
-        record = await asker._op_submit({"config": {**in_file, "plan_id": whole["plan_id"]},
-                                         "stages": 2, "plan_id": by_file["plan_id"]})
+        record = await asker_submit({"config": {**in_file, "plan_id": whole["plan_id"]},
+                                     "stages": 2, "plan_id": by_file["plan_id"]})
         assert record["plan_id"] == by_file["plan_id"]
-        await asker._op_cancel({"job_id": record["job_id"]})
+        await ops["job_cancel"]({"job_id": record["job_id"]})
         nursery.cancel_scope.cancel()

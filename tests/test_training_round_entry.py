@@ -1,11 +1,18 @@
-"""A closed round's entry in a job record: its document and back."""
+"""A job's record and a closed round's entry in it: their documents and back."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from p2pswarm.agent.training.job_record import Job, JobReport
+from p2pswarm.agent.training.placed import BatchShape, ReplicaPlacement, StagePlacement
 from p2pswarm.agent.training.round_entry import LateContribution, RoundEntry
 from p2pswarm.errors import RemoteProtocolError
+from p2pswarm.planner import BUILTIN_MODELS
+from p2pswarm.training.job import JobConfig
+from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 
 def test_round_entry_document_round_trip() -> None:
@@ -35,12 +42,40 @@ def test_a_malformed_round_entry_is_refused(bad: object) -> None:
         RoundEntry.from_doc(bad)
 
 
-def test_following_a_job_reads_its_headline() -> None:
-    from p2pswarm.agent.training.job_record import JobHeadline
-    from p2pswarm.errors import ConfigError
+RECORD_KEYS = ["job_id", "state", "reason", "step", "steps", "loss", "losses", "tokens_per_s",
+               "replicas", "bytes_sent", "samples", "plan_id", "pinned", "model",
+               "checkpoint", "checkpoint_dir", "checkpoint_copies", "seq_len", "rejoins",
+               "paused_times", "rounds", "replica_steps", "moved", "moves", "stages"]
 
-    assert JobHeadline.from_doc({"job_id": "job-1", "state": "running", "step": 3}) == \
-        JobHeadline("job-1", "running")
-    assert JobHeadline.from_doc({"job_id": "job-1", "state": "finished"}).ended
-    with pytest.raises(ConfigError):
-        JobHeadline.from_doc({"state": "running"})
+
+def _job(model: object = "tiny-llama") -> Job:
+    config = JobConfig.from_dict({"model": model, "steps": 9})
+    stage = StagePlacement(0, "ab" * 16, "f000", "10.0.0.1:7000", (0, 2), "cpu", 0, "CPU",
+                           1 << 20)
+    entry = RoundEntry(12, 3, 41.25, ("r0",), (), (LateContribution("r1", 2, 64, 0.5, True),))
+    return Job("job-0000abcd", config, "ab" * 8, pinned=True, stages=None,
+               state="running", step=7, losses=[3.0, 2.5], loss=2.5, rounds=[entry],
+               copies={"replica-0.stage-0": ["f001"]}, replica_steps={"replica-0": 7},
+               moves=["taken over from f009"],
+               placement=(ReplicaPlacement((stage,), BatchShape.of_job(config)),))
+
+
+def test_a_job_record_document_round_trips() -> None:
+    for job in (_job(), _job({"config": dict(BUILTIN_MODELS["tiny-llama"])})):
+        report = job.report()
+        doc = report.to_doc()
+        assert list(doc) == RECORD_KEYS and doc["moved"] == "taken over from f009"
+        assert doc["stages"] == [[{"stage": 0, "fellow": "f000", "layers": [0, 2],
+                                   "card": "CPU"}]]
+        back = JobReport.from_doc(unpack_doc(pack_doc(doc)))
+        assert back == report and back.to_doc() == doc and not back.ended
+
+
+def test_a_job_record_keeps_a_diverged_loss_and_refuses_what_is_malformed() -> None:
+    doc = _job().report().to_doc()
+    assert math.isnan(JobReport.from_doc({**doc, "loss": float("nan")}).loss or 0.0)
+    assert JobReport.from_doc({**doc, "state": "finished"}).ended
+    for change in ({"job_id": None}, {"state": "exploded"}, {"step": -1},
+                   {"stages": [[{"stage": 0}]]}, {"model": 3}, {"losses": ["x"]}):
+        with pytest.raises(RemoteProtocolError, match="a job record's"):
+            JobReport.from_doc({**doc, **change})

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from p2pswarm.agent.training.checkpoint_meta import CheckpointMeta, StagePosition
+from p2pswarm.agent.training.checkpoint_meta import (
+    CheckpointMeta,
+    StagePosition,
+    shard_digests,
+)
 from p2pswarm.agent.training.placed import (
     BatchShape,
     ReplicaPlacement,
@@ -14,7 +18,7 @@ from p2pswarm.agent.training.placed import (
     placement_to_doc,
 )
 from p2pswarm.config import SwarmConfig, TrainingConfig, training_sim
-from p2pswarm.errors import RemoteProtocolError
+from p2pswarm.errors import ConfigError, RemoteProtocolError
 from p2pswarm.training.job import JobConfig
 
 JOB = JobConfig.from_dict({"model": "tiny-llama", "micro_batch": 4, "micro_batches": 2})
@@ -73,3 +77,18 @@ def test_a_checkpoints_meta_reads_back_and_old_shard_positions_still_read() -> N
     old = {"data_position": 5, "pipeline_steps": 1, "samples_unsent": 2, "steps_unsent": 1,
            "sync": {"version": 3}}
     assert StagePosition.from_doc(old) == StagePosition(5, 1, 2, 1, 3)
+
+
+def test_a_checkpoint_manifest_gives_its_meta_and_its_shards() -> None:
+    meta = CheckpointMeta(8, 64, 1234, (3.5,), (), 1, JOB.to_dict(), "job-0000abcd",
+                          {"replica-0.stage-0": StagePosition(64, 8, 0, 0, 2)})
+    manifest = {"format": 1, "step": 8, "shards": {"replica-0.stage-0": "ab" * 32},
+                "meta": meta.to_doc()}
+    assert CheckpointMeta.of_manifest(manifest) == meta
+    assert shard_digests(manifest) == {"replica-0.stage-0": "ab" * 32}
+    with pytest.raises(ConfigError, match="damaged"):
+        CheckpointMeta.of_manifest({"shards": {}})
+    with pytest.raises(KeyError):
+        shard_digests({"meta": {}})
+    with pytest.raises(TypeError):
+        shard_digests({"shards": ["x"]})

@@ -1,4 +1,5 @@
-"""Training jobs' calls to the leader and the leader's orders to fellows (tags 150-179).
+"""Training jobs' calls to the leader and the leader's orders to fellows (tags 150-179),
+and the local control API's training ops (tags 250-269).
 
 A fellow asks the leader to plan a job (``JobPlanAsk``), submit one (``JobSubmit``), list
 its jobs (``JobsAsk``), cancel one (``JobCancel``) or show one's config (``JobConfigAsk``).
@@ -15,6 +16,11 @@ frames, answered ``JobKept``); a new leader asks every fellow which copies it ke
 
 A job's config (``job.json``), a plan and a job's record are nested documents that
 ``training.JobConfig``, the planner and the CLI read; they travel as ``Doc``.
+
+The local control API's training ops (the CLI's, the HTTP API's: ``job_plan``,
+``job_submit``, ``jobs``, ``job_cancel``, ``job_export``) are typed requests too (tags
+250-254), made from a plain request map at the edge (``agent.training.control_ask``) or
+decoded as sent (``control.requests.typed_op``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ FellowId = Annotated[str, Size(1, 64)]
 UpstreamId = Annotated[str, Size(0, 64)]  # a fellow id, or "" for none
 CardKind = Annotated[str, Size(1, 16)]
 Address = Annotated[str, Size(0, 128)]  # "" for the last stage
+LocalPath = Annotated[str, Size(1, 4096)]  # a directory on the asking fellow's disk
 MAX_CARDS = 1024
 MAX_JOBS = 4096
 MAX_STAGES = 1024
@@ -252,8 +259,58 @@ class JobOuterChunk:
     data: Annotated[bytes, Size(1, OUTER_CHUNK_BYTES)]
 
 
-__all__ = ["OUTER_CHUNK_BYTES", "OUTER_KEEP_BYTES", "JobCancel", "JobCopyAsk", "JobKeep",
-           "JobKept", "JobOuterChunk", "JobsKept", "JobsKeptAsk", "KeptCopy", "JobConfigAsk",
-           "JobConfigShown", "JobList", "JobPlanAsk", "JobPlanShown", "JobRecord", "JobSubmit",
-           "JobsAsk", "StageKey", "TrainPrepare", "TrainPrepared", "TrainRelease",
-           "TrainReleased"]
+# --- the local control API's training ops (tags 250-254) -------------------------------------
+
+
+@message(250)
+@dataclass(frozen=True, slots=True)
+class JobPlanRequest:
+    """``job_plan``: the leader's plan for ``config`` (job.json, its launch fields moved
+    into the request's own fields)."""
+
+    config: Doc
+    stages: U16 | None = None
+    maximize: Maximize = ""  # "", "seq_len" or "speed"
+    exclude_cards: Annotated[tuple[CardKey, ...], Items(MAX_CARDS)] = ()
+
+
+@message(251)
+@dataclass(frozen=True, slots=True)
+class JobSubmitRequest:
+    """``job_submit``: run ``config`` (None: ``resume`` a job with its own config)."""
+
+    config: Doc | None = None
+    plan_id: PlanId = ""
+    stages: U16 | None = None
+    resume: MaybeJobId = ""
+    maximize: Maximize = ""  # "" or "seq_len"
+    exclude_cards: Annotated[tuple[CardKey, ...], Items(MAX_CARDS)] = ()
+
+
+@message(252)
+@dataclass(frozen=True, slots=True)
+class JobsRequest:
+    """``jobs``: the leader's job records."""
+
+
+@message(253)
+@dataclass(frozen=True, slots=True)
+class JobCancelRequest:
+    job_id: JobId
+
+
+@message(254)
+@dataclass(frozen=True, slots=True)
+class JobExportRequest:
+    """``job_export``: job ``job_id``'s latest checkpoint into directory ``out``."""
+
+    job_id: JobId
+    out: LocalPath
+
+
+__all__ = ["OUTER_CHUNK_BYTES", "OUTER_KEEP_BYTES", "JobCancel", "JobCancelRequest",
+           "JobConfigAsk", "JobConfigShown", "JobCopyAsk", "JobExportRequest", "JobKeep",
+           "JobKept", "JobList", "JobOuterChunk", "JobPlanAsk", "JobPlanRequest",
+           "JobPlanShown", "JobRecord", "JobSubmit", "JobSubmitRequest", "JobsAsk",
+           "JobsKept", "JobsKeptAsk", "JobsRequest", "KeptCopy", "StageKey", "TrainPrepare",
+           "TrainPrepared", "TrainRelease", "TrainReleased"]

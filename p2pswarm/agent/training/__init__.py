@@ -13,17 +13,20 @@
   ``global_state.GlobalState`` (a replica put on the keepers' global parameters);
 - values: ``job_record.Job`` (``config`` a ``JobConfig``, ``placement`` a tuple of
   ``placed.ReplicaPlacement``, each with its batch shape resolved once, at placement),
-  ``checkpoint_meta``, ``control_ask``; each with one document form, read at the edge;
+  ``checkpoint_meta``, ``job_state.JobSnapshot`` (a job copy); each with one document
+  form, read at the edge;
 - ``ports``: what each part uses of the agent and of the other parts, as protocols (no
   part takes the whole ``Agent``, none imports it);
 - ``job_data``: the files a job trains on, read where it is submitted and sent with it;
+- ``control_ask``: the control ops' typed requests (``wire.jobs``) made from a plain map;
 - ``job_state``, ``handover``, ``takeover``: each job's record and round state copied to
   a few fellows, and a new leader driving the jobs on from there;
 - ``runtime`` / ``torch_runtime``: the seam to torch, loaded on first use.
 
 Here: the control ops of the CLI's own agent (``job_plan``, ``job_submit``, ``jobs``,
-``job_cancel``, ``job_export``), which ask the leader with typed calls; the fellow whose
-``job_submit`` streams follows the job's record until it ends.
+``job_cancel``, ``job_export``; each handler takes its typed request), which ask the
+leader with typed calls; the fellow whose ``job_submit`` streams follows the job's record
+until it ends.
 """
 
 from __future__ import annotations
@@ -38,13 +41,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.pins import ShownPlans
+from p2pswarm.agent.training import control_ask
 from p2pswarm.agent.training.checkpoints import TrainCopies
-from p2pswarm.agent.training.control_ask import TrainingAsk
 from p2pswarm.agent.training.driver import drive
 from p2pswarm.agent.training.handover import JobHandover
 from p2pswarm.agent.training.job_data import JobData, sent_files, sent_files_of
 from p2pswarm.agent.training.job_paths import leader_checkpoint_dir
-from p2pswarm.agent.training.job_record import JobHeadline
+from p2pswarm.agent.training.job_record import JobReport
 from p2pswarm.agent.training.jobs import (
     CHANGED,
     STATES,
@@ -57,18 +60,24 @@ from p2pswarm.agent.training.placement import Placer
 from p2pswarm.agent.training.stage_host import StageHosts, TrainHost
 from p2pswarm.agent.training.takeover import Handed, Takeover
 from p2pswarm.config import TrainingConfig
+from p2pswarm.control.requests import typed_op
 from p2pswarm.control.server import current_emitter, emit
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
 from p2pswarm.wire.jobs import (
     JobCancel,
+    JobCancelRequest,
     JobConfigAsk,
     JobConfigShown,
+    JobExportRequest,
     JobList,
     JobPlanAsk,
+    JobPlanRequest,
     JobPlanShown,
     JobRecord,
     JobsAsk,
+    JobsRequest,
     JobSubmit,
+    JobSubmitRequest,
 )
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
@@ -103,9 +112,15 @@ class Training:
         self.data = JobData(agent, self._data_in_use)
         self.handover = JobHandover(self)
         self.takeover = Takeover(self)
-        agent.control_ops.update({"job_plan": self._op_plan, "job_submit": self._op_submit,
-                                  "jobs": self._op_jobs, "job_cancel": self._op_cancel,
-                                  "job_export": self._op_export})
+        agent.control_ops.update({
+            "job_plan": typed_op(JobPlanRequest, control_ask.job_plan_request, self._op_plan),
+            "job_submit": typed_op(JobSubmitRequest, control_ask.job_submit_request,
+                                   self._op_submit),
+            "jobs": typed_op(JobsRequest, control_ask.jobs_request, self._op_jobs),
+            "job_cancel": typed_op(JobCancelRequest, control_ask.job_cancel_request,
+                                   self._op_cancel),
+            "job_export": typed_op(JobExportRequest, control_ask.job_export_request,
+                                   self._op_export)})
 
     def _data_in_use(self) -> set[str]:
         """The data files (by SHA-256) of the jobs this fellow leads that may still run."""
@@ -205,8 +220,13 @@ class Training:
         return unpack_doc((await self.leadership.ask(JobCancel(job_id), JobRecord)).record)
 
     async def list_jobs(self) -> list[dict[str, Any]]:
+        """The leader's job records, as documents (the ``jobs`` op's answer)."""
         reply = await self.leadership.ask(JobsAsk(), JobList)
         return [unpack_doc(r) for r in reply.records]
+
+    async def job_reports(self) -> list[JobReport]:
+        """The leader's job records, read."""
+        return [JobReport.from_doc(r) for r in await self.list_jobs()]
 
     async def submit(self, config: dict[str, Any] | None, *, plan_id: str | None = None,
                      stages: int | None = None, resume: str = "",
@@ -219,33 +239,32 @@ class Training:
             await self._send_data(config)
         call = JobSubmit(None if config is None else pack_doc(config), plan_id or "", stages,
                          resume, maximize or "", tuple(exclude_cards or ()))
-        record = unpack_doc((await self.leadership.ask(call, JobRecord)).record)
+        report = JobReport.from_doc(unpack_doc((await self.leadership.ask(call,
+                                                                          JobRecord)).record))
         if not follow:
-            return record
-        emit({"job": record})
+            return report.to_doc()
+        emit({"job": report.to_doc()})
         missing_since = 0.0
-        headline = JobHeadline.from_doc(record)
-        while not headline.ended:
+        while not report.ended:
             await trio.sleep(FOLLOW_POLL_S)
             try:
-                jobs = await self.list_jobs()
+                reports = await self.job_reports()
             except (PlacementError, TransportError) as exc:
-                log.info("following job %s: %s", headline.job_id, exc)
+                log.info("following job %s: %s", report.job_id, exc)
                 continue
-            now = next((j for j in jobs
-                        if JobHeadline.from_doc(j).job_id == headline.job_id), None)
+            now = next((r for r in reports if r.job_id == report.job_id), None)
             if now is None:  # a new leader may still be taking it over
                 missing_since = missing_since or trio.current_time()
                 if trio.current_time() - missing_since < TAKEOVER_GRACE_S:
                     continue
-                raise PlacementError(f"the leader no longer knows job {headline.job_id} "
+                raise PlacementError(f"the leader no longer knows job {report.job_id} "
                                      "(a new leader without a copy of it); resume it with "
                                      "--resume")
             missing_since = 0.0
-            if now != record:  # the document is what the follower streams
-                record, headline = now, JobHeadline.from_doc(now)
-                emit({"job": record})
-        return record
+            if now != report:  # the record is what the follower streams
+                report = now
+                emit({"job": report.to_doc()})
+        return report.to_doc()
 
     async def _send_data(self, config: Mapping[str, Any]) -> None:
         """The data files ``config`` sends with it, to the leader (unless this fellow
@@ -307,53 +326,29 @@ class Training:
 
     # --- control ops (the CLI's own agent) ------------------------------------------------
 
-    @staticmethod
-    def _checked(ask: TrainingAsk) -> tuple[Any, int | None]:
-        job_config(ask.config)  # a bad job.json is refused here, before the leader is asked
-        return ask.config, ask.checked_stages()
+    async def _op_plan(self, request: JobPlanRequest) -> Any:
+        return await self.ask_plan(unpack_doc(request.config), stages=request.stages,
+                                   maximize=request.maximize or None,
+                                   exclude_cards=list(request.exclude_cards))
 
-    async def _op_plan(self, request: dict[str, Any]) -> Any:
-        ask = TrainingAsk.from_doc(request)
-        exclude = ask.checked_exclude_cards()
-        maximize = ask.maximize
-        if maximize not in (None, "seq_len", "speed"):
-            raise ConfigError(f"maximize {maximize!r} must be \"seq_len\", \"speed\" or null")
-        config, stages = self._checked(ask)
-        return await self.ask_plan(config, stages=stages, maximize=maximize,
-                                   exclude_cards=exclude)
+    async def _op_submit(self, request: JobSubmitRequest) -> Any:
+        config = None
+        if request.config is not None:  # the files it names are read here and travel with it
+            config = await self.data.attach(unpack_doc(request.config))
+        return await self.submit(config, plan_id=request.plan_id or None,
+                                 stages=request.stages, resume=request.resume,
+                                 follow=current_emitter() is not None,
+                                 maximize=request.maximize or None,
+                                 exclude_cards=list(request.exclude_cards))
 
-    async def _op_submit(self, request: dict[str, Any]) -> Any:
-        ask = TrainingAsk.from_doc(request)
-        resume = ask.resume
-        if resume and ask.config is None:
-            config, stages = None, ask.checked_stages()
-        else:
-            config, stages = self._checked(ask)
-        if config is not None:  # the files it names are read here and travel with it
-            config = await self.data.attach(config)
-        plan_id = ask.plan_id
-        if plan_id is not None and not isinstance(plan_id, str):
-            raise ConfigError("plan_id must be a string")
-        maximize = ask.maximize
-        if maximize not in (None, "seq_len"):
-            raise ConfigError(f"maximize {maximize!r} for a job must be \"seq_len\" or null")
-        return await self.submit(config, plan_id=plan_id or None, stages=stages,
-                                 resume=str(resume or ""),
-                                 follow=current_emitter() is not None, maximize=maximize,
-                                 exclude_cards=ask.checked_exclude_cards())
-
-    async def _op_jobs(self, request: dict[str, Any]) -> Any:
+    async def _op_jobs(self, request: JobsRequest) -> Any:
         return await self.list_jobs()
 
-    async def _op_cancel(self, request: dict[str, Any]) -> Any:
-        ask = TrainingAsk.from_doc(request)
-        return await self.ask_cancel(ask.checked_text("job_id", "job_cancel needs a \"job_id\""))
+    async def _op_cancel(self, request: JobCancelRequest) -> Any:
+        return await self.ask_cancel(request.job_id)
 
-    async def _op_export(self, request: dict[str, Any]) -> Any:
-        ask = TrainingAsk.from_doc(request)
-        job_id = ask.checked_text("job_id", "job_export needs a \"job_id\"")
-        out = ask.checked_text("out", "job_export needs an \"out\" directory")
-        return (await self.export(job_id, out)).to_dict()
+    async def _op_export(self, request: JobExportRequest) -> Any:
+        return (await self.export(request.job_id, request.out)).to_dict()
 
 
 __all__ = ["CHANGED", "STATES", "TERMINAL", "Job", "TrainHost", "Training"]

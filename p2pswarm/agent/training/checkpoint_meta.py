@@ -97,5 +97,22 @@ class CheckpointMeta:
                    losses, cut, _int_at(doc, "replicas"), job, str(doc.get("job_id", "")),
                    positions)
 
+    @classmethod
+    def of_manifest(cls, manifest: Mapping[str, Any]) -> CheckpointMeta:
+        """The ``meta`` of a checkpoint's manifest (``CheckpointStore.manifest``)."""
+        meta = manifest.get("meta")
+        if not isinstance(meta, Mapping):
+            raise _damaged("its job's record")
+        return cls.from_doc(meta)
 
-__all__ = ["CheckpointMeta", "StagePosition"]
+
+def shard_digests(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """A checkpoint manifest's shards: each one's name and SHA-256 (KeyError or TypeError
+    when it has none; the caller checks each name and digest where it uses them)."""
+    shards = manifest["shards"]
+    if not isinstance(shards, Mapping):
+        raise TypeError("the manifest's shards are not a map")
+    return dict(shards)
+
+
+__all__ = ["CheckpointMeta", "StagePosition", "shard_digests"]

@@ -35,7 +35,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.streams import send_best_effort, send_message
-from p2pswarm.agent.training.checkpoint_meta import CheckpointMeta, StagePosition
+from p2pswarm.agent.training.checkpoint_meta import (
+    CheckpointMeta,
+    StagePosition,
+    shard_digests,
+)
 from p2pswarm.agent.training.links import receive_answer
 from p2pswarm.agent.training.transfer import (
     Landing,
@@ -262,7 +266,7 @@ class CheckpointKeeper:
         if step is None:
             raise ConfigError(f"no complete checkpoint of {job.job_id} in "
                               f"{store.directory} or on any connected fellow")
-        meta = CheckpointMeta.from_doc(store.manifest(step)["meta"])
+        meta = CheckpointMeta.of_manifest(store.manifest(step))
         if same_training(meta.job) != same_training(driver.cfg.to_dict()):
             raise ConfigError("the checkpoint was written by a different job.json; resume "
                               "with the job it was trained with")
@@ -286,7 +290,7 @@ class CheckpointKeeper:
     async def _load_from(self, store: CheckpointStore, step: int) -> None:
         driver, job = self._driver, self._driver.job
         manifest = store.manifest(step)
-        meta, digests = CheckpointMeta.from_doc(manifest["meta"]), manifest["shards"]
+        meta, digests = CheckpointMeta.of_manifest(manifest), shard_digests(manifest)
         for r in driver.replicas:
             for link in r.links:
                 name = f"{r.name}.stage-{link.stage}"
@@ -476,7 +480,7 @@ class TrainCopies:
         shard; which fellows hold each shard (an empty list where no copy landed)."""
         manifest_path = directory / MANIFEST
         manifest_sha = file_sha256(manifest_path)
-        digests: dict[str, str] = json.loads(manifest_path.read_bytes())["shards"]
+        digests = shard_digests(json.loads(manifest_path.read_bytes()))
         names = sorted(digests)
         fellows = self._fellows()
         holders = shard_holders(names, sorted(fellows), copies)
@@ -568,7 +572,7 @@ class TrainCopies:
         else:
             manifest_bytes = (store.step_dir(step) / MANIFEST).read_bytes()
         try:
-            shards = json.loads(manifest_bytes)["shards"]
+            shards = shard_digests(json.loads(manifest_bytes))
             names = sorted(shards)
             for name in names:
                 check_part(name)

@@ -2,7 +2,7 @@
 
 The leader hands ``KEEPERS`` fellows (rendezvous hashing over the connected fellows, so
 the choice is stable as unrelated fellows come and go) a copy of each job it leads
-(``JobKeep``): the record and where the rounds stand (``job_state.snapshot``) and, for a
+(``JobKeep``): the record and where the rounds stand (``job_state.JobSnapshot``) and, for a
 job of several replicas, every stage keeper's outer state (global parameters, outer
 momentum, error feedback, recent updates; left out when it passes ``OUTER_KEEP_BYTES``,
 and the job then resumes from its checkpoint). It copies when the job is submitted, when
@@ -33,7 +33,7 @@ import trio
 
 from p2pswarm.agent.leadership import call_failed, expect_reply
 from p2pswarm.agent.streams import receive_message, send_message
-from p2pswarm.agent.training.job_state import restore, snapshot
+from p2pswarm.agent.training.job_state import JobSnapshot
 from p2pswarm.agent.training.jobs import TERMINAL
 from p2pswarm.agent.training.kept_store import JobCopy, KeptStore
 from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError
@@ -50,7 +50,7 @@ from p2pswarm.wire.jobs import (
     JobsKeptAsk,
     KeptCopy,
 )
-from p2pswarm.wire.orders import CallFailed, pack_doc, unpack_doc
+from p2pswarm.wire.orders import CallFailed
 
 if TYPE_CHECKING:
     from p2pswarm.agent.training.job_record import Job, Running
@@ -159,8 +159,9 @@ class JobHandover:
                 parts, digest = [], ""
         outer = b"".join(parts)
         self._seq += 1
-        head = JobKeep(job.job_id, self._seq, pack_doc(snapshot(job, driver, self.agent.name)),
-                       tuple(len(b) for b in parts), digest, leadership.term())
+        state = JobSnapshot.of(job, driver, self.agent.name).packed()
+        head = JobKeep(job.job_id, self._seq, state, tuple(len(b) for b in parts), digest,
+                       leadership.term())
         copy = JobCopy(head, outer)
         self._hold(copy, job.state)
         self._latest[job.job_id] = copy
@@ -212,7 +213,7 @@ class JobHandover:
         below drop the oldest)."""
         for copy in reversed(store.load()):
             try:
-                job, _ = restore(unpack_doc(copy.head.state))
+                job = JobSnapshot.read(copy.head.state).job
             except SwarmError as exc:
                 log.warning("job copy of %s on disk refused: %s", copy.head.job_id, exc)
                 store.drop_now(copy.head.job_id)
@@ -266,7 +267,7 @@ class JobHandover:
         try:
             async with self._receiving:  # one copy in memory at a time, however many come
                 outer = await receive_outer(msg, stream, "the leader")
-            job, _ = restore(unpack_doc(msg.state))
+            job = JobSnapshot.read(msg.state).job
         except RemoteProtocolError as exc:
             return call_failed(exc)
         if job.job_id != msg.job_id:

@@ -15,8 +15,6 @@ from typing import Any
 
 from p2pswarm.planner.plan import CardPlan, Limit, StagePlan
 
-PlanDoc = dict[str, Any]  # a plan as the planner and the wire give it
-
 
 def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
@@ -55,6 +53,7 @@ class JobPlan:
     auto_batch: bool  # a fleet plan: each replica has its own batch
     cards: tuple[CardPlan, ...]  # the cards it uses
     replicas: tuple[PlannedReplica, ...]
+    fleet_sentence: str = ""  # a fleet plan's own account of what fits, and why not more
 
     @staticmethod
     def from_doc(doc: Mapping[str, Any]) -> JobPlan:
@@ -69,7 +68,8 @@ class JobPlan:
             cards=tuple(CardPlan.from_doc(c) for c in doc.get("cards") or ()
                         if _mapping(c).get("used")),
             replicas=tuple(PlannedReplica.from_doc(_mapping(r))
-                           for r in doc.get("replicas") or ()))
+                           for r in doc.get("replicas") or ()),
+            fleet_sentence=str(_mapping(doc.get("fleet")).get("sentence", "")))
 
     @property
     def why_not(self) -> str:
@@ -77,4 +77,4 @@ class JobPlan:
         return self.limit.sentence if self.limit is not None else ""
 
 
-__all__ = ["JobPlan", "PlanDoc", "PlannedReplica"]
+__all__ = ["JobPlan", "PlannedReplica"]

@@ -1,21 +1,21 @@
 """A job's state as a document: what the leader copies to fellows, what a new leader reads.
 
-``snapshot(job, driver)`` is the job's record (config, placement, progress, checkpoint)
-and, while a driver runs it, where its rounds stand: the keepers' global version and
-each replica's data position, optimizer steps (its place in the learning-rate schedule),
-rounds done, placement generation and whether it was paused. ``restore(doc)`` reads such
-a document back into a ``Job`` and a ``RoundsState``, checking every field's type and
-bound first: the document came over the network, and a bad one is refused with one line
-(``RemoteProtocolError``), never half applied.
+A copy is a ``JobSnapshot``: the job's record (config, placement, progress, checkpoint)
+and, while a driver runs it, where its rounds stand (``RoundsState``): the keepers' global
+version and each replica's data position, optimizer steps (its place in the learning-rate
+schedule), rounds done, placement generation and whether it was paused. ``to_doc`` is the
+document a copy carries and a fellow keeps on disk; ``from_doc`` reads one back into the
+value, checking every field's type and bound first: the document came over the network,
+and a bad one is refused with one line (``RemoteProtocolError``), never half applied.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2pswarm.agent.training.doc_fields import TEXT, DocFields
 from p2pswarm.agent.training.job_paths import JOB_ID
 from p2pswarm.agent.training.job_record import (
     LOSSES_KEPT,
@@ -26,7 +26,6 @@ from p2pswarm.agent.training.job_record import (
     job_config,
 )
 from p2pswarm.agent.training.placed import (
-    MAX_INT,
     MAX_REPLICAS,
     MAX_STAGES,
     placement_from_doc,
@@ -34,9 +33,9 @@ from p2pswarm.agent.training.placed import (
 )
 from p2pswarm.agent.training.round_entry import RoundEntry
 from p2pswarm.errors import ConfigError, RemoteProtocolError
+from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 MOVES_KEPT = 20  # "moved" lines a job record carries
-TEXT = 4096  # the longest free text (a reason, a moved line) a copy may carry
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +49,20 @@ class ReplicaState:
     position: int  # its data stream's position
     rounds_done: int
 
+    def to_doc(self) -> dict[str, int | bool]:
+        return {"index": self.index, "paused": self.paused, "generation": self.generation,
+                "steps": self.steps, "position": self.position,
+                "rounds_done": self.rounds_done}
+
+    @classmethod
+    def from_doc(cls, doc: object) -> ReplicaState:
+        if not isinstance(doc, dict):
+            raise _bad("rounds_state")
+        f = _fields(doc)
+        return cls(f.whole("index", MAX_REPLICAS - 1), f.flag("paused"),
+                   f.whole("generation", 2**32 - 1), f.whole("steps"), f.whole("position"),
+                   f.whole("rounds_done"))
+
 
 @dataclass(frozen=True, slots=True)
 class RoundsState:
@@ -58,36 +71,84 @@ class RoundsState:
     version: int
     replicas: tuple[ReplicaState, ...]
 
+    def to_doc(self) -> dict[str, Any]:
+        return {"version": self.version, "replicas": [r.to_doc() for r in self.replicas]}
 
-def snapshot(job: Job, driver: Running | None, leader: str) -> dict[str, Any]:
-    """The job's record and, while ``driver`` runs it, where its rounds stand; ``leader``
-    names the leader that made it."""
-    doc: dict[str, Any] = {
-        "leader": leader, "job_id": job.job_id, "config": job.config.to_dict(),
-        "plan_id": job.plan_id,
-        "pinned": job.pinned, "stages": job.stages, "resume": job.resume,
-        "state": job.state, "reason": job.reason[:TEXT], "step": job.step,
-        "loss": job.loss, "losses": job.losses[-LOSSES_KEPT:],
-        "tokens_per_s": job.tokens_per_s, "replicas": job.replicas,
-        "bytes_sent": job.bytes_sent, "samples": job.samples,
-        "checkpoint": job.checkpoint[:TEXT], "checkpoint_step": job.checkpoint_step,
-        "copies": job.copies, "placement": placement_to_doc(job.placement, job.config),
-        "rejoins": job.rejoins, "paused_times": job.paused_times,
-        "generation": job.generation, "rounds": [r.to_doc() for r in job.rounds[-ROUNDS_KEPT:]],
-        "replica_steps": job.replica_steps, "maximize": job.maximize,
-        "exclude_cards": job.exclude_cards, "moves": job.moves[-MOVES_KEPT:],
-        "rounds_state": None}
-    if driver is not None and driver.replicas and all(r.data is not None
-                                                      for r in driver.replicas):
-        doc["rounds_state"] = {
-            "version": driver.keepers[0].version if driver.keepers else 0,
-            "replicas": [{"index": r.index, "paused": bool(r.paused),
-                          "generation": r.generation, "steps": r.steps,
-                          # a new leader puts every replica on the global state:
-                          # its data goes on from where its last delta left
-                          "position": r.kept_position, "rounds_done": r.rounds_done}
-                         for r in driver.replicas]}
-    return doc
+    @classmethod
+    def from_doc(cls, copy: Mapping[str, Any]) -> RoundsState | None:
+        """The ``rounds_state`` of a copy's document (None: no driver ran it)."""
+        doc = _fields(copy).optional_map("rounds_state")
+        if doc is None:
+            return None
+        f = _fields(doc)
+        replicas = tuple(ReplicaState.from_doc(r) for r in f.items("replicas", MAX_REPLICAS))
+        if [r.index for r in replicas] != list(range(len(replicas))):
+            raise _bad("rounds_state")
+        return cls(f.whole("version"), replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSnapshot:
+    """A job copy as a value: the leader that made it, the job's record and, while a
+    driver ran it, where its rounds stood. ``to_doc`` is the document a copy carries
+    (``JobKeep.state``); ``from_doc`` reads one back, checked."""
+
+    leader: str
+    job: Job
+    rounds: RoundsState | None
+
+    @classmethod
+    def of(cls, job: Job, driver: Running | None, leader: str) -> JobSnapshot:
+        """``job`` and, while ``driver`` runs it, where its rounds stand; ``leader`` names
+        the leader that makes the copy."""
+        rounds = None
+        if driver is not None and driver.replicas and all(r.data is not None
+                                                          for r in driver.replicas):
+            rounds = RoundsState(
+                driver.keepers[0].version if driver.keepers else 0,
+                # a new leader puts every replica on the global state: its data goes on
+                # from where its last delta left
+                tuple(ReplicaState(r.index, bool(r.paused), r.generation, r.steps,
+                                   r.kept_position, r.rounds_done)
+                      for r in driver.replicas))
+        return cls(leader, job, rounds)
+
+    def to_doc(self) -> dict[str, Any]:
+        job = self.job
+        return {
+            "leader": self.leader, "job_id": job.job_id, "config": job.config.to_dict(),
+            "plan_id": job.plan_id,
+            "pinned": job.pinned, "stages": job.stages, "resume": job.resume,
+            "state": job.state, "reason": job.reason[:TEXT], "step": job.step,
+            "loss": job.loss, "losses": job.losses[-LOSSES_KEPT:],
+            "tokens_per_s": job.tokens_per_s, "replicas": job.replicas,
+            "bytes_sent": job.bytes_sent, "samples": job.samples,
+            "checkpoint": job.checkpoint[:TEXT], "checkpoint_step": job.checkpoint_step,
+            "copies": job.copies, "placement": placement_to_doc(job.placement, job.config),
+            "rejoins": job.rejoins, "paused_times": job.paused_times,
+            "generation": job.generation,
+            "rounds": [r.to_doc() for r in job.rounds[-ROUNDS_KEPT:]],
+            "replica_steps": job.replica_steps, "maximize": job.maximize,
+            "exclude_cards": job.exclude_cards, "moves": job.moves[-MOVES_KEPT:],
+            "rounds_state": None if self.rounds is None else self.rounds.to_doc()}
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> JobSnapshot:
+        """A copy's document read back: every field's type and bound checked first, so a
+        bad one is refused (``RemoteProtocolError``), never half applied."""
+        job, rounds = _job(doc), RoundsState.from_doc(doc)
+        if rounds is not None and len(rounds.replicas) != len(job.placement):
+            raise _bad("rounds_state")
+        return cls(str(doc.get("leader", ""))[:64], job, rounds)
+
+    def packed(self) -> bytes:
+        """The copy as it travels and is kept (``JobKeep.state``)."""
+        return pack_doc(self.to_doc())
+
+    @classmethod
+    def read(cls, state: bytes) -> JobSnapshot:
+        """A copy as it travels and is kept (``JobKeep.state``)."""
+        return cls.from_doc(unpack_doc(state))
 
 
 # --- reading a copy back ----------------------------------------------------------------------
@@ -106,119 +167,54 @@ class Handed:
     restore_rounds: bool = False
 
 
+def _fields(doc: Mapping[str, Any]) -> DocFields:
+    return DocFields(doc, "bad-job-copy", "a job copy")
+
+
 def _bad(what: str) -> RemoteProtocolError:
-    return RemoteProtocolError("bad-job-copy", f"a job copy's {what} is malformed")
+    return _fields({}).bad(what)
 
 
-def _int(doc: Mapping[str, Any], key: str, high: int = MAX_INT) -> int:
-    value = doc.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
-        raise _bad(key)
-    return value
-
-
-def _text(doc: Mapping[str, Any], key: str, high: int = TEXT) -> str:
-    value = doc.get(key)
-    if not isinstance(value, str) or len(value) > high:
-        raise _bad(key)
-    return value
-
-
-def _float(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value):
-        raise _bad(key)
-    return float(value)
-
-
-def _list(doc: Mapping[str, Any], key: str, high: int) -> list[Any]:
-    value = doc.get(key)
-    if not isinstance(value, list) or len(value) > high:
-        raise _bad(key)
-    return value
-
-
-def _copies(value: Any) -> dict[str, list[str]]:
-    if not isinstance(value, dict) or len(value) > MAX_REPLICAS * MAX_STAGES + MAX_STAGES:
-        raise _bad("copies")
-    for name, holders in value.items():
-        if not isinstance(name, str) or not isinstance(holders, list) or not all(
-                isinstance(h, str) for h in holders):
-            raise _bad("copies")
-    return {str(k): list(v) for k, v in value.items()}
-
-
-def _rounds_state(value: Any) -> RoundsState | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise _bad("rounds_state")
-    replicas = []
-    for r in _list(value, "replicas", MAX_REPLICAS):
-        if not isinstance(r, dict) or not isinstance(r.get("paused"), bool):
-            raise _bad("rounds_state")
-        replicas.append(ReplicaState(
-            _int(r, "index", MAX_REPLICAS - 1), r["paused"], _int(r, "generation", 2**32 - 1),
-            _int(r, "steps"), _int(r, "position"), _int(r, "rounds_done")))
-    if [r.index for r in replicas] != list(range(len(replicas))):
-        raise _bad("rounds_state")
-    return RoundsState(_int(value, "version"), tuple(replicas))
-
-
-def restore(doc: dict[str, Any]) -> tuple[Job, RoundsState | None]:
-    """A copy's job (its record, ready to be driven again) and where its rounds stood."""
-    job_id = _text(doc, "job_id", 64)
+def _job(doc: Mapping[str, Any]) -> Job:
+    """A copy's job (its record, ready to be driven again), checked in the order the
+    fields were always checked, so the first fault named stays the same."""
+    f = _fields(doc)
+    job_id = f.text("job_id", 64)
     if not JOB_ID.fullmatch(job_id):
-        raise _bad("job_id")
-    config = doc.get("config")
-    if not isinstance(config, dict):
-        raise _bad("config")
-    state = _text(doc, "state", 16)
+        raise f.bad("job_id")
+    config = f.optional_map("config")
+    if config is None:
+        raise f.bad("config")
+    state = f.text("state", 16)
     if state not in STATES:
-        raise _bad("state")
-    stages = doc.get("stages")
-    if stages is not None:
-        stages = _int(doc, "stages", 65535)
+        raise f.bad("state")
+    stages = f.optional_whole("stages", 65535)
     maximize = doc.get("maximize")
     if maximize not in (None, "seq_len"):
-        raise _bad("maximize")
-    loss = doc.get("loss")
-    exclude = _list(doc, "exclude_cards", 1024)
-    if not all(isinstance(e, str) and len(e) <= 96 for e in exclude):
-        raise _bad("exclude_cards")
-    moves = _list(doc, "moves", MOVES_KEPT)
-    if not all(isinstance(m, str) and len(m) <= TEXT for m in moves):
-        raise _bad("moves")
-    replica_steps = doc.get("replica_steps")
-    if not isinstance(replica_steps, dict) or len(replica_steps) > MAX_REPLICAS or not all(
-            isinstance(k, str) and isinstance(v, int) for k, v in replica_steps.items()):
-        raise _bad("replica_steps")
-    rounds = [RoundEntry.from_doc(r) for r in _list(doc, "rounds", ROUNDS_KEPT)]
-    for key in ("pinned", "resume"):
-        if not isinstance(doc.get(key), bool):
-            raise _bad(key)
+        raise f.bad("maximize")
+    exclude = f.texts("exclude_cards", 1024, 96)
+    moves = f.texts("moves", MOVES_KEPT, TEXT)
+    replica_steps = f.counts("replica_steps", MAX_REPLICAS)
+    rounds = [RoundEntry.from_doc(r) for r in f.items("rounds", ROUNDS_KEPT)]
+    pinned, resume = f.flag("pinned"), f.flag("resume")
     try:
         cfg = job_config(config)
     except ConfigError as exc:
         raise RemoteProtocolError("bad-job-copy", f"a job copy's config: {exc}") from None
-    job = Job(job_id, cfg, _text(doc, "plan_id", 64), pinned=doc["pinned"],
-              stages=stages, resume=doc["resume"], state=state, reason=_text(doc, "reason"),
-              step=_int(doc, "step"),
-              loss=None if loss is None else _float(loss, "loss"),
-              losses=[_float(x, "losses") for x in _list(doc, "losses", LOSSES_KEPT)],
-              tokens_per_s=_float(doc.get("tokens_per_s"), "tokens_per_s"),
-              replicas=_int(doc, "replicas", MAX_REPLICAS), bytes_sent=_int(doc, "bytes_sent"),
-              samples=_int(doc, "samples"), checkpoint=_text(doc, "checkpoint"),
-              checkpoint_step=_int(doc, "checkpoint_step"), copies=_copies(doc.get("copies")),
-              placement=placement_from_doc(doc.get("placement"), cfg), rejoins=_int(doc, "rejoins"),
-              paused_times=_int(doc, "paused_times", 2**32 - 1), rounds=rounds,
-              generation=_int(doc, "generation", 2**32 - 1) if "generation" in doc else 0,
-              replica_steps=dict(replica_steps), maximize=maximize, exclude_cards=exclude,
-              moves=list(moves))
-    rounds_state = _rounds_state(doc.get("rounds_state"))
-    if rounds_state is not None and len(rounds_state.replicas) != len(job.placement):
-        raise _bad("rounds_state")
-    return job, rounds_state
+    return Job(job_id, cfg, f.text("plan_id", 64), pinned=pinned,
+               stages=stages, resume=resume, state=state, reason=f.text("reason"),
+               step=f.whole("step"), loss=f.optional_real("loss"),
+               losses=f.reals("losses", LOSSES_KEPT), tokens_per_s=f.real("tokens_per_s"),
+               replicas=f.whole("replicas", MAX_REPLICAS), bytes_sent=f.whole("bytes_sent"),
+               samples=f.whole("samples"), checkpoint=f.text("checkpoint"),
+               checkpoint_step=f.whole("checkpoint_step"),
+               copies=f.holders("copies", MAX_REPLICAS * MAX_STAGES + MAX_STAGES),
+               placement=placement_from_doc(f.items("placement", MAX_REPLICAS), cfg),
+               rejoins=f.whole("rejoins"), paused_times=f.whole("paused_times", 2**32 - 1),
+               rounds=rounds,
+               generation=f.whole("generation", 2**32 - 1) if "generation" in doc else 0,
+               replica_steps=replica_steps, maximize=maximize, exclude_cards=exclude,
+               moves=moves)
 
 
-__all__ = ["MOVES_KEPT", "Handed", "ReplicaState", "RoundsState", "restore", "snapshot"]
+__all__ = ["MOVES_KEPT", "Handed", "JobSnapshot", "ReplicaState", "RoundsState"]

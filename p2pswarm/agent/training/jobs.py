@@ -8,7 +8,7 @@ over all of theirs. A submit (``JobSubmit``) pinned to a ``plan_id`` that the le
 current view no longer gives is refused at once as ``plan-changed`` (409) with what
 changed, as a pinned load is. Otherwise the job is recorded ``pending`` and placed
 (``placement``), then driven (``driver``). Progress (step, loss, tokens/s, replicas,
-bytes) lives in the job record (``Job.record``), which ``JobsAsk`` lists; ``JobCancel``
+bytes) lives in the job record (``Job.report``), which ``JobsAsk`` lists; ``JobCancel``
 cancels a job and ``JobConfigAsk`` shows its config (for an export).
 """
 
@@ -26,13 +26,14 @@ from p2pswarm.agent.training.job_paths import (
     check_model_from_fellow,
     check_resume_from_fellow,
 )
-from p2pswarm.agent.training.job_plan import JobPlan, PlanDoc
+from p2pswarm.agent.training.job_plan import JobPlan
 from p2pswarm.agent.training.job_record import (
     LOSSES_KEPT,
     ROUNDS_KEPT,
     STATES,
     TERMINAL,
     Job,
+    JobReport,
     job_config,
 )
 from p2pswarm.errors import ConfigError, PlacementError
@@ -86,7 +87,7 @@ def model_message(job: JobConfig) -> dict[str, Any]:
     return model_source(job).to_doc()
 
 
-def job_plan(job: JobConfig, plans: list[Plan]) -> PlanDoc:
+def job_plan(job: JobConfig, plans: list[Plan]) -> dict[str, Any]:
     """A job's plan document from its replicas' plans: the first replica's plan with
     every replica's stages; several replicas get one ``plan_id`` over all of theirs."""
     several = {"plan_id": replicas_plan_id([p.plan_id for p in plans]),
@@ -111,7 +112,7 @@ def replicas_plan_id(plan_ids: list[str]) -> str:
     return hashlib.sha256(f"job|{','.join(plan_ids)}".encode()).hexdigest()[:16]
 
 
-def fleet_job_plan(job: JobConfig, fleet: PlanDoc) -> PlanDoc:
+def fleet_job_plan(job: JobConfig, fleet: dict[str, Any]) -> dict[str, Any]:
     """A job's plan from the planner's fleet plan (``micro_batch: "auto"``): its
     replicas with their own batches, under the job's ``plan_id`` rule."""
     replicas = JobPlan.from_doc(fleet).replicas
@@ -160,7 +161,7 @@ class LeaderJobs:
                 "maximize": maximize, "exclude": sorted(exclude)})
             shown = JobPlan.from_doc(fleet)
             if shown.replicas and not shown.fits:
-                raise PlacementError(fleet["fleet"]["sentence"])
+                raise PlacementError(shown.fleet_sentence)
             return self.training.shown.remember(  # type: ignore[no-any-return]
                 fleet_job_plan(job, fleet))
         plans: list[Plan] = []
@@ -207,6 +208,23 @@ class LeaderJobs:
         if expected and JobPlan.from_doc(plan).plan_id != expected:
             return self.still_holds(expected, config, stages, maximize, exclude_cards) \
                 or plan
+        return plan
+
+    async def placing_plan(self, job: Job, cut: list[int] | None) -> JobPlan:
+        """The plan ``job`` is placed on: a pinned job's shown plan while it still holds
+        (refused with what changed once it does not), else the plan on this view now (on
+        ``cut``, a resumed checkpoint's, where the cards hold it)."""
+        if job.pinned:  # the shown plan, while it still holds
+            doc = await self.pinned_plan(job.plan_id, job.config, stages=job.stages,
+                                         maximize=job.maximize,
+                                         exclude_cards=job.exclude_cards)
+        else:
+            doc = await self.plan(job.config, stages=job.stages, maximize=job.maximize,
+                                  exclude_cards=job.exclude_cards, cut=cut)
+        plan = JobPlan.from_doc(doc)
+        if job.pinned and plan.plan_id != job.plan_id:
+            raise PlacementError(CHANGED + "; ".join(
+                self.training.shown.changes(job.plan_id, doc)))
         return plan
 
     def still_holds(self, expected: str, job: JobConfig, stages: int | None,
@@ -308,7 +326,7 @@ class LeaderJobs:
         self.training.checkpoint_dir(job)  # "": this leader's state directory, said now
         self.jobs[job_id] = job
         self.agent.spawn(self.training.drive, job)
-        return JobRecord(pack_doc(job.record()))
+        return JobRecord(pack_doc(job.report().to_doc()))
 
     def _checkpoint_dir(self, call: JobSubmit, origin: bytes | None, cfg: JobConfig,
                         resume: str) -> str:
@@ -335,7 +353,7 @@ class LeaderJobs:
                           "(--config) or its checkpoint directory")
 
     async def _serve_jobs(self, call: JobsAsk) -> JobList:
-        return JobList(tuple(pack_doc(j.record()) for j in self.jobs.values()))
+        return JobList(tuple(pack_doc(j.report().to_doc()) for j in self.jobs.values()))
 
     def _known(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
@@ -348,7 +366,7 @@ class LeaderJobs:
         return JobConfigShown(pack_doc(job.config.to_dict()), job.state, job.step,
                               job.checkpoint_step)
 
-    async def cancel(self, job_id: str) -> dict[str, Any]:
+    async def cancel(self, job_id: str) -> JobReport:
         """Cancel job ``job_id`` (this agent leads it); its record."""
         job = self._known(job_id)
         if job.state in TERMINAL:
@@ -356,10 +374,10 @@ class LeaderJobs:
         job.cancel_asked = True
         if job.scope is not None:
             job.scope.cancel()
-        return job.record()
+        return job.report()
 
     async def _serve_cancel(self, call: JobCancel) -> JobRecord:
-        return JobRecord(pack_doc(await self.cancel(call.job_id)))
+        return JobRecord(pack_doc((await self.cancel(call.job_id)).to_doc()))
 
 
 __all__ = ["CHANGED", "JOB_ID", "LOSSES_KEPT", "ROUNDS_KEPT", "STATES", "TERMINAL", "Job",

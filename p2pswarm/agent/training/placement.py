@@ -64,22 +64,11 @@ class Placer:
         replicas trained on, kept where the cards hold it (their global state is cut so)."""
         while True:
             try:
-                if job.pinned:  # the shown plan, while it still holds
-                    doc = await self.training.leader.pinned_plan(
-                        job.plan_id, job.config, stages=job.stages, maximize=job.maximize,
-                        exclude_cards=job.exclude_cards)
-                else:
-                    doc = await self.training.leader.plan(
-                        job.config, stages=job.stages, maximize=job.maximize,
-                        exclude_cards=job.exclude_cards,
-                        cut=cut or self._checkpoint_cut(job))
-                plan = JobPlan.from_doc(doc)
+                plan = await self.training.leader.placing_plan(
+                    job, None if job.pinned else cut or self._checkpoint_cut(job))
                 if job.maximize and not job.pinned:
                     assert plan.seq_len is not None  # a plan maximizing seq_len says it
                     job.config = replace(job.config, seq_len=plan.seq_len)
-                if job.pinned and plan.plan_id != job.plan_id:
-                    raise PlacementError(CHANGED + "; ".join(
-                        self.training.shown.changes(job.plan_id, doc)))
                 if not plan.fits:
                     raise PlacementError(plan.why_not)
                 job.plan_id = plan.plan_id

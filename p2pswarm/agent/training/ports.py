@@ -18,6 +18,7 @@ import trio
 if TYPE_CHECKING:
     from p2pswarm.agent.counters import Counters
     from p2pswarm.agent.pins import ShownPlans
+    from p2pswarm.agent.training.job_plan import JobPlan
     from p2pswarm.agent.training.job_record import Job, Running
     from p2pswarm.agent.training.job_state import Handed
     from p2pswarm.agent.training.kept_store import JobCopy
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from p2pswarm.agent.training.replica import Replica
     from p2pswarm.agent.training.runtime import TrainRuntime
     from p2pswarm.config import SwarmConfig, TrainingConfig
+    from p2pswarm.control.requests import Handler
     from p2pswarm.election import ElectionStatus
     from p2pswarm.errors import ReplicaLost
     from p2pswarm.membership.member import Member
@@ -186,7 +188,7 @@ class TrainingAgent(StageNode, Protocol):
     def rng(self) -> random.Random: ...
 
     @property
-    def control_ops(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]: ...
+    def control_ops(self) -> dict[str, Handler]: ...
 
 
 # --- training's own parts -------------------------------------------------------------------
@@ -318,13 +320,7 @@ class PlacerNode(SwarmNode, Protocol):
 class JobPlans(Protocol):
     """The leader's job plans, as the placer asks for them."""
 
-    async def plan(self, job: JobConfig, *, stages: int | None = None,
-                   maximize: str | None = None, exclude_cards: list[str] | None = None,
-                   cut: list[int] | None = None) -> dict[str, Any]: ...
-
-    async def pinned_plan(self, expected: str | None, config: JobConfig, *,
-                          stages: int | None = None, maximize: str | None = None,
-                          exclude_cards: list[str] | None = None) -> dict[str, Any]: ...
+    async def placing_plan(self, job: Job, cut: list[int] | None) -> JobPlan: ...
 
 
 class KeptCopies(Protocol):
@@ -367,7 +363,7 @@ class JobsPort(Shown, Drives, CheckpointDirs, Protocol):
     def leadership(self) -> Leadership: ...
 
 
-class PlacerPort(HasTimings, Leads, Shown, CheckpointDirs, Protocol):
+class PlacerPort(HasTimings, Leads, CheckpointDirs, Protocol):
     """What the placer (``placement.Placer``) uses of training."""
 
     @property

@@ -32,11 +32,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from p2pswarm.agent.training.handover import JobCopy, fetch_copy
-from p2pswarm.agent.training.job_state import Handed, restore
+from p2pswarm.agent.training.job_state import Handed, JobSnapshot
 from p2pswarm.agent.training.jobs import TERMINAL, Job
 from p2pswarm.errors import ReplicaLost, SwarmError
 from p2pswarm.wire.jobs import JobCopyAsk, JobsKept, JobsKeptAsk
-from p2pswarm.wire.orders import unpack_doc
 
 if TYPE_CHECKING:
     from p2pswarm.agent.training.placed import Placement, StagePlacement
@@ -90,12 +89,12 @@ class Takeover:
                 # is taken back)
                 continue
             try:
-                doc = unpack_doc(copy.head.state)
-                job, rounds = restore(doc)
+                taken = JobSnapshot.read(copy.head.state)
             except SwarmError as exc:
                 log.warning("job copy of %s refused: %s", job_id, exc)
                 continue
-            was = str(doc.get("leader", ""))[:64] or "the last leader"
+            job, rounds = taken.job, taken.rounds
+            was = taken.leader or "the last leader"
             self.training.jobs[job_id] = job
             self.training.handover.hold(copy, job.state)
             if job.state in TERMINAL:
@@ -274,10 +273,11 @@ class Takeover:
         if copy is None or not copy.head.outer_bytes or not job.placement:
             return None
         try:
-            was, rounds = restore(unpack_doc(copy.head.state))
+            own = JobSnapshot.read(copy.head.state)
         except SwarmError as exc:
             log.warning("job %s: its own copy does not read back: %s", job.job_id, exc)
             return None
+        was, rounds = own.job, own.rounds
         if rounds is None or len(copy.head.outer_bytes) != len(job.placement[0].stages):
             return None
         # the record goes back to that copy too: the steps after it are trained again
