@@ -97,6 +97,8 @@ def test_status_shows_the_advertised_address_in_full(agent, tmp_path, monkeypatc
     first = result.output.splitlines()[0]
     assert f"at {addr} (listening on [::]:7946)" in first
     # in the table, folded over lines if it must, never cut short
-    cell = "".join(line.split("│")[3].strip() for line in result.output.splitlines()
-                   if line.count("│") > 4)
+    lines = result.output.splitlines()
+    header = next(line for line in lines if "address" in line)
+    column = [c.strip() for c in header.split("┃")].index("address")
+    cell = "".join(line.split("│")[column].strip() for line in lines if line.count("│") > 4)
     assert addr in cell
