@@ -460,12 +460,10 @@ class FellowSays:
 
 @dataclass(frozen=True, slots=True)
 class _View:
-    """One version of a fellow's metadata: its bytes, what it says, and that in gossip
-    form (for the readers that still take the document)."""
+    """One version of a fellow's metadata: its bytes, and what it says."""
 
     metadata: bytes
     says: FellowSays
-    doc: dict[str, Any]
 
 
 class MetadataViews:
@@ -478,19 +476,15 @@ class MetadataViews:
         self._counters = counters
         self._views: dict[bytes, _View] = {}
 
-    def of(self, member: Member, fellows: Callable[[], list[Member]]) -> dict[str, Any]:
-        """``member``'s metadata as a dict ({} if not pulled yet or unreadable), every
-        entry the views read checked: bad ones dropped and counted once per version.
-        ``fellows``: the fellows known now (views of the others are let go)."""
-        return self._view(member, fellows).doc
-
     def says(self, member: Member, fellows: Callable[[], list[Member]]) -> FellowSays:
-        """What ``member`` says about itself (``of``), as one value."""
+        """What ``member`` says about itself (nothing if not pulled yet or unreadable),
+        every entry checked: bad ones dropped and counted once per version.
+        ``fellows``: the fellows known now (views of the others are let go)."""
         return self._view(member, fellows).says
 
     def _view(self, member: Member, fellows: Callable[[], list[Member]]) -> _View:
         if not member.metadata:
-            return _View(b"", FellowSays(), {})
+            return _View(b"", FellowSays())
         known = self._views.get(member.node_id)
         if known is not None and known.metadata == member.metadata:
             return known
@@ -510,7 +504,7 @@ class MetadataViews:
             present = {m.node_id for m in fellows()}
             for node_id in [n for n in views if n not in present]:
                 del views[node_id]
-        view = views[member.node_id] = _View(member.metadata, says, says.to_doc())
+        view = views[member.node_id] = _View(member.metadata, says)
         return view
 
 

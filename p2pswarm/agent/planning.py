@@ -8,7 +8,7 @@ The leader reads a plan message once (``PlanQuery``) and plans on values: a ``Pl
 (or a training request's ``FleetPlan``); the plan's document is made where it leaves
 the leader (``PlanShown``, the control API) or is remembered (``ShownPlans``).
 
-A start pinned to a ``plan_id`` (``pinned_plan``) gets the leader's plan now; when that
+A start pinned to a ``plan_id`` (``pinned``) gets the leader's plan now; when that
 came out different, the plan this leader showed under that id is checked again on the
 current view, and while each of its cards still holds its stage's claims (memory moved
 within the plan's own headroom, or a tie between equal cards fell the other way) the pin
@@ -124,11 +124,6 @@ class Planning:
         if expected and now.plan_id != expected:
             return self.still_holds(query, expected) or now
         return now
-
-    async def pinned_plan(self, message: dict[str, Any], expected: str | None
-                          ) -> dict[str, Any]:
-        """``pinned`` for a plan message, as the plan's document."""
-        return self.pinned(PlanQuery.from_doc(message), expected).to_dict()
 
     async def _leader_plan(self, call: PlanAsk) -> PlanShown:
         shown = self.shown.remember(self.planned(PlanQuery.from_doc(unpack_doc(call.request))))

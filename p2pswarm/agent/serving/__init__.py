@@ -61,7 +61,6 @@ from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
 from p2pswarm.agent.serving.records import GenerationResult, HostedStage, LoadRecord, StageOrder
 from p2pswarm.agent.serving.runtime import StageRuntime, TorchOnFirstUse
-from p2pswarm.agent.serving.stage_gossip import kept_plan_ids
 from p2pswarm.agent.serving.stage_host import StageHost
 from p2pswarm.agent.serving.stage_session import StageSessions
 from p2pswarm.agent.status_doc import HeldStageDoc
@@ -144,7 +143,7 @@ class Serving:
         orders it keeps (it may have restarted before anyone thought it dead)."""
         member = self.agent.membership.member(node_id) if self.agent.membership else None
         if member is not None and self.leadership.is_leader() \
-                and kept_plan_ids(self.agent.member_metadata(member)):
+                and self.agent.fellow_says(member).kept_loads:
             self.failover.look_a_while()
 
     @property

@@ -2,7 +2,7 @@
 
 Loading is the leader's job (``LoadAsk``), all or nothing. The leader plans the request
 again on its current view; a pinned ``plan_id`` that no longer comes out, and whose shown
-placement no longer holds either (``Planning.pinned_plan``: memory that moved within the
+placement no longer holds either (``Planning.pinned``: memory that moved within the
 plan's headroom keeps it), is refused as ``plan-changed`` (409) with what changed
 (``diff_plans`` against the plan the leader showed) and the new plan. Otherwise three
 rounds of term-fenced orders go out, one per stage, concurrently:
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from p2pswarm.agent.adapter import stage_block
+from p2pswarm.agent.plan_query import PlanQuery
 from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.serving.doc_fields import DocFields
 from p2pswarm.agent.serving.events import LoadEvents
@@ -231,11 +232,10 @@ class Loads:
         if not _names_its_adapter(asked):
             raise ConfigError("the load's adapter is not the one its request names")
         async with self._lock:
-            shown = await self.agent.planning.pinned_plan(message, expected)
-            self.agent.planning.shown.check_pin(expected, shown)
-            if shown.get("kind") != "serve":
+            plan = self.agent.planning.pinned(PlanQuery.from_doc(message), expected)
+            self.agent.planning.shown.check_pin(expected, plan)
+            if not isinstance(plan, Plan) or plan.kind != "serve":
                 raise ConfigError("load serves a model: plan it without --train")
-            plan = Plan.from_doc(shown)
             if not plan.fits:
                 raise PlacementError(f"plan {plan.plan_id} does not fit: "
                                      f"{plan.limit.sentence}")
