@@ -22,7 +22,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import msgpack
 
@@ -164,6 +164,45 @@ class SaidModel:
         return SaidModel(kind, key if isinstance(key, str) else None, block)
 
 
+class _SaidHopSaid(TypedDict):
+    """What a gossiped route hop always says."""
+
+    stage: int
+    fellow_id: str
+    fellow: str
+    addr: str
+    layers: list[int]
+
+
+class SaidHopDoc(_SaidHopSaid, total=False):
+    """A route hop in gossip form (``SaidHop.to_doc``): what it said besides."""
+
+    card: str
+    claim_bytes: int
+    allocated_bytes: int
+
+
+class _SaidStageSaid(TypedDict):
+    """What a gossiped stage always says."""
+
+    plan_id: str
+    stage: int
+    layers: list[int]
+    model: Doc
+    runtime: Doc
+
+
+class SaidStageDoc(_SaidStageSaid, total=False):
+    """A stage in gossip form (``SaidStage.to_doc``): what it said besides, in this order."""
+
+    n_stages: int
+    card: str
+    claim_bytes: int
+    allocated_bytes: int
+    adapter: Doc
+    route: list[SaidHopDoc]
+
+
 @dataclass(frozen=True, slots=True)
 class SaidHop:
     """One hop of the route a fellow says a load of its stage takes (``records.route_hop``
@@ -178,11 +217,18 @@ class SaidHop:
     claim_bytes: int | None = None
     allocated_bytes: int | None = None
 
-    def to_doc(self) -> dict[str, Any]:
-        """The hop in gossip form, as the fellow said it."""
-        return {"stage": self.stage, "fellow_id": self.fellow_id, "fellow": self.fellow,
-                "addr": self.addr, "layers": list(self.layers)} | _present(
-            card=self.card, claim_bytes=self.claim_bytes, allocated_bytes=self.allocated_bytes)
+    def to_doc(self) -> SaidHopDoc:
+        """The hop in gossip form, as the fellow said it (what it left out, left out)."""
+        doc: SaidHopDoc = {"stage": self.stage, "fellow_id": self.fellow_id,
+                           "fellow": self.fellow, "addr": self.addr,
+                           "layers": list(self.layers)}
+        if self.card is not None:
+            doc["card"] = self.card
+        if self.claim_bytes is not None:
+            doc["claim_bytes"] = self.claim_bytes
+        if self.allocated_bytes is not None:
+            doc["allocated_bytes"] = self.allocated_bytes
+        return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,18 +248,24 @@ class SaidStage:
     adapter: Doc | None = None
     route: tuple[SaidHop, ...] | None = None
 
-    def to_doc(self) -> dict[str, Any]:
-        """The stage in gossip form, as the fellow said it."""
-        return {"plan_id": self.plan_id, "stage": self.stage, "layers": list(self.layers),
-                "model": self.model.block, "runtime": self.runtime} | _present(
-            n_stages=self.n_stages, card=self.card, claim_bytes=self.claim_bytes,
-            allocated_bytes=self.allocated_bytes, adapter=self.adapter,
-            route=None if self.route is None else [h.to_doc() for h in self.route])
-
-
-def _present(**entries: Any) -> dict[str, Any]:
-    """The entries that were said (None: left out)."""
-    return {k: v for k, v in entries.items() if v is not None}
+    def to_doc(self) -> SaidStageDoc:
+        """The stage in gossip form, as the fellow said it (what it left out, left out)."""
+        doc: SaidStageDoc = {"plan_id": self.plan_id, "stage": self.stage,
+                             "layers": list(self.layers), "model": self.model.block,
+                             "runtime": self.runtime}
+        if self.n_stages is not None:
+            doc["n_stages"] = self.n_stages
+        if self.card is not None:
+            doc["card"] = self.card
+        if self.claim_bytes is not None:
+            doc["claim_bytes"] = self.claim_bytes
+        if self.allocated_bytes is not None:
+            doc["allocated_bytes"] = self.allocated_bytes
+        if self.adapter is not None:
+            doc["adapter"] = self.adapter
+        if self.route is not None:
+            doc["route"] = [h.to_doc() for h in self.route]
+        return doc
 
 
 class _Cleaner:
@@ -508,5 +560,5 @@ class MetadataViews:
         return view
 
 
-__all__ = ["MAX_CARDS", "MAX_STAGES", "FellowSays", "MetadataViews", "SaidHop", "SaidStage",
-           "clean_metadata"]
+__all__ = ["MAX_CARDS", "MAX_STAGES", "FellowSays", "MetadataViews", "SaidHop", "SaidHopDoc",
+           "SaidStage", "SaidStageDoc", "clean_metadata"]
