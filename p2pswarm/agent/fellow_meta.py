@@ -413,13 +413,6 @@ class _Cleaner:
         return raw
 
 
-def clean_metadata(meta: dict[Any, Any]) -> tuple[dict[str, Any], int]:
-    """``meta`` with every entry a view reads in the form it expects (bad ones dropped),
-    and how many entries were dropped."""
-    says = FellowSays.from_doc(meta)
-    return says.to_doc(), says.dropped
-
-
 @dataclass(frozen=True, slots=True)
 class FellowSays:
     """What a fellow says about itself, checked: its cards (in the order it listed them),
@@ -472,7 +465,7 @@ class FellowSays:
 
     @classmethod
     def of(cls, meta: Mapping[str, Any]) -> FellowSays:
-        """From metadata ``clean_metadata`` checked (or ``{}``: nothing said yet)."""
+        """From metadata checked before (or ``{}``: nothing said yet)."""
         return cls.from_doc(meta)
 
     @property
@@ -561,4 +554,4 @@ class MetadataViews:
 
 
 __all__ = ["MAX_CARDS", "MAX_STAGES", "FellowSays", "MetadataViews", "SaidHop", "SaidHopDoc",
-           "SaidStage", "SaidStageDoc", "clean_metadata"]
+           "SaidStage", "SaidStageDoc"]

@@ -56,6 +56,7 @@ from p2pswarm.agent.serving.events import LoadEvents, WeightsInUse
 from p2pswarm.agent.serving.failover import Failover
 from p2pswarm.agent.serving.generation import Generation, TextStream
 from p2pswarm.agent.serving.leader_load import LeaderLoad
+from p2pswarm.agent.serving.load_view import LoadView
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
@@ -216,8 +217,9 @@ class Serving:
     async def release(self, plan_id: str) -> list[int]:
         return await self.host.release(plan_id)
 
-    def loads_view(self) -> list[dict[str, Any]]:
-        return self.leader.loads_view()
+    def loads_view(self) -> list[LoadView]:
+        """The loads as this fellow knows them (``Loads.views``)."""
+        return self.leader.views()
 
     async def list_loads(self) -> list[dict[str, Any]]:
         return await self.leader.list_loads()
