@@ -36,6 +36,7 @@ from p2pswarm.planner import (
     plan_fleet,
     plan_pinned,
 )
+from p2pswarm.wire.control import ClusterRequest
 from p2pswarm.wire.orders import PlanAsk, PlanShown, pack_doc, unpack_doc
 
 if TYPE_CHECKING:
@@ -62,7 +63,8 @@ class Planning:
         self.leadership = leadership
         # the plan op's request is the ask it forwards to the leader
         agent.control_ops["plan"] = typed_op(PlanAsk, plan_ask, self._op_plan)
-        agent.control_ops["cluster"] = self._op_cluster
+        agent.control_ops["cluster"] = typed_op(ClusterRequest, lambda _: ClusterRequest(),
+                                                self._op_cluster)
         self.shown = ShownPlanValues(agent.name)  # the plans this leader has shown
         leadership.serve(PlanAsk, self._leader_plan)
 
@@ -138,5 +140,5 @@ class Planning:
         reply = await self.leadership.ask(ask, PlanShown)
         return unpack_doc(reply.plan)
 
-    async def _op_cluster(self, request: dict[str, Any]) -> Any:
+    async def _op_cluster(self, request: ClusterRequest) -> Any:
         return cluster_to_dict(self.view())
