@@ -13,12 +13,37 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from p2pswarm.errors import ConfigError
 
 CARD_KINDS = ("cuda", "cpu")
 MEMORY_SOURCE_MAX_CHARS = 64  # a fellow's word on where its memory figure came from
+
+
+class HolderDoc(TypedDict):
+    """A holder as gossip, status and saved inventories show it (``Holder.to_dict``)."""
+
+    pid: int
+    name: str
+    bytes: int
+
+
+class _CardSaid(TypedDict):
+    index: int
+    kind: str
+    name: str
+    uuid: str
+    total_bytes: int
+    free_bytes: int
+    held_by_others: list[HolderDoc]
+
+
+class CardDoc(_CardSaid, total=False):
+    """A card as gossip, status and saved inventories show it (``Card.to_dict``):
+    ``memory_source`` only where one is known."""
+
+    memory_source: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +54,7 @@ class Holder:
     name: str
     held_bytes: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> HolderDoc:
         return {"pid": self.pid, "name": self.name, "bytes": self.held_bytes}
 
     @staticmethod
@@ -58,13 +83,15 @@ class Card:
         """``cuda:0`` or ``cpu:0``: unique within one fellow."""
         return f"{self.kind}:{self.index}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def to_dict(self) -> CardDoc:
+        doc: CardDoc = {
             "index": self.index, "kind": self.kind, "name": self.name, "uuid": self.uuid,
             "total_bytes": self.total_bytes, "free_bytes": self.free_bytes,
             "held_by_others": [h.to_dict() for h in self.held_by_others],
-            **({"memory_source": self.memory_source} if self.memory_source else {}),
         }
+        if self.memory_source:
+            doc["memory_source"] = self.memory_source
+        return doc
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> Card:

@@ -62,7 +62,7 @@ async def test_the_world_builds_the_machines_and_hears_every_event(autojump_cloc
         assert {"joined", "member-joined", "leader"} <= {e.kind for e in heard}
         assert heard == a.events  # the same events the agent notes for its status
         (fellow,) = b.fellows()
-        assert b.member_metadata(fellow)["note"] == "hello"
+        assert b.fellow_says(fellow).others["note"] == "hello"
         nursery.cancel_scope.cancel()
 
 

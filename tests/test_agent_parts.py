@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from p2pswarm.agent.alarm import LoopLag
-from p2pswarm.agent.fellow_meta import FellowSays, clean_metadata
+from p2pswarm.agent.fellow_meta import FellowSays
 from p2pswarm.agent.leaving import Goodbye, Leaving
 from p2pswarm.agent.rejoin import JOIN_REFUSALS, Rejoin
 from p2pswarm.cards import Card
@@ -55,7 +55,8 @@ def test_what_a_fellow_says_from_its_cleaned_metadata() -> None:
             "free_bytes": 4 << 30, "held_by_others": []}
     stage = {"plan_id": "0123456789abcdef", "stage": 0, "layers": [0, 4],
              "model": {"kind": "builtin", "key": "k1"}, "runtime": {}}
-    meta, dropped = clean_metadata({"cards": [card], "training": True, "stages": [stage]})
+    checked = FellowSays.from_doc({"cards": [card], "training": True, "stages": [stage]})
+    meta, dropped = checked.to_doc(), checked.dropped
     says = FellowSays.of(meta)
     assert dropped == 0 and says.training and says.inventory.cards[0].total_bytes == 8 << 30
     assert says.serves_model("k1") and not says.serves_model("k2")

@@ -97,8 +97,8 @@ async def test_a_changed_inventory_reaches_every_fellow(autojump_clock) -> None:
         def everyone_sees_it() -> bool:
             for agent in swarm.live():
                 member = agent.membership.member(target.identity.node_id)
-                cards = agent.member_metadata(member).get("cards", []) if member else []
-                if not cards or cards[0]["free_bytes"] != 3_000_000_000:
+                cards = agent.fellow_says(member).cards if member else ()
+                if not cards or cards[0].free_bytes != 3_000_000_000:
                     return False
             return True
 
@@ -167,8 +167,8 @@ async def test_a_restarted_fellow_s_fresh_metadata_replaces_its_old(autojump_clo
                 m = agent.membership.member(victim_id) if agent.node_id != victim_id \
                     and agent.membership is not None else None
                 if m is not None:
-                    cards = agent.member_metadata(m).get("cards") or [{}]
-                    seen.add(cards[0].get("total_bytes", 0) / 1e9)
+                    cards = agent.fellow_says(m).cards
+                    seen.add(cards[0].total_bytes / 1e9 if cards else 0.0)
             return seen
 
         await wait_until(lambda: cards_seen() == {16.0}, timeout_s=20)

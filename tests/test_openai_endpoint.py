@@ -214,7 +214,7 @@ def test_a_client_that_goes_away_ends_the_generation(swarm: LoopbackSwarm) -> No
 def _line(swarm: LoopbackSwarm) -> tuple[int, int]:
     """(running, waiting) on the driver's queue for the one load."""
     driver = swarm.agents[1].serving.driver
-    plan_id = next(iter(swarm.agents[1].serving.loads_view()))["plan_id"]
+    plan_id = next(iter(swarm.agents[1].serving.loads_view())).plan_id
     return driver.admission.running(plan_id), driver.admission.waiting(plan_id)
 
 

@@ -41,7 +41,7 @@ async def test_a_recurrent_load_generates_past_its_context(autojump_clock, tmp_p
         loaded = await driver.serving.load(ask, model_dir=converted)
         assert loaded["runtime"]["max_context_tokens"] == 16
         for a in swarm.live():  # every fellow's record (gossip too) says recurrent
-            assert a.serving.loads_view()[0]["model"]["recurrent"] is True
+            assert a.serving.loads_view()[0].to_doc()["model"]["recurrent"] is True
         result = await driver.serving.generate(prompt_ids=PROMPT, max_tokens=24,
                                                stop_token_ids=(), keep_logits=True)
         assert len(PROMPT) + len(result.token_ids) > 16 and len(result.token_ids) == 24

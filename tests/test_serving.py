@@ -45,7 +45,7 @@ async def test_three_stages_across_fellows_equal_one_process(autojump_clock, tmp
         for s in loaded["stages"]:  # what each stage holds is what the plan claims
             assert s["allocated_bytes"] == s["claim_bytes"] > 0
         await wait_until(lambda: all(
-            len(a.serving.loads_view()) == 1 and a.serving.loads_view()[0]["complete"]
+            len(a.serving.loads_view()) == 1 and a.serving.loads_view()[0].complete
             for a in swarm.live()), timeout_s=10)
 
         streamed: list[int] = []

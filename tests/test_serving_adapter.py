@@ -86,7 +86,7 @@ async def test_adapter_across_three_fellows_equals_one_process(autojump_clock,
         # loads shows the adapter, from every fellow's view (gossip) too
         await wait_complete(swarm)
         for a in swarm.live():
-            view = a.serving.loads_view()[0]
+            view = a.serving.loads_view()[0].to_doc()
             assert view["adapter"]["sha256"] == sha
 
         result = await driver.serving.generate(prompt_ids=PROMPT, max_tokens=10,
@@ -109,7 +109,7 @@ async def wait_complete(swarm: Any) -> None:
     from p2pswarm.sim.virtual import wait_until
 
     await wait_until(lambda: all(
-        len(a.serving.loads_view()) == 1 and a.serving.loads_view()[0]["complete"]
+        len(a.serving.loads_view()) == 1 and a.serving.loads_view()[0].complete
         for a in swarm.live()), timeout_s=10)
 
 

@@ -29,7 +29,7 @@ async def test_batched_sessions_and_a_chat_that_remembers(autojump_clock: object
         plan = await driver.planning.ask_plan(ask)
         await driver.serving.load(ask, plan_id=plan["plan_id"])
         await wait_until(lambda: all(
-            len(a.serving.loads_view()) == 1 and a.serving.loads_view()[0]["complete"]
+            len(a.serving.loads_view()) == 1 and a.serving.loads_view()[0].complete
             for a in swarm.live()), timeout_s=10)
         one_process = reference(plan, MODEL)
 

@@ -532,11 +532,6 @@ class Agent:
         if self.membership is not None:
             self._apply(self.membership.set_metadata(self._metadata(), trio.current_time()))
 
-    def member_metadata(self, member: Member) -> dict[str, Any]:
-        """A fellow's metadata as a dict ({} if not pulled yet or unreadable): ``fellow_says``
-        in gossip form, for the readers that still take the document."""
-        return self._metadata_views.of(member, self.fellows)
-
     def fellow_says(self, member: Member) -> FellowSays:
         """What a fellow says about itself, checked once per version it publishes
         (``fellow_meta``: bad entries dropped and counted): its cards, their speeds,

@@ -22,7 +22,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import msgpack
 
@@ -164,6 +164,45 @@ class SaidModel:
         return SaidModel(kind, key if isinstance(key, str) else None, block)
 
 
+class _SaidHopSaid(TypedDict):
+    """What a gossiped route hop always says."""
+
+    stage: int
+    fellow_id: str
+    fellow: str
+    addr: str
+    layers: list[int]
+
+
+class SaidHopDoc(_SaidHopSaid, total=False):
+    """A route hop in gossip form (``SaidHop.to_doc``): what it said besides."""
+
+    card: str
+    claim_bytes: int
+    allocated_bytes: int
+
+
+class _SaidStageSaid(TypedDict):
+    """What a gossiped stage always says."""
+
+    plan_id: str
+    stage: int
+    layers: list[int]
+    model: Doc
+    runtime: Doc
+
+
+class SaidStageDoc(_SaidStageSaid, total=False):
+    """A stage in gossip form (``SaidStage.to_doc``): what it said besides, in this order."""
+
+    n_stages: int
+    card: str
+    claim_bytes: int
+    allocated_bytes: int
+    adapter: Doc
+    route: list[SaidHopDoc]
+
+
 @dataclass(frozen=True, slots=True)
 class SaidHop:
     """One hop of the route a fellow says a load of its stage takes (``records.route_hop``
@@ -178,11 +217,18 @@ class SaidHop:
     claim_bytes: int | None = None
     allocated_bytes: int | None = None
 
-    def to_doc(self) -> dict[str, Any]:
-        """The hop in gossip form, as the fellow said it."""
-        return {"stage": self.stage, "fellow_id": self.fellow_id, "fellow": self.fellow,
-                "addr": self.addr, "layers": list(self.layers)} | _present(
-            card=self.card, claim_bytes=self.claim_bytes, allocated_bytes=self.allocated_bytes)
+    def to_doc(self) -> SaidHopDoc:
+        """The hop in gossip form, as the fellow said it (what it left out, left out)."""
+        doc: SaidHopDoc = {"stage": self.stage, "fellow_id": self.fellow_id,
+                           "fellow": self.fellow, "addr": self.addr,
+                           "layers": list(self.layers)}
+        if self.card is not None:
+            doc["card"] = self.card
+        if self.claim_bytes is not None:
+            doc["claim_bytes"] = self.claim_bytes
+        if self.allocated_bytes is not None:
+            doc["allocated_bytes"] = self.allocated_bytes
+        return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,18 +248,24 @@ class SaidStage:
     adapter: Doc | None = None
     route: tuple[SaidHop, ...] | None = None
 
-    def to_doc(self) -> dict[str, Any]:
-        """The stage in gossip form, as the fellow said it."""
-        return {"plan_id": self.plan_id, "stage": self.stage, "layers": list(self.layers),
-                "model": self.model.block, "runtime": self.runtime} | _present(
-            n_stages=self.n_stages, card=self.card, claim_bytes=self.claim_bytes,
-            allocated_bytes=self.allocated_bytes, adapter=self.adapter,
-            route=None if self.route is None else [h.to_doc() for h in self.route])
-
-
-def _present(**entries: Any) -> dict[str, Any]:
-    """The entries that were said (None: left out)."""
-    return {k: v for k, v in entries.items() if v is not None}
+    def to_doc(self) -> SaidStageDoc:
+        """The stage in gossip form, as the fellow said it (what it left out, left out)."""
+        doc: SaidStageDoc = {"plan_id": self.plan_id, "stage": self.stage,
+                             "layers": list(self.layers), "model": self.model.block,
+                             "runtime": self.runtime}
+        if self.n_stages is not None:
+            doc["n_stages"] = self.n_stages
+        if self.card is not None:
+            doc["card"] = self.card
+        if self.claim_bytes is not None:
+            doc["claim_bytes"] = self.claim_bytes
+        if self.allocated_bytes is not None:
+            doc["allocated_bytes"] = self.allocated_bytes
+        if self.adapter is not None:
+            doc["adapter"] = self.adapter
+        if self.route is not None:
+            doc["route"] = [h.to_doc() for h in self.route]
+        return doc
 
 
 class _Cleaner:
@@ -361,13 +413,6 @@ class _Cleaner:
         return raw
 
 
-def clean_metadata(meta: dict[Any, Any]) -> tuple[dict[str, Any], int]:
-    """``meta`` with every entry a view reads in the form it expects (bad ones dropped),
-    and how many entries were dropped."""
-    says = FellowSays.from_doc(meta)
-    return says.to_doc(), says.dropped
-
-
 @dataclass(frozen=True, slots=True)
 class FellowSays:
     """What a fellow says about itself, checked: its cards (in the order it listed them),
@@ -420,7 +465,7 @@ class FellowSays:
 
     @classmethod
     def of(cls, meta: Mapping[str, Any]) -> FellowSays:
-        """From metadata ``clean_metadata`` checked (or ``{}``: nothing said yet)."""
+        """From metadata checked before (or ``{}``: nothing said yet)."""
         return cls.from_doc(meta)
 
     @property
@@ -460,12 +505,10 @@ class FellowSays:
 
 @dataclass(frozen=True, slots=True)
 class _View:
-    """One version of a fellow's metadata: its bytes, what it says, and that in gossip
-    form (for the readers that still take the document)."""
+    """One version of a fellow's metadata: its bytes, and what it says."""
 
     metadata: bytes
     says: FellowSays
-    doc: dict[str, Any]
 
 
 class MetadataViews:
@@ -478,19 +521,15 @@ class MetadataViews:
         self._counters = counters
         self._views: dict[bytes, _View] = {}
 
-    def of(self, member: Member, fellows: Callable[[], list[Member]]) -> dict[str, Any]:
-        """``member``'s metadata as a dict ({} if not pulled yet or unreadable), every
-        entry the views read checked: bad ones dropped and counted once per version.
-        ``fellows``: the fellows known now (views of the others are let go)."""
-        return self._view(member, fellows).doc
-
     def says(self, member: Member, fellows: Callable[[], list[Member]]) -> FellowSays:
-        """What ``member`` says about itself (``of``), as one value."""
+        """What ``member`` says about itself (nothing if not pulled yet or unreadable),
+        every entry checked: bad ones dropped and counted once per version.
+        ``fellows``: the fellows known now (views of the others are let go)."""
         return self._view(member, fellows).says
 
     def _view(self, member: Member, fellows: Callable[[], list[Member]]) -> _View:
         if not member.metadata:
-            return _View(b"", FellowSays(), {})
+            return _View(b"", FellowSays())
         known = self._views.get(member.node_id)
         if known is not None and known.metadata == member.metadata:
             return known
@@ -510,9 +549,9 @@ class MetadataViews:
             present = {m.node_id for m in fellows()}
             for node_id in [n for n in views if n not in present]:
                 del views[node_id]
-        view = views[member.node_id] = _View(member.metadata, says, says.to_doc())
+        view = views[member.node_id] = _View(member.metadata, says)
         return view
 
 
-__all__ = ["MAX_CARDS", "MAX_STAGES", "FellowSays", "MetadataViews", "SaidHop", "SaidStage",
-           "clean_metadata"]
+__all__ = ["MAX_CARDS", "MAX_STAGES", "FellowSays", "MetadataViews", "SaidHop", "SaidHopDoc",
+           "SaidStage", "SaidStageDoc"]

@@ -8,7 +8,7 @@ The leader reads a plan message once (``PlanQuery``) and plans on values: a ``Pl
 (or a training request's ``FleetPlan``); the plan's document is made where it leaves
 the leader (``PlanShown``, the control API) or is remembered (``ShownPlans``).
 
-A start pinned to a ``plan_id`` (``pinned_plan``) gets the leader's plan now; when that
+A start pinned to a ``plan_id`` (``pinned``) gets the leader's plan now; when that
 came out different, the plan this leader showed under that id is checked again on the
 current view, and while each of its cards still holds its stage's claims (memory moved
 within the plan's own headroom, or a tie between equal cards fell the other way) the pin
@@ -36,6 +36,7 @@ from p2pswarm.planner import (
     plan_fleet,
     plan_pinned,
 )
+from p2pswarm.wire.control import ClusterRequest
 from p2pswarm.wire.orders import PlanAsk, PlanShown, pack_doc, unpack_doc
 
 if TYPE_CHECKING:
@@ -62,7 +63,8 @@ class Planning:
         self.leadership = leadership
         # the plan op's request is the ask it forwards to the leader
         agent.control_ops["plan"] = typed_op(PlanAsk, plan_ask, self._op_plan)
-        agent.control_ops["cluster"] = self._op_cluster
+        agent.control_ops["cluster"] = typed_op(ClusterRequest, lambda _: ClusterRequest(),
+                                                self._op_cluster)
         self.shown = ShownPlanValues(agent.name)  # the plans this leader has shown
         leadership.serve(PlanAsk, self._leader_plan)
 
@@ -125,11 +127,6 @@ class Planning:
             return self.still_holds(query, expected) or now
         return now
 
-    async def pinned_plan(self, message: dict[str, Any], expected: str | None
-                          ) -> dict[str, Any]:
-        """``pinned`` for a plan message, as the plan's document."""
-        return self.pinned(PlanQuery.from_doc(message), expected).to_dict()
-
     async def _leader_plan(self, call: PlanAsk) -> PlanShown:
         shown = self.shown.remember(self.planned(PlanQuery.from_doc(unpack_doc(call.request))))
         return PlanShown(pack_doc(shown.to_dict()))
@@ -143,5 +140,5 @@ class Planning:
         reply = await self.leadership.ask(ask, PlanShown)
         return unpack_doc(reply.plan)
 
-    async def _op_cluster(self, request: dict[str, Any]) -> Any:
+    async def _op_cluster(self, request: ClusterRequest) -> Any:
         return cluster_to_dict(self.view())

@@ -5,7 +5,9 @@ document is made and where it is read. The agent fills it from its values in one
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
+
+from p2pswarm.cards import CardDoc
 
 
 class SelfDoc(TypedDict):
@@ -25,7 +27,7 @@ class MemberRow(TypedDict):
     addr: str
     state: str
     incarnation: int
-    cards: list[dict[str, Any]]
+    cards: list[CardDoc]
     last_heard_s: float | None
     in_state_s: float
     self: bool

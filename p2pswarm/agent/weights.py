@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import trio
 
@@ -108,6 +108,18 @@ class ManifestFile:
     sha256: str
 
 
+class ManifestDoc(TypedDict):
+    """A manifest as orders, records and offers carry it (``Manifest.to_dict``; read back,
+    checked, by ``Manifest.from_dict``)."""
+
+    key: str
+    name: str
+    path: str
+    config: dict[str, Any]  # config.json, as the model directory holds it
+    tensors: list[list[Any]]  # ``ManifestTensor.to_list``
+    files: list[list[str | int]]  # [name, bytes, SHA-256]
+
+
 @dataclass(frozen=True, slots=True)
 class Manifest:
     """What a model directory holds, tensor by tensor, with hashes."""
@@ -141,7 +153,7 @@ class Manifest:
         from the network is then the model its key names."""
         return _manifest_key(self.hf_config, self.tensors, self.files) == self.key
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ManifestDoc:
         return {"key": self.key, "name": self.name, "path": self.path, "config": self.hf_config,
                 "tensors": [t.to_list() for t in self.tensors],
                 "files": [[f.name, f.nbytes, f.sha256] for f in self.files]}

@@ -113,6 +113,12 @@ class ChatRequest:
     generate: GenerateRequest
 
 
-__all__ = ["ChatRequest", "ChatTurn", "GenerateRequest", "LeaveRequest", "LoadCancelRequest",
-           "LoadMoveRequest", "LoadRequest", "LoadsRequest", "StatusRequest",
-           "UnloadRequest"]
+@message(290)
+@dataclass(frozen=True, slots=True)
+class ClusterRequest:
+    """``cluster``: the swarm as this agent's planner sees it."""
+
+
+__all__ = ["ChatRequest", "ChatTurn", "ClusterRequest", "GenerateRequest", "LeaveRequest",
+           "LoadCancelRequest", "LoadMoveRequest", "LoadRequest", "LoadsRequest",
+           "StatusRequest", "UnloadRequest"]

@@ -20,7 +20,7 @@ import trio
 from rich.console import Console
 
 from p2pswarm.agent import Agent
-from p2pswarm.agent.fellow_meta import clean_metadata
+from p2pswarm.agent.fellow_meta import FellowSays
 from p2pswarm.agent.world import AgentWorld
 from p2pswarm.cli.loads import print_load
 from p2pswarm.cli.render import print_plan
@@ -69,6 +69,13 @@ def rogue_factory(fellow: Fellow, world: AgentWorld) -> Agent:
     if fellow.index == ROGUE:  # a name that is rich markup, and hostile metadata
         world = dataclasses.replace(world, name="[/bold]", metadata=HOSTILE)
     return Agent(world)
+
+
+def clean_metadata(meta: dict[Any, Any]) -> tuple[dict[str, Any], int]:
+    """``meta`` as a fellow's check leaves it (in gossip form), and how many entries it
+    dropped."""
+    says = FellowSays.from_doc(meta)
+    return says.to_doc(), says.dropped
 
 
 def test_clean_metadata_keeps_the_good_and_drops_the_bad() -> None:
@@ -120,8 +127,8 @@ async def test_a_rogue_gossiping_malformed_metadata_breaks_no_view(autojump_cloc
             assert [r["plan_id"] for r in listed] == [plan["plan_id"]]
         # the honest stage fellows' gossiped records pass the checks whole
         await wait_until(lambda: all(
-            [r["plan_id"] for r in a.serving.loads_view()] == [plan["plan_id"]]
-            and a.serving.loads_view()[0]["complete"] for a in honest), timeout_s=10)
+            [r.plan_id for r in a.serving.loads_view()] == [plan["plan_id"]]
+            and a.serving.loads_view()[0].complete for a in honest), timeout_s=10)
         for agent in honest:
             for member in agent.fellows():
                 if member.node_id != rogue.node_id and member.metadata:

@@ -56,12 +56,12 @@ from p2pswarm.agent.serving.events import LoadEvents, WeightsInUse
 from p2pswarm.agent.serving.failover import Failover
 from p2pswarm.agent.serving.generation import Generation, TextStream
 from p2pswarm.agent.serving.leader_load import LeaderLoad
+from p2pswarm.agent.serving.load_view import LoadView
 from p2pswarm.agent.serving.loads import Loads
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
 from p2pswarm.agent.serving.records import GenerationResult, HostedStage, LoadRecord, StageOrder
 from p2pswarm.agent.serving.runtime import StageRuntime, TorchOnFirstUse
-from p2pswarm.agent.serving.stage_gossip import kept_plan_ids
 from p2pswarm.agent.serving.stage_host import StageHost
 from p2pswarm.agent.serving.stage_session import StageSessions
 from p2pswarm.agent.status_doc import HeldStageDoc
@@ -144,7 +144,7 @@ class Serving:
         orders it keeps (it may have restarted before anyone thought it dead)."""
         member = self.agent.membership.member(node_id) if self.agent.membership else None
         if member is not None and self.leadership.is_leader() \
-                and kept_plan_ids(self.agent.member_metadata(member)):
+                and self.agent.fellow_says(member).kept_loads:
             self.failover.look_a_while()
 
     @property
@@ -217,8 +217,9 @@ class Serving:
     async def release(self, plan_id: str) -> list[int]:
         return await self.host.release(plan_id)
 
-    def loads_view(self) -> list[dict[str, Any]]:
-        return self.leader.loads_view()
+    def loads_view(self) -> list[LoadView]:
+        """The loads as this fellow knows them (``Loads.views``)."""
+        return self.leader.views()
 
     async def list_loads(self) -> list[dict[str, Any]]:
         return await self.leader.list_loads()

@@ -22,7 +22,7 @@ from p2pswarm.agent.adapter import AdapterManifest, check_adapter, read_adapter
 from p2pswarm.agent.serving.offers import Offers
 from p2pswarm.agent.serving.progress import Progress
 from p2pswarm.agent.serving.records import LoadRecord
-from p2pswarm.agent.weights import Manifest
+from p2pswarm.agent.weights import Manifest, ManifestDoc
 from p2pswarm.control.server import Emit
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError, TransportError
 from p2pswarm.planner.profile import BUILTIN_MODELS
@@ -82,6 +82,25 @@ class AskedModel:
         return self.config.get("model_type") in RECURRENT_MODEL_TYPES
 
 
+class _ModelIdentitySaid(TypedDict):
+    kind: str  # "builtin" or "files"
+    name: str
+
+
+class ModelIdentityDoc(_ModelIdentitySaid, total=False):
+    """A model's identity as load orders carry it (``ModelIdentity.to_doc``): a built-in
+    says only its name; model files say their source and manifest."""
+
+    key: str
+    source_id: str
+    source: str
+    source_addr: str
+    path: str
+    files: list[list[str | int]]  # [name, bytes, SHA-256]
+    manifest: ManifestDoc
+    recurrent: bool
+
+
 @dataclass(frozen=True, slots=True)
 class ModelIdentity:
     """A model as load orders name it (``StageOrder.model``): a built-in by name, or a
@@ -95,15 +114,19 @@ class ModelIdentity:
     source_addr: str = ""
     recurrent: bool = False  # records say so: its generations pass the context
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> ModelIdentityDoc:
         m = self.manifest
-        recurrent = {"recurrent": True} if self.recurrent else {}
+        doc: ModelIdentityDoc
         if m is None:
-            return {"kind": "builtin", "name": self.name, **recurrent}
-        return {"kind": "files", "name": m.name, "key": m.key, "source_id": self.source_id,
-                "source": self.source, "source_addr": self.source_addr, "path": m.path,
-                "files": [[f.name, f.nbytes, f.sha256] for f in m.files],
-                "manifest": m.to_dict(), **recurrent}
+            doc = {"kind": "builtin", "name": self.name}
+        else:
+            doc = {"kind": "files", "name": m.name, "key": m.key, "source_id": self.source_id,
+                   "source": self.source, "source_addr": self.source_addr, "path": m.path,
+                   "files": [[f.name, f.nbytes, f.sha256] for f in m.files],
+                   "manifest": m.to_dict()}
+        if self.recurrent:
+            doc["recurrent"] = True
+        return doc
 
 
 class CancelDoc(TypedDict):

@@ -74,7 +74,7 @@ class CopiesAhead:
                 await trio.sleep(COPY_AFTER_S)
                 if not self.leadership.is_leader():
                     continue
-                if not self.loads.loads and not self.loads.loads_view():
+                if not self.loads.loads and not self.loads.views():
                     return
                 await self.round()
         finally:

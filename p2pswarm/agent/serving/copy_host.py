@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from p2pswarm.agent.fellow_meta import FellowSays
-from p2pswarm.agent.serving.records import WeightsOrigin, route_hop
-from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids, gossiped_stages
+from p2pswarm.agent.serving.records import WeightsOrigin
+from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids
 from p2pswarm.agent.weight_holders import gather
 from p2pswarm.agent.weights import Manifest, ManifestTensor, WeightsCache
 from p2pswarm.errors import ConfigError, PlacementError
@@ -156,37 +156,29 @@ class CopyHost:
                 f"{self.agent.name} has no room to copy stage {call.stage} of {call.plan_id}: "
                 f"{need:,} bytes more, its weights cache keeps {kept:,} of {cap:,}")
 
-    def _gossips(self) -> Iterator[dict[str, Any]]:
-        """This fellow's metadata and each present fellow's, as they gossip it."""
-        yield self.agent.extra_metadata
+    def _gossips(self) -> Iterator[FellowSays]:
+        """What this fellow and each present fellow say about themselves."""
+        yield FellowSays.from_doc(self.agent.extra_metadata)
         membership = self.agent.membership
         for m in membership.members() if membership is not None else ():
             if m.present and not m.is_self:
-                yield self.agent.member_metadata(m)
+                yield self.agent.fellow_says(m)
 
     def _gossiped_plans(self) -> set[str]:
         """The loads this fellow and each present fellow say they serve a stage of."""
-        plans = gossiped_plan_ids(FellowSays.from_doc(self.agent.extra_metadata))
-        membership = self.agent.membership
-        for m in membership.members() if membership is not None else ():
-            if m.present and not m.is_self:
-                plans |= gossiped_plan_ids(self.agent.fellow_says(m))
+        plans: set[str] = set()
+        for says in self._gossips():
+            plans |= gossiped_plan_ids(says)
         return plans
 
     def _gossiped_stage(self, call: StageCopy, model_key: str) -> bool:
         layers = (call.start_layer, call.end_layer)
-        for entry in (e for metadata in self._gossips() for e in gossiped_stages(metadata)):
-            model = entry.get("model")
-            if entry.get("plan_id") != call.plan_id or not isinstance(model, dict) \
-                    or model.get("key") != model_key:
+        for said in (s for says in self._gossips() for s in says.stages):
+            if said.plan_id != call.plan_id or said.model.key != model_key:
                 continue
-            route = entry.get("route")
-            for i, doc in enumerate(route if isinstance(route, list) else ()):
-                try:
-                    hop = route_hop(doc, i)
-                except ConfigError:
-                    continue
-                if hop.stage == call.stage and (hop.start_layer, hop.end_layer) == layers:
+            # a hop out of its place in the route is not read (as ``route_hop`` reads it)
+            for i, hop in enumerate(said.route or ()):
+                if hop.stage == i == call.stage and hop.layers == layers:
                     return True
         return False
 

@@ -2,7 +2,7 @@
 
 Loading is the leader's job (``LoadAsk``), all or nothing. The leader plans the request
 again on its current view; a pinned ``plan_id`` that no longer comes out, and whose shown
-placement no longer holds either (``Planning.pinned_plan``: memory that moved within the
+placement no longer holds either (``Planning.pinned``: memory that moved within the
 plan's headroom keeps it), is refused as ``plan-changed`` (409) with what changed
 (``diff_plans`` against the plan the leader showed) and the new plan. Otherwise three
 rounds of term-fenced orders go out, one per stage, concurrently:
@@ -24,7 +24,7 @@ asker's ticket and keeps it all or nothing: a bring-up under way is cancelled an
 stage released; a load that had just come up is unloaded; a ticket not seen yet is
 remembered, so its ``LoadAsk``, still on its way, is refused.
 
-What is loaded (``loads_view``) is the loads this agent led plus those fellows gossip
+What is loaded (``views``) is the loads this agent led plus those fellows gossip
 that they serve, each stage with its fellow's membership state; an unloaded plan's
 gossip may lag, so it is ignored for ``UNLOAD_TOMBSTONE_S``.
 """
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from p2pswarm.agent.adapter import stage_block
+from p2pswarm.agent.plan_query import PlanQuery
 from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.serving.doc_fields import DocFields
 from p2pswarm.agent.serving.events import LoadEvents
@@ -165,7 +166,7 @@ class Loads:
         return now is not None and now.serial == load.serial
 
     def loaded_ids(self) -> set[str]:
-        """The plan_ids of the loads this agent knows of (``loads_view``)."""
+        """The plan_ids of the loads this agent knows of (``views``)."""
         return {view.plan_id for view in self.views()}
 
     @property
@@ -231,11 +232,10 @@ class Loads:
         if not _names_its_adapter(asked):
             raise ConfigError("the load's adapter is not the one its request names")
         async with self._lock:
-            shown = await self.agent.planning.pinned_plan(message, expected)
-            self.agent.planning.shown.check_pin(expected, shown)
-            if shown.get("kind") != "serve":
+            plan = self.agent.planning.pinned(PlanQuery.from_doc(message), expected)
+            self.agent.planning.shown.check_pin(expected, plan)
+            if not isinstance(plan, Plan) or plan.kind != "serve":
                 raise ConfigError("load serves a model: plan it without --train")
-            plan = Plan.from_doc(shown)
             if not plan.fits:
                 raise PlacementError(f"plan {plan.plan_id} does not fit: "
                                      f"{plan.limit.sentence}")
@@ -419,7 +419,7 @@ class Loads:
     # --- what is loaded, and unloading -------------------------------------------------
 
     async def _leader_loads(self, call: LoadsAsk) -> LoadsShown:
-        return LoadsShown(tuple(pack_doc(r) for r in self.loads_view()))
+        return LoadsShown(tuple(pack_doc(v.to_doc()) for v in self.views()))
 
     async def _leader_unload(self, call: UnloadAsk) -> Unloaded:
         async with self._lock:
@@ -476,17 +476,13 @@ class Loads:
             answer = await self.leadership.ask(LoadsAsk(), LoadsShown)
         except (PlacementError, TransportError, ControlError, RemoteProtocolError) as exc:
             log.info("loads from this fellow's view (%s)", exc)
-            return self.loads_view()
+            return [view.to_doc() for view in self.views()]
         return [unpack_doc(r) for r in answer.loads]
 
-    def loads_view(self) -> list[dict[str, Any]]:
-        """Loads as this agent knows them: those it led, and those fellows gossip that
-        they serve; each stage with its fellow's membership state (``views``, as the
-        listing's documents)."""
-        return [view.to_doc() for view in self.views()]
-
     def views(self) -> list[LoadView]:
-        """``loads_view`` as values, by plan_id."""
+        """Loads as this agent knows them, by plan_id: those it led, and those fellows
+        gossip that they serve; each stage with its fellow's membership state (the
+        listing shows each as ``LoadView.to_doc``)."""
         now = trio.current_time()
         self._unloaded = {p: t for p, t in self._unloaded.items()
                           if now - t < UNLOAD_TOMBSTONE_S}

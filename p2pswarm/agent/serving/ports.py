@@ -30,11 +30,12 @@ from p2pswarm.agent.ports import (
 
 if TYPE_CHECKING:
     from p2pswarm.agent.fellow_meta import FellowSays
+    from p2pswarm.agent.plan_query import PlanQuery
     from p2pswarm.cards import Inventory
     from p2pswarm.inventory import CardSource
     from p2pswarm.membership.machine import Membership
     from p2pswarm.membership.member import Member
-    from p2pswarm.planner import ClusterView
+    from p2pswarm.planner import ClusterView, FleetPlan, Plan
     from p2pswarm.transport.secure import SecureStream
 
 M = TypeVar("M")
@@ -61,8 +62,6 @@ class Fellows(Protocol):
 
     def fellow(self, fellow_id: str) -> Member | None: ...
 
-    def member_metadata(self, member: Member) -> dict[str, Any]: ...
-
     def fellow_says(self, member: Member) -> FellowSays: ...
 
 
@@ -84,7 +83,7 @@ class Datagrams(Protocol):
 
 
 class ShownPins(Protocol):
-    def check_pin(self, expected: str | None, plan: dict[str, Any]) -> None: ...
+    def check_pin(self, expected: str | None, plan: Plan | FleetPlan) -> None: ...
 
 
 class PlanningView(Protocol):
@@ -95,8 +94,7 @@ class PlanningView(Protocol):
 
     def view(self) -> ClusterView: ...
 
-    async def pinned_plan(self, message: dict[str, Any], expected: str | None
-                          ) -> dict[str, Any]: ...
+    def pinned(self, query: PlanQuery, expected: str | None) -> Plan | FleetPlan: ...
 
 
 class Plans(Protocol):

@@ -368,6 +368,32 @@ class GenerationHopDoc(TypedDict):
     card: str
 
 
+class GenerationStageDoc(GenerationHopDoc):
+    """A stage of a generation's route with its timings, as the result shows it."""
+
+    ms_per_token: float
+    prefill_ms: float
+
+
+class GenerationDoc(TypedDict):
+    """A generation's result as the control API and the CLI show it."""
+
+    plan_id: str
+    prompt_tokens: int
+    cached_tokens: int
+    token_ids: list[int]
+    text: str
+    stop_reason: str
+    time_to_first_token_s: float
+    decode_s: float
+    decode_tokens_per_s: float
+    stages: list[GenerationStageDoc]
+    network_ms_per_token: float
+    hops: int
+    resumes: int
+    replayed_stages: list[int]
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationResult:
     plan_id: str
@@ -394,7 +420,7 @@ class GenerationResult:
     def decode_tokens_per_s(self) -> float:
         return self.decode_steps / self.decode_s if self.decode_steps and self.decode_s else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> GenerationDoc:
         steps = self.decode_steps
         per_token = self.decode_s / steps if steps else 0.0
         compute = sum(self.stage_decode_s) / steps if steps else 0.0
@@ -407,8 +433,8 @@ class GenerationResult:
             "stop_reason": self.stop_reason,
             "time_to_first_token_s": self.time_to_first_token_s, "decode_s": self.decode_s,
             "decode_tokens_per_s": self.decode_tokens_per_s,
-            "stages": [{**r, "ms_per_token": 1e3 * s / steps if steps else 0.0,
-                        "prefill_ms": 1e3 * p}
+            "stages": [GenerationStageDoc(**r, ms_per_token=1e3 * s / steps if steps else 0.0,
+                                          prefill_ms=1e3 * p)
                        for r, s, p in zip(self.route, self.stage_decode_s, prefill)],
             "network_ms_per_token": max(per_token - compute, 0.0) * 1e3,
             "hops": len(self.route) + 1,
