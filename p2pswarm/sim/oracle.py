@@ -105,6 +105,7 @@ class Oracle:
     leader_changes: int = 0
     _not_alive: dict[tuple[int, int], float] = field(default_factory=dict)
     long_suspicions: list[dict[str, Any]] = field(default_factory=list)
+    unrefuted: list[dict[str, Any]] = field(default_factory=list)
     updates: list[Update] = field(default_factory=list)
     _pending_updates: dict[int, list[Update]] = field(default_factory=dict)
     failovers: list[dict[str, Any]] = field(default_factory=list)
@@ -294,6 +295,16 @@ class Oracle:
             self.long_suspicions.append({"observer": observer, "subject": subject,
                                          "since": round(since, 3),
                                          "for_s": round(until - start, 3)})
+        # the same belief, its reachable time summed over the gaps between cuts: a fellow
+        # that never refutes is held suspect across every outage and fade, so no single
+        # gap need be long (W3 cuts each pair apart every few minutes)
+        begin = max(since, self.run_since[subject], self.measure_from_s)
+        reachable = self._reachable_s(observer, subject, begin, until,
+                                      self.checks.refute_grace_s)
+        if reachable > self.checks.refute_within_s:
+            self.unrefuted.append({"observer": observer, "subject": subject,
+                                   "since": round(since, 3), "until": round(until, 3),
+                                   "reachable_s": round(reachable, 3)})
 
     def _last_apart(self, a: int, b: int, t0: float, t1: float) -> float:
         """The latest moment in [t0, t1] at which ``a`` and ``b`` were cut apart (t0 if
@@ -311,6 +322,31 @@ class Oracle:
             if ga is not None and gb is not None and ga != gb and start <= t1 and end >= t0:
                 latest = max(latest, min(end, t1))
         return latest
+
+    def _reachable_s(self, a: int, b: int, t0: float, t1: float, grace_s: float) -> float:
+        """How long, in all, ``a`` and ``b`` could reach each other over [t0, t1]: the
+        span less every moment they were cut apart (a cut of either, a partition between
+        them) or within ``grace_s`` after such a cut ended."""
+        if t1 <= t0:
+            return 0.0
+        spans: list[tuple[float, float]] = []
+        for i in (a, b):
+            spans.extend((start, end + grace_s) for start, end in self._cut_spans(i))
+        parts = list(self.partitions)
+        if self._partition_open is not None:
+            parts.append((self._partition_open[0], math.inf, self._partition_open[1]))
+        for start, end, groups in parts:
+            ga, gb = groups.get(a), groups.get(b)
+            if ga is not None and gb is not None and ga != gb:
+                spans.append((start, end + grace_s))
+        apart = 0.0
+        reach = t0  # the union of the spans, clipped to [t0, t1], swept left to right
+        for start, end in sorted(spans):
+            start, end = max(start, reach), min(end, t1)
+            if end > start:
+                apart += end - start
+                reach = end
+        return max(0.0, (t1 - t0) - apart)
 
     def _metadata(self, t: float, observer: int, subject: int, version: int) -> None:
         if observer == subject:  # published
@@ -398,6 +434,14 @@ class Oracle:
                             f"{self.checks.max_suspect_s:g} s, e.g. fellow {s['subject']} "
                             f"at observer {s['observer']} from {s['since']} s for "
                             f"{s['for_s']} s")
+        if self.unrefuted:
+            u = self.unrefuted[0]
+            failures.append(f"{len(self.unrefuted)} time(s) a running fellow stayed suspect "
+                            f"or dead at a fellow that could reach it for over "
+                            f"{self.checks.refute_within_s:g} s in all: it did not refute, "
+                            f"e.g. fellow {u['subject']} at observer {u['observer']} from "
+                            f"{u['since']} s to {u['until']} s, reachable for "
+                            f"{u['reachable_s']} s of it")
         unexcused_suspicions = len(self.false_suspicion_episodes
                                    - self.excused_suspicion_episodes)
         unexcused = [d for d in self.false_deaths if not d["excused"]]
@@ -447,6 +491,7 @@ class Oracle:
             "flaps_per_node_hour": round(per_node_hour(len(self._flap_episodes), node_s), 5),
             "dead_after_leave": self.dead_after_leave,
             "long_suspicions": len(self.long_suspicions),
+            "unrefuted_beliefs": len(self.unrefuted),
             "leader_changes": self.leader_changes,
             "terms_with_two_leaders": len(split_terms),
             "terms_with_two_followed": len(split_follow),
@@ -466,6 +511,7 @@ class Oracle:
             "_elected": [(round(t, 3), o, term) for t, o, kind, _, _, term in self.events
                          if kind == ELECTED][:1000],
             "_failovers": self.failovers,
+            "_unrefuted": self.unrefuted[:100],
         }
 
     def _plan_figures(self) -> dict[str, Any]:
