@@ -435,13 +435,13 @@ class Oracle:
                             f"at observer {s['observer']} from {s['since']} s for "
                             f"{s['for_s']} s")
         if self.unrefuted:
-            u = self.unrefuted[0]
+            first = self.unrefuted[0]
             failures.append(f"{len(self.unrefuted)} time(s) a running fellow stayed suspect "
                             f"or dead at a fellow that could reach it for over "
                             f"{self.checks.refute_within_s:g} s in all: it did not refute, "
-                            f"e.g. fellow {u['subject']} at observer {u['observer']} from "
-                            f"{u['since']} s to {u['until']} s, reachable for "
-                            f"{u['reachable_s']} s of it")
+                            f"e.g. fellow {first['subject']} at observer {first['observer']} "
+                            f"from {first['since']} s to {first['until']} s, reachable for "
+                            f"{first['reachable_s']} s of it")
         unexcused_suspicions = len(self.false_suspicion_episodes
                                    - self.excused_suspicion_episodes)
         unexcused = [d for d in self.false_deaths if not d["excused"]]
