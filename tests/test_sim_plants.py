@@ -72,3 +72,12 @@ def test_a_fellow_that_refutes_soon_after_its_cut_is_not_flagged() -> None:
     oracle.event(63.0, 0, "alive", 1, 1, 0)  # refuted 3 s after it was back
     r = oracle.finish(100.0)
     assert r["ok"] and r["unrefuted_beliefs"] == 0
+
+
+def test_a_belief_still_held_at_the_end_is_judged() -> None:
+    oracle = Oracle(2, Checks(refute_within_s=30.0, max_suspect_s=120.0))
+    for i in range(2):
+        oracle.started(i, 0.0)
+    oracle.event(5.0, 0, "suspect", 1, 0, 0)  # never refuted, never cut off
+    r = oracle.finish(200.0)
+    assert r["long_suspicions"] == 1 and r["unrefuted_beliefs"] == 1 and not r["ok"]

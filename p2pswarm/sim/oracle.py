@@ -383,14 +383,17 @@ class Oracle:
         return k < len(stops) and stops[k] <= t1
 
     def finish(self, end_s: float) -> dict[str, Any]:
+        # beliefs still held at the end first, while run_since is each fellow's start (the
+        # accounting below moves it to the end, which once hid every open belief: a fellow
+        # that never refuted, suspected all run long, was never judged)
+        for (observer, subject), since in list(self._not_alive.items()):
+            if self.running[observer]:
+                self._judge_belief(observer, subject, since, end_s)
         for i in range(self.n):
             if self.running[i]:
                 self.run_seconds[i] += max(0.0, end_s - max(self.run_since[i],
                                                             self.measure_from_s))
                 self.run_since[i] = end_s
-        for (observer, subject), since in list(self._not_alive.items()):
-            if self.running[observer]:
-                self._judge_belief(observer, subject, since, end_s)
         failures: list[str] = []
         node_s = sum(self.run_seconds)
 
