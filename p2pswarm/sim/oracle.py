@@ -23,8 +23,11 @@ at once, because the truth at that instant is known:
 At the end (``finish``) it turns this into figures and a list of failures: any two
 leaders in one term, any crash some observer never saw as dead within
 ``detect_within_s``, any running and reachable fellow held suspect or dead (or
-forgotten) by a running fellow for longer than ``max_suspect_s``, any plan change no
-real change explains, and (if the scenario asks) any unexcused false death.
+forgotten) by a running fellow for longer than ``max_suspect_s`` since the two were last
+cut apart, or for longer than ``refute_within_s`` of reachable time summed across every
+cut (it did not refute: on W3, where each pair is cut apart every few minutes, no single
+gap need be long), any plan change no real change explains, and (if the scenario asks)
+any unexcused false death. Beliefs still held when the run ends are judged too.
 ``trace_hash`` is a SHA-256 of every event with its virtual time, observer and subject,
 ordered by (time, observer, order at that observer): the same seed must give the same
 hash.
@@ -286,7 +289,8 @@ class Oracle:
 
     def _judge_belief(self, observer: int, subject: int, since: float, until: float) -> None:
         """``observer`` held ``subject`` suspect or dead over [since, until]: a failure if
-        the subject was running and reachable for longer than ``max_suspect_s`` of it."""
+        the subject was running and reachable for longer than ``max_suspect_s`` after the
+        last cut between them, or for over ``refute_within_s`` in all."""
         if not self.running[subject] or subject in self.left:
             return
         start = max(since, self.run_since[subject], self._last_apart(observer, subject,
