@@ -48,7 +48,7 @@ GLOSSARY: tuple[str, ...] = (
     "**suspicions over the limit**: a fellow held suspect or dead for longer than the "
     "scenario's `max_suspect_s` since the two were last cut apart. **suspect or dead "
     "while reachable, unrefuted**: a fellow held suspect or dead while the two could "
-    "reach each other for over `refute_within_s` (30 s) in all, summed across cuts: a "
+    "reach each other for over `refute_within_s` (60 s) in all, summed across cuts: a "
     "running fellow refutes a suspicion within seconds of hearing it. Both are failures.",
     "**leader failover**: after the leader is killed, the seconds until every running "
     "fellow names the same new leader. **update to all, rounds**: gossip intervals until "
