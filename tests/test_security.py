@@ -57,6 +57,7 @@ def test_security_module_is_pure() -> None:
         "os",
         "re",
         "struct",
+        "threading",
         "collections",
         "dataclasses",
         "typing",

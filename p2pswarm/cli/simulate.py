@@ -60,7 +60,8 @@ def simulate(
                               "namespaces (root, Linux), then the same scenario in virtual "
                               "time, and compare detection times."),
     plant: Optional[str] = typer.Option(None, "--plant", help="Plant a known bug "
-                                        "(never-refutes) to see the oracle catch it."),
+                                        "(never-refutes, never-declares-dead) to see the "
+                                        "oracle catch it: the run must FAIL."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress",
                                             help="Progress bar (default: on a terminal)."),
     as_json: bool = JsonOption,

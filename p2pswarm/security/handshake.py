@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from p2pswarm.errors import AuthenticationError, ConfigError, LocalProtocolError
 from p2pswarm.security.datagrams import _NONCE_PAD, _TAG_BYTES, _U64_MAX
-from p2pswarm.security.identity import SIGNATURE_BYTES, Identity, node_id_of, verify
+from p2pswarm.security.identity import SIGNATURE_BYTES, Identity, node_id_of, verify_fresh
 from p2pswarm.security.keyring import Keyring, SwarmKey
 
 __all__ = [
@@ -200,7 +200,7 @@ class ClientHandshake:
             raise AuthenticationError("malformed", "server hello does not answer our hello")
         signature = server_hello[_HELLO_HEAD.size : signed_end]
         hello_hash = _transcript(self._hello, server_hello[: _HELLO_HEAD.size])
-        verify(server_public, signature, _LABEL_SERVER_SIG + hello_hash)
+        verify_fresh(server_public, signature, _LABEL_SERVER_SIG + hello_hash)
         shared = _exchange(self._ephemeral, ephemeral)
         self._ephemeral = None  # forward secrecy: the ephemeral key goes now
         full_hash = _transcript(self._hello, server_hello)
@@ -265,7 +265,7 @@ class ServerHandshake:
         self._state = "failed"
         if len(client_finish) != _CLIENT_FINISH_BYTES or client_finish[0] != _HANDSHAKE_VERSION:
             raise AuthenticationError("malformed", f"client finish of {len(client_finish)} bytes")
-        verify(
+        verify_fresh(
             self._client_public,
             bytes(client_finish[1:]),
             _LABEL_CLIENT_SIG + self._transcript_hash,

@@ -13,14 +13,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from p2pswarm.errors import AuthenticationError, ConfigError
+from p2pswarm.security.verified import VerifiedSignatures
 
 __all__ = [
     "NODE_ID_BYTES",
     "PUBLIC_KEY_BYTES",
     "SIGNATURE_BYTES",
     "Identity",
+    "VERIFIED",
     "node_id_of",
     "verify",
+    "verify_fresh",
 ]
 
 NODE_ID_BYTES = 16
@@ -33,8 +36,24 @@ def node_id_of(public_key: bytes) -> bytes:
     return hashlib.sha256(public_key).digest()[:NODE_ID_BYTES]
 
 
+# Checks of signed records that passed, shared by every agent of the process (a simulation
+# runs many): a record relayed again is not checked again (``verified``).
+VERIFIED = VerifiedSignatures()
+
+
 def verify(public_key: bytes, signature: bytes, data: bytes) -> None:
-    """Raise AuthenticationError("bad-signature") unless ``signature`` is valid."""
+    """Raise AuthenticationError("bad-signature") unless ``signature`` is valid. For signed
+    records, which arrive again and again: a check that passed is remembered by exactly
+    (key, signature, bytes)."""
+    if VERIFIED.known(public_key, signature, data):
+        return
+    verify_fresh(public_key, signature, data)
+    VERIFIED.remember(public_key, signature, data)
+
+
+def verify_fresh(public_key: bytes, signature: bytes, data: bytes) -> None:
+    """``verify`` without the memory: for signatures made once, over a handshake's
+    transcript, which would only push records out of it."""
     try:
         Ed25519PublicKey.from_public_bytes(public_key).verify(signature, data)
     except InvalidSignature:

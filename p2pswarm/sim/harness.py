@@ -45,6 +45,7 @@ from p2pswarm.agent.world import AgentWorld, MembershipFactory, Services
 from p2pswarm.config import SwarmConfig, preset
 from p2pswarm.errors import ConfigError, SwarmError
 from p2pswarm.membership.machine import Membership
+from p2pswarm.membership.updates import Updates
 from p2pswarm.planner import BUILTIN_MODELS, REFERENCE_CONFIGS
 from p2pswarm.sim.actions import TimedAction, build_timeline
 from p2pswarm.sim.baseline import memberlist_config, missing_switches
@@ -66,13 +67,33 @@ FAILOVER_GIVE_UP_S = 120.0
 
 
 class NeverRefutes(Membership):
-    """A planted bug: a fellow that never refutes a suspicion of itself."""
+    """A planted bug: a fellow that never refutes a suspicion of itself. The oracle's
+    refutation check catches it: others hold it suspect or dead while they can reach it."""
 
     def _refute(self, *args: Any, **kwargs: Any) -> None:
         return None
 
 
-PLANTED: dict[str, type[Membership]] = {"never-refutes": NeverRefutes}
+class _UpdatesThatNeverDeclare(Updates):
+    __slots__ = ()
+
+    def declare_dead(self, node: bytes, now: float, out: list[fx.Effect]) -> None:
+        return None
+
+
+class NeverDeclaresDead(Membership):
+    """A planted bug: a fellow whose own evidence never makes it declare another dead (its
+    suspicions time out into nothing). The oracle's detection check catches it: a crashed
+    fellow is never seen as dead."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._updates.__class__ = _UpdatesThatNeverDeclare  # every path to a verdict
+
+
+# every planted bug the oracle must catch (tests/test_sim_plants.py runs each)
+PLANTED: dict[str, type[Membership]] = {"never-refutes": NeverRefutes,
+                                        "never-declares-dead": NeverDeclaresDead}
 
 
 @dataclass(frozen=True)
@@ -635,6 +656,7 @@ def _cpu_s() -> float:
 
 __all__ = [
     "PLANTED",
+    "NeverDeclaresDead",
     "NeverRefutes",
     "ScenarioRun",
     "Variant",

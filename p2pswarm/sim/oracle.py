@@ -23,8 +23,11 @@ at once, because the truth at that instant is known:
 At the end (``finish``) it turns this into figures and a list of failures: any two
 leaders in one term, any crash some observer never saw as dead within
 ``detect_within_s``, any running and reachable fellow held suspect or dead (or
-forgotten) by a running fellow for longer than ``max_suspect_s``, any plan change no
-real change explains, and (if the scenario asks) any unexcused false death.
+forgotten) by a running fellow for longer than ``max_suspect_s`` since the two were last
+cut apart, or for longer than ``refute_within_s`` of reachable time summed across every
+cut (it did not refute: on W3, where each pair is cut apart every few minutes, no single
+gap need be long), any plan change no real change explains, and (if the scenario asks)
+any unexcused false death. Beliefs still held when the run ends are judged too.
 ``trace_hash`` is a SHA-256 of every event with its virtual time, observer and subject,
 ordered by (time, observer, order at that observer): the same seed must give the same
 hash.
@@ -105,6 +108,7 @@ class Oracle:
     leader_changes: int = 0
     _not_alive: dict[tuple[int, int], float] = field(default_factory=dict)
     long_suspicions: list[dict[str, Any]] = field(default_factory=list)
+    unrefuted: list[dict[str, Any]] = field(default_factory=list)
     updates: list[Update] = field(default_factory=list)
     _pending_updates: dict[int, list[Update]] = field(default_factory=dict)
     failovers: list[dict[str, Any]] = field(default_factory=list)
@@ -285,7 +289,8 @@ class Oracle:
 
     def _judge_belief(self, observer: int, subject: int, since: float, until: float) -> None:
         """``observer`` held ``subject`` suspect or dead over [since, until]: a failure if
-        the subject was running and reachable for longer than ``max_suspect_s`` of it."""
+        the subject was running and reachable for longer than ``max_suspect_s`` after the
+        last cut between them, or for over ``refute_within_s`` in all."""
         if not self.running[subject] or subject in self.left:
             return
         start = max(since, self.run_since[subject], self._last_apart(observer, subject,
@@ -294,6 +299,16 @@ class Oracle:
             self.long_suspicions.append({"observer": observer, "subject": subject,
                                          "since": round(since, 3),
                                          "for_s": round(until - start, 3)})
+        # the same belief, its reachable time summed over the gaps between cuts: a fellow
+        # that never refutes is held suspect across every outage and fade, so no single
+        # gap need be long (W3 cuts each pair apart every few minutes)
+        begin = max(since, self.run_since[subject], self.measure_from_s)
+        reachable = self._reachable_s(observer, subject, begin, until,
+                                      self.checks.refute_grace_s)
+        if reachable > self.checks.refute_within_s:
+            self.unrefuted.append({"observer": observer, "subject": subject,
+                                   "since": round(since, 3), "until": round(until, 3),
+                                   "reachable_s": round(reachable, 3)})
 
     def _last_apart(self, a: int, b: int, t0: float, t1: float) -> float:
         """The latest moment in [t0, t1] at which ``a`` and ``b`` were cut apart (t0 if
@@ -311,6 +326,31 @@ class Oracle:
             if ga is not None and gb is not None and ga != gb and start <= t1 and end >= t0:
                 latest = max(latest, min(end, t1))
         return latest
+
+    def _reachable_s(self, a: int, b: int, t0: float, t1: float, grace_s: float) -> float:
+        """How long, in all, ``a`` and ``b`` could reach each other over [t0, t1]: the
+        span less every moment they were cut apart (a cut of either, a partition between
+        them) or within ``grace_s`` after such a cut ended."""
+        if t1 <= t0:
+            return 0.0
+        spans: list[tuple[float, float]] = []
+        for i in (a, b):
+            spans.extend((start, end + grace_s) for start, end in self._cut_spans(i))
+        parts = list(self.partitions)
+        if self._partition_open is not None:
+            parts.append((self._partition_open[0], math.inf, self._partition_open[1]))
+        for start, end, groups in parts:
+            ga, gb = groups.get(a), groups.get(b)
+            if ga is not None and gb is not None and ga != gb:
+                spans.append((start, end + grace_s))
+        apart = 0.0
+        reach = t0  # the union of the spans, clipped to [t0, t1], swept left to right
+        for start, end in sorted(spans):
+            start, end = max(start, reach), min(end, t1)
+            if end > start:
+                apart += end - start
+                reach = end
+        return max(0.0, (t1 - t0) - apart)
 
     def _metadata(self, t: float, observer: int, subject: int, version: int) -> None:
         if observer == subject:  # published
@@ -347,14 +387,17 @@ class Oracle:
         return k < len(stops) and stops[k] <= t1
 
     def finish(self, end_s: float) -> dict[str, Any]:
+        # beliefs still held at the end first, while run_since is each fellow's start (the
+        # accounting below moves it to the end, which once hid every open belief: a fellow
+        # that never refuted, suspected all run long, was never judged)
+        for (observer, subject), since in list(self._not_alive.items()):
+            if self.running[observer]:
+                self._judge_belief(observer, subject, since, end_s)
         for i in range(self.n):
             if self.running[i]:
                 self.run_seconds[i] += max(0.0, end_s - max(self.run_since[i],
                                                             self.measure_from_s))
                 self.run_since[i] = end_s
-        for (observer, subject), since in list(self._not_alive.items()):
-            if self.running[observer]:
-                self._judge_belief(observer, subject, since, end_s)
         failures: list[str] = []
         node_s = sum(self.run_seconds)
 
@@ -398,6 +441,14 @@ class Oracle:
                             f"{self.checks.max_suspect_s:g} s, e.g. fellow {s['subject']} "
                             f"at observer {s['observer']} from {s['since']} s for "
                             f"{s['for_s']} s")
+        if self.unrefuted:
+            first = self.unrefuted[0]
+            failures.append(f"{len(self.unrefuted)} time(s) a running fellow stayed suspect "
+                            f"or dead at a fellow that could reach it for over "
+                            f"{self.checks.refute_within_s:g} s in all: it did not refute, "
+                            f"e.g. fellow {first['subject']} at observer {first['observer']} "
+                            f"from {first['since']} s to {first['until']} s, reachable for "
+                            f"{first['reachable_s']} s of it")
         unexcused_suspicions = len(self.false_suspicion_episodes
                                    - self.excused_suspicion_episodes)
         unexcused = [d for d in self.false_deaths if not d["excused"]]
@@ -447,6 +498,7 @@ class Oracle:
             "flaps_per_node_hour": round(per_node_hour(len(self._flap_episodes), node_s), 5),
             "dead_after_leave": self.dead_after_leave,
             "long_suspicions": len(self.long_suspicions),
+            "unrefuted_beliefs": len(self.unrefuted),
             "leader_changes": self.leader_changes,
             "terms_with_two_leaders": len(split_terms),
             "terms_with_two_followed": len(split_follow),
@@ -466,6 +518,7 @@ class Oracle:
             "_elected": [(round(t, 3), o, term) for t, o, kind, _, _, term in self.events
                          if kind == ELECTED][:1000],
             "_failovers": self.failovers,
+            "_unrefuted": self.unrefuted[:100],
         }
 
     def _plan_figures(self) -> dict[str, Any]:

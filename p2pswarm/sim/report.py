@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from p2pswarm.sim.conclusions import GLOSSARY, conclusions
 from p2pswarm.sim.metrics import ecdf
 
 
@@ -44,6 +45,7 @@ ROWS: list[tuple[str, Any]] = [
     ("false deaths per node-hour", lambda r: _fmt(r["false_deaths_per_node_hour"])),
     ("flaps", lambda r: _fmt(r["flaps"])),
     ("suspicions over the limit", lambda r: _fmt(r["long_suspicions"])),
+    ("suspect or dead while reachable, unrefuted", lambda r: _fmt(r["unrefuted_beliefs"])),
     ("leader changes", lambda r: _fmt(r["leader_changes"])),
     ("two leaders in one term", lambda r: _fmt(r["terms_with_two_leaders"])),
     ("leader failover p50", lambda r: _fmt(r["leader_failover_s"]["p50"], " s")),
@@ -84,7 +86,9 @@ def markdown(results: list[dict[str, Any]]) -> str:
             out += f"\n- {r['variant']}: {failure}"
         for note in r.get("notes", [])[:5]:
             out += f"\n- {r['variant']} note: {note}"
-    return out + "\n"
+    out += "\n\n#### What to conclude\n\n" + "".join(f"- {c}\n" for c in conclusions(results))
+    out += "\n#### What the numbers count\n\n" + "".join(f"- {g}\n" for g in GLOSSARY)
+    return out
 
 
 def public(result: dict[str, Any]) -> dict[str, Any]:
@@ -191,4 +195,5 @@ def _save(fig: Any, ax: Any, path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["markdown", "plot", "public", "to_json", "write_reports"]
+__all__ = ["GLOSSARY", "conclusions", "markdown", "plot", "public", "to_json",
+           "write_reports"]

@@ -106,6 +106,13 @@ class TrainingSpec:
 class Checks:
     detect_within_s: float = 60.0  # every observer must see a crash as dead within this
     max_suspect_s: float = 120.0  # no running, reachable fellow stays suspect longer
+    # a running fellow must refute: none stays suspect or dead at a running fellow while
+    # the two can reach each other for longer than this in all (however often cut apart
+    # meanwhile), not counting the first refute_grace_s after each cut ends. Two rounds
+    # of memberlist's 30 s push-pull: a fellow that lost the refutation's gossip to loss
+    # learns it by anti-entropy (the baseline on W3 took 42 s so once)
+    refute_within_s: float = 60.0
+    refute_grace_s: float = 10.0
     converge_within_s: float = 120.0  # after the last fault, every view agrees again
     excuse_window_s: float = 30.0  # a verdict this soon after a cut is excused
     suspect_excuse_window_s: float = 5.0  # a suspicion this soon after a cut is excused
