@@ -64,7 +64,7 @@ def ks_two_sample(a: Sequence[float], b: Sequence[float]) -> dict[str, float | i
         return {"statistic": math.nan, "p_value": math.nan, "n": n, "m": m,
                 "method": "none (an empty sample)"}
     try:
-        from scipy.stats import ks_2samp  # type: ignore[import-not-found]
+        from scipy.stats import ks_2samp  # type: ignore[import-not-found, unused-ignore]
         res = ks_2samp(xs, ys)
         return {"statistic": float(res.statistic), "p_value": float(res.pvalue), "n": n,
                 "m": m, "method": "scipy.stats.ks_2samp"}

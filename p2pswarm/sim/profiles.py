@@ -52,7 +52,7 @@ def pareto_delay(base_s: float, median_s: float, p99_s: float) -> ParetoDelay:
     ratio = (p99_s - base_s) / (median_s - base_s)
 
     def spread(alpha: float) -> float:  # p99 extra over median extra, falls with alpha
-        return (100.0 ** (1.0 / alpha) - 1.0) / (2.0 ** (1.0 / alpha) - 1.0)
+        return float((100.0 ** (1.0 / alpha) - 1.0) / (2.0 ** (1.0 / alpha) - 1.0))
 
     lo, hi = 0.05, 200.0
     if not spread(hi) < ratio < spread(lo):
@@ -71,7 +71,7 @@ def pareto_delay(base_s: float, median_s: float, p99_s: float) -> ParetoDelay:
 def delay_quantile_s(delay: DelayModel, q: float) -> float:
     """The q-quantile of a delay model (Pareto and uniform; others: not needed here)."""
     if isinstance(delay, ParetoDelay):
-        return delay.base_s + delay.scale_s * ((1.0 - q) ** (-1.0 / delay.alpha) - 1.0)
+        return float(delay.base_s + delay.scale_s * ((1.0 - q) ** (-1.0 / delay.alpha) - 1.0))
     if isinstance(delay, UniformDelay):
         return delay.min_s + q * (delay.max_s - delay.min_s)
     raise ConfigError(f"no quantile for {type(delay).__name__}")
