@@ -159,7 +159,10 @@ def test_load_move_re_cuts_a_load_live_under_the_clis_generate(swarm: LocalSwarm
     _one_line_refusal(home, stale_id, f"plan {stale_id} is no longer the faster placement")
     new_id = _proposed(home, fastest)
 
-    # the move, typed while a generation runs on the old cut
+    # the move, typed while a generation runs on the old cut (the session counted is the
+    # CLI's: the first generation's have closed)
+    poll("the first generation's sessions closed",
+         lambda: stage_sessions(swarm, staged[-1]) == 0)
     cli = _generation(home, MAX_TOKENS)
     try:
         poll("the generation's session on the old cut",
@@ -202,6 +205,9 @@ def test_the_leader_hosting_a_stage_is_killed_mid_generation_and_its_successor_h
     home = swarm.homes[driver]
     want = request(home, {"op": "generate", "prompt": PROMPT, "max_tokens": KILL_TOKENS},
                    timeout_s=120)
+    # that generation's sessions close after it answers: the one counted below must be
+    # the CLI's, or the kill lands before the CLI has found the load (a busy machine)
+    poll("the first generation's sessions closed", lambda: stage_sessions(swarm, leader) == 0)
 
     cli = _generation(home, KILL_TOKENS)
     try:
