@@ -335,7 +335,8 @@ class Training:
     async def _op_submit(self, request: JobSubmitRequest) -> Any:
         config = None
         if request.config is not None:  # the files it names are read here and travel with it
-            config = await self.data.attach(unpack_doc(request.config))
+            attached = await self.data.attach(job_config(unpack_doc(request.config)))
+            config = attached.to_dict()
         return await self.submit(config, plan_id=request.plan_id or None,
                                  stages=request.stages, resume=request.resume,
                                  follow=current_emitter() is not None,
