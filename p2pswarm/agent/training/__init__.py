@@ -215,10 +215,10 @@ class Training:
                           tuple(exclude_cards or ()))
         return unpack_doc((await self.leadership.ask(call, JobPlanShown)).plan)
 
-    async def ask_cancel(self, job_id: str) -> JobReport:
-        """Cancel job ``job_id`` on the leader; its record."""
+    async def ask_cancel(self, job_id: str) -> JobReportDoc:
+        """Cancel job ``job_id`` on the leader; its record (read, checked)."""
         reply = await self.leadership.ask(JobCancel(job_id), JobRecord)
-        return JobReport.from_doc(unpack_doc(reply.record))
+        return JobReport.from_doc(unpack_doc(reply.record)).to_doc()
 
     async def list_jobs(self) -> list[JobReportDoc]:
         """The leader's job records, as documents (the ``jobs`` op's answer)."""
@@ -347,7 +347,7 @@ class Training:
         return await self.list_jobs()
 
     async def _op_cancel(self, request: JobCancelRequest) -> Any:
-        return (await self.ask_cancel(request.job_id)).to_doc()
+        return await self.ask_cancel(request.job_id)
 
     async def _op_export(self, request: JobExportRequest) -> Any:
         return (await self.export(request.job_id, request.out)).to_dict()
