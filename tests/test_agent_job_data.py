@@ -82,10 +82,9 @@ async def test_a_leader_without_the_data_fetches_it_and_bad_data_never_lands(
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, n=3)
         holder, other, third = swarm.live()
-        config = await holder.training.data.attach(
-            job_config(data={"files": [str(text)]}))
-        assert config["data"]["files"] == [f"sha256:{digest}"]
-        job = JobConfig.from_dict(config)
+        job = await holder.training.data.attach(
+            JobConfig.from_dict(job_config(data={"files": [str(text)]})))
+        assert job.data.files == (f"sha256:{digest}",)
         assert not other.training.data.has(digest)
         here = await other.training.data.local(job)  # fetched from the holder
         assert Path(here.data.files[0]).read_text() == TEXT

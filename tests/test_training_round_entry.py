@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from p2pswarm.agent.training.job_record import Job, JobReport
+from p2pswarm.agent.training.job_record import Job, JobReport, JobReportDoc
+from p2pswarm.agent.training.job_state import JobSnapshot, JobSnapshotDoc
 from p2pswarm.agent.training.placed import BatchShape, ReplicaPlacement, StagePlacement
 from p2pswarm.agent.training.round_entry import LateContribution, RoundEntry
 from p2pswarm.errors import RemoteProtocolError
@@ -69,6 +70,14 @@ def test_a_job_record_document_round_trips() -> None:
                                    "card": "CPU"}]]
         back = JobReport.from_doc(unpack_doc(pack_doc(doc)))
         assert back == report and back.to_doc() == doc and not back.ended
+
+
+def test_the_job_documents_have_exactly_their_typed_keys() -> None:
+    assert list(JobReportDoc.__annotations__) == RECORD_KEYS
+    copy = JobSnapshot.of(_job(), None, "f000")
+    doc = copy.to_doc()
+    assert list(doc) == list(JobSnapshotDoc.__annotations__)
+    assert JobSnapshot.read(copy.packed()).to_doc() == doc
 
 
 def test_a_job_record_keeps_a_diverged_loss_and_refuses_what_is_malformed() -> None:

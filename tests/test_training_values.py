@@ -65,7 +65,7 @@ def test_training_timings_have_presets_and_live_in_the_config() -> None:
 
 
 def test_a_checkpoints_meta_reads_back_and_old_shard_positions_still_read() -> None:
-    meta = CheckpointMeta(8, 64, 1234, (3.5, 3.25), (2,), 2, JOB.to_dict(), "job-0000abcd",
+    meta = CheckpointMeta(8, 64, 1234, (3.5, 3.25), (2,), 2, JOB, "job-0000abcd",
                           {"replica-0.stage-0": StagePosition(64, 8, 0, 0, 2),
                            "replica-1.stage-0": StagePosition(32, 4, 0, 0, 2,
                                                               global_state=True)})
@@ -80,7 +80,7 @@ def test_a_checkpoints_meta_reads_back_and_old_shard_positions_still_read() -> N
 
 
 def test_a_checkpoint_manifest_gives_its_meta_and_its_shards() -> None:
-    meta = CheckpointMeta(8, 64, 1234, (3.5,), (), 1, JOB.to_dict(), "job-0000abcd",
+    meta = CheckpointMeta(8, 64, 1234, (3.5,), (), 1, JOB, "job-0000abcd",
                           {"replica-0.stage-0": StagePosition(64, 8, 0, 0, 2)})
     manifest = {"format": 1, "step": 8, "shards": {"replica-0.stage-0": "ab" * 32},
                 "meta": meta.to_doc()}

@@ -47,7 +47,7 @@ from p2pswarm.agent.training.driver import drive
 from p2pswarm.agent.training.handover import JobHandover
 from p2pswarm.agent.training.job_data import JobData, sent_files, sent_files_of
 from p2pswarm.agent.training.job_paths import leader_checkpoint_dir
-from p2pswarm.agent.training.job_record import JobReport
+from p2pswarm.agent.training.job_record import JobReport, JobReportDoc
 from p2pswarm.agent.training.jobs import (
     CHANGED,
     STATES,
@@ -215,23 +215,24 @@ class Training:
                           tuple(exclude_cards or ()))
         return unpack_doc((await self.leadership.ask(call, JobPlanShown)).plan)
 
-    async def ask_cancel(self, job_id: str) -> dict[str, Any]:
-        """Cancel job ``job_id`` on the leader; its record."""
-        return unpack_doc((await self.leadership.ask(JobCancel(job_id), JobRecord)).record)
+    async def ask_cancel(self, job_id: str) -> JobReportDoc:
+        """Cancel job ``job_id`` on the leader; its record (read, checked)."""
+        reply = await self.leadership.ask(JobCancel(job_id), JobRecord)
+        return JobReport.from_doc(unpack_doc(reply.record)).to_doc()
 
-    async def list_jobs(self) -> list[dict[str, Any]]:
+    async def list_jobs(self) -> list[JobReportDoc]:
         """The leader's job records, as documents (the ``jobs`` op's answer)."""
-        reply = await self.leadership.ask(JobsAsk(), JobList)
-        return [unpack_doc(r) for r in reply.records]
+        return [r.to_doc() for r in await self.job_reports()]
 
     async def job_reports(self) -> list[JobReport]:
         """The leader's job records, read."""
-        return [JobReport.from_doc(r) for r in await self.list_jobs()]
+        reply = await self.leadership.ask(JobsAsk(), JobList)
+        return [JobReport.from_doc(unpack_doc(r)) for r in reply.records]
 
     async def submit(self, config: dict[str, Any] | None, *, plan_id: str | None = None,
                      stages: int | None = None, resume: str = "",
                      follow: bool = False, maximize: str | None = None,
-                     exclude_cards: list[str] | None = None) -> dict[str, Any]:
+                     exclude_cards: list[str] | None = None) -> JobReportDoc:
         """Submit a job to the leader; with ``follow``, stream its record (control events
         ``{"job": record}``) until it ends, and return the last one. ``maximize="seq_len"``
         trains at the longest sequence length that fits now."""
@@ -334,7 +335,8 @@ class Training:
     async def _op_submit(self, request: JobSubmitRequest) -> Any:
         config = None
         if request.config is not None:  # the files it names are read here and travel with it
-            config = await self.data.attach(unpack_doc(request.config))
+            attached = await self.data.attach(job_config(unpack_doc(request.config)))
+            config = attached.to_dict()
         return await self.submit(config, plan_id=request.plan_id or None,
                                  stages=request.stages, resume=request.resume,
                                  follow=current_emitter() is not None,

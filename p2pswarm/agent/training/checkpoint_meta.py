@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from p2pswarm.errors import ConfigError
+from p2pswarm.training.job import JobConfig
 
 
 def _damaged(what: str) -> ConfigError:
@@ -60,6 +61,20 @@ class StagePosition:
                    bool(doc.get("global_state")))
 
 
+class CheckpointMetaDoc(TypedDict):
+    """A ``CheckpointMeta``'s document: the ``meta`` of a checkpoint's manifest on disk."""
+
+    step: int
+    samples: int
+    bytes_sent: int
+    losses: list[float]
+    cut: list[int]
+    replicas: int
+    job: object  # ``JobConfig.to_dict``: its job.json
+    job_id: str
+    positions: dict[str, dict[str, int]]
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointMeta:
     """Where the job stood at a checkpoint, and what it was."""
@@ -70,23 +85,29 @@ class CheckpointMeta:
     losses: tuple[float, ...]
     cut: tuple[int, ...]  # the first layer of every stage but the first
     replicas: int
-    job: dict[str, Any]  # its job.json (``JobConfig.to_dict``)
+    job: JobConfig  # the job that wrote it (its job.json in the document)
     job_id: str
     positions: dict[str, StagePosition]  # by shard name, "replica-R.stage-S"
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> CheckpointMetaDoc:
         return {"step": self.step, "samples": self.samples, "bytes_sent": self.bytes_sent,
                 "losses": list(self.losses), "cut": list(self.cut), "replicas": self.replicas,
-                "job": self.job, "job_id": self.job_id,
+                "job": self.job.to_dict(), "job_id": self.job_id,
                 "positions": {name: p.to_doc() for name, p in self.positions.items()}}
+
+    def same_training(self, job: JobConfig) -> bool:
+        """Whether ``job`` trains as the job.json that wrote this checkpoint: all of it
+        but where checkpoints live must match."""
+        saved = {k: v for k, v in self.job.to_dict().items() if k != "checkpoint"}
+        return saved == {k: v for k, v in job.to_dict().items() if k != "checkpoint"}
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> CheckpointMeta:
         try:
             losses = tuple(float(x) for x in doc["losses"])
             cut = tuple(int(x) for x in doc["cut"])
-            job = dict(doc["job"])
-        except (KeyError, TypeError, ValueError):
+            job = JobConfig.from_dict(doc["job"])
+        except (KeyError, TypeError, ValueError, AttributeError, ConfigError):
             raise _damaged("its job's record") from None
         raw = doc.get("positions") or {}
         if not isinstance(raw, Mapping):

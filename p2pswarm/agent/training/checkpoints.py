@@ -30,7 +30,7 @@ import os
 import shutil
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import trio
 
@@ -41,6 +41,7 @@ from p2pswarm.agent.training.checkpoint_meta import (
     shard_digests,
 )
 from p2pswarm.agent.training.links import receive_answer
+from p2pswarm.agent.training.runtime import KeeperState
 from p2pswarm.agent.training.transfer import (
     Landing,
     check_hash,
@@ -104,11 +105,6 @@ def second_name(source: Path, dest: Path) -> None:
     fsync_dir(dest.parent)
 
 
-def same_training(job: dict[str, Any]) -> dict[str, Any]:
-    """What of a job.json must match its checkpoint's: all but where checkpoints live."""
-    return {k: v for k, v in job.items() if k != "checkpoint"}
-
-
 class CheckpointKeeper:
     """A driver's checkpoints: gathered from its stages into its store, copied to
     fellows, resumed from; and the optimizer moments a replica placed again borrows.
@@ -168,7 +164,7 @@ class CheckpointKeeper:
                   for s, keeper in enumerate(driver.keepers)}
         meta = CheckpointMeta(step, job.samples, job.bytes_sent, tuple(job.losses),
                               tuple(job.placement[0].cut), len(driver.replicas),
-                              cfg.to_dict(), job.job_id, positions).to_doc()
+                              cfg, job.job_id, positions).to_doc()
         path = await self._compute.run(lambda: store.write(step, shards, meta, files))
         job.checkpoint = str(path)
         job.checkpoint_step = job.step
@@ -267,7 +263,7 @@ class CheckpointKeeper:
             raise ConfigError(f"no complete checkpoint of {job.job_id} in "
                               f"{store.directory} or on any connected fellow")
         meta = CheckpointMeta.of_manifest(store.manifest(step))
-        if same_training(meta.job) != same_training(driver.cfg.to_dict()):
+        if not meta.same_training(driver.cfg):
             raise ConfigError("the checkpoint was written by a different job.json; resume "
                               "with the job it was trained with")
         cut = job.placement[0].cut
@@ -317,7 +313,9 @@ class CheckpointKeeper:
                          step)
                 await driver.pause(r, exc)
         for s, keeper in enumerate(driver.keepers):
-            keeper.load_state_dict(store.read(step, f"keeper.stage-{s}"), float(step))
+            # a keeper's shard is its state_dict, as written above
+            state = cast(KeeperState, store.read(step, f"keeper.stage-{s}"))
+            keeper.load_state_dict(state, float(step))
         for r in driver.replicas:  # paused when it was written: it stood in for them
             stood_in = meta.positions.get(f"{r.name}.stage-0")
             if stood_in is not None and stood_in.global_state:
@@ -606,4 +604,4 @@ def _copy_timeout_s(total_bytes: int) -> float:
     return COPY_TIMEOUT_S + total_bytes / COPY_FLOOR_BYTES_PER_S
 
 
-__all__ = ["COPY_TIMEOUT_S", "KEEP_STEPS", "CheckpointKeeper", "TrainCopies", "same_training"]
+__all__ = ["COPY_TIMEOUT_S", "KEEP_STEPS", "CheckpointKeeper", "TrainCopies"]

@@ -88,11 +88,12 @@ class DocFields:
             raise self.bad(key)
         return list(values)
 
-    def optional_map(self, key: str) -> dict[str, Any] | None:
+    def optional_map(self, key: str) -> DocFields | None:
+        """The map at ``key`` (None: none), read with this reader's fault."""
         value = self.doc.get(key)
         if value is not None and not isinstance(value, dict):
             raise self.bad(key)
-        return value
+        return None if value is None else DocFields(value, self.code, self.what)
 
     def optional_whole(self, key: str, high: int = MAX_INT) -> int | None:
         return None if self.doc.get(key) is None else self.whole(key, high)
@@ -105,8 +106,11 @@ class DocFields:
 
     def holders(self, key: str, high: int) -> dict[str, list[str]]:
         """A map of names to the names holding them (a checkpoint shard's fellows)."""
-        value = self.optional_map(key)
-        if value is None or len(value) > high or not all(
+        inner = self.optional_map(key)
+        if inner is None:
+            raise self.bad(key)
+        value = inner.doc
+        if len(value) > high or not all(
                 isinstance(name, str) and isinstance(holders, list)
                 and all(isinstance(h, str) for h in holders)
                 for name, holders in value.items()):
@@ -115,8 +119,11 @@ class DocFields:
 
     def counts(self, key: str, high: int) -> dict[str, int]:
         """A map of names to whole numbers (each replica's local steps)."""
-        value = self.optional_map(key)
-        if value is None or len(value) > high or not all(
+        inner = self.optional_map(key)
+        if inner is None:
+            raise self.bad(key)
+        value = inner.doc
+        if len(value) > high or not all(
                 isinstance(k, str) and isinstance(v, int) for k, v in value.items()):
             raise self.bad(key)
         return dict(value)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -36,6 +36,7 @@ from p2pswarm.agent.streams import receive_message, send_message
 from p2pswarm.agent.training.job_state import JobSnapshot
 from p2pswarm.agent.training.jobs import TERMINAL
 from p2pswarm.agent.training.kept_store import JobCopy, KeptStore
+from p2pswarm.agent.training.runtime import KeeperState
 from p2pswarm.errors import PlacementError, RemoteProtocolError, SwarmError
 from p2pswarm.training.checkpoint_files import shard_holders
 from p2pswarm.wire.jobs import (
@@ -63,14 +64,13 @@ KEEPERS = 3  # fellows besides the leader holding each job's copy
 KEEP_EVERY_STEPS = 10  # a job of one replica (no rounds) is copied this often
 KEEP_TIMEOUT_S = 120.0  # the most one copy may take to reach one fellow
 KEPT_OUTER_BYTES = 512 * 1024 * 1024  # outer state one fellow keeps, all jobs together
-OUTER_KEYS = ("version", "params", "momentum", "compressor")  # what a keeper resumes from
 
 
-def outer_state(keeper_state: dict[str, Any]) -> dict[str, Any]:
+def outer_state(keeper_state: KeeperState) -> KeeperState:
     """What of a keeper's state a new leader resumes from: the global parameters, the
     outer momentum and the update's error feedback (not the recent updates: every
     replica takes the whole global state on a takeover)."""
-    return {**{k: keeper_state[k] for k in OUTER_KEYS}, "history": {}}
+    return {**keeper_state, "history": {}}
 
 
 async def send_copy(stream: SecureStream, copy: JobCopy) -> None:

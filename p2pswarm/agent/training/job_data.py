@@ -39,7 +39,6 @@ from p2pswarm.agent.training.transfer import (
 )
 from p2pswarm.errors import ConfigError, RemoteProtocolError, SwarmError
 from p2pswarm.training.job import (
-    CORPUS,
     DATA_REF,
     JobConfig,
     is_data_ref,
@@ -86,13 +85,12 @@ class JobData:
 
     # --- the submitting side --------------------------------------------------------------
 
-    async def attach(self, config: dict[str, Any]) -> dict[str, Any]:
-        """``config`` with every data file it names on this fellow's disk read into the
+    async def attach(self, job: JobConfig) -> JobConfig:
+        """``job`` with every data file it names on this fellow's disk read into the
         store and named by its hash instead."""
-        job = JobConfig.from_dict(config)
         paths = local_data_files(job.data)
         if not paths:
-            return config
+            return job
         relative = [p for p in paths if not Path(p).is_absolute()]
         if relative:
             raise ConfigError(f"data file {relative[0]!r} is a relative path and there is no "
@@ -110,13 +108,12 @@ class JobData:
         names = {}
         for p in paths:
             names[p] = await self.agent.compute.run(partial(self._add_file, Path(p)))
-        data = dict(config.get("data") or {})
-        for key in ("files", "token_files"):
-            entries = data.get(key)
-            if isinstance(entries, list):
-                data[key] = [DATA_REF + names[_as_given(e)] if _as_given(e) in names
-                             else e for e in entries]
-        return {**config, "data": data}
+        def sent(entries: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(DATA_REF + names[e] if e in names else e for e in entries)
+
+        data = dataclasses.replace(job.data, files=sent(job.data.files),
+                                   token_files=sent(job.data.token_files))
+        return dataclasses.replace(job, data=data)
 
     def _add_file(self, src: Path) -> str:
         """Copy ``src`` into the store under its SHA-256; the hash."""
@@ -274,13 +271,6 @@ def sent_files_of(job: JobConfig) -> list[str]:
 
 def sent_files(config: Mapping[str, Any]) -> list[str]:
     return sent_files_of(JobConfig.from_dict(config))
-
-
-def _as_given(entry: Any) -> str:
-    """The path ``JobConfig`` made of a data entry as written (absolute ones stay)."""
-    if not isinstance(entry, str) or entry == CORPUS or is_data_ref(entry):
-        return str(entry)
-    return str(Path(entry).expanduser())
 
 
 __all__ = ["JobData", "refuse_paths", "sent_files", "sent_files_of"]

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import trio
 
 from p2pswarm.agent.training.doc_fields import TEXT, DocFields
 from p2pswarm.agent.training.placed import MAX_NAME, MAX_REPLICAS, MAX_STAGES, Placement
-from p2pswarm.agent.training.round_entry import RoundEntry
+from p2pswarm.agent.training.round_entry import RoundDoc, RoundEntry
 from p2pswarm.errors import ConfigError
 from p2pswarm.training.job import JobConfig, ModelSpec
 
@@ -36,6 +36,46 @@ def job_config(config: Any) -> JobConfig:
     return JobConfig.from_dict(config)
 
 
+class StageRowDoc(TypedDict):
+    """A ``StageRow``'s document."""
+
+    stage: int
+    fellow: str
+    layers: list[int]  # [start, end)
+    card: str
+
+
+class JobReportDoc(TypedDict):
+    """A ``JobReport``'s document: the wire's ``JobRecord``, the CLI's and the HTTP API's
+    JSON, keys in this order."""
+
+    job_id: str
+    state: str
+    reason: str
+    step: int
+    steps: int
+    loss: float | None
+    losses: list[float]
+    tokens_per_s: float
+    replicas: int
+    bytes_sent: int
+    samples: int
+    plan_id: str
+    pinned: bool
+    model: object  # ``ModelSpec.to_dict``: the model's name, or {"config": ...} for scratch
+    checkpoint: str
+    checkpoint_dir: str
+    checkpoint_copies: dict[str, list[str]]
+    seq_len: int
+    rejoins: int
+    paused_times: int
+    rounds: list[RoundDoc]
+    replica_steps: dict[str, int]
+    moved: str
+    moves: list[str]
+    stages: list[list[StageRowDoc]]
+
+
 @dataclass(frozen=True, slots=True)
 class StageRow:
     """One stage of a replica as a job's record lists it."""
@@ -45,7 +85,7 @@ class StageRow:
     layers: tuple[int, int]  # [start, end)
     card: str
 
-    def to_doc(self) -> dict[str, int | str | list[int]]:
+    def to_doc(self) -> StageRowDoc:
         return {"stage": self.stage, "fellow": self.fellow, "layers": list(self.layers),
                 "card": self.card}
 
@@ -98,7 +138,7 @@ class JobReport:
     def ended(self) -> bool:
         return self.state in TERMINAL
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JobReportDoc:
         return {"job_id": self.job_id, "state": self.state, "reason": self.reason,
                 "step": self.step, "steps": self.steps,
                 "loss": self.loss, "losses": list(self.losses),
@@ -152,7 +192,7 @@ def _model(f: DocFields) -> ModelSpec:
     if name is None or isinstance(name, str) and len(name) <= TEXT:
         return ModelSpec(name=name)
     config = f.optional_map("model")
-    scratch = config.get("config") if config is not None else None
+    scratch = config.doc.get("config") if config is not None else None
     if not isinstance(scratch, dict) or not all(isinstance(k, str) for k in scratch):
         raise f.bad("model")
     return ModelSpec(init_config=tuple(sorted(scratch.items())))

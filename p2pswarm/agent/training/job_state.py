@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from p2pswarm.agent.training.doc_fields import TEXT, DocFields
 from p2pswarm.agent.training.job_paths import JOB_ID
@@ -28,14 +28,67 @@ from p2pswarm.agent.training.job_record import (
 from p2pswarm.agent.training.placed import (
     MAX_REPLICAS,
     MAX_STAGES,
+    StageDoc,
     placement_from_doc,
     placement_to_doc,
 )
-from p2pswarm.agent.training.round_entry import RoundEntry
+from p2pswarm.agent.training.round_entry import RoundDoc, RoundEntry
 from p2pswarm.errors import ConfigError, RemoteProtocolError
 from p2pswarm.wire.orders import pack_doc, unpack_doc
 
 MOVES_KEPT = 20  # "moved" lines a job record carries
+
+
+class ReplicaStateDoc(TypedDict):
+    """A ``ReplicaState``'s document."""
+
+    index: int
+    paused: bool
+    generation: int
+    steps: int
+    position: int
+    rounds_done: int
+
+
+class RoundsStateDoc(TypedDict):
+    """A ``RoundsState``'s document."""
+
+    version: int
+    replicas: list[ReplicaStateDoc]
+
+
+class JobSnapshotDoc(TypedDict):
+    """A ``JobSnapshot``'s document: what a copy carries and a fellow keeps on disk."""
+
+    leader: str
+    job_id: str
+    config: object  # ``JobConfig.to_dict``: the job.json, read back with ``job_config``
+    plan_id: str
+    pinned: bool
+    stages: int | None
+    resume: bool
+    state: str
+    reason: str
+    step: int
+    loss: float | None
+    losses: list[float]
+    tokens_per_s: float
+    replicas: int
+    bytes_sent: int
+    samples: int
+    checkpoint: str
+    checkpoint_step: int
+    copies: dict[str, list[str]]
+    placement: list[list[StageDoc]]
+    rejoins: int
+    paused_times: int
+    generation: int
+    rounds: list[RoundDoc]
+    replica_steps: dict[str, int]
+    maximize: str | None
+    exclude_cards: list[str]
+    moves: list[str]
+    rounds_state: RoundsStateDoc | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +102,7 @@ class ReplicaState:
     position: int  # its data stream's position
     rounds_done: int
 
-    def to_doc(self) -> dict[str, int | bool]:
+    def to_doc(self) -> ReplicaStateDoc:
         return {"index": self.index, "paused": self.paused, "generation": self.generation,
                 "steps": self.steps, "position": self.position,
                 "rounds_done": self.rounds_done}
@@ -71,16 +124,15 @@ class RoundsState:
     version: int
     replicas: tuple[ReplicaState, ...]
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> RoundsStateDoc:
         return {"version": self.version, "replicas": [r.to_doc() for r in self.replicas]}
 
     @classmethod
     def from_doc(cls, copy: Mapping[str, Any]) -> RoundsState | None:
         """The ``rounds_state`` of a copy's document (None: no driver ran it)."""
-        doc = _fields(copy).optional_map("rounds_state")
-        if doc is None:
+        f = _fields(copy).optional_map("rounds_state")
+        if f is None:
             return None
-        f = _fields(doc)
         replicas = tuple(ReplicaState.from_doc(r) for r in f.items("replicas", MAX_REPLICAS))
         if [r.index for r in replicas] != list(range(len(replicas))):
             raise _bad("rounds_state")
@@ -113,7 +165,7 @@ class JobSnapshot:
                       for r in driver.replicas))
         return cls(leader, job, rounds)
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> JobSnapshotDoc:
         job = self.job
         return {
             "leader": self.leader, "job_id": job.job_id, "config": job.config.to_dict(),
@@ -198,7 +250,7 @@ def _job(doc: Mapping[str, Any]) -> Job:
     rounds = [RoundEntry.from_doc(r) for r in f.items("rounds", ROUNDS_KEPT)]
     pinned, resume = f.flag("pinned"), f.flag("resume")
     try:
-        cfg = job_config(config)
+        cfg = job_config(config.doc)
     except ConfigError as exc:
         raise RemoteProtocolError("bad-job-copy", f"a job copy's config: {exc}") from None
     return Job(job_id, cfg, f.text("plan_id", 64), pinned=pinned,

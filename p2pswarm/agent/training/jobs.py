@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from p2pswarm.agent.training.job_data import refuse_paths
 from p2pswarm.agent.training.job_paths import (
@@ -60,6 +60,13 @@ if TYPE_CHECKING:
 CHANGED = "the cluster changed since the plan was shown: "
 
 
+class ModelDoc(TypedDict):
+    """The planner's ``model`` for a job: the model's name and its config.json."""
+
+    name: str
+    config: object  # config.json, as the planner's ``profile_from_config`` reads it
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSource:
     """The model a job trains, as the planner reads it: its name and its config.json."""
@@ -71,7 +78,7 @@ class ModelSource:
         """The same model, with the stage cut the planner keeps where it fits."""
         return ModelSource(self.name, {**self.config, "p2pswarm_stage_cut": cut})
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> ModelDoc:
         return {"name": self.name, "config": self.config}
 
 
@@ -82,7 +89,7 @@ def model_source(job: JobConfig) -> ModelSource:
     return ModelSource(*read_model_config(str(job.model.name)))
 
 
-def model_message(job: JobConfig) -> dict[str, Any]:
+def model_message(job: JobConfig) -> ModelDoc:
     """The planner's ``model`` for the job (``ModelSource.to_doc``)."""
     return model_source(job).to_doc()
 

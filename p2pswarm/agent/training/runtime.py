@@ -15,9 +15,11 @@ imports torch and a test or a simulation may hand ``Training`` another runtime.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
+    import torch  # for the keeper state's types only: no agent module runs torch
+
     from p2pswarm.training.checkpoint import CheckpointStore
     from p2pswarm.training.job import JobConfig
     from p2pswarm.training.sync import RoundResult, Verdict
@@ -83,6 +85,17 @@ class ReplicaData(Protocol):
         """One optimizer step's inputs and targets, one tensor frame per micro-batch."""
 
 
+class KeeperState(TypedDict):
+    """A keeper's state (``OuterSync.state_dict``): what its checkpoint shard holds and, with
+    no history, the outer state a job copy carries to a new leader."""
+
+    version: int
+    params: torch.Tensor  # the global parameters, flat
+    momentum: torch.Tensor  # the outer momentum, flat
+    compressor: dict[str, torch.Tensor | dict[str, torch.Tensor]]  # residual, codec's own
+    history: dict[int, bytes]  # the recent updates' frames, by version
+
+
 class StageKeeper(Protocol):
     """One stage's global parameters, rounds and outer optimizer (``OuterSync``)."""
 
@@ -114,9 +127,9 @@ class StageKeeper(Protocol):
 
     def updates_since(self, version: int) -> list[bytes] | None: ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> KeeperState: ...
 
-    def load_state_dict(self, state: dict[str, Any], now: float) -> None: ...
+    def load_state_dict(self, state: KeeperState, now: float) -> None: ...
 
 
 class TrainRuntime(Protocol):
@@ -134,11 +147,11 @@ class TrainRuntime(Protocol):
     def clip_coefficient(self, sq_norms: list[float], max_norm: float) -> float:
         """The gradient clip coefficient from every stage's squared gradient norm."""
 
-    def read_shard(self, shard: bytes) -> dict[str, Any]:
-        """``torch.save`` bytes of a state (a keeper's outer state) back, weights only."""
+    def read_shard(self, shard: bytes) -> KeeperState:
+        """``torch.save`` bytes of a keeper's outer state back, weights only."""
 
-    def shard_bytes(self, state: dict[str, Any]) -> bytes:
-        """A state of tensors as ``torch.save`` bytes (a job copy's outer state)."""
+    def shard_bytes(self, state: KeeperState) -> bytes:
+        """A keeper's outer state as ``torch.save`` bytes (a job copy's outer state)."""
 
     def checkpoint_store(self, directory: str | Path, keep: int) -> CheckpointStore: ...
 

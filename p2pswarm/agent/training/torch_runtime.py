@@ -8,11 +8,11 @@ checkpoint shards as ``torch.save`` bytes read back weights-only.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from p2pswarm.agent.training.runtime import ReplicaData, TrainRuntime
+from p2pswarm.agent.training.runtime import KeeperState, ReplicaData, TrainRuntime
 from p2pswarm.errors import PlacementError
 from p2pswarm.runtime.frame import decode_tensor, encode_tensor
 from p2pswarm.training.checkpoint import CheckpointStore, read_shard_bytes, shard_bytes
@@ -195,11 +195,12 @@ class TorchKeeper:
         updates = self.outer.updates_since(version)
         return None if updates is None else [u.to_bytes() for u in updates]
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.outer.state_dict()
+    def state_dict(self) -> KeeperState:
+        # OuterSync's state has exactly these keys (torch's side types it loosely)
+        return cast(KeeperState, self.outer.state_dict())
 
-    def load_state_dict(self, state: dict[str, Any], now: float) -> None:
-        self.outer.load_state_dict(state, now)
+    def load_state_dict(self, state: KeeperState, now: float) -> None:
+        self.outer.load_state_dict(dict(state), now)
 
 
 class TorchRuntime:
@@ -231,10 +232,10 @@ class TorchRuntime:
     def clip_coefficient(self, sq_norms: list[float], max_norm: float) -> float:
         return clip_coefficient(sq_norms, max_norm)
 
-    def read_shard(self, shard: bytes) -> dict[str, Any]:
-        return read_shard_bytes(shard)
+    def read_shard(self, shard: bytes) -> KeeperState:
+        return cast(KeeperState, read_shard_bytes(shard))
 
-    def shard_bytes(self, state: dict[str, Any]) -> bytes:
+    def shard_bytes(self, state: KeeperState) -> bytes:
         return shard_bytes(state)
 
     def checkpoint_store(self, directory: str | Path, keep: int) -> CheckpointStore:
