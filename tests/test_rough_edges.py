@@ -484,3 +484,17 @@ async def test_loads_says_why_a_lost_stage_waits_when_the_others_have_room(
     out = " ".join(invoke("loads", columns=200).output.split())
     assert "no connected fellow has one" not in out
     assert "already run a stage of this load" in out and "1 fellow is not connected" in out
+
+
+def test_join_on_a_home_too_deep_for_its_socket_is_one_line(tmp_path: Path) -> None:
+    # a Unix socket's path holds 107 bytes: a deep --home failed as an ExceptionGroup
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    invoke("init", "--home", str(deep))
+    done = subprocess.run([*CLI, "join", "--home", str(deep), "--listen", "127.0.0.1:0",
+                           "--http", "off"], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and "ExceptionGroup" not in done.stderr
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1, done.stderr
+    assert "too deep for its control socket" in lines[0] and "shorter --home" in lines[0]

@@ -214,9 +214,13 @@ def first_swarm_error(group: BaseExceptionGroup) -> BaseException:
 def refuse_a_second_agent(directory: Path) -> None:
     """One line, before anything slow starts, when an agent already answers on the
     control socket of ``directory``: two agents cannot share a home."""
-    from p2pswarm.control.protocol import socket_path
+    from p2pswarm.control.protocol import MAX_SOCKET_PATH_BYTES, socket_path
 
     path = socket_path(directory)
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+        fail(f"the state directory {directory} is too deep for its control socket "
+             f"({len(os.fsencode(path))} bytes to agent.sock, at most "
+             f"{MAX_SOCKET_PATH_BYTES}): choose a shorter --home", EXIT_FAILURE)
     if not path.exists():
         return
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:

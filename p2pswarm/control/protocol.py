@@ -23,6 +23,8 @@ import msgpack
 from p2pswarm import errors
 
 SOCKET_NAME = "agent.sock"
+# sockaddr_un holds 108 bytes on Linux, the last one the terminating zero
+MAX_SOCKET_PATH_BYTES = 107
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 HEADER = struct.Struct(">I")
 

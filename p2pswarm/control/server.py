@@ -23,6 +23,7 @@ import trio
 from p2pswarm.control.protocol import (
     HEADER,
     MAX_MESSAGE_BYTES,
+    MAX_SOCKET_PATH_BYTES,
     error_response,
     pack,
     socket_path,
@@ -72,6 +73,10 @@ async def serve_control(home: Path, handle: Handler, *,
                         task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED) -> None:
     """Answer control requests on ``home/agent.sock`` until cancelled."""
     path = socket_path(home)
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+        raise TransportError(f"the state directory {home} is too deep for its control socket "
+                             f"({len(os.fsencode(path))} bytes to agent.sock, at most "
+                             f"{MAX_SOCKET_PATH_BYTES}): choose a shorter --home")
     if path.exists():
         if await _socket_answers(path):
             raise TransportError(f"an agent is already running in {home}; "
@@ -81,6 +86,10 @@ async def serve_control(home: Path, handle: Handler, *,
     old_umask = os.umask(0o177)  # the socket is created 0600: only this user may control
     try:
         await sock.bind(str(path))
+    except OSError as exc:
+        sock.close()
+        raise TransportError(f"cannot open the control socket {path}: "
+                             f"{exc.strerror or exc}; choose another --home") from exc
     finally:
         os.umask(old_umask)
     sock.listen(16)
