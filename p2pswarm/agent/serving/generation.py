@@ -226,8 +226,10 @@ class Generation:
             state = s.get("state", "unknown")
             if state not in ("alive", "suspect"):
                 raise TransportError(f"stage {s['stage']} on fellow {s['fellow']} is "
-                                     f"{state}: the load cannot serve; unload it and load "
-                                     "again")
+                                     f"{state}: the load cannot serve now; where a spare "
+                                     "card fits the stage the leader moves it there within "
+                                     "seconds (`p2pswarm loads` shows the move), so try "
+                                     "again; else unload it and load again")
         if not record.get("complete", True):
             raise PlacementError(f"plan {found} is not completely loaded "
                                  "(some stages are not known yet); try again")
