@@ -19,6 +19,11 @@ const P2P = (() => {
     }
     let data = null;
     try { data = await response.json(); } catch (err) { data = null; }
+    if (response.ok && data === null && response.status !== 204) {
+      // a body cut short (the page left, the agent stopped): an error, not an empty answer
+      return {ok: false, status: response.status, data: {error: {code: "cut-short",
+        message: "The agent's answer was cut short: try again."}}};
+    }
     if (!response.ok && !(data && data.error)) {
       data = {error: {code: "http-" + response.status,
         message: "The agent answered HTTP " + response.status + "."}};
