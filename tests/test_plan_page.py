@@ -9,7 +9,6 @@ what the page sent. Screenshots go to tests/artifacts/. Waiting is always on a c
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Page, expect
 
 from p2pswarm.models.files import read_model_config
 from p2pswarm.planner import (
@@ -29,17 +29,9 @@ from p2pswarm.planner import (
     plan_message,
     profile_from_config,
 )
+from tests.chromium import browser_fixture, open_page, shot  # noqa: F401 (a fixture)
 
 STATIC = Path(__file__).resolve().parents[1] / "p2pswarm" / "http" / "static"
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p
-                 and Path(p).exists()), None)
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)",
-                allow_module_level=True)
-
-from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
-
 GB = 10**9
 MODEL = "llama-3.1-8b"
 TIMEOUT_MS = 15_000
@@ -198,16 +190,6 @@ def serve(stand_in: StandIn) -> ThreadingHTTPServer:
 # --- fixtures ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        yield chromium
-        chromium.close()
-
-
 @pytest.fixture
 def site() -> Iterator[tuple[StandIn, str]]:
     stand_in = StandIn(fellows(3))
@@ -219,19 +201,7 @@ def site() -> Iterator[tuple[StandIn, str]]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert not errors, errors
-
-
-def shot(page: Page, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+    yield from open_page(browser, 1280, 900, TIMEOUT_MS)
 
 
 def expect_plan(page: Page, plan_id: str) -> None:

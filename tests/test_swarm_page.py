@@ -9,7 +9,6 @@ condition (Playwright's expect / wait_for_function), never a fixed sleep.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,48 +17,19 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from playwright.sync_api import Page, expect
 
+from tests.chromium import browser_fixture, open_page, shot  # noqa: F401 (a fixture)
 from tests.http_swarm import LoopbackSwarm, serve_body
 from tests.training_swarm import job_config
-
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p
-                 and Path(p).exists()), None)
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)",
-                allow_module_level=True)
-
-from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
 
 TIMEOUT_MS = 60_000
 PAGE_SLACK_S = 2.0  # the page shows a death at most this long after the membership knows
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        yield chromium
-        chromium.close()
-
-
 @pytest.fixture
 def page(browser: Any) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 390, "height": 844})  # a phone
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert not errors, errors
-
-
-def shot(page: Page, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+    yield from open_page(browser, 390, 844, TIMEOUT_MS)  # a phone
 
 
 def curve_points(page: Page, job_id: str) -> int:
