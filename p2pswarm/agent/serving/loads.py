@@ -525,10 +525,10 @@ def _state(member: Member | None) -> str:
 
 def _names_its_adapter(asked: LoadAsked) -> bool:
     """Whether the adapter is the one the request names (or neither has one)."""
-    named = DocFields(asked.request, "the load's request").value("adapter", None) or None
+    named = asked.adapter_named or None
     if not (asked.adapter or named):
         return True
-    return bool(DocFields(asked.adapter or {}, "its adapter").value("sha256", None) == named)
+    return bool((asked.adapter or {}).get("sha256") == named)
 
 
 def asked_from_doc(raw: bytes, model: dict[str, Any]) -> LoadAsked:
