@@ -19,6 +19,9 @@ from p2pswarm.models import Checkpoint, ModelConfig, load_stage_model, save_chec
 from p2pswarm.runtime import LocalPipeline, Sampler, Stage, StageSpec, stage_memory
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
+
+from tests.reference_models import random_reference  # noqa: E402 (needs transformers)
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SHAPE = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 7,
@@ -45,18 +48,8 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
 
 def reference_model(family: str) -> Any:
     config_name, model_name, extra = FAMILIES[family]
-    config = getattr(transformers, config_name)(**SHAPE, **extra)
-    config._attn_implementation = "eager"  # the reference semantics, soft-capping included
-    torch.manual_seed(0)
-    model = getattr(transformers, model_name)(config).eval()
-    gemma = family.startswith("gemma")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            # Gemma's norms scale by (1 + w): centre theirs on 0, the others' on 1
-            centre = 0.0 if gemma or "norm" not in name else 1.0
-            p.copy_(centre + 0.1 * torch.randn_like(p) if "norm" in name
-                    else 0.2 * torch.randn_like(p))
-    return model
+    return random_reference(config_name, model_name, {**SHAPE, **extra},
+                            gemma=family.startswith("gemma"), weight_std=0.2)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

@@ -29,6 +29,9 @@ from p2pswarm.runtime import LocalPipeline, Sampler, Stage, StageSpec
 from p2pswarm.shapes.model_config import ModelConfig
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
+
+from tests.reference_models import random_reference  # noqa: E402 (needs transformers)
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 WINDOW = 16
@@ -61,18 +64,9 @@ STEP_S = 0.01  # what a stage's step takes, in virtual time (the batcher waits b
 
 def reference_model(family: str, window: int = WINDOW) -> Any:
     config_name, model_name, extra = FAMILIES[family]
-    config = getattr(transformers, config_name)(**SHAPE, **{**extra, "sliding_window": window})
-    config._attn_implementation = "eager"  # Gemma 2's only one: soft-capping included
-    torch.manual_seed(0)
-    model = getattr(transformers, model_name)(config).eval()
-    gemma = family.startswith("gemma")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            # Gemma's norms scale by (1 + w): centre theirs on 0, Mistral's on 1
-            centre = 0.0 if gemma or "norm" not in name else 1.0
-            p.copy_(centre + 0.1 * torch.randn_like(p) if "norm" in name
-                    else WEIGHT_STD[family] * torch.randn_like(p))
-    return model
+    return random_reference(config_name, model_name,
+                            {**SHAPE, **extra, "sliding_window": window},
+                            gemma=family.startswith("gemma"), weight_std=WEIGHT_STD[family])
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
