@@ -10,7 +10,7 @@ had.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from p2pswarm.agent.serving.leader_load import LeaderLoad
@@ -93,16 +93,11 @@ class ViewHop:
 
     def at(self, member: Member | None) -> ViewHop:
         """With the name and address membership knows its fellow by, where it knows it."""
-        if member is None:
-            return self
-        return ViewHop(self.stage, self.fellow_id, member.name, member.addr, self.layers,
-                       self.card, self.claim_bytes, self.allocated_bytes, self.fetched,
-                       self.state)
+        return self if member is None else replace(self, fellow=member.name,
+                                                   addr=member.addr)
 
     def with_state(self, state: str) -> ViewHop:
-        return ViewHop(self.stage, self.fellow_id, self.fellow, self.addr, self.layers,
-                       self.card, self.claim_bytes, self.allocated_bytes, self.fetched,
-                       state)
+        return replace(self, state=state)
 
     def to_doc(self) -> ViewHopDoc:
         """The stage as the listing shows it (a led stage: ``route_dict``, and its state)."""
