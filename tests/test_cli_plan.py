@@ -55,7 +55,8 @@ def test_plan_human_output_has_the_sentence_bars_and_table() -> None:
 
 
 def test_plan_that_does_not_fit_exits_1_after_printing() -> None:
-    result = run("plan", "llama-3-70b", "--cluster", str(REFERENCE), "--json")
+    result = run("plan", "llama-3-70b", "--cluster", str(REFERENCE), "--json",
+                 "--weights-dtype", "f16")
     assert result.exit_code == 1
     assert json.loads(result.stdout)["fits"] is False
 
