@@ -31,6 +31,10 @@ def test_short_cpu_benchmark_measures_both_numbers() -> None:
     assert result.flops > 1e6 and result.mem_bandwidth > 1e6
     assert result.fingerprint == fingerprint(CPU)
     assert result.seconds < 5
+    # tokens/s of the reference linear in each serving weights dtype, through models.quant
+    rates = dict(result.dtype_tokens_per_s)
+    assert set(rates) == {"f16", "int8", "int4"} and all(r > 0 for r in rates.values())
+    assert Benchmark.from_dict(result.to_dict()) == result
 
 
 def test_measure_refuses_a_silly_duration() -> None:

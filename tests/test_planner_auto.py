@@ -8,6 +8,7 @@ import copy
 import json
 import random
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +172,30 @@ def test_bad_dtype_speeds_are_refused(rates: Any) -> None:
     with pytest.raises(ConfigError, match="dtype_tokens_per_s"):
         cluster_from_dict(cluster(fellow("a", {**card(0, kind="cpu"),
                                                "dtype_tokens_per_s": rates})))
+
+
+def test_each_stage_order_carries_its_own_dtype_and_kept_orders_accept_them() -> None:
+    from p2pswarm.agent.serving.adoption import kept_orders
+    from p2pswarm.agent.serving.leader_load import LoadAsked
+    from p2pswarm.agent.serving.loads import stage_orders
+    from p2pswarm.wire.loads import RouteHop
+
+    pi = [fellow(f"{i:02x}" * 8, card(0, kind="cpu", free=3.2, total=4, name="Pi 4",
+                                      flops=None, bw=None), name=f"pi{i}") for i in range(2)]
+    data = cluster(fellow("ff" * 8, card(0, free=10, total=24, name="RTX 3090"), name="rig"),
+                   *pi)
+    p = Plan.from_doc(make(LLAMA3, data).to_dict())
+    orders = stage_orders(p, LoadAsked({}, {"kind": "builtin", "name": "x"}), "", "")
+    quants = [o.runtime.quant for o in orders]
+    assert quants == [d if d != "f16" else "none" for d in dtypes(p)]
+    assert len(set(quants)) > 1 and {o.runtime.dtype for o in orders} == {"float16"}
+    assert [o.spec().quant for o in orders] == quants
+    route = tuple(RouteHop(o.stage, o.fellow_id, f"f{o.stage}", "127.0.0.1:1", o.layers[0],
+                           o.layers[1], "card", o.claim_bytes, 0, 0, 0.0) for o in orders)
+    kept = kept_orders(p.plan_id, route, tuple(o.to_wire() for o in orders))
+    assert [o.runtime for o in kept] == [o.runtime for o in orders]
+    other = replace(orders[1].runtime, kv_dtype="float32")
+    with pytest.raises(ConfigError, match="does not follow"):
+        kept_orders(p.plan_id, route, (orders[0].to_wire(),
+                                       replace(orders[1], runtime=other).to_wire(),
+                                       *(o.to_wire() for o in orders[2:])))

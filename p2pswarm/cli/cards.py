@@ -85,7 +85,9 @@ def bench(
     from p2pswarm.planner.wording import card_label
     for c in found:
         b = speeds[c.key]
+        rates = ", ".join(f"{d} {r:,.0f}" for d, r in b.dtype_tokens_per_s)
         typer.echo(f"{card_label(c.kind, c.index, c.name)}: {b.flops / 1e12:.3f} TFLOP/s "
-                   f"({b.dtype} matmul), {b.mem_bandwidth / 1e9:.1f} GB/s")
+                   f"({b.dtype} matmul), {b.mem_bandwidth / 1e9:.1f} GB/s"
+                   + (f"; reference linear tokens/s: {rates}" if rates else ""))
     typer.echo(f"saved in {BenchmarkCache(home_dir(home)).path}; an agent running on this "
                "state directory gossips them at its next inventory read (within 5 s)")
