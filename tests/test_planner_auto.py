@@ -199,3 +199,17 @@ def test_each_stage_order_carries_its_own_dtype_and_kept_orders_accept_them() ->
         kept_orders(p.plan_id, route, (orders[0].to_wire(),
                                        replace(orders[1], runtime=other).to_wire(),
                                        *(o.to_wire() for o in orders[2:])))
+
+
+def test_a_changed_choice_is_named_when_a_pinned_plan_is_refused() -> None:
+    from p2pswarm.planner import diff_plans
+
+    before = make(LLAMA3, pis())
+    tighter = pis()
+    for f in tighter["fellows"]:
+        f["cards"][0]["free_bytes"] = 2_200_000_000
+    after = make(LLAMA3, tighter)
+    lines = diff_plans(before.to_dict(), after.to_dict())
+    assert any(re.fullmatch(r"pi4-\d's CPU \(Raspberry Pi 4 Model B \(4 GB\)\) now takes "
+                            r"int4 weights, it took int8 \(int4: f16 needs .*\)", line)
+               for line in lines), lines
