@@ -118,13 +118,15 @@ def plan_renderable(plan: Mapping[str, Any], width: int = 120) -> Group:
     bar_width = max(10, min(BAR_WIDTH, width - label_width - overflow - 34))
     parts.append(layer_strip(plan, bar_width + label_width + 3))
     dtypes = _stage_dtypes(plan)
+    auto = (plan.get("request") or {}).get("weights_dtype") == "auto"
     for s in plan["stages"]:
         line = Text(f"  stage {s['stage']}: layers {s['layers'][0]}-{s['layers'][1] - 1} on ")
         line.append(wording.fellows_card(s["fellow"], s["kind"], s["index"], s["name"]),
                     style=STAGE_STYLES[s["stage"] % len(STAGE_STYLES)])
         dtype, why = dtypes[int(s["stage"])]
-        if dtype:  # from the network: Text, never markup
-            line.append(Text(f"  {why or dtype}", style="dim"))
+        if dtype:  # from the network: Text, never markup; the reason where auto chose
+            shown = why if auto and why else dtype
+            line.append(Text(f"  {shown}", style="dim"))
         parts.append(line)
     parts.append(Text(""))
 

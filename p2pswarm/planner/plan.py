@@ -478,8 +478,10 @@ def _dtype_reason(search: Search, i: int, n: int, pos: int, start: int, last: bo
     ``int4: f16 needs 4.1 GB, int8 2.6 GB, this card has 2.2 GB free``."""
     model, card = search.models[i], search.slots[i].card
     dtype = model.weights_dtype
+    if r.kind == "train":
+        return f"{dtype}: a training plan keeps one weights dtype on every stage"
     if r.weights_dtype != AUTO:
-        return f"{dtype}: asked for (--weights-dtype {dtype})"
+        return f"{dtype}: asked for, on every stage"
     free = wording.gb(card.free_bytes)
     level = AUTO_LADDER.index(dtype)
     if level == 0:
