@@ -257,6 +257,11 @@ def test_serving_plan_page(page: Page, site: tuple[StandIn, str]) -> None:
     expect(page.locator("#chart")).to_have_attribute("aria-label", sentence)
     expect(page.locator("#limit")).to_have_text(sentence)
     expect(page.locator("#strip .stage")).to_have_count(len(first["stages"]))
+    # each stage names its weights dtype (auto, the default, keeps f16 where it fits)
+    expect(page.locator("#strip .stage").first).to_contain_text(
+        "· " + first["stages"][0]["weights_dtype"])
+    expect(page.locator("#cards tbody tr").first).to_contain_text(
+        first["stages"][0]["dtype_reason"])
     check_bar_widths(page, first)
     expect(page.locator("#cards tbody tr")).to_have_count(len(first["cards"]))
     shot(page, "plan-serving-1280.png")
