@@ -10,6 +10,7 @@ and byte sizes as people write them.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -161,6 +162,34 @@ def parse_size(text: str) -> int:
 ESTIMATED_FLOPS = {"cuda": 1.0e12, "cpu": 10.0e9}
 ESTIMATED_MEM_BANDWIDTH = {"cuda": 50.0e9, "cpu": 4.0e9}
 
+# Weights dtypes whose speed ``bench`` measures on a card: tokens/s of one reference
+# linear at batch 1 in each (``DtypeRates``); the planner weighs int8/int4 stages by them
+RATED_DTYPES = ("f32", "f16", "bf16", "int8", "int4")
+MAX_TOKENS_PER_S = 1e12  # more than any card: a figure past it is a bad document
+
+DtypeRates = tuple[tuple[str, float], ...]  # (dtype, tokens/s), in RATED_DTYPES order
+
+
+def dtype_rates(value: Any, where: str = "dtype_tokens_per_s") -> DtypeRates:
+    """A ``{"f16": tokens/s, "int8": ..., "int4": ...}`` map checked (it may come from the
+    network or a file): known dtypes only, each a positive finite number; ConfigError."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping) or len(value) > len(RATED_DTYPES):
+        raise ConfigError(f"{where} must map some of {', '.join(RATED_DTYPES)} to tokens/s")
+    out = []
+    for dtype in RATED_DTYPES:
+        if dtype not in value:
+            continue
+        rate = value[dtype]
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) \
+                or not 0 < rate <= MAX_TOKENS_PER_S or math.isnan(rate):
+            raise ConfigError(f"{where}.{dtype} must be a positive number of tokens/s")
+        out.append((dtype, float(rate)))
+    if len(out) != len(value):
+        raise ConfigError(f"{where} names a dtype that is not one of {', '.join(RATED_DTYPES)}")
+    return tuple(out)
+
 
 @dataclass(frozen=True, slots=True)
 class Benchmark:
@@ -170,11 +199,17 @@ class Benchmark:
     measured: bool  # False: a conservative estimate, never benchmarked
     fingerprint: str  # which hardware this belongs to
     seconds: float = 0.0  # how long the measurement ran
+    # tokens/s of the reference linear in each weights dtype measured (() before bench)
+    dtype_tokens_per_s: DtypeRates = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"flops": self.flops, "mem_bandwidth": self.mem_bandwidth, "dtype": self.dtype,
-                "measured": self.measured, "fingerprint": self.fingerprint,
-                "seconds": self.seconds}
+        data: dict[str, Any] = {
+            "flops": self.flops, "mem_bandwidth": self.mem_bandwidth, "dtype": self.dtype,
+            "measured": self.measured, "fingerprint": self.fingerprint,
+            "seconds": self.seconds}
+        if self.dtype_tokens_per_s:
+            data["dtype_tokens_per_s"] = dict(self.dtype_tokens_per_s)
+        return data
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> Benchmark:
@@ -182,7 +217,8 @@ class Benchmark:
                          dtype=str(data.get("dtype", "f32")),
                          measured=bool(data.get("measured", True)),
                          fingerprint=str(data.get("fingerprint", "")),
-                         seconds=float(data.get("seconds", 0.0)))
+                         seconds=float(data.get("seconds", 0.0)),
+                         dtype_tokens_per_s=dtype_rates(data.get("dtype_tokens_per_s")))
 
 
 def fingerprint(card: Card) -> str:
@@ -213,12 +249,15 @@ __all__ = [
     "ESTIMATED_FLOPS",
     "ESTIMATED_MEM_BANDWIDTH",
     "MAX_SIZE_BYTES",
+    "RATED_DTYPES",
     "Benchmark",
     "Card",
+    "DtypeRates",
     "Holder",
     "Inventory",
     "benchmarks_from_dict",
     "benchmarks_to_dict",
+    "dtype_rates",
     "estimate",
     "fingerprint",
     "parse_size",

@@ -51,8 +51,11 @@ Stages = Annotated[int | None, Field(ge=1, description="Fix the number of pipeli
 KvDtype = Annotated[Literal["f32", "f16", "bf16", "int8"],
                     Field(description="How the KV cache is stored.")]
 Sequences = Annotated[int, Field(ge=1, description="Sequences decoded together.")]
-WeightsDtype = Annotated[Literal["f32", "f16", "bf16", "int8", "int4"] | None,
-                         Field(description="Weights precision (default f16).")]
+WeightsDtype = Annotated[Literal["auto", "f32", "f16", "bf16", "int8", "int4"] | None,
+                         Field(description="Weights precision. Default auto: each stage "
+                                           "keeps f16 where its card holds it, else int8, "
+                                           "then int4; each stage's weights_dtype and "
+                                           "dtype_reason say what was chosen and why.")]
 Maximize = Annotated[Literal["context", "speed"] | None,
                      Field(description="context: the longest context the cards hold; "
                                        "speed: the fastest placement that fits, even for a "

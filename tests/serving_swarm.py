@@ -15,6 +15,7 @@ from p2pswarm.agent import Agent
 from p2pswarm.agent.world import AgentWorld, Services
 from p2pswarm.models import write_builtin_checkpoint
 from p2pswarm.planner import BUILTIN_MODELS
+from p2pswarm.planner.profile import RUNTIME_WEIGHTS
 from p2pswarm.runtime import LocalPipeline, Stage, StageSpec
 from p2pswarm.sim.virtual import Fellow, VirtualSwarm, wait_until
 from tests.cpu_swarm import start_cpu_swarm
@@ -42,13 +43,19 @@ async def start_swarm(nursery: trio.Nursery, tmp_path: Path, seed: int,
 
 
 def reference(plan: dict[str, Any], source: object) -> LocalPipeline:
-    """The same stages as the plan, in this process."""
+    """The same stages as the plan, in this process, each in its own weights dtype."""
     runtime = plan["runtime"]
     fields = ("dtype", "quant", "quant_group_size", "kv_dtype", "max_context_tokens",
               "max_sessions", "prefill_chunk_tokens")
+
+    def own(s: dict[str, Any]) -> dict[str, Any]:
+        dtype, quant = RUNTIME_WEIGHTS.get(s.get("weights_dtype") or "", (None, None))
+        return {k: runtime[k] for k in fields} | (
+            {"dtype": dtype, "quant": quant} if dtype else {})
+
     return LocalPipeline([
         Stage.load(source, StageSpec(s["layers"][0], s["layers"][1],  # type: ignore[arg-type]
-                                     **{k: runtime[k] for k in fields}))
+                                     **own(s)))
         for s in plan["stages"]])
 
 

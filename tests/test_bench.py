@@ -17,6 +17,7 @@ from p2pswarm.cards import (
     estimate,
     fingerprint,
 )
+from p2pswarm.cli.cards import quantized_linear
 from p2pswarm.errors import ConfigError
 
 CPU = Card(index=0, kind="cpu", name="Test CPU", uuid="cpu-test", total_bytes=16 * 10**9,
@@ -26,11 +27,17 @@ GPU = Card(index=0, kind="cuda", name="RTX 3090", uuid="GPU-aaaa", total_bytes=2
 
 
 def test_short_cpu_benchmark_measures_both_numbers() -> None:
-    result = measure(CPU, seconds=0.1)
+    result = measure(CPU, seconds=0.1, quantized=quantized_linear)
     assert result.measured and result.dtype == "f32"
     assert result.flops > 1e6 and result.mem_bandwidth > 1e6
     assert result.fingerprint == fingerprint(CPU)
     assert result.seconds < 5
+    # tokens/s of the reference linear in each serving weights dtype, through models.quant
+    rates = dict(result.dtype_tokens_per_s)
+    assert set(rates) == {"f16", "int8", "int4"} and all(r > 0 for r in rates.values())
+    assert Benchmark.from_dict(result.to_dict()) == result
+    # without the runtime's quantised linear handed in, f16 alone
+    assert [d for d, _ in measure(CPU, seconds=0.1).dtype_tokens_per_s] == ["f16"]
 
 
 def test_measure_refuses_a_silly_duration() -> None:

@@ -55,7 +55,8 @@ def test_plan_human_output_has_the_sentence_bars_and_table() -> None:
 
 
 def test_plan_that_does_not_fit_exits_1_after_printing() -> None:
-    result = run("plan", "llama-3-70b", "--cluster", str(REFERENCE), "--json")
+    result = run("plan", "llama-3-70b", "--cluster", str(REFERENCE), "--json",
+                 "--weights-dtype", "f16")
     assert result.exit_code == 1
     assert json.loads(result.stdout)["fits"] is False
 
@@ -169,3 +170,20 @@ def test_cards_and_bench_on_this_machine(tmp_path: Path) -> None:
     assert json.loads(again.stdout)["cards"][0]["benchmark"]["measured"] is True
     one_error_line(run("cards", "--cpu-memory", "lots"), 2, "lots", "e.g. 6GB")
     one_error_line(run("bench", "--seconds", "0"), 2, "--seconds")
+
+
+def test_auto_plan_text_names_each_stages_dtype_and_why() -> None:
+    pis = REFERENCE.parent / "pis-4gb.json"
+    result = run("plan", "llama-3-8b", "--cluster", str(pis))
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "int8: f16 needs" in text and "this card has 3.2 GB free" in text
+    assert "layers 0-6 int8" in text  # the card's bar names its stage's dtype
+    plan = json.loads(run("plan", "llama-3-8b", "--cluster", str(pis), "--json").stdout)
+    assert plan["request"]["weights_dtype"] == "auto"
+    assert all(s["weights_dtype"] in ("f16", "int8", "int4") and s["dtype_reason"]
+               for s in plan["stages"])
+    f16 = run("plan", "llama-3-8b", "--cluster", str(pis), "--weights-dtype", "f16", "--json")
+    assert f16.exit_code == 1 and json.loads(f16.stdout)["plan_id"] != plan["plan_id"]
+    bad = run("plan", "llama-3-8b", "--cluster", str(pis), "--weights-dtype", "q3")
+    assert bad.exit_code == 2 and "use one of auto, f32" in bad.output

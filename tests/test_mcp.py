@@ -101,6 +101,11 @@ async def test_mcp_tools_against_a_running_agent(tmp_path: Path) -> None:
             assert len(plan["plan_id"]) == 16
             assert plan["layout"]["limit"]["sentence"]
             assert "tiny-llama" in plan["summary"]
+            # weights dtype auto by default: each stage says its dtype and why
+            assert plan["request"]["weights_dtype"] == "auto"
+            assert "auto" in plan_schema["properties"]["weights_dtype"]["anyOf"][0]["enum"]
+            assert all(s["weights_dtype"] == "f16" and s["dtype_reason"].startswith("f16: ")
+                       for s in plan["stages"])
             me = agent.node_id.hex()
             assert sorted((c["fellow_id"], c["kind"]) for c in plan["cards"]) == [
                 (me, "cpu"), (me, "cuda")]

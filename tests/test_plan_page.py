@@ -85,6 +85,7 @@ class StandIn:
         return {"model": {"name": name, "config": config}, "kind": "serve",
                 "context": body.get("context"), "stages": body.get("stages"),
                 "kv_dtype": body.get("kv_dtype") or "f16", "maximize": body.get("maximize"),
+                "weights_dtype": body.get("weights_dtype"),
                 "exclude": body.get("exclude_cards") or [], "sequences": 1}
 
     def job_message(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -256,6 +257,11 @@ def test_serving_plan_page(page: Page, site: tuple[StandIn, str]) -> None:
     expect(page.locator("#chart")).to_have_attribute("aria-label", sentence)
     expect(page.locator("#limit")).to_have_text(sentence)
     expect(page.locator("#strip .stage")).to_have_count(len(first["stages"]))
+    # each stage names its weights dtype (auto, the default, keeps f16 where it fits)
+    expect(page.locator("#strip .stage").first).to_contain_text(
+        "· " + first["stages"][0]["weights_dtype"])
+    expect(page.locator("#cards tbody tr").first).to_contain_text(
+        first["stages"][0]["dtype_reason"])
     check_bar_widths(page, first)
     expect(page.locator("#cards tbody tr")).to_have_count(len(first["cards"]))
     shot(page, "plan-serving-1280.png")
@@ -314,9 +320,14 @@ def test_serving_plan_page(page: Page, site: tuple[StandIn, str]) -> None:
     assert "plan_id" not in body and body["context"] == 128
 
     expect(page.locator("#context")).to_have_value("128")
+    # auto (the default) would lower the weights to fit: f16 asked for does not
+    page.locator("#weights_dtype").select_option("f16")
+    expect_plan(page, plan_message({**message, "context": 128, "weights_dtype": "f16"},
+                                   stand_in.view())["plan_id"])
     page.locator("#context").fill("4096")
     page.locator("#context").press("Enter")
-    too_long = plan_message({**message, "context": 4096}, stand_in.view())
+    too_long = plan_message({**message, "context": 4096, "weights_dtype": "f16"},
+                            stand_in.view())
     assert not too_long["fits"]
     expect_plan(page, too_long["plan_id"])
     expect(page.locator("#submit")).to_be_disabled()

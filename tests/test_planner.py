@@ -136,7 +136,8 @@ def test_reference_plans_hold_the_invariants() -> None:
 
 def test_plan_documents_read_back_as_the_plan() -> None:
     """Serving and training plans, fitting or not, and one with an adapter on top."""
-    cases = [make(MID, reference()), make(load_profile("llama-3.1-70b"), reference()),
+    cases = [make(MID, reference()),
+             make(load_profile("llama-3.1-70b"), reference(), weights_dtype="f16"),
              make(MID, reference(), kind="train", method="lora", weights_dtype="int4"),
              make(load_profile("llama-3.1-70b"), reference(), kind="train")]
     assert not cases[1].fits
@@ -207,7 +208,7 @@ def test_each_reason_in_its_exact_words() -> None:
         fellow("g7", card(0, free=0.7, total=2), name="small"),
     )
     p = make(load_profile("llama-3-8b"), data, context=4096, exclude=["spare:1"],
-             floors_bytes={"cpu": 4 * GB, "cuda": GB // 2})
+             floors_bytes={"cpu": 4 * GB, "cuda": GB // 2}, weights_dtype="f16")
     got = reasons(p)
     assert got[("busy", "cuda", 0)] == "23.4 GB held by /app/llama-server (not p2pswarm)"
     assert got[("laptop", "cpu", 0)] == "1.0 GB free, below the 4.0 GB floor"
@@ -291,7 +292,7 @@ def test_limit_sentence_form_for_model_layers_and_no_fit() -> None:
     assert layers.limit.limited_by == "layers"
     assert layers.limit.sentence.endswith(
         "limited by layers: each of the 16 layers already has a card of its own.")
-    nothing = make(load_profile("llama-3-70b"), data, context=8192)
+    nothing = make(load_profile("llama-3-70b"), data, context=8192, weights_dtype="f16")
     assert not nothing.fits
     assert nothing.limit.sentence.startswith("Context 8,192 tokens does not fit; the cards hold "
                                              "none: the weights alone need ")
@@ -301,7 +302,7 @@ def test_limit_sentence_form_for_model_layers_and_no_fit() -> None:
 
 
 def test_does_not_fit_plans_show_the_overflow() -> None:
-    p = make(load_profile("llama-3-70b"), reference(), context=8192)
+    p = make(load_profile("llama-3-70b"), reference(), context=8192, weights_dtype="f16")
     check_invariants(p)
     assert not p.fits and any(c.segments.does_not_fit > 0 for c in p.cards)
     assert "does not fit" in p.limit.sentence
@@ -311,10 +312,10 @@ def test_does_not_fit_plans_show_the_overflow() -> None:
 # --- maximize context / seq_len ---------------------------------------------------------------
 
 @pytest.mark.parametrize("model, request_", [
-    ("llama-3.1-8b", {"sequences": 4}),
+    ("llama-3.1-8b", {"sequences": 4, "weights_dtype": "f16"}),
     ("llama-3.1-70b", {"weights_dtype": "int4"}),
-    ("llama-3.1-8b", {"sequences": 16, "stages": 2}),
-    ("mid", {"sequences": 64, "kv_dtype": "f32"}),
+    ("llama-3.1-8b", {"sequences": 16, "stages": 2, "weights_dtype": "f16"}),
+    ("mid", {"sequences": 64, "kv_dtype": "f32", "weights_dtype": "f16"}),
 ])
 def test_maximize_context_fits_and_256_more_does_not(model: str, request_: dict[str, Any]) -> None:
     profile = MID if model == "mid" else load_profile(model)

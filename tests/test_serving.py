@@ -33,6 +33,41 @@ from tests.serving_swarm import (
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
+async def test_auto_weights_load_each_stage_in_its_own_dtype(autojump_clock, tmp_path) -> None:
+    """A fellow whose card holds one layer in int8 but not in f16 gets an int8 stage under
+    ``auto``; the others keep f16; each allocates what the plan claims, and the pipeline
+    equals the same mixed stages in one process."""
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=23)
+        small = swarm.fellows[1]
+        # between one middle layer's int8 stage (273.30 MB) and its f16 one (273.55 MB)
+        small.cards.cards = (cpu_card(16.0, free_gb=0.2734, name="small CPU"),)
+        auto = request(weights_dtype="auto", floors_bytes={"cpu": "1MB"})
+        driver = swarm.live()[0]
+
+        for _ in range(100):  # until the small card's inventory reaches the leader
+            plan = await driver.planning.ask_plan(auto)
+            if "int8" in {s["weights_dtype"] for s in plan["stages"]}:
+                break
+            await trio.sleep(1)
+        assert plan["fits"] and plan["request"]["weights_dtype"] == "auto"
+        by_fellow = {s["fellow"]: s["weights_dtype"] for s in plan["stages"]}
+        assert by_fellow[small.name] == "int8" and list(by_fellow.values()).count("f16") == 2
+        loaded = await driver.serving.load(auto, plan_id=plan["plan_id"])
+        for s in loaded["stages"]:  # an int8 stage holds exactly what the plan claims, too
+            assert s["allocated_bytes"] == s["claim_bytes"] > 0
+        await wait_until(lambda: all(
+            len(a.serving.loads_view()) == 1 and a.serving.loads_view()[0].complete
+            for a in swarm.live()), timeout_s=10)
+        result = await driver.serving.generate(prompt_ids=PROMPT[:40], max_tokens=8,
+                                               stop_token_ids=())
+        local = reference(plan, MODEL).generate(PROMPT[:40], 8, Sampler.greedy(),
+                                                stop_token_ids=())
+        assert result.token_ids == local.token_ids
+        await driver.leadership.ask(UnloadAsk(plan["plan_id"]), Unloaded)
+        nursery.cancel_scope.cancel()
+
+
 async def test_three_stages_across_fellows_equal_one_process(autojump_clock, tmp_path) -> None:
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, tmp_path, seed=21)

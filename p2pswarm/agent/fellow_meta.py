@@ -28,7 +28,15 @@ import msgpack
 
 from p2pswarm.agent.counters import Counters
 from p2pswarm.agent.weights import Manifest
-from p2pswarm.cards import CARD_KINDS, MEMORY_SOURCE_MAX_CHARS, Benchmark, Card, Holder, Inventory
+from p2pswarm.cards import (
+    CARD_KINDS,
+    MEMORY_SOURCE_MAX_CHARS,
+    Benchmark,
+    Card,
+    Holder,
+    Inventory,
+    dtype_rates,
+)
 from p2pswarm.errors import ConfigError
 from p2pswarm.membership.member import Member
 from p2pswarm.names import is_hex_digest
@@ -335,8 +343,9 @@ class _Cleaner:
                 out[key] = Benchmark(
                     f.number("flops", 1e-9), f.number("mem_bandwidth", 1e-9),
                     f.text("dtype", 16, default="f32"), bool(f.value("measured", True)),
-                    f.text("fingerprint", 64, default=""), f.number("seconds", default=0.0))
-            except (Bad, KeyError):
+                    f.text("fingerprint", 64, default=""), f.number("seconds", default=0.0),
+                    dtype_rates(f.value("dtype_tokens_per_s", None)))  # bounded, checked
+            except (Bad, KeyError, ConfigError):
                 self.dropped += 1
         self.dropped += max(0, len(said) - MAX_CARDS)
         return out

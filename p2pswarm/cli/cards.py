@@ -61,6 +61,16 @@ def cards(
     Console().print(table)
 
 
+def quantized_linear(weight: Any, scheme: str) -> Any:
+    """The runtime's quantised linear of ``weight`` (``bench`` times it per dtype)."""
+    import torch
+
+    from p2pswarm.models.quant import DequantWorkspace, quantize_linear
+
+    workspace = DequantWorkspace(weight.numel(), torch.float16, weight.device)
+    return quantize_linear(weight, None, scheme=scheme, group_size=32, workspace=workspace)
+
+
 @app.command()
 @exits_on()
 def bench(
@@ -78,14 +88,16 @@ def bench(
         fail(f"--seconds {seconds:g} must be more than 0 and at most 60, e.g. --seconds 2")
     found = _local_cards(gpus, cpu_memory, no_cpu)
     speeds = benchmarks_for(found, BenchmarkCache(home_dir(home)), rerun=True,
-                            seconds=seconds)
+                            seconds=seconds, quantized=quantized_linear)
     if as_json:
         print_json({"benchmarks": {k: v.to_dict() for k, v in sorted(speeds.items())}})
         return
     from p2pswarm.planner.wording import card_label
     for c in found:
         b = speeds[c.key]
+        rates = ", ".join(f"{d} {r:,.0f}" for d, r in b.dtype_tokens_per_s)
         typer.echo(f"{card_label(c.kind, c.index, c.name)}: {b.flops / 1e12:.3f} TFLOP/s "
-                   f"({b.dtype} matmul), {b.mem_bandwidth / 1e9:.1f} GB/s")
+                   f"({b.dtype} matmul), {b.mem_bandwidth / 1e9:.1f} GB/s"
+                   + (f"; reference linear tokens/s: {rates}" if rates else ""))
     typer.echo(f"saved in {BenchmarkCache(home_dir(home)).path}; an agent running on this "
                "state directory gossips them at its next inventory read (within 5 s)")

@@ -10,7 +10,9 @@ ContextOption = typer.Option(None, "--context", help="Context tokens per sequenc
                              "4096 or the model's maximum).")
 SequencesOption = typer.Option(1, "--sequences", help="Sequences decoded together.")
 StagesOption = typer.Option(None, "--stages", help="Fix the number of stages.")
-WeightsDtypeOption = typer.Option(None, "--weights-dtype", help="f32, f16, bf16, int8 or int4.")
+WeightsDtypeOption = typer.Option(
+    None, "--weights-dtype", help="auto, f32, f16, bf16, int8 or int4. Default to serve: auto "
+    "(each stage keeps f16 where its card holds it, else int8, then int4); to train: bf16.")
 KvDtypeOption = typer.Option("f16", "--kv-dtype", help="f32, f16, bf16 or int8.")
 ExcludeOption = typer.Option([], "--exclude", help="Leave a card out: FELLOW:INDEX or "
                              "FELLOW:cpu (repeatable).")

@@ -1,7 +1,7 @@
-"""Human output of a plan: the limit sentence, the layer strip, one bar per card grouped by
-fellow (segments in colour, does-not-fit in red past the bar's end), a table of cards,
-the summary. Works on the plan's dict, so a plan that came back from the agent renders
-exactly like one made here.
+"""Human output of a plan: the limit sentence, the layer strip, each stage with its weights
+dtype and why, one bar per card grouped by fellow (segments in colour, does-not-fit in
+red past the bar's end, the stage's dtype), a table of cards, the summary. Works on the
+plan's dict, so a plan that came back from the agent renders exactly like one made here.
 """
 
 from __future__ import annotations
@@ -93,6 +93,15 @@ def amount(n_bytes: int) -> str:
     return f"{n_bytes / 1e6:.0f} MB" if n_bytes >= 10e6 else wording.mb(n_bytes)
 
 
+def _stage_dtypes(plan: Mapping[str, Any]) -> dict[int, tuple[str, str]]:
+    """Each stage's weights dtype and its reason; a plan from before stages had their
+    own dtype shows the request's."""
+    asked = str((plan.get("request") or {}).get("weights_dtype") or "")
+    return {int(s["stage"]): (str(s.get("weights_dtype") or asked),
+                              str(s.get("dtype_reason") or ""))
+            for s in plan["stages"]}
+
+
 def _label(card: Mapping[str, Any], most: int = 1000) -> str:
     label = wording.card_label(card["kind"], card["index"], card["name"])
     return label if len(label) <= most else label[:most - 1] + "…"
@@ -108,10 +117,16 @@ def plan_renderable(plan: Mapping[str, Any], width: int = 120) -> Group:
     overflow = 6 if width < 100 else 12
     bar_width = max(10, min(BAR_WIDTH, width - label_width - overflow - 34))
     parts.append(layer_strip(plan, bar_width + label_width + 3))
+    dtypes = _stage_dtypes(plan)
+    auto = (plan.get("request") or {}).get("weights_dtype") == "auto"
     for s in plan["stages"]:
         line = Text(f"  stage {s['stage']}: layers {s['layers'][0]}-{s['layers'][1] - 1} on ")
         line.append(wording.fellows_card(s["fellow"], s["kind"], s["index"], s["name"]),
                     style=STAGE_STYLES[s["stage"] % len(STAGE_STYLES)])
+        dtype, why = dtypes[int(s["stage"])]
+        if dtype:  # from the network: Text, never markup; the reason where auto chose
+            shown = why if auto and why else dtype
+            line.append(Text(f"  {shown}", style="dim"))
         parts.append(line)
     parts.append(Text(""))
 
@@ -127,6 +142,10 @@ def plan_renderable(plan: Mapping[str, Any], width: int = 120) -> Group:
         if card["used"]:
             a, b = card["layers"]
             line.append(f"layers {a}-{b - 1}", style="bold")
+            dtype = dtypes.get(int(card["stage"]), ("", ""))[0] \
+                if card.get("stage") is not None else ""
+            if dtype:
+                line.append(Text(f" {dtype}"))
         else:  # the reason is in the table below
             line.append("left out", style="dim")
         over = card["segments"]["does_not_fit"]
@@ -184,14 +203,19 @@ def cards_table(plan: Mapping[str, Any], width: int = 120) -> Table:
         shown = f"{n / unit_bytes:.1f}"
         return "<0.1" if shown == "0.0" else shown
 
+    dtypes = _stage_dtypes(plan)
     for card in plan["cards"]:
         seg = card["segments"]
         layers = f"{card['layers'][0]}-{card['layers'][1] - 1}" if card["used"] else ""
+        stage = card.get("stage")
+        # a used card's reason column says why its stage has its weights dtype
+        reason = card["reason"] or (dtypes.get(int(stage), ("", ""))[1]
+                                    if stage is not None else "")
         # names and reasons come from fellows: Text, so rich never reads them as markup
         cells: list[Any] = [Text(str(card["fellow"])), Text(_label(card)), layers]
         cells += [size(seg[k]) for k in keys[:-1]]
         over = seg["does_not_fit"]
-        cells += [Text(size(over), style="bold red" if over else ""), Text(card["reason"] or "")]
+        cells += [Text(size(over), style="bold red" if over else ""), Text(reason)]
         table.add_row(*cells)
     return table
 

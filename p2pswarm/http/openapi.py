@@ -57,7 +57,9 @@ SERVE_REQUEST: dict[str, Any] = {
         "stages": {"type": ["integer", "null"], "minimum": 1},
         "kv_dtype": {"type": "string", "enum": ["f32", "f16", "bf16", "int8"]},
         "weights_dtype": {"type": ["string", "null"],
-                          "enum": ["f32", "f16", "bf16", "int8", "int4", None]},
+                          "enum": ["auto", "f32", "f16", "bf16", "int8", "int4", None],
+                          "description": "default auto: each stage keeps f16 where its "
+                                         "card holds it, else int8, then int4"},
         "sequences": {"type": "integer", "minimum": 1},
         "maximize": {"type": ["string", "null"], "enum": ["context", "speed", None]},
         "exclude_cards": {"type": "array", "items": {"type": "string"},

@@ -10,12 +10,16 @@ The cluster file (``p2pswarm plan --cluster FILE``, ``p2pswarm cluster export``)
     {"fellows": [{"id", "name", "connected", "training",
                   "cards": [{"index", "kind": "cuda"|"cpu", "name", "total_bytes",
                              "free_bytes", "held_by_others": [{"pid", "name", "bytes"}],
-                             "flops", "mem_bandwidth"}]}],
+                             "flops", "mem_bandwidth",
+                             "dtype_tokens_per_s": {"f16", "int8", "int4"}}]}],
      "links": {"default": {"bandwidth_bytes_s", "latency_s"},
                "local": {...}, "FELLOW_A|FELLOW_B": {...}}}
 
 Sizes may be integers (bytes) or strings such as "24GB"; a card without ``flops`` and
-``mem_bandwidth`` gets the conservative estimate and the plan says so.
+``mem_bandwidth`` gets the conservative estimate and the plan says so. The optional
+``dtype_tokens_per_s`` is what ``p2pswarm bench`` measured of each weights dtype on the
+card (tokens/s of one reference linear); without it an int8/int4 stage is taken at
+``costs.UNMEASURED_QUANT_FACTOR`` times its f16 time.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from p2pswarm.cards import (
     ESTIMATED_MEM_BANDWIDTH,
     MAX_SIZE_BYTES,
     Benchmark,
+    DtypeRates,
     Holder,
     Inventory,
+    dtype_rates,
     parse_size,
 )
 from p2pswarm.errors import ConfigError
@@ -66,6 +72,8 @@ class CardView:
     flops: float  # FLOP/s in the card's compute dtype
     mem_bandwidth: float  # bytes/s
     speed_measured: bool  # False: flops and mem_bandwidth are conservative estimates
+    # tokens/s of a reference linear per weights dtype, as bench measured it (() never)
+    dtype_tokens_per_s: DtypeRates = ()
 
     @property
     def key(self) -> str:
@@ -84,6 +92,8 @@ class CardView:
         if self.speed_measured:
             data["flops"] = self.flops
             data["mem_bandwidth"] = self.mem_bandwidth
+        if self.dtype_tokens_per_s:
+            data["dtype_tokens_per_s"] = dict(self.dtype_tokens_per_s)
         return data
 
 
@@ -205,15 +215,17 @@ def card_view(data: Mapping[str, Any], where: str = "card",
     holders.sort(key=lambda h: (-h.held_bytes, h.pid, h.name))
     flops = _speed(data.get("flops"), f"{where}.flops")
     bandwidth = _speed(data.get("mem_bandwidth"), f"{where}.mem_bandwidth")
+    rates = dtype_rates(data.get("dtype_tokens_per_s"), f"{where}.dtype_tokens_per_s")
     if benchmark is not None and benchmark.measured:
         flops, bandwidth = benchmark.flops, benchmark.mem_bandwidth
+        rates = benchmark.dtype_tokens_per_s or rates
     measured = flops is not None and bandwidth is not None
     return CardView(
         index=index, kind=kind, name=str(data.get("name") or ("CPU" if kind == "cpu" else "GPU")),
         total_bytes=total, free_bytes=free, held_by_others=tuple(holders),
         flops=flops if measured and flops else ESTIMATED_FLOPS[kind],
         mem_bandwidth=bandwidth if measured and bandwidth else ESTIMATED_MEM_BANDWIDTH[kind],
-        speed_measured=measured,
+        speed_measured=measured, dtype_tokens_per_s=rates,
     )
 
 

@@ -17,10 +17,14 @@ until its backward (a conservative bound on 1F1B), only layer inputs plus one la
 recomputation under activation checkpointing; logits and their gradient on the last.
 
 Time. A roofline per stage, ``max(FLOPs / FLOP/s, bytes read / bandwidth)`` with the
-card's measured (or estimated) speed, plus per hop between stages the link's latency
-plus the activation bytes over its bandwidth. Serving time per token is one decode step
-of every sequence through all stages; training's is one micro-batch forward and
-backward through all stages.
+card's measured (or estimated) speed; a quantised stage (int8, int4) takes its f16
+roofline times the card's measured speed ratio of the two (``p2pswarm bench`` runs a
+linear of each dtype: ``CardView.dtype_tokens_per_s``), or, never measured,
+``UNMEASURED_QUANT_FACTOR`` times it: fewer bytes are not assumed to be faster, since a
+kernel that dequantises may be far slower than its bytes say. Plus per hop between
+stages the link's latency plus the activation bytes over its bandwidth. Serving time per
+token is one decode step of every sequence through all stages; training's is one
+micro-batch forward and backward through all stages.
 """
 
 from __future__ import annotations
@@ -28,14 +32,17 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from p2pswarm.planner.cluster import CardView, Link
-from p2pswarm.planner.profile import ModelProfile, compute_bytes
-from p2pswarm.planner.request import PlanRequest
+from p2pswarm.planner.profile import QUANTIZED, SERVING_DTYPE, ModelProfile, compute_bytes
+from p2pswarm.planner.request import PlanRequest, serving_dtype
 
 WORKSPACE_BYTES = {"cuda": 320 * 2**20, "cpu": 256 * 2**20}  # CUDA context / OS headroom
 PREFILL_CHUNK_TOKENS = 256  # prompt tokens per forward while prefilling (the runtime's)
 ATTENTION_BLOCK_TOKENS = 1024  # keys per block of blockwise attention
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4}  # per trained parameter, f32
 GRAD_BYTES = 4  # gradients accumulate in f32
+# A quantised stage on a card whose int8/int4 speed was never measured: this many times
+# the same stage's f16 time (conservative: dequantising kernels can be slower than f16)
+UNMEASURED_QUANT_FACTOR = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,20 +71,44 @@ class CostModel:
     """Bytes and seconds of stages for one profile, one resolved request and one
     context (serving) or sequence length (training) in ``tokens``."""
 
-    def __init__(self, profile: ModelProfile, request: PlanRequest, tokens: int) -> None:
+    def __init__(self, profile: ModelProfile, request: PlanRequest, tokens: int,
+                 weights_dtype: str | None = None) -> None:
         self.profile = profile
         self.request = request
         self.tokens = tokens
         self.train = request.kind == "train"
-        self.weights_dtype = request.weights_dtype or "f16"
+        # a stage's own dtype (``auto`` gives stages their own); else the request's
+        self.weights_dtype = weights_dtype or serving_dtype(request)
+        self.quantized = self.weights_dtype in QUANTIZED
         self.act_bytes = compute_bytes(self.weights_dtype)
         self._per_layer = self._per_layer_claims()
         self._per_layer_total = self._per_layer.total
         self._fixed: dict[tuple[str, bool, bool], Claims] = {}
         self._fixed_total: dict[tuple[str, bool, bool], int] = {}
         p = profile
-        self._layer_weight_bytes = p.layer_weight_bytes(self.weights_dtype)
-        self._head_read_bytes = p.head_read_bytes(self.weights_dtype)
+        # bytes a step reads, for the roofline: a quantised stage's is its f16 one's,
+        # scaled by the card's measured speed ratio (``_dtype_factor``)
+        read_dtype = SERVING_DTYPE if self.quantized else self.weights_dtype
+        self._layer_weight_bytes = p.layer_weight_bytes(read_dtype)
+        self._head_read_bytes = p.head_read_bytes(read_dtype)
+        self._dtyped: dict[str, CostModel] = {self.weights_dtype: self}
+
+    def with_dtype(self, weights_dtype: str) -> CostModel:
+        """The same stages with their weights in ``weights_dtype`` (one model per dtype)."""
+        if weights_dtype not in self._dtyped:
+            self._dtyped[weights_dtype] = CostModel(self.profile, self.request, self.tokens,
+                                                    weights_dtype)
+        return self._dtyped[weights_dtype]
+
+    def _dtype_factor(self, card: CardView) -> float:
+        """How much slower than f16 this stage's dtype runs on ``card`` (1 unquantised)."""
+        if not self.quantized:
+            return 1.0
+        rates = dict(card.dtype_tokens_per_s)
+        base, mine = rates.get(SERVING_DTYPE), rates.get(self.weights_dtype)
+        if base and mine:
+            return base / mine
+        return UNMEASURED_QUANT_FACTOR
 
     # --- bytes ------------------------------------------------------------------------
 
@@ -198,14 +229,14 @@ class CostModel:
                     + r.sequences * n * p.kv_tokens_per_layer(self.tokens)
                     * p.kv_bytes_per_token_layer(r.kv_dtype)
                     + r.sequences * n * p.state_bytes_per_sequence_layer(self.weights_dtype))
-            return max(flops / card.flops, read / card.mem_bandwidth)
+            return max(flops / card.flops, read / card.mem_bandwidth) * self._dtype_factor(card)
         tokens = r.micro_batch * self.tokens
         passes = (3 if r.method == "full" else 2) + (1 if r.checkpointing else 0)
         # causal attention over a training sequence: half the full window on average
         flops_layer = p.flops_per_token_layer(self.tokens // 2 or 1)
         flops = passes * tokens * (n * flops_layer + (p.head_flops_per_token() if last else 0))
         read = passes * (n * self._layer_weight_bytes + (self._head_read_bytes if last else 0))
-        return max(flops / card.flops, read / card.mem_bandwidth)
+        return max(flops / card.flops, read / card.mem_bandwidth) * self._dtype_factor(card)
 
     def prefill_time_s(self, card: CardView, n: int, last: bool) -> float:
         """Seconds to push one prefill chunk of every sequence through this stage."""
@@ -216,7 +247,7 @@ class CostModel:
             flops += r.sequences * p.head_flops_per_token()  # logits of the last position
         read = (n * self._layer_weight_bytes + (self._head_read_bytes if last else 0)
                 + r.sequences * n * chunk * p.kv_bytes_per_token_layer(r.kv_dtype))
-        return max(flops / card.flops, read / card.mem_bandwidth)
+        return max(flops / card.flops, read / card.mem_bandwidth) * self._dtype_factor(card)
 
     def hop_bytes(self, prefill: bool = False) -> int:
         p, r = self.profile, self.request
@@ -230,4 +261,5 @@ class CostModel:
         return trips * link.latency_s + self.hop_bytes(prefill) / link.bandwidth_bytes_s
 
 
-__all__ = ["PREFILL_CHUNK_TOKENS", "WORKSPACE_BYTES", "Claims", "CostModel"]
+__all__ = ["PREFILL_CHUNK_TOKENS", "UNMEASURED_QUANT_FACTOR", "WORKSPACE_BYTES", "Claims",
+           "CostModel"]

@@ -90,6 +90,28 @@ def diff_views(old: ClusterView, new: ClusterView, plan: Any = None) -> list[str
     return out
 
 
+def _dtype_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """A card whose stage's weights dtype changed (``auto``): ``pi-1's CPU now takes
+    int4 weights, it took int8 (int4: f16 needs ...)``."""
+    def dtypes(plan: Mapping[str, Any]) -> dict[tuple[Any, Any, Any], Mapping[str, Any]]:
+        return {(s.get("fellow_id"), s.get("kind"), s.get("index")): s
+                for s in plan.get("stages", ()) if isinstance(s, Mapping)}
+
+    was, now = dtypes(old), dtypes(new)
+    out = []
+    for key, stage in now.items():
+        before = was.get(key)
+        if before is None or not stage.get("weights_dtype") or \
+                before.get("weights_dtype") == stage.get("weights_dtype"):
+            continue
+        label = wording.fellows_card(str(stage.get("fellow")), str(stage.get("kind")),
+                                     int(stage.get("index") or 0), str(stage.get("name")))
+        why = f" ({stage['dtype_reason']})" if stage.get("dtype_reason") else ""
+        took = before.get("weights_dtype") or "the request's"
+        out.append(f"{label} now takes {stage['weights_dtype']} weights, it took {took}{why}")
+    return out
+
+
 def diff_plans(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """Lines naming what differs between two plan dicts (``Plan.to_dict()``) made for the
     same request: works from the plans alone, e.g. on a client that kept the old one."""
@@ -136,6 +158,7 @@ def diff_plans(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
             out.append(_moved(label, "in all", now["total_bytes"], was["total_bytes"]))
         if was["free_bytes"] != now["free_bytes"]:
             out.append(_moved(label, "free", now["free_bytes"], was["free_bytes"]))
+    out += _dtype_changes(old, new)
     old_strip = old.get("layout", {}).get("strip_text", "")
     new_strip = new.get("layout", {}).get("strip_text", "")
     if old_strip != new_strip:

@@ -27,6 +27,7 @@ class PinnedStage:
     kind: str
     index: int
     layers: tuple[int, int]  # [start, end)
+    weights_dtype: str = ""  # the stage's own (``auto``); "" where the request's holds
 
     @property
     def card(self) -> tuple[str, str, int]:
@@ -49,8 +50,8 @@ class Pin:
         tokens = r.context if r.kind == "serve" else r.seq_len
         if not plan.stages or tokens is None:
             return None
-        return Pin(tuple(PinnedStage(s.fellow_id, s.kind, s.card_index, s.layers)
-                         for s in plan.stages), tokens)
+        return Pin(tuple(PinnedStage(s.fellow_id, s.kind, s.card_index, s.layers,
+                                     s.weights_dtype) for s in plan.stages), tokens)
 
 
 def _whole(value: Any) -> int | None:
@@ -80,7 +81,10 @@ def pin_from_plan(plan: Mapping[str, Any]) -> Pin | None:
         start, end = _whole(layers[0]), _whole(layers[1])
         if start is None or end is None:
             return None
-        out.append(PinnedStage(s["fellow_id"], s["kind"], index, (start, end)))
+        dtype = s.get("weights_dtype", "")
+        if not isinstance(dtype, str) or len(dtype) > 16:
+            return None
+        out.append(PinnedStage(s["fellow_id"], s["kind"], index, (start, end), dtype))
     return Pin(tuple(out), tokens)
 
 

@@ -119,16 +119,20 @@ class Search:
     """Placements of one model at one context on a fixed list of usable slots."""
 
     def __init__(self, model: CostModel, slots: Sequence[Slot],
-                 link: Callable[[str, str], Link], has_pair_links: Callable[[str], bool]) -> None:
-        self.model = model
+                 link: Callable[[str, str], Link], has_pair_links: Callable[[str], bool],
+                 dtypes: Sequence[str] | None = None) -> None:
+        self.model = model  # the request's: hops, and every slot without a dtype of its own
         self.slots = tuple(slots)
         self.layers = model.profile.n_layers
         self.link = link
         self.has_pair_links = has_pair_links
+        # each slot's own weights dtype (``auto``): its stage's bytes and time follow it
+        self.models = tuple(model.with_dtype(d) for d in dtypes) if dtypes is not None \
+            else (model,) * len(self.slots)
         # capacity[i][(first, last)]: most layers slot i holds in that position
-        self.capacity = [{(f, la): model.capacity(s.card, f, la)
+        self.capacity = [{(f, la): m.capacity(s.card, f, la)
                           for f in (False, True) for la in (False, True)}
-                         for s in self.slots]
+                         for s, m in zip(self.slots, self.models)]
 
     def cap(self, i: int, first: bool, last: bool) -> int:
         return self.capacity[i][(first, last)]
@@ -148,8 +152,8 @@ class Search:
         for pos, (i, n) in enumerate(placement):
             if prev is not None:
                 total = total + self.hop_s(prev, i)
-            total = total + self.model.stage_time_s(self.slots[i].card, n,
-                                                    pos == len(placement) - 1)
+            total = total + self.models[i].stage_time_s(self.slots[i].card, n,
+                                                        pos == len(placement) - 1)
             prev = i
         return total
 
@@ -160,12 +164,12 @@ class Search:
 
     def room(self, i: int, first: bool, last: bool) -> int:
         card = self.slots[i].card
-        return card.free_bytes - self.model.fixed_bytes(card.kind, first, last)
+        return card.free_bytes - self.models[i].fixed_bytes(card.kind, first, last)
 
     def useful_room(self, i: int, first: bool, last: bool) -> int:
         """Room up to what the whole model's layers would claim: more free memory than
         that changes nothing, so it orders and weighs nothing either."""
-        return min(self.room(i, first, last), self.layers * self.model.layer_bytes)
+        return min(self.room(i, first, last), self.layers * self.models[i].layer_bytes)
 
     def by_room(self) -> list[int]:
         """Slot positions, the materially roomiest first; among alike rooms the faster
@@ -252,7 +256,7 @@ class Search:
             for last in (False, True):
                 most = max(caps[(False, last)], caps[(True, last)])
                 for n in range(1, most + 1):
-                    times[last][n] = self.model.stage_time_s(slot.card, n, last)
+                    times[last][n] = self.models[i].stage_time_s(slot.card, n, last)
             row = best[i]
             for s in range(S):
                 prev_s = s - 1 if stages else 0

@@ -42,8 +42,8 @@ from p2pswarm.planner.plan_values import (
     Segments,
     StagePlan,
 )
-from p2pswarm.planner.profile import ModelProfile
-from p2pswarm.planner.request import GRANULARITY_TOKENS, PlanRequest, resolve
+from p2pswarm.planner.profile import AUTO, AUTO_LADDER, ModelProfile
+from p2pswarm.planner.request import GRANULARITY_TOKENS, PlanRequest, resolve, serving_dtype
 
 # a trained cut kept by default is worth a sentence when the fastest plan beats it by this
 MUCH_FASTER = 1.5
@@ -143,11 +143,19 @@ class _Setting:
     slots: tuple[Slot, ...]
     reasons: dict[tuple[str, str, int], str]
     excluded: frozenset[tuple[str, str, int]]
+    dtypes: tuple[str, ...] | None = None  # each slot's weights dtype (auto); None: the request's
 
     def search_at(self, tokens: int) -> Search:
         pair_fellows = {x for (a, b), _ in self.view.links for x in (a, b)}
         return Search(CostModel(self.profile, _with_tokens(self.r, tokens), tokens),
-                      self.slots, self.view.link, lambda f: f in pair_fellows)
+                      self.slots, self.view.link, lambda f: f in pair_fellows, self.dtypes)
+
+    @property
+    def auto(self) -> bool:
+        return self.r.weights_dtype == AUTO
+
+    def with_levels(self, levels: list[int]) -> _Setting:
+        return replace(self, dtypes=tuple(AUTO_LADDER[k] for k in levels))
 
     def most_tokens(self) -> int:
         stages = self.r.stages
@@ -178,6 +186,8 @@ def plan(profile: ModelProfile, view: ClusterView, request: PlanRequest) -> Plan
             f"--stages {r.stages} needs {r.stages} usable cards but the cluster has "
             f"{len(slots)}: use --stages {max(1, len(slots))} or free more cards"
         )
+    if setting.auto:
+        setting = _auto_dtypes(setting)
     most = setting.most_tokens()
     if r.maximize in ("context", "seq_len") and most > 0:
         r = _with_tokens(r, most)
@@ -202,7 +212,71 @@ def plan(profile: ModelProfile, view: ClusterView, request: PlanRequest) -> Plan
     fits = placement is not None
     if placement is None:
         placement = _best_effort(search, r.stages)
+    elif setting.auto:
+        promoted = _promoted(setting, placement, tokens)
+        if promoted != setting:
+            setting = promoted
+            search = setting.search_at(tokens)
+            most = setting.most_tokens()
     return _written(setting, search, placement, fits, most, faster_by)
+
+
+# --- auto: each stage's weights dtype -------------------------------------------------
+
+
+def _levels(setting: _Setting) -> list[int]:
+    dtypes = setting.dtypes or (AUTO_LADDER[0],) * len(setting.slots)
+    return [AUTO_LADDER.index(d) for d in dtypes]
+
+
+def _auto_dtypes(setting: _Setting) -> _Setting:
+    """Each usable card's weights dtype under ``auto``: all start in the serving dtype;
+    while nothing fits, the slowest card that the best-effort placement runs past its
+    end takes the next dtype of the ladder (f16, int8, int4), one card at a time. Cards
+    that hold their share keep theirs, and fast cards keep theirs longest: a Pi may go
+    to int4 while a 3090 stays f16."""
+    r = setting.r
+    tokens = _tokens_of(r)
+    levels = [0] * len(setting.slots)
+    current = setting.with_levels(levels)
+    top = len(AUTO_LADDER) - 1
+    for _ in range(len(levels) * top):
+        search = current.search_at(tokens)
+        if search.holding(r.stages) is not None:
+            break
+        start = 0
+        over: list[int] = []
+        placement = _best_effort(search, r.stages)
+        for pos, (i, n) in enumerate(placement):
+            card = search.slots[i].card
+            need = search.models[i].claims(card.kind, n, start == 0,
+                                           pos == len(placement) - 1, start=start).total
+            start += n
+            if need > card.free_bytes and levels[i] < top:
+                over.append(i)
+        if not over:
+            break
+        slowest = min(over, key=lambda i: (search.slots[i].card.mem_bandwidth,
+                                           search.slots[i].card.flops, i))
+        levels[slowest] += 1
+        current = current.with_levels(levels)
+    return current
+
+
+def _promoted(setting: _Setting, placement: Placement, tokens: int) -> _Setting:
+    """Each stage of a placement that fits back in the first dtype of the ladder its
+    card holds with the same layers (the search may have lowered it for a share the
+    placement did not give it)."""
+    levels = _levels(setting)
+    for pos, (i, n) in enumerate(placement):
+        for level in range(levels[i]):
+            lowered = list(levels)
+            lowered[i] = level
+            trial = setting.with_levels(lowered)
+            if trial.search_at(tokens).fits(placement):
+                levels, setting = lowered, trial
+                break
+    return setting
 
 
 def plan_pinned(profile: ModelProfile, view: ClusterView, request: PlanRequest,
@@ -226,6 +300,13 @@ def plan_pinned(profile: ModelProfile, view: ClusterView, request: PlanRequest,
             return None
         extra.append(Slot(fellow.id, card))
     setting = _setting(profile, view, request, tuple(extra))
+    if setting.auto:  # each pinned stage in the dtype it was shown with
+        by_card = {s.card: s.weights_dtype for s in pin.stages}
+        dtypes = [by_card.get((s.fellow_id, s.card.kind, s.card.index)) or AUTO_LADDER[0]
+                  for s in setting.slots]
+        if any(d not in AUTO_LADDER for d in dtypes):
+            return None
+        setting = replace(setting, dtypes=tuple(dtypes))
     if setting.r.maximize in ("context", "seq_len"):
         if not 0 < pin.tokens <= profile.max_context:
             return None
@@ -268,13 +349,12 @@ def _written(setting: _Setting, search: Search, placement: Placement, fits: bool
     summary and ``plan_id``."""
     profile, view, r, slots = setting.profile, setting.view, setting.r, setting.slots
     tokens = _tokens_of(r)
-    model = search.model
     if profile.recurrent and r.kind == "serve":
         limit = _state_limit(setting, fits, tokens)
     else:
         limit = _limit(profile, r, setting.search_at, most, fits, tokens, slots,
                        {f.id: f.name for f in view.fellows})
-    stage_plans, cards = _cards_and_stages(view, slots, placement, model, setting.reasons, r)
+    stage_plans, cards = _cards_and_stages(view, search, placement, setting.reasons, r)
     estimate = _estimate(search, placement, r)
     notes = tuple(f"the speed of {c.label} is an estimate (never benchmarked): run "
                   f"`p2pswarm bench` on {c.fellow}" for c in cards
@@ -306,7 +386,7 @@ def _state_limit(setting: _Setting, fits: bool, tokens: int) -> Limit:
     """The limit of a recurrent model served: its state per session does not grow with the
     context, so the context is unbounded and what the cards bound is the sessions."""
     profile, r = setting.profile, setting.r
-    state = profile.n_layers * profile.state_bytes_per_sequence_layer(r.weights_dtype or "f16")
+    state = profile.n_layers * profile.state_bytes_per_sequence_layer(serving_dtype(r))
 
     def holds(sessions: int) -> bool:
         more = replace(setting, r=replace(r, sequences=sessions))
@@ -348,9 +428,11 @@ def _limit(profile: ModelProfile, r: PlanRequest, search_at: Any, most: int, fit
         if n_usable == 0:
             tail = "no card is usable: see each card's reason"
         else:
-            need = (profile.n_layers * profile.layer_weight_bytes(r.weights_dtype or "f16")
-                    + profile.embed_bytes(r.weights_dtype or "f16"))
-            tail = (f"the cards hold none: the weights alone need {wording.gb(need)} and the "
+            dtype = AUTO_LADDER[-1] if r.weights_dtype == AUTO else serving_dtype(r)
+            need = (profile.n_layers * profile.layer_weight_bytes(dtype)
+                    + profile.embed_bytes(dtype))
+            tail = (f"the cards hold none: the weights alone need {wording.gb(need)} "
+                    f"({dtype}) and the "
                     f"{n_usable} usable card{'s' if n_usable != 1 else ''} have "
                     f"{wording.gb(free_usable)} free")
         return Limit(sentence=f"{head}; {tail}.", quantity=quantity, requested=tokens,
@@ -369,14 +451,14 @@ def _limit(profile: ModelProfile, r: PlanRequest, search_at: Any, most: int, fit
                      quantity=quantity, requested=tokens, holds=most, fits=fits,
                      limited_by="layers", card=None)
     # the card that fills first as the context grows, with the layers it holds at `most`
-    more = search_at(most + GRANULARITY_TOKENS).model
+    more = search_at(most + GRANULARITY_TOKENS).models
     best: tuple[float, int] | None = None
     chosen = held[0][0]
     for pos, (i, n) in enumerate(held):
         card = search.slots[i].card
         first, last = pos == 0, pos == len(held) - 1
-        now = search.model.claims(card.kind, n, first, last).total
-        growth = more.claims(card.kind, n, first, last).total - now
+        now = search.models[i].claims(card.kind, n, first, last).total
+        growth = more[i].claims(card.kind, n, first, last).total - now
         room_tokens = ((card.free_bytes - now) / growth) if growth > 0 else float("inf")
         if best is None or (room_tokens, pos) < best:
             best, chosen = (room_tokens, pos), i
@@ -390,25 +472,54 @@ def _limit(profile: ModelProfile, r: PlanRequest, search_at: Any, most: int, fit
                        "name": slot.card.name})
 
 
-def _cards_and_stages(view: ClusterView, slots: tuple[Slot, ...], placement: Placement,
-                      model: CostModel, reasons: dict[tuple[str, str, int], str],
+def _dtype_reason(search: Search, i: int, n: int, pos: int, start: int, last: bool,
+                  r: PlanRequest) -> str:
+    """Why stage ``pos`` (``n`` layers on slot ``i``) has its weights dtype, in words:
+    ``int4: f16 needs 4.1 GB, int8 2.6 GB, this card has 2.2 GB free``."""
+    model, card = search.models[i], search.slots[i].card
+    dtype = model.weights_dtype
+    if r.kind == "train":
+        return f"{dtype}: a training plan keeps one weights dtype on every stage"
+    if r.weights_dtype != AUTO:
+        return f"{dtype}: asked for, on every stage"
+    free = wording.gb(card.free_bytes)
+    level = AUTO_LADDER.index(dtype)
+    if level == 0:
+        need = model.claims(card.kind, n, pos == 0, last, start=start).total
+        return f"{dtype}: needs {wording.gb(need)}, this card has {free} free"
+    needs = [wording.gb(model.with_dtype(d).claims(card.kind, n, pos == 0, last,
+                                                   start=start).total)
+             for d in AUTO_LADDER[:level]]
+    higher = ", ".join(f"{d} {need}" if k else f"{d} needs {need}"
+                       for k, (d, need) in enumerate(zip(AUTO_LADDER, needs)))
+    return f"{dtype}: {higher}, this card has {free} free"
+
+
+def _cards_and_stages(view: ClusterView, search: Search, placement: Placement,
+                      reasons: dict[tuple[str, str, int], str],
                       r: PlanRequest) -> tuple[tuple[StagePlan, ...], tuple[CardPlan, ...]]:
     names = {f.id: f.name for f in view.fellows}
+    slots = search.slots
     used: dict[tuple[str, str, int], tuple[int, int, int, Claims]] = {}
     stage_plans = []
     start = 0
     for pos, (i, n) in enumerate(placement):
-        slot = slots[i]
+        slot, model = slots[i], search.models[i]
         last = pos == len(placement) - 1
         claims = model.claims(slot.card.kind, n, pos == 0, last, start=start)
         used[(slot.fellow_id, slot.card.kind, slot.card.index)] = (pos, start, start + n, claims)
         stage_plans.append(StagePlan(
             index=pos, fellow_id=slot.fellow_id, fellow=names[slot.fellow_id],
             card_index=slot.card.index, kind=slot.card.kind, name=slot.card.name,
-            layers=(start, start + n), time_s=model.stage_time_s(slot.card, n, last)))
+            layers=(start, start + n), time_s=model.stage_time_s(slot.card, n, last),
+            weights_dtype=model.weights_dtype,
+            dtype_reason=_dtype_reason(search, i, n, pos, start, last, r)))
         start += n
     slot_pos = {(s.fellow_id, s.card.kind, s.card.index): k for k, s in enumerate(slots)}
-    need = {kind: model.stage_need_bytes(kind) for kind in CARD_KINDS}
+    # a card left out: the smallest stage in the most compact dtype it may take
+    least = search.model.with_dtype(AUTO_LADDER[-1]) if r.weights_dtype == AUTO \
+        else search.model
+    need = {kind: least.stage_need_bytes(kind) for kind in CARD_KINDS}
     cards = []
     for fellow in view.fellows:
         for card in fellow.cards:
@@ -461,13 +572,13 @@ def _estimate(search: Search, placement: Placement, r: PlanRequest) -> Estimate:
         return Estimate(kind=r.kind, stage_times_s=(), hop_times_s=(), bottleneck_stage=None,
                         time_per_token_s=0.0, tokens_per_s=0.0)
     k = len(placement)
-    stage_times = tuple(model.stage_time_s(search.slots[i].card, n, pos == k - 1)
+    stage_times = tuple(search.models[i].stage_time_s(search.slots[i].card, n, pos == k - 1)
                         for pos, (i, n) in enumerate(placement))
     hops = tuple(search.hop_s(placement[j][0], placement[j + 1][0]) for j in range(k - 1))
     total = search.time_s(placement)
     bottleneck = max(range(k), key=lambda j: (stage_times[j], -j))
     if r.kind == "serve":
-        prefill = sum(model.prefill_time_s(search.slots[i].card, n, pos == k - 1)
+        prefill = sum(search.models[i].prefill_time_s(search.slots[i].card, n, pos == k - 1)
                       for pos, (i, n) in enumerate(placement))
         prefill += sum(model.hop_time_s(search.link(search.slots[placement[j][0]].fellow_id,
                                                     search.slots[placement[j + 1][0]].fellow_id),
@@ -499,8 +610,19 @@ def _params_text(n: int) -> str:
 def _summary(profile: ModelProfile, r: PlanRequest, fits: bool,
              stages: tuple[StagePlan, ...], cards: tuple[CardPlan, ...], limit: Limit,
              estimate: Estimate, notes: tuple[str, ...]) -> str:
+    dtypes = sorted({s.weights_dtype for s in stages}, key=AUTO_LADDER.index) \
+        if r.weights_dtype == AUTO and stages else []
+    chosen = len(dtypes) > 1 or dtypes[:1] not in ([], [AUTO_LADDER[0]])
+    if not chosen:
+        weights = f"{serving_dtype(r)} weights"
+    elif len(dtypes) == 1:
+        weights = f"{dtypes[0]} weights (auto)"
+    else:
+        weights = "weights " + ", ".join(
+            f"{d} on {n} stage{'s' if n != 1 else ''}"
+            for d in dtypes for n in [sum(s.weights_dtype == d for s in stages)])
     what = (f"{profile.name} ({_params_text(profile.total_params())} parameters, "
-            f"{r.weights_dtype} weights")
+            f"{weights}")
     what += f", {r.kv_dtype} KV cache)" if r.kind == "serve" else ")"
     if r.kind == "train":
         how = "LoRA adapters" if r.method == "lora" else "all weights"
@@ -509,8 +631,15 @@ def _summary(profile: ModelProfile, r: PlanRequest, fits: bool,
     parts = [f"{what} {'runs' if fits else 'would run'} in {len(stages)} "
              f"stage{'s' if len(stages) != 1 else ''} on {len(fellows)} "
              f"fellow{'s' if len(fellows) != 1 else ''}: "
-             + "; ".join(f"layers {s.layers[0]}-{s.layers[1] - 1} on {s.label}" for s in stages)
+             + "; ".join(f"layers {s.layers[0]}-{s.layers[1] - 1} on {s.label}"
+                         + (f" ({s.weights_dtype})" if chosen else "") for s in stages)
              + "."] if stages else [f"{what}: no usable card."]
+    lowered = [s for s in stages if chosen and s.weights_dtype != AUTO_LADDER[0]]
+    if lowered:
+        parts.append("Weights: " + "; ".join(f"stage {s.index} {s.dtype_reason}"
+                                             for s in lowered[:4])
+                     + (f"; and {len(lowered) - 4} more stages" if len(lowered) > 4 else "")
+                     + ".")
     parts.append(limit.sentence)
     if not fits:
         over = sorted((c for c in cards if c.segments.does_not_fit > 0),
@@ -556,8 +685,12 @@ def _plan_id(profile: ModelProfile, r: PlanRequest, fits: bool, cards: tuple[Car
     placement = []
     for s in stages:
         c = by_key[(s.fellow_id, s.kind, s.card_index)]
-        placement.append({"fellow_id": s.fellow_id, "kind": s.kind, "index": s.card_index,
-                          "layers": list(s.layers), "claims": c.segments.claims_dict()})
+        stage: dict[str, Any] = {"fellow_id": s.fellow_id, "kind": s.kind,
+                                 "index": s.card_index, "layers": list(s.layers),
+                                 "claims": c.segments.claims_dict()}
+        if r.weights_dtype == AUTO:  # the choice itself, not only the bytes it led to
+            stage["weights_dtype"] = s.weights_dtype
+        placement.append(stage)
     canonical = {"planner": PLANNER_VERSION, "profile": profile.to_dict(),
                  "request": r.to_dict(), "fits": fits, "placement": placement}
     encoded = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)

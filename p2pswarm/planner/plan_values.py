@@ -15,8 +15,20 @@ from typing import Any, TypeVar
 from p2pswarm.errors import ConfigError
 from p2pswarm.planner import wording
 from p2pswarm.planner.costs import PREFILL_CHUNK_TOKENS
-from p2pswarm.planner.profile import INT4_GROUP, RUNTIME_KV, RUNTIME_WEIGHTS, ModelProfile
-from p2pswarm.planner.request import GRANULARITY_TOKENS, PlanRequest, request_from_dict
+from p2pswarm.planner.profile import (
+    AUTO,
+    AUTO_LADDER,
+    INT4_GROUP,
+    RUNTIME_KV,
+    RUNTIME_WEIGHTS,
+    ModelProfile,
+)
+from p2pswarm.planner.request import (
+    GRANULARITY_TOKENS,
+    PlanRequest,
+    request_from_dict,
+    serving_dtype,
+)
 
 PLANNER_VERSION = "1"
 
@@ -152,6 +164,10 @@ class StagePlan:
     name: str
     layers: tuple[int, int]
     time_s: float  # one decode step (serve) or one micro-batch (train) through it
+    # this stage's weights dtype and why, in words ("int4: f16 needs 4.1 GB, ..."); ""
+    # in a document from before stages had their own (the request's dtype then)
+    weights_dtype: str = ""
+    dtype_reason: str = ""
 
     @property
     def label(self) -> str:
@@ -160,7 +176,8 @@ class StagePlan:
     def to_dict(self) -> dict[str, Any]:
         return {"stage": self.index, "fellow_id": self.fellow_id, "fellow": self.fellow,
                 "index": self.card_index, "kind": self.kind, "name": self.name,
-                "layers": list(self.layers), "time_s": self.time_s}
+                "layers": list(self.layers), "time_s": self.time_s,
+                "weights_dtype": self.weights_dtype, "dtype_reason": self.dtype_reason}
 
     @staticmethod
     def from_doc(doc: Mapping[str, Any]) -> StagePlan:
@@ -170,7 +187,9 @@ class StagePlan:
             index=_field(doc, "stage", int, w), fellow_id=_field(doc, "fellow_id", str, w),
             fellow=_field(doc, "fellow", str, w), card_index=_field(doc, "index", int, w),
             kind=_field(doc, "kind", str, w), name=_field(doc, "name", str, w),
-            layers=_layers(doc, w), time_s=_field(doc, "time_s", float, w))
+            layers=_layers(doc, w), time_s=_field(doc, "time_s", float, w),
+            weights_dtype=_optional(doc, "weights_dtype", str, w) or "",
+            dtype_reason=_optional(doc, "dtype_reason", str, w) or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +335,8 @@ class Plan:
                 "limit": self.limit.to_dict(),
                 "strip": [{"stage": s.index, "layers": list(s.layers), "fellow": s.fellow,
                            "fellow_id": s.fellow_id, "card": wording.card_label(
-                               s.kind, s.card_index, s.name)} for s in self.stages],
+                               s.kind, s.card_index, s.name),
+                           "weights_dtype": self.stage_dtype(s.index)} for s in self.stages],
                 "strip_text": self.strip_text,
             },
             "cards": [c.to_dict() for c in self.cards],
@@ -354,11 +374,33 @@ class Plan:
             adapter=adapter,
             base_plan_id=_field(doc, "base_plan_id", str, w) if adapter else "")
 
-    def runtime(self) -> dict[str, Any]:
-        """The runtime's names for what every stage of this plan allocates (the fields of
-        ``p2pswarm.runtime.spec.StageSpec`` besides the layer range and the device)."""
+    def stage_dtype(self, stage: int) -> str:
+        """Stage ``stage``'s weights dtype: its own (``auto``), else the request's."""
+        own = self.stages[stage].weights_dtype if 0 <= stage < len(self.stages) else ""
+        if own in RUNTIME_WEIGHTS:
+            return own
+        return serving_dtype(self.request)
+
+    @property
+    def weights_text(self) -> str:
+        """The weights dtype in words: ``f16``, or ``auto: int8 on 4 stages`` /
+        ``auto: f16 on 2 stages, int4 on 1``."""
+        if self.request.weights_dtype != AUTO:
+            return serving_dtype(self.request)
+        counts: dict[str, int] = {}
+        for s in self.stages:
+            counts[self.stage_dtype(s.index)] = counts.get(self.stage_dtype(s.index), 0) + 1
+        parts = [f"{d} on {counts[d]} stage{'s' if counts[d] != 1 else ''}"
+                 for d in AUTO_LADDER if d in counts]
+        return "auto: " + ", ".join(parts) if parts else "auto"
+
+    def runtime(self, stage: int | None = None) -> dict[str, Any]:
+        """The runtime's names for what a stage of this plan allocates (the fields of
+        ``p2pswarm.runtime.spec.StageSpec`` besides the layer range and the device): of
+        stage ``stage``, or (None) of the plan's first stage; stages differ only in their
+        weights dtype (``auto``)."""
         r = self.request
-        dtype, quant = RUNTIME_WEIGHTS[r.weights_dtype or "f16"]
+        dtype, quant = RUNTIME_WEIGHTS[self.stage_dtype(0 if stage is None else stage)]
         data: dict[str, Any] = {"dtype": dtype, "quant": quant, "quant_group_size": INT4_GROUP,
                                 "prefill_chunk_tokens": PREFILL_CHUNK_TOKENS}
         if r.kind == "serve":

@@ -31,6 +31,13 @@ from p2pswarm.shapes import footprint
 from p2pswarm.shapes.model_config import ModelConfig
 
 WEIGHT_DTYPES = ("f32", "f16", "bf16", "int8", "int4")
+# ``auto`` (serving's default): each stage keeps the serving dtype where its card holds
+# it, else takes the next of ``AUTO_LADDER`` that fits, stage by stage
+AUTO = "auto"
+WEIGHT_CHOICES = (AUTO, *WEIGHT_DTYPES)
+SERVING_DTYPE = "f16"
+AUTO_LADDER = (SERVING_DTYPE, "int8", "int4")
+QUANTIZED = ("int8", "int4")
 KV_DTYPES = ("f32", "f16", "bf16", "int8")
 DTYPE_ALIASES = {
     "float32": "f32", "fp32": "f32", "float16": "f16", "fp16": "f16", "half": "f16",
@@ -405,8 +412,13 @@ __all__ = [
     "LORA_MODULES",
     "RWKV7_LORA_MODULES",
     "REFERENCE_CONFIGS",
+    "AUTO",
+    "AUTO_LADDER",
+    "QUANTIZED",
     "RUNTIME_KV",
     "RUNTIME_WEIGHTS",
+    "SERVING_DTYPE",
+    "WEIGHT_CHOICES",
     "WEIGHT_DTYPES",
     "ModelProfile",
     "builtin_config",

@@ -15,9 +15,11 @@ from typing import Any
 from p2pswarm.cards import CARD_KINDS, MAX_SIZE_BYTES, parse_size
 from p2pswarm.errors import ConfigError
 from p2pswarm.planner.profile import (
+    AUTO,
     KV_DTYPES,
     LORA_MODULES,
-    WEIGHT_DTYPES,
+    SERVING_DTYPE,
+    WEIGHT_CHOICES,
     ModelProfile,
     normalize_dtype,
 )
@@ -39,7 +41,9 @@ class PlanRequest:
     context: int | None = None  # serve: tokens per sequence; None: min(4096, model max)
     sequences: int = 1  # serve: sequences decoded together
     stages: int | None = None  # fix the number of stages
-    weights_dtype: str | None = None  # None: f16 to serve, bf16 to train
+    # None: auto to serve (per stage: f16 where the card holds it, else int8, then int4),
+    # bf16 to train; an explicit dtype holds for every stage
+    weights_dtype: str | None = None
     kv_dtype: str = "f16"
     maximize: str | None = None  # "speed" | "context" (serve) | "seq_len" (train)
     exclude: tuple[str, ...] = ()  # "fellow:index" or "fellow:cpu"
@@ -103,7 +107,7 @@ def request_from_dict(data: Mapping[str, Any]) -> PlanRequest:
         raise ConfigError(f"--maximize {maximize} does not apply to a {kind} plan: use "
                           f"{' or '.join(MAXIMIZE[kind])}")
     weights = data.get("weights_dtype")
-    weights = normalize_dtype(weights, WEIGHT_DTYPES, "--weights-dtype") if weights else None
+    weights = normalize_dtype(weights, WEIGHT_CHOICES, "--weights-dtype") if weights else None
     kv = normalize_dtype(data.get("kv_dtype") or "f16", KV_DTYPES, "--kv-dtype")
     exclude = data.get("exclude") or data.get("exclude_cards") or ()
     if isinstance(exclude, str) or not all(isinstance(e, str) for e in exclude):
@@ -151,9 +155,17 @@ def request_from_dict(data: Mapping[str, Any]) -> PlanRequest:
     )
 
 
+def serving_dtype(request: PlanRequest) -> str:
+    """The dtype a stage keeps where its card holds it: the one asked for, or f16."""
+    weights = request.weights_dtype
+    return SERVING_DTYPE if weights in (None, AUTO) else weights
+
+
 def resolve(request: PlanRequest, profile: ModelProfile) -> PlanRequest:
     """Fill the model-dependent defaults and check the request against the model."""
-    weights = request.weights_dtype or ("f16" if request.kind == "serve" else "bf16")
+    weights = request.weights_dtype or (AUTO if request.kind == "serve" else "bf16")
+    if weights == AUTO and request.kind == "train":
+        weights = "bf16"  # a trained stage's weights are not quantised behind one's back
     r = replace(request, weights_dtype=weights)
     if r.stages is not None and r.stages > profile.n_layers:
         raise ConfigError(f"--stages {r.stages} is more than the model's {profile.n_layers} "
@@ -179,4 +191,5 @@ __all__ = [
     "PlanRequest",
     "request_from_dict",
     "resolve",
+    "serving_dtype",
 ]

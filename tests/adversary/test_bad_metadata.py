@@ -40,7 +40,9 @@ HOSTILE: dict[str, Any] = {
                "free_bytes": 4 << 30, "held_by_others": [{"pid": "x", "bytes": 1}]}],
     "benchmarks": {"cards": {"cpu:0": {"flops": "fast", "mem_bandwidth": 1.0},
                              "cuda:9": {"flops": float("nan"), "mem_bandwidth": 1.0},
-                             "cuda:8": [1, 2]}},
+                             "cuda:8": [1, 2],
+                             "cuda:7": {"flops": 1.0, "mem_bandwidth": 1.0,
+                                        "dtype_tokens_per_s": {"int8": -1, "q2": 5}}}},
     "training": "sometimes",
     # loads it keeps the orders of: one plan id, and what no plan id is
     "kept_loads": ["0123456789abcdef", 5, "", "x" * 65, None],

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import trio
@@ -75,8 +76,9 @@ def kept_orders(plan_id: str, route: tuple[RouteHop, ...],
         if order.fellow_id != hop.fellow_id or order.layers != (hop.start_layer, hop.end_layer):
             raise ConfigError(f"stage {i}'s order names another fellow or other layers "
                               "than the route")
+        # stages share their runtime but for the weights' quantisation (``auto``)
         if out and (order.layers[0] != out[-1].layers[1] or order.model != out[0].model
-                    or order.runtime != out[0].runtime):
+                    or replace(order.runtime, quant=out[0].runtime.quant) != out[0].runtime):
             raise ConfigError(f"stage {i}'s order does not follow stage {i - 1}'s (layers, "
                               "model or runtime)")
         if out and order.generation != out[0].generation:

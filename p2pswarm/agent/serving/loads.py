@@ -571,7 +571,6 @@ def stage_orders(plan: Plan, asked: LoadAsked, progress_addr: str, ticket: str,
     """The stage order of each stage of ``plan``, for the model and the adapter (its
     part of it: ``stage_block``) a load was asked with."""
     cards = {(c.fellow_id, c.kind, c.index): c for c in plan.cards if c.used}
-    runtime = runtime_block(plan.runtime())
     orders = []
     for s in plan.stages:
         card = cards[(s.fellow_id, s.kind, s.card_index)]
@@ -581,7 +580,9 @@ def stage_orders(plan: Plan, asked: LoadAsked, progress_addr: str, ticket: str,
             fellow_id=s.fellow_id, layers=(start, end), card_kind=s.kind,
             card_index=s.card_index, card_name=s.name,
             claim_bytes=card.segments.claim_bytes, need_bytes=card.segments.need_bytes,
-            runtime=runtime, model=asked.model, progress_addr=progress_addr, ticket=ticket,
+            # each stage's own runtime: its weights dtype may differ (``auto``)
+            runtime=runtime_block(plan.runtime(s.index)), model=asked.model,
+            progress_addr=progress_addr, ticket=ticket,
             adapter=stage_block(asked.adapter, start, end) if asked.adapter else {},
             generation=generation))
     return orders

@@ -65,7 +65,8 @@
       if (maximize) body.maximize = maximize;
       return body;
     }
-    const body = {model: $("model").value, kv_dtype: $("kv_dtype").value, exclude_cards};
+    const body = {model: $("model").value, kv_dtype: $("kv_dtype").value,
+                  weights_dtype: $("weights_dtype").value, exclude_cards};
     const context = intField("context"), stages = intField("stages");
     if (context !== null) body.context = context;
     if (stages !== null) body.stages = stages;
@@ -87,6 +88,7 @@
     if (kind === "serve") {
       if (r.context) $("context").value = r.context;
       if (r.kv_dtype) $("kv_dtype").value = r.kv_dtype;
+      if (r.weights_dtype) $("weights_dtype").value = r.weights_dtype;
     } else if (r.seq_len) {
       $("seq_len").value = r.seq_len;
     }
@@ -134,6 +136,12 @@
     return card.layers ? card.layers[0] + "–" + (card.layers[1] - 1) : "—";
   }
 
+  // a used card's stage: its weights dtype and why (the plan's stages say)
+  function stageOf(card) {
+    if (!state.shown || card.stage === null || card.stage === undefined) return null;
+    return (state.shown.stages || []).find((s) => s.stage === card.stage) || null;
+  }
+
   function render(plan) {
     const limit = plan.layout.limit;
     $("limit").textContent = limit.sentence;
@@ -154,7 +162,8 @@
     const strip = $("strip");
     const total = plan.model.layers || 1;
     strip.replaceChildren(...plan.layout.strip.map((s) => {
-      const text = s.layers[0] + "–" + (s.layers[1] - 1) + " " + s.fellow + " " + s.card;
+      const text = s.layers[0] + "–" + (s.layers[1] - 1) + " " + s.fellow + " " + s.card +
+        (s.weights_dtype ? " · " + s.weights_dtype : "");
       return el("div", {class: "stage", title: "stage " + s.stage + ": layers " + text,
                         style: "flex: " + (s.layers[1] - s.layers[0]) / total + " 1 0"}, text);
     }));
@@ -199,7 +208,9 @@
       }));
       at += name === "does_not_fit" ? 0 : bytes;
     }
-    const where = card.used ? "layers " + layersText(card) : (card.reason || "not used");
+    const stage = stageOf(card);
+    const where = card.used ? "layers " + layersText(card) +
+      (stage && stage.weights_dtype ? " · " + stage.weights_dtype : "") : (card.reason || "not used");
     return el("div", {class: "card" + (card.used ? "" : " unused"), "data-card": cardKey(card)},
       el("div", {class: "name"}, cardLabel(card) + " · " + size(card.total_bytes), el("small", {}, where)),
       el("div", {class: "track"}, mem));
@@ -222,7 +233,9 @@
       return el("tr", {class: card.used ? "" : "unused", "data-card": key},
         el("td", {}, box), el("td", {}, card.fellow), el("td", {}, cardLabel(card)),
         el("td", {}, layersText(card)), el("td", {class: "segments"}, segmentsText(card)),
-        el("td", {class: "reason"}, card.used ? "used, stage " + card.stage : card.reason || ""));
+        el("td", {class: "reason"}, card.used ? "used, stage " + card.stage +
+          (stageOf(card) && stageOf(card).dtype_reason ? " · " + stageOf(card).dtype_reason : "")
+          : card.reason || ""));
     });
     // the rows are drawn anew: a Use box that had the focus (ticked from the keyboard)
     // gets it back on its new self, so focus does not fall to the page body
@@ -341,7 +354,7 @@
     $("train-fields").hidden = kind !== "train";
     $("submit").textContent = kind === "train" ? "Start training" : "Load this plan";
     for (const key of ["context", "stages"]) if (params.get(key)) $(key).value = params.get(key);
-    if (params.get("kv_dtype")) $("kv_dtype").value = params.get("kv_dtype");
+    for (const key of ["kv_dtype", "weights_dtype"]) if (params.get(key)) $(key).value = params.get(key);
     if (kind === "train") fillTrainFields();
     await fillModels();
 
