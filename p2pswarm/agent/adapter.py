@@ -33,6 +33,7 @@ from typing import Any, TypedDict
 from p2pswarm.agent.weights import Manifest, ManifestTensor
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.lora_targets import family_targets, proj_parents
+from p2pswarm.models.model_dir import model_file
 from p2pswarm.planner.plan_values import Plan
 from p2pswarm.shapes.model_config import ModelConfig
 
@@ -90,7 +91,7 @@ def read_adapter(adapter_dir: str | Path) -> AdapterManifest:
     if not root.is_dir():
         raise ConfigError(f"adapter directory {root} does not exist")
     for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
-        if not (root / name).is_file():
+        if not model_file(root, name).is_file():
             raise ConfigError(f"{root} has no {name}: not a LoRA adapter directory "
                               "(`p2pswarm jobs export` writes one)")
     try:

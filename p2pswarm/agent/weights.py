@@ -46,6 +46,7 @@ from p2pswarm.errors import (
     TransportError,
     WeightsCacheFull,
 )
+from p2pswarm.models.model_dir import model_file, model_file_if_any
 from p2pswarm.names import UnsafeName, hex_digest, safe_name, sha256_hex
 from p2pswarm.shapes.model_config import ModelConfig
 from p2pswarm.wire.serving import WeightsItem, WeightsRefused, WeightsRequest
@@ -208,8 +209,10 @@ def build_manifest(model_dir: str | Path) -> Manifest:
                                       e.nbytes, tensor_sha256(checkpoint, e)))
     files = []
     for name in MODEL_FILES:
-        path = checkpoint.model_dir / name
-        if path.is_file():
+        # a link out of the directory (to the fellow's identity, say) is refused, never
+        # hashed: what a manifest names, any fellow may fetch
+        path = model_file_if_any(checkpoint.model_dir, name)
+        if path is not None:
             files.append(ManifestFile(name, path.stat().st_size, _file_sha256(path)))
     return Manifest(_manifest_key(checkpoint.hf_config, tensors, files), checkpoint.name,
                     str(checkpoint.model_dir.resolve()), checkpoint.hf_config, tuple(tensors),
@@ -432,7 +435,8 @@ class WeightsServer:
                     f = files[name]
                     where, offset, nbytes, sha = f.name, 0, f.nbytes, f.sha256
                 if where not in fds:
-                    handle = await run(partial(open, root / where, "rb"))
+                    # checked again as it is opened: the directory may have changed since
+                    handle = await run(partial(open, model_file(root, where), "rb"))
                     fds[where] = files_open.enter_context(handle).fileno()
                 await stream.send_frame(wire.encode(WeightsItem(name, nbytes, sha)))
                 self.sent_bytes += await send_bytes(stream, run, fds[where], offset, nbytes,
