@@ -78,7 +78,8 @@ class AdapterManifest:
         return self.alpha / self.rank
 
     def public(self) -> AdapterPublic:
-        return AdapterPublic(name=self.name, path=self.path, sha256=self.sha256,
+        # the directory's name only: paths on this fellow never travel
+        return AdapterPublic(name=self.name, path=self.name, sha256=self.sha256,
                              base=self.base, rank=self.rank, alpha=self.alpha,
                              targets=list(self.targets))
 

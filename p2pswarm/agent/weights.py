@@ -127,7 +127,7 @@ class Manifest:
 
     key: str  # 16 hex chars over everything below but the path
     name: str  # the directory's name
-    path: str  # on the source fellow
+    path: str  # on the source fellow, there only: it never travels ("" from the network)
     hf_config: dict[str, Any]
     tensors: tuple[ManifestTensor, ...]
     files: tuple[ManifestFile, ...]
@@ -155,7 +155,9 @@ class Manifest:
         return _manifest_key(self.hf_config, self.tensors, self.files) == self.key
 
     def to_dict(self) -> ManifestDoc:
-        return {"key": self.key, "name": self.name, "path": self.path, "config": self.hf_config,
+        # no path: where a fellow keeps its models is none of the swarm's business (the
+        # source finds its directory by the key it offered it under)
+        return {"key": self.key, "name": self.name, "path": "", "config": self.hf_config,
                 "tensors": [t.to_list() for t in self.tensors],
                 "files": [[f.name, f.nbytes, f.sha256] for f in self.files]}
 
@@ -166,7 +168,7 @@ class Manifest:
         try:
             return Manifest(
                 key=hex_digest(data["key"], 16, "model key"), name=str(data["name"])[:256],
-                path=str(data["path"]), hf_config=dict(data["config"]),
+                path="", hf_config=dict(data["config"]),  # a path read never counts
                 tensors=tuple(ManifestTensor.from_list(t) for t in data["tensors"]),
                 files=tuple(_manifest_file(*f) for f in data["files"]))
         except (KeyError, TypeError, ValueError) as exc:
