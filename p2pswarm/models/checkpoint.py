@@ -124,7 +124,7 @@ class Checkpoint:
         file name, and, symlinks followed, inside the directory (or, for a Hugging Face
         hub snapshot, inside its repository folder, where the blobs it links to live)."""
         try:
-            return model_file(self.model_dir, file)
+            return model_file(self.model_dir, file, "weights file name")
         except ConfigError as exc:
             raise ConfigError(f"{self.model_dir / INDEX_FILE}: {exc}") from None
 

@@ -33,13 +33,13 @@ def link_root(model_dir: str | Path) -> Path:
     return resolved
 
 
-def model_file(model_dir: str | Path, name: str) -> Path:
+def model_file(model_dir: str | Path, name: str, what: str = "model file name") -> Path:
     """``model_dir / name`` resolved, when ``name`` is one plain file name that stays
     inside the directory (see ``link_root``); OutsideModelDir, in one line naming the
     file and where it leads, otherwise. The file need not exist."""
     directory = Path(model_dir).expanduser()
     try:
-        safe_name(name, "model file name")
+        safe_name(name, what)
     except ConfigError as exc:
         raise OutsideModelDir(f"{directory}: {exc}") from None
     path = directory.resolve() / name
