@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 import outcome
@@ -49,16 +50,18 @@ class PlanBudget:
         self.counters = counters
         self.budget_s = budget_s
         self._slots = trio.CapacityLimiter(max(1, at_once))
-        self._running: set[bytes | None] = set()  # askers with a plan on a thread now
+        self._running: set[Hashable] = set()  # askers with a plan on a thread now
         self.refused: Counter[str] = Counter()  # reason -> plans refused
         self.slowest_s = 0.0  # the longest a plan has taken (as the loop saw it)
 
     def running(self) -> int:
         return len(self._running)
 
-    async def run(self, asker: bytes | None, fn: Callable[[], T], who: str) -> T:
-        """``fn()`` (a plan for ``asker``, named ``who`` in refusals) off the loop within
-        the budget; PlanBusy when ``asker`` has one running or the budget runs out."""
+    async def run(self, asker: Hashable, fn: Callable[[], T], who: str) -> T:
+        """``fn()`` (a plan for ``asker``, named ``who`` in refusals: a fellow's id, None
+        for this agent's user, a fresh ``object()`` for the leader's own) off the loop
+        within the budget; PlanBusy when ``asker`` has one running or the budget runs
+        out."""
         if self.compute.inline:
             return fn()
         if asker in self._running:

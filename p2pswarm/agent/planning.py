@@ -101,32 +101,50 @@ class Planning:
         return adapted(plan(query.profile, view, query.request), query.adapter)
 
     async def plan(self, message: dict[str, Any]) -> dict[str, Any]:
-        """``planned`` for a plan message, as the plan's document."""
-        return self.planned(PlanQuery.from_doc(message)).to_dict()
+        """``planned`` for a plan message (a job's), as the plan's document, made off the
+        loop within the plan budget."""
+        view = self.view()
+        # the leader's own plan: an asker of its own (never refused as busy), in the budget
+        made = await self.budget.run(object(), lambda: self.planned(
+            PlanQuery.from_doc(message), view), "a training job")
+        return made.to_dict()
 
-    def still_holds(self, query: PlanQuery, expected: str) -> Plan | None:
-        """The plan ``expected`` this leader showed, as it stands on its view now, when it
-        still holds for ``query``; None when it was not shown here or no longer holds."""
+    async def pinned_off_loop(self, message: dict[str, Any],
+                              expected: str | None) -> Plan | FleetPlan:
+        """``pinned`` for a load's plan message, made off the loop within the plan budget
+        (the view read here, on the loop)."""
+        view = self.view()
+        return await self.budget.run(object(), lambda: self.pinned(
+            PlanQuery.from_doc(message), expected, view), "a load")
+
+    def still_holds(self, query: PlanQuery, expected: str,
+                    view: ClusterView | None = None) -> Plan | None:
+        """The plan ``expected`` this leader showed, as it stands on ``view`` (None: its
+        view now), when it still holds for ``query``; None when it was not shown here or
+        no longer holds."""
         shown = self.shown.get(expected)
         if not isinstance(shown, Plan) or query.fleet is not None:
             return None  # a fleet's id is not a single plan's: it never holds as one
         pin = Pin.of(shown)
         if pin is None:
             return None
-        held = plan_pinned(query.profile, self.view(), query.request, pin)
+        held = plan_pinned(query.profile, self.view() if view is None else view,
+                           query.request, pin)
         if held is None:
             return None
         held = adapted(held, query.adapter)
         return held if held.plan_id == expected else None
 
-    def pinned(self, query: PlanQuery, expected: str | None) -> Plan | FleetPlan:
+    def pinned(self, query: PlanQuery, expected: str | None,
+               view: ClusterView | None = None) -> Plan | FleetPlan:
         """The plan a start pinned to ``expected`` (None: not pinned) gets: the plan now,
         or the shown one while it still holds. The caller checks the pin
         (``ShownPlanValues.check_pin``), which refuses any other plan with what changed."""
+        view = self.view() if view is None else view  # one view for both: a thread may run it
         try:
-            now = self.planned(query)
+            now = self.planned(query, view)
         except PlacementError as exc:
-            held = self.still_holds(query, expected) if expected else None
+            held = self.still_holds(query, expected, view) if expected else None
             if held is not None:
                 return held
             if not expected:
@@ -134,7 +152,7 @@ class Planning:
             raise PlacementError(f"plan {expected} no longer holds, and no plan does: "
                                  f"{exc}") from exc
         if expected and now.plan_id != expected:
-            return self.still_holds(query, expected) or now
+            return self.still_holds(query, expected, view) or now
         return now
 
     async def _leader_plan(self, call: PlanAsk, asker: bytes | None) -> PlanShown:
