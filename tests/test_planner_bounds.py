@@ -86,3 +86,14 @@ def test_plan_dir_with_huge_layers_is_one_line(tmp_path: Path, layers: int) -> N
     one_line_error(tmp_path, ["plan", str(model), "--cluster", str(cluster(tmp_path))],
                    f"num_layers {layers:,} is over the 512", "Llama 3.1 405B")
     assert time.perf_counter() - started < 5
+
+
+def test_more_usable_cards_than_the_planner_searches_are_refused() -> None:
+    from p2pswarm.planner.plan import MAX_PLAN_CARDS
+    from tests.planner_cases import MID, card, cluster, fellow, make
+
+    fellows = [fellow(f"f{i:03d}", card(0, free=2.0)) for i in range(MAX_PLAN_CARDS + 1)]
+    with pytest.raises(ConfigError, match="257 cards are usable; the planner searches at "
+                                          "most 256"):
+        make(MID, cluster(*fellows))
+    assert make(MID, cluster(*fellows[:8])).fits
