@@ -179,6 +179,13 @@ class ComputeConfig:
     # many nice levels below the agent (Linux; 0: the same priority). Raising one's own
     # nice needs no privilege; a machine that trains then still answers in time.
     nice: int = 10
+    # A plan made for a fellow runs on a thread of its own, one at a time per asker and at
+    # most this many at once; one that takes longer than its budget is refused.
+    plan_budget_s: float = 10.0
+    plans_at_once: int = 2
+    # The agent watches its own loop: a tick this often, a lag above this is logged.
+    loop_watch_interval_s: float = 0.25
+    loop_lag_warn_s: float = 0.1
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,10 @@ Sections (each a function in ``SECTIONS``; add yours there, it returns table row
   and shard pushes with hostile values to a virtual swarm (simulations/bench_insider.py):
   crashes, leader changes, files outside the state directories, and the cost of signed
   elections.
+- ``peer_attacks``: a fellow's costly asks against real processes (a plan of 2^24 and
+  2^31-1 layers, job data from a fellow not leading, a model directory linking to the
+  fellow's identity): the victim's loop lag and memory growth, and the refusal
+  (simulations/security_peer_attacks.py).
 
 Agents run as real ``p2pswarm join`` processes on loopback; strangers connect from other
 127.0.0.0/8 addresses (Linux routes them all to lo), so per-host caps see many hosts.
@@ -322,6 +326,15 @@ def throughput(baseline: dict[str, Any] | None) -> list[Row]:
     return rows
 
 
+def peer_attacks() -> list[Row]:
+    """A fellow's costly asks: huge plans, job data not from the leader, a model directory
+    linking out (simulations/security_peer_attacks.py)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import security_peer_attacks
+
+    return security_peer_attacks.peer_attacks()
+
+
 def insider(messages: int) -> list[Row]:
     """A fellow holding the token floods a virtual swarm (simulations/bench_insider.py)."""
     sys.path.insert(0, str(Path(__file__).parent))
@@ -338,6 +351,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "throughput": lambda args: throughput(
         json.loads(Path(args.baseline).read_text()) if args.baseline else None),
     "insider": lambda args: insider(args.messages),
+    "peer_attacks": lambda args: peer_attacks(),
 }
 
 

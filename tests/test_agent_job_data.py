@@ -81,7 +81,7 @@ async def test_a_leader_without_the_data_fetches_it_and_bad_data_never_lands(
     digest = hashlib.sha256(TEXT.encode()).hexdigest()
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, n=3)
-        holder, other, third = swarm.live()
+        holder, other, _ = swarm.live()
         job = await holder.training.data.attach(
             JobConfig.from_dict(job_config(data={"files": [str(text)]})))
         assert job.data.files == (f"sha256:{digest}",)
@@ -89,23 +89,35 @@ async def test_a_leader_without_the_data_fetches_it_and_bad_data_never_lands(
         here = await other.training.data.local(job)  # fetched from the holder
         assert Path(here.data.files[0]).read_text() == TEXT
         assert other.training.data.has(digest)
-        # bytes that do not match their name are refused and leave nothing behind
+        leader, _ = leader_and_asker(swarm)
+        target = next(a for a in swarm.live() if a is not leader)
+        sender = next(a for a in swarm.live() if a is not leader and a is not target)
+        # job data from a fellow that does not lead is refused and counted before anything
+        # is evicted or written: it cannot push other jobs' data out of the store
+        before = sorted(p.name for p in target.training.data.root.iterdir())
         bad = hashlib.sha256(b"something else").hexdigest()
-        async with await holder.open_secure(third.addr) as stream:
+        async with await sender.open_secure(target.addr) as stream:
+            await send_message(stream, DataPut(bad, target.training.data.cap))
+            with pytest.raises(TransportError, match="only the leader"):
+                await receive_answer(stream, Ack, "target", name_stage=False)
+        assert target.counters.refused["data-put-not-leader"] == 1
+        assert sorted(p.name for p in target.training.data.root.iterdir()) == before
+        # from the leader: bytes that do not match their name are refused, nothing kept
+        async with await leader.open_secure(target.addr) as stream:
             await send_message(stream, DataPut(bad, 4))
             await send_message(stream, StatePart(0, b"evil"))
             with pytest.raises(TransportError, match="does not match"):
-                await receive_answer(stream, Ack, "third", name_stage=False)
-        assert not third.training.data.has(bad)
-        assert not list(third.training.data.root.iterdir())
+                await receive_answer(stream, Ack, "target", name_stage=False)
+        assert not target.training.data.has(bad)
+        assert sorted(p.name for p in target.training.data.root.iterdir()) == before
         # a size over the cap is refused before a byte is written
-        async with await holder.open_secure(third.addr) as stream:
-            await send_message(stream, DataPut(bad, third.training.data.cap + 1))
+        async with await leader.open_secure(target.addr) as stream:
+            await send_message(stream, DataPut(bad, target.training.data.cap + 1))
             with pytest.raises(TransportError, match="over the"):
-                await receive_answer(stream, Ack, "third", name_stage=False)
+                await receive_answer(stream, Ack, "target", name_stage=False)
         # a name that is no hash never becomes a path
         with pytest.raises(RemoteProtocolError):
-            third.training.data.path("../../etc/passwd")
+            target.training.data.path("../../etc/passwd")
         nursery.cancel_scope.cancel()
 
 

@@ -75,12 +75,16 @@ def test_numbers_a_job_cannot_run_are_refused(tmp_path: Path, field: str, value:
     one_line_error(tmp_path, ["train", "--config", str(job), "--plan"], says)
 
 
-@pytest.mark.parametrize("flag", ["--sequences", "--context", "--micro-batches"])
-def test_plan_numbers_beyond_any_request_are_refused(tmp_path: Path, flag: str) -> None:
+@pytest.mark.parametrize(("flag", "most"), [("--sequences", "1,048,576"),
+                                            ("--context", "1,073,741,824"),
+                                            ("--micro-batches", "1,000,000,000"),
+                                            ("--stages", "256")])
+def test_plan_numbers_beyond_any_request_are_refused(tmp_path: Path, flag: str,
+                                                     most: str) -> None:
     args = ["plan", "tiny-llama", flag, str(10**30), "--cluster", str(cluster(tmp_path))]
     if flag == "--micro-batches":
         args.append("--train")
-    one_line_error(tmp_path, args, f"{flag} must be a whole number from 1 to 1,000,000,000")
+    one_line_error(tmp_path, args, f"{flag} must be a whole number from 1 to {most}")
 
 
 # --- config.json ------------------------------------------------------------------------

@@ -38,11 +38,12 @@ def test_a_files_identity_keeps_the_document_orders_carry() -> None:
     assert list(doc.items()) == [  # the keys in the order records and gossip show them
         ("kind", "files"), ("name", "my-model"), ("key", "0123456789abcdef"),
         ("source_id", "aa" * 16), ("source", "fellow-1"), ("source_addr", "10.0.0.1:7000"),
-        ("path", "/models/my-model"), ("files", data["files"]), ("manifest", data)]
-    assert Manifest.from_dict(doc["manifest"]) == manifest
+        ("files", data["files"]), ("manifest", data)]  # no path: it stays on its fellow
+    assert "/models" not in str(doc)
+    assert Manifest.from_dict(doc["manifest"]) == dataclasses.replace(manifest, path="")
     origin = WeightsOrigin.of(doc)  # as stage orders read it
     assert (origin.kind, origin.name, origin.path, origin.offered_by("aa" * 16)) == (
-        "files", "my-model", "/models/my-model", True)
+        "files", "my-model", None, True)
 
 
 def test_a_cancel_outcome_answers_as_it_always_did() -> None:

@@ -33,6 +33,7 @@ from typing import Any, TypedDict
 from p2pswarm.agent.weights import Manifest, ManifestTensor
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.lora_targets import family_targets, proj_parents
+from p2pswarm.models.model_dir import model_file
 from p2pswarm.planner.plan_values import Plan
 from p2pswarm.shapes.model_config import ModelConfig
 
@@ -77,7 +78,8 @@ class AdapterManifest:
         return self.alpha / self.rank
 
     def public(self) -> AdapterPublic:
-        return AdapterPublic(name=self.name, path=self.path, sha256=self.sha256,
+        # the directory's name only: paths on this fellow never travel
+        return AdapterPublic(name=self.name, path=self.name, sha256=self.sha256,
                              base=self.base, rank=self.rank, alpha=self.alpha,
                              targets=list(self.targets))
 
@@ -90,7 +92,7 @@ def read_adapter(adapter_dir: str | Path) -> AdapterManifest:
     if not root.is_dir():
         raise ConfigError(f"adapter directory {root} does not exist")
     for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
-        if not (root / name).is_file():
+        if not model_file(root, name).is_file():
             raise ConfigError(f"{root} has no {name}: not a LoRA adapter directory "
                               "(`p2pswarm jobs export` writes one)")
     try:

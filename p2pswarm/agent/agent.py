@@ -55,6 +55,7 @@ from p2pswarm.agent.outbox import OUTBOX_DATAGRAMS, Outbox
 from p2pswarm.agent.planning import Planning
 from p2pswarm.agent.ports import ControlHandler, StreamHandler
 from p2pswarm.agent.rejoin import Rejoin
+from p2pswarm.agent.self_watch import SelfWatch
 from p2pswarm.agent.serving import Serving
 from p2pswarm.agent.status_doc import ElectorateDoc, LeaderDoc, MemberRow, SelfDoc, StatusDoc
 from p2pswarm.agent.training import Training
@@ -151,7 +152,11 @@ class Agent:
         self._seen_version = -1
         self.failure: SwarmError | None = None  # why the agent stopped itself, if it did
         self.links = Links(world.name, world.transport, world.keyring, world.identity, config,
-                           self.counters)
+                           self.counters, SelfWatch(world.name,
+                                                    config.compute.loop_watch_interval_s,
+                                                    config.compute.loop_lag_warn_s))
+        # the agent watches its own loop and what each fellow makes it hold
+        self.links.watch.watch(self.links.held, self._fellow_name)
         self.links.on_stream(Hello, self._on_stream_hello)
         for t in _MEMBERSHIP_STREAM_TYPES:
             self.links.on_stream(t, self._on_membership_stream)
@@ -302,8 +307,9 @@ class Agent:
                     nursery.start_soon(self._receive_datagrams)
                 if self.outbox.needs_sender:
                     nursery.start_soon(self.outbox.run)
-                if self.alarm.needs_timer:
+                if self.alarm.needs_timer:  # real time: the loop can lag, watch it
                     nursery.start_soon(self.alarm.run)
+                    nursery.start_soon(self.links.watch.run)
                 nursery.start_soon(self._reconnect_loop)
                 if self.card_source is not None:
                     nursery.start_soon(self.card_news.run)
@@ -721,7 +727,13 @@ class Agent:
             "membership": self.membership.counters() if self.membership else {},
             "loop_lag": {**self.loop_lag.to_dict(), "stretch_s": round(
                 self.election.stretch(), 3) if self.election is not None else 0.0},
+            "self_watch": self.links.watch.to_doc(),
         }
+
+    def _fellow_name(self, node_id: bytes) -> str:
+        """How the self watch names a fellow in its log lines."""
+        member = self.fellow(node_id.hex())
+        return member.name if member is not None else node_id.hex()[:8]
 
 
 __all__ = ["Agent", "Counters", "Goodbye"]

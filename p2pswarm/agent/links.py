@@ -11,6 +11,7 @@ out of here: every failure is a counted drop.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from typing import Any
 
@@ -19,6 +20,7 @@ import trio
 from p2pswarm import wire
 from p2pswarm.agent.counters import Counters
 from p2pswarm.agent.ports import StreamHandler
+from p2pswarm.agent.self_watch import Held, SelfWatch
 from p2pswarm.config import SwarmConfig
 from p2pswarm.errors import (
     AuthenticationError,
@@ -50,7 +52,7 @@ class Links:
     """This fellow's sealed streams, both ways."""
 
     def __init__(self, name: str, transport: Transport, keyring: Keyring, identity: Identity,
-                 config: SwarmConfig, counters: Counters) -> None:
+                 config: SwarmConfig, counters: Counters, watch: SelfWatch) -> None:
         self._name = name
         self._transport = transport
         self._keyring = keyring
@@ -59,6 +61,8 @@ class Links:
         self._counters = counters
         self._handlers: dict[type, StreamHandler] = {}
         self._streams_of: Counter[bytes] = Counter()  # accepted streams open, per fellow
+        self._open: dict[bytes, set[SecureStream]] = {}  # the same streams, for the watch
+        self.watch = watch
 
     def on_stream(self, message_type: type, handler: StreamHandler) -> None:
         """Answer streams whose first envelope is ``message_type`` (see StreamHandler)."""
@@ -115,13 +119,23 @@ class Links:
             await stream.aclose()
             return
         self._streams_of[fellow] += 1
+        self._open.setdefault(fellow, set()).add(stream)
         try:
             await self._answer(stream)
         finally:
             self._streams_of[fellow] -= 1
             if not self._streams_of[fellow]:
                 del self._streams_of[fellow]
+            open_now = self._open.get(fellow, set())
+            open_now.discard(stream)
+            if not open_now:
+                self._open.pop(fellow, None)
             await stream.aclose()
+
+    def held(self) -> dict[bytes, Held]:
+        """What each fellow's streams into this agent hold now (for the self watch)."""
+        return {fellow: Held(len(streams), sum(s.held_bytes() for s in streams))
+                for fellow, streams in self._open.items()}
 
     async def _answer(self, stream: SecureStream) -> None:
         """Answer request envelopes until the peer closes, misbehaves or falls silent for
@@ -135,7 +149,13 @@ class Links:
                     self._counters.drop("stream-idle")
                     return
                 self._counters.frames_in += 1
-                messages = wire.decode(frame, max_bytes=self._config.transport.max_frame_bytes)
+                started = time.perf_counter()
+                try:
+                    messages = wire.decode(frame,
+                                           max_bytes=self._config.transport.max_frame_bytes)
+                finally:  # what the decode cost the loop, charged to the sender
+                    self.watch.charge(stream.peer_node_id, "frame",
+                                      time.perf_counter() - started, trio.current_time())
             except TransportError:
                 return  # peer closed
             except (AuthenticationError, RemoteProtocolError) as exc:

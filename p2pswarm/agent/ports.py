@@ -134,8 +134,8 @@ class LeadershipPort(Named, Dials, Answers, Counted, FindsFellow, FollowsLeader,
     """What ``Leadership`` asks the leader and takes orders with."""
 
 
-class PlanningPort(Named, Fellows, ServesControl, Protocol):
-    """What ``Planning`` builds the swarm's view from."""
+class PlanningPort(Named, Fellows, ServesControl, Computes, Counted, Configured, Protocol):
+    """What ``Planning`` builds the swarm's view from, and where it plans for fellows."""
 
 
 class WeightsPort(Dials, Configured, Protocol):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from p2pswarm.agent.self_watch import SelfWatchDoc
 from p2pswarm.cards import CardDoc
 
 
@@ -94,6 +95,7 @@ class StatusDoc(TypedDict):
     transport: dict[str, int]
     membership: dict[str, int]
     loop_lag: dict[str, float]
+    self_watch: SelfWatchDoc
 
 
 __all__ = ["CountersDoc", "ElectorateDoc", "HeldStageDoc", "LeaderDoc", "MemberRow", "SelfDoc",

@@ -46,6 +46,7 @@ from p2pswarm.errors import (
     TransportError,
     WeightsCacheFull,
 )
+from p2pswarm.models.model_dir import model_file, model_file_if_any
 from p2pswarm.names import UnsafeName, hex_digest, safe_name, sha256_hex
 from p2pswarm.shapes.model_config import ModelConfig
 from p2pswarm.wire.serving import WeightsItem, WeightsRefused, WeightsRequest
@@ -126,7 +127,7 @@ class Manifest:
 
     key: str  # 16 hex chars over everything below but the path
     name: str  # the directory's name
-    path: str  # on the source fellow
+    path: str  # on the source fellow, there only: it never travels ("" from the network)
     hf_config: dict[str, Any]
     tensors: tuple[ManifestTensor, ...]
     files: tuple[ManifestFile, ...]
@@ -154,7 +155,9 @@ class Manifest:
         return _manifest_key(self.hf_config, self.tensors, self.files) == self.key
 
     def to_dict(self) -> ManifestDoc:
-        return {"key": self.key, "name": self.name, "path": self.path, "config": self.hf_config,
+        # no path: where a fellow keeps its models is none of the swarm's business (the
+        # source finds its directory by the key it offered it under)
+        return {"key": self.key, "name": self.name, "path": "", "config": self.hf_config,
                 "tensors": [t.to_list() for t in self.tensors],
                 "files": [[f.name, f.nbytes, f.sha256] for f in self.files]}
 
@@ -165,7 +168,7 @@ class Manifest:
         try:
             return Manifest(
                 key=hex_digest(data["key"], 16, "model key"), name=str(data["name"])[:256],
-                path=str(data["path"]), hf_config=dict(data["config"]),
+                path="", hf_config=dict(data["config"]),  # a path read never counts
                 tensors=tuple(ManifestTensor.from_list(t) for t in data["tensors"]),
                 files=tuple(_manifest_file(*f) for f in data["files"]))
         except (KeyError, TypeError, ValueError) as exc:
@@ -208,8 +211,10 @@ def build_manifest(model_dir: str | Path) -> Manifest:
                                       e.nbytes, tensor_sha256(checkpoint, e)))
     files = []
     for name in MODEL_FILES:
-        path = checkpoint.model_dir / name
-        if path.is_file():
+        # a link out of the directory (to the fellow's identity, say) is refused, never
+        # hashed: what a manifest names, any fellow may fetch
+        path = model_file_if_any(checkpoint.model_dir, name)
+        if path is not None:
             files.append(ManifestFile(name, path.stat().st_size, _file_sha256(path)))
     return Manifest(_manifest_key(checkpoint.hf_config, tensors, files), checkpoint.name,
                     str(checkpoint.model_dir.resolve()), checkpoint.hf_config, tuple(tensors),
@@ -432,7 +437,8 @@ class WeightsServer:
                     f = files[name]
                     where, offset, nbytes, sha = f.name, 0, f.nbytes, f.sha256
                 if where not in fds:
-                    handle = await run(partial(open, root / where, "rb"))
+                    # checked again as it is opened: the directory may have changed since
+                    handle = await run(partial(open, model_file(root, where), "rb"))
                     fds[where] = files_open.enter_context(handle).fileno()
                 await stream.send_frame(wire.encode(WeightsItem(name, nbytes, sha)))
                 self.sent_bytes += await send_bytes(stream, run, fds[where], offset, nbytes,

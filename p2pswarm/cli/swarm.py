@@ -427,3 +427,14 @@ def render_status(data: dict[str, Any]) -> None:
         f"datagrams in/out {counters.get('datagrams_in', 0)}/{counters.get('datagrams_out', 0)}"
         f", streams in/out {counters.get('streams_in', 0)}/{counters.get('streams_out', 0)}"
         + (", drops: " + ", ".join(f"{k} {v}" for k, v in drops.items()) if drops else ""))
+    watch = data.get("self_watch")
+    if isinstance(watch, dict):
+        held = watch.get("held_by_fellow") or {}
+        most = max(held.values(), key=lambda h: h.get("bytes", 0), default=None)
+        console.print(Text(
+            f"loop lag {watch.get('loop_lag_ms', 0):.0f} ms (the most in the last minute "
+            f"{watch.get('loop_lag_recent_max_ms', 0):.0f} ms, since start "
+            f"{watch.get('loop_lag_max_ms', 0):.0f} ms); fellows' streams hold "
+            f"{watch.get('held_bytes', 0) / 2**20:.1f} MiB"
+            + (f", the most {most.get('bytes', 0) / 2**20:.1f} MiB by {most.get('name')}"
+               if most else "")))

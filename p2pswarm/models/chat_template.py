@@ -129,9 +129,12 @@ def render_chat(messages: Sequence[Mapping[str, str]], template: ChatTemplate | 
 
 def read_chat_template(model_dir: str | Path) -> ChatTemplate | None:
     """The chat template of a model directory, or None when it has none."""
+    from p2pswarm.models.model_dir import model_file, model_file_if_any
+
     directory = Path(model_dir)
+    config_path = model_file_if_any(directory, "tokenizer_config.json")
     try:
-        config = json.loads((directory / "tokenizer_config.json").read_text())
+        config = json.loads(config_path.read_text()) if config_path is not None else {}
     except (OSError, ValueError):
         config = {}
     source = config.get("chat_template") if isinstance(config, dict) else None
@@ -140,7 +143,7 @@ def read_chat_template(model_dir: str | Path) -> ChatTemplate | None:
                        if isinstance(t, dict) and t.get("name") == "default"), None)
     if not isinstance(source, str):
         try:
-            source = (directory / "chat_template.jinja").read_text()
+            source = model_file(directory, "chat_template.jinja").read_text()
         except OSError:
             return None
     return ChatTemplate(source, _token(config.get("bos_token")), _token(config.get("eos_token")))

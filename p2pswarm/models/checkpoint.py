@@ -20,7 +20,7 @@ from safetensors import safe_open
 
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.families import tensor_map
-from p2pswarm.names import contained, safe_name
+from p2pswarm.models.model_dir import link_root, model_file
 from p2pswarm.shapes.model_config import ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -48,7 +48,7 @@ class Checkpoint:
 
     def __init__(self, model_dir: str | Path) -> None:
         self.model_dir = Path(model_dir)
-        config_path = self.model_dir / "config.json"
+        config_path = model_file(self.model_dir, "config.json")
         try:
             self.hf_config: dict[str, Any] = json.loads(config_path.read_text())
         except FileNotFoundError as exc:
@@ -62,7 +62,7 @@ class Checkpoint:
     @property
     def name(self) -> str:
         """The directory's name; for a hub snapshot, its repository's (not the commit)."""
-        root = _link_root(self.model_dir)
+        root = link_root(self.model_dir)
         if root != self.model_dir.resolve() and root.name.count("--") >= 2:
             return root.name.split("--", 2)[2]  # models--ORG--NAME
         return self.model_dir.name
@@ -93,7 +93,7 @@ class Checkpoint:
                     yield name, handle.get_tensor(name)
 
     def _read_weight_map(self) -> dict[str, str]:
-        index_path = self.model_dir / INDEX_FILE
+        index_path = model_file(self.model_dir, INDEX_FILE)
         if index_path.exists():
             try:
                 raw = json.loads(index_path.read_text())["weight_map"]
@@ -124,20 +124,9 @@ class Checkpoint:
         file name, and, symlinks followed, inside the directory (or, for a Hugging Face
         hub snapshot, inside its repository folder, where the blobs it links to live)."""
         try:
-            safe_name(file, "weights file name")
-            return contained(_link_root(self.model_dir), self.model_dir / file)
+            return model_file(self.model_dir, file, "weights file name")
         except ConfigError as exc:
             raise ConfigError(f"{self.model_dir / INDEX_FILE}: {exc}") from None
-
-
-def _link_root(model_dir: Path) -> Path:
-    """How far a model directory's files may lead by symlinks: the directory itself, or
-    the repository folder of a hub snapshot (``models--org--name/snapshots/REV``)."""
-    resolved = model_dir.resolve()
-    if resolved.parent.name == "snapshots" and resolved.parent.parent.name.startswith(
-            "models--"):
-        return resolved.parent.parent
-    return resolved
 
 
 def read_safetensors_header(path: Path, file: str) -> dict[str, TensorEntry]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from p2pswarm.errors import ConfigError
 from p2pswarm.models.hub import cached_snapshot, is_hub_id
+from p2pswarm.models.model_dir import model_file
 from p2pswarm.planner.profile import (
     BUILTIN_MODELS,
     REFERENCE_CONFIGS,
@@ -59,9 +60,9 @@ def read_model_config(spec: str) -> tuple[str, dict[str, Any]]:
                           "(`p2pswarm plan` and `load` convert it themselves)")
     hub = _hub_snapshot(spec)
     if hub is not None:
-        path, name = hub / "config.json", spec.split("/")[1]
+        path, name = model_file(hub, "config.json"), spec.split("/")[1]
     elif path.is_dir():
-        path = path / "config.json"
+        path = model_file(path, "config.json")
         name = Path(spec).expanduser().resolve().name
     else:
         name = path.resolve().parent.name if path.name == "config.json" else path.stem

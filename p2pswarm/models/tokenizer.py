@@ -62,8 +62,10 @@ class HFTokenizer:
     def __init__(self, model_dir: str | Path) -> None:
         from tokenizers import Tokenizer as _Tokenizer
 
+        from p2pswarm.models.model_dir import model_file
+
         model_dir = Path(model_dir)
-        path = model_dir / "tokenizer.json"
+        path = model_file(model_dir, "tokenizer.json")
         try:
             self._tokenizer = _Tokenizer.from_file(str(path))
         except Exception as exc:  # the Rust side raises plain Exception
@@ -201,14 +203,16 @@ def load_tokenizer(model: str | Path) -> ByteTokenizer | HFTokenizer | WorldToke
     cached hub id: a directory (or the ``.pth``'s) holding the World vocabulary file
     uses it."""
     from p2pswarm.models.hub import cached_snapshot, is_hub_id
+    from p2pswarm.models.model_dir import model_file_if_any
     from p2pswarm.planner.profile import BUILTIN_MODELS
 
     if isinstance(model, str) and model in BUILTIN_MODELS:
         return ByteTokenizer()
     where = Path(model)
     folder = where.parent if where.suffix == ".pth" else where
-    if (folder / WORLD_VOCAB_FILE).is_file() and not (folder / "tokenizer.json").is_file():
-        return WorldTokenizer(folder / WORLD_VOCAB_FILE)
+    vocab = model_file_if_any(folder, WORLD_VOCAB_FILE) if folder.is_dir() else None
+    if vocab is not None and model_file_if_any(folder, "tokenizer.json") is None:
+        return WorldTokenizer(vocab)
     if isinstance(model, str) and is_hub_id(model) and not Path(model).expanduser().exists():
         return HFTokenizer(cached_snapshot(model))
     return HFTokenizer(model)
@@ -216,11 +220,16 @@ def load_tokenizer(model: str | Path) -> ByteTokenizer | HFTokenizer | WorldToke
 
 def _special_ids(model_dir: Path) -> tuple[int | None, tuple[int, ...]]:
     # config.json names them for the model; generation_config.json may list more stops
+    from p2pswarm.models.model_dir import model_file_if_any
+
     bos: int | None = None
     eos: list[int] = []
     for name in ("config.json", "generation_config.json"):
+        path = model_file_if_any(model_dir, name)  # a link out of the directory: refused
+        if path is None:
+            continue
         try:
-            data = json.loads((model_dir / name).read_text())
+            data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
         if bos is None and isinstance(data.get("bos_token_id"), int):

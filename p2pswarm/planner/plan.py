@@ -163,12 +163,19 @@ class _Setting:
                            self.profile.max_context, GRANULARITY_TOKENS)
 
 
+MAX_PLAN_CARDS = 256
+
+
 def _setting(profile: ModelProfile, view: ClusterView, request: PlanRequest,
              extra: tuple[Slot, ...] = ()) -> _Setting:
     r = resolve(request, profile)
     excluded = _resolve_excludes(view, r.exclude)
     r = replace(r, exclude=_exclude_keys(excluded))
     usable, reasons = _usable(view, r, excluded)
+    if len(usable) > MAX_PLAN_CARDS:  # the searches grow with cards x layers x stages
+        raise ConfigError(f"{len(usable):,} cards are usable; the planner searches at most "
+                          f"{MAX_PLAN_CARDS:,} (a room of 32 machines with 8 GPUs each): "
+                          "leave some out with --exclude or raise --floor")
     have = {(s.fellow_id, s.card.kind, s.card.index) for s in usable}
     usable += [s for s in extra if (s.fellow_id, s.card.kind, s.card.index) not in have]
     return _Setting(profile, view, r, pipeline_order(usable), reasons, frozenset(excluded))

@@ -81,16 +81,26 @@ class PlanRequest:
 
 
 MAX_COUNT = 10**9  # more tokens, sequences, stages or steps than any request means
+# Fields whose size the planner's work grows with get their own, tighter bounds (a plan
+# request comes from any fellow's ``PlanAsk``): each is far beyond any real request.
+MAX_STAGES = 256  # a stage is a card; the longest published pipelines have 35-64 stages
+MAX_TOKENS = 2**30  # context or sequence length; the longest published context is ~10M
+MAX_SEQUENCES = 1 << 20  # the planner searches sessions up to this many
+MAX_LORA_RANK = 65_536  # published LoRA ranks are 4 to 256
+MAX_EXCLUDED = 1024  # cards left out by name
+BOUNDS = {"stages": MAX_STAGES, "context": MAX_TOKENS, "seq_len": MAX_TOKENS,
+          "sequences": MAX_SEQUENCES, "micro_batch": MAX_SEQUENCES, "lora_rank": MAX_LORA_RANK}
 
 
 def _int(data: Mapping[str, Any], key: str, default: Any, minimum: int = 1) -> Any:
     value = data.get(key, default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
+    most = BOUNDS.get(key, MAX_COUNT)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= most:
         flag = "--" + key.replace("_", "-")
         shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise ConfigError(f"{flag} must be a whole number from {minimum} to {MAX_COUNT:,}, "
+        raise ConfigError(f"{flag} must be a whole number from {minimum} to {most:,}, "
                           f"got {shown}")
     return value
 
@@ -110,8 +120,11 @@ def request_from_dict(data: Mapping[str, Any]) -> PlanRequest:
     weights = normalize_dtype(weights, WEIGHT_CHOICES, "--weights-dtype") if weights else None
     kv = normalize_dtype(data.get("kv_dtype") or "f16", KV_DTYPES, "--kv-dtype")
     exclude = data.get("exclude") or data.get("exclude_cards") or ()
-    if isinstance(exclude, str) or not all(isinstance(e, str) for e in exclude):
+    if isinstance(exclude, str) or not isinstance(exclude, (list, tuple)) \
+            or not all(isinstance(e, str) for e in exclude):
         raise ConfigError("exclude must be a list of \"FELLOW:INDEX\" strings")
+    if len(exclude) > MAX_EXCLUDED:
+        raise ConfigError(f"--exclude names {len(exclude):,} cards; at most {MAX_EXCLUDED:,}")
     for item in exclude:
         fellow, _, index = item.rpartition(":")
         if not fellow or not (index.isdigit() or index in CARD_KINDS):
@@ -185,6 +198,7 @@ def resolve(request: PlanRequest, profile: ModelProfile) -> PlanRequest:
 
 
 __all__ = [
+    "BOUNDS",
     "DEFAULT_FLOORS_BYTES",
     "GRANULARITY_TOKENS",
     "MAXIMIZE",

@@ -41,6 +41,49 @@ UNBOUNDED_CONTEXT_TOKENS = 2**30
 
 
 @dataclass(frozen=True, slots=True)
+class SizeBound:
+    """The most a model config may say for one size, and why that is enough."""
+
+    most: int
+    why: str
+
+
+# What a config may ask before anything is sized from it: a config comes from a fellow's
+# ``PlanAsk`` as well as from a local directory, and the planner's work and memory grow
+# with these (its search is layers x cards x stages; the per-layer tables are as long as
+# the model is deep). Each bound is several times the largest published model's.
+SIZE_BOUNDS: dict[str, SizeBound] = {
+    "num_layers": SizeBound(512, "the deepest published decoders have 126 layers (Llama "
+                            "3.1 405B), 118 (PaLM 540B), 105 (Megatron-Turing NLG 530B) and 61 "
+                            "(DeepSeek-V3, MoE)"),
+    "hidden_size": SizeBound(131_072, "the widest published decoders have 20,480 (Megatron-"
+                             "Turing NLG), 18,432 (PaLM 540B) and 16,384 (Llama 3.1 405B)"),
+    "intermediate_size": SizeBound(524_288, "the largest published MLPs are 73,728 wide "
+                                   "(PaLM 540B) and 53,248 (Llama 3.1 405B)"),
+    "vocab_size": SizeBound(2_097_152, "the largest published vocabularies have 262,144 "
+                            "tokens (Gemma 3) and 256,000 (Gemma 2, PaLM)"),
+    "num_heads": SizeBound(1024, "the most attention heads a published decoder has is 128 "
+                           "(Llama 3.1 405B, DeepSeek-V3)"),
+    "num_kv_heads": SizeBound(1024, "no published decoder has more key/value heads than 128"),
+    "head_dim": SizeBound(4096, "published heads are 64 to 256 wide (Gemma: 256)"),
+    "max_context_tokens": SizeBound(UNBOUNDED_CONTEXT_TOKENS, "the longest published "
+                                    "context is 10,485,760 tokens (Llama 4 Scout)"),
+    "sliding_window": SizeBound(UNBOUNDED_CONTEXT_TOKENS, "a window is at most the context"),
+    "low_rank_dim": SizeBound(131_072, "RWKV-7's low-rank maps are at most 256 wide"),
+    "eos_token_ids": SizeBound(64, "published configs list at most a handful of stop tokens"),
+}
+
+
+def check_size(name: str, value: int) -> int:
+    """``value`` if within ``SIZE_BOUNDS[name]``; ConfigError naming the bound and why."""
+    bound = SIZE_BOUNDS[name]
+    if value > bound.most:
+        raise ConfigError(f"model config: {name} {value:,} is over the {bound.most:,} "
+                          f"p2pswarm plans for: {bound.why}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
 class RopeScaling:
     """How RoPE frequencies are stretched for longer contexts.
 
@@ -112,6 +155,15 @@ class ModelConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model config: {name} must be positive")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim", "max_context_tokens"):
+            check_size(name, getattr(self, name))
+        if self.sliding_window is not None:
+            check_size("sliding_window", self.sliding_window)
+        check_size("eos_token_ids", len(self.eos_token_ids))
+        for name in ("decay_low_rank_dim", "a_low_rank_dim", "v_low_rank_dim",
+                     "gate_low_rank_dim"):
+            check_size("low_rank_dim", getattr(self, name))
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"model config: {self.num_heads} heads do not split into "
@@ -180,14 +232,16 @@ class ModelConfig:
         if float(_number(hf, "partial_rotary_factor", 1.0)) != 1.0:
             raise ConfigError("partial rotary embeddings are not supported")
         try:
-            hidden = _whole(hf, "hidden_size")
-            heads = _whole(hf, "num_attention_heads")
+            hidden = check_size("hidden_size", _whole(hf, "hidden_size"))
+            heads = check_size("num_heads", _whole(hf, "num_attention_heads"))
             kv_heads = _whole(hf, "num_key_value_heads", heads)
             head_dim = _whole(hf, "head_dim", hidden // heads if heads > 0 else 0)
             eos = hf.get("eos_token_id")
+            if isinstance(eos, list):
+                check_size("eos_token_ids", len(eos))
             eos_ids = tuple(_whole({"eos_token_id": i}, "eos_token_id") for i in eos) \
                 if isinstance(eos, list) else (() if eos is None else (_whole(hf, "eos_token_id"),))
-            layers = _whole(hf, "num_hidden_layers")
+            layers = check_size("num_layers", _whole(hf, "num_hidden_layers"))
             theta, scaling, local_theta = _rope_from_hf(hf, model_type)
             attention_bias = bool(hf.get("attention_bias", False))
             window, sliding = _sliding_from_hf(hf, model_type, layers)
@@ -294,7 +348,7 @@ class ModelConfig:
 def _rwkv7_from_hf(cls: type[ModelConfig], hf: dict[str, Any]) -> ModelConfig:
     """An RWKV-7 ``config.json`` in the flash-linear-attention layout (``RWKV7Config``)."""
     try:
-        hidden = _whole(hf, "hidden_size")
+        hidden = check_size("hidden_size", _whole(hf, "hidden_size"))
         head_size = _whole(hf, "head_dim", 64)
         if head_size <= 0 or hidden % head_size:
             raise ConfigError(f"model config: hidden_size {hidden} does not split into heads "

@@ -181,11 +181,14 @@ def _copy_tokenizer(model: str, out: Path) -> None:
     where = Path(model).expanduser()
     if not where.is_dir():
         return  # a built-in model: byte-level, no tokenizer files
+    from p2pswarm.models.model_dir import model_file_if_any
+
     for name in TOKENIZER_FILES:
         if name == "generation_config.json" and (out / name).exists():
             continue
-        if (where / name).is_file():
-            shutil.copyfile(where / name, out / name)
+        found = model_file_if_any(where, name)  # never a link out of the directory
+        if found is not None:
+            shutil.copyfile(found, out / name)
 
 
 __all__ = ["BASE_DIR", "Exported", "TOKENIZER_FILES", "check_out_dir", "export_checkpoint"]

@@ -72,6 +72,11 @@ class SecureStream:
     def peer_node_id(self) -> bytes:
         return self._peer_node_id
 
+    def held_bytes(self) -> int:
+        """Bytes the stream below holds in its receive buffers (0 where it cannot say)."""
+        held = getattr(self._stream, "held_bytes", None)
+        return int(held()) if callable(held) else 0
+
     @property
     def peer_public_key(self) -> bytes:
         return self._peer_public_key

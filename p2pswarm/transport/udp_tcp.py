@@ -127,6 +127,10 @@ class TcpStream:
     def peer_addr(self) -> str:
         return self._peer_addr
 
+    def held_bytes(self) -> int:
+        """Memory this stream's receive buffers hold now (the agent watches it per fellow)."""
+        return len(self._buf) + (len(self._big) if self._big is not None else 0)
+
     def handshake_started(self, max_frame_bytes: int) -> None:
         """Until ``authenticated``, accept frames of at most ``max_frame_bytes``."""
         self._limit = min(self._limit, max_frame_bytes)

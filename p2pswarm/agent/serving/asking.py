@@ -95,7 +95,6 @@ class ModelIdentityDoc(_ModelIdentitySaid, total=False):
     source_id: str
     source: str
     source_addr: str
-    path: str
     files: list[list[str | int]]  # [name, bytes, SHA-256]
     manifest: ManifestDoc
     recurrent: bool
@@ -121,7 +120,7 @@ class ModelIdentity:
             doc = {"kind": "builtin", "name": self.name}
         else:
             doc = {"kind": "files", "name": m.name, "key": m.key, "source_id": self.source_id,
-                   "source": self.source, "source_addr": self.source_addr, "path": m.path,
+                   "source": self.source, "source_addr": self.source_addr,
                    "files": [[f.name, f.nbytes, f.sha256] for f in m.files],
                    "manifest": m.to_dict()}
         if self.recurrent:

@@ -43,8 +43,10 @@ class ChatPrompts:
             if any(f.name == "tokenizer_config.json" for f in manifest.files):
                 serving = self.serving
                 await serving.tokenizer(record)  # fetches the side files this fellow lacks
-                if origin.offered_by(serving.agent.node_id.hex()):
-                    directory = str(origin.path)
+                local = serving.offers.local_dir(manifest) \
+                    if origin.offered_by(serving.agent.node_id.hex()) else None
+                if local is not None:
+                    directory = local
                 else:
                     cache = serving.weights_cache()
                     directory = str(await serving.run(lambda: cache.model_dir(manifest)))

@@ -250,10 +250,11 @@ class Generation:
         if origin.offered_by(self.agent.node_id.hex()):
             # a record gossiped by any fellow may name this one the source: read only a
             # directory this fellow offered
-            if not self.offers.offered(manifest):
+            where = self.offers.local_dir(manifest)
+            if where is None:
                 raise PlacementError(f"{self.agent.name} offered no model directory "
-                                     f"{manifest.path}")
-            return load_tokenizer(Path(manifest.path))
+                                     f"{manifest.name}")
+            return load_tokenizer(Path(where))
         cache = self.offers.weights_cache()
         missing = [f.name for f in manifest.files if not cache.has(f.sha256, f.nbytes)]
         if missing:  # from the fellow that offered them, or any that holds them

@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from p2pswarm.agent.adapter import stage_block
-from p2pswarm.agent.plan_query import PlanQuery
 from p2pswarm.agent.planning import fellow_id
 from p2pswarm.agent.serving.doc_fields import DocFields
 from p2pswarm.agent.serving.events import LoadEvents
@@ -232,7 +231,7 @@ class Loads:
         if not _names_its_adapter(asked):
             raise ConfigError("the load's adapter is not the one its request names")
         async with self._lock:
-            plan = self.agent.planning.pinned(PlanQuery.from_doc(message), expected)
+            plan = await self.agent.planning.pinned_off_loop(message, expected)
             self.agent.planning.shown.check_pin(expected, plan)
             if not isinstance(plan, Plan) or plan.kind != "serve":
                 raise ConfigError("load serves a model: plan it without --train")

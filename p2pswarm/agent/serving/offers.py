@@ -67,10 +67,15 @@ class Offers:
         return manifest
 
     def offered(self, manifest: Manifest) -> bool:
-        """Whether this fellow offered ``manifest`` (same key, same directory): an order
-        that names this fellow as the source may read only a directory it offered."""
+        """Whether this fellow offered ``manifest`` (its key): an order that names this
+        fellow as the source may read only a directory it offered."""
+        return self.local_dir(manifest) is not None
+
+    def local_dir(self, manifest: Manifest) -> str | None:
+        """The directory this fellow offered ``manifest``'s key from (None: it offered
+        none). Orders and records carry no paths: this is the one way to the files."""
         mine = self.server.offers.get(manifest.key)
-        return mine is not None and mine.path == manifest.path
+        return mine.path if mine is not None else None
 
     async def _on_weights_request(self, msg: WeightsRequest, stream: SecureStream) -> None:
         await self.server.serve(msg, stream, self.agent.compute.run)

@@ -96,6 +96,9 @@ class PlanningView(Protocol):
 
     def pinned(self, query: PlanQuery, expected: str | None) -> Plan | FleetPlan: ...
 
+    async def pinned_off_loop(self, message: dict[str, Any],
+                              expected: str | None) -> Plan | FleetPlan: ...
+
 
 class Plans(Protocol):
     @property

@@ -173,10 +173,12 @@ class StageHost:
             self._count(exc)
             return str(exc)
         if model.offered_by(self.agent.node_id.hex()):
-            if not self.offers.offered(manifest):
+            where = self.offers.local_dir(manifest)
+            if where is None:
                 return "it offered no such model directory (a fellow reads only what it offered)"
+            mine = dataclasses.replace(manifest, path=where)
             try:
-                await self.agent.compute.run(lambda: check_source_files(manifest, names))
+                await self.agent.compute.run(lambda: check_source_files(mine, names))
             except (ConfigError, OSError) as exc:
                 return f"the model files are not readable as planned: {exc}"
             return None
@@ -191,10 +193,11 @@ class StageHost:
             self._count(exc)
             return str(exc)
         if block.offered_by(self.agent.node_id.hex()):
-            if not self.offers.offered(manifest):
+            where = self.offers.local_dir(manifest)
+            if where is None:
                 return "it offered no such adapter (a fellow reads only what it offered)"
-            if not Path(manifest.path).is_dir():
-                return f"the adapter directory {manifest.path} is not readable any more"
+            if not Path(where).is_dir():
+                return f"the adapter directory {where} is not readable any more"
             return None
         return await self._unreachable(manifest, [t.name for t in manifest.tensors], block,
                                        "the adapter's tensors")
@@ -303,10 +306,11 @@ class StageHost:
             return str(model.name), 0, 0.0
         manifest = Manifest.from_dict(model.manifest)
         if model.offered_by(self.agent.node_id.hex()):
-            if not self.offers.offered(manifest):
+            where = self.offers.local_dir(manifest)
+            if where is None:
                 raise PlacementError(f"{self.agent.name} offered no model directory "
-                                     f"{manifest.path}")
-            return Path(manifest.path), 0, 0.0
+                                     f"{manifest.name}")
+            return Path(where), 0, 0.0
         cache = self.offers.weights_cache()
         wanted = manifest.stage_tensors(*order.layers)
         # equal tensors (norms of ones, say) share one cached copy: fetch each hash once
@@ -343,8 +347,11 @@ class StageHost:
         manifest = block_manifest(block)
         origin = WeightsOrigin.of(block)
         local = origin.offered_by(self.agent.node_id.hex())
-        if local and not self.offers.offered(manifest):
-            raise PlacementError(f"{self.agent.name} offered no adapter {manifest.path}")
+        if local:  # read from the directory this fellow offered, never one a block names
+            where = self.offers.local_dir(manifest)
+            if where is None:
+                raise PlacementError(f"{self.agent.name} offered no adapter {manifest.name}")
+            manifest = dataclasses.replace(manifest, path=where)
         cache: WeightsCache = self.offers.weights_cache()
         fetched = 0
         if not local:

@@ -24,6 +24,7 @@ from p2pswarm.agent.serving.runtime import AdapterPart, AdapterWeights, BatchSte
 from p2pswarm.agent.weights import Manifest, WeightsCache
 from p2pswarm.errors import ConfigError, PlacementError, RemoteProtocolError
 from p2pswarm.models.loader import open_model
+from p2pswarm.models.model_dir import model_file
 from p2pswarm.runtime.frame import decode_tensor, encode_tensor
 from p2pswarm.runtime.sampler import Sampler
 from p2pswarm.runtime.stage import Stage
@@ -140,7 +141,7 @@ def read_adapter_tensors(manifest: Manifest, cache: WeightsCache | None,
     for t in manifest.tensors:
         try:
             if local:
-                with (Path(manifest.path) / t.file).open("rb") as f:
+                with model_file(manifest.path, t.file).open("rb") as f:
                     f.seek(t.offset_bytes)
                     data = bytearray(f.read(t.nbytes))
             else:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,7 @@ from p2pswarm.agent.training import control_ask
 from p2pswarm.agent.training.checkpoints import TrainCopies
 from p2pswarm.agent.training.driver import drive
 from p2pswarm.agent.training.handover import JobHandover
-from p2pswarm.agent.training.job_data import JobData, sent_files, sent_files_of
+from p2pswarm.agent.training.job_data import JobData, sent_files_of
 from p2pswarm.agent.training.job_paths import leader_checkpoint_dir
 from p2pswarm.agent.training.job_record import JobReport, JobReportDoc
 from p2pswarm.agent.training.jobs import (
@@ -236,8 +235,8 @@ class Training:
         """Submit a job to the leader; with ``follow``, stream its record (control events
         ``{"job": record}``) until it ends, and return the last one. ``maximize="seq_len"``
         trains at the longest sequence length that fits now."""
-        if config is not None:
-            await self._send_data(config)
+        # the data files it names stay in this fellow's store: the leader fetches them
+        # (``DataFetch``); job data is never pushed to a leader
         call = JobSubmit(None if config is None else pack_doc(config), plan_id or "", stages,
                          resume, maximize or "", tuple(exclude_cards or ()))
         report = JobReport.from_doc(unpack_doc((await self.leadership.ask(call,
@@ -266,23 +265,6 @@ class Training:
                 report = now
                 emit({"job": report.to_doc()})
         return report.to_doc()
-
-    async def _send_data(self, config: Mapping[str, Any]) -> None:
-        """The data files ``config`` sends with it, to the leader (unless this fellow
-        leads: they are in its store already)."""
-        if self.leadership.is_leader() or not sent_files(config):
-            return
-        election = self.agent.election
-        leader_id = election.status().leader_id if election is not None else None
-        member = self.agent.fellow(leader_id.hex()) if leader_id is not None else None
-        if member is None:
-            raise PlacementError("no leader in this fellow's view to send the job's data to; "
-                                 "wait for one to be elected")
-        try:
-            await self.data.push(config, member.addr)
-        except trio.TooSlowError:
-            raise TransportError("sending the job's data files to the leader took too long"
-                                 ) from None
 
     async def export(self, job_id: str, out: str) -> Any:
         """Export job ``job_id``'s latest checkpoint into ``out`` on this fellow (a Hugging

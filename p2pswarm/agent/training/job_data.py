@@ -5,14 +5,17 @@ API or MCP) reads the text and token files the job names, on its own disk: paths
 CLI already resolved against the job file's directory; a relative path that reaches an
 agent has no job file to resolve against and is refused. Each file is hashed into this
 fellow's store (``HOME/job-data/<sha256>``) and the job's ``data.files`` and
-``data.token_files`` name it ``sha256:<hex>`` from then on. Before the job is submitted
-the files are pushed to the leader (``DataPut`` and ``StatePart`` frames, checked as they
+``data.token_files`` name it ``sha256:<hex>`` from then on. The leader, and each fellow
+that drives the job, fetches the files it lacks from whichever connected fellow holds
+them (``DataFetch``, answered by ``DataPut`` and ``StatePart`` frames, checked as they
 arrive, landing by an atomic rename only when the hash matches); a leader never reads a
-data path from its own disk: a job naming one is refused. A leader lacking a file (a new
-leader, say) fetches it from whichever connected fellow holds it (``DataFetch``).
+data path from its own disk: a job naming one is refused.
 
 The store is bounded: one file at most ``transport.max_job_data_bytes``, and all of them
-together too, the least recently used evicted to make room.
+together too, the least recently used evicted to make room, never a live job's. Nobody
+pushes data unasked but the leader: a ``DataPut`` stream from any other fellow is refused
+and counted (``data-put-not-leader``) before anything is evicted or written, so a fellow
+cannot fill another's store and push other jobs' data out of it.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ import dataclasses
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -140,22 +143,6 @@ class JobData:
         os.utime(self.path(sha256))  # the most recently used
         return sha256
 
-    async def push(self, config: Mapping[str, Any], addr: str) -> None:
-        """Every sent data file ``config`` names that this fellow holds, to the fellow at
-        ``addr`` (one it lacks, say a job resumed from elsewhere, is fetched by the leader
-        from whichever fellow holds it)."""
-        for sha256 in sent_files(config):
-            path = self.path(sha256)
-            if not path.is_file():
-                continue
-            size = path.stat().st_size
-            with trio.fail_after(DATA_TIMEOUT_S + size / DATA_FLOOR_BYTES_PER_S):
-                async with await self.agent.open_secure(addr) as stream:
-                    await send_message(stream, DataPut(sha256, size))
-                    await send_state_file(stream, path, self.agent.compute.run)
-                    await receive_answer(stream, Ack, f"the fellow at {addr}",
-                                         name_stage=False)
-
     # --- the driving side -----------------------------------------------------------------
 
     async def local(self, job: JobConfig) -> JobConfig:
@@ -208,6 +195,15 @@ class JobData:
                                   self.agent.compute.run)
 
     async def _on_put(self, msg: DataPut, stream: SecureStream) -> None:
+        election = self.agent.election
+        leader = election.status().leader_id if election is not None else None
+        if leader is None or stream.peer_node_id != leader:
+            self.agent.counters.refuse("data-put-not-leader")
+            log.warning("refused job data %s from %s: only the leader sends job data",
+                        msg.sha256[:12], stream.peer_node_id.hex()[:8])
+            await send_best_effort(stream, TrainError(0, self.agent.name, "only the leader "
+                                                      "sends job data unasked"))
+            return
         try:
             await self._receive(msg, stream, "the sender")
         except (SwarmError, OSError) as exc:
@@ -269,8 +265,4 @@ def sent_files_of(job: JobConfig) -> list[str]:
     return list(dict.fromkeys(n[len(DATA_REF):] for n in names if is_data_ref(n)))
 
 
-def sent_files(config: Mapping[str, Any]) -> list[str]:
-    return sent_files_of(JobConfig.from_dict(config))
-
-
-__all__ = ["JobData", "refuse_paths", "sent_files", "sent_files_of"]
+__all__ = ["JobData", "refuse_paths", "sent_files_of"]
