@@ -351,3 +351,62 @@ async def test_a_transport_that_stopped_serving_streams_refuses_connections() ->
                 nursery.cancel_scope.cancel()
             with pytest.raises(NobodyListens):
                 await a.open_stream(b.local_addr)
+
+
+async def connect_from(source_host: str, addr: str) -> trio.socket.SocketType:
+    """A raw connection from a given loopback source address (127.0.0.x)."""
+    host, port = parse_addr(addr)
+    sock = trio.socket.socket()
+    await sock.bind((source_host, 0))
+    await sock.connect((host, port))
+    return sock
+
+
+async def test_handshake_slots_are_shared_by_source_and_a_new_source_gets_one() -> None:
+    """All slots held by strangers on many source addresses: a new source still gets
+    in, and the slot it takes is the oldest pending one of the busiest source."""
+    config = TransportConfig(max_unauthenticated_streams=8, max_unauthenticated_per_host=3)
+    accepted: list[str] = []
+    closed: list[str] = []
+    everyone_waits = trio.Event()
+
+    async def handler(stream: Stream) -> None:
+        accepted.append(stream.peer_addr)
+        try:
+            frame = await stream.receive_frame()  # a pending handshake, until evicted
+            await stream.send_frame(frame)
+        except TransportError:
+            closed.append(stream.peer_addr)
+            raise
+        await everyone_waits.wait()
+
+    socks: list[trio.socket.SocketType] = []
+    with trio.fail_after(DEADLINE_S):
+        async with serving(handler, config) as (_, b):
+            try:
+                # 127.0.0.2 takes three slots (its share), then 127.0.0.3..7 one each
+                for source in ["127.0.0.2"] * 3 + [f"127.0.0.{i}" for i in range(3, 8)]:
+                    socks.append(await connect_from(source, b.local_addr))
+                    count = len(socks)
+                    while len(accepted) < count:
+                        await trio.sleep(0.01)
+                oldest_of_busiest = accepted[0]
+                # the slots are full: a joiner from a new source is let in, and answered
+                joiner = await connect_from("127.0.0.1", b.local_addr)
+                socks.append(joiner)
+                await joiner.send((5).to_bytes(4, "big") + b"hello")
+                assert await joiner.recv(64) == (5).to_bytes(4, "big") + b"hello"
+                assert closed == [oldest_of_busiest]
+                assert b.counters["handshakes_evicted"] == 1
+                assert b.counters["streams_refused_busy"] == 0
+                # a source over its own share makes room from its own oldest
+                socks.append(await connect_from("127.0.0.3", b.local_addr))
+                socks.append(await connect_from("127.0.0.3", b.local_addr))
+                socks.append(await connect_from("127.0.0.3", b.local_addr))
+                while b.counters["handshakes_evicted"] < 4:
+                    await trio.sleep(0.01)
+                assert sum(1 for addr in closed if addr.startswith("127.0.0.3:")) >= 1
+                everyone_waits.set()
+            finally:
+                for sock in socks:
+                    sock.close()

@@ -18,9 +18,13 @@ buffer; while its handshake runs (``handshake_started``) a frame may be at most 
 handshake's size, and only ``authenticated`` raises the limit to ``max_frame_bytes`` and
 the buffer to its working size. A large frame's buffer grows with the bytes that actually
 arrived (at most doubling), never to the length the peer announced. Accepted connections
-are capped, unauthenticated ones and all, in total and per source host; over a cap a new
-connection is closed at once and counted. Out of file descriptors, accepting pauses for
-``accept_pause_s`` (logged once per episode) and resumes.
+are capped in total and per source host; over a cap a new connection is closed at once and
+counted. Handshake slots (accepted connections not yet authenticated) are shared fairly
+by source host: when a host holds its share, or all slots are taken, the oldest pending
+handshake of the busiest host is closed to make room, so a new source is never refused
+because others hold the slots (a stranger on 64 addresses cannot keep a joiner out).
+Out of file descriptors, accepting pauses for ``accept_pause_s`` (logged once per
+episode) and resumes.
 """
 
 from __future__ import annotations
@@ -291,12 +295,16 @@ class UdpTcpTransport:
             "streams_opened": 0,
             "streams_accepted": 0,
             "streams_refused_busy": 0,  # over a cap on accepted connections: closed at once
+            "handshakes_evicted": 0,  # a pending handshake closed to make room for a new one
             "accept_paused": 0,  # out of file descriptors (or memory): accepting paused
         }
         # accepted streams still open -> source host; what the caps count
         self._accepted: dict[TcpStream, str] = {}
         self._per_host: Counter[str] = Counter()
-        self._unauthenticated: Counter[str] = Counter()
+        # accepted streams still in their handshake, per source host, oldest first
+        self._pending: dict[str, dict[TcpStream, int]] = {}
+        self._pending_total = 0
+        self._accept_seq = 0  # orders pending handshakes across hosts (oldest first)
         self._busy_logged = False
 
     @property
@@ -345,30 +353,54 @@ class UdpTcpTransport:
         return stream
 
     def _refuse_accept(self, host: str) -> bool:
-        """Whether a new connection from ``host`` is over a cap (docs/security.md)."""
+        """Whether a new connection from ``host`` is over a cap (docs/security.md).
+        Handshake slots never refuse: ``_make_room`` evicts instead."""
         c = self._config
         return (len(self._accepted) >= c.max_streams
-                or self._per_host[host] >= c.max_streams_per_host
-                or sum(self._unauthenticated.values()) >= c.max_unauthenticated_streams
-                or self._unauthenticated[host] >= c.max_unauthenticated_per_host)
+                or self._per_host[host] >= c.max_streams_per_host)
+
+    def _make_room(self, host: str) -> None:
+        """Free a handshake slot for a new connection from ``host`` if none is free: close
+        the oldest pending handshake of ``host`` when it holds its share, else of the
+        busiest host (ties: the one whose oldest is oldest)."""
+        c = self._config
+        mine = self._pending.get(host, {})
+        if len(mine) >= c.max_unauthenticated_per_host:
+            victim = next(iter(mine))
+        elif self._pending_total >= c.max_unauthenticated_streams:
+            busiest = max(self._pending.values(),
+                          key=lambda held: (len(held), -next(iter(held.values()))))
+            victim = next(iter(busiest))
+        else:
+            return
+        self.counters["handshakes_evicted"] += 1
+        victim._close_now()  # its handler's receive ends; _accepted_closed frees the slot
 
     def _track_accepted(self, stream: TcpStream, host: str) -> None:
         self._accepted[stream] = host
         self._per_host[host] += 1
-        self._unauthenticated[host] += 1
+        self._accept_seq += 1
+        self._pending.setdefault(host, {})[stream] = self._accept_seq
+        self._pending_total += 1
+
+    def _unpend(self, stream: TcpStream, host: str) -> None:
+        held = self._pending.get(host)
+        if held is not None and held.pop(stream, None) is not None:
+            self._pending_total -= 1
+            if not held:
+                del self._pending[host]
 
     def _accepted_authenticated(self, stream: TcpStream) -> None:
         host = self._accepted.get(stream)
         if host is not None:
-            self._uncount(self._unauthenticated, host)
+            self._unpend(stream, host)
 
     def _accepted_closed(self, stream: TcpStream) -> None:
         host = self._accepted.pop(stream, None)
         if host is None:
             return
         self._uncount(self._per_host, host)
-        if not stream.is_authenticated:
-            self._uncount(self._unauthenticated, host)
+        self._unpend(stream, host)
 
     @staticmethod
     def _uncount(counter: Counter[str], host: str) -> None:
@@ -463,6 +495,7 @@ class UdpTcpTransport:
             except OSError:
                 sock.close()  # reset before we got to it
                 continue
+            self._make_room(host)
             peer = format_addr(sockaddr[0], sockaddr[1])
             stream = TcpStream(sock, peer, self._config.max_frame_bytes,
                                self._accepted_closed, self._accepted_authenticated)
