@@ -410,3 +410,57 @@ async def test_handshake_slots_are_shared_by_source_and_a_new_source_gets_one() 
             finally:
                 for sock in socks:
                     sock.close()
+
+
+@pytest.mark.parametrize("sources", [["127.0.0.1"] * 6, [f"127.0.0.{i}" for i in range(2, 8)]],
+                         ids=["one-host", "one-fellow-on-six-hosts"])
+async def test_frames_held_back_by_one_byte_cost_one_budget_not_one_frame_a_stream(
+        sources: list[str]) -> None:
+    """Six streams each send a 3 MiB frame but its last byte: the victim holds at most
+    its 4 MiB budget of the host (or, across hosts, of the fellow), not 18 MiB; the rest
+    wait unread, and every frame is delivered once its last byte comes."""
+    mib = 1 << 20
+    config = TransportConfig(max_frame_bytes=4 * mib, max_held_frame_bytes_per_host=4 * mib,
+                             max_held_frame_bytes_per_fellow=4 * mib)
+    frame_bytes = 3 * mib
+    delivered: list[int] = []
+
+    async def handler(stream: Stream) -> None:
+        assert isinstance(stream, TcpStream)
+        stream.authenticated(b"f" * 16)  # the same fellow on every stream
+        delivered.append(len(await stream.receive_frame()))
+
+    def allocated(b: UdpTcpTransport) -> int:
+        return sum(len(s._big) for s in b._accepted if s._big is not None)
+
+    with trio.fail_after(DEADLINE_S):
+        async with serving(handler, config) as (_, b), trio.open_nursery() as senders:
+            socks = [await connect_from(source, b.local_addr) for source in sources]
+
+            async def send_all_but_the_last_byte(sock: trio.socket.SocketType) -> None:
+                data = frame_bytes.to_bytes(4, "big") + bytes(frame_bytes - 1)
+                view = memoryview(data)
+                while view:
+                    view = view[await sock.send(view):]
+
+            for sock in socks:
+                senders.start_soon(send_all_but_the_last_byte, sock)
+            peak = 0
+            while b.counters["frame_budget_waits"] < len(socks) - 1 \
+                    or b.held_bytes.total() < frame_bytes:
+                peak = max(peak, allocated(b))
+                await trio.sleep(0.01)
+            for _ in range(20):  # a while longer: nothing more is taken
+                peak = max(peak, allocated(b))
+                await trio.sleep(0.01)
+            assert peak <= 4 * mib
+            assert b.held_bytes.held(("fellow", (b"f" * 16).hex())) <= 4 * mib
+            for sock in socks:
+                await sock.send(b"\x00")
+            while len(delivered) < len(socks):
+                peak = max(peak, allocated(b))
+                await trio.sleep(0.01)
+            assert delivered == [frame_bytes] * len(socks)
+            assert peak <= 4 * mib and b.held_bytes.total() == 0
+            for sock in socks:
+                sock.close()

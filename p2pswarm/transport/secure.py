@@ -38,9 +38,9 @@ def _handshake_started(stream: Stream) -> None:
         stream.handshake_started(HANDSHAKE_FRAME_BYTES)
 
 
-def _authenticated(stream: Stream) -> None:
+def _authenticated(stream: Stream, peer_id: bytes) -> None:
     if isinstance(stream, Authenticates):
-        stream.authenticated()
+        stream.authenticated(peer_id)
 
 
 class SecureStream:
@@ -169,7 +169,7 @@ async def secure_connect(
             "wrong-peer",
             f"expected fellow {expected_node_id.hex()}, {handshake.peer_node_id.hex()} answered",
         )
-    _authenticated(stream)
+    _authenticated(stream, handshake.peer_node_id)
     return SecureStream(stream, cipher, handshake.peer_public_key, handshake.peer_node_id)
 
 
@@ -198,5 +198,5 @@ async def secure_accept(
         await _close_quietly(stream)
         raise
     assert handshake.peer_public_key is not None and handshake.peer_node_id is not None
-    _authenticated(stream)
+    _authenticated(stream, handshake.peer_node_id)
     return SecureStream(stream, cipher, handshake.peer_public_key, handshake.peer_node_id)

@@ -17,7 +17,9 @@ Nothing before authentication costs more than it must. A stream starts with a 1 
 buffer; while its handshake runs (``handshake_started``) a frame may be at most the
 handshake's size, and only ``authenticated`` raises the limit to ``max_frame_bytes`` and
 the buffer to its working size. A large frame's buffer grows with the bytes that actually
-arrived (at most doubling), never to the length the peer announced. Accepted connections
+arrived (at most doubling), never to the length the peer announced, and it is only
+started once the announced size fits in the budget of bytes held in unfinished frames
+of its source host and its fellow (``held_bytes``). Accepted connections
 are capped in total and per source host; over a cap a new connection is closed at once and
 counted. Handshake slots (accepted connections not yet authenticated) are shared fairly
 by source host: when a host holds its share, or all slots are taken, the oldest pending
@@ -44,12 +46,13 @@ import trio
 from p2pswarm.config import DEFAULT_PORT, TransportConfig
 from p2pswarm.errors import NobodyListens, TransportError
 from p2pswarm.transport.base import StreamHandler, run_stream_handler
+from p2pswarm.transport.held_bytes import HeldBytes, Key
 
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!I")
-_RECEIVE_BUFFER_BYTES = 256 * 1024  # once authenticated, a frame below this is assembled
-# in the stream's buffer
+_RECEIVE_BUFFER_BYTES = 64 * 1024  # once authenticated, a frame below this is assembled
+# in the stream's buffer; a larger one reserves its size in the held-bytes budget
 _FIRST_BUFFER_BYTES = 1024  # before that: enough for any handshake frame
 _GROW_BYTES = 2 * 1024 * 1024  # a large frame's first buffer; then it at most doubles
 _COALESCE_MAX_BYTES = 64 * 1024  # below this, header and frame go out in one send
@@ -109,7 +112,8 @@ class TcpStream:
 
     def __init__(self, sock: trio.socket.SocketType, peer_addr: str, max_frame_bytes: int,
                  on_close: Callable[[TcpStream], None] | None = None,
-                 on_authenticated: Callable[[TcpStream], None] | None = None) -> None:
+                 on_authenticated: Callable[[TcpStream], None] | None = None, *,
+                 held: HeldBytes | None = None, host: str = "") -> None:
         self._sock = sock
         self._peer_addr = peer_addr
         self._max_frame_bytes = max_frame_bytes
@@ -126,6 +130,9 @@ class TcpStream:
         self._want: int | None = None  # length of the frame being read, header consumed
         self._big: bytearray | None = None  # a frame too large for _buf, being filled
         self._big_got = 0
+        self._held = held
+        self._held_keys: tuple[Key, ...] = (("host", host),)  # + the fellow, once known
+        self._reserved: tuple[tuple[Key, ...], int] | None = None  # what _big holds of it
 
     @property
     def peer_addr(self) -> str:
@@ -135,11 +142,14 @@ class TcpStream:
         """Until ``authenticated``, accept frames of at most ``max_frame_bytes``."""
         self._limit = min(self._limit, max_frame_bytes)
 
-    def authenticated(self) -> None:
-        """The handshake succeeded: frames up to ``max_frame_bytes``, a full buffer."""
+    def authenticated(self, peer_id: bytes | None = None) -> None:
+        """The handshake succeeded: frames up to ``max_frame_bytes``, a full buffer; large
+        frames count against ``peer_id``'s budget too."""
         if self.is_authenticated:
             return
         self.is_authenticated = True
+        if peer_id is not None:
+            self._held_keys += (("fellow", peer_id.hex()),)
         self._limit = self._max_frame_bytes
         if len(self._buf) < _RECEIVE_BUFFER_BYTES:
             pending = self._buf[self._start:self._end]
@@ -197,6 +207,8 @@ class TcpStream:
     def _close_now(self) -> None:
         if not self._closed:
             self._closed = True
+            self._big = None
+            self._release()
             self._sock.close()
             if self._on_close is not None:
                 self._on_close(self)
@@ -226,6 +238,10 @@ class TcpStream:
             self._want = None
             return frame
         if self._big is None:
+            if self._held is not None and self._reserved is None:
+                # Wait for room in the host's and the fellow's budget before reading on.
+                await self._held.reserve(self._held_keys, size)
+                self._reserved = (self._held_keys, size)
             # The announced size is only a claim: the buffer grows with what arrives.
             buffered = self._end - self._start
             self._big = bytearray(min(size, max(2 * buffered, _GROW_BYTES)))
@@ -245,7 +261,14 @@ class TcpStream:
         frame = bytes(self._big)
         self._big = None
         self._want = None
+        self._release()
         return frame
+
+    def _release(self) -> None:
+        if self._reserved is not None and self._held is not None:
+            keys, size = self._reserved
+            self._reserved = None
+            self._held.release(keys, size)
 
     async def _fill(self, count: int) -> None:
         """Have at least ``count`` unread bytes in ``_buf``."""
@@ -306,6 +329,10 @@ class UdpTcpTransport:
         self._pending_total = 0
         self._accept_seq = 0  # orders pending handshakes across hosts (oldest first)
         self._busy_logged = False
+        # bytes held in unfinished frames, per source host and fellow (never below a frame)
+        self.held_bytes = HeldBytes(
+            max(config.max_held_frame_bytes_per_host, config.max_frame_bytes),
+            max(config.max_held_frame_bytes_per_fellow, config.max_frame_bytes), self.counters)
 
     @property
     def local_addr(self) -> str:
@@ -347,7 +374,8 @@ class UdpTcpTransport:
                 sock = await self._connect(addr, host, port)
         except trio.TooSlowError as exc:
             raise TransportError(f"connecting to {addr} timed out after {timeout_s} s") from exc
-        stream = TcpStream(sock, addr, self._config.max_frame_bytes, self._forget_stream)
+        stream = TcpStream(sock, addr, self._config.max_frame_bytes, self._forget_stream,
+                           held=self.held_bytes, host=host)
         self._streams[stream] = None
         self.counters["streams_opened"] += 1
         return stream
@@ -498,7 +526,8 @@ class UdpTcpTransport:
             self._make_room(host)
             peer = format_addr(sockaddr[0], sockaddr[1])
             stream = TcpStream(sock, peer, self._config.max_frame_bytes,
-                               self._accepted_closed, self._accepted_authenticated)
+                               self._accepted_closed, self._accepted_authenticated,
+                               held=self.held_bytes, host=host)
             self._track_accepted(stream, host)
             self.counters["streams_accepted"] += 1
             nursery.start_soon(run_stream_handler, handler, stream)
