@@ -16,8 +16,8 @@ never the listener.
 Nothing before authentication costs more than it must. A stream starts with a 1 KiB
 buffer; while its handshake runs (``handshake_started``) a frame may be at most the
 handshake's size, and only ``authenticated`` raises the limit to ``max_frame_bytes`` and
-the buffer to its working size. A large frame's buffer grows with the bytes that actually
-arrived (at most doubling), never to the length the peer announced, and it is only
+the buffer to its working size. A large frame is held in chunks allocated as its bytes
+arrive (never copied while it grows), never at the length the peer announced, and it is only
 started once the announced size fits in the budget of bytes held in unfinished frames
 of its source host and its fellow (``held_bytes``). Accepted connections
 are capped in total and per source host; over a cap a new connection is closed at once and
@@ -54,7 +54,7 @@ _HEADER = struct.Struct("!I")
 _RECEIVE_BUFFER_BYTES = 64 * 1024  # once authenticated, a frame below this is assembled
 # in the stream's buffer; a larger one reserves its size in the held-bytes budget
 _FIRST_BUFFER_BYTES = 1024  # before that: enough for any handshake frame
-_GROW_BYTES = 2 * 1024 * 1024  # a large frame's first buffer; then it at most doubles
+_CHUNK_BYTES = 2 * 1024 * 1024  # a large frame arrives in chunks of this, joined at the end
 _COALESCE_MAX_BYTES = 64 * 1024  # below this, header and frame go out in one send
 _DATAGRAM_BUFFER_BYTES = 65536  # largest UDP payload; anything above max is dropped anyway
 _ACCEPT_BACKLOG = 128
@@ -128,8 +128,9 @@ class TcpStream:
         self._start = 0  # first unread byte in _buf
         self._end = 0  # one past the last received byte in _buf
         self._want: int | None = None  # length of the frame being read, header consumed
-        self._big: bytearray | None = None  # a frame too large for _buf, being filled
-        self._big_got = 0
+        self._big: list[bytearray] | None = None  # a frame too large for _buf: its chunks
+        self._big_got = 0  # bytes of it received
+        self._chunk_got = 0  # ... of them in its last chunk
         self._held = held
         self._held_keys: tuple[Key, ...] = (("host", host),)  # + the fellow, once known
         self._reserved: tuple[tuple[Key, ...], int] | None = None  # what _big holds of it
@@ -137,6 +138,11 @@ class TcpStream:
     @property
     def peer_addr(self) -> str:
         return self._peer_addr
+
+    @property
+    def held_frame_bytes(self) -> int:
+        """Bytes allocated for the large frame now arriving (0: none)."""
+        return sum(len(chunk) for chunk in self._big) if self._big is not None else 0
 
     def handshake_started(self, max_frame_bytes: int) -> None:
         """Until ``authenticated``, accept frames of at most ``max_frame_bytes``."""
@@ -242,23 +248,26 @@ class TcpStream:
                 # Wait for room in the host's and the fellow's budget before reading on.
                 await self._held.reserve(self._held_keys, size)
                 self._reserved = (self._held_keys, size)
-            # The announced size is only a claim: the buffer grows with what arrives.
+            # The announced size is only a claim: chunks come as the bytes do.
             buffered = self._end - self._start
-            self._big = bytearray(min(size, max(2 * buffered, _GROW_BYTES)))
-            self._big[:buffered] = memoryview(self._buf)[self._start:self._end]
-            self._big_got = buffered
+            first = bytearray(min(size, _CHUNK_BYTES))
+            first[:buffered] = memoryview(self._buf)[self._start:self._end]
+            self._big = [first]
+            self._big_got = self._chunk_got = buffered
             self._start = self._end = 0
         while self._big_got < size:
-            if self._big_got == len(self._big):  # full: at most double it
-                bigger = bytearray(min(size, 2 * self._big_got))
-                bigger[:self._big_got] = self._big
-                self._big = bigger
-            with memoryview(self._big) as view:
-                got = await self._sock.recv_into(view[self._big_got:])
+            chunk = self._big[-1]
+            if self._chunk_got == len(chunk):
+                chunk = bytearray(min(size - self._big_got, _CHUNK_BYTES))
+                self._big.append(chunk)
+                self._chunk_got = 0
+            with memoryview(chunk) as view:
+                got = await self._sock.recv_into(view[self._chunk_got:])
             if got == 0:
                 raise TransportError(f"{self._peer_addr} closed the stream mid-frame")
             self._big_got += got
-        frame = bytes(self._big)
+            self._chunk_got += got
+        frame = b"".join(self._big)
         self._big = None
         self._want = None
         self._release()
