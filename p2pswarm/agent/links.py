@@ -135,7 +135,9 @@ class Links:
                     self._counters.drop("stream-idle")
                     return
                 self._counters.frames_in += 1
-                messages = wire.decode(frame, max_bytes=self._config.transport.max_frame_bytes)
+                # only the types answered here are unpacked at all
+                messages = wire.decode(frame, max_bytes=self._config.transport.max_frame_bytes,
+                                       kinds=self._handlers)
             except TransportError:
                 return  # peer closed
             except (AuthenticationError, RemoteProtocolError) as exc:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Container, Iterable, TypeVar
 
 import msgpack
 
@@ -65,6 +65,7 @@ class _Codec:
 _BY_TAG: dict[int, _Codec] = {}
 _BY_CLASS: dict[type, _Codec] = {}
 _LAYOUTS: dict[type, lay.Struct] = {}
+_SKIMMERS: dict[int, lay.Skimmer] = {}  # tag -> its layout's skimmer
 _FRAME_BYTES: dict[int, int] = {}  # tag -> the largest envelope holding one such message
 # msgpack's own limits, the largest any registered kind allows (grown at registration)
 _UNPACK_LIMITS: dict[str, int] = {"max_array_len": 3, "max_map_len": 0, "max_str_len": 0,
@@ -80,6 +81,7 @@ def message(tag: int) -> Callable[[type[M]], type[M]]:
         codec = _build(cls, tag)
         _BY_TAG[tag] = codec
         _FRAME_BYTES[tag] = lay.ENVELOPE_HEAD_BYTES + lay.largest_bytes(_LAYOUTS[cls])
+        _SKIMMERS[tag] = lay.skimmer(_LAYOUTS[cls])
         return cls
 
     return register
@@ -383,11 +385,14 @@ def encode(*messages: Any, max_bytes: int | None = None) -> bytes:
     return data
 
 
-def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES) -> list[Any]:
+def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES,
+           kinds: Container[type] | None = None) -> list[Any]:
     """Decode and validate an envelope; RemoteProtocolError on anything invalid.
 
     The kind and the size are checked first, from the envelope's first bytes; only an
-    envelope that may hold what it says is unpacked (see the module's docstring)."""
+    envelope that may hold what it says is unpacked (see the module's docstring). With
+    ``kinds``, a message of another type is refused as "unexpected-message", the first
+    one before anything is unpacked (a stream server passes the types it answers)."""
     if len(data) > max_bytes:
         raise RemoteProtocolError("too-large", f"{len(data)} bytes, limit {max_bytes}")
     head = lay.peek_envelope(data)
@@ -405,13 +410,15 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES) -> list[Any]:
         codec = _BY_TAG.get(head.first_tag)
         if codec is None:
             raise RemoteProtocolError("unknown-tag", f"tag {head.first_tag}")
+        if kinds is not None and codec.cls not in kinds:
+            raise RemoteProtocolError("unexpected-message", codec.cls.__name__)
         limit = _FRAME_BYTES[head.first_tag]
         if len(data) > limit:
             raise RemoteProtocolError(
                 "too-large", f"a {codec.cls.__name__} of {len(data)} bytes; its schema "
                 f"allows at most {limit}")
         if len(data) > SMALL_FRAME_BYTES:
-            lay.skim(data, head.fields_at, _LAYOUTS[codec.cls])
+            lay.skim(data, head.fields_at, _SKIMMERS[head.first_tag])
     try:
         top = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True,
                               **_UNPACK_LIMITS)
@@ -420,7 +427,10 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES) -> list[Any]:
     if type(top) is not list or len(top) != 3 or type(top[0]) is not int \
             or type(top[1]) is not int or type(top[2]) is not list or not top[2]:
         raise RemoteProtocolError("malformed", "not an envelope")
-    return _decode_body(top[2])
+    messages = _decode_body(top[2])
+    if kinds is not None and any(type(m) not in kinds for m in messages):
+        raise RemoteProtocolError("unexpected-message", "in a compound envelope")
+    return messages
 
 
 def _decode_body(body: list[Any]) -> list[Any]:

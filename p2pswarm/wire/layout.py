@@ -13,13 +13,15 @@ Pure: no I/O, no trio.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Union
 
 from p2pswarm.errors import RemoteProtocolError
 
 __all__ = ["ENVELOPE_HEAD_BYTES", "Bin", "Bool", "Envelope", "Float", "Int", "Layout",
-           "Optional", "Str", "Struct", "Tuple", "largest_bytes", "peek_envelope", "skim"]
+           "Optional", "Skimmer", "Str", "Struct", "Tuple", "largest_bytes", "peek_envelope",
+           "skim", "skimmer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,7 @@ _INT_WIDTH = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8, 0xd0: 1, 0xd1: 2, 0xd2: 4, 0xd
 _STR_WIDTH = {0xd9: 1, 0xda: 2, 0xdb: 4}
 _BIN_WIDTH = {0xc4: 1, 0xc5: 2, 0xc6: 4}
 _ARRAY_WIDTH = {0xdc: 2, 0xdd: 4}
+_NUMBER_WIDTH = {**_INT_WIDTH, 0xca: 4, 0xcb: 8}  # a float field takes ints too
 
 
 class _Off(Exception):
@@ -174,13 +177,18 @@ def peek_envelope(data: bytes) -> Envelope:
         raise RemoteProtocolError("malformed", "truncated") from None
 
 
-def skim(data: bytes, at: int, layout: Layout) -> None:
+Skimmer = Callable[[bytes, int], int]  # data, offset of a value -> offset after it
+
+
+def skim(data: bytes, at: int, layout: Layout | Skimmer) -> None:
     """Check that ``data[at:]`` is exactly one value of ``layout`` (types, item counts,
     lengths; not ranges, which the codec's checkers test after unpacking). Costs a few
     operations a value present and allocates nothing of the frame's size; raises
-    RemoteProtocolError("invalid-field") at the first byte that leaves the layout."""
+    RemoteProtocolError("invalid-field") at the first byte that leaves the layout.
+    ``layout`` may be its ``skimmer`` already (the codec keeps one per kind)."""
+    run = layout if callable(layout) else skimmer(layout)
     try:
-        end = _skim(data, at, layout)
+        end = run(data, at)
     except _Off as exc:
         raise RemoteProtocolError("invalid-field", str(exc)) from None
     except IndexError:
@@ -189,55 +197,90 @@ def skim(data: bytes, at: int, layout: Layout) -> None:
         raise RemoteProtocolError("malformed", f"{len(data) - end} bytes after the message")
 
 
-def _skim(data: bytes, at: int, layout: Layout) -> int:  # noqa: C901 - one branch a type
-    first = data[at]
+def skimmer(layout: Layout) -> Skimmer:
+    """A function that skims one value of ``layout``: built once per kind, so skimming
+    costs a call and a few comparisons a value, with no dispatch on the layout."""
     if isinstance(layout, Struct):
-        n, at = _array(data, at)
-        if not layout.required <= n <= len(layout.fields):
-            raise _Off(f"expected {layout.required}..{len(layout.fields)} fields, got {n}")
-        for field in layout.fields[:n]:
-            at = _skim(data, at, field)
-        return at
+        fields = tuple(skimmer(f) for f in layout.fields)
+        low, high = layout.required, len(fields)
+
+        def skim_struct(data: bytes, at: int) -> int:
+            n, at = _array(data, at)
+            if not low <= n <= high:
+                raise _Off(f"expected {low}..{high} fields, got {n}")
+            for field in fields[:n]:
+                at = field(data, at)
+            return at
+
+        return skim_struct
     if isinstance(layout, Tuple):
-        n, at = _array(data, at)
-        if n > layout.most_items:
-            raise _Off(f"expected at most {layout.most_items} items, got {n}")
-        for _ in range(n):
-            at = _skim(data, at, layout.item)
-        return at
+        item, most = skimmer(layout.item), layout.most_items
+
+        def skim_tuple(data: bytes, at: int) -> int:
+            n, at = _array(data, at)
+            if n > most:
+                raise _Off(f"expected at most {most} items, got {n}")
+            for _ in range(n):
+                at = item(data, at)
+            return at
+
+        return skim_tuple
     if isinstance(layout, Optional):
-        return at + 1 if first == 0xc0 else _skim(data, at, layout.inner)
+        inner = skimmer(layout.inner)
+
+        def skim_optional(data: bytes, at: int) -> int:
+            return at + 1 if data[at] == 0xc0 else inner(data, at)
+
+        return skim_optional
     if isinstance(layout, (Int, Float)):
-        if first <= 0x7f or first >= 0xe0:
-            return at + 1
-        width = _INT_WIDTH.get(first)
-        if width is None and isinstance(layout, Float):
-            width = {0xca: 4, 0xcb: 8}.get(first)
-        if width is None:
-            raise _Off("expected a number")
-        return at + 1 + width
-    if isinstance(layout, Bool):
-        if first not in (0xc2, 0xc3):
-            raise _Off("expected a bool")
-        return at + 1
-    if isinstance(layout, Str):
-        if 0xa0 <= first <= 0xbf:
-            size, at = first & 0x1f, at + 1
-        else:
-            width = _STR_WIDTH.get(first)
+        widths = _INT_WIDTH if isinstance(layout, Int) else _NUMBER_WIDTH
+
+        def skim_number(data: bytes, at: int) -> int:
+            first = data[at]
+            if first <= 0x7f or first >= 0xe0:
+                return at + 1
+            width = widths.get(first)
             if width is None:
-                raise _Off("expected a str")
-            size, at = _length(data, at + 1, width), at + 1 + width
-        if size > layout.most_bytes:
-            raise _Off(f"a str of {size} bytes, at most {layout.most_bytes}")
+                raise _Off("expected a number")
+            return at + 1 + width
+
+        return skim_number
+    if isinstance(layout, Bool):
+        def skim_bool(data: bytes, at: int) -> int:
+            if data[at] not in (0xc2, 0xc3):
+                raise _Off("expected a bool")
+            return at + 1
+
+        return skim_bool
+    if isinstance(layout, Str):
+        most_str = layout.most_bytes
+
+        def skim_str(data: bytes, at: int) -> int:
+            first = data[at]
+            if 0xa0 <= first <= 0xbf:
+                size, at = first & 0x1f, at + 1
+            else:
+                width = _STR_WIDTH.get(first)
+                if width is None:
+                    raise _Off("expected a str")
+                size, at = _length(data, at + 1, width), at + 1 + width
+            if size > most_str:
+                raise _Off(f"a str of {size} bytes, at most {most_str}")
+            return _within(data, at + size)
+
+        return skim_str
+    most_bin = layout.most_bytes
+
+    def skim_bin(data: bytes, at: int) -> int:
+        width = _BIN_WIDTH.get(data[at])
+        if width is None:
+            raise _Off("expected bytes")
+        size, at = _length(data, at + 1, width), at + 1 + width
+        if size > most_bin:
+            raise _Off(f"{size} bytes, at most {most_bin}")
         return _within(data, at + size)
-    width = _BIN_WIDTH.get(first)
-    if width is None:
-        raise _Off("expected bytes")
-    size, at = _length(data, at + 1, width), at + 1 + width
-    if size > layout.most_bytes:
-        raise _Off(f"{size} bytes, at most {layout.most_bytes}")
-    return _within(data, at + size)
+
+    return skim_bin
 
 
 def _within(data: bytes, end: int) -> int:
