@@ -263,6 +263,8 @@ class TcpStream:
                 self._chunk_got = 0
             with memoryview(chunk) as view:
                 got = await self._sock.recv_into(view[self._chunk_got:])
+            if self._closed:  # closed (its chunks freed) while the receive returned
+                raise TransportError(f"stream to {self._peer_addr} is closed")
             if got == 0:
                 raise TransportError(f"{self._peer_addr} closed the stream mid-frame")
             self._big_got += got
