@@ -41,6 +41,10 @@ class TransportConfig:
     max_unauthenticated_streams: int = 128  # accepted streams still in their handshake
     max_unauthenticated_per_host: int = 16  # ... from one source host
     max_streams_per_fellow: int = 128  # authenticated streams one fellow may hold open here
+    # Bytes held in frames still arriving (a frame's announced size, reserved before it is
+    # read), per source host and per fellow; never below max_frame_bytes
+    max_held_frame_bytes_per_host: int = 64 * 1024 * 1024
+    max_held_frame_bytes_per_fellow: int = 64 * 1024 * 1024
     accept_pause_s: float = 0.5  # out of file descriptors: stop accepting this long
 
 

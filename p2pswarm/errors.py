@@ -9,6 +9,7 @@
     │                               tampered with, replayed, or badly signed
     ├── TransportError              sockets and streams: refused, reset, closed, timed out
     │   └── HandshakeRefused        the peer took the stream and closed it at our hello
+    │       └── KeyRefused          ... answering, bound to our hello, that our key is not its
     ├── ConfigError                 bad settings, bad arguments, unusable state directory
     │   └── TokenError              a join token that is mistyped or malformed
     │       └── TokenRefused        the seeds refuse the token: it is another swarm's
@@ -67,6 +68,12 @@ class HandshakeRefused(TransportError):
     """The peer answered the connection, then closed it at our hello instead of answering
     it: it does not hold our swarm's key (or is not a p2pswarm fellow at all). Silence (no
     connection, no answer in time) is a plain TransportError."""
+
+
+class KeyRefused(HandshakeRefused):
+    """The peer read our hello and answered, in a refusal bound to that hello, that it does
+    not hold the key it is sealed under: our token is not its swarm's. Unlike a close or
+    silence, which a busy or flooded listener also gives, this alone means a wrong token."""
 
 
 class NobodyListens(TransportError):

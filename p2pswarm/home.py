@@ -101,13 +101,26 @@ class Home:
         self.save_keyring(keyring)
         return keyring
 
-    def forget_swarm(self) -> None:
-        """Remove the swarm's keys (the identity stays): a join whose token the seeds
-        refused leaves the home as it found it."""
+    def written_keyring(self) -> bytes | None:
+        """The keyring file's bytes as they are now (None: no keyring): what a run that
+        wrote it hands to ``forget_swarm``."""
+        try:
+            return self.keyring_path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def forget_swarm(self, written: bytes) -> bool:
+        """Remove the swarm's keys (the identity stays), only when the keyring file still
+        holds exactly ``written``, the bytes this run wrote: a join whose token the seeds
+        refused leaves the home as it found it, and never deletes a keyring that was there
+        before, or that another run wrote since. Returns whether it removed the file."""
+        if self.written_keyring() != written:
+            return False
         try:
             self.keyring_path.unlink()
         except FileNotFoundError:
-            pass
+            return False
+        return True
 
     def save_keyring(self, keyring: Keyring) -> None:
         self._require_dir()

@@ -14,6 +14,10 @@ Sections (each a function in ``SECTIONS``; add yours there, it returns table row
   low ``RLIMIT_NOFILE``): exits, plans answered during the flood.
 - ``throughput``: bench_wire's sealed-datagram and sealed-stream figures; with
   ``--baseline`` (``bench_wire.py --json`` run on the code before), the change in percent.
+- ``wire``: a rogue holding the swarm key against a live agent in this process
+  (simulations/security_wire_attacks.py): every wire message type at its schema's
+  extremes, 16 MiB of ``0x90``, twelve 48 MiB frames held back a byte, every handshake
+  slot held from 64 addresses; the victim's loop lag and memory growth, worst and named.
 - ``insider``: a fellow holding the token sends ``--messages`` election messages, orders
   and shard pushes with hostile values to a virtual swarm (simulations/bench_insider.py):
   crashes, leader changes, files outside the state directories, and the cost of signed
@@ -335,6 +339,15 @@ def peer_attacks() -> list[Row]:
     return security_peer_attacks.peer_attacks()
 
 
+def wire_attacks(quick: bool) -> list[Row]:
+    """A rogue holding the swarm key against the wire and the transport
+    (simulations/security_wire_attacks.py)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import security_wire_attacks
+
+    return security_wire_attacks.rows(trio.run(security_wire_attacks.run_attacks, quick))
+
+
 def insider(messages: int) -> list[Row]:
     """A fellow holding the token floods a virtual swarm (simulations/bench_insider.py)."""
     sys.path.insert(0, str(Path(__file__).parent))
@@ -352,6 +365,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
         json.loads(Path(args.baseline).read_text()) if args.baseline else None),
     "insider": lambda args: insider(args.messages),
     "peer_attacks": lambda args: peer_attacks(),
+    "wire": lambda args: wire_attacks(args.quick_wire),
 }
 
 
@@ -365,6 +379,8 @@ def main() -> None:
                         help="stranger connections for giant_frames_here")
     parser.add_argument("--messages", type=int, default=100_000,
                         help="insider messages for the insider section")
+    parser.add_argument("--quick-wire", action="store_true",
+                        help="wire section: 256 KiB extremes, no 16 and 48 MiB frames")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the strangers need sockets

@@ -141,3 +141,16 @@ def test_damaged_files_are_reported(home: Home) -> None:
     home.identity_path.write_text(json.dumps({"format": "p2pswarm-keyring"}))
     with pytest.raises(ConfigError, match="is not a p2pswarm-identity file"):
         home.load_identity()
+
+
+def test_forget_swarm_removes_only_the_keyring_this_run_wrote(tmp_path: Path) -> None:
+    home = Home(tmp_path / "home")
+    home.join_swarm(SwarmSecret(bytes(range(32))))
+    written = home.written_keyring()
+    assert written is not None
+    # another run replaced it since: not ours to delete
+    home.join_swarm(SwarmSecret(bytes(range(1, 33))), force=True)
+    assert not home.forget_swarm(written) and home.has_swarm()
+    mine = home.written_keyring()
+    assert mine is not None and home.forget_swarm(mine) and not home.has_swarm()
+    assert not home.forget_swarm(mine)  # gone already: nothing to do

@@ -1,6 +1,7 @@
-"""A fellow whose token is another swarm's, in virtual time: the seed refuses its
-handshake, and after three refusals the agent stops with TokenRefused (what `join` then
-says in one line, see tests/test_join_token.py for the real processes)."""
+"""A fellow whose token is another swarm's, in virtual time: the seed answers its hello
+with a key refusal, and after three the agent stops with TokenRefused (what `join` then
+says in one line, see tests/test_join_token.py for the real processes). A seed that only
+closes streams at the hello (busy, flooded) is retried: that is no verdict on the token."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from p2pswarm.config import local
 from p2pswarm.errors import TokenRefused
 from p2pswarm.security import Identity, Keyring, SwarmSecret
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
+from p2pswarm.transport.base import Stream
 
 STRANGER_ADDR = "10.0.9.9:7946"
 
@@ -49,5 +51,29 @@ async def test_a_silent_seed_is_retried_not_refused(autojump_clock) -> None:
         agent = stranger(swarm, (swarm.fellows[0].addr,))  # the seed never started
         await nursery.start(agent.run)
         await trio.sleep(120.0)
+        assert not agent.stopped.is_set() and agent.failure is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_seed_that_closes_at_the_hello_is_retried_not_refused(autojump_clock) -> None:
+    swarm = VirtualSwarm(1, seed=5)
+    busy_addr = "10.0.9.8:7946"
+    swarm.net.up(busy_addr)
+    busy = swarm.net.transport(busy_addr)
+    closed = 0
+
+    async def close_at_hello(stream: Stream) -> None:
+        nonlocal closed
+        await stream.receive_frame()
+        closed += 1
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(swarm.run)
+        await nursery.start(busy.serve_streams, close_at_hello)
+        agent = stranger(swarm, (busy_addr,))
+        await nursery.start(agent.run)
+        await trio.sleep(120.0)
+        assert closed >= 3  # more than enough closes to have stopped it before
         assert not agent.stopped.is_set() and agent.failure is None
         nursery.cancel_scope.cancel()

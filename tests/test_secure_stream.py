@@ -7,8 +7,21 @@ from collections.abc import Callable
 import pytest
 import trio
 
-from p2pswarm.errors import AuthenticationError, SwarmError, TransportError
-from p2pswarm.security import SUITE_CHACHA20POLY1305, Identity, Keyring, SwarmSecret
+from p2pswarm.errors import (
+    AuthenticationError,
+    HandshakeRefused,
+    KeyRefused,
+    SwarmError,
+    TransportError,
+)
+from p2pswarm.security import (
+    SUITE_CHACHA20POLY1305,
+    ClientHandshake,
+    Identity,
+    Keyring,
+    SwarmSecret,
+)
+from p2pswarm.security.handshake import KEY_REFUSAL_BYTES, key_refusal
 from p2pswarm.transport.base import Stream
 from p2pswarm.transport.secure import SecureStream, secure_accept, secure_connect
 
@@ -182,8 +195,42 @@ async def test_another_swarm_secret_cannot_connect(autojump_clock: trio.abc.Cloc
         Keyring([OTHER_SECRET]), Keyring([SECRET]), Identity.generate(), Identity.generate()
     )
     assert isinstance(server, AuthenticationError) and server.reason == "unknown-key"
-    # The server hangs up; the client learns only that the stream closed.
-    assert isinstance(client, TransportError)
+    # The server answers with a key refusal bound to the client's hello, then hangs up.
+    assert isinstance(client, KeyRefused)
+
+
+async def test_a_close_at_the_hello_is_no_key_refusal(autojump_clock: trio.abc.Clock) -> None:
+    """A listener that closes at our hello (busy, flooded, stopping) says nothing of our
+    token: HandshakeRefused, never KeyRefused."""
+    raw_client, raw_server = stream_pair()
+
+    async def close_at_hello() -> None:
+        await raw_server.receive_frame()
+        await raw_server.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(close_at_hello)
+        with pytest.raises(HandshakeRefused) as info:
+            await secure_connect(raw_client, Keyring([SECRET]), Identity.generate(), TIMEOUT_S)
+    assert not isinstance(info.value, KeyRefused)
+
+
+async def test_a_key_refusal_must_answer_our_own_hello(autojump_clock: trio.abc.Clock) -> None:
+    """A refusal of another hello (replayed, or made up without reading ours) is no
+    verdict on the token: the handshake just fails."""
+    stale = key_refusal(ClientHandshake(Keyring([SECRET]), Identity.generate()).hello())
+    assert stale is not None and len(stale) == KEY_REFUSAL_BYTES
+    raw_client, raw_server = stream_pair()
+
+    async def answer_with(frame: bytes) -> None:
+        await raw_server.receive_frame()
+        await raw_server.send_frame(frame)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_with, stale)
+        with pytest.raises(SwarmError) as info:
+            await secure_connect(raw_client, Keyring([SECRET]), Identity.generate(), TIMEOUT_S)
+    assert not isinstance(info.value, HandshakeRefused)
 
 
 async def test_tampered_hello_fails_the_handshake(autojump_clock: trio.abc.Clock) -> None:

@@ -8,7 +8,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from p2pswarm.errors import LocalProtocolError, RemoteProtocolError, VersionMismatch
-from p2pswarm.wire import PROTOCOL_MAJOR, decode, encode, message_types, pack_compound
+from p2pswarm.wire import (
+    PROTOCOL_MAJOR,
+    codec,
+    decode,
+    encode,
+    frame_limit,
+    layout,
+    message_types,
+    pack_compound,
+    tag_of,
+)
 from p2pswarm.wire.base import Hello, Refusal
 from tests.wire_strategies import for_class
 
@@ -73,7 +83,8 @@ FIELDS = [7, b"n" * 16, "desk", "10.0.0.2:7946"]
         (_raw([1, [*FIELDS[:2], "x" * 65, FIELDS[3]]]), "invalid-field"),  # name too long
         (_raw([1, FIELDS[:3]]), "invalid-field"),  # a field missing
         (_raw([1, [*FIELDS, 1]]), "invalid-field"),  # a field too many
-        (_raw([1, {"seq": 7}]), "invalid-field"),  # a map is not a field list
+        # no schema has a map: msgpack refuses one (max_map_len 0) before building it
+        (_raw([1, {"seq": 7}]), "malformed"),
         (_raw([999, []]), "unknown-tag"),
         (_raw([1]), "invalid-field"),
         (msgpack.packb([PROTOCOL_MAJOR, 0, []]), "malformed"),  # no messages
@@ -128,3 +139,64 @@ def test_compound_reports_what_cannot_travel_in_a_datagram() -> None:
     packets, too_large = pack_compound([HELLO, big], max_bytes=200)
     assert too_large == [big]
     assert [m for p in packets for m in decode(p)] == [HELLO]
+
+
+# --- budgets: kinds and sizes before unpacking (wire/layout.py) -------------------------
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(ALL_MESSAGES)
+def test_every_valid_encoding_passes_its_kinds_skim(msg: object) -> None:
+    """The skim large frames take agrees with the codec: what encode makes, it passes."""
+    data = encode(msg)
+    head = layout.peek_envelope(data)
+    assert (head.major, head.messages, head.first_tag) == (PROTOCOL_MAJOR, 1, tag_of(type(msg)))
+    layout.skim(data, head.fields_at, codec.layout_of(type(msg)))
+    assert len(data) <= frame_limit(type(msg))
+
+
+def test_a_frame_above_its_kinds_limit_is_refused_before_unpacking() -> None:
+    padded = _raw([1, FIELDS]) + b"\x00" * frame_limit(Hello)  # trailing junk, far past it
+    with pytest.raises(RemoteProtocolError) as info:
+        decode(padded)
+    assert info.value.reason == "too-large" and "Hello" in str(info.value)
+
+
+def test_kinds_refuses_other_messages_before_unpacking() -> None:
+    assert decode(encode(HELLO), kinds={Hello}) == [HELLO]
+    with pytest.raises(RemoteProtocolError) as info:
+        decode(encode(HELLO), kinds={Refusal})
+    assert info.value.reason == "unexpected-message"
+    with pytest.raises(RemoteProtocolError):
+        decode(encode(HELLO, Refusal(1, 0, "no")), kinds={Hello})
+
+
+def test_several_messages_travel_in_at_most_64_kib() -> None:
+    body = [[1, FIELDS]] * 2 + [[0, [1, 0, "x" * 512]]] * 200
+    data = msgpack.packb([PROTOCOL_MAJOR, 0, body], use_bin_type=True)
+    assert len(data) > codec.SMALL_FRAME_BYTES
+    with pytest.raises(RemoteProtocolError) as info:
+        decode(data)
+    assert info.value.reason == "too-large"
+
+
+def test_msgpack_limits_come_from_the_schemas() -> None:
+    limits = codec.unpack_limits()
+    assert limits["max_map_len"] == 0 and limits["max_ext_len"] == 0
+    assert limits["max_bin_len"] == codec.DEFAULT_BYTES
+    assert 4096 <= limits["max_array_len"] <= 1 << 20
+    # an array announcing more items than any schema allows is refused before it is built
+    data = _raw([1, FIELDS])[:-1] + b"\xdd" + (limits["max_array_len"] + 1).to_bytes(4, "big")
+    with pytest.raises(RemoteProtocolError):
+        decode(data)
+
+
+def test_a_large_frame_off_its_layout_is_refused_at_the_first_byte() -> None:
+    from p2pswarm.wire.serving import StepInput
+
+    junk = b"\x90" * (4 << 20)
+    data = bytes([0x93, PROTOCOL_MAJOR, 0, 0x91, 0x92, 105]) + b"\xdc\x00\x05" + junk
+    assert tag_of(StepInput) == 105
+    with pytest.raises(RemoteProtocolError) as info:
+        decode(data)
+    assert info.value.reason == "invalid-field"

@@ -70,7 +70,7 @@ from p2pswarm.election import Election
 from p2pswarm.errors import (
     AuthenticationError,
     ControlError,
-    HandshakeRefused,
+    KeyRefused,
     NobodyListens,
     RemoteProtocolError,
     SwarmError,
@@ -475,7 +475,7 @@ class Agent:
                 reply = await self.call(request.addr, request.message)
         except (SwarmError, trio.TooSlowError) as exc:
             log.debug("stream request to %s failed: %s", request.addr, exc)
-            if isinstance(exc, HandshakeRefused):
+            if isinstance(exc, KeyRefused):  # bound to our hello: never a flood's doing
                 self._refused_at_join(request.addr)
             elif self.membership is not None:
                 self.rejoin.unreached(request.addr, self.membership.joined,

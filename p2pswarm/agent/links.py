@@ -151,8 +151,10 @@ class Links:
                 self._counters.frames_in += 1
                 started = time.perf_counter()
                 try:
+                    # only the types answered here are unpacked at all
                     messages = wire.decode(frame,
-                                           max_bytes=self._config.transport.max_frame_bytes)
+                                           max_bytes=self._config.transport.max_frame_bytes,
+                                           kinds=self._handlers)
                 finally:  # what the decode cost the loop, charged to the sender
                     self.watch.charge(stream.peer_node_id, "frame",
                                       time.perf_counter() - started, trio.current_time())

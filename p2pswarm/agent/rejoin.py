@@ -55,8 +55,9 @@ class Rejoin:
         return None
 
     def refused(self, addr: str, joined: bool) -> TokenRefused | None:
-        """A handshake to ``addr`` was refused. A seed's, before we are in, counts; at
-        ``JOIN_REFUSALS`` in a row, the failure that stops this fellow."""
+        """``addr`` answered our handshake with a key refusal bound to our hello (never a
+        close or silence, which a busy or flooded seed gives too). A seed's, before we are
+        in, counts; at ``JOIN_REFUSALS`` in a row, the failure that stops this fellow."""
         if joined or addr not in self._seeds:
             return None
         self.refusals += 1

@@ -168,10 +168,13 @@ def join(
         if force and text is None:
             fail("--force replaces the swarm --home holds with the one of --token: give "
                  "--token too")
-        # a token the seeds refuse must not stay in a home that held no other swarm
-        new_keys = text is not None and not state.has_swarm()
+        # a token the seeds refuse must not stay in a home that held no other swarm: the
+        # keyring this run wrote (and only that) goes again
+        written: bytes | None = None
         if text is not None:
+            had_swarm = state.has_swarm()
             state.join_swarm(SwarmSecret.from_token(text), force=force)
+            written = None if had_swarm else state.written_keyring()
         state.load_keyring()  # refuse early: no swarm, or key files others can read
         cards = local_card_source(gpus=gpus, cpu_memory=cpu_memory, no_cpu=no_cpu,
                                   own_pids=[os.getpid()])
@@ -193,8 +196,8 @@ def join(
         except KeyboardInterrupt:
             pass
         except TokenRefused:
-            if new_keys:
-                state.forget_swarm()
+            if written is not None:
+                state.forget_swarm(written)
             raise
         except BaseExceptionGroup as group:  # a service that failed to start: its one line
             raise first_swarm_error(group) from None

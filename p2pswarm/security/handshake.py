@@ -6,6 +6,14 @@ signed by both Ed25519 identities. Session keys come from the X25519 shared secr
 per direction; frames are sealed with per-direction counters as nonces, so a dropped,
 reordered, replayed or tampered frame fails. Ephemeral keys live only in the handshake
 objects until ``finish`` and are never written anywhere (forward secrecy).
+
+A server that reads a client hello sealed under a key id it does not hold answers with a
+key refusal (``key_refusal``) instead of a server hello: a short frame bound to that very
+hello (its SHA-256, which covers the client's fresh ephemeral key), so the client knows the
+fellow it reached read its hello and does not hold its key. A stream closed or left
+unanswered at the hello says nothing of the kind: a busy listener does that too, and so
+does one a stranger keeps busy. Only a key refusal makes a joiner conclude its token is
+another swarm's.
 """
 
 from __future__ import annotations
@@ -29,11 +37,14 @@ from p2pswarm.security.identity import SIGNATURE_BYTES, Identity, node_id_of, ve
 from p2pswarm.security.keyring import Keyring, SwarmKey
 
 __all__ = [
+    "KEY_REFUSAL_BYTES",
     "SUITE_AES256GCM",
     "SUITE_CHACHA20POLY1305",
     "ClientHandshake",
     "ServerHandshake",
     "StreamCipher",
+    "is_key_refusal",
+    "key_refusal",
 ]
 
 Aead = ChaCha20Poly1305 | AESGCM
@@ -61,6 +72,29 @@ _LABEL_TRANSCRIPT = b"p2pswarm/1 transcript\x00"
 _LABEL_SERVER_SIG = b"p2pswarm/1 server signature\x00"
 _LABEL_CLIENT_SIG = b"p2pswarm/1 client signature\x00"
 _LABEL_SESSION = b"p2pswarm/1 session keys\x00"
+_LABEL_REFUSAL = b"p2pswarm/1 key refusal\x00"
+# marker (never a handshake version), reason, the hello's key id, SHA-256 of the hello
+_REFUSAL = struct.Struct(">BB4s32s")
+_REFUSAL_MARKER = 0xFF
+_REFUSAL_UNKNOWN_KEY = 1
+KEY_REFUSAL_BYTES = _REFUSAL.size
+
+
+def key_refusal(client_hello: bytes) -> bytes | None:
+    """The server's answer to a client hello sealed under a key id it does not hold, or
+    None when ``client_hello`` is not shaped as a hello at all (then it only closes)."""
+    client_hello = bytes(client_hello)
+    if len(client_hello) != _CLIENT_HELLO_BYTES:
+        return None
+    key_id = client_hello[2:6]
+    return _REFUSAL.pack(_REFUSAL_MARKER, _REFUSAL_UNKNOWN_KEY, key_id,
+                         hashlib.sha256(_LABEL_REFUSAL + client_hello).digest())
+
+
+def is_key_refusal(client_hello: bytes, answer: bytes) -> bool:
+    """Whether ``answer`` is a key refusal of exactly this ``client_hello``."""
+    return len(answer) == _REFUSAL.size and hmac.compare_digest(
+        bytes(answer), key_refusal(client_hello) or b"")
 
 
 def _mac(key: bytes, label: bytes, data: bytes) -> bytes:

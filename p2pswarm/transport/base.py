@@ -88,8 +88,9 @@ class Authenticates(Protocol):
     def handshake_started(self, max_frame_bytes: int) -> None:
         """Until ``authenticated``, a larger frame ends the stream."""
 
-    def authenticated(self) -> None:
-        """The handshake succeeded: the transport's ``max_frame_bytes`` applies again."""
+    def authenticated(self, peer_id: bytes | None = None) -> None:
+        """The handshake succeeded (with the fellow ``peer_id``): the transport's
+        ``max_frame_bytes`` applies again, and the fellow's budgets."""
 
 
 @runtime_checkable

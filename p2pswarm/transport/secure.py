@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import trio
 
-from p2pswarm.errors import AuthenticationError, HandshakeRefused, TransportError
+from p2pswarm.errors import AuthenticationError, HandshakeRefused, KeyRefused, TransportError
 from p2pswarm.security import (
     SUITE_AES256GCM,
     ClientHandshake,
@@ -25,6 +25,7 @@ from p2pswarm.security import (
     ServerHandshake,
     StreamCipher,
 )
+from p2pswarm.security.handshake import is_key_refusal, key_refusal
 from p2pswarm.transport.base import Authenticates, Stream
 
 __all__ = ["HANDSHAKE_FRAME_BYTES", "SecureStream", "secure_accept", "secure_connect"]
@@ -37,9 +38,9 @@ def _handshake_started(stream: Stream) -> None:
         stream.handshake_started(HANDSHAKE_FRAME_BYTES)
 
 
-def _authenticated(stream: Stream) -> None:
+def _authenticated(stream: Stream, peer_id: bytes) -> None:
     if isinstance(stream, Authenticates):
-        stream.authenticated()
+        stream.authenticated(peer_id)
 
 
 class SecureStream:
@@ -136,10 +137,11 @@ async def secure_connect(
 
     ``expected_node_id``, when given, is the fellow we meant to reach; another
     (authenticated) fellow answering raises AuthenticationError("wrong-peer").
-    Raises AuthenticationError for a failed handshake, HandshakeRefused when the peer
-    closes the stream at our hello (a fellow of another swarm does: it cannot check the
-    hello), TransportError when it times out or the stream breaks; either way ``stream``
-    is closed.
+    Raises AuthenticationError for a failed handshake, KeyRefused when the peer answers
+    our hello with a key refusal bound to it (a fellow of another swarm: our token is not
+    its), HandshakeRefused when the peer closes the stream at our hello (an older fellow of
+    another swarm, or a listener too busy to take us: no verdict on the token),
+    TransportError when it times out or the stream breaks; either way ``stream`` is closed.
     """
     handshake = ClientHandshake(keyring, identity, suite=suite)
     _handshake_started(stream)
@@ -150,8 +152,13 @@ async def secure_connect(
                 server_hello = await stream.receive_frame()
             except TransportError as exc:
                 raise HandshakeRefused(
-                    f"{stream.peer_addr} closed the stream at our hello: it does not hold "
-                    "this swarm's key, or it was stopping") from exc
+                    f"{stream.peer_addr} closed the stream at our hello: it was busy or "
+                    "stopping, or it is an older fellow that does not hold this swarm's key"
+                ) from exc
+            if is_key_refusal(handshake.hello(), server_hello):
+                raise KeyRefused(
+                    f"{stream.peer_addr} read our hello and refused its key: it does not "
+                    "hold this swarm's key")
             client_finish, cipher = handshake.finish(server_hello)
             await stream.send_frame(client_finish)
     except trio.TooSlowError as exc:
@@ -167,7 +174,7 @@ async def secure_connect(
             "wrong-peer",
             f"expected fellow {expected_node_id.hex()}, {handshake.peer_node_id.hex()} answered",
         )
-    _authenticated(stream)
+    _authenticated(stream, handshake.peer_node_id)
     return SecureStream(stream, cipher, handshake.peer_public_key, handshake.peer_node_id)
 
 
@@ -180,7 +187,14 @@ async def secure_accept(
     try:
         with trio.fail_after(timeout_s):
             client_hello = await stream.receive_frame()
-            await stream.send_frame(handshake.respond(client_hello))
+            try:
+                server_hello = handshake.respond(client_hello)
+            except AuthenticationError as exc:
+                refusal = key_refusal(client_hello) if exc.reason == "unknown-key" else None
+                if refusal is not None:  # say so, bound to the hello, then close
+                    await stream.send_frame(refusal)
+                raise
+            await stream.send_frame(server_hello)
             cipher = handshake.finish(await stream.receive_frame())
     except trio.TooSlowError as exc:
         await _close_quietly(stream)
@@ -189,5 +203,5 @@ async def secure_accept(
         await _close_quietly(stream)
         raise
     assert handshake.peer_public_key is not None and handshake.peer_node_id is not None
-    _authenticated(stream)
+    _authenticated(stream, handshake.peer_node_id)
     return SecureStream(stream, cipher, handshake.peer_public_key, handshake.peer_node_id)

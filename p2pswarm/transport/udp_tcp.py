@@ -16,11 +16,17 @@ never the listener.
 Nothing before authentication costs more than it must. A stream starts with a 1 KiB
 buffer; while its handshake runs (``handshake_started``) a frame may be at most the
 handshake's size, and only ``authenticated`` raises the limit to ``max_frame_bytes`` and
-the buffer to its working size. A large frame's buffer grows with the bytes that actually
-arrived (at most doubling), never to the length the peer announced. Accepted connections
-are capped, unauthenticated ones and all, in total and per source host; over a cap a new
-connection is closed at once and counted. Out of file descriptors, accepting pauses for
-``accept_pause_s`` (logged once per episode) and resumes.
+the buffer to its working size. A large frame is held in chunks allocated as its bytes
+arrive (never copied while it grows), never at the length the peer announced, and it is only
+started once the announced size fits in the budget of bytes held in unfinished frames
+of its source host and its fellow (``held_bytes``). Accepted connections
+are capped in total and per source host; over a cap a new connection is closed at once and
+counted. Handshake slots (accepted connections not yet authenticated) are shared fairly
+by source host: when a host holds its share, or all slots are taken, the oldest pending
+handshake of the busiest host is closed to make room, so a new source is never refused
+because others hold the slots (a stranger on 64 addresses cannot keep a joiner out).
+Out of file descriptors, accepting pauses for ``accept_pause_s`` (logged once per
+episode) and resumes.
 """
 
 from __future__ import annotations
@@ -40,14 +46,15 @@ import trio
 from p2pswarm.config import DEFAULT_PORT, TransportConfig
 from p2pswarm.errors import NobodyListens, TransportError
 from p2pswarm.transport.base import StreamHandler, run_stream_handler
+from p2pswarm.transport.held_bytes import HeldBytes, Key
 
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!I")
-_RECEIVE_BUFFER_BYTES = 256 * 1024  # once authenticated, a frame below this is assembled
-# in the stream's buffer
+_RECEIVE_BUFFER_BYTES = 64 * 1024  # once authenticated, a frame below this is assembled
+# in the stream's buffer; a larger one reserves its size in the held-bytes budget
 _FIRST_BUFFER_BYTES = 1024  # before that: enough for any handshake frame
-_GROW_BYTES = 2 * 1024 * 1024  # a large frame's first buffer; then it at most doubles
+_CHUNK_BYTES = 2 * 1024 * 1024  # a large frame arrives in chunks of this, joined at the end
 _COALESCE_MAX_BYTES = 64 * 1024  # below this, header and frame go out in one send
 _DATAGRAM_BUFFER_BYTES = 65536  # largest UDP payload; anything above max is dropped anyway
 _ACCEPT_BACKLOG = 128
@@ -105,7 +112,8 @@ class TcpStream:
 
     def __init__(self, sock: trio.socket.SocketType, peer_addr: str, max_frame_bytes: int,
                  on_close: Callable[[TcpStream], None] | None = None,
-                 on_authenticated: Callable[[TcpStream], None] | None = None) -> None:
+                 on_authenticated: Callable[[TcpStream], None] | None = None, *,
+                 held: HeldBytes | None = None, host: str = "") -> None:
         self._sock = sock
         self._peer_addr = peer_addr
         self._max_frame_bytes = max_frame_bytes
@@ -120,26 +128,38 @@ class TcpStream:
         self._start = 0  # first unread byte in _buf
         self._end = 0  # one past the last received byte in _buf
         self._want: int | None = None  # length of the frame being read, header consumed
-        self._big: bytearray | None = None  # a frame too large for _buf, being filled
-        self._big_got = 0
+        self._big: list[bytearray] | None = None  # a frame too large for _buf: its chunks
+        self._big_got = 0  # bytes of it received
+        self._chunk_got = 0  # ... of them in its last chunk
+        self._held = held
+        self._held_keys: tuple[Key, ...] = (("host", host),)  # + the fellow, once known
+        self._reserved: tuple[tuple[Key, ...], int] | None = None  # what _big holds of it
 
     @property
     def peer_addr(self) -> str:
         return self._peer_addr
 
+    @property
+    def held_frame_bytes(self) -> int:
+        """Bytes allocated for the large frame now arriving (0: none)."""
+        return sum(len(chunk) for chunk in self._big) if self._big is not None else 0
+
     def held_bytes(self) -> int:
         """Memory this stream's receive buffers hold now (the agent watches it per fellow)."""
-        return len(self._buf) + (len(self._big) if self._big is not None else 0)
+        return len(self._buf) + self.held_frame_bytes
 
     def handshake_started(self, max_frame_bytes: int) -> None:
         """Until ``authenticated``, accept frames of at most ``max_frame_bytes``."""
         self._limit = min(self._limit, max_frame_bytes)
 
-    def authenticated(self) -> None:
-        """The handshake succeeded: frames up to ``max_frame_bytes``, a full buffer."""
+    def authenticated(self, peer_id: bytes | None = None) -> None:
+        """The handshake succeeded: frames up to ``max_frame_bytes``, a full buffer; large
+        frames count against ``peer_id``'s budget too."""
         if self.is_authenticated:
             return
         self.is_authenticated = True
+        if peer_id is not None:
+            self._held_keys += (("fellow", peer_id.hex()),)
         self._limit = self._max_frame_bytes
         if len(self._buf) < _RECEIVE_BUFFER_BYTES:
             pending = self._buf[self._start:self._end]
@@ -197,6 +217,8 @@ class TcpStream:
     def _close_now(self) -> None:
         if not self._closed:
             self._closed = True
+            self._big = None
+            self._release()
             self._sock.close()
             if self._on_close is not None:
                 self._on_close(self)
@@ -226,26 +248,42 @@ class TcpStream:
             self._want = None
             return frame
         if self._big is None:
-            # The announced size is only a claim: the buffer grows with what arrives.
+            if self._held is not None and self._reserved is None:
+                # Wait for room in the host's and the fellow's budget before reading on.
+                await self._held.reserve(self._held_keys, size)
+                self._reserved = (self._held_keys, size)
+            # The announced size is only a claim: chunks come as the bytes do.
             buffered = self._end - self._start
-            self._big = bytearray(min(size, max(2 * buffered, _GROW_BYTES)))
-            self._big[:buffered] = memoryview(self._buf)[self._start:self._end]
-            self._big_got = buffered
+            first = bytearray(min(size, _CHUNK_BYTES))
+            first[:buffered] = memoryview(self._buf)[self._start:self._end]
+            self._big = [first]
+            self._big_got = self._chunk_got = buffered
             self._start = self._end = 0
         while self._big_got < size:
-            if self._big_got == len(self._big):  # full: at most double it
-                bigger = bytearray(min(size, 2 * self._big_got))
-                bigger[:self._big_got] = self._big
-                self._big = bigger
-            with memoryview(self._big) as view:
-                got = await self._sock.recv_into(view[self._big_got:])
+            chunk = self._big[-1]
+            if self._chunk_got == len(chunk):
+                chunk = bytearray(min(size - self._big_got, _CHUNK_BYTES))
+                self._big.append(chunk)
+                self._chunk_got = 0
+            with memoryview(chunk) as view:
+                got = await self._sock.recv_into(view[self._chunk_got:])
+            if self._closed:  # closed (its chunks freed) while the receive returned
+                raise TransportError(f"stream to {self._peer_addr} is closed")
             if got == 0:
                 raise TransportError(f"{self._peer_addr} closed the stream mid-frame")
             self._big_got += got
-        frame = bytes(self._big)
+            self._chunk_got += got
+        frame = b"".join(self._big)
         self._big = None
         self._want = None
+        self._release()
         return frame
+
+    def _release(self) -> None:
+        if self._reserved is not None and self._held is not None:
+            keys, size = self._reserved
+            self._reserved = None
+            self._held.release(keys, size)
 
     async def _fill(self, count: int) -> None:
         """Have at least ``count`` unread bytes in ``_buf``."""
@@ -295,13 +333,21 @@ class UdpTcpTransport:
             "streams_opened": 0,
             "streams_accepted": 0,
             "streams_refused_busy": 0,  # over a cap on accepted connections: closed at once
+            "handshakes_evicted": 0,  # a pending handshake closed to make room for a new one
             "accept_paused": 0,  # out of file descriptors (or memory): accepting paused
         }
         # accepted streams still open -> source host; what the caps count
         self._accepted: dict[TcpStream, str] = {}
         self._per_host: Counter[str] = Counter()
-        self._unauthenticated: Counter[str] = Counter()
+        # accepted streams still in their handshake, per source host, oldest first
+        self._pending: dict[str, dict[TcpStream, int]] = {}
+        self._pending_total = 0
+        self._accept_seq = 0  # orders pending handshakes across hosts (oldest first)
         self._busy_logged = False
+        # bytes held in unfinished frames, per source host and fellow (never below a frame)
+        self.held_bytes = HeldBytes(
+            max(config.max_held_frame_bytes_per_host, config.max_frame_bytes),
+            max(config.max_held_frame_bytes_per_fellow, config.max_frame_bytes), self.counters)
 
     @property
     def local_addr(self) -> str:
@@ -343,36 +389,61 @@ class UdpTcpTransport:
                 sock = await self._connect(addr, host, port)
         except trio.TooSlowError as exc:
             raise TransportError(f"connecting to {addr} timed out after {timeout_s} s") from exc
-        stream = TcpStream(sock, addr, self._config.max_frame_bytes, self._forget_stream)
+        stream = TcpStream(sock, addr, self._config.max_frame_bytes, self._forget_stream,
+                           held=self.held_bytes, host=host)
         self._streams[stream] = None
         self.counters["streams_opened"] += 1
         return stream
 
     def _refuse_accept(self, host: str) -> bool:
-        """Whether a new connection from ``host`` is over a cap (docs/security.md)."""
+        """Whether a new connection from ``host`` is over a cap (docs/security.md).
+        Handshake slots never refuse: ``_make_room`` evicts instead."""
         c = self._config
         return (len(self._accepted) >= c.max_streams
-                or self._per_host[host] >= c.max_streams_per_host
-                or sum(self._unauthenticated.values()) >= c.max_unauthenticated_streams
-                or self._unauthenticated[host] >= c.max_unauthenticated_per_host)
+                or self._per_host[host] >= c.max_streams_per_host)
+
+    def _make_room(self, host: str) -> None:
+        """Free a handshake slot for a new connection from ``host`` if none is free: close
+        the oldest pending handshake of ``host`` when it holds its share, else of the
+        busiest host (ties: the one whose oldest is oldest)."""
+        c = self._config
+        mine = self._pending.get(host, {})
+        if len(mine) >= c.max_unauthenticated_per_host:
+            victim = next(iter(mine))
+        elif self._pending_total >= c.max_unauthenticated_streams:
+            busiest = max(self._pending.values(),
+                          key=lambda held: (len(held), -next(iter(held.values()))))
+            victim = next(iter(busiest))
+        else:
+            return
+        self.counters["handshakes_evicted"] += 1
+        victim._close_now()  # its handler's receive ends; _accepted_closed frees the slot
 
     def _track_accepted(self, stream: TcpStream, host: str) -> None:
         self._accepted[stream] = host
         self._per_host[host] += 1
-        self._unauthenticated[host] += 1
+        self._accept_seq += 1
+        self._pending.setdefault(host, {})[stream] = self._accept_seq
+        self._pending_total += 1
+
+    def _unpend(self, stream: TcpStream, host: str) -> None:
+        held = self._pending.get(host)
+        if held is not None and held.pop(stream, None) is not None:
+            self._pending_total -= 1
+            if not held:
+                del self._pending[host]
 
     def _accepted_authenticated(self, stream: TcpStream) -> None:
         host = self._accepted.get(stream)
         if host is not None:
-            self._uncount(self._unauthenticated, host)
+            self._unpend(stream, host)
 
     def _accepted_closed(self, stream: TcpStream) -> None:
         host = self._accepted.pop(stream, None)
         if host is None:
             return
         self._uncount(self._per_host, host)
-        if not stream.is_authenticated:
-            self._uncount(self._unauthenticated, host)
+        self._unpend(stream, host)
 
     @staticmethod
     def _uncount(counter: Counter[str], host: str) -> None:
@@ -467,9 +538,11 @@ class UdpTcpTransport:
             except OSError:
                 sock.close()  # reset before we got to it
                 continue
+            self._make_room(host)
             peer = format_addr(sockaddr[0], sockaddr[1])
             stream = TcpStream(sock, peer, self._config.max_frame_bytes,
-                               self._accepted_closed, self._accepted_authenticated)
+                               self._accepted_closed, self._accepted_authenticated,
+                               held=self.held_bytes, host=host)
             self._track_accepted(stream, host)
             self.counters["streams_accepted"] += 1
             nursery.start_soon(run_stream_handler, handler, stream)

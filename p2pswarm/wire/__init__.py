@@ -15,6 +15,7 @@ from p2pswarm.wire.codec import (
     PROTOCOL_MINOR,
     decode,
     encode,
+    frame_limit,
     message,
     message_types,
     pack_compound,
@@ -22,5 +23,5 @@ from p2pswarm.wire.codec import (
     tag_of,
 )
 
-__all__ = ["PROTOCOL_MAJOR", "PROTOCOL_MINOR", "decode", "encode", "message",
+__all__ = ["PROTOCOL_MAJOR", "PROTOCOL_MINOR", "decode", "encode", "frame_limit", "message",
            "message_types", "pack_compound", "struct", "tag_of"]

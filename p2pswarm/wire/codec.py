@@ -4,8 +4,17 @@ An envelope is a msgpack array ``[major, minor, [[tag, [field, ...]], ...]]``: a
 version, then one or more messages (several make a compound datagram). Decoding validates
 everything (types, arity, lengths, ranges, sizes) and raises ``RemoteProtocolError`` on
 anything else, never another exception: whatever a peer sends, the worst it can do is be
-dropped and counted. A peer with another major version gets ``VersionMismatch``, except for
-``Refusal`` (tag 0), whose layout is frozen for every version so a refusal always reads.
+dropped and counted.
+
+Nothing is unpacked before its kind and size are known to fit: the first bytes of an
+envelope name its first message's tag (``layout.peek_envelope``), each kind has a frame
+limit (the largest envelope its schema allows), and msgpack runs with the limits of the
+largest any kind allows (``unpack_limits``). A frame above ``SMALL_FRAME_BYTES`` is first
+skimmed along its kind's layout, so what msgpack then builds is what the schema allows; a
+small one can cost at most its size in objects (a few MiB, a few ms) whatever it holds.
+
+A peer with another major version gets ``VersionMismatch``, except for ``Refusal`` (tag
+0), whose layout is frozen for every version so a refusal always reads.
 """
 
 from __future__ import annotations
@@ -13,11 +22,12 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Container, Iterable, TypeVar
 
 import msgpack
 
 from p2pswarm.errors import LocalProtocolError, RemoteProtocolError, VersionMismatch
+from p2pswarm.wire import layout as lay
 from p2pswarm.wire.schema import Items, Range, Size
 
 PROTOCOL_MAJOR = 2  # 2: every call, order and training message is its own type
@@ -27,6 +37,10 @@ DEFAULT_STR_CHARS = 1024
 DEFAULT_BYTES = 64 * 1024 * 1024
 DEFAULT_ITEMS = 4096
 MAX_DEPTH = 32
+# Below this an envelope is unpacked without a skim: the worst it can hold (empty arrays,
+# one byte each) is 64 Ki objects, about 4 MiB and 13 ms. Several messages in one
+# envelope (compound datagrams) must fit in it too.
+SMALL_FRAME_BYTES = 64 * 1024
 
 Check = Callable[[Any], Any]  # validates a decoded value and returns the Python value
 Dump = Callable[[Any], Any]  # turns a Python value into msgpack-ready primitives
@@ -50,6 +64,12 @@ class _Codec:
 
 _BY_TAG: dict[int, _Codec] = {}
 _BY_CLASS: dict[type, _Codec] = {}
+_LAYOUTS: dict[type, lay.Struct] = {}
+_SKIMMERS: dict[int, lay.Skimmer] = {}  # tag -> its layout's skimmer
+_FRAME_BYTES: dict[int, int] = {}  # tag -> the largest envelope holding one such message
+# msgpack's own limits, the largest any registered kind allows (grown at registration)
+_UNPACK_LIMITS: dict[str, int] = {"max_array_len": 3, "max_map_len": 0, "max_str_len": 0,
+                                  "max_bin_len": 0, "max_ext_len": 0}
 
 
 def message(tag: int) -> Callable[[type[M]], type[M]]:
@@ -60,6 +80,8 @@ def message(tag: int) -> Callable[[type[M]], type[M]]:
             raise TypeError(f"wire tag {tag} is already {_BY_TAG[tag].cls.__name__}")
         codec = _build(cls, tag)
         _BY_TAG[tag] = codec
+        _FRAME_BYTES[tag] = lay.ENVELOPE_HEAD_BYTES + lay.largest_bytes(_LAYOUTS[cls])
+        _SKIMMERS[tag] = lay.skimmer(_LAYOUTS[cls])
         return cls
 
     return register
@@ -83,6 +105,22 @@ def message_types() -> dict[int, type]:
     return {tag: codec.cls for tag, codec in sorted(_BY_TAG.items())}
 
 
+def frame_limit(cls: type) -> int:
+    """The most bytes an envelope holding one ``cls`` message can take: larger is refused
+    before anything is unpacked."""
+    return _FRAME_BYTES[tag_of(cls)]
+
+
+def layout_of(cls: type) -> lay.Struct:
+    """The byte layout of a registered message or struct (for tests and docs)."""
+    return _LAYOUTS[cls]
+
+
+def unpack_limits() -> dict[str, int]:
+    """msgpack's ``max_*_len`` limits: the largest any registered kind allows."""
+    return dict(_UNPACK_LIMITS)
+
+
 # --- building validators from annotations ---------------------------------------------
 #
 # Each registered class gets one generated checker function with the primitive checks
@@ -102,6 +140,9 @@ def _build(cls: type, tag: int | None) -> _Codec:
     )
     names = tuple(f.name for f in fields)
     specs = [_field(hints[f.name]) for f in fields]
+    layout = lay.Struct(required, tuple(_layout(hints[f.name]) for f in fields))
+    _LAYOUTS[cls] = layout
+    _grow_limits(layout)
     dumps = tuple(dump for _, dump in specs)
     checks = tuple(check for check, _ in specs)
     codec = _Codec(cls, tag, names, required, checks, dumps)
@@ -268,6 +309,48 @@ def _field(tp: Any, meta: tuple[Any, ...] = ()) -> tuple[Check, Dump]:
     raise TypeError(f"unsupported wire field type {tp!r}")
 
 
+def _layout(tp: Any, meta: tuple[Any, ...] = ()) -> lay.Layout:
+    """The msgpack layout of a field annotation (mirrors ``_field``)."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        base, *extra = typing.get_args(tp)
+        return _layout(base, meta + tuple(extra))
+    if origin in (typing.Union, types.UnionType):
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return lay.Optional(_layout(inner, meta))
+    if origin is tuple:
+        most = next((m.high for m in meta if isinstance(m, Items)), DEFAULT_ITEMS)
+        return lay.Tuple(most, _layout(typing.get_args(tp)[0]))
+    if tp is bool:
+        return lay.Bool()
+    if tp is int:
+        return lay.Int()
+    if tp is float:
+        return lay.Float()
+    if tp is str:
+        return lay.Str(next((m.high for m in meta if isinstance(m, Size)), DEFAULT_STR_CHARS))
+    if tp is bytes:
+        return lay.Bin(next((m.high for m in meta if isinstance(m, Size)), DEFAULT_BYTES))
+    return _LAYOUTS[tp]  # a registered struct (``_field`` has checked)
+
+
+def _grow_limits(layout: lay.Layout) -> None:
+    limits = _UNPACK_LIMITS
+    if isinstance(layout, lay.Struct):
+        limits["max_array_len"] = max(limits["max_array_len"], len(layout.fields))
+        for f in layout.fields:
+            _grow_limits(f)
+    elif isinstance(layout, lay.Tuple):
+        limits["max_array_len"] = max(limits["max_array_len"], layout.most_items)
+        _grow_limits(layout.item)
+    elif isinstance(layout, lay.Optional):
+        _grow_limits(layout.inner)
+    elif isinstance(layout, lay.Str):
+        limits["max_str_len"] = max(limits["max_str_len"], layout.most_bytes)
+    elif isinstance(layout, lay.Bin):
+        limits["max_bin_len"] = max(limits["max_bin_len"], layout.most_bytes)
+
+
 def _check_fields(codec: _Codec, raw: Any) -> Any:
     return _CHECKERS[codec.cls](raw)
 
@@ -302,25 +385,52 @@ def encode(*messages: Any, max_bytes: int | None = None) -> bytes:
     return data
 
 
-def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES) -> list[Any]:
-    """Decode and validate an envelope; RemoteProtocolError on anything invalid."""
+def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES,
+           kinds: Container[type] | None = None) -> list[Any]:
+    """Decode and validate an envelope; RemoteProtocolError on anything invalid.
+
+    The kind and the size are checked first, from the envelope's first bytes; only an
+    envelope that may hold what it says is unpacked (see the module's docstring). With
+    ``kinds``, a message of another type is refused as "unexpected-message", the first
+    one before anything is unpacked (a stream server passes the types it answers)."""
     if len(data) > max_bytes:
         raise RemoteProtocolError("too-large", f"{len(data)} bytes, limit {max_bytes}")
+    head = lay.peek_envelope(data)
+    if head.major != PROTOCOL_MAJOR and not (head.messages == 1 and head.first_tag == 0):
+        # only a Refusal (tag 0) reads across versions
+        raise VersionMismatch(
+            "version", f"peer speaks protocol {head.major}.{head.minor}, this node speaks "
+            f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}")
+    if head.messages > 1:
+        if len(data) > SMALL_FRAME_BYTES:
+            raise RemoteProtocolError(
+                "too-large", f"{head.messages} messages in {len(data)} bytes; several "
+                f"messages travel in at most {SMALL_FRAME_BYTES}")
+    else:
+        codec = _BY_TAG.get(head.first_tag)
+        if codec is None:
+            raise RemoteProtocolError("unknown-tag", f"tag {head.first_tag}")
+        if kinds is not None and codec.cls not in kinds:
+            raise RemoteProtocolError("unexpected-message", codec.cls.__name__)
+        limit = _FRAME_BYTES[head.first_tag]
+        if len(data) > limit:
+            raise RemoteProtocolError(
+                "too-large", f"a {codec.cls.__name__} of {len(data)} bytes; its schema "
+                f"allows at most {limit}")
+        if len(data) > SMALL_FRAME_BYTES:
+            lay.skim(data, head.fields_at, _SKIMMERS[head.first_tag])
     try:
-        top = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+        top = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True,
+                              **_UNPACK_LIMITS)
     except Exception as exc:  # msgpack raises many kinds; all mean "not our protocol"
         raise RemoteProtocolError("malformed", type(exc).__name__) from None
     if type(top) is not list or len(top) != 3 or type(top[0]) is not int \
             or type(top[1]) is not int or type(top[2]) is not list or not top[2]:
         raise RemoteProtocolError("malformed", "not an envelope")
-    major, minor, body = top
-    if major != PROTOCOL_MAJOR:
-        if len(body) == 1 and type(body[0]) is list and body[0][:1] == [0]:
-            return _decode_body(body)  # a Refusal reads across versions
-        raise VersionMismatch(
-            "version", f"peer speaks protocol {major}.{minor}, this node speaks "
-            f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}")
-    return _decode_body(body)
+    messages = _decode_body(top[2])
+    if kinds is not None and any(type(m) not in kinds for m in messages):
+        raise RemoteProtocolError("unexpected-message", "in a compound envelope")
+    return messages
 
 
 def _decode_body(body: list[Any]) -> list[Any]:
