@@ -27,8 +27,7 @@ DatagramHandler = Callable[[Any, bytes, str], None]  # (message, sender node id,
 Post = Callable[[str, tuple[Any, ...]], None]  # seal messages into a datagram to addr
 
 
-def _on_refusal(msg: Refusal, sender: bytes, addr: str) -> None:
-    log.warning("%s refused us: %s", addr, msg.reason)
+_LOGGED_REFUSALS_MAX = 1024  # (address, reason) pairs remembered so each logs once
 
 
 class Intake:
@@ -38,11 +37,22 @@ class Intake:
         self._counters = counters
         self._max_datagram_bytes = max_datagram_bytes
         self._post = post
-        self._handlers: dict[type, DatagramHandler] = {Refusal: _on_refusal}
+        self._handlers: dict[type, DatagramHandler] = {Refusal: self._on_refusal}
         self._refused_addrs: set[str] = set()
+        self._refusals_logged: set[tuple[str, str]] = set()
 
     def on_datagram(self, message_type: type, handler: DatagramHandler) -> None:
         self._handlers[message_type] = handler
+
+    def _on_refusal(self, msg: Refusal, sender: bytes, addr: str) -> None:
+        """A peer refused us: counted every time, logged once per address and reason (a
+        refusing peer answers every datagram)."""
+        self._counters.drop("refused-by-peer")
+        key = (addr, msg.reason)
+        if key in self._refusals_logged or len(self._refusals_logged) >= _LOGGED_REFUSALS_MAX:
+            return
+        self._refusals_logged.add(key)
+        log.warning("%s refused us: %s", addr, msg.reason)
 
     def open(self, data: bytes, addr: str) -> tuple[OpenedDatagram, list[Any]] | None:
         """The datagram ``data`` from ``addr`` opened and decoded; None: dropped."""
