@@ -36,17 +36,25 @@ LLAMA_1B = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 2048,
             "tie_word_embeddings": False, "hidden_act": "silu"}
 
 
-def figure(model: str | None, cluster: Path, seq_len: int, inner_steps: int,
-           codec: str) -> dict[str, Any]:
+def figure(model: str | None, cluster: Path, seq_len: int, inner_steps: int | str,
+           codec: str, bandwidth: float | None = None,
+           latency: float | None = None) -> dict[str, Any]:
     if model is None:
         name, config = "llama-1.1b (TinyLlama shape)", LLAMA_1B
     else:
         name, config = read_model_config(model)
-    view = cluster_from_dict(json.loads(cluster.read_text()))
+    data = json.loads(cluster.read_text())
+    if bandwidth is not None or latency is not None:  # every link between two fellows
+        default = dict(data.get("links", {}).get("default") or {})
+        if bandwidth is not None:
+            default["bandwidth_bytes_s"] = bandwidth
+        if latency is not None:
+            default["latency_s"] = latency
+        data["links"] = {**data.get("links", {}), "default": default}
+    view = cluster_from_dict(data)
     message = {"model": {"name": name, "config": config}, "kind": "train",
                "seq_len": seq_len, "weights_dtype": "bf16", "optimizer": "adamw",
-               "micro_batch": "auto", "replicas": "auto", "inner_steps": inner_steps,
-               "codec": codec}
+               "replicas": "auto", "inner_steps": inner_steps, "codec": codec}
     return fleet_plan_message(message, view)
 
 
@@ -56,11 +64,17 @@ def main() -> None:
                         "(default: the 1.1B Llama shape)")
     parser.add_argument("--cluster", type=Path, default=FLEET)
     parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--inner-steps", type=int, default=100)
+    parser.add_argument("--inner-steps", default="auto",
+                        help="auto (sized to the links, the default) or a number")
+    parser.add_argument("--bandwidth", type=float, help="bytes/s of every link between two "
+                        "fellows (default: the file's), e.g. 1.25e6")
+    parser.add_argument("--latency", type=float, help="seconds of every link's latency")
     parser.add_argument("--codec", default="int8")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    plan = figure(args.model, args.cluster, args.seq_len, args.inner_steps, args.codec)
+    inner: int | str = args.inner_steps if args.inner_steps == "auto" else int(args.inner_steps)
+    plan = figure(args.model, args.cluster, args.seq_len, inner, args.codec, args.bandwidth,
+                  args.latency)
     fleet = plan["fleet"]
     rnd = fleet["round"] or {}
     result = {
