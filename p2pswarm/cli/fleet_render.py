@@ -88,8 +88,9 @@ def job_lines(plan: Mapping[str, Any]) -> list[Text]:
     replica with its stages, then only the cards no replica uses, with their reasons.
     (The first replica's own bars and table would call the others' cards left out.)"""
     replicas = list(plan.get("replicas") or [])
-    out = [Text(str(plan.get("summary") or ""), style="bold" if plan.get("fits")
-                else "bold red")]
+    # the summary's own account of replica 0 counts the others' cards as left out
+    head = str(plan.get("summary") or "").split(" Replica 0: ")[0]
+    out = [Text(head, style="bold" if plan.get("fits") else "bold red")]
     used: dict[tuple[Any, Any, Any], int] = {}
     for r in replicas:
         out.append(Text(f"replica {r['replica']}: micro-batch {r.get('micro_batch')} x "
