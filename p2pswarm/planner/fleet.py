@@ -224,6 +224,7 @@ class RoundEstimate:
     access_points: tuple[tuple[str, int, float], ...]  # (name, air bytes, seconds)
     codec: str
     update_codec: str
+    fellows: tuple[tuple[str, int, int, float], ...] = ()  # (name, sent, received, s)
 
     @property
     def comm_fraction(self) -> float:
@@ -242,7 +243,9 @@ class RoundEstimate:
                 "busiest_over_delta": self.busiest_over_delta,
                 "access_points": [{"name": n, "air_bytes": b, "seconds": t}
                                   for n, b, t in self.access_points],
-                "codec": self.codec, "update_codec": self.update_codec}
+                "codec": self.codec, "update_codec": self.update_codec,
+                "fellows": [{"fellow": n, "sent_bytes": a, "received_bytes": b, "seconds": t}
+                            for n, a, b, t in self.fellows]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -606,7 +609,9 @@ def _round(f: _Fleet, replicas: Sequence[ReplicaPlan]) -> RoundEstimate | None:
         busiest_bytes=busiest.sent_bytes if busiest else 0, delta_bytes=_delta_bytes(f),
         access_points=tuple((t.name, t.air_bytes, t.seconds)
                             for t in traffic.access_points),
-        codec=fleet.codec, update_codec=fleet.update_codec or fleet.codec)
+        codec=fleet.codec, update_codec=fleet.update_codec or fleet.codec,
+        fellows=tuple((names.get(t.fellow_id, t.fellow_id), t.sent_bytes, t.received_bytes,
+                       t.seconds) for t in traffic.fellows))
 
 
 def _fleet_tokens_per_s(replicas: Sequence[ReplicaPlan], rnd: RoundEstimate | None) -> float:
