@@ -4,6 +4,10 @@ against the best single pipeline (``p2pswarm.sim.fleet_rehearsal``; the same as
 
     python simulations/fleet_rehearsal.py                              # the shipped file
     python simulations/fleet_rehearsal.py --bandwidth 1.25e6 --out DIR # slower links, files
+    python simulations/fleet_rehearsal.py --model simulations/models/rwkv7-1b --seq-len 256
+
+The plan is made for ``--model`` (its step times, batches and bytes); the learning is the
+small Llama's, scaled as ``p2pswarm.sim.fleet_rehearsal`` says.
 
 Prints the report: rounds closed, time to the single pipeline's final held-out loss (and
 how much faster than that pipeline), the longest gap between two round closes against
@@ -21,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from p2pswarm.models.files import read_model_config  # noqa: E402
 from p2pswarm.sim.fleet_rehearsal import markdown, rehearse, write_plot  # noqa: E402
 
 
@@ -28,6 +33,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cluster", type=Path,
                         default=ROOT / "simulations" / "clusters" / "fleet.json")
+    parser.add_argument("--model", help="the model the plan is made for: a directory, "
+                        "config.json or known name (default: the 1.1B Llama shape)")
     parser.add_argument("--bandwidth", type=float, help="bytes/s of every link, e.g. 1.25e6")
     parser.add_argument("--latency", type=float, help="seconds of every link's latency")
     parser.add_argument("--seq-len", type=int, default=512)
@@ -38,7 +45,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = rehearse(json.loads(args.cluster.read_text()), seq_len=args.seq_len,
+    model = read_model_config(args.model)[1] if args.model else None
+    result = rehearse(json.loads(args.cluster.read_text()), model=model, seq_len=args.seq_len,
                       bandwidth=args.bandwidth, latency=args.latency,
                       single_steps=args.steps, seed=args.seed, drops=not args.no_drops)
     if args.out is not None:
