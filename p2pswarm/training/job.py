@@ -347,7 +347,7 @@ def _job(data: Mapping[str, Any], base_dir: Path | None) -> JobConfig:
     replicas_raw = data.get("replicas", "auto")
     replicas = None if replicas_raw == "auto" else _int(data, "replicas", 1, "replicas")
     # "auto" is the default: each replica's batch from its cards (a number still wins)
-    auto_batch = data.get("micro_batch", "auto") == "auto"
+    auto_batch = data.get("micro_batch", "auto") in ("auto", None)
     if isinstance(data.get("micro_batch"), str) and not auto_batch:
         raise ConfigError(f"micro_batch must be a whole number or \"auto\" (each replica's "
                           f"from its cards), got {str(data['micro_batch'])[:40]!r}")
@@ -480,7 +480,7 @@ def _sync(raw: Any) -> SyncConfig:
     codec, options = _codec(raw, "codec", "int8")
     update_codec, update_options = (None, {}) if raw.get("update_codec") is None else (
         _codec(raw, "update_codec", "int8"))
-    inner_auto = raw.get("inner_steps", "auto") == "auto"
+    inner_auto = raw.get("inner_steps", "auto") in ("auto", None)
     return SyncConfig(
         inner_steps=50 if inner_auto else _int(raw, "inner_steps", 50, "sync.inner_steps"),
         inner_steps_auto=inner_auto,
