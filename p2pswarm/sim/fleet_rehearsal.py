@@ -422,7 +422,7 @@ def write_plot(result: Mapping[str, Any], path: Path) -> str | None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in result["runs"]:
         xs = [p[0] / 3600 for p in run["curve"]]
-        ax.plot(xs, [p[1] for p in run["curve"]], label=run["name"])
+        ax.plot(xs, [p[1] for p in run["curve"]], marker="o", label=run["name"])
     ax.axhline(result["target_loss"], color="grey", linestyle=":", label="target")
     ax.set_xlabel("virtual hours")
     ax.set_ylabel("held-out loss")
