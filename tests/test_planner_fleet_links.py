@@ -229,3 +229,17 @@ def test_job_json_defaults_are_auto_and_a_number_wins() -> None:
     assert not fixed.sync.inner_steps_auto and fixed.sync.inner_steps == 20
     with pytest.raises(ConfigError, match="inner_steps"):
         JobConfig.from_dict({"model": "tiny-llama", "sync": {"inner_steps": "soon"}})
+
+
+def test_the_leader_reads_the_round_the_plan_sized() -> None:
+    """A job with inner_steps auto takes the plan's round before it is placed."""
+    from p2pswarm.agent.training.job_plan import JobPlan
+    from p2pswarm.planner import fleet_plan_message
+
+    doc = fleet_plan_message({"model": {"name": "tinyllama", "config":
+                                        REFERENCE_CONFIGS["tinyllama-1.1b"]},
+                              "kind": "train", "seq_len": 256, "weights_dtype": "bf16",
+                              "replicas": "auto"}, cluster_from_dict(fleet_file(1.25e6)))
+    assert doc["fleet"]["round"]["inner_steps_auto"]
+    assert JobPlan.from_doc(doc).inner_steps == doc["fleet"]["round"]["inner_steps"]
+    assert JobPlan.from_doc({"fleet": {"round": {"inner_steps": "many"}}}).inner_steps is None
