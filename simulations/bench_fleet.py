@@ -4,13 +4,19 @@
     python simulations/bench_fleet.py --model DIR|NAME     # any model the planner reads
     python simulations/bench_fleet.py --json               # the numbers
 
+    python simulations/bench_fleet.py --seq-len 512 --bandwidth 1.25e6 --latency 0.04
+
 On simulations/clusters/fleet.json (2 servers, 10 desktops, 6 laptops, 20 Raspberry Pi
-4s on WiFi links of 4 MB/s), full training in bf16 with AdamW, ``micro_batch: "auto"``,
-``replicas: "auto"``, int8 sync every ``--inner-steps`` steps of the fastest replica.
+4s on WiFi links of 4 MB/s, the laptops and Pis behind three access points of 20 MB/s),
+full training in bf16 with AdamW and the plan's defaults: ``micro_batch: "auto"``,
+``replicas: "auto"``, int8 sync by a sharded all-reduce every ``--inner-steps`` steps
+of the fastest replica (``auto``: sized so a round's communication is at most a third
+of its compute). ``--bandwidth``/``--latency`` set every link between two fellows.
 Prints every replica (its cards, its batch, its tokens/s), the cards left out, then the
-figure: the fleet's estimated tokens/s against the best single-pipeline plan the planner
-makes on the same file (its default and ``--maximize speed`` plans, each with the same
-batch rule), and the round's communication against its compute. All of it is the
+figure: the fellows used, the fleet's estimated tokens/s against the best single-pipeline
+plan the planner makes on the same file (its default and ``--maximize speed`` plans,
+each with the same batch rule), the round's communication against its compute, and the
+busiest fellow's bytes a round against one replica's compressed delta. All of it is the
 planner's estimate (no training runs): deterministic, so no load average applies.
 """
 
@@ -36,17 +42,25 @@ LLAMA_1B = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 2048,
             "tie_word_embeddings": False, "hidden_act": "silu"}
 
 
-def figure(model: str | None, cluster: Path, seq_len: int, inner_steps: int,
-           codec: str) -> dict[str, Any]:
+def figure(model: str | None, cluster: Path, seq_len: int, inner_steps: int | str,
+           codec: str, bandwidth: float | None = None,
+           latency: float | None = None) -> dict[str, Any]:
     if model is None:
         name, config = "llama-1.1b (TinyLlama shape)", LLAMA_1B
     else:
         name, config = read_model_config(model)
-    view = cluster_from_dict(json.loads(cluster.read_text()))
+    data = json.loads(cluster.read_text())
+    if bandwidth is not None or latency is not None:  # every link between two fellows
+        default = dict(data.get("links", {}).get("default") or {})
+        if bandwidth is not None:
+            default["bandwidth_bytes_s"] = bandwidth
+        if latency is not None:
+            default["latency_s"] = latency
+        data["links"] = {**data.get("links", {}), "default": default}
+    view = cluster_from_dict(data)
     message = {"model": {"name": name, "config": config}, "kind": "train",
                "seq_len": seq_len, "weights_dtype": "bf16", "optimizer": "adamw",
-               "micro_batch": "auto", "replicas": "auto", "inner_steps": inner_steps,
-               "codec": codec}
+               "replicas": "auto", "inner_steps": inner_steps, "codec": codec}
     return fleet_plan_message(message, view)
 
 
@@ -56,11 +70,17 @@ def main() -> None:
                         "(default: the 1.1B Llama shape)")
     parser.add_argument("--cluster", type=Path, default=FLEET)
     parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--inner-steps", type=int, default=100)
+    parser.add_argument("--inner-steps", default="auto",
+                        help="auto (sized to the links, the default) or a number")
+    parser.add_argument("--bandwidth", type=float, help="bytes/s of every link between two "
+                        "fellows (default: the file's), e.g. 1.25e6")
+    parser.add_argument("--latency", type=float, help="seconds of every link's latency")
     parser.add_argument("--codec", default="int8")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    plan = figure(args.model, args.cluster, args.seq_len, args.inner_steps, args.codec)
+    inner: int | str = args.inner_steps if args.inner_steps == "auto" else int(args.inner_steps)
+    plan = figure(args.model, args.cluster, args.seq_len, inner, args.codec, args.bandwidth,
+                  args.latency)
     fleet = plan["fleet"]
     rnd = fleet["round"] or {}
     result = {
@@ -84,11 +104,18 @@ def main() -> None:
               f"{r['micro_batches']}, {r['tokens_per_s']:.1f} tokens/s: "
               f"{', '.join(r['fellows'])}")
     print(f"cards used {result['cards_used']} of {result['cards']}")
-    print(f"FIGURE aggregate {result['fleet_tokens_per_s']:.1f} tokens/s = "
+    for ap in rnd.get("access_points") or ():
+        print(f"access point {ap['name']}: {ap['air_bytes'] / 1e9:.2f} GB over the air a "
+              f"round, {ap['seconds']:,.0f} s")
+    print(f"FIGURE fellows used {result['cards_used']} of {result['cards']}; aggregate "
+          f"{result['fleet_tokens_per_s']:.1f} tokens/s = "
           f"{result['speedup']:.2f}x the best single pipeline "
           f"({result['single_pipeline_tokens_per_s']:.1f} tokens/s); round communication "
           f"{rnd.get('comm_s', 0):,.0f} s = {rnd.get('comm_fraction', 0):.2f} of its compute "
-          f"({rnd.get('compute_s', 0):,.0f} s, {rnd.get('inner_steps')} steps)")
+          f"({rnd.get('compute_s', 0):,.0f} s, {rnd.get('inner_steps')} steps"
+          f"{', sized to the links' if rnd.get('inner_steps_auto') else ''}); busiest "
+          f"fellow {rnd.get('busiest_fellow')} sends {rnd.get('busiest_bytes', 0) / 1e9:.2f} "
+          f"GB = {rnd.get('busiest_over_delta', 0):.2f}x one replica's compressed delta")
 
 
 if __name__ == "__main__":

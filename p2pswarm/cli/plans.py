@@ -56,13 +56,15 @@ def plan(
     floor: list[str] = FloorOption,
     train: bool = typer.Option(False, "--train", help="Plan a training job, not serving."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Training sequence length."),
-    micro_batch: str = typer.Option("1", "--micro-batch", help="Sequences per micro-batch, "
-                                    "or auto: each replica's from its cards' memory and "
-                                    "speed."),
+    micro_batch: str = typer.Option("auto", "--micro-batch", help="Sequences per "
+                                    "micro-batch, or auto (the default): each replica's "
+                                    "from its cards' memory and speed."),
     replicas: str = typer.Option("auto", "--replicas", help="Training: DiLoCo replicas, "
                                  "auto (as many as raise the fleet's tokens/s) or a number."),
-    inner_steps: int = typer.Option(50, "--inner-steps", help="Training: local steps of the "
-                                    "fastest replica per sync round."),
+    inner_steps: str = typer.Option("auto", "--inner-steps", help="Training: local steps "
+                                    "of the fastest replica per sync round, or auto (the "
+                                    "default): enough that a round's sync is at most a "
+                                    "third of its compute on the links."),
     codec: str = typer.Option("int8", "--codec", help="Training: how replicas' deltas "
                               "travel: fp32, fp16, int8, topk or qsgd."),
     micro_batches: int = typer.Option(1, "--micro-batches", help="Micro-batches per step."),
@@ -95,7 +97,8 @@ def plan(
     if train:
         request.update(seq_len=seq_len, micro_batch=_batch_option(micro_batch),
                        micro_batches=micro_batches, replicas=_replicas_option(replicas),
-                       inner_steps=inner_steps, codec=codec,
+                       inner_steps=_auto_or_number(inner_steps, "--inner-steps"),
+                       codec=codec,
                        steps=steps, optimizer=optimizer, checkpointing=not no_checkpointing,
                        method="lora" if lora_rank is not None else "full")
         if lora_rank is not None:
@@ -138,6 +141,15 @@ def _batch_option(value: str) -> Any:
         return value
     if not value.isdigit():
         fail(f"--micro-batch must be a whole number or auto, got {value[:40]!r}")
+    return int(value)
+
+
+def _auto_or_number(value: str, flag: str) -> Any:
+    """A flag that takes auto or a whole number."""
+    if value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        fail(f"{flag} must be auto or a whole number from 1, got {value[:40]!r}")
     return int(value)
 
 

@@ -41,11 +41,56 @@ def _sim_run(run: Any, bar: Any, label: str) -> Any:
         bar.remove_task(task)
 
 
+def _simulate_fleet(cluster: Optional[Path], bandwidth: Optional[float], steps: int,
+                    seed: int, out: Optional[Path], as_json: bool) -> None:
+    """The fleet rehearsal: the plan's replicas training in virtual time against the
+    best single pipeline, with and without W3 drops."""
+    import json
+
+    import p2pswarm
+    from p2pswarm.errors import ConfigError
+
+    if cluster is None:
+        cluster = Path(p2pswarm.__file__).resolve().parent.parent / "simulations" / \
+            "clusters" / "fleet.json"
+        if not cluster.is_file():
+            fail("no fleet file here: give one with --cluster FILE")
+    if steps < 2 or steps > 10_000:
+        fail(f"--steps must be from 2 to 10000, got {steps}", EXIT_USAGE)
+    if bandwidth is not None and not 0 < bandwidth < 1e12:
+        fail(f"--bandwidth must be a positive number of bytes/s, got {bandwidth}", EXIT_USAGE)
+    try:
+        data = json.loads(cluster.expanduser().read_text())
+    except (OSError, ValueError) as exc:
+        fail(f"cannot read --cluster {cluster}: {exc}", EXIT_USAGE)
+    from p2pswarm.sim.fleet_rehearsal import markdown, rehearse, write_plot
+
+    with exits_on(EXIT_USAGE, prefix=f"--cluster {cluster}: ", errors=(ConfigError,)):
+        result = rehearse(data, bandwidth=bandwidth, single_steps=steps, seed=seed)
+    notes: list[str] = []
+    if out is not None:
+        where = out.expanduser()
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        (where / "report.md").write_text(markdown(result))
+        note = write_plot(result, where / "loss.png")
+        notes += [note] if note else []
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        typer.echo(markdown(result), nl=False)
+        if out is not None:
+            typer.echo(f"wrote {out}/result.json, report.md" + ("" if notes else ", loss.png"))
+    for note in notes:
+        typer.echo(note, err=True)
+
+
 @app.command()
 @exits_on()
 def simulate(
     scenario: str = typer.Argument(..., help="A scenario file, or a name in "
-                                   "the scenario folder (e.g. w3, clean, smoke, real-bursts)."),
+                                   "the scenario folder (e.g. w3, clean, smoke, real-bursts); "
+                                   "fleet: the fleet training rehearsal."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed (default: the scenario's); "
                                        "the same seed replays exactly."),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="How many fellows "
@@ -64,10 +109,20 @@ def simulate(
                                         "oracle catch it: the run must FAIL."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress",
                                             help="Progress bar (default: on a terminal)."),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="fleet: the fleet "
+                                           "file (default: simulations/clusters/fleet.json)."),
+    bandwidth: Optional[float] = typer.Option(None, "--bandwidth", help="fleet: bytes/s of "
+                                              "every link between two fellows, e.g. 1.25e6."),
+    steps: int = typer.Option(40, "--steps", help="fleet: steps of the single pipeline; "
+                              "its final loss is the target."),
     as_json: bool = JsonOption,
 ) -> None:
     """Run a WiFi-dropout scenario on real agents in virtual time, judge it against the
-    truth, and report (exit 1 if the oracle finds a failure)."""
+    truth, and report (exit 1 if the oracle finds a failure). `simulate fleet` rehearses
+    the fleet training plan instead (see docs/training.md)."""
+    if scenario == "fleet":
+        _simulate_fleet(cluster, bandwidth, steps, seed or 0, out, as_json)
+        return
     from p2pswarm.sim.harness import run_scenario, variant_for
     from p2pswarm.sim.metrics import ks_two_sample
     from p2pswarm.sim.report import markdown, public, to_json, write_reports

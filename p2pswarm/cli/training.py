@@ -141,16 +141,12 @@ def train(
                                   ", or plan offline with --cluster FILE")
         if as_json:
             print_json(result)
-        elif "fleet" in result:
-            from p2pswarm.cli.fleet_render import print_fleet
-            print_fleet(result, Console())
         else:
-            from p2pswarm.cli.render import print_plan
-            print_plan(result, Console())
-            for r in result.get("replicas", []):
-                typer.echo(f"replica {r['replica']}: {r['strip_text']}")
-            typer.echo(f"plan_id {result['plan_id']}: start it with p2pswarm train --config "
-                       f"{config} --plan-id {result['plan_id']}")
+            from p2pswarm.cli.fleet_render import print_job_plan
+            print_job_plan(result, Console())
+            if "fleet" not in result:
+                typer.echo(f"plan_id {result['plan_id']}: start it with p2pswarm train "
+                           f"--config {config} --plan-id {result['plan_id']}")
         if not result.get("fits", False):
             raise typer.Exit(EXIT_FAILURE)
         return

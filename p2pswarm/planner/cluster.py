@@ -13,7 +13,14 @@ The cluster file (``p2pswarm plan --cluster FILE``, ``p2pswarm cluster export``)
                              "flops", "mem_bandwidth",
                              "dtype_tokens_per_s": {"f16", "int8", "int4"}}]}],
      "links": {"default": {"bandwidth_bytes_s", "latency_s"},
-               "local": {...}, "FELLOW_A|FELLOW_B": {...}}}
+               "local": {...}, "FELLOW_A|FELLOW_B": {...}},
+     "access_points": {"NAME": {"capacity_bytes_s", "fellows": [ID or name, ...]}}}
+
+``access_points`` (optional) groups fellows that share one WiFi access point's airtime:
+every byte a member sends or receives over the air counts against the group's
+``capacity_bytes_s`` (a byte between two members of the group crosses the air twice).
+A fellow belongs to at most one group. The training planner's sync estimate uses it
+(``planner.sync_cost``); a fellow's own link still bounds its own traffic.
 
 Sizes may be integers (bytes) or strings such as "24GB"; a card without ``flops`` and
 ``mem_bandwidth`` gets the conservative estimate and the plan says so. The optional
@@ -53,6 +60,22 @@ class Link:
 
     def to_dict(self) -> dict[str, float]:
         return {"bandwidth_bytes_s": self.bandwidth_bytes_s, "latency_s": self.latency_s}
+
+
+@dataclass(frozen=True, slots=True)
+class AccessPoint:
+    """Fellows behind one WiFi access point: they share its airtime."""
+
+    name: str
+    capacity_bytes_s: float
+    fellows: tuple[str, ...]  # fellow ids, sorted
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"capacity_bytes_s": self.capacity_bytes_s, "fellows": list(self.fellows)}
+
+
+MAX_ACCESS_POINTS = 1024
+MAX_ACCESS_POINT_NAME_CHARS = 64
 
 
 # Defaults when the file or the agent says nothing: gigabit Ethernet between fellows,
@@ -119,6 +142,7 @@ class ClusterView:
     default_link: Link = DEFAULT_LINK
     local_link: Link = LOCAL_LINK
     links: tuple[tuple[tuple[str, str], Link], ...] = ()  # sorted (id_a, id_b) pairs
+    access_points: tuple[AccessPoint, ...] = ()  # sorted by name
 
     def __post_init__(self) -> None:
         fellows = tuple(sorted(self.fellows, key=lambda f: f.id))
@@ -128,6 +152,15 @@ class ClusterView:
             raise ConfigError(f"fellow id {dup!r} appears twice: give each fellow its own id")
         object.__setattr__(self, "fellows", fellows)
         object.__setattr__(self, "links", tuple(sorted(self.links, key=lambda kv: kv[0])))
+        object.__setattr__(self, "access_points",
+                           tuple(sorted(self.access_points, key=lambda a: a.name)))
+
+    def access_point(self, fellow_id: str) -> AccessPoint | None:
+        """The access point whose airtime ``fellow_id`` shares, if the file says so."""
+        for ap in self.access_points:
+            if fellow_id in ap.fellows:
+                return ap
+        return None
 
     def fellow(self, fellow_id: str) -> Fellow | None:
         for f in self.fellows:
@@ -150,8 +183,11 @@ class ClusterView:
                                  "local": self.local_link.to_dict()}
         for (a, b), link in self.links:
             links[f"{a}|{b}"] = link.to_dict()
-        return {"version": FORMAT_VERSION, "fellows": [f.to_dict() for f in self.fellows],
-                "links": links}
+        out: dict[str, Any] = {"version": FORMAT_VERSION,
+                               "fellows": [f.to_dict() for f in self.fellows], "links": links}
+        if self.access_points:
+            out["access_points"] = {a.name: a.to_dict() for a in self.access_points}
+        return out
 
 
 # --- reading the cluster file / agent metadata -------------------------------------------
@@ -258,9 +294,59 @@ def _link(data: Any, where: str) -> Link:
     return Link(bandwidth_bytes_s=bandwidth, latency_s=float(latency))
 
 
-def cluster_view(fellows: Iterable[Fellow], links: Mapping[str, Any] | None = None) -> ClusterView:
-    """A view from fellows and a links dict keyed ``default``, ``local`` or ``A|B``
-    (A and B fellow ids or names)."""
+def access_points_from_dict(data: Any, fellows: Iterable[Fellow]) -> tuple[AccessPoint, ...]:
+    """The ``access_points`` object of a cluster file, checked: each a positive capacity
+    and fellows (ids or names) of the cluster, no fellow in two groups."""
+    if data is None:
+        return ()
+    if not isinstance(data, Mapping):
+        raise ConfigError('"access_points" must be a JSON object such as {"ap-1": '
+                          '{"capacity_bytes_s": 12e6, "fellows": ["pi-01", "pi-02"]}}')
+    if len(data) > MAX_ACCESS_POINTS:
+        raise ConfigError(f'"access_points" lists {len(data)} groups; at most '
+                          f"{MAX_ACCESS_POINTS}")
+    fellows = tuple(fellows)
+    by_name = {f.name: f.id for f in fellows}
+    ids = {f.id for f in fellows}
+    seen: dict[str, str] = {}
+    out = []
+    for name in sorted(data, key=str):
+        value = data[name]
+        shown = _shown(name)
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_ACCESS_POINT_NAME_CHARS:
+            raise ConfigError(f"access_points: a group's name is 1 to "
+                              f"{MAX_ACCESS_POINT_NAME_CHARS} characters, got {shown}")
+        where = f"access_points[{shown}]"
+        if not isinstance(value, Mapping):
+            raise ConfigError(f'{where} must be {{"capacity_bytes_s", "fellows"}}')
+        capacity = _speed(value.get("capacity_bytes_s"), f"{where}.capacity_bytes_s")
+        if capacity is None:
+            raise ConfigError(f"{where} needs capacity_bytes_s: the airtime its fellows "
+                              "share, e.g. 12e6 for a busy 802.11ac access point")
+        members = value.get("fellows")
+        if not isinstance(members, list) or not members or len(members) > len(ids):
+            raise ConfigError(f"{where}.fellows must list the group's fellows (ids or names)")
+        group = []
+        for m in members:
+            fid = m if isinstance(m, str) and m in ids else (
+                by_name.get(m, "") if isinstance(m, str) else "")
+            if not fid:
+                raise ConfigError(f"{where}.fellows names {_shown(m)}, not a fellow of the "
+                                  "cluster")
+            if fid in seen:
+                raise ConfigError(f"{where}: fellow {_shown(m)} is already behind "
+                                  f"{_shown(seen[fid])}; a fellow shares one access point")
+            seen[fid] = name
+            group.append(fid)
+        out.append(AccessPoint(name=name, capacity_bytes_s=capacity,
+                               fellows=tuple(sorted(group))))
+    return tuple(out)
+
+
+def cluster_view(fellows: Iterable[Fellow], links: Mapping[str, Any] | None = None,
+                 access_points: Any = None) -> ClusterView:
+    """A view from fellows, a links dict keyed ``default``, ``local`` or ``A|B`` (A and
+    B fellow ids or names) and the ``access_points`` groups, if any."""
     fellows = tuple(fellows)
     by_name = {f.name: f.id for f in fellows}
     ids = {f.id for f in fellows}
@@ -281,7 +367,8 @@ def cluster_view(fellows: Iterable[Fellow], links: Mapping[str, Any] | None = No
                 raise ConfigError(f"{where} names a fellow that is not in the cluster")
             pairs[(a, b) if a < b else (b, a)] = _link(value, where)
     return ClusterView(fellows=fellows, default_link=default, local_link=local,
-                       links=tuple(pairs.items()))
+                       links=tuple(pairs.items()),
+                       access_points=access_points_from_dict(access_points, fellows))
 
 
 def cluster_from_dict(data: Mapping[str, Any]) -> ClusterView:
@@ -304,7 +391,7 @@ def cluster_from_dict(data: Mapping[str, Any]) -> ClusterView:
     links = data.get("links") or {}
     if not isinstance(links, Mapping):
         raise ConfigError("\"links\" must be a JSON object keyed \"default\" or \"A|B\"")
-    return cluster_view(fellows, links)
+    return cluster_view(fellows, links, data.get("access_points"))
 
 
 def cluster_to_dict(view: ClusterView) -> dict[str, Any]:
@@ -314,10 +401,12 @@ def cluster_to_dict(view: ClusterView) -> dict[str, Any]:
 __all__ = [
     "DEFAULT_LINK",
     "LOCAL_LINK",
+    "AccessPoint",
     "CardView",
     "ClusterView",
     "Fellow",
     "Link",
+    "access_points_from_dict",
     "card_view",
     "cluster_from_dict",
     "cluster_to_dict",

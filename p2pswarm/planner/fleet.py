@@ -1,9 +1,10 @@
 """The fleet training plan: DiLoCo replicas of different shapes over the whole cluster.
 
 A training job need not be one pipeline. Replicas train apart and meet once a round
-(``inner_steps`` local steps of the fastest, then compressed pseudo-gradients to each
-stage's keeper, weighted by samples), so every group of cards that holds the model can
-run one: a server alone, two desktops, five Raspberry Pis.
+(``inner_steps`` local steps of the fastest, then their compressed pseudo-gradients
+averaged, weighted by samples, by a sharded all-reduce: no fellow is a hub), so every
+group of cards that holds the model can run one: a server alone, two desktops, five
+Raspberry Pis.
 
 How the plan is made (pure and deterministic, like ``plan``):
 
@@ -12,7 +13,8 @@ How the plan is made (pure and deterministic, like ``plan``):
    pipeline on the cards still free (``Search.fastest`` at one sequence a micro-batch)
    names a replica's cards; its layers are then split to balance the stages' times
    (``balanced_split``), since a filled pipeline runs at its slowest stage.
-3. ``micro_batch: auto``: each replica's micro-batch is the largest power of two up to
+3. ``micro_batch: auto`` (the default; a number still wins): each replica's
+   micro-batch is the largest power of two up to
    ``MAX_AUTO_MICRO_BATCH`` that its cards' free memory holds, then scaled by speed: the
    fastest replica keeps its own, a replica half as fast gets half (rounded down to a
    power of two, never past what fits), so every replica's step takes about as long and
@@ -21,13 +23,17 @@ How the plan is made (pure and deterministic, like ``plan``):
    pipeline is filled: at least as many micro-batches a step as it has stages. A fixed
    micro-batch is used as given.
 4. The round: compute is ``inner_steps`` steps of the fastest replica; communication
-   is every stage's delta up and update down, encoded with the job's codecs
-   (``sync_cost``), all through the keeper's link (the fellow whose links make the
-   round shortest). Replicas overlap sync with training, so the fleet's tokens/s is the
-   replicas' sum, scaled down only when a round's communication outlasts its compute.
+   is the sharded all-reduce of every stage's delta and update, encoded with the job's
+   codecs (``sync_cost.round_traffic``): each fellow sends and receives about twice its
+   stage's compressed delta, whatever the number of replicas, on its own links and its
+   access point's shared airtime. ``inner_steps: auto`` (the default; a number still
+   wins) takes the fewest steps, at least ``MIN_AUTO_INNER_STEPS``, that make the
+   round's communication at most ``COMM_SHARE`` of its compute on the given links.
+   Replicas overlap sync with training, so the fleet's tokens/s is the replicas' sum,
+   scaled down only when a round's communication outlasts its compute.
 5. ``replicas: auto`` keeps the number of replicas (fastest first) that gives the most
-   tokens/s by that estimate: a replica that would add more traffic than work is left
-   out, with its reason. No fixed cap.
+   tokens/s by that estimate, less any whose one step outlasts the round (it would only
+   ever send late), each left out with its reason. No fixed cap.
 
 Every replica is also written as a single-pipeline ``Plan`` (its own ``plan_id``, on its
 own request: its micro-batch, and the cards of the replicas before it left out), so a
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -61,10 +68,12 @@ from p2pswarm.planner.plan import (
 )
 from p2pswarm.planner.profile import ModelProfile
 from p2pswarm.planner.request import MAX_COUNT, PlanRequest, resolve
-from p2pswarm.planner.sync_cost import CODECS, encoded_bytes
+from p2pswarm.planner.sync_cost import CODECS, encoded_bytes, round_traffic, share_bytes
 
 MAX_AUTO_MICRO_BATCH = 128  # the design's scale: server 128, desktop 64, laptop 32, Pi 8
-DEFAULT_INNER_STEPS = 50
+DEFAULT_INNER_STEPS = 50  # the round auto batches are shaped for, before it is sized
+MIN_AUTO_INNER_STEPS = 10  # inner_steps auto on fast links: no round shorter
+COMM_SHARE = 1 / 3  # inner_steps auto: a round's communication / its compute, at most
 # auto: micro-batches a step per stage; 1F1B then idles (k - 1) / (FILL k + k - 1) of a step
 FILL = 8
 EXTRA_STAGES = 2  # more cards a replica may take than its fastest pipeline uses
@@ -78,8 +87,8 @@ class FleetRequest:
     """What a fleet plan adds to a training request: replicas, batch rule, sync."""
 
     replicas: int | None = None  # None: "auto"
-    auto_batch: bool = False  # micro_batch "auto": per replica, from memory and speed
-    inner_steps: int = DEFAULT_INNER_STEPS
+    auto_batch: bool = True  # micro_batch "auto": per replica, from memory and speed
+    inner_steps: int | None = None  # None: "auto", sized to the links
     codec: str = "int8"
     codec_options: tuple[tuple[str, Any], ...] = ()
     update_codec: str | None = None  # None: as codec
@@ -88,7 +97,8 @@ class FleetRequest:
     def to_dict(self) -> dict[str, Any]:
         return {"replicas": "auto" if self.replicas is None else self.replicas,
                 "micro_batch": "auto" if self.auto_batch else "fixed",
-                "inner_steps": self.inner_steps, "codec": self.codec,
+                "inner_steps": "auto" if self.inner_steps is None else self.inner_steps,
+                "codec": self.codec,
                 "codec_options": dict(self.codec_options),
                 "update_codec": self.update_codec or self.codec,
                 "update_codec_options": dict(self.update_codec_options
@@ -97,7 +107,8 @@ class FleetRequest:
 
 def fleet_request_from_dict(data: Mapping[str, Any]) -> tuple[FleetRequest, dict[str, Any]]:
     """Split a training request dict into the fleet's part and the plan request's part
-    (``micro_batch: "auto"`` becomes 1 there: each replica gets its own)."""
+    (``micro_batch: "auto"``, the default, becomes 1 there: each replica gets its own;
+    ``inner_steps`` is "auto" unless given)."""
     rest = {k: v for k, v in data.items() if k not in (
         "replicas", "inner_steps", "codec", "codec_options", "update_codec",
         "update_codec_options")}
@@ -108,12 +119,14 @@ def fleet_request_from_dict(data: Mapping[str, Any]) -> tuple[FleetRequest, dict
             or not 1 <= replicas <= MAX_COUNT:
         raise ConfigError(f"replicas must be \"auto\" or a whole number from 1, got "
                           f"{str(replicas)[:40]!r}")
-    auto = data.get("micro_batch") == "auto"
+    auto = data.get("micro_batch", "auto") in ("auto", None)
     if auto:
         rest["micro_batch"] = 1
-    inner = data.get("inner_steps", DEFAULT_INNER_STEPS)
-    if isinstance(inner, bool) or not isinstance(inner, int) or not 1 <= inner <= MAX_COUNT:
-        raise ConfigError(f"sync.inner_steps must be a whole number from 1, got "
+    inner = data.get("inner_steps", "auto")
+    if inner in ("auto", None):
+        inner = None
+    elif isinstance(inner, bool) or not isinstance(inner, int) or not 1 <= inner <= MAX_COUNT:
+        raise ConfigError(f"sync.inner_steps must be \"auto\" or a whole number from 1, got "
                           f"{str(inner)[:40]!r}")
     codec = data.get("codec", "int8")
     update = data.get("update_codec")
@@ -150,6 +163,22 @@ def _codec_options(codec: str, raw: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
+class SampleMemory:
+    """Why a replica holds the batch it holds: its tightest stage's memory."""
+
+    fellow: str  # the stage whose card holds the fewest samples
+    free_bytes: int
+    fixed_bytes: int  # weights, gradients, optimizer state, buffers: any batch
+    sample_bytes: int  # one more sequence a micro-batch (activations, logits)
+    holds: int  # sequences a micro-batch its free memory holds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fellow": self.fellow, "free_bytes": self.free_bytes,
+                "fixed_bytes": self.fixed_bytes, "sample_bytes": self.sample_bytes,
+                "holds": self.holds}
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaPlan:
     index: int
     plan: Plan  # this replica as a single pipeline, on its own request
@@ -158,7 +187,8 @@ class ReplicaPlan:
     memory_micro_batch: int  # the largest power of two its cards hold
     step_s: float  # one optimizer step: the filled pipeline's time
     tokens_per_step: int
-    sync_bytes: int  # per round: every stage's delta up and update down
+    sync_bytes: int  # per round: what its fellows send in the all-reduce
+    memory: SampleMemory | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -176,28 +206,46 @@ class ReplicaPlan:
                 "memory_micro_batch": self.memory_micro_batch, "step_s": self.step_s,
                 "tokens_per_step": self.tokens_per_step, "tokens_per_s": self.tokens_per_s,
                 "sync_bytes_per_round": self.sync_bytes,
+                "memory": self.memory.to_dict() if self.memory else None,
                 "request": self.plan.request.to_dict()}
 
 
 @dataclass(frozen=True, slots=True)
 class RoundEstimate:
     inner_steps: int
+    inner_steps_auto: bool  # sized to the links (``COMM_SHARE``)
     compute_s: float  # inner_steps steps of the fastest replica
-    bytes: int  # every replica's deltas up and updates down
-    comm_s: float  # those bytes through the keeper's link, one after another
-    keeper_fellow: str
+    bytes: int  # what every fellow sends in the all-reduce, together
+    comm_s: float  # its slowest fellow or access point
+    limit: str  # what sets comm_s: a fellow's links or an access point's airtime
+    busiest_fellow: str
+    busiest_bytes: int  # what the busiest fellow sends a round
+    delta_bytes: int  # one replica's compressed delta (every trained parameter)
+    access_points: tuple[tuple[str, int, float], ...]  # (name, air bytes, seconds)
     codec: str
     update_codec: str
+    fellows: tuple[tuple[str, int, int, float], ...] = ()  # (name, sent, received, s)
 
     @property
     def comm_fraction(self) -> float:
         return self.comm_s / self.compute_s if self.compute_s > 0 else 0.0
 
+    @property
+    def busiest_over_delta(self) -> float:
+        return self.busiest_bytes / self.delta_bytes if self.delta_bytes > 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
-        return {"inner_steps": self.inner_steps, "compute_s": self.compute_s,
-                "bytes": self.bytes, "comm_s": self.comm_s,
-                "comm_fraction": self.comm_fraction, "keeper_fellow": self.keeper_fellow,
-                "codec": self.codec, "update_codec": self.update_codec}
+        return {"inner_steps": self.inner_steps, "inner_steps_auto": self.inner_steps_auto,
+                "compute_s": self.compute_s, "bytes": self.bytes, "comm_s": self.comm_s,
+                "comm_fraction": self.comm_fraction, "limit": self.limit,
+                "busiest_fellow": self.busiest_fellow, "busiest_bytes": self.busiest_bytes,
+                "delta_bytes": self.delta_bytes,
+                "busiest_over_delta": self.busiest_over_delta,
+                "access_points": [{"name": n, "air_bytes": b, "seconds": t}
+                                  for n, b, t in self.access_points],
+                "codec": self.codec, "update_codec": self.update_codec,
+                "fellows": [{"fellow": n, "sent_bytes": a, "received_bytes": b, "seconds": t}
+                            for n, a, b, t in self.fellows]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,7 +526,7 @@ def _batches(f: _Fleet, drafts: Sequence[_Draft]) -> list[int]:
     # a replica whose step would outlast a round (the others held to small batches by
     # their memory) takes a smaller batch, so it still sends every round
     steps = [f.step(d.keys, b, d.micro_batches)[0] for d, b in zip(drafts, batches)]
-    round_s = f.fleet.inner_steps * min(steps)
+    round_s = (f.fleet.inner_steps or DEFAULT_INNER_STEPS) * min(steps)
     for i, d in enumerate(drafts):
         while batches[i] > 1 and steps[i] > round_s:
             batches[i] //= 2
@@ -486,43 +534,84 @@ def _batches(f: _Fleet, drafts: Sequence[_Draft]) -> list[int]:
     return batches
 
 
-def _sync_bytes(f: _Fleet, parts: Sequence[int], r: PlanRequest) -> list[int]:
-    """Per stage: the delta up plus the update down, in bytes."""
+def _overlap_params(f: _Fleet, a: tuple[int, int, bool, bool],
+                    b: tuple[int, int, bool, bool]) -> int:
+    """Trained parameters two stages (``(start, stop, first, last)``) of different
+    replicas both hold: what they average between them."""
+    p, r = f.profile, f.r
+    layers = max(0, min(a[1], b[1]) - max(a[0], b[0]))
+    if r.method == "lora":
+        return layers * p.lora_params_layer(r.lora_rank, r.lora_targets)
+    count = layers * p.layer_params()
+    if a[2] and b[2]:
+        count += p.embed_params()
+    if a[3] and b[3]:
+        count += p.hidden + (0 if p.tied else p.vocab * p.hidden)
+    return count
+
+
+def _flows(f: _Fleet, replicas: Sequence[ReplicaPlan]) -> dict[tuple[str, str], int]:
+    """Bytes from fellow to fellow in one round's sharded all-reduce: between two stages
+    of different replicas, each way one part of the delta they share (to its reducer)
+    and one part of its update (back)."""
     fleet = f.fleet
     update = fleet.update_codec or fleet.codec
+    options = dict(fleet.codec_options)
     update_options = dict(fleet.update_codec_options if fleet.update_codec
                           else fleet.codec_options)
-    out = []
-    k = len(parts)
-    for j, n in enumerate(parts):
-        params = synced_params(f.profile, r, n, j == 0, j == k - 1)
-        out.append(encoded_bytes(fleet.codec, dict(fleet.codec_options), params)
-                   + encoded_bytes(update, update_options, params))
-    return out
+    n = len(replicas)
+    shapes = []
+    for rp in replicas:
+        k = len(rp.plan.stages)
+        shapes.append([(s.fellow_id, (s.layers[0], s.layers[1], j == 0, j == k - 1))
+                       for j, s in enumerate(rp.plan.stages)])
+    flows: dict[tuple[str, str], int] = {}
+    for i in range(n):
+        for k in range(n):
+            if i == k:
+                continue
+            for a, sa in shapes[i]:
+                for b, sb in shapes[k]:
+                    shared = _overlap_params(f, sa, sb)
+                    if shared:
+                        nbytes = (share_bytes(fleet.codec, options, shared, n)
+                                  + share_bytes(update, update_options, shared, n))
+                        flows[(a, b)] = flows.get((a, b), 0) + nbytes
+    return flows
 
 
-def _round(f: _Fleet, replicas: Sequence[ReplicaPlan],
-           stage_bytes: Sequence[Sequence[int]]) -> RoundEstimate | None:
+def _delta_bytes(f: _Fleet) -> int:
+    """One replica's compressed delta: every trained parameter, encoded."""
+    params = synced_params(f.profile, f.r, f.profile.n_layers, True, True)
+    return encoded_bytes(f.fleet.codec, dict(f.fleet.codec_options), params)
+
+
+def _round(f: _Fleet, replicas: Sequence[ReplicaPlan]) -> RoundEstimate | None:
     if not replicas:
         return None
     fleet = f.fleet
-    compute = fleet.inner_steps * min(r.step_s for r in replicas)
-    total = sum(sum(b) for b in stage_bytes)
-    fellows = sorted({s.fellow_id for r in replicas for s in r.plan.stages})
-    best: tuple[float, str] | None = None
-    for keeper in fellows:  # the keeper whose links make the round shortest
-        comm = 0.0
-        for r, per_stage in zip(replicas, stage_bytes):
-            for s, nbytes in zip(r.plan.stages, per_stage):
-                link = f.view.link(keeper, s.fellow_id)
-                comm += 2 * link.latency_s + nbytes / link.bandwidth_bytes_s
-        if best is None or (comm, keeper) < best:
-            best = (comm, keeper)
-    assert best is not None
+    fastest = min(r.step_s for r in replicas)
+    traffic = round_traffic(_flows(f, replicas), f.view)
+    inner = fleet.inner_steps
+    if inner is None:  # the fewest steps whose compute covers the sync COMM_SHARE-fold
+        need = traffic.seconds / COMM_SHARE / fastest if fastest > 0 else 0.0
+        inner = min(MAX_COUNT, max(MIN_AUTO_INNER_STEPS, math.ceil(need - 1e-9)))
     names = {x.id: x.name for x in f.view.fellows}
-    return RoundEstimate(inner_steps=fleet.inner_steps, compute_s=compute, bytes=total,
-                         comm_s=best[0], keeper_fellow=names.get(best[1], best[1]),
-                         codec=fleet.codec, update_codec=fleet.update_codec or fleet.codec)
+    busiest = traffic.busiest
+    limit = traffic.limit
+    if limit.startswith("fellow "):
+        limit = f"{names.get(limit[7:], limit[7:])}'s links"
+    return RoundEstimate(
+        inner_steps=inner, inner_steps_auto=fleet.inner_steps is None,
+        compute_s=inner * fastest, bytes=traffic.total_sent_bytes, comm_s=traffic.seconds,
+        limit=limit,
+        busiest_fellow=names.get(busiest.fellow_id, busiest.fellow_id) if busiest else "",
+        busiest_bytes=busiest.sent_bytes if busiest else 0, delta_bytes=_delta_bytes(f),
+        access_points=tuple((t.name, t.air_bytes, t.seconds)
+                            for t in traffic.access_points),
+        codec=fleet.codec, update_codec=fleet.update_codec or fleet.codec,
+        fellows=tuple((names.get(t.fellow_id, t.fellow_id), t.sent_bytes, t.received_bytes,
+                       t.seconds) for t in traffic.fellows))
 
 
 def _fleet_tokens_per_s(replicas: Sequence[ReplicaPlan], rnd: RoundEstimate | None) -> float:
@@ -551,9 +640,8 @@ def plan_fleet(profile: ModelProfile, view: ClusterView, request: PlanRequest,
     drafts, _ = _drafts(f)
     batches = _batches(f, drafts)
 
-    def written(picked: Sequence[int]) -> tuple[list[ReplicaPlan], list[list[int]]]:
+    def written(picked: Sequence[int]) -> list[ReplicaPlan]:
         out: list[ReplicaPlan] = []
-        stage_bytes: list[list[int]] = []
         before: list[str] = []
         for i, d in enumerate(picked):
             draft, batch = drafts[d], batches[d]
@@ -562,32 +650,32 @@ def plan_fleet(profile: ModelProfile, view: ClusterView, request: PlanRequest,
             own = replace(f.r, micro_batch=batch, micro_batches=m,
                           exclude=tuple(sorted({*f.r.exclude, *before})))
             one = _replica_plan(profile, view, own, draft.keys, parts)
-            per_stage = _sync_bytes(f, parts, own)
             out.append(ReplicaPlan(index=i, plan=one, micro_batch=batch, micro_batches=m,
                                    memory_micro_batch=draft.memory_batch, step_s=step,
-                                   tokens_per_step=m * batch * f.tokens,
-                                   sync_bytes=sum(per_stage)))
-            stage_bytes.append(per_stage)
+                                   tokens_per_step=m * batch * f.tokens, sync_bytes=0,
+                                   memory=_sample_memory(f, draft.keys, parts, batch, m)))
             before += [_exclude_name(k) for k in draft.keys]
-        return out, stage_bytes
+        return out
 
     dropped: dict[int, str] = {}  # draft -> why its replica is left out
     picked = list(range(len(drafts) if fleet.replicas is None
                         else min(len(drafts), fleet.replicas)))
-    replicas, stage_bytes = written(picked)
+    replicas = written(picked)
     if fleet.replicas is None and len(replicas) > 1:
         # replicas: auto: as many (fastest first) as raise the fleet's tokens/s, and none
         # whose one step outlasts a round (it would only ever send late)
         best_n, best_rate = 1, replicas[0].tokens_per_s
         for n in range(2, len(replicas) + 1):
-            rate = _fleet_tokens_per_s(replicas[:n], _round(f, replicas[:n], stage_bytes[:n]))
-            if rate > best_rate:
+            rate = _fleet_tokens_per_s(replicas[:n], _round(f, replicas[:n]))
+            if rate > best_rate * (1 + 1e-9):
                 best_n, best_rate = n, rate
-        compute = fleet.inner_steps * min(x.step_s for x in replicas[:best_n])
+        best_round = _round(f, replicas[:best_n])
+        assert best_round is not None
+        compute = best_round.compute_s
         kept = [i for i in range(best_n) if replicas[i].step_s <= compute]
         for i in range(len(replicas)):
             if i >= best_n:
-                dropped[i] = ("not needed: its replica would add more sync traffic than "
+                dropped[i] = ("not needed: its replica would add more sync time than "
                               "tokens/s")
             elif i not in kept:
                 dropped[i] = (f"not needed: its replica takes "
@@ -595,8 +683,14 @@ def plan_fleet(profile: ModelProfile, view: ClusterView, request: PlanRequest,
                               f"round ({wording.seconds(compute)})")
         if kept != picked:
             picked = kept
-            replicas, stage_bytes = written(picked)
-    rnd = _round(f, replicas, stage_bytes)
+            replicas = written(picked)
+    rnd = _round(f, replicas)
+    if rnd is not None and len(replicas) > 1:  # what each replica's fellows send
+        sent = {t.fellow_id: t.sent_bytes
+                for t in round_traffic(_flows(f, replicas), view).fellows}
+        replicas = [replace(rp, sync_bytes=sum(sent.get(x, 0) for x in
+                                               {st.fellow_id for st in rp.plan.stages}))
+                    for rp in replicas]
     rate = _fleet_tokens_per_s(replicas, rnd)
     single = _single_pipeline_rate(f, profile, view, r)
     unkept = {k: dropped.get(i, "not needed: the replicas asked for are placed")
@@ -605,7 +699,7 @@ def plan_fleet(profile: ModelProfile, view: ClusterView, request: PlanRequest,
     fits = bool(replicas) and (fleet.replicas is None or len(replicas) == fleet.replicas)
     sentence = _sentence(profile, r, fleet, replicas, drafts, fits, rnd, rate, single)
     summary = _summary(profile, r, replicas, cards, sentence)
-    plan_id = _plan_id(profile, r, fleet, fits, replicas)
+    plan_id = _plan_id(profile, r, fleet, fits, replicas, rnd)
     return FleetPlan(plan_id=plan_id, fits=fits, profile=profile, request=r, fleet=fleet,
                      replicas=tuple(replicas), cards=tuple(cards), round=rnd,
                      tokens_per_s=rate, single_pipeline_tokens_per_s=single,
@@ -621,6 +715,28 @@ def _replica_plan(profile: ModelProfile, view: ClusterView, own: PlanRequest,
     search = setting.search_at(int(own.seq_len or 0))
     assert search.fits(placement)
     return _written(setting, search, placement, True, setting.most_tokens())
+
+
+def _sample_memory(f: _Fleet, keys: tuple[CardKey, ...], parts: Sequence[int], batch: int,
+                   m: int) -> SampleMemory | None:
+    """The replica's tightest stage: its free memory, what it holds at any batch, and
+    what one more sequence a micro-batch (``m`` in flight) adds."""
+    cards = {_key(s): s.card for s in f.slots}
+    one, two = f.model(1, m), f.model(2, m)
+    names = {x.id: x.name for x in f.view.fellows}
+    tightest: SampleMemory | None = None
+    k = len(keys)
+    for j, (key, n) in enumerate(zip(keys, parts)):
+        card = cards[key]
+        at_one = one.claims(card.kind, n, j == 0, j == k - 1).total
+        sample = max(1, two.claims(card.kind, n, j == 0, j == k - 1).total - at_one)
+        fixed = max(0, at_one - sample)
+        holds = max(0, (card.free_bytes - fixed) // sample)
+        if tightest is None or holds < tightest.holds:
+            tightest = SampleMemory(fellow=names.get(key[0], key[0]),
+                                    free_bytes=card.free_bytes, fixed_bytes=fixed,
+                                    sample_bytes=sample, holds=holds)
+    return tightest
 
 
 def _single_pipeline_rate(f: _Fleet, profile: ModelProfile, view: ClusterView,
@@ -676,6 +792,10 @@ def _fleet_cards(view: ClusterView, f: _Fleet, replicas: Sequence[ReplicaPlan],
     return out
 
 
+def _bytes(n: int) -> str:
+    return wording.gb(n) if n >= 10**8 else f"{n / 1e6:,.1f} MB"
+
+
 def _rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 10 else f"{x:.2f}"
 
@@ -695,9 +815,13 @@ def _sentence(profile: ModelProfile, r: PlanRequest, fleet: FleetRequest,
     if single > 0:
         text += f", {rate / single:.1f}x the best single pipeline ({_rate(single)} tokens/s)"
     if rnd is not None and len(replicas) > 1:
-        text += (f"; a round ({rnd.inner_steps} steps, {rnd.compute_s:,.0f} s of compute) "
-                 f"sends {wording.gb(rnd.bytes)} ({rnd.codec}) in {rnd.comm_s:,.0f} s "
-                 f"through {rnd.keeper_fellow}")
+        sized = " (sized to the links)" if rnd.inner_steps_auto else ""
+        text += (f"; a round is {rnd.inner_steps} steps{sized}, {rnd.compute_s:,.0f} s of "
+                 f"compute, and its all-reduce ({rnd.codec}) {rnd.comm_s:,.0f} s "
+                 f"({rnd.comm_fraction:.2f} of the compute, set by {rnd.limit}); the "
+                 f"busiest fellow, {rnd.busiest_fellow}, sends "
+                 f"{_bytes(rnd.busiest_bytes)}, {rnd.busiest_over_delta:.1f}x one "
+                 "replica's compressed delta")
     return text + "."
 
 
@@ -721,8 +845,12 @@ def _summary(profile: ModelProfile, r: PlanRequest, replicas: Sequence[ReplicaPl
 
 
 def _plan_id(profile: ModelProfile, r: PlanRequest, fleet: FleetRequest, fits: bool,
-             replicas: Sequence[ReplicaPlan]) -> str:
-    canonical = {"planner": PLANNER_VERSION, "fleet": fleet.to_dict(),
+             replicas: Sequence[ReplicaPlan], rnd: RoundEstimate | None) -> str:
+    # the round as planned: inner_steps auto and the number it chose are one plan, so a
+    # job whose leader fixed the number before placing keeps its plan_id
+    sized = fleet if fleet.inner_steps is not None or rnd is None else replace(
+        fleet, inner_steps=rnd.inner_steps)
+    canonical = {"planner": PLANNER_VERSION, "fleet": sized.to_dict(),
                  "profile": profile.to_dict(), "request": r.to_dict(), "fits": fits,
                  "replicas": [x.plan.plan_id for x in replicas]}
     encoded = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -744,6 +872,6 @@ def fleet_plan_message(message: Mapping[str, Any], view: ClusterView) -> dict[st
     return plan_fleet(profile, view, request, fleet).to_dict()
 
 
-__all__ = ["MAX_AUTO_MICRO_BATCH", "FleetPlan", "FleetRequest", "ReplicaPlan",
-           "RoundEstimate", "balanced_split", "fleet_plan_message", "fleet_request_from_dict",
-           "plan_fleet", "synced_params"]
+__all__ = ["COMM_SHARE", "MAX_AUTO_MICRO_BATCH", "MIN_AUTO_INNER_STEPS", "FleetPlan",
+           "FleetRequest", "ReplicaPlan", "RoundEstimate", "SampleMemory", "balanced_split",
+           "fleet_plan_message", "fleet_request_from_dict", "plan_fleet", "synced_params"]

@@ -120,6 +120,9 @@ class SyncConfig:
     """DiLoCo-style sync between replicas of each stage."""
 
     inner_steps: int = 50  # H: local steps of the fastest replica per round
+    # "auto" (the default): the fleet plan sizes the round to the links and the leader
+    # sets inner_steps from it before placing; 50 where no fleet plan gives one
+    inner_steps_auto: bool = False
     outer_lr: float = 0.7
     outer_momentum: float = 0.9  # Nesterov
     codec: str = "int8"  # replicas' deltas, keeper-bound
@@ -238,7 +241,8 @@ class JobConfig:
                           "grad_clip": self.optimizer.grad_clip},
             "mode": self.mode, "weights_dtype": self.weights_dtype,
             "replicas": "auto" if self.replicas is None else self.replicas,
-            "sync": {"inner_steps": self.sync.inner_steps, "outer_lr": self.sync.outer_lr,
+            "sync": {"inner_steps": "auto" if self.sync.inner_steps_auto
+                     else self.sync.inner_steps, "outer_lr": self.sync.outer_lr,
                      "outer_momentum": self.sync.outer_momentum, "codec": self.sync.codec,
                      "codec_options": dict(self.sync.codec_options),
                      "update_codec": self.sync.update_codec,
@@ -280,7 +284,8 @@ class JobConfig:
         return {**self.plan_request(),
                 "micro_batch": "auto" if self.auto_batch else self.micro_batch,
                 "replicas": "auto" if self.replicas is None else self.replicas,
-                "inner_steps": sync.inner_steps, "codec": sync.codec,
+                "inner_steps": "auto" if sync.inner_steps_auto else sync.inner_steps,
+                "codec": sync.codec,
                 "codec_options": dict(sync.codec_options), "update_codec": sync.update_codec,
                 "update_codec_options": dict(sync.update_codec_options)}
 
@@ -341,7 +346,8 @@ def _job(data: Mapping[str, Any], base_dir: Path | None) -> JobConfig:
                           f"{', '.join(WEIGHT_DTYPES)} (quantized bases are for mode lora)")
     replicas_raw = data.get("replicas", "auto")
     replicas = None if replicas_raw == "auto" else _int(data, "replicas", 1, "replicas")
-    auto_batch = data.get("micro_batch") == "auto"
+    # "auto" is the default: each replica's batch from its cards (a number still wins)
+    auto_batch = data.get("micro_batch", "auto") in ("auto", None)
     if isinstance(data.get("micro_batch"), str) and not auto_batch:
         raise ConfigError(f"micro_batch must be a whole number or \"auto\" (each replica's "
                           f"from its cards), got {str(data['micro_batch'])[:40]!r}")
@@ -474,8 +480,10 @@ def _sync(raw: Any) -> SyncConfig:
     codec, options = _codec(raw, "codec", "int8")
     update_codec, update_options = (None, {}) if raw.get("update_codec") is None else (
         _codec(raw, "update_codec", "int8"))
+    inner_auto = raw.get("inner_steps", "auto") in ("auto", None)
     return SyncConfig(
-        inner_steps=_int(raw, "inner_steps", 50, "sync.inner_steps"),
+        inner_steps=50 if inner_auto else _int(raw, "inner_steps", 50, "sync.inner_steps"),
+        inner_steps_auto=inner_auto,
         outer_lr=_float(raw, "outer_lr", 0.7, "sync", lo=0.0, open_lo=True),
         outer_momentum=_float(raw, "outer_momentum", 0.9, "sync", lo=0.0, hi=1.0, open_hi=True),
         codec=codec, codec_options=tuple(sorted(options.items())),

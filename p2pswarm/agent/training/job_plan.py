@@ -54,6 +54,7 @@ class JobPlan:
     cards: tuple[CardPlan, ...]  # the cards it uses
     replicas: tuple[PlannedReplica, ...]
     fleet_sentence: str = ""  # a fleet plan's own account of what fits, and why not more
+    inner_steps: int | None = None  # a fleet plan's round, sized to the links
 
     @staticmethod
     def from_doc(doc: Mapping[str, Any]) -> JobPlan:
@@ -69,12 +70,20 @@ class JobPlan:
                         if _mapping(c).get("used")),
             replicas=tuple(PlannedReplica.from_doc(_mapping(r))
                            for r in doc.get("replicas") or ()),
-            fleet_sentence=str(_mapping(doc.get("fleet")).get("sentence", "")))
+            fleet_sentence=str(_mapping(doc.get("fleet")).get("sentence", "")),
+            inner_steps=_round_steps(doc))
 
     @property
     def why_not(self) -> str:
         """The sentence saying why it does not fit."""
         return self.limit.sentence if self.limit is not None else ""
+
+
+def _round_steps(doc: Mapping[str, Any]) -> int | None:
+    steps = _mapping(_mapping(doc.get("fleet")).get("round")).get("inner_steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        return None
+    return steps
 
 
 __all__ = ["JobPlan", "PlannedReplica"]

@@ -71,6 +71,10 @@ class Placer:
                     job.config = replace(job.config, seq_len=plan.seq_len)
                 if not plan.fits:
                     raise PlacementError(plan.why_not)
+                sync = job.config.sync
+                if sync.inner_steps_auto and plan.inner_steps:  # the round the plan sized
+                    job.config = replace(job.config, sync=replace(
+                        sync, inner_steps=plan.inner_steps, inner_steps_auto=False))
                 job.plan_id = plan.plan_id
                 placement = self.placement(plan, job.config)
                 refusals = await self.prepare(job, dict(enumerate(placement)),

@@ -1,0 +1,437 @@
+"""A fleet rehearsal: the fleet training plan on a fleet file, played in virtual time with
+real training code, against the best single pipeline.
+
+What is real and what is scaled:
+
+- The plan is the planner's, for the job's model (the 1.1B Llama shape unless given) on
+  the fleet file: its replicas, each replica's step time, samples per step and round
+  (``inner_steps``), and every fellow's all-reduce bytes and seconds a round on its own
+  links and its access point's airtime (``planner.sync_cost``).
+- The learning is real: every replica is a ``training.replica.Replica`` of a small
+  Llama (the model of ``simulations/bench_training.py``) stepping a real optimizer on the
+  shipped corpus; rounds close by ``training.sync.OuterSync`` with the job's codec, as in
+  ``training.virtual.VirtualSwarm``, which this subclasses. Each replica's batch is its
+  planned samples per step divided by ``SAMPLE_SCALE`` (at least one), so batch ratios
+  between devices are the plan's while the CPU cost stays small.
+- Time is the plan's: a replica's step takes its planned ``step_s`` of virtual time; its
+  part of the all-reduce takes its fellows' planned seconds (half to send its delta,
+  half for the update after the round closes), queued behind other replicas on the same
+  access point. The bytes reported per fellow are the plan's for the full-size model.
+- Churn (``drops="W3"``): each fellow behind an access point drops off the network as
+  the W3 WiFi profile's roaming outages do (``sim.profiles``: 2-10 s, once every 10
+  minutes, at a random phase). A replica pauses while any of its fellows is away, then
+  redoes the micro-batch in flight; an outage longer than ``REPLACED_AFTER_S`` (the
+  fellow declared dead) tears its pipeline down and the whole step in flight is redone.
+  A transfer is held up by an outage of its fellows for as long as it lasts.
+
+It does not run the agents' transport and membership (the harness does that, at far
+higher CPU cost per fellow): it rehearses the plan's schedule with real learning.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from p2pswarm.models.tokenizer import ByteTokenizer
+from p2pswarm.planner import cluster_from_dict, fleet_plan_message
+from p2pswarm.planner.cluster import ClusterView
+from p2pswarm.training.data import TokenData, corpus_files
+from p2pswarm.training.job import JobConfig
+from p2pswarm.training.replica import Replica
+from p2pswarm.training.source import ScratchModel
+from p2pswarm.training.virtual import FellowPlan, LinkModel, RoundRecord, VirtualSwarm
+
+SAMPLE_SCALE = 8  # planned samples per step / samples per step rehearsed
+REPLACED_AFTER_S = 8.0  # suspicion at N = 38 on the wifi preset (5 x log10 N x 1 s): step redone
+W3_OUTAGE_EVERY_S = 600.0
+W3_OUTAGE_S = (2.0, 10.0)
+SMALL_MODEL = {"model_type": "llama", "vocab_size": 259, "hidden_size": 64,
+               "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+               "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "bos_token_id": 256,
+               "eos_token_id": 257, "pad_token_id": 258}
+SMALL_SEQ_LEN = 64
+# TinyLlama-1.1B's published shape: the model the plan is made for by default
+LLAMA_1B = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 2048,
+            "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "max_position_embeddings": 2048,
+            "tie_word_embeddings": False, "hidden_act": "silu"}
+
+
+@dataclass(frozen=True, slots=True)
+class RehearsedReplica:
+    name: str
+    fellows: tuple[str, ...]
+    step_s: float  # one step, as planned
+    micro_batches: int
+    samples_per_step: int  # as planned
+    batch: int  # samples per step rehearsed
+    sync_s: float  # its part of the all-reduce a round, on its fellows' links
+    air_s: tuple[tuple[str, float], ...]  # (access point, its members' airtime a round)
+    sent_bytes: int  # what its fellows send a round, as planned
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSchedule:
+    """What the rehearsal takes from a fleet plan."""
+
+    plan_id: str
+    inner_steps: int
+    round_compute_s: float
+    replicas: tuple[RehearsedReplica, ...]
+    fellow_bytes: tuple[tuple[str, int], ...]  # (fellow, bytes it sends a round)
+    wifi_fellows: tuple[str, ...]  # behind an access point: these drop under W3
+    sentence: str
+
+
+def schedule_of(plan: Mapping[str, Any], view: ClusterView, replicas: int | None = None
+                ) -> FleetSchedule:
+    """The rehearsal's schedule from a fleet plan's dict (its first ``replicas`` only)."""
+    rnd = plan["fleet"]["round"] or {}
+    traffic = {f["fellow"]: f for f in rnd.get("fellows") or ()}
+    by_name = {f.name: f for f in view.fellows}
+    aps = {ap.name: ap for ap in view.access_points}
+    out = []
+    for r in plan["replicas"][:replicas]:
+        names = tuple(dict.fromkeys(s["fellow"] for s in r["stages"]))
+        air: dict[str, float] = {}
+        for n in names:
+            fellow = by_name.get(n)
+            ap = view.access_point(fellow.id) if fellow else None
+            t = traffic.get(n)
+            if ap is not None and t is not None:
+                air[ap.name] = air.get(ap.name, 0.0) + (
+                    t["sent_bytes"] + t["received_bytes"]) / aps[ap.name].capacity_bytes_s
+        samples = int(r["micro_batch"]) * int(r["micro_batches"])
+        out.append(RehearsedReplica(
+            name=f"replica-{r['replica']}", fellows=names, step_s=float(r["step_s"]),
+            micro_batches=int(r["micro_batches"]), samples_per_step=samples,
+            batch=max(1, round(samples / SAMPLE_SCALE)),
+            sync_s=max((traffic[n]["seconds"] for n in names if n in traffic), default=0.0),
+            air_s=tuple(sorted(air.items())),
+            sent_bytes=sum(traffic[n]["sent_bytes"] for n in names if n in traffic)))
+    wifi = tuple(sorted(f.name for f in view.fellows if view.access_point(f.id) is not None))
+    return FleetSchedule(
+        plan_id=str(plan["plan_id"]), inner_steps=int(rnd.get("inner_steps") or 10),
+        round_compute_s=float(rnd.get("compute_s") or 0.0), replicas=tuple(out),
+        fellow_bytes=tuple((f["fellow"], f["sent_bytes"]) for f in rnd.get("fellows") or ()),
+        wifi_fellows=wifi, sentence=str(plan["fleet"]["sentence"]))
+
+
+def w3_outages(fellows: Sequence[str], until_s: float, rng: random.Random,
+               every_s: float = W3_OUTAGE_EVERY_S) -> dict[str, list[tuple[float, float]]]:
+    """Each fellow's roaming outages (start, end) up to ``until_s``, as W3 has them
+    (once every ``every_s``, at a random phase)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for name in fellows:
+        t = rng.uniform(0.0, every_s)
+        spans = []
+        while t < until_s:
+            spans.append((t, t + rng.uniform(*W3_OUTAGE_S)))
+            t += every_s
+        out[name] = spans
+    return out
+
+
+@dataclass
+class _Lane:
+    """A replica's links: busy until ``free_at``."""
+
+    free_at: float = 0.0
+    step_from: float = 0.0  # when its step in flight started (or last resumed)
+    paused_s: float = 0.0  # time lost to outages: paused and work redone
+    outages: list[tuple[float, float]] = field(default_factory=list)
+
+
+class FleetSwarm(VirtualSwarm):
+    """``VirtualSwarm`` with the fleet plan's replicas: their own batches and step times,
+    the all-reduce's seconds on their own links and access points, and outages."""
+
+    def __init__(self, job: JobConfig, source: Any, data: TokenData,
+                 schedule: FleetSchedule, *, rng: random.Random,
+                 eval_batches: Sequence[torch.Tensor] = (),
+                 outages: Mapping[str, list[tuple[float, float]]] | None = None) -> None:
+        self.schedule = schedule
+        self.planned = {r.name: r for r in schedule.replicas}
+        self.lanes = {r.name: _Lane(outages=sorted(
+            span for n in r.fellows for span in (outages or {}).get(n, ())))
+            for r in schedule.replicas}
+        self.ap_free: dict[str, float] = {}
+        self.contributions = dict.fromkeys(self.planned, 0)
+        fellows = [FellowPlan(r.name, speed=1.0 / r.step_s) for r in schedule.replicas]
+        super().__init__(job, source, data, fellows, rng=rng,
+                         link=LinkModel(bandwidth_bps=1e15, rtt_s=0.0),
+                         eval_batches=eval_batches)
+
+    def _build(self, name: str, index: int) -> Replica:
+        r = self.planned[name]
+        return Replica.build(name, self.job, self.source, self.data.train, self.cut,
+                             stream=index, micro_batch=r.batch, micro_batches=1)
+
+    # --- outages ----------------------------------------------------------------------------
+
+    def _lost_s(self, lane: _Lane, start: float, end: float, step_s: float,
+                micro_batches: int) -> float:
+        """Time an outage in (start, end] of the replica's fellows costs it: the outage,
+        then the micro-batch in flight redone (the whole step, when it was replaced)."""
+        lost = 0.0
+        for a, b in lane.outages:
+            if start < a <= end:
+                redo = step_s if b - a > REPLACED_AFTER_S else step_s / max(1, micro_batches)
+                lost += (b - a) + min(redo, a - start)
+        return lost
+
+    def _on_step(self, data: tuple[str, int]) -> None:
+        name, incarnation = data
+        f = self.fellows[name]
+        lane = self.lanes[name]
+        r = self.planned[name]
+        if f.replica is not None and f.incarnation == incarnation and lane.outages:
+            lost = self._lost_s(lane, lane.step_from, self.now, r.step_s, r.micro_batches)
+            if lost > 0:  # paused, then what was in flight redone: the step ends later
+                lane.paused_s += lost
+                lane.step_from = self.now
+                self._at(self.now + lost, "step", data)
+                return
+        lane.step_from = self.now
+        super()._on_step(data)
+
+    # --- the all-reduce on the replica's own links ------------------------------------------
+
+    def _transfer(self, name: str) -> float:
+        """Half a round's all-reduce for replica ``name`` from now: when it is done."""
+        r, lane = self.planned[name], self.lanes[name]
+        start = max(self.now, lane.free_at)
+        for ap, _ in r.air_s:
+            start = max(start, self.ap_free.get(ap, 0.0))
+        end = start + r.sync_s / 2
+        for ap, air in r.air_s:
+            self.ap_free[ap] = start + air / 2
+            end = max(end, start + air / 2)
+        for a, b in lane.outages:  # a transfer waits out its fellows' outages
+            if start <= a < end:
+                end += b - a
+        lane.free_at = end
+        return end
+
+    def _budget_done(self, f: Any) -> None:
+        assert f.replica is not None
+        self._catch_up(f)
+        contribution = f.replica.take_contribution()
+        self.contributions[f.plan.name] += 1
+        self._at(self._transfer(f.plan.name), "contribution", contribution)
+
+    def _close(self) -> RoundRecord | None:
+        results = [k.close_round(self.now) for k in self.keepers]
+        if results[0] is None:
+            return None
+        updates = [r.update for r in results if r is not None]
+        version = self.keepers[0].version
+        self.useful_samples += results[0].samples
+        self.dropped_samples += sum(a.samples for a in results[0].dropped)
+        self._max_gap = max(self._max_gap, self.now - self._last_close)
+        self._last_close = self.now
+        if self._arrivals:
+            self._max_delta_wait = max(self._max_delta_wait, self.now - min(self._arrivals))
+            self._arrivals.clear()
+        for f in self.fellows.values():
+            if f.replica is not None and f.plan.name in self.keepers[0].members:
+                self._at(self._transfer(f.plan.name), "update",
+                         (f.plan.name, f.incarnation, version, updates))
+        self._at(self.keepers[0].next_deadline(), "deadline")
+        loss = self.evaluate() if self.eval_batches else None
+        record = RoundRecord(version, self.now, results[0].samples,
+                             sum(a.samples for a in results[0].dropped), self.link.bytes_sent,
+                             self.computed_samples, loss)
+        self.rounds.append(record)
+        return record
+
+
+# --- the rehearsal ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunFigures:
+    name: str
+    curve: tuple[tuple[float, float], ...]  # (virtual s, held-out loss) at each round close
+    rounds: int
+    time_to_target_s: float | None
+    final_loss: float | None
+    paused_s: float  # all replicas' time lost to outages
+    max_round_gap_s: float
+    bytes_per_fellow: tuple[tuple[str, int], ...]  # as planned, over the rounds it sent
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "curve": [list(p) for p in self.curve],
+                "rounds": self.rounds, "time_to_target_s": self.time_to_target_s,
+                "final_loss": self.final_loss, "paused_s": self.paused_s,
+                "max_round_gap_s": self.max_round_gap_s,
+                "bytes_per_fellow": dict(self.bytes_per_fellow)}
+
+
+def _job(schedule: FleetSchedule, seed: int, deadline_s: float) -> JobConfig:
+    return JobConfig.from_dict({
+        "model": {"config": SMALL_MODEL}, "seq_len": SMALL_SEQ_LEN, "micro_batch": 8,
+        "lr": {"peak": 3e-3, "schedule": "constant"}, "seed": seed,
+        # plain averaging (outer lr 1, no momentum): what short runs prefer
+        "sync": {"inner_steps": schedule.inner_steps, "codec": "int8", "outer_lr": 1.0,
+                 "outer_momentum": 0.0, "round_deadline_s": deadline_s}})
+
+
+def _data() -> TokenData:
+    tok = ByteTokenizer()
+    tokens = torch.cat([torch.tensor(tok.encode(p.read_text(encoding="utf-8")))
+                        for p in corpus_files()])
+    return TokenData.split(tokens, 0.05, SMALL_SEQ_LEN)
+
+
+def _run(name: str, schedule: FleetSchedule, seed: int, until_s: float,
+         target: float | None, outages: Mapping[str, list[tuple[float, float]]] | None,
+         data: TokenData) -> RunFigures:
+    deadline = 2.0 * max(schedule.round_compute_s, max(r.step_s for r in schedule.replicas))
+    job = _job(schedule, seed, deadline)
+    torch.manual_seed(seed)
+    swarm = FleetSwarm(job, ScratchModel(SMALL_MODEL, seed), data, schedule,
+                       rng=random.Random(seed),
+                       eval_batches=data.holdout_batches(SMALL_SEQ_LEN, 8)[:4],
+                       outages=outages)
+    hit: list[float] = []
+
+    def reached(record: RoundRecord) -> bool:
+        if target is not None and record.eval_loss is not None and record.eval_loss <= target:
+            hit.append(record.closed_at_s)
+            return True
+        return False
+
+    report = swarm.run(until_s=until_s, stop_when=reached)
+    sent = dict(schedule.fellow_bytes)
+    by_fellow: dict[str, int] = {}
+    for r in schedule.replicas:
+        for n in r.fellows:
+            by_fellow[n] = sent.get(n, 0) * swarm.contributions[r.name]
+    curve = tuple((rec.closed_at_s, rec.eval_loss) for rec in report.rounds
+                  if rec.eval_loss is not None)
+    return RunFigures(
+        name=name, curve=curve, rounds=len(report.rounds),
+        time_to_target_s=hit[0] if hit else None,
+        final_loss=curve[-1][1] if curve else report.final_loss,
+        paused_s=sum(lane.paused_s for lane in swarm.lanes.values()),
+        max_round_gap_s=report.max_round_gap_s,
+        bytes_per_fellow=tuple(sorted(by_fellow.items())))
+
+
+def rehearse(cluster: Mapping[str, Any], *, model: Mapping[str, Any] | None = None,
+             seq_len: int = 512, bandwidth: float | None = None,
+             latency: float | None = None, single_steps: int = 40, seed: int = 0,
+             drops: bool = True, drop_every_s: float = W3_OUTAGE_EVERY_S) -> dict[str, Any]:
+    """The rehearsal's figures: the fleet plan against its best single pipeline (the plan
+    asked for one replica), both trained in virtual time; with ``drops``, the fleet once
+    more with the WiFi fellows dropping as W3 has them."""
+    data_dict = json.loads(json.dumps(cluster))
+    if bandwidth is not None or latency is not None:
+        default = dict(data_dict.get("links", {}).get("default") or {})
+        if bandwidth is not None:
+            default["bandwidth_bytes_s"] = bandwidth
+        if latency is not None:
+            default["latency_s"] = latency
+        data_dict["links"] = {**data_dict.get("links", {}), "default": default}
+    view = cluster_from_dict(data_dict)
+    message = {"model": {"name": "model", "config": dict(model or LLAMA_1B)},
+               "kind": "train", "seq_len": seq_len, "weights_dtype": "bf16"}
+    fleet_plan = fleet_plan_message({**message, "replicas": "auto"}, view)
+    single_plan = fleet_plan_message({**message, "replicas": 1}, view)
+    fleet = schedule_of(fleet_plan, view)
+    single = schedule_of(single_plan, view)
+    # the single pipeline syncs with nobody: its rounds only say when to evaluate
+    single = replace(single, inner_steps=max(1, single_steps // 8), replicas=tuple(
+        replace(r, sync_s=0.0, air_s=()) for r in single.replicas))
+    # one thread: the steps are small, and on a busy machine more threads only contend
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _rehearse(fleet, single, single_steps, seed, drops, drop_every_s)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _rehearse(fleet: FleetSchedule, single: FleetSchedule, single_steps: int, seed: int,
+              drops: bool, drop_every_s: float) -> dict[str, Any]:
+    data = _data()
+    until = single_steps * single.replicas[0].step_s
+    alone = _run("single pipeline", single, seed, until, None, None, data)
+    target = alone.final_loss
+    runs = [alone, _run("fleet", fleet, seed, until, target, None, data)]
+    if drops:
+        outages = w3_outages(fleet.wifi_fellows, until, random.Random(seed + 1),
+                             drop_every_s)
+        runs.append(_run("fleet, W3 drops", fleet, seed, until, target, outages, data))
+    single_time = alone.curve[-1][0] if alone.curve else until
+    deadline = 2.0 * max(fleet.round_compute_s, max(r.step_s for r in fleet.replicas))
+    return {
+        "plan_id": fleet.plan_id, "sentence": fleet.sentence,
+        "replicas": [{"name": r.name, "fellows": list(r.fellows), "step_s": r.step_s,
+                      "samples_per_step": r.samples_per_step, "rehearsed_batch": r.batch,
+                      "sync_s": r.sync_s} for r in fleet.replicas],
+        "single_pipeline": {"fellows": list(single.replicas[0].fellows),
+                            "step_s": single.replicas[0].step_s,
+                            "samples_per_step": single.replicas[0].samples_per_step},
+        "inner_steps": fleet.inner_steps, "round_deadline_s": deadline,
+        "target_loss": target, "single_time_s": single_time,
+        "runs": [r.to_dict() for r in runs],
+        "speedup": {r.name: (single_time / r.time_to_target_s if r.time_to_target_s
+                             else None) for r in runs[1:]},
+    }
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    lines = ["# Fleet rehearsal", "", result["sentence"], "",
+             f"Target: the single pipeline's final held-out loss, {result['target_loss']:.4f}, "
+             f"at {result['single_time_s']:,.0f} virtual s. Round deadline "
+             f"{result['round_deadline_s']:,.0f} s.", "",
+             "| run | rounds closed | time to target | faster than one pipeline | "
+             "longest gap between rounds | time lost to outages | busiest fellow's bytes |",
+             "|---|---|---|---|---|---|---|"]
+    for run in result["runs"]:
+        t = run["time_to_target_s"]
+        speed = result["speedup"].get(run["name"])
+        per = run["bytes_per_fellow"]
+        busiest = max(per.items(), key=lambda kv: kv[1]) if per else ("-", 0)
+        lines.append(
+            f"| {run['name']} | {run['rounds']} | "
+            f"{'-' if t is None else f'{t:,.0f} s'} | "
+            f"{'-' if speed is None else f'{speed:.1f}x'} | {run['max_round_gap_s']:,.0f} s | "
+            f"{run['paused_s']:,.0f} s | {busiest[0]} {busiest[1] / 1e9:.1f} GB |")
+    return "\n".join(lines) + "\n"
+
+
+def write_plot(result: Mapping[str, Any], path: Path) -> str | None:
+    """Loss against virtual time, one line a run; a note when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "plot skipped: matplotlib is not installed (pip install matplotlib)"
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in result["runs"]:
+        xs = [p[0] / 3600 for p in run["curve"]]
+        ax.plot(xs, [p[1] for p in run["curve"]], marker="o", label=run["name"])
+    ax.axhline(result["target_loss"], color="grey", linestyle=":", label="target")
+    ax.set_xlabel("virtual hours")
+    ax.set_ylabel("held-out loss")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return None
+
+
+__all__ = ["SAMPLE_SCALE", "FleetSchedule", "FleetSwarm", "RehearsedReplica", "RunFigures",
+           "markdown", "rehearse", "schedule_of", "w3_outages", "write_plot"]

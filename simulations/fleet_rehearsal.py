@@ -1,0 +1,63 @@
+"""The fleet rehearsal: the fleet training plan on a fleet file, trained in virtual time,
+against the best single pipeline (``p2pswarm.sim.fleet_rehearsal``; the same as
+``p2pswarm simulate fleet``).
+
+    python simulations/fleet_rehearsal.py                              # the shipped file
+    python simulations/fleet_rehearsal.py --bandwidth 1.25e6 --out DIR # slower links, files
+    python simulations/fleet_rehearsal.py --model simulations/models/rwkv7-1b --seq-len 256
+
+The plan is made for ``--model`` (its step times, batches and bytes); the learning is the
+small Llama's, scaled as ``p2pswarm.sim.fleet_rehearsal`` says.
+
+Prints the report: rounds closed, time to the single pipeline's final held-out loss (and
+how much faster than that pipeline), the longest gap between two round closes against
+the round deadline, the time lost to W3 drops, and the busiest fellow's bytes. With
+``--out``: result.json, report.md and loss.png (loss against virtual time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from p2pswarm.models.files import read_model_config  # noqa: E402
+from p2pswarm.sim.fleet_rehearsal import markdown, rehearse, write_plot  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cluster", type=Path,
+                        default=ROOT / "simulations" / "clusters" / "fleet.json")
+    parser.add_argument("--model", help="the model the plan is made for: a directory, "
+                        "config.json or known name (default: the 1.1B Llama shape)")
+    parser.add_argument("--bandwidth", type=float, help="bytes/s of every link, e.g. 1.25e6")
+    parser.add_argument("--latency", type=float, help="seconds of every link's latency")
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=40,
+                        help="steps of the single pipeline (its final loss is the target)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-drops", action="store_true", help="skip the W3 run")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    model = read_model_config(args.model)[1] if args.model else None
+    result = rehearse(json.loads(args.cluster.read_text()), model=model, seq_len=args.seq_len,
+                      bandwidth=args.bandwidth, latency=args.latency,
+                      single_steps=args.steps, seed=args.seed, drops=not args.no_drops)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        (args.out / "report.md").write_text(markdown(result))
+        note = write_plot(result, args.out / "loss.png")
+        if note:
+            print(note, file=sys.stderr)
+    print(json.dumps(result, indent=2) if args.json else markdown(result), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The fleet rehearsal on a small fleet file: the plan's replicas train in virtual time
+against the best single pipeline; drops cost time, never a round past its deadline."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2pswarm.planner import REFERENCE_CONFIGS
+
+pytest.importorskip("torch")
+
+GB = 10**9
+
+
+def small_fleet() -> dict[str, Any]:
+    def cpu(i: str, free: float, flops: float) -> dict[str, Any]:
+        return {"id": i, "name": i, "cards": [{"kind": "cpu", "index": 0,
+                                               "total_bytes": 16 * GB, "free_bytes": free,
+                                               "flops": flops, "mem_bandwidth": 1.2e10}]}
+    return {"fellows": [cpu("server", 14 * GB, 2e11), cpu("desk-1", 6 * GB, 1.2e11),
+                        cpu("desk-2", 6 * GB, 1.2e11), cpu("pi-1", 4 * GB, 1.2e10)],
+            "links": {"default": {"bandwidth_bytes_s": 4e6, "latency_s": 0.005}},
+            "access_points": {"ap": {"capacity_bytes_s": 8e6,
+                                     "fellows": ["desk-2", "pi-1"]}}}
+
+
+def test_the_rehearsal_trains_the_plan_and_counts_what_churn_costs() -> None:
+    from p2pswarm.sim.fleet_rehearsal import markdown, rehearse
+
+    result = rehearse(small_fleet(), model=REFERENCE_CONFIGS["smollm-135m"], seq_len=256,
+                      single_steps=6, seed=1, drop_every_s=60.0)
+    single, fleet, churned = result["runs"]
+    assert len(result["replicas"]) >= 2 and single["rounds"] >= 1
+    assert fleet["rounds"] >= 1 and fleet["curve"]
+    # the fleet's global model learns: its loss falls below the untrained model's
+    assert fleet["curve"][-1][1] < 5.0
+    assert fleet["bytes_per_fellow"] and max(fleet["bytes_per_fellow"].values()) > 0
+    # drops (here every minute) pause the replicas behind the access point
+    assert churned["paused_s"] > 0 and fleet["paused_s"] == 0
+    assert churned["time_to_target_s"] is None or fleet["time_to_target_s"] is None or \
+        churned["time_to_target_s"] >= fleet["time_to_target_s"]
+    for run in (fleet, churned):  # rounds close by their deadline, drops or not
+        assert run["max_round_gap_s"] <= result["round_deadline_s"] + 1e-6
+    assert "| fleet, W3 drops |" in markdown(result)
+
+
+def test_w3_outages_come_every_ten_minutes_for_two_to_ten_seconds() -> None:
+    from p2pswarm.sim.fleet_rehearsal import w3_outages
+
+    spans = w3_outages(["a", "b"], 3600.0, random.Random(0))
+    for name in ("a", "b"):
+        assert len(spans[name]) == 6
+        assert all(2.0 <= b - a <= 10.0 for a, b in spans[name])
+
+
+def test_simulate_fleet_reads_its_arguments(tmp_path: Path) -> None:
+    from tests.test_cli_plan import run
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"fellows": [], "access_points": []}))
+    result = run("simulate", "fleet", "--cluster", str(bad))
+    assert result.exit_code == 2 and "access_points" in result.output
+    result = run("simulate", "fleet", "--steps", "1")
+    assert result.exit_code == 2 and "--steps must be" in result.output
