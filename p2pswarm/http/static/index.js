@@ -87,7 +87,9 @@
   function jobConfig() {
     const form = new FormData($("run-form"));
     const num = (key) => Number(form.get(key));
-    const config = {model: form.get("model"), seq_len: num("seq_len"), micro_batch: num("micro_batch"),
+    const batch = String(form.get("micro_batch") || "").trim();
+    const config = {model: form.get("model"), seq_len: num("seq_len"),
+      micro_batch: batch === "" || batch === "auto" ? "auto" : Number(batch),
       micro_batches: num("micro_batches"), steps: num("steps"), mode: form.get("mode"),
       optimizer: {name: form.get("optimizer")}};
     if (config.mode === "lora") config.lora = {rank: num("lora_rank")};

@@ -338,7 +338,7 @@
   function fillTrainFields() {
     const c = baseConfig;
     $("seq_len").value = c.seq_len ?? 128;
-    $("micro_batch").value = c.micro_batch ?? 8;
+    $("micro_batch").value = c.micro_batch ?? "auto";
     $("micro_batches").value = c.micro_batches ?? 1;
     $("steps").value = c.steps ?? 1000;
     $("mode").value = c.mode || "full";
