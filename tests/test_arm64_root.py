@@ -26,7 +26,7 @@ magic 7f454c460201010000000000000000000200b700
 def test_defaults_are_a_pi_4_an_int8_load_and_a_root_under_the_cache(tmp_path: Path) -> None:
     opts = a.parse_options(["--cache", str(tmp_path)])
     assert opts.root == tmp_path / "root" and opts.wheelhouse == tmp_path / "wheels"
-    assert (opts.weights_dtype, opts.cpu, opts.model) == ("int8", "cortex-a72", "tiny-llama")
+    assert (opts.weights_dtype, opts.cpu, opts.model) == ("int8", "cortex-a72", "demo-llama")
     assert opts.tokens == a.DEFAULT_TOKENS and opts.prompt_ids == a.DEFAULT_PROMPT_IDS
     assert not (opts.probe_only or opts.keep or opts.as_json)
     other = a.parse_options(["--root", str(tmp_path / "r"), "--weights-dtype", "int4",
