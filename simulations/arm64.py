@@ -162,9 +162,15 @@ def dependencies(pyproject: str) -> list[str]:
 
 @contextmanager
 def root_mounts(opts: a.Arm64Options) -> Iterator[None]:
-    """The root's /proc, /sys, /dev and wheelhouse, unmounted again on the way out (only
-    those this run mounted)."""
+    """The root's /proc, /dev and wheelhouse, unmounted again on the way out (only those
+    this run mounted), and its own CPU files in /sys for the qemu CPU asked."""
     mounted: list[Path] = []
+    if os.path.ismount(opts.root / "sys"):
+        raise StepFailed(f"{opts.root / 'sys'} is a mount; unmount it (umount "
+                         f"{opts.root / 'sys'}): the root needs its own CPU files there")
+    for rel, text in a.cpu_sysfs(opts.cpu, os.cpu_count() or 1).items():
+        (opts.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (opts.root / rel).write_text(text)
     try:
         for m in a.mounts(opts.root, opts.wheelhouse):
             if os.path.ismount(m.target):
@@ -270,9 +276,12 @@ def mixed_swarm(steps: Steps, opts: a.Arm64Options, say: Say) -> dict[str, Any]:
                                                preset=PRESET, priority=f.priority)
                 log = open(work / f"{name}.log", "ab")
                 logs.append(log)
+                # the root's Python imports only what the root's venv holds
+                own_env = {k: v for k, v in env.items()
+                           if name != "arm64" or k not in ("PYTHONPATH", "VIRTUAL_ENV")}
                 f.proc = subprocess.Popen(argv, stdout=log, stderr=log,
                                           stdin=subprocess.DEVNULL, start_new_session=True,
-                                          env=env)
+                                          env=own_env)
             with steps.step("three fellows join (the aarch64 one imports torch under qemu)"):
                 _wait_formed(net, names, work)
             home = net.fellows[0].home

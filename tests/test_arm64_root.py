@@ -102,9 +102,9 @@ def test_the_roots_pip_installs_from_the_wheelhouse_only_under_qemu() -> None:
     assert a.venv_command(ROOT)[-4:] == ["python3", "-m", "venv", "/opt/p2pswarm/venv"]
 
 
-def test_mounts_give_the_root_proc_sys_dev_and_the_wheelhouse() -> None:
+def test_mounts_give_the_root_proc_dev_and_the_wheelhouse() -> None:
     ms = a.mounts(ROOT, Path("/cache/wheels"))
-    assert [m.target for m in ms] == [ROOT / "proc", ROOT / "sys", ROOT / "dev",
+    assert [m.target for m in ms] == [ROOT / "proc", ROOT / "dev",
                                       ROOT / "mnt" / "p2pswarm-wheels"]
     assert ms[0].argv == ("mount", "-t", "proc", "proc", str(ROOT / "proc"))
     assert ms[-1].argv == ("mount", "--bind", "/cache/wheels", str(ROOT / "mnt/p2pswarm-wheels"))
@@ -154,3 +154,12 @@ def test_the_probe_runs_here_and_reports_each_kernel_against_f32() -> None:
     int4 = kernels["weight_int4pack_mm_for_cpu"]
     if int4["ok"]:
         assert int4["error"] < 0.2  # 4-bit groups of 32
+
+
+def test_the_roots_sysfs_shows_the_emulated_cores_main_id_register() -> None:
+    files = a.cpu_sysfs("cortex-a72", 2)
+    assert files["sys/devices/system/cpu/online"] == "0-1\n"
+    assert files["sys/devices/system/cpu/cpu1/regs/identification/midr_el1"] == (
+        "0x00000000410fd083\n")  # ARM, part 0xd08 (Cortex-A72), r0p3
+    assert a.cpu_sysfs("max", 1)["sys/devices/system/cpu/present"] == "0\n"
+    assert set(a.MIDR_EL1) == set(a.CPU_MODELS)

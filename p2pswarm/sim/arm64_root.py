@@ -42,8 +42,11 @@ VENV_IN_ROOT = PurePosixPath("/opt/p2pswarm/venv")
 WHEELS_IN_ROOT = PurePosixPath("/mnt/p2pswarm-wheels")
 # Bookworm's glibc is 2.36: any manylinux tag up to it installs there
 MANYLINUX_MINORS = range(17, 37)
-# The Pi 4's core (no dot-product instructions) unless told otherwise; qemu's names
-CPU_MODELS = ("cortex-a72", "cortex-a76", "neoverse-n1", "max")
+# The Pi 4's core (no dot-product instructions) unless told otherwise; qemu's names, and
+# the main ID register each reports (r0p3 A72, r4p1 A76 and N1; qemu's own for max)
+MIDR_EL1 = {"cortex-a72": 0x410FD083, "cortex-a76": 0x414FD0B1, "neoverse-n1": 0x414FD0C1,
+            "max": 0x000F0510}
+CPU_MODELS = tuple(MIDR_EL1)
 DEFAULT_CACHE = Path.home() / ".cache" / "p2pswarm-arm64"
 # what the run checks: the shipped trained model (byte tokens), whose greedy text walks
 # through the vocabulary where a random model's repeats one token; a few tokens keep it
@@ -239,17 +242,29 @@ class Mount:
 
 
 def mounts(root: Path, wheelhouse: Path) -> list[Mount]:
-    """/proc (psutil, torch's CPU count), /sys (CPU topology), /dev (urandom) and the
-    wheelhouse, in the order to mount them (unmount in reverse). Plain binds, not
-    recursive ones: unmounting a recursive bind of /dev can reach the host's own
-    submounts where mounts propagate."""
+    """/proc (psutil, torch's CPU count), /dev (urandom) and the wheelhouse, in the order
+    to mount them (unmount in reverse). Plain binds, not recursive ones: unmounting a
+    recursive bind of /dev can reach the host's own submounts where mounts propagate.
+    /sys is not the host's: see ``cpu_sysfs``."""
     return [
         Mount(root / "proc", ("mount", "-t", "proc", "proc", str(root / "proc"))),
-        Mount(root / "sys", ("mount", "--bind", "/sys", str(root / "sys"))),
         Mount(root / "dev", ("mount", "--bind", "/dev", str(root / "dev"))),
         Mount(root / WHEELS_IN_ROOT.relative_to("/"),
               ("mount", "--bind", str(wheelhouse), str(root / WHEELS_IN_ROOT.relative_to("/")))),
     ]
+
+
+def cpu_sysfs(cpu: str, n_cpus: int) -> dict[str, str]:
+    """Files for the root's own /sys/devices/system/cpu (paths relative to the root): the
+    CPUs and each one's MIDR_EL1, as an arm64 kernel shows them. The host's /sys is an x86
+    one; torch's oneDNN (xbyak_aarch64) reads MIDR_EL1 from there at import and crashes
+    (SIGSEGV under qemu) when it is missing."""
+    base = "sys/devices/system/cpu"
+    span = "0" if n_cpus == 1 else f"0-{n_cpus - 1}"
+    files = {f"{base}/{name}": span + "\n" for name in ("online", "possible", "present")}
+    for i in range(n_cpus):
+        files[f"{base}/cpu{i}/regs/identification/midr_el1"] = f"0x{MIDR_EL1[cpu]:016x}\n"
+    return files
 
 
 # --- running in the root ------------------------------------------------------------
@@ -292,10 +307,10 @@ def probe_command(root: Path, cpu: str) -> list[str]:
 
 
 __all__ = ["CPU_MODELS", "DEBIAN_MIRROR", "DEBIAN_SUITE", "DEFAULT_CACHE", "DEFAULT_MODEL",
-           "HOST_PACKAGES", "ROOT_PACKAGES", "TORCH_VERSION", "VENV_IN_ROOT", "WEIGHTS_DTYPES",
-           "WHEELS_IN_ROOT",
+           "HOST_PACKAGES", "MIDR_EL1", "ROOT_PACKAGES", "TORCH_VERSION", "VENV_IN_ROOT",
+           "WEIGHTS_DTYPES", "WHEELS_IN_ROOT",
            "Arm64Options", "Mount", "OptionError", "binfmt_mount_command",
-           "debootstrap_command", "download_command", "host_join_command",
+           "cpu_sysfs", "debootstrap_command", "download_command", "host_join_command",
            "host_packages_command", "in_root", "interpreter_path", "join_command", "mounts",
            "needs_interpreter_in_root", "parse_options", "parser", "path_in_root",
            "pip_install_command", "platform_flags", "probe_command",
