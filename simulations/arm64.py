@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -184,6 +185,14 @@ def root_mounts(opts: a.Arm64Options) -> Iterator[None]:
             run(["umount", "-l", str(target)])
 
 
+def wheel_digest(wheel: Path) -> str:
+    """A digest of what the wheel holds: its RECORD (each file's hash), not the zip's bytes,
+    which carry the build's timestamps, so an unchanged checkout is not installed again."""
+    with zipfile.ZipFile(wheel) as z:
+        (record,) = [n for n in z.namelist() if n.endswith(".dist-info/RECORD")]
+        return hashlib.sha256(z.read(record)).hexdigest()
+
+
 def ensure_venv(steps: Steps, opts: a.Arm64Options, wheel: Path) -> None:
     venv = opts.root / a.VENV_IN_ROOT.relative_to("/")
     if not (venv / "bin" / "python").exists():
@@ -191,7 +200,7 @@ def ensure_venv(steps: Steps, opts: a.Arm64Options, wheel: Path) -> None:
             run(a.venv_command(opts.root), log=opts.cache / "venv.log")
     deps_marker = venv / ".p2pswarm-deps-installed"
     wheel_marker = venv / ".p2pswarm-wheel-sha256"
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    digest = wheel_digest(wheel)
     if not deps_marker.exists():
         with steps.step("pip install the wheel and its aarch64 dependencies in the root "
                         "(under qemu: minutes)"):
