@@ -51,6 +51,7 @@ Say = Callable[[str], None]
 JOIN_TIMEOUT_S = 900.0  # the aarch64 agent imports torch under qemu before it answers
 LOAD_TIMEOUT_S = 1800.0
 GENERATE_TIMEOUT_S = 1800.0
+LOAD_ATTEMPTS = 3
 PRESET = "lan"
 
 
@@ -295,7 +296,7 @@ def mixed_swarm(steps: Steps, opts: a.Arm64Options, say: Say) -> dict[str, Any]:
                 _wait_formed(net, names, work)
             home = net.fellows[0].home
             with steps.step(f"load {opts.model} in 3 stages, weights {opts.weights_dtype}"):
-                loaded = cli(home, *load_args(opts, 3), timeout_s=LOAD_TIMEOUT_S)
+                loaded, result["load_attempts"] = _load(home, opts, say)
             result["stages"] = [{"stage": s.get("stage"), "fellow": s.get("fellow"),
                                  "layers": s.get("layers")} for s in loaded.get("stages", [])]
             with steps.step(f"generate {opts.tokens} greedy tokens across the three"):
@@ -310,6 +311,20 @@ def mixed_swarm(steps: Steps, opts: a.Arm64Options, say: Say) -> dict[str, Any]:
         if not opts.keep:
             shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _load(home: Path, opts: a.Arm64Options, say: Say) -> tuple[dict[str, Any], int]:
+    """The load's record and how many tries it took. An emulated agent on a busy machine
+    can miss the 30 s a stage order waits (``order_timeout_s``); a refused load releases
+    everything, so asking again is safe."""
+    for attempt in range(1, LOAD_ATTEMPTS + 1):
+        try:
+            return cli(home, *load_args(opts, 3), timeout_s=LOAD_TIMEOUT_S), attempt
+        except StepFailed as e:
+            if "no answer to" not in str(e) or attempt == LOAD_ATTEMPTS:
+                raise
+            say(f"  try {attempt} refused (a slow emulated answer): {str(e).splitlines()[-1]}")
+    raise AssertionError("unreachable")
 
 
 def _wait_formed(net: Any, names: list[str], work: Path) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 ROUNDS = 5
+BUILD_FLAGS = ("BUILD_TYPE=", "USE_MKLDNN", "USE_KLEIDIAI", "USE_ACL", "CPU capability")
 
 
 def _timed(call: Callable[[], Any]) -> tuple[Any, float]:
@@ -133,9 +134,9 @@ def probe(in_features: int, out_features: int, group: int, seed: int = 0) -> dic
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "quantized_engines": engines,
         "kleidiai_available": bool(kleidiai()) if callable(kleidiai) else None,
-        "build_flags": sorted({flag for flag in ("USE_KLEIDIAI=ON", "USE_MKLDNN=ON",
-                                                 "USE_MKLDNN_ACL=ON", "BUILD_TYPE=Release")
-                               if flag in config.replace(" ", "")}),
+        # as torch's own build summary words them (a flag left out is not shown there)
+        "build_flags": sorted({t.strip() for t in config.replace("\n", ",").split(",")
+                               if t.strip().startswith(BUILD_FLAGS)}),
         "threads": torch.get_num_threads(),
         "shape": {"in": in_features, "out": out_features, "group": group, "batch": 1},
         "kernels": kernels,
