@@ -296,7 +296,8 @@ def mixed_swarm(steps: Steps, opts: a.Arm64Options, say: Say) -> dict[str, Any]:
                 _wait_formed(net, names, work)
             home = net.fellows[0].home
             with steps.step(f"load {opts.model} in 3 stages, weights {opts.weights_dtype}"):
-                loaded, result["load_attempts"] = _load(home, opts, say)
+                result["load_refusals"] = []
+                loaded = _load(home, opts, say, result["load_refusals"])
             result["stages"] = [{"stage": s.get("stage"), "fellow": s.get("fellow"),
                                  "layers": s.get("layers")} for s in loaded.get("stages", [])]
             with steps.step(f"generate {opts.tokens} greedy tokens across the three"):
@@ -313,17 +314,19 @@ def mixed_swarm(steps: Steps, opts: a.Arm64Options, say: Say) -> dict[str, Any]:
     return result
 
 
-def _load(home: Path, opts: a.Arm64Options, say: Say) -> tuple[dict[str, Any], int]:
-    """The load's record and how many tries it took. An emulated agent on a busy machine
-    can miss the 30 s a stage order waits (``order_timeout_s``); a refused load releases
-    everything, so asking again is safe."""
+def _load(home: Path, opts: a.Arm64Options, say: Say, refusals: list[str]
+          ) -> dict[str, Any]:
+    """The load's record; each refused try's reason goes to ``refusals``. An emulated
+    agent on a busy machine can miss the 30 s a stage order waits (``order_timeout_s``);
+    a refused load releases everything, so asking again is safe."""
     for attempt in range(1, LOAD_ATTEMPTS + 1):
         try:
-            return cli(home, *load_args(opts, 3), timeout_s=LOAD_TIMEOUT_S), attempt
+            return cli(home, *load_args(opts, 3), timeout_s=LOAD_TIMEOUT_S)
         except StepFailed as e:
             if "no answer to" not in str(e) or attempt == LOAD_ATTEMPTS:
                 raise
-            say(f"  try {attempt} refused (a slow emulated answer): {str(e).splitlines()[-1]}")
+            refusals.append(str(e).splitlines()[-1])
+            say(f"  try {attempt} refused (a slow emulated answer): {refusals[-1]}")
     raise AssertionError("unreachable")
 
 
