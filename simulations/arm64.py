@@ -33,6 +33,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -361,6 +362,10 @@ def missing_requirements() -> str | None:
     return None
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str]) -> int:
     try:
         opts = a.parse_options(argv)
@@ -371,6 +376,7 @@ def main(argv: Sequence[str]) -> int:
     if why_not is not None:
         print(f"error: {why_not}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _interrupt)  # unwinds through the unmounts and tear-down
     say: Say = (lambda m: None) if opts.as_json else (lambda m: print(m, flush=True))
     opts.cache.mkdir(parents=True, exist_ok=True)
     steps = Steps(say)
@@ -389,6 +395,9 @@ def main(argv: Sequence[str]) -> int:
             if not opts.probe_only:
                 report["reference"] = reference(steps, opts, say)
                 report["mixed"] = mixed_swarm(steps, opts, say)
+    except KeyboardInterrupt:
+        print("interrupted: mounts, namespaces and fellows removed", file=sys.stderr)
+        return 130
     except (StepFailed, subprocess.TimeoutExpired, OSError) as e:
         report.update(verdict="failed", error=str(e), steps=steps.done,
                       wall_s=round(time.monotonic() - t0, 1))
