@@ -59,6 +59,8 @@ class Links:
         self._counters = counters
         self._handlers: dict[type, StreamHandler] = {}
         self._streams_of: Counter[bytes] = Counter()  # accepted streams open, per fellow
+        self._open: dict[bytes, set[trio.CancelScope]] = {}  # accepted, per fellow
+        self.barred: set[bytes] = set()  # revoked fellows: no stream of theirs is answered
 
     def on_stream(self, message_type: type, handler: StreamHandler) -> None:
         """Answer streams whose first envelope is ``message_type`` (see StreamHandler)."""
@@ -110,18 +112,35 @@ class Links:
             await raw.aclose()
             return
         fellow = stream.peer_node_id
+        if fellow in self.barred:
+            self._counters.drop("stream-revoked")
+            await stream.aclose()
+            return
         if self._streams_of[fellow] >= self._config.transport.max_streams_per_fellow:
             self._counters.drop("stream-fellow-cap")  # a token holder's streams are bounded
             await stream.aclose()
             return
         self._streams_of[fellow] += 1
+        scope = trio.CancelScope()
+        self._open.setdefault(fellow, set()).add(scope)
         try:
-            await self._answer(stream)
+            with scope:
+                await self._answer(stream)
         finally:
             self._streams_of[fellow] -= 1
             if not self._streams_of[fellow]:
                 del self._streams_of[fellow]
+            held = self._open.get(fellow)
+            if held is not None:
+                held.discard(scope)
+                if not held:
+                    del self._open[fellow]
             await stream.aclose()
+
+    def close_fellow(self, fellow: bytes) -> None:
+        """Close every stream ``fellow`` opened to us (revoked)."""
+        for scope in self._open.get(fellow, ()):
+            scope.cancel()
 
     async def _answer(self, stream: SecureStream) -> None:
         """Answer request envelopes until the peer closes, misbehaves or falls silent for

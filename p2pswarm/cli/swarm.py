@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import typer
 
+from p2pswarm.cli import admission
 from p2pswarm.cli.app import HomeOption, JsonOption, app, home_dir, print_json
 from p2pswarm.cli.exits import EXIT_FAILURE, EXIT_USAGE, exits_on, fail
 from p2pswarm.cli.local_agent import ask_agent
@@ -74,22 +75,53 @@ def read_token_file(path: str, given_as: str) -> str:
 def init(
     home: Optional[Path] = HomeOption,
     force: bool = typer.Option(False, "--force", help="Replace a swarm already in --home."),
+    upgrade: bool = typer.Option(False, "--upgrade", help="Give a swarm made before "
+                                 "invitations its admin key (on the machine that ran init)."),
+    export_admin: Optional[Path] = typer.Option(
+        None, "--export-admin", help="Write a backup of the admin key to this file (0600)."),
+    uses: int = typer.Option(admission.DEFAULT_USES, "--uses", min=1, max=4096,
+                             help="How many fellows the printed invitation admits."),
+    ttl: str = typer.Option(admission.DEFAULT_TTL, "--ttl",
+                            help="How long the printed invitation admits: 30m, 24h, 7d."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Make a new swarm: a secret in the state directory, and a join token to share."""
+    """Make a new swarm: a secret and the admin key in the state directory, and an
+    invitation (a join token) to share."""
     from p2pswarm.home import Home
 
     directory = home_dir(home)
     with exits_on(EXIT_USAGE):
-        secret = Home(directory).init(force=force)
-    token = secret.token()
+        if export_admin is not None:
+            admission.export_admin(directory, export_admin)
+            typer.echo(f"admin key written to {export_admin} (mode 0600): keep it offline; "
+                       "anyone holding it can admit and revoke fellows")
+            return
+        if upgrade:
+            if not Home(directory).has_swarm():
+                fail(f"no swarm in {directory} to upgrade: `p2pswarm init` makes a new one")
+            made = admission.make_admin(directory)
+            typer.echo(f"upgraded {directory}: made the swarm's admin key (admin.json; back it "
+                       "up with `p2pswarm init --export-admin FILE`); fellows now need an "
+                       "invitation (`p2pswarm invite --uses N`) to rejoin" if made else
+                       f"{directory} already holds the swarm's admin key: nothing to upgrade")
+            return
+        ttl_s = admission.ttl_seconds(ttl)
+        Home(directory).init(force=force)
+        if force:
+            for stale in ("admin.json", "admission.json"):
+                (directory / stale).unlink(missing_ok=True)
+        admission.make_admin(directory)
+        token, expires_s = admission.invitation_token(directory, uses, ttl_s, 255, ())
     if as_json:
-        print_json({"home": str(directory), "token": token})
+        print_json({"home": str(directory), "token": token, "uses": uses,
+                    "expires_at_s": expires_s})
         return
-    typer.echo(f"New swarm in {directory}.\nJoin token (keep it secret; anyone holding it "
-               f"can join):\n\n  {token}\n\n"
-               f"On every machine:  P2PSWARM_TOKEN={token} p2pswarm join SEED:{DEFAULT_PORT}\n"
-               "(or --token-file FILE; --token works too, but `ps` shows "
+    typer.echo(f"New swarm in {directory}, with its admin key (admin.json: back it up with "
+               f"`p2pswarm init --export-admin FILE`).\nInvitation for {uses} fellows, for "
+               f"{ttl} (keep it secret; `p2pswarm invite` makes more):\n\n  {token}\n\n"
+               f"Here:               p2pswarm join\n"
+               f"On every machine:  P2PSWARM_TOKEN=<token> p2pswarm join THIS-MACHINE:"
+               f"{DEFAULT_PORT}\n(or --token-file FILE; --token works too, but `ps` shows "
                "it to every user of the machine)")
 
 
@@ -149,6 +181,7 @@ def join(
     from p2pswarm.home import Home
     from p2pswarm.inventory import local_card_source
     from p2pswarm.security import SwarmSecret
+    from p2pswarm.security.invitation_token import is_invitation_token
 
     directory = home_dir(home)
     with exits_on(EXIT_USAGE):
@@ -170,7 +203,9 @@ def join(
                  "--token too")
         # a token the seeds refuse must not stay in a home that held no other swarm
         new_keys = text is not None and not state.has_swarm()
-        if text is not None:
+        if text is not None and is_invitation_token(text):
+            admission.take_invitation(directory, text, force=force)
+        elif text is not None:
             state.join_swarm(SwarmSecret.from_token(text), force=force)
         state.load_keyring()  # refuse early: no swarm, or key files others can read
         cards = local_card_source(gpus=gpus, cpu_memory=cpu_memory, no_cpu=no_cpu,
@@ -194,10 +229,20 @@ def join(
             pass
         except TokenRefused:
             if new_keys:
-                state.forget_swarm()
+                forget_new_swarm(state)
             raise
         except BaseExceptionGroup as group:  # a service that failed to start: its one line
-            raise first_swarm_error(group) from None
+            found = first_swarm_error(group)
+            if isinstance(found, TokenRefused) and new_keys:
+                forget_new_swarm(state)
+            raise found from None
+
+
+def forget_new_swarm(state: Any) -> None:
+    """A join the swarm refused leaves a home that held no swarm as it found it: no keys,
+    no invitation."""
+    state.forget_swarm()
+    (state.path / "admission.json").unlink(missing_ok=True)
 
 
 def first_swarm_error(group: BaseExceptionGroup) -> BaseException:

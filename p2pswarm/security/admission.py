@@ -58,6 +58,8 @@ __all__ = [
     "SlotHolders",
     "better",
     "certificate_problem",
+    "issue_under",
+    "labels_of",
 ]
 
 INVITATION_ID_BYTES = 16
@@ -518,3 +520,40 @@ class Revocation:
 
     def covers(self, node_id: bytes, name: str) -> bool:
         return self.node_id == node_id if self.node_id else self.name == name
+
+
+# --- issuing -------------------------------------------------------------------------------
+
+CERTIFICATE_TTL_S = 10 * 365 * 86400  # a fellow is taken out by revocation, not by age
+
+
+def issue_under(issuer: Identity, admin_key: bytes, invitation: Invitation, public_key: bytes,
+                name: str, priority: int, now_s: int, issued: Iterable[Certificate], *,
+                delegation: Delegation | None = None) -> Certificate | str:
+    """The certificate an issuer gives ``public_key`` under ``invitation``, or why not.
+
+    The same key asking again under the same invitation gets its certificate again (a
+    joiner that lost the answer, or restarted); a new key gets the lowest free slot;
+    none is left once ``uses`` keys hold one. ``issued``: what this issuer gave so far
+    (and what it saw of other issuers')."""
+    problem = invitation.problem(admin_key, now_s)
+    if problem is not None:
+        return f"the invitation admits nobody: {problem}"
+    if not 0 < len(name) <= MAX_NAME_CHARS:
+        return f"a fellow's name is 1 to {MAX_NAME_CHARS} characters"
+    taken: set[int] = set()
+    for c in issued:
+        if c.invitation_id != invitation.invitation_id:
+            continue
+        if c.public_key == public_key:
+            return c if c.name == name else (
+                f"this fellow was admitted as {c.name!r}: join with --name {c.name}")
+        taken.add(c.slot)
+    free = [s for s in range(invitation.uses) if s not in taken]
+    if not free:
+        return (f"the invitation is used up: its {invitation.uses} use"
+                f"{'' if invitation.uses == 1 else 's'} admitted "
+                f"{invitation.uses} fellow{'' if invitation.uses == 1 else 's'} already")
+    return Certificate.issue(issuer, invitation, public_key, name, free[0], now_s,
+                             now_s + CERTIFICATE_TTL_S, max_priority=priority,
+                             delegation=delegation)
