@@ -144,7 +144,13 @@ class AdmissionGate:
         return rev
 
     def revoked(self, node_id: bytes, name: str) -> bool:
-        return any(r.covers(node_id, name) for r in self._revoked.values())
+        return self.revocation_of(node_id, name) is not None
+
+    def revocation_of(self, node_id: bytes, name: str) -> Revocation | None:
+        for r in self._revoked.values():
+            if r.covers(node_id, name):
+                return r
+        return None
 
     def revocations(self) -> tuple[Revocation, ...]:
         return tuple(sorted(self._revoked.values(), key=lambda r: r.signature))

@@ -22,6 +22,7 @@ from __future__ import annotations
 from p2pswarm import effects as fx
 from p2pswarm.config import GossipConfig
 from p2pswarm.effects import Effect
+from p2pswarm.membership.broadcasts import item_bytes
 from p2pswarm.membership.detector import FailureDetector
 from p2pswarm.membership.dissemination import Dissemination
 from p2pswarm.membership.gate import AdmissionGate
@@ -30,12 +31,14 @@ from p2pswarm.membership.metadata import MetadataBook, without_meta
 from p2pswarm.membership.proofs import ProofCache, left_signed_bytes
 from p2pswarm.membership.roster import Entry, Roster
 from p2pswarm.membership.states import ALIVE, DEAD, GONE, LEFT, PRESENT, SUSPECT
-from p2pswarm.wire.gossip import Alive, Dead, Left, Suspect
+from p2pswarm.wire.gossip import Alive, Dead, Left, Revoked, Suspect
+
+TELL_REVOKED_EVERY_S = 5.0  # a revoked fellow that still speaks is told, this often at most
 
 
 class Updates:
     __slots__ = ("_book", "_config", "_detector", "_dissemination", "_name", "_node_id",
-                 "_proofs", "_roster", "_stats", "gate")
+                 "_proofs", "_roster", "_stats", "_told_revoked", "gate")
 
     def __init__(self, node_id: bytes, name: str, config: GossipConfig, roster: Roster,
                  detector: FailureDetector, dissemination: Dissemination, book: MetadataBook,
@@ -50,6 +53,7 @@ class Updates:
         self._proofs = proofs
         self._stats = stats
         self.gate: AdmissionGate | None = None  # where admission is on (see ``gate``)
+        self._told_revoked: dict[bytes, float] = {}  # revoked fellow -> when last told
 
     # --- news --------------------------------------------------------------------------
 
@@ -62,6 +66,7 @@ class Updates:
             # admission first: a record without a certificate costs no signature check
             admitted, pushed_out = self.gate.admits(msg, now, addr)
             if not admitted:
+                self._tell_revoked(msg, now, out)
                 return
             if pushed_out is not None and pushed_out != node:
                 self.expel(pushed_out, "pushed out of its invitation slot", now, out)
@@ -187,6 +192,19 @@ class Updates:
         self._roster.schedule_reap(now + self._config.dead_reap_after_s, node)
         self._roster.changed(node)
         self._dissemination.event(out, fx.LEFT, e, "left the swarm", node)
+
+    def _tell_revoked(self, msg: Alive, now: float, out: list[Effect]) -> None:
+        """A revoked fellow that still speaks (restarted with its certificate, say) is sent
+        its revocation at its own signed address, so it stops instead of running unseen."""
+        assert self.gate is not None
+        rev = self.gate.revocation_of(msg.node, msg.name)
+        if rev is None or now - self._told_revoked.get(msg.node, -1e18) < TELL_REVOKED_EVERY_S:
+            return
+        if len(self._told_revoked) > 1024:
+            self._told_revoked.clear()
+        self._told_revoked[msg.node] = now
+        told = Revoked(rev.encode())
+        self._dissemination.send(out, msg.addr, [told], item_bytes(told))
 
     def expel(self, node: bytes, why: str, now: float, out: list[Effect]) -> None:
         """Take ``node`` out of the view now (revoked, or its slot lost): no longer probed,
