@@ -24,6 +24,7 @@ from p2pswarm.wire.schema import (
     U64,
     Addr,
     Digest,
+    Elided,
     Items,
     Name,
     NodeId,
@@ -37,7 +38,8 @@ from p2pswarm.wire.schema import (
 I32 = Annotated[int, Range(-(2**31), 2**31 - 1)]
 StateCode = Annotated[int, Range(0, 3)]  # 0 alive, 1 suspect, 2 dead, 3 left
 Metadata = Annotated[bytes, Size(0, 256 * 1024)]
-CertificateBytes = Annotated[bytes, Size(0, 1024)]
+CertificateBytes = Annotated[bytes, Size(0, 1024), Elided()]  # off the wire when empty
+ElidedSignature = Annotated[Signature | None, Elided()]
 MAX_MEMBERS_PER_MESSAGE = 65536
 
 STATE_ALIVE, STATE_SUSPECT, STATE_DEAD, STATE_LEFT = 0, 1, 2, 3
@@ -136,7 +138,7 @@ class Left:
 
     node: NodeId
     incarnation: U32
-    signature: Signature | None = None
+    signature: ElidedSignature = None
 
 
 # --- anti-entropy and metadata (streams) -------------------------------------------------
@@ -171,7 +173,7 @@ class MemberRecord:
     alive_epoch: U64 = 0
     alive_signature: Signature | None = None
     certificate: CertificateBytes = b""  # its admission (security.admission.Certificate)
-    left_signature: Signature | None = None  # its own goodbye, when it left
+    left_signature: ElidedSignature = None  # its own goodbye, when it left
 
 
 @message(20)
