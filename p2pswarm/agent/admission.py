@@ -104,7 +104,7 @@ class Admission:
                 self._issued.append(Certificate.decode(data))
             except AuthenticationError:
                 continue
-        self.gate = AdmissionGate(setup.admin_key, wall_offset_s=time.time() - trio.current_time())
+        self.gate = AdmissionGate(setup.admin_key)  # its wall clock is set when the agent runs
         self.refused_asks = 0
         self.barred: set[bytes] = set()  # node ids revoked: their streams are closed
 
@@ -125,6 +125,7 @@ class Admission:
     async def obtain(self, call: Any, seeds: tuple[str, ...]) -> bytes:
         """Our certificate: the one we hold, else one asked of the seeds with our
         invitation (``call(addr, request, timeout_s=...)`` sends one stream request)."""
+        self.gate.wall_offset_s = time.time() - trio.current_time()
         issuer = self.setup.issuer
         if issuer is not None and not self._own_certificate_fits():
             # the admin's own fellow admits itself, under an invitation of its own
@@ -222,6 +223,9 @@ class Admission:
         return Admitted(got.encode())
 
     # --- revocations --------------------------------------------------------------------
+
+    def revocations_changed(self) -> bool:
+        return self.gate.revocation_count != len(self.setup.revocations)
 
     def keep_revocations(self, revocations: tuple[bytes, ...]) -> None:
         """Keep in the home the revocations the membership took in (new ones only)."""

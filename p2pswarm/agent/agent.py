@@ -400,6 +400,9 @@ class Agent:
             effects = self._feed_election()
         if self.left and self.membership is not None and self.membership.leave_spread:
             self.leaving.spread()
+        if self.admission is not None and self.membership is not None \
+                and self.admission.revocations_changed():  # gossiped ones are kept too
+            self.admission.keep_revocations(self.membership.revocations())
         self.alarm.set(self._next_deadline(), trio.current_time())
 
     def _feed_election(self) -> list[Any]:

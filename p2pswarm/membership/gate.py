@@ -152,6 +152,10 @@ class AdmissionGate:
                 return r
         return None
 
+    @property
+    def revocation_count(self) -> int:
+        return len(self._revoked)
+
     def revocations(self) -> tuple[Revocation, ...]:
         return tuple(sorted(self._revoked.values(), key=lambda r: r.signature))
 
