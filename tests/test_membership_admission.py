@@ -150,3 +150,28 @@ def test_without_an_admin_key_nothing_changes() -> None:
     m = Membership(local, GossipLab(1).config.gossip, __import__("random").Random(1),
                    sign=fake_sign_for(b"\x02" * 32), verify=lambda *a: True)
     assert m.admission is None and m.revocations() == ()
+
+
+def test_a_flood_of_bad_signatures_costs_its_sender_its_allowance() -> None:
+    import dataclasses
+
+    lab = _settled(3)
+    admin = lab.admin
+    assert admin is not None
+    victim = lab.nodes[1]
+    ghosts = []
+    for i, r in enumerate(_made_up(2000, seed=5)):
+        cert = Certificate.issue(admin.identity, lab.invitation, r.public_key, r.name, 0, 0,
+                                 LAB_EXPIRY_S)
+        forged = dataclasses.replace(cert, signature=bytes(64)).encode()  # checks, fails
+        ghosts.append(dataclasses.replace(r, certificate=forged))
+    sender = lab.nodes[2]
+    victim.membership.handle_stream(g.SyncRecords(sender.node_id, tuple(ghosts)), sender.addr,
+                                    lab.now)
+    counters = victim.membership.counters()
+    assert counters["bad_certificates"] <= 256  # the message's cap on fresh checks
+    assert counters["signature_checks_refused"] >= 2000 - 256
+    # another sender keeps its own allowance, and the honest view is whole
+    assert {m.name for m in victim.membership.members()} == {"n000", "n001", "n002"}
+    lab.run_for(10.0)
+    assert _present(lab, 1) == {"n000", "n001", "n002"}

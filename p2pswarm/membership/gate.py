@@ -57,9 +57,12 @@ class SignatureBudget:
         return ok
 
 
+MESSAGE_CHECKS = 256  # fresh signature checks one message may cost (a SyncRecords of 65,536)
+
+
 class AdmissionGate:
-    __slots__ = ("_checked", "_revoked", "admin_key", "budget", "slots", "stats",
-                 "wall_offset_s")
+    __slots__ = ("_checked", "_message_left", "_revoked", "admin_key", "budget", "slots",
+                 "stats", "wall_offset_s")
 
     def __init__(self, admin_key: bytes, *, wall_offset_s: float = 0.0,
                  budget: SignatureBudget | None = None) -> None:
@@ -70,6 +73,28 @@ class AdmissionGate:
         self.stats: dict[str, int] = {}  # the machine hands in its counters
         self._checked: OrderedDict[bytes, Certificate] = OrderedDict()  # bytes -> valid
         self._revoked: dict[bytes, Revocation] = {}  # signature -> revocation
+        self._message_left: int | None = None  # fresh checks left to the message in hand
+
+    def begin_message(self, cap: int = MESSAGE_CHECKS) -> None:
+        """A message of many records: at most ``cap`` fresh signature checks for it."""
+        self._message_left = cap
+
+    def end_message(self) -> None:
+        self._message_left = None
+
+    def charge(self, sender: str, now: float) -> bool:
+        """One fresh signature check for ``sender``: within its budget and the message's
+        cap, or refused (counted)."""
+        left = self._message_left
+        if left is not None and left <= 0:
+            self._refuse("signature_checks_refused")
+            return False
+        if not self.budget.take(sender, now):
+            self._refuse("signature_checks_refused")
+            return False
+        if left is not None:
+            self._message_left = left - 1
+        return True
 
     def wall_s(self, now: float) -> int:
         return int(now + self.wall_offset_s)
@@ -85,8 +110,7 @@ class AdmissionGate:
             return None
         cert = self._checked.get(data)
         if cert is None:
-            if not self.budget.take(sender, now):
-                self._refuse("signature_checks_refused")
+            if not self.charge(sender, now):
                 return None
             cert, problem = certificate_problem(data, self.admin_key, public_key,
                                                 self.wall_s(now))
@@ -160,4 +184,4 @@ class AdmissionGate:
         return tuple(sorted(self._revoked.values(), key=lambda r: r.signature))
 
 
-__all__ = ["MAX_REVOCATIONS", "AdmissionGate", "SignatureBudget"]
+__all__ = ["MAX_REVOCATIONS", "MESSAGE_CHECKS", "AdmissionGate", "SignatureBudget"]

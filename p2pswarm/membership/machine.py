@@ -435,7 +435,7 @@ class Membership:
             return self._sync.answer_digest(message), out
         if t is SyncRecords:
             self._heard(message.source, now)
-            self._merge_records(message.records, message.source, now, out)
+            self._merge_records(message.records, message.source, now, out, sender_addr)
             return self._sync.answer_records(message), out
         if t is MetaPull:
             records = tuple(r for r in (self._sync.record(n) for n in message.nodes)
@@ -713,7 +713,7 @@ class Membership:
     def _on_sync_records(self, msg: SyncRecords, addr: str, now: float,
                          out: list[Effect]) -> None:
         self._heard(msg.source, now)
-        self._merge_records(msg.records, msg.source, now, out)
+        self._merge_records(msg.records, msg.source, now, out, addr)
         if not self._join.joined:
             self._join.done()
             self._changed()  # the election waits for this, even if no record was new
@@ -724,7 +724,23 @@ class Membership:
                              "alive"))
 
     def _merge_records(self, records: Sequence[MemberRecord], source: bytes, now: float,
-                       out: list[Effect]) -> None:
+                       out: list[Effect], sender_addr: str = "") -> None:
+        gate = self.admission
+        if gate is None:
+            self._merge_each(records, now, out, source)
+            return
+        # many records in one message: a cap on the signature checks it may cost, paid
+        # from its sender's budget
+        gate.begin_message()
+        self._updates.sender = sender_addr or source.hex()  # its address: not its word
+        try:
+            self._merge_each(records, now, out, source)
+        finally:
+            gate.end_message()
+            self._updates.sender = ""
+
+    def _merge_each(self, records: Sequence[MemberRecord], now: float, out: list[Effect],
+                    source: bytes) -> None:
         for r in records:
             if r.node != self.node_id:
                 self._sync.merge(r, source, now, out)

@@ -104,6 +104,14 @@ class ProofCache:
             msg.node, msg.incarnation, msg.name, msg.addr, msg.public_key, msg.meta_version,
             msg.priority, msg.epoch))
 
+    def known_alive(self, msg: Alive) -> bool:
+        """Whether ``msg``'s signature was checked already (a check that costs nothing)."""
+        if msg.signature is None:
+            return True  # refused without a check
+        return (msg.signature, alive_signed_bytes(
+            msg.node, msg.incarnation, msg.name, msg.addr, msg.public_key, msg.meta_version,
+            msg.priority, msg.epoch)) in self._seen
+
     def proven(self, msg: Alive) -> bool:
         """``alive``, counting what fails: an Alive counts only if its owner signed it."""
         if node_id_of(msg.public_key) != msg.node:

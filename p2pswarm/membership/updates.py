@@ -38,7 +38,7 @@ TELL_REVOKED_EVERY_S = 5.0  # a revoked fellow that still speaks is told, this o
 
 class Updates:
     __slots__ = ("_book", "_config", "_detector", "_dissemination", "_name", "_node_id",
-                 "_proofs", "_roster", "_stats", "_told_revoked", "gate")
+                 "_proofs", "_roster", "_stats", "_told_revoked", "gate", "sender")
 
     def __init__(self, node_id: bytes, name: str, config: GossipConfig, roster: Roster,
                  detector: FailureDetector, dissemination: Dissemination, book: MetadataBook,
@@ -54,6 +54,7 @@ class Updates:
         self._stats = stats
         self.gate: AdmissionGate | None = None  # where admission is on (see ``gate``)
         self._told_revoked: dict[bytes, float] = {}  # revoked fellow -> when last told
+        self.sender = ""  # who sent the records being merged (their budget pays)
 
     # --- news --------------------------------------------------------------------------
 
@@ -63,10 +64,14 @@ class Updates:
         e = self._roster.get(node)
         news = e is None or msg.incarnation > e.incarnation
         if news and self.gate is not None:
-            # admission first: a record without a certificate costs no signature check
-            admitted, pushed_out = self.gate.admits(msg, now, addr)
+            # admission first: a record without a certificate costs no signature check;
+            # the fellow's own signature then costs the sender's budget too
+            sender = addr or self.sender
+            admitted, pushed_out = self.gate.admits(msg, now, sender)
             if not admitted:
                 self._tell_revoked(msg, now, out)
+                return
+            if not self._proofs.known_alive(msg) and not self.gate.charge(sender, now):
                 return
             if pushed_out is not None and pushed_out != node:
                 self.expel(pushed_out, "pushed out of its invitation slot", now, out)
