@@ -158,6 +158,9 @@ class Updates:
         if self.gate is not None:
             self._stats["third_party_dead_as_suspicion"] += 1
             self.suspect(Suspect(node, msg.incarnation, msg.source), now, out)
+            s = self._detector.suspicions.get(node)
+            if s is not None:
+                s.at_floor()
             return
         e = self._roster.get(node)
         if e is None or msg.incarnation < e.incarnation:
