@@ -1,5 +1,6 @@
-"""Admission on the command line: invite (an invitation token), revoke (a fellow out), and
-what `init` does of it (the admin key, `--upgrade` of an older home, `--export-admin`)."""
+"""Admission on the command line: init (a new swarm, its admin key and a first invitation;
+`--upgrade` of an older home, `--export-admin`), invite (an invitation token), revoke (a
+fellow out)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import typer
 
 from p2pswarm.cli.app import HomeOption, JsonOption, app, home_dir, print_json
 from p2pswarm.cli.exits import EXIT_USAGE, exits_on, fail
+from p2pswarm.config import DEFAULT_PORT
 
 MAX_TTL_S = 10 * 365 * 86400
 _TTL_RE = re.compile(r"^(\d+)([smhdw]?)$")
@@ -97,6 +99,61 @@ def export_admin(directory: Path, target: Path) -> None:
     admin = files.load_admin()
     write_private(target, {"format": "p2pswarm-admin", "version": 1,
                            "ed25519_private_key": admin.private_bytes().hex()})
+
+
+@app.command()
+@exits_on()
+def init(
+    home: Optional[Path] = HomeOption,
+    force: bool = typer.Option(False, "--force", help="Replace a swarm already in --home."),
+    upgrade: bool = typer.Option(False, "--upgrade", help="Give a swarm made before "
+                                 "invitations its admin key (on the machine that ran init)."),
+    export_admin: Optional[Path] = typer.Option(
+        None, "--export-admin", help="Write a backup of the admin key to this file (0600)."),
+    uses: int = typer.Option(DEFAULT_USES, "--uses", min=1, max=4096,
+                             help="How many fellows the printed invitation admits."),
+    ttl: str = typer.Option(DEFAULT_TTL, "--ttl",
+                            help="How long the printed invitation admits: 30m, 24h, 7d."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Make a new swarm: a secret and the admin key in the state directory, and an
+    invitation (a join token) to share."""
+    from p2pswarm.home import Home
+
+    directory = home_dir(home)
+    with exits_on(EXIT_USAGE):
+        if export_admin is not None:
+            export_admin(directory, export_admin)
+            typer.echo(f"admin key written to {export_admin} (mode 0600): keep it offline; "
+                       "anyone holding it can admit and revoke fellows")
+            return
+        if upgrade:
+            if not Home(directory).has_swarm():
+                fail(f"no swarm in {directory} to upgrade: `p2pswarm init` makes a new one")
+            made = make_admin(directory)
+            typer.echo(f"upgraded {directory}: made the swarm's admin key (admin.json; back it "
+                       "up with `p2pswarm init --export-admin FILE`); fellows now need an "
+                       "invitation (`p2pswarm invite --uses N`) to rejoin" if made else
+                       f"{directory} already holds the swarm's admin key: nothing to upgrade")
+            return
+        ttl_s = ttl_seconds(ttl)
+        Home(directory).init(force=force)
+        if force:
+            for stale in ("admin.json", "json"):
+                (directory / stale).unlink(missing_ok=True)
+        make_admin(directory)
+        token, expires_s = invitation_token(directory, uses, ttl_s, 255, ())
+    if as_json:
+        print_json({"home": str(directory), "token": token, "uses": uses,
+                    "expires_at_s": expires_s})
+        return
+    typer.echo(f"New swarm in {directory}, with its admin key (admin.json: back it up with "
+               f"`p2pswarm init --export-admin FILE`).\nInvitation for {uses} fellows, for "
+               f"{ttl} (keep it secret; `p2pswarm invite` makes more):\n\n  {token}\n\n"
+               f"Here:               p2pswarm join\n"
+               f"On every machine:  P2PSWARM_TOKEN=<token> p2pswarm join THIS-MACHINE:"
+               f"{DEFAULT_PORT}\n(or --token-file FILE; --token works too, but `ps` shows "
+               "it to every user of the machine)")
 
 
 @app.command()

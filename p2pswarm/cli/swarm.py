@@ -1,5 +1,6 @@
-"""Being in a swarm: init (a new secret and its join token), join (run the agent), leave,
-and status (this fellow, the fellows it knows, the leader, traffic)."""
+"""Being in a swarm: join (run the agent; with an invitation, admitted first), leave, and
+status (this fellow, the fellows it knows, the leader, traffic). `init` lives in
+``admission``."""
 
 from __future__ import annotations
 
@@ -68,61 +69,6 @@ def read_token_file(path: str, given_as: str) -> str:
         fail(f"{given_as} {path} does not hold a join token: put only the token from "
              "`p2pswarm init` in it")
     return text
-
-
-@app.command()
-@exits_on()
-def init(
-    home: Optional[Path] = HomeOption,
-    force: bool = typer.Option(False, "--force", help="Replace a swarm already in --home."),
-    upgrade: bool = typer.Option(False, "--upgrade", help="Give a swarm made before "
-                                 "invitations its admin key (on the machine that ran init)."),
-    export_admin: Optional[Path] = typer.Option(
-        None, "--export-admin", help="Write a backup of the admin key to this file (0600)."),
-    uses: int = typer.Option(admission.DEFAULT_USES, "--uses", min=1, max=4096,
-                             help="How many fellows the printed invitation admits."),
-    ttl: str = typer.Option(admission.DEFAULT_TTL, "--ttl",
-                            help="How long the printed invitation admits: 30m, 24h, 7d."),
-    as_json: bool = JsonOption,
-) -> None:
-    """Make a new swarm: a secret and the admin key in the state directory, and an
-    invitation (a join token) to share."""
-    from p2pswarm.home import Home
-
-    directory = home_dir(home)
-    with exits_on(EXIT_USAGE):
-        if export_admin is not None:
-            admission.export_admin(directory, export_admin)
-            typer.echo(f"admin key written to {export_admin} (mode 0600): keep it offline; "
-                       "anyone holding it can admit and revoke fellows")
-            return
-        if upgrade:
-            if not Home(directory).has_swarm():
-                fail(f"no swarm in {directory} to upgrade: `p2pswarm init` makes a new one")
-            made = admission.make_admin(directory)
-            typer.echo(f"upgraded {directory}: made the swarm's admin key (admin.json; back it "
-                       "up with `p2pswarm init --export-admin FILE`); fellows now need an "
-                       "invitation (`p2pswarm invite --uses N`) to rejoin" if made else
-                       f"{directory} already holds the swarm's admin key: nothing to upgrade")
-            return
-        ttl_s = admission.ttl_seconds(ttl)
-        Home(directory).init(force=force)
-        if force:
-            for stale in ("admin.json", "admission.json"):
-                (directory / stale).unlink(missing_ok=True)
-        admission.make_admin(directory)
-        token, expires_s = admission.invitation_token(directory, uses, ttl_s, 255, ())
-    if as_json:
-        print_json({"home": str(directory), "token": token, "uses": uses,
-                    "expires_at_s": expires_s})
-        return
-    typer.echo(f"New swarm in {directory}, with its admin key (admin.json: back it up with "
-               f"`p2pswarm init --export-admin FILE`).\nInvitation for {uses} fellows, for "
-               f"{ttl} (keep it secret; `p2pswarm invite` makes more):\n\n  {token}\n\n"
-               f"Here:               p2pswarm join\n"
-               f"On every machine:  P2PSWARM_TOKEN=<token> p2pswarm join THIS-MACHINE:"
-               f"{DEFAULT_PORT}\n(or --token-file FILE; --token works too, but `ps` shows "
-               "it to every user of the machine)")
 
 
 @app.command()
