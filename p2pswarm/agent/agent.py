@@ -105,6 +105,10 @@ STREAM_REQUEST_TIMEOUT_S = 5.0  # a membership stream request gives up after thi
 LAG_LOGGED_S = 1.0  # a timer this late is worth a log line (at most one a minute)
 
 _MEMBERSHIP_STREAM_TYPES = (Ping, SyncDigest, SyncRecords, MetaPull, Alive)
+
+
+async def _no_admission(message: Any, stream: SecureStream) -> None:
+    return None
 _LOGGED_EVENTS = {
     fx.JOINED: logging.INFO, fx.MEMBER_JOINED: logging.INFO, fx.SUSPECT: logging.INFO,
     fx.ALIVE: logging.INFO, fx.DEAD: logging.WARNING, fx.LEFT: logging.INFO,
@@ -165,6 +169,8 @@ class Agent:
         if self.admission is not None:
             self.links.on_stream(AdmitAsk, self.admission.on_ask)
             self.links.barred = self.admission.barred
+        else:  # a swarm made before invitations: nothing to say to an ask (not a drop)
+            self.links.on_stream(AdmitAsk, _no_admission)
         self.control_ops: dict[str, ControlHandler] = {
             "status": typed_op(StatusRequest, lambda _: StatusRequest(), self._op_status),
             "leave": typed_op(LeaveRequest, lambda _: LeaveRequest(), self._op_leave),
