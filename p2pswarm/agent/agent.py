@@ -71,11 +71,11 @@ from p2pswarm.errors import (
     AuthenticationError,
     ConfigError,
     ControlError,
+    FellowRevoked,
     HandshakeRefused,
     NobodyListens,
     RemoteProtocolError,
     SwarmError,
-    TokenRefused,
 )
 from p2pswarm.home import scratch_dir
 from p2pswarm.inventory import CardSource
@@ -313,6 +313,9 @@ class Agent:
         if self.admission is not None:
             for data in self.admission.setup.revocations:  # kept across restarts
                 self.membership.revoke(data, now)
+            if self.admission.gate.revoked(self.node_id, self.name):
+                raise FellowRevoked("this fellow was revoked by the swarm's admin "
+                                    "(`p2pswarm revoke`); it is no member any more")
         self.election = self.world.election(self.node_id, self.name, self.config.election, self.rng,
                                  leader_priority=priority, now=now,
                                  term=self.votes.term, voted_for=self.votes.voted_for,
@@ -427,8 +430,8 @@ class Agent:
             self.admission.keep_revocations(self.membership.revocations())
             if event.node_id == self.node_id:  # this fellow itself: out, and told why
                 if self.failure is None:
-                    self.failure = TokenRefused("this fellow was revoked by the swarm's admin "
-                                                "(`p2pswarm revoke`); it is no member any more")
+                    self.failure = FellowRevoked("this fellow was revoked by the swarm's admin "
+                                                 "(`p2pswarm revoke`); it is no member any more")
                 self.stop()
             else:
                 self.admission.barred.add(event.node_id)  # its streams close, none reopen
