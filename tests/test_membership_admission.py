@@ -175,3 +175,18 @@ def test_a_flood_of_bad_signatures_costs_its_sender_its_allowance() -> None:
     assert {m.name for m in victim.membership.members()} == {"n000", "n001", "n002"}
     lab.run_for(10.0)
     assert _present(lab, 1) == {"n000", "n001", "n002"}
+
+
+def test_a_fellow_revoked_while_it_was_down_is_told_when_it_speaks_again() -> None:
+    lab = _settled(4)
+    admin = lab.admin
+    assert admin is not None
+    target = lab.nodes[3]
+    lab.crash(3)
+    rev = admin.revoke(0, name=target.name).encode()
+    lab._call(lab.nodes[0], lab.nodes[0].membership.revoke(rev, lab.now))
+    lab.run_for(60.0)  # the revocation's gossip is long over when it comes back
+    lab.restart(3)
+    lab.run_for(10.0)
+    assert target.membership.revocations() == (rev,)  # told: its agent then stops
+    assert all(target.name not in _present(lab, i) for i in (0, 1, 2))
