@@ -1,7 +1,7 @@
 """Admission with real `p2pswarm` processes: init, invite --uses 2, two fellows join, a third
 with the same invitation is refused in one line; revoke takes a fellow out within 10 s, and
-it stays out across restarts (the admin's, and its own); an expired invitation admits nobody; a plain token is told
-to ask for an invitation."""
+it stays out across restarts (the admin's, and its own); an expired invitation admits
+nobody; a plain token is told to ask for an invitation."""
 
 from __future__ import annotations
 
