@@ -9,6 +9,8 @@ STACK=${STACK:-p2pswarm}
 SECRET=p2pswarm_token                     # the Docker secret the stack reads the token from
 PORT=7782                                 # p2pswarm's default port (p2pswarm/config.py)
 TOKEN_FILE=${P2PSWARM_TOKEN_FILE:-${XDG_CONFIG_HOME:-$HOME/.config}/p2pswarm/token}
+ADMIN_HOME=${P2PSWARM_ADMIN_HOME:-${XDG_CONFIG_HOME:-$HOME/.config}/p2pswarm/admin}
+INVITE_TTL=${INVITE_TTL:-24h}             # how long the invitation in the secret admits
 PLATFORMS=${PLATFORMS:-linux/amd64,linux/arm64}
 VARIANTS=${VARIANTS:-cpu cuda}
 CUDA_BASE=${CUDA_BASE:-nvidia/cuda:12.4.1-runtime-ubuntu22.04}
@@ -74,21 +76,24 @@ token_from_json() {  # the "token" field of `p2pswarm init --json`
     sed -n 's/^ *"token": *"\([^"]*\)".*/\1/p'
 }
 
-make_token() {
-    # A new swarm's token, written to TOKEN_FILE (mode 600) through a pipe, never an
-    # argument. With p2pswarm installed here, by it; else by the image, once built.
+make_token() {  # make_token [USES]
+    # A new swarm's invitation (USES fellows, for INVITE_TTL), written to TOKEN_FILE (mode
+    # 600) through a pipe, never an argument. With p2pswarm installed here, by it, and the
+    # swarm's admin key stays in ADMIN_HOME (`p2pswarm invite --home ADMIN_HOME` makes
+    # more); else by the image, once built.
     mkdir -p "$(dirname "$TOKEN_FILE")"
-    local home
+    local uses=${1:-10}
     if command -v p2pswarm >/dev/null 2>&1; then
-        home=$(mktemp -d)
-        printf '+ p2pswarm init --home %s --json | (the token) > %s\n' "$home" "$TOKEN_FILE" >&2
-        (umask 077 && p2pswarm init --home "$home" --json | token_from_json > "$TOKEN_FILE") || true
-        rm -rf "$home"
+        printf '+ p2pswarm init --home %s --uses %s --ttl %s --json | (the token) > %s\n' \
+            "$ADMIN_HOME" "$uses" "$INVITE_TTL" "$TOKEN_FILE" >&2
+        (umask 077 && p2pswarm init --home "$ADMIN_HOME" --uses "$uses" --ttl "$INVITE_TTL" \
+            --json | token_from_json > "$TOKEN_FILE") || true
     elif [ -n "${REGISTRY:-}" ] || docker image inspect "$(image):cpu" >/dev/null 2>&1; then
-        printf '+ docker run --rm --network none --entrypoint p2pswarm %s init --home /tmp/swarm --json | (the token) > %s\n' \
-            "$(image):cpu" "$TOKEN_FILE" >&2
+        printf '+ docker run --rm --network none --entrypoint p2pswarm %s init --home /tmp/swarm --uses %s --ttl %s --json | (the token) > %s\n' \
+            "$(image):cpu" "$uses" "$INVITE_TTL" "$TOKEN_FILE" >&2
         (umask 077 && docker run --rm --network none --entrypoint p2pswarm "$(image):cpu" \
-            init --home /tmp/swarm --json | token_from_json > "$TOKEN_FILE") || true
+            init --home /tmp/swarm --uses "$uses" --ttl "$INVITE_TTL" --json \
+            | token_from_json > "$TOKEN_FILE") || true
     else
         return 1
     fi
@@ -96,7 +101,7 @@ make_token() {
     printf 'A new p2pswarm swarm; its join token is in %s (keep it secret).\n' "$TOKEN_FILE" >&2
 }
 
-ensure_secret() {
+ensure_secret() {  # ensure_secret [USES]
     # The token as the Docker secret, from TOKEN_FILE on stdin (`docker secret create
     # NAME -`). Returns 1 if there is no token yet and none can be made.
     if docker secret inspect "$SECRET" >/dev/null 2>&1; then
@@ -104,7 +109,7 @@ ensure_secret() {
         return 0
     fi
     if [ ! -s "$TOKEN_FILE" ]; then
-        make_token || return 1
+        make_token "${1:-}" || return 1
     fi
     printf '+ docker secret create %s - < %s\n' "$SECRET" "$TOKEN_FILE" >&2
     docker secret create "$SECRET" - < "$TOKEN_FILE" >/dev/null
@@ -228,8 +233,7 @@ cmd_push() {
 
 cmd_deploy() {
     need 0 "deploy" "$@"
-    ensure_secret || die "deploy: no join token: build the image first (deploy.sh build), install p2pswarm here, or put a token in $TOKEN_FILE"
-    local kind var
+    local kind var fellows=0
     P2PSWARM_SEEDS=$(seeds)
     [ -n "$P2PSWARM_SEEDS" ] || die "deploy: no machine is labelled yet: docker/deploy.sh label NODE server|desktop|laptop|rpi"
     export P2PSWARM_SEEDS
@@ -240,8 +244,12 @@ cmd_deploy() {
             printf -v "$var" '%s' "$(labelled "$kind" | grep -c . || true)"
         fi
         export "${var?}"
+        fellows=$((fellows + ${!var}))
     done
     export GPU_REPLICAS=${GPU_REPLICAS:-$(gpu_nodes)}
+    fellows=$((fellows + GPU_REPLICAS))
+    # the invitation admits as many fellows as the stack runs, for INVITE_TTL
+    ensure_secret "$fellows" || die "deploy: no join token: build the image first (deploy.sh build), install p2pswarm here, or put a token in $TOKEN_FILE"
     # shellcheck disable=SC2153  # the *_REPLICAS were set just above, by name
     printf 'seeds %s; fellows: %s server, %s desktop, %s laptop, %s rpi, %s gpu\n' \
         "$P2PSWARM_SEEDS" "$SERVER_REPLICAS" "$DESKTOP_REPLICAS" "$LAPTOP_REPLICAS" \

@@ -13,6 +13,7 @@
     ├── ConfigError                 bad settings, bad arguments, unusable state directory
     │   └── TokenError              a join token that is mistyped or malformed
     │       └── TokenRefused        the seeds refuse the token: it is another swarm's
+    ├── FellowRevoked               the swarm's admin revoked this fellow (its home is kept)
     ├── ControlError                the local agent could not be reached or refused a request
     ├── PlacementError              the planner cannot place what was asked
     │   ├── PlanChanged             a pinned plan_id no longer matches the live view (409)
@@ -92,6 +93,10 @@ class TokenError(ConfigError):
 class TokenRefused(TokenError):
     """The seeds answered and refused every handshake: the join token is not their
     swarm's."""
+
+
+class FellowRevoked(SwarmError):
+    """The swarm's admin key revoked this fellow: it is no member any more."""
 
 
 class ControlError(SwarmError):

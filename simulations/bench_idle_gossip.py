@@ -67,9 +67,9 @@ def inventory_config(rule: str) -> InventoryConfig:
 
 
 async def run(n: int, minutes: float, rule: str, noise: bool, seed: int,
-              churn_s: float = 0.0) -> dict[str, float]:
+              churn_s: float = 0.0, certificates: bool = False) -> dict[str, float]:
     config = dataclasses.replace(local(), inventory=inventory_config(rule))
-    swarm = VirtualSwarm(n, seed=seed, config=config)
+    swarm = VirtualSwarm(n, seed=seed, config=config, admission=certificates)
     rng = random.Random(seed)
     for fellow in swarm.fellows:
         fellow.cards = WanderingRam(random.Random(rng.random()), f"{fellow.name} CPU", noise)  # type: ignore[assignment]
@@ -112,9 +112,12 @@ def main() -> None:
     parser.add_argument("--churn", type=float, default=0.0, metavar="S",
                         help="crash and restart one fellow every S seconds; the others "
                         "are measured")
+    parser.add_argument("--certificates", action="store_true",
+                        help="every fellow admitted by certificate, checked by every other")
     args = parser.parse_args()
     figures = trio.run(run, args.fellows, args.minutes, args.rule, not args.quiet, args.seed,
-                       args.churn, clock=trio.testing.MockClock(autojump_threshold=0))
+                       args.churn, args.certificates,
+                       clock=trio.testing.MockClock(autojump_threshold=0))
     print(f"{args.fellows} idle fellows, {args.minutes:g} virtual minutes, rule {args.rule}, "
           f"{'no RAM noise' if args.quiet else 'RAM noise'}"
           f"{f', one fellow crashed and restarted every {args.churn:g} s' if args.churn else ''}:")

@@ -141,8 +141,10 @@ def dissemination(seed: int, n: int, loss: float, updates: int) -> list[tuple[in
 # --- traffic ------------------------------------------------------------------------------
 
 
-def traffic(seed: int, n: int, warm_s: float, measure_s: float) -> dict[str, float]:
-    lab = GossipLab(n, seed=seed, config=proposed("lan"), measure_bytes=True)
+def traffic(seed: int, n: int, warm_s: float, measure_s: float,
+            certificates: bool = False) -> dict[str, float]:
+    lab = GossipLab(n, seed=seed, config=proposed("lan"), measure_bytes=True,
+                    admission=certificates)
     lab.start(converged=True)
     lab.run_until(warm_s)
     d0 = sum(x.sent_datagrams for x in lab.nodes)
@@ -160,10 +162,11 @@ def traffic(seed: int, n: int, warm_s: float, measure_s: float) -> dict[str, flo
 # --- leader failover ----------------------------------------------------------------------
 
 
-def failover_trials(args: tuple[int, int, int]) -> list[float]:
+def failover_trials(args: tuple[int, int, int, bool]) -> list[float]:
     """Crash the leader; time until every live fellow names the same new leader."""
-    seed, n, trials = args
-    lab = GossipLab(n, seed=seed, config=proposed("wifi"), radio=BURSTY_5)
+    seed, n, trials, certificates = args
+    lab = GossipLab(n, seed=seed, config=proposed("wifi"), radio=BURSTY_5,
+                    admission=certificates)
     lab.start(converged=True)
     lab.run_until(30.0)
     out: list[float] = []
@@ -190,10 +193,12 @@ def failover_trials(args: tuple[int, int, int]) -> list[float]:
     return out
 
 
-def failover_figure(n: int, trials: int, jobs: int, seed: int) -> tuple[float, float, int]:
+def failover_figure(n: int, trials: int, jobs: int, seed: int,
+                    certificates: bool = False) -> tuple[float, float, int]:
     per_job = max(1, trials // jobs)
     times: list[float] = []
-    for part in _map(failover_trials, [(seed + j, n, per_job) for j in range(jobs)], jobs):
+    for part in _map(failover_trials, [(seed + j, n, per_job, certificates)
+                                       for j in range(jobs)], jobs):
         times.extend(part)
     return pct(times, 0.5), pct(times, 0.99), len(times)
 
@@ -252,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hours", type=float, default=None, help="hours for the false-dead run")
     ap.add_argument("--only", default="", help="comma-separated figure names")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--certificates", action="store_true",
+                    help="every fellow admitted by certificate, checked by every other")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--trials", type=int, default=60, help="crashes per crash figure")
     ap.add_argument("--agent-seconds", type=float, default=600.0,
@@ -305,14 +312,15 @@ def main(argv: list[str] | None = None) -> int:
             f"N=1000 wifi, 20% loss, worst of {len(runs)} updates to 99.99%; a round is "
             f"one {interval:g} s gossip interval, a hop one forwarding")
     if want("traffic"):
-        t = traffic(args.seed, 100, 120.0, 300.0)
+        t = traffic(args.seed, 100, 120.0, 300.0, args.certificates)
         ok = t["bytes_per_s"] <= 300.0 and t["datagrams_per_s"] <= 3.0
         row("traffic", f"{t['bytes_per_s']:.0f} B/s, {t['datagrams_per_s']:.2f} dgram/s",
             "<=300 B/s <=3 dgram/s", ok,
             f"N=100 lan clean, steady, sent per fellow (+{SEAL_OVERHEAD_BYTES} B seal); "
             f"streams {t['stream_bytes_per_s']:.0f} B/s of it")
     if want("failover"):
-        p50, p99, k = failover_figure(50, args.trials, args.jobs, args.seed)
+        p50, p99, k = failover_figure(50, args.trials, args.jobs, args.seed,
+                                      args.certificates)
         row("failover", f"p50 {p50:.2f} s, p99 {p99:.2f} s", "p50<=2.5 p99<=6",
             p50 <= 2.5 and p99 <= 6.0, f"N=50 wifi, GE 5%/0.3 s, {k} leader crashes")
     if want("agents_speed"):

@@ -37,7 +37,7 @@ def test_init_prints_a_token_and_keeps_keys_private(tmp_path) -> None:
     result = invoke("init", "--home", str(tmp_path / "h"), "--json")
     assert result.exit_code == 0, result.output
     token = json.loads(result.output)["token"]
-    assert token.startswith("p2ps1-")
+    assert token.startswith("p2pi1-")  # an invitation: secret and admin-signed invitation
     for path in (tmp_path / "h").iterdir():
         assert path.stat().st_mode & 0o077 == 0, path
     again = invoke("init", "--home", str(tmp_path / "h"))

@@ -240,8 +240,9 @@ def test_deploy_makes_the_token_secret_and_one_fellow_per_labelled_machine(
     printed = ok(docker.run("deploy"))
     calls = docker.calls()
     argvs = [c["argv"] for c in calls]
+    # an invitation for the five fellows the stack runs, for a day
     assert ["run", "--rm", "--network", "none", "--entrypoint", "p2pswarm", "p2pswarm:cpu",
-            "init", "--home", "/tmp/swarm", "--json"] in argvs
+            "init", "--home", "/tmp/swarm", "--uses", "5", "--ttl", "24h", "--json"] in argvs
     create = next(c for c in calls if c["argv"][:2] == ["secret", "create"])
     assert create["argv"] == ["secret", "create", "p2pswarm_token", "-"]
     assert create["stdin"].strip() == MADE_TOKEN

@@ -41,6 +41,7 @@ import trio
 
 from p2pswarm import effects as fx
 from p2pswarm import wire
+from p2pswarm.agent.admission import Admission, legacy_join_refused
 from p2pswarm.agent.alarm import Alarm, LoopLag
 from p2pswarm.agent.card_news import CardNews
 from p2pswarm.agent.compute import Compute
@@ -69,7 +70,9 @@ from p2pswarm.control.server import serve_control
 from p2pswarm.election import Election
 from p2pswarm.errors import (
     AuthenticationError,
+    ConfigError,
     ControlError,
+    FellowRevoked,
     KeyRefused,
     NobodyListens,
     RemoteProtocolError,
@@ -84,10 +87,11 @@ from p2pswarm.security.ballots import Signatures
 from p2pswarm.transport.base import DeliversDatagrams, Transport
 from p2pswarm.transport.secure import SecureStream
 from p2pswarm.wire.base import Hello, HelloAck
-from p2pswarm.wire.control import LeaveRequest, StatusRequest
+from p2pswarm.wire.control import LeaveRequest, RevokeRequest, StatusRequest
 from p2pswarm.wire.gossip import (
     ELECTION_TAGS,
     MEMBERSHIP_TAGS,
+    AdmitAsk,
     Alive,
     MemberRecord,
     MetaPull,
@@ -102,6 +106,10 @@ STREAM_REQUEST_TIMEOUT_S = 5.0  # a membership stream request gives up after thi
 LAG_LOGGED_S = 1.0  # a timer this late is worth a log line (at most one a minute)
 
 _MEMBERSHIP_STREAM_TYPES = (Ping, SyncDigest, SyncRecords, MetaPull, Alive)
+
+
+async def _no_admission(message: Any, stream: SecureStream) -> None:
+    return None
 _LOGGED_EVENTS = {
     fx.JOINED: logging.INFO, fx.MEMBER_JOINED: logging.INFO, fx.SUSPECT: logging.INFO,
     fx.ALIVE: logging.INFO, fx.DEAD: logging.WARNING, fx.LEFT: logging.INFO,
@@ -160,9 +168,18 @@ class Agent:
         self.links.on_stream(Hello, self._on_stream_hello)
         for t in _MEMBERSHIP_STREAM_TYPES:
             self.links.on_stream(t, self._on_membership_stream)
+        # admission, where the home holds an admin key's admission file (None: off)
+        self.admission = None if world.admission is None else Admission(
+            world.name, world.identity, world.home, world.admission)
+        if self.admission is not None:
+            self.links.on_stream(AdmitAsk, self.admission.on_ask)
+            self.links.barred = self.admission.barred
+        else:  # a swarm made before invitations: nothing to say to an ask (not a drop)
+            self.links.on_stream(AdmitAsk, _no_admission)
         self.control_ops: dict[str, ControlHandler] = {
             "status": typed_op(StatusRequest, lambda _: StatusRequest(), self._op_status),
             "leave": typed_op(LeaveRequest, lambda _: LeaveRequest(), self._op_leave),
+            "revoke": typed_op(RevokeRequest, lambda _: RevokeRequest(b""), self._op_revoke),
         }
         self._nursery: trio.Nursery | None = None
         self.alarm = Alarm(world.transport, self._ring)
@@ -285,15 +302,27 @@ class Agent:
         """Join the swarm and run until ``stop()`` or cancellation."""
         now = self.started_s = trio.current_time()
         self.card_news.start()
+        priority, certificate, gated = self.world.leader_priority, b"", {}
+        if self.admission is not None:  # our certificate first: asked of the seeds if new
+            certificate = await self.admission.obtain(self.links.call, self.world.seeds)
+            priority = self.admission.capped_priority(priority)
+            gated = {"admission": self.admission.gate}
+            now = trio.current_time()
         local = LocalNode(self.node_id, self.name, self.addr, self.identity.public_key,
-                          self.world.leader_priority)
+                          priority, certificate)
         self.membership = self.world.membership(
             local, self.config.gossip, self.rng, sign=self.identity.sign, verify=verify,
             now=now, metadata=self._metadata(),
             datagram_budget_bytes=self.config.transport.max_datagram_bytes
-            - self.sealer.overhead_bytes, epoch=self.sealer.epoch)
+            - self.sealer.overhead_bytes, epoch=self.sealer.epoch, **gated)
+        if self.admission is not None:
+            for data in self.admission.setup.revocations:  # kept across restarts
+                self.membership.revoke(data, now)
+            if self.admission.gate.revoked(self.node_id, self.name):
+                raise FellowRevoked("this fellow was revoked by the swarm's admin "
+                                    "(`p2pswarm revoke`); it is no member any more")
         self.election = self.world.election(self.node_id, self.name, self.config.election, self.rng,
-                                 leader_priority=self.world.leader_priority, now=now,
+                                 leader_priority=priority, now=now,
                                  term=self.votes.term, voted_for=self.votes.voted_for,
                                  voters=self.votes.electorate,
                                  signatures=Signatures(self.identity.sign, fellow_signed))
@@ -311,6 +340,8 @@ class Agent:
                     nursery.start_soon(self.alarm.run)
                     nursery.start_soon(self.links.watch.run)
                 nursery.start_soon(self._reconnect_loop)
+                if self.admission is None and self.world.ask_seeds_about_admission:
+                    nursery.start_soon(self._ask_seeds_about_admission)
                 if self.card_source is not None:
                     nursery.start_soon(self.card_news.run)
                 if self.home is not None:
@@ -384,6 +415,9 @@ class Agent:
             effects = self._feed_election()
         if self.left and self.membership is not None and self.membership.leave_spread:
             self.leaving.spread()
+        if self.admission is not None and self.membership is not None \
+                and self.admission.revocations_changed():  # gossiped ones are kept too
+            self.admission.keep_revocations(self.membership.revocations())
         self.alarm.set(self._next_deadline(), trio.current_time())
 
     def _feed_election(self) -> list[Any]:
@@ -397,6 +431,17 @@ class Agent:
     def _note(self, event: fx.Event) -> None:
         if self.world.on_event is not None:
             self.world.on_event(event)
+        if event.kind == fx.REAPED and self.admission is not None \
+                and self.membership is not None and "revoked" in event.detail:
+            self.admission.keep_revocations(self.membership.revocations())
+            if event.node_id == self.node_id:  # this fellow itself: out, and told why
+                if self.failure is None:
+                    self.failure = FellowRevoked("this fellow was revoked by the swarm's admin "
+                                                 "(`p2pswarm revoke`); it is no member any more")
+                self.stop()
+            else:
+                self.admission.barred.add(event.node_id)  # its streams close, none reopen
+                self.links.close_fellow(event.node_id)
         if event.kind == fx.DEAD and self.membership is not None:
             member = self.membership.member(event.node_id)
             if member is not None:  # remember where it was: after a partition, call again
@@ -492,6 +537,16 @@ class Agent:
                                                          trio.current_time()))
             except Exception as exc:  # a hostile reply costs that reply, not the agent
                 self._handler_failed("reply", request.addr, exc)
+
+    async def _ask_seeds_about_admission(self) -> None:
+        """A fellow without admission (a plain join token, or a home made before
+        invitations) asks its seeds once: a swarm with an admin key answers that it admits
+        by invitation only, and this fellow stops with that line instead of running unseen."""
+        failure = await legacy_join_refused(self.links.call, self.world.seeds,
+                                            self.identity.public_key, self.name)
+        if failure is not None and self.failure is None:
+            self.failure = failure
+            self.stop()
 
     def _refused_at_join(self, addr: str) -> None:
         """A seed refused our handshake before any let us in: after a few, the token is
@@ -633,6 +688,19 @@ class Agent:
 
     async def _op_status(self, request: StatusRequest) -> StatusDoc:
         return self.status()
+
+    async def _op_revoke(self, request: RevokeRequest) -> dict[str, int | bool]:
+        """Take in an admin-signed revocation from the CLI: kept, gossiped, applied."""
+        if self.admission is None or self.membership is None:
+            raise ConfigError("this fellow's swarm has no admin key: nothing to revoke "
+                              "(run `p2pswarm init --upgrade` on the fellow that ran init)")
+        before = len(self.membership.members())
+        self._apply(self.membership.revoke(request.revocation, trio.current_time()))
+        kept = request.revocation in self.membership.revocations()
+        if not kept:
+            raise ConfigError("the revocation is not signed by this swarm's admin key")
+        self.admission.keep_revocations(self.membership.revocations())
+        return {"kept": kept, "removed": before - len(self.membership.members())}
 
     async def _op_leave(self, request: LeaveRequest) -> dict[str, int | bool]:
         """Say goodbye, answer how it went, then stop. ``stop`` only sets an event: the

@@ -61,8 +61,10 @@ class Links:
         self._counters = counters
         self._handlers: dict[type, StreamHandler] = {}
         self._streams_of: Counter[bytes] = Counter()  # accepted streams open, per fellow
-        self._open: dict[bytes, set[SecureStream]] = {}  # the same streams, for the watch
+        # accepted streams per fellow: the watch reads them, a revocation cancels them
+        self._open: dict[bytes, dict[SecureStream, trio.CancelScope]] = {}
         self.watch = watch
+        self.barred: set[bytes] = set()  # revoked fellows: no stream of theirs is answered
 
     def on_stream(self, message_type: type, handler: StreamHandler) -> None:
         """Answer streams whose first envelope is ``message_type`` (see StreamHandler)."""
@@ -114,28 +116,40 @@ class Links:
             await raw.aclose()
             return
         fellow = stream.peer_node_id
+        if fellow in self.barred:
+            self._counters.drop("stream-revoked")
+            await stream.aclose()
+            return
         if self._streams_of[fellow] >= self._config.transport.max_streams_per_fellow:
             self._counters.drop("stream-fellow-cap")  # a token holder's streams are bounded
             await stream.aclose()
             return
         self._streams_of[fellow] += 1
-        self._open.setdefault(fellow, set()).add(stream)
+        scope = trio.CancelScope()
+        self._open.setdefault(fellow, {})[stream] = scope
         try:
-            await self._answer(stream)
+            with scope:
+                await self._answer(stream)
         finally:
             self._streams_of[fellow] -= 1
             if not self._streams_of[fellow]:
                 del self._streams_of[fellow]
-            open_now = self._open.get(fellow, set())
-            open_now.discard(stream)
-            if not open_now:
-                self._open.pop(fellow, None)
+            open_now = self._open.get(fellow)
+            if open_now is not None:
+                open_now.pop(stream, None)
+                if not open_now:
+                    del self._open[fellow]
             await stream.aclose()
 
     def held(self) -> dict[bytes, Held]:
         """What each fellow's streams into this agent hold now (for the self watch)."""
         return {fellow: Held(len(streams), sum(s.held_bytes() for s in streams))
                 for fellow, streams in self._open.items()}
+
+    def close_fellow(self, fellow: bytes) -> None:
+        """Close every stream ``fellow`` opened to us (revoked)."""
+        for scope in self._open.get(fellow, {}).values():
+            scope.cancel()
 
     async def _answer(self, stream: SecureStream) -> None:
         """Answer request envelopes until the peer closes, misbehaves or falls silent for

@@ -15,6 +15,7 @@ from typing import Any
 import trio
 
 from p2pswarm.agent.address import advertised
+from p2pswarm.agent.admission import AdmissionSetup
 from p2pswarm.agent.agent import Agent
 from p2pswarm.agent.card_news import cached_benchmarks
 from p2pswarm.agent.world import AgentWorld, Compute
@@ -86,6 +87,7 @@ async def run_node(settings: NodeSettings, *,
             advertise=advertised(transport.local_addr, settings.advertise, settings.seeds),
             leader_priority=settings.leader_priority, card_source=settings.card_source,
             metadata=benchmarks, compute=Compute(nice=settings.config.compute.nice),
+            admission=AdmissionSetup.of_home(settings.home), ask_seeds_about_admission=True,
         ))
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from p2pswarm.agent.admission import AdmissionSetup
 from p2pswarm.agent.compute import Compute
 from p2pswarm.agent.serving.runtime import StageRuntime
 from p2pswarm.agent.votes import VoteRecord
@@ -72,6 +73,10 @@ class AgentWorld:
     election: ElectionFactory = Election  # builds the election machine
     compute: Compute = field(default_factory=Compute)  # torch on worker threads, or inline
     services: Services = field(default_factory=Services)
+    admission: AdmissionSetup | None = None  # certificates asked and checked; None: off
+    # without admission: ask the seeds whether their swarm admits by invitation (then stop,
+    # saying so) rather than run unseen; `p2pswarm join` does, simulations need not
+    ask_seeds_about_admission: bool = False
 
 
 __all__ = [

@@ -8,7 +8,8 @@ human text. Every command that prints data takes `--json`. One module per role:
 - ``local_agent``: asking the agent of --home over the control API
 - ``render``: a plan as bars and tables; ``plan_changed``: a refused pinned plan explained
 - ``plan_request``: the options that say what a plan asks for
-- commands: ``swarm`` (init, join, leave, status), ``demo``, ``loads`` (load, loads,
+- commands: ``swarm`` (init, join, leave, status), ``admission`` (invite, revoke, and
+  what init does of the admin key), ``demo``, ``loads`` (load, loads,
   unload), ``generate`` (generate, chat), ``plans`` (plan, cluster), ``cards`` (cards,
   bench), ``mcp_stdio`` (mcp), ``training`` (train, jobs), ``simulate``
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 # Importing a command module registers its commands; this order is the order of --help.
 from p2pswarm.cli import swarm  # noqa: F401  (init, join, leave, status)
+from p2pswarm.cli import admission  # noqa: F401  (invite, revoke)
 from p2pswarm.cli import demo  # noqa: F401
 from p2pswarm.cli import loads  # noqa: F401  (load, loads, unload)
 from p2pswarm.cli import generate  # noqa: F401  (generate, chat)

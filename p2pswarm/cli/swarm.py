@@ -1,5 +1,6 @@
-"""Being in a swarm: init (a new secret and its join token), join (run the agent), leave,
-and status (this fellow, the fellows it knows, the leader, traffic)."""
+"""Being in a swarm: join (run the agent; with an invitation, admitted first), leave, and
+status (this fellow, the fellows it knows, the leader, traffic). `init` lives in
+``admission``."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import socket
 import sys
 from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from p2pswarm.cli import admission
 from p2pswarm.cli.app import HomeOption, JsonOption, app, home_dir, print_json
 from p2pswarm.cli.exits import EXIT_FAILURE, EXIT_USAGE, exits_on, fail
 from p2pswarm.cli.local_agent import ask_agent
@@ -21,6 +23,9 @@ from p2pswarm.config import DEFAULT_PORT, split_addr
 from p2pswarm.control.requests import request_map
 from p2pswarm.errors import TokenRefused
 from p2pswarm.wire.control import LeaveRequest, StatusRequest
+
+if TYPE_CHECKING:
+    from p2pswarm.home import Home
 
 if sys.version_info < (3, 11):  # trio's own dependency there
     from exceptiongroup import BaseExceptionGroup
@@ -67,30 +72,6 @@ def read_token_file(path: str, given_as: str) -> str:
         fail(f"{given_as} {path} does not hold a join token: put only the token from "
              "`p2pswarm init` in it")
     return text
-
-
-@app.command()
-@exits_on()
-def init(
-    home: Optional[Path] = HomeOption,
-    force: bool = typer.Option(False, "--force", help="Replace a swarm already in --home."),
-    as_json: bool = JsonOption,
-) -> None:
-    """Make a new swarm: a secret in the state directory, and a join token to share."""
-    from p2pswarm.home import Home
-
-    directory = home_dir(home)
-    with exits_on(EXIT_USAGE):
-        secret = Home(directory).init(force=force)
-    token = secret.token()
-    if as_json:
-        print_json({"home": str(directory), "token": token})
-        return
-    typer.echo(f"New swarm in {directory}.\nJoin token (keep it secret; anyone holding it "
-               f"can join):\n\n  {token}\n\n"
-               f"On every machine:  P2PSWARM_TOKEN={token} p2pswarm join SEED:{DEFAULT_PORT}\n"
-               "(or --token-file FILE; --token works too, but `ps` shows "
-               "it to every user of the machine)")
 
 
 @app.command()
@@ -149,6 +130,7 @@ def join(
     from p2pswarm.home import Home
     from p2pswarm.inventory import local_card_source
     from p2pswarm.security import SwarmSecret
+    from p2pswarm.security.invitation_token import is_invitation_token
 
     directory = home_dir(home)
     with exits_on(EXIT_USAGE):
@@ -173,7 +155,10 @@ def join(
         written: bytes | None = None
         if text is not None:
             had_swarm = state.has_swarm()
-            state.join_swarm(SwarmSecret.from_token(text), force=force)
+            if is_invitation_token(text):
+                admission.take_invitation(directory, text, force=force)
+            else:
+                state.join_swarm(SwarmSecret.from_token(text), force=force)
             written = None if had_swarm else state.written_keyring()
         state.load_keyring()  # refuse early: no swarm, or key files others can read
         cards = local_card_source(gpus=gpus, cpu_memory=cpu_memory, no_cpu=no_cpu,
@@ -197,10 +182,20 @@ def join(
             pass
         except TokenRefused:
             if written is not None:
-                state.forget_swarm(written)
+                forget_new_swarm(state, written)
             raise
         except BaseExceptionGroup as group:  # a service that failed to start: its one line
-            raise first_swarm_error(group) from None
+            found = first_swarm_error(group)
+            if isinstance(found, TokenRefused) and written is not None:
+                forget_new_swarm(state, written)
+            raise found from None
+
+
+def forget_new_swarm(state: Home, written: bytes) -> None:
+    """A join the swarm refused leaves a home that held no swarm as it found it: no keys,
+    no invitation; only what this run wrote goes (``Home.forget_swarm``)."""
+    if state.forget_swarm(written):
+        (state.path / "admission.json").unlink(missing_ok=True)
 
 
 def first_swarm_error(group: BaseExceptionGroup) -> BaseException:

@@ -46,6 +46,7 @@ from p2pswarm.membership.broadcasts import item_bytes
 from p2pswarm.membership.clock import Clock
 from p2pswarm.membership.detector import FailureDetector, Verdict
 from p2pswarm.membership.dissemination import Dissemination
+from p2pswarm.membership.gate import AdmissionGate
 from p2pswarm.membership.join import Join
 from p2pswarm.membership.leave import LeaveHandshake
 from p2pswarm.membership.member import LocalNode, Member
@@ -56,6 +57,7 @@ from p2pswarm.membership.proofs import (
     ProofCache,
     Signer,
     Verifier,
+    left_signed_bytes,
     meta_signed_bytes,
 )
 from p2pswarm.membership.refutation import Refuter
@@ -77,6 +79,7 @@ from p2pswarm.wire.gossip import (  # importing it registers the messages with t
     Noted,
     Ping,
     PingReq,
+    Revoked,
     Suspect,
     SyncDigest,
     SyncRecords,
@@ -121,6 +124,7 @@ class Membership:
         metadata: bytes = b"",
         datagram_budget_bytes: int = 1340,
         epoch: int = 0,
+        admission: AdmissionGate | None = None,
     ) -> None:
         self._clock = Clock(now)  # the latest `now` we were given
         self._own = OwnRecord(local, sign, self._clock, config.tuning.meta_inline_bytes,
@@ -144,6 +148,12 @@ class Membership:
                                        self.stats, config.tuning.meta_pull_retry_s)
         self._updates = Updates(local.node_id, local.name, config, self._roster, self._detector,
                                 self._gossip, self._book, self._proofs, self.stats)
+        # where the swarm has an admin key: only certified fellows are members
+        self.admission = admission
+        self._updates.gate = admission
+        if admission is not None:
+            admission.stats = self.stats
+        self._sign = sign
         self._prober = Prober(local.node_id, self._detector, self._roster, self._gossip,
                               self._requests, config.tuning.meta_inline_bytes)
         self._leave = LeaveHandshake(config, self._roster, self._detector.next_seq)
@@ -159,7 +169,7 @@ class Membership:
             PingReq: self._on_ping_req, Alive: self._on_alive, Suspect: self._on_suspect,
             Dead: self._on_dead, Left: self._on_left, SyncSame: self._on_nothing,
             SyncSummary: self._sync.on_summary, SyncRecords: self._on_sync_records,
-            MetaPush: self._book.on_push, Noted: self._on_nothing,
+            MetaPush: self._book.on_push, Noted: self._on_nothing, Revoked: self._on_revoked,
         }
 
     # --- views -------------------------------------------------------------------------
@@ -304,7 +314,7 @@ class Membership:
         out: list[Effect] = []
         if self._leave.leaving:
             return out
-        goodbye = Left(self.node_id, self.incarnation)
+        goodbye = self._goodbye()
         self._leave.begin(goodbye, now, out)
         self._gossip.queue.add(self.node_id, goodbye)
         self._detector.probe = None
@@ -425,7 +435,7 @@ class Membership:
             return self._sync.answer_digest(message), out
         if t is SyncRecords:
             self._heard(message.source, now)
-            self._merge_records(message.records, message.source, now, out)
+            self._merge_records(message.records, message.source, now, out, sender_addr)
             return self._sync.answer_records(message), out
         if t is MetaPull:
             records = tuple(r for r in (self._sync.record(n) for n in message.nodes)
@@ -491,7 +501,7 @@ class Membership:
         if not self._join.joined and not leaving and now >= self._join.next_at:
             self._join.attempt(now, out)
         if self._leave.due(now):
-            self._leave.ask_again(Left(self.node_id, self.incarnation), now, out)
+            self._leave.ask_again(self._goodbye(), now, out)
         self._prober.expire_relays(now, out)
         if not leaving:
             verdict = self._prober.timeouts(now, out)
@@ -536,6 +546,8 @@ class Membership:
         """Do what the failure detector's verdict on a fellow says."""
         target, kind = verdict.target, verdict.kind
         e = self._roster.get(target)
+        if e is None and kind != "healthy":
+            return  # expelled (revoked) while the probe was out
         if kind == "healthy":
             if e is not None:
                 e.last_heard = now
@@ -561,6 +573,11 @@ class Membership:
         """Every refutation goes through here (see ``refutation``): the simulation harness
         plants a fellow that never refutes by overriding it."""
         self._refuter.refute(seen_incarnation, accuser, sender_addr, now, out)
+
+    def _goodbye(self) -> Left:
+        """Our ``Left``, signed: nobody else can make us left."""
+        return Left(self.node_id, self.incarnation,
+                    self._sign(left_signed_bytes(self.node_id, self.incarnation)))
 
     def _alive_msg(self) -> Alive:
         return self._own.alive()
@@ -651,6 +668,35 @@ class Membership:
         else:
             self._updates.left(msg, now, out)
 
+    @_entry
+    def revoke(self, data: bytes, now: float) -> list[Effect]:
+        """Take in an admin-signed revocation (from the CLI, a home, or a fellow): the
+        fellows it names are out of the view at once, and it is gossiped on."""
+        out: list[Effect] = []
+        self._on_revoked(Revoked(data), "", now, out)
+        return out
+
+    def revocations(self) -> tuple[bytes, ...]:
+        """Every revocation taken in (to keep across restarts)."""
+        gate = self.admission
+        return () if gate is None else tuple(r.encode() for r in gate.revocations())
+
+    def _on_revoked(self, msg: Revoked, addr: str, now: float, out: list[Effect]) -> None:
+        gate = self.admission
+        if gate is None:
+            return
+        rev = gate.revoke(msg.revocation)
+        if rev is None:
+            return
+        self._gossip.queue.add(b"revoked:" + rev.signature[:16], msg)
+        for e in list(self._roster.members.values()):
+            if rev.covers(e.node, e.name):
+                self._updates.expel(e.node, "revoked by the admin key", now, out)
+        if rev.covers(self.node_id, self.local.name):
+            out.append(Event(fx.REAPED, self.node_id, self.local.name,
+                             "this node was revoked by the admin key", self.incarnation,
+                             self.node_id))
+
     # --- state changes -----------------------------------------------------------------
 
     def _changed(self, roster: bool = True) -> None:
@@ -667,7 +713,7 @@ class Membership:
     def _on_sync_records(self, msg: SyncRecords, addr: str, now: float,
                          out: list[Effect]) -> None:
         self._heard(msg.source, now)
-        self._merge_records(msg.records, msg.source, now, out)
+        self._merge_records(msg.records, msg.source, now, out, addr)
         if not self._join.joined:
             self._join.done()
             self._changed()  # the election waits for this, even if no record was new
@@ -678,7 +724,23 @@ class Membership:
                              "alive"))
 
     def _merge_records(self, records: Sequence[MemberRecord], source: bytes, now: float,
-                       out: list[Effect]) -> None:
+                       out: list[Effect], sender_addr: str = "") -> None:
+        gate = self.admission
+        if gate is None:
+            self._merge_each(records, now, out, source)
+            return
+        # many records in one message: a cap on the signature checks it may cost, paid
+        # from its sender's budget
+        gate.begin_message()
+        self._updates.sender = sender_addr or source.hex()  # its address: not its word
+        try:
+            self._merge_each(records, now, out, source)
+        finally:
+            gate.end_message()
+            self._updates.sender = ""
+
+    def _merge_each(self, records: Sequence[MemberRecord], now: float, out: list[Effect],
+                    source: bytes) -> None:
         for r in records:
             if r.node != self.node_id:
                 self._sync.merge(r, source, now, out)

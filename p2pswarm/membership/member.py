@@ -26,6 +26,7 @@ class LocalNode:
     addr: str
     public_key: bytes
     priority: int = 0  # leader priority: a wired, always-on machine gets a higher one
+    certificate: bytes = b""  # its admission (security.admission.Certificate), if any
 
 
 @dataclass(frozen=True, slots=True)

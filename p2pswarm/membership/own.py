@@ -57,7 +57,8 @@ class OwnRecord:
         metadata = inline(self.metadata, self.meta_signature, self._inline_bytes) \
             if self._clock.now < self.meta_news_until else (b"", None)
         return Alive(loc.node_id, self.incarnation, loc.name, loc.addr, loc.public_key,
-                     self.meta_version, loc.priority, *metadata, self.epoch, self.sign_alive())
+                     self.meta_version, loc.priority, *metadata, self.epoch, self.sign_alive(),
+                     loc.certificate)
 
     @staticmethod
     def state(left: bool) -> int:
@@ -68,7 +69,7 @@ class OwnRecord:
         return MemberRecord(loc.node_id, self.incarnation, self.state(left),
                             loc.name, loc.addr, loc.public_key, loc.priority, self.meta_version,
                             self.metadata, self.meta_signature, self.meta_version, self.epoch,
-                            self.sign_alive())
+                            self.sign_alive(), loc.certificate)
 
     def view(self, left: bool) -> Member:
         loc = self.local

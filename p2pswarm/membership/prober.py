@@ -135,7 +135,7 @@ class Prober:
         e = self._roster.get(msg.target)
         if e is not None and e.state in GONE:
             news = Dead(e.node, e.incarnation, self._node_id) if e.state == DEAD \
-                else Left(e.node, e.incarnation)
+                else Left(e.node, e.incarnation, e.left_signature)
             self._dissemination.send(out, addr, [Nack(msg.seq), news],
                                      NACK_ITEM + item_bytes(news))
             return
@@ -144,6 +144,11 @@ class Prober:
             held = e.meta_signature if e.meta_version == e.alive_meta_version else None
             alive = e.alive(inline(e.metadata, held, self._inline_bytes))
             out.append(SendDatagram(addr, (alive,)))
+        if e is None or e.addr != msg.target_addr:
+            # only to a member, at its own address: a relay is no way to make us ping
+            # anyone a fellow names
+            self._detector.stats["ping_reqs_refused"] += 1
+            return
         seq = self._detector.relay(addr, msg.seq, msg.target, now)
         self._ping(seq, msg.target, msg.target_addr, out)
 

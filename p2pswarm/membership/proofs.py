@@ -25,6 +25,7 @@ AliveFields = tuple[bytes, int, str, str, bytes, int, int, int]  # as alive_sign
 
 _ALIVE_DOMAIN = b"p2pswarm-alive\x00"
 _META_DOMAIN = b"p2pswarm-meta\x00"
+_LEFT_DOMAIN = b"p2pswarm-left\x00"
 _FIXED = struct.Struct(">16sIIiQ32s")  # node, incarnation, meta version, priority, epoch, key
 U32_MAX = 2**32 - 1
 
@@ -38,6 +39,11 @@ def alive_signed_bytes(node: bytes, incarnation: int, name: str, addr: str,
     return (_ALIVE_DOMAIN
             + _FIXED.pack(node, incarnation, meta_version, priority, epoch, public_key)
             + struct.pack(">H", len(name_b)) + name_b + struct.pack(">H", len(addr_b)) + addr_b)
+
+
+def left_signed_bytes(node: bytes, incarnation: int) -> bytes:
+    """What a fellow signs for its goodbye: nobody else can make it left."""
+    return _LEFT_DOMAIN + node + struct.pack(">I", incarnation)
 
 
 def meta_signed_bytes(node_id: bytes, version: int, metadata: bytes) -> bytes:
@@ -98,6 +104,14 @@ class ProofCache:
             msg.node, msg.incarnation, msg.name, msg.addr, msg.public_key, msg.meta_version,
             msg.priority, msg.epoch))
 
+    def known_alive(self, msg: Alive) -> bool:
+        """Whether ``msg``'s signature was checked already (a check that costs nothing)."""
+        if msg.signature is None:
+            return True  # refused without a check
+        return (msg.signature, alive_signed_bytes(
+            msg.node, msg.incarnation, msg.name, msg.addr, msg.public_key, msg.meta_version,
+            msg.priority, msg.epoch)) in self._seen
+
     def proven(self, msg: Alive) -> bool:
         """``alive``, counting what fails: an Alive counts only if its owner signed it."""
         if node_id_of(msg.public_key) != msg.node:
@@ -139,5 +153,6 @@ __all__ = [
     "Signer",
     "Verifier",
     "alive_signed_bytes",
+    "left_signed_bytes",
     "meta_signed_bytes",
 ]

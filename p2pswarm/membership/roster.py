@@ -43,8 +43,10 @@ class Entry:
         "alive_meta_version",
         "alive_signature",
         "announced_meta",
+        "certificate",
         "incarnation",
         "last_heard",
+        "left_signature",
         "meta_signature",
         "meta_version",
         "metadata",
@@ -75,17 +77,20 @@ class Entry:
         self.alive_meta_version = 0
         self.alive_epoch = 0
         self.alive_signature: bytes | None = None
+        self.certificate = b""  # its admission, as its Alive carried it
+        self.left_signature: bytes | None = None  # its own goodbye, once it left
 
     def signed(self, msg: Alive) -> None:
         self.alive_meta_version = msg.meta_version
         self.alive_epoch = msg.epoch
         self.alive_signature = msg.signature
+        self.certificate = msg.certificate
 
     def alive(self, metadata: tuple[bytes, bytes | None] = (b"", None)) -> Alive:
         """The owner's Alive as it signed it, with ``metadata`` riding along."""
         return Alive(self.node, self.incarnation, self.name, self.addr, self.public_key,
                      self.alive_meta_version, self.priority, *metadata, self.alive_epoch,
-                     self.alive_signature)
+                     self.alive_signature, self.certificate)
 
     def view(self) -> Member:
         return Member(self.node, self.name, self.addr, STATE_NAMES[self.state],
@@ -96,7 +101,7 @@ class Entry:
         return MemberRecord(self.node, self.incarnation, self.state, self.name, self.addr,
                             self.public_key, self.priority, self.meta_version, self.metadata,
                             self.meta_signature, self.alive_meta_version, self.alive_epoch,
-                            self.alive_signature)
+                            self.alive_signature, self.certificate, self.left_signature)
 
 
 class Roster:
@@ -202,6 +207,19 @@ class Roster:
         if i < len(self._ring) and self._ring[i] == node:
             del self._ring[i]
         self.recent_dead.pop(node, None)
+        return e
+
+    def remove(self, node: bytes) -> Entry | None:
+        """Forget ``node`` now, whatever its state (revoked: not kept among the lost)."""
+        e = self.members.pop(node, None)
+        if e is None:
+            return None
+        self.live_remove(node)
+        i = bisect_left(self._ring, node)
+        if i < len(self._ring) and self._ring[i] == node:
+            del self._ring[i]
+        self.recent_dead.pop(node, None)
+        self.lost.pop(node, None)
         return e
 
     # --- picking -------------------------------------------------------------------------

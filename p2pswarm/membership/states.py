@@ -19,7 +19,10 @@ COUNTERS = (
     "probes", "probes_failed", "probes_inconclusive", "suspicions_raised",
     "confirmations_sent", "dead_declared", "refutations", "syncs", "bad_signatures",
     "bad_bindings", "unsigned_alives", "claims_clamped", "incarnation_exhausted",
-    "probes_refused", "refutations_unasked", "late_wakes",
+    "probes_refused", "refutations_unasked", "late_wakes", "ping_reqs_refused",
+    "uncertified", "bad_certificates", "expired_certificates", "revoked_refused",
+    "priority_beyond_certificate", "slot_taken", "signature_checks_refused",
+    "bad_revocations", "unsigned_lefts", "revoked", "third_party_dead_as_suspicion",
 )
 
 __all__ = [

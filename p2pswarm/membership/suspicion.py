@@ -104,6 +104,13 @@ class Suspicion:
         self._rearm()
         return True
 
+    def at_floor(self) -> None:
+        """Another watcher's dead verdict: its own suspicion ran out, so ours waits only the
+        floor (the suspect still refutes, and our own probes still judge it)."""
+        if self.counted < self.expected:
+            self.counted = self.expected
+            self._rearm()
+
     def nobody_listens(self, floor_s: float) -> None:
         """Nothing listens at the suspect's address: no fade to wait out, so the timer runs
         for the clean network's floor (``floor_s``) and no longer."""

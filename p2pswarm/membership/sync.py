@@ -154,9 +154,9 @@ class AntiEntropy:
                 if r.meta_version == r.alive_meta_version else (b"", None)
             updates.alive(Alive(node, r.incarnation, r.name, r.addr, r.public_key,
                                 r.alive_meta_version, r.priority, *carried, r.alive_epoch,
-                                r.alive_signature), "", now, out)
+                                r.alive_signature, r.certificate), "", now, out)
         elif r.state == LEFT:
-            updates.left(Left(node, r.incarnation), now, out)
+            updates.left(Left(node, r.incarnation, r.left_signature), now, out)
         else:  # a remote verdict of dead is only a suspicion here (as memberlist)
             if self._roster.get(node) is None and r.state == SUSPECT:
                 updates.alive(record_alive(r), "", now, out)
@@ -168,7 +168,7 @@ class AntiEntropy:
 def record_alive(r: MemberRecord) -> Alive:
     """The owner's signed Alive a record carries (no metadata inline)."""
     return Alive(r.node, r.incarnation, r.name, r.addr, r.public_key, r.alive_meta_version,
-                 r.priority, b"", None, r.alive_epoch, r.alive_signature)
+                 r.priority, b"", None, r.alive_epoch, r.alive_signature, r.certificate)
 
 
 def summaries(own: MemberSummary, entries: Iterable[Entry]) -> tuple[MemberSummary, ...]:

@@ -22,19 +22,23 @@ from __future__ import annotations
 from p2pswarm import effects as fx
 from p2pswarm.config import GossipConfig
 from p2pswarm.effects import Effect
+from p2pswarm.membership.broadcasts import item_bytes
 from p2pswarm.membership.detector import FailureDetector
 from p2pswarm.membership.dissemination import Dissemination
+from p2pswarm.membership.gate import AdmissionGate
 from p2pswarm.membership.member import STATE_NAMES
 from p2pswarm.membership.metadata import MetadataBook, without_meta
-from p2pswarm.membership.proofs import ProofCache
+from p2pswarm.membership.proofs import ProofCache, left_signed_bytes
 from p2pswarm.membership.roster import Entry, Roster
 from p2pswarm.membership.states import ALIVE, DEAD, GONE, LEFT, PRESENT, SUSPECT
-from p2pswarm.wire.gossip import Alive, Dead, Left, Suspect
+from p2pswarm.wire.gossip import Alive, Dead, Left, Revoked, Suspect
+
+TELL_REVOKED_EVERY_S = 5.0  # a revoked fellow that still speaks is told, this often at most
 
 
 class Updates:
     __slots__ = ("_book", "_config", "_detector", "_dissemination", "_name", "_node_id",
-                 "_proofs", "_roster", "_stats")
+                 "_proofs", "_roster", "_stats", "_told_revoked", "gate", "sender")
 
     def __init__(self, node_id: bytes, name: str, config: GossipConfig, roster: Roster,
                  detector: FailureDetector, dissemination: Dissemination, book: MetadataBook,
@@ -48,6 +52,9 @@ class Updates:
         self._book = book
         self._proofs = proofs
         self._stats = stats
+        self.gate: AdmissionGate | None = None  # where admission is on (see ``gate``)
+        self._told_revoked: dict[bytes, float] = {}  # revoked fellow -> when last told
+        self.sender = ""  # who sent the records being merged (their budget pays)
 
     # --- news --------------------------------------------------------------------------
 
@@ -55,9 +62,22 @@ class Updates:
         """A fellow's ``Alive`` (not this node's), heard from ``addr`` ("": a record)."""
         node = msg.node
         e = self._roster.get(node)
+        news = e is None or msg.incarnation > e.incarnation
+        if news and self.gate is not None:
+            # admission first: a record without a certificate costs no signature check;
+            # the fellow's own signature then costs the sender's budget too
+            sender = addr or self.sender
+            admitted, pushed_out = self.gate.admits(msg, now, sender)
+            if not admitted:
+                self._tell_revoked(msg, now, out)
+                return
+            if not self._proofs.known_alive(msg) and not self.gate.charge(sender, now):
+                return
+            if pushed_out is not None and pushed_out != node:
+                self.expel(pushed_out, "pushed out of its invitation slot", now, out)
         # Only what changes something needs its owner's signature: an older or the same
         # incarnation changes nothing but metadata, which carries a signature of its own.
-        if (e is None or msg.incarnation > e.incarnation) and not self._proofs.proven(msg):
+        if news and not self._proofs.proven(msg):
             if e is not None:
                 self._book.merge_inline(msg, out)
             return
@@ -132,8 +152,16 @@ class Updates:
         self.start_suspicion(node, msg.incarnation, msg.source, now, now, out, msg)
 
     def dead(self, msg: Dead, now: float, out: list[Effect]) -> None:
-        """A ``Dead`` of a fellow (not this node): adopted at once."""
+        """A ``Dead`` of a fellow (not this node): adopted at once; where admission is on,
+        a third party's word is only a suspicion, which expires unless refuted."""
         node = msg.node
+        if self.gate is not None:
+            self._stats["third_party_dead_as_suspicion"] += 1
+            self.suspect(Suspect(node, msg.incarnation, msg.source), now, out)
+            s = self._detector.suspicions.get(node)
+            if s is not None:
+                s.at_floor()
+            return
         e = self._roster.get(node)
         if e is None or msg.incarnation < e.incarnation:
             return
@@ -151,8 +179,15 @@ class Updates:
         e = self._roster.get(node)
         if e is None or msg.incarnation < e.incarnation or e.state == LEFT:
             return
-        if msg.incarnation > e.incarnation:
+        if self.gate is not None:
+            # only the fellow itself can say it left
+            if msg.signature is None or not self._proofs.signed_by(
+                    e.public_key, msg.signature, left_signed_bytes(node, msg.incarnation)):
+                self._stats["unsigned_lefts"] += 1
+                return
+        elif msg.incarnation > e.incarnation:
             msg = Left(node, self.claimed(msg.incarnation, e.incarnation))
+        e.left_signature = msg.signature
         was_live = e.state in PRESENT
         e.incarnation = msg.incarnation
         e.state = LEFT
@@ -165,6 +200,34 @@ class Updates:
         self._roster.schedule_reap(now + self._config.dead_reap_after_s, node)
         self._roster.changed(node)
         self._dissemination.event(out, fx.LEFT, e, "left the swarm", node)
+
+    def _tell_revoked(self, msg: Alive, now: float, out: list[Effect]) -> None:
+        """A revoked fellow that still speaks (restarted with its certificate, say) is sent
+        its revocation at its own signed address, so it stops instead of running unseen."""
+        assert self.gate is not None
+        rev = self.gate.revocation_of(msg.node, msg.name)
+        if rev is None or now - self._told_revoked.get(msg.node, -1e18) < TELL_REVOKED_EVERY_S:
+            return
+        if len(self._told_revoked) > 1024:
+            self._told_revoked.clear()
+        self._told_revoked[msg.node] = now
+        told = Revoked(rev.encode())
+        self._dissemination.send(out, msg.addr, [told], item_bytes(told))
+
+    def expel(self, node: bytes, why: str, now: float, out: list[Effect]) -> None:
+        """Take ``node`` out of the view now (revoked, or its slot lost): no longer probed,
+        counted or kept."""
+        e = self._roster.remove(node)
+        if e is None:
+            return
+        self._stats["revoked"] += 1
+        self._detector.forget(node)
+        self._detector.doubt.pop(node, None)
+        self._book.forget(node)
+        if self.gate is not None:
+            self.gate.slots.release(node)
+        self._roster.changed(node)
+        self._dissemination.event(out, fx.REAPED, e, why, node)
 
     def claimed(self, incarnation: int, known: int) -> int:
         """A third party's claim about a fellow counts at most at the incarnation the

@@ -55,6 +55,8 @@ from p2pswarm.membership import (
     StreamRequest,
     node_id_of,
 )
+from p2pswarm.membership.gate import AdmissionGate
+from p2pswarm.security.admission import AdminKey, Certificate
 from p2pswarm.transport.netmodel import (
     RTO_MAX_S,
     RTO_SYN_S,
@@ -112,6 +114,9 @@ PROPOSED_ELECTION = {
     "local": ElectionConfig(election_timeout_min_s=0.6, election_timeout_max_s=1.2,
                             heartbeat_interval_s=0.2, leader_lease_s=2.0),
 }
+
+
+LAB_EXPIRY_S = 10**9  # certificates in the lab hold for its whole (virtual) time
 
 
 def proposed(name: str) -> SwarmConfig:
@@ -199,8 +204,19 @@ class GossipLab:
         handshake_rto_s: float = RTO_SYN_S,
         stream_rto_s: float = LAB_STREAM_RTO_S,
         max_rto_s: float = RTO_MAX_S,
+        admission: bool = False,
     ) -> None:
         self.seed = seed
+        # admission: an admin key (deterministic from the seed) certifies every node under
+        # one invitation of n uses; each membership checks certificates (``gate``)
+        self.admin: AdminKey | None = None
+        if admission:
+            self.admin = AdminKey.from_private_bytes(
+                hashlib.sha256(f"lab-admin-{seed}".encode()).digest())
+            self.invitation = self.admin.invite(hashlib.sha256(
+                f"lab-invitation-{seed}".encode()).digest()[:16], max(1, n), LAB_EXPIRY_S,
+                max_priority=max((priorities or {}).values(), default=0))
+        self.certificates: dict[int, bytes] = {}
         self.config = config or lan()
         self.link = Bernoulli(link_loss)
         self._link_state = LossState()
@@ -248,11 +264,20 @@ class GossipLab:
 
     def _new_membership(self, i: int, addr: str, public_key: bytes, node_id: bytes,
                         priority: int, rng: random.Random) -> Membership:
-        local = LocalNode(node_id, f"n{i:03d}", addr, public_key, priority)
+        gate = None
+        certificate = b""
+        if self.admin is not None:
+            if i not in self.certificates:
+                self.certificates[i] = Certificate.issue(
+                    self.admin.identity, self.invitation, public_key, f"n{i:03d}",
+                    i % self.invitation.uses, 0, LAB_EXPIRY_S, max_priority=priority).encode()
+            certificate = self.certificates[i]
+            gate = AdmissionGate(self.admin.public_key)
+        local = LocalNode(node_id, f"n{i:03d}", addr, public_key, priority, certificate)
         return Membership(local, self.config.gossip, rng, sign=fake_sign_for(public_key),
                           verify=fake_verify, now=self.now,
                           datagram_budget_bytes=self.config.transport.max_datagram_bytes
-                          - SEAL_OVERHEAD_BYTES)
+                          - SEAL_OVERHEAD_BYTES, admission=gate)
 
     def _new_election(self, node: LabNode, term: int = 0, voted_for: bytes | None = None,
                       electorate: tuple[bytes, ...] = ()) -> Election | None:

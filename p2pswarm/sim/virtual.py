@@ -21,6 +21,7 @@ import trio
 import trio.abc
 
 from p2pswarm.agent import Agent
+from p2pswarm.agent.admission import AdmissionSetup
 from p2pswarm.agent.compute import Compute
 from p2pswarm.agent.votes import VoteRecord
 from p2pswarm.agent.world import AgentWorld, Services
@@ -28,7 +29,10 @@ from p2pswarm.cards import Card
 from p2pswarm.config import SwarmConfig, local
 from p2pswarm.inventory import FakeCardSource
 from p2pswarm.security import Identity, Keyring, SwarmSecret
+from p2pswarm.security.admission import AdminKey, Certificate
 from p2pswarm.transport.memory import MemoryNetwork, MemoryTransport
+
+CERTIFIED_UNTIL_S = 2**40  # certificates in a virtual swarm hold for its whole life
 
 
 def _seeded_bytes(seed: int, *names: object) -> bytes:
@@ -79,6 +83,7 @@ class VirtualSwarm:
     agent_factory: AgentFactory = plain_agent
     inline_compute: bool = False
     services: Services = field(default_factory=Services)
+    admission: bool = False  # an admin key certifies every fellow (fellow 0 holds it)
     net: MemoryNetwork = field(init=False)
     fellows: list[Fellow] = field(init=False)
     secret: SwarmSecret = field(init=False)
@@ -93,6 +98,16 @@ class VirtualSwarm:
             for i in range(self.n)
         ]
         self._nursery: trio.Nursery | None = None
+        self.admin: AdminKey | None = None
+        self.certificates: dict[int, bytes] = {}
+        if self.admission:
+            self.admin = AdminKey.from_private_bytes(_seeded_bytes(self.seed, "admin"))
+            invitation = self.admin.invite(_seeded_bytes(self.seed, "invitation")[:16],
+                                           self.n, CERTIFIED_UNTIL_S, max_priority=255)
+            for f in self.fellows:
+                self.certificates[f.index] = Certificate.issue(
+                    self.admin.identity, invitation, f.identity.public_key, f.name, f.index,
+                    0, CERTIFIED_UNTIL_S).encode()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the network scheduler; start fellows with ``start``. Cancel to end."""
@@ -117,10 +132,16 @@ class VirtualSwarm:
                 _seeded_bytes(self.seed, "rng", i, fellow.boots)[:8], "big")),
             seeds=seeds, leader_priority=fellow.leader_priority, card_source=fellow.cards,
             votes=fellow.votes, compute=Compute(inline=self.inline_compute),
-            services=self.services))
+            services=self.services, admission=self._admission(i)))
         fellow.agent = agent
         fellow.scope = await self._nursery.start(self._run_agent, agent)
         return agent
+
+    def _admission(self, i: int) -> AdmissionSetup | None:
+        if self.admin is None:
+            return None
+        return AdmissionSetup(self.admin.public_key, self.certificates[i],
+                              issuer=self.admin if i == 0 else None)
 
     async def _run_agent(self, agent: Agent, *,
                          task_status: trio.TaskStatus[trio.CancelScope]) -> None:

@@ -28,7 +28,7 @@ import msgpack
 
 from p2pswarm.errors import LocalProtocolError, RemoteProtocolError, VersionMismatch
 from p2pswarm.wire import layout as lay
-from p2pswarm.wire.schema import Items, Range, Size
+from p2pswarm.wire.schema import Elided, Items, Range, Size
 
 PROTOCOL_MAJOR = 2  # 2: every call, order and training message is its own type
 PROTOCOL_MINOR = 1  # 1: stage states and long blobs travel in parts (training.py)
@@ -60,6 +60,7 @@ class _Codec:
     required: int  # fields without a default: a shorter array is invalid
     checks: tuple[Check, ...]
     dumps: tuple[Dump, ...]
+    elided: tuple[Any, ...] = ()  # defaults of the trailing fields marked Elided, in order
 
 
 _BY_TAG: dict[int, _Codec] = {}
@@ -145,7 +146,14 @@ def _build(cls: type, tag: int | None) -> _Codec:
     _grow_limits(layout)
     dumps = tuple(dump for _, dump in specs)
     checks = tuple(check for check, _ in specs)
-    codec = _Codec(cls, tag, names, required, checks, dumps)
+    elided: list[Any] = []
+    for f in reversed(fields):
+        extras = typing.get_args(hints[f.name])[1:] \
+            if typing.get_origin(hints[f.name]) is typing.Annotated else ()
+        if not any(isinstance(m, Elided) for m in extras):
+            break
+        elided.insert(0, f.default)
+    codec = _Codec(cls, tag, names, required, checks, dumps, tuple(elided))
     _BY_CLASS[cls] = codec
     _CHECKERS[cls] = _compile_checker(cls, names, required, [inline for inline, _ in
                                                               (_inline(hints[n]) for n in names)],
@@ -358,7 +366,12 @@ def _check_fields(codec: _Codec, raw: Any) -> Any:
 def _dump_fields(codec: _Codec, obj: Any) -> list[Any]:
     if type(obj) is not codec.cls:
         raise _Invalid(f"expected {codec.cls.__name__}, got {type(obj).__name__}")
-    return [dump(getattr(obj, name)) for dump, name in zip(codec.dumps, codec.names)]
+    out = [dump(getattr(obj, name)) for dump, name in zip(codec.dumps, codec.names)]
+    for default in reversed(codec.elided):  # trailing fields at their defaults stay off
+        if out[-1] != default:
+            break
+        out.pop()
+    return out
 
 
 # --- envelopes ---------------------------------------------------------------------------

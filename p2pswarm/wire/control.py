@@ -113,6 +113,15 @@ class ChatRequest:
     generate: GenerateRequest
 
 
+@message(209)
+@dataclass(frozen=True, slots=True)
+class RevokeRequest:
+    """``revoke``: take in an admin-signed revocation (security.admission.Revocation),
+    keep it and gossip it."""
+
+    revocation: Annotated[bytes, Size(1, 1024)]
+
+
 @message(290)
 @dataclass(frozen=True, slots=True)
 class ClusterRequest:
@@ -121,4 +130,4 @@ class ClusterRequest:
 
 __all__ = ["ChatRequest", "ChatTurn", "ClusterRequest", "GenerateRequest", "LeaveRequest",
            "LoadCancelRequest", "LoadMoveRequest", "LoadRequest", "LoadsRequest",
-           "StatusRequest", "UnloadRequest"]
+           "RevokeRequest", "StatusRequest", "UnloadRequest"]

@@ -24,6 +24,7 @@ from p2pswarm.wire.schema import (
     U64,
     Addr,
     Digest,
+    Elided,
     Items,
     Name,
     NodeId,
@@ -37,6 +38,8 @@ from p2pswarm.wire.schema import (
 I32 = Annotated[int, Range(-(2**31), 2**31 - 1)]
 StateCode = Annotated[int, Range(0, 3)]  # 0 alive, 1 suspect, 2 dead, 3 left
 Metadata = Annotated[bytes, Size(0, 256 * 1024)]
+CertificateBytes = Annotated[bytes, Size(0, 1024), Elided()]  # off the wire when empty
+ElidedSignature = Annotated[Signature | None, Elided()]
 MAX_MEMBERS_PER_MESSAGE = 65536
 
 STATE_ALIVE, STATE_SUSPECT, STATE_DEAD, STATE_LEFT = 0, 1, 2, 3
@@ -106,6 +109,7 @@ class Alive:
     epoch: U64 = 0  # the owner's datagram epoch when it signed (proves its datagrams' epoch)
     signature: Signature | None = None  # the owner's signature over every field above but
     # metadata and meta_signature (membership.proofs.alive_signed_bytes); None: refused
+    certificate: CertificateBytes = b""  # its admission (security.admission.Certificate)
 
 
 @message(15)
@@ -128,10 +132,13 @@ class Dead:
 @message(17)
 @dataclass(frozen=True, slots=True)
 class Left:
-    """A graceful goodbye: the fellow is gone on purpose, not failed."""
+    """A graceful goodbye: the fellow is gone on purpose, not failed. Where admission is
+    on, it counts only with the fellow's own signature (membership.proofs.left_signed_bytes).
+    """
 
     node: NodeId
     incarnation: U32
+    signature: ElidedSignature = None
 
 
 # --- anti-entropy and metadata (streams) -------------------------------------------------
@@ -165,6 +172,8 @@ class MemberRecord:
     alive_meta_version: U32 = 0
     alive_epoch: U64 = 0
     alive_signature: Signature | None = None
+    certificate: CertificateBytes = b""  # its admission (security.admission.Certificate)
+    left_signature: ElidedSignature = None  # its own goodbye, when it left
 
 
 @message(20)
@@ -221,6 +230,40 @@ class MetaPush:
 @dataclass(frozen=True, slots=True)
 class Noted:
     """A stream request was taken in (the reply to a pushed refutation)."""
+
+
+# --- admission ---------------------------------------------------------------------------
+
+
+@message(27)
+@dataclass(frozen=True, slots=True)
+class Revoked:
+    """An admin-signed revocation (security.admission.Revocation), gossiped and kept."""
+
+    revocation: Annotated[bytes, Size(1, 1024)]
+
+
+@message(28)
+@dataclass(frozen=True, slots=True)
+class AdmitAsk:
+    """A joiner holding an invitation asks for its certificate (over a stream)."""
+
+    invitation: Annotated[bytes, Size(1, 4096)]
+    public_key: PublicKey
+    name: Name
+    priority: I32 = 0  # the leader priority it would like (capped by the invitation)
+
+
+@message(29)
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    certificate: CertificateBytes
+
+
+@message(30)
+@dataclass(frozen=True, slots=True)
+class AdmitRefused:
+    reason: Reason
 
 
 # --- election ----------------------------------------------------------------------------
@@ -360,6 +403,9 @@ __all__ = [
     "STATE_LEFT",
     "STATE_SUSPECT",
     "Ack",
+    "AdmitAsk",
+    "AdmitRefused",
+    "Admitted",
     "Alive",
     "Ballot",
     "Dead",
@@ -378,6 +424,7 @@ __all__ = [
     "Noted",
     "Ping",
     "PingReq",
+    "Revoked",
     "StepDown",
     "Suspect",
     "SyncDigest",

@@ -38,6 +38,13 @@ class Items:
     high: int
 
 
+@dataclass(frozen=True, slots=True)
+class Elided:
+    """A trailing field left off the wire while it holds its default: a field added to a
+    message later costs nothing where it is not used (a shorter field list decodes with
+    the defaults)."""
+
+
 U8 = Annotated[int, Range(0, 2**8 - 1)]
 U16 = Annotated[int, Range(0, 2**16 - 1)]
 U32 = Annotated[int, Range(0, 2**32 - 1)]

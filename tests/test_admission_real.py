@@ -1,0 +1,141 @@
+"""Admission with real `p2pswarm` processes: init, invite --uses 2, two fellows join, a third
+with the same invitation is refused in one line; revoke takes a fellow out within 10 s, and
+it stays out across restarts (the admin's, and its own); an expired invitation admits
+nobody; a plain token is told to ask for an invitation."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2pswarm.admission_home import AdmissionHome
+from p2pswarm.control import client as control_client
+from p2pswarm.errors import SwarmError
+from p2pswarm.home import Home
+from p2pswarm.security.invitation_token import InvitationToken
+from p2pswarm.sim.field import free_port
+
+pytestmark = pytest.mark.slow  # real processes
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "p2pswarm.cli", *args], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def join(home: Path, port: int, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "p2pswarm.cli", "join", "--home", str(home), "--preset",
+         "local", "--no-cpu", "--http", "off", "--listen", f"127.0.0.1:{port}", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+
+def status(home: Path) -> dict[str, Any] | None:
+    try:
+        return control_client.request(home, {"op": "status"}, timeout_s=10)  # type: ignore[no-any-return]
+    except SwarmError:
+        return None
+
+
+def alive_names(home: Path) -> set[str]:
+    data = status(home)
+    return set() if data is None else {m["name"] for m in data["members"]
+                                       if m["state"] in ("alive", "suspect")}
+
+
+def wait(what: str, ready: Any, timeout_s: float = 90.0) -> float:
+    began = time.monotonic()
+    while not ready():
+        assert time.monotonic() - began < timeout_s, f"gave up waiting for {what}"
+        time.sleep(0.1)
+    return time.monotonic() - began
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def refused_line(process: subprocess.Popen[str]) -> str:
+    _, err = process.communicate(timeout=90)
+    assert process.returncode == 1, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    return errors[0]
+
+
+def test_an_invitation_admits_its_uses_and_revoke_takes_a_fellow_out(tmp_path: Path) -> None:
+    admin_home = tmp_path / "admin"
+    made = cli("init", "--home", str(admin_home), "--json")
+    assert made.returncode == 0, made.stderr
+    invited = cli("invite", "--home", str(admin_home), "--uses", "2", "--json")
+    assert invited.returncode == 0, invited.stderr
+    token = json.loads(invited.stdout)["token"]
+    ports = {name: free_port() for name in ("admin", "a", "b", "c")}
+    seed = f"127.0.0.1:{ports['admin']}"
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        procs["admin"] = join(admin_home, ports["admin"], "--name", "admin")
+        wait("the admin's fellow", lambda: "admin" in alive_names(admin_home))
+        for name in ("a", "b"):
+            procs[name] = join(tmp_path / name, ports[name], seed, "--name", name,
+                               "--token", token)
+        wait("two fellows admitted", lambda: alive_names(admin_home) == {"admin", "a", "b"})
+        # the third with the same invitation: refused by the issuer, in one line, no keys kept
+        third = join(tmp_path / "c", ports["c"], seed, "--name", "c", "--token", token)
+        line = refused_line(third)
+        assert "the invitation is used up" in line
+        assert not Home(tmp_path / "c").has_swarm()
+        # revoke: out of every view within 10 s, and the revoked fellow stops, saying why
+        revoked = cli("revoke", "b", "--home", str(admin_home))
+        assert revoked.returncode == 0, revoked.stderr
+        took_s = wait("b out of every view", lambda: all(
+            "b" not in alive_names(tmp_path / h) for h in ("admin", "a")), timeout_s=30)
+        assert took_s <= 10.0
+        assert "revoked" in refused_line(procs.pop("b"))
+        # restarts: the admin keeps the revocation; b, back with its certificate, is told
+        # and stops, out of every view
+        stop(procs.pop("admin"))
+        procs["admin"] = join(admin_home, ports["admin"], "--name", "admin")
+        wait("the admin back with a", lambda: alive_names(admin_home) >= {"admin", "a"})
+        procs["b"] = join(tmp_path / "b", ports["b"], seed, "--name", "b")
+        assert "revoked" in refused_line(procs.pop("b"))
+        assert all("b" not in alive_names(tmp_path / h) for h in ("admin", "a"))
+    finally:
+        for p in procs.values():
+            stop(p)
+
+
+def test_an_expired_invitation_or_a_plain_token_admits_nobody(tmp_path: Path) -> None:
+    admin_home = tmp_path / "admin"
+    assert cli("init", "--home", str(admin_home)).returncode == 0
+    admin = AdmissionHome(admin_home).load_admin()
+    secret = Home(admin_home).load_keyring().primary.secret
+    expired = InvitationToken(secret, admin.invite(bytes(16), 5, int(time.time()) - 1)).text()
+    late = cli("join", "--home", str(tmp_path / "late"), "127.0.0.1:9", "--token", expired)
+    assert late.returncode == 2 and "the invitation has expired" in late.stderr
+    assert not Home(tmp_path / "late").has_swarm()
+    port, plain_port = free_port(), free_port()
+    admin_proc = join(admin_home, port, "--name", "admin")
+    try:
+        wait("the admin's fellow", lambda: "admin" in alive_names(admin_home))
+        plain = join(tmp_path / "plain", plain_port, f"127.0.0.1:{port}", "--name", "plain",
+                     "--token", secret.token())
+        line = refused_line(plain)
+        assert "admits fellows by invitation only" in line and "p2pswarm invite" in line
+        assert not Home(tmp_path / "plain").has_swarm()
+        assert alive_names(admin_home) == {"admin"}
+    finally:
+        stop(admin_proc)
