@@ -51,6 +51,7 @@ def test_the_rehearsal_trains_the_plan_and_counts_what_churn_costs() -> None:
         churned["time_to_target_s"] >= fleet["time_to_target_s"]
     for run in (fleet, churned):  # rounds close by their deadline, drops or not
         assert run["max_round_gap_s"] <= result["round_deadline_s"] + 1e-6
+    assert len(result["lead_by_round"]["fleet"]) == len(fleet["curve"])
     assert "| fleet, W3 drops |" in markdown(result)
 
 
@@ -67,6 +68,15 @@ def test_an_outage_past_the_suspicion_time_redoes_the_step_unless_stages_are_kep
     # kept stages (the what-if): only the micro-batch in flight is redone
     assert outage_cost_s(long, 0.0, 1000.0, 400.0, 4, stages_kept=True) == out_s + 100.0
     assert outage_cost_s(short, 400.0, 1000.0, 400.0, 4) == 0.0  # began before the step
+
+
+def test_the_lead_at_a_round_reads_the_single_curve_between_its_evaluations() -> None:
+    from p2pswarm.sim.fleet_rehearsal import lead_by_round, time_to_loss_s
+
+    single = [(100.0, 4.0), (200.0, 3.0), (300.0, 2.5)]
+    assert time_to_loss_s(single, 3.5) == 150.0
+    assert time_to_loss_s(single, 4.5) == 100.0 and time_to_loss_s(single, 2.0) is None
+    assert lead_by_round(single, [(50.0, 3.5), (60.0, 2.0)]) == [3.0, None]
 
 
 def test_w3_outages_come_every_ten_minutes_for_two_to_ten_seconds() -> None:

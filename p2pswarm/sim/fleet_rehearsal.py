@@ -327,6 +327,31 @@ def first_at(curve: Sequence[tuple[float, float]], target: float | None) -> floa
     return next((t for t, loss in curve if loss <= target), None)
 
 
+def time_to_loss_s(curve: Sequence[tuple[float, float]], loss: float) -> float | None:
+    """When a finely evaluated curve first comes to ``loss``, linear between the two
+    evaluations around it; None if it never does."""
+    before: tuple[float, float] | None = None
+    for t, value in curve:
+        if value <= loss:
+            if before is None or before[1] == value:
+                return t
+            t0, v0 = before
+            return t0 + (t - t0) * (v0 - loss) / (v0 - value)
+        before = (t, value)
+    return None
+
+
+def lead_by_round(single: Sequence[tuple[float, float]], run: Sequence[tuple[float, float]]
+                  ) -> list[float | None]:
+    """At each of a run's round closes, how many times longer the single pipeline took to
+    the loss the run's global model had then (None past the single pipeline's run)."""
+    out: list[float | None] = []
+    for t, loss in run:
+        alone = time_to_loss_s(single, loss)
+        out.append(alone / t if alone is not None and t > 0 else None)
+    return out
+
+
 def round_deadline_s(schedule: FleetSchedule) -> float:
     """How long after the last close a round closes with whatever has arrived: the
     plan's round, its compute and then its all-reduce (or one step of the slowest
@@ -447,6 +472,9 @@ def _rehearse(fleet: FleetSchedule, single: FleetSchedule, single_steps: int, se
         "runs": [r.to_dict() for r in runs],
         "speedup": {r.name: (single_time / r.time_to_target_s if r.time_to_target_s
                              else None) for r in runs[1:]},
+        # the same comparison at every round close: less at the mercy of where on the
+        # single pipeline's flattening curve its last step happens to land
+        "lead_by_round": {r.name: lead_by_round(alone.curve, r.curve) for r in runs[1:]},
     }
 
 
@@ -457,17 +485,25 @@ def markdown(result: Mapping[str, Any]) -> str:
              f"{result['single_time_s']:,.0f} virtual s. Round deadline "
              f"{result['round_deadline_s']:,.0f} s.", "",
              "| run | rounds closed | time to target | faster than one pipeline | "
+             "lead at each round close | "
              "longest gap between rounds | time lost to outages | busiest fellow's bytes |",
-             "|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
+    single_curve = result["runs"][0]["curve"]
+    single_end = single_curve[-1][0] if single_curve else 0.0
     for run in result["runs"]:
         t = run["time_to_target_s"]
         speed = result["speedup"].get(run["name"])
         per = run["bytes_per_fellow"]
         busiest = max(per.items(), key=lambda kv: kv[1]) if per else ("-", 0)
+        leads = result.get("lead_by_round", {}).get(run["name"])
+        lead = ", ".join(
+            (f"> {single_end / t:.1f}x" if x is None else f"{x:.1f}x")  # past its run
+            for x, (t, _) in zip(leads, run["curve"])) if leads else "-"
         lines.append(
             f"| {run['name']} | {run['rounds']} | "
             f"{'-' if t is None else f'{t:,.0f} s'} | "
-            f"{'-' if speed is None else f'{speed:.1f}x'} | {run['max_round_gap_s']:,.0f} s | "
+            f"{'-' if speed is None else f'{speed:.1f}x'} | {lead} | "
+            f"{run['max_round_gap_s']:,.0f} s | "
             f"{run['paused_s']:,.0f} s | {busiest[0]} {busiest[1] / 1e9:.1f} GB |")
     return "\n".join(lines) + "\n"
 
@@ -495,6 +531,6 @@ def write_plot(result: Mapping[str, Any], path: Path) -> str | None:
 
 
 __all__ = ["ALONE", "AVERAGE", "DILOCO", "SAMPLE_SCALE", "FleetSchedule", "FleetSwarm",
-           "OuterOptimizer", "RehearsedReplica", "RunFigures", "first_at", "markdown",
-           "outage_cost_s", "rehearse", "round_deadline_s", "schedule_of", "w3_outages",
-           "write_plot"]
+           "OuterOptimizer", "RehearsedReplica", "RunFigures", "first_at", "lead_by_round",
+           "markdown", "outage_cost_s", "rehearse", "round_deadline_s", "schedule_of",
+           "time_to_loss_s", "w3_outages", "write_plot"]
