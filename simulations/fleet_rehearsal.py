@@ -26,7 +26,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from p2pswarm.models.files import read_model_config  # noqa: E402
-from p2pswarm.sim.fleet_rehearsal import markdown, rehearse, write_plot  # noqa: E402
+from p2pswarm.sim.fleet_rehearsal import (  # noqa: E402
+    AVERAGE,
+    DILOCO,
+    markdown,
+    rehearse,
+    write_plot,
+)
+
+OUTER = {"average": AVERAGE, "diloco": DILOCO}
 
 
 def main() -> None:
@@ -42,13 +50,20 @@ def main() -> None:
                         help="steps of the single pipeline (its final loss is the target)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-drops", action="store_true", help="skip the W3 run")
+    parser.add_argument("--outer", choices=sorted(OUTER), default="average",
+                        help="the fleet's outer optimizer: plain averaging (outer lr 1, no "
+                        "momentum) or DiLoCo's (outer lr 0.7, Nesterov 0.9)")
+    parser.add_argument("--stages-kept", action="store_true",
+                        help="what if a fellow back after its suspicion time kept its stage "
+                        "(the agent re-places the replica instead): its step goes on")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     model = read_model_config(args.model)[1] if args.model else None
     result = rehearse(json.loads(args.cluster.read_text()), model=model, seq_len=args.seq_len,
                       bandwidth=args.bandwidth, latency=args.latency,
-                      single_steps=args.steps, seed=args.seed, drops=not args.no_drops)
+                      single_steps=args.steps, seed=args.seed, drops=not args.no_drops,
+                      outer=OUTER[args.outer], stages_kept=args.stages_kept)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -36,6 +36,11 @@ def test_the_rehearsal_trains_the_plan_and_counts_what_churn_costs() -> None:
                       single_steps=6, seed=1, drop_every_s=60.0)
     single, fleet, churned = result["runs"]
     assert len(result["replicas"]) >= 2 and single["rounds"] >= 1
+    # one rule for every arm: the first held-out evaluation at or below the target, which
+    # for the single pipeline may come before its last step
+    assert single["time_to_target_s"] == result["single_time_s"]
+    assert single["time_to_target_s"] <= single["curve"][-1][0]
+    assert min(loss for _, loss in single["curve"]) <= result["target_loss"]
     assert fleet["rounds"] >= 1 and fleet["curve"]
     # the fleet's global model learns: its loss falls below the untrained model's
     assert fleet["curve"][-1][1] < 5.0
@@ -46,7 +51,32 @@ def test_the_rehearsal_trains_the_plan_and_counts_what_churn_costs() -> None:
         churned["time_to_target_s"] >= fleet["time_to_target_s"]
     for run in (fleet, churned):  # rounds close by their deadline, drops or not
         assert run["max_round_gap_s"] <= result["round_deadline_s"] + 1e-6
+    assert len(result["lead_by_round"]["fleet"]) == len(fleet["curve"])
     assert "| fleet, W3 drops |" in markdown(result)
+
+
+def test_an_outage_past_the_suspicion_time_redoes_the_step_unless_stages_are_kept() -> None:
+    from p2pswarm.sim.fleet_rehearsal import REPLACED_AFTER_S, outage_cost_s
+
+    out_s = REPLACED_AFTER_S + 1
+    short, long = [(300.0, 305.0)], [(300.0, 300.0 + out_s)]
+    # 300 s into a step of 400 s in 4 micro-batches (100 s each)
+    # a short outage: its length, then the micro-batch in flight again
+    assert outage_cost_s(short, 0.0, 1000.0, 400.0, 4) == 5.0 + 100.0
+    # a long one tears the pipeline down: the 300 s of the step done so far are redone
+    assert outage_cost_s(long, 0.0, 1000.0, 400.0, 4) == out_s + 300.0
+    # kept stages (the what-if): only the micro-batch in flight is redone
+    assert outage_cost_s(long, 0.0, 1000.0, 400.0, 4, stages_kept=True) == out_s + 100.0
+    assert outage_cost_s(short, 400.0, 1000.0, 400.0, 4) == 0.0  # began before the step
+
+
+def test_the_lead_at_a_round_reads_the_single_curve_between_its_evaluations() -> None:
+    from p2pswarm.sim.fleet_rehearsal import lead_by_round, time_to_loss_s
+
+    single = [(100.0, 4.0), (200.0, 3.0), (300.0, 2.5)]
+    assert time_to_loss_s(single, 3.5) == 150.0
+    assert time_to_loss_s(single, 4.5) == 100.0 and time_to_loss_s(single, 2.0) is None
+    assert lead_by_round(single, [(50.0, 3.5), (60.0, 2.0)]) == [3.0, None]
 
 
 def test_w3_outages_come_every_ten_minutes_for_two_to_ten_seconds() -> None:

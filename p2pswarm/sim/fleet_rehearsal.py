@@ -9,8 +9,11 @@ What is real and what is scaled:
   links and its access point's airtime (``planner.sync_cost``).
 - The learning is real: every replica is a ``training.replica.Replica`` of a small
   Llama (the model of ``simulations/bench_training.py``) stepping a real optimizer on the
-  shipped corpus; rounds close by ``training.sync.OuterSync`` with the job's codec, as in
-  ``training.virtual.VirtualSwarm``, which this subclasses. Each replica's batch is its
+  shipped corpus; rounds close by ``training.sync.OuterSync`` (int8 deltas, plain
+  averaging weighted by samples unless ``outer`` says otherwise), as in
+  ``training.virtual.VirtualSwarm``, which this subclasses. A round closes when every
+  replica has sent, or at its deadline (the plan's round: its compute, then its
+  all-reduce) with whoever has sent. Each replica's batch is its
   planned samples per step divided by ``SAMPLE_SCALE`` (at least one), so batch ratios
   between devices are the plan's while the CPU cost stays small.
 - Time is the plan's: a replica's step takes its planned ``step_s`` of virtual time; its
@@ -21,8 +24,12 @@ What is real and what is scaled:
   the W3 WiFi profile's roaming outages do (``sim.profiles``: 2-10 s, once every 10
   minutes, at a random phase). A replica pauses while any of its fellows is away, then
   redoes the micro-batch in flight; an outage longer than ``REPLACED_AFTER_S`` (the
-  fellow declared dead) tears its pipeline down and the whole step in flight is redone.
+  fellow declared dead) tears its pipeline down and the whole step in flight is redone
+  (``stages_kept``: a what-if where the fellow comes back still holding its stage).
   A transfer is held up by an outage of its fellows for as long as it lasts.
+- The figure: every arm's time to the target is its first held-out evaluation at or
+  below it (the single pipeline evaluated every step, the fleet's global model at
+  every round close), the target the single pipeline's loss after its last step.
 
 It does not run the agents' transport and membership (the harness does that, at far
 higher CPU cost per fellow): it rehearses the plan's schedule with real learning.
@@ -85,6 +92,7 @@ class FleetSchedule:
     plan_id: str
     inner_steps: int
     round_compute_s: float
+    round_comm_s: float  # the busiest fellow's all-reduce a round, as planned
     replicas: tuple[RehearsedReplica, ...]
     fellow_bytes: tuple[tuple[str, int], ...]  # (fellow, bytes it sends a round)
     wifi_fellows: tuple[str, ...]  # behind an access point: these drop under W3
@@ -120,7 +128,8 @@ def schedule_of(plan: Mapping[str, Any], view: ClusterView, replicas: int | None
     wifi = tuple(sorted(f.name for f in view.fellows if view.access_point(f.id) is not None))
     return FleetSchedule(
         plan_id=str(plan["plan_id"]), inner_steps=int(rnd.get("inner_steps") or 10),
-        round_compute_s=float(rnd.get("compute_s") or 0.0), replicas=tuple(out),
+        round_compute_s=float(rnd.get("compute_s") or 0.0),
+        round_comm_s=float(rnd.get("comm_s") or 0.0), replicas=tuple(out),
         fellow_bytes=tuple((f["fellow"], f["sent_bytes"]) for f in rnd.get("fellows") or ()),
         wifi_fellows=wifi, sentence=str(plan["fleet"]["sentence"]))
 
@@ -140,6 +149,23 @@ def w3_outages(fellows: Sequence[str], until_s: float, rng: random.Random,
     return out
 
 
+def outage_cost_s(outages: Sequence[tuple[float, float]], start: float, end: float,
+                  step_s: float, micro_batches: int, stages_kept: bool = False) -> float:
+    """Time the outages that begin in (start, end] cost a replica whose step in flight
+    began at ``start``: each outage, then the micro-batch in flight redone; the whole
+    step when the outage outlasts the suspicion time and the replica's pipeline is torn
+    down (as the agent does: it pauses the replica and places it again). With
+    ``stages_kept`` (a what-if: the fellow comes back still holding its stage and the
+    pipeline waits for it) only the micro-batch is redone."""
+    lost = 0.0
+    for a, b in outages:
+        if start < a <= end:
+            replaced = b - a > REPLACED_AFTER_S and not stages_kept
+            redo = step_s if replaced else step_s / max(1, micro_batches)
+            lost += (b - a) + min(redo, a - start)
+    return lost
+
+
 @dataclass
 class _Lane:
     """A replica's links: busy until ``free_at``."""
@@ -157,8 +183,10 @@ class FleetSwarm(VirtualSwarm):
     def __init__(self, job: JobConfig, source: Any, data: TokenData,
                  schedule: FleetSchedule, *, rng: random.Random,
                  eval_batches: Sequence[torch.Tensor] = (),
-                 outages: Mapping[str, list[tuple[float, float]]] | None = None) -> None:
+                 outages: Mapping[str, list[tuple[float, float]]] | None = None,
+                 stages_kept: bool = False) -> None:
         self.schedule = schedule
+        self.stages_kept = stages_kept
         self.planned = {r.name: r for r in schedule.replicas}
         self.lanes = {r.name: _Lane(outages=sorted(
             span for n in r.fellows for span in (outages or {}).get(n, ())))
@@ -177,24 +205,14 @@ class FleetSwarm(VirtualSwarm):
 
     # --- outages ----------------------------------------------------------------------------
 
-    def _lost_s(self, lane: _Lane, start: float, end: float, step_s: float,
-                micro_batches: int) -> float:
-        """Time an outage in (start, end] of the replica's fellows costs it: the outage,
-        then the micro-batch in flight redone (the whole step, when it was replaced)."""
-        lost = 0.0
-        for a, b in lane.outages:
-            if start < a <= end:
-                redo = step_s if b - a > REPLACED_AFTER_S else step_s / max(1, micro_batches)
-                lost += (b - a) + min(redo, a - start)
-        return lost
-
     def _on_step(self, data: tuple[str, int]) -> None:
         name, incarnation = data
         f = self.fellows[name]
         lane = self.lanes[name]
         r = self.planned[name]
         if f.replica is not None and f.incarnation == incarnation and lane.outages:
-            lost = self._lost_s(lane, lane.step_from, self.now, r.step_s, r.micro_batches)
+            lost = outage_cost_s(lane.outages, lane.step_from, self.now, r.step_s,
+                                 r.micro_batches, self.stages_kept)
             if lost > 0:  # paused, then what was in flight redone: the step ends later
                 lane.paused_s += lost
                 lane.step_from = self.now
@@ -276,13 +294,71 @@ class RunFigures:
                 "bytes_per_fellow": dict(self.bytes_per_fellow)}
 
 
-def _job(schedule: FleetSchedule, seed: int, deadline_s: float) -> JobConfig:
+@dataclass(frozen=True, slots=True)
+class OuterOptimizer:
+    lr: float
+    momentum: float  # Nesterov
+    codec: str = "int8"
+
+
+# DiLoCo's outer optimizer (Douillard et al. 2023), the job's default
+DILOCO = OuterOptimizer(lr=0.7, momentum=0.9)
+# plain averaging of the replicas' deltas, weighted by samples
+AVERAGE = OuterOptimizer(lr=1.0, momentum=0.0)
+# one pipeline syncs with nobody: outer lr 1, no momentum and lossless deltas leave its
+# training exactly what it is alone; its "rounds" only say when to evaluate
+ALONE = OuterOptimizer(lr=1.0, momentum=0.0, codec="fp32")
+
+
+def _job(schedule: FleetSchedule, seed: int, deadline_s: float,
+         outer: OuterOptimizer) -> JobConfig:
     return JobConfig.from_dict({
         "model": {"config": SMALL_MODEL}, "seq_len": SMALL_SEQ_LEN, "micro_batch": 8,
         "lr": {"peak": 3e-3, "schedule": "constant"}, "seed": seed,
-        # plain averaging (outer lr 1, no momentum): what short runs prefer
-        "sync": {"inner_steps": schedule.inner_steps, "codec": "int8", "outer_lr": 1.0,
-                 "outer_momentum": 0.0, "round_deadline_s": deadline_s}})
+        "sync": {"inner_steps": schedule.inner_steps, "codec": outer.codec,
+                 "outer_lr": outer.lr, "outer_momentum": outer.momentum,
+                 "round_deadline_s": deadline_s}})
+
+
+def first_at(curve: Sequence[tuple[float, float]], target: float | None) -> float | None:
+    """When a loss curve first comes to ``target`` or below."""
+    if target is None:
+        return None
+    return next((t for t, loss in curve if loss <= target), None)
+
+
+def time_to_loss_s(curve: Sequence[tuple[float, float]], loss: float) -> float | None:
+    """When a finely evaluated curve first comes to ``loss``, linear between the two
+    evaluations around it; None if it never does."""
+    before: tuple[float, float] | None = None
+    for t, value in curve:
+        if value <= loss:
+            if before is None or before[1] == value:
+                return t
+            t0, v0 = before
+            return t0 + (t - t0) * (v0 - loss) / (v0 - value)
+        before = (t, value)
+    return None
+
+
+def lead_by_round(single: Sequence[tuple[float, float]], run: Sequence[tuple[float, float]]
+                  ) -> list[float | None]:
+    """At each of a run's round closes, how many times longer the single pipeline took to
+    the loss the run's global model had then (None past the single pipeline's run)."""
+    out: list[float | None] = []
+    for t, loss in run:
+        alone = time_to_loss_s(single, loss)
+        out.append(alone / t if alone is not None and t > 0 else None)
+    return out
+
+
+def round_deadline_s(schedule: FleetSchedule) -> float:
+    """How long after the last close a round closes with whatever has arrived: the
+    plan's round, its compute and then its all-reduce (or one step of the slowest
+    replica, if longer). A replica held up past it (a Pi's step redone after a drop) sends
+    into the next round at a staleness discount instead of holding everyone up."""
+    return max(schedule.round_compute_s + schedule.round_comm_s,
+               max(r.step_s for r in schedule.replicas))
 
 
 def _data() -> TokenData:
@@ -294,14 +370,13 @@ def _data() -> TokenData:
 
 def _run(name: str, schedule: FleetSchedule, seed: int, until_s: float,
          target: float | None, outages: Mapping[str, list[tuple[float, float]]] | None,
-         data: TokenData) -> RunFigures:
-    deadline = 2.0 * max(schedule.round_compute_s, max(r.step_s for r in schedule.replicas))
-    job = _job(schedule, seed, deadline)
+         data: TokenData, outer: OuterOptimizer, stages_kept: bool = False) -> RunFigures:
+    job = _job(schedule, seed, round_deadline_s(schedule), outer)
     torch.manual_seed(seed)
     swarm = FleetSwarm(job, ScratchModel(SMALL_MODEL, seed), data, schedule,
                        rng=random.Random(seed),
                        eval_batches=data.holdout_batches(SMALL_SEQ_LEN, 8)[:4],
-                       outages=outages)
+                       outages=outages, stages_kept=stages_kept)
     hit: list[float] = []
 
     def reached(record: RoundRecord) -> bool:
@@ -330,7 +405,8 @@ def _run(name: str, schedule: FleetSchedule, seed: int, until_s: float,
 def rehearse(cluster: Mapping[str, Any], *, model: Mapping[str, Any] | None = None,
              seq_len: int = 512, bandwidth: float | None = None,
              latency: float | None = None, single_steps: int = 40, seed: int = 0,
-             drops: bool = True, drop_every_s: float = W3_OUTAGE_EVERY_S) -> dict[str, Any]:
+             drops: bool = True, drop_every_s: float = W3_OUTAGE_EVERY_S,
+             outer: OuterOptimizer = AVERAGE, stages_kept: bool = False) -> dict[str, Any]:
     """The rehearsal's figures: the fleet plan against its best single pipeline (the plan
     asked for one replica), both trained in virtual time; with ``drops``, the fleet once
     more with the WiFi fellows dropping as W3 has them."""
@@ -349,31 +425,38 @@ def rehearse(cluster: Mapping[str, Any], *, model: Mapping[str, Any] | None = No
     single_plan = fleet_plan_message({**message, "replicas": 1}, view)
     fleet = schedule_of(fleet_plan, view)
     single = schedule_of(single_plan, view)
-    # the single pipeline syncs with nobody: its rounds only say when to evaluate
-    single = replace(single, inner_steps=max(1, single_steps // 8), replicas=tuple(
+    # the single pipeline syncs with nobody: its rounds only say when to evaluate, every
+    # step, so its time to the target is read as finely as it can be
+    single = replace(single, inner_steps=1, replicas=tuple(
         replace(r, sync_s=0.0, air_s=()) for r in single.replicas))
     # one thread: the steps are small, and on a busy machine more threads only contend
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _rehearse(fleet, single, single_steps, seed, drops, drop_every_s)
+        return _rehearse(fleet, single, single_steps, seed, drops, drop_every_s, outer,
+                         stages_kept)
     finally:
         torch.set_num_threads(threads)
 
 
 def _rehearse(fleet: FleetSchedule, single: FleetSchedule, single_steps: int, seed: int,
-              drops: bool, drop_every_s: float) -> dict[str, Any]:
+              drops: bool, drop_every_s: float, outer: OuterOptimizer,
+              stages_kept: bool) -> dict[str, Any]:
     data = _data()
     until = single_steps * single.replicas[0].step_s
-    alone = _run("single pipeline", single, seed, until, None, None, data)
+    alone = _run("single pipeline", single, seed, until, None, None, data, ALONE)
     target = alone.final_loss
-    runs = [alone, _run("fleet", fleet, seed, until, target, None, data)]
+    runs = [alone, _run("fleet", fleet, seed, until, target, None, data, outer)]
     if drops:
         outages = w3_outages(fleet.wifi_fellows, until, random.Random(seed + 1),
                              drop_every_s)
-        runs.append(_run("fleet, W3 drops", fleet, seed, until, target, outages, data))
-    single_time = alone.curve[-1][0] if alone.curve else until
-    deadline = 2.0 * max(fleet.round_compute_s, max(r.step_s for r in fleet.replicas))
+        runs.append(_run("fleet, W3 drops", fleet, seed, until, target, outages, data,
+                         outer, stages_kept))
+    # the same rule for every arm: the first held-out evaluation at or below the target
+    alone = replace(alone, time_to_target_s=first_at(alone.curve, target))
+    runs[0] = alone
+    single_time = alone.time_to_target_s or until
+    deadline = round_deadline_s(fleet)
     return {
         "plan_id": fleet.plan_id, "sentence": fleet.sentence,
         "replicas": [{"name": r.name, "fellows": list(r.fellows), "step_s": r.step_s,
@@ -383,30 +466,44 @@ def _rehearse(fleet: FleetSchedule, single: FleetSchedule, single_steps: int, se
                             "step_s": single.replicas[0].step_s,
                             "samples_per_step": single.replicas[0].samples_per_step},
         "inner_steps": fleet.inner_steps, "round_deadline_s": deadline,
+        "outer": {"lr": outer.lr, "momentum": outer.momentum, "codec": outer.codec},
+        "stages_kept": stages_kept,
         "target_loss": target, "single_time_s": single_time,
         "runs": [r.to_dict() for r in runs],
         "speedup": {r.name: (single_time / r.time_to_target_s if r.time_to_target_s
                              else None) for r in runs[1:]},
+        # the same comparison at every round close: less at the mercy of where on the
+        # single pipeline's flattening curve its last step happens to land
+        "lead_by_round": {r.name: lead_by_round(alone.curve, r.curve) for r in runs[1:]},
     }
 
 
 def markdown(result: Mapping[str, Any]) -> str:
     lines = ["# Fleet rehearsal", "", result["sentence"], "",
-             f"Target: the single pipeline's final held-out loss, {result['target_loss']:.4f}, "
-             f"at {result['single_time_s']:,.0f} virtual s. Round deadline "
+             "Target: the single pipeline's final held-out loss, "
+             f"{result['target_loss']:.4f}, first reached at "
+             f"{result['single_time_s']:,.0f} virtual s. Round deadline "
              f"{result['round_deadline_s']:,.0f} s.", "",
              "| run | rounds closed | time to target | faster than one pipeline | "
+             "lead at each round close | "
              "longest gap between rounds | time lost to outages | busiest fellow's bytes |",
-             "|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
+    single_curve = result["runs"][0]["curve"]
+    single_end = single_curve[-1][0] if single_curve else 0.0
     for run in result["runs"]:
         t = run["time_to_target_s"]
         speed = result["speedup"].get(run["name"])
         per = run["bytes_per_fellow"]
         busiest = max(per.items(), key=lambda kv: kv[1]) if per else ("-", 0)
+        leads = result.get("lead_by_round", {}).get(run["name"])
+        lead = ", ".join(
+            (f"> {single_end / t:.1f}x" if x is None else f"{x:.1f}x")  # past its run
+            for x, (t, _) in zip(leads, run["curve"])) if leads else "-"
         lines.append(
             f"| {run['name']} | {run['rounds']} | "
             f"{'-' if t is None else f'{t:,.0f} s'} | "
-            f"{'-' if speed is None else f'{speed:.1f}x'} | {run['max_round_gap_s']:,.0f} s | "
+            f"{'-' if speed is None else f'{speed:.1f}x'} | {lead} | "
+            f"{run['max_round_gap_s']:,.0f} s | "
             f"{run['paused_s']:,.0f} s | {busiest[0]} {busiest[1] / 1e9:.1f} GB |")
     return "\n".join(lines) + "\n"
 
@@ -433,5 +530,7 @@ def write_plot(result: Mapping[str, Any], path: Path) -> str | None:
     return None
 
 
-__all__ = ["SAMPLE_SCALE", "FleetSchedule", "FleetSwarm", "RehearsedReplica", "RunFigures",
-           "markdown", "rehearse", "schedule_of", "w3_outages", "write_plot"]
+__all__ = ["ALONE", "AVERAGE", "DILOCO", "SAMPLE_SCALE", "FleetSchedule", "FleetSwarm",
+           "OuterOptimizer", "RehearsedReplica", "RunFigures", "first_at", "lead_by_round",
+           "markdown", "outage_cost_s", "rehearse", "round_deadline_s", "schedule_of",
+           "time_to_loss_s", "w3_outages", "write_plot"]
