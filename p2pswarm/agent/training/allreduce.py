@@ -252,7 +252,14 @@ class AllReduceFellow:
         for update_version in sorted(self._updates):  # passed on before it took over
             blob = self._updates[update_version].get(part)
             if blob is not None and update_version == keeper.version + 1:
-                keeper.adopt(update_version, blob)
+                try:
+                    keeper.adopt(update_version, blob)
+                except SwarmError:
+                    self.dropped += 1
+                    break
+                if self._nursery is not None:  # to those the vanished keeper missed
+                    self._nursery.start_soon(
+                        self._publish, PartUpdate(self.stage, part, update_version, blob))
         for delta in self._orphans.pop(part, {}).values():
             self._contribute(keeper, delta)
 
@@ -321,7 +328,12 @@ class AllReduceFellow:
         got[part] = update.blob
         keeper = self.keepers.get(part)
         if keeper is not None and version == keeper.version + 1:
-            keeper.adopt(version, update.blob)  # the round closed before its keeper died
+            try:  # the round closed before its keeper vanished: pass that one on
+                keeper.adopt(version, update.blob)
+            except SwarmError:
+                self.dropped += 1
+                del got[part]
+                return
             if self._nursery is not None:
                 self._nursery.start_soon(self._publish, update)
         self._wake()
@@ -371,11 +383,7 @@ class AllReduceFellow:
             messages.append(delta)
         for message in messages:
             if heir == self.name:
-                if isinstance(message, PartUpdate):
-                    keeper = self.keepers.get(part)
-                    if keeper is not None and message.version == keeper.version + 1:
-                        keeper.adopt(message.version, message.blob)
-                else:
+                if isinstance(message, PartDelta):  # its own updates it adopted already
                     self._receive(message)
             else:
                 await self._send(heir, message)
