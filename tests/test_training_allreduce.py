@@ -29,7 +29,7 @@ class Fellows:
 
 
 def make_fellows(n: int, numel: int, config: SyncConfig = PLAIN, seed: int = 0,
-                 bandwidth_bps: float = 0.0) -> Fellows:
+                 bandwidth_bps: float = 0.0, backup_every_rounds: int = 0) -> Fellows:
     generator = torch.Generator().manual_seed(seed)
     start = torch.randn(numel, generator=generator)
     net = MemoryPartNet(latency_s=0.01, bandwidth_bps=bandwidth_bps)
@@ -42,7 +42,8 @@ def make_fellows(n: int, numel: int, config: SyncConfig = PLAIN, seed: int = 0,
         p.add_(0.01 * torch.randn(numel, generator=generator))
         fellows.append(AllReduceFellow(name, names, PartedSync(local, n), net,
                                        net.attach(name),
-                                       round_deadline_s=config.round_deadline_s))
+                                       round_deadline_s=config.round_deadline_s,
+                                       backup_every_rounds=backup_every_rounds))
         params.append(p)
     return Fellows(net, fellows, params, start)
 
@@ -162,16 +163,26 @@ async def test_a_keeper_killed_after_sending_some_updates_is_adopted_not_redone(
         async with trio.open_nursery() as rounds:
             for f in survivors:
                 rounds.start_soon(f.reduce, 8)
-            rounds.start_soon(victim.reduce, 8)
+            victim_round = trio.CancelScope()
+
+            async def victim_reduce() -> None:
+                with victim_round:
+                    await victim.reduce(8)
+            rounds.start_soon(victim_reduce)
             # the victim's update leaves on its uplink one fellow after another: kill it
             # once the first has it
             def has_part_3(f: AllReduceFellow) -> bool:
                 return f.sync.version >= 1 or 3 in f._updates.get(1, {})
-            while not any(has_part_3(f) for f in survivors):
+            for _ in range(5000):
+                if any(has_part_3(f) for f in survivors):
+                    break
                 await trio.sleep(0.001)
+            assert any(has_part_3(f) for f in survivors), [
+                (f.name, f.sync.version, sorted(f._updates.get(1, {}))) for f in setup.fellows]
             assert not all(has_part_3(f) for f in survivors)
             setup.net.kill(victim.name)
             scopes[victim.name].cancel()
+            victim_round.cancel()
             await trio.sleep(0.5)
             for f in survivors:
                 f.down(victim.name)
@@ -203,3 +214,28 @@ async def test_bytes_per_fellow_stay_bounded_as_fellows_grow(
         busiest = max(max(setup.net.sent_bytes.values()), max(setup.net.received_bytes.values()))
         ratios[n] = busiest / one_delta
     assert max(ratios.values()) <= 3.0, ratios
+
+
+async def test_a_new_keeper_goes_on_from_the_outer_state_its_predecessor_handed_it(
+        autojump_clock: trio.testing.MockClock) -> None:
+    config = SyncConfig(outer_lr=0.7, outer_momentum=0.9, codec="int8")
+    setup = make_fellows(4, 4_000, config, backup_every_rounds=1)
+    async with trio.open_nursery() as nursery:
+        for f in setup.fellows:
+            await nursery.start(f.run)
+        async with trio.open_nursery() as rounds:
+            for f in setup.fellows:
+                rounds.start_soon(f.reduce, 8)
+        await trio.sleep(1.0)  # the backups arrive
+        nursery.cancel_scope.cancel()
+    kept = setup.fellows[1].keepers[1].outer  # type: ignore[attr-defined]
+    heir = setup.fellows[2]
+    assert 1 in heir._backups and heir._backups[1].version == 1
+    setup.net.kill("f1")
+    for f in (setup.fellows[0], setup.fellows[2], setup.fellows[3]):
+        f.down("f1")
+    taken = heir.keepers[1].outer  # type: ignore[attr-defined]
+    assert taken.version == kept.version == 1
+    assert torch.equal(taken.momentum, kept.momentum) and kept.momentum.abs().sum() > 0
+    assert torch.equal(taken.params, kept.params)
+    assert torch.equal(taken.compressor.residual, kept.compressor.residual)

@@ -23,8 +23,8 @@ Everything crosses this module as bytes (``Encoded.to_bytes``), so the trio side
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -108,7 +108,7 @@ class PartedSync:
         """Apply every part's update to ``version`` (from ``version - 1``)."""
         self.local.apply(self.decode_update(blobs), version)
 
-    def keeper(self, part: int, now: float, state: dict[str, Any] | None = None) -> PartKeeper:
+    def keeper(self, part: int, now: float, state: bytes | None = None) -> PartKeeper:
         """A keeper of part ``part`` starting from this replica's anchor (the global
         parameters, equal on every replica) at its version, with the part's outer state
         when one was handed over (else a fresh momentum and error feedback)."""
@@ -176,17 +176,27 @@ class PartKeeper:
                                       f"keeper at version {self.outer.version}")
         self.outer.adopt(Encoded.from_bytes(blob))
 
-    def outer_state(self) -> dict[str, Any]:
+    def outer_state(self) -> bytes:
         """What another fellow needs to keep this part on: momentum and error feedback
-        (the global parameters every replica already mirrors)."""
-        return {"version": self.outer.version, "momentum": self.outer.momentum.clone(),
-                "compressor": self.outer.compressor.state_dict()}
+        (the global parameters every replica already mirrors), as ``torch.save`` bytes."""
+        out = io.BytesIO()
+        torch.save({"momentum": self.outer.momentum.clone(),
+                    "compressor": self.outer.compressor.state_dict()}, out)
+        return out.getvalue()
 
-    def load_outer(self, state: dict[str, Any]) -> None:
-        momentum = state["momentum"].float()
-        if momentum.numel() != self.outer.params.numel():
-            raise RemoteProtocolError("bad-state", "a part's momentum of the wrong size")
-        self.outer.momentum = momentum.clone()
+    def load_outer(self, blob: bytes) -> None:
+        """Take a part's outer state (``outer_state``); RemoteProtocolError when it is
+        not one of this part's size."""
+        try:
+            state = torch.load(io.BytesIO(blob), weights_only=True)
+            momentum = state["momentum"].float()
+            residual = state["compressor"]["residual"]
+        except Exception as exc:  # torch.load raises many kinds: all mean a bad state
+            raise RemoteProtocolError("bad-state", type(exc).__name__) from None
+        n = self.outer.params.numel()
+        if momentum.numel() != n or residual.numel() != n:
+            raise RemoteProtocolError("bad-state", "a part's outer state of the wrong size")
+        self.outer.momentum = momentum.reshape(-1).clone()
         self.outer.compressor.load_state_dict(state["compressor"])
 
 

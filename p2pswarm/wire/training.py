@@ -340,8 +340,22 @@ class PartUpdate:
     blob: Blob
 
 
+@message(185)
+@dataclass(frozen=True, slots=True)
+class PartState:
+    """Part ``part``'s outer state at version ``version`` (momentum and the error feedback
+    of its update, ``torch.save`` bytes read back weights-only), from its keeper to the
+    fellow that keeps the part if the keeper vanishes."""
+
+    stage: U16
+    part: U16
+    version: U32
+    blob: Blob
+
+
 __all__ = ["SHARD_CHUNK_BYTES", "Ack", "DataFetch", "DataPut", "Delta", "MomentsAsk",
-           "MomentsLoadHead", "Params", "ParamsAsk", "PartDelta", "PartUpdate", "Reset",
+           "MomentsLoadHead", "Params", "ParamsAsk", "PartDelta", "PartState", "PartUpdate",
+           "Reset",
            "StateAsk", "StateHead", "StateLoadHead", "StatePart", "StepApply", "StepReport",
            "StepRun", "Stop", "TakeDelta", "Tied", "TiedAsk", "TiedWeight", "TrainError",
            "TrainFetch", "TrainOpen", "TrainShard", "TrainTensor", "Update"]

@@ -20,12 +20,14 @@ part's update ``R - 1`` times out, the other parts' in.
 
 A fellow vanishing mid-round (``down``, from membership): the live fellows stop waiting
 for it, and each part it kept moves to the next live fellow in the ring. The new keeper
-starts from its own anchor (the global parameters, the same on every replica) with a
-fresh outer momentum; every live fellow tells it what it holds of the part's open round:
-the part's update, when the vanished keeper sent it one before dying (the new keeper
-adopts it and passes it on, so nobody applies two different updates of one round), else
-its part of the delta again. The new keeper closes the round by the same rule, so a round
-never waits past its deadline for a vanished fellow.
+starts from its own anchor (the global parameters, the same on every replica) with the
+outer momentum and error feedback its predecessor last handed it (``PartState``, every
+``backup_every_rounds`` rounds; fresh ones without); every live fellow tells it what it
+holds of the part's open round: the part's update, when the vanished keeper sent it one
+before dying (the new keeper adopts it and passes it on, so nobody applies two different
+updates of one round), else its part of the delta again (a fellow that applied the round
+already answers that one with the update). The new keeper closes the round by the same
+rule, so a round never waits past its deadline for a vanished fellow.
 
 Everything from the network is checked before it is used: a part number or version out
 of range, a blob of the wrong size, a delta from a fellow outside the roster is dropped
@@ -36,13 +38,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from p2pswarm.errors import SwarmError
 from p2pswarm.wire.codec import decode, encode
-from p2pswarm.wire.training import PartDelta, PartUpdate
+from p2pswarm.wire.training import PartDelta, PartState, PartUpdate
 
 if TYPE_CHECKING:
     from p2pswarm.training.sync import Verdict
@@ -52,7 +54,7 @@ log = logging.getLogger("p2pswarm.training")
 HISTORY_VERSIONS = 2  # applied versions whose updates a fellow can pass to a new keeper
 MAX_MESSAGE_BYTES = 80 * 1024 * 1024
 
-PartMessage = PartDelta | PartUpdate
+PartMessage = PartDelta | PartUpdate | PartState
 
 
 class PartKeeperPort(Protocol):
@@ -79,6 +81,8 @@ class PartKeeperPort(Protocol):
 
     def adopt(self, version: int, blob: bytes) -> None: ...
 
+    def outer_state(self) -> bytes: ...
+
 
 class PartSync(Protocol):
     """A replica's side of one stage (``training.allreduce.PartedSync``), in bytes."""
@@ -93,7 +97,7 @@ class PartSync(Protocol):
 
     def apply_parts(self, version: int, blobs: Sequence[bytes]) -> None: ...
 
-    def keeper(self, part: int, now: float, state: dict[str, Any] | None = None
+    def keeper(self, part: int, now: float, state: bytes | None = None
                ) -> PartKeeperPort: ...
 
 
@@ -157,7 +161,7 @@ class AllReduceFellow:
 
     def __init__(self, name: str, roster: Sequence[str], sync: PartSync, net: PartNet,
                  inbox: trio.MemoryReceiveChannel[PartMessage], *, stage: int = 0,
-                 round_deadline_s: float = 60.0) -> None:
+                 round_deadline_s: float = 60.0, backup_every_rounds: int = 0) -> None:
         if name not in roster or len(set(roster)) != len(roster):
             raise ValueError(f"{name} must be in a roster of distinct names: {list(roster)}")
         if sync.parts != len(roster):
@@ -168,6 +172,8 @@ class AllReduceFellow:
         self.net = net
         self.stage = stage
         self.round_deadline_s = round_deadline_s
+        # every so many rounds a keeper sends its parts' outer state to its heir (0: never)
+        self.backup_every_rounds = backup_every_rounds
         self.live = set(roster)
         self.owners = list(roster)  # part j's keeper
         self.keepers: dict[int, PartKeeperPort] = {}
@@ -178,6 +184,8 @@ class AllReduceFellow:
         self._history: dict[int, dict[int, bytes]] = {}  # applied versions, the same
         self._sent: dict[int, PartDelta] = {}  # this round's parts, until their update
         self._orphans: dict[int, dict[str, PartDelta]] = {}  # parts no keeper here yet
+        self._backups: dict[int, PartState] = {}  # parts this fellow is the heir of
+        self._taken: set[int] = set()  # parts it keeps since their keeper vanished
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
 
@@ -186,16 +194,19 @@ class AllReduceFellow:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
         """Receive part messages and close the parts this fellow keeps, until cancelled."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            now = trio.current_time()
-            for j, owner in enumerate(self.owners):
-                if owner == self.name:
-                    self._keep(j, now)
-            nursery.start_soon(self._close_loop)
-            task_status.started()
-            async for message in self._inbox:
-                self._receive(message)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                now = trio.current_time()
+                for j, owner in enumerate(self.owners):
+                    if owner == self.name and j not in self.keepers:
+                        self._keep(j, now)
+                nursery.start_soon(self._close_loop)
+                task_status.started()
+                async for message in self._inbox:
+                    self._receive(message)
+        finally:
+            self._nursery = None  # stopped: nothing more is sent
 
     def _wake(self) -> None:
         self._changed.set()
@@ -245,7 +256,12 @@ class AllReduceFellow:
     # --- the parts this fellow keeps --------------------------------------------------
 
     def _keep(self, part: int, now: float) -> None:
-        keeper = self.sync.keeper(part, now)
+        backup = self._backups.pop(part, None)
+        try:
+            keeper = self.sync.keeper(part, now, None if backup is None else backup.blob)
+        except SwarmError:  # a bad backup: start the part's momentum afresh
+            self.dropped += 1
+            keeper = self.sync.keeper(part, now)
         for name in sorted(self.live):
             keeper.join(name)
         self.keepers[part] = keeper
@@ -268,11 +284,13 @@ class AllReduceFellow:
             now = trio.current_time()
             for j in sorted(self.keepers):
                 keeper = self.keepers[j]
-                if keeper.ready(now):
+                # past its deadline with nothing arrived, closing moves the deadline on
+                if keeper.ready(now) or now >= keeper.next_deadline():
                     closed = keeper.close(now)
                     if closed is not None:
                         version, blob, _ = closed
                         await self._publish(PartUpdate(self.stage, j, version, blob))
+                        await self._back_up(j, keeper, version)
             deadline = min((k.next_deadline() for k in self.keepers.values()),
                            default=now + self.round_deadline_s)
             with trio.move_on_at(max(deadline, now)):
@@ -286,6 +304,14 @@ class AllReduceFellow:
             for name in self.roster:
                 if name != self.name and name in self.live:
                     nursery.start_soon(self._send, name, update)
+
+    async def _back_up(self, part: int, keeper: PartKeeperPort, version: int) -> None:
+        """Every ``backup_every_rounds`` rounds, the part's outer state to its heir."""
+        every = self.backup_every_rounds
+        heir = self._heir(self.name)
+        if every <= 0 or version % every or heir == self.name:
+            return
+        await self._send(heir, PartState(self.stage, part, version, keeper.outer_state()))
 
     def _contribute(self, keeper: PartKeeperPort, delta: PartDelta) -> None:
         try:
@@ -306,11 +332,23 @@ class AllReduceFellow:
             if message.replica not in self.live:
                 self.dropped += 1
                 return
+            passed = self._history.get(message.version + 1, {}).get(message.part)
+            if passed is not None and message.part in self._taken:
+                # sent again to a new keeper: the vanished one closed its round with it,
+                # and its sender lacks that update
+                if self._nursery is not None:
+                    self._nursery.start_soon(self._send, message.replica, PartUpdate(
+                        self.stage, message.part, message.version + 1, passed))
+                return
             keeper = self.keepers.get(message.part)
             if keeper is None:  # its sender already knows that this fellow keeps it
                 self._orphans.setdefault(message.part, {})[message.replica] = message
                 return
             self._contribute(keeper, message)
+        elif isinstance(message, PartState):
+            held = self._backups.get(message.part)
+            if held is None or message.version > held.version:
+                self._backups[message.part] = message
         else:
             self._store(message)
 
@@ -358,6 +396,7 @@ class AllReduceFellow:
             heir = self._heir(name)
             self.owners[j] = heir
             if heir == self.name:
+                self._taken.add(j)
                 self._keep(j, now)
             if self._nursery is not None:
                 self._nursery.start_soon(self._tell_heir, j, heir)
