@@ -207,6 +207,21 @@ class OuterSync:
         self.deadline = now + self.config.round_deadline_s
         return RoundResult(self.version, encoded, tuple(applied), tuple(dropped), now)
 
+    def adopt(self, encoded: Encoded) -> None:
+        """Take an update to ``version + 1`` that another keeper of the same parameters
+        closed (one that vanished after sending it to some replicas), instead of closing
+        the round again: the contributions anchored before it are in it already."""
+        update = self.compressor.codec.decode(encoded)
+        if update.numel() != self.params.numel():
+            raise RemoteProtocolError("bad-update", f"{update.numel()} values, the keeper "
+                                      f"has {self.params.numel()}")
+        self.params.add_(update)
+        self._history[self.version] = encoded
+        self._history.pop(self.version - HISTORY_UPDATES, None)
+        self.version += 1
+        self._pending = {k: v for k, v in self._pending.items() if k[1] >= self.version}
+        self._fresh.clear()
+
     def updates_since(self, version: int) -> list[Encoded] | None:
         """The updates taking a replica from ``version`` to now, or None if some are
         gone (then it must ``join`` again)."""
@@ -241,6 +256,7 @@ class LocalSync:
     def __init__(self, params: Sequence[torch.Tensor], config: SyncConfig, *, version: int = 0,
                  codec: Codec | None = None, noise_seed: int = 0) -> None:
         self.tensors = list(params)
+        self.config = config
         self.anchor = flatten(self.tensors)
         self.snapshot = self.anchor.clone()
         self.version = version

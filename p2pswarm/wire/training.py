@@ -1,5 +1,9 @@
 """Messages of training jobs: a replica's pipeline and its sync (tags 110-129, 180-199).
 
+``PartDelta`` and ``PartUpdate`` carry the sharded all-reduce between replicas
+(``agent.training.allreduce``): a part of a delta to that part's keeper, a part's
+update to every replica.
+
 A job's driver (the leader) opens one sealed stream to every stage of every replica; its
 first frame is ``TrainOpen`` with role ``control``. Stage ``s`` opens one to stage
 ``s + 1`` of its replica with role ``data``: activations go down it, their gradients
@@ -307,8 +311,51 @@ class MomentsLoadHead:
     sha256: Hex
 
 
+# --- the sharded all-reduce between a job's replicas (agent.training.allreduce) ------------
+
+
+@message(183)
+@dataclass(frozen=True, slots=True)
+class PartDelta:
+    """Part ``part`` of replica ``replica``'s delta of stage ``stage``, anchored on global
+    version ``version``, for that part's keeper (the reduce-scatter)."""
+
+    stage: U16
+    part: U16
+    version: U32
+    replica: Name
+    samples: U64
+    blob: Blob
+
+
+@message(184)
+@dataclass(frozen=True, slots=True)
+class PartUpdate:
+    """Part ``part``'s update of stage ``stage`` to version ``version``, from its keeper to
+    every replica (the all-gather), or passed on to a part's new keeper."""
+
+    stage: U16
+    part: U16
+    version: U32
+    blob: Blob
+
+
+@message(185)
+@dataclass(frozen=True, slots=True)
+class PartState:
+    """Part ``part``'s outer state at version ``version`` (momentum and the error feedback
+    of its update, ``torch.save`` bytes read back weights-only), from its keeper to the
+    fellow that keeps the part if the keeper vanishes."""
+
+    stage: U16
+    part: U16
+    version: U32
+    blob: Blob
+
+
 __all__ = ["SHARD_CHUNK_BYTES", "Ack", "DataFetch", "DataPut", "Delta", "MomentsAsk",
-           "MomentsLoadHead", "Params", "ParamsAsk", "Reset",
+           "MomentsLoadHead", "Params", "ParamsAsk", "PartDelta", "PartState", "PartUpdate",
+           "Reset",
            "StateAsk", "StateHead", "StateLoadHead", "StatePart", "StepApply", "StepReport",
            "StepRun", "Stop", "TakeDelta", "Tied", "TiedAsk", "TiedWeight", "TrainError",
            "TrainFetch", "TrainOpen", "TrainShard", "TrainTensor", "Update"]
