@@ -191,6 +191,18 @@ class Admission:
                                      self._name[:64], 0, wall_s(), wall_s() + CERTIFICATE_TTL_S)
             self.certificate = cert.encode()
             self._save(lambda s: replace(s, certificate=cert.encode(), invitation=b""))
+        if not self.certificate and self.setup.delegate is not None and self.setup.invitation:
+            # a delegated issuer admits itself under the invitation it joins with (one use)
+            own = AdmitAsk(self.setup.invitation, self._identity.public_key, self._name[:64],
+                           2**31 - 1)
+            reply = self._answer(own, node_id_of(self._identity.public_key))
+            if isinstance(reply, Admitted):
+                self.certificate = reply.certificate
+                self._save(lambda s: replace(s, certificate=reply.certificate, invitation=b""))
+                log.info("%s: admitted itself as a delegated issuer", self._name)
+            else:
+                log.warning("%s: cannot admit itself as a delegated issuer (%s); asking the "
+                            "seeds", self._name, reply.reason)
         if self.certificate:
             return self.certificate
         if not self.setup.invitation:
@@ -318,11 +330,12 @@ class Admission:
             return AdmitRefused("this issuer keeps no more certificates")
         identity, delegation = signer
         got = issue_under(identity, self.setup.admin_key, invitation, msg.public_key,
-                          msg.name, msg.priority, wall_s(), self._issued,
-                          delegation=delegation)
+                          msg.name, msg.priority, wall_s(),
+                          # slots other issuers gave, as this view holds them, are taken too
+                          [*self._issued, *self.gate.slots.holders()], delegation=delegation)
         if isinstance(got, str):
             return AdmitRefused(got)
-        if got not in self._issued:
+        if got not in self._issued and got.issuer_key == identity.public_key:
             self._issued.append(got)
             data = got.encode()
             self._save(lambda s: replace(s, issued=(*s.issued, data)))

@@ -5,8 +5,10 @@ delegated issuer, out)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -238,7 +240,8 @@ DEFAULT_DELEGATION_TTL = "30d"
 @exits_on()
 def delegate(
     out: Path = typer.Option(..., "--out", help="Write the issuer bundle to this new file "
-                             "(mode 0600); give it to one fellow: `join --issuer-file FILE`."),
+                             "(mode 0600), or - for stdout (a pipe into `docker secret "
+                             "create`); give it to one fellow: `join --issuer-file FILE`."),
     ttl: str = typer.Option(DEFAULT_DELEGATION_TTL, "--ttl",
                             help="How long the bundle may issue certificates: 7d, 30d."),
     home: Optional[Path] = HomeOption,
@@ -257,16 +260,25 @@ def delegate(
         if not files.has_admin():
             fail(f"{directory} does not hold the swarm's admin key: run `p2pswarm delegate` "
                  "on the machine that ran `p2pswarm init`")
-        if out.exists():
+        to_stdout = str(out) == "-"
+        if not to_stdout and out.exists():
             fail(f"--out {out} already exists: give a new file name")
-        if not out.parent.is_dir():
+        if not to_stdout and not out.parent.is_dir():
             fail(f"--out {out}: the directory {out.parent} does not exist")
         admin = files.load_admin()
         key = Identity.generate()
         expires_s = int(time.time()) + ttl_s
         bundle = IssuerBundle(key, admin.delegate(key.public_key, expires_s))
-        write_private(out, bundle.document())
+        if to_stdout:
+            sys.stdout.write(json.dumps(bundle.document()) + "\n")
+        else:
+            write_private(out, bundle.document())
     issuer_id = node_id_of(key.public_key).hex()
+    if to_stdout:  # the bundle went to stdout: what to do with it goes to stderr
+        typer.echo(f"issuer bundle written to stdout, issuing until "
+                   f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(expires_s))}; if it is "
+                   f"lost or stolen: p2pswarm revoke {issuer_id}", err=True)
+        return
     if as_json:
         print_json({"out": str(out), "issuer_id": issuer_id, "expires_at_s": expires_s})
         return
