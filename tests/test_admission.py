@@ -163,3 +163,36 @@ def test_signature_budget_is_per_sender_and_refills() -> None:
     assert not budget.take("a", 0.0)
     assert budget.take("b", 0.0)  # another sender keeps its own allowance
     assert budget.take("a", 0.1)  # refilled: one more
+
+
+def test_a_revoked_delegation_ends_what_it_signed_and_the_bundle_round_trips(
+        tmp_path: object) -> None:
+    from pathlib import Path
+
+    from p2pswarm.admission_home import AdmissionHome, IssuerBundle
+    from p2pswarm.security.identity import node_id_of
+
+    admin = _admin()
+    delegate = Identity.generate()
+    delegation = admin.delegate(delegate.public_key, NOW + 3600)
+    home = AdmissionHome(Path(str(tmp_path)))
+    home.save_issuer(IssuerBundle(delegate, delegation))
+    bundle = home.load_issuer()
+    assert bundle is not None and bundle.delegation == delegation
+    assert bundle.identity.public_key == delegate.public_key
+    inv = admin.invite(INV_ID, 3, NOW + 3600)
+    who = Identity.generate()
+    cert = Certificate.issue(delegate, inv, who.public_key, "pc", 0, NOW, NOW + 3600,
+                             delegation=delegation)
+    assert cert.problem(admin.public_key, NOW) is None  # offline, the admin key alone
+    assert cert.problem(admin.public_key, NOW + 3600) is not None  # the delegation ended
+    gate = AdmissionGate(admin.public_key, wall_offset_s=NOW)
+    assert gate.certificate(cert.encode(), who.public_key, "pc", 0.0) is not None
+    assert gate.revoke(admin.revoke(NOW, node_id=node_id_of(delegate.public_key)).encode())
+    assert gate.certificate(cert.encode(), who.public_key, "pc", 0.0) is None
+    assert gate.stats["revoked_refused"] == 1
+    # a bundle whose delegation names another key is refused in one line
+    other = IssuerBundle(Identity.generate(), delegation)
+    home.save_issuer(other)
+    with pytest.raises(ConfigError, match="names another key"):
+        home.load_issuer()
