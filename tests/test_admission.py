@@ -196,3 +196,44 @@ def test_a_revoked_delegation_ends_what_it_signed_and_the_bundle_round_trips(
     home.save_issuer(other)
     with pytest.raises(ConfigError, match="names another key"):
         home.load_issuer()
+
+
+def test_delegate_writes_a_bundle_join_takes_and_bad_input_gets_one_line(
+        tmp_path: object) -> None:
+    import json
+    import stat
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from p2pswarm.admission_home import AdmissionHome, IssuerBundle
+    from p2pswarm.cli import app
+    from p2pswarm.cli.admission import take_issuer_file
+    from p2pswarm.security.identity import node_id_of
+
+    root = Path(str(tmp_path))
+    runner = CliRunner()
+    admin_home, out = root / "admin", root / "issuer.json"
+    assert runner.invoke(app, ["init", "--home", str(admin_home)]).exit_code == 0
+    made = runner.invoke(app, ["delegate", "--home", str(admin_home), "--ttl", "7d",
+                               "--out", str(out), "--json"])
+    assert made.exit_code == 0, made.output
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    bundle = IssuerBundle.read(out)
+    admin = AdmissionHome(admin_home).load_admin()
+    assert bundle.delegation.valid(admin.public_key, bundle.delegation.expires_at_s - 1)
+    assert json.loads(made.output)["issuer_id"] == node_id_of(bundle.identity.public_key).hex()
+    # a fellow of this swarm takes it into its home (0600), whatever the source's mode
+    out.chmod(0o444)  # as a Docker secret is given
+    take_issuer_file(admin_home, out)
+    kept = AdmissionHome(admin_home).load_issuer()
+    assert kept is not None and kept.delegation == bundle.delegation
+    for args, says in (
+            (["delegate", "--home", str(admin_home), "--out", str(out)], "already exists"),
+            (["delegate", "--home", str(admin_home), "--out", str(root / "x"), "--ttl", "3q"],
+             "is not a duration"),
+            (["delegate", "--home", str(root / "none"), "--out", str(root / "y")],
+             "does not hold the swarm's admin key")):
+        refused = runner.invoke(app, args)
+        assert refused.exit_code == 2 and says in refused.output, refused.output
+        assert "Traceback" not in refused.output and len(refused.output.splitlines()) == 1
