@@ -159,3 +159,35 @@ def test_a_relayed_ask_with_a_swapped_key_is_refused() -> None:
     got = issuer._answer(signed, relay)  # the joiner's own ask, relayed: its key admitted
     assert isinstance(got, Admitted)
     assert Certificate.decode(got.certificate).public_key == joiner_key.public_key
+
+
+async def test_a_seed_relays_one_ask_at_a_time_per_joiner_address_within_a_budget(
+        autojump_clock) -> None:
+    admin = AdminKey.from_private_bytes(b"\x01" * 32)
+    seed = Admission("f001", Identity.from_private_bytes(b"\x05" * 32), None,
+                     AdmissionSetup(admin.public_key))
+    asked: list[str] = []
+
+    async def silent_issuer(addr: str, msg: object, *, timeout_s: float) -> object:
+        asked.append(addr)
+        await trio.sleep_forever()  # an issuer that takes the ask and never answers
+
+    seed.call = silent_issuer
+    seed.issuer_addrs = lambda: ["10.0.0.1:7946", "10.0.0.2:7946"]
+    ask = AdmitAsk(b"\x01", Identity.from_private_bytes(b"\x06" * 32).public_key, "new", 0)
+    replies: list[object] = []
+
+    async def relay(addr: str) -> None:
+        replies.append(await seed._relay(ask, addr))
+
+    began = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(relay, "10.0.8.1")
+        await trio.sleep(1)
+        nursery.start_soon(relay, "10.0.8.1")  # the same joiner again: nothing to say
+        nursery.start_soon(relay, "10.0.8.2")  # another joiner: relayed too
+    assert replies[0] is None  # the second ask of 10.0.8.1, at once
+    assert replies == [None, None, None]
+    assert trio.current_time() - began <= 1 + 8.0 + 0.01  # the relay's whole budget
+    assert asked == ["10.0.0.1:7946", "10.0.0.1:7946"]  # one issuer at a time, per joiner
+    assert seed.relayed_asks == 2

@@ -267,7 +267,8 @@ class Admission:
         if not self.issues(wall_s()) and msg.invitation != b"\x00":
             if not direct:
                 return None  # relayed asks are never relayed again: nothing to say
-            return await self._relay(msg, stream.peer_addr)
+            return await self._relay(msg, stream.peer_addr.rpartition(":")[0]
+                                     or stream.peer_addr)
         reply = self._answer(msg, stream.peer_node_id)
         if isinstance(reply, AdmitRefused):
             self.refused_asks += 1
@@ -287,15 +288,17 @@ class Admission:
         self._relaying.add(joiner_addr)
         self.relayed_asks += 1
         try:
-            for addr in addrs:
-                try:
-                    reply = await self.call(addr, msg, timeout_s=RELAY_TIMEOUT_S)
-                except (SwarmError, OSError, trio.TooSlowError) as exc:
-                    log.info("%s: relaying an ask to %s failed: %s", self._name, addr, exc)
-                    continue
-                if isinstance(reply, (Admitted, AdmitRefused)):
-                    log.info("%s: relayed %s's ask to %s", self._name, joiner_addr, addr)
-                    return reply
+            # the whole relay within one budget, below the joiner's own wait for its answer
+            with trio.move_on_after(RELAY_TIMEOUT_S):
+                for addr in addrs:
+                    try:
+                        reply = await self.call(addr, msg, timeout_s=RELAY_TIMEOUT_S)
+                    except (SwarmError, OSError, trio.TooSlowError) as exc:
+                        log.info("%s: relaying an ask to %s failed: %s", self._name, addr, exc)
+                        continue
+                    if isinstance(reply, (Admitted, AdmitRefused)):
+                        log.info("%s: relayed %s's ask to %s", self._name, joiner_addr, addr)
+                        return reply
             return None
         finally:
             self._relaying.discard(joiner_addr)
