@@ -11,6 +11,9 @@ PORT=7782                                 # p2pswarm's default port (p2pswarm/co
 TOKEN_FILE=${P2PSWARM_TOKEN_FILE:-${XDG_CONFIG_HOME:-$HOME/.config}/p2pswarm/token}
 ADMIN_HOME=${P2PSWARM_ADMIN_HOME:-${XDG_CONFIG_HOME:-$HOME/.config}/p2pswarm/admin}
 INVITE_TTL=${INVITE_TTL:-24h}             # how long the invitation in the secret admits
+ISSUER_SECRET=p2pswarm_issuer             # the issuer bundle, for worker-server only
+ISSUER_FILE=${P2PSWARM_ISSUER_FILE:-${XDG_CONFIG_HOME:-$HOME/.config}/p2pswarm/issuer.json}
+ISSUER_TTL=${ISSUER_TTL:-30d}             # how long that bundle may admit fellows
 PLATFORMS=${PLATFORMS:-linux/amd64,linux/arm64}
 VARIANTS=${VARIANTS:-cpu cuda}
 CUDA_BASE=${CUDA_BASE:-nvidia/cuda:12.4.1-runtime-ubuntu22.04}
@@ -30,8 +33,8 @@ usage: docker/deploy.sh COMMAND
                                  say what a machine is; the stack places fellows by it
   build                          build the images: cpu for $PLATFORMS, cuda for linux/amd64
   push                           build and push them to \$REGISTRY (REGISTRY=host:port required)
-  deploy                         make the join-token secret if missing, then deploy the stack
-                                 with one fellow per labelled machine
+  deploy                         make the join-token secret and the issuer secret if missing,
+                                 then deploy the stack with one fellow per labelled machine
   status                         nodes, services, and where each fellow runs
   logs [SERVICE|leader]          recent logs of every service, or follow one; "leader"
                                  follows the fellow that leads now (it coordinates: there
@@ -42,7 +45,9 @@ usage: docker/deploy.sh COMMAND
 Services: $SERVICES
 The p2pswarm join token lives in $TOKEN_FILE (P2PSWARM_TOKEN_FILE to change; made on
 first use) and reaches the fellows only as the Docker secret $SECRET: it is never passed
-on a command line.
+on a command line. The swarm's admin key stays on this machine, in $ADMIN_HOME
+(P2PSWARM_ADMIN_HOME); the fellows of worker-server get an issuer bundle it delegated
+(the secret $ISSUER_SECRET, for ISSUER_TTL=$ISSUER_TTL) and admit the others with it.
 Environment: REGISTRY, STACK ($STACK), PLATFORMS, VARIANTS ($VARIANTS), CUDA_BASE; for
 deploy also SERVER_REPLICAS, DESKTOP_REPLICAS, LAPTOP_REPLICAS, RPI_REPLICAS, GPU_REPLICAS
 (default: the machines labelled so) and RPI_MEMORY (3G).
@@ -78,10 +83,11 @@ token_from_json() {  # the "token" field of `p2pswarm init --json`
 
 make_token() {  # make_token [USES]
     # A new swarm's invitation (USES fellows, for INVITE_TTL), written to TOKEN_FILE (mode
-    # 600) through a pipe, never an argument. With p2pswarm installed here, by it, and the
-    # swarm's admin key stays in ADMIN_HOME (`p2pswarm invite --home ADMIN_HOME` makes
-    # more); else by the image, once built.
+    # 600) through a pipe, never an argument. The swarm's admin key stays in ADMIN_HOME on
+    # this machine (`p2pswarm invite --home ADMIN_HOME` makes more), made by p2pswarm if
+    # it is installed here, else by the image (once built) with ADMIN_HOME mounted.
     mkdir -p "$(dirname "$TOKEN_FILE")"
+    (umask 077 && mkdir -p "$ADMIN_HOME")
     local uses=${1:-10}
     if command -v p2pswarm >/dev/null 2>&1; then
         printf '+ p2pswarm init --home %s --uses %s --ttl %s --json | (the token) > %s\n' \
@@ -89,10 +95,11 @@ make_token() {  # make_token [USES]
         (umask 077 && p2pswarm init --home "$ADMIN_HOME" --uses "$uses" --ttl "$INVITE_TTL" \
             --json | token_from_json > "$TOKEN_FILE") || true
     elif [ -n "${REGISTRY:-}" ] || docker image inspect "$(image):cpu" >/dev/null 2>&1; then
-        printf '+ docker run --rm --network none --entrypoint p2pswarm %s init --home /tmp/swarm --uses %s --ttl %s --json | (the token) > %s\n' \
-            "$(image):cpu" "$uses" "$INVITE_TTL" "$TOKEN_FILE" >&2
-        (umask 077 && docker run --rm --network none --entrypoint p2pswarm "$(image):cpu" \
-            init --home /tmp/swarm --uses "$uses" --ttl "$INVITE_TTL" --json \
+        printf '+ docker run --rm --network none --user %s -v %s:/admin --entrypoint p2pswarm %s init --home /admin --uses %s --ttl %s --json | (the token) > %s\n' \
+            "$(id -u):$(id -g)" "$ADMIN_HOME" "$(image):cpu" "$uses" "$INVITE_TTL" "$TOKEN_FILE" >&2
+        (umask 077 && docker run --rm --network none --user "$(id -u):$(id -g)" \
+            -v "$ADMIN_HOME:/admin" --entrypoint p2pswarm "$(image):cpu" \
+            init --home /admin --uses "$uses" --ttl "$INVITE_TTL" --json \
             | token_from_json > "$TOKEN_FILE") || true
     else
         return 1
@@ -113,6 +120,39 @@ ensure_secret() {  # ensure_secret [USES]
     fi
     printf '+ docker secret create %s - < %s\n' "$SECRET" "$TOKEN_FILE" >&2
     docker secret create "$SECRET" - < "$TOKEN_FILE" >/dev/null
+}
+
+make_issuer() {
+    # An issuer bundle the admin key in ADMIN_HOME delegates for ISSUER_TTL, written to
+    # ISSUER_FILE (mode 600) through a pipe: the admin key itself never leaves ADMIN_HOME.
+    [ -e "$ADMIN_HOME/admin.json" ] || return 1
+    if command -v p2pswarm >/dev/null 2>&1; then
+        printf '+ p2pswarm delegate --home %s --ttl %s --out - > %s\n' \
+            "$ADMIN_HOME" "$ISSUER_TTL" "$ISSUER_FILE" >&2
+        (umask 077 && p2pswarm delegate --home "$ADMIN_HOME" --ttl "$ISSUER_TTL" --out - \
+            > "$ISSUER_FILE") || true
+    else
+        printf '+ docker run --rm --network none --user %s -v %s:/admin --entrypoint p2pswarm %s delegate --home /admin --ttl %s --out - > %s\n' \
+            "$(id -u):$(id -g)" "$ADMIN_HOME" "$(image):cpu" "$ISSUER_TTL" "$ISSUER_FILE" >&2
+        (umask 077 && docker run --rm --network none --user "$(id -u):$(id -g)" \
+            -v "$ADMIN_HOME:/admin" --entrypoint p2pswarm "$(image):cpu" \
+            delegate --home /admin --ttl "$ISSUER_TTL" --out - > "$ISSUER_FILE") || true
+    fi
+    [ -s "$ISSUER_FILE" ] || die "could not make an issuer bundle (see above)"
+}
+
+ensure_issuer_secret() {
+    # The issuer bundle as the Docker secret worker-server reads (P2PSWARM_ISSUER_FILE):
+    # its fellows admit the stack's other fellows, so no container ever holds the admin key.
+    if docker secret inspect "$ISSUER_SECRET" >/dev/null 2>&1; then
+        printf 'The secret %s is there already.\n' "$ISSUER_SECRET" >&2
+        return 0
+    fi
+    if [ ! -s "$ISSUER_FILE" ]; then
+        make_issuer || return 1
+    fi
+    printf '+ docker secret create %s - < %s\n' "$ISSUER_SECRET" "$ISSUER_FILE" >&2
+    docker secret create "$ISSUER_SECRET" - < "$ISSUER_FILE" >/dev/null
 }
 
 # --- where the fellows find each other -------------------------------------------------
@@ -250,6 +290,7 @@ cmd_deploy() {
     fellows=$((fellows + GPU_REPLICAS))
     # the invitation admits as many fellows as the stack runs, for INVITE_TTL
     ensure_secret "$fellows" || die "deploy: no join token: build the image first (deploy.sh build), install p2pswarm here, or put a token in $TOKEN_FILE"
+    ensure_issuer_secret || die "deploy: no issuer bundle: $ADMIN_HOME holds no admin key; run \`p2pswarm delegate --home ADMIN-HOME --out $ISSUER_FILE\` where the admin key is"
     # shellcheck disable=SC2153  # the *_REPLICAS were set just above, by name
     printf 'seeds %s; fellows: %s server, %s desktop, %s laptop, %s rpi, %s gpu\n' \
         "$P2PSWARM_SEEDS" "$SERVER_REPLICAS" "$DESKTOP_REPLICAS" "$LAPTOP_REPLICAS" \

@@ -163,3 +163,77 @@ def test_signature_budget_is_per_sender_and_refills() -> None:
     assert not budget.take("a", 0.0)
     assert budget.take("b", 0.0)  # another sender keeps its own allowance
     assert budget.take("a", 0.1)  # refilled: one more
+
+
+def test_a_revoked_delegation_ends_what_it_signed_and_the_bundle_round_trips(
+        tmp_path: object) -> None:
+    from pathlib import Path
+
+    from p2pswarm.admission_home import AdmissionHome, IssuerBundle
+    from p2pswarm.security.identity import node_id_of
+
+    admin = _admin()
+    delegate = Identity.generate()
+    delegation = admin.delegate(delegate.public_key, NOW + 3600)
+    home = AdmissionHome(Path(str(tmp_path)))
+    home.save_issuer(IssuerBundle(delegate, delegation))
+    bundle = home.load_issuer()
+    assert bundle is not None and bundle.delegation == delegation
+    assert bundle.identity.public_key == delegate.public_key
+    inv = admin.invite(INV_ID, 3, NOW + 3600)
+    who = Identity.generate()
+    cert = Certificate.issue(delegate, inv, who.public_key, "pc", 0, NOW, NOW + 3600,
+                             delegation=delegation)
+    assert cert.problem(admin.public_key, NOW) is None  # offline, the admin key alone
+    assert cert.problem(admin.public_key, NOW + 3600) is not None  # the delegation ended
+    gate = AdmissionGate(admin.public_key, wall_offset_s=NOW)
+    assert gate.certificate(cert.encode(), who.public_key, "pc", 0.0) is not None
+    assert gate.revoke(admin.revoke(NOW, node_id=node_id_of(delegate.public_key)).encode())
+    assert gate.certificate(cert.encode(), who.public_key, "pc", 0.0) is None
+    assert gate.stats["revoked_refused"] == 1
+    # a bundle whose delegation names another key is refused in one line
+    other = IssuerBundle(Identity.generate(), delegation)
+    home.save_issuer(other)
+    with pytest.raises(ConfigError, match="names another key"):
+        home.load_issuer()
+
+
+def test_delegate_writes_a_bundle_join_takes_and_bad_input_gets_one_line(
+        tmp_path: object) -> None:
+    import json
+    import stat
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from p2pswarm.admission_home import AdmissionHome, IssuerBundle
+    from p2pswarm.cli import app
+    from p2pswarm.cli.admission import take_issuer_file
+    from p2pswarm.security.identity import node_id_of
+
+    root = Path(str(tmp_path))
+    runner = CliRunner()
+    admin_home, out = root / "admin", root / "issuer.json"
+    assert runner.invoke(app, ["init", "--home", str(admin_home)]).exit_code == 0
+    made = runner.invoke(app, ["delegate", "--home", str(admin_home), "--ttl", "7d",
+                               "--out", str(out), "--json"])
+    assert made.exit_code == 0, made.output
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    bundle = IssuerBundle.read(out)
+    admin = AdmissionHome(admin_home).load_admin()
+    assert bundle.delegation.valid(admin.public_key, bundle.delegation.expires_at_s - 1)
+    assert json.loads(made.output)["issuer_id"] == node_id_of(bundle.identity.public_key).hex()
+    # a fellow of this swarm takes it into its home (0600), whatever the source's mode
+    out.chmod(0o444)  # as a Docker secret is given
+    take_issuer_file(admin_home, out)
+    kept = AdmissionHome(admin_home).load_issuer()
+    assert kept is not None and kept.delegation == bundle.delegation
+    for args, says in (
+            (["delegate", "--home", str(admin_home), "--out", str(out)], "already exists"),
+            (["delegate", "--home", str(admin_home), "--out", str(root / "x"), "--ttl", "3q"],
+             "is not a duration"),
+            (["delegate", "--home", str(root / "none"), "--out", str(root / "y")],
+             "does not hold the swarm's admin key")):
+        refused = runner.invoke(app, args)
+        assert refused.exit_code == 2 and says in refused.output, refused.output
+        assert "Traceback" not in refused.output and len(refused.output.splitlines()) == 1

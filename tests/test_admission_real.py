@@ -1,5 +1,6 @@
-"""Admission with real `p2pswarm` processes: init, invite --uses 2, two fellows join, a third
-with the same invitation is refused in one line; revoke takes a fellow out within 10 s, and
+"""Admission with real `p2pswarm` processes: init, invite --uses 2, two fellows join (the
+second through the first, which relays its ask to the admin's fellow), a third with the
+same invitation is refused in one line; revoke takes a fellow out within 10 s, and
 it stays out across restarts (the admin's, and its own); an expired invitation admits
 nobody; a plain token is told to ask for an invitation."""
 
@@ -89,12 +90,20 @@ def test_an_invitation_admits_its_uses_and_revoke_takes_a_fellow_out(tmp_path: P
     try:
         procs["admin"] = join(admin_home, ports["admin"], "--name", "admin")
         wait("the admin's fellow", lambda: "admin" in alive_names(admin_home))
-        for name in ("a", "b"):
-            procs[name] = join(tmp_path / name, ports[name], seed, "--name", name,
-                               "--token", token)
+        procs["a"] = join(tmp_path / "a", ports["a"], seed, "--name", "a", "--token", token)
+        wait("a admitted", lambda: "a" in alive_names(admin_home))
+        # b knows only a, which cannot issue: a relays b's signed ask to the admin's fellow
+        via_a = f"127.0.0.1:{ports['a']}"
+        procs["b"] = join(tmp_path / "b", ports["b"], via_a, "--name", "b", "--token", token)
         wait("two fellows admitted", lambda: alive_names(admin_home) == {"admin", "a", "b"})
-        # the third with the same invitation: refused by the issuer, in one line, no keys kept
-        third = join(tmp_path / "c", ports["c"], seed, "--name", "c", "--token", token)
+        relay, issuer = status(tmp_path / "a"), status(admin_home)
+        assert relay is not None and issuer is not None
+        assert relay["admission"]["issues"] is False and relay["admission"]["relayed_asks"] >= 1
+        assert issuer["admission"]["issues"] is True
+        assert relay["admission"]["certificate"]["uses"] == 2
+        # the third with the same invitation, through a too: refused by the issuer, in one
+        # line, no keys kept
+        third = join(tmp_path / "c", ports["c"], via_a, "--name", "c", "--token", token)
         line = refused_line(third)
         assert "the invitation is used up" in line
         assert not Home(tmp_path / "c").has_swarm()

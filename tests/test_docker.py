@@ -29,6 +29,7 @@ DOCKER_DIR = REPO / "docker"
 DEPLOY = DOCKER_DIR / "deploy.sh"
 GiB = 1 << 30
 TOKEN = "p2ps1-AAAAA-BBBBB-CCCCC-DDDDD-EEEEE-FFFFF-GGGGG-HHHHH-JJJJJ-KKKKK-MMMMM-NN"
+MADE_ISSUER = '{"format": "p2pswarm-issuer", "version": 1, "ed25519_private_key": "c0ffee"}'
 MADE_TOKEN = "p2ps1-ZZZZZ-YYYYY-XXXXX-WWWWW-VVVVV-TTTTT-SSSSS-RRRRR-QQQQQ-PPPPP-NNNNN-MM"
 DOCKER_JOIN_TOKEN = ("SWMTKN-1-3pu6hszjas19xyp7ghgosyx9k8atbfcr8p2is99znpy26u2lkl-"
                      "1awxwuwd3z9j1z3puu7rcgdbx")
@@ -55,8 +56,9 @@ if [ "$1 $2" = "secret create" ]; then input=$(cat); fi
     printf '\n'
 } >> "$FAKE_DOCKER_LOG"
 case "$1 $2" in
-    "secret inspect") test -e "$w/secret"; exit ;;
-    "secret create") if [ -e "$w/secret" ]; then exit 1; fi; touch "$w/secret" ;;
+    "secret inspect") test -e "$w/secret" || test -e "$w/secret-$3"; exit ;;
+    "secret create")
+        if [ -e "$w/secret" ] || [ -e "$w/secret-$3" ]; then exit 1; fi; touch "$w/secret-$3" ;;
     "image inspect") test -e "$w/image"; exit ;;
     "buildx inspect") test -e "$w/builder"; exit ;;
     "node ls")
@@ -78,7 +80,16 @@ case "$1 $2" in
             esac
         done ;;
     "run --rm")
-        printf '{\n  "home": "/tmp/swarm",\n  "token": "%s"\n}\n' "$(cat "$w/made_token")" ;;
+        case " $* " in
+            *" delegate "*) cat "$w/made_issuer" ;;
+            *)  # init: the admin key lands in the admin home mounted at /admin
+                prev=
+                for arg in "$@"; do
+                    if [ "$prev" = "-v" ]; then echo '{}' > "${arg%:/admin}/admin.json"; fi
+                    prev=$arg
+                done
+                printf '{\n  "home": "/admin",\n  "token": "%s"\n}\n' "$(cat "$w/made_token")" ;;
+        esac ;;
     "ps -q") cat "$w/containers" 2>/dev/null ;;
     "exec "*) cat "$w/leader" 2>/dev/null ;;
     "stack ps") cat "$w/tasks" 2>/dev/null ;;
@@ -97,7 +108,10 @@ class FakeDocker:
         self.log = tmp_path / "docker-calls.log"
         self.world_dir = tmp_path / "world"
         self.token_file = tmp_path / "config" / "p2pswarm" / "token"
-        self.world: dict[str, Any] = {"made_token": MADE_TOKEN, "nodes": {
+        self.issuer_file = tmp_path / "config" / "p2pswarm" / "issuer.json"
+        self.admin_home = tmp_path / "config" / "p2pswarm" / "admin"
+        self.world: dict[str, Any] = {"made_token": MADE_TOKEN, "made_issuer": MADE_ISSUER,
+                                      "nodes": {
             "n1": {"addr": "0.0.0.0", "manager_addr": "192.168.1.10:2377",
                    "labels": ["p2pswarm.kind=server"]},
             "n2": {"addr": "192.168.1.21", "labels": ["p2pswarm.kind=desktop"],
@@ -109,9 +123,13 @@ class FakeDocker:
 
     def _lay_out_world(self) -> None:
         made_secret = (self.world_dir / "secret").exists()  # an earlier run made it
+        made = [p.name for p in self.world_dir.glob("secret-*")]  # made by name
         shutil.rmtree(self.world_dir, ignore_errors=True)
         self.world_dir.mkdir()
+        for name in made:
+            (self.world_dir / name).touch()
         (self.world_dir / "made_token").write_text(self.world["made_token"])
+        (self.world_dir / "made_issuer").write_text(self.world["made_issuer"])
         for name in ("containers", "leader", "tasks"):  # what `logs leader` asks
             if name in self.world:
                 (self.world_dir / name).write_text(self.world[name])
@@ -131,7 +149,9 @@ class FakeDocker:
         # no p2pswarm on this PATH: the token comes from the file or the image
         environ = {"PATH": f"{self.bin}:/usr/bin:/bin", "HOME": str(self.bin.parent),
                    "FAKE_DOCKER_LOG": str(self.log), "FAKE_DOCKER_WORLD": str(self.world_dir),
-                   "P2PSWARM_TOKEN_FILE": str(self.token_file), **env}
+                   "P2PSWARM_TOKEN_FILE": str(self.token_file),
+                   "P2PSWARM_ISSUER_FILE": str(self.issuer_file),
+                   "P2PSWARM_ADMIN_HOME": str(self.admin_home), **env}
         return subprocess.run(["bash", str(DEPLOY), *args], input=stdin, env=environ,
                               capture_output=True, text=True, timeout=30)
 
@@ -149,7 +169,7 @@ class FakeDocker:
         return [c["argv"] for c in self.calls()]
 
     def with_token_file(self) -> None:
-        self.token_file.parent.mkdir(parents=True)
+        self.token_file.parent.mkdir(parents=True, exist_ok=True)
         self.token_file.write_text(TOKEN + "\n")
 
 
@@ -240,12 +260,17 @@ def test_deploy_makes_the_token_secret_and_one_fellow_per_labelled_machine(
     printed = ok(docker.run("deploy"))
     calls = docker.calls()
     argvs = [c["argv"] for c in calls]
-    # an invitation for the five fellows the stack runs, for a day
-    assert ["run", "--rm", "--network", "none", "--entrypoint", "p2pswarm", "p2pswarm:cpu",
-            "init", "--home", "/tmp/swarm", "--uses", "5", "--ttl", "24h", "--json"] in argvs
-    create = next(c for c in calls if c["argv"][:2] == ["secret", "create"])
-    assert create["argv"] == ["secret", "create", "p2pswarm_token", "-"]
-    assert create["stdin"].strip() == MADE_TOKEN
+    # an invitation for the five fellows the stack runs, for a day; the admin key made in
+    # the admin home on this machine (mounted), owned by whoever deploys
+    user = f"{os.getuid()}:{os.getgid()}"
+    mount = ["-v", f"{docker.admin_home}:/admin"]
+    assert ["run", "--rm", "--network", "none", "--user", user, *mount, "--entrypoint",
+            "p2pswarm", "p2pswarm:cpu", "init", "--home", "/admin", "--uses", "5", "--ttl",
+            "24h", "--json"] in argvs
+    creates = [c for c in calls if c["argv"][:2] == ["secret", "create"]]
+    assert [c["argv"] for c in creates] == [["secret", "create", "p2pswarm_token", "-"],
+                                            ["secret", "create", "p2pswarm_issuer", "-"]]
+    assert creates[0]["stdin"].strip() == MADE_TOKEN
     assert docker.token_file.read_text().strip() == MADE_TOKEN
     assert stat.S_IMODE(docker.token_file.stat().st_mode) == 0o600
     deploy = calls[-1]
@@ -258,6 +283,37 @@ def test_deploy_makes_the_token_secret_and_one_fellow_per_labelled_machine(
         "P2PSWARM_IMAGE": "p2pswarm", "SERVER_REPLICAS": "1", "DESKTOP_REPLICAS": "1",
         "LAPTOP_REPLICAS": "0", "RPI_REPLICAS": "2", "GPU_REPLICAS": "1"}
     assert MADE_TOKEN not in printed
+
+
+def test_deploy_delegates_an_issuer_bundle_into_a_second_secret(docker: FakeDocker) -> None:
+    docker.world["image"] = True
+    docker.admin_home.mkdir(parents=True)
+    (docker.admin_home / "admin.json").write_text("{}")  # what init left there
+    docker.with_token_file()
+    printed = ok(docker.run("deploy", ISSUER_TTL="14d"))
+    calls = docker.calls()
+    user = f"{os.getuid()}:{os.getgid()}"
+    assert ["run", "--rm", "--network", "none", "--user", user, "-v",
+            f"{docker.admin_home}:/admin", "--entrypoint", "p2pswarm", "p2pswarm:cpu",
+            "delegate", "--home", "/admin", "--ttl", "14d", "--out", "-"] \
+        == next(c["argv"] for c in calls if "delegate" in c["argv"])
+    create = next(c for c in calls if c["argv"][:3] == ["secret", "create", "p2pswarm_issuer"])
+    assert create["stdin"].strip() == MADE_ISSUER  # from stdin, never an argument
+    assert docker.issuer_file.read_text().strip() == MADE_ISSUER
+    assert stat.S_IMODE(docker.issuer_file.stat().st_mode) == 0o600
+    assert "c0ffee" not in printed and not any("c0ffee" in a for a in docker.argvs()[-1])
+    # made once: a second deploy takes the secret as it is
+    ok(docker.run("deploy"))
+    assert sum("delegate" in a for a in docker.argvs()) == 1
+    # no admin key here and no bundle: one line saying where to make one
+    (docker.bin.parent / "other").mkdir()
+    other = FakeDocker(docker.bin.parent / "other")
+    other.world["image"] = True
+    other.with_token_file()
+    refused = other.run("deploy")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        "deploy.sh: deploy: no issuer bundle:")
 
 
 def test_deploy_takes_an_existing_secret_and_refuses_an_unlabelled_swarm(
@@ -366,7 +422,8 @@ def test_the_swarm_token_is_never_an_argument(docker: FakeDocker) -> None:
     argvs = docker.argvs()
     assert len(argvs) > 10
     assert not any(MADE_TOKEN in arg or "p2ps1-" in arg for argv in argvs for arg in argv)
-    assert [c["stdin"].strip() for c in docker.calls() if c["stdin"]] == [MADE_TOKEN]
+    assert [c["stdin"].strip() for c in docker.calls() if c["stdin"]] == [MADE_TOKEN,
+                                                                         MADE_ISSUER]
 
 
 # --- the stack and compose files ---------------------------------------------------------
@@ -429,7 +486,14 @@ def test_stack_services_parse_with_the_real_join_parser() -> None:
         env = service["environment"]
         assert env["P2PSWARM_TOKEN_FILE"] == "/run/secrets/p2pswarm_token"
         assert "{{.Node.Hostname}}" in env["P2PSWARM_NAME"]
-        assert service["secrets"] == ["p2pswarm_token"]
+        # the issuer bundle goes to the most stable machines only
+        if name == "worker-server":
+            assert service["secrets"] == ["p2pswarm_token", "p2pswarm_issuer"]
+            assert env["P2PSWARM_ISSUER_FILE"] == "/run/secrets/p2pswarm_issuer"
+            assert join_params(service["command"])["issuer_file"] is None  # read from env
+        else:
+            assert service["secrets"] == ["p2pswarm_token"]
+            assert "P2PSWARM_ISSUER_FILE" not in env
         assert service["networks"] == ["hostnet"]
         assert any(v.endswith(":/var/lib/p2pswarm") for v in service["volumes"])
         deploy = service["deploy"]
@@ -447,6 +511,7 @@ def test_stack_services_parse_with_the_real_join_parser() -> None:
     assert ports.pop("worker-gpu") != DEFAULT_PORT and set(ports.values()) == {DEFAULT_PORT}
     assert stack["networks"]["hostnet"] == {"external": True, "name": "host"}
     assert stack["secrets"]["p2pswarm_token"] == {"external": True}
+    assert stack["secrets"]["p2pswarm_issuer"] == {"external": True}
 
 
 def test_compose_scales_with_unique_names_and_one_token() -> None:

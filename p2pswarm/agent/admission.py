@@ -9,10 +9,17 @@ admission on; one made before invitations runs as it always did.
   its own key is kept in the home and presented from then on in its signed ``Alive`` (a
   restart uses it again, never another slot). A refusal is the issuer's authenticated
   answer (``AdmitRefused``): the join stops with its one line.
-- Issuing: the fellow that holds the admin key answers ``AdmitAsk``: the invitation must
-  verify and be live, the key asked for must be the one the stream's handshake proved,
-  and not revoked; the asker gets the lowest free slot (``security.admission.issue_under``),
-  or its own again. What it gave is kept in its home, so a restart gives no slot twice.
+- Issuing: the fellow that holds the admin key, or a delegated issuer (an issuer bundle
+  from ``p2pswarm delegate`` in its home: its own key and the admin-signed delegation, which
+  rides in every certificate it signs), answers ``AdmitAsk``: the invitation must verify
+  and be live, the key asked for must be the one the stream's handshake proved (or, for an
+  ask a seed relayed, the one whose fresh signature the ask carries), and not revoked;
+  the asker gets the lowest free slot (``security.admission.issue_under``), or its own
+  again. What it gave is kept in its home, so a restart gives no slot twice.
+- Relaying: any admitted fellow that cannot issue relays a joiner's ask (the joiner's own
+  stream only, never a relayed one: no loops) to the fellows that say in their signed
+  metadata that they issue, and answers with the issuer's answer. One relay at a time per
+  joiner address, a few at a time in all, each within ``RELAY_TIMEOUT_S``.
 - Revoking: a revocation from the CLI (control op ``revoke``) or from gossip is kept in the
   home and handed to the membership, which drops the fellow from its view; the fellow's
   open streams are closed and new ones refused.
@@ -29,7 +36,7 @@ from typing import Any
 
 import trio
 
-from p2pswarm.admission_home import MAX_KEPT, AdmissionHome, AdmissionState
+from p2pswarm.admission_home import MAX_KEPT, AdmissionHome, AdmissionState, IssuerBundle
 from p2pswarm.errors import AuthenticationError, ConfigError, SwarmError, TokenRefused
 from p2pswarm.membership.gate import AdmissionGate
 from p2pswarm.security import Identity, node_id_of
@@ -37,8 +44,11 @@ from p2pswarm.security.admission import (
     CERTIFICATE_TTL_S,
     AdminKey,
     Certificate,
+    Delegation,
     Invitation,
     Revocation,
+    ask_problem,
+    ask_signed_bytes,
     certificate_problem,
     issue_under,
 )
@@ -49,6 +59,10 @@ log = logging.getLogger("p2pswarm.agent")
 
 ASK_TIMEOUT_S = 10.0  # one ask of one seed
 ASK_FOR_S = 120.0  # how long a joiner keeps asking seeds that do not answer at all
+RELAY_TIMEOUT_S = 8.0  # one relayed ask, below the joiner's own ASK_TIMEOUT_S
+MAX_RELAYS = 8  # relays under way at once on one seed
+MAX_RELAY_ISSUERS = 3  # issuers one relay tries
+ISSUER_METADATA_KEY = "issuer"  # in a fellow's signed metadata: it issues certificates
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +75,7 @@ class AdmissionSetup:
     revocations: tuple[bytes, ...] = ()
     issued: tuple[bytes, ...] = ()  # certificates this fellow gave (if it holds the admin key)
     issuer: AdminKey | None = None  # the admin key, on the fellow that holds it
+    delegate: IssuerBundle | None = None  # a delegated issuer's key and delegation
 
     @classmethod
     def of_home(cls, home: Path) -> AdmissionSetup | None:
@@ -72,8 +87,13 @@ class AdmissionSetup:
         if issuer is not None and issuer.public_key != state.admin_key:
             raise ConfigError(f"{files.admin_path} is not the admin key {files.state_path} "
                               "names; restore the right one from its backup")
+        delegate = files.load_issuer()
+        if delegate is not None and delegate.delegation.admin_key != state.admin_key:
+            raise ConfigError(f"{files.issuer_path} was delegated by another swarm's admin "
+                              "key: remove it, or ask this swarm's admin for a bundle "
+                              "(`p2pswarm delegate`)")
         return cls(state.admin_key, state.certificate, state.invitation, state.revocations,
-                   state.issued, issuer)
+                   state.issued, issuer, delegate)
 
 
 MAX_LEADER_PRIORITY = 255  # what `join --leader-priority` takes
@@ -106,7 +126,43 @@ class Admission:
                 continue
         self.gate = AdmissionGate(setup.admin_key)  # its wall clock is set when the agent runs
         self.refused_asks = 0
+        self.relayed_asks = 0
         self.barred: set[bytes] = set()  # node ids revoked: their streams are closed
+        self._relaying: set[str] = set()  # joiner addresses with a relay under way
+        # set by the agent: one stream request, and the addresses of fellows that issue
+        self.call: Any = None
+        self.issuer_addrs: Any = None
+
+    def issues(self, now_s: int) -> bool:
+        """Whether this fellow signs certificates now (admin key, or a live delegation)."""
+        if self.setup.issuer is not None:
+            return True
+        d = self.setup.delegate
+        return d is not None and d.delegation.valid(self.setup.admin_key, now_s) \
+            and not self.gate.revoked(node_id_of(d.identity.public_key), "")
+
+    def status(self) -> dict[str, Any]:
+        """What ``status --json`` shows of admission."""
+        out: dict[str, Any] = {"admin_key": self.setup.admin_key.hex()[:16],
+                               "issues": self.issues(wall_s()),
+                               "delegated": self.setup.delegate is not None,
+                               "revocations": self.gate.revocation_count,
+                               "refused_asks": self.refused_asks,
+                               "relayed_asks": self.relayed_asks,
+                               "issued": len(self._issued)}
+        try:
+            cert = Certificate.decode(self.certificate)
+        except AuthenticationError:
+            out["certificate"] = None
+            return out
+        out["certificate"] = {
+            "invitation": cert.invitation_id.hex()[:8], "slot": cert.slot, "uses": cert.uses,
+            "expires_at_s": cert.expires_at_s, "max_priority": cert.max_priority,
+            "issuer": "admin" if cert.delegation is None else
+            node_id_of(cert.issuer_key).hex()}
+        if self.setup.delegate is not None:
+            out["delegation_expires_at_s"] = self.setup.delegate.delegation.expires_at_s
+        return out
 
     # --- our own certificate ------------------------------------------------------------
 
@@ -135,6 +191,18 @@ class Admission:
                                      self._name[:64], 0, wall_s(), wall_s() + CERTIFICATE_TTL_S)
             self.certificate = cert.encode()
             self._save(lambda s: replace(s, certificate=cert.encode(), invitation=b""))
+        if not self.certificate and self.setup.delegate is not None and self.setup.invitation:
+            # a delegated issuer admits itself under the invitation it joins with (one use)
+            own = AdmitAsk(self.setup.invitation, self._identity.public_key, self._name[:64],
+                           2**31 - 1)
+            reply = self._answer(own, node_id_of(self._identity.public_key))
+            if isinstance(reply, Admitted):
+                self.certificate = reply.certificate
+                self._save(lambda s: replace(s, certificate=reply.certificate, invitation=b""))
+                log.info("%s: admitted itself as a delegated issuer", self._name)
+            else:
+                log.warning("%s: cannot admit itself as a delegated issuer (%s); asking the "
+                            "seeds", self._name, reply.reason)
         if self.certificate:
             return self.certificate
         if not self.setup.invitation:
@@ -143,13 +211,12 @@ class Admission:
         if not seeds:
             raise TokenRefused("an invitation is taken to a fellow already in the swarm: "
                                "give the address of the fellow that ran `p2pswarm init`")
-        ask = AdmitAsk(self.setup.invitation, self._identity.public_key, self._name[:64],
-                       2**31 - 1)
         deadline = trio.current_time() + ASK_FOR_S
         delay_s = 0.5
         last = "no answer"
         while True:
             for addr in seeds:
+                ask = self._signed_ask()  # fresh each time: an issuer takes recent asks only
                 try:
                     reply = await call(addr, ask, timeout_s=ASK_TIMEOUT_S)
                 except (SwarmError, OSError, trio.TooSlowError) as exc:
@@ -178,6 +245,13 @@ class Admission:
             await trio.sleep(delay_s)
             delay_s = min(delay_s * 2, 8.0)
 
+    def _signed_ask(self) -> AdmitAsk:
+        name, priority, at_s = self._name[:64], 2**31 - 1, wall_s()
+        signature = self._identity.sign(ask_signed_bytes(
+            self.setup.invitation, self._identity.public_key, name, priority, at_s))
+        return AdmitAsk(self.setup.invitation, self._identity.public_key, name, priority,
+                        at_s, signature)
+
     def _own_certificate_fits(self) -> bool:
         try:
             cert = Certificate.decode(self.certificate)
@@ -188,7 +262,13 @@ class Admission:
     # --- issuing ------------------------------------------------------------------------
 
     async def on_ask(self, msg: AdmitAsk, stream: SecureStream) -> Any:
-        """A joiner asks for its certificate."""
+        """A joiner asks for its certificate (or a seed relays a joiner's ask)."""
+        direct = node_id_of(msg.public_key) == stream.peer_node_id
+        if not self.issues(wall_s()) and msg.invitation != b"\x00":
+            if not direct:
+                return None  # relayed asks are never relayed again: nothing to say
+            return await self._relay(msg, stream.peer_addr.rpartition(":")[0]
+                                     or stream.peer_addr)
         reply = self._answer(msg, stream.peer_node_id)
         if isinstance(reply, AdmitRefused):
             self.refused_asks += 1
@@ -196,14 +276,53 @@ class Admission:
                      reply.reason)
         return reply
 
+    async def _relay(self, msg: AdmitAsk, joiner_addr: str) -> Any:
+        """Ask an issuer for the joiner, and answer with the issuer's answer. None (the
+        joiner asks again) while a relay for its address is under way or too many are."""
+        if joiner_addr in self._relaying or len(self._relaying) >= MAX_RELAYS \
+                or self.call is None or self.issuer_addrs is None:
+            return None
+        addrs = list(self.issuer_addrs())[:MAX_RELAY_ISSUERS]
+        if not addrs:
+            return None  # none known yet (metadata still on its way): the joiner asks again
+        self._relaying.add(joiner_addr)
+        self.relayed_asks += 1
+        try:
+            # the whole relay within one budget, below the joiner's own wait for its answer
+            with trio.move_on_after(RELAY_TIMEOUT_S):
+                for addr in addrs:
+                    try:
+                        reply = await self.call(addr, msg, timeout_s=RELAY_TIMEOUT_S)
+                    except (SwarmError, OSError, trio.TooSlowError) as exc:
+                        log.info("%s: relaying an ask to %s failed: %s", self._name, addr, exc)
+                        continue
+                    if isinstance(reply, (Admitted, AdmitRefused)):
+                        log.info("%s: relayed %s's ask to %s", self._name, joiner_addr, addr)
+                        return reply
+            return None
+        finally:
+            self._relaying.discard(joiner_addr)
+
+    def _signer(self) -> tuple[Identity, Delegation | None] | None:
+        if self.setup.issuer is not None:
+            return self.setup.issuer.identity, None
+        d = self.setup.delegate
+        if d is not None and self.issues(wall_s()):
+            return d.identity, d.delegation
+        return None
+
     def _answer(self, msg: AdmitAsk, peer: bytes) -> Admitted | AdmitRefused:
-        issuer = self.setup.issuer
-        if issuer is None:
-            return AdmitRefused("this fellow does not hold the admin key: join through the "
-                                "fellow that ran `p2pswarm init`")
-        if node_id_of(msg.public_key) != peer:
-            return AdmitRefused("the key asked for is not the one this stream's handshake "
-                                "proved")
+        signer = self._signer()
+        if signer is None:
+            return AdmitRefused("this fellow does not issue certificates (no admin key, no "
+                                "live delegation)")
+        if node_id_of(msg.public_key) != peer:  # relayed: the joiner's signature proves it
+            problem = ask_problem(msg.invitation, msg.public_key, msg.name, msg.priority,
+                                  msg.asked_at_s, msg.signature, wall_s())
+            if problem is not None:
+                return AdmitRefused(f"the key asked for is not the one this stream's "
+                                    f"handshake proved, and {problem}")
+            peer = node_id_of(msg.public_key)
         if self.gate.revoked(peer, msg.name):
             return AdmitRefused("this fellow was revoked by the admin")
         try:
@@ -212,11 +331,14 @@ class Admission:
             return AdmitRefused("the invitation is not readable")
         if len(self._issued) >= MAX_KEPT:
             return AdmitRefused("this issuer keeps no more certificates")
-        got = issue_under(issuer.identity, issuer.public_key, invitation, msg.public_key,
-                          msg.name, msg.priority, wall_s(), self._issued)
+        identity, delegation = signer
+        got = issue_under(identity, self.setup.admin_key, invitation, msg.public_key,
+                          msg.name, msg.priority, wall_s(),
+                          # slots other issuers gave, as this view holds them, are taken too
+                          [*self._issued, *self.gate.slots.holders()], delegation=delegation)
         if isinstance(got, str):
             return AdmitRefused(got)
-        if got not in self._issued:
+        if got not in self._issued and got.issuer_key == identity.public_key:
             self._issued.append(got)
             data = got.encode()
             self._save(lambda s: replace(s, issued=(*s.issued, data)))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -41,7 +42,7 @@ import trio
 
 from p2pswarm import effects as fx
 from p2pswarm import wire
-from p2pswarm.agent.admission import Admission, legacy_join_refused
+from p2pswarm.agent.admission import ISSUER_METADATA_KEY, Admission, legacy_join_refused
 from p2pswarm.agent.alarm import Alarm, LoopLag
 from p2pswarm.agent.card_news import CardNews
 from p2pswarm.agent.compute import Compute
@@ -174,6 +175,10 @@ class Agent:
         if self.admission is not None:
             self.links.on_stream(AdmitAsk, self.admission.on_ask)
             self.links.barred = self.admission.barred
+            self.admission.call = self.links.call
+            self.admission.issuer_addrs = self._issuer_addrs
+            if self.admission.issues(int(time.time())):  # seeds relay joiners' asks here
+                self.extra_metadata[ISSUER_METADATA_KEY] = True
         else:  # a swarm made before invitations: nothing to say to an ask (not a drop)
             self.links.on_stream(AdmitAsk, _no_admission)
         self.control_ops: dict[str, ControlHandler] = {
@@ -796,7 +801,25 @@ class Agent:
             "loop_lag": {**self.loop_lag.to_dict(), "stretch_s": round(
                 self.election.stretch(), 3) if self.election is not None else 0.0},
             "self_watch": self.links.watch.to_doc(),
+            "admission": None if self.admission is None else {
+                **self.admission.status(),
+                "refused": {k: v for k, v in self.admission.gate.stats.items()
+                            if "refused" in k or "certific" in k}},
         }
+
+    def _issuer_addrs(self) -> list[str]:
+        """Fellows present that say (in their signed metadata) they issue certificates."""
+        out = []
+        for m in self.fellows():
+            if not m.present or not m.metadata:
+                continue
+            try:
+                doc = msgpack.unpackb(m.metadata, raw=False, strict_map_key=False)
+            except (ValueError, msgpack.UnpackException):
+                continue
+            if isinstance(doc, dict) and doc.get(ISSUER_METADATA_KEY) is True:
+                out.append(m.addr)
+        return out
 
     def _fellow_name(self, node_id: bytes) -> str:
         """How the self watch names a fellow in its log lines."""

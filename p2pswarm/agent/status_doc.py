@@ -5,7 +5,7 @@ document is made and where it is read. The agent fills it from its values in one
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from p2pswarm.agent.self_watch import SelfWatchDoc
 from p2pswarm.cards import CardDoc
@@ -96,6 +96,7 @@ class StatusDoc(TypedDict):
     membership: dict[str, int]
     loop_lag: dict[str, float]
     self_watch: SelfWatchDoc
+    admission: dict[str, Any] | None  # None: a swarm made before invitations
 
 
 __all__ = ["CountersDoc", "ElectorateDoc", "HeldStageDoc", "LeaderDoc", "MemberRow", "SelfDoc",

@@ -1,11 +1,14 @@
 """Admission on the command line: init (a new swarm, its admin key and a first invitation;
-`--upgrade` of an older home, `--export-admin`), invite (an invitation token), revoke (a
-fellow out)."""
+`--upgrade` of an older home, `--export-admin`), invite (an invitation token), delegate (an
+issuer bundle: a fellow that admits without the admin key), revoke (a fellow, or a
+delegated issuer, out)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -228,6 +231,83 @@ def revoke(
                                         "seconds" if told else
                                         f"kept in {directory}; the agent gossips it when it "
                                         "starts"))
+
+
+DEFAULT_DELEGATION_TTL = "30d"
+
+
+@app.command()
+@exits_on()
+def delegate(
+    out: Path = typer.Option(..., "--out", help="Write the issuer bundle to this new file "
+                             "(mode 0600), or - for stdout (a pipe into `docker secret "
+                             "create`); give it to one fellow: `join --issuer-file FILE`."),
+    ttl: str = typer.Option(DEFAULT_DELEGATION_TTL, "--ttl",
+                            help="How long the bundle may issue certificates: 7d, 30d."),
+    home: Optional[Path] = HomeOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Make an issuer bundle: a fresh key the admin key lets issue certificates until --ttl
+    ends, so a fellow admits joiners without the admin key ever leaving this machine."""
+    from p2pswarm.admission_home import AdmissionHome, IssuerBundle
+    from p2pswarm.home import write_private
+    from p2pswarm.security import Identity, node_id_of
+
+    directory = home_dir(home)
+    with exits_on(EXIT_USAGE):
+        ttl_s = ttl_seconds(ttl)
+        files = AdmissionHome(directory)
+        if not files.has_admin():
+            fail(f"{directory} does not hold the swarm's admin key: run `p2pswarm delegate` "
+                 "on the machine that ran `p2pswarm init`")
+        to_stdout = str(out) == "-"
+        if not to_stdout and out.exists():
+            fail(f"--out {out} already exists: give a new file name")
+        if not to_stdout and not out.parent.is_dir():
+            fail(f"--out {out}: the directory {out.parent} does not exist")
+        admin = files.load_admin()
+        key = Identity.generate()
+        expires_s = int(time.time()) + ttl_s
+        bundle = IssuerBundle(key, admin.delegate(key.public_key, expires_s))
+        if to_stdout:
+            sys.stdout.write(json.dumps(bundle.document()) + "\n")
+        else:
+            write_private(out, bundle.document())
+    issuer_id = node_id_of(key.public_key).hex()
+    if to_stdout:  # the bundle went to stdout: what to do with it goes to stderr
+        typer.echo(f"issuer bundle written to stdout, issuing until "
+                   f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(expires_s))}; if it is "
+                   f"lost or stolen: p2pswarm revoke {issuer_id}", err=True)
+        return
+    if as_json:
+        print_json({"out": str(out), "issuer_id": issuer_id, "expires_at_s": expires_s})
+        return
+    typer.echo(f"issuer bundle written to {out} (mode 0600), issuing until "
+               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(expires_s))}.\n"
+               f"On the fellow that admits:  p2pswarm join --issuer-file {out} ...\n"
+               f"Keep it as secret as a token: its holder admits fellows under any live "
+               f"invitation's free uses.\nIf it is lost or stolen:  p2pswarm revoke {issuer_id}")
+
+
+def take_issuer_file(directory: Path, source: Path) -> None:
+    """Copy an issuer bundle into the home (0600); one line if it is not one of this
+    swarm's, or its delegation has ended."""
+    from p2pswarm.admission_home import AdmissionHome, IssuerBundle
+    from p2pswarm.errors import ConfigError
+
+    try:
+        bundle = IssuerBundle.read(source, private=False)
+    except ConfigError as exc:
+        fail(f"--issuer-file: {exc}")
+    files = AdmissionHome(directory)
+    state = files.load()
+    if state is not None and state.admin_key != bundle.delegation.admin_key:
+        fail(f"--issuer-file {source} was delegated by another swarm's admin key: ask this "
+             "swarm's admin for one (`p2pswarm delegate --out FILE`)")
+    if int(time.time()) >= bundle.delegation.expires_at_s:
+        fail(f"--issuer-file {source} has expired: ask the swarm's admin for a new one "
+             "(`p2pswarm delegate --out FILE`)")
+    files.save_issuer(bundle)
 
 
 def take_invitation(directory: Path, text: str, *, force: bool) -> None:

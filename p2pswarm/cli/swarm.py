@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -115,6 +116,9 @@ def join(
     http_allow_dir: Optional[list[str]] = typer.Option(
         None, "--http-allow-dir", help="A directory jobs sent over HTTP may read data from "
         "and write checkpoints to (repeatable; default none)."),
+    issuer_file: Optional[Path] = typer.Option(
+        None, "--issuer-file", envvar="P2PSWARM_ISSUER_FILE", help="An issuer bundle from "
+        "`p2pswarm delegate`: this fellow admits joiners (copied into --home, 0600)."),
     force: bool = typer.Option(False, "--force", help="With --token: leave the swarm --home "
                                "already holds and join the token's."),
     home: Optional[Path] = HomeOption,
@@ -161,6 +165,8 @@ def join(
                 state.join_swarm(SwarmSecret.from_token(text), force=force)
             written = None if had_swarm else state.written_keyring()
         state.load_keyring()  # refuse early: no swarm, or key files others can read
+        if issuer_file is not None:
+            admission.take_issuer_file(directory, issuer_file)
         cards = local_card_source(gpus=gpus, cpu_memory=cpu_memory, no_cpu=no_cpu,
                                   own_pids=[os.getpid()])
         threads_within_cpu_quota(os.environ)
@@ -196,6 +202,7 @@ def forget_new_swarm(state: Home, written: bytes) -> None:
     no invitation; only what this run wrote goes (``Home.forget_swarm``)."""
     if state.forget_swarm(written):
         (state.path / "admission.json").unlink(missing_ok=True)
+        (state.path / "issuer.json").unlink(missing_ok=True)
 
 
 def first_swarm_error(group: BaseExceptionGroup) -> BaseException:
@@ -436,3 +443,29 @@ def render_status(data: dict[str, Any]) -> None:
             f"{watch.get('held_bytes', 0) / 2**20:.1f} MiB"
             + (f", the most {most.get('bytes', 0) / 2**20:.1f} MiB by {most.get('name')}"
                if most else "")))
+    line = admission_line(data.get("admission"))
+    if line:
+        console.print(Text(line))
+
+
+def admission_line(doc: Any) -> str:
+    """``admitted under invitation 1a2b3c4d slot 2 of 5 (by the admin key), until ...;
+    issues certificates; 1 revocation known, 3 refused``."""
+    if not isinstance(doc, dict):
+        return ""
+    cert = doc.get("certificate")
+    if isinstance(cert, dict):
+        by = "the admin key" if cert.get("issuer") == "admin" else \
+            f"issuer {str(cert.get('issuer'))[:8]}"
+        until = time.strftime("%Y-%m-%d", time.gmtime(int(cert.get("expires_at_s", 0))))
+        text = (f"admitted under invitation {cert.get('invitation')} slot {cert.get('slot')} "
+                f"of {cert.get('uses')} (by {by}), until {until}")
+    else:
+        text = "not admitted yet"
+    if doc.get("issues"):
+        text += "; issues certificates" + (" (delegated)" if doc.get("delegated") else "")
+    refused = sum(int(v) for v in (doc.get("refused") or {}).values()) \
+        + int(doc.get("refused_asks", 0))
+    revocations = int(doc.get("revocations", 0))
+    return (f"{text}; {revocations} revocation{'' if revocations == 1 else 's'} known, "
+            f"{refused} refused")

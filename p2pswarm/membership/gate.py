@@ -29,6 +29,7 @@ from p2pswarm.security.admission import (
     SlotHolders,
     certificate_problem,
 )
+from p2pswarm.security.identity import node_id_of
 from p2pswarm.wire.gossip import Alive
 
 _CACHE = 4096
@@ -128,7 +129,8 @@ class AdmissionGate:
         if self.wall_s(now) >= cert.expires_at_s:
             self._refuse("expired_certificates")
             return None
-        if self.revoked(cert.node_id, cert.name):
+        if self.revoked(cert.node_id, cert.name) or (  # or its delegated issuer was
+                cert.delegation is not None and self.revoked(node_id_of(cert.issuer_key), "")):
             self._refuse("revoked_refused")
             return None
         return cert

@@ -59,6 +59,8 @@ __all__ = [
     "better",
     "certificate_problem",
     "issue_under",
+    "ask_problem",
+    "ask_signed_bytes",
     "labels_of",
 ]
 
@@ -75,6 +77,8 @@ _INVITATION_DOMAIN = b"p2pswarm-invitation\x00"
 _CERTIFICATE_DOMAIN = b"p2pswarm-certificate\x00"
 _DELEGATION_DOMAIN = b"p2pswarm-delegation\x00"
 _REVOCATION_DOMAIN = b"p2pswarm-revocation\x00"
+_ASK_DOMAIN = b"p2pswarm-admit-ask\x00"
+ASK_FRESH_S = 300  # how far a signed ask's time may be from the issuer's clock
 
 Labels = tuple[tuple[str, str], ...]  # sorted (key, value) pairs
 
@@ -520,6 +524,32 @@ class Revocation:
 
     def covers(self, node_id: bytes, name: str) -> bool:
         return self.node_id == node_id if self.node_id else self.name == name
+
+
+# --- a joiner's signed ask ------------------------------------------------------------------
+
+
+def ask_signed_bytes(invitation: bytes, public_key: bytes, name: str, priority: int,
+                     asked_at_s: int) -> bytes:
+    """What a joiner signs when it asks for its certificate: whoever relays the ask cannot
+    change the key, the name, the priority or the invitation, and the time keeps it fresh."""
+    import hashlib
+
+    return (_ASK_DOMAIN + hashlib.sha256(invitation).digest() + public_key
+            + struct.pack(">qQ", priority, asked_at_s) + _text(name))
+
+
+def ask_problem(invitation: bytes, public_key: bytes, name: str, priority: int,
+                asked_at_s: int, signature: bytes, now_s: int) -> str | None:
+    """Why a relayed ask does not prove its key, or None if it does."""
+    if len(public_key) != PUBLIC_KEY_BYTES or len(signature) != SIGNATURE_BYTES:
+        return "the ask carries no signature of its key"
+    if abs(now_s - asked_at_s) > ASK_FRESH_S:
+        return "the ask is stale (or a clock is off by more than 5 minutes)"
+    if not _checked(public_key, signature,
+                    ask_signed_bytes(invitation, public_key, name, priority, asked_at_s)):
+        return "the ask's signature does not match its key"
+    return None
 
 
 # --- issuing -------------------------------------------------------------------------------

@@ -252,6 +252,10 @@ class AdmitAsk:
     public_key: PublicKey
     name: Name
     priority: I32 = 0  # the leader priority it would like (capped by the invitation)
+    # the joiner's signature over its key, name and the time it asked: an issuer takes an
+    # ask a seed relayed only with it, so no relay can swap in a key of its own
+    asked_at_s: U64 = 0
+    signature: Annotated[bytes, Size(0, 64), Elided()] = b""
 
 
 @message(29)
