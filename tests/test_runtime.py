@@ -216,7 +216,8 @@ def test_accounting_formula_by_hand() -> None:
                      quant="int8")
     claim = stage_memory(stage.config, stage.spec)
     h, q, kv, i, v = 256, 256, 128, 768, 259
-    linears = (h * q + 2 * h * kv + q * h + 3 * h * i) + 4 * (q + 2 * kv + h + 2 * i + h)
+    # fbgemm's packed int8: inputs round up to 512 (768 to 1024), then 12 bytes a row
+    linears = (512 * (q + 2 * kv + h + 2 * i) + 1024 * h) + 12 * (q + 2 * kv + h + 2 * i + h)
     assert claim.weights_bytes == 3 * (linears + 2 * h * 4)
     # final norm, the tied head's own copy of the embedding, RoPE, the dequant workspace
     assert claim.embeddings_head_buffers_bytes == h * 4 + v * h * 4 + 32 * 4 + i * h * 4
