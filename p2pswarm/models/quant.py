@@ -50,6 +50,9 @@ KERNELS = ("fbgemm", "qnnpack", "reference")
 # at more rows than this a 4-bit call unpacks its weight once and runs one float matmul
 # (prefill); the bag kernel's cost grows with the rows, the unpack's does not
 INT4_BAG_MAX_ROWS = 8
+# up to this many rows (a decode batch) an int8 call quantizes each row's activations
+# alone; prefill chunks share one scale per call
+INT8_ROWWISE_MAX_ROWS = 8
 
 
 class DequantWorkspace:
@@ -155,7 +158,14 @@ class Int8Linear(nn.Module):
             return F.linear(x, self.dequantize(), self.bias)
         flat = x.reshape(-1, self.in_features).float().contiguous()
         # fbgemm without VNNI saturates 8-bit x 8-bit pair sums unless activations keep 7 bits
-        y = torch.ops.quantized.linear_dynamic(flat, self._packed, self.kernel == "fbgemm")
+        reduce_range = self.kernel == "fbgemm"
+        if flat.shape[0] <= INT8_ROWWISE_MAX_ROWS:
+            # one activation scale per call: a decode batch calls per row, so a session's
+            # tokens do not depend on which others share its batch
+            y = torch.cat([torch.ops.quantized.linear_dynamic(row, self._packed, reduce_range)
+                           for row in flat.split(1)])
+        else:
+            y = torch.ops.quantized.linear_dynamic(flat, self._packed, reduce_range)
         y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
