@@ -22,6 +22,8 @@ distributed-llama's own "Prediction tokens/s". Each row reports the range over t
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import itertools
 import json
 import os
@@ -118,7 +120,7 @@ def write_tokenizer(source: Path, out: Path) -> None:
     writer = import_module("tokenizer-writer")
     vocab = CONFIG["vocab_size"]
     tokens = [bytes([i]) for i in range(256)] + [f"<s{i}>".encode() for i in range(vocab - 256)]
-    with out.open("wb") as f:
+    with out.open("wb") as f, contextlib.redirect_stdout(io.StringIO()):  # it chats
         writer.writeTokenizer(f, tokens, [0.0] * vocab, None, CONFIG["bos_token_id"], True,
                               [CONFIG["eos_token_id"]])
 
