@@ -112,6 +112,9 @@ class Int8Linear(nn.Module):
     """y = x @ (q * s)^T + b with q int8 (out, in) and s float32 (out,), packed for the
     kernel (fbgemm/qnnpack: an opaque prepacked weight, no plain copy kept)."""
 
+    qweight: torch.Tensor  # the reference kernel's only
+    scales: torch.Tensor
+
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
                  workspace: DequantWorkspace, kernel: str) -> None:
         super().__init__()
@@ -163,7 +166,7 @@ class Int8Linear(nn.Module):
             # one activation scale per call: a decode batch calls per row, so a session's
             # tokens do not depend on which others share its batch
             y = torch.cat([torch.ops.quantized.linear_dynamic(row, self._packed, reduce_range)
-                           for row in flat.split(1)])
+                           for row in torch.split(flat, 1)])
         else:
             y = torch.ops.quantized.linear_dynamic(flat, self._packed, reduce_range)
         y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
@@ -226,7 +229,7 @@ class Int4Linear(nn.Module):
 
     def _unpacked(self) -> torch.Tensor:
         """The float32 weight (out, in), a fresh tensor."""
-        rows = torch.ops.quantized.embedding_bag_4bit_unpack(self.packed)
+        rows: torch.Tensor = torch.ops.quantized.embedding_bag_4bit_unpack(self.packed)
         w = rows.view(self.groups, self.in_features, self.group_size).permute(0, 2, 1)
         return w.reshape(self.groups * self.group_size, self.in_features)[: self.out_features]
 
@@ -250,7 +253,7 @@ class Int4Linear(nn.Module):
             return F.linear(x, self.dequantize(), self.bias)
         indices, offsets = self._bag(batch)
         weights = flat.float().repeat(1, self.groups).reshape(-1)
-        y = torch.ops.quantized.embedding_bag_4bit_rowwise_offsets(
+        y: torch.Tensor = torch.ops.quantized.embedding_bag_4bit_rowwise_offsets(
             self.packed, indices, offsets, False, 0, False, weights, None, True)
         y = y.view(batch, self.groups * self.group_size)[:, : self.out_features]
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
