@@ -147,7 +147,7 @@ class Fellows:
     """``n`` `join` processes holding the model in ``n`` stages (one per fellow)."""
 
     def __init__(self, stack: ExitStack, model_dir: Path, n: int, threads: int,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, weights_dtype: str = "f32") -> None:
         from p2pswarm.control.client import request, stream
         from p2pswarm.models.files import read_model_config
         from p2pswarm.sim.processes import local_swarm
@@ -169,7 +169,7 @@ class Fellows:
                 what="the swarm")
         name, config = read_model_config(str(model_dir))
         message = {"model": {"name": name, "config": config}, "kind": "serve", "stages": n,
-                   "weights_dtype": "f32", "kv_dtype": "f32", "context": 1024,
+                   "weights_dtype": weights_dtype, "kv_dtype": "f32", "context": 1024,
                    "floors_bytes": {"cpu": "100MB"}}
         home = swarm.homes[names[0]]
         plan = request(home, {"op": "plan", "request": message}, timeout_s=30)

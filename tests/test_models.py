@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import math
@@ -34,7 +35,15 @@ from p2pswarm.models import (
 )
 from p2pswarm.models import checkpoint as checkpoint_module
 from p2pswarm.models.llama import hf_tensor_shape, rope_inv_freq
-from p2pswarm.models.quant import DequantWorkspace, Int4Linear, Int8Linear
+from p2pswarm.models.quant import (
+    ERROR_BOUND,
+    DequantWorkspace,
+    Int4Linear,
+    Int8Linear,
+    default_kernel,
+    packed_bytes,
+    quantize_linear,
+)
 from p2pswarm.shapes.footprint import dequant_workspace_bytes
 
 SMALL = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
@@ -293,40 +302,86 @@ def test_builtin_configs() -> None:
 # --- quantization --------------------------------------------------------------------------
 
 
+KERNELS = ["reference"] + (["fbgemm"] if default_kernel("int8") == "fbgemm" else [])
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("shape", [(96, 128), (100, 70)])  # (out, in): groups fit, or not
 @pytest.mark.parametrize("scheme,group,tolerance", [
-    ("int8", 32, 0.02), ("int4", 32, 0.15), ("int4", 64, 0.15)])
+    ("int8", 32, 0.03), ("int4", 32, 0.15), ("int4", 64, 0.15)])
 def test_quantized_linear_is_close_and_takes_the_stated_bytes(
-        scheme: str, group: int, tolerance: float) -> None:
-    """Stated tolerance: relative RMS error of the output below 2% (int8), 15% (int4)."""
+        scheme: str, group: int, tolerance: float, shape: tuple[int, int], kernel: str) -> None:
+    """Stated tolerance: relative error of the output (bias taken out) below 3% for int8
+    (fbgemm keeps 7-bit activations: about 1.5%; the reference about 0.7%), 15% for 4-bit
+    (about 8%), at one row (decode), a few (batched decode) and many (prefill)."""
+    out_f, in_f = shape
     g = torch.Generator().manual_seed(0)
-    weight, bias = torch.randn(96, 128, generator=g) * 0.05, torch.randn(96, generator=g)
-    x = torch.randn(5, 128, generator=g)
-    workspace = DequantWorkspace(96 * 128, torch.float32, torch.device("cpu"))
-    layer = (Int8Linear.from_float(weight, bias, workspace) if scheme == "int8"
-             else Int4Linear.from_float(weight, bias, workspace, group))
-    exact = torch.nn.functional.linear(x, weight, bias)
-    error = (layer(x) - exact).norm() / (exact - bias).norm()
-    assert error < tolerance
-    held = sum(b.numel() * b.element_size() for b in layer.buffers())
-    assert held == linear_weight_bytes(128, 96, scheme=scheme, dtype_bytes=4, group_size=group)
-    assert held == {"int8": 96 * 128 + 4 * 96,
-                    "int4": 96 * 128 // 2 + 2 * 96 * 128 // group}[scheme]
-    # each weight is off by at most half a quantization step of its row or group
-    step = layer.scales.float()
-    step = step[:, None] if scheme == "int8" else step.repeat_interleave(group, dim=1)
-    assert ((layer.dequantize() - weight).abs() <= step / 2 + 1e-6).all()
-    # dequantizing twice gives the same weight: the workspace is scratch, not state
+    weight, bias = torch.randn(out_f, in_f, generator=g) * 0.05, torch.randn(out_f, generator=g)
+    workspace = DequantWorkspace(out_f * in_f, torch.float32, torch.device("cpu"))
+    layer: Int8Linear | Int4Linear = (
+        Int8Linear.from_float(weight, bias, workspace, kernel) if scheme == "int8"
+        else Int4Linear.from_float(weight, bias, workspace, group, kernel))
+    assert layer.kernel == kernel
+    for rows in (1, 3, 40):
+        x = torch.randn(rows, in_f, generator=g)
+        exact = torch.nn.functional.linear(x, weight, bias)
+        error = (layer(x) - exact).norm() / (exact - bias).norm()
+        assert error < tolerance, rows
+        assert layer(x.view(1, rows, in_f)).shape == (1, rows, out_f)
+    held = sum(b.numel() * b.element_size() for b in layer.buffers()) + packed_bytes(layer)
+    stated = linear_weight_bytes(in_f, out_f, scheme=scheme, dtype_bytes=4, group_size=group)
+    if scheme == "int8" and kernel == "reference":
+        assert held == out_f * in_f + 4 * out_f  # unpadded: less than the packed layout
+    else:
+        assert held == stated
+    if scheme == "int4":
+        assert held == -(-out_f // group) * in_f * (group // 2 + 4)
+    # the weight itself is close, and dequantizing twice gives the same weight: the
+    # workspace is scratch, not state
+    assert (layer.dequantize() - weight).norm() / weight.norm() < ERROR_BOUND[scheme] / 2
     assert torch.equal(layer.dequantize().clone(), layer.dequantize())
+
+
+@pytest.mark.skipif(KERNELS == ["reference"] or not Path("/proc/self").exists(),
+                    reason="fbgemm's layout on x86 with glibc")
+def test_packed_int8_bytes_are_what_fbgemm_allocates() -> None:
+    """malloc's own count of what prepacking allocates equals the stated bytes (within
+    the allocator's headers), for shapes that are and are not multiples of its blocks."""
+    libc = ctypes.CDLL("libc.so.6")
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks "
+                    "keepcost".split()]
+
+    libc.mallinfo2.restype = MallInfo2
+
+    def in_use() -> int:
+        info = libc.mallinfo2()
+        return int(info.uordblks + info.hblkhd)
+
+    workspace = DequantWorkspace(1, torch.float32, torch.device("cpu"))
+    kept = []
+    for out_f, in_f in ((2816, 1024), (1024, 2816), (300, 1000)):
+        weight = torch.randn(out_f, in_f) * 0.02
+        q = torch.round(weight * 100).clamp(-127, 127).to(torch.int8)
+        scales = torch.full((out_f,), 0.01)
+        before = in_use()
+        kept.append(Int8Linear(q, scales, None, workspace, "fbgemm"))
+        grown = in_use() - before
+        stated = linear_weight_bytes(in_f, out_f, scheme="int8", dtype_bytes=4)
+        assert abs(grown - stated) < 8192, (out_f, in_f, grown, stated)
 
 
 def test_quantized_stage_logits_stay_close(tmp_path: Path) -> None:
     """Whole-model tolerance on random weights, where nothing hides the rounding noise:
-    relative logit error below 5% for int8 and 45% for int4, same direction overall."""
+    relative logit error below 8% for int8 (fbgemm's 7-bit activations: about 6%; the
+    reference kernel's about 3%) and 45% for int4, same direction overall."""
     hf = {**SMALL, "num_key_value_heads": 2, "intermediate_size": 128}
     ckpt = random_checkpoint(tmp_path, hf, std=0.05)
     ids = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(2))
     exact = load_stage_model(ckpt, 0, 4)(ids)
-    for scheme, group, tolerance in (("int8", 32, 0.05), ("int4", 32, 0.45),
+    for scheme, group, tolerance in (("int8", 32, 0.08), ("int4", 32, 0.45),
                                      ("int4", 64, 0.45)):
         model = load_stage_model(ckpt, 0, 4, quant=scheme, group_size=group)
         assert isinstance(model.layers[0].mlp.up_proj, Int8Linear if scheme == "int8"
@@ -344,9 +399,19 @@ def test_quantization_refuses_bad_settings(tmp_path: Path) -> None:
         load_stage_model(BuiltinModel("tiny-llama"), 0, 1, quant="int4", group_size=48)
     with pytest.raises(ConfigError):
         load_stage_model(BuiltinModel("tiny-llama"), 0, 1, quant="int3")
-    ckpt = random_checkpoint(tmp_path, SMALL)  # intermediate 96 does not split into 64s
-    with pytest.raises(ConfigError, match="divisible"):
-        load_stage_model(ckpt, 0, 1, quant="int4", group_size=64)
+    ckpt = random_checkpoint(tmp_path, SMALL)  # intermediate 96 does not split into 64s:
+    load_stage_model(ckpt, 0, 1, quant="int4", group_size=64)  # padded, not refused
+    # weights too small for 4-bit's float16 scales (they would all read as zero), and a
+    # weight that is not finite: refused, with the error and the bound in one line
+    workspace = DequantWorkspace(64 * 64, torch.float32, torch.device("cpu"))
+    tiny = torch.randn(64, 64) * 1e-9
+    with pytest.raises(ConfigError, match=r"by 100\.0% \(bound 25%\)"):
+        quantize_linear(tiny, None, scheme="int4", group_size=32, workspace=workspace)
+    quantize_linear(tiny, None, scheme="int8", group_size=32, workspace=workspace)
+    broken = torch.randn(64, 64)
+    broken[3, 5] = math.inf
+    with pytest.raises(ConfigError, match="bound"):
+        quantize_linear(broken, None, scheme="int8", group_size=32, workspace=workspace)
 
 
 def test_reduced_precision_stage_runs_close_to_float32() -> None:

@@ -83,8 +83,10 @@ def test_quantised_bytes() -> None:
     p = profile_from_config(LLAMA_3_8B, "x")
     shapes = [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096), (14336, 4096),
               (14336, 4096), (4096, 14336)]  # (out, in)
-    int8 = sum(o * i + 4 * o for o, i in shapes) + 2 * 4096 * 2
-    int4 = sum(o * i // 2 + 2 * o * (i // 32) for o, i in shapes) + 2 * 4096 * 2
+    # int8: fbgemm's packed layout (inputs up to a multiple of 512) and 12 bytes a row;
+    # int4: rows of 32 outputs, 16 bytes of codes and a float16 scale and offset each
+    int8 = sum(-(-i // 512) * 512 * o + 12 * o for o, i in shapes) + 2 * 4096 * 2
+    int4 = sum(o // 32 * i * (16 + 4) for o, i in shapes) + 2 * 4096 * 2
     assert p.layer_weight_bytes("int8") == int8
     assert p.layer_weight_bytes("int4") == int4
     assert p.stage_buffer_bytes("int4") == 64 * 4 + 14336 * 4096 * 2  # RoPE + dequant buffer

@@ -216,7 +216,8 @@ def test_accounting_formula_by_hand() -> None:
                      quant="int8")
     claim = stage_memory(stage.config, stage.spec)
     h, q, kv, i, v = 256, 256, 128, 768, 259
-    linears = (h * q + 2 * h * kv + q * h + 3 * h * i) + 4 * (q + 2 * kv + h + 2 * i + h)
+    # fbgemm's packed int8: inputs round up to 512 (768 to 1024), then 12 bytes a row
+    linears = (512 * (q + 2 * kv + h + 2 * i) + 1024 * h) + 12 * (q + 2 * kv + h + 2 * i + h)
     assert claim.weights_bytes == 3 * (linears + 2 * h * 4)
     # final norm, the tied head's own copy of the embedding, RoPE, the dequant workspace
     assert claim.embeddings_head_buffers_bytes == h * 4 + v * h * 4 + 32 * 4 + i * h * 4
@@ -383,3 +384,30 @@ def test_stage_loads_from_a_directory_path(checkpoint: Checkpoint, tmp_path: Pat
     builtin = Stage.from_builtin("tiny-llama", StageSpec(0, 8, max_context_tokens=64))
     assert builtin.is_first and builtin.is_last
     assert builtin.prefill("s", [256, 72, 105]).shape == (1, 259)
+
+
+@pytest.mark.parametrize("quant,group", [("int8", 32), ("int4", 32)])
+def test_quantized_three_stages_equal_one_quantized_process(quant: str, group: int,
+                                                            checkpoint: Checkpoint) -> None:
+    """The packed kernels see the same rows whether a stage holds 2 layers or 6: the same
+    greedy tokens and logits (prefill in chunks of 16 unpacks 4-bit weights; decode runs
+    the packed kernels), and in the batched decode a pipeline runs."""
+    options = {"quant": quant, "quant_group_size": group}
+    one = LocalPipeline(stages(checkpoint, [(0, 6)], **options))
+    three = LocalPipeline(stages(checkpoint, SPLIT, **options))
+    a = one.generate(PROMPT, 24, Sampler.greedy(), stop_token_ids=(), keep_logits=True)
+    b = three.generate(PROMPT, 24, Sampler.greedy(), stop_token_ids=(), keep_logits=True)
+    assert a.token_ids == b.token_ids and len(set(a.token_ids)) > 3
+    for x, y in zip(a.logits, b.logits):
+        assert (x - y).abs().max().item() <= 1e-4
+    # two sessions decoded in one batch (the pipeline's batched decode) equal each alone
+    spec = StageSpec(0, 6, max_context_tokens=128, prefill_chunk_tokens=CHUNK,
+                     max_sessions=2, quant=quant, quant_group_size=group)
+    both, alone = Stage.load(checkpoint, spec), Stage.load(checkpoint, spec)
+    prompts = {"a": PROMPT[:20], "b": PROMPT[5:30]}
+    first = [int(both.prefill(s, p).argmax()) for s, p in prompts.items()]
+    batched = both.decode_batch(list(prompts), torch.tensor(first), [20, 25])
+    for i, (s, p) in enumerate(prompts.items()):
+        alone.prefill(s, p)
+        single = alone.decode(s, torch.tensor([first[i]]))
+        assert (single[-1] - batched[i]).abs().max().item() <= 1e-4

@@ -1,29 +1,63 @@
-"""Weight-only quantized linears: int8 per output channel, and 4-bit in groups.
+"""Quantized linears that compute on packed weights: int8 per output row, 4-bit in groups.
 
 Both replace ``nn.Linear`` inside decoder layers; embeddings, norms and the head stay in
-the compute dtype. Activations never leave the compute dtype: each forward dequantizes
-its weight into one workspace shared by every quantized linear of a stage, then runs an
-ordinary ``F.linear``. A stage runs one step at a time, so one workspace suffices.
-The bytes each scheme takes are in ``footprint.py``. Unpacking 4-bit weights also makes
-two short-lived uint8 temporaries of ``out * in / 2`` bytes each, freed before the matmul.
+the compute dtype. The kernel is chosen per CPU, by measurement (docs/serving.md has the
+figures; ``simulations/bench_quant.py`` measures them again):
 
-Quantization is symmetric: int8 stores round(w / s) in [-127, 127] with s = max|w| / 127
-per row; int4 stores round(w / s) + 8 in [0, 15] with s = max|w| / 7 per group, two
-values per byte (low nibble first).
+    scheme  x86-64 (fbgemm in PyTorch's wheels)        aarch64 / anything else
+    int8    ``quantized::linear_dynamic`` (fbgemm:       qnnpack's dynamic linear where
+            int8 activations x int8 weights, int32      PyTorch has it, else ``reference``
+            accumulation), 2-3x faster than f32
+    int4    fbgemm's 4-bit embedding-bag kernel as a     ``reference``
+            matrix-vector product (below) at small
+            batches; unpack once per call at prefill
+
+``reference`` dequantizes the weight into a workspace and runs ``F.linear``: correct
+everywhere, slow; it is the fallback and what the kernels are tested against.
+
+int8: symmetric, round(w / s) in [-127, 127] with s = max|w| / 127 per output row.
+4-bit: the weight's transpose is cut into rows of ``group_size`` consecutive outputs for
+one input; each row keeps 4-bit codes and a float16 scale and offset (min/max, fbgemm's
+``embedding_bag_4bit`` layout). Then ``y[b, j*g:(j+1)*g] = sum_k x[b, k] * row(j, k)`` is
+one embedding bag per (b, j) with the inputs as per-sample weights: fbgemm reads the
+4-bit codes directly. Outputs are padded up to a multiple of the group with zero rows.
+
+Bytes (``shapes/footprint.py``): the packed int8 weight is fbgemm's PackBMatrix, inputs
+rounded up to 512 and outputs to 8 on AVX2, plus three 4-byte numbers per output row
+(scale, zero point, column offset); 4-bit is ``ceil(out / g) * in * (g / 2 + 4)``.
+A layer whose quantized weight differs from the float one by more than ``ERROR_BOUND``
+(relative Frobenius norm) is refused: serving it would be serving garbage.
 """
 
 from __future__ import annotations
+
+import functools
+import platform
+import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from p2pswarm.errors import ConfigError
-from p2pswarm.shapes.footprint import check_quant
+from p2pswarm.shapes.footprint import check_quant, linear_weight_bytes
+
+# relative Frobenius error of a layer's dequantized weight against the float weight;
+# Gaussian weights give about 0.005 (int8) and 0.08 (4-bit, groups of 32)
+ERROR_BOUND = {"int8": 0.05, "int4": 0.25}
+KERNELS = ("fbgemm", "qnnpack", "reference")
+# at more rows than this a 4-bit call unpacks its weight once and runs one float matmul
+# (prefill); the bag kernel's cost grows with the rows, the unpack's does not
+INT4_BAG_MAX_ROWS = 8
+# up to this many rows (a decode batch) an int8 call quantizes each row's activations
+# alone; prefill chunks share one scale per call
+INT8_ROWWISE_MAX_ROWS = 8
 
 
 class DequantWorkspace:
-    """One flat buffer in the compute dtype, reused by every quantized linear of a stage."""
+    """One flat buffer in the compute dtype, reused by every quantized linear of a stage:
+    the reference kernel, prefill of 4-bit layers, LoRA's backward pass and export."""
 
     def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
         self.buffer = torch.empty(numel, dtype=dtype, device=device)
@@ -32,104 +66,216 @@ class DequantWorkspace:
         return self.buffer[: out_features * in_features].view(out_features, in_features)
 
 
-class Int8Linear(nn.Module):
-    """y = x @ (q * s)^T + b with q int8 of shape (out, in) and s float32 of shape (out,)."""
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
-    qweight: torch.Tensor
+
+def _is_arm() -> bool:
+    return platform.machine().lower() in ("aarch64", "arm64")
+
+
+@functools.cache
+def default_kernel(scheme: str) -> str:
+    """The kernel this CPU runs ``scheme`` on (see the module docstring's table)."""
+    engines = torch.backends.quantized.supported_engines
+    if _is_x86() and "fbgemm" in engines:
+        return "fbgemm"
+    if scheme == "int8" and _is_arm() and "qnnpack" in engines:
+        return "qnnpack"
+    return "reference"
+
+
+def _kernel_for(scheme: str, asked: str | None, workspace: DequantWorkspace) -> str:
+    if workspace.buffer.device.type != "cpu":
+        return "reference"  # the packed kernels are CPU kernels
+    return asked or default_kernel(scheme)
+
+
+def _refuse_if_far(scheme: str, weight: torch.Tensor, approx: torch.Tensor) -> None:
+    norm = float(weight.norm())
+    error = float((approx - weight).norm()) / norm if norm > 0 else 0.0
+    if not error <= ERROR_BOUND[scheme]:  # NaN (a weight that is not finite) too
+        raise ConfigError(
+            f"{scheme} would change a {weight.shape[0]}x{weight.shape[1]} layer's weight by "
+            f"{error:.1%} (bound {ERROR_BOUND[scheme]:.0%}); serve this model unquantized or "
+            f"in int8")
+
+
+def _bias_like(bias: torch.Tensor | None, workspace: DequantWorkspace) -> nn.Parameter | None:
+    if bias is None:
+        return None
+    return nn.Parameter(bias.to(device=workspace.buffer.device, dtype=workspace.buffer.dtype),
+                        requires_grad=False)
+
+
+class Int8Linear(nn.Module):
+    """y = x @ (q * s)^T + b with q int8 (out, in) and s float32 (out,), packed for the
+    kernel (fbgemm/qnnpack: an opaque prepacked weight, no plain copy kept)."""
+
+    qweight: torch.Tensor  # the reference kernel's only
     scales: torch.Tensor
 
-    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
-                 workspace: DequantWorkspace) -> None:
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                 workspace: DequantWorkspace, kernel: str) -> None:
         super().__init__()
-        self.out_features, self.in_features = qweight.shape
-        self.register_buffer("qweight", qweight)
-        self.register_buffer("scales", scales)
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        if kernel not in KERNELS:
+            raise ConfigError(f"unknown kernel {kernel!r}; use one of {KERNELS}")
+        self.out_features, self.in_features = q.shape
+        self.kernel = kernel
+        self.bias = _bias_like(bias, workspace)
         self.workspace = workspace
+        self._packed: Any = None
+        if kernel == "reference":
+            self.register_buffer("qweight", q)
+            self.register_buffer("scales", scales)
+        else:
+            self._packed = _prepack_int8(q, scales, kernel)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None,
-                   workspace: DequantWorkspace) -> Int8Linear:
+                   workspace: DequantWorkspace, kernel: str | None = None) -> Int8Linear:
         w = weight.float()
         scales = w.abs().amax(dim=1) / 127.0
         scales = torch.where(scales == 0, torch.ones_like(scales), scales)
         q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
-        return cls(q, scales, _bias_like(bias, workspace), workspace)
+        _refuse_if_far("int8", w, q.float() * scales[:, None])
+        return cls(q, scales, bias, workspace, _kernel_for("int8", kernel, workspace))
+
+    def packed_bytes(self) -> int:
+        """Bytes the prepacked weight holds outside any tensor (0 for the reference)."""
+        if self._packed is None:
+            return 0
+        return linear_weight_bytes(self.in_features, self.out_features, scheme="int8",
+                                   dtype_bytes=1)
 
     def dequantize(self) -> torch.Tensor:
         w = self.workspace.view(self.out_features, self.in_features)
-        w.copy_(self.qweight)
-        return w.mul_(self.scales[:, None])
+        if self._packed is None:
+            w.copy_(self.qweight)
+            return w.mul_(self.scales[:, None])
+        qweight, _ = torch.ops.quantized.linear_unpack(self._packed)
+        return w.copy_(qweight.dequantize())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantize(), self.bias)
+        if self._packed is None:
+            return F.linear(x, self.dequantize(), self.bias)
+        flat = x.reshape(-1, self.in_features).float().contiguous()
+        # fbgemm without VNNI saturates 8-bit x 8-bit pair sums unless activations keep 7 bits
+        reduce_range = self.kernel == "fbgemm"
+        if flat.shape[0] <= INT8_ROWWISE_MAX_ROWS:
+            # one activation scale per call: a decode batch calls per row, so a session's
+            # tokens do not depend on which others share its batch
+            y = torch.cat([torch.ops.quantized.linear_dynamic(row, self._packed, reduce_range)
+                           for row in torch.split(flat, 1)])
+        else:
+            y = torch.ops.quantized.linear_dynamic(flat, self._packed, reduce_range)
+        y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, int8 per row"
+        return f"in={self.in_features}, out={self.out_features}, int8 per row, {self.kernel}"
+
+
+def _prepack_int8(q: torch.Tensor, scales: torch.Tensor, kernel: str) -> Any:
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = kernel
+    try:
+        with warnings.catch_warnings():  # quantized tensors are deprecated; the op is not
+            warnings.simplefilter("ignore")
+            qtensor = torch._make_per_channel_quantized_tensor(
+                q.cpu(), scales.double().cpu(), torch.zeros(q.shape[0], dtype=torch.long), 0)
+            return torch.ops.quantized.linear_prepack(qtensor, None)
+    finally:
+        torch.backends.quantized.engine = previous
 
 
 class Int4Linear(nn.Module):
-    """Symmetric 4-bit weights, one float16 scale per ``group_size`` inputs of a row."""
+    """4-bit weights in fbgemm's embedding-bag layout: rows of ``group_size`` outputs for
+    one input, each with a float16 scale and offset (see the module docstring)."""
 
     packed: torch.Tensor
-    scales: torch.Tensor
 
-    def __init__(self, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
-                 workspace: DequantWorkspace, group_size: int) -> None:
+    def __init__(self, packed: torch.Tensor, out_features: int, in_features: int,
+                 bias: torch.Tensor | None, workspace: DequantWorkspace, group_size: int,
+                 kernel: str) -> None:
         super().__init__()
-        self.out_features = packed.shape[0]
-        self.in_features = packed.shape[1] * 2
+        if kernel not in KERNELS:
+            raise ConfigError(f"unknown kernel {kernel!r}; use one of {KERNELS}")
+        self.out_features, self.in_features = out_features, in_features
         self.group_size = group_size
-        self.register_buffer("packed", packed)  # uint8 (out, in / 2)
-        self.register_buffer("scales", scales)  # float16 (out, in / group)
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.groups = -(-out_features // group_size)  # padded outputs / group
+        self.kernel = "fbgemm" if kernel == "fbgemm" else "reference"
+        self.register_buffer("packed", packed)  # uint8 (groups * in, group / 2 + 4)
+        self.bias = _bias_like(bias, workspace)
         self.workspace = workspace
+        self._bags: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None,
-                   workspace: DequantWorkspace, group_size: int) -> Int4Linear:
+                   workspace: DequantWorkspace, group_size: int,
+                   kernel: str | None = None) -> Int4Linear:
         out_features, in_features = weight.shape
-        if in_features % group_size:
-            raise ConfigError(
-                f"int4 needs in_features ({in_features}) divisible by group size {group_size}"
-            )
-        groups = weight.float().view(out_features, in_features // group_size, group_size)
-        scales = (groups.abs().amax(dim=2) / 7.0).to(torch.float16)
-        scales = torch.where(scales == 0, torch.ones_like(scales), scales)
-        # quantize against the float16 scale actually stored, so dequantization agrees
-        q = torch.round(groups / scales.float()[..., None]).clamp_(-8, 7) + 8
-        q = q.to(torch.uint8).view(out_features, in_features // 2, 2)
-        packed = q[..., 0] | (q[..., 1] << 4)
-        return cls(packed.contiguous(), scales, _bias_like(bias, workspace), workspace, group_size)
+        check_quant("int4", group_size)
+        groups = -(-out_features // group_size)
+        w = torch.zeros(groups * group_size, in_features)
+        w[:out_features] = weight.float()
+        rows = (w.t().reshape(in_features, groups, group_size).transpose(0, 1)
+                .reshape(groups * in_features, group_size).contiguous())
+        packed = torch.ops.quantized.embedding_bag_4bit_prepack(rows)
+        layer = cls(packed, out_features, in_features, bias, workspace, group_size,
+                    _kernel_for("int4", kernel, workspace))
+        _refuse_if_far("int4", weight.float(), layer._unpacked())
+        return layer
+
+    def _unpacked(self) -> torch.Tensor:
+        """The float32 weight (out, in), a fresh tensor."""
+        rows: torch.Tensor = torch.ops.quantized.embedding_bag_4bit_unpack(self.packed)
+        w = rows.view(self.groups, self.in_features, self.group_size).permute(0, 2, 1)
+        return w.reshape(self.groups * self.group_size, self.in_features)[: self.out_features]
 
     def dequantize(self) -> torch.Tensor:
         w = self.workspace.view(self.out_features, self.in_features)
-        pairs = w.view(self.out_features, self.in_features // 2, 2)
-        pairs[..., 0].copy_(self.packed & 0x0F)
-        pairs[..., 1].copy_(self.packed >> 4)
-        groups = w.view(self.out_features, -1, self.group_size)
-        groups.sub_(8).mul_(self.scales[..., None])
-        return w
+        return w.copy_(self._unpacked())
+
+    def _bag(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Indices and offsets for ``batch`` rows of input (a few sizes, kept)."""
+        if batch not in self._bags:
+            n = self.groups * self.in_features
+            indices = torch.arange(n, dtype=torch.int32).repeat(batch)
+            offsets = torch.arange(0, batch * n + 1, self.in_features, dtype=torch.int32)
+            self._bags[batch] = (indices, offsets)
+        return self._bags[batch]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantize(), self.bias)
+        flat = x.reshape(-1, self.in_features)
+        batch = flat.shape[0]
+        if self.kernel == "reference" or batch > INT4_BAG_MAX_ROWS or x.device.type != "cpu":
+            return F.linear(x, self.dequantize(), self.bias)
+        indices, offsets = self._bag(batch)
+        weights = flat.float().repeat(1, self.groups).reshape(-1)
+        y: torch.Tensor = torch.ops.quantized.embedding_bag_4bit_rowwise_offsets(
+            self.packed, indices, offsets, False, 0, False, weights, None, True)
+        y = y.view(batch, self.groups * self.group_size)[:, : self.out_features]
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, int4 group {self.group_size}"
+        return (f"in={self.in_features}, out={self.out_features}, 4-bit group "
+                f"{self.group_size}, {self.kernel}")
 
 
 def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, scheme: str,
-                    group_size: int, workspace: DequantWorkspace) -> nn.Module:
+                    group_size: int, workspace: DequantWorkspace,
+                    kernel: str | None = None) -> nn.Module:
     """A quantized stand-in for ``nn.Linear(weight, bias)``."""
     check_quant(scheme, group_size)
     if scheme == "int8":
-        return Int8Linear.from_float(weight, bias, workspace)
+        return Int8Linear.from_float(weight, bias, workspace, kernel)
     if scheme == "int4":
-        return Int4Linear.from_float(weight, bias, workspace, group_size)
+        return Int4Linear.from_float(weight, bias, workspace, group_size, kernel)
     raise ConfigError("quantize_linear needs int8 or int4")
 
 
-def _bias_like(bias: torch.Tensor | None, workspace: DequantWorkspace) -> torch.Tensor | None:
-    if bias is None:
-        return None
-    return bias.to(device=workspace.buffer.device, dtype=workspace.buffer.dtype)
+def packed_bytes(model: nn.Module) -> int:
+    """Bytes a model's prepacked int8 weights hold outside its tensors."""
+    return sum(m.packed_bytes() for m in model.modules() if isinstance(m, Int8Linear))

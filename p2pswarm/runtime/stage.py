@@ -23,6 +23,7 @@ from p2pswarm.errors import PlacementError, RemoteProtocolError
 from p2pswarm.models.families import AnyStageModel, hidden_width
 from p2pswarm.models.llama import StageModel
 from p2pswarm.models.loader import TensorSource, compute_dtype, load_stage_model, open_model
+from p2pswarm.models.quant import packed_bytes
 from p2pswarm.runtime.batch import batchable, batched_decode
 from p2pswarm.runtime.kv_cache import KVCache
 from p2pswarm.runtime.recurrent_state import RecurrentState
@@ -213,7 +214,8 @@ class Stage:
         return self._model is not None
 
     def allocated_bytes(self) -> int:
-        """Bytes this stage really holds: parameters, buffers, dequant workspace, KV cache.
+        """Bytes this stage really holds: parameters, buffers, prepacked int8 weights (held
+        by the kernel library, not in tensors), dequant workspace, KV cache.
 
         Storages shared by several tensors (a tied head) count once.
         """
@@ -222,7 +224,8 @@ class Stage:
         tensors: list[torch.Tensor] = [*self._model.parameters(), *self._model.buffers()]
         if self._model.workspace is not None:
             tensors.append(self._model.workspace.buffer)
-        return _storage_bytes(tensors) + self._kv.allocated_bytes()
+        return (_storage_bytes(tensors) + packed_bytes(self._model)
+                + self._kv.allocated_bytes())
 
     def _loaded(self) -> tuple[AnyStageModel, KVCache | RecurrentState]:
         if self._model is None or self._kv is None:

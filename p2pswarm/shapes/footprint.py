@@ -7,12 +7,15 @@ what a loaded stage really holds.
 
 Weights (per linear of ``in`` inputs and ``out`` outputs; biases stay in the compute dtype):
 
-    scheme  weight bytes                  scale bytes
-    none    out * in * dtype_bytes        -
-    int8    out * in     (1 B/weight)     4 * out            float32 per output row
-    int4    out * in / 2 (0.5 B/weight)   2 * out * in / g   float16 per group of g inputs
+    scheme  weight bytes                        scale bytes
+    none    out * in * dtype_bytes              -
+    int8    up(in, 512) * up(out, 8)            12 * out          scale, zero point, column sum
+    int4    ceil(out / g) * in * g / 2          4 * ceil(out / g) * in   float16 scale, offset
 
-so int8 is 1 + 4/in bytes per weight, int4 0.5 + 2/g (0.5625 at g = 32, 0.53125 at 64).
+int8 is what fbgemm's prepacked weight allocates on AVX2 (``models/quant.py``; inputs
+round up to 512, outputs to 8, measured with malloc's counters in tests/test_models.py);
+int4 is fbgemm's 4-bit embedding-bag rows of g outputs (0.625 B/weight at g = 32, 0.5625
+at 64), outputs padded up to a multiple of g.
 A quantized stage also holds one dequant workspace: its largest decoder-layer linear in
 the compute dtype, ``max(out * in) * dtype_bytes``.
 
@@ -36,8 +39,10 @@ from p2pswarm.shapes.model_config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 KV_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
-INT8_SCALE_BYTES = 4  # float32 per output row (weights) or per kv head and position (cache)
-INT4_SCALE_BYTES = 2  # float16 per group
+INT8_SCALE_BYTES = 4  # float32 per kv head and position (cache)
+INT8_ROW_BYTES = 12  # packed int8 weights: float32 scale, int32 zero point and column sum
+INT8_PACK_IN, INT8_PACK_OUT = 512, 8  # fbgemm's AVX2 blocks: inputs and outputs round up
+INT4_SCALE_BYTES = 4  # float16 scale and float16 offset per group
 QUANT_SCHEMES = ("none", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64)
 
@@ -55,10 +60,15 @@ def linear_weight_bytes(in_features: int, out_features: int, *, scheme: str,
     check_quant(scheme, group_size)
     if scheme == "none":
         return out_features * in_features * dtype_bytes
-    if scheme == "int8":
-        return out_features * in_features + INT8_SCALE_BYTES * out_features
-    groups = out_features * (in_features // group_size)
-    return out_features * in_features // 2 + INT4_SCALE_BYTES * groups
+    if scheme == "int8":  # fbgemm's packed layout (AVX2 blocks), see the table above
+        padded = _round_up(in_features, INT8_PACK_IN) * _round_up(out_features, INT8_PACK_OUT)
+        return padded + INT8_ROW_BYTES * out_features
+    groups = -(-out_features // group_size)
+    return groups * in_features * (group_size // 2 + INT4_SCALE_BYTES)
+
+
+def _round_up(n: int, block: int) -> int:
+    return -(-n // block) * block
 
 
 def layer_linear_shapes(config: ModelConfig) -> list[tuple[int, int]]:

@@ -37,13 +37,15 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 class _QuantizedLinearFn(torch.autograd.Function):
-    """``F.linear`` on a quantized weight that is dequantized again for the backward pass."""
+    """A quantized linear's own kernel forward; the backward pass (the input's gradient
+    only: the base is frozen) dequantizes the weight into the stage's workspace."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, module: Any) -> torch.Tensor:
         ctx.module = module
         with torch.no_grad():
-            return F.linear(x, module.dequantize(), module.bias)
+            out: torch.Tensor = module(x)
+            return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None]:
