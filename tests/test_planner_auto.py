@@ -71,7 +71,7 @@ def test_four_4gb_pis_hold_llama_3_8b_with_auto_and_not_in_f16() -> None:
 def test_tighter_pis_take_int4() -> None:
     data = pis()
     for f in data["fellows"]:
-        f["cards"][0]["free_bytes"] = 2_200_000_000
+        f["cards"][0]["free_bytes"] = 2_400_000_000
     assert not make(LLAMA3, data, weights_dtype="int8").fits
     p = make(LLAMA3, data)
     assert p.fits and "int4" in dtypes(p)
@@ -119,7 +119,7 @@ def test_plan_id_changes_when_the_choice_does_and_is_deterministic() -> None:
     assert make(LLAMA3, shuffled).to_dict() == p.to_dict()
     roomy = pis()
     for f in roomy["fellows"]:
-        f["cards"][0]["free_bytes"] = 2_200_000_000
+        f["cards"][0]["free_bytes"] = 2_400_000_000
     lower = make(LLAMA3, roomy)
     assert dtypes(lower) != dtypes(p) and lower.plan_id != p.plan_id
 
@@ -206,7 +206,7 @@ def test_a_changed_choice_is_named_when_a_pinned_plan_is_refused() -> None:
     before = make(LLAMA3, pis())
     tighter = pis()
     for f in tighter["fellows"]:
-        f["cards"][0]["free_bytes"] = 2_200_000_000
+        f["cards"][0]["free_bytes"] = 2_400_000_000
     after = make(LLAMA3, tighter)
     lines = diff_plans(before.to_dict(), after.to_dict())
     assert any(re.fullmatch(r"pi4-\d's CPU \(Raspberry Pi 4 Model B \(4 GB\)\) now takes "
