@@ -57,7 +57,14 @@ from p2pswarm.agent.ports import ControlHandler, StreamHandler
 from p2pswarm.agent.rejoin import Rejoin
 from p2pswarm.agent.self_watch import SelfWatch
 from p2pswarm.agent.serving import Serving
-from p2pswarm.agent.status_doc import ElectorateDoc, LeaderDoc, MemberRow, SelfDoc, StatusDoc
+from p2pswarm.agent.status_doc import (
+    ElectorateDoc,
+    LeaderDoc,
+    MemberRow,
+    SelfDoc,
+    StatusDoc,
+    StoreUseDoc,
+)
 from p2pswarm.agent.training import Training
 from p2pswarm.agent.votes import VOTES_FILE, VoteRecord
 from p2pswarm.agent.weights import WeightsCache
@@ -66,6 +73,7 @@ from p2pswarm.cards import Card, Inventory
 from p2pswarm.config import SwarmConfig
 from p2pswarm.control.requests import typed_op
 from p2pswarm.control.server import serve_control
+from p2pswarm.disk_budget import store_uses
 from p2pswarm.election import Election
 from p2pswarm.errors import (
     AuthenticationError,
@@ -132,6 +140,7 @@ class Agent:
         self.world = world
         config, home = world.config, world.home
         self._scratch: dict[str, Path] = {}  # state_dir's directories when home is None
+        self._disks: list[StoreUseDoc] = []  # the stores' use, as status last measured it
         # term, vote and electorate survive a restart (one vote per term, however
         # often we crash; never a majority of one)
         self.votes = world.votes if world.votes is not None else (
@@ -632,6 +641,11 @@ class Agent:
         return await handler(request)
 
     async def _op_status(self, request: StatusRequest) -> StatusDoc:
+        home = self.home
+        if home is not None:  # walking the stores reads the disk: off the loop
+            uses = await self.compute.run(lambda: store_uses(home, self.config.storage))
+            self._disks = [StoreUseDoc(store=u.store, used_bytes=u.used_bytes,
+                                       cap_bytes=u.cap_bytes) for u in uses]
         return self.status()
 
     async def _op_leave(self, request: LeaveRequest) -> dict[str, int | bool]:
@@ -728,6 +742,7 @@ class Agent:
             "loop_lag": {**self.loop_lag.to_dict(), "stretch_s": round(
                 self.election.stretch(), 3) if self.election is not None else 0.0},
             "self_watch": self.links.watch.to_doc(),
+            "disks": list(self._disks),
         }
 
     def _fellow_name(self, node_id: bytes) -> str:

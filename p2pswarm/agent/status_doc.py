@@ -78,6 +78,14 @@ class CountersDoc(TypedDict):
     refused: dict[str, int]
 
 
+class StoreUseDoc(TypedDict):
+    """One store under the fellow's home against its cap (None: bounded by count)."""
+
+    store: str
+    used_bytes: int
+    cap_bytes: int | None
+
+
 class StatusDoc(TypedDict):
     """The whole ``status`` answer."""
 
@@ -96,7 +104,8 @@ class StatusDoc(TypedDict):
     membership: dict[str, int]
     loop_lag: dict[str, float]
     self_watch: SelfWatchDoc
+    disks: list[StoreUseDoc]  # as the control op last measured them ([]: not yet)
 
 
 __all__ = ["CountersDoc", "ElectorateDoc", "HeldStageDoc", "LeaderDoc", "MemberRow", "SelfDoc",
-           "StatusDoc"]
+           "StatusDoc", "StoreUseDoc"]

@@ -1,0 +1,124 @@
+"""Disk caps: each store a fellow keeps is capped by a share of its disk (faked
+``disk_usage``), a tiny configured cap refuses checkpoint copies with one line while the
+job goes on and keeps its own checkpoints, and status shows the stores against caps."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import trio
+
+from p2pswarm.cli.swarm import disks_line
+from p2pswarm.config import StorageConfig
+from p2pswarm.disk_budget import (
+    DiskUsage,
+    cap_bytes,
+    default_caps,
+    disk_bytes,
+    store_uses,
+)
+from p2pswarm.training.checkpoint import CheckpointStore
+from tests.test_agent_checkpoints import SMALL
+from tests.training_swarm import disks_under, finished, job_config, leader_and_asker, start_swarm
+
+SD_CARD = 32_000_000_000  # a "32 GB" card as sold
+
+
+def sd_card(path: str) -> DiskUsage:
+    # a card's filesystem: a little less than sold, 5 % reserved for root
+    return DiskUsage(total=SD_CARD, used=8_000_000_000, free=SD_CARD - 8_000_000_000
+                     - SD_CARD // 20)
+
+
+def test_the_default_caps_on_a_32_gb_volume_are_shares_of_it(tmp_path: Path) -> None:
+    size = disk_bytes(tmp_path, sd_card)
+    assert size == SD_CARD - SD_CARD // 20  # used + free: root's reserve left out
+    storage = StorageConfig()
+    caps = {store: cap_bytes(store, tmp_path / store, storage, sd_card)
+            for store in ("weights", "checkpoint-copies", "job-data")}
+    assert caps == default_caps(size)
+    assert caps["weights"] == int(size * 0.40) < 64 << 30
+    assert caps["checkpoint-copies"] == int(size * 0.20)
+    assert caps["job-data"] == int(size * 0.10)
+    assert sum(caps.values()) < 0.75 * size  # room left for the OS and everything else
+    # a big disk: each at most the old fixed default
+    assert default_caps(4 << 40) == {"weights": 64 << 30, "checkpoint-copies": 64 << 30,
+                                     "job-data": 4 << 30}
+
+
+def test_a_configured_cap_wins_but_never_passes_the_disk(tmp_path: Path) -> None:
+    size = disk_bytes(tmp_path, sd_card)
+    assert size is not None
+    small = StorageConfig(weights_cache_bytes=1000)
+    assert cap_bytes("weights", tmp_path, small, sd_card) == 1000
+    huge = StorageConfig(weights_cache_bytes=1 << 50)
+    assert cap_bytes("weights", tmp_path, huge, sd_card) == size
+
+    def unreadable(path: str) -> DiskUsage:
+        raise OSError("no such filesystem")
+
+    # nothing readable: the old fixed default, never an error
+    assert cap_bytes("weights", tmp_path, StorageConfig(), unreadable) == 64 << 30
+    seen: list[str] = []
+
+    def only_root(path: str) -> DiskUsage:
+        seen.append(path)
+        if path != "/":
+            raise FileNotFoundError(path)
+        return sd_card(path)
+
+    # a store not made yet: the disk its nearest existing parent is on
+    assert disk_bytes(Path("/no/such/dir"), only_root) == size
+    assert seen[-1] == "/"
+
+
+def test_status_shows_each_store_against_its_cap(tmp_path: Path) -> None:
+    (tmp_path / "weights" / "ab").mkdir(parents=True)
+    (tmp_path / "weights" / "ab" / "x").write_bytes(b"w" * 300)
+    (tmp_path / "job-checkpoints").mkdir()
+    (tmp_path / "job-checkpoints" / "m").write_bytes(b"c" * 50)
+    uses = {u.store: u for u in store_uses(tmp_path, StorageConfig(), sd_card)}
+    assert uses["weights"].used_bytes == 300
+    assert uses["weights"].cap_bytes == default_caps(disk_bytes(tmp_path, sd_card) or 0)[
+        "weights"]
+    assert uses["checkpoint-copies"].used_bytes == 0  # not made yet: nothing used
+    assert uses["job-checkpoints"].used_bytes == 50 and uses["job-checkpoints"].cap_bytes is None
+    line = disks_line([u.to_dict() for u in uses.values()])
+    assert line.startswith("disk: weights 0.00/12.2 GB, checkpoint-copies 0.00/6.1 GB")
+    assert "job-checkpoints 0.00 GB" in line
+    assert disks_line([]) == "" and disks_line(None) == ""
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_torch_thread")
+async def test_a_full_copy_store_refuses_the_copy_and_the_job_goes_on(
+        autojump_clock, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "p2pswarm.training")
+    config = job_config(model={"config": SMALL}, steps=4, checkpoint={
+        "dir": str(tmp_path / "ckpt"), "interval_steps": 2, "copies": 1, "keep": 2})
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, n=3)
+        disks_under(swarm, tmp_path / "copies")
+        for agent in swarm.live():  # room for no shard at all
+            storage = replace(agent.config.storage, checkpoint_copies_bytes=1000)
+            agent.world = replace(agent.world, config=replace(agent.config, storage=storage))
+        leader, asker = leader_and_asker(swarm)
+        record = await asker.training.submit(config, stages=1)
+        record = await finished(asker, record["job_id"])
+        assert record["state"] == "finished", record["reason"]
+        assert record["checkpoint_copies"] and not any(record["checkpoint_copies"].values())
+        # the leader's own checkpoints are all there, whole
+        store = CheckpointStore(Path(record["checkpoint_dir"]))
+        assert store.steps() == [2, 4] and store.latest() == 4
+        refused = sum(a.counters.to_dict()["refused"].get("checkpoint-copies-full", 0)
+                      for a in swarm.live())
+        assert refused >= 2  # one a checkpoint
+        lines = [r.getMessage() for r in caplog.records if "refused shard" in r.getMessage()]
+        assert lines and all("no room for checkpoint copies" in m for m in lines)
+        assert all("\n" not in m for m in lines)
+        assert leader.training.copies.full_at  # passed over next time while others have room
+        assert not list((tmp_path / "copies").rglob("*.pt"))
+        nursery.cancel_scope.cancel()
