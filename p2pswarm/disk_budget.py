@@ -109,6 +109,40 @@ def _sizes(root: Path) -> Iterator[int]:
                 pass
 
 
+def is_leftover(name: str) -> bool:
+    """A temporary file of an unfinished write (``.NAME.tmp-PID``, ``.NAME.PID-ID.tmp``,
+    ``.part-XXXX``): renamed into place when whole, so one still there when an agent starts
+    was left by a process killed mid-write."""
+    return name.startswith(".") and (".tmp-" in name or name.endswith(".tmp")
+                                      or name.startswith(".part-"))
+
+
+def sweep_leftovers(home: Path, before_s: float) -> tuple[int, int]:
+    """Delete what killed agents left in the stores under ``home``: temporary files of
+    unfinished writes, and stage states that never reached their stage (``.incoming``),
+    written before ``before_s`` (wall clock: this agent's start, so its own writes are
+    safe); (files, bytes) deleted. Without it a fellow killed mid-write every few
+    minutes fills its disk a temporary file at a time (none is counted against a cap)."""
+    files = removed = 0
+    for store in (*(s.store for s in SHARES), *COUNTED_STORES):
+        for directory, _, names in os.walk(home / store):
+            incoming = Path(directory).name == ".incoming" or "/.incoming/" in directory
+            for name in names:
+                if not (incoming or is_leftover(name)):
+                    continue
+                path = os.path.join(directory, name)
+                try:
+                    stat = os.lstat(path)
+                    if stat.st_mtime >= before_s:
+                        continue
+                    os.unlink(path)
+                except OSError:
+                    continue
+                files += 1
+                removed += stat.st_size
+    return files, removed
+
+
 @dataclass(frozen=True, slots=True)
 class StoreUse:
     """One store's use against its cap (None: bounded by count, not bytes)."""
@@ -131,4 +165,5 @@ def store_uses(home: Path, storage: StorageConfig, usage: Usage = _disk_usage) -
 
 
 __all__ = ["COUNTED_STORES", "SHARES", "DiskUsage", "StoreShare", "StoreUse", "Usage",
-           "cap_bytes", "default_caps", "disk_bytes", "share", "store_uses", "tree_bytes"]
+           "cap_bytes", "default_caps", "disk_bytes", "is_leftover", "share", "store_uses",
+           "sweep_leftovers", "tree_bytes"]

@@ -122,3 +122,42 @@ async def test_a_full_copy_store_refuses_the_copy_and_the_job_goes_on(
         assert leader.training.copies.full_at  # passed over next time while others have room
         assert not list((tmp_path / "copies").rglob("*.pt"))
         nursery.cancel_scope.cancel()
+
+
+def test_a_kept_run_says_what_it_leaves(tmp_path: Path) -> None:
+    from p2pswarm.sim.processes import kept_lines
+
+    (tmp_path / "f0" / "checkpoint-copies" / "j").mkdir(parents=True)
+    (tmp_path / "f0" / "checkpoint-copies" / "j" / "s.pt").write_bytes(b"x" * 2_000_000)
+    (tmp_path / "f0" / "weights").mkdir()
+    (tmp_path / "f0" / "weights" / "t").write_bytes(b"w" * 1_000_000)
+    (tmp_path / "f0.log").write_bytes(b"l" * 500_000)
+    lines = kept_lines(tmp_path)
+    assert lines == [f"state and logs kept in {tmp_path}: 3.5 MB in all",
+                     "  f0: 3.0 MB (checkpoint-copies 2.0 MB, weights 1.0 MB)",
+                     "  logs (*.log): 0.5 MB"]
+
+
+def test_a_killed_agents_unfinished_writes_are_swept_at_start(tmp_path: Path) -> None:
+    import os
+
+    from p2pswarm.disk_budget import sweep_leftovers
+
+    old = [tmp_path / "job-copies" / ".job-1.outer.tmp-4242",
+           tmp_path / "weights" / "ab" / ".part-x1y2",
+           tmp_path / "checkpoint-copies" / "job-1" / "step-00000002" / ".a.pt.77-7f.tmp",
+           tmp_path / "checkpoint-copies" / ".incoming" / "job-1" / "r.stage-0.pt"]
+    kept = [tmp_path / "job-copies" / "job-1.outer",
+            tmp_path / "weights" / "ab" / ("ab" + "0" * 62),
+            tmp_path / "checkpoint-copies" / "job-1" / "step-00000002" / "manifest.json"]
+    for path in old + kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 10)
+        os.utime(path, (1_000_000, 1_000_000))
+    mine = tmp_path / "job-copies" / ".job-2.outer.tmp-99"  # this agent's, written since
+    mine.write_bytes(b"y")
+    assert sweep_leftovers(tmp_path, before_s=2_000_000) == (4, 40)
+    assert not any(p.exists() for p in old)
+    assert all(p.exists() for p in kept)
+    os.utime(mine, (3_000_000, 3_000_000))
+    assert sweep_leftovers(tmp_path, before_s=2_000_000) == (0, 0) and mine.exists()

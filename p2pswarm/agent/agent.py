@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -73,7 +74,7 @@ from p2pswarm.cards import Card, Inventory
 from p2pswarm.config import SwarmConfig
 from p2pswarm.control.requests import typed_op
 from p2pswarm.control.server import serve_control
-from p2pswarm.disk_budget import store_uses
+from p2pswarm.disk_budget import store_uses, sweep_leftovers
 from p2pswarm.election import Election
 from p2pswarm.errors import (
     AuthenticationError,
@@ -141,6 +142,8 @@ class Agent:
         config, home = world.config, world.home
         self._scratch: dict[str, Path] = {}  # state_dir's directories when home is None
         self._disks: list[StoreUseDoc] = []  # the stores' use, as status last measured it
+        # files older than this under the home were written by an earlier agent
+        self._born_wall_s = time.time()
         # term, vote and electorate survive a restart (one vote per term, however
         # often we crash; never a majority of one)
         self.votes = world.votes if world.votes is not None else (
@@ -324,6 +327,7 @@ class Agent:
                     nursery.start_soon(self.card_news.run)
                 if self.home is not None:
                     await nursery.start(serve_control, self.home, self._answer_control)
+                    self._sweep(self.home)
                 log.info("%s listening on %s (id %s)", self.name, self.addr,
                          self.node_id.hex()[:8])
                 self._apply(self.membership.join(self.world.seeds, now))
@@ -639,6 +643,14 @@ class Agent:
             raise ControlError(f"unknown control op {op!r}; this agent knows "
                                f"{', '.join(sorted(self.control_ops))}")
         return await handler(request)
+
+    def _sweep(self, home: Path) -> None:
+        """What an agent killed mid-write left in the stores, gone (the control socket
+        is ours by now: no other agent writes under this home)."""
+        files, nbytes = sweep_leftovers(home, self._born_wall_s)
+        if files:
+            log.info("removed %d unfinished file(s), %d bytes, that a stopped agent left "
+                     "under %s", files, nbytes, home)
 
     async def _op_status(self, request: StatusRequest) -> StatusDoc:
         home = self.home
