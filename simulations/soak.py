@@ -7,9 +7,11 @@ matplotlib is installed) gives a verdict per series of the longest-lived fellow:
 mean of the run's last third against its first third.
 
     nice -n 10 python simulations/soak.py [--fellows 4] [--minutes 15] [--restart-every 3]
-        [--out soak-report] [--keep]
+        [--settle-min 5] [--out soak-report] [--keep]
 
-A series "grows" when its last third passes its first third by more than its tolerance
+The first ``--settle-min`` minutes (loading, the job's first checkpoints filling the
+stores) are left out of the verdicts. A series "grows" when its last third passes its
+first third by more than its tolerance
 (RSS 5 %, threads and open files 2 more, disk 10 %); anything that grows without bound
 is a bug. Exit status 1 when a series grows, a generation failed or a disk passed its
 cap.
@@ -105,6 +107,7 @@ def sample(swarm: Field, t_s: float) -> dict[str, dict[str, Any]]:
             status = request(swarm.swarm.homes[name], {"op": "status"}, timeout_s=5)
             row["loop_lag_ms"] = float(status["self_watch"]["loop_lag_ms"])
             row["disks"] = status.get("disks")
+            row["role"] = status.get("role")
         except (SwarmError, KeyError, TypeError):
             row["loop_lag_ms"] = None
         out[name] = row
@@ -125,7 +128,8 @@ def verdict(values: list[float], series: str) -> dict[str, Any]:
             "max": max(values), "samples": len(values)}
 
 
-def plot(samples: list[dict[str, Any]], names: list[str], path: Path) -> str | None:
+def plot(samples: list[dict[str, Any]], names: list[str], path: Path,
+         restarts: list[dict[str, Any]], settle_s: float) -> str | None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -144,6 +148,9 @@ def plot(samples: list[dict[str, Any]], names: list[str], path: Path) -> str | N
             if points:
                 ax.plot(*zip(*points), marker=".", markersize=3, linewidth=1, label=name)
         ax.set_ylabel(labels[series])
+        for r in restarts:  # a kill and restart: a dotted line
+            ax.axvline(r["t_s"] / 60, color="grey", linestyle=":", linewidth=0.8)
+        ax.axvspan(0, settle_s / 60, color="grey", alpha=0.1)  # left out of the verdicts
     axes[0].legend(ncol=len(names), fontsize="small")
     axes[-1].set_xlabel("minutes")
     fig.tight_layout()
@@ -159,14 +166,20 @@ def markdown(report: dict[str, Any]) -> str:
              f"{len(report['restarts'])}; generations: {report['generations']['done']} done, "
              f"{report['generations']['failed']} failed; job: {report['job'].get('state')} "
              f"at step {report['job'].get('step')}, restarts {report['job_restarts']}", "",
+             f"verdicts on the longest-lived fellow after the first {report['settle_min']:g} "
+             "min: the mean of the last third against the first third", "",
              "| series | first third | last third | change | verdict |", "|---|---|---|---|---|"]
     for series, v in report["verdicts"].items():
         lines.append(f"| {series} | {v.get('first_third')} | {v.get('last_third')} | "
                      f"{v.get('change_pct')} % | {v['verdict']} |")
-    lines += ["", "disk use of each fellow's home at the end (bytes, cap of each store "
-              "where status gives it):", ""]
+    lines += ["", "disk use of each fellow's home at the end (bytes), and its stores "
+              "against their caps as status last gave them:", ""]
+    last = report["samples"][-1]["fellows"] if report["samples"] else {}
     for name, used in report["home_bytes_end"].items():
-        lines.append(f"- {name}: {used:,}")
+        stores = ", ".join(f"{d['store']} {d['used_bytes'] / 1e6:,.0f}"
+                           + (f"/{d['cap_bytes'] / 1e6:,.0f}" if d.get("cap_bytes") else "")
+                           + " MB" for d in (last.get(name, {}).get("disks") or []))
+        lines.append(f"- {name}: {used:,}" + (f" ({stores})" if stores else ""))
     if report["disk_over_cap"]:
         lines += ["", "stores over their cap: " + "; ".join(report["disk_over_cap"])]
     if report["generations"]["failures"]:
@@ -238,11 +251,13 @@ def run(args: argparse.Namespace, say: Any) -> dict[str, Any]:
         if args.keep:
             for n in names:
                 say(f"  {n}: {home_end[n]:,} bytes in {local.homes[n]}")
-    series = {s: [x["fellows"]["f0"][s] for x in samples
+    settled = [x for x in samples if x["t_s"] >= args.settle_min * 60]
+    series = {s: [x["fellows"]["f0"][s] for x in settled
                   if "f0" in x["fellows"] and x["fellows"]["f0"].get(s) is not None]
               for s in SERIES}
     return {"fellows": args.fellows, "minutes": args.minutes,
             "restart_every_min": args.restart_every, "longest_lived": "f0",
+            "settle_min": args.settle_min,
             "restarts": restarts,
             "generations": {"done": traffic.done, "failed": traffic.failed,
                             "failures": traffic.failures},
@@ -264,18 +279,23 @@ def main() -> int:
     parser.add_argument("--request-gap", type=float, default=1.0,
                         help="seconds between one generation's end and the next's start")
     parser.add_argument("--steps", type=int, default=0)
+    parser.add_argument("--settle-min", type=float, default=5.0, help="minutes left out of "
+                        "the verdicts: the model loading, the job's first steps and "
+                        "checkpoints filling the stores (the plots show them, shaded)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("soak-report"))
     parser.add_argument("--keep", action="store_true", help="keep state and logs")
     args = parser.parse_args()
     if args.fellows < 3 or args.minutes <= 0 or args.restart_every <= 0:
         parser.error("--fellows must be 3 or more, --minutes and --restart-every above 0")
+    if not 0 <= args.settle_min < args.minutes:
+        parser.error("--settle-min must be at least 0 and under --minutes")
     report = run(args, lambda m: print(m, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "soak.json").write_text(json.dumps(report, indent=1))
     (args.out / "soak.md").write_text(markdown(report))
     note = plot(report["samples"], [f"f{i}" for i in range(args.fellows)],
-                args.out / "soak.png")
+                args.out / "soak.png", report["restarts"], args.settle_min * 60)
     print(markdown(report))
     print(note or f"report in {args.out}/ (soak.json, soak.md, soak.png)")
     bad = (any(v["verdict"] == "growing" for k, v in report["verdicts"].items()
