@@ -6,9 +6,9 @@ The rule (docs/operations.md, "Disk caps"): a store's cap is ``fraction`` of the
 size, where the size is ``used + free`` of ``shutil.disk_usage`` on the store's directory
 (the blocks a user may fill; root's reserved blocks left out), at most ``ceiling_bytes``.
 A value set in ``StorageConfig`` wins over the share, but is still cut to the disk's size.
-On a 32 GB SD card the weights cache gets 40 % (12.8 GB), checkpoint copies 20 % (6.4 GB),
-job data 10 % (3.2 GB): 70 % in all, the rest left to the OS, logs and the stores bounded
-by count (a job's own checkpoints keep its newest ``checkpoint.keep`` steps)."""
+On a 32 GB SD card (30.4 GB usable) the weights cache gets 35 % (10.6 GB), checkpoint
+copies 15 % (4.6 GB), leaders' own checkpoints 10 % (3.0 GB), job data 10 % (3.0 GB): 70 %
+in all, the rest left to the OS, the logs and the stores bounded by count."""
 
 from __future__ import annotations
 
@@ -48,13 +48,15 @@ class StoreShare:
     ceiling_bytes: int
 
 
+JOB_CHECKPOINTS = "job-checkpoints"
 SHARES: tuple[StoreShare, ...] = (
-    StoreShare("weights", "weights_cache_bytes", 0.40, 64 << 30),
-    StoreShare("checkpoint-copies", "checkpoint_copies_bytes", 0.20, 64 << 30),
+    StoreShare("weights", "weights_cache_bytes", 0.35, 64 << 30),
+    StoreShare("checkpoint-copies", "checkpoint_copies_bytes", 0.15, 64 << 30),
+    StoreShare(JOB_CHECKPOINTS, "job_checkpoints_bytes", 0.10, 64 << 30),
     StoreShare("job-data", "job_data_bytes", 0.10, 4 << 30),
 )
 # stores bounded by count rather than bytes: shown in status with their use, no cap
-COUNTED_STORES = ("job-checkpoints", "job-copies", "loads")
+COUNTED_STORES = ("job-copies", "loads")
 
 
 def share(store: str) -> StoreShare:
@@ -164,6 +166,6 @@ def store_uses(home: Path, storage: StorageConfig, usage: Usage = _disk_usage) -
     return out
 
 
-__all__ = ["COUNTED_STORES", "SHARES", "DiskUsage", "StoreShare", "StoreUse", "Usage",
-           "cap_bytes", "default_caps", "disk_bytes", "is_leftover", "share", "store_uses",
-           "sweep_leftovers", "tree_bytes"]
+__all__ = ["COUNTED_STORES", "JOB_CHECKPOINTS", "SHARES", "DiskUsage", "StoreShare",
+           "StoreUse", "Usage", "cap_bytes", "default_caps", "disk_bytes", "is_leftover",
+           "share", "store_uses", "sweep_leftovers", "tree_bytes"]

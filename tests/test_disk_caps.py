@@ -38,15 +38,15 @@ def test_the_default_caps_on_a_32_gb_volume_are_shares_of_it(tmp_path: Path) -> 
     assert size == SD_CARD - SD_CARD // 20  # used + free: root's reserve left out
     storage = StorageConfig()
     caps = {store: cap_bytes(store, tmp_path / store, storage, sd_card)
-            for store in ("weights", "checkpoint-copies", "job-data")}
+            for store in ("weights", "checkpoint-copies", "job-checkpoints", "job-data")}
     assert caps == default_caps(size)
-    assert caps["weights"] == int(size * 0.40) < 64 << 30
-    assert caps["checkpoint-copies"] == int(size * 0.20)
-    assert caps["job-data"] == int(size * 0.10)
+    assert caps["weights"] == int(size * 0.35) < 64 << 30
+    assert caps["checkpoint-copies"] == int(size * 0.15)
+    assert caps["job-checkpoints"] == caps["job-data"] == int(size * 0.10)
     assert sum(caps.values()) < 0.75 * size  # room left for the OS and everything else
     # a big disk: each at most the old fixed default
     assert default_caps(4 << 40) == {"weights": 64 << 30, "checkpoint-copies": 64 << 30,
-                                     "job-data": 4 << 30}
+                                     "job-checkpoints": 64 << 30, "job-data": 4 << 30}
 
 
 def test_a_configured_cap_wins_but_never_passes_the_disk(tmp_path: Path) -> None:
@@ -85,10 +85,12 @@ def test_status_shows_each_store_against_its_cap(tmp_path: Path) -> None:
     assert uses["weights"].cap_bytes == default_caps(disk_bytes(tmp_path, sd_card) or 0)[
         "weights"]
     assert uses["checkpoint-copies"].used_bytes == 0  # not made yet: nothing used
-    assert uses["job-checkpoints"].used_bytes == 50 and uses["job-checkpoints"].cap_bytes is None
+    assert uses["job-checkpoints"].used_bytes == 50
+    assert uses["loads"].cap_bytes is None  # bounded by count
     line = disks_line([u.to_dict() for u in uses.values()])
-    assert line.startswith("disk: weights 0.00/12.2 GB, checkpoint-copies 0.00/6.1 GB")
-    assert "job-checkpoints 0.00 GB" in line
+    assert line.startswith("disk: weights 0.00/10.6 GB, checkpoint-copies 0.00/4.6 GB, "
+                           "job-checkpoints 0.00/3.0 GB, job-data 0.00/3.0 GB")
+    assert "loads 0.00 GB" in line
     assert disks_line([]) == "" and disks_line(None) == ""
 
 
@@ -161,3 +163,30 @@ def test_a_killed_agents_unfinished_writes_are_swept_at_start(tmp_path: Path) ->
     assert all(p.exists() for p in kept)
     os.utime(mine, (3_000_000, 3_000_000))
     assert sweep_leftovers(tmp_path, before_s=2_000_000) == (0, 0) and mine.exists()
+
+
+def test_a_leaders_own_checkpoints_drop_other_jobs_past_their_cap(tmp_path: Path) -> None:
+    import os
+
+    from p2pswarm.agent.training.checkpoints import trim_other_jobs
+
+    root = tmp_path / "job-checkpoints"
+
+    def step(job: str, n: int, nbytes: int, age_s: int) -> Path:
+        d = root / job / f"step-{n:08d}"
+        d.mkdir(parents=True)
+        (d / "s.pt").write_bytes(b"x" * nbytes)
+        os.utime(d / "s.pt", (1_000_000 + age_s, 1_000_000 + age_s))
+        return d
+
+    ended = [step("job-a", 1, 100, 1), step("job-a", 2, 100, 2)]
+    other = step("job-b", 7, 100, 3)
+    live = [step("job-c", 4, 300, 0), step("job-c", 5, 300, 4)]  # oldest of all, yet kept
+    (root / "job-a" / "LATEST").write_bytes(b"step-00000002")
+    assert trim_other_jobs(root, root / "job-c", cap=700) == [
+        "job-a/step-00000001", "job-a/step-00000002"]
+    assert not (root / "job-a").exists() and other.exists()  # the job with its last step
+    assert all(d.exists() for d in live)
+    # the live job alone over the cap: all its steps kept, every other job's dropped
+    assert trim_other_jobs(root, root / "job-c", cap=100) == ["job-b/step-00000007"]
+    assert all(d.exists() for d in live)

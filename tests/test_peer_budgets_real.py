@@ -75,7 +75,7 @@ def test_status_json_shows_the_loop_lag(pair: LocalSwarm) -> None:
     disks = {d["store"]: d for d in json.loads(shown.stdout)["disks"]}
     assert {"weights", "checkpoint-copies", "job-data", "job-checkpoints"} <= set(disks)
     assert 0 < disks["weights"]["cap_bytes"] <= 64 << 30
-    assert disks["job-checkpoints"]["cap_bytes"] is None
+    assert disks["loads"]["cap_bytes"] is None
     table = CliRunner().invoke(app, ["status", "--home", str(home)])
     assert table.exit_code == 0 and "loop lag" in table.output, table.output
     assert "disk: weights " in table.output, table.output

@@ -53,7 +53,7 @@ from p2pswarm.agent.training.transfer import (
     send_shard_file,
     send_state_file,
 )
-from p2pswarm.disk_budget import cap_bytes
+from p2pswarm.disk_budget import JOB_CHECKPOINTS, cap_bytes
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
 from p2pswarm.names import UnsafeName
 from p2pswarm.training.checkpoint_files import (
@@ -167,6 +167,7 @@ class CheckpointKeeper:
                               tuple(job.placement[0].cut), len(driver.replicas),
                               cfg, job.job_id, positions).to_doc()
         path = await self._compute.run(lambda: store.write(step, shards, meta, files))
+        await self._trim(store)
         job.checkpoint = str(path)
         job.checkpoint_step = job.step
         copies = cfg.checkpoint.copies
@@ -175,6 +176,20 @@ class CheckpointKeeper:
         if thin:
             log.warning("job %s: checkpoint %d has fewer than %d copies on fellows of %s",
                         job.job_id, job.step, copies, ", ".join(thin))
+
+    async def _trim(self, store: CheckpointStore) -> None:
+        """Past its cap, the store of leaders' own checkpoints under the home (where
+        ``store`` is) drops other jobs' steps: those of ended jobs, and of jobs this
+        fellow led before leadership moved on. The live job's are never dropped."""
+        root = store.directory.parent
+        if root.name != JOB_CHECKPOINTS:
+            return  # a directory the submitter chose: never trimmed
+        cap = cap_bytes(JOB_CHECKPOINTS, root, self._driver.training.agent.config.storage)
+        dropped = await self._compute.run(lambda: trim_other_jobs(root, store.directory, cap))
+        for name in dropped:
+            log.info("%s: dropped %s, another job's checkpoint, over the %s bytes the "
+                     "store keeps (storage.job_checkpoints_bytes)", JOB_CHECKPOINTS, name,
+                     f"{cap:,}")
 
     async def _stand_in(self, r: Replica, present: Replica, target: Path,
                         files: dict[str, str], positions: dict[str, StagePosition]) -> None:
@@ -614,6 +629,33 @@ class TrainCopies:
         atomic_write_bytes(directory / MANIFEST, manifest_bytes)
         atomic_write_bytes(store.directory / LATEST, directory.name.encode())
         return step
+
+
+def trim_other_jobs(root: Path, live: Path, cap: int) -> list[str]:
+    """Whole steps of the jobs under ``root`` other than ``live`` (a job's directory),
+    least recently written first, deleted until the store holds at most ``cap`` bytes;
+    ``job/step-N`` of each one deleted."""
+    steps = []
+    held = 0
+    for directory in root.glob("*/step-*"):
+        try:
+            files = [f.stat() for f in directory.iterdir() if f.is_file()]
+        except OSError:
+            continue
+        size = sum(f.st_size for f in files)
+        held += size
+        if directory.parent != live:
+            steps.append((max((f.st_mtime_ns for f in files), default=0), directory, size))
+    dropped = []
+    for _, directory, size in sorted(steps):
+        if held <= cap:
+            break
+        shutil.rmtree(directory, ignore_errors=True)
+        held -= size
+        dropped.append(f"{directory.parent.name}/{directory.name}")
+        if not any(directory.parent.glob("step-*")):  # its job's last: the job goes too
+            shutil.rmtree(directory.parent, ignore_errors=True)
+    return dropped
 
 
 NO_ROOM = "no room for checkpoint copies"  # the holder's refusal, read by the leader
