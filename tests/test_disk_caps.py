@@ -185,7 +185,8 @@ def test_a_leaders_own_checkpoints_drop_other_jobs_past_their_cap(tmp_path: Path
     (root / "job-a" / "LATEST").write_bytes(b"step-00000002")
     assert trim_other_jobs(root, root / "job-c", cap=700) == [
         "job-a/step-00000001", "job-a/step-00000002"]
-    assert not (root / "job-a").exists() and other.exists()  # the job with its last step
+    assert not any(d.exists() for d in ended) and other.exists()
+    assert not (root / "job-a").exists()  # the job went with its last step
     assert all(d.exists() for d in live)
     # the live job alone over the cap: all its steps kept, every other job's dropped
     assert trim_other_jobs(root, root / "job-c", cap=100) == ["job-b/step-00000007"]
