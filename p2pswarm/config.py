@@ -216,10 +216,15 @@ class ServingConfig:
 class StorageConfig:
     """What other fellows can make this one keep on disk, at most. A store past its cap
     drops what was used least recently, never what a live stage or job uses; what still
-    does not fit is refused. (Job data: ``transport.max_job_data_bytes``.)"""
+    does not fit is refused. None: a share of the disk the store lives on
+    (``p2pswarm.disk_budget``: 35 %, 15 %, 10 %, 10 %, at most 64, 64, 64 and 4 GiB); a
+    number is still cut to the disk's size. (One job's data:
+    ``transport.max_job_data_bytes``.)"""
 
-    weights_cache_bytes: int = 64 << 30  # tensors fetched for stages (HOME/weights)
-    checkpoint_copies_bytes: int = 64 << 30  # checkpoint shards held for the leader
+    weights_cache_bytes: int | None = None  # tensors fetched for stages (HOME/weights)
+    checkpoint_copies_bytes: int | None = None  # checkpoint shards held for the leader
+    job_checkpoints_bytes: int | None = None  # a leader's own (HOME/job-checkpoints)
+    job_data_bytes: int | None = None  # jobs' data files (HOME/job-data)
 
 
 # --- training timings ------------------------------------------------------------------------

@@ -11,6 +11,10 @@ The job (tiny-llama, two DiLoCo replicas, a checkpoint every 8 steps) is sized t
 about ``--minutes`` on a quiet two-core machine (``--steps`` overrides); the events stop
 when the minutes are up or the job has ended. Exit status 1 when a target is missed.
 
+``--keep`` keeps the state directories and logs, and ends by saying what they hold: the
+total, each fellow's home with its stores (checkpoint copies, a leader's own
+checkpoints, ...), the logs.
+
 ``--short`` runs the default suite's version instead (``p2pswarm.sim.chaos_short``): a
 few fellows, one leave, freeze, crash and leader kill each, no model and no job.
 """

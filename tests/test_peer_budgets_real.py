@@ -1,7 +1,7 @@
 """Real `join` processes under a fellow's costly asks: a plan of a model with 2^24 and
 2^31-1 layers (refused, counted, the leader alive and leading), a model directory whose
 generation_config.json links to the fellow's identity (refused in one line, nothing
-offered), and `status --json` showing the loop's lag."""
+offered), and `status --json` showing the loop's lag and the stores against their caps."""
 
 from __future__ import annotations
 
@@ -71,8 +71,14 @@ def test_status_json_shows_the_loop_lag(pair: LocalSwarm) -> None:
     assert {"loop_lag_ms", "loop_lag_recent_max_ms", "loop_lag_max_ms", "held_bytes",
             "held_by_fellow", "over_budget"} <= set(watch)
     assert watch["ticks"] > 0 and watch["loop_lag_ms"] < 1000
+    # and each store of its home against its cap (a share of this disk)
+    disks = {d["store"]: d for d in json.loads(shown.stdout)["disks"]}
+    assert {"weights", "checkpoint-copies", "job-data", "job-checkpoints"} <= set(disks)
+    assert 0 < disks["weights"]["cap_bytes"] <= 64 << 30
+    assert disks["loads"]["cap_bytes"] is None
     table = CliRunner().invoke(app, ["status", "--home", str(home)])
     assert table.exit_code == 0 and "loop lag" in table.output, table.output
+    assert "disk: weights " in table.output, table.output
 
 
 def test_a_model_directory_linking_to_the_identity_is_refused_in_one_line(

@@ -59,7 +59,14 @@ from p2pswarm.agent.ports import ControlHandler, StreamHandler
 from p2pswarm.agent.rejoin import Rejoin
 from p2pswarm.agent.self_watch import SelfWatch
 from p2pswarm.agent.serving import Serving
-from p2pswarm.agent.status_doc import ElectorateDoc, LeaderDoc, MemberRow, SelfDoc, StatusDoc
+from p2pswarm.agent.status_doc import (
+    ElectorateDoc,
+    LeaderDoc,
+    MemberRow,
+    SelfDoc,
+    StatusDoc,
+    StoreUseDoc,
+)
 from p2pswarm.agent.training import Training
 from p2pswarm.agent.votes import VOTES_FILE, VoteRecord
 from p2pswarm.agent.weights import WeightsCache
@@ -68,6 +75,7 @@ from p2pswarm.cards import Card, Inventory
 from p2pswarm.config import SwarmConfig
 from p2pswarm.control.requests import typed_op
 from p2pswarm.control.server import serve_control
+from p2pswarm.disk_budget import store_uses, sweep_leftovers
 from p2pswarm.election import Election
 from p2pswarm.errors import (
     AuthenticationError,
@@ -141,6 +149,9 @@ class Agent:
         self.world = world
         config, home = world.config, world.home
         self._scratch: dict[str, Path] = {}  # state_dir's directories when home is None
+        self._disks: list[StoreUseDoc] = []  # the stores' use, as status last measured it
+        # files older than this under the home were written by an earlier agent
+        self._born_wall_s = time.time()
         # term, vote and electorate survive a restart (one vote per term, however
         # often we crash; never a majority of one)
         self.votes = world.votes if world.votes is not None else (
@@ -351,6 +362,7 @@ class Agent:
                     nursery.start_soon(self.card_news.run)
                 if self.home is not None:
                     await nursery.start(serve_control, self.home, self._answer_control)
+                    self._sweep(self.home)
                 log.info("%s listening on %s (id %s)", self.name, self.addr,
                          self.node_id.hex()[:8])
                 self._apply(self.membership.join(self.world.seeds, now))
@@ -691,7 +703,20 @@ class Agent:
                                f"{', '.join(sorted(self.control_ops))}")
         return await handler(request)
 
+    def _sweep(self, home: Path) -> None:
+        """What an agent killed mid-write left in the stores, gone (the control socket
+        is ours by now: no other agent writes under this home)."""
+        files, nbytes = sweep_leftovers(home, self._born_wall_s)
+        if files:
+            log.info("removed %d unfinished file(s), %d bytes, that a stopped agent left "
+                     "under %s", files, nbytes, home)
+
     async def _op_status(self, request: StatusRequest) -> StatusDoc:
+        home = self.home
+        if home is not None:  # walking the stores reads the disk: off the loop
+            uses = await self.compute.run(lambda: store_uses(home, self.config.storage))
+            self._disks = [StoreUseDoc(store=u.store, used_bytes=u.used_bytes,
+                                       cap_bytes=u.cap_bytes) for u in uses]
         return self.status()
 
     async def _op_revoke(self, request: RevokeRequest) -> dict[str, int | bool]:
@@ -805,6 +830,7 @@ class Agent:
                 **self.admission.status(),
                 "refused": {k: v for k, v in self.admission.gate.stats.items()
                             if "refused" in k or "certific" in k}},
+            "disks": list(self._disks),
         }
 
     def _issuer_addrs(self) -> list[str]:

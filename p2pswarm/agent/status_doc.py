@@ -78,6 +78,14 @@ class CountersDoc(TypedDict):
     refused: dict[str, int]
 
 
+class StoreUseDoc(TypedDict):
+    """One store under the fellow's home against its cap (None: bounded by count)."""
+
+    store: str
+    used_bytes: int
+    cap_bytes: int | None
+
+
 class StatusDoc(TypedDict):
     """The whole ``status`` answer."""
 
@@ -97,7 +105,8 @@ class StatusDoc(TypedDict):
     loop_lag: dict[str, float]
     self_watch: SelfWatchDoc
     admission: dict[str, Any] | None  # None: a swarm made before invitations
+    disks: list[StoreUseDoc]  # as the control op last measured them ([]: not yet)
 
 
 __all__ = ["CountersDoc", "ElectorateDoc", "HeldStageDoc", "LeaderDoc", "MemberRow", "SelfDoc",
-           "StatusDoc"]
+           "StatusDoc", "StoreUseDoc"]

@@ -443,9 +443,9 @@ def render_status(data: dict[str, Any]) -> None:
             f"{watch.get('held_bytes', 0) / 2**20:.1f} MiB"
             + (f", the most {most.get('bytes', 0) / 2**20:.1f} MiB by {most.get('name')}"
                if most else "")))
-    line = admission_line(data.get("admission"))
-    if line:
-        console.print(Text(line))
+    for line in (admission_line(data.get("admission")), disks_line(data.get("disks"))):
+        if line:
+            console.print(Text(line))
 
 
 def admission_line(doc: Any) -> str:
@@ -469,3 +469,18 @@ def admission_line(doc: Any) -> str:
     revocations = int(doc.get("revocations", 0))
     return (f"{text}; {revocations} revocation{'' if revocations == 1 else 's'} known, "
             f"{refused} refused")
+
+
+def disks_line(disks: Any) -> str:
+    """``status``'s stores against their caps, on one line ("" when there are none)."""
+    if not isinstance(disks, list) or not disks:
+        return ""
+    parts = []
+    for d in disks:
+        if not isinstance(d, dict):
+            continue
+        used = f"{int(d.get('used_bytes') or 0) / 1e9:.2f}"
+        cap = d.get("cap_bytes")
+        parts.append(f"{d.get('store')} {used}/{int(cap) / 1e9:.1f} GB" if cap
+                     else f"{d.get('store')} {used} GB")
+    return "disk: " + ", ".join(parts)

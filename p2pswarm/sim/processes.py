@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pswarm.control.client import request
+from p2pswarm.disk_budget import tree_bytes
 from p2pswarm.errors import ControlError, SwarmError
 from p2pswarm.home import Home
 from p2pswarm.security import SwarmSecret
@@ -139,9 +140,30 @@ def local_swarm(say: Say, keep: bool = False, *, start_timeout_s: float = 30.0,
         if earlier is not None:
             signal.signal(signal.SIGTERM, earlier)
         if keep:
-            say(f"state and logs kept in {root}")
+            for line in kept_lines(root):
+                say(line)
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def kept_lines(root: Path) -> list[str]:
+    """What a kept run leaves under ``root``: its size, then each directory's (a fellow's
+    home: its stores, the biggest first) and the logs together."""
+    dirs = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    logs = sum(p.stat().st_size for p in root.glob("*.log"))
+    total = tree_bytes(root)
+    lines = [f"state and logs kept in {root}: {_mb(total)} in all"]
+    for d in dirs:
+        stores = sorted(((tree_bytes(s), s.name) for s in d.iterdir() if s.is_dir()),
+                        reverse=True)
+        inner = ", ".join(f"{name} {_mb(size)}" for size, name in stores if size)
+        lines.append(f"  {d.name}: {_mb(tree_bytes(d))}" + (f" ({inner})" if inner else ""))
+    lines.append(f"  logs (*.log): {_mb(logs)}")
+    return lines
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:,.1f} MB"
 
 
 def _exit_on_sigterm() -> Any:
@@ -156,4 +178,4 @@ def _exit_on_sigterm() -> Any:
     return signal.signal(signal.SIGTERM, leave)
 
 
-__all__ = ["LocalSwarm", "Say", "hears_ctrl_c", "local_swarm"]
+__all__ = ["LocalSwarm", "Say", "hears_ctrl_c", "kept_lines", "local_swarm"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +16,7 @@ from p2pswarm.agent.training.checkpoints import TrainCopies
 from p2pswarm.agent.training.job_data import JobData
 from p2pswarm.agent.weights import WeightsCache
 from p2pswarm.config import StorageConfig, SwarmConfig, TransportConfig
+from p2pswarm.disk_budget import SHARES
 from p2pswarm.errors import ConfigError, PlacementError
 
 
@@ -109,8 +109,9 @@ def test_job_data_never_evicts_what_a_live_job_uses(tmp_path: Path) -> None:
 
 
 def test_the_storage_defaults_are_documented() -> None:
-    defaults = replace(StorageConfig())
     text = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
-    for field in ("weights_cache_bytes", "checkpoint_copies_bytes"):
-        assert f"storage.{field}" in text
-        assert f"{getattr(defaults, field) >> 30} GiB" in text
+    for share in SHARES:
+        assert f"storage.{share.config_field}" in text
+        assert f"`HOME/{share.store}`" in text
+        assert f"{round(share.fraction * 100)} % of its disk" in text
+        assert f"{share.ceiling_bytes >> 30} GiB" in text

@@ -18,6 +18,7 @@ from p2pswarm.agent.weights import (
     build_manifest,
     directory_fingerprint,
 )
+from p2pswarm.disk_budget import cap_bytes
 from p2pswarm.errors import ConfigError
 from p2pswarm.home import scratch_dir
 from p2pswarm.wire.serving import WeightsByHash, WeightsHeldAsk, WeightsRequest
@@ -46,7 +47,8 @@ class Offers:
         agent's world gave it)."""
         if self.cache is None:  # an agent without a state directory (a bare simulation)
             self.cache = WeightsCache(scratch_dir("weights-"))
-        self.cache.cap_bytes = self.agent.config.storage.weights_cache_bytes
+        self.cache.cap_bytes = cap_bytes("weights", self.cache.root,
+                                         self.agent.config.storage)
         self.cache.in_use = self.in_use
         return self.cache
 

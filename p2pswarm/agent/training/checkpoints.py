@@ -53,6 +53,7 @@ from p2pswarm.agent.training.transfer import (
     send_shard_file,
     send_state_file,
 )
+from p2pswarm.disk_budget import JOB_CHECKPOINTS, cap_bytes
 from p2pswarm.errors import ConfigError, PlacementError, SwarmError
 from p2pswarm.names import UnsafeName
 from p2pswarm.training.checkpoint_files import (
@@ -166,6 +167,7 @@ class CheckpointKeeper:
                               tuple(job.placement[0].cut), len(driver.replicas),
                               cfg, job.job_id, positions).to_doc()
         path = await self._compute.run(lambda: store.write(step, shards, meta, files))
+        await self._trim(store)
         job.checkpoint = str(path)
         job.checkpoint_step = job.step
         copies = cfg.checkpoint.copies
@@ -174,6 +176,20 @@ class CheckpointKeeper:
         if thin:
             log.warning("job %s: checkpoint %d has fewer than %d copies on fellows of %s",
                         job.job_id, job.step, copies, ", ".join(thin))
+
+    async def _trim(self, store: CheckpointStore) -> None:
+        """Past its cap, the store of leaders' own checkpoints under the home (where
+        ``store`` is) drops other jobs' steps: those of ended jobs, and of jobs this
+        fellow led before leadership moved on. The live job's are never dropped."""
+        root = store.directory.parent
+        if root.name != JOB_CHECKPOINTS:
+            return  # a directory the submitter chose: never trimmed
+        cap = cap_bytes(JOB_CHECKPOINTS, root, self._driver.training.agent.config.storage)
+        dropped = await self._compute.run(lambda: trim_other_jobs(root, store.directory, cap))
+        for name in dropped:
+            log.info("%s: dropped %s, another job's checkpoint, over the %s bytes the "
+                     "store keeps (storage.job_checkpoints_bytes)", JOB_CHECKPOINTS, name,
+                     f"{cap:,}")
 
     async def _stand_in(self, r: Replica, present: Replica, target: Path,
                         files: dict[str, str], positions: dict[str, StagePosition]) -> None:
@@ -350,6 +366,10 @@ class TrainCopies:
         self.leadership = leadership
         self._root: Path | None = None
         self.evicted = 0  # steps dropped to make room, since start
+        self.refused_full = 0  # copies refused for want of room, since start
+        # leader side: fellows that refused a copy for want of room -> when (trio time);
+        # left out of the next placements while others can hold the copies
+        self.full_at: dict[str, float] = {}
         agent.on_stream(TrainShard, self._on_shard)
         agent.on_stream(TrainFetch, self._on_fetch)
 
@@ -391,7 +411,14 @@ class TrainCopies:
             if first.total > cap:
                 raise ConfigError(f"shard {first.name} of {first.total:,} bytes is over the "
                                   f"{cap:,} bytes this fellow accepts")
-            self.make_room(first.job_id, first.step, first.total)
+            try:
+                self.make_room(first.job_id, first.step, first.total)
+            except ConfigError as exc:
+                self.refused_full += 1
+                self.agent.counters.refuse("checkpoint-copies-full")
+                log.warning("refused shard %s of checkpoint %d of %s: %s", first.name,
+                            first.step, first.job_id, exc)
+                raise
             directory.mkdir(parents=True, exist_ok=True)
             await receive_shard_file(first, stream, directory / filename, cap,
                                      self.agent.compute.run)
@@ -434,7 +461,7 @@ class TrainCopies:
         ``storage.checkpoint_copies_bytes``; never the step being written nor the newest
         whole step of its job (what a resume of the live job would need). ConfigError when
         that is not enough."""
-        cap = self.agent.config.storage.checkpoint_copies_bytes
+        cap = cap_bytes("checkpoint-copies", self.root, self.agent.config.storage)
         keep = {self.step_dir(job_id, step)}
         newest = max(self.held(job_id), default=None)
         if newest is not None:
@@ -456,7 +483,7 @@ class TrainCopies:
             held -= size
             self.evicted += 1
         if held + nbytes > cap:
-            raise ConfigError(f"checkpoint copies hold {held:,} bytes; {nbytes:,} more would "
+            raise ConfigError(f"{NO_ROOM}: they hold {held:,} bytes; {nbytes:,} more would "
                               f"pass the {cap:,} bytes this fellow keeps "
                               "(storage.checkpoint_copies_bytes)")
 
@@ -481,7 +508,7 @@ class TrainCopies:
         digests = shard_digests(json.loads(manifest_path.read_bytes()))
         names = sorted(digests)
         fellows = self._fellows()
-        holders = shard_holders(names, sorted(fellows), copies)
+        holders = shard_holders(names, self._with_room(sorted(fellows), copies), copies)
         landed: dict[str, list[str]] = {name: [] for name in names}
 
         async def one(fellow: str) -> None:
@@ -494,6 +521,8 @@ class TrainCopies:
                 await self._push(fellows[fellow], job_id, step, MANIFEST, manifest_path,
                                  manifest_sha)
             except (SwarmError, OSError, trio.TooSlowError) as exc:
+                if NO_ROOM in str(exc):
+                    self.full_at[fellow] = trio.current_time()
                 log.warning("checkpoint %d of %s: copy to %s failed: %s", step, job_id,
                             fellow, exc)
                 for name in mine:
@@ -504,6 +533,15 @@ class TrainCopies:
             for fellow in sorted({f for h in holders.values() for f in h}):
                 nursery.start_soon(one, fellow)
         return {name: sorted(landed[name]) for name in names}
+
+    def _with_room(self, fellows: list[str], copies: int) -> list[str]:
+        """``fellows`` less those that refused a copy for want of room in the last
+        ``FULL_FORGET_S``, unless that leaves fewer than ``copies``: a full disk is
+        learnt from its refusal (its one line), then passed over."""
+        now = trio.current_time()
+        self.full_at = {f: at for f, at in self.full_at.items() if now - at < FULL_FORGET_S}
+        roomy = [f for f in fellows if f not in self.full_at]
+        return roomy if len(roomy) >= copies else fellows
 
     async def _push(self, addr: str, job_id: str, step: int, name: str, path: Path,
                     sha256: str) -> None:
@@ -591,6 +629,37 @@ class TrainCopies:
         atomic_write_bytes(directory / MANIFEST, manifest_bytes)
         atomic_write_bytes(store.directory / LATEST, directory.name.encode())
         return step
+
+
+def trim_other_jobs(root: Path, live: Path, cap: int) -> list[str]:
+    """Whole steps of the jobs under ``root`` other than ``live`` (a job's directory),
+    least recently written first, deleted until the store holds at most ``cap`` bytes;
+    ``job/step-N`` of each one deleted."""
+    steps = []
+    held = 0
+    for directory in root.glob("*/step-*"):
+        try:
+            files = [f.stat() for f in directory.iterdir() if f.is_file()]
+        except OSError:
+            continue
+        size = sum(f.st_size for f in files)
+        held += size
+        if directory.parent != live:
+            steps.append((max((f.st_mtime_ns for f in files), default=0), directory, size))
+    dropped = []
+    for _, directory, size in sorted(steps):
+        if held <= cap:
+            break
+        shutil.rmtree(directory, ignore_errors=True)
+        held -= size
+        dropped.append(f"{directory.parent.name}/{directory.name}")
+        if not any(directory.parent.glob("step-*")):  # its job's last: the job goes too
+            shutil.rmtree(directory.parent, ignore_errors=True)
+    return dropped
+
+
+NO_ROOM = "no room for checkpoint copies"  # the holder's refusal, read by the leader
+FULL_FORGET_S = 600.0  # a full holder is passed over this long, then asked again
 
 
 def _filename(name: str) -> str:

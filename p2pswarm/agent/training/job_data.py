@@ -40,6 +40,7 @@ from p2pswarm.agent.training.transfer import (
     receive_state_parts,
     send_state_file,
 )
+from p2pswarm.disk_budget import cap_bytes
 from p2pswarm.errors import ConfigError, RemoteProtocolError, SwarmError
 from p2pswarm.training.job import (
     DATA_REF,
@@ -79,6 +80,12 @@ class JobData:
     @property
     def cap(self) -> int:
         return self.agent.config.transport.max_job_data_bytes
+
+    @property
+    def store_cap(self) -> int:
+        """What all the files together may hold: one job's most, cut to this store's
+        share of its disk (``p2pswarm.disk_budget``)."""
+        return min(self.cap, cap_bytes("job-data", self.root, self.agent.config.storage))
 
     def path(self, sha256: str) -> Path:
         return self.root / check_hash(sha256)
@@ -235,18 +242,19 @@ class JobData:
         files = sorted((p for p in self.root.iterdir() if p.is_file()
                         and not p.name.startswith(".")), key=lambda p: p.stat().st_mtime)
         held = sum(p.stat().st_size for p in files)
-        keep = set(self.in_use()) if held + size > self.cap else set()
+        cap = self.store_cap
+        keep = set(self.in_use()) if held + size > cap else set()
         for p in files:
-            if held + size <= self.cap:
+            if held + size <= cap:
                 break
             if p.name in keep:
                 continue
             held -= p.stat().st_size
             p.unlink(missing_ok=True)
-        if held + size > self.cap:
+        if held + size > cap:
             raise ConfigError(f"job data of live jobs holds {held:,} bytes; {size:,} more "
-                              f"would pass the {self.cap:,} bytes this fellow keeps "
-                              "(transport.max_job_data_bytes)")
+                              f"would pass the {cap:,} bytes this fellow keeps "
+                              "(transport.max_job_data_bytes, storage.job_data_bytes)")
 
 
 def refuse_paths(job: JobConfig) -> None:
