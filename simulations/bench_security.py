@@ -348,6 +348,14 @@ def wire_attacks(quick: bool) -> list[Row]:
     return security_wire_attacks.rows(trio.run(security_wire_attacks.run_attacks, quick))
 
 
+def admission() -> list[Row]:
+    """Invitations and revocation with real fellows (simulations/security_admission.py)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import security_admission
+
+    return security_admission.admission()
+
+
 def insider(messages: int) -> list[Row]:
     """A fellow holding the token floods a virtual swarm (simulations/bench_insider.py)."""
     sys.path.insert(0, str(Path(__file__).parent))
@@ -366,6 +374,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "insider": lambda args: insider(args.messages),
     "peer_attacks": lambda args: peer_attacks(),
     "wire": lambda args: wire_attacks(args.quick_wire),
+    "admission": lambda args: admission(),
 }
 
 
