@@ -49,6 +49,7 @@ import torch
 from p2pswarm.models.tokenizer import ByteTokenizer
 from p2pswarm.planner import cluster_from_dict, fleet_plan_message
 from p2pswarm.planner.cluster import ClusterView
+from p2pswarm.training.codec import Encoded
 from p2pswarm.training.data import TokenData, corpus_files
 from p2pswarm.training.job import JobConfig
 from p2pswarm.training.replica import Replica
@@ -246,30 +247,14 @@ class FleetSwarm(VirtualSwarm):
         self.contributions[f.plan.name] += 1
         self._at(self._transfer(f.plan.name), "contribution", contribution)
 
-    def _close(self) -> RoundRecord | None:
-        results = [k.close_round(self.now) for k in self.keepers]
-        if results[0] is None:
-            return None
-        updates = [r.update for r in results if r is not None]
-        version = self.keepers[0].version
-        self.useful_samples += results[0].samples
-        self.dropped_samples += sum(a.samples for a in results[0].dropped)
-        self._max_gap = max(self._max_gap, self.now - self._last_close)
-        self._last_close = self.now
-        if self._arrivals:
-            self._max_delta_wait = max(self._max_delta_wait, self.now - min(self._arrivals))
-            self._arrivals.clear()
-        for f in self.fellows.values():
-            if f.replica is not None and f.plan.name in self.keepers[0].members:
-                self._at(self._transfer(f.plan.name), "update",
-                         (f.plan.name, f.incarnation, version, updates))
-        self._at(self.keepers[0].next_deadline(), "deadline")
-        loss = self.evaluate() if self.eval_batches else None
-        record = RoundRecord(version, self.now, results[0].samples,
-                             sum(a.samples for a in results[0].dropped), self.link.bytes_sent,
-                             self.computed_samples, loss)
-        self.rounds.append(record)
-        return record
+    def _send_update(self, f: Any, version: int, updates: list[Encoded]) -> None:
+        """Over the fellow's own links and access point (offline ones get theirs late)."""
+        self._at(self._transfer(f.plan.name), "update",
+                 (f.plan.name, f.incarnation, version, updates))
+
+    def _round_loss(self, version: int) -> float | None:
+        """Every round's held-out loss: time to target is read off these."""
+        return self.evaluate() if self.eval_batches else None
 
 
 # --- the rehearsal ---------------------------------------------------------------------------

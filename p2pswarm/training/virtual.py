@@ -291,18 +291,27 @@ class VirtualSwarm:
             self._max_delta_wait = max(self._max_delta_wait, self.now - min(self._arrivals))
             self._arrivals.clear()
         for f in self.fellows.values():
-            if f.replica is not None and not f.offline and f.plan.name in self.keepers[0].members:
-                arrival = self.link.send(self.now, sum(u.nbytes for u in updates))
-                self._at(arrival, "update", (f.plan.name, f.incarnation, version, updates))
+            if f.replica is not None and f.plan.name in self.keepers[0].members:
+                self._send_update(f, version, updates)
         self._at(self.keepers[0].next_deadline(), "deadline")
-        loss = None
-        if self.eval_batches and version % self.eval_every == 0:
-            loss = self.evaluate()
+        loss = self._round_loss(version)
         record = RoundRecord(version, self.now, results[0].samples,
                              sum(a.samples for a in results[0].dropped), self.link.bytes_sent,
                              self.computed_samples, loss)
         self.rounds.append(record)
         return record
+
+    def _send_update(self, f: Any, version: int, updates: list[Encoded]) -> None:
+        """The closed round's update on its way to ``f``'s replica (over the one link)."""
+        if not f.offline:
+            arrival = self.link.send(self.now, sum(u.nbytes for u in updates))
+            self._at(arrival, "update", (f.plan.name, f.incarnation, version, updates))
+
+    def _round_loss(self, version: int) -> float | None:
+        """The held-out loss recorded with round ``version`` (None: not evaluated)."""
+        if self.eval_batches and version % self.eval_every == 0:
+            return self.evaluate()
+        return None
 
     def _on_update(self, data: tuple[str, int, int, list[Encoded]]) -> None:
         name, incarnation, version, updates = data
