@@ -61,8 +61,8 @@ MESSAGE_CHECKS = 256  # fresh signature checks one message may cost (a SyncRecor
 
 
 class AdmissionGate:
-    __slots__ = ("_checked", "_message_left", "_revoked", "admin_key", "budget", "slots",
-                 "stats", "wall_offset_s")
+    __slots__ = ("_by_key", "_checked", "_message_left", "_revoked", "admin_key", "budget",
+                 "slots", "stats", "wall_offset_s")
 
     def __init__(self, admin_key: bytes, *, wall_offset_s: float = 0.0,
                  budget: SignatureBudget | None = None) -> None:
@@ -72,6 +72,9 @@ class AdmissionGate:
         self.budget = budget if budget is not None else SignatureBudget()
         self.stats: dict[str, int] = {}  # the machine hands in its counters
         self._checked: OrderedDict[bytes, Certificate] = OrderedDict()  # bytes -> valid
+        # public key -> the bytes of its certificate last found valid: relays leave
+        # certificates out, and an Alive without one is checked against this
+        self._by_key: OrderedDict[bytes, bytes] = OrderedDict()
         self._revoked: dict[bytes, Revocation] = {}  # signature -> revocation
         self._message_left: int | None = None  # fresh checks left to the message in hand
 
@@ -131,7 +134,16 @@ class AdmissionGate:
         if self.revoked(cert.node_id, cert.name):
             self._refuse("revoked_refused")
             return None
+        self._by_key[public_key] = data
+        self._by_key.move_to_end(public_key)
+        if len(self._by_key) > _CACHE:
+            self._by_key.popitem(last=False)
         return cert
+
+    def known(self, public_key: bytes) -> bytes:
+        """The certificate last found valid for ``public_key`` (b"": none); it is checked
+        again (expiry, revocation, slot) whenever it admits anything."""
+        return self._by_key.get(public_key, b"")
 
     def admits(self, msg: Alive, now: float, sender: str = "") -> tuple[bool, bytes | None]:
         """Whether ``msg`` may add or change its fellow: (yes or no, the node id the slot
