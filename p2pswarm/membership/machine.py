@@ -20,7 +20,8 @@ own theory of operation, as memberlist splits its ``state.go``, ``suspicion.go``
   machine applies; ``prober``: the datagrams the detector plans, and relayed pings;
 - ``broadcasts``: the queue of updates; ``dissemination``: piggybacking and gossip rounds;
 - ``updates``: what news about a fellow does to the view of it (alive, suspect, dead,
-  left, reaped);
+  left, reaped); ``gate``: admission by certificate; ``certificates``: relayed Alives
+  waiting for their fellow's certificate (relays leave it out; the receiver asks);
 - ``own``: this node's own record and signed ``Alive``; ``refutation``: its answer to
   news about itself; ``proofs``: what fellows sign, checked;
 - ``metadata``, ``leave``, ``join``, ``sync`` (anti-entropy): each its book and its

@@ -8,6 +8,10 @@ stream ping fallback (a ``Ping`` answered by an ``Ack``), anti-entropy (``SyncDi
 (``MetaPull`` -> ``MetaPush``) and a refutation pushed to its accuser (``Alive`` ->
 ``Noted``).
 
+A fellow's admission certificate rides in its own ``Alive``s and in records; relays leave
+it out, and a receiver that lacks it asks the sender (``CertificateAsk`` ->
+``Certificates``, datagrams).
+
 A fellow's metadata (cards, benchmarks, role, ...) is opaque bytes here, signed by its
 owner and versioned; a datagram only ever carries its version number.
 """
