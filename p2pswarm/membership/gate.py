@@ -140,10 +140,15 @@ class AdmissionGate:
             self._by_key.popitem(last=False)
         return cert
 
-    def known(self, public_key: bytes) -> bytes:
-        """The certificate last found valid for ``public_key`` (b"": none); it is checked
-        again (expiry, revocation, slot) whenever it admits anything."""
-        return self._by_key.get(public_key, b"")
+    def known(self, public_key: bytes, name: str, now: float) -> bytes:
+        """The certificate last found valid for ``public_key`` as ``name`` and not expired
+        (b"": none, or another name: ask for the fellow's current one). It is checked
+        again (revocation, slot) whenever it admits anything."""
+        data = self._by_key.get(public_key, b"")
+        cert = self._checked.get(data) if data else None
+        if cert is None or cert.name != name or self.wall_s(now) >= cert.expires_at_s:
+            return b""
+        return data
 
     def admits(self, msg: Alive, now: float, sender: str = "") -> tuple[bool, bytes | None]:
         """Whether ``msg`` may add or change its fellow: (yes or no, the node id the slot

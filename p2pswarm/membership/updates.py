@@ -73,8 +73,9 @@ class Updates:
         news = e is None or msg.incarnation > e.incarnation
         if news and self.gate is not None and not msg.certificate:
             # relays leave certificates out: put back the one we hold, or wait and ask
-            known = self.gate.known(msg.public_key)
-            if not known and e is not None and e.public_key == msg.public_key:
+            known = self.gate.known(msg.public_key, msg.name, now)
+            if not known and e is not None and e.public_key == msg.public_key \
+                    and e.name == msg.name:
                 known = e.certificate
             if not known:
                 if addr and self.waiting.hold(msg, addr, now):
