@@ -50,6 +50,11 @@ def test_a_relayed_alive_waits_for_its_certificate_and_asks_the_sender() -> None
     assert answer and answer[0].certificates[0].certificate == alive_c.certificate
     b.membership.handle_datagram(answer, a.addr, 1.3)
     assert c.name in _names(b)
+    # held by key, for that name only: another name is asked for again
+    gate = b.membership.admission
+    assert gate is not None
+    assert gate.known(c.public_key, c.name, 1.4) == alive_c.certificate
+    assert gate.known(c.public_key, "renamed", 1.4) == b""
 
 
 def test_a_wrong_certificate_admits_nobody_and_unasked_ones_are_counted() -> None:
