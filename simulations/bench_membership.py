@@ -3,6 +3,7 @@
     python simulations/bench_membership.py             # every figure, default sizes
     python simulations/bench_membership.py --full      # the false-dead figure over 24 h
     python simulations/bench_membership.py --only crash_clean,failover --jobs 2
+    python simulations/bench_membership.py --only join_wave --certificates
 
 Prints one table row per figure: the value, the target, whether it is met, and the
 scenario. Every run is seeded; the same arguments print the same table.
@@ -203,6 +204,29 @@ def failover_figure(n: int, trials: int, jobs: int, seed: int,
     return pct(times, 0.5), pct(times, 0.99), len(times)
 
 
+# --- a join wave -------------------------------------------------------------------------
+
+
+def join_wave_run(args: tuple[int, int, bool]) -> float:
+    """``n`` fellows join through one seed at the same instant: seconds until every one
+    sees every one alive (inf: not within 60 s)."""
+    seed, n, certificates = args
+    lab = GossipLab(n, seed=seed, config=proposed("lan"), admission=certificates)
+    lab.start(stagger_s=0.0)
+    while lab.now < 60.0:
+        lab.run_for(0.05)
+        if all(sum(1 for m in x.membership.members() if m.state == "alive") == n
+               for x in lab.nodes):
+            return lab.now
+    return math.inf
+
+
+def join_wave_figure(n: int, runs: int, jobs: int, seed: int,
+                     certificates: bool = False) -> list[float]:
+    return sorted(_map(join_wave_run, [(seed + j, n, certificates) for j in range(runs)],
+                       jobs))
+
+
 # --- real agents in virtual time --------------------------------------------------------
 
 
@@ -323,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
                                       args.certificates)
         row("failover", f"p50 {p50:.2f} s, p99 {p99:.2f} s", "p50<=2.5 p99<=6",
             p50 <= 2.5 and p99 <= 6.0, f"N=50 wifi, GE 5%/0.3 s, {k} leader crashes")
+    if want("join_wave"):
+        times = join_wave_figure(50, 12, args.jobs, args.seed, args.certificates)
+        late = sum(1 for t in times if t > 5.0)
+        row("join_wave", f"p50 {pct(times, 0.5):.2f} s, max {max(times):.2f} s",
+            "all <=5 s", late == 0,
+            f"N=50 lan, all join one seed at once, {len(times)} seeds, {late} over 5 s")
     if want("agents_speed"):
         r = agents_speed(100, args.agent_seconds, args.seed)
         row("agents_speed", f"{r['speedup']:.0f}x real time ({r['cpu_speedup']:.0f}x per "

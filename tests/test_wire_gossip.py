@@ -23,7 +23,7 @@ DATAGRAM_BUDGET = 1400 - SEAL_OVERHEAD_BYTES
 def test_tags_sit_in_their_ranges() -> None:
     for tag, cls in GOSSIP_TYPES.items():
         assert g.is_election(cls.__new__(cls)) == (tag in g.ELECTION_TAGS), cls.__name__
-    assert len(GOSSIP_TYPES) == 28  # Revoked and the admission exchange (27-30) joined
+    assert len(GOSSIP_TYPES) == 30  # Revoked, the admission exchange (27-30), certificates (40-41)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])

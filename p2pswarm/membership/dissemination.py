@@ -14,6 +14,7 @@ neither queued nor reported as events.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from p2pswarm.config import GossipConfig
@@ -22,6 +23,7 @@ from p2pswarm.membership.broadcasts import ENVELOPE_BYTES, BroadcastQueue
 from p2pswarm.membership.clock import Clock
 from p2pswarm.membership.roster import Entry, Roster
 from p2pswarm.membership.timing import retransmit_limit
+from p2pswarm.wire.gossip import Alive
 
 if TYPE_CHECKING:  # a type only: the driver hands in its generator, seeded or not
     from p2pswarm.randomness import Rng
@@ -47,7 +49,11 @@ class Dissemination:
         return retransmit_limit(self._config.retransmit_mult, len(self._roster) + 1)
 
     def broadcast(self, node: bytes, msg: Any) -> None:
+        """Relay news about a fellow. A relayed Alive leaves the certificate out: it
+        travels once per fellow (membership.certificates), not in every copy."""
         if not self.quiet:
+            if type(msg) is Alive and msg.certificate:
+                msg = dataclasses.replace(msg, certificate=b"")
             self.queue.add(node, msg)
 
     def event(self, out: list[Effect], kind: EventKind, e: Entry, detail: str,

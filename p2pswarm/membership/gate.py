@@ -62,8 +62,8 @@ MESSAGE_CHECKS = 256  # fresh signature checks one message may cost (a SyncRecor
 
 
 class AdmissionGate:
-    __slots__ = ("_checked", "_message_left", "_revoked", "admin_key", "budget", "slots",
-                 "stats", "wall_offset_s")
+    __slots__ = ("_by_key", "_checked", "_message_left", "_revoked", "admin_key", "budget",
+                 "slots", "stats", "wall_offset_s")
 
     def __init__(self, admin_key: bytes, *, wall_offset_s: float = 0.0,
                  budget: SignatureBudget | None = None) -> None:
@@ -73,6 +73,9 @@ class AdmissionGate:
         self.budget = budget if budget is not None else SignatureBudget()
         self.stats: dict[str, int] = {}  # the machine hands in its counters
         self._checked: OrderedDict[bytes, Certificate] = OrderedDict()  # bytes -> valid
+        # public key -> the bytes of its certificate last found valid: relays leave
+        # certificates out, and an Alive without one is checked against this
+        self._by_key: OrderedDict[bytes, bytes] = OrderedDict()
         self._revoked: dict[bytes, Revocation] = {}  # signature -> revocation
         self._message_left: int | None = None  # fresh checks left to the message in hand
 
@@ -133,7 +136,21 @@ class AdmissionGate:
                 cert.delegation is not None and self.revoked(node_id_of(cert.issuer_key), "")):
             self._refuse("revoked_refused")
             return None
+        self._by_key[public_key] = data
+        self._by_key.move_to_end(public_key)
+        if len(self._by_key) > _CACHE:
+            self._by_key.popitem(last=False)
         return cert
+
+    def known(self, public_key: bytes, name: str, now: float) -> bytes:
+        """The certificate last found valid for ``public_key`` as ``name`` and not expired
+        (b"": none, or another name: ask for the fellow's current one). It is checked
+        again (revocation, slot) whenever it admits anything."""
+        data = self._by_key.get(public_key, b"")
+        cert = self._checked.get(data) if data else None
+        if cert is None or cert.name != name or self.wall_s(now) >= cert.expires_at_s:
+            return b""
+        return data
 
     def admits(self, msg: Alive, now: float, sender: str = "") -> tuple[bool, bytes | None]:
         """Whether ``msg`` may add or change its fellow: (yes or no, the node id the slot

@@ -84,7 +84,8 @@ class Entry:
         self.alive_meta_version = msg.meta_version
         self.alive_epoch = msg.epoch
         self.alive_signature = msg.signature
-        self.certificate = msg.certificate
+        if msg.certificate:  # relays leave it out; the one admitted with stays
+            self.certificate = msg.certificate
 
     def alive(self, metadata: tuple[bytes, bytes | None] = (b"", None)) -> Alive:
         """The owner's Alive as it signed it, with ``metadata`` riding along."""

@@ -23,6 +23,8 @@ COUNTERS = (
     "uncertified", "bad_certificates", "expired_certificates", "revoked_refused",
     "priority_beyond_certificate", "slot_taken", "signature_checks_refused",
     "bad_revocations", "unsigned_lefts", "revoked", "third_party_dead_as_suspicion",
+    "certificate_waits", "certificate_waits_dropped", "certificate_waits_expired",
+    "certificate_asks_sent", "certificate_asks_refused", "certificates_unasked",
 )
 
 __all__ = [

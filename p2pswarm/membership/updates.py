@@ -19,10 +19,13 @@ fellows', and hands what it changes to gossip and to the election's feed.
 
 from __future__ import annotations
 
+import dataclasses
+
 from p2pswarm import effects as fx
 from p2pswarm.config import GossipConfig
 from p2pswarm.effects import Effect
 from p2pswarm.membership.broadcasts import item_bytes
+from p2pswarm.membership.certificates import PendingCertificates
 from p2pswarm.membership.detector import FailureDetector
 from p2pswarm.membership.dissemination import Dissemination
 from p2pswarm.membership.gate import AdmissionGate
@@ -38,7 +41,8 @@ TELL_REVOKED_EVERY_S = 5.0  # a revoked fellow that still speaks is told, this o
 
 class Updates:
     __slots__ = ("_book", "_config", "_detector", "_dissemination", "_name", "_node_id",
-                 "_proofs", "_roster", "_stats", "_told_revoked", "gate", "sender")
+                 "_proofs", "_roster", "_stats", "_told_revoked", "asks", "gate", "sender",
+                 "waiting")
 
     def __init__(self, node_id: bytes, name: str, config: GossipConfig, roster: Roster,
                  detector: FailureDetector, dissemination: Dissemination, book: MetadataBook,
@@ -55,6 +59,10 @@ class Updates:
         self.gate: AdmissionGate | None = None  # where admission is on (see ``gate``)
         self._told_revoked: dict[bytes, float] = {}  # revoked fellow -> when last told
         self.sender = ""  # who sent the records being merged (their budget pays)
+        # relayed Alives whose certificate we lack, and whom to ask for which (the machine
+        # sends the asks once the datagram in hand is handled)
+        self.waiting = PendingCertificates(stats)
+        self.asks: list[tuple[str, bytes]] = []
 
     # --- news --------------------------------------------------------------------------
 
@@ -63,6 +71,19 @@ class Updates:
         node = msg.node
         e = self._roster.get(node)
         news = e is None or msg.incarnation > e.incarnation
+        if news and self.gate is not None and not msg.certificate:
+            # relays leave certificates out: put back the one we hold, or wait and ask
+            known = self.gate.known(msg.public_key, msg.name, now)
+            if not known and e is not None and e.public_key == msg.public_key \
+                    and e.name == msg.name:
+                known = e.certificate
+            if not known:
+                if addr and self.waiting.hold(msg, addr, now):
+                    self.asks.append((addr, node))
+                elif not addr:
+                    self.gate.certificate(b"", msg.public_key, msg.name, now)  # counted
+                return
+            msg = dataclasses.replace(msg, certificate=known)
         if news and self.gate is not None:
             # admission first: a record without a certificate costs no signature check;
             # the fellow's own signature then costs the sender's budget too

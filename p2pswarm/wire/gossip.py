@@ -8,6 +8,10 @@ stream ping fallback (a ``Ping`` answered by an ``Ack``), anti-entropy (``SyncDi
 (``MetaPull`` -> ``MetaPush``) and a refutation pushed to its accuser (``Alive`` ->
 ``Noted``).
 
+A fellow's admission certificate rides in its own ``Alive``s and in records; relays leave
+it out, and a receiver that lacks it asks the sender (``CertificateAsk`` ->
+``Certificates``, datagrams).
+
 A fellow's metadata (cards, benchmarks, role, ...) is opaque bytes here, signed by its
 owner and versioned; a datagram only ever carries its version number.
 """
@@ -270,6 +274,33 @@ class AdmitRefused:
     reason: Reason
 
 
+MAX_CERTIFICATES_PER_MESSAGE = 4  # four certificates fit one datagram with room to spare
+
+
+@message(40)
+@dataclass(frozen=True, slots=True)
+class CertificateAsk:
+    """Please send me the admission certificates of ``nodes``: a relayed ``Alive`` of
+    theirs came without one (relays leave it out; see membership.certificates)."""
+
+    nodes: Annotated[tuple[NodeId, ...], Items(MAX_CERTIFICATES_PER_MESSAGE)]
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class CertificateOf:
+    node: NodeId
+    certificate: Annotated[bytes, Size(1, 1024)]  # security.admission.Certificate
+
+
+@message(41)
+@dataclass(frozen=True, slots=True)
+class Certificates:
+    """The answer to a ``CertificateAsk``: what the sender holds of those asked for."""
+
+    certificates: Annotated[tuple[CertificateOf, ...], Items(MAX_CERTIFICATES_PER_MESSAGE)]
+
+
 # --- election ----------------------------------------------------------------------------
 
 
@@ -400,6 +431,7 @@ _ELECTION_TYPES = (LeaderBeat, LeaderCheck, VoteRequest, VoteReply, LeaderIs, Le
 
 __all__ = [
     "ELECTION_TAGS",
+    "MAX_CERTIFICATES_PER_MESSAGE",
     "MAX_PROOF_BALLOTS",
     "MEMBERSHIP_TAGS",
     "STATE_ALIVE",
@@ -412,6 +444,9 @@ __all__ = [
     "Admitted",
     "Alive",
     "Ballot",
+    "CertificateAsk",
+    "CertificateOf",
+    "Certificates",
     "Dead",
     "LeaderAck",
     "LeaderBeat",
