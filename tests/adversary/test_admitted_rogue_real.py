@@ -38,7 +38,7 @@ from p2pswarm.config import local
 from p2pswarm.control import client as control_client
 from p2pswarm.errors import SwarmError
 from p2pswarm.home import Home
-from p2pswarm.membership.proofs import alive_signed_bytes
+from p2pswarm.membership.proofs import alive_signed_bytes, left_signed_bytes
 from p2pswarm.security import Identity
 from p2pswarm.security.admission import Certificate
 from p2pswarm.security.identity import node_id_of
@@ -231,6 +231,8 @@ async def attack(swarm: Swarm, rogue_home: Path, port: int, leader: str, seed: s
             await await_until("the rogue back", lambda: all(
                 "rogue" in present(d) for d in swarm.docs().values()))
             assert swarm.led_by(leader)
+            lag_before = {n: d["loop_lag"]["over_1_s"] for n, d in swarm.docs().items()
+                          if d is not None}
             victims = {n: d["self"]["addr"] for n, d in swarm.docs().items()
                        if d is not None}
             assert len(victims) == 3
@@ -264,7 +266,7 @@ async def attack(swarm: Swarm, rogue_home: Path, port: int, leader: str, seed: s
             for step in range(6):
                 incarnation = held.incarnation + 1 + step
                 sig = (None, os.urandom(64), agent.identity.sign(
-                    b"left" + node + incarnation.to_bytes(4, "big")))[step % 3]
+                    left_signed_bytes(node, incarnation)))[step % 3]
                 for name, addr in victims.items():
                     if name != leader_name:
                         agent.post(addr, (g.Left(node, incarnation, sig),))
@@ -302,7 +304,20 @@ async def attack(swarm: Swarm, rogue_home: Path, port: int, leader: str, seed: s
                     "signature_checks_refused"][name] >= FLOOD, grown
                 assert grown["bad_certificates"][name] <= 4 * 256, grown  # the message cap
             swarm.assert_unharmed(leader, made_up)
-            assert all(d is not None and d["loop_lag"] for d in swarm.docs().values())
+            # what `p2pswarm status --json` shows of it all, from one honest fellow
+            shown = await trio.to_thread.run_sync(lambda: cli(
+                "status", "--home", str(swarm.homes["a"]), "--json"))
+            assert shown.returncode == 0, shown.stderr
+            doc = json.loads(shown.stdout)
+            counted = doc["membership"]
+            assert counted["uncertified"] >= GHOSTS and counted["unsigned_lefts"] >= 1
+            assert counted["priority_beyond_certificate"] >= 1
+            assert counted["bad_certificates"] + counted["signature_checks_refused"] >= FLOOD
+            # no attack froze a victim's loop for a second (its whole cost is bounded by
+            # the per-message and per-sender signature budgets)
+            lags = {n: d["loop_lag"] for n, d in swarm.docs().items() if d is not None}
+            print("victims' loop lag", lags)
+            assert {n: lag["over_1_s"] for n, lag in lags.items()} == lag_before, lags
 
             # the leader is killed: a new honest leader within the deadline
             swarm.procs[leader_name].kill()
