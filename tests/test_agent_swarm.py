@@ -118,7 +118,7 @@ async def test_any_fellow_plans_through_the_leader(autojump_clock) -> None:
         ((leader_id, _),) = swarm.leaders()
         follower = next(a for a in swarm.live() if a.node_id != leader_id)
         request = {"model": {"name": "llama-3-8b", "config": REFERENCE_CONFIGS["llama-3-8b"]},
-                   "context": 2048, "sequences": 1}
+                   "context": 2048, "sequences": 1, "weights_dtype": "f16"}
         plan = await follower.planning.ask_plan(request)
         same = await swarm.live()[0].planning.ask_plan(request)
         assert plan["plan_id"] == same["plan_id"]

@@ -34,27 +34,29 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 async def test_auto_weights_load_each_stage_in_its_own_dtype(autojump_clock, tmp_path) -> None:
-    """A fellow whose card holds one layer in int8 but not in f16 gets an int8 stage under
-    ``auto``; the others keep f16; each allocates what the plan claims, and the pipeline
-    equals the same mixed stages in one process."""
+    """A fellow whose card holds one layer quantized but not in f16 gets a quantized stage
+    under ``auto`` (int4 here: at this tiny width int8's packed rows, padded to 512 inputs,
+    outweigh f16); the others keep f16; each allocates what the plan claims, and the
+    pipeline equals the same mixed stages in one process."""
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, tmp_path, seed=23)
         small = swarm.fellows[1]
-        # between one middle layer's int8 stage (273.30 MB) and its f16 one (273.55 MB)
+        # below one middle layer's f16 stage (273.55 MB), above its int4 one
         small.cards.cards = (cpu_card(16.0, free_gb=0.2734, name="small CPU"),)
         auto = request(weights_dtype="auto", floors_bytes={"cpu": "1MB"})
         driver = swarm.live()[0]
 
         for _ in range(100):  # until the small card's inventory reaches the leader
             plan = await driver.planning.ask_plan(auto)
-            if "int8" in {s["weights_dtype"] for s in plan["stages"]}:
+            if {s["weights_dtype"] for s in plan["stages"]} - {"f16"}:
                 break
             await trio.sleep(1)
         assert plan["fits"] and plan["request"]["weights_dtype"] == "auto"
         by_fellow = {s["fellow"]: s["weights_dtype"] for s in plan["stages"]}
-        assert by_fellow[small.name] == "int8" and list(by_fellow.values()).count("f16") == 2
+        assert by_fellow[small.name] in ("int8", "int4")
+        assert list(by_fellow.values()).count("f16") == 2
         loaded = await driver.serving.load(auto, plan_id=plan["plan_id"])
-        for s in loaded["stages"]:  # an int8 stage holds exactly what the plan claims, too
+        for s in loaded["stages"]:  # a quantized stage holds exactly what the plan claims, too
             assert s["allocated_bytes"] == s["claim_bytes"] > 0
         await wait_until(lambda: all(
             len(a.serving.loads_view()) == 1 and a.serving.loads_view()[0].complete
