@@ -22,10 +22,10 @@ own theory of operation, as memberlist splits its ``state.go``, ``suspicion.go``
 - ``updates``: what news about a fellow does to the view of it (alive, suspect, dead,
   left, reaped); ``gate``: admission by certificate; ``certificates``: relayed Alives
   waiting for their fellow's certificate (relays leave it out; the receiver asks);
+  ``credentials``: revocations and certificates exchanged between fellows;
 - ``own``: this node's own record and signed ``Alive``; ``refutation``: its answer to
   news about itself; ``proofs``: what fellows sign, checked;
-- ``metadata``, ``leave``, ``join``, ``sync`` (anti-entropy): each its book and its
-  exchange.
+- ``metadata``, ``leave``, ``join``, ``sync`` (anti-entropy): each its book and exchange.
 
 Time comes in as ``now`` on every call: an entry point (``_entry``) moves the clock
 forward once, before anything else. Randomness comes from the injected ``random.Random``,
@@ -35,17 +35,17 @@ exactly.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 from p2pswarm import effects as fx
 from p2pswarm.config import GossipConfig, GossipTuning
-from p2pswarm.effects import Effect, Event, SendDatagram
+from p2pswarm.effects import Effect, Event
 from p2pswarm.membership import metadata as meta
 from p2pswarm.membership.broadcasts import item_bytes
 from p2pswarm.membership.clock import Clock
+from p2pswarm.membership.credentials import CredentialExchange
 from p2pswarm.membership.detector import FailureDetector, Verdict
 from p2pswarm.membership.dissemination import Dissemination
 from p2pswarm.membership.gate import AdmissionGate
@@ -70,11 +70,9 @@ from p2pswarm.membership.states import ALIVE, COUNTERS, INF, LEFT, SEQ_MOD
 from p2pswarm.membership.sync import AntiEntropy, record_alive
 from p2pswarm.membership.updates import Updates
 from p2pswarm.wire.gossip import (  # importing it registers the messages with the codec
-    MAX_CERTIFICATES_PER_MESSAGE,
     Ack,
     Alive,
     CertificateAsk,
-    CertificateOf,
     Certificates,
     Dead,
     Left,
@@ -133,7 +131,6 @@ class Membership:
         admission: AdmissionGate | None = None,
     ) -> None:
         self._clock = Clock(now)  # the latest `now` we were given
-        self._datagram_budget = datagram_budget_bytes
         self._own = OwnRecord(local, sign, self._clock, config.tuning.meta_inline_bytes,
                               incarnation=incarnation, metadata=metadata, epoch=epoch)
         self.config = config
@@ -171,13 +168,17 @@ class Membership:
         self._refuter = Refuter(config, self._own, self._leave, self._detector.awareness,
                                 self._roster, self._gossip, self._requests, self._updates,
                                 self.stats)
+        self._credentials = credentials = CredentialExchange(
+            admission, self._own, self._roster, self._gossip, self._updates, self.stats,
+            datagram_budget_bytes)
         self._dispatch: dict[type, Callable[[Any, str, float, list[Effect]], None]] = {
             Ping: self._on_ping, Ack: self._on_ack, Nack: self._on_nack,
             PingReq: self._on_ping_req, Alive: self._on_alive, Suspect: self._on_suspect,
             Dead: self._on_dead, Left: self._on_left, SyncSame: self._on_nothing,
             SyncSummary: self._sync.on_summary, SyncRecords: self._on_sync_records,
-            MetaPush: self._book.on_push, Noted: self._on_nothing, Revoked: self._on_revoked,
-            CertificateAsk: self._on_certificate_ask, Certificates: self._on_certificates,
+            MetaPush: self._book.on_push, Noted: self._on_nothing,
+            Revoked: credentials.on_revoked, CertificateAsk: credentials.on_certificate_ask,
+            Certificates: credentials.on_certificates,
         }
 
     # --- views -------------------------------------------------------------------------
@@ -389,7 +390,7 @@ class Membership:
         handler = self._dispatch.get(type(message))
         if handler is not None:
             handler(message, sender_addr, now, out)
-        self._ask_certificates(out)
+        self._credentials.ask_certificates(out)
         return out
 
     @_entry
@@ -409,7 +410,7 @@ class Membership:
         for msg in pings:
             self._on_ping(msg, sender_addr, now, out)
         self._refuter.replied()
-        self._ask_certificates(out)
+        self._credentials.ask_certificates(out)
         return out
 
     def _received(self, sender_addr: str, now: float, out: list[Effect]) -> None:
@@ -683,89 +684,13 @@ class Membership:
         """Take in an admin-signed revocation (from the CLI, a home, or a fellow): the
         fellows it names are out of the view at once, and it is gossiped on."""
         out: list[Effect] = []
-        self._on_revoked(Revoked(data), "", now, out)
+        self._credentials.on_revoked(Revoked(data), "", now, out)
         return out
 
     def revocations(self) -> tuple[bytes, ...]:
         """Every revocation taken in (to keep across restarts)."""
         gate = self.admission
         return () if gate is None else tuple(r.encode() for r in gate.revocations())
-
-    def _on_revoked(self, msg: Revoked, addr: str, now: float, out: list[Effect]) -> None:
-        gate = self.admission
-        if gate is None:
-            return
-        rev = gate.revoke(msg.revocation)
-        if rev is None:
-            return
-        self._gossip.queue.add(b"revoked:" + rev.signature[:16], msg)
-        for e in list(self._roster.members.values()):
-            if rev.covers(e.node, e.name):
-                self._updates.expel(e.node, "revoked by the admin key", now, out)
-        if rev.covers(self.node_id, self.local.name):
-            out.append(Event(fx.REAPED, self.node_id, self.local.name,
-                             "this node was revoked by the admin key", self.incarnation,
-                             self.node_id))
-
-    # --- certificates (membership.certificates) -----------------------------------------
-
-    def _ask_certificates(self, out: list[Effect]) -> None:
-        """Ask each sender of relayed Alives we could not admit yet for the certificates
-        (a few per datagram)."""
-        asks = self._updates.asks
-        if not asks:
-            return
-        by_addr: dict[str, list[bytes]] = {}
-        for addr, node in asks:
-            by_addr.setdefault(addr, []).append(node)
-        asks.clear()
-        for addr, nodes in by_addr.items():
-            for i in range(0, len(nodes), MAX_CERTIFICATES_PER_MESSAGE):
-                ask = CertificateAsk(tuple(nodes[i:i + MAX_CERTIFICATES_PER_MESSAGE]))
-                self.stats["certificate_asks_sent"] += 1
-                out.append(SendDatagram(addr, (ask,)))
-
-    def _on_certificate_ask(self, msg: CertificateAsk, addr: str, now: float,
-                            out: list[Effect]) -> None:
-        gate = self.admission
-        if gate is None:
-            return
-        if not gate.budget.take(addr, now):  # an answer costs bytes: the asker's budget
-            self.stats["certificate_asks_refused"] += 1
-            return
-        found: list[CertificateOf] = []
-        for node in msg.nodes:
-            if node == self.node_id:
-                data = self.local.certificate
-            else:
-                e = self._roster.get(node)
-                data = e.certificate if e is not None and e.state != LEFT else b""
-            if data and not any(c.node == node for c in found):
-                found.append(CertificateOf(node, data))
-        # one datagram each when large (a certificate with a delegation), else together
-        batch: list[CertificateOf] = []
-        size = 0
-        for c in found:
-            n = len(c.certificate) + len(c.node) + 8
-            if batch and size + n > self._datagram_budget // 2:
-                out.append(SendDatagram(addr, (Certificates(tuple(batch)),)))
-                batch, size = [], 0
-            batch.append(c)
-            size += n
-        if batch:
-            out.append(SendDatagram(addr, (Certificates(tuple(batch)),)))
-
-    def _on_certificates(self, msg: Certificates, addr: str, now: float,
-                         out: list[Effect]) -> None:
-        if self.admission is None:
-            return
-        for c in msg.certificates:
-            waiting = self._updates.waiting.take(c.node, now)
-            if waiting is None:
-                self.stats["certificates_unasked"] += 1
-                continue
-            self._updates.alive(dataclasses.replace(waiting.msg, certificate=c.certificate),
-                                waiting.addr, now, out)
 
     # --- state changes -----------------------------------------------------------------
 
