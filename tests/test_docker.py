@@ -429,7 +429,8 @@ def test_the_swarm_token_is_never_an_argument(docker: FakeDocker) -> None:
 # --- the stack and compose files ---------------------------------------------------------
 
 STACK_ENV = {"P2PSWARM_SEEDS": f"192.168.1.10:{DEFAULT_PORT},192.168.1.21:{DEFAULT_PORT}"}
-COMPOSE_ENV = {"P2PSWARM_TOKEN_FILE": "/run/p2pswarm-token"}
+COMPOSE_ENV = {"P2PSWARM_TOKEN_FILE": "/run/p2pswarm-token",
+               "P2PSWARM_ISSUER_FILE": "/run/p2pswarm-issuer"}
 SERVICES = {"worker-server", "worker-desktop", "worker-laptop", "worker-rpi", "worker-gpu"}
 
 
@@ -518,17 +519,23 @@ def test_compose_scales_with_unique_names_and_one_token() -> None:
     compose = load("compose.yaml", COMPOSE_ENV)
     services = compose["services"]
     assert set(services) == {"seed", "fellow"}
+    token = {"P2PSWARM_TOKEN_FILE": "/run/secrets/p2pswarm_token"}
     for service in services.values():
         assert "container_name" not in service
         check_join_command(service["command"])
-        assert service["secrets"] == ["p2pswarm_token"]
-        assert service["environment"] == {"P2PSWARM_TOKEN_FILE": "/run/secrets/p2pswarm_token"}
         assert service["mem_limit"]  # each fellow offers its container's share, not the host's
     # replicas are named by their hostname, which docker makes unique: none fixed
     assert "hostname" not in services["fellow"]
     assert join_params(services["fellow"]["command"])["name"] is None
     assert join_params(services["fellow"]["command"])["seeds"] == [f"seed:{DEFAULT_PORT}"]
     assert compose["secrets"]["p2pswarm_token"] == {"file": "/run/p2pswarm-token"}
+    # the seed alone issues certificates: the issuer bundle is its secret only
+    assert services["fellow"]["secrets"] == ["p2pswarm_token"]
+    assert services["fellow"]["environment"] == token
+    assert services["seed"]["secrets"] == ["p2pswarm_token", "p2pswarm_issuer"]
+    assert services["seed"]["environment"] == {
+        **token, "P2PSWARM_ISSUER_FILE": "/run/secrets/p2pswarm_issuer"}
+    assert compose["secrets"]["p2pswarm_issuer"] == {"file": "/run/p2pswarm-issuer"}
 
 
 def test_dockerfile_runs_join_on_the_default_port() -> None:
