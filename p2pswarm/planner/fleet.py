@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -53,6 +52,15 @@ from p2pswarm.errors import ConfigError
 from p2pswarm.planner import wording
 from p2pswarm.planner.cluster import ClusterView
 from p2pswarm.planner.costs import CostModel
+from p2pswarm.planner.fleet_request import FleetRequest, fleet_request_from_dict
+from p2pswarm.planner.fleet_round import (
+    COMM_SHARE,
+    MIN_AUTO_INNER_STEPS,
+    RoundEstimate,
+    round_estimate,
+    round_flows,
+    synced_params,
+)
 from p2pswarm.planner.placement import Search, Slot
 from p2pswarm.planner.plan import (
     PLANNER_VERSION,
@@ -67,99 +75,17 @@ from p2pswarm.planner.plan import (
     plan,
 )
 from p2pswarm.planner.profile import ModelProfile
-from p2pswarm.planner.request import MAX_COUNT, PlanRequest, resolve
-from p2pswarm.planner.sync_cost import CODECS, encoded_bytes, round_traffic, share_bytes
+from p2pswarm.planner.request import PlanRequest, resolve
+from p2pswarm.planner.sync_cost import round_traffic
 
 MAX_AUTO_MICRO_BATCH = 128  # the design's scale: server 128, desktop 64, laptop 32, Pi 8
 DEFAULT_INNER_STEPS = 50  # the round auto batches are shaped for, before it is sized
-MIN_AUTO_INNER_STEPS = 10  # inner_steps auto on fast links: no round shorter
-COMM_SHARE = 1 / 3  # inner_steps auto: a round's communication / its compute, at most
 # auto: micro-batches a step per stage; 1F1B then idles (k - 1) / (FILL k + k - 1) of a step
 FILL = 8
 EXTRA_STAGES = 2  # more cards a replica may take than its fastest pipeline uses
 POOL = 16  # free cards, fastest first, a replica's pipeline is searched among
 
 CardKey = tuple[str, str, int]  # (fellow id, kind, index)
-
-
-@dataclass(frozen=True, slots=True)
-class FleetRequest:
-    """What a fleet plan adds to a training request: replicas, batch rule, sync."""
-
-    replicas: int | None = None  # None: "auto"
-    auto_batch: bool = True  # micro_batch "auto": per replica, from memory and speed
-    inner_steps: int | None = None  # None: "auto", sized to the links
-    codec: str = "int8"
-    codec_options: tuple[tuple[str, Any], ...] = ()
-    update_codec: str | None = None  # None: as codec
-    update_codec_options: tuple[tuple[str, Any], ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"replicas": "auto" if self.replicas is None else self.replicas,
-                "micro_batch": "auto" if self.auto_batch else "fixed",
-                "inner_steps": "auto" if self.inner_steps is None else self.inner_steps,
-                "codec": self.codec,
-                "codec_options": dict(self.codec_options),
-                "update_codec": self.update_codec or self.codec,
-                "update_codec_options": dict(self.update_codec_options
-                                             if self.update_codec else self.codec_options)}
-
-
-def fleet_request_from_dict(data: Mapping[str, Any]) -> tuple[FleetRequest, dict[str, Any]]:
-    """Split a training request dict into the fleet's part and the plan request's part
-    (``micro_batch: "auto"``, the default, becomes 1 there: each replica gets its own;
-    ``inner_steps`` is "auto" unless given)."""
-    rest = {k: v for k, v in data.items() if k not in (
-        "replicas", "inner_steps", "codec", "codec_options", "update_codec",
-        "update_codec_options")}
-    replicas = data.get("replicas", "auto")
-    if replicas in (None, "auto"):
-        replicas = None
-    elif isinstance(replicas, bool) or not isinstance(replicas, int) \
-            or not 1 <= replicas <= MAX_COUNT:
-        raise ConfigError(f"replicas must be \"auto\" or a whole number from 1, got "
-                          f"{str(replicas)[:40]!r}")
-    auto = data.get("micro_batch", "auto") in ("auto", None)
-    if auto:
-        rest["micro_batch"] = 1
-    inner = data.get("inner_steps", "auto")
-    if inner in ("auto", None):
-        inner = None
-    elif isinstance(inner, bool) or not isinstance(inner, int) or not 1 <= inner <= MAX_COUNT:
-        raise ConfigError(f"sync.inner_steps must be \"auto\" or a whole number from 1, got "
-                          f"{str(inner)[:40]!r}")
-    codec = data.get("codec", "int8")
-    update = data.get("update_codec")
-    for name in (codec, update):
-        if name is not None and name not in CODECS:
-            raise ConfigError(f"codec {str(name)[:40]!r} must be one of {', '.join(CODECS)}")
-    options = _codec_options(codec, data.get("codec_options"))
-    update_options = _codec_options(update or codec, data.get("update_codec_options"))
-    return FleetRequest(replicas=replicas, auto_batch=auto, inner_steps=inner, codec=codec,
-                        codec_options=tuple(sorted(options.items())), update_codec=update,
-                        update_codec_options=tuple(sorted(update_options.items()))), rest
-
-
-def _codec_options(codec: str, raw: Any) -> dict[str, Any]:
-    """The options the planner reads of a codec, checked (the rest it does not need)."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise ConfigError("codec_options must be an object, e.g. {\"fraction\": 0.01}")
-    out: dict[str, Any] = {}
-    for key, value in sorted(raw.items(), key=lambda kv: str(kv[0])):
-        number = not isinstance(value, bool) and isinstance(value, (int, float))
-        if codec == "topk" and key == "fraction" and not (number and 0 < value <= 1):
-            raise ConfigError(f"topk codec: fraction must be in (0, 1], got {str(value)[:40]!r}")
-        if codec == "qsgd" and key == "bits" and value not in (2, 4, 8):
-            raise ConfigError(f"qsgd codec: bits must be 2, 4 or 8, got {str(value)[:40]!r}")
-        if codec == "qsgd" and key == "bucket" and not (
-                number and isinstance(value, int) and 1 <= value <= 2**31):
-            raise ConfigError(f"qsgd codec: bucket must be a whole number from 1, got "
-                              f"{str(value)[:40]!r}")
-        if isinstance(key, str) and len(key) <= 40 and (number or isinstance(value, str)):
-            out[key] = value if number else str(value)[:40]
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,44 +134,6 @@ class ReplicaPlan:
                 "sync_bytes_per_round": self.sync_bytes,
                 "memory": self.memory.to_dict() if self.memory else None,
                 "request": self.plan.request.to_dict()}
-
-
-@dataclass(frozen=True, slots=True)
-class RoundEstimate:
-    inner_steps: int
-    inner_steps_auto: bool  # sized to the links (``COMM_SHARE``)
-    compute_s: float  # inner_steps steps of the fastest replica
-    bytes: int  # what every fellow sends in the all-reduce, together
-    comm_s: float  # its slowest fellow or access point
-    limit: str  # what sets comm_s: a fellow's links or an access point's airtime
-    busiest_fellow: str
-    busiest_bytes: int  # what the busiest fellow sends a round
-    delta_bytes: int  # one replica's compressed delta (every trained parameter)
-    access_points: tuple[tuple[str, int, float], ...]  # (name, air bytes, seconds)
-    codec: str
-    update_codec: str
-    fellows: tuple[tuple[str, int, int, float], ...] = ()  # (name, sent, received, s)
-
-    @property
-    def comm_fraction(self) -> float:
-        return self.comm_s / self.compute_s if self.compute_s > 0 else 0.0
-
-    @property
-    def busiest_over_delta(self) -> float:
-        return self.busiest_bytes / self.delta_bytes if self.delta_bytes > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"inner_steps": self.inner_steps, "inner_steps_auto": self.inner_steps_auto,
-                "compute_s": self.compute_s, "bytes": self.bytes, "comm_s": self.comm_s,
-                "comm_fraction": self.comm_fraction, "limit": self.limit,
-                "busiest_fellow": self.busiest_fellow, "busiest_bytes": self.busiest_bytes,
-                "delta_bytes": self.delta_bytes,
-                "busiest_over_delta": self.busiest_over_delta,
-                "access_points": [{"name": n, "air_bytes": b, "seconds": t}
-                                  for n, b, t in self.access_points],
-                "codec": self.codec, "update_codec": self.update_codec,
-                "fellows": [{"fellow": n, "sent_bytes": a, "received_bytes": b, "seconds": t}
-                            for n, a, b, t in self.fellows]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,20 +235,6 @@ def step_time_s(model: CostModel, search: Search, chosen: Sequence[int], parts: 
               for j, (i, n) in enumerate(zip(chosen, parts))]
     hops = [search.hop_s(chosen[j], chosen[j + 1]) for j in range(k - 1)]
     return sum(stages) + sum(hops) + (micro_batches - 1) * max(stages + hops)
-
-
-def synced_params(profile: ModelProfile, request: PlanRequest, n: int, first: bool,
-                  last: bool) -> int:
-    """What one stage syncs each round: its trained parameters, less a tied head (the
-    first stage syncs the embedding it shares)."""
-    if request.method == "lora":
-        return n * profile.lora_params_layer(request.lora_rank, request.lora_targets)
-    count = n * profile.layer_params()
-    if first:
-        count += profile.embed_params()
-    if last:
-        count += profile.hidden + (0 if profile.tied else profile.vocab * profile.hidden)
-    return count
 
 
 def _pow2_floor(x: float) -> int:
@@ -534,84 +408,13 @@ def _batches(f: _Fleet, drafts: Sequence[_Draft]) -> list[int]:
     return batches
 
 
-def _overlap_params(f: _Fleet, a: tuple[int, int, bool, bool],
-                    b: tuple[int, int, bool, bool]) -> int:
-    """Trained parameters two stages (``(start, stop, first, last)``) of different
-    replicas both hold: what they average between them."""
-    p, r = f.profile, f.r
-    layers = max(0, min(a[1], b[1]) - max(a[0], b[0]))
-    if r.method == "lora":
-        return layers * p.lora_params_layer(r.lora_rank, r.lora_targets)
-    count = layers * p.layer_params()
-    if a[2] and b[2]:
-        count += p.embed_params()
-    if a[3] and b[3]:
-        count += p.hidden + (0 if p.tied else p.vocab * p.hidden)
-    return count
-
-
 def _flows(f: _Fleet, replicas: Sequence[ReplicaPlan]) -> dict[tuple[str, str], int]:
-    """Bytes from fellow to fellow in one round's sharded all-reduce: between two stages
-    of different replicas, each way one part of the delta they share (to its reducer)
-    and one part of its update (back)."""
-    fleet = f.fleet
-    update = fleet.update_codec or fleet.codec
-    options = dict(fleet.codec_options)
-    update_options = dict(fleet.update_codec_options if fleet.update_codec
-                          else fleet.codec_options)
-    n = len(replicas)
-    shapes = []
-    for rp in replicas:
-        k = len(rp.plan.stages)
-        shapes.append([(s.fellow_id, (s.layers[0], s.layers[1], j == 0, j == k - 1))
-                       for j, s in enumerate(rp.plan.stages)])
-    flows: dict[tuple[str, str], int] = {}
-    for i in range(n):
-        for k in range(n):
-            if i == k:
-                continue
-            for a, sa in shapes[i]:
-                for b, sb in shapes[k]:
-                    shared = _overlap_params(f, sa, sb)
-                    if shared:
-                        nbytes = (share_bytes(fleet.codec, options, shared, n)
-                                  + share_bytes(update, update_options, shared, n))
-                        flows[(a, b)] = flows.get((a, b), 0) + nbytes
-    return flows
-
-
-def _delta_bytes(f: _Fleet) -> int:
-    """One replica's compressed delta: every trained parameter, encoded."""
-    params = synced_params(f.profile, f.r, f.profile.n_layers, True, True)
-    return encoded_bytes(f.fleet.codec, dict(f.fleet.codec_options), params)
+    return round_flows(f.profile, f.r, f.fleet, [rp.plan for rp in replicas])
 
 
 def _round(f: _Fleet, replicas: Sequence[ReplicaPlan]) -> RoundEstimate | None:
-    if not replicas:
-        return None
-    fleet = f.fleet
-    fastest = min(r.step_s for r in replicas)
-    traffic = round_traffic(_flows(f, replicas), f.view)
-    inner = fleet.inner_steps
-    if inner is None:  # the fewest steps whose compute covers the sync COMM_SHARE-fold
-        need = traffic.seconds / COMM_SHARE / fastest if fastest > 0 else 0.0
-        inner = min(MAX_COUNT, max(MIN_AUTO_INNER_STEPS, math.ceil(need - 1e-9)))
-    names = {x.id: x.name for x in f.view.fellows}
-    busiest = traffic.busiest
-    limit = traffic.limit
-    if limit.startswith("fellow "):
-        limit = f"{names.get(limit[7:], limit[7:])}'s links"
-    return RoundEstimate(
-        inner_steps=inner, inner_steps_auto=fleet.inner_steps is None,
-        compute_s=inner * fastest, bytes=traffic.total_sent_bytes, comm_s=traffic.seconds,
-        limit=limit,
-        busiest_fellow=names.get(busiest.fellow_id, busiest.fellow_id) if busiest else "",
-        busiest_bytes=busiest.sent_bytes if busiest else 0, delta_bytes=_delta_bytes(f),
-        access_points=tuple((t.name, t.air_bytes, t.seconds)
-                            for t in traffic.access_points),
-        codec=fleet.codec, update_codec=fleet.update_codec or fleet.codec,
-        fellows=tuple((names.get(t.fellow_id, t.fellow_id), t.sent_bytes, t.received_bytes,
-                       t.seconds) for t in traffic.fellows))
+    return round_estimate(f.profile, f.r, f.fleet, f.view, [rp.plan for rp in replicas],
+                          [rp.step_s for rp in replicas])
 
 
 def _fleet_tokens_per_s(replicas: Sequence[ReplicaPlan], rnd: RoundEstimate | None) -> float:
