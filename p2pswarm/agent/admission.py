@@ -30,16 +30,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import trio
 
 from p2pswarm.admission_home import MAX_KEPT, AdmissionHome, AdmissionState, IssuerBundle
 from p2pswarm.agent.status_doc import AdmissionStateDoc, CertificateDoc
 from p2pswarm.errors import AuthenticationError, ConfigError, SwarmError, TokenRefused
 from p2pswarm.membership.gate import AdmissionGate
+from p2pswarm.membership.member import Member
 from p2pswarm.security import Identity, node_id_of
 from p2pswarm.security.admission import (
     CERTIFICATE_TTL_S,
@@ -403,4 +406,25 @@ async def legacy_join_refused(call: Any, seeds: tuple[str, ...], public_key: byt
         return None
     return None
 
-__all__ = ["Admission", "AdmissionSetup", "legacy_join_refused"]
+
+def issuer_addrs(fellows: Iterable[Member]) -> list[str]:
+    """Fellows present that say (in their signed metadata) they issue certificates."""
+    out = []
+    for m in fellows:
+        if not m.present or not m.metadata:
+            continue
+        try:
+            doc = msgpack.unpackb(m.metadata, raw=False, strict_map_key=False)
+        except (ValueError, msgpack.UnpackException):
+            continue
+        if isinstance(doc, dict) and doc.get(ISSUER_METADATA_KEY) is True:
+            out.append(m.addr)
+    return out
+
+
+async def no_admission(message: Any, stream: SecureStream) -> None:
+    """A swarm made before invitations: nothing to say to an ask (not a drop)."""
+    return None
+
+
+__all__ = ["Admission", "AdmissionSetup", "issuer_addrs", "legacy_join_refused", "no_admission"]

@@ -42,7 +42,13 @@ import trio
 
 from p2pswarm import effects as fx
 from p2pswarm import wire
-from p2pswarm.agent.admission import ISSUER_METADATA_KEY, Admission, legacy_join_refused
+from p2pswarm.agent.admission import (
+    ISSUER_METADATA_KEY,
+    Admission,
+    issuer_addrs,
+    legacy_join_refused,
+    no_admission,
+)
 from p2pswarm.agent.alarm import Alarm, LoopLag
 from p2pswarm.agent.card_news import CardNews
 from p2pswarm.agent.compute import Compute
@@ -111,8 +117,6 @@ LAG_LOGGED_S = 1.0  # a timer this late is worth a log line (at most one a minut
 _MEMBERSHIP_STREAM_TYPES = (Ping, SyncDigest, SyncRecords, MetaPull, Alive)
 
 
-async def _no_admission(message: Any, stream: SecureStream) -> None:
-    return None
 _LOGGED_EVENTS = {
     fx.JOINED: logging.INFO, fx.MEMBER_JOINED: logging.INFO, fx.SUSPECT: logging.INFO,
     fx.ALIVE: logging.INFO, fx.DEAD: logging.WARNING, fx.LEFT: logging.INFO,
@@ -184,7 +188,7 @@ class Agent:
             if self.admission.issues(int(time.time())):  # seeds relay joiners' asks here
                 self.extra_metadata[ISSUER_METADATA_KEY] = True
         else:  # a swarm made before invitations: nothing to say to an ask (not a drop)
-            self.links.on_stream(AdmitAsk, _no_admission)
+            self.links.on_stream(AdmitAsk, no_admission)
         self.report = StatusReport(self)  # the status answer
         self.control_ops: dict[str, ControlHandler] = {
             "status": typed_op(StatusRequest, lambda _: StatusRequest(),
@@ -765,18 +769,7 @@ class Agent:
         return self.report.status()
 
     def _issuer_addrs(self) -> list[str]:
-        """Fellows present that say (in their signed metadata) they issue certificates."""
-        out = []
-        for m in self.fellows():
-            if not m.present or not m.metadata:
-                continue
-            try:
-                doc = msgpack.unpackb(m.metadata, raw=False, strict_map_key=False)
-            except (ValueError, msgpack.UnpackException):
-                continue
-            if isinstance(doc, dict) and doc.get(ISSUER_METADATA_KEY) is True:
-                out.append(m.addr)
-        return out
+        return issuer_addrs(self.fellows())
 
     def _fellow_name(self, node_id: bytes) -> str:
         """How the self watch names a fellow in its log lines."""
