@@ -30,15 +30,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import trio
 
 from p2pswarm.admission_home import MAX_KEPT, AdmissionHome, AdmissionState, IssuerBundle
+from p2pswarm.agent.status_doc import AdmissionStateDoc, CertificateDoc
 from p2pswarm.errors import AuthenticationError, ConfigError, SwarmError, TokenRefused
 from p2pswarm.membership.gate import AdmissionGate
+from p2pswarm.membership.member import Member
 from p2pswarm.security import Identity, node_id_of
 from p2pswarm.security.admission import (
     CERTIFICATE_TTL_S,
@@ -141,25 +145,25 @@ class Admission:
         return d is not None and d.delegation.valid(self.setup.admin_key, now_s) \
             and not self.gate.revoked(node_id_of(d.identity.public_key), "")
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> AdmissionStateDoc:
         """What ``status --json`` shows of admission."""
-        out: dict[str, Any] = {"admin_key": self.setup.admin_key.hex()[:16],
-                               "issues": self.issues(wall_s()),
-                               "delegated": self.setup.delegate is not None,
-                               "revocations": self.gate.revocation_count,
-                               "refused_asks": self.refused_asks,
-                               "relayed_asks": self.relayed_asks,
-                               "issued": len(self._issued)}
+        out: AdmissionStateDoc = {"admin_key": self.setup.admin_key.hex()[:16],
+                                  "issues": self.issues(wall_s()),
+                                  "delegated": self.setup.delegate is not None,
+                                  "revocations": self.gate.revocation_count,
+                                  "refused_asks": self.refused_asks,
+                                  "relayed_asks": self.relayed_asks,
+                                  "issued": len(self._issued),
+                                  "certificate": None}
         try:
             cert = Certificate.decode(self.certificate)
         except AuthenticationError:
-            out["certificate"] = None
             return out
-        out["certificate"] = {
-            "invitation": cert.invitation_id.hex()[:8], "slot": cert.slot, "uses": cert.uses,
-            "expires_at_s": cert.expires_at_s, "max_priority": cert.max_priority,
-            "issuer": "admin" if cert.delegation is None else
-            node_id_of(cert.issuer_key).hex()}
+        out["certificate"] = CertificateDoc(
+            invitation=cert.invitation_id.hex()[:8], slot=cert.slot, uses=cert.uses,
+            expires_at_s=cert.expires_at_s, max_priority=cert.max_priority,
+            issuer="admin" if cert.delegation is None else
+            node_id_of(cert.issuer_key).hex())
         if self.setup.delegate is not None:
             out["delegation_expires_at_s"] = self.setup.delegate.delegation.expires_at_s
         return out
@@ -402,4 +406,25 @@ async def legacy_join_refused(call: Any, seeds: tuple[str, ...], public_key: byt
         return None
     return None
 
-__all__ = ["Admission", "AdmissionSetup", "legacy_join_refused"]
+
+def issuer_addrs(fellows: Iterable[Member]) -> list[str]:
+    """Fellows present that say (in their signed metadata) they issue certificates."""
+    out = []
+    for m in fellows:
+        if not m.present or not m.metadata:
+            continue
+        try:
+            doc = msgpack.unpackb(m.metadata, raw=False, strict_map_key=False)
+        except (ValueError, msgpack.UnpackException):
+            continue
+        if isinstance(doc, dict) and doc.get(ISSUER_METADATA_KEY) is True:
+            out.append(m.addr)
+    return out
+
+
+async def no_admission(message: Any, stream: SecureStream) -> None:
+    """A swarm made before invitations: nothing to say to an ask (not a drop)."""
+    return None
+
+
+__all__ = ["Admission", "AdmissionSetup", "issuer_addrs", "legacy_join_refused", "no_admission"]

@@ -42,7 +42,13 @@ import trio
 
 from p2pswarm import effects as fx
 from p2pswarm import wire
-from p2pswarm.agent.admission import ISSUER_METADATA_KEY, Admission, legacy_join_refused
+from p2pswarm.agent.admission import (
+    ISSUER_METADATA_KEY,
+    Admission,
+    issuer_addrs,
+    legacy_join_refused,
+    no_admission,
+)
 from p2pswarm.agent.alarm import Alarm, LoopLag
 from p2pswarm.agent.card_news import CardNews
 from p2pswarm.agent.compute import Compute
@@ -59,14 +65,8 @@ from p2pswarm.agent.ports import ControlHandler, StreamHandler
 from p2pswarm.agent.rejoin import Rejoin
 from p2pswarm.agent.self_watch import SelfWatch
 from p2pswarm.agent.serving import Serving
-from p2pswarm.agent.status_doc import (
-    ElectorateDoc,
-    LeaderDoc,
-    MemberRow,
-    SelfDoc,
-    StatusDoc,
-    StoreUseDoc,
-)
+from p2pswarm.agent.status_doc import LeaderDoc, StatusDoc
+from p2pswarm.agent.status_report import StatusReport
 from p2pswarm.agent.training import Training
 from p2pswarm.agent.votes import VOTES_FILE, VoteRecord
 from p2pswarm.agent.weights import WeightsCache
@@ -75,7 +75,7 @@ from p2pswarm.cards import Card, Inventory
 from p2pswarm.config import SwarmConfig
 from p2pswarm.control.requests import typed_op
 from p2pswarm.control.server import serve_control
-from p2pswarm.disk_budget import store_uses, sweep_leftovers
+from p2pswarm.disk_budget import sweep_leftovers
 from p2pswarm.election import Election
 from p2pswarm.errors import (
     AuthenticationError,
@@ -117,8 +117,6 @@ LAG_LOGGED_S = 1.0  # a timer this late is worth a log line (at most one a minut
 _MEMBERSHIP_STREAM_TYPES = (Ping, SyncDigest, SyncRecords, MetaPull, Alive)
 
 
-async def _no_admission(message: Any, stream: SecureStream) -> None:
-    return None
 _LOGGED_EVENTS = {
     fx.JOINED: logging.INFO, fx.MEMBER_JOINED: logging.INFO, fx.SUSPECT: logging.INFO,
     fx.ALIVE: logging.INFO, fx.DEAD: logging.WARNING, fx.LEFT: logging.INFO,
@@ -149,7 +147,6 @@ class Agent:
         self.world = world
         config, home = world.config, world.home
         self._scratch: dict[str, Path] = {}  # state_dir's directories when home is None
-        self._disks: list[StoreUseDoc] = []  # the stores' use, as status last measured it
         # files older than this under the home were written by an earlier agent
         self._born_wall_s = time.time()
         # term, vote and electorate survive a restart (one vote per term, however
@@ -191,9 +188,11 @@ class Agent:
             if self.admission.issues(int(time.time())):  # seeds relay joiners' asks here
                 self.extra_metadata[ISSUER_METADATA_KEY] = True
         else:  # a swarm made before invitations: nothing to say to an ask (not a drop)
-            self.links.on_stream(AdmitAsk, _no_admission)
+            self.links.on_stream(AdmitAsk, no_admission)
+        self.report = StatusReport(self)  # the status answer
         self.control_ops: dict[str, ControlHandler] = {
-            "status": typed_op(StatusRequest, lambda _: StatusRequest(), self._op_status),
+            "status": typed_op(StatusRequest, lambda _: StatusRequest(),
+                               self.report.op_status),
             "leave": typed_op(LeaveRequest, lambda _: LeaveRequest(), self._op_leave),
             "revoke": typed_op(RevokeRequest, lambda _: RevokeRequest(b""), self._op_revoke),
         }
@@ -711,14 +710,6 @@ class Agent:
             log.info("removed %d unfinished file(s), %d bytes, that a stopped agent left "
                      "under %s", files, nbytes, home)
 
-    async def _op_status(self, request: StatusRequest) -> StatusDoc:
-        home = self.home
-        if home is not None:  # walking the stores reads the disk: off the loop
-            uses = await self.compute.run(lambda: store_uses(home, self.config.storage))
-            self._disks = [StoreUseDoc(store=u.store, used_bytes=u.used_bytes,
-                                       cap_bytes=u.cap_bytes) for u in uses]
-        return self.status()
-
     async def _op_revoke(self, request: RevokeRequest) -> dict[str, int | bool]:
         """Take in an admin-signed revocation from the CLI: kept, gossiped, applied."""
         if self.admission is None or self.membership is None:
@@ -772,80 +763,13 @@ class Agent:
 
     def leader(self) -> LeaderDoc | None:
         """The leader this fellow follows, as ``status`` shows it; None: none."""
-        if self.election is None:
-            return None
-        s = self.election.status()
-        if s.leader_id is None:
-            return None
-        return LeaderDoc(id=s.leader_id.hex(), name=s.leader_name, term=s.term)
-
-    def _electorate_doc(self, now: float) -> ElectorateDoc | None:
-        """What a leader needs and this side has: votes of a majority of the electorate,
-        and when the electorate next shrinks (the dead leave it after
-        ``electorate_dead_after_s`` unseen). ``status`` explains a leaderless side by it."""
-        if self.election is None:
-            return None
-        voters, shrinks_at = self.election.electorate(), self.election.shrinks_at()
-        return ElectorateDoc(voters=voters, needs=voters // 2 + 1, sees=self.election.present(),
-                             dead_leave_after_s=self.config.election.electorate_dead_after_s,
-                             shrinks_in_s=None if shrinks_at is None
-                             else round(max(0.0, shrinks_at - now), 3))
+        return self.report.leader()
 
     def status(self) -> StatusDoc:
-        now = trio.current_time()
-
-        def row(m: Member) -> MemberRow:
-            heard = None if m.last_heard_s is None else round(now - m.last_heard_s, 3)
-            return MemberRow(id=m.node_id.hex(), name=m.name, addr=m.addr, state=m.state,
-                             incarnation=m.incarnation,
-                             cards=[c.to_dict() for c in self.fellow_says(m).inventory.cards],
-                             last_heard_s=heard, in_state_s=round(now - m.state_since_s, 3),
-                             self=m.is_self)
-
-        members = sorted(self.membership.members(), key=lambda m: (m.name, m.node_id)) \
-            if self.membership is not None else []
-        election = self.election.status() if self.election is not None else None
-        return {
-            "self": SelfDoc(id=self.node_id.hex(), name=self.name, addr=self.addr,
-                            listen=self.transport.local_addr),
-            "preset": self.config.preset,
-            "uptime_s": round(now - self.started_s, 3),
-            "health": self.membership.health_score if self.membership else 0,
-            "members": [row(m) for m in members],
-            "leader": self.leader(),
-            "leader_note": election.sentence if election is not None else "starting",
-            "electorate": self._electorate_doc(now),
-            "stages_held": self.serving.held_stages(),
-            "role": election.role if election is not None else "follower",
-            # what the election refused too (forged or unsigned votes, leaders without
-            # a proof, terms too far ahead)
-            "counters": self.counters.to_dict(
-                self.election.refused if self.election is not None else None),
-            "transport": dict(getattr(self.transport, "counters", {})),
-            "membership": self.membership.counters() if self.membership else {},
-            "loop_lag": {**self.loop_lag.to_dict(), "stretch_s": round(
-                self.election.stretch(), 3) if self.election is not None else 0.0},
-            "self_watch": self.links.watch.to_doc(),
-            "admission": None if self.admission is None else {
-                **self.admission.status(),
-                "refused": {k: v for k, v in self.admission.gate.stats.items()
-                            if "refused" in k or "certific" in k}},
-            "disks": list(self._disks),
-        }
+        return self.report.status()
 
     def _issuer_addrs(self) -> list[str]:
-        """Fellows present that say (in their signed metadata) they issue certificates."""
-        out = []
-        for m in self.fellows():
-            if not m.present or not m.metadata:
-                continue
-            try:
-                doc = msgpack.unpackb(m.metadata, raw=False, strict_map_key=False)
-            except (ValueError, msgpack.UnpackException):
-                continue
-            if isinstance(doc, dict) and doc.get(ISSUER_METADATA_KEY) is True:
-                out.append(m.addr)
-        return out
+        return issuer_addrs(self.fellows())
 
     def _fellow_name(self, node_id: bytes) -> str:
         """How the self watch names a fellow in its log lines."""

@@ -109,13 +109,14 @@ class Planning:
             PlanQuery.from_doc(message), view), "a training job")
         return made.to_dict()
 
-    async def pinned_off_loop(self, message: dict[str, Any],
+    async def pinned_off_loop(self, request: bytes,
                               expected: str | None) -> Plan | FleetPlan:
-        """``pinned`` for a load's plan message, made off the loop within the plan budget
-        (the view read here, on the loop)."""
+        """``pinned`` for a load's plan message (``request``: packed, as its ``LoadAsk``
+        carries it), read and made off the loop within the plan budget (the view read
+        here, on the loop)."""
         view = self.view()
         return await self.budget.run(object(), lambda: self.pinned(
-            PlanQuery.from_doc(message), expected, view), "a load")
+            PlanQuery.from_doc(unpack_doc(request)), expected, view), "a load")
 
     def still_holds(self, query: PlanQuery, expected: str,
                     view: ClusterView | None = None) -> Plan | None:

@@ -5,7 +5,7 @@ document is made and where it is read. The agent fills it from its values in one
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from p2pswarm.agent.self_watch import SelfWatchDoc
 from p2pswarm.cards import CardDoc
@@ -86,6 +86,47 @@ class StoreUseDoc(TypedDict):
     cap_bytes: int | None
 
 
+class CertificateDoc(TypedDict):
+    """This fellow's certificate: its invitation (id prefix), slot, uses, expiry, the
+    leader priority it allows, and who signed it ("admin", or the delegate's node id)."""
+
+    invitation: str
+    slot: int
+    uses: int
+    expires_at_s: int
+    max_priority: int
+    issuer: str
+
+
+class _AdmissionSaid(TypedDict):
+    """What admission says of itself (``Admission.status``): the admin key (a prefix),
+    whether this fellow issues and under a delegation, what it kept, refused, relayed
+    and issued, and its certificate (None: none it can read)."""
+
+    admin_key: str
+    issues: bool
+    delegated: bool
+    revocations: int
+    refused_asks: int
+    relayed_asks: int
+    issued: int
+    certificate: CertificateDoc | None
+
+
+class AdmissionStateDoc(_AdmissionSaid, total=False):
+    """``_AdmissionSaid``, and, for a delegated issuer holding a certificate, when its
+    delegation expires."""
+
+    delegation_expires_at_s: int
+
+
+class AdmissionDoc(AdmissionStateDoc):
+    """The ``admission`` section: admission's own state, and what the gate refused,
+    by counter."""
+
+    refused: dict[str, int]
+
+
 class StatusDoc(TypedDict):
     """The whole ``status`` answer."""
 
@@ -104,9 +145,9 @@ class StatusDoc(TypedDict):
     membership: dict[str, int]
     loop_lag: dict[str, float]
     self_watch: SelfWatchDoc
-    admission: dict[str, Any] | None  # None: a swarm made before invitations
+    admission: AdmissionDoc | None  # None: a swarm made before invitations
     disks: list[StoreUseDoc]  # as the control op last measured them ([]: not yet)
 
 
-__all__ = ["CountersDoc", "ElectorateDoc", "HeldStageDoc", "LeaderDoc", "MemberRow", "SelfDoc",
-           "StatusDoc", "StoreUseDoc"]
+__all__ = ["AdmissionDoc", "AdmissionStateDoc", "CertificateDoc", "CountersDoc", "ElectorateDoc",
+           "HeldStageDoc", "LeaderDoc", "MemberRow", "SelfDoc", "StatusDoc", "StoreUseDoc"]

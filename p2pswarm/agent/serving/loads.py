@@ -231,7 +231,7 @@ class Loads:
         if not _names_its_adapter(asked):
             raise ConfigError("the load's adapter is not the one its request names")
         async with self._lock:
-            plan = await self.agent.planning.pinned_off_loop(message, expected)
+            plan = await self.agent.planning.pinned_off_loop(call.request, expected)
             self.agent.planning.shown.check_pin(expected, plan)
             if not isinstance(plan, Plan) or plan.kind != "serve":
                 raise ConfigError("load serves a model: plan it without --train")

@@ -96,7 +96,7 @@ class PlanningView(Protocol):
 
     def pinned(self, query: PlanQuery, expected: str | None) -> Plan | FleetPlan: ...
 
-    async def pinned_off_loop(self, message: dict[str, Any],
+    async def pinned_off_loop(self, request: bytes,
                               expected: str | None) -> Plan | FleetPlan: ...
 
 
