@@ -177,6 +177,37 @@ class Swarm:
             assert doc["health"] < 7, (name, doc["health"])
 
 
+def rss_mib(process: subprocess.Popen[str]) -> float:
+    """A victim's resident memory now (MiB), from /proc."""
+    for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Costs:
+    """What each attack cost the victims: new loop stalls over 100 ms, and RSS growth
+    (printed as the figures; the assertions stay on what cannot flake)."""
+
+    def __init__(self, swarm: Swarm) -> None:
+        self.swarm = swarm
+        self.rows: list[str] = []
+        self._mark()
+
+    def _mark(self) -> None:
+        docs = self.swarm.docs()
+        self.stalls = {n: d["loop_lag"]["over_0_1_s"] for n, d in docs.items() if d}
+        self.rss = {n: rss_mib(self.swarm.procs[n]) for n in self.stalls}
+
+    def after(self, attack: str) -> None:
+        stalls, rss = dict(self.stalls), dict(self.rss)
+        self._mark()
+        new = max(self.stalls[n] - stalls.get(n, 0) for n in self.stalls)
+        grown = max(self.rss[n] - rss.get(n, 0.0) for n in self.rss)
+        self.rows.append(f"{attack}: new loop stalls over 100 ms {new}, "
+                         f"most RSS growth {grown:+.1f} MiB")
+
+
 def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {n: after[n] - before[n] for n in after}
 
@@ -241,6 +272,7 @@ async def attack(swarm: Swarm, rogue_home: Path, port: int, leader: str, seed: s
             leader_name = next(n for n, d in swarm.docs().items()
                                if d is not None and d["self"]["id"] == leader)
             made_up: set[str] = set()
+            costs = Costs(swarm)
 
             # 1. leader priority 2^31-1, signed by the rogue, above its certificate's cap
             before = swarm.counted("priority_beyond_certificate")
@@ -258,6 +290,7 @@ async def attack(swarm: Swarm, rogue_home: Path, port: int, leader: str, seed: s
                 v >= 1 for v in delta(swarm.counted("priority_beyond_certificate"),
                                       before).values()))
             swarm.assert_unharmed(leader, made_up)
+            costs.after("priority 2^31-1")
 
             # 2. the leader "left": unsigned, random bytes, signed with the rogue's key
             before = swarm.counted("unsigned_lefts")
@@ -275,6 +308,7 @@ async def attack(swarm: Swarm, rogue_home: Path, port: int, leader: str, seed: s
                 if n != leader_name))
             swarm.assert_unharmed(leader, made_up)
             assert all(leader_name in present(d) for d in swarm.docs().values())
+            costs.after("forged Lefts about the leader")
 
             # 3. 1,500 made-up self-signed members without certificates, in one sync
             ghosts = ghost_records(GHOSTS)
@@ -286,6 +320,7 @@ async def attack(swarm: Swarm, rogue_home: Path, port: int, leader: str, seed: s
             assert all(v >= GHOSTS for v in delta(swarm.counted("uncertified"),
                                                   before).values())
             swarm.assert_unharmed(leader, made_up)
+            costs.after(f"{GHOSTS:,} made-up members in one SyncRecords")
 
             # 4. thousands of records with forged certificates and signatures
             flood = forged_records(FLOOD, certificate)
@@ -304,6 +339,8 @@ async def attack(swarm: Swarm, rogue_home: Path, port: int, leader: str, seed: s
                     "signature_checks_refused"][name] >= FLOOD, grown
                 assert grown["bad_certificates"][name] <= 4 * 256, grown  # the message cap
             swarm.assert_unharmed(leader, made_up)
+            costs.after(f"{FLOOD:,} records with forged certificates")
+            print("what each attack cost the victims:", *costs.rows, sep="\n  ")
             # what `p2pswarm status --json` shows of it all, from one honest fellow
             shown = await trio.to_thread.run_sync(lambda: cli(
                 "status", "--home", str(swarm.homes["a"]), "--json"))
