@@ -108,6 +108,7 @@ from p2pswarm.wire.gossip import (
     SyncDigest,
     SyncRecords,
 )
+from p2pswarm.wire.versions import THIS_RELEASE
 
 log = logging.getLogger("p2pswarm.agent")
 
@@ -594,7 +595,7 @@ class Agent:
         cards = self.gossiped_inventory
         return msgpack.packb(  # type: ignore[no-any-return]
             {"cards": [c.to_dict() for c in cards.cards] if cards else [],
-             **self.extra_metadata}, use_bin_type=True)
+             **self.extra_metadata, **THIS_RELEASE.to_doc()}, use_bin_type=True)
 
     def merge_records(self, records: list[MemberRecord], *, quiet: bool = False) -> None:
         """Take in fellows' membership records (``Membership.self_record``) as anti-entropy

@@ -13,8 +13,17 @@ largest any kind allows (``unpack_limits``). A frame above ``SMALL_FRAME_BYTES``
 skimmed along its kind's layout, so what msgpack then builds is what the schema allows; a
 small one can cost at most its size in objects (a few MiB, a few ms) whatever it holds.
 
-A peer with another major version gets ``VersionMismatch``, except for ``Refusal`` (tag
-0), whose layout is frozen for every version so a refusal always reads.
+The envelope's minor is the sender's release protocol (``versions``): a peer with another
+major, or a protocol two or more away from ours, gets ``VersionMismatch`` (its detail the
+one line naming both versions), except for ``Refusal`` (tag 0), whose layout is frozen
+for every version so a refusal always reads. A single message of a kind this release does
+not know raises ``UnknownKind`` before anything is unpacked (a stream answers it with
+``Unsupported`` and stays open); in a compound datagram, messages of unknown kinds are
+skipped and the others decode.
+
+Compatibility rule: a field is only ever appended to a message, with a default, and
+marked ``Elided`` so it stays off the wire while it holds that default: protocol 1's
+decoder refuses a field list longer than its own (see docs/versions.md).
 """
 
 from __future__ import annotations
@@ -28,10 +37,12 @@ import msgpack
 
 from p2pswarm.errors import LocalProtocolError, RemoteProtocolError, VersionMismatch
 from p2pswarm.wire import layout as lay
+from p2pswarm.wire import versions
 from p2pswarm.wire.schema import Elided, Items, Range, Size
 
-PROTOCOL_MAJOR = 2  # 2: every call, order and training message is its own type
-PROTOCOL_MINOR = 1  # 1: stage states and long blobs travel in parts (training.py)
+PROTOCOL_MAJOR = 2  # 2: every call, order and training message is its own type; frozen
+# (protocol 1's decoder refuses any other major), so releases count in the minor:
+PROTOCOL_MINOR = versions.PROTOCOL  # the release's protocol (1: commit 675ee12)
 
 DEFAULT_STR_CHARS = 1024
 DEFAULT_BYTES = 64 * 1024 * 1024
@@ -46,6 +57,14 @@ Check = Callable[[Any], Any]  # validates a decoded value and returns the Python
 Dump = Callable[[Any], Any]  # turns a Python value into msgpack-ready primitives
 
 M = TypeVar("M")
+
+
+class UnknownKind(RemoteProtocolError):
+    """A message of a kind (tag) this release does not know: a newer fellow's."""
+
+    def __init__(self, tag: int) -> None:
+        super().__init__("unknown-tag", f"tag {tag}")
+        self.tag = tag
 
 
 class _Invalid(Exception):
@@ -377,8 +396,9 @@ def _dump_fields(codec: _Codec, obj: Any) -> list[Any]:
 # --- envelopes ---------------------------------------------------------------------------
 
 
-def encode(*messages: Any, max_bytes: int | None = None) -> bytes:
-    """Encode one or more messages as one envelope; LocalProtocolError if invalid."""
+def encode(*messages: Any, max_bytes: int | None = None, protocol: int = PROTOCOL_MINOR) -> bytes:
+    """Encode one or more messages as one envelope; LocalProtocolError if invalid.
+    ``protocol``: the release protocol the envelope names (tests play other releases)."""
     if not messages:
         raise LocalProtocolError("empty", "an envelope needs at least one message")
     body = []
@@ -392,7 +412,7 @@ def encode(*messages: Any, max_bytes: int | None = None) -> bytes:
         except _Invalid as exc:
             raise LocalProtocolError("invalid-field", str(exc)) from None
         body.append([codec.tag, fields])
-    data: bytes = msgpack.packb([PROTOCOL_MAJOR, PROTOCOL_MINOR, body], use_bin_type=True)
+    data: bytes = msgpack.packb([PROTOCOL_MAJOR, protocol, body], use_bin_type=True)
     if max_bytes is not None and len(data) > max_bytes:
         raise LocalProtocolError("too-large", f"{len(data)} bytes, limit {max_bytes}")
     return data
@@ -409,11 +429,13 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES,
     if len(data) > max_bytes:
         raise RemoteProtocolError("too-large", f"{len(data)} bytes, limit {max_bytes}")
     head = lay.peek_envelope(data)
-    if head.major != PROTOCOL_MAJOR and not (head.messages == 1 and head.first_tag == 0):
-        # only a Refusal (tag 0) reads across versions
-        raise VersionMismatch(
-            "version", f"peer speaks protocol {head.major}.{head.minor}, this node speaks "
-            f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}")
+    if not (head.messages == 1 and head.first_tag == 0):  # a Refusal reads across versions
+        if head.major != PROTOCOL_MAJOR:
+            raise VersionMismatch(
+                "version", f"peer speaks protocol {head.major}.{head.minor}, this node "
+                f"speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR}")
+        if not versions.compatible(PROTOCOL_MINOR, head.minor):
+            raise VersionMismatch("version", versions.refusal_line(PROTOCOL_MINOR, head.minor))
     if head.messages > 1:
         if len(data) > SMALL_FRAME_BYTES:
             raise RemoteProtocolError(
@@ -422,7 +444,7 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES,
     else:
         codec = _BY_TAG.get(head.first_tag)
         if codec is None:
-            raise RemoteProtocolError("unknown-tag", f"tag {head.first_tag}")
+            raise UnknownKind(head.first_tag)
         if kinds is not None and codec.cls not in kinds:
             raise RemoteProtocolError("unexpected-message", codec.cls.__name__)
         limit = _FRAME_BYTES[head.first_tag]
@@ -448,13 +470,15 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES,
 
 def _decode_body(body: list[Any]) -> list[Any]:
     out = []
+    unknown: int | None = None
     try:
         for item in body:
             if type(item) is not list or len(item) != 2 or type(item[0]) is not int:
                 raise _Invalid("expected [tag, fields]")
             codec = _BY_TAG.get(item[0])
-            if codec is None:
-                raise RemoteProtocolError("unknown-tag", f"tag {item[0]}")
+            if codec is None:  # a newer fellow's kind, riding with others: skip it
+                unknown = item[0]
+                continue
             out.append(_CHECKERS[codec.cls](item[1]))
     except _Invalid as exc:
         raise RemoteProtocolError("invalid-field", str(exc)) from None
@@ -462,6 +486,8 @@ def _decode_body(body: list[Any]) -> list[Any]:
         raise RemoteProtocolError("malformed", "nested too deeply") from None
     except (TypeError, ValueError) as exc:  # a constructor's own __post_init__ checks
         raise RemoteProtocolError("invalid-field", str(exc)) from None
+    if not out and unknown is not None:
+        raise UnknownKind(unknown)
     return out
 
 
