@@ -86,6 +86,7 @@ from p2pswarm.errors import (
     NobodyListens,
     RemoteProtocolError,
     SwarmError,
+    VersionRefused,
 )
 from p2pswarm.home import scratch_dir
 from p2pswarm.inventory import CardSource
@@ -539,6 +540,8 @@ class Agent:
             log.debug("stream request to %s failed: %s", request.addr, exc)
             if isinstance(exc, KeyRefused):  # bound to our hello: never a flood's doing
                 self._refused_at_join(request.addr)
+            elif isinstance(exc, VersionRefused):
+                pass  # its one line is logged (links); no hint that the address is wrong
             elif self.membership is not None:
                 self.rejoin.unreached(request.addr, self.membership.joined,
                                       str(exc) or f"no answer in {STREAM_REQUEST_TIMEOUT_S:g} s")

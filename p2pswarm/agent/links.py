@@ -30,6 +30,7 @@ from p2pswarm.errors import (
     SwarmError,
     TransportError,
     VersionMismatch,
+    VersionRefused,
 )
 from p2pswarm.security import Identity, Keyring
 from p2pswarm.transport.base import Stream, Transport
@@ -101,17 +102,22 @@ class Links:
         (reply,) = wire.decode(frame, max_bytes=self._config.transport.max_frame_bytes)
         if isinstance(reply, Refusal):
             self._log_refusal_once(stream.peer_addr, reply.reason)
-            raise TransportError(f"{stream.peer_addr} refused: {reply.reason}")
+            raise VersionRefused(f"{stream.peer_addr} refused: {reply.reason}")
         if isinstance(reply, Unsupported):
             raise RemoteProtocolError("unsupported", f"{stream.peer_addr} does not speak "
                                       f"{type(request).__name__} (tag {reply.tag})")
         return reply
 
-    def _log_refusal_once(self, addr: str, reason: str) -> None:
-        """A peer refused us (another protocol): one line per address and reason."""
+    def _log_refusal_once(self, addr: str, reason: str, *, ours: bool = False) -> None:
+        """A peer refused us, or we it (``ours``; another protocol): one line per address
+        and reason."""
         key = (addr, reason)
-        if key not in self._refusals_logged and len(self._refusals_logged) < 1024:
-            self._refusals_logged.add(key)
+        if key in self._refusals_logged or len(self._refusals_logged) >= 1024:
+            return
+        self._refusals_logged.add(key)
+        if ours:
+            log.warning("%s: refusing %s: %s", self._name, addr, reason)
+        else:
             log.warning("%s: %s refused this fellow: %s", self._name, addr, reason)
 
     # --- answering ------------------------------------------------------------------
@@ -197,7 +203,7 @@ class Links:
                 continue
             except VersionMismatch as exc:  # two protocols away: one line, then close
                 self._counters.drop("frame-version")
-                self._log_refusal_once(stream.peer_addr, "refused: " + exc.detail)
+                self._log_refusal_once(stream.peer_addr, exc.detail, ours=True)
                 await self._send(stream, Refusal(wire.PROTOCOL_MAJOR, wire.PROTOCOL_MINOR,
                                                  exc.detail))
                 return

@@ -49,13 +49,12 @@ def compatible(mine: int, theirs: int) -> bool:
 
 
 def refusal_line(mine: int, theirs: int) -> str:
-    """The one line a refused fellow gets (and the refusing one logs)."""
-    if theirs < mine:
-        fix = f"upgrade that fellow to a release of protocol {mine - 1} or later"
-    else:
-        fix = f"upgrade this fellow to a release of protocol {theirs - 1} or later"
+    """The one line a refused fellow gets (and the refusing one logs): it names both
+    versions, and which side to upgrade, in words true on either side."""
+    older, newer = min(mine, theirs), max(mine, theirs)
     return (f"protocol {theirs} cannot share a swarm with protocol {mine}: a release talks "
-            f"only to the one before it and the one after; {fix}")
+            f"only to the one before it and the one after; upgrade the fellow of protocol "
+            f"{older} to a release of protocol {newer - 1} or later")
 
 
 @dataclass(frozen=True, slots=True)
