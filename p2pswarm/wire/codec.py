@@ -183,6 +183,58 @@ def _build(cls: type, tag: int | None) -> _Codec:
 _CHECKERS: dict[type, Callable[[Any], Any]] = {}
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Earlier:
+    """A field order a message had in an earlier release: where each of today's fields
+    sat in it (None: not there yet, its default applies)."""
+
+    fields: int  # how many fields the earlier order has
+    at: tuple[int | None, ...]  # per field of today's order
+    defaults: tuple[Any, ...]  # per field of today's order, as dumped (when at is None)
+    skimmer: lay.Skimmer
+
+
+_EARLIER: dict[type, tuple[_Earlier, ...]] = {}
+
+
+def earlier_order(cls: type, names: tuple[str, ...]) -> None:
+    """Decode ``cls`` also in the field order ``names`` an earlier release sent, where a
+    field was added in the middle: a field list of that length that fails today's checks
+    is read in that order, the missing fields at their defaults. Tried only on a failure,
+    so today's messages cost nothing more."""
+    codec = _BY_CLASS[cls]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if not set(names) <= set(codec.names):
+        raise TypeError(f"{cls.__name__} has no field {set(names) - set(codec.names)}")
+    at: list[int | None] = []
+    defaults: list[Any] = []
+    for i, name in enumerate(codec.names):
+        if name in names:
+            at.append(names.index(name))
+            defaults.append(None)
+            continue
+        if fields[name].default is dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{name} was added without a default")
+        at.append(None)
+        defaults.append(codec.dumps[i](fields[name].default))
+    layout = _LAYOUTS[cls]
+    old = lay.Struct(len(names), tuple(layout.fields[codec.names.index(n)] for n in names))
+    _EARLIER[cls] = (*_EARLIER.get(cls, ()),
+                     _Earlier(len(names), tuple(at), tuple(defaults), lay.skimmer(old)))
+
+
+def _check_earlier(cls: type, raw: Any) -> Any:
+    """``raw`` read in an earlier release's field order, if one fits; else _Invalid."""
+    for earlier in _EARLIER.get(cls, ()):
+        if type(raw) is list and len(raw) == earlier.fields:
+            try:
+                return _CHECKERS[cls]([raw[i] if i is not None else d
+                                       for i, d in zip(earlier.at, earlier.defaults)])
+            except _Invalid:
+                continue
+    raise _Invalid(f"{cls.__name__}: fields in no order this release reads")
+
+
 def _inline(tp: Any) -> tuple[str | None, None]:
     """Source for an inline check of a primitive field (``{v}`` is the value), or None."""
     meta: tuple[Any, ...] = ()
@@ -453,7 +505,7 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES,
                 "too-large", f"a {codec.cls.__name__} of {len(data)} bytes; its schema "
                 f"allows at most {limit}")
         if len(data) > SMALL_FRAME_BYTES:
-            lay.skim(data, head.fields_at, _SKIMMERS[head.first_tag])
+            _skim(data, head.fields_at, codec)
     try:
         top = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True,
                               **_UNPACK_LIMITS)
@@ -468,6 +520,20 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES,
     return messages
 
 
+def _skim(data: bytes, at: int, codec: _Codec) -> None:
+    """Skim a large frame along its kind's layout, or an earlier order of it."""
+    try:
+        lay.skim(data, at, _SKIMMERS[codec.tag])  # type: ignore[index]
+    except RemoteProtocolError:
+        for earlier in _EARLIER.get(codec.cls, ()):
+            try:
+                lay.skim(data, at, earlier.skimmer)
+                return
+            except RemoteProtocolError:
+                continue
+        raise
+
+
 def _decode_body(body: list[Any]) -> list[Any]:
     out = []
     unknown: int | None = None
@@ -479,7 +545,12 @@ def _decode_body(body: list[Any]) -> list[Any]:
             if codec is None:  # a newer fellow's kind, riding with others: skip it
                 unknown = item[0]
                 continue
-            out.append(_CHECKERS[codec.cls](item[1]))
+            try:
+                out.append(_CHECKERS[codec.cls](item[1]))
+            except _Invalid:
+                if codec.cls not in _EARLIER:
+                    raise
+                out.append(_check_earlier(codec.cls, item[1]))
     except _Invalid as exc:
         raise RemoteProtocolError("invalid-field", str(exc)) from None
     except RecursionError:
