@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import replace
 
 import msgpack
 import pytest
@@ -15,14 +16,14 @@ from p2pswarm import wire
 from p2pswarm.agent import Agent
 from p2pswarm.agent.world import AgentWorld
 from p2pswarm.config import local
-from p2pswarm.errors import TransportError
+from p2pswarm.errors import LocalProtocolError, TransportError
 from p2pswarm.security import Identity, Keyring, SwarmSecret
 from p2pswarm.transport.base import Stream
 from p2pswarm.transport.memory import MemoryNetwork
 from p2pswarm.transport.secure import secure_accept
 from p2pswarm.wire.base import Hello, HelloAck, Refusal, Unsupported
 from p2pswarm.wire.gossip import Ping, SyncRecords
-from p2pswarm.wire.versions import CAPABILITIES, PROTOCOL, refusal_line
+from p2pswarm.wire.versions import CAPABILITIES, PROTOCOL, UNSUPPORTED_REPLY, refusal_line
 
 SECRET = SwarmSecret(bytes(range(32)))
 
@@ -130,4 +131,37 @@ async def test_status_shows_each_fellows_protocol(autojump_clock) -> None:
         assert all(r["speaks"] == sorted(CAPABILITIES) for r in rows)
         (fellow,) = a.fellows()
         assert a.fellow_says(fellow).release.protocol == PROTOCOL
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_kind_a_fellow_did_not_announce_is_never_sent_it(autojump_clock) -> None:
+    """``Unsupported`` stands for any kind added after protocol 1 (it needs the
+    ``unsupported-reply`` capability): a fellow that plays protocol 1 (its metadata says
+    so, as 675ee12's says nothing) is never sent one; a fellow of this release is."""
+    net = MemoryNetwork(seed=9)
+    a = make_agent(net, "a")
+    b = make_agent(net, "b", seeds=("a:1",))
+    old = Agent(replace(b.world, name="old", transport=net.transport("old:1"),
+                        identity=Identity.generate(),
+                        metadata={"protocol": 1, "speaks": []}))
+    kind = Unsupported(9999)
+    assert wire.needs(Unsupported) == UNSUPPORTED_REPLY
+    async with trio.open_nursery() as nursery:
+        await nursery.start(net.run)
+        for agent in (a, b, old):
+            await nursery.start(agent.run)
+        await trio.sleep(5)
+        assert {m.name: a.release_of(m.node_id).protocol for m in a.fellows()} \
+            == {"b": PROTOCOL, "old": 1}
+        assert not wire.sendable(a.release_of(old.node_id), kind)
+        frames_in = old.counters.frames_in
+        with pytest.raises(LocalProtocolError, match="unspoken: old:1 has not announced"):
+            await a.call("old:1", kind)
+        assert old.counters.frames_in == frames_in  # nothing reached it
+        # a fellow of this release is sent it (and, serving no such request, closes)
+        assert wire.sendable(a.release_of(b.node_id), kind)
+        frames_in = b.counters.frames_in
+        with pytest.raises(TransportError):
+            await a.call("b:1", kind)
+        assert b.counters.frames_in == frames_in + 1
         nursery.cancel_scope.cancel()

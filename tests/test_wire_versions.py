@@ -271,3 +271,23 @@ def test_the_order_before_asked_was_inserted_still_decodes(kind: str, large: boo
                           use_bin_type=True)
     with pytest.raises(wire_errors.RemoteProtocolError):
         decode(wrong)
+
+
+def test_every_kind_added_after_protocol_1_names_the_capability_it_needs() -> None:
+    """A kind protocol 1 lacks goes only to fellows that announced it: the rule a new
+    kind must follow (``@message(tag, needs=...)``), so ``sendable`` can check it."""
+    old = {int(t) for t in V1["messages"]}
+    for tag, cls in message_types().items():
+        if tag in old:
+            assert wire.needs(cls) is None, cls.__name__
+        else:
+            assert wire.needs(cls) in CAPABILITIES, f"{cls.__name__} (tag {tag}) names no " \
+                "capability: @message(tag, needs=...) with one from wire.versions"
+
+
+def test_sendable_checks_the_receivers_capabilities() -> None:
+    assert wire.sendable(Release(), HELLO)
+    assert not wire.sendable(Release(), Unsupported(5))
+    assert wire.sendable(THIS_RELEASE, Unsupported(5))
+    with pytest.raises(TypeError):
+        wire.message(9998, needs="no-such-capability")

@@ -3,11 +3,12 @@
 Every stream runs the secure handshake first, then carries request/response envelopes,
 one per frame. An accepted stream is answered by the handler registered for the type of
 its first message (``on_stream``); a request of a kind this release does not know is
-answered with ``Unsupported`` and the stream goes on; a peer two protocols away gets a
-``Refusal`` naming both versions, and the stream closes. A fellow holds at most
-``transport.max_streams_per_fellow`` of them open at once, and a stream that falls
-silent for ``transport.stream_idle_timeout_s`` is closed. Nothing a peer sends can raise
-out of here: every failure is a counted drop.
+answered with ``Unsupported`` and the stream goes on, and a request of a kind added
+after protocol 1 goes only to a fellow that announced its capability (``request``); a
+peer two protocols away gets a ``Refusal`` naming both versions, and the stream closes.
+A fellow holds at most ``transport.max_streams_per_fellow`` of them open at once, and a
+stream that falls silent for ``transport.stream_idle_timeout_s`` is closed. Nothing a
+peer sends can raise out of here: every failure is a counted drop.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -26,6 +28,7 @@ from p2pswarm.agent.self_watch import Held, SelfWatch
 from p2pswarm.config import SwarmConfig
 from p2pswarm.errors import (
     AuthenticationError,
+    LocalProtocolError,
     RemoteProtocolError,
     SwarmError,
     TransportError,
@@ -37,6 +40,7 @@ from p2pswarm.transport.base import Stream, Transport
 from p2pswarm.transport.secure import SecureStream, secure_accept, secure_connect
 from p2pswarm.wire.base import Refusal, Unsupported
 from p2pswarm.wire.codec import UnknownKind
+from p2pswarm.wire.versions import Release
 
 log = logging.getLogger("p2pswarm.agent")
 
@@ -57,7 +61,8 @@ class Links:
     """This fellow's sealed streams, both ways."""
 
     def __init__(self, name: str, transport: Transport, keyring: Keyring, identity: Identity,
-                 config: SwarmConfig, counters: Counters, watch: SelfWatch) -> None:
+                 config: SwarmConfig, counters: Counters, watch: SelfWatch,
+                 release_of: Callable[[bytes], Release]) -> None:
         self._name = name
         self._transport = transport
         self._keyring = keyring
@@ -71,6 +76,7 @@ class Links:
         self.watch = watch
         self.barred: set[bytes] = set()  # revoked fellows: no stream of theirs is answered
         self._refusals_logged: set[tuple[str, str]] = set()
+        self._release_of = release_of  # what a fellow announced (wire.versions)
 
     def on_stream(self, message_type: type, handler: StreamHandler) -> None:
         """Answer streams whose first envelope is ``message_type`` (see StreamHandler)."""
@@ -95,6 +101,10 @@ class Links:
         return stream
 
     async def request(self, stream: SecureStream, request: Any) -> Any:
+        need = wire.needs(type(request))
+        if need is not None and need not in self._release_of(stream.peer_node_id).speaks:
+            raise LocalProtocolError("unspoken", f"{stream.peer_addr} has not announced "
+                                     f"{need!r}, which a {type(request).__name__} needs")
         await stream.send_frame(wire.encode(request))
         self._counters.frames_out += 1
         frame = await stream.receive_frame()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from p2pswarm.wire.codec import message
 from p2pswarm.wire.schema import U16, U32, Addr, Name, NodeId, Reason
+from p2pswarm.wire.versions import UNSUPPORTED_REPLY
 
 
 @message(0)
@@ -43,7 +44,7 @@ class HelloAck:
     addr: Addr
 
 
-@message(3)
+@message(3, needs=UNSUPPORTED_REPLY)
 @dataclass(frozen=True, slots=True)
 class Unsupported:
     """'I do not speak that kind': the answer, on a stream, to a message whose tag this

@@ -92,12 +92,18 @@ _UNPACK_LIMITS: dict[str, int] = {"max_array_len": 3, "max_map_len": 0, "max_str
                                   "max_bin_len": 0, "max_ext_len": 0}
 
 
-def message(tag: int) -> Callable[[type[M]], type[M]]:
-    """Register a frozen dataclass as a top-level message with an append-only tag."""
+def message(tag: int, *, needs: str | None = None) -> Callable[[type[M]], type[M]]:
+    """Register a frozen dataclass as a top-level message with an append-only tag.
+    ``needs``: the capability (``versions.CAPABILITIES``) a fellow must have announced to
+    be sent one; every kind added after protocol 1 names one (``sendable``)."""
+    if needs is not None and needs not in versions.CAPABILITIES:
+        raise TypeError(f"{needs!r} is not a capability listed in wire.versions")
 
     def register(cls: type[M]) -> type[M]:
         if tag in _BY_TAG:
             raise TypeError(f"wire tag {tag} is already {_BY_TAG[tag].cls.__name__}")
+        if needs is not None:
+            _NEEDS[cls] = needs
         codec = _build(cls, tag)
         _BY_TAG[tag] = codec
         _FRAME_BYTES[tag] = lay.ENVELOPE_HEAD_BYTES + lay.largest_bytes(_LAYOUTS[cls])
@@ -105,6 +111,21 @@ def message(tag: int) -> Callable[[type[M]], type[M]]:
         return cls
 
     return register
+
+
+_NEEDS: dict[type, str] = {}  # message kind -> the capability a receiver must speak
+
+
+def needs(cls: type) -> str | None:
+    """The capability a fellow must speak to be sent a ``cls`` (None: protocol 1's)."""
+    return _NEEDS.get(cls)
+
+
+def sendable(release: versions.Release, msg: Any) -> bool:
+    """Whether ``msg`` may go to a fellow that announced ``release``: the check every
+    sender of a kind added after protocol 1 makes (docs/versions.md)."""
+    capability = _NEEDS.get(type(msg))
+    return capability is None or capability in release.speaks
 
 
 def struct(cls: type[M]) -> type[M]:
