@@ -50,7 +50,9 @@ class Unsupported:
     """'I do not speak that kind': the answer, on a stream, to a message whose tag this
     release does not know. It closes nothing; the stream takes the next request. Protocol
     2 and later (capability ``unsupported-reply``): protocol 1 closes the stream instead,
-    so a sender never sends a new kind to a fellow that lacks its capability."""
+    so a sender never sends a new kind to a fellow that lacks its capability. It goes
+    only to a fellow that sent a kind this one does not know: a newer one, which speaks
+    it."""
 
     tag: U16
     reason: Reason = ""
