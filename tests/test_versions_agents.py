@@ -165,3 +165,25 @@ async def test_a_kind_a_fellow_did_not_announce_is_never_sent_it(autojump_clock)
             await a.call("b:1", kind)
         assert b.counters.frames_in == frames_in + 1
         nursery.cancel_scope.cancel()
+
+
+def test_the_status_table_shows_protocols() -> None:
+    from rich.console import Console
+
+    from p2pswarm.cli.swarm import members_table
+
+    def row(name: str, protocol: int | None, me: bool = False) -> dict:
+        r = dict(id="ab" * 8, name=name, addr="127.0.0.1:7782", state="alive",
+                 incarnation=1, cards=[], last_heard_s=0.1, self=me)
+        return r if protocol is None else {**r, "protocol": protocol}
+
+    rows = [row("new", PROTOCOL, True), row("older", 1), row("unsaid", None)]
+    for width in (80, 140):
+        console = Console(width=width, record=True)
+        console.print(members_table(rows, width))
+        text = console.export_text()
+        if width < 110:  # narrow: the protocol by the name, where it differs
+            assert "older (protocol 1)" in text and "new (this one) (" not in text
+            assert "unsaid (" not in text
+        else:
+            assert "proto" in text

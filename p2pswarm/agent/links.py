@@ -118,10 +118,11 @@ class Links:
                                       f"{type(request).__name__} (tag {reply.tag})")
         return reply
 
-    def _log_refusal_once(self, addr: str, reason: str, *, ours: bool = False) -> None:
-        """A peer refused us, or we it (``ours``; another protocol): one line per address
-        and reason."""
-        key = (addr, reason)
+    def _log_refusal_once(self, addr: str, reason: str, *, ours: bool = False,
+                          fellow: bytes = b"") -> None:
+        """A peer refused us, or we it (``ours``; another protocol): one line per peer
+        and reason (``fellow``: its node id, as its streams come from changing ports)."""
+        key = (fellow.hex() or addr, reason)
         if key in self._refusals_logged or len(self._refusals_logged) >= 1024:
             return
         self._refusals_logged.add(key)
@@ -213,7 +214,8 @@ class Links:
                 continue
             except VersionMismatch as exc:  # two protocols away: one line, then close
                 self._counters.drop("frame-version")
-                self._log_refusal_once(stream.peer_addr, exc.detail, ours=True)
+                self._log_refusal_once(stream.peer_addr, exc.detail, ours=True,
+                                       fellow=stream.peer_node_id)
                 await self._send(stream, Refusal(wire.PROTOCOL_MAJOR, wire.PROTOCOL_MINOR,
                                                  exc.detail))
                 return

@@ -392,8 +392,8 @@ def members_table(members: list[dict[str, Any]], width: int) -> Any:
         cards = ", ".join(card_summary(c) for c in m.get("cards", [])) or "-"
         heard = m.get("last_heard_s")
         protocol = m.get("protocol")
-        other = f" (protocol {protocol})" if narrow and own is not None and protocol != own \
-            else ""
+        other = f" (protocol {protocol})" if narrow and None not in (own, protocol) \
+            and protocol != own else ""
         cells = {"name": Text(str(m["name"]) + (" (this one)" if m.get("self") else "")
                               + other), "proto": str(protocol or "-"),
                  "id": str(m["id"])[:8], "address": Text(str(m["addr"])),
