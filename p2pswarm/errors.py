@@ -8,6 +8,7 @@
     │       └── AuthenticationError the bytes are not sealed under a key we hold,
     │                               tampered with, replayed, or badly signed
     ├── TransportError              sockets and streams: refused, reset, closed, timed out
+    │   ├── VersionRefused          the peer refused our protocol version (wire.versions)
     │   └── HandshakeRefused        the peer took the stream and closed it at our hello
     │       └── KeyRefused          ... answering, bound to our hello, that our key is not its
     ├── ConfigError                 bad settings, bad arguments, unusable state directory
@@ -63,6 +64,10 @@ class AuthenticationError(RemoteProtocolError):
 
 class TransportError(SwarmError):
     """A datagram or stream operation failed."""
+
+
+class VersionRefused(TransportError):
+    """The peer answered with a ``Refusal``: its protocol and ours are two or more apart."""
 
 
 class HandshakeRefused(TransportError):

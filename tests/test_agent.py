@@ -22,7 +22,7 @@ from p2pswarm.security import Identity, Keyring, SwarmSecret
 from p2pswarm.transport.base import DeliversDatagrams, RingsAlarms, SendsNowait
 from p2pswarm.transport.memory import MemoryNetwork
 from p2pswarm.transport.udp_tcp import UdpTcpTransport, open_udp_tcp_transport
-from p2pswarm.wire import PROTOCOL_MAJOR, encode
+from p2pswarm.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR, encode
 from p2pswarm.wire.base import Hello, HelloAck
 
 SECRET = SwarmSecret(bytes(range(32)))
@@ -112,7 +112,8 @@ async def test_tampered_replayed_and_garbage_datagrams_are_counted(autojump_cloc
         await nursery.start(net.run)
         await nursery.start(a.run)
         # an envelope of this protocol holding a Hello with no fields
-        packet = b.sealer.seal(bytes([0x93, PROTOCOL_MAJOR, 0x00, 0x91, 0x92, 0x01, 0x90]))
+        packet = b.sealer.seal(bytes([0x93, PROTOCOL_MAJOR, PROTOCOL_MINOR, 0x91, 0x92, 0x01,
+                                      0x90]))
         good = b.sealer.seal(encode(Hello(1, b.node_id, "b", "b:1")))
         flipped = bytearray(good)
         flipped[-1] ^= 1

@@ -31,6 +31,7 @@ def one_line_error(result) -> str:
 def test_version() -> None:
     result = invoke("--version")
     assert result.exit_code == 0 and __version__ in result.output
+    assert "protocol 2 (shares a swarm with protocols 1 to 3)" in result.output
 
 
 def test_init_prints_a_token_and_keeps_keys_private(tmp_path) -> None:

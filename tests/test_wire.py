@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from p2pswarm.errors import LocalProtocolError, RemoteProtocolError, VersionMismatch
 from p2pswarm.wire import (
     PROTOCOL_MAJOR,
+    PROTOCOL_MINOR,
     codec,
     decode,
     encode,
@@ -64,7 +65,7 @@ def test_every_truncation_is_refused() -> None:
 
 
 def _raw(*body: list) -> bytes:
-    return msgpack.packb([PROTOCOL_MAJOR, 0, list(body)], use_bin_type=True)
+    return msgpack.packb([PROTOCOL_MAJOR, PROTOCOL_MINOR, list(body)], use_bin_type=True)
 
 
 FIELDS = [7, b"n" * 16, "desk", "10.0.0.2:7946"]
@@ -87,9 +88,10 @@ FIELDS = [7, b"n" * 16, "desk", "10.0.0.2:7946"]
         (_raw([1, {"seq": 7}]), "malformed"),
         (_raw([999, []]), "unknown-tag"),
         (_raw([1]), "invalid-field"),
-        (msgpack.packb([PROTOCOL_MAJOR, 0, []]), "malformed"),  # no messages
+        (msgpack.packb([PROTOCOL_MAJOR, PROTOCOL_MINOR, []]), "malformed"),  # no messages
         (msgpack.packb({"a": 1}), "malformed"),
-        (msgpack.packb([PROTOCOL_MAJOR, 0, [[1, FIELDS]]]) + b"\x00", "malformed"),  # trailing
+        # trailing bytes
+        (msgpack.packb([PROTOCOL_MAJOR, PROTOCOL_MINOR, [[1, FIELDS]]]) + b"\x00", "malformed"),
         (msgpack.packb(msgpack.ExtType(5, b"xx")), "malformed"),
     ],
 )
@@ -173,7 +175,7 @@ def test_kinds_refuses_other_messages_before_unpacking() -> None:
 
 def test_several_messages_travel_in_at_most_64_kib() -> None:
     body = [[1, FIELDS]] * 2 + [[0, [1, 0, "x" * 512]]] * 200
-    data = msgpack.packb([PROTOCOL_MAJOR, 0, body], use_bin_type=True)
+    data = msgpack.packb([PROTOCOL_MAJOR, PROTOCOL_MINOR, body], use_bin_type=True)
     assert len(data) > codec.SMALL_FRAME_BYTES
     with pytest.raises(RemoteProtocolError) as info:
         decode(data)
@@ -195,7 +197,7 @@ def test_a_large_frame_off_its_layout_is_refused_at_the_first_byte() -> None:
     from p2pswarm.wire.serving import StepInput
 
     junk = b"\x90" * (4 << 20)
-    data = bytes([0x93, PROTOCOL_MAJOR, 0, 0x91, 0x92, 105]) + b"\xdc\x00\x05" + junk
+    data = bytes([0x93, PROTOCOL_MAJOR, PROTOCOL_MINOR, 0x91, 0x92, 105]) + b"\xdc\x00\x05" + junk
     assert tag_of(StepInput) == 105
     with pytest.raises(RemoteProtocolError) as info:
         decode(data)

@@ -86,6 +86,7 @@ from p2pswarm.errors import (
     NobodyListens,
     RemoteProtocolError,
     SwarmError,
+    VersionRefused,
 )
 from p2pswarm.home import scratch_dir
 from p2pswarm.inventory import CardSource
@@ -108,6 +109,7 @@ from p2pswarm.wire.gossip import (
     SyncDigest,
     SyncRecords,
 )
+from p2pswarm.wire.versions import THIS_RELEASE, Release
 
 log = logging.getLogger("p2pswarm.agent")
 
@@ -171,7 +173,8 @@ class Agent:
         self.links = Links(world.name, world.transport, world.keyring, world.identity, config,
                            self.counters, SelfWatch(world.name,
                                                     config.compute.loop_watch_interval_s,
-                                                    config.compute.loop_lag_warn_s))
+                                                    config.compute.loop_lag_warn_s),
+                           self.release_of)
         # the agent watches its own loop and what each fellow makes it hold
         self.links.watch.watch(self.links.held, self._fellow_name)
         self.links.on_stream(Hello, self._on_stream_hello)
@@ -538,6 +541,8 @@ class Agent:
             log.debug("stream request to %s failed: %s", request.addr, exc)
             if isinstance(exc, KeyRefused):  # bound to our hello: never a flood's doing
                 self._refused_at_join(request.addr)
+            elif isinstance(exc, VersionRefused):
+                pass  # its one line is logged (links); no hint that the address is wrong
             elif self.membership is not None:
                 self.rejoin.unreached(request.addr, self.membership.joined,
                                       str(exc) or f"no answer in {STREAM_REQUEST_TIMEOUT_S:g} s")
@@ -594,7 +599,8 @@ class Agent:
         cards = self.gossiped_inventory
         return msgpack.packb(  # type: ignore[no-any-return]
             {"cards": [c.to_dict() for c in cards.cards] if cards else [],
-             **self.extra_metadata}, use_bin_type=True)
+             # the world's metadata may say another release (a test plays protocol 1)
+             **THIS_RELEASE.to_doc(), **self.extra_metadata}, use_bin_type=True)
 
     def merge_records(self, records: list[MemberRecord], *, quiet: bool = False) -> None:
         """Take in fellows' membership records (``Membership.self_record``) as anti-entropy
@@ -733,6 +739,11 @@ class Agent:
     def members(self) -> list[Member]:
         """Every fellow this agent knows, itself included, as the membership lists them."""
         return list(self.membership.members()) if self.membership is not None else []
+
+    def release_of(self, node_id: bytes) -> Release:
+        """What ``node_id`` announced of its release (protocol 1 while unknown)."""
+        member = self.membership.member(node_id) if self.membership is not None else None
+        return Release() if member is None else self.fellow_says(member).release
 
     def fellows(self) -> list[Member]:
         """Every fellow this agent knows, itself excluded, by name."""

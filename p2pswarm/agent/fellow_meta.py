@@ -40,6 +40,7 @@ from p2pswarm.cards import (
 from p2pswarm.errors import ConfigError
 from p2pswarm.membership.member import Member
 from p2pswarm.names import is_hex_digest
+from p2pswarm.wire.versions import Release
 
 log = logging.getLogger("p2pswarm.agent")
 
@@ -501,6 +502,12 @@ class FellowSays:
             case "kept_loads":
                 return list(self.kept_loads)
         return self.others[key]
+
+    @property
+    def release(self) -> Release:
+        """Its protocol and the capabilities it speaks (``wire.versions``; protocol 1,
+        speaking nothing new, when it says neither)."""
+        return Release.from_doc(self.others)
 
     @property
     def plan_ids(self) -> frozenset[str]:

@@ -2,10 +2,13 @@
 
 Every stream runs the secure handshake first, then carries request/response envelopes,
 one per frame. An accepted stream is answered by the handler registered for the type of
-its first message (``on_stream``); a fellow holds at most
-``transport.max_streams_per_fellow`` of them open at once, and a stream that falls
-silent for ``transport.stream_idle_timeout_s`` is closed. Nothing a peer sends can raise
-out of here: every failure is a counted drop.
+its first message (``on_stream``); a request of a kind this release does not know is
+answered with ``Unsupported`` and the stream goes on, and a request of a kind added
+after protocol 1 goes only to a fellow that announced its capability (``request``); a
+peer two protocols away gets a ``Refusal`` naming both versions, and the stream closes.
+A fellow holds at most ``transport.max_streams_per_fellow`` of them open at once, and a
+stream that falls silent for ``transport.stream_idle_timeout_s`` is closed. Nothing a
+peer sends can raise out of here: every failure is a counted drop.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -24,14 +28,19 @@ from p2pswarm.agent.self_watch import Held, SelfWatch
 from p2pswarm.config import SwarmConfig
 from p2pswarm.errors import (
     AuthenticationError,
+    LocalProtocolError,
     RemoteProtocolError,
     SwarmError,
     TransportError,
+    VersionMismatch,
+    VersionRefused,
 )
 from p2pswarm.security import Identity, Keyring
 from p2pswarm.transport.base import Stream, Transport
 from p2pswarm.transport.secure import SecureStream, secure_accept, secure_connect
-from p2pswarm.wire.base import Refusal
+from p2pswarm.wire.base import Refusal, Unsupported
+from p2pswarm.wire.codec import UnknownKind
+from p2pswarm.wire.versions import Release
 
 log = logging.getLogger("p2pswarm.agent")
 
@@ -52,7 +61,8 @@ class Links:
     """This fellow's sealed streams, both ways."""
 
     def __init__(self, name: str, transport: Transport, keyring: Keyring, identity: Identity,
-                 config: SwarmConfig, counters: Counters, watch: SelfWatch) -> None:
+                 config: SwarmConfig, counters: Counters, watch: SelfWatch,
+                 release_of: Callable[[bytes], Release]) -> None:
         self._name = name
         self._transport = transport
         self._keyring = keyring
@@ -65,6 +75,8 @@ class Links:
         self._open: dict[bytes, dict[SecureStream, trio.CancelScope]] = {}
         self.watch = watch
         self.barred: set[bytes] = set()  # revoked fellows: no stream of theirs is answered
+        self._refusals_logged: set[tuple[str, str]] = set()
+        self._release_of = release_of  # what a fellow announced (wire.versions)
 
     def on_stream(self, message_type: type, handler: StreamHandler) -> None:
         """Answer streams whose first envelope is ``message_type`` (see StreamHandler)."""
@@ -89,14 +101,35 @@ class Links:
         return stream
 
     async def request(self, stream: SecureStream, request: Any) -> Any:
+        need = wire.needs(type(request))
+        if need is not None and need not in self._release_of(stream.peer_node_id).speaks:
+            raise LocalProtocolError("unspoken", f"{stream.peer_addr} has not announced "
+                                     f"{need!r}, which a {type(request).__name__} needs")
         await stream.send_frame(wire.encode(request))
         self._counters.frames_out += 1
         frame = await stream.receive_frame()
         self._counters.frames_in += 1
         (reply,) = wire.decode(frame, max_bytes=self._config.transport.max_frame_bytes)
         if isinstance(reply, Refusal):
-            raise TransportError(f"{stream.peer_addr} refused: {reply.reason}")
+            self._log_refusal_once(stream.peer_addr, reply.reason)
+            raise VersionRefused(f"{stream.peer_addr} refused: {reply.reason}")
+        if isinstance(reply, Unsupported):
+            raise RemoteProtocolError("unsupported", f"{stream.peer_addr} does not speak "
+                                      f"{type(request).__name__} (tag {reply.tag})")
         return reply
+
+    def _log_refusal_once(self, addr: str, reason: str, *, ours: bool = False,
+                          fellow: bytes = b"") -> None:
+        """A peer refused us, or we it (``ours``; another protocol): one line per peer
+        and reason (``fellow``: its node id, as its streams come from changing ports)."""
+        key = (fellow.hex() or addr, reason)
+        if key in self._refusals_logged or len(self._refusals_logged) >= 1024:
+            return
+        self._refusals_logged.add(key)
+        if ours:
+            log.warning("%s: refusing %s: %s", self._name, addr, reason)
+        else:
+            log.warning("%s: %s refused this fellow: %s", self._name, addr, reason)
 
     # --- answering ------------------------------------------------------------------
 
@@ -174,6 +207,18 @@ class Links:
                                       time.perf_counter() - started, trio.current_time())
             except TransportError:
                 return  # peer closed
+            except UnknownKind as exc:  # a newer fellow's kind: say so, keep the stream
+                self._counters.drop("frame-unknown-tag")
+                if not await self._send(stream, Unsupported(exc.tag, "unknown kind")):
+                    return
+                continue
+            except VersionMismatch as exc:  # two protocols away: one line, then close
+                self._counters.drop("frame-version")
+                self._log_refusal_once(stream.peer_addr, exc.detail, ours=True,
+                                       fellow=stream.peer_node_id)
+                await self._send(stream, Refusal(wire.PROTOCOL_MAJOR, wire.PROTOCOL_MINOR,
+                                                 exc.detail))
+                return
             except (AuthenticationError, RemoteProtocolError) as exc:
                 self._counters.drop("frame-" + exc.reason)
                 return
@@ -185,19 +230,23 @@ class Links:
             except RemoteProtocolError as exc:
                 self._counters.drop("frame-" + exc.reason)
                 return
-            if reply is None:
+            if reply is None or not await self._send(stream, reply):
                 return
-            try:
-                frame = wire.encode(reply)
-            except SwarmError as exc:  # a reply that cannot be encoded costs this stream
-                count_failed_handler(self._counters, self._name, "stream", stream.peer_addr,
-                                     exc)
-                return
-            try:
-                await stream.send_frame(frame)
-                self._counters.frames_out += 1
-            except TransportError:
-                return
+
+    async def _send(self, stream: SecureStream, reply: Any) -> bool:
+        """Send one reply; False: the stream is done (it failed, or the reply would not
+        encode, which costs this stream)."""
+        try:
+            frame = wire.encode(reply)
+        except SwarmError as exc:
+            count_failed_handler(self._counters, self._name, "stream", stream.peer_addr, exc)
+            return False
+        try:
+            await stream.send_frame(frame)
+            self._counters.frames_out += 1
+        except TransportError:
+            return False
+        return True
 
 
 __all__ = ["Links", "count_failed_handler"]

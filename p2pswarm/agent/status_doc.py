@@ -32,6 +32,8 @@ class MemberRow(TypedDict):
     last_heard_s: float | None
     in_state_s: float
     self: bool
+    protocol: int  # its release's protocol (wire.versions; 1: it announced none)
+    speaks: list[str]  # the capabilities it announced
 
 
 class LeaderDoc(TypedDict):

@@ -134,11 +134,14 @@ class StatusReport:
 
         def row(m: Member) -> MemberRow:
             heard = None if m.last_heard_s is None else round(now - m.last_heard_s, 3)
+            says = agent.fellow_says(m)
+            release = says.release
             return MemberRow(id=m.node_id.hex(), name=m.name, addr=m.addr, state=m.state,
                              incarnation=m.incarnation,
-                             cards=[c.to_dict() for c in agent.fellow_says(m).inventory.cards],
+                             cards=[c.to_dict() for c in says.inventory.cards],
                              last_heard_s=heard, in_state_s=round(now - m.state_since_s, 3),
-                             self=m.is_self)
+                             self=m.is_self, protocol=release.protocol,
+                             speaks=sorted(release.speaks))
 
         membership, admission = agent.membership, agent.admission
         members = sorted(membership.members(), key=lambda m: (m.name, m.node_id)) \

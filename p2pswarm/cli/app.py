@@ -13,6 +13,7 @@ import typer
 
 from p2pswarm import __version__
 from p2pswarm.cli.exits import exits_on
+from p2pswarm.wire.versions import range_line
 
 app = typer.Typer(
     name="p2pswarm",
@@ -46,7 +47,7 @@ def printable(text: str) -> str:
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"p2pswarm {__version__}")
+        typer.echo(f"p2pswarm {__version__}, {range_line()}")
         raise typer.Exit()
 
 

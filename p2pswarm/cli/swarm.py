@@ -375,7 +375,9 @@ def members_table(members: list[dict[str, Any]], width: int) -> Any:
     address_width = min(longest, 21 if narrow else 32)
     table = Table(title=f"{len(members)} fellows")
     columns = ("name", "address", "state", "cards", "last heard") if narrow else \
-        ("name", "id", "address", "state", "inc", "cards", "last heard")
+        ("name", "id", "address", "state", "inc", "proto", "cards", "last heard")
+    # narrow: a fellow's protocol shows by its name when it differs from this one's
+    own = next((m.get("protocol") for m in members if m.get("self")), None)
     for column in columns:
         # an address, a name and where a card's memory figure came from are never cut
         # short; "last heard" is what tells a live fellow from a silent one
@@ -389,7 +391,11 @@ def members_table(members: list[dict[str, Any]], width: int) -> Any:
     for m in members:
         cards = ", ".join(card_summary(c) for c in m.get("cards", [])) or "-"
         heard = m.get("last_heard_s")
-        cells = {"name": Text(str(m["name"]) + (" (this one)" if m.get("self") else "")),
+        protocol = m.get("protocol")
+        other = f" (protocol {protocol})" if narrow and None not in (own, protocol) \
+            and protocol != own else ""
+        cells = {"name": Text(str(m["name"]) + (" (this one)" if m.get("self") else "")
+                              + other), "proto": str(protocol or "-"),
                  "id": str(m["id"])[:8], "address": Text(str(m["addr"])),
                  "state": str(m["state"]), "inc": str(m["incarnation"]), "cards": Text(cards),
                  "last heard": "-" if heard is None else f"{heard:.1f} s ago"}

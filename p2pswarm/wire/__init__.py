@@ -18,10 +18,12 @@ from p2pswarm.wire.codec import (
     frame_limit,
     message,
     message_types,
+    needs,
     pack_compound,
+    sendable,
     struct,
     tag_of,
 )
 
 __all__ = ["PROTOCOL_MAJOR", "PROTOCOL_MINOR", "decode", "encode", "frame_limit", "message",
-           "message_types", "pack_compound", "struct", "tag_of"]
+           "message_types", "needs", "pack_compound", "sendable", "struct", "tag_of"]

@@ -13,8 +13,17 @@ largest any kind allows (``unpack_limits``). A frame above ``SMALL_FRAME_BYTES``
 skimmed along its kind's layout, so what msgpack then builds is what the schema allows; a
 small one can cost at most its size in objects (a few MiB, a few ms) whatever it holds.
 
-A peer with another major version gets ``VersionMismatch``, except for ``Refusal`` (tag
-0), whose layout is frozen for every version so a refusal always reads.
+The envelope's minor is the sender's release protocol (``versions``): a peer with another
+major, or a protocol two or more away from ours, gets ``VersionMismatch`` (its detail the
+one line naming both versions), except for ``Refusal`` (tag 0), whose layout is frozen
+for every version so a refusal always reads. A single message of a kind this release does
+not know raises ``UnknownKind`` before anything is unpacked (a stream answers it with
+``Unsupported`` and stays open); in a compound datagram, messages of unknown kinds are
+skipped and the others decode.
+
+Compatibility rule: a field is only ever appended to a message, with a default, and
+marked ``Elided`` so it stays off the wire while it holds that default: protocol 1's
+decoder refuses a field list longer than its own (see docs/versions.md).
 """
 
 from __future__ import annotations
@@ -28,10 +37,12 @@ import msgpack
 
 from p2pswarm.errors import LocalProtocolError, RemoteProtocolError, VersionMismatch
 from p2pswarm.wire import layout as lay
+from p2pswarm.wire import versions
 from p2pswarm.wire.schema import Elided, Items, Range, Size
 
-PROTOCOL_MAJOR = 2  # 2: every call, order and training message is its own type
-PROTOCOL_MINOR = 1  # 1: stage states and long blobs travel in parts (training.py)
+PROTOCOL_MAJOR = 2  # 2: every call, order and training message is its own type; frozen
+# (protocol 1's decoder refuses any other major), so releases count in the minor:
+PROTOCOL_MINOR = versions.PROTOCOL  # the release's protocol (1: commit 675ee12)
 
 DEFAULT_STR_CHARS = 1024
 DEFAULT_BYTES = 64 * 1024 * 1024
@@ -46,6 +57,14 @@ Check = Callable[[Any], Any]  # validates a decoded value and returns the Python
 Dump = Callable[[Any], Any]  # turns a Python value into msgpack-ready primitives
 
 M = TypeVar("M")
+
+
+class UnknownKind(RemoteProtocolError):
+    """A message of a kind (tag) this release does not know: a newer fellow's."""
+
+    def __init__(self, tag: int) -> None:
+        super().__init__("unknown-tag", f"tag {tag}")
+        self.tag = tag
 
 
 class _Invalid(Exception):
@@ -73,12 +92,18 @@ _UNPACK_LIMITS: dict[str, int] = {"max_array_len": 3, "max_map_len": 0, "max_str
                                   "max_bin_len": 0, "max_ext_len": 0}
 
 
-def message(tag: int) -> Callable[[type[M]], type[M]]:
-    """Register a frozen dataclass as a top-level message with an append-only tag."""
+def message(tag: int, *, needs: str | None = None) -> Callable[[type[M]], type[M]]:
+    """Register a frozen dataclass as a top-level message with an append-only tag.
+    ``needs``: the capability (``versions.CAPABILITIES``) a fellow must have announced to
+    be sent one; every kind added after protocol 1 names one (``sendable``)."""
+    if needs is not None and needs not in versions.CAPABILITIES:
+        raise TypeError(f"{needs!r} is not a capability listed in wire.versions")
 
     def register(cls: type[M]) -> type[M]:
         if tag in _BY_TAG:
             raise TypeError(f"wire tag {tag} is already {_BY_TAG[tag].cls.__name__}")
+        if needs is not None:
+            _NEEDS[cls] = needs
         codec = _build(cls, tag)
         _BY_TAG[tag] = codec
         _FRAME_BYTES[tag] = lay.ENVELOPE_HEAD_BYTES + lay.largest_bytes(_LAYOUTS[cls])
@@ -86,6 +111,21 @@ def message(tag: int) -> Callable[[type[M]], type[M]]:
         return cls
 
     return register
+
+
+_NEEDS: dict[type, str] = {}  # message kind -> the capability a receiver must speak
+
+
+def needs(cls: type) -> str | None:
+    """The capability a fellow must speak to be sent a ``cls`` (None: protocol 1's)."""
+    return _NEEDS.get(cls)
+
+
+def sendable(release: versions.Release, msg: Any) -> bool:
+    """Whether ``msg`` may go to a fellow that announced ``release``: the check every
+    sender of a kind added after protocol 1 makes (docs/versions.md)."""
+    capability = _NEEDS.get(type(msg))
+    return capability is None or capability in release.speaks
 
 
 def struct(cls: type[M]) -> type[M]:
@@ -162,6 +202,58 @@ def _build(cls: type, tag: int | None) -> _Codec:
 
 
 _CHECKERS: dict[type, Callable[[Any], Any]] = {}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Earlier:
+    """A field order a message had in an earlier release: where each of today's fields
+    sat in it (None: not there yet, its default applies)."""
+
+    fields: int  # how many fields the earlier order has
+    at: tuple[int | None, ...]  # per field of today's order
+    defaults: tuple[Any, ...]  # per field of today's order, as dumped (when at is None)
+    skimmer: lay.Skimmer
+
+
+_EARLIER: dict[type, tuple[_Earlier, ...]] = {}
+
+
+def earlier_order(cls: type, names: tuple[str, ...]) -> None:
+    """Decode ``cls`` also in the field order ``names`` an earlier release sent, where a
+    field was added in the middle: a field list of that length that fails today's checks
+    is read in that order, the missing fields at their defaults. Tried only on a failure,
+    so today's messages cost nothing more."""
+    codec = _BY_CLASS[cls]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if not set(names) <= set(codec.names):
+        raise TypeError(f"{cls.__name__} has no field {set(names) - set(codec.names)}")
+    at: list[int | None] = []
+    defaults: list[Any] = []
+    for i, name in enumerate(codec.names):
+        if name in names:
+            at.append(names.index(name))
+            defaults.append(None)
+            continue
+        if fields[name].default is dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{name} was added without a default")
+        at.append(None)
+        defaults.append(codec.dumps[i](fields[name].default))
+    layout = _LAYOUTS[cls]
+    old = lay.Struct(len(names), tuple(layout.fields[codec.names.index(n)] for n in names))
+    _EARLIER[cls] = (*_EARLIER.get(cls, ()),
+                     _Earlier(len(names), tuple(at), tuple(defaults), lay.skimmer(old)))
+
+
+def _check_earlier(cls: type, raw: Any) -> Any:
+    """``raw`` read in an earlier release's field order, if one fits; else _Invalid."""
+    for earlier in _EARLIER.get(cls, ()):
+        if type(raw) is list and len(raw) == earlier.fields:
+            try:
+                return _CHECKERS[cls]([raw[i] if i is not None else d
+                                       for i, d in zip(earlier.at, earlier.defaults)])
+            except _Invalid:
+                continue
+    raise _Invalid(f"{cls.__name__}: fields in no order this release reads")
 
 
 def _inline(tp: Any) -> tuple[str | None, None]:
@@ -377,8 +469,9 @@ def _dump_fields(codec: _Codec, obj: Any) -> list[Any]:
 # --- envelopes ---------------------------------------------------------------------------
 
 
-def encode(*messages: Any, max_bytes: int | None = None) -> bytes:
-    """Encode one or more messages as one envelope; LocalProtocolError if invalid."""
+def encode(*messages: Any, max_bytes: int | None = None, protocol: int = PROTOCOL_MINOR) -> bytes:
+    """Encode one or more messages as one envelope; LocalProtocolError if invalid.
+    ``protocol``: the release protocol the envelope names (tests play other releases)."""
     if not messages:
         raise LocalProtocolError("empty", "an envelope needs at least one message")
     body = []
@@ -392,7 +485,7 @@ def encode(*messages: Any, max_bytes: int | None = None) -> bytes:
         except _Invalid as exc:
             raise LocalProtocolError("invalid-field", str(exc)) from None
         body.append([codec.tag, fields])
-    data: bytes = msgpack.packb([PROTOCOL_MAJOR, PROTOCOL_MINOR, body], use_bin_type=True)
+    data: bytes = msgpack.packb([PROTOCOL_MAJOR, protocol, body], use_bin_type=True)
     if max_bytes is not None and len(data) > max_bytes:
         raise LocalProtocolError("too-large", f"{len(data)} bytes, limit {max_bytes}")
     return data
@@ -409,11 +502,13 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES,
     if len(data) > max_bytes:
         raise RemoteProtocolError("too-large", f"{len(data)} bytes, limit {max_bytes}")
     head = lay.peek_envelope(data)
-    if head.major != PROTOCOL_MAJOR and not (head.messages == 1 and head.first_tag == 0):
-        # only a Refusal (tag 0) reads across versions
-        raise VersionMismatch(
-            "version", f"peer speaks protocol {head.major}.{head.minor}, this node speaks "
-            f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}")
+    if not (head.messages == 1 and head.first_tag == 0):  # a Refusal reads across versions
+        if head.major != PROTOCOL_MAJOR:
+            raise VersionMismatch(
+                "version", f"peer speaks protocol {head.major}.{head.minor}, this node "
+                f"speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR}")
+        if not versions.compatible(PROTOCOL_MINOR, head.minor):
+            raise VersionMismatch("version", versions.refusal_line(PROTOCOL_MINOR, head.minor))
     if head.messages > 1:
         if len(data) > SMALL_FRAME_BYTES:
             raise RemoteProtocolError(
@@ -422,7 +517,7 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES,
     else:
         codec = _BY_TAG.get(head.first_tag)
         if codec is None:
-            raise RemoteProtocolError("unknown-tag", f"tag {head.first_tag}")
+            raise UnknownKind(head.first_tag)
         if kinds is not None and codec.cls not in kinds:
             raise RemoteProtocolError("unexpected-message", codec.cls.__name__)
         limit = _FRAME_BYTES[head.first_tag]
@@ -431,7 +526,7 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES,
                 "too-large", f"a {codec.cls.__name__} of {len(data)} bytes; its schema "
                 f"allows at most {limit}")
         if len(data) > SMALL_FRAME_BYTES:
-            lay.skim(data, head.fields_at, _SKIMMERS[head.first_tag])
+            _skim(data, head.fields_at, codec)
     try:
         top = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True,
                               **_UNPACK_LIMITS)
@@ -446,22 +541,45 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_BYTES,
     return messages
 
 
+def _skim(data: bytes, at: int, codec: _Codec) -> None:
+    """Skim a large frame along its kind's layout, or an earlier order of it."""
+    try:
+        lay.skim(data, at, _SKIMMERS[codec.tag])  # type: ignore[index]
+    except RemoteProtocolError:
+        for earlier in _EARLIER.get(codec.cls, ()):
+            try:
+                lay.skim(data, at, earlier.skimmer)
+                return
+            except RemoteProtocolError:
+                continue
+        raise
+
+
 def _decode_body(body: list[Any]) -> list[Any]:
     out = []
+    unknown: int | None = None
     try:
         for item in body:
             if type(item) is not list or len(item) != 2 or type(item[0]) is not int:
                 raise _Invalid("expected [tag, fields]")
             codec = _BY_TAG.get(item[0])
-            if codec is None:
-                raise RemoteProtocolError("unknown-tag", f"tag {item[0]}")
-            out.append(_CHECKERS[codec.cls](item[1]))
+            if codec is None:  # a newer fellow's kind, riding with others: skip it
+                unknown = item[0]
+                continue
+            try:
+                out.append(_CHECKERS[codec.cls](item[1]))
+            except _Invalid:
+                if codec.cls not in _EARLIER:
+                    raise
+                out.append(_check_earlier(codec.cls, item[1]))
     except _Invalid as exc:
         raise RemoteProtocolError("invalid-field", str(exc)) from None
     except RecursionError:
         raise RemoteProtocolError("malformed", "nested too deeply") from None
     except (TypeError, ValueError) as exc:  # a constructor's own __post_init__ checks
         raise RemoteProtocolError("invalid-field", str(exc)) from None
+    if not out and unknown is not None:
+        raise UnknownKind(unknown)
     return out
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from p2pswarm.wire.codec import message, struct
+from p2pswarm.wire.codec import earlier_order, message, struct
 from p2pswarm.wire.orders import Doc
 from p2pswarm.wire.schema import U16, U32, U64, Addr, Items, Name, Reason, Seconds, Size
 
@@ -377,6 +377,12 @@ class LoadMove:
     plan_id: PlanId
     term: U64 = 0
 
+
+# ``asked`` was added in the middle of these two (before ``term``, in commit ffe6bf5):
+# releases before it send [plan_id, route, orders, term]. It stays where it is, since
+# protocol 1 (675ee12) sends it there; the earlier order still decodes.
+earlier_order(StageStart, ("plan_id", "route", "orders", "term"))
+earlier_order(LoadKeep, ("plan_id", "route", "orders", "term"))
 
 __all__ = [
     "LOAD_CANCEL_OUTCOMES", "LoadKeep", "LoadUnloaded", "UnloadRecord", "UnloadsAsk",
