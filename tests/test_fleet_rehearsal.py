@@ -108,9 +108,12 @@ def test_the_ceilings_bound_the_lead_by_steps_and_by_samples() -> None:
     fleet = FleetSchedule("p", 10, 1000.0, 200.0, (replica("fast", 100.0, 2),
                                                    replica("slow", 1000.0, 8)), (), (), "")
     single = FleetSchedule("s", 1, 0.0, 0.0, (replica("one", 500.0, 8),), (), (), "")
-    # rounds closed every 1,250 s: at most 10 single-pipeline steps (5,000 s) a round
-    bound = ceilings(fleet, single, [(1250.0, 3.0), (2500.0, 2.9)])
+    # rounds closed every 1,250 s (the median gap: the last, cut short by the end of the
+    # run, does not count): at most 10 single-pipeline steps (5,000 s) a round
+    bound = ceilings(fleet, single, [(1250.0, 3.0), (2500.0, 2.9), (3750.0, 2.8),
+                                     (4000.0, 2.7)])
     assert bound["round_s"] == 1250.0 and bound["steps"] == 4.0
+    assert bound["fastest"] == 5.0  # 500 s a step against the fast replica's 100 s
     # samples/s: 2/100 + 8/1000 against 8/500
     assert bound["samples"] == pytest.approx((0.02 + 0.008) / 0.016)
     assert ceilings(fleet, single, [])["steps"] is None
