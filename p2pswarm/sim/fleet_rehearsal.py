@@ -613,7 +613,7 @@ def _ceiling_lines(result: Mapping[str, Any]) -> list[str]:
         "",
         "Ceilings on the fleet's lead: "
         + ("-" if steps is None else f"{steps:.1f}x")
-        + f" if learning goes by steps ({result['inner_steps']} steps a round, one "
+        + f" if learning goes by steps ({result['inner_steps']} steps a round, "
         + ("-" if ceiling["round_s"] is None else f"{ceiling['round_s']:,.0f} s")
         + " between round closes; the fastest replica alone steps "
         + f"{ceiling['fastest']:.1f}x as often as the single pipeline), "
