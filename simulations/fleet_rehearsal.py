@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from p2pswarm.errors import ConfigError  # noqa: E402
 from p2pswarm.models.files import read_model_config  # noqa: E402
 from p2pswarm.sim.fleet_rehearsal import (  # noqa: E402
     AVERAGE,
@@ -71,12 +72,16 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     model = read_model_config(args.model)[1] if args.model else None
-    result = rehearse(json.loads(args.cluster.read_text()), model=model, seq_len=args.seq_len,
-                      bandwidth=args.bandwidth, latency=args.latency,
-                      single_steps=args.steps, seed=args.seed, drops=not args.no_drops,
-                      outer=OUTER[args.outer], stages_kept=args.stages_kept,
-                      lr=args.lr, fleet_lr=args.fleet_lr, single_batch=args.single_batch,
-                      weighting=args.weighting)
+    try:
+        result = rehearse(json.loads(args.cluster.read_text()), model=model,
+                          seq_len=args.seq_len,
+                          bandwidth=args.bandwidth, latency=args.latency,
+                          single_steps=args.steps, seed=args.seed, drops=not args.no_drops,
+                          outer=OUTER[args.outer], stages_kept=args.stages_kept,
+                          lr=args.lr, fleet_lr=args.fleet_lr,
+                          single_batch=args.single_batch, weighting=args.weighting)
+    except ConfigError as exc:
+        parser.error(str(exc))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")

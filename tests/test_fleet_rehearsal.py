@@ -127,7 +127,7 @@ def test_the_what_ifs_weigh_deltas_and_tune_the_single_pipeline_as_told() -> Non
     result = rehearse(small_fleet(), model=model, seq_len=256, single_steps=3, seed=1,
                       drops=False, weighting="steps", single_batch=16, fleet_lr=1e-3)
     single = result["single_pipeline"]
-    assert single["rehearsed_batch"] == 16
+    assert single["rehearsed_batch"] == 16 and single["samples_per_step"] == 128
     assert result["tuning"] == {"lr": 3e-3, "fleet_lr": 1e-3, "weighting": "steps"}
     assert result["runs"][1]["curve"] and result["ceiling"]["samples"] > 0
     assert "Ceilings on the fleet's lead" in markdown(result)
@@ -135,3 +135,5 @@ def test_the_what_ifs_weigh_deltas_and_tune_the_single_pipeline_as_told() -> Non
         rehearse(small_fleet(), model=model, weighting="tokens")
     with pytest.raises(ConfigError, match="batch"):
         rehearse(small_fleet(), model=model, single_batch=0)
+    with pytest.raises(ConfigError, match="fleet_lr"):
+        rehearse(small_fleet(), model=model, fleet_lr=-1.0)

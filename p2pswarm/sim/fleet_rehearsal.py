@@ -450,6 +450,9 @@ def rehearse(cluster: Mapping[str, Any], *, model: Mapping[str, Any] | None = No
     if weighting not in WEIGHTINGS:
         raise ConfigError(f"weighting must be one of {', '.join(WEIGHTINGS)}, "
                           f"got {weighting!r}")
+    for name, value in (("lr", lr), ("fleet_lr", fleet_lr)):
+        if value is not None and not 0 < value < 1:
+            raise ConfigError(f"{name} must be a learning rate between 0 and 1, got {value}")
     if single_batch is not None and not 1 <= single_batch <= 1024:
         raise ConfigError(f"the single pipeline's batch must be from 1 to 1024, "
                           f"got {single_batch}")
@@ -474,7 +477,8 @@ def rehearse(cluster: Mapping[str, Any], *, model: Mapping[str, Any] | None = No
         replace(r, sync_s=0.0, air_s=()) for r in single.replicas))
     if single_batch is not None:
         single = replace(single, replicas=tuple(
-            replace(r, batch=single_batch, step_s=r.step_s * single_batch / r.batch)
+            replace(r, batch=single_batch, step_s=r.step_s * single_batch / r.batch,
+                    samples_per_step=round(r.samples_per_step * single_batch / r.batch))
             for r in single.replicas))
     tuning = Tuning(lr=lr, fleet_lr=lr if fleet_lr is None else fleet_lr,
                     weighting=weighting)
@@ -555,7 +559,7 @@ def _rehearse(fleet: FleetSchedule, single: FleetSchedule, single_steps: int, se
         "single_steps": single_steps,
         "tuning": {"lr": tuning.lr, "fleet_lr": tuning.fleet_lr,
                    "weighting": tuning.weighting},
-        # read off the fleet without drops: its mean time between round closes
+        # read off the fleet without drops: its median time between round closes
         "ceiling": ceilings(fleet, single, runs[1].curve),
         "inner_steps": fleet.inner_steps, "round_deadline_s": deadline,
         "outer": {"lr": outer.lr, "momentum": outer.momentum, "codec": outer.codec},
