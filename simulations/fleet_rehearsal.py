@@ -25,10 +25,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from p2pswarm.errors import ConfigError  # noqa: E402
 from p2pswarm.models.files import read_model_config  # noqa: E402
 from p2pswarm.sim.fleet_rehearsal import (  # noqa: E402
     AVERAGE,
     DILOCO,
+    PEAK_LR,
+    WEIGHTINGS,
     markdown,
     rehearse,
     write_plot,
@@ -56,14 +59,29 @@ def main() -> None:
     parser.add_argument("--stages-kept", action="store_true",
                         help="what if a fellow back after its suspicion time kept its stage "
                         "(the agent re-places the replica instead): its step goes on")
+    parser.add_argument("--lr", type=float, default=PEAK_LR,
+                        help="both arms' inner learning rate (constant)")
+    parser.add_argument("--fleet-lr", type=float, help="the fleet's alone (default: --lr)")
+    parser.add_argument("--single-batch", type=int,
+                        help="the single pipeline's samples a step as rehearsed (default: "
+                        "its plan's / 8); its step time scales in proportion")
+    parser.add_argument("--weighting", choices=WEIGHTINGS, default="samples",
+                        help="how the keeper weighs each delta: by samples (the product), "
+                        "or, as what-ifs, by local steps or samples x steps")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     model = read_model_config(args.model)[1] if args.model else None
-    result = rehearse(json.loads(args.cluster.read_text()), model=model, seq_len=args.seq_len,
-                      bandwidth=args.bandwidth, latency=args.latency,
-                      single_steps=args.steps, seed=args.seed, drops=not args.no_drops,
-                      outer=OUTER[args.outer], stages_kept=args.stages_kept)
+    try:
+        result = rehearse(json.loads(args.cluster.read_text()), model=model,
+                          seq_len=args.seq_len,
+                          bandwidth=args.bandwidth, latency=args.latency,
+                          single_steps=args.steps, seed=args.seed, drops=not args.no_drops,
+                          outer=OUTER[args.outer], stages_kept=args.stages_kept,
+                          lr=args.lr, fleet_lr=args.fleet_lr,
+                          single_batch=args.single_batch, weighting=args.weighting)
+    except ConfigError as exc:
+        parser.error(str(exc))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -97,3 +97,43 @@ def test_simulate_fleet_reads_its_arguments(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "access_points" in result.output
     result = run("simulate", "fleet", "--steps", "1")
     assert result.exit_code == 2 and "--steps must be" in result.output
+
+
+def test_the_ceilings_bound_the_lead_by_steps_and_by_samples() -> None:
+    from p2pswarm.sim.fleet_rehearsal import FleetSchedule, RehearsedReplica, ceilings
+
+    def replica(name: str, step_s: float, batch: int) -> RehearsedReplica:
+        return RehearsedReplica(name, (name,), step_s, 1, batch * 8, batch, 0.0, (), 0)
+
+    fleet = FleetSchedule("p", 10, 1000.0, 200.0, (replica("fast", 100.0, 2),
+                                                   replica("slow", 1000.0, 8)), (), (), "")
+    single = FleetSchedule("s", 1, 0.0, 0.0, (replica("one", 500.0, 8),), (), (), "")
+    # rounds closed every 1,250 s (the median gap: the last, cut short by the end of the
+    # run, does not count): at most 10 single-pipeline steps (5,000 s) a round
+    bound = ceilings(fleet, single, [(1250.0, 3.0), (2500.0, 2.9), (3750.0, 2.8),
+                                     (4000.0, 2.7)])
+    assert bound["round_s"] == 1250.0 and bound["steps"] == 4.0
+    assert bound["fastest"] == 5.0  # 500 s a step against the fast replica's 100 s
+    # samples/s: 2/100 + 8/1000 against 8/500
+    assert bound["samples"] == pytest.approx((0.02 + 0.008) / 0.016)
+    assert ceilings(fleet, single, [])["steps"] is None
+
+
+def test_the_what_ifs_weigh_deltas_and_tune_the_single_pipeline_as_told() -> None:
+    from p2pswarm.errors import ConfigError
+    from p2pswarm.sim.fleet_rehearsal import markdown, rehearse
+
+    model = REFERENCE_CONFIGS["smollm-135m"]
+    result = rehearse(small_fleet(), model=model, seq_len=256, single_steps=3, seed=1,
+                      drops=False, weighting="steps", single_batch=16, fleet_lr=1e-3)
+    single = result["single_pipeline"]
+    assert single["rehearsed_batch"] == 16 and single["samples_per_step"] == 128
+    assert result["tuning"] == {"lr": 3e-3, "fleet_lr": 1e-3, "weighting": "steps"}
+    assert result["runs"][1]["curve"] and result["ceiling"]["samples"] > 0
+    assert "Ceilings on the fleet's lead" in markdown(result)
+    with pytest.raises(ConfigError, match="weighting"):
+        rehearse(small_fleet(), model=model, weighting="tokens")
+    with pytest.raises(ConfigError, match="batch"):
+        rehearse(small_fleet(), model=model, single_batch=0)
+    with pytest.raises(ConfigError, match="fleet_lr"):
+        rehearse(small_fleet(), model=model, fleet_lr=-1.0)

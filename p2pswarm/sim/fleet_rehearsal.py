@@ -30,6 +30,13 @@ What is real and what is scaled:
 - The figure: every arm's time to the target is its first held-out evaluation at or
   below it (the single pipeline evaluated every step, the fleet's global model at
   every round close), the target the single pipeline's loss after its last step.
+- The ceilings (``ceilings``): what the lead can be at most if learning goes by
+  optimizer steps (the plan's rounds; the fastest replica's step rate) or by samples
+  (the plan's tokens/s). The small model learns by steps: a single pipeline taking a
+  smaller batch (``single_batch``) gets to its loss sooner, which is why the fleet's
+  8x tokens/s show here as 2-3x.
+- Tuning what-ifs, the same effort for both arms: each arm's learning rate, the single
+  pipeline's batch, and how the keeper weighs deltas (``WEIGHTINGS``).
 
 It does not run the agents' transport and membership (the harness does that, at far
 higher CPU cost per fellow): it rehearses the plan's schedule with real learning.
@@ -37,6 +44,7 @@ higher CPU cost per fellow): it rehearses the plan's schedule with real learning
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Mapping, Sequence
@@ -46,17 +54,22 @@ from typing import Any
 
 import torch
 
+from p2pswarm.errors import ConfigError
 from p2pswarm.models.tokenizer import ByteTokenizer
 from p2pswarm.planner import cluster_from_dict, fleet_plan_message
 from p2pswarm.planner.cluster import ClusterView
 from p2pswarm.training.codec import Encoded
 from p2pswarm.training.data import TokenData, corpus_files
 from p2pswarm.training.job import JobConfig
-from p2pswarm.training.replica import Replica
+from p2pswarm.training.replica import Contribution, Replica
 from p2pswarm.training.source import ScratchModel
 from p2pswarm.training.virtual import FellowPlan, LinkModel, RoundRecord, VirtualSwarm
 
 SAMPLE_SCALE = 8  # planned samples per step / samples per step rehearsed
+PEAK_LR = 3e-3  # the inner learning rate of both arms unless told (constant)
+# how the keeper weighs each replica's delta: by its samples (what OuterSync does), or, as
+# what-ifs, by its local steps or by samples x steps (its progress and its batch)
+WEIGHTINGS = ("samples", "steps", "samples-steps")
 REPLACED_AFTER_S = 8.0  # suspicion at N = 38 on the wifi preset (5 x log10 N x 1 s): step redone
 W3_OUTAGE_EVERY_S = 600.0
 W3_OUTAGE_S = (2.0, 10.0)
@@ -185,9 +198,12 @@ class FleetSwarm(VirtualSwarm):
                  schedule: FleetSchedule, *, rng: random.Random,
                  eval_batches: Sequence[torch.Tensor] = (),
                  outages: Mapping[str, list[tuple[float, float]]] | None = None,
-                 stages_kept: bool = False) -> None:
+                 stages_kept: bool = False, weighting: str = "samples") -> None:
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)}")
         self.schedule = schedule
         self.stages_kept = stages_kept
+        self.weighting = weighting
         self.planned = {r.name: r for r in schedule.replicas}
         self.lanes = {r.name: _Lane(outages=sorted(
             span for n in r.fellows for span in (outages or {}).get(n, ())))
@@ -247,6 +263,34 @@ class FleetSwarm(VirtualSwarm):
         self.contributions[f.plan.name] += 1
         self._at(self._transfer(f.plan.name), "contribution", contribution)
 
+    def _on_contribution(self, c: Contribution) -> RoundRecord | None:
+        """The keeper weighs a delta by its samples (``OuterSync``); the what-if
+        weightings hand it another number instead, so the same round-closing code runs
+        (the round's sample counts in its records then carry that number)."""
+        return super()._on_contribution(self._weighed(c))
+
+    def _weighed(self, c: Contribution) -> Contribution:
+        if self.weighting == "samples":
+            return c
+        steps = max(1, c.samples // self.planned[c.replica].batch)
+        weight = steps if self.weighting == "steps" else steps * c.samples
+        return Contribution(c.replica, weight, c.stages)
+
+    def _flush(self) -> None:
+        """``VirtualSwarm._flush`` with the contributions weighed as the rounds' are."""
+        if self.weighting == "samples":
+            super()._flush()
+            return
+        for f in self.fellows.values():
+            if f.replica is None or f.replica.samples_unsent == 0:
+                continue
+            self._catch_up(f)
+            c = self._weighed(f.replica.take_contribution())
+            for s, keeper in enumerate(self.keepers):
+                _, decoded, version = c.stages[s]
+                keeper.contribute(c.replica, version, decoded, c.samples, self.now)
+        self._close()
+
     def _send_update(self, f: Any, version: int, updates: list[Encoded]) -> None:
         """Over the fellow's own links and access point (offline ones get theirs late)."""
         self._at(self._transfer(f.plan.name), "update",
@@ -296,10 +340,10 @@ ALONE = OuterOptimizer(lr=1.0, momentum=0.0, codec="fp32")
 
 
 def _job(schedule: FleetSchedule, seed: int, deadline_s: float,
-         outer: OuterOptimizer) -> JobConfig:
+         outer: OuterOptimizer, lr: float = PEAK_LR) -> JobConfig:
     return JobConfig.from_dict({
         "model": {"config": SMALL_MODEL}, "seq_len": SMALL_SEQ_LEN, "micro_batch": 8,
-        "lr": {"peak": 3e-3, "schedule": "constant"}, "seed": seed,
+        "lr": {"peak": lr, "schedule": "constant"}, "seed": seed,
         "sync": {"inner_steps": schedule.inner_steps, "codec": outer.codec,
                  "outer_lr": outer.lr, "outer_momentum": outer.momentum,
                  "round_deadline_s": deadline_s}})
@@ -355,13 +399,14 @@ def _data() -> TokenData:
 
 def _run(name: str, schedule: FleetSchedule, seed: int, until_s: float,
          target: float | None, outages: Mapping[str, list[tuple[float, float]]] | None,
-         data: TokenData, outer: OuterOptimizer, stages_kept: bool = False) -> RunFigures:
-    job = _job(schedule, seed, round_deadline_s(schedule), outer)
+         data: TokenData, outer: OuterOptimizer, stages_kept: bool = False,
+         lr: float = PEAK_LR, weighting: str = "samples") -> RunFigures:
+    job = _job(schedule, seed, round_deadline_s(schedule), outer, lr)
     torch.manual_seed(seed)
     swarm = FleetSwarm(job, ScratchModel(SMALL_MODEL, seed), data, schedule,
                        rng=random.Random(seed),
                        eval_batches=data.holdout_batches(SMALL_SEQ_LEN, 8)[:4],
-                       outages=outages, stages_kept=stages_kept)
+                       outages=outages, stages_kept=stages_kept, weighting=weighting)
     hit: list[float] = []
 
     def reached(record: RoundRecord) -> bool:
@@ -391,10 +436,26 @@ def rehearse(cluster: Mapping[str, Any], *, model: Mapping[str, Any] | None = No
              seq_len: int = 512, bandwidth: float | None = None,
              latency: float | None = None, single_steps: int = 40, seed: int = 0,
              drops: bool = True, drop_every_s: float = W3_OUTAGE_EVERY_S,
-             outer: OuterOptimizer = AVERAGE, stages_kept: bool = False) -> dict[str, Any]:
+             outer: OuterOptimizer = AVERAGE, stages_kept: bool = False,
+             lr: float = PEAK_LR, fleet_lr: float | None = None,
+             single_batch: int | None = None, weighting: str = "samples") -> dict[str, Any]:
     """The rehearsal's figures: the fleet plan against its best single pipeline (the plan
     asked for one replica), both trained in virtual time; with ``drops``, the fleet once
-    more with the WiFi fellows dropping as W3 has them."""
+    more with the WiFi fellows dropping as W3 has them.
+
+    Tuning, the same for both arms unless told: ``lr`` is both arms' inner learning rate
+    (``fleet_lr`` the fleet's alone); ``single_batch`` the single pipeline's samples per
+    step rehearsed (default its plan's over ``SAMPLE_SCALE``), its step time scaled in
+    proportion (a compute-bound step); ``weighting`` one of ``WEIGHTINGS``."""
+    if weighting not in WEIGHTINGS:
+        raise ConfigError(f"weighting must be one of {', '.join(WEIGHTINGS)}, "
+                          f"got {weighting!r}")
+    for name, value in (("lr", lr), ("fleet_lr", fleet_lr)):
+        if value is not None and not 0 < value < 1:
+            raise ConfigError(f"{name} must be a learning rate between 0 and 1, got {value}")
+    if single_batch is not None and not 1 <= single_batch <= 1024:
+        raise ConfigError(f"the single pipeline's batch must be from 1 to 1024, "
+                          f"got {single_batch}")
     data_dict = json.loads(json.dumps(cluster))
     if bandwidth is not None or latency is not None:
         default = dict(data_dict.get("links", {}).get("default") or {})
@@ -414,29 +475,73 @@ def rehearse(cluster: Mapping[str, Any], *, model: Mapping[str, Any] | None = No
     # step, so its time to the target is read as finely as it can be
     single = replace(single, inner_steps=1, replicas=tuple(
         replace(r, sync_s=0.0, air_s=()) for r in single.replicas))
+    if single_batch is not None:
+        single = replace(single, replicas=tuple(
+            replace(r, batch=single_batch, step_s=r.step_s * single_batch / r.batch,
+                    samples_per_step=round(r.samples_per_step * single_batch / r.batch))
+            for r in single.replicas))
+    tuning = Tuning(lr=lr, fleet_lr=lr if fleet_lr is None else fleet_lr,
+                    weighting=weighting)
     # one thread: the steps are small, and on a busy machine more threads only contend
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         return _rehearse(fleet, single, single_steps, seed, drops, drop_every_s, outer,
-                         stages_kept)
+                         stages_kept, tuning)
     finally:
         torch.set_num_threads(threads)
 
 
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    lr: float  # the single pipeline's inner learning rate
+    fleet_lr: float  # the fleet replicas'
+    weighting: str
+
+
+def ceilings(fleet: FleetSchedule, single: FleetSchedule,
+             fleet_curve: Sequence[tuple[float, float]]) -> dict[str, float | None]:
+    """What the fleet's lead can be at most, by two bounds on learning.
+
+    If progress goes by optimizer steps whatever the batch (a task whose critical batch
+    is below the single pipeline's), an average of replicas' deltas at the same learning
+    rate moves the global model no further than its fastest replica moves alone:
+
+    - ``fastest``: the single pipeline's step time over the fastest replica's;
+    - ``steps``: the plan's rounds, ``inner_steps`` single-pipeline steps' time over the
+      fleet's median time between round closes (``round_s``, read off ``fleet_curve``).
+
+    If progress goes by samples whatever the step count (a batch far below the critical
+    batch, a 1B model's regime, with the learning rate scaled to the global batch):
+
+    - ``samples``: the fleet's samples/s over the single pipeline's, as rehearsed."""
+    one = single.replicas[0]
+    gaps = sorted(b - a for a, b in itertools.pairwise([0.0, *(t for t, _ in fleet_curve)]))
+    round_s = gaps[len(gaps) // 2] if gaps else None
+    return {
+        "round_s": round_s,
+        "steps": fleet.inner_steps * one.step_s / round_s if round_s else None,
+        "fastest": one.step_s / min(r.step_s for r in fleet.replicas),
+        "samples": sum(r.batch / r.step_s for r in fleet.replicas) / (one.batch / one.step_s),
+    }
+
+
 def _rehearse(fleet: FleetSchedule, single: FleetSchedule, single_steps: int, seed: int,
               drops: bool, drop_every_s: float, outer: OuterOptimizer,
-              stages_kept: bool) -> dict[str, Any]:
+              stages_kept: bool, tuning: Tuning) -> dict[str, Any]:
     data = _data()
     until = single_steps * single.replicas[0].step_s
-    alone = _run("single pipeline", single, seed, until, None, None, data, ALONE)
+    alone = _run("single pipeline", single, seed, until, None, None, data, ALONE,
+                 lr=tuning.lr)
     target = alone.final_loss
-    runs = [alone, _run("fleet", fleet, seed, until, target, None, data, outer)]
+    runs = [alone, _run("fleet", fleet, seed, until, target, None, data, outer,
+                        lr=tuning.fleet_lr, weighting=tuning.weighting)]
     if drops:
         outages = w3_outages(fleet.wifi_fellows, until, random.Random(seed + 1),
                              drop_every_s)
         runs.append(_run("fleet, W3 drops", fleet, seed, until, target, outages, data,
-                         outer, stages_kept))
+                         outer, stages_kept, lr=tuning.fleet_lr,
+                         weighting=tuning.weighting))
     # the same rule for every arm: the first held-out evaluation at or below the target
     alone = replace(alone, time_to_target_s=first_at(alone.curve, target))
     runs[0] = alone
@@ -449,7 +554,13 @@ def _rehearse(fleet: FleetSchedule, single: FleetSchedule, single_steps: int, se
                       "sync_s": r.sync_s} for r in fleet.replicas],
         "single_pipeline": {"fellows": list(single.replicas[0].fellows),
                             "step_s": single.replicas[0].step_s,
-                            "samples_per_step": single.replicas[0].samples_per_step},
+                            "samples_per_step": single.replicas[0].samples_per_step,
+                            "rehearsed_batch": single.replicas[0].batch},
+        "single_steps": single_steps,
+        "tuning": {"lr": tuning.lr, "fleet_lr": tuning.fleet_lr,
+                   "weighting": tuning.weighting},
+        # read off the fleet without drops: its median time between round closes
+        "ceiling": ceilings(fleet, single, runs[1].curve),
         "inner_steps": fleet.inner_steps, "round_deadline_s": deadline,
         "outer": {"lr": outer.lr, "momentum": outer.momentum, "codec": outer.codec},
         "stages_kept": stages_kept,
@@ -468,7 +579,7 @@ def markdown(result: Mapping[str, Any]) -> str:
              "Target: the single pipeline's final held-out loss, "
              f"{result['target_loss']:.4f}, first reached at "
              f"{result['single_time_s']:,.0f} virtual s. Round deadline "
-             f"{result['round_deadline_s']:,.0f} s.", "",
+             f"{result['round_deadline_s']:,.0f} s.", "", *_ceiling_lines(result),
              "| run | rounds closed | time to target | faster than one pipeline | "
              "lead at each round close | "
              "longest gap between rounds | time lost to outages | busiest fellow's bytes |",
@@ -493,6 +604,27 @@ def markdown(result: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ceiling_lines(result: Mapping[str, Any]) -> list[str]:
+    ceiling, tuning = result.get("ceiling"), result.get("tuning")
+    if not ceiling or not tuning:
+        return []
+    single = result["single_pipeline"]
+    steps = ceiling["steps"]
+    return [
+        f"Tuning: inner lr {tuning['lr']:g} (fleet {tuning['fleet_lr']:g}), constant; "
+        f"deltas weighed by {tuning['weighting']}; the single pipeline rehearses "
+        f"{single['rehearsed_batch']} samples a step, {single['step_s']:,.0f} s a step.",
+        "",
+        "Ceilings on the fleet's lead: "
+        + ("-" if steps is None else f"{steps:.1f}x")
+        + f" if learning goes by steps ({result['inner_steps']} steps a round, "
+        + ("-" if ceiling["round_s"] is None else f"{ceiling['round_s']:,.0f} s")
+        + " between round closes; the fastest replica alone steps "
+        + f"{ceiling['fastest']:.1f}x as often as the single pipeline), "
+        + f"{ceiling['samples']:.1f}x if it goes by samples.",
+        ""]
+
+
 def write_plot(result: Mapping[str, Any], path: Path) -> str | None:
     """Loss against virtual time, one line a run; a note when matplotlib is missing."""
     try:
@@ -515,7 +647,8 @@ def write_plot(result: Mapping[str, Any], path: Path) -> str | None:
     return None
 
 
-__all__ = ["ALONE", "AVERAGE", "DILOCO", "SAMPLE_SCALE", "FleetSchedule", "FleetSwarm",
-           "OuterOptimizer", "RehearsedReplica", "RunFigures", "first_at", "lead_by_round",
-           "markdown", "outage_cost_s", "rehearse", "round_deadline_s", "schedule_of",
-           "time_to_loss_s", "w3_outages", "write_plot"]
+__all__ = ["ALONE", "AVERAGE", "DILOCO", "PEAK_LR", "SAMPLE_SCALE", "WEIGHTINGS",
+           "FleetSchedule", "FleetSwarm", "OuterOptimizer", "RehearsedReplica", "RunFigures",
+           "Tuning", "ceilings", "first_at", "lead_by_round", "markdown", "outage_cost_s",
+           "rehearse", "round_deadline_s", "schedule_of", "time_to_loss_s", "w3_outages",
+           "write_plot"]
