@@ -6,6 +6,7 @@ holds. The load here is the worst case: one stage, hosted by the leader."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -314,3 +315,54 @@ def test_a_kept_request_is_checked_against_the_orders_model() -> None:
                 LoadAsked({**message, "adapter": "ab" * 32}, model).to_doc()):
         with pytest.raises(ConfigError):
             asked_from_doc(raw, model)
+
+
+async def test_an_unload_asked_before_a_new_leader_adopted_the_load_is_remembered(
+        autojump_clock, tmp_path) -> None:
+    """A new leader asked to unload a load its fellows serve before it adopted it (its
+    watch has not come round yet) adopts it first, so that the tombstone it hands every
+    fellow names the bring-up (which outlives it, as above): a keeper away during the
+    unload comes back and drops the load's orders, and nothing brings the load back."""
+    async with trio.open_nursery() as nursery:
+        swarm = await start_swarm(nursery, tmp_path, seed=15, n=5, keep_loads=True)
+        ((old_id, old_term),) = swarm.leaders()
+        at = next(i for i, f in enumerate(swarm.fellows) if f.identity.node_id == old_id)
+        leader = swarm.fellows[at].agent
+        assert leader is not None
+        stage_at = (at + 1) % 5  # the stage on a fellow that does not lead
+        ask = request(stages=1, exclude=[f"{f.name}:cpu" for i, f in enumerate(swarm.fellows)
+                                         if i != stage_at])
+        plan = await leader.planning.ask_plan(ask)
+        plan_id = plan["plan_id"]
+        await leader.serving.load(ask, plan_id=plan_id)
+        generation = leader.serving.leader.orders[plan_id][0].generation
+        await wait_until(lambda: sum(plan_id in a.serving.host.kept.loads
+                                     for a in swarm.live()) >= 3, timeout_s=10)
+        keeping = [i for i, f in enumerate(swarm.fellows) if f.agent is not None
+                   and plan_id in f.agent.serving.host.kept.loads]
+        away = next(i for i in keeping if i not in (at, stage_at))
+        swarm.crash(away)
+        swarm.crash(at)
+        # the leaders to come look at their loads late: the unload comes first
+        watch = {}
+        for agent in swarm.live():
+            watch[agent.name] = agent.serving.failover.timings
+            agent.serving.failover.timings = replace(watch[agent.name], watch_s=60.0)
+        new = await next_leader(swarm, old_id, old_term)
+        assert plan_id not in new.serving.loads  # not adopted yet
+        assert plan_id in {v.plan_id for v in new.serving.loads_view()}  # its fellow serves it
+        await new.serving.unload(plan_id)
+        for agent in swarm.live():
+            agent.serving.failover.timings = watch[agent.name]
+        assert _served_on(swarm, plan_id) == []
+        for agent in swarm.live():  # each could lead next: each knows that bring-up is gone
+            assert agent.serving.failover.unloads.tombstones.covers(plan_id, generation), \
+                agent.name
+
+        back = await swarm.start(away, seeds=(swarm.fellows[stage_at].addr,))
+        assert plan_id in back.serving.host.kept.loads  # read back from its disk
+        await wait_until(lambda: not back.serving.host.kept.loads, timeout_s=60)
+        await trio.sleep(20.0)  # long past an adoption and a heal
+        assert _served_on(swarm, plan_id) == []
+        assert all(plan_id not in a.serving.loads for a in swarm.live())
+        nursery.cancel_scope.cancel()

@@ -270,3 +270,31 @@ async def test_a_load_not_re_planned_moves_a_whole_stage_live_under_a_generation
         ((done,),) = [moved[0]["moved"]]
         assert (done["stage"], done["to"]) == (stage, fast)
         nursery.cancel_scope.cancel()
+
+
+async def test_after_a_live_move_no_fellows_own_view_lists_the_old_plan(
+        autojump_clock) -> None:
+    """The listing a fellow falls back to when the leader does not answer is its own view,
+    made from its fellows' gossip, which lags: a move is answered only once every fellow
+    was told the old plan is gone, and from then on no fellow's view lists it, the new
+    plan's stages coming into view as their gossip arrives."""
+    async with trio.open_nursery() as nursery:
+        swarm, driver, plan = await _three_slow_serving(nursery, seed=43)
+        old_id = plan["plan_id"]
+        await _join_fast(swarm)
+        new_id = (await _faster(driver))["faster"]["plan_id"]
+        others = [a for a in swarm.live() if a is not driver]
+        await wait_until(lambda: all(
+            [v.plan_id for v in a.serving.loads_view()] == [old_id] for a in others),
+            timeout_s=10)
+        await driver.control_ops["load_move"]({"op": "load_move", "plan_id": new_id})
+
+        def seen() -> list[list[str]]:
+            return [[v.plan_id for v in a.serving.loads_view()] for a in others]
+
+        with trio.fail_after(30):
+            while seen() != [[new_id]] * len(others):
+                assert not any(old_id in ids for ids in seen()), seen()
+                await trio.sleep(0.01)
+        assert await others[0].serving.list_loads() == await driver.serving.list_loads()
+        nursery.cancel_scope.cancel()

@@ -20,7 +20,7 @@ import pytest
 from p2pswarm.control.client import request
 from p2pswarm.errors import SwarmError
 from p2pswarm.planner import BUILTIN_MODELS
-from p2pswarm.sim.field import free_address
+from p2pswarm.sim.field import free_address, one_leader
 from p2pswarm.sim.processes import local_swarm
 from tests.real_swarm import poll
 
@@ -59,6 +59,8 @@ def test_a_load_unloaded_while_a_fellow_was_away_stays_unloaded_under_a_new_lead
             "op": "load", "request": LOAD}, timeout_s=120), timeout_s=120)
         plan_id = record["plan_id"]
         stage_fellows = {s["fellow"] for s in record["stages"]}
+        # the leader now: a busy machine may have moved it since the start
+        leader = _poll("one leader for all", lambda: one_leader(swarm, NAMES))[0]
 
         def keeps(name: str) -> bool:
             return (swarm.homes[name] / "loads" / f"{plan_id}.json").exists()
@@ -76,6 +78,10 @@ def test_a_load_unloaded_while_a_fellow_was_away_stays_unloaded_under_a_new_lead
         assert plan_id in _cli(home, "unload")
         assert keeps(away)  # it was away: it keeps them still
 
+        # the leader that unloaded (or the one that leads since, on a busy machine)
+        leader = _poll("one leader for the fellows left", lambda: one_leader(
+            swarm, [n for n in NAMES if n != away]))[0]
+        home = swarm.homes[next(n for n in NAMES if n not in (leader, away))]
         swarm.processes[leader].send_signal(signal.SIGKILL)
         swarm.processes[leader].wait(timeout=10)
         launch(away, (addrs[next(n for n in NAMES if n not in (leader, away))],))

@@ -124,6 +124,7 @@ class Serving:
         self.events.on_loaded(self.copies.soon)  # ... then its stages copied ahead
         self.events.on_unloaded(self.failover.forget_load)
         self.events.on_forgotten(self.failover.unloads.hand_out)
+        self.events.on_unleading(self.failover.adopt_to_unload)
         # the weights cache keeps what live stages read and what copies ahead keep
         self.weights_in_use.add(self.host.hashes_in_use)
         self.weights_in_use.add(self.copy_host.hashes_kept)

@@ -10,7 +10,10 @@ subscribed, one after another:
 - ``unloaded(plan_id)`` (a load went, its orders too): failover drops its orders here and
   at their keepers;
 - ``forgotten(plan_id, generation)`` (a bring-up went for good: unload or re-cut): the
-  unload is handed to every fellow, so no later leader adopts it (awaited in turn).
+  unload is handed to every fellow, so no later leader adopts it (awaited in turn);
+- ``unleading(plan_id)`` (a leader is about to unload a load its fellows serve that it
+  does not lead yet, elected a moment ago): failover adopts it first, so that the
+  unload's tombstone names its bring-up (awaited).
 """
 
 from __future__ import annotations
@@ -19,14 +22,15 @@ from collections.abc import Awaitable, Callable, Iterable
 
 
 class LoadEvents:
-    """Loads come up and go: a small publish/subscribe of the three events above."""
+    """Loads come up and go: a small publish/subscribe of the four events above."""
 
-    __slots__ = ("_forgotten", "_loaded", "_unloaded")
+    __slots__ = ("_forgotten", "_loaded", "_unleading", "_unloaded")
 
     def __init__(self) -> None:
         self._loaded: list[Callable[[], None]] = []
         self._unloaded: list[Callable[[str], None]] = []
         self._forgotten: list[Callable[[str, str], Awaitable[None]]] = []
+        self._unleading: list[Callable[[str], Awaitable[None]]] = []
 
     def on_loaded(self, listener: Callable[[], None]) -> None:
         self._loaded.append(listener)
@@ -36,6 +40,9 @@ class LoadEvents:
 
     def on_forgotten(self, listener: Callable[[str, str], Awaitable[None]]) -> None:
         self._forgotten.append(listener)
+
+    def on_unleading(self, listener: Callable[[str], Awaitable[None]]) -> None:
+        self._unleading.append(listener)
 
     def loaded(self) -> None:
         for listener in self._loaded:
@@ -48,6 +55,10 @@ class LoadEvents:
     async def forgotten(self, plan_id: str, generation: str) -> None:
         for listener in self._forgotten:
             await listener(plan_id, generation)
+
+    async def unleading(self, plan_id: str) -> None:
+        for listener in self._unleading:
+            await listener(plan_id)
 
 
 class WeightsInUse:

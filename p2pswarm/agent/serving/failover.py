@@ -110,7 +110,7 @@ class Failover:
         self._watching = False
         self._adopt_at: dict[str, float] = {}  # a load not adopted yet: when to ask again
         self._look_until = 0.0  # the watch runs at least this long (fellows come back)
-        self.unloads = UnloadMemory(agent, leadership, host)  # unloads outlive leaders
+        self.unloads = UnloadMemory(agent, leadership, host, loads)  # unloads outlive leaders
         self.adoption = Adoption(agent, leadership, loads, host, self._release_stray,
                                  self.unloads)
         self.keepers = Keepers(agent, leadership, loads, self._keep_here)
@@ -206,6 +206,12 @@ class Failover:
             self.agent.spawn(self._adopt_quietly, plan_id, True)
         self._look_until = trio.current_time() + self.timings.look_after_change_s
         self.watch_soon()
+
+    async def adopt_to_unload(self, plan_id: str) -> None:
+        """Lead load ``plan_id`` before unloading it, so that the unload knows which
+        bring-up its tombstone covers (best effort: unloaded as it is otherwise)."""
+        if self.leadership.is_leader() and plan_id not in self.loads.loads:
+            await self.adoption.adopt(plan_id)
 
     def look_a_while(self) -> None:
         """Watch for a while even with no load in sight: a fellow (back, or just

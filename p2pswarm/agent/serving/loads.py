@@ -126,6 +126,7 @@ class Loads:
         self._serial = 0  # the last record taken into ``loads`` (``lead``)
         self.timings = agent.config.serving
         self._unloaded: dict[str, float] = {}
+        self._heard_gone: dict[str, float] = {}  # unloads the leader told this fellow of
         # loads unloaded here (the last TICKETS_KEPT): a fellow away during the unload
         # that comes back keeping their orders is told to drop them, not adopted
         self._forgotten: OrderedDict[str, str] = OrderedDict()
@@ -267,13 +268,13 @@ class Loads:
         orders = self.orders.get(plan_id)
         return orders[0].generation if orders else ""
 
-    def retire(self, plan_id: str, successor: str) -> None:
+    def retire(self, plan_id: str, successor: str) -> str:
         """Load ``plan_id`` now lives on as ``successor`` (a live move re-cut it): forget
         it, ignore its stages' lagging gossip, and name the successor to whoever asks
-        for it (a driver resuming a session). Its stages are the caller's to release."""
+        for it (a driver resuming a session). Its stages are the caller's to release,
+        and its bring-up (returned, "" when unknown) the caller's to hand out as
+        forgotten (``events``), so that no later leader adopts it either."""
         generation = self._generation_of(plan_id)
-        if generation:  # no later leader adopts it either
-            self.agent.spawn(self.events.forgotten, plan_id, generation)
         self.drop(plan_id)
         self._unloaded[plan_id] = trio.current_time()
         self.events.unloaded(plan_id)  # its orders kept here and by its keepers
@@ -283,6 +284,15 @@ class Loads:
         self.moved_to[plan_id] = successor
         while len(self.moved_to) > TICKETS_KEPT:
             self.moved_to.pop(next(iter(self.moved_to)))
+        return generation
+
+    def heard_unloaded(self, plan_id: str) -> None:
+        """The leader told this fellow that load ``plan_id`` was unloaded or re-cut: its
+        stages' gossip may still lag here, so this fellow's own view (the listing when
+        the leader does not answer) leaves it out a while, as the leader's does. Only
+        the view: elected, this fellow still looks at the load's kept orders (a fellow
+        away meanwhile is handed the unload's tombstone)."""
+        self._heard_gone[plan_id] = trio.current_time()
 
     def asked_doc(self, plan_id: str) -> bytes:
         """What load ``plan_id`` was asked as, as its keepers keep it (b"": not known)."""
@@ -421,6 +431,12 @@ class Loads:
         return LoadsShown(tuple(pack_doc(v.to_doc()) for v in self.views()))
 
     async def _leader_unload(self, call: UnloadAsk) -> Unloaded:
+        # a load this leader knows only from its fellows' gossip (elected a moment ago,
+        # it has not adopted it yet) is adopted first: the unload's tombstone must name
+        # its bring-up, or a fellow away meanwhile brings it back under a later leader
+        for view in self.views():
+            if view.plan_id not in self.loads and call.plan_id in ("", view.plan_id):
+                await self.events.unleading(view.plan_id)
         async with self._lock:
             views = self.views()
             wanted = call.plan_id
@@ -485,6 +501,8 @@ class Loads:
         now = trio.current_time()
         self._unloaded = {p: t for p, t in self._unloaded.items()
                           if now - t < UNLOAD_TOMBSTONE_S}
+        self._heard_gone = {p: t for p, t in self._heard_gone.items()
+                            if now - t < UNLOAD_TOMBSTONE_S}
         members: dict[str, Member] = {}
         # plan_id -> stage -> (what its fellow says of it, as a hop; the stage it says)
         gossiped: dict[str, dict[int, tuple[ViewHop, SaidStage]]] = {}
@@ -500,7 +518,8 @@ class Loads:
         found: dict[str, tuple[list[ViewHop], LeaderLoad | SaidStage]] = {
             p: ([ViewHop.led(h) for h in r.stages], r) for p, r in self.loads.items()}
         for plan_id, entries in gossiped.items():
-            if plan_id in found or plan_id in self._unloaded or plan_id in self.moved_to:
+            if plan_id in found or plan_id in self._unloaded or plan_id in self.moved_to \
+                    or plan_id in self._heard_gone:
                 continue  # unloaded, or re-cut: its stages' gossip lags, or they linger
             # every stage fellow gossips the whole route: one entry heard is enough
             first = entries[min(entries)][1]

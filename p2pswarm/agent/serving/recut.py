@@ -151,12 +151,18 @@ class Recut:
             new.set_moves((*record.moves, move)[-self.moves_kept:])
             new.set_recut_from((*record.recut_from, old_id)[-RECUTS_NAMED:])
             old_addrs = {h.stage: (h.fellow_id, h.fellow, h.addr) for h in record.stages}
-            self.loads.retire(old_id, new_id)
+            generation = self.loads.retire(old_id, new_id)
             self._planned.pop(old_id, None)
             log.warning("load %s re-cut live into plan %s (%d stages -> %d): %s", old_id,
                         new_id, len(record.stages), len(new.stages), estimate)
-            # the sessions in flight lose their streams here and resume on the new route
-            await self.loads.release_all(old_id, old_addrs, self.loads.keeping(old_id))
+            async with trio.open_nursery() as nursery:
+                # the sessions in flight lose their streams here and resume on the new
+                # route; every fellow learns that the old plan is gone before the move
+                # is answered (its listing never shows the load twice)
+                nursery.start_soon(self.loads.release_all, old_id, old_addrs,
+                                   self.loads.keeping(old_id))
+                if generation:
+                    nursery.start_soon(self.loads.events.forgotten, old_id, generation)
             self.agent.spawn(self._release_stragglers, old_id)
             return new
 

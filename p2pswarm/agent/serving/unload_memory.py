@@ -28,6 +28,7 @@ from p2pswarm.wire.loads import (
 )
 
 if TYPE_CHECKING:
+    from p2pswarm.agent.serving.loads import Loads
     from p2pswarm.agent.serving.ports import Leader, UnloadsPort
     from p2pswarm.agent.serving.stage_host import StageHost
 
@@ -40,8 +41,10 @@ MAX_ASKED = 64  # fellows asked before an adoption (each was handed every tombst
 class UnloadMemory:
     """The fellow's tombstones and its answers; the leader's handing out and asking."""
 
-    def __init__(self, agent: UnloadsPort, leadership: Leader, host: StageHost) -> None:
+    def __init__(self, agent: UnloadsPort, leadership: Leader, host: StageHost,
+                 loads: Loads) -> None:
         self.agent = agent
+        self.loads = loads
         self.leadership = leadership
         self.host = host
         directory = host.kept.directory
@@ -66,6 +69,7 @@ class UnloadMemory:
             self.agent.counters.refuse("unload-record-unfit")
             raise PlacementError(f"LoadUnloaded of {record.plan_id:.64} refused: {why}")
         self.tombstones.remember(record)
+        self.loads.heard_unloaded(record.plan_id)  # its stages' gossip may lag here
         return StageReleased(tuple(await self.drop_covered(record.plan_id)))
 
     async def drop_covered(self, plan_id: str) -> list[int]:
