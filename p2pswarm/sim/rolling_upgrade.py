@@ -59,7 +59,8 @@ from p2pswarm.sim.processes import LocalSwarm, Say, local_swarm
 PREVIOUS_RELEASE = "675ee12"
 PROMPT = "The swarm of fellows"
 MAX_TOKENS = 24
-SETTLE_TIMEOUT_S = 180.0  # a member again, the load whole and the job running
+SETTLE_TIMEOUT_S = 180.0
+ERROR_BACKOFF_S = 1.0  # a client that failed waits before it asks again, as clients do  # a member again, the load whole and the job running
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +161,9 @@ class Client:
             self.served += 1
             self.resumes += int(got.get("resumes") or 0)
         except (SwarmError, KeyError, TypeError) as exc:
-            self.errors.append(f"through {entry}: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+            said = str(exc).splitlines()[0] if str(exc) else repr(exc)
+            self.errors.append(f"through {entry}: {said}")
+            self.stopping.wait(ERROR_BACKOFF_S)
         finally:
             with self.lock:
                 self.in_flight = None
@@ -371,8 +374,9 @@ def run(*, previous: Release, fellows: int, new_at_start: int = 1, say: Say,
             wait_until("the load", lambda: upgrade.ask(
                 {"op": "load", "request": load_request()}, timeout_s=120, streamed=True),
                 SETTLE_TIMEOUT_S)
+            stores = swarm.root / "checkpoints" if checkpoints else None
             submitted = upgrade.ask({"op": "job_submit", "config": job(
-                seed=seed, checkpoint_dir=swarm.root / "checkpoints" if checkpoints else None)}, timeout_s=120)
+                seed=seed, checkpoint_dir=stores)}, timeout_s=120)
             track = JobTrack(JobWatch(str(submitted["job_id"])), upgrade)
             client.once()  # the reference answer, before anything moves
             if client.errors:
