@@ -17,12 +17,13 @@ The run (``run``):
 3. each previous-release fellow in turn, as `docker service update` with
    ``order: stop-first``: SIGTERM (the fellow leaves), the process waited for, this
    release started on the same state directory and address, and waited for until it
-   is a member again (``is_member``: the health check of ``docker/stack.yml``) and the
-   swarm has settled (the load whole, the job running: what the update's ``delay``
-   leaves time for) before the next. The client is a load balancer's: it sends no new
-   generation to the fellow about to stop and that fellow stops once the generation
-   it was answering has ended (``stop_grace_period``); generations through the other
-   fellows, whose stages may be on the stopping one, go on;
+   is a member again (``p2pswarm.health``: the health check of ``docker/stack.yml``)
+   and the swarm has settled (every fellow names one leader, the load whole, the job
+   running: what the update's ``delay`` leaves time for) before the next. The client
+   is a load balancer's: it sends no new generation to the fellow about to stop, and
+   that fellow stops once the generation it was answering has ended
+   (``stop_grace_period``); generations through the other fellows, whose stages may be
+   on the stopping one, go on;
 4. the job is watched past a few more rounds, the client stops, every fellow must run
    this release and name one leader.
 
@@ -49,6 +50,7 @@ from typing import Any
 import p2pswarm
 from p2pswarm.control.client import request, stream
 from p2pswarm.errors import ControlError, SwarmError
+from p2pswarm.health import is_member
 from p2pswarm.sim.chaos import FELLOW_MEMORY, TERMINAL, JobWatch, job_config
 from p2pswarm.sim.field import followed_per_term, free_address, one_leader, two_leaders
 from p2pswarm.sim.processes import LocalSwarm, Say, local_swarm
@@ -59,8 +61,8 @@ from p2pswarm.sim.processes import LocalSwarm, Say, local_swarm
 PREVIOUS_RELEASE = "675ee12"
 PROMPT = "The swarm of fellows"
 MAX_TOKENS = 24
-SETTLE_TIMEOUT_S = 180.0
-ERROR_BACKOFF_S = 1.0  # a client that failed waits before it asks again, as clients do  # a member again, the load whole and the job running
+SETTLE_TIMEOUT_S = 180.0  # a member again, the load whole and the job running
+ERROR_BACKOFF_S = 1.0  # a client that failed waits before it asks again, as clients do
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,14 +115,6 @@ def previous_release(repo: Path, into: Path, commit: str = PREVIOUS_RELEASE) -> 
         subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True,
                        timeout=120)
     return Release(f"previous ({commit})", into)
-
-
-def is_member(status: dict[str, Any]) -> bool:
-    """A fellow's status says it is a member again: it names a leader, and sees itself
-    and at least one other fellow alive (a lone fellow leading itself is not the swarm)."""
-    members = status.get("members") or []
-    alive = sum(1 for m in members if isinstance(m, dict) and m.get("state") == "alive")
-    return bool(status.get("leader")) and alive >= 2
 
 
 @dataclass
@@ -293,6 +287,11 @@ class JobTrack:
         self.watch.highest_step = max(self.watch.highest_step, step)
         self.watch.last = record
 
+    def polled(self) -> dict[str, Any]:
+        """The job's record, asked now."""
+        self.poll(force=True)
+        return self.watch.last
+
     def rounds(self) -> int:
         rounds = self.watch.last.get("rounds") or []
         return int(rounds[-1]["version"]) if rounds else 0
@@ -383,7 +382,7 @@ def run(*, previous: Release, fellows: int, new_at_start: int = 1, say: Say,
                 raise SwarmError(f"the mixed swarm did not serve: {client.errors[0]}")
             thread.start()
             wait_until(f"the job to close round {rounds_before}", lambda: (
-                track.poll(force=True), track.rounds() >= rounds_before)[1],
+                track.polled() and track.rounds() >= rounds_before),
                 SETTLE_TIMEOUT_S)
             report["mixed_served"] = client.served
             report["mixed_round"] = track.rounds()
@@ -397,7 +396,7 @@ def run(*, previous: Release, fellows: int, new_at_start: int = 1, say: Say,
             report["replaced"] = steps
             at = track.rounds()
             wait_until(f"the job to close {rounds_after} more rounds", lambda: (
-                track.poll(force=True), track.rounds() >= at + rounds_after)[1],
+                track.polled() and track.rounds() >= at + rounds_after),
                 SETTLE_TIMEOUT_S)
             client.stopping.set()
             thread.join(timeout=180)
@@ -450,7 +449,7 @@ def replace(upgrade: Upgrade, client: Client, track: JobTrack, name: str,
     client.undrain(name)
     wait_until("the swarm to settle (one leader, the load whole, the job running)",
                lambda: one_leader(swarm, upgrade.names) and load_whole(upgrade, set())
-               and (track.poll(force=True), track.watch.last.get("state") == "running")[1],
+               and track.polled().get("state") == "running",
                SETTLE_TIMEOUT_S)
     step = {"fellow": name, "was_leader": was_leader, "left_cleanly": left,
             "stop_s": round(stopped - began, 1), "member_again_s": round(member - stopped, 1),
@@ -481,5 +480,5 @@ def verdict(report: dict[str, Any]) -> list[str]:
     return misses
 
 
-__all__ = ["CURRENT", "PREVIOUS_RELEASE", "Release", "is_member", "previous_release",
+__all__ = ["CURRENT", "PREVIOUS_RELEASE", "Release", "previous_release",
            "repository_root", "run", "verdict"]
