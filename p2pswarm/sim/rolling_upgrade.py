@@ -302,12 +302,15 @@ class JobTrack:
 
 
 def job(*, seed: int, checkpoint_dir: Path | None) -> dict[str, Any]:
-    """A DiLoCo job of two replicas of the demo's small llama, far longer than the run
-    (it is cancelled at the end), checkpointing every other round (``checkpoint_dir``
-    None: never; a takeover resumes from the rounds' copies all the same)."""
-    from p2pswarm.demo import DEMO_TRAIN_MODEL
+    """A DiLoCo job of two replicas of a small llama (the train demo's shape), far longer
+    than the run (it is cancelled at the end), checkpointing every other round
+    (``checkpoint_dir`` None: never; a takeover resumes from the rounds' copies all the
+    same)."""
+    from p2pswarm.planner import BUILTIN_MODELS
 
-    config = job_config(model=DEMO_TRAIN_MODEL, steps=100_000, seed=seed, seq_len=32,
+    model = {**BUILTIN_MODELS["tiny-llama"], "hidden_size": 128, "intermediate_size": 384,
+             "num_hidden_layers": 6, "head_dim": 32, "max_position_embeddings": 512}
+    config = job_config(model=model, steps=100_000, seed=seed, seq_len=32,
                         checkpoint_dir=checkpoint_dir or Path("."), inner_steps=4,
                         checkpoint_every=8)
     if checkpoint_dir is None:
