@@ -6,8 +6,9 @@ again on this release from its state directory, on its address, the next only on
 is a member again, as `docker service update` with ``order: stop-first`` does, while a
 client generates in a loop and the job trains: no client error, no job restart.
 
-Outside a git checkout (an sdist, an installed package) there is no history to build
-the previous release from: the test is skipped. ``simulations/rolling_upgrade.py`` runs
+Outside a git checkout (an sdist, an installed package), or in a shallow clone without
+that commit, there is no history to build the previous release from: the test is
+skipped, saying so. ``simulations/rolling_upgrade.py`` runs
 the same upgrade on six fellows."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from p2pswarm.sim.rolling_upgrade import (
     PREVIOUS_RELEASE,
     Release,
+    has_commit,
     previous_release,
     repository_root,
     run,
@@ -32,6 +34,9 @@ def previous(tmp_path_factory: pytest.TempPathFactory) -> Release:
     repo = repository_root()
     if repo is None:
         pytest.skip("not in a git checkout: the previous release is built from its history")
+    if not has_commit(repo):
+        pytest.skip(f"the history lacks the previous release {PREVIOUS_RELEASE} (a shallow "
+                    "clone? `git fetch --unshallow`)")
     return previous_release(repo, tmp_path_factory.mktemp("releases") / PREVIOUS_RELEASE)
 
 

@@ -102,6 +102,13 @@ def repository_root(start: Path | None = None) -> Path | None:
     return Path(found.stdout.strip()) if found.returncode == 0 else None
 
 
+def has_commit(repo: Path, commit: str = PREVIOUS_RELEASE) -> bool:
+    """Whether ``repo``'s history holds ``commit`` (a shallow clone may not)."""
+    found = subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{commit}^{{commit}}"],
+                           capture_output=True, timeout=30)
+    return found.returncode == 0
+
+
 def previous_release(repo: Path, into: Path, commit: str = PREVIOUS_RELEASE) -> Release:
     """``commit``'s tree extracted from ``repo``'s history into ``into`` (kept: a second
     call with the same folder reuses it)."""
@@ -483,5 +490,5 @@ def verdict(report: dict[str, Any]) -> list[str]:
     return misses
 
 
-__all__ = ["CURRENT", "PREVIOUS_RELEASE", "Release", "previous_release",
+__all__ = ["CURRENT", "PREVIOUS_RELEASE", "Release", "has_commit", "previous_release",
            "repository_root", "run", "verdict"]
