@@ -58,13 +58,17 @@ def markdown(report: dict[str, Any], misses: list[str]) -> str:
         f"{(report.get('mixed_leader') or {}).get('name', '-')} "
         f"({(report.get('mixed_leader') or {}).get('release', '-')}).",
         "",
-        "| fellow | led | left cleanly | stop s | member again s | settled s | job step |",
-        "|---|---|---|---|---|---|---|",
+        "| fellow | led | held a stage | trained | left cleanly | stop s | member again s | "
+        "settled s | job step | client errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for step in report.get("replaced", []):
+        trained = step["fellow"] in step["replica_fellows"]
         lines.append(f"| {step['fellow']} | {'yes' if step['was_leader'] else ''} | "
+                     f"{'yes' if step['held_stage'] else ''} | {'yes' if trained else ''} | "
                      f"{'yes' if step['left_cleanly'] else 'killed'} | {step['stop_s']} | "
-                     f"{step['member_again_s']} | {step['settled_s']} | {step['job_step']} |")
+                     f"{step['member_again_s']} | {step['settled_s']} | {step['job_step']} | "
+                     f"{step['error_count']} |")
     lines += ["", f"Job: {job.get('state', '-')} at step {job.get('step', '-')}, round "
               f"{job.get('round', '-')}; moves: {job.get('moves', [])}", ""]
     lines.append("Every target met." if not misses else

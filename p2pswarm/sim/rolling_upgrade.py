@@ -332,9 +332,27 @@ def load_request() -> dict[str, Any]:
             "kind": "serve", "weights_dtype": "f32", "floors_bytes": {"cpu": "250MB"}}
 
 
-def load_whole(upgrade: Upgrade, avoid: set[str]) -> bool:
-    loads = upgrade.ask({"op": "loads"}, avoid=avoid, timeout_s=10)["loads"]
-    return bool(loads) and all(r.get("complete", True) for r in loads)
+def stage_holders(upgrade: Upgrade) -> dict[str, str]:
+    """Each stage's fellow and its state there, as the loads say: ``{"f1": "alive"}``."""
+    loads = upgrade.ask({"op": "loads"}, timeout_s=10)["loads"]
+    return {str(s.get("fellow")): str(s.get("state", "unknown"))
+            for r in loads for s in r.get("stages", [])}
+
+
+def load_whole(upgrade: Upgrade) -> bool:
+    """The load is there, complete, and every stage's fellow alive."""
+    loads = upgrade.ask({"op": "loads"}, timeout_s=10)["loads"]
+    return bool(loads) and all(r.get("complete", True) and all(
+        s.get("state") == "alive" for s in r.get("stages", [])) for r in loads)
+
+
+def all_see_all(upgrade: Upgrade) -> bool:
+    """Every fellow sees every fellow alive."""
+    for name in upgrade.names:
+        members = upgrade.swarm.status(name)["members"]
+        if sum(m.get("state") == "alive" for m in members) != len(upgrade.names):
+            return False
+    return True
 
 
 def run(*, previous: Release, fellows: int, new_at_start: int = 1, say: Say,
@@ -447,6 +465,14 @@ def replace(upgrade: Upgrade, client: Client, track: JobTrack, name: str,
     swarm = upgrade.swarm
     began = time.monotonic()
     was_leader = (one_leader(swarm, upgrade.running()) or ("", 0))[0] == name
+    try:
+        held = stage_holders(upgrade).get(name)
+    except SwarmError:
+        held = None
+    replicas = sorted({str(s.get("fellow")) for replica in
+                       (track.watch.last.get("stages") or []) if isinstance(replica, list)
+                       for s in replica if isinstance(s, dict)})
+    errors_before = len(client.errors)
     track.avoid = {name}
     client.drain(name)
     left = upgrade.stop(name)
@@ -457,11 +483,15 @@ def replace(upgrade: Upgrade, client: Client, track: JobTrack, name: str,
     member = time.monotonic()
     track.avoid = set()
     client.undrain(name)
-    wait_until("the swarm to settle (one leader, the load whole, the job running)",
-               lambda: one_leader(swarm, upgrade.names) and load_whole(upgrade, set())
-               and track.polled().get("state") == "running",
-               SETTLE_TIMEOUT_S)
-    step = {"fellow": name, "was_leader": was_leader, "left_cleanly": left,
+    wait_until("the swarm to settle (all see all alive, one leader, the load whole with "
+               "every stage's fellow alive, the job running)",
+               lambda: all_see_all(upgrade) and one_leader(swarm, upgrade.names)
+               and load_whole(upgrade) and track.polled().get("state") == "running",
+               SETTLE_TIMEOUT_S, track.poll)
+    step = {"fellow": name, "was_leader": was_leader, "held_stage": held is not None,
+            "replica_fellows": replicas, "left_cleanly": left,
+            "error_count": len(client.errors) - errors_before,
+            "errors": client.errors[errors_before:][:5],
             "stop_s": round(stopped - began, 1), "member_again_s": round(member - stopped, 1),
             "settled_s": round(time.monotonic() - member, 1),
             "errors_so_far": len(client.errors), "job_step": track.watch.last_step}
