@@ -56,7 +56,9 @@ def markdown(report: dict[str, Any], misses: list[str]) -> str:
         f"Mixed swarm: {len(report['old_fellows'])} previous and "
         f"{len(report['new_fellows'])} current fellows, leader "
         f"{(report.get('mixed_leader') or {}).get('name', '-')} "
-        f"({(report.get('mixed_leader') or {}).get('release', '-')}).",
+        f"({(report.get('mixed_leader') or {}).get('release', '-')}); the load's stages "
+        + ("only on the fellows of this release from the start." if report["serve_on_new"]
+           else "where the planner put them."),
         "",
         "| fellow | led | held a stage | trained | left cleanly | stop s | member again s | "
         "settled s | job step | client errors |",
@@ -83,6 +85,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("rolling_upgrade"))
     parser.add_argument("--keep", action="store_true", help="keep the fellows' state and logs")
+    parser.add_argument("--serve-on-new", action="store_true",
+                        help="place the load's stages only on the fellows of this release "
+                             "from the start (never stopped), as the CI test does")
     args = parser.parse_args()
     if not 0 < args.new_at_start < args.fellows:
         parser.error("--new-at-start must be at least 1 and less than --fellows")
@@ -94,7 +99,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="p2pswarm-previous-") as scratch:
         previous = previous_release(repo, Path(scratch) / PREVIOUS_RELEASE)
         report = run(previous=previous, fellows=args.fellows, new_at_start=args.new_at_start,
-                     seed=args.seed, keep=args.keep, say=lambda line: print(line, flush=True))
+                     seed=args.seed, keep=args.keep, serve_on_new=args.serve_on_new,
+                     say=lambda line: print(line, flush=True))
     misses = verdict(report)
     report["verdict"] = misses
     text = markdown(report, misses)

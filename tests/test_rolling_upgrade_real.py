@@ -52,7 +52,7 @@ def test_previous_release_fellows_replaced_one_at_a_time_while_serving_and_train
         previous: Release) -> None:
     lines: list[str] = []
     report = run(previous=previous, fellows=4, new_at_start=1, say=lines.append,
-                 rounds_before=1, rounds_after=1, checkpoints=False)
+                 rounds_before=1, rounds_after=1, checkpoints=False, serve_on_new=True)
     assert verdict(report) == [], (report, lines)
     # the mixed swarm formed with one leader, served and trained before the upgrade
     assert report["mixed_leader"]["name"] in report["old_fellows"] + report["new_fellows"]
