@@ -64,5 +64,5 @@ def test_previous_release_fellows_replaced_one_at_a_time_while_serving_and_train
           f"{report['upgrade_s']} s; {report['generations']} generations, "
           f"{report['client_errors']} errors; job {report['job']['state']} at step "
           f"{report['job']['step']}, {report['job']['restarts']} restarts; mixed leader "
-          f"{report['mixed_leader']}; "
+          f"{report['mixed_leader']}; protocols {report['mixed_protocols']}; "
           f"{[(s['fellow'], s['member_again_s']) for s in report['replaced']]}")

@@ -334,6 +334,12 @@ def load_request(exclude: Collection[str] = ()) -> dict[str, Any]:
             "exclude": [f"{name}:cpu" for name in exclude]}
 
 
+def protocols(swarm: LocalSwarm, observer: str) -> dict[str, Any]:
+    """Each fellow's protocol as ``observer``'s status shows it (None where the status
+    has no such column: a release before the version skew policy)."""
+    return {str(m.get("name")): m.get("protocol") for m in swarm.status(observer)["members"]}
+
+
 def stage_holders(upgrade: Upgrade) -> dict[str, str]:
     """Each stage's fellow and its state there, as the loads say: ``{"f1": "alive"}``."""
     loads = upgrade.ask({"op": "loads"}, timeout_s=10)["loads"]
@@ -400,11 +406,13 @@ def run(*, previous: Release, fellows: int, new_at_start: int = 1, say: Say,
             mixed = wait_until("the mixed swarm to form with one leader",
                                lambda: all(is_member(swarm.status(n)) for n in names)
                                and one_leader(swarm, names), SETTLE_TIMEOUT_S)
+            report["mixed_protocols"] = protocols(swarm, news[0])
             report["mixed_leader"] = {"name": mixed[0], "term": mixed[1],
                                       "release": upgrade.runs[mixed[0]].label}
             report["formed_s"] = took()
             say(f"mixed swarm of {len(olds)} previous and {len(news)} current fellows "
-                f"formed, leader {mixed[0]} ({report['formed_s']} s)")
+                f"formed, leader {mixed[0]} ({report['formed_s']} s); protocols as "
+                f"{news[0]} sees them: {report['mixed_protocols']}")
             wait_until("the load", lambda: upgrade.ask(
                 {"op": "load", "request": load_request(olds if serve_on_new else ())},
                 timeout_s=120, streamed=True),
