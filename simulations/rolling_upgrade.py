@@ -58,7 +58,9 @@ def markdown(report: dict[str, Any], misses: list[str]) -> str:
         f"{(report.get('mixed_leader') or {}).get('name', '-')} "
         f"({(report.get('mixed_leader') or {}).get('release', '-')}); the load's stages "
         + ("only on the fellows of this release from the start." if report["serve_on_new"]
-           else "where the planner put them."),
+           else "where the planner put them.")
+        + f" Protocols as {report['new_fellows'][0]} saw them: "
+        f"{report.get('mixed_protocols', '-')}.",
         "",
         "| fellow | led | held a stage | trained | left cleanly | stop s | member again s | "
         "settled s | job step | client errors |",
