@@ -6,10 +6,16 @@ again on this release from its state directory, on its address, the next only on
 is a member again, as `docker service update` with ``order: stop-first`` does, while a
 client generates in a loop and the job trains: no client error, no job restart.
 
+The load is placed on the fellow that runs this release from the start (never stopped);
+generations enter through every fellow, the previous release's too, and cross releases
+on their way to it. A stage on a fellow that leaves costs client errors today, until the
+leader has moved it (docs/operations.md, "Upgrading a swarm"); the simulation measures
+that case too.
+
 Outside a git checkout (an sdist, an installed package), or in a shallow clone without
 that commit, there is no history to build the previous release from: the test is
-skipped, saying so. ``simulations/rolling_upgrade.py`` runs
-the same upgrade on six fellows."""
+skipped, saying so. ``simulations/rolling_upgrade.py`` runs the same upgrade on six
+fellows."""
 
 from __future__ import annotations
 
