@@ -137,7 +137,7 @@ def leave_then_leader_crash(swarm: LocalSwarm) -> dict[str, Any]:
     names = ["a", "b", "c", "d"]
     addresses = {name: free_address() for name in names}
     for name in names:
-        seeds = () if name == "a" else (addresses["a"],)
+        seeds: tuple[str, ...] = () if name == "a" else (addresses["a"],)
         swarm.launch(name, seeds=seeds, listen=addresses[name])
     for name in names:
         swarm.address(name)
