@@ -1,29 +1,10 @@
-"""Helpers of the tests that run real `join` processes: waiting for something with a
-deadline (polled, never a fixed sleep), and what a fellow's status says of its stages."""
+"""Helpers of the tests that run real `join` processes: what a fellow's status says of its
+stages; waiting with a deadline (``poll``) and the rest live in ``p2pswarm.sim.commands``."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from typing import Any
-
+from p2pswarm.sim.commands import poll
 from p2pswarm.sim.processes import LocalSwarm
-
-
-def poll(what: str, ready: Callable[[], Any], timeout_s: float = 60.0, *,
-         tolerate: tuple[type[BaseException], ...] = ()) -> Any:
-    """``ready()``'s first true value within ``timeout_s``; an exception in ``tolerate``
-    counts as not ready yet."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            value = ready()
-        except tolerate:
-            value = None
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 def stage_sessions(swarm: LocalSwarm, name: str) -> int:
@@ -34,3 +15,6 @@ def stage_sessions(swarm: LocalSwarm, name: str) -> int:
     except Exception:
         return 0
     return sum(int(h.get("sessions", 0)) for h in held)
+
+
+__all__ = ["poll", "stage_sessions"]
