@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import psutil
 import pytest
+
+from p2pswarm.sim.commands import cli
 
 pytestmark = pytest.mark.slow  # real processes: minutes, not seconds
 
@@ -42,9 +42,7 @@ def test_demo_serves_across_three_fellows_and_leaves_cleanly() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="p2ps-"))
     try:
         env = {**os.environ, "TMPDIR": str(tmp), "COLUMNS": "120"}
-        done = subprocess.run([sys.executable, "-m", "p2pswarm.cli", "demo"],
-                              capture_output=True, text=True, timeout=300, env=env,
-                              check=False)
+        done = cli("demo", timeout_s=300, env=env)
         out = done.stdout
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         root = re.search(r"on loopback in (\S+), each offering 360MB", out)
@@ -82,9 +80,7 @@ def test_demo_train_learns_serves_the_result_and_leaves_cleanly() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="p2ps-"))
     try:
         env = {**os.environ, "TMPDIR": str(tmp), "COLUMNS": "120"}
-        done = subprocess.run([sys.executable, "-m", "p2pswarm.cli", "demo", "--train",
-                               "--steps", "20", "--json"], capture_output=True, text=True,
-                              timeout=300, env=env, check=False)
+        done = cli("demo", "--train", "--steps", "20", "--json", timeout_s=300, env=env)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         result = json.loads(done.stdout)
         root = re.search(r"on loopback in (\S+), each offering", done.stderr)
