@@ -9,7 +9,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -264,25 +263,7 @@ def test_the_models_page_reads_sensibly() -> None:
         server.shutdown()
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="python -P (safe path) is 3.11's")
-def test_the_demo_runs_from_the_folder_that_holds_the_clone(tmp_path: Path) -> None:
-    """Where the demo is started, a `p2pswarm` folder shadows the package for anything
-    that imports from the current directory (`python -m`): the fellows must not."""
-    shadow = tmp_path / "p2pswarm"
-    shadow.mkdir()
-    (shadow / "__init__.py").write_text("raise ImportError('the clone shadows the package')\n")
-    state = tempfile.mkdtemp(prefix="p2ps-")  # short: Unix socket paths are
-    env = {**os.environ, "TMPDIR": state, "COLUMNS": "120"}
-    # -P: this process, like the `p2pswarm` console script, does not import from the cwd
-    try:
-        done = subprocess.run([sys.executable, "-P", "-m", "p2pswarm.cli", "demo"],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
-                              check=False)
-    finally:
-        shutil.rmtree(state, ignore_errors=True)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "checked against the same model in one process: the same tokens" in done.stdout
+# the demo started in the folder that holds a clone: tests/test_demo.py (one demo run)
 
 
 # --- status explains a leaderless side; a waiting stage says the true reason ------------

@@ -19,7 +19,7 @@ from p2pswarm.control.client import request
 from p2pswarm.errors import SwarmError
 
 CLI: tuple[str, ...] = (sys.executable, "-m", "p2pswarm.cli")
-POLL_S = 0.05  # between two looks at a condition: soon noticed, and cheap for the agents
+POLL_S = 0.1  # between two looks at a condition: each look costs the agents a status
 Sink = Union[int, IO[Any], None]  # where a child's output goes: PIPE, DEVNULL, a file
 
 
@@ -102,9 +102,10 @@ def present(doc: dict[str, Any] | None) -> set[str]:
 
 
 def poll(what: str, ready: Callable[[], Any], timeout_s: float = 60.0, *,
-         tolerate: tuple[type[BaseException], ...] = ()) -> Any:
+         tolerate: tuple[type[BaseException], ...] = (), interval_s: float = POLL_S) -> Any:
     """``ready()``'s first true value within ``timeout_s``, or SwarmError naming
-    ``what``; an exception in ``tolerate`` counts as not ready yet."""
+    ``what``; an exception in ``tolerate`` counts as not ready yet. Looked at every
+    ``interval_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -115,7 +116,7 @@ def poll(what: str, ready: Callable[[], Any], timeout_s: float = 60.0, *,
             return value
         if time.monotonic() > deadline:
             raise SwarmError(f"gave up waiting for {what} after {timeout_s:g} s")
-        time.sleep(POLL_S)
+        time.sleep(interval_s)
 
 
 def took_s(what: str, ready: Callable[[], Any], timeout_s: float = 60.0, *,
