@@ -21,7 +21,8 @@ from p2pswarm.disk_budget import tree_bytes
 from p2pswarm.errors import ControlError, SwarmError
 from p2pswarm.home import Home
 from p2pswarm.security import SwarmSecret
-from p2pswarm.sim.commands import hears_ctrl_c, poll, start, stop
+from p2pswarm.sim import commands
+from p2pswarm.sim.commands import hears_ctrl_c, poll, start
 
 Say = Callable[[str], None]
 
@@ -96,7 +97,7 @@ class LocalSwarm:
 
     def stop(self) -> None:
         names = {process.pid: name for name, process in self.processes.items()}
-        stop(*self.processes.values(), timeout_s=10, killing=lambda process: self.say(
+        commands.stop(*self.processes.values(), timeout_s=10, killing=lambda process: self.say(
             f"fellow {names[process.pid]} did not leave within 10 s; killing it"))
 
 
