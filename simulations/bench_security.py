@@ -38,7 +38,6 @@ import json
 import os
 import platform
 import resource
-import signal
 import struct
 import subprocess
 import sys
@@ -57,6 +56,7 @@ from p2pswarm.errors import SwarmError
 from p2pswarm.home import Home
 from p2pswarm.planner import BUILTIN_MODELS
 from p2pswarm.security import SwarmSecret
+from p2pswarm.sim import commands
 from p2pswarm.transport.udp_tcp import parse_addr
 
 Row = tuple[str, str, str, bool]  # figure, value, target, met
@@ -120,32 +120,20 @@ class Swarm:
         return fellow
 
     def stop(self) -> None:
-        for f in self.fellows:
-            if f.process.poll() is None:
-                f.process.send_signal(signal.SIGINT)
-        for f in self.fellows:
-            try:
-                f.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                f.process.kill()
-                f.process.wait()
+        commands.stop(*(f.process for f in self.fellows), timeout_s=15)
 
 
 def wait_for(fellow: Fellow, ready: Callable[[dict[str, Any]], bool],
              timeout_s: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def answered() -> dict[str, Any] | None:
         if fellow.process.poll() is not None:
             raise SystemExit(f"{fellow.name} exited with {fellow.process.returncode}")
-        try:
-            status = fellow.status(timeout_s=5)
-            if ready(status):
-                return status
-        except SwarmError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{fellow.name}: not ready after {timeout_s:g} s")
-        time.sleep(0.2)
+        status = fellow.status(timeout_s=5)
+        return status if ready(status) else None
+
+    ready_status: dict[str, Any] = commands.poll(f"{fellow.name} to be ready", answered,
+                                                 timeout_s, tolerate=(SwarmError,))
+    return ready_status
 
 
 @contextmanager

@@ -9,70 +9,52 @@ view.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from p2pswarm.control import client as control_client
 from p2pswarm.errors import SwarmError
+from p2pswarm.sim.commands import cli, join, present, status_of, stop, took_s
 from p2pswarm.sim.field import free_port
 
 Row = tuple[str, str, str, bool]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "p2pswarm.cli", *args], capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL, check=True)
-
-
 def _join(home: Path, port: int, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "p2pswarm.cli", "join", "--home", str(home), "--preset",
-         "local", "--no-cpu", "--http", "off", "--listen", f"127.0.0.1:{port}", *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-        stdin=subprocess.DEVNULL)
+    return join(home, *args, listen=f"127.0.0.1:{port}", output=subprocess.DEVNULL)
 
 
 def _alive(home: Path) -> set[str]:
+    return present(status_of(home))
+
+
+def _took_s(ready: Callable[[], bool], timeout_s: float) -> float | None:
+    """The seconds until ``ready()`` held; None if not within ``timeout_s``."""
     try:
-        data: dict[str, Any] = control_client.request(home, {"op": "status"}, timeout_s=10)
+        return took_s("a figure's condition", ready, timeout_s)
     except SwarmError:
-        return set()
-    return {m["name"] for m in data["members"] if m["state"] in ("alive", "suspect")}
-
-
-def _wait(ready: Callable[[], bool], timeout_s: float) -> float | None:
-    began = time.monotonic()
-    while not ready():
-        if time.monotonic() - began > timeout_s:
-            return None
-        time.sleep(0.1)
-    return time.monotonic() - began
+        return None
 
 
 def admission(uses: int = 3, extra: int = 2) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="p2pswarm-admission-") as tmp:
         root = Path(tmp)
         admin_home = root / "admin"
-        _cli("init", "--home", str(admin_home), "--json")
-        token = json.loads(_cli("invite", "--home", str(admin_home), "--uses", str(uses),
-                                "--json").stdout)["token"]
+        cli("init", "--home", str(admin_home), "--json", check=True)
+        token = json.loads(cli("invite", "--home", str(admin_home), "--uses", str(uses),
+                               "--json", check=True).stdout)["token"]
         port = free_port()
         seed = f"127.0.0.1:{port}"
         procs = {"admin": _join(admin_home, port, "--name", "admin")}
         try:
-            _wait(lambda: "admin" in _alive(admin_home), 60)
+            _took_s(lambda: "admin" in _alive(admin_home), 60)
             names = [f"f{i}" for i in range(uses + extra)]
             for name in names:
                 procs[name] = _join(root / name, free_port(), seed, "--name", name,
                                     "--token", token)
             # settled: every joiner admitted or gone (a refused joiner exits)
-            _wait(lambda: all(procs[n].poll() is not None or n in _alive(admin_home)
+            _took_s(lambda: all(procs[n].poll() is not None or n in _alive(admin_home)
                               for n in names), 120)
             admitted = sorted(_alive(admin_home) - {"admin"})
             rows: list[Row] = [(
@@ -82,21 +64,14 @@ def admission(uses: int = 3, extra: int = 2) -> list[Row]:
                 return rows
             victim = admitted[0]
             watchers = [admin_home] + [root / n for n in admitted[1:]]
-            _cli("revoke", victim, "--home", str(admin_home))
-            took = _wait(lambda: all(victim not in _alive(h) for h in watchers), 30)
+            cli("revoke", victim, "--home", str(admin_home), check=True)
+            took = _took_s(lambda: all(victim not in _alive(h) for h in watchers), 30)
             rows.append(("time until a revoked fellow is out of every view",
                          "not within 30 s" if took is None else f"{took:.1f} s", "<= 10 s",
                          took is not None and took <= 10.0))
             return rows
         finally:
-            for p in procs.values():
-                if p.poll() is None:
-                    p.send_signal(signal.SIGINT)
-            for p in procs.values():
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop(*procs.values())
 
 
 if __name__ == "__main__":

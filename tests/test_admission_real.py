@@ -7,9 +7,7 @@ nobody; a plain token is told to ask for an invitation."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,64 +15,25 @@ from typing import Any
 import pytest
 
 from p2pswarm.admission_home import AdmissionHome
-from p2pswarm.control import client as control_client
-from p2pswarm.errors import SwarmError
 from p2pswarm.home import Home
 from p2pswarm.security.invitation_token import InvitationToken
+from p2pswarm.sim import commands
+from p2pswarm.sim.commands import cli, present, refused_line, status_of, stop, took_s
 from p2pswarm.sim.field import free_port
 
 pytestmark = pytest.mark.slow  # real processes
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "p2pswarm.cli", *args], capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL)
-
-
-def join(home: Path, port: int, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "p2pswarm.cli", "join", "--home", str(home), "--preset",
-         "local", "--no-cpu", "--http", "off", "--listen", f"127.0.0.1:{port}", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-
-
-def status(home: Path) -> dict[str, Any] | None:
-    try:
-        return control_client.request(home, {"op": "status"}, timeout_s=10)  # type: ignore[no-any-return]
-    except SwarmError:
-        return None
-
-
 def alive_names(home: Path) -> set[str]:
-    data = status(home)
-    return set() if data is None else {m["name"] for m in data["members"]
-                                       if m["state"] in ("alive", "suspect")}
+    return present(status_of(home))
 
 
 def wait(what: str, ready: Any, timeout_s: float = 90.0) -> float:
-    began = time.monotonic()
-    while not ready():
-        assert time.monotonic() - began < timeout_s, f"gave up waiting for {what}"
-        time.sleep(0.1)
-    return time.monotonic() - began
+    return took_s(what, ready, timeout_s)
 
 
-def stop(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-
-
-def refused_line(process: subprocess.Popen[str]) -> str:
-    _, err = process.communicate(timeout=90)
-    assert process.returncode == 1, err[-2000:]
-    errors = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "Traceback" not in err, err[-2000:]
-    return errors[0]
+def join(home: Path, port: int, *args: str) -> subprocess.Popen[str]:
+    return commands.join(home, *args, listen=f"127.0.0.1:{port}")
 
 
 def test_an_invitation_admits_its_uses_and_revoke_takes_a_fellow_out(tmp_path: Path) -> None:
@@ -96,7 +55,7 @@ def test_an_invitation_admits_its_uses_and_revoke_takes_a_fellow_out(tmp_path: P
         via_a = f"127.0.0.1:{ports['a']}"
         procs["b"] = join(tmp_path / "b", ports["b"], via_a, "--name", "b", "--token", token)
         wait("two fellows admitted", lambda: alive_names(admin_home) == {"admin", "a", "b"})
-        relay, issuer = status(tmp_path / "a"), status(admin_home)
+        relay, issuer = status_of(tmp_path / "a"), status_of(admin_home)
         assert relay is not None and issuer is not None
         assert relay["admission"]["issues"] is False and relay["admission"]["relayed_asks"] >= 1
         assert issuer["admission"]["issues"] is True
@@ -123,8 +82,7 @@ def test_an_invitation_admits_its_uses_and_revoke_takes_a_fellow_out(tmp_path: P
         assert "revoked" in refused_line(procs.pop("b"))
         assert all("b" not in alive_names(tmp_path / h) for h in ("admin", "a"))
     finally:
-        for p in procs.values():
-            stop(p)
+        stop(*procs.values())
 
 
 def test_an_expired_invitation_or_a_plain_token_admits_nobody(tmp_path: Path) -> None:

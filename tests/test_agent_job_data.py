@@ -127,10 +127,9 @@ def test_train_from_another_directory_sends_the_jobs_text_to_the_leader(
     from an unrelated directory on the fellow that does not lead: the relative text file
     is read there, sent to the leader under its hash, and the job trains on it."""
     import os
-    import subprocess
-    import sys
 
     from p2pswarm.demo import form_swarm, local_swarm
+    from p2pswarm.sim.commands import cli
 
     _job_file(tmp_path / "job")
     elsewhere = tmp_path / "elsewhere"
@@ -143,11 +142,8 @@ def test_train_from_another_directory_sends_the_jobs_text_to_the_leader(
         leader = status["leader"]["name"]
         submitter = next(n for n in names if n != leader)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
-        done = subprocess.run(
-            [sys.executable, "-m", "p2pswarm.cli", "train", "--config", "../job/job.json",
-             "--home", str(swarm.homes[submitter]), "--json"],
-            cwd=elsewhere, capture_output=True, text=True, timeout=240, env=env,
-            check=False)
+        done = cli("train", "--config", "../job/job.json", "--home",
+                   str(swarm.homes[submitter]), "--json", cwd=elsewhere, timeout_s=240, env=env)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         record = json.loads(done.stdout)
         assert record["state"] == "finished" and record["step"] == 3

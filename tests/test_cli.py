@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 
 from typer.testing import CliRunner
 
 from p2pswarm import __version__
 from p2pswarm.cli import app
+from p2pswarm.sim import commands
 
 runner = CliRunner()
 
@@ -96,10 +95,7 @@ def test_port_in_use_is_a_clear_error(tmp_path) -> None:
         tcp.listen()
         port = tcp.getsockname()[1]
         udp.bind(("127.0.0.1", port))
-        result = subprocess.run(
-            [sys.executable, "-m", "p2pswarm.cli", "join", "--home", str(tmp_path),
-             "--listen", f"127.0.0.1:{port}"],
-            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        result = commands.cli("join", "--home", str(tmp_path), "--listen", f"127.0.0.1:{port}")
     assert result.returncode != 0
     assert "address already in use" in result.stderr
     assert "Traceback" not in result.stderr

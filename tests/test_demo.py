@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from p2pswarm.sim.commands import CLI, cli
+
 pytestmark = pytest.mark.slow  # real processes: minutes, not seconds
 
 
@@ -37,14 +39,26 @@ def corpus_words() -> set[str]:
     return {w.lower() for w in re.findall(r"[A-Za-z]+", corpus_text())}
 
 
-def test_demo_serves_across_three_fellows_and_leaves_cleanly() -> None:
+def test_demo_serves_across_three_fellows_and_leaves_cleanly(tmp_path: Path) -> None:
+    """... and, started in the folder that holds a clone, runs the installed package: there
+    a `p2pswarm` folder shadows it for anything that imports from the current directory
+    (`python -m`), and the fellows must not."""
     # a short private TMPDIR: the demo's state goes there (Unix socket paths are short)
     tmp = Path(tempfile.mkdtemp(prefix="p2ps-"))
     try:
         env = {**os.environ, "TMPDIR": str(tmp), "COLUMNS": "120"}
-        done = subprocess.run([sys.executable, "-m", "p2pswarm.cli", "demo"],
-                              capture_output=True, text=True, timeout=300, env=env,
-                              check=False)
+        if sys.version_info >= (3, 11):
+            shadow = tmp_path / "p2pswarm"
+            shadow.mkdir()
+            (shadow / "__init__.py").write_text(
+                "raise ImportError('the clone shadows the package')\n")
+            # -P: this process, like the `p2pswarm` console script, does not import from
+            # the cwd (Python 3.11's safe path)
+            done = subprocess.run([sys.executable, "-P", *CLI[1:], "demo"], cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=300, env=env,
+                                  stdin=subprocess.DEVNULL, check=False)
+        else:
+            done = cli("demo", timeout_s=300, env=env)
         out = done.stdout
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         root = re.search(r"on loopback in (\S+), each offering 360MB", out)
@@ -82,9 +96,7 @@ def test_demo_train_learns_serves_the_result_and_leaves_cleanly() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="p2ps-"))
     try:
         env = {**os.environ, "TMPDIR": str(tmp), "COLUMNS": "120"}
-        done = subprocess.run([sys.executable, "-m", "p2pswarm.cli", "demo", "--train",
-                               "--steps", "20", "--json"], capture_output=True, text=True,
-                              timeout=300, env=env, check=False)
+        done = cli("demo", "--train", "--steps", "20", "--json", timeout_s=300, env=env)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         result = json.loads(done.stdout)
         root = re.search(r"on loopback in (\S+), each offering", done.stderr)

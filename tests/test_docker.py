@@ -763,7 +763,10 @@ def test_a_fellow_run_as_the_stack_runs_it(tmp_path: Path) -> None:
     """Token from a file (never in the process's command line), name from the variable,
     seeds as one comma-separated argument, and, inside a memory cgroup where this test may
     make one, a CPU card of the cgroup's limit. (Joining is test_join_token's.)"""
-    from tests.test_join_token import SEED_SECRET, free_port, stop, wait_for_fellows
+    from p2pswarm.sim.commands import stop
+    from p2pswarm.sim.field import free_port
+    from tests.test_join_token import SEED_SECRET, wait_for_fellows
+
     token_file = tmp_path / "p2pswarm_token"
     token_file.write_text(SEED_SECRET.token() + "\n")
     home = tmp_path / "fellow"

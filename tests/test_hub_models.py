@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from p2pswarm.models.files import model_directory, read_model_config
 from p2pswarm.models.hub import cached_snapshot, hub_cache_dir, is_hub_id
 from p2pswarm.models.loader import open_model
 from p2pswarm.models.tokenizer import load_tokenizer
+from p2pswarm.sim.commands import cli
 from tests.http_swarm import LoopbackSwarm, serve_body
 
 HUB_ID = "acme/tiny-llama-chat"
@@ -123,15 +122,11 @@ def test_a_bad_ref_is_refused(tmp_path: Path) -> None:
 def test_plan_by_hub_id_in_a_real_process_offline(cache: Path) -> None:
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    run = subprocess.run([sys.executable, "-m", "p2pswarm.cli", "plan", HUB_ID, "--cluster",
-                          str(REFERENCE), "--json"], capture_output=True, text=True, env=env,
-                         timeout=120, check=False)
+    run = cli("plan", HUB_ID, "--cluster", str(REFERENCE), "--json", env=env, timeout_s=120)
     assert run.returncode == 0, run.stderr
     plan = json.loads(run.stdout)
     assert plan["model"]["name"] == "tiny-llama-chat" and plan["fits"]
-    missing = subprocess.run([sys.executable, "-m", "p2pswarm.cli", "plan", "acme/other",
-                              "--cluster", str(REFERENCE)], capture_output=True, text=True,
-                             env=env, timeout=120, check=False)
+    missing = cli("plan", "acme/other", "--cluster", str(REFERENCE), env=env, timeout_s=120)
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
     lines = missing.stderr.strip().splitlines()
     assert len(lines) == 1 and "huggingface-cli download acme/other" in lines[0]

@@ -25,33 +25,22 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from p2pswarm.demo import DEMO_TRAIN_MEMORY, demo_job
 from p2pswarm.errors import ControlError
-from p2pswarm.sim.processes import LocalSwarm, hears_ctrl_c, local_swarm
+from p2pswarm.sim.commands import cli, poll, start
+from p2pswarm.sim.processes import LocalSwarm, local_swarm
 
 pytestmark = pytest.mark.slow  # real processes: a minute or two, not seconds
 
 QUIET = ("--http", "off", "--log-level", "info")
 
 
-def cli(*args: str, **options: Any) -> subprocess.Popen[str]:
+def command(*args: str) -> subprocess.Popen[str]:
     """A `p2pswarm` command with its output (both streams) readable line by line."""
-    return subprocess.Popen([sys.executable, "-m", "p2pswarm.cli", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, preexec_fn=hears_ctrl_c,
-                            env={**os.environ, "COLUMNS": "200"}, **options)
-
-
-def poll(what: str, check: Callable[[], bool], timeout_s: float) -> None:
-    """Until ``check()`` holds; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"gave up waiting for {what} after {timeout_s} s"
-        time.sleep(0.1)
+    return start(*args, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200"})
 
 
 def states_of(swarm: LocalSwarm, observer: str) -> dict[str, str]:
@@ -119,7 +108,7 @@ def nothing_held(swarm: LocalSwarm) -> bool:
 def test_ctrl_c_on_load_while_stages_fetch_leaves_nothing_allocated(
         swarm: LocalSwarm, model_dir: Path) -> None:
     home = str(swarm.homes["fellow-1"])  # the model directory is on fellow-1's disk
-    load = cli("load", str(model_dir), "--stages", "3", "--weights-dtype", "f32", "--floor",
+    load = command("load", str(model_dir), "--stages", "3", "--weights-dtype", "f32", "--floor",
                "cpu=250MB", "--home", home)
     # a stage fetching its weights from fellow-1: the leader holds reservations everywhere
     code, output = interrupt_when(load, lambda line: "fetching weights" in line, 300)
@@ -128,9 +117,7 @@ def test_ctrl_c_on_load_while_stages_fetch_leaves_nothing_allocated(
     assert "interrupted: cancelling the load" in output
     assert "load cancelled" in output and "nothing stays loaded" in output, output
     assert "loaded plan" not in output
-    listed = subprocess.run([sys.executable, "-m", "p2pswarm.cli", "loads", "--json",
-                             "--home", home], capture_output=True, text=True, timeout=60,
-                            check=True)
+    listed = cli("loads", "--json", "--home", home, check=True)
     assert json.loads(listed.stdout) == []
     # a stage released while its build ran drops what it built once the build ends
     poll("every fellow to hold no stage", lambda: nothing_held(swarm), 120)
@@ -141,7 +128,7 @@ def test_ctrl_c_on_train_without_a_terminal_leaves_the_job_running(
     home = str(swarm.homes["fellow-2"])
     job = tmp_path / "job.json"
     job.write_text(json.dumps(demo_job(100_000, tmp_path / "checkpoints")))
-    train = cli("train", "--config", str(job), "--home", home)
+    train = command("train", "--config", str(job), "--home", home)
     code, output = interrupt_when(train, lambda line: " running: step " in line
                                   and " running: step 0/" not in line, 300)
     assert code == 130, output
@@ -153,16 +140,13 @@ def test_ctrl_c_on_train_without_a_terminal_leaves_the_job_running(
     assert stop == f"p2pswarm jobs cancel {job_id} --home {shlex.quote(home)}"
 
     def state() -> str:
-        done = subprocess.run([sys.executable, "-m", "p2pswarm.cli", "jobs", "--json",
-                               "--home", home], capture_output=True, text=True, timeout=60,
-                              check=True)
+        done = cli("jobs", "--json", "--home", home, check=True)
         return str(next(j["state"] for j in json.loads(done.stdout) if j["job_id"] == job_id))
 
     assert state() == "running"
     # the printed command, as printed, stops it
     argv = shlex.split(stop)
-    stopped = subprocess.run([sys.executable, "-m", "p2pswarm.cli", *argv[1:]],
-                             capture_output=True, text=True, timeout=60, check=False)
+    stopped = cli(*argv[1:])
     assert stopped.returncode == 0, stopped.stderr
     poll(f"job {job_id} to be cancelled", lambda: state() == "cancelled", 60)
 
@@ -191,10 +175,7 @@ def test_sigterm_sigint_and_leave_are_each_recorded_left_by_every_fellow(
             logs = {o: swarm.root / f"{o}.log" for o in everyone}
             since = {o: log.stat().st_size for o, log in logs.items()}
             if way == "leave":
-                said = subprocess.run(
-                    [sys.executable, "-m", "p2pswarm.cli", "leave", "--home",
-                     str(swarm.homes[name])], capture_output=True, text=True, timeout=60,
-                    check=False)
+                said = cli("leave", "--home", str(swarm.homes[name]))
                 assert said.returncode == 0, said.stderr
                 # all of them, or enough (3) with gossip carrying it to the rest
                 acked = re.fullmatch(r"left the swarm: (\d+) of (\d+) fellows acknowledged"

@@ -5,16 +5,19 @@ swarm's seed keeps the keyring it did not write."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from p2pswarm.errors import SwarmError
 from p2pswarm.home import Home
+from p2pswarm.sim.commands import join, poll, status_of, stop
 from p2pswarm.sim.field import free_port
-from tests.test_join_token import OTHER_SECRET, SEED_SECRET, join, status, stop, wait_for_fellows
+from tests.test_join_token import OTHER_SECRET, SEED_SECRET, laptop_joins, wait_for_fellows
 
 pytestmark = pytest.mark.slow  # real processes
 
@@ -78,50 +81,54 @@ class SlotFlood:
                     sock.close()
 
 
-def test_a_fellow_joins_while_a_stranger_holds_every_handshake_slot(tmp_path: Path) -> None:
-    seed_home, home = tmp_path / "seed", tmp_path / "laptop"
+@pytest.fixture(scope="module")
+def seed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int]]:
+    """The seed both tests join (its home and port): the flood leaves nothing behind that
+    the refused joiner meets, and the refused joiner changes nothing the flood counts."""
+    root = tmp_path_factory.mktemp("flood")
+    seed_home = root / "seed"
     Home(seed_home).join_swarm(SEED_SECRET)
     port = free_port()
-    seed = join(seed_home, "--listen", f"127.0.0.1:{port}", "--name", "seed")
+    # its log to a file: a pipe nobody reads would fill over both tests and block it
+    with open(root / "seed.log", "w") as log:
+        process = join(seed_home, "--name", "seed", listen=f"127.0.0.1:{port}", output=log)
     try:
-        wait_for_fellows(seed_home, seed, 1)
-        with SlotFlood(port) as flood:
-            deadline = time.monotonic() + 30
-            while flood.reconnects < SOURCES and time.monotonic() < deadline:
-                time.sleep(0.1)  # the slots are full: the seed times the stranger out
-            joiner = join(home, f"127.0.0.1:{port}", "--listen", "127.0.0.1:0", "--name",
-                          "laptop", "--token", SEED_SECRET.token())
-            try:
-                data = wait_for_fellows(home, joiner, 2)
-                assert {m["name"] for m in data["members"]} == {"seed", "laptop"}
-            finally:
-                stop(joiner)
-            seen = status(seed_home)
-            # the joiner's streams found the slots full and took the stranger's oldest
-            assert seen is not None and seen["transport"]["handshakes_evicted"] >= 1
-            assert seen["transport"]["streams_refused_busy"] == 0
-        assert Home(home).has_swarm()
+        wait_for_fellows(seed_home, process, 1)
+        yield seed_home, port
     finally:
-        stop(seed)
+        stop(process)
 
 
-def test_a_joiner_refused_keeps_the_keyring_it_did_not_write(tmp_path: Path) -> None:
-    seed_home, home = tmp_path / "seed", tmp_path / "laptop"
-    Home(seed_home).join_swarm(SEED_SECRET)
+def test_a_fellow_joins_while_a_stranger_holds_every_handshake_slot(
+        seed: tuple[Path, int], tmp_path: Path) -> None:
+    seed_home, port = seed
+    home = tmp_path / "laptop"
+    with SlotFlood(port) as flood:
+        # the slots are full: the seed times the stranger out (the joiner goes on
+        # after 30 s however many it timed out)
+        with contextlib.suppress(SwarmError):
+            poll("the seed timing the stranger out", lambda: flood.reconnects >= SOURCES,
+                 30)
+        laptop_joins(home, port)
+        seen = status_of(seed_home)
+        # the joiner's streams found the slots full and took the stranger's oldest
+        assert seen is not None and seen["transport"]["handshakes_evicted"] >= 1
+        assert seen["transport"]["streams_refused_busy"] == 0
+    assert Home(home).has_swarm()
+
+
+def test_a_joiner_refused_keeps_the_keyring_it_did_not_write(
+        seed: tuple[Path, int], tmp_path: Path) -> None:
+    _, port = seed
+    home = tmp_path / "laptop"
     Home(home).join_swarm(OTHER_SECRET)  # an earlier run wrote it
     before = Home(home).keyring_path.read_bytes()
-    port = free_port()
-    seed = join(seed_home, "--listen", f"127.0.0.1:{port}", "--name", "seed")
+    wrong = join(home, f"127.0.0.1:{port}", "--name", "laptop", "--token",
+                 OTHER_SECRET.token())  # the token the home already holds
     try:
-        wait_for_fellows(seed_home, seed, 1)
-        wrong = join(home, f"127.0.0.1:{port}", "--listen", "127.0.0.1:0", "--name", "laptop",
-                     "--token", OTHER_SECRET.token())  # the token the home already holds
-        try:
-            _, err = wrong.communicate(timeout=90)
-        finally:
-            stop(wrong)
-        assert wrong.returncode == 1, err[-2000:]
-        assert "the join token is not its swarm's" in err
-        assert Home(home).keyring_path.read_bytes() == before  # kept, unchanged
+        _, err = wrong.communicate(timeout=90)
     finally:
-        stop(seed)
+        stop(wrong)
+    assert wrong.returncode == 1, err[-2000:]
+    assert "the join token is not its swarm's" in err
+    assert Home(home).keyring_path.read_bytes() == before  # kept, unchanged

@@ -5,9 +5,7 @@ running agent picks up the speeds `bench` writes, with no restart."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,10 +17,10 @@ from p2pswarm.bench import BenchmarkCache
 from p2pswarm.cards import Benchmark, fingerprint
 from p2pswarm.cli import app
 from p2pswarm.control import client as control_client
-from p2pswarm.errors import SwarmError
 from p2pswarm.home import Home
 from p2pswarm.inventory import local_card_source
 from p2pswarm.security import SwarmSecret
+from p2pswarm.sim.commands import join, poll, refused_line, status_of, stop
 from p2pswarm.sim.field import free_port
 
 pytestmark = pytest.mark.slow  # real processes
@@ -32,41 +30,28 @@ OTHER_SECRET = SwarmSecret(bytes(range(1, 33)))
 
 
 
-
-def join(home: Path, *args: str, cards: tuple[str, ...] = ("--no-cpu",)
-         ) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "p2pswarm.cli", "join", "--home", str(home), "--preset",
-         "local", *cards, "--http", "off", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-
-
-def status(home: Path) -> dict[str, Any] | None:
-    try:
-        return control_client.request(home, {"op": "status"}, timeout_s=10)  # type: ignore[no-any-return]
-    except SwarmError:  # not up yet
-        return None
-
-
 def wait_for_fellows(home: Path, process: subprocess.Popen[str], n: int) -> dict[str, Any]:
-    deadline = time.monotonic() + 90
-    while True:  # polled: start-up takes what it takes on a busy machine
-        assert process.poll() is None, process.communicate()[1][-2000:]
-        data = status(home)
-        if data and sum(m["state"] == "alive" for m in data["members"]) >= n:
-            return data
-        assert time.monotonic() < deadline, f"never saw {n} fellows alive: {data}"
-        time.sleep(0.2)
+    """``home``'s status once it shows ``n`` fellows alive (start-up takes what it takes
+    on a busy machine); fails at once if ``process`` exits."""
+    def seen() -> dict[str, Any] | None:
+        assert process.poll() is None, (process.communicate()[1] or "")[-2000:]
+        data = status_of(home)
+        return data if data and sum(m["state"] == "alive" for m in data["members"]) >= n \
+            else None
+
+    return poll(f"{n} fellows alive", seen, 90)  # type: ignore[no-any-return]
 
 
-def stop(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+def laptop_joins(home: Path, port: int) -> None:
+    """A fellow "laptop" joins the seed at ``port`` with the seed's token, from ``home``;
+    both are seen alive together; then it stops."""
+    laptop = join(home, f"127.0.0.1:{port}", "--name", "laptop", "--token",
+                  SEED_SECRET.token())
+    try:
+        data = wait_for_fellows(home, laptop, 2)
+        assert {m["name"] for m in data["members"]} == {"seed", "laptop"}
+    finally:
+        stop(laptop)
 
 
 def test_a_token_of_another_swarm_is_refused_and_the_right_one_then_works(
@@ -74,31 +59,22 @@ def test_a_token_of_another_swarm_is_refused_and_the_right_one_then_works(
     seed_home, home = tmp_path / "seed", tmp_path / "laptop"
     Home(seed_home).join_swarm(SEED_SECRET)
     port = free_port()
-    seed = join(seed_home, "--listen", f"127.0.0.1:{port}", "--name", "seed")
+    seed = join(seed_home, "--name", "seed", listen=f"127.0.0.1:{port}")
     try:
         wait_for_fellows(seed_home, seed, 1)
         began = time.monotonic()
-        wrong = join(home, f"127.0.0.1:{port}", "--listen", "127.0.0.1:0", "--name", "laptop",
-                     "--token", OTHER_SECRET.token())
+        wrong = join(home, f"127.0.0.1:{port}", "--name", "laptop", "--token",
+                     OTHER_SECRET.token())
         try:
-            _, err = wrong.communicate(timeout=90)
+            line = refused_line(wrong)
         finally:
             stop(wrong)
-        assert wrong.returncode == 1, err[-2000:]
         assert time.monotonic() - began < 60
-        errors = [line for line in err.splitlines() if line.startswith("error: ")]
-        assert len(errors) == 1 and "Traceback" not in err, err[-2000:]
         assert f"the seed 127.0.0.1:{port} refused this fellow's handshake 3 times: the " \
-               "join token is not its swarm's" in errors[0]
+               "join token is not its swarm's" in line
         assert not Home(home).has_swarm()  # the refused token is not kept
         # so the right token needs no --force
-        right = join(home, f"127.0.0.1:{port}", "--listen", "127.0.0.1:0", "--name", "laptop",
-                     "--token", SEED_SECRET.token())
-        try:
-            data = wait_for_fellows(home, right, 2)
-            assert {m["name"] for m in data["members"]} == {"seed", "laptop"}
-        finally:
-            stop(right)
+        laptop_joins(home, port)
     finally:
         stop(seed)
 
@@ -122,8 +98,7 @@ def test_join_force_replaces_the_swarm_a_home_holds_and_bench_needs_no_restart(
         tmp_path: Path) -> None:
     home = tmp_path / "h"
     Home(home).join_swarm(OTHER_SECRET)
-    process = join(home, "--listen", "127.0.0.1:0", "--name", "solo", "--token",
-                   SEED_SECRET.token(), "--force",
+    process = join(home, "--name", "solo", "--token", SEED_SECRET.token(), "--force",
                    cards=("--cpu-memory", "1GB", "--gpus", "none"))
     try:
         wait_for_fellows(home, process, 1)
@@ -133,13 +108,12 @@ def test_join_force_replaces_the_swarm_a_home_holds_and_bench_needs_no_restart(
         measured = Benchmark(flops=1.25e11, mem_bandwidth=3.5e9, dtype="f32", measured=True,
                              fingerprint=fingerprint(cpu))
         BenchmarkCache(home).save({fingerprint(cpu): measured})
-        deadline = time.monotonic() + 60
-        while True:  # the agent reads it at its next inventory refresh, and gossips it
+
+        def measured_speed_shown() -> bool:  # at the agent's next inventory refresh
             cluster = control_client.request(home, {"op": "cluster"}, timeout_s=10)
             cards = [c for f in cluster["fellows"] for c in f["cards"]]
-            if cards and cards[0].get("flops") == 1.25e11:
-                break
-            assert time.monotonic() < deadline, cluster
-            time.sleep(0.2)
+            return bool(cards) and cards[0].get("flops") == 1.25e11
+
+        poll("the measured speed in the cluster view", measured_speed_shown, 60)
     finally:
         stop(process)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from p2pswarm.control.client import request
 from p2pswarm.errors import SwarmError
 from p2pswarm.models.files import SHIPPED_MODELS
+from p2pswarm.sim.commands import cli
 from p2pswarm.sim.processes import LocalSwarm, local_swarm
 from tests.planner_cases import MID_CONFIG
 from tests.real_swarm import poll
@@ -37,8 +37,7 @@ def pair() -> Iterator[LocalSwarm]:
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "p2pswarm.cli", *args, "--home", str(home)],
-                          capture_output=True, text=True, timeout=120)
+    return cli(*args, "--home", str(home), timeout_s=120)
 
 
 def test_a_plan_ask_with_huge_layers_is_refused_and_the_leader_keeps_leading(

@@ -9,7 +9,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,13 +17,13 @@ import pytest
 from typer.testing import CliRunner
 
 from p2pswarm.cli import app
+from p2pswarm.sim.commands import CLI, cli
 from p2pswarm.sim.processes import LocalSwarm, local_swarm
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
 runner = CliRunner()
-CLI = [sys.executable, "-m", "p2pswarm.cli"]
 
 
 def invoke(*args: str, columns: int = 80):
@@ -38,8 +37,9 @@ def error_lines(stderr: str) -> list[str]:
             and " INFO " not in line and " WARNING " not in line]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def one_fellow() -> Iterator[LocalSwarm]:
+    """One fellow for the module: its tests ask it, and any load they make they unload."""
     with local_swarm(lambda text: None) as swarm:
         swarm.start("only", extra=("--http", "off", "--cpu-memory", "300MB"))
         swarm.wait_formed(["only"])
@@ -50,9 +50,8 @@ def one_fellow() -> Iterator[LocalSwarm]:
 def test_a_second_join_on_a_busy_home_is_one_line_and_prompt(one_fellow: LocalSwarm) -> None:
     home = one_fellow.homes["only"]
     began = time.monotonic()
-    done = subprocess.run([*CLI, "join", "--home", str(home), "--listen", "127.0.0.1:0",
-                           "--http", "off", "--cpu-memory", "300MB"],
-                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    done = cli("join", "--home", str(home), "--listen", "127.0.0.1:0", "--http", "off",
+               "--cpu-memory", "300MB")
     took_s = time.monotonic() - began
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr and "ExceptionGroup" not in done.stderr
@@ -70,10 +69,8 @@ def test_join_on_a_busy_http_port_names_the_port_and_the_fix(tmp_path: Path) -> 
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        done = subprocess.run([*CLI, "join", "--home", str(tmp_path), "--listen",
-                               "127.0.0.1:0", "--http", f"127.0.0.1:{port}"],
-                              capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL)
+        done = cli("join", "--home", str(tmp_path), "--listen", "127.0.0.1:0", "--http",
+                   f"127.0.0.1:{port}")
     assert done.returncode != 0
     assert "Traceback" not in done.stderr and "ExceptionGroup" not in done.stderr
     lines = error_lines(done.stderr)
@@ -266,25 +263,7 @@ def test_the_models_page_reads_sensibly() -> None:
         server.shutdown()
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="python -P (safe path) is 3.11's")
-def test_the_demo_runs_from_the_folder_that_holds_the_clone(tmp_path: Path) -> None:
-    """Where the demo is started, a `p2pswarm` folder shadows the package for anything
-    that imports from the current directory (`python -m`): the fellows must not."""
-    shadow = tmp_path / "p2pswarm"
-    shadow.mkdir()
-    (shadow / "__init__.py").write_text("raise ImportError('the clone shadows the package')\n")
-    state = tempfile.mkdtemp(prefix="p2ps-")  # short: Unix socket paths are
-    env = {**os.environ, "TMPDIR": state, "COLUMNS": "120"}
-    # -P: this process, like the `p2pswarm` console script, does not import from the cwd
-    try:
-        done = subprocess.run([sys.executable, "-P", "-m", "p2pswarm.cli", "demo"],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
-                              check=False)
-    finally:
-        shutil.rmtree(state, ignore_errors=True)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "checked against the same model in one process: the same tokens" in done.stdout
+# the demo started in the folder that holds a clone: tests/test_demo.py (one demo run)
 
 
 # --- status explains a leaderless side; a waiting stage says the true reason ------------
@@ -490,9 +469,7 @@ def test_join_on_a_home_too_deep_for_its_socket_is_one_line(tmp_path: Path) -> N
     # a Unix socket's path holds 107 bytes: a deep --home failed as an ExceptionGroup
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     invoke("init", "--home", str(deep))
-    done = subprocess.run([*CLI, "join", "--home", str(deep), "--listen", "127.0.0.1:0",
-                           "--http", "off"], capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
+    done = cli("join", "--home", str(deep), "--listen", "127.0.0.1:0", "--http", "off")
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr and "ExceptionGroup" not in done.stderr
     lines = error_lines(done.stderr)

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +20,8 @@ from p2pswarm.control.client import request
 from p2pswarm.errors import PlacementError
 from p2pswarm.models.chat_template import plain_prompt
 from p2pswarm.planner import BUILTIN_MODELS
+from p2pswarm.sim import commands
+from p2pswarm.sim.commands import start
 from p2pswarm.sim.field import free_address
 from p2pswarm.sim.processes import LocalSwarm, local_swarm
 from tests.real_swarm import poll, stage_sessions
@@ -42,10 +42,8 @@ def _both_clients(swarm: LocalSwarm, http: str, victim: str,
     """Run the CLI's `generate` and a streamed chat completion at once; ``disturb`` the
     victim once both sessions are in flight at its stage. Their results."""
     home = swarm.homes[NAMES[0]]
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "p2pswarm.cli", "generate", PROMPT, "--max-tokens",
-         str(MAX_TOKENS), "--json", "--home", str(home)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cli = start("generate", PROMPT, "--max-tokens", str(MAX_TOKENS), "--json", "--home",
+                str(home))
     chat: dict[str, Any] = {}
 
     def stream_chat() -> None:
@@ -99,10 +97,7 @@ def test_a_frozen_stage_fellow_keeps_its_stage_and_a_killed_one_moves() -> None:
         seed = swarm.start(NAMES[0], extra=("--http", http, "--log-level", "warning"))
         for name in NAMES[1:]:
             swarm.launch(name, seeds=(seed,), extra=("--log-level", "warning"))
-        for name in NAMES:
-            swarm.wait_for(name, lambda s: s["leader"] is not None and sum(
-                m["state"] == "alive" for m in s["members"]) == len(NAMES), timeout_s=90,
-                what="the swarm to form")
+        swarm.wait_formed(NAMES)
         home = swarm.homes[NAMES[0]]
         record = _load(swarm, home)
         leader = swarm.status(NAMES[0])["leader"]["name"]
@@ -133,9 +128,8 @@ def test_a_frozen_stage_fellow_keeps_its_stage_and_a_killed_one_moves() -> None:
                                   lambda: os.kill(process.pid, signal.SIGKILL))
         assert got["token_ids"] == want["token_ids"] and text == want_chat["text"]
         assert got["resumes"] >= 1
-        shown = subprocess.run([sys.executable, "-m", "p2pswarm.cli", "loads", "--home",
-                                str(home)], capture_output=True, text=True, timeout=60,
-                               env={**os.environ, "COLUMNS": "200"}, check=True).stdout
+        shown = commands.cli("loads", "--home", str(home), env={**os.environ, "COLUMNS": "200"},
+                             check=True).stdout
         stage = stage_fellows.index(victim)
         assert f"moved stage {stage} at " in shown
         assert f"from {victim} to {spare}" in shown and "process is gone" in shown

@@ -6,13 +6,12 @@ transformers' own ``generate`` (float32 weights and cache: exact, so equal token
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from p2pswarm.sim.commands import cli
 from p2pswarm.sim.processes import local_swarm
 from tests.test_sliding_window import reference_model, sequence
 
@@ -23,8 +22,7 @@ NAMES = ["fellow-1", "fellow-2"]
 
 
 def _cli(home: Path, *args: str) -> str:
-    run = subprocess.run([sys.executable, "-m", "p2pswarm.cli", *args, "--home", str(home)],
-                         capture_output=True, text=True, timeout=180)
+    run = cli(*args, "--home", str(home), timeout_s=180)
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout
 

@@ -1,8 +1,9 @@
 """Field scenarios: the election paths a user walks into, on real `join` processes.
 
-- ``seed_last``: two fellows point at a seed that starts a few seconds after them, as
-  when the machine everyone names boots last. A lone seed must not win a term on its own
-  while the others are knocking: the whole swarm ends up with one leader per term.
+- ``seed_last``: two fellows point at a seed that starts once both have tried it in
+  vain a few times, as when the machine everyone names boots last. A lone seed must
+  not win a term on its own while the others are knocking: the whole swarm ends up with
+  one leader per term.
 - ``leave_then_leader_crash``: four fellows; one leaves (``p2pswarm leave``); then the
   leader is killed. The two left must elect a new leader within seconds (a leave shrinks
   the electorate), and after every fellow is restarted from its own state directory, on
@@ -18,14 +19,13 @@ import random
 import re
 import signal
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from p2pswarm.errors import ControlError, SwarmError
+from p2pswarm.sim.commands import cli, poll
 from p2pswarm.sim.processes import LocalSwarm
 
 # "12:00:01 INFO    b: leader a (aa5eee8d): leader a (term 3)" or "...: leader of term 3"
@@ -96,17 +96,6 @@ def one_leader(swarm: LocalSwarm, names: Iterable[str]) -> tuple[str, int] | Non
     return seen.pop() if len(seen) == 1 else None
 
 
-def wait(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise SwarmError(f"gave up waiting for {what} after {timeout_s:g} s")
-        time.sleep(0.1)
-
-
 def member_state(swarm: LocalSwarm, observer: str, name: str) -> str | None:
     try:
         members = swarm.status(observer)["members"]
@@ -115,18 +104,29 @@ def member_state(swarm: LocalSwarm, observer: str, name: str) -> str | None:
     return next((m["state"] for m in members if m["name"] == name), None)
 
 
-def seed_last(swarm: LocalSwarm, *, delay_s: float = 3.0) -> dict[str, Any]:
-    """Two joiners first, their seed ``delay_s`` later; then one leader for all three."""
+def knocked(swarm: LocalSwarm, name: str, seed: str) -> bool:
+    """Whether fellow ``name`` has tried ``seed`` in vain a few times (``rejoin``'s hint
+    that the seed did not answer, in its log)."""
+    log = swarm.root / f"{name}.log"
+    return log.exists() and f"the seed {seed} did not answer" in log.read_text(
+        errors="replace")
+
+
+def seed_last(swarm: LocalSwarm) -> dict[str, Any]:
+    """Two joiners first, their seed once both have knocked on it in vain; then one
+    leader for all three."""
     seed = free_address()
     for name in ("b", "c"):
         swarm.launch(name, seeds=(seed,))
     for name in ("b", "c"):
         swarm.address(name)
-    time.sleep(delay_s)  # the scenario itself: the seed boots late
+    # the scenario itself: the seed boots late, while both joiners keep knocking
+    poll("both joiners knocking on the seed", lambda: all(
+        knocked(swarm, name, seed) for name in ("b", "c")), 60)
     swarm.launch("a", listen=seed)
     swarm.address("a")
     started = time.monotonic()
-    leader = wait(lambda: one_leader(swarm, ("a", "b", "c")), 60, "one leader for all three")
+    leader = poll("one leader for all three", lambda: one_leader(swarm, ("a", "b", "c")), 60)
     return {"leader": leader[0], "term": leader[1],
             "leader_after_s": round(time.monotonic() - started, 2),
             "two_leaders": two_leaders(followed_per_term(swarm))}
@@ -141,24 +141,23 @@ def leave_then_leader_crash(swarm: LocalSwarm) -> dict[str, Any]:
         swarm.launch(name, seeds=seeds, listen=addresses[name])
     for name in names:
         swarm.address(name)
-    first = wait(lambda: one_leader(swarm, names), 60, "one leader for all four")
+    first = poll("one leader for all four", lambda: one_leader(swarm, names), 60)
     leaver = next(n for n in names if n != first[0])
-    subprocess.run([sys.executable, "-m", "p2pswarm.cli", "leave", "--home",
-                    str(swarm.homes[leaver])], check=True, capture_output=True, timeout=30)
+    cli("leave", "--home", str(swarm.homes[leaver]), timeout_s=30, check=True)
     rest = [n for n in names if n != leaver]
 
     def recorded() -> str | None:
         states = {member_state(swarm, n, leaver) for n in rest}
         return states.pop() if len(states) == 1 and states <= {"left", "dead"} else None
 
-    recorded_as = wait(recorded, 30, f"{leaver}'s leave to be recorded")
+    recorded_as = poll(f"{leaver}'s leave to be recorded", recorded, 30)
     swarm.processes[leaver].wait(timeout=30)
     swarm.processes[first[0]].send_signal(signal.SIGKILL)
     swarm.processes[first[0]].wait()
     killed_at = time.monotonic()
     survivors = [n for n in rest if n != first[0]]
-    second = wait(lambda: (lambda ld: ld if ld and ld[1] > first[1] else None)(
-        one_leader(swarm, survivors)), 60, "a new leader after the crash")
+    second = poll("a new leader after the crash", lambda: (
+        lambda ld: ld if ld and ld[1] > first[1] else None)(one_leader(swarm, survivors)), 60)
     new_leader_s = time.monotonic() - killed_at
     # everyone down, then back from the same homes on the same addresses
     for name in survivors:
@@ -170,7 +169,7 @@ def leave_then_leader_crash(swarm: LocalSwarm) -> dict[str, Any]:
     for name in names:
         swarm.address(name)
     restarted = time.monotonic()
-    third = wait(lambda: one_leader(swarm, names), 60, "a leader after restarting everyone")
+    third = poll("a leader after restarting everyone", lambda: one_leader(swarm, names), 60)
     return {"first": first, "leaver": leaver, "leave_recorded_as": recorded_as,
             "second": second, "new_leader_s": round(new_leader_s, 2), "third": third,
             "restart_leader_s": round(time.monotonic() - restarted, 2),

@@ -8,10 +8,8 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,6 +21,8 @@ from p2pswarm.disk_budget import tree_bytes
 from p2pswarm.errors import ControlError, SwarmError
 from p2pswarm.home import Home
 from p2pswarm.security import SwarmSecret
+from p2pswarm.sim import commands
+from p2pswarm.sim.commands import hears_ctrl_c, poll, start
 
 Say = Callable[[str], None]
 
@@ -60,19 +60,15 @@ class LocalSwarm:
         if not home.exists():
             Home(home).join_swarm(self.secret)
         log = open(self.root / f"{name}.log", "ab")
-        command = [sys.executable, "-m", "p2pswarm.cli", "join", *seeds, "--listen",
-                   listen, "--name", name, "--preset", "local", "--home", str(home),
-                   *extra]
+        command = ["join", *seeds, "--listen", listen, "--name", name, "--preset", "local",
+                   "--home", str(home), *extra]
         # several fellows share this machine's cores: one torch thread each, or their
         # threads spend the time waiting for each other
         env = dict(os.environ)
         if self.threads is not None:
             env.update(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
         env.update(self.env)
-        self.processes[name] = subprocess.Popen(command, stdout=log, stderr=log,
-                                                stdin=subprocess.DEVNULL, env=env,
-                                                preexec_fn=hears_ctrl_c,
-                                                cwd=self.cwd)
+        self.processes[name] = start(*command, stdout=log, stderr=log, env=env, cwd=self.cwd)
         self.homes[name] = home
 
     def status(self, name: str) -> dict[str, Any]:
@@ -80,21 +76,16 @@ class LocalSwarm:
 
     def wait_for(self, name: str, ready: Callable[[dict[str, Any]], bool], *, timeout_s: float,
                  what: str) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while True:
+        def answered() -> dict[str, Any] | None:
             process = self.processes[name]
             if process.poll() is not None:
                 log = (self.root / f"{name}.log").read_text(errors="replace")[-2000:]
                 raise SwarmError(f"fellow {name} exited with {process.returncode}:\n{log}")
-            try:
-                status = self.status(name)
-                if ready(status):
-                    return status
-            except ControlError:
-                pass
-            if time.monotonic() > deadline:
-                raise SwarmError(f"fellow {name}: gave up waiting for {what} after {timeout_s:g} s")
-            time.sleep(0.1)
+            status = self.status(name)
+            return status if ready(status) else None
+
+        return poll(f"{what} at fellow {name}", answered, timeout_s,  # type: ignore[no-any-return]
+                    tolerate=(ControlError,))
 
     def wait_formed(self, names: list[str], timeout_s: float = 90.0) -> str:
         """Until each of ``names`` sees all of them alive and a leader; the leader's name."""
@@ -105,24 +96,10 @@ class LocalSwarm:
         return str(self.status(names[0])["leader"]["name"])
 
     def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGINT)
-        for name, process in self.processes.items():
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.say(f"fellow {name} did not leave within 10 s; killing it")
-                process.kill()
-                process.wait()
+        names = {process.pid: name for name, process in self.processes.items()}
+        commands.stop(*self.processes.values(), timeout_s=10, killing=lambda process: self.say(
+            f"fellow {names[process.pid]} did not leave within 10 s; killing it"))
 
-
-def hears_ctrl_c() -> None:
-    """In a child about to start: Ctrl-C (SIGINT) as at a terminal. A shell starting a
-    script in the background without job control (``script &``, ``nohup``) makes its
-    children ignore SIGINT, and a fellow that ignores it would not leave when ``stop``
-    asks it to (nor a command when a test presses Ctrl-C on it)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 @contextmanager
 def local_swarm(say: Say, keep: bool = False, *, start_timeout_s: float = 30.0,

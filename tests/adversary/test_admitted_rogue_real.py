@@ -19,9 +19,7 @@ import dataclasses
 import json
 import os
 import random
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,13 +33,13 @@ from p2pswarm.agent.admission import AdmissionSetup
 from p2pswarm.agent.votes import VOTES_FILE
 from p2pswarm.agent.world import AgentWorld
 from p2pswarm.config import local
-from p2pswarm.control import client as control_client
-from p2pswarm.errors import SwarmError
 from p2pswarm.home import Home
 from p2pswarm.membership.proofs import alive_signed_bytes, left_signed_bytes
 from p2pswarm.security import Identity
 from p2pswarm.security.admission import Certificate
 from p2pswarm.security.identity import node_id_of
+from p2pswarm.sim import commands
+from p2pswarm.sim.commands import cli, poll, present, status_of, stop
 from p2pswarm.sim.field import free_port
 from p2pswarm.transport.udp_tcp import open_udp_tcp_transport
 from p2pswarm.wire import gossip as g
@@ -55,61 +53,22 @@ GHOSTS = 1500
 FLOOD = 4000  # records with forged certificates and signatures, in messages of 1,000
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "p2pswarm.cli", *args], capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL)
-
-
 def join(home: Path, port: int, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "p2pswarm.cli", "join", "--home", str(home), "--preset",
-         "local", "--no-cpu", "--http", "off", "--listen", f"127.0.0.1:{port}", *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-        stdin=subprocess.DEVNULL)
-
-
-def status(home: Path) -> dict[str, Any] | None:
-    try:
-        return control_client.request(home, {"op": "status"}, timeout_s=10)  # type: ignore[no-any-return]
-    except SwarmError:
-        return None
-
-
-def present(doc: dict[str, Any] | None) -> set[str]:
-    return set() if doc is None else {m["name"] for m in doc["members"]
-                                      if m["state"] in ("alive", "suspect")}
+    return commands.join(home, *args, listen=f"127.0.0.1:{port}", output=subprocess.DEVNULL)
 
 
 def leader_id(doc: dict[str, Any] | None) -> str | None:
     return None if doc is None or doc["leader"] is None else str(doc["leader"]["id"])
 
 
-def wait(what: str, ready: Callable[[], bool], timeout_s: float = 60.0) -> float:
-    began = time.monotonic()
-    while not ready():
-        assert time.monotonic() - began < timeout_s, f"gave up waiting for {what}"
-        time.sleep(0.1)
-    return time.monotonic() - began
-
-
 async def await_until(what: str, ready: Callable[[], bool], timeout_s: float = 30.0) -> float:
-    """``wait`` for the trio part: the condition (which asks agents over their control
+    """``poll`` for the trio part: the condition (which asks agents over their control
     sockets) runs in a thread, so the rogue's agent keeps running meanwhile."""
     began = time.monotonic()
     while not await trio.to_thread.run_sync(ready):
         assert time.monotonic() - began < timeout_s, f"gave up waiting for {what}"
         await trio.sleep(0.1)
     return time.monotonic() - began
-
-
-def stop(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
 
 
 def ghost_records(count: int) -> list[g.MemberRecord]:
@@ -147,7 +106,7 @@ class Swarm:
         self.real: set[str] = set()  # the four fellows' ids, once known
 
     def docs(self, names: tuple[str, ...] = HONEST) -> dict[str, dict[str, Any] | None]:
-        return {n: status(self.homes[n]) for n in names}
+        return {n: status_of(self.homes[n]) for n in names}
 
     def led_by(self, leader: str, names: tuple[str, ...] = HONEST) -> bool:
         return all(leader_id(d) == leader for d in self.docs(names).values())
@@ -224,26 +183,25 @@ def test_an_admitted_rogue_cannot_take_or_stall_the_leadership(tmp_path: Path) -
     swarm = Swarm(homes, procs)
     try:
         procs["admin"] = join(homes["admin"], ports["admin"], "--name", "admin")
-        wait("the admin's fellow", lambda: "admin" in present(status(homes["admin"])))
+        poll("the admin's fellow", lambda: "admin" in present(status_of(homes["admin"])))
         for n in ("a", "b"):
             procs[n] = join(homes[n], ports[n], seed, "--name", n, "--token", token)
-        wait("one honest leader", lambda: all(
+        poll("one honest leader", lambda: all(
             present(d) == set(HONEST) for d in swarm.docs().values())
             and len({leader_id(d) for d in swarm.docs().values()} - {None}) == 1
             and None not in {leader_id(d) for d in swarm.docs().values()})
         # the rogue is admitted like any fellow, then its home is taken over in-process
         procs["rogue"] = join(homes["rogue"], ports["rogue"], seed, "--name", "rogue",
                               "--token", token)
-        wait("the rogue admitted", lambda: all(
+        poll("the rogue admitted", lambda: all(
             "rogue" in present(d) for d in swarm.docs().values()))
         procs["rogue"].kill()
         procs.pop("rogue").wait(10)
-        leader = leader_id(status(homes["admin"]))
+        leader = leader_id(status_of(homes["admin"]))
         assert leader is not None
         trio.run(attack, swarm, homes["rogue"], ports["rogue"], leader, seed)
     finally:
-        for p in procs.values():
-            stop(p)
+        stop(*procs.values(), timeout_s=15)
 
 
 async def attack(swarm: Swarm, rogue_home: Path, port: int, leader: str, seed: str) -> None:
@@ -364,7 +322,7 @@ async def attack(swarm: Swarm, rogue_home: Path, port: int, leader: str, seed: s
             rest = tuple(n for n in HONEST if n != leader_name)
             took_s = await await_until("a new honest leader", lambda: len(
                 {leader_id(d) for d in swarm.docs(rest).values()}) == 1 and leader_id(
-                status(swarm.homes[rest[0]])) not in (None, leader, agent.node_id.hex()),
+                status_of(swarm.homes[rest[0]])) not in (None, leader, agent.node_id.hex()),
                 timeout_s=30)
             print(f"new leader after {took_s:.1f} s")
             for name, doc in swarm.docs(rest).items():
