@@ -38,7 +38,7 @@ class LocalSwarm:
     threads: int | None = 1  # torch threads per fellow; None: the fellow's own choice
     env: dict[str, str] = field(default_factory=dict)  # more environment for the fellows
     cwd: Path | None = None  # where they run (`python -m` imports the package from there)
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
     homes: dict[str, Path] = field(default_factory=dict)
 
     def start(self, name: str, seeds: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> str:
