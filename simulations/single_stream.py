@@ -152,7 +152,8 @@ class Fellows:
         from p2pswarm.models.files import read_model_config
         from p2pswarm.sim.processes import local_swarm
 
-        swarm = stack.enter_context(local_swarm(lambda text: None, threads=threads))
+        swarm = stack.enter_context(local_swarm(lambda text: None, threads=threads,
+                                                   start_timeout_s=120.0))
         names = [f"fellow-{i + 1}" for i in range(n)]
         saved = dict(os.environ)
         os.environ.update(env or {})  # the fellows inherit this process's environment

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from p2pswarm.models.quant import DequantWorkspace
+from p2pswarm.models.quant import DequantWorkspace, fuse
 from p2pswarm.shapes.model_config import ModelConfig
 
 # attention masks of one forward by (new tokens, keys, window, soft-capped)
@@ -52,6 +52,10 @@ class RMSNorm(nn.Module):
         self.unit_offset = unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32 \
+                and not self.unit_offset:
+            # one fused op, the same numbers as the steps below give in float32
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # normalise in float32 whatever the compute dtype, as the reference does
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -120,9 +124,23 @@ class Rotary(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return rope(x, cos, signed_sin(sin))
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with its first half negated: rotating a vector by its halves is then a
+    swap of the halves times this (once per forward, not per layer and tensor)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, where rotate_half(x) = (-x2, x1): the same
+    numbers, as (-a) * b == a * (-b) exactly, in four ops instead of seven."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = x.view(*x.shape[:-1], 2, half).flip(-2).flatten(-2)
+    out: torch.Tensor = x * cos + swapped * sin_signed
+    return out
 
 
 class Attention(nn.Module):
@@ -140,17 +158,34 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, config.kv_dim, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.hidden_size, config.kv_dim, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.q_dim, config.hidden_size, bias=config.o_bias)
+        # q, k and v as one linear (``fuse_linears``, serving only): one matmul, not three
+        self.qkv_proj: nn.Module | None = None
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor,
+                sin_signed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, heads, T, D), and k, v (B, kv_heads, T, D), rotated (``rope``)."""
+        B, T, _ = x.shape
+        H, KV, D = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x).view(B, T, H + 2 * KV, D).transpose(1, 2)
+            if self.q_norm is None:  # q and k rotated together
+                qk = rope(qkv[:, :H + KV], cos, sin_signed)
+                return qk[:, :H], qk[:, H:], qkv[:, H + KV:]
+            q, k, v = qkv[:, :H], qkv[:, H:H + KV], qkv[:, H + KV:]
+        else:
+            q = self.q_proj(x).view(B, T, H, D).transpose(1, 2)
+            k = self.k_proj(x).view(B, T, KV, D).transpose(1, 2)
+            v = self.v_proj(x).view(B, T, KV, D).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return rope(q, cos, sin_signed), rope(k, cos, sin_signed), v
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int,
                 cache: LayerCache | None, layer: int, masks: Masks | None = None
                 ) -> torch.Tensor:
+        """``sin`` as ``signed_sin`` gives it."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self.project(x, cos, sin)
         if cache is not None:
             k, v = cache.update(layer, k, v, start_pos)
         L = k.shape[2]
@@ -213,11 +248,15 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.gelu = config.hidden_act == "gelu_tanh"
+        self.gate_up_proj: nn.Module | None = None  # gate and up as one (``fuse_linears``)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = self.gate_proj(x)
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        out: torch.Tensor = self.down_proj(gate * self.up_proj(x))
+        out: torch.Tensor = self.down_proj(gate * up)
         return out
 
 
@@ -290,8 +329,12 @@ class StageModel(nn.Module):
             h = h * torch.tensor(self.config.hidden_size ** 0.5, dtype=h.dtype)
         positions = torch.arange(start_pos, start_pos + h.shape[1], device=h.device)
         cos, sin = self.rotary(positions, h.dtype)
-        local = self.rotary(positions, h.dtype, local=True) \
-            if self.rotary.local_inv_freq is not None else (cos, sin)
+        sin = signed_sin(sin)
+        if self.rotary.local_inv_freq is not None:
+            local_cos, local_sin = self.rotary(positions, h.dtype, local=True)
+            local = (local_cos, signed_sin(local_sin))
+        else:
+            local = (cos, sin)
         masks: Masks = {}  # one attention mask per shape, shared by the layers
         for i, block in enumerate(self.layers):
             c, s = local if block.local_rope else (cos, sin)
@@ -313,6 +356,28 @@ class StageModel(nn.Module):
         c = self.config
         return max(c.q_dim * c.hidden_size, c.kv_dim * c.hidden_size,
                    c.intermediate_size * c.hidden_size)
+
+
+def fuse_linears(model: StageModel) -> None:
+    """Each layer's q, k, v as one linear and its gate, up as one (float, int8 and 4-bit
+    alike, the same numbers and bytes): a decode step then makes five matmul calls per
+    layer instead of seven. Serving only, once its weights are in place: LoRA and the
+    checkpoint's names want the separate linears, and layers wrapped by LoRA stay so."""
+    for module in model.layers:
+        block = module if isinstance(module, Block) else None
+        if block is None:
+            continue
+        attn, mlp = block.self_attn, block.mlp
+        if attn.qkv_proj is None:
+            qkv = fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            if qkv is not None:
+                attn.qkv_proj = qkv
+                del attn.q_proj, attn.k_proj, attn.v_proj
+        if mlp.gate_up_proj is None:
+            gate_up = fuse([mlp.gate_proj, mlp.up_proj])
+            if gate_up is not None:
+                mlp.gate_up_proj = gate_up
+                del mlp.gate_proj, mlp.up_proj
 
 
 BLOCK_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",

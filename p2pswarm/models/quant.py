@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import platform
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -53,6 +54,8 @@ INT4_BAG_MAX_ROWS = 8
 # up to this many rows (a decode batch) an int8 call quantizes each row's activations
 # alone; prefill chunks share one scale per call
 INT8_ROWWISE_MAX_ROWS = 8
+# torch runs an elementwise op on several threads past this many elements (its grain)
+PARALLEL_GRAIN = 32768
 
 
 class DequantWorkspace:
@@ -159,10 +162,12 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is None:
             return F.linear(x, self.dequantize(), self.bias)
-        flat = x.reshape(-1, self.in_features).float().contiguous()
+        flat = x.reshape(-1, self.in_features)
+        if flat.dtype != torch.float32 or not flat.is_contiguous():
+            flat = flat.float().contiguous()
         # fbgemm without VNNI saturates 8-bit x 8-bit pair sums unless activations keep 7 bits
         reduce_range = self.kernel == "fbgemm"
-        if flat.shape[0] <= INT8_ROWWISE_MAX_ROWS:
+        if 1 < flat.shape[0] <= INT8_ROWWISE_MAX_ROWS:
             # one activation scale per call: a decode batch calls per row, so a session's
             # tokens do not depend on which others share its batch
             y = torch.cat([torch.ops.quantized.linear_dynamic(row, self._packed, reduce_range)
@@ -171,6 +176,30 @@ class Int8Linear(nn.Module):
             y = torch.ops.quantized.linear_dynamic(flat, self._packed, reduce_range)
         y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    @classmethod
+    def fused(cls, parts: Sequence[Int8Linear]) -> Int8Linear | None:
+        """One packed linear for ``parts`` (same inputs), outputs stacked in order: the
+        same numbers (weights are per row, activations are quantized per call either
+        way), or None where it would not hold the same bytes or has no packed weight."""
+        first = parts[0]
+        if (first._packed is None or any(p.kernel != first.kernel or p._packed is None
+                                         or p.in_features != first.in_features
+                                         for p in parts)
+                or len({p.bias is None for p in parts}) != 1):
+            return None
+        out = sum(p.out_features for p in parts)
+        if linear_weight_bytes(first.in_features, out, scheme="int8", dtype_bytes=1) != sum(
+                p.packed_bytes() for p in parts):
+            return None  # padded differently: the plan's bytes would no longer hold
+        qs, scales = [], []
+        for p in parts:
+            qweight, _ = torch.ops.quantized.linear_unpack(p._packed)
+            qs.append(qweight.int_repr())
+            scales.append(qweight.q_per_channel_scales().float())
+        bias = None if first.bias is None else torch.cat([p.bias for p in parts
+                                                          if p.bias is not None])
+        return cls(torch.cat(qs), torch.cat(scales), bias, first.workspace, first.kernel)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int8 per row, {self.kernel}"
@@ -197,11 +226,14 @@ class Int4Linear(nn.Module):
 
     def __init__(self, packed: torch.Tensor, out_features: int, in_features: int,
                  bias: torch.Tensor | None, workspace: DequantWorkspace, group_size: int,
-                 kernel: str) -> None:
+                 kernel: str, parts: tuple[int, ...] = ()) -> None:
         super().__init__()
         if kernel not in KERNELS:
             raise ConfigError(f"unknown kernel {kernel!r}; use one of {KERNELS}")
         self.out_features, self.in_features = out_features, in_features
+        # the outputs of the linears fused into this one (``fused``): a float weight is
+        # made one part at a time, so the workspace of the largest unfused linear holds it
+        self.parts = parts or (out_features,)
         self.group_size = group_size
         self.groups = -(-out_features // group_size)  # padded outputs / group
         self.kernel = "fbgemm" if kernel == "fbgemm" else "reference"
@@ -227,15 +259,52 @@ class Int4Linear(nn.Module):
         _refuse_if_far("int4", weight.float(), layer._unpacked())
         return layer
 
-    def _unpacked(self) -> torch.Tensor:
-        """The float32 weight (out, in), a fresh tensor."""
-        rows: torch.Tensor = torch.ops.quantized.embedding_bag_4bit_unpack(self.packed)
-        w = rows.view(self.groups, self.in_features, self.group_size).permute(0, 2, 1)
-        return w.reshape(self.groups * self.group_size, self.in_features)[: self.out_features]
+    def _unpacked(self, first_group: int = 0, out_features: int | None = None
+                  ) -> torch.Tensor:
+        """The float32 weight (out, in) of ``out_features`` outputs from group
+        ``first_group`` on (default: all of them), a fresh tensor."""
+        out = self.out_features if out_features is None else out_features
+        groups = -(-out // self.group_size)
+        packed = self.packed[first_group * self.in_features:
+                             (first_group + groups) * self.in_features]
+        rows: torch.Tensor = torch.ops.quantized.embedding_bag_4bit_unpack(packed)
+        w = rows.view(groups, self.in_features, self.group_size).permute(0, 2, 1)
+        return w.reshape(groups * self.group_size, self.in_features)[:out]
 
     def dequantize(self) -> torch.Tensor:
+        if len(self.parts) > 1:
+            raise ConfigError("a fused 4-bit linear is dequantized one part at a time")
         w = self.workspace.view(self.out_features, self.in_features)
         return w.copy_(self._unpacked())
+
+    def _float_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Through the float weight, made in the workspace (one part at a time)."""
+        if len(self.parts) == 1:
+            return F.linear(x, self.dequantize(), self.bias)
+        outs, first, start = [], 0, 0
+        for n in self.parts:
+            w = self.workspace.view(n, self.in_features)
+            w.copy_(self._unpacked(first, n))
+            bias = None if self.bias is None else self.bias[start:start + n]
+            outs.append(F.linear(x, w, bias))
+            first, start = first + n // self.group_size, start + n
+        return torch.cat(outs, dim=-1)
+
+    @classmethod
+    def fused(cls, parts: Sequence[Int4Linear]) -> Int4Linear | None:
+        """One 4-bit linear for ``parts`` (same inputs), outputs stacked in order: their
+        groups one after the other (the same numbers, the same bytes), or None where a
+        part's outputs are not whole groups."""
+        first = parts[0]
+        if any(p.kernel != first.kernel or p.group_size != first.group_size
+               or p.in_features != first.in_features or p.out_features % p.group_size
+               or len(p.parts) != 1 for p in parts) or len({p.bias is None for p in parts}) != 1:
+            return None
+        bias = None if first.bias is None else torch.cat([p.bias for p in parts
+                                                          if p.bias is not None])
+        return cls(torch.cat([p.packed for p in parts]), sum(p.out_features for p in parts),
+                   first.in_features, bias, first.workspace, first.group_size, first.kernel,
+                   tuple(p.out_features for p in parts))
 
     def _bag(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Indices and offsets for ``batch`` rows of input (a few sizes, kept)."""
@@ -246,13 +315,26 @@ class Int4Linear(nn.Module):
             self._bags[batch] = (indices, offsets)
         return self._bags[batch]
 
+    def _bag_weights(self, flat: torch.Tensor) -> torch.Tensor:
+        """The inputs once per group of outputs (the bags' per-sample weights), copied in
+        pieces below torch's parallel grain: one copy of them all goes to every thread,
+        and on a loaded machine waking a second thread for a 0.1 ms copy costs a time
+        slice (measured: 20 ms at 2 threads)."""
+        batch = flat.shape[0]
+        weights = torch.empty(batch, self.groups, self.in_features)
+        step = max(1, PARALLEL_GRAIN // (batch * self.in_features))
+        rows = flat.float().unsqueeze(1)
+        for first in range(0, self.groups, step):
+            weights[:, first:first + step] = rows
+        return weights.view(-1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         batch = flat.shape[0]
         if self.kernel == "reference" or batch > INT4_BAG_MAX_ROWS or x.device.type != "cpu":
-            return F.linear(x, self.dequantize(), self.bias)
+            return self._float_forward(x)
         indices, offsets = self._bag(batch)
-        weights = flat.float().repeat(1, self.groups).reshape(-1)
+        weights = self._bag_weights(flat)
         y: torch.Tensor = torch.ops.quantized.embedding_bag_4bit_rowwise_offsets(
             self.packed, indices, offsets, False, 0, False, weights, None, True)
         y = y.view(batch, self.groups * self.group_size)[:, : self.out_features]
@@ -274,6 +356,32 @@ def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, scheme: 
     if scheme == "int4":
         return Int4Linear.from_float(weight, bias, workspace, group_size, kernel)
     raise ConfigError("quantize_linear needs int8 or int4")
+
+
+def fuse(parts: Sequence[nn.Module]) -> nn.Module | None:
+    """One linear computing ``parts`` (linears of the same input) with their outputs
+    stacked in order, holding the same bytes: plain, int8 or 4-bit alike. None where they
+    cannot be fused so (mixed kinds, a LoRA-wrapped linear, a reference int8 kernel)."""
+    if all(type(p) is nn.Linear for p in parts):
+        linears = [p for p in parts if isinstance(p, nn.Linear)]
+        if len({p.bias is None for p in linears}) != 1:
+            return None
+        first = linears[0]
+        out = nn.Linear(first.in_features, sum(p.out_features for p in linears),
+                        bias=first.bias is not None, device="meta")
+        with torch.no_grad():
+            out.weight = nn.Parameter(torch.cat([p.weight for p in linears]),
+                                      requires_grad=False)
+            if first.bias is not None:
+                out.bias = nn.Parameter(torch.cat([p.bias for p in linears
+                                                   if p.bias is not None]),
+                                        requires_grad=False)
+        return out
+    if all(type(p) is Int8Linear for p in parts):
+        return Int8Linear.fused([p for p in parts if isinstance(p, Int8Linear)])
+    if all(type(p) is Int4Linear for p in parts):
+        return Int4Linear.fused([p for p in parts if isinstance(p, Int4Linear)])
+    return None
 
 
 def packed_bytes(model: nn.Module) -> int:

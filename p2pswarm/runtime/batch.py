@@ -18,7 +18,7 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
-from p2pswarm.models.llama import Block, StageModel, apply_rope
+from p2pswarm.models.llama import Block, StageModel, signed_sin
 from p2pswarm.runtime.kv_cache import KVCache, SessionKV
 
 
@@ -43,22 +43,21 @@ def batched_decode(model: StageModel, kv: KVCache, slots: list[int], x: torch.Te
     device = h.device
     pos = torch.tensor(positions, dtype=torch.long, device=device)
     cos, sin = model.rotary(pos, h.dtype)  # (B, D)
+    sin = signed_sin(sin)
     length = max(positions) + 1
     visible = torch.arange(length, device=device)[None, :] <= pos[:, None]  # (B, L)
     mask = visible[:, None, None, :]
     slot_index = torch.tensor(slots, dtype=torch.long, device=device)
     for layer, module in enumerate(model.layers):
         block = cast(Block, module)
-        c, s = model.rotary(pos, h.dtype, local=True) if block.local_rope else (cos, sin)
+        if block.local_rope:
+            c, s = model.rotary(pos, h.dtype, local=True)
+            s = signed_sin(s)
+        else:
+            c, s = cos, sin
         c, s = c[:, None, None, :], s[:, None, None, :]
         attn = block.self_attn
-        xn = block.input_layernorm(h)
-        q = attn.q_proj(xn).view(B, 1, attn.num_heads, attn.head_dim).transpose(1, 2)
-        k = attn.k_proj(xn).view(B, 1, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
-        v = attn.v_proj(xn).view(B, 1, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
-        if attn.q_norm is not None and attn.k_norm is not None:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = apply_rope(q, c, s), apply_rope(k, c, s)
+        q, k, v = attn.project(block.input_layernorm(h), c, s)
         keys, values = _update(kv, layer, slots, slot_index, pos, positions, k, v, length)
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scale,
                                            enable_gqa=attn.num_kv_heads != attn.num_heads)

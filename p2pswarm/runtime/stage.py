@@ -21,7 +21,7 @@ import torch
 
 from p2pswarm.errors import PlacementError, RemoteProtocolError
 from p2pswarm.models.families import AnyStageModel, hidden_width
-from p2pswarm.models.llama import StageModel
+from p2pswarm.models.llama import StageModel, fuse_linears
 from p2pswarm.models.loader import TensorSource, compute_dtype, load_stage_model, open_model
 from p2pswarm.models.quant import packed_bytes
 from p2pswarm.runtime.batch import batchable, batched_decode
@@ -49,6 +49,7 @@ class Stage:
         self.device = torch.device(spec.device)
         self.hidden_width = hidden_width(self.config)
         self._model: AnyStageModel | None = model
+        self._fused = False  # ``fuse_linears`` done (at the first step, see ``_loaded``)
         self._kv: KVCache | RecurrentState | None
         if self.config.recurrent:
             self._kv = RecurrentState(
@@ -230,6 +231,12 @@ class Stage:
     def _loaded(self) -> tuple[AnyStageModel, KVCache | RecurrentState]:
         if self._model is None or self._kv is None:
             raise PlacementError(f"stage [{self.start_layer}, {self.end_layer}) is unloaded")
+        if not self._fused:
+            # at the first step, not at load: adapters put on the loaded model (a resumed
+            # LoRA) keep their linears separate, which fusing leaves as they are
+            self._fused = True
+            if isinstance(self._model, StageModel):
+                fuse_linears(self._model)
         return self._model, self._kv
 
     def _check_batch_inputs(self, inputs: torch.Tensor, n: int) -> torch.Tensor:
