@@ -200,4 +200,62 @@ class PartKeeper:
         self.outer.compressor.load_state_dict(state["compressor"])
 
 
-__all__ = ["MAX_PARTS", "PartKeeper", "PartedSync", "part_bounds"]
+def pack_outer(states: dict[int, bytes]) -> bytes:
+    """Parts' outer states (``PartKeeper.outer_state``) as one ``torch.save`` blob."""
+    out = io.BytesIO()
+    torch.save({int(k): torch.frombuffer(bytearray(v), dtype=torch.uint8)
+                for k, v in states.items()}, out)
+    return out.getvalue()
+
+
+def unpack_outer(blob: bytes, parts: int) -> dict[int, bytes]:
+    """The parts' outer states ``pack_outer`` wrote; RemoteProtocolError when it is not
+    that, or names a part out of ``0..parts-1``."""
+    try:
+        raw = torch.load(io.BytesIO(blob), weights_only=True)
+        states = {int(k): v.numpy().tobytes() for k, v in raw.items()}
+    except Exception as exc:  # torch.load raises many kinds: all mean a bad blob
+        raise RemoteProtocolError("bad-state", type(exc).__name__) from None
+    if any(not 0 <= k < parts for k in states):
+        raise RemoteProtocolError("bad-state", "outer state of a part out of range")
+    return states
+
+
+def split_outer(momentum: torch.Tensor, residual: torch.Tensor, parts: int
+                ) -> dict[int, bytes]:
+    """A whole stage's outer momentum and update error feedback as each part's outer
+    state (what ``PartKeeper.load_outer`` takes): a resumed job's part keepers start
+    where its checkpoint's keeper stood."""
+    states = {}
+    for j, (start, end) in enumerate(part_bounds(momentum.numel(), parts)):
+        out = io.BytesIO()
+        torch.save({"momentum": momentum[start:end].clone(),
+                    "compressor": {"residual": residual[start:end].clone()}}, out)
+        states[j] = out.getvalue()
+    return states
+
+
+def merge_outer(momentum: torch.Tensor, residual: torch.Tensor, states: dict[int, bytes],
+                parts: int) -> None:
+    """Each part's outer state (``PartKeeper.outer_state``) into the whole stage's
+    momentum and error feedback, in place: a checkpoint holds what the keepers hold. A
+    part's state of the wrong size is RemoteProtocolError."""
+    bounds = part_bounds(momentum.numel(), parts)
+    for j, blob in states.items():
+        if not 0 <= j < parts:
+            raise RemoteProtocolError("bad-state", "outer state of a part out of range")
+        start, end = bounds[j]
+        try:
+            state = torch.load(io.BytesIO(blob), weights_only=True)
+            m = state["momentum"].float().reshape(-1)
+            r = state["compressor"]["residual"].float().reshape(-1)
+        except Exception as exc:  # torch.load raises many kinds: all mean a bad state
+            raise RemoteProtocolError("bad-state", type(exc).__name__) from None
+        if m.numel() != end - start or r.numel() != end - start:
+            raise RemoteProtocolError("bad-state", "a part's outer state of the wrong size")
+        momentum[start:end] = m
+        residual[start:end] = r
+
+
+__all__ = ["MAX_PARTS", "PartKeeper", "PartedSync", "merge_outer", "pack_outer",
+           "part_bounds", "split_outer", "unpack_outer"]
