@@ -67,6 +67,7 @@ async def test_four_replicas_sync_through_the_ring_bit_equal_and_bounded(
         nursery.cancel_scope.cancel()
     assert record["state"] == "finished", record["reason"]
     assert record["replicas"] == 4
-    assert all(len(r["replicas"]) == 4 for r in record["rounds"])
+    assert all(len(r["replicas"]) == 4 for r in record["rounds"]), [
+        (r["version"], r["step"], r["closed_at_s"], len(r["replicas"])) for r in record["rounds"]]
     losses = record["losses"]
     assert sum(losses[-2:]) / 2 < sum(losses[:2]) / 2

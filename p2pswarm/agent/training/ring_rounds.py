@@ -79,6 +79,9 @@ class RingRounds(RoundsKeeper):
         self._recorded = -1  # the mirrors' version whose round is in the job's record
         self._seeded: dict[tuple[int, int], int] = {}  # (replica, stage) -> generation
         self._mirroring = trio.Lock()  # one replica's fetch at a time takes an update
+        # (generation, version) of each replica's delta in flight: its next round's delta
+        # is anchored on the version after
+        self._in_flight: dict[int, tuple[int, int]] = {}
 
     # --- the round-closer -------------------------------------------------------------
 
@@ -117,7 +120,10 @@ class RingRounds(RoundsKeeper):
     # --- one replica's round ----------------------------------------------------------
 
     def _in_ring(self, r: Replica) -> list[Replica]:
-        return [x for x in self._driver.replicas if x is r or (x.running and not x.paused)]
+        """The replicas whose stages sync now: those training, and those that sent their
+        last round (their stages keep their parts until the job's last round closes)."""
+        return [x for x in self._driver.replicas
+                if x is r or (not x.paused and (x.running or x.finished))]
 
     def _regroup(self, live: list[Replica]) -> list[int]:
         """Each part's keeper: a part whose keeper left moves to the next replica in ring
@@ -144,6 +150,11 @@ class RingRounds(RoundsKeeper):
         live = self._in_ring(r)
         owners = self._regroup(live)
         last = self._trained_enough()
+        flying = self._in_flight.pop(r.index, None)
+        # what this round's delta is anchored on, known before it is sent: a round that
+        # closes meanwhile counts it in the job's record (``_close_round``)
+        r.sent_version = flying[1] + 1 if flying is not None and flying[0] == r.generation \
+            else r.version
         versions = []
         for link in r.links:
             s = link.stage
@@ -157,7 +168,8 @@ class RingRounds(RoundsKeeper):
             versions.append((await link.ask(msg, Ack)).step)
         await self._mirror(r, versions)
         r.version = min(versions)
-        r.sent_version = r.version - 1 if last else r.version
+        if not last:
+            self._in_flight[r.index] = (r.generation, r.version)
         r.rounds_done = max(r.rounds_done, r.version)
         r.samples_unsent = r.steps_unsent = 0
         r.kept_position = r.stream.position
