@@ -35,7 +35,14 @@ import trio
 from p2pswarm.agent.streams import receive_message, send_message
 from p2pswarm.agent.training.allreduce import AllReduceFellow, PartMessage, Runner
 from p2pswarm.errors import RemoteProtocolError
-from p2pswarm.wire.training import PartDelta, PartOpen, PartState, PartUpdate, RingRound
+from p2pswarm.wire.training import (
+    MAX_RING,
+    PartDelta,
+    PartOpen,
+    PartState,
+    PartUpdate,
+    RingRound,
+)
 
 if TYPE_CHECKING:
     from p2pswarm.agent.training.allreduce import PartSync
@@ -97,9 +104,23 @@ class StageRing:
     in_flight: int | None = None  # the version this fellow's delta in flight is anchored on
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
+    @staticmethod
+    def check(msg: RingRound, replica: int) -> None:
+        """A ``RingRound`` names each replica's fellow, and a keeper in the ring for each
+        part, one of which is ``replica``: RemoteProtocolError when it does not."""
+        n = len(msg.addrs)
+        if not 1 <= n <= MAX_RING or len(msg.fellows) != n or len(msg.owners) != n:
+            raise RemoteProtocolError("bad-ring", f"a ring of {n} addresses, "
+                                      f"{len(msg.fellows)} fellows, {len(msg.owners)} parts")
+        if replica >= n or not msg.addrs[replica]:
+            raise RemoteProtocolError("bad-ring", f"replica {replica} is not in the ring")
+        if any(o >= n or not msg.addrs[o] for o in msg.owners):
+            raise RemoteProtocolError("bad-ring", "a part kept by a replica out of the ring")
+
     @classmethod
     def make(cls, agent: SwarmNode, job_id: str, replica: int, stage: int, sync: PartSync,
              msg: RingRound, round_deadline_s: float, seeds: dict[int, bytes]) -> StageRing:
+        cls.check(msg, replica)
         roster = [str(i) for i in range(len(msg.addrs))]
         send, receive = trio.open_memory_channel[PartMessage](MAX_QUEUED)
         net = StreamPartNet(agent, job_id, stage, RingTraffic())
@@ -127,11 +148,10 @@ class StageRing:
 
     def regroup(self, msg: RingRound) -> None:
         """The driver's word on who is in the rounds and who keeps each part."""
-        if len(msg.addrs) != len(self.fellow.roster) or len(msg.owners) != len(msg.addrs):
+        self.check(msg, int(self.fellow.name))
+        if len(msg.addrs) != len(self.fellow.roster):
             raise RemoteProtocolError("bad-ring", f"a ring of {len(msg.addrs)} replicas "
                                       f"for one of {len(self.fellow.roster)}")
-        if any(o >= len(msg.addrs) for o in msg.owners):
-            raise RemoteProtocolError("bad-ring", "a part kept by a replica out of the ring")
         self.net.addrs, self.fellows = msg.addrs, msg.fellows
         live = [str(i) for i, addr in enumerate(msg.addrs) if addr]
         self.fellow.regroup(live, [str(o) for o in msg.owners])

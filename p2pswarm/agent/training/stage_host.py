@@ -49,6 +49,7 @@ from p2pswarm.wire.jobs import (
 )
 from p2pswarm.wire.orders import unpack_doc
 from p2pswarm.wire.training import (
+    MAX_RING,
     Ack,
     Delta,
     MomentsAsk,
@@ -415,7 +416,7 @@ class StageHosts:
                           ) -> None:
         blob = await self._land(host, msg, control, "outer")
         runtime = self.training.runtime
-        host.ring_seeds = await self.run(lambda: runtime.unpack_outer(blob, 1 << 16), host)
+        host.ring_seeds = await self.run(lambda: runtime.unpack_outer(blob, MAX_RING), host)
         await send_message(control, Ack())
 
     async def _on_part(self, msg: PartOpen, stream: SecureStream) -> None:
