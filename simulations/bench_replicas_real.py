@@ -29,7 +29,7 @@ from p2pswarm.sim.processes import LocalSwarm, local_swarm
 MODEL = {**DEMO_TRAIN_MODEL, "hidden_size": 16, "intermediate_size": 32,
          "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
          "head_dim": 8, "vocab_size": 32768}
-MEMORY = {"fellow-1": "1050MB", "fellow-2": "1650MB", "fellow-3": "3000MB"}
+MEMORY = {"fellow-1": "1050MB", "fellow-2": "1300MB", "fellow-3": "1650MB"}
 
 
 def job(replicas: int, micro_batch: int | str) -> dict[str, Any]:

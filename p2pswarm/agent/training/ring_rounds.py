@@ -146,26 +146,21 @@ class RingRounds(RoundsKeeper):
         """Each stage of ``r`` applies the previous round's update and sends this round's
         delta into its ring; (the version it stands at, False: the driver never waits
         on a round)."""
-        driver = self._driver
         live = self._in_ring(r)
         owners = self._regroup(live)
         last = self._trained_enough()
         flying = self._in_flight.pop(r.index, None)
         # what this round's delta is anchored on, known before it is sent: a round that
-        # closes meanwhile counts it in the job's record (``_close_round``)
+        # closes meanwhile counts it in the job's record (``_close_round``); not when a
+        # stage fails before it is sent
+        was = r.sent_version
         r.sent_version = flying[1] + 1 if flying is not None and flying[0] == r.generation \
             else r.version
-        versions = []
-        for link in r.links:
-            s = link.stage
-            stages = [x.links[s] if x in live else None for x in driver.replicas]
-            fellows = tuple("" if x not in live else driver.job.placement[x.index]
-                            .stages[s].fellow_id for x in driver.replicas)
-            await self._seed(r, link, owners)
-            msg = RingRound(r.samples_unsent, self._wait_s(),
-                            tuple(k.addr if k is not None else "" for k in stages),
-                            fellows, tuple(owners), last)
-            versions.append((await link.ask(msg, Ack)).step)
+        try:
+            versions = await self._send_round(r, live, owners, last)
+        except BaseException:
+            r.sent_version = was
+            raise
         await self._mirror(r, versions)
         r.version = min(versions)
         if not last:
@@ -177,6 +172,23 @@ class RingRounds(RoundsKeeper):
             await self._global.copy_tied(r)
         self.wake()
         return r.version, False
+
+    async def _send_round(self, r: Replica, live: list[Replica], owners: list[int],
+                          last: bool) -> list[int]:
+        """``RingRound`` to every stage of ``r``; the versions they stand at."""
+        driver = self._driver
+        versions = []
+        for link in r.links:
+            s = link.stage
+            stages = [x.links[s] if x in live else None for x in driver.replicas]
+            fellows = tuple("" if x not in live else driver.job.placement[x.index]
+                            .stages[s].fellow_id for x in driver.replicas)
+            await self._seed(r, link, owners)
+            msg = RingRound(r.samples_unsent, self._wait_s(),
+                            tuple(k.addr if k is not None else "" for k in stages),
+                            fellows, tuple(owners), last)
+            versions.append((await link.ask(msg, Ack)).step)
+        return versions
 
     async def _catch_up(self, r: Replica) -> None:
         """Nothing: its stages take the updates from their rings."""
