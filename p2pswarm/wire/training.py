@@ -354,7 +354,7 @@ class PartState:
     blob: Blob
 
 
-# --- the all-reduce in a real job (agent.training.ring): tags 186-189, 197 -----------------
+# --- the all-reduce in a real job (agent.training.ring): tags 186-189, 197, 198 --------------
 
 MAX_RING = 256  # replicas of one job in one ring
 
@@ -375,6 +375,17 @@ class RingRound:
     fellows: Annotated[tuple[Hex, ...], Items(MAX_RING)]
     owners: Annotated[tuple[U16, ...], Items(MAX_RING)]
     last: bool = False
+
+
+@message(198)
+@dataclass(frozen=True, slots=True)
+class RingDone:
+    """A stage's answer to ``RingRound``: the version it stands at, and the bytes of part
+    messages its ring sent and received so far (the job counts its traffic)."""
+
+    version: U32
+    sent_bytes: U64
+    received_bytes: U64
 
 
 @message(187)
@@ -420,7 +431,7 @@ class OuterLoadHead:
 __all__ = ["MAX_RING", "SHARD_CHUNK_BYTES", "Ack", "DataFetch", "DataPut", "Delta",
            "MomentsAsk", "MomentsLoadHead", "OuterAsk", "OuterLoadHead", "Params", "ParamsAsk",
            "PartDelta", "PartOpen", "PartState", "PartUpdate", "PartUpdateAsk", "Reset",
-           "RingRound",
+           "RingDone", "RingRound",
            "StateAsk", "StateHead", "StateLoadHead", "StatePart", "StepApply", "StepReport",
            "StepRun", "Stop", "TakeDelta", "Tied", "TiedAsk", "TiedWeight", "TrainError",
            "TrainFetch", "TrainOpen", "TrainShard", "TrainTensor", "Update"]

@@ -44,6 +44,7 @@ from p2pswarm.wire.training import (
     OuterLoadHead,
     PartUpdate,
     PartUpdateAsk,
+    RingDone,
     RingRound,
 )
 
@@ -82,6 +83,7 @@ class RingRounds(RoundsKeeper):
         # (generation, version) of each replica's delta in flight: its next round's delta
         # is anchored on the version after
         self._in_flight: dict[int, tuple[int, int]] = {}
+        self._ring_sent: dict[tuple[int, int], int] = {}  # (replica, stage) -> its bytes
 
     # --- the round-closer -------------------------------------------------------------
 
@@ -187,7 +189,14 @@ class RingRounds(RoundsKeeper):
             msg = RingRound(r.samples_unsent, self._wait_s(),
                             tuple(k.addr if k is not None else "" for k in stages),
                             fellows, tuple(owners), last)
-            versions.append((await link.ask(msg, Ack)).step)
+            done = await link.ask(msg, RingDone)
+            versions.append(done.version)
+            # the bytes its ring sent since its last answer (a new ring counts afresh)
+            key = (r.index, s)
+            before = self._ring_sent.get(key, 0)
+            driver.job.bytes_sent += done.sent_bytes - (
+                before if done.sent_bytes >= before else 0)
+            self._ring_sent[key] = done.sent_bytes
         return versions
 
     async def _catch_up(self, r: Replica) -> None:
@@ -231,6 +240,10 @@ class RingRounds(RoundsKeeper):
             blobs = []
             for j in range(parts):
                 blobs.append((await link.ask(PartUpdateAsk(target, j), PartUpdate)).blob)
+            if not all(blobs):  # it applied that update too long ago
+                log.warning("job %s: stage %d no longer holds the update to version %d",
+                            driver.job.job_id, link.stage, target)
+                return
             try:
                 await driver.training.agent.compute.run(
                     partial(keeper.adopt_parts, target, blobs))

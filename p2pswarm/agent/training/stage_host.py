@@ -62,6 +62,7 @@ from p2pswarm.wire.training import (
     PartUpdate,
     PartUpdateAsk,
     Reset,
+    RingDone,
     RingRound,
     StateAsk,
     StateHead,
@@ -395,16 +396,17 @@ class StageHosts:
             host.ring_seeds = {}
             self.agent.spawn(host.ring.run, host.done)
         version = await host.ring.round(msg, partial(self.run, host=host))
-        await send_message(control, Ack(version))
+        traffic = host.ring.traffic
+        await send_message(control, RingDone(version, traffic.sent_bytes,
+                                             traffic.received_bytes))
 
     async def _part_update(self, host: TrainHost, msg: PartUpdateAsk, control: SecureStream
                            ) -> None:
         blob = None if host.ring is None else host.ring.fellow.update_part(msg.version,
                                                                            msg.part)
-        if blob is None:
-            raise PlacementError(f"stage {host.index} holds no update of part {msg.part} "
-                                 f"to version {msg.version}")
-        await send_message(control, PartUpdate(host.index, msg.part, msg.version, blob))
+        # empty when it holds that update no more: the driver's mirror waits for another
+        await send_message(control, PartUpdate(host.index, msg.part, msg.version,
+                                               blob or b""))
 
     async def _outer(self, host: TrainHost, msg: OuterAsk, control: SecureStream) -> None:
         states = {} if host.ring is None else host.ring.fellow.outer_states()
