@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -191,13 +192,18 @@ class PartKeeper:
             state = torch.load(io.BytesIO(blob), weights_only=True)
             momentum = state["momentum"].float()
             residual = state["compressor"]["residual"]
+            codec_state = state["compressor"].get("codec", {})
         except Exception as exc:  # torch.load raises many kinds: all mean a bad state
             raise RemoteProtocolError("bad-state", type(exc).__name__) from None
         n = self.outer.params.numel()
         if momentum.numel() != n or residual.numel() != n:
             raise RemoteProtocolError("bad-state", "a part's outer state of the wrong size")
+        try:
+            self.outer.compressor.load_state_dict({"residual": residual,
+                                                   "codec": codec_state})
+        except Exception as exc:  # a codec state of another kind: a bad state too
+            raise RemoteProtocolError("bad-state", type(exc).__name__) from None
         self.outer.momentum = momentum.reshape(-1).clone()
-        self.outer.compressor.load_state_dict(state["compressor"])
 
 
 def pack_outer(states: dict[int, bytes]) -> bytes:
@@ -221,8 +227,8 @@ def unpack_outer(blob: bytes, parts: int) -> dict[int, bytes]:
     return states
 
 
-def split_outer(momentum: torch.Tensor, residual: torch.Tensor, parts: int
-                ) -> dict[int, bytes]:
+def split_outer(momentum: torch.Tensor, residual: torch.Tensor, parts: int,
+                codec_state: dict[str, Any] | None = None) -> dict[int, bytes]:
     """A whole stage's outer momentum and update error feedback as each part's outer
     state (what ``PartKeeper.load_outer`` takes): a resumed job's part keepers start
     where its checkpoint's keeper stood."""
@@ -230,7 +236,8 @@ def split_outer(momentum: torch.Tensor, residual: torch.Tensor, parts: int
     for j, (start, end) in enumerate(part_bounds(momentum.numel(), parts)):
         out = io.BytesIO()
         torch.save({"momentum": momentum[start:end].clone(),
-                    "compressor": {"residual": residual[start:end].clone()}}, out)
+                    "compressor": {"residual": residual[start:end].clone(),
+                                   "codec": dict(codec_state or {})}}, out)
         states[j] = out.getvalue()
     return states
 

@@ -103,6 +103,7 @@ class StageRing:
     fellows: tuple[str, ...]  # each replica's fellow id (hex), "" when out
     in_flight: int | None = None  # the version this fellow's delta in flight is anchored on
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    failed: bool = False  # its fellow stopped on an error: the next round says so
 
     @staticmethod
     def check(msg: RingRound, replica: int) -> None:
@@ -138,10 +139,15 @@ class StageRing:
     async def run(self, done: trio.Event) -> None:
         """The fellow's keepers and inbox, until the stage is let go or the ring replaced."""
         with self.scope:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.fellow.run)
-                await done.wait()
-                nursery.cancel_scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.fellow.run)
+                    await done.wait()
+                    nursery.cancel_scope.cancel()
+            except Exception:  # a ring's failure is its stage's, never the agent's
+                log.exception("the all-reduce ring of stage %d of %s stopped",
+                              self.net.stage, self.net.job_id)
+                self.failed = True
 
     def stop(self) -> None:
         self.scope.cancel()
@@ -159,6 +165,8 @@ class StageRing:
     async def round(self, msg: RingRound, run: Runner) -> int:
         """Apply the previous round's update, send this round's delta; the version this
         stage stands at (see the module doc)."""
+        if self.failed:
+            raise RemoteProtocolError("ring-failed", "this stage's ring stopped on an error")
         self.regroup(msg)
         if self.in_flight is not None:
             await self._finish(self.in_flight, msg.wait_s, run)

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING
 import trio
 
 from p2pswarm.agent.training.links import Link
-from p2pswarm.agent.training.round_entry import RoundEntry
+from p2pswarm.agent.training.round_entry import LateContribution, RoundEntry
 from p2pswarm.agent.training.rounds import RoundsKeeper
 from p2pswarm.agent.training.transfer import send_state_parts
 from p2pswarm.errors import SwarmError
-from p2pswarm.training.round_rule import round_closes
+from p2pswarm.training.round_rule import delta_weight, round_closes
 from p2pswarm.wire.training import (
     Ack,
     OuterAsk,
@@ -106,7 +106,9 @@ class RingRounds(RoundsKeeper):
         driver.job.rounds.append(RoundEntry(
             driver.job.step, version, round(now, 3),
             # the replicas whose deltas anchored on the round before are in it
-            tuple(r.name for r in driver.replicas if r.sent_version >= version - 1), (), ()))
+            tuple(r.name for r in driver.replicas if r.sent_version >= version - 1), (),
+            tuple(self._late)))
+        self._late = []
         closed, self._closed = self._closed, trio.Event()
         closed.set()
         await self._admit()
@@ -164,6 +166,7 @@ class RingRounds(RoundsKeeper):
             r.sent_version = was
             raise
         await self._mirror(r, versions)
+        self._late_or_not(r, r.sent_version)
         r.version = min(versions)
         if not last:
             self._in_flight[r.index] = (r.generation, r.version)
@@ -174,6 +177,23 @@ class RingRounds(RoundsKeeper):
             await self._global.copy_tied(r)
         self.wake()
         return r.version, False
+
+    def _late_or_not(self, r: Replica, anchored: int) -> None:
+        """A delta anchored on a round the ring closed already is late: its keepers
+        weigh it by its staleness (``round_rule.delta_weight``), or drop it past the
+        bound, as the driver's keepers would; the job's record says so."""
+        driver = self._driver
+        staleness = driver.keepers[0].version - anchored
+        if staleness <= 0:
+            return
+        sync = driver.cfg.sync
+        weight = delta_weight(1, staleness, sync.staleness_decay, sync.staleness_bound)
+        self._late.append(LateContribution(r.name, staleness, r.samples_unsent, weight,
+                                           weight == 0.0))
+        log.info("job %s: %s sent %d round(s) late: %s", driver.job.job_id, r.name,
+                 staleness, "dropped" if weight == 0.0 else f"weighed {weight:g}")
+        if weight == 0.0:  # too stale: the model never learns from these
+            driver.job.samples = max(0, driver.job.samples - r.samples_unsent)
 
     async def _send_round(self, r: Replica, live: list[Replica], owners: list[int],
                           last: bool) -> list[int]:

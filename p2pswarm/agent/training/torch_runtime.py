@@ -218,7 +218,8 @@ class TorchKeeper:
         momentum, residual = self.outer.momentum, self.outer.compressor.residual
         if not bool(momentum.any()) and not bool(residual.any()):
             return {}
-        return split_outer(momentum, residual, parts)
+        return split_outer(momentum, residual, parts,
+                           self.outer.compressor.codec.state_dict())
 
     def take_outer_parts(self, states: dict[int, bytes], parts: int) -> None:
         merge_outer(self.outer.momentum, self.outer.compressor.residual, states, parts)
