@@ -267,13 +267,6 @@ class AllReduceFellow:
             await self._changed.wait()
         return self.sync.version
 
-    async def catch_up(self, run: Runner = inline) -> int:
-        """Apply every update held whole, in order, without waiting for more; the
-        version this fellow stands at after."""
-        while len(self._updates.get(self.sync.version + 1, {})) == self.sync.parts:
-            await self._apply_with(self.sync.version + 1, run)
-        return self.sync.version
-
     def holds_update(self, version: int) -> bool:
         """Whether every part's update to ``version`` is here (applied or not)."""
         return len(self._history.get(version, self._updates.get(version, {}))) \

@@ -10,13 +10,11 @@ again after the stage took a new state: a reset, a checkpoint loaded) is an
 that hosts the receiving replica's stage, behind a ``PartOpen`` that names the job, the
 stage and both replicas.
 
-A round (``StageRing.round``) first applies the updates that arrived whole while its
-replica computed, then sends this round's delta and answers at once: the update travels
-while the replica computes its next round, as in Streaming DiLoCo. It never waits for an
-update: a keeper closes its part when every fellow sent or at its deadline, and a delta
-anchored on a round still open adds to the sender's earlier one, one on a round closed
-meanwhile is weighed by its staleness. A ``last`` round waits for its own update, at most
-``wait_s``.
+A round (``StageRing.round``) first applies the previous round's update, waiting for it
+at most ``wait_s`` (a keeper closes its part at its deadline whatever arrives, so a slow
+or vanished fellow costs a round's deadline, never a stall), then sends this round's
+delta and answers at once: the update travels while the replica computes its next round
+(one round in flight, as in Streaming DiLoCo). A ``last`` round waits for its own update.
 The driver's word on the ring (``regroup``) moves a vanished replica's parts to the next
 live one and lets a replica placed again back in; a fellow that missed an update while
 it was out gets it from the part's keeper when its first delta arrives late.
@@ -170,10 +168,8 @@ class StageRing:
         if self.failed:
             raise RemoteProtocolError("ring-failed", "this stage's ring stopped on an error")
         self.regroup(msg)
-        # the updates that arrived while it computed; one still on its way is applied
-        # at the next round (its keepers wait for a slow fellow up to their deadline,
-        # this replica does not: its next delta adds to the same round's, or comes late)
-        await self.fellow.catch_up(run)
+        if self.in_flight is not None:
+            await self._finish(self.in_flight, msg.wait_s, run)
         self.in_flight = await self.fellow.start(msg.samples, run)
         self.traffic.rounds += 1
         if msg.last:

@@ -150,7 +150,6 @@ class RingRounds(RoundsKeeper):
         """Each stage of ``r`` applies the previous round's update and sends this round's
         delta into its ring; (the version it stands at, False: the driver never waits
         on a round)."""
-        driver = self._driver
         live = self._in_ring(r)
         owners = self._regroup(live)
         last = self._trained_enough()
@@ -169,14 +168,6 @@ class RingRounds(RoundsKeeper):
         await self._mirror(r, versions)
         self._late_or_not(r, r.sent_version)
         r.version = min(versions)
-        r.sent_version = r.version - 1 if last else r.version
-        if r.version < driver.keepers[0].version - driver.cfg.sync.staleness_bound:
-            # its stages missed updates (its ring lost them): the mirror's state again
-            log.info("job %s: %s fell %d versions behind its ring: it takes the global "
-                     "state", driver.job.job_id, r.name, driver.keepers[0].version - r.version)
-            self._in_flight.pop(r.index, None)
-            await self._global.put(r)
-            return r.version, False
         if not last:
             self._in_flight[r.index] = (r.generation, r.version)
         r.rounds_done = max(r.rounds_done, r.version)
