@@ -9,10 +9,20 @@ import torch
 import trio
 
 from p2pswarm.agent.training.allreduce import AllReduceFellow, MemoryPartNet
-from p2pswarm.training.allreduce import PartedSync, part_bounds
+from p2pswarm.agent.training.ring import StageRing
+from p2pswarm.errors import RemoteProtocolError
+from p2pswarm.training.allreduce import (
+    PartedSync,
+    merge_outer,
+    pack_outer,
+    part_bounds,
+    split_outer,
+    unpack_outer,
+)
 from p2pswarm.training.codec import make_codec
 from p2pswarm.training.job import SyncConfig
 from p2pswarm.training.sync import LocalSync
+from p2pswarm.wire.training import RingRound
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -239,3 +249,63 @@ async def test_a_new_keeper_goes_on_from_the_outer_state_its_predecessor_handed_
     assert torch.equal(taken.momentum, kept.momentum) and kept.momentum.abs().sum() > 0
     assert torch.equal(taken.params, kept.params)
     assert torch.equal(taken.compressor.residual, kept.compressor.residual)
+
+
+async def test_a_fellow_back_in_the_ring_gets_the_update_it_missed_and_parts_stay_put(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """The driver's word moves a gone fellow's part to the next one (``regroup``); when it
+    comes back with a delta of a round that closed without it, the part's keeper sends it
+    that round's update, and the part stays with its new keeper."""
+    setup = make_fellows(3, 3_000)
+    a, b, c = setup.fellows
+    async with trio.open_nursery() as nursery:
+        for f in setup.fellows:
+            await nursery.start(f.run)
+        for f in (a, c):
+            f.regroup(["f0", "f2"], ["f0", "f2", "f2"])  # b gone: its part to c
+        async with trio.open_nursery() as rounds:
+            for f in (a, c):
+                rounds.start_soon(f.reduce, 8)
+        assert a.sync.version == c.sync.version == 1 and b.sync.version == 0
+        # b comes back (the driver lists it again), sends its stale delta, catches up
+        for f in (a, c):
+            f.regroup(["f0", "f1", "f2"], ["f0", "f2", "f2"])
+        b.regroup(["f0", "f1", "f2"], ["f0", "f2", "f2"])
+        assert 1 not in b.keepers and 1 in c.keepers
+        version = await b.start(8)
+        assert version == 0
+        with trio.fail_after(5):
+            assert await b.finish(version) == 1
+        nursery.cancel_scope.cancel()
+    assert torch.equal(a.sync.params(), b.sync.params())  # type: ignore[attr-defined]
+    assert torch.equal(a.sync.params(), c.sync.params())  # type: ignore[attr-defined]
+
+
+def test_outer_state_splits_into_parts_and_merges_back_whole() -> None:
+    generator = torch.Generator().manual_seed(1)
+    momentum, residual = torch.randn(1_001, generator=generator), torch.randn(1_001)
+    parts = split_outer(momentum, residual, 3)
+    assert sorted(parts) == [0, 1, 2]
+    packed = unpack_outer(pack_outer(parts), 3)
+    again_m, again_r = torch.zeros(1_001), torch.zeros(1_001)
+    merge_outer(again_m, again_r, packed, 3)
+    assert torch.equal(again_m, momentum) and torch.equal(again_r, residual)
+    with pytest.raises(RemoteProtocolError):
+        unpack_outer(b"not a torch file", 3)
+    with pytest.raises(RemoteProtocolError):
+        unpack_outer(pack_outer({5: b"x"}), 3)
+    with pytest.raises(RemoteProtocolError):  # a part of another size
+        merge_outer(torch.zeros(10), torch.zeros(10), {0: parts[0]}, 3)
+
+
+@pytest.mark.parametrize("addrs,fellows,owners,replica", [
+    ((), (), (), 0),  # no ring
+    (("a:1", "b:2"), ("x",), (0, 1), 0),  # a fellow missing
+    (("a:1", "b:2"), ("x", "y"), (0, 2), 0),  # a part kept outside the ring
+    (("a:1", ""), ("x", ""), (0, 1), 0),  # a part kept by a replica out of the rounds
+    (("a:1", "b:2"), ("x", "y"), (0, 1), 2),  # this replica not in it
+])
+def test_a_malformed_ring_round_is_refused(addrs: tuple[str, ...], fellows: tuple[str, ...],
+                                           owners: tuple[int, ...], replica: int) -> None:
+    with pytest.raises(RemoteProtocolError):
+        StageRing.check(RingRound(1, 1.0, addrs, fellows, owners), replica)

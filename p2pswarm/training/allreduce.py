@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -191,13 +192,77 @@ class PartKeeper:
             state = torch.load(io.BytesIO(blob), weights_only=True)
             momentum = state["momentum"].float()
             residual = state["compressor"]["residual"]
+            codec_state = state["compressor"].get("codec", {})
         except Exception as exc:  # torch.load raises many kinds: all mean a bad state
             raise RemoteProtocolError("bad-state", type(exc).__name__) from None
         n = self.outer.params.numel()
         if momentum.numel() != n or residual.numel() != n:
             raise RemoteProtocolError("bad-state", "a part's outer state of the wrong size")
+        try:
+            self.outer.compressor.load_state_dict({"residual": residual,
+                                                   "codec": codec_state})
+        except Exception as exc:  # a codec state of another kind: a bad state too
+            raise RemoteProtocolError("bad-state", type(exc).__name__) from None
         self.outer.momentum = momentum.reshape(-1).clone()
-        self.outer.compressor.load_state_dict(state["compressor"])
 
 
-__all__ = ["MAX_PARTS", "PartKeeper", "PartedSync", "part_bounds"]
+def pack_outer(states: dict[int, bytes]) -> bytes:
+    """Parts' outer states (``PartKeeper.outer_state``) as one ``torch.save`` blob."""
+    out = io.BytesIO()
+    torch.save({int(k): torch.frombuffer(bytearray(v), dtype=torch.uint8)
+                for k, v in states.items()}, out)
+    return out.getvalue()
+
+
+def unpack_outer(blob: bytes, parts: int) -> dict[int, bytes]:
+    """The parts' outer states ``pack_outer`` wrote; RemoteProtocolError when it is not
+    that, or names a part out of ``0..parts-1``."""
+    try:
+        raw = torch.load(io.BytesIO(blob), weights_only=True)
+        states = {int(k): v.numpy().tobytes() for k, v in raw.items()}
+    except Exception as exc:  # torch.load raises many kinds: all mean a bad blob
+        raise RemoteProtocolError("bad-state", type(exc).__name__) from None
+    if any(not 0 <= k < parts for k in states):
+        raise RemoteProtocolError("bad-state", "outer state of a part out of range")
+    return states
+
+
+def split_outer(momentum: torch.Tensor, residual: torch.Tensor, parts: int,
+                codec_state: dict[str, Any] | None = None) -> dict[int, bytes]:
+    """A whole stage's outer momentum and update error feedback as each part's outer
+    state (what ``PartKeeper.load_outer`` takes): a resumed job's part keepers start
+    where its checkpoint's keeper stood."""
+    states = {}
+    for j, (start, end) in enumerate(part_bounds(momentum.numel(), parts)):
+        out = io.BytesIO()
+        torch.save({"momentum": momentum[start:end].clone(),
+                    "compressor": {"residual": residual[start:end].clone(),
+                                   "codec": dict(codec_state or {})}}, out)
+        states[j] = out.getvalue()
+    return states
+
+
+def merge_outer(momentum: torch.Tensor, residual: torch.Tensor, states: dict[int, bytes],
+                parts: int) -> None:
+    """Each part's outer state (``PartKeeper.outer_state``) into the whole stage's
+    momentum and error feedback, in place: a checkpoint holds what the keepers hold. A
+    part's state of the wrong size is RemoteProtocolError."""
+    bounds = part_bounds(momentum.numel(), parts)
+    for j, blob in states.items():
+        if not 0 <= j < parts:
+            raise RemoteProtocolError("bad-state", "outer state of a part out of range")
+        start, end = bounds[j]
+        try:
+            state = torch.load(io.BytesIO(blob), weights_only=True)
+            m = state["momentum"].float().reshape(-1)
+            r = state["compressor"]["residual"].float().reshape(-1)
+        except Exception as exc:  # torch.load raises many kinds: all mean a bad state
+            raise RemoteProtocolError("bad-state", type(exc).__name__) from None
+        if m.numel() != end - start or r.numel() != end - start:
+            raise RemoteProtocolError("bad-state", "a part's outer state of the wrong size")
+        momentum[start:end] = m
+        residual[start:end] = r
+
+
+__all__ = ["MAX_PARTS", "PartKeeper", "PartedSync", "merge_outer", "pack_outer",
+           "part_bounds", "split_outer", "unpack_outer"]

@@ -211,12 +211,17 @@ class OuterSync:
         """Take an update to ``version + 1`` that another keeper of the same parameters
         closed (one that vanished after sending it to some replicas), instead of closing
         the round again: the contributions anchored before it are in it already."""
-        update = self.compressor.codec.decode(encoded)
+        self.advance(self.compressor.codec.decode(encoded), encoded)
+
+    def advance(self, update: torch.Tensor, encoded: Encoded | None = None) -> None:
+        """Take a decoded update to ``version + 1`` closed elsewhere (``adopt``; the parts
+        of a sharded all-reduce, kept by the driver of a job that syncs by it)."""
         if update.numel() != self.params.numel():
             raise RemoteProtocolError("bad-update", f"{update.numel()} values, the keeper "
                                       f"has {self.params.numel()}")
         self.params.add_(update)
-        self._history[self.version] = encoded
+        if encoded is not None:
+            self._history[self.version] = encoded
         self._history.pop(self.version - HISTORY_UPDATES, None)
         self.version += 1
         self._pending = {k: v for k, v in self._pending.items() if k[1] >= self.version}

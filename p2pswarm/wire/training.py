@@ -53,12 +53,13 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from p2pswarm.wire.codec import message
-from p2pswarm.wire.schema import F64, U16, U32, U64, Name, Reason, Size
+from p2pswarm.wire.schema import F64, U16, U32, U64, Items, Name, Reason, Size
 
 Token = Annotated[str, Size(1, 64)]
 Word = Annotated[str, Size(1, 32)]
 Blob = Annotated[bytes, Size(0, 64 * 1024 * 1024)]
 Hex = Annotated[str, Size(0, 64)]
+Hex128 = Annotated[str, Size(0, 128)]  # an address, or "" for none
 SHARD_CHUNK_BYTES = 16 * 1024 * 1024
 Chunk = Annotated[bytes, Size(0, SHARD_CHUNK_BYTES)]
 
@@ -353,9 +354,84 @@ class PartState:
     blob: Blob
 
 
-__all__ = ["SHARD_CHUNK_BYTES", "Ack", "DataFetch", "DataPut", "Delta", "MomentsAsk",
-           "MomentsLoadHead", "Params", "ParamsAsk", "PartDelta", "PartState", "PartUpdate",
-           "Reset",
+# --- the all-reduce in a real job (agent.training.ring): tags 186-189, 197, 198 --------------
+
+MAX_RING = 256  # replicas of one job in one ring
+
+
+@message(186)
+@dataclass(frozen=True, slots=True)
+class RingRound:
+    """A driver's command to a stage of a job that syncs by the all-reduce: apply the
+    previous round's update (waiting for it at most ``wait_s``), send this round's delta
+    (``samples`` trained since the last) part by part, and answer ``Ack`` with the version
+    it now stands at; ``last``: wait for this round's update too. ``addrs`` and
+    ``fellows`` name each replica's fellow of this stage ("" for a replica out of the
+    rounds), ``owners`` which replica keeps each part."""
+
+    samples: U64
+    wait_s: F64
+    addrs: Annotated[tuple[Hex128, ...], Items(MAX_RING)]
+    fellows: Annotated[tuple[Hex, ...], Items(MAX_RING)]
+    owners: Annotated[tuple[U16, ...], Items(MAX_RING)]
+    last: bool = False
+
+
+@message(198)
+@dataclass(frozen=True, slots=True)
+class RingDone:
+    """A stage's answer to ``RingRound``: the version it stands at, and the bytes of part
+    messages its ring sent and received so far (the job counts its traffic)."""
+
+    version: U32
+    sent_bytes: U64
+    received_bytes: U64
+
+
+@message(187)
+@dataclass(frozen=True, slots=True)
+class PartOpen:
+    """Opens a stream between two fellows of one stage's ring: the next frame is one
+    ``PartDelta``, ``PartUpdate`` or ``PartState`` from replica ``sender``'s stage to
+    replica ``replica``'s stage ``stage`` of job ``job_id``."""
+
+    job_id: Token
+    stage: U16
+    replica: U16
+    sender: U16
+
+
+@message(188)
+@dataclass(frozen=True, slots=True)
+class PartUpdateAsk:
+    """Send part ``part``'s update to version ``version`` (a ``PartUpdate``) as this stage
+    applied it: the driver keeps the global parameters for checkpoints and rejoins."""
+
+    version: U32
+    part: U16
+
+
+@message(189)
+@dataclass(frozen=True, slots=True)
+class OuterAsk:
+    """Send the outer state of the parts this stage keeps (``StateHead``, then
+    ``StatePart`` frames): a checkpoint holds what the keepers hold."""
+
+
+@message(197)
+@dataclass(frozen=True, slots=True)
+class OuterLoadHead:
+    """Keep these parts' outer state (``total`` bytes with SHA-256 ``sha256`` follow as
+    ``StatePart`` frames; answered ``Ack``): a job resumed from a checkpoint or a copy."""
+
+    total: U64
+    sha256: Hex
+
+
+__all__ = ["MAX_RING", "SHARD_CHUNK_BYTES", "Ack", "DataFetch", "DataPut", "Delta",
+           "MomentsAsk", "MomentsLoadHead", "OuterAsk", "OuterLoadHead", "Params", "ParamsAsk",
+           "PartDelta", "PartOpen", "PartState", "PartUpdate", "PartUpdateAsk", "Reset",
+           "RingDone", "RingRound",
            "StateAsk", "StateHead", "StateLoadHead", "StatePart", "StepApply", "StepReport",
            "StepRun", "Stop", "TakeDelta", "Tied", "TiedAsk", "TiedWeight", "TrainError",
            "TrainFetch", "TrainOpen", "TrainShard", "TrainTensor", "Update"]

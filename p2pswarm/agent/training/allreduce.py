@@ -37,8 +37,9 @@ and counted (``dropped``), never raised.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
@@ -55,6 +56,13 @@ HISTORY_VERSIONS = 2  # applied versions whose updates a fellow can pass to a ne
 MAX_MESSAGE_BYTES = 80 * 1024 * 1024
 
 PartMessage = PartDelta | PartUpdate | PartState
+T = TypeVar("T")
+Runner = Callable[[Callable[[], Any]], Awaitable[Any]]  # where a torch call runs
+
+
+async def inline(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on the event loop (tests and virtual-time benchmarks)."""
+    return fn()
 
 
 class PartKeeperPort(Protocol):
@@ -161,7 +169,8 @@ class AllReduceFellow:
 
     def __init__(self, name: str, roster: Sequence[str], sync: PartSync, net: PartNet,
                  inbox: trio.MemoryReceiveChannel[PartMessage], *, stage: int = 0,
-                 round_deadline_s: float = 60.0, backup_every_rounds: int = 0) -> None:
+                 round_deadline_s: float = 60.0, backup_every_rounds: int = 0,
+                 owners: Sequence[str] | None = None) -> None:
         if name not in roster or len(set(roster)) != len(roster):
             raise ValueError(f"{name} must be in a roster of distinct names: {list(roster)}")
         if sync.parts != len(roster):
@@ -175,7 +184,11 @@ class AllReduceFellow:
         # every so many rounds a keeper sends its parts' outer state to its heir (0: never)
         self.backup_every_rounds = backup_every_rounds
         self.live = set(roster)
-        self.owners = list(roster)  # part j's keeper
+        # part j's keeper: roster[j] at first, or as the driver says (a fellow joining a
+        # ring whose parts moved on)
+        self.owners = list(roster if owners is None else owners)
+        if len(self.owners) != len(roster) or any(o not in roster for o in self.owners):
+            raise ValueError(f"owners {self.owners} are not one roster fellow per part")
         self.keepers: dict[int, PartKeeperPort] = {}
         self.dropped = 0  # malformed or misrouted messages
         self.rounds_applied = 0
@@ -231,9 +244,50 @@ class AllReduceFellow:
                 continue
             await self._changed.wait()
 
+    async def start(self, samples: int, run: Runner = inline) -> int:
+        """Send this round's delta (part by part to their keepers) and return at once: the
+        version it is anchored on. Its update arrives while the replica computes on;
+        ``finish`` applies it (one round in flight, as Streaming DiLoCo overlaps them)."""
+        version, blobs = await run(self.sync.take_parts)
+        self._sent = {}
+        for j, blob in enumerate(blobs):
+            self._sent[j] = PartDelta(self.stage, j, version, self.name, samples, blob)
+        for j in range(len(blobs)):
+            await self._deliver(self._sent[j])
+        return int(version)
+
+    async def finish(self, version: int, run: Runner = inline) -> int:
+        """Wait for every part's update past ``version`` and apply the updates held in
+        order; the version this fellow stands at after. The caller bounds the wait."""
+        while self.sync.version <= version:
+            target = self.sync.version + 1
+            if len(self._updates.get(target, {})) == self.sync.parts:
+                await self._apply_with(target, run)
+                continue
+            await self._changed.wait()
+        return self.sync.version
+
+    def holds_update(self, version: int) -> bool:
+        """Whether every part's update to ``version`` is here (applied or not)."""
+        return len(self._history.get(version, self._updates.get(version, {}))) \
+            == self.sync.parts
+
+    def update_part(self, version: int, part: int) -> bytes | None:
+        """Part ``part``'s update to ``version``, when this fellow still holds it."""
+        return self._history.get(version, self._updates.get(version, {})).get(part)
+
+    async def _apply_with(self, version: int, run: Runner) -> None:
+        got = self._updates.pop(version)
+        await run(partial(self.sync.apply_parts, version,
+                          [got[j] for j in range(self.sync.parts)]))
+        self._applied(version, got)
+
     def _apply(self, version: int) -> None:
         got = self._updates.pop(version)
         self.sync.apply_parts(version, [got[j] for j in range(self.sync.parts)])
+        self._applied(version, got)
+
+    def _applied(self, version: int, got: dict[int, bytes]) -> None:
         self.rounds_applied += 1
         self._history[version] = got
         for old in [v for v in self._history if v <= version - HISTORY_VERSIONS]:
@@ -329,9 +383,14 @@ class AllReduceFellow:
             self.dropped += 1
             return
         if isinstance(message, PartDelta):
-            if message.replica not in self.live:
+            if message.replica not in self.roster:
                 self.dropped += 1
                 return
+            if message.replica not in self.live:
+                # back in the rounds (a replica placed again): its sender heard so first
+                self.live.add(message.replica)
+                for part_keeper in self.keepers.values():
+                    part_keeper.join(message.replica)
             passed = self._history.get(message.version + 1, {}).get(message.part)
             if passed is not None and message.part in self._taken:
                 # sent again to a new keeper: the vanished one closed its round with it,
@@ -344,6 +403,12 @@ class AllReduceFellow:
             if keeper is None:  # its sender already knows that this fellow keeps it
                 self._orphans.setdefault(message.part, {})[message.replica] = message
                 return
+            missed = self.update_part(message.version + 1, message.part)
+            if message.version < keeper.version and missed is not None \
+                    and self._nursery is not None:
+                # a late (or rejoining) fellow missed the update its round closed with
+                self._nursery.start_soon(self._send, message.replica, PartUpdate(
+                    self.stage, message.part, message.version + 1, missed))
             self._contribute(keeper, message)
         elif isinstance(message, PartState):
             held = self._backups.get(message.part)
@@ -402,6 +467,44 @@ class AllReduceFellow:
                 self._nursery.start_soon(self._tell_heir, j, heir)
         self._wake()
 
+    def regroup(self, live: Collection[str], owners: Sequence[str]) -> None:
+        """The driver's word on which fellows are in the rounds and who keeps each part:
+        the gone ones leave (``down``: their parts move to the next live fellow, the same
+        rule the driver applies), the new ones join the keepers' rounds, and any part the
+        driver says moved elsewhere moves."""
+        if len(owners) != len(self.owners) or any(o not in self.roster for o in owners):
+            raise ValueError(f"owners {list(owners)} are not one roster fellow per part")
+        wanted = set(live) | {self.name}
+        for name in sorted(self.live - wanted):
+            self.down(name)
+        for name in sorted(wanted - self.live):
+            if name in self.roster:
+                self.live.add(name)
+                for keeper in self.keepers.values():
+                    keeper.join(name)
+        now = trio.current_time()
+        for j, owner in enumerate(owners):
+            if owner == self.owners[j]:
+                continue
+            was, self.owners[j] = self.owners[j], owner
+            if owner == self.name:
+                self._taken.add(j)
+                self._keep(j, now)
+            elif was == self.name:
+                self.keepers.pop(j, None)
+        self._wake()
+
+    def outer_states(self) -> dict[int, bytes]:
+        """The outer state of every part this fellow keeps (``PartKeeper.outer_state``)."""
+        return {j: self.keepers[j].outer_state() for j in sorted(self.keepers)}
+
+    def seed(self, states: Mapping[int, bytes]) -> None:
+        """Parts' outer state to start from (a resumed job's); taken by the keeper of
+        each part here when it starts (``run``), or when a part moves here."""
+        for part, blob in states.items():
+            if 0 <= part < self.sync.parts:
+                self._backups[part] = PartState(self.stage, part, self.sync.version, blob)
+
     def _heir(self, gone: str) -> str:
         i = self.roster.index(gone)
         for k in range(1, len(self.roster) + 1):
@@ -428,4 +531,5 @@ class AllReduceFellow:
                 await self._send(heir, message)
 
 
-__all__ = ["AllReduceFellow", "MemoryPartNet", "PartKeeperPort", "PartNet", "PartSync"]
+__all__ = ["AllReduceFellow", "MemoryPartNet", "PartKeeperPort", "PartNet", "PartSync",
+           "Runner", "inline"]

@@ -67,6 +67,7 @@ from p2pswarm.wire.training import (
     Ack,
     MomentsAsk,
     MomentsLoadHead,
+    OuterAsk,
     StateAsk,
     StateHead,
     StateLoadHead,
@@ -210,7 +211,7 @@ class CheckpointKeeper:
                                             global_state=True)
 
     async def gather_state(self, link: Link, dest: Path,
-                           ask: StateAsk | MomentsAsk = StateAsk()) -> str:
+                           ask: StateAsk | MomentsAsk | OuterAsk = StateAsk()) -> str:
         """Stage ``link``'s state (or what else ``ask`` asks for) into the file ``dest``;
         its SHA-256."""
         await link.send(ask)

@@ -40,6 +40,7 @@ from p2pswarm.agent.training.jobs import TERMINAL, Job
 from p2pswarm.agent.training.links import Link
 from p2pswarm.agent.training.placed import Placement, ReplicaPlacement
 from p2pswarm.agent.training.replica import Replica
+from p2pswarm.agent.training.ring_rounds import RingRounds, sync_by_allreduce
 from p2pswarm.agent.training.rounds import RoundsKeeper
 from p2pswarm.errors import EveryReplicaLost, PlacementError, ReplicaLost, SwarmError
 from p2pswarm.wire.training import (
@@ -199,7 +200,10 @@ class Driver:
         self.tokens = 0
         self.global_state = GlobalState(self)
         self.checkpoints = CheckpointKeeper(self, self.global_state)
-        self.rounds = RoundsKeeper(self, self.global_state, self.checkpoints)
+        # several replicas average their deltas among themselves (no hub), or through
+        # each stage's keeper here when some fellow cannot (``sync_by_allreduce``)
+        rounds = RingRounds if sync_by_allreduce(placement) else RoundsKeeper
+        self.rounds = rounds(self, self.global_state, self.checkpoints)
 
     @property
     def active(self) -> list[Replica]:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from p2pswarm.agent.training.global_state import GlobalState
     from p2pswarm.agent.training.ports import DriverPort
     from p2pswarm.agent.training.replica import Replica
+    from p2pswarm.agent.training.runtime import StageKeeper
 
 log = logging.getLogger("p2pswarm.training")
 
@@ -100,7 +101,7 @@ class RoundsKeeper:
                     # every replica placed again as fellows come back (``replace_all``)
                     raise EveryReplicaLost("every replica lost a fellow: " + "; ".join(
                         r.paused for r in driver.replicas))
-            if round_closes(keeper, now):
+            if self._round_due(keeper, now):
                 await self._close_round(now)
                 continue
             with trio.move_on_at(keeper.next_deadline()):
@@ -109,6 +110,10 @@ class RoundsKeeper:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def _round_due(self, keeper: StageKeeper, now: float) -> bool:
+        """Whether the round-closer closes a round now (``round_rule.round_closes``)."""
+        return round_closes(keeper, now)
 
     async def _close_round(self, now: float) -> None:
         driver = self._driver

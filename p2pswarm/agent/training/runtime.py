@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 if TYPE_CHECKING:
     import torch  # for the keeper state's types only: no agent module runs torch
 
+    from p2pswarm.agent.training.allreduce import PartSync
     from p2pswarm.training.checkpoint import CheckpointStore
     from p2pswarm.training.job import JobConfig
     from p2pswarm.training.sync import RoundResult, Verdict
@@ -52,6 +53,9 @@ class StageCompute(Protocol):
         """(the version it is anchored on, the encoded pseudo-gradient)."""
 
     def apply_update(self, version: int, update: bytes) -> None: ...
+
+    def parted(self, parts: int) -> PartSync:
+        """This stage's side of the all-reduce, its parameters split in ``parts``."""
 
     def params(self) -> bytes:
         """The synced parameters as one flat tensor frame."""
@@ -127,6 +131,16 @@ class StageKeeper(Protocol):
 
     def updates_since(self, version: int) -> list[bytes] | None: ...
 
+    def adopt_parts(self, version: int, blobs: list[bytes]) -> None:
+        """Take the all-reduce's update to ``version`` (from ``version - 1``), one blob a
+        part: a job that syncs by the all-reduce keeps its global parameters here."""
+
+    def outer_parts(self, parts: int) -> dict[int, bytes]:
+        """The outer state of each of ``parts`` parts (none when it is all zero)."""
+
+    def take_outer_parts(self, states: dict[int, bytes], parts: int) -> None:
+        """Parts' outer states (gathered from their keepers) into this keeper's."""
+
     def state_dict(self) -> KeeperState: ...
 
     def load_state_dict(self, state: KeeperState, now: float) -> None: ...
@@ -146,6 +160,12 @@ class TrainRuntime(Protocol):
 
     def clip_coefficient(self, sq_norms: list[float], max_norm: float) -> float:
         """The gradient clip coefficient from every stage's squared gradient norm."""
+
+    def pack_outer(self, states: dict[int, bytes]) -> bytes:
+        """Parts' outer states as one blob (``training.allreduce.pack_outer``)."""
+
+    def unpack_outer(self, blob: bytes, parts: int) -> dict[int, bytes]:
+        """What ``pack_outer`` wrote; RemoteProtocolError when it is not that."""
 
     def read_shard(self, shard: bytes) -> KeeperState:
         """``torch.save`` bytes of a keeper's outer state back, weights only."""

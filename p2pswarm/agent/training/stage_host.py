@@ -29,6 +29,7 @@ import trio
 from p2pswarm.agent.streams import send_best_effort, send_message
 from p2pswarm.agent.training.jobs import job_config
 from p2pswarm.agent.training.links import receive_answer, send_long
+from p2pswarm.agent.training.ring import StageRing
 from p2pswarm.agent.training.transfer import (
     Landing,
     check_part,
@@ -48,13 +49,21 @@ from p2pswarm.wire.jobs import (
 )
 from p2pswarm.wire.orders import unpack_doc
 from p2pswarm.wire.training import (
+    MAX_RING,
     Ack,
     Delta,
     MomentsAsk,
     MomentsLoadHead,
+    OuterAsk,
+    OuterLoadHead,
     Params,
     ParamsAsk,
+    PartOpen,
+    PartUpdate,
+    PartUpdateAsk,
     Reset,
+    RingDone,
+    RingRound,
     StateAsk,
     StateHead,
     StateLoadHead,
@@ -106,6 +115,15 @@ class TrainHost:
         self.upstream: SecureStream | None = None
         self.upstream_ready = trio.Event()
         self.done = trio.Event()
+        self.ring: StageRing | None = None  # its place in the job's all-reduce (``ring``)
+        self.ring_seeds: dict[int, bytes] = {}  # parts' outer state its ring starts from
+
+    def drop_ring(self) -> None:
+        """The stage took a new state (reset, loaded): its next ``RingRound`` makes a
+        new ring from it."""
+        if self.ring is not None:
+            self.ring.stop()
+            self.ring = None
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -131,11 +149,14 @@ class StageHosts:
             TakeDelta: self._take_delta, Update: self._update, ParamsAsk: self._params,
             StateAsk: self._state, StateLoadHead: self._load, Reset: self._reset,
             TiedAsk: self._tied, TiedWeight: self._tied_weight, MomentsAsk: self._moments,
-            MomentsLoadHead: self._borrow_moments,
+            MomentsLoadHead: self._borrow_moments, RingRound: self._ring_round,
+            PartUpdateAsk: self._part_update, OuterAsk: self._outer,
+            OuterLoadHead: self._seed_outer,
         }
         training.leadership.obey(TrainPrepare, self.prepare)
         training.leadership.obey(TrainRelease, self.release)
         self.agent.on_stream(TrainOpen, self._on_train_open)
+        self.agent.on_stream(PartOpen, self._on_part)
 
     async def run(self, fn: Callable[[], Any], host: TrainHost) -> Any:
         return await self.agent.compute.run(fn, host.limiter)
@@ -213,6 +234,7 @@ class StageHosts:
         """``host`` is no longer held: a driver still talking to it is told so."""
         host.superseded = True
         host.done.set()
+        host.drop_ring()
 
     def _publish(self) -> None:
         training = bool(self.hosts)
@@ -320,6 +342,7 @@ class StageHosts:
                     ) -> None:
         """The driver's state for this stage, in parts, through a verified file."""
         state = await self._land(host, msg, control, "state")
+        host.drop_ring()
         await self.run(lambda: host.compute.load_state(state), host)
         await send_message(control, Ack())
 
@@ -341,7 +364,7 @@ class StageHosts:
                      taken)
         await send_message(control, Ack())
 
-    async def _land(self, host: TrainHost, msg: StateLoadHead | MomentsLoadHead,
+    async def _land(self, host: TrainHost, msg: StateLoadHead | MomentsLoadHead | OuterLoadHead,
                     control: SecureStream, kind: str) -> bytes:
         """The bytes ``msg`` announces, received in parts through a verified file."""
         incoming = self.training.copies.incoming
@@ -357,8 +380,52 @@ class StageHosts:
             path.unlink(missing_ok=True)
 
     async def _reset(self, host: TrainHost, msg: Reset, control: SecureStream) -> None:
+        host.drop_ring()
         await self.run(lambda: host.compute.reset(msg.version, msg.blob), host)
         await send_message(control, Ack(msg.version))
+
+    # --- the all-reduce (``ring``) ---------------------------------------------------------
+
+    async def _ring_round(self, host: TrainHost, msg: RingRound, control: SecureStream
+                          ) -> None:
+        if host.ring is None:
+            sync = host.compute.parted(len(msg.addrs))
+            host.ring = StageRing.make(self.agent, host.job_id, host.replica, host.index,
+                                       sync, msg, host.job.sync.round_deadline_s,
+                                       host.ring_seeds)
+            host.ring_seeds = {}
+            self.agent.spawn(host.ring.run, host.done)
+        version = await host.ring.round(msg, partial(self.run, host=host))
+        traffic = host.ring.traffic
+        await send_message(control, RingDone(version, traffic.sent_bytes,
+                                             traffic.received_bytes))
+
+    async def _part_update(self, host: TrainHost, msg: PartUpdateAsk, control: SecureStream
+                           ) -> None:
+        blob = None if host.ring is None else host.ring.fellow.update_part(msg.version,
+                                                                           msg.part)
+        # empty when it holds that update no more: the driver's mirror waits for another
+        await send_message(control, PartUpdate(host.index, msg.part, msg.version,
+                                               blob or b""))
+
+    async def _outer(self, host: TrainHost, msg: OuterAsk, control: SecureStream) -> None:
+        states = {} if host.ring is None else host.ring.fellow.outer_states()
+        runtime = self.training.runtime
+        await self._send_bytes(host, control,
+                               await self.run(lambda: runtime.pack_outer(states), host))
+
+    async def _seed_outer(self, host: TrainHost, msg: OuterLoadHead, control: SecureStream
+                          ) -> None:
+        blob = await self._land(host, msg, control, "outer")
+        runtime = self.training.runtime
+        host.ring_seeds = await self.run(lambda: runtime.unpack_outer(blob, MAX_RING), host)
+        await send_message(control, Ack())
+
+    async def _on_part(self, msg: PartOpen, stream: SecureStream) -> None:
+        host = self.hosts.get((msg.job_id, msg.replica, msg.stage))
+        with trio.move_on_after(self.training.timings.step_timeout_s):
+            if host is None or host.ring is None or not await host.ring.receive(msg, stream):
+                self.agent.counters.drop("ring-part")
 
     async def _tied(self, host: TrainHost, msg: TiedAsk, control: SecureStream) -> None:
         await send_long(control, Tied(host.compute.tied()))

@@ -13,8 +13,15 @@ from typing import Any, cast
 import torch
 
 from p2pswarm.agent.training.runtime import KeeperState, ReplicaData, TrainRuntime
-from p2pswarm.errors import PlacementError
+from p2pswarm.errors import PlacementError, RemoteProtocolError
 from p2pswarm.runtime.frame import decode_tensor, encode_tensor
+from p2pswarm.training.allreduce import (
+    PartedSync,
+    merge_outer,
+    pack_outer,
+    split_outer,
+    unpack_outer,
+)
 from p2pswarm.training.checkpoint import CheckpointStore, read_shard_bytes, shard_bytes
 from p2pswarm.training.codec import Encoded, make_codec
 from p2pswarm.training.data import SampleStream
@@ -92,6 +99,9 @@ class TorchStage:
 
     def apply_update(self, version: int, update: bytes) -> None:
         self.sync.apply(Encoded.from_bytes(update), version)
+
+    def parted(self, parts: int) -> PartedSync:
+        return PartedSync(self.sync, parts)
 
     def params(self) -> bytes:
         return tensor_bytes(flatten(self.sync.tensors))
@@ -195,6 +205,25 @@ class TorchKeeper:
         updates = self.outer.updates_since(version)
         return None if updates is None else [u.to_bytes() for u in updates]
 
+    def adopt_parts(self, version: int, blobs: list[bytes]) -> None:
+        if version != self.outer.version + 1:
+            raise RemoteProtocolError("sync-gap", f"update to version {version} for a "
+                                      f"keeper at version {self.outer.version}")
+        decode = self.outer.compressor.codec.decode
+        update = torch.cat([decode(Encoded.from_bytes(b)) for b in blobs]) if blobs \
+            else torch.zeros(0)
+        self.outer.advance(update)
+
+    def outer_parts(self, parts: int) -> dict[int, bytes]:
+        momentum, residual = self.outer.momentum, self.outer.compressor.residual
+        if not bool(momentum.any()) and not bool(residual.any()):
+            return {}
+        return split_outer(momentum, residual, parts,
+                           self.outer.compressor.codec.state_dict())
+
+    def take_outer_parts(self, states: dict[int, bytes], parts: int) -> None:
+        merge_outer(self.outer.momentum, self.outer.compressor.residual, states, parts)
+
     def state_dict(self) -> KeeperState:
         # OuterSync's state has exactly these keys (torch's side types it loosely)
         return cast(KeeperState, self.outer.state_dict())
@@ -231,6 +260,12 @@ class TorchRuntime:
 
     def clip_coefficient(self, sq_norms: list[float], max_norm: float) -> float:
         return clip_coefficient(sq_norms, max_norm)
+
+    def pack_outer(self, states: dict[int, bytes]) -> bytes:
+        return pack_outer(states)
+
+    def unpack_outer(self, blob: bytes, parts: int) -> dict[int, bytes]:
+        return unpack_outer(blob, parts)
 
     def read_shard(self, shard: bytes) -> KeeperState:
         return cast(KeeperState, read_shard_bytes(shard))
