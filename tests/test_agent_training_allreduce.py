@@ -71,3 +71,21 @@ async def test_four_replicas_sync_through_the_ring_bit_equal_and_bounded(
         (r["version"], r["step"], r["closed_at_s"], len(r["replicas"])) for r in record["rounds"]]
     losses = record["losses"]
     assert sum(losses[-2:]) / 2 < sum(losses[:2]) / 2
+
+
+def test_a_roster_with_a_fellow_of_the_previous_release_syncs_through_the_keepers() -> None:
+    """Protocol 1 does not speak the ring's messages: one such fellow anywhere in the
+    roster keeps the whole job on its stages' keepers; one replica syncs with nobody."""
+    from p2pswarm.agent.training.placed import BatchShape, ReplicaPlacement, StagePlacement
+    from p2pswarm.agent.training.ring_rounds import sync_by_allreduce
+
+    def replica(*fellow_ids: str) -> ReplicaPlacement:
+        stages = tuple(StagePlacement(i, fid, f"f{fid}", f"127.0.0.1:{9000 + i}", (i, i + 1),
+                                      "cpu", 0, "CPU", 1 << 20)
+                       for i, fid in enumerate(fellow_ids))
+        return ReplicaPlacement(stages, BatchShape(1, 1))
+
+    roster = [replica("aa", "bb"), replica("cc", "dd"), replica("ee", "ff")]
+    assert sync_by_allreduce(roster, lambda fellow_id: True)
+    assert not sync_by_allreduce(roster, lambda fellow_id: fellow_id != "dd")
+    assert not sync_by_allreduce(roster[:1], lambda fellow_id: True)

@@ -39,7 +39,7 @@ def keeper_path(monkeypatch: pytest.MonkeyPatch) -> None:
     cannot run the all-reduce (``ring_rounds.sync_by_allreduce`` says no): the rounds'
     lock-step and train-on properties below are that path's."""
     monkeypatch.setattr("p2pswarm.agent.training.driver.sync_by_allreduce",
-                        lambda roster: False)
+                        lambda roster, speaks: False)
 
 
 def churn_config() -> dict[str, Any]:

@@ -54,6 +54,7 @@ from typing import Annotated
 
 from p2pswarm.wire.codec import message
 from p2pswarm.wire.schema import F64, U16, U32, U64, Items, Name, Reason, Size
+from p2pswarm.wire.versions import ALLREDUCE
 
 Token = Annotated[str, Size(1, 64)]
 Word = Annotated[str, Size(1, 32)]
@@ -359,7 +360,7 @@ class PartState:
 MAX_RING = 256  # replicas of one job in one ring
 
 
-@message(186)
+@message(186, needs=ALLREDUCE)
 @dataclass(frozen=True, slots=True)
 class RingRound:
     """A driver's command to a stage of a job that syncs by the all-reduce: apply the
@@ -377,7 +378,7 @@ class RingRound:
     last: bool = False
 
 
-@message(198)
+@message(198, needs=ALLREDUCE)
 @dataclass(frozen=True, slots=True)
 class RingDone:
     """A stage's answer to ``RingRound``: the version it stands at, and the bytes of part
@@ -388,7 +389,7 @@ class RingDone:
     received_bytes: U64
 
 
-@message(187)
+@message(187, needs=ALLREDUCE)
 @dataclass(frozen=True, slots=True)
 class PartOpen:
     """Opens a stream between two fellows of one stage's ring: the next frame is one
@@ -401,7 +402,7 @@ class PartOpen:
     sender: U16
 
 
-@message(188)
+@message(188, needs=ALLREDUCE)
 @dataclass(frozen=True, slots=True)
 class PartUpdateAsk:
     """Send part ``part``'s update to version ``version`` (a ``PartUpdate``) as this stage
@@ -411,14 +412,14 @@ class PartUpdateAsk:
     part: U16
 
 
-@message(189)
+@message(189, needs=ALLREDUCE)
 @dataclass(frozen=True, slots=True)
 class OuterAsk:
     """Send the outer state of the parts this stage keeps (``StateHead``, then
     ``StatePart`` frames): a checkpoint holds what the keepers hold."""
 
 
-@message(197)
+@message(197, needs=ALLREDUCE)
 @dataclass(frozen=True, slots=True)
 class OuterLoadHead:
     """Keep these parts' outer state (``total`` bytes with SHA-256 ``sha256`` follow as

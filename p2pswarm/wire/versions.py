@@ -32,8 +32,10 @@ UNANNOUNCED_PROTOCOL = 1  # a fellow whose metadata names no protocol
 # A name is never reused nor removed while a release that lacks it may share a swarm.
 UNSUPPORTED_REPLY = "unsupported-reply"  # answers an unknown kind with Unsupported (tag 3)
 VERSION_REFUSAL = "version-refusal"  # refuses fellows two protocols away, on streams too
+ALLREDUCE = "allreduce"  # replicas average their deltas by the ring (tags 186-189, 197, 198)
 
-CAPABILITIES: tuple[str, ...] = (UNSUPPORTED_REPLY, VERSION_REFUSAL)  # what this release speaks
+# what this release speaks
+CAPABILITIES: tuple[str, ...] = (UNSUPPORTED_REPLY, VERSION_REFUSAL, ALLREDUCE)
 MAX_CAPABILITIES = 64  # names one fellow may announce
 MAX_CAPABILITY_CHARS = 48
 
@@ -121,7 +123,7 @@ def range_line() -> str:
             f"{NEWEST_PROTOCOL})")
 
 
-__all__ = ["CAPABILITIES", "NEWEST_PROTOCOL", "OLDEST_PROTOCOL", "PROTOCOL", "PROTOCOL_KEY",
-           "SPEAKS_KEY", "STAGE_NEEDS", "THIS_RELEASE", "UNANNOUNCED_PROTOCOL",
+__all__ = ["ALLREDUCE", "CAPABILITIES", "NEWEST_PROTOCOL", "OLDEST_PROTOCOL", "PROTOCOL",
+           "PROTOCOL_KEY", "SPEAKS_KEY", "STAGE_NEEDS", "THIS_RELEASE", "UNANNOUNCED_PROTOCOL",
            "UNSUPPORTED_REPLY", "VERSION_REFUSAL", "Release", "compatible", "range_line",
            "refusal_line", "runs", "speaks"]

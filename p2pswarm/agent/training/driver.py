@@ -54,6 +54,7 @@ from p2pswarm.wire.training import (
     TrainOpen,
     TrainTensor,
 )
+from p2pswarm.wire.versions import ALLREDUCE, speaks
 
 if TYPE_CHECKING:
     from p2pswarm.agent.training.job_state import Handed
@@ -202,8 +203,15 @@ class Driver:
         self.checkpoints = CheckpointKeeper(self, self.global_state)
         # several replicas average their deltas among themselves (no hub), or through
         # each stage's keeper here when some fellow cannot (``sync_by_allreduce``)
-        rounds = RingRounds if sync_by_allreduce(placement) else RoundsKeeper
+        rounds = RingRounds if sync_by_allreduce(placement, self.speaks_allreduce) else RoundsKeeper
         self.rounds = rounds(self, self.global_state, self.checkpoints)
+
+    def speaks_allreduce(self, fellow_id: str) -> bool:
+        """Whether the fellow of ``fellow_id`` announced the all-reduce's messages."""
+        fellow = self.agent.fellow(fellow_id)
+        if fellow is None:
+            return False
+        return fellow.is_self or speaks(self.agent.release_of(fellow.node_id), ALLREDUCE)
 
     @property
     def active(self) -> list[Replica]:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from p2pswarm.training.checkpoint import CheckpointStore
     from p2pswarm.training.job import JobConfig
     from p2pswarm.transport.secure import SecureStream
+    from p2pswarm.wire.versions import Release
 
 T = TypeVar("T")
 M = TypeVar("M")
@@ -162,6 +163,8 @@ class SwarmNode(Node, Protocol):
     def election(self) -> ElectionView | None: ...
 
     def fellow(self, fellow_id: str) -> Member | None: ...
+
+    def release_of(self, node_id: bytes) -> Release: ...
 
 
 class StageNode(SwarmNode, Protocol):
@@ -432,6 +435,9 @@ class TakeoverPort(Drives, Protocol):
 
 class DrivePort(DriverTraining, Leads, CheckpointDirs, Protocol):
     """What a job's drive (``driver.drive``, ``driver.Driver``) uses of training."""
+
+    @property
+    def agent(self) -> SwarmNode: ...  # the roster's releases decide how its replicas sync
 
     @property
     def runtime(self) -> TrainRuntime: ...

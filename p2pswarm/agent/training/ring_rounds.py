@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -59,15 +59,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2pswarm.training")
 
 
-def sync_by_allreduce(roster: Sequence[ReplicaPlacement]) -> bool:
+def sync_by_allreduce(roster: Sequence[ReplicaPlacement],
+                      speaks_allreduce: Callable[[str], bool]) -> bool:
     """Whether a job of these replicas syncs by the all-reduce (``RingRounds``) rather
     than through its stages' keepers on the driver (``RoundsKeeper``).
 
     The one place this is decided. Fellows of the previous release (protocol 1) do not
-    speak ``RingRound`` and the part messages: a capability check goes here, requiring
-    every fellow of the roster to speak "allreduce", and the keeper path stays for a
-    roster that does not. One replica syncs with nobody (the driver trains it alone)."""
-    return len(roster) >= 2
+    speak ``RingRound`` and the part messages, so every stage's fellow must have
+    announced the capability (``speaks_allreduce``, by fellow id); a roster with one
+    that has not syncs through the keepers. One replica syncs with nobody (the driver
+    trains it alone)."""
+    return len(roster) >= 2 and all(speaks_allreduce(s.fellow_id)
+                                    for placed in roster for s in placed.stages)
 
 
 class RingRounds(RoundsKeeper):
