@@ -453,6 +453,13 @@ class Loads:
             await self._unload(chosen)
             return Unloaded(tuple(r.plan_id for r in chosen))
 
+    async def unload_led(self, plan_id: str) -> None:
+        """Unload load ``plan_id`` as ``unload`` does, if this agent leads it (a tombstone
+        of its bring-up turned up after it was adopted: see ``adoption``)."""
+        async with self._lock:
+            if plan_id in self.loads:
+                await self._unload([v for v in self.views() if v.plan_id == plan_id])
+
     async def _unload(self, loads: list[LoadView]) -> None:
         """Release every stage of these loads (hold ``_lock``)."""
         for seen in loads:
