@@ -53,8 +53,15 @@ from p2pswarm.agent.serving.records import (
     public_model,
 )
 from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids
+from p2pswarm.agent.serving.tombstones import unfit
 from p2pswarm.errors import ConfigError, SwarmError
-from p2pswarm.wire.loads import RouteHop, StageAssignment, StageOrdersAsk, StageOrdersKept
+from p2pswarm.wire.loads import (
+    RouteHop,
+    StageAssignment,
+    StageOrdersAsk,
+    StageOrdersKept,
+    UnloadRecord,
+)
 
 if TYPE_CHECKING:
     from p2pswarm.agent.serving.loads import Loads
@@ -267,11 +274,22 @@ class Adoption:
         if plan_id in self.loads.asked or not kept.asked:
             return  # led here before (as asked here), or kept before requests were
         try:
-            self.loads.asked[plan_id] = asked_from_doc(kept.asked, first.model)
+            asked = asked_from_doc(kept.asked, first.model)
         except ConfigError as exc:
             self.agent.counters.refuse("load-request-unfit")
             log.warning("the request of load %s as its fellows keep it does not fit: %s",
                         plan_id, exc)
+            return
+        self.loads.asked[plan_id] = asked
+        if asked.replaces is None or asked.replaces[0] == plan_id:
+            return
+        # a re-cut's new load: the bring-up it replaced is gone, whether or not the leader
+        # that re-cut it could say so before it was deposed (the watch unloads it if led)
+        record = UnloadRecord(*asked.replaces, kept.started_term)
+        if unfit(record, self.leadership.term()) is None \
+                and self.unloads.tombstones.remember(record):
+            log.warning("load %s replaced load %s (a live move): that bring-up is gone",
+                        plan_id, record.plan_id)
 
     def _unloaded(self, plan_id: str, orders: list[StageOrder] | None) -> bool:
         if not orders:

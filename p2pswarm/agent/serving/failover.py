@@ -270,6 +270,11 @@ class Failover:
                 for plan_id, record in list(self.loads.loads.items()):
                     if plan_id in self._healing:
                         continue
+                    if self.adoption.covered(plan_id) and plan_id not in self._confirming:
+                        # a re-cut's new load adopted since names this one as replaced
+                        self._confirming.add(plan_id)
+                        self.agent.spawn(self._unload_covered, plan_id)
+                        continue
                     states = [self._member_state(f) for f in record.fellow_ids]
                     # a stage's fellow that keeps the orders but serves none: restarted
                     restarted = {f for f, _ in kept_by.get(plan_id, [])} & set(
@@ -302,12 +307,18 @@ class Failover:
         the load if one covers it: a leader deposed just after it re-cut or unloaded it
         holds the tombstone, and its fellows must not serve both plans of one load."""
         try:
-            if not await self.adoption.confirm(plan_id):
-                return
+            if await self.adoption.confirm(plan_id):
+                await self._unload_covered(plan_id)
+        finally:
+            self._confirming.discard(plan_id)
+
+    async def _unload_covered(self, plan_id: str) -> None:
+        """Unload led load ``plan_id`` if a tombstone known here covers its bring-up."""
+        try:
             async with self._locks.setdefault(plan_id, trio.Lock()):
                 if self.adoption.covered(plan_id):
                     log.warning("%s unloads load %s: it was unloaded or re-cut before it "
-                                "adopted it (a fellow remembers)", self.agent.name, plan_id)
+                                "adopted it", self.agent.name, plan_id)
                     await self.loads.unload_led(plan_id)
         finally:
             self._confirming.discard(plan_id)

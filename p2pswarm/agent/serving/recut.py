@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import trio
@@ -131,9 +132,13 @@ class Recut:
                 raise PlacementError(f"{refused}: it was unloaded or changed meanwhile")
             if new_id in self.loads.loaded_ids():
                 raise PlacementError(f"{refused}: plan {new_id} is loaded already")
+            # the new load names the bring-up it replaces: should this leader be deposed
+            # before its fellows hear the old one is gone, the next leader still knows
+            replaced = self.loads.generation_of(old_id)
+            again = asked.replanned()
             try:
                 new = await self.loads.bring_up_beside(
-                    plan, asked.replanned())
+                    plan, replace(again, replaces=(old_id, replaced)) if replaced else again)
             except SwarmError as exc:
                 # a fellow short of memory (stage_host says "... free now, the stage
                 # needs ..."): the cards cannot hold both placements at once
