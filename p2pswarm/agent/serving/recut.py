@@ -17,7 +17,10 @@ Taking it (``take``), all or nothing, with the load's own lock held and ``Loads.
    new stage learns the new route). The running load holds its memory all the while, and
    the plan was made on a view that counts it as taken, so the two fit side by side; a
    fellow that finds otherwise refuses, and the move is refused with its reason while the
-   old load goes on serving untouched.
+   old load goes on serving untouched. What the new load was asked as names the bring-up
+   it replaces (``LoadAsked.replaces``), and its fellows keep it: should this leader be
+   deposed before the old stages are released and their tombstone handed out (its
+   orders refused), the next leader that adopts the new load unloads the old one.
 2. The load's record is handed over: the new record carries the old one's moves and this
    one, and names the plan_ids it was before (``recut_from``); the old plan_id now names
    the new load (``Loads.retire``), so a driver that asks the leader to heal the old one
