@@ -317,6 +317,21 @@ def test_a_kept_request_is_checked_against_the_orders_model() -> None:
             asked_from_doc(raw, model)
 
 
+def test_a_kept_request_names_the_bring_up_it_replaces_checked() -> None:
+    """A re-cut's new load keeps the bring-up it replaced, (plan_id, generation); from the
+    network it is checked: a safe plan id and a hex generation, two of them."""
+    route, orders = _orders()
+    model = StageOrder.from_wire(orders[0]).model
+    message = request(stages=1)
+    asked = LoadAsked(message, model, None, ("cd" * 8, "00ff"))
+    assert asked_from_doc(asked.to_doc(), model) == asked
+    for bad in (["cd" * 8], ["../x", "00ff"], ["cd" * 8, "XY"], ["cd" * 8, 7], "cd",
+                ["cd" * 8, "00ff", "00"], [None, "00ff"]):
+        with pytest.raises(ConfigError, match="replaces"):
+            asked_from_doc(pack_doc({"request": message, "adapter": None, "replaces": bad}),
+                           model)
+
+
 async def test_an_unload_asked_before_a_new_leader_adopted_the_load_is_remembered(
         autojump_clock, tmp_path) -> None:
     """A new leader asked to unload a load its fellows serve before it adopted it (its

@@ -298,3 +298,99 @@ async def test_after_a_live_move_no_fellows_own_view_lists_the_old_plan(
                 await trio.sleep(0.01)
         assert await others[0].serving.list_loads() == await driver.serving.list_loads()
         nursery.cancel_scope.cancel()
+
+
+
+async def _deposed(swarm: VirtualSwarm, driver: Agent) -> Agent:
+    """Freeze the leader ``driver`` (deposed, as by a stalled machine): the next leader
+    the others elect."""
+    ((old_leader, old_term),) = swarm.leaders()
+    swarm.freeze(next(i for i, f in enumerate(swarm.fellows) if f.agent is driver))
+    others = [a for a in swarm.live() if a is not driver]
+
+    def elected() -> set[tuple[bytes | None, int]]:
+        seen = set()
+        for agent in others:
+            assert agent.election is not None
+            status = agent.election.status()
+            seen.add((status.leader_id, status.term))
+        return seen
+
+    def one() -> bool:
+        seen = elected()
+        return len(seen) == 1 and next(iter(seen))[1] > old_term \
+            and next(iter(seen))[0] not in (None, old_leader)
+
+    await wait_until(one, timeout_s=60)
+    ((new_leader, _),) = elected()
+    return next(a for a in others if a.node_id == new_leader)
+
+
+def _refuse_orders(driver: Agent) -> None:
+    """The orders that release a load's stages and hand out its tombstone never land
+    ("only the leader gives orders": the leader is deposed a moment later)."""
+    async def refused(*_: Any) -> None:
+        return None
+
+    driver.serving.leader.release_all = refused  # type: ignore[method-assign]
+    driver.serving.failover.unloads._hand = refused  # type: ignore[method-assign]
+    driver.serving.failover.recut._release_stragglers = refused  # type: ignore[method-assign]
+
+
+def _served(swarm: VirtualSwarm) -> set[str]:
+    return {p for a in swarm.live() for (p, _), h in a.serving.hosted.items()
+            if h.state == "active"}
+
+
+@pytest.mark.parametrize("comes_back", [True, False])
+async def test_a_re_cut_whose_leader_is_deposed_right_after_ends_on_the_new_plan_only(
+        autojump_clock, comes_back: bool) -> None:
+    """The leader re-cuts the load and is deposed at once: its orders to release the old
+    plan and to hand out its tombstone never land, so the fellows serve both plans, and
+    the deposed leader, the only one holding the old plan's tombstone, does not answer
+    the next leader. The new plan names the bring-up it replaced, and the deposed leader,
+    back and following, says it remembers its unload: either way the next leader ends
+    with one plan, the new one."""
+    async with trio.open_nursery() as nursery:
+        swarm, driver, plan = await _three_slow_serving(nursery, seed=44)
+        old_id = plan["plan_id"]
+        await _join_fast(swarm)
+        new_id = (await _faster(driver))["faster"]["plan_id"]
+        _refuse_orders(driver)
+        await driver.control_ops["load_move"]({"op": "load_move", "plan_id": new_id})
+        assert old_id in _served(swarm)
+        new = await _deposed(swarm, driver)
+        await wait_until(lambda: new_id in new.serving.loads, timeout_s=60)
+        at = next(i for i, f in enumerate(swarm.fellows) if f.agent is driver)
+        if comes_back:
+            swarm.thaw(at)
+        else:
+            swarm.crash(at)
+        await wait_until(lambda: set(new.serving.loads) == {new_id}
+                         and _served(swarm) == {new_id}, timeout_s=60)
+        await trio.sleep(10.0)  # long past another adoption: the old plan stays gone
+        assert set(new.serving.loads) == {new_id} and _served(swarm) == {new_id}
+        assert [r["plan_id"] for r in await new.serving.list_loads()] == [new_id]
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_unload_whose_leader_is_deposed_right_after_stays_unloaded(
+        autojump_clock) -> None:
+    """The leader unloads the load and is deposed at once, its orders never landing: the
+    next leader adopts the load its fellows still serve while the deposed leader, the
+    only one holding the tombstone, does not answer; it asks again, and once the deposed
+    leader answers, unloads it."""
+    async with trio.open_nursery() as nursery:
+        swarm, driver, plan = await _three_slow_serving(nursery, seed=45)
+        plan_id = plan["plan_id"]
+        _refuse_orders(driver)
+        await driver.serving.unload(plan_id)
+        assert plan_id in _served(swarm)
+        new = await _deposed(swarm, driver)
+        await wait_until(lambda: plan_id in new.serving.loads, timeout_s=60)
+        swarm.thaw(next(i for i, f in enumerate(swarm.fellows) if f.agent is driver))
+        await wait_until(lambda: not new.serving.loads and not _served(swarm), timeout_s=60)
+        await trio.sleep(10.0)  # long past another adoption: it stays unloaded
+        assert not new.serving.loads and not _served(swarm)
+        assert await new.serving.list_loads() == []
+        nursery.cancel_scope.cancel()

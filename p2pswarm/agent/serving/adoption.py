@@ -22,6 +22,14 @@ unloaded by another: before adopting, the leader asks its fellows which unloads 
 plan they remember (``unload_memory``), leaves out every answer of a bring-up a
 tombstone covers, and hands that tombstone to the fellows that gave it (they drop it).
 
+A fellow may not answer that question: one just deposed (it re-cut or unloaded the load a
+moment before, its own orders refused) does not follow this leader yet, and it may be
+the only one that holds the tombstone. A load its fellows still serve is adopted anyway
+(a load no one leads heals no stage), but for ``CONFIRM_FOR_S`` after the adoption the
+leader's watch asks again every fellow it has not heard from (``confirm``), and unloads
+the adopted bring-up if a tombstone of it turns up: a re-cut load is then served on its
+new plan only, never on both.
+
 The leader then keeps the load as if it had brought it up: its watch heals it when a
 stage's fellow is lost (``failover``), and a fellow that gossips a stage of the load the
 adopted route does not name is told to release it.
@@ -45,8 +53,15 @@ from p2pswarm.agent.serving.records import (
     public_model,
 )
 from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids
+from p2pswarm.agent.serving.tombstones import unfit
 from p2pswarm.errors import ConfigError, SwarmError
-from p2pswarm.wire.loads import RouteHop, StageAssignment, StageOrdersAsk, StageOrdersKept
+from p2pswarm.wire.loads import (
+    RouteHop,
+    StageAssignment,
+    StageOrdersAsk,
+    StageOrdersKept,
+    UnloadRecord,
+)
 
 if TYPE_CHECKING:
     from p2pswarm.agent.serving.loads import Loads
@@ -59,6 +74,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2pswarm.serving")
 
 ASK_TIMEOUT_S = 2.0  # the most one stage fellow may take to say what it keeps
+CONFIRM_FOR_S = 120.0  # after an adoption, fellows not heard yet are asked this long
 
 
 def kept_orders(plan_id: str, route: tuple[RouteHop, ...],
@@ -99,6 +115,9 @@ class Adoption:
         self.host = host
         self.hosted: dict[tuple[str, int], HostedStage] = host.hosted
         self.release_stray = release_stray  # (plan_id, addr): a fellow the route left out
+        # plan_id -> (until when, fellows that said which unloads they remember): a load
+        # adopted lately, whose fellows not heard yet may hold a tombstone of it
+        self._confirming: dict[str, tuple[float, frozenset[str]]] = {}
         leadership.obey(StageOrdersAsk, self._kept)
 
     # --- the fellow's side ---------------------------------------------------------------
@@ -166,9 +185,10 @@ class Adoption:
                                 addr, exc)
 
             learned: list[bool] = []
+            heard: set[str] = set()
 
             async def learn() -> None:
-                learned.append(await self.unloads.learn(plan_id))
+                learned.append(await self.unloads.learn(plan_id, heard))
 
             async with trio.open_nursery() as nursery:
                 for addr in holders:
@@ -194,6 +214,8 @@ class Adoption:
                 return before
             _, kept, orders = newest_kept(answers)
             route = tuple(kept.route)
+            self._confirming[plan_id] = (trio.current_time() + CONFIRM_FOR_S,
+                                         frozenset(heard))
             if before is not None and before.fellow_ids == tuple(h.fellow_id for h in route):
                 return before  # as this agent left it
             first = orders[0]
@@ -219,16 +241,55 @@ class Adoption:
                 self.release_stray(plan_id, addr)
             return record
 
+    def unconfirmed(self) -> list[str]:
+        """Loads adopted lately whose fellows are still asked which unloads they
+        remember (``confirm``)."""
+        now = trio.current_time()
+        for plan_id in [p for p, (until, _) in self._confirming.items()
+                        if now >= until or p not in self.loads.loads]:
+            del self._confirming[plan_id]
+        return sorted(self._confirming)
+
+    async def confirm(self, plan_id: str) -> bool:
+        """Ask the fellows not heard from since load ``plan_id`` was adopted which
+        unloads of it they remember; whether one covers the bring-up led here now (its
+        caller unloads it: it was unloaded or re-cut by a leader deposed right after)."""
+        entry = self._confirming.get(plan_id)
+        if entry is None:
+            return False
+        until, before = entry
+        heard = set(before)
+        await self.unloads.learn(plan_id, heard)
+        if plan_id in self._confirming:
+            self._confirming[plan_id] = (until, frozenset(heard))
+        return self.covered(plan_id)
+
+    def covered(self, plan_id: str) -> bool:
+        """Whether this leader leads load ``plan_id`` as a bring-up a tombstone covers."""
+        return self.leadership.is_leader() and self._unloaded(
+            plan_id, self.loads.orders.get(plan_id))
+
     def _take_asked(self, plan_id: str, kept: StageOrdersKept, first: StageOrder) -> None:
         """What the load was asked as, when its fellows kept it: a re-cut plans it again."""
         if plan_id in self.loads.asked or not kept.asked:
             return  # led here before (as asked here), or kept before requests were
         try:
-            self.loads.asked[plan_id] = asked_from_doc(kept.asked, first.model)
+            asked = asked_from_doc(kept.asked, first.model)
         except ConfigError as exc:
             self.agent.counters.refuse("load-request-unfit")
             log.warning("the request of load %s as its fellows keep it does not fit: %s",
                         plan_id, exc)
+            return
+        self.loads.asked[plan_id] = asked
+        if asked.replaces is None or asked.replaces[0] == plan_id:
+            return
+        # a re-cut's new load: the bring-up it replaced is gone, whether or not the leader
+        # that re-cut it could say so before it was deposed (the watch unloads it if led)
+        record = UnloadRecord(*asked.replaces, kept.started_term)
+        if unfit(record, self.leadership.term()) is None \
+                and self.unloads.tombstones.remember(record):
+            log.warning("load %s replaced load %s (a live move): that bring-up is gone",
+                        plan_id, record.plan_id)
 
     def _unloaded(self, plan_id: str, orders: list[StageOrder] | None) -> bool:
         if not orders:

@@ -88,6 +88,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2pswarm.serving")
 
 CANDIDATES_TRIED = 3  # cards asked, in order, before a heal gives up for now
+CONFIRM_EVERY_S = 1.0  # a load adopted lately: its fellows not heard yet asked this often
 MOVES_KEPT = 32  # moves a load remembers
 
 
@@ -109,6 +110,8 @@ class Failover:
         self._retry_at: dict[str, float] = {}
         self._watching = False
         self._adopt_at: dict[str, float] = {}  # a load not adopted yet: when to ask again
+        self._confirm_at: dict[str, float] = {}  # a load adopted lately: when to ask again
+        self._confirming: set[str] = set()
         self._look_until = 0.0  # the watch runs at least this long (fellows come back)
         self.unloads = UnloadMemory(agent, leadership, host, loads)  # unloads outlive leaders
         self.adoption = Adoption(agent, leadership, loads, host, self._release_stray,
@@ -254,9 +257,23 @@ class Failover:
                     if now >= self._adopt_at.get(plan_id, 0.0):
                         self._adopt_at[plan_id] = now + self.timings.retry_waiting_s
                         self.agent.spawn(self._adopt_quietly, plan_id)
+                unconfirmed = self.adoption.unconfirmed()
+                for plan_id in unconfirmed:
+                    if plan_id not in self._confirming \
+                            and now >= self._confirm_at.get(plan_id, 0.0):
+                        self._confirm_at[plan_id] = now + CONFIRM_EVERY_S
+                        self._confirming.add(plan_id)
+                        self.agent.spawn(self._confirm_quietly, plan_id)
+                for plan_id in [p for p in self._confirm_at if p not in unconfirmed]:
+                    del self._confirm_at[plan_id]
                 kept_by = self.keepers.kept_by()
                 for plan_id, record in list(self.loads.loads.items()):
                     if plan_id in self._healing:
+                        continue
+                    if self.adoption.covered(plan_id) and plan_id not in self._confirming:
+                        # a re-cut's new load adopted since names this one as replaced
+                        self._confirming.add(plan_id)
+                        self.agent.spawn(self._unload_covered, plan_id)
                         continue
                     states = [self._member_state(f) for f in record.fellow_ids]
                     # a stage's fellow that keeps the orders but serves none: restarted
@@ -283,6 +300,30 @@ class Failover:
         async with lock:
             if await self.adoption.adopt(plan_id, refresh) is not None:
                 self._adopt_at.pop(plan_id, None)
+
+    async def _confirm_quietly(self, plan_id: str) -> None:
+        """Ask the fellows not heard yet which unloads of a load adopted lately they
+        remember (outside the load's lock: one may be silent for seconds), and unload
+        the load if one covers it: a leader deposed just after it re-cut or unloaded it
+        holds the tombstone, and its fellows must not serve both plans of one load."""
+        try:
+            if await self.adoption.confirm(plan_id):
+                await self._unload_covered(plan_id)
+        finally:
+            self._confirming.discard(plan_id)
+
+    async def _unload_covered(self, plan_id: str) -> None:
+        """Unload led load ``plan_id`` if a tombstone known here covers its bring-up."""
+        try:
+            async with self._locks.setdefault(plan_id, trio.Lock()):
+                if self.adoption.covered(plan_id):
+                    log.warning("%s unloads load %s: it was unloaded or re-cut before it "
+                                "adopted it", self.agent.name, plan_id)
+                    await self.loads.unload_led(plan_id)
+        finally:
+            self._confirming.discard(plan_id)
+            if plan_id not in self.loads.loads:
+                self._locks.pop(plan_id, None)
 
     async def _hand_keepers(self, plan_id: str) -> None:
         lock = self._locks.setdefault(plan_id, trio.Lock())

@@ -286,11 +286,14 @@ class LeaderLoad:
 class LoadAsked:
     """What a load was asked as: the plan request, the model's identity and the whole
     adapter (None: none). A live re-cut plans it again (``recut``); its keepers keep it
-    (``to_doc``; read back, checked, by ``loads.asked_from_doc``)."""
+    (``to_doc``; read back, checked, by ``loads.asked_from_doc``). A load brought up by a
+    re-cut names the bring-up it replaces, ``(plan_id, generation)``: a leader that
+    adopts it knows that one gone even when the leader that re-cut it could not say so."""
 
     request: dict[str, Any]
     model: dict[str, Any]
     adapter: dict[str, Any] | None = None
+    replaces: tuple[str, str] | None = None
 
     def replanned(self) -> LoadAsked:
         """As a load is planned again: its request less its stage count, so the plan is
@@ -305,7 +308,10 @@ class LoadAsked:
 
     def to_doc(self) -> bytes:
         """As the load's keepers keep it (the model travels with the stage orders)."""
-        return pack_doc({"request": self.request, "adapter": self.adapter})
+        doc: dict[str, Any] = {"request": self.request, "adapter": self.adapter}
+        if self.replaces is not None:
+            doc["replaces"] = list(self.replaces)
+        return pack_doc(doc)
 
 
 __all__ = ["Adopted", "AdoptedDoc", "CopyAhead", "CopyAheadDoc", "CopyTakenDoc", "LoadRecutDoc",

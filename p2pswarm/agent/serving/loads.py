@@ -54,6 +54,7 @@ from p2pswarm.agent.serving.records import (
     runtime_block,
 )
 from p2pswarm.agent.serving.stage_gossip import gossiped_plan_ids
+from p2pswarm.agent.serving.tombstones import is_generation
 from p2pswarm.agent.weights import Manifest
 from p2pswarm.errors import (
     ConfigError,
@@ -63,6 +64,7 @@ from p2pswarm.errors import (
     SwarmError,
     TransportError,
 )
+from p2pswarm.names import is_safe_name
 from p2pswarm.planner.plan import Plan
 from p2pswarm.planner.profile import BUILTIN_MODELS
 from p2pswarm.planner.wording import card_label
@@ -264,7 +266,8 @@ class Loads:
         """A new bring-up's name: what an unload's tombstone covers (not the plan id)."""
         return f"{self.agent.rng.getrandbits(64):016x}"
 
-    def _generation_of(self, plan_id: str) -> str:
+    def generation_of(self, plan_id: str) -> str:
+        """The bring-up of led load ``plan_id`` ("" when not led, or kept without one)."""
         orders = self.orders.get(plan_id)
         return orders[0].generation if orders else ""
 
@@ -274,7 +277,7 @@ class Loads:
         for it (a driver resuming a session). Its stages are the caller's to release,
         and its bring-up (returned, "" when unknown) the caller's to hand out as
         forgotten (``events``), so that no later leader adopts it either."""
-        generation = self._generation_of(plan_id)
+        generation = self.generation_of(plan_id)
         self.drop(plan_id)
         self._unloaded[plan_id] = trio.current_time()
         self.events.unloaded(plan_id)  # its orders kept here and by its keepers
@@ -453,12 +456,19 @@ class Loads:
             await self._unload(chosen)
             return Unloaded(tuple(r.plan_id for r in chosen))
 
+    async def unload_led(self, plan_id: str) -> None:
+        """Unload load ``plan_id`` as ``unload`` does, if this agent leads it (a tombstone
+        of its bring-up turned up after it was adopted: see ``adoption``)."""
+        async with self._lock:
+            if plan_id in self.loads:
+                await self._unload([v for v in self.views() if v.plan_id == plan_id])
+
     async def _unload(self, loads: list[LoadView]) -> None:
         """Release every stage of these loads (hold ``_lock``)."""
         for seen in loads:
             plan_id = seen.plan_id
             await self.release_all(plan_id, seen.live, self.keeping(plan_id))
-            generation = self._generation_of(plan_id)
+            generation = self.generation_of(plan_id)
             if generation:  # remembered past this leader
                 await self.events.forgotten(plan_id, generation)
             self.drop(plan_id)
@@ -563,7 +573,14 @@ def asked_from_doc(raw: bytes, model: dict[str, Any]) -> LoadAsked:
         raise ConfigError("no request, or an adapter that is no document") from None
     if not (adapter is None or isinstance(adapter, dict)):
         raise ConfigError("no request, or an adapter that is no document")
-    asked = LoadAsked(message, model, adapter)
+    replaces = doc.value("replaces", None)
+    if replaces is not None and not (
+            isinstance(replaces, (list, tuple)) and len(replaces) == 2
+            and isinstance(replaces[0], str) and is_safe_name(replaces[0], 64)
+            and is_generation(replaces[1])):
+        raise ConfigError("the bring-up it replaces is not a plan id and a generation")
+    asked = LoadAsked(message, model, adapter,
+                      None if replaces is None else (replaces[0], replaces[1]))
     if not _names_its_adapter(asked):
         raise ConfigError("the adapter is not the one its request names")
     _check_model(asked)

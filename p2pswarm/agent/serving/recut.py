@@ -17,7 +17,10 @@ Taking it (``take``), all or nothing, with the load's own lock held and ``Loads.
    new stage learns the new route). The running load holds its memory all the while, and
    the plan was made on a view that counts it as taken, so the two fit side by side; a
    fellow that finds otherwise refuses, and the move is refused with its reason while the
-   old load goes on serving untouched.
+   old load goes on serving untouched. What the new load was asked as names the bring-up
+   it replaces (``LoadAsked.replaces``), and its fellows keep it: should this leader be
+   deposed before the old stages are released and their tombstone handed out (its
+   orders refused), the next leader that adopts the new load unloads the old one.
 2. The load's record is handed over: the new record carries the old one's moves and this
    one, and names the plan_ids it was before (``recut_from``); the old plan_id now names
    the new load (``Loads.retire``), so a driver that asks the leader to heal the old one
@@ -32,6 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import trio
@@ -131,9 +135,13 @@ class Recut:
                 raise PlacementError(f"{refused}: it was unloaded or changed meanwhile")
             if new_id in self.loads.loaded_ids():
                 raise PlacementError(f"{refused}: plan {new_id} is loaded already")
+            # the new load names the bring-up it replaces: should this leader be deposed
+            # before its fellows hear the old one is gone, the next leader still knows
+            replaced = self.loads.generation_of(old_id)
+            again = asked.replanned()
             try:
                 new = await self.loads.bring_up_beside(
-                    plan, asked.replanned())
+                    plan, replace(again, replaces=(old_id, replaced)) if replaced else again)
             except SwarmError as exc:
                 # a fellow short of memory (stage_host says "... free now, the stage
                 # needs ..."): the cards cannot hold both placements at once

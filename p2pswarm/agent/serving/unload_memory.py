@@ -120,10 +120,12 @@ class UnloadMemory:
             log.info("%s was not told of the unload of %s: %s", addr, record.plan_id,
                      exc or "no answer in time")
 
-    async def learn(self, plan_id: str) -> bool:
+    async def learn(self, plan_id: str, heard: set[str] | None = None) -> bool:
         """Ask the connected fellows which unloads of ``plan_id`` they remember and keep
         the ones that fit here too; whether every fellow asked answered (one just
-        elected may not follow this leader yet, and one silent may hold the tombstone)."""
+        elected may not follow this leader yet, and one silent may hold the tombstone).
+        With ``heard``, the fellows in it are not asked again, and those that answer
+        are added to it."""
         term = self.leadership.term()
         complete = True
 
@@ -142,10 +144,13 @@ class UnloadMemory:
                     self.agent.counters.refuse("unload-record-unfit")
                     continue
                 self.tombstones.remember(record)
+            if heard is not None:
+                heard.add(addr)
 
         async with trio.open_nursery() as nursery:
             for addr in self._fellows(plan_id, MAX_ASKED):
-                nursery.start_soon(ask, addr)
+                if heard is None or addr not in heard:
+                    nursery.start_soon(ask, addr)
         return complete
 
     def _fellows(self, plan_id: str, most: int) -> list[str]:
