@@ -99,7 +99,7 @@ HEAL_LEADERLESS_S = 60.0
 # elected by an upgrade's restarts) is asked again this long; one that says the load waits
 # for a card is not
 HEAL_REFUSED_S = 60.0
-HEAL_ASK_AGAIN_S = 1.0  # ... this often
+HEAL_ASK_AGAIN_S = 1.0  # ... this often (and a load is looked at again while it waits)
 # a new generation waits this long for a stage whose fellow is gone to be moved
 STAGE_WAIT_S = 60.0
 
@@ -251,7 +251,7 @@ class Generation:
             except TransportError:
                 if trio.current_time() >= deadline or await self._waits_for_card(plan_id):
                     raise
-            await trio.sleep(self.agent.config.serving.member_watch_s)
+            await trio.sleep(HEAL_ASK_AGAIN_S)
 
     async def _waits_for_card(self, plan_id: str | None) -> bool:
         """Whether the leader says the load waits for a card (its heal found none)."""
