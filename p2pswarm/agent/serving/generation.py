@@ -243,7 +243,9 @@ class Generation:
         """As ``find_load``, but a stage whose fellow is gone (it left: a SIGTERM, an
         upgrade; or it died) is waited for, up to ``stage_wait_s``: the leader moves the
         stage to a spare card within seconds, and a new generation then serves instead of
-        failing. A load the leader says waits for a card fails at once, as before."""
+        failing. A load the leader says waits for a card fails at once, as before. So
+        does a leader that does not list a load its fellows serve: one just elected that
+        is still adopting it (a load no fellow serves is not waited for)."""
         deadline = trio.current_time() + self.stage_wait_s
         while True:
             try:
@@ -251,7 +253,14 @@ class Generation:
             except TransportError:
                 if trio.current_time() >= deadline or await self._waits_for_card(plan_id):
                     raise
+            except PlacementError:
+                if trio.current_time() >= deadline or not self._served_here(plan_id):
+                    raise
             await trio.sleep(HEAL_ASK_AGAIN_S)
+
+    def _served_here(self, plan_id: str | None) -> bool:
+        """Whether this fellow hears of the load from the fellows serving its stages."""
+        return any(plan_id is None or v.plan_id == plan_id for v in self.loads.views())
 
     async def _waits_for_card(self, plan_id: str | None) -> bool:
         """Whether the leader says the load waits for a card (its heal found none)."""
