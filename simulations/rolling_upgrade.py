@@ -89,7 +89,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the fellows' state and logs")
     parser.add_argument("--serve-on-new", action="store_true",
                         help="place the load's stages only on the fellows of this release "
-                             "from the start (never stopped), as the CI test does")
+                             "from the start (never stopped)")
     args = parser.parse_args()
     if not 0 < args.new_at_start < args.fellows:
         parser.error("--new-at-start must be at least 1 and less than --fellows")

@@ -372,8 +372,8 @@ def run(*, previous: Release, fellows: int, new_at_start: int = 1, say: Say,
     ``checkpoints``: the job writes checkpoints (two copies on other fellows) too;
     ``serve_on_new``: the load's stages only on the fellows of this release from the
     start, which are not stopped (generations still enter through every fellow, the
-    previous release's included): a stage whose fellow leaves costs client errors today,
-    see ``docs/operations.md``)."""
+    previous release's included); without it, a stage whose fellow leaves is moved by
+    the leader while the generations through it wait, see ``docs/operations.md``)."""
     if not 0 < new_at_start < fellows:
         raise SwarmError("new_at_start must leave at least one fellow of each release")
     names = [f"f{i}" for i in range(fellows)]

@@ -226,8 +226,9 @@ class Serving:
         return await self.leader.list_loads()
 
     async def find_load(self, plan_id: str | None = None) -> LoadRecord:
-        """The load ``plan_id`` (or the only one), checked to serve."""
-        return await self.driver.find_load(plan_id)
+        """The load ``plan_id`` (or the only one), checked to serve (a stage whose
+        fellow is gone waited for a while: the leader moves it)."""
+        return await self.driver.serving_load(plan_id)
 
     async def tokenizer(self, record: LoadRecord) -> Any:
         """The tokenizer of the load ``record`` shows."""

@@ -95,6 +95,13 @@ HEAL_TIMEOUT_S = 900.0  # the most a driver waits for the leader to heal a load
 # ... and for a leader at all: a new one is elected within seconds where a majority of the
 # fellows is up; past this, this side of the swarm is likely a minority that cannot elect
 HEAL_LEADERLESS_S = 60.0
+# a leader that refuses a heal while it is still adopting the load (a new leader, just
+# elected by an upgrade's restarts) is asked again this long; one that says the load waits
+# for a card is not
+HEAL_REFUSED_S = 60.0
+HEAL_ASK_AGAIN_S = 1.0  # ... this often (and a load is looked at again while it waits)
+# a new generation waits this long for a stage whose fellow is gone to be moved
+STAGE_WAIT_S = 60.0
 
 log = logging.getLogger("p2pswarm.serving")
 
@@ -183,6 +190,8 @@ class Generation:
         self.step_timeout_s = 60.0  # the most a driver waits for one token
         self.heal_timeout_s = HEAL_TIMEOUT_S
         self.heal_leaderless_s = HEAL_LEADERLESS_S
+        self.heal_refused_s = HEAL_REFUSED_S
+        self.stage_wait_s = STAGE_WAIT_S
         # a resumed session replays through every stage under a new id, as before the
         # stages kept broken sessions' caches (the benchmark's comparison)
         self.replay_everything = False
@@ -222,18 +231,44 @@ class Generation:
         else:
             chosen = [(ids[0], loads[0])]
         found, record = chosen[0]
-        for s in record["stages"]:
-            state = s.get("state", "unknown")
-            if state not in ("alive", "suspect"):
-                raise TransportError(f"stage {s['stage']} on fellow {s['fellow']} is "
-                                     f"{state}: the load cannot serve now; where a spare "
-                                     "card fits the stage the leader moves it there within "
-                                     "seconds (`p2pswarm loads` shows the move), so try "
-                                     "again; else unload it and load again")
+        down = _stage_down(record)
+        if down:
+            raise TransportError(down)
         if not record.get("complete", True):
             raise PlacementError(f"plan {found} is not completely loaded "
                                  "(some stages are not known yet); try again")
         return LoadRecord.from_doc(record)
+
+    async def serving_load(self, plan_id: str | None = None) -> LoadRecord:
+        """As ``find_load``, but a stage whose fellow is gone (it left: a SIGTERM, an
+        upgrade; or it died) is waited for, up to ``stage_wait_s``: the leader moves the
+        stage to a spare card within seconds, and a new generation then serves instead of
+        failing. A load the leader says waits for a card fails at once, as before. So
+        does a leader that does not list a load its fellows serve: one just elected that
+        is still adopting it (a load no fellow serves is not waited for)."""
+        deadline = trio.current_time() + self.stage_wait_s
+        while True:
+            try:
+                return await self.find_load(plan_id)
+            except TransportError:
+                if trio.current_time() >= deadline or await self._waits_for_card(plan_id):
+                    raise
+            except PlacementError:
+                if trio.current_time() >= deadline or not self._served_here(plan_id):
+                    raise
+            await trio.sleep(HEAL_ASK_AGAIN_S)
+
+    def _served_here(self, plan_id: str | None) -> bool:
+        """Whether this fellow hears of the load from the fellows serving its stages."""
+        return any(plan_id is None or v.plan_id == plan_id for v in self.loads.views())
+
+    async def _waits_for_card(self, plan_id: str | None) -> bool:
+        """Whether the leader says the load waits for a card (its heal found none)."""
+        for doc in await self.loads.list_loads():
+            if plan_id is None or doc.get("plan_id") == plan_id \
+                    or plan_id in former_plan_ids(doc):
+                return bool(doc.get("waiting"))
+        return False
 
     async def tokenizer(self, record: LoadRecord) -> Any:
         """The tokenizer of a load's model (its public identity, as its record shows it);
@@ -276,7 +311,7 @@ class Generation:
         next turn, and continue a kept one this prompt begins with."""
         if max_tokens <= 0:
             raise ConfigError("max_tokens must be positive, e.g. --max-tokens 64")
-        record = await self.find_load(plan_id)
+        record = await self.serving_load(plan_id)
         tokenizer = await self.tokenizer(record)
         plan = record.plan_id
         if prompt_ids is not None:
@@ -421,20 +456,34 @@ class Generation:
         ask = StageLost(record.plan_id, max(0, min(stage, 65535)), fid[:64],
                         str(failure.error)[:500])
         deadline = trio.current_time() + self.heal_timeout_s
-        try:  # a leader that crashed (it may have hosted the lost stage) gives way to the next
-            reply = await self.loads.leadership.ask_until(ask, LoadDone, deadline,
-                                                          self.heal_leaderless_s)
-            healed = LoadRecord.from_doc(unpack_doc(reply.record))
-        except ConfigError:  # a malformed answer: not this load
-            return None
-        except NotLeader as exc:  # no leader at all: say so, not only what was lost
-            failure.unhealed = str(exc)
-            log.info("the load could not be healed: %s", exc)
-            return None
-        except SwarmError as exc:
-            log.info("the load could not be healed: %s", exc)
-            return None
-        return healed if healed.continues(record) else None
+        refused_until: float | None = None
+        while True:
+            try:  # a leader that crashed (it may have hosted the lost stage) gives way
+                reply = await self.loads.leadership.ask_until(ask, LoadDone, deadline,
+                                                              self.heal_leaderless_s)
+                healed = LoadRecord.from_doc(unpack_doc(reply.record))
+            except ConfigError:  # a malformed answer: not this load
+                return None
+            except NotLeader as exc:  # no leader at all: say so, not only what was lost
+                failure.unhealed = str(exc)
+                log.info("the load could not be healed: %s", exc)
+                return None
+            except PlacementError as exc:
+                # a leader still adopting the load refuses (it does not lead it yet): ask
+                # again for a while; one whose heal found no card says the load waits
+                now = trio.current_time()
+                if refused_until is None:
+                    refused_until = min(deadline, now + self.heal_refused_s)
+                if now >= refused_until or await self._waits_for_card(record.plan_id):
+                    log.info("the load could not be healed: %s", exc)
+                    return None
+                log.info("the leader refused the heal, asking again: %s", exc)
+                await trio.sleep(HEAL_ASK_AGAIN_S)
+                continue
+            except SwarmError as exc:
+                log.info("the load could not be healed: %s", exc)
+                return None
+            return healed if healed.continues(record) else None
 
     async def _drive(self, record: LoadRecord, route: tuple[RouteHop, ...], run: GenerationRun,
                      max_tokens: int, stops: set[int], open_msg: SessionOpen,
@@ -557,23 +606,19 @@ class Generation:
                                             f"{type(msg).__name__} from stage 0"))
 
     async def _watch_members(self, record: LoadRecord, failure: _Failure) -> None:
-        """A stage fellow that left the swarm ends the session at once. One membership
-        declares dead may be silent behind a fading link with its streams intact: the
-        leader decides (``failover``), and the session goes on unless the stage moved."""
+        """A stage fellow that membership declares dead, or that left the swarm (a
+        SIGTERM: an upgrade's restart), is the leader's to heal (``failover``): a dead one
+        may be silent behind a fading link with its streams intact, a departed one's stage
+        moves. The session goes on unless the stage moved; then it resumes there."""
         while True:
             for hop in record.stages:
                 member = self.agent.fellow(hop.fellow_id)
                 state = member.state if member is not None else "unknown"
-                if state in ("left", "unknown"):
-                    failure.set(TransportError(f"stage {hop.stage} on fellow "
-                                               f"{hop.fellow} went away ({state})"),
-                                lost=hop.stage)
-                    return
-                if state != "dead":
+                if state not in _GONE:
                     continue
                 lost = _Failure()
                 lost.set(TransportError(f"stage {hop.stage} on fellow {hop.fellow} "
-                                        "went away (dead)"), lost=hop.stage)
+                                        f"went away ({state})"), lost=hop.stage)
                 healed = await self._heal(record, lost)
                 if healed is None:
                     failure.unhealed = lost.unhealed
@@ -583,10 +628,26 @@ class Generation:
                     failure.healed = healed
                     failure.set(lost.error or TransportError("moved"), lost=lost.lost)
                     return
-                while (m := self.agent.fellow(hop.fellow_id)) is not None \
-                        and m.state == "dead":  # back, as the leader found: wait for word
+                while (m := self.agent.fellow(hop.fellow_id)) is None \
+                        or m.state in _GONE:  # back, as the leader found: wait for word
                     await trio.sleep(self.agent.config.serving.member_watch_s)
             await trio.sleep(self.agent.config.serving.member_watch_s)
+
+
+_GONE = ("dead", "left", "unknown")  # a stage fellow's membership states the leader heals
+
+
+def _stage_down(record: dict[str, Any]) -> str:
+    """Why a load's record says it cannot serve now (a stage whose fellow is not up), or
+    the empty string."""
+    for s in record["stages"]:
+        state = s.get("state", "unknown")
+        if state not in ("alive", "suspect"):
+            return (f"stage {s['stage']} on fellow {s['fellow']} is {state}: the load "
+                    "cannot serve now; where a spare card fits the stage the leader moves "
+                    "it there within seconds (`p2pswarm loads` shows the move), so try "
+                    "again; else unload it and load again")
+    return ""
 
 
 def _lost_stage(msg: SessionError) -> int | None:
