@@ -23,6 +23,7 @@ from typing import Any
 from p2pswarm.control.client import request
 from p2pswarm.demo import DEMO_TRAIN_MODEL
 from p2pswarm.errors import SwarmError
+from p2pswarm.sim.commands import poll
 from p2pswarm.sim.field import free_address, one_leader
 from p2pswarm.sim.processes import LocalSwarm, local_swarm
 
@@ -39,18 +40,6 @@ def job(replicas: int, micro_batch: int | str) -> dict[str, Any]:
             "sync": {"inner_steps": 4, "codec": "int8", "round_deadline_s": 30}}
 
 
-def poll(what: str, ready: Any, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            value = ready()
-        except SwarmError:
-            value = None
-        if value:
-            return value
-        time.sleep(0.2)
-    raise SystemExit(f"gave up waiting for {what}")
-
 
 def start(swarm: LocalSwarm, names: list[str]) -> str:
     addresses = {name: free_address() for name in names}
@@ -59,7 +48,7 @@ def start(swarm: LocalSwarm, names: list[str]) -> str:
                      listen=addresses[name], extra=("--cpu-memory", MEMORY[name]))
     for name in names:
         swarm.address(name)
-    return str(poll("one leader", lambda: one_leader(swarm, names), 90)[0])
+    return str(poll("one leader", lambda: one_leader(swarm, names), 90, tolerate=(SwarmError,))[0])
 
 
 def samples_per_s(swarm: LocalSwarm, leader: str, config: dict[str, Any], warmup: int,
@@ -75,7 +64,7 @@ def samples_per_s(swarm: LocalSwarm, leader: str, config: dict[str, Any], warmup
             raise SystemExit(f"job {found['state']}: {found['reason']}")
         return found
 
-    poll(f"{warmup} steps", lambda: record()["step"] >= warmup, 300)
+    poll(f"{warmup} steps", lambda: record()["step"] >= warmup, 300, tolerate=(SwarmError,))
     first, began = record()["samples"], time.monotonic()
     time.sleep(window_s)  # a measuring window, not a wait for something to happen
     last, ended = record()["samples"], time.monotonic()

@@ -102,10 +102,11 @@ def present(doc: dict[str, Any] | None) -> set[str]:
 
 
 def poll(what: str, ready: Callable[[], Any], timeout_s: float = 60.0, *,
-         tolerate: tuple[type[BaseException], ...] = (), interval_s: float = POLL_S) -> Any:
+         tolerate: tuple[type[BaseException], ...] = (), interval_s: float = POLL_S,
+         watch: Callable[[], None] | None = None) -> Any:
     """``ready()``'s first true value within ``timeout_s``, or SwarmError naming
     ``what``; an exception in ``tolerate`` counts as not ready yet. Looked at every
-    ``interval_s``."""
+    ``interval_s``, ``watch`` called between looks."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -114,6 +115,8 @@ def poll(what: str, ready: Callable[[], Any], timeout_s: float = 60.0, *,
             value = None
         if value:
             return value
+        if watch is not None:
+            watch()
         if time.monotonic() > deadline:
             raise SwarmError(f"gave up waiting for {what} after {timeout_s:g} s")
         time.sleep(interval_s)

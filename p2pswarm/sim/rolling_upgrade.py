@@ -52,6 +52,7 @@ from p2pswarm.control.client import request, stream
 from p2pswarm.errors import ControlError, SwarmError
 from p2pswarm.health import is_member
 from p2pswarm.sim.chaos import FELLOW_MEMORY, TERMINAL, JobWatch, job_config
+from p2pswarm.sim.commands import poll
 from p2pswarm.sim.field import followed_per_term, free_address, one_leader, two_leaders
 from p2pswarm.sim.processes import LocalSwarm, Say, local_swarm
 
@@ -242,19 +243,7 @@ def wait_until(what: str, ready: Callable[[], Any], timeout_s: float,
                watch: Callable[[], None] | None = None) -> Any:
     """``ready()``'s first true value (errors count as not yet), ``watch`` called between
     tries."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            value = ready()
-        except SwarmError:
-            value = None
-        if value:
-            return value
-        if watch is not None:
-            watch()
-        if time.monotonic() > deadline:
-            raise SwarmError(f"gave up waiting for {what} after {timeout_s:g} s")
-        time.sleep(0.2)
+    return poll(what, ready, timeout_s, tolerate=(SwarmError,), interval_s=0.2, watch=watch)
 
 
 @dataclass
