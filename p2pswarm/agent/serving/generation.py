@@ -40,7 +40,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -637,7 +637,7 @@ class Generation:
 _GONE = ("dead", "left", "unknown")  # a stage fellow's membership states the leader heals
 
 
-def _stage_down(record: dict[str, Any]) -> str:
+def _stage_down(record: Mapping[str, Any]) -> str:
     """Why a load's record says it cannot serve now (a stage whose fellow is not up), or
     the empty string."""
     for s in record["stages"]:

@@ -308,10 +308,8 @@ class LoadAsked:
 
     def to_doc(self) -> bytes:
         """As the load's keepers keep it (the model travels with the stage orders)."""
-        doc: dict[str, Any] = {"request": self.request, "adapter": self.adapter}
-        if self.replaces is not None:
-            doc["replaces"] = list(self.replaces)
-        return pack_doc(doc)
+        replaces = {} if self.replaces is None else {"replaces": list(self.replaces)}
+        return pack_doc({"request": self.request, "adapter": self.adapter, **replaces})
 
 
 __all__ = ["Adopted", "AdoptedDoc", "CopyAhead", "CopyAheadDoc", "CopyTakenDoc", "LoadRecutDoc",
