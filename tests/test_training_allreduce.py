@@ -8,7 +8,7 @@ import pytest
 import torch
 import trio
 
-from p2pswarm.agent.training.allreduce import AllReduceFellow, MemoryPartNet
+from p2pswarm.agent.training.allreduce import AllReduceFellow, MemoryPartNet, inline
 from p2pswarm.agent.training.ring import StageRing
 from p2pswarm.errors import RemoteProtocolError
 from p2pswarm.training.allreduce import (
@@ -309,3 +309,30 @@ def test_a_malformed_ring_round_is_refused(addrs: tuple[str, ...], fellows: tupl
                                            owners: tuple[int, ...], replica: int) -> None:
     with pytest.raises(RemoteProtocolError):
         StageRing.check(RingRound(1, 1.0, addrs, fellows, owners), replica)
+
+
+async def test_a_last_round_whose_update_never_comes_ends_where_the_ring_stands(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """A last round waits for its own update at most ``wait_s``, then answers with the
+    version its stage stands at: a job ends from what its ring closed, never stalls nor
+    pauses a replica at its end (here part 1's keeper never closes its round)."""
+    from typing import Any, cast
+
+    from p2pswarm.agent.training.ring import RingTraffic, StreamPartNet
+
+    net = MemoryPartNet()
+    p = torch.ones(64)
+    mine = AllReduceFellow("0", ["0", "1"], PartedSync(LocalSync([p], PLAIN), 2), net,
+                           net.attach("0"), round_deadline_s=PLAIN.round_deadline_s)
+    net.attach("1")  # its fellow never answers
+    p.add_(0.01)  # its local training
+    ring = StageRing(mine, StreamPartNet(cast(Any, None), "job", 0, RingTraffic()),
+                     trio.open_memory_channel[Any](0)[0], ("aa", "bb"))
+    msg = RingRound(4, 5.0, ("a:1", "b:2"), ("aa", "bb"), (0, 1), last=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(mine.run)  # its own part closes; the other fellow is silent
+        began = trio.current_time()
+        assert await ring.round(msg, inline) == 0
+        assert 5.0 <= trio.current_time() - began < 6.0
+        assert ring.in_flight is None and not ring.failed
+        nursery.cancel_scope.cancel()

@@ -14,7 +14,9 @@ A round (``StageRing.round``) first applies the previous round's update, waiting
 at most ``wait_s`` (a keeper closes its part at its deadline whatever arrives, so a slow
 or vanished fellow costs a round's deadline, never a stall), then sends this round's
 delta and answers at once: the update travels while the replica computes its next round
-(one round in flight, as in Streaming DiLoCo). A ``last`` round waits for its own update.
+(one round in flight, as in Streaming DiLoCo). A ``last`` round waits for its own
+update, at most ``wait_s`` too: past that it answers with the version it stands at, so a
+job always ends from what its ring closed.
 The driver's word on the ring (``regroup``) moves a vanished replica's parts to the next
 live one and lets a replica placed again back in; a fellow that missed an update while
 it was out gets it from the part's keeper when its first delta arrives late.
@@ -173,8 +175,16 @@ class StageRing:
         self.in_flight = await self.fellow.start(msg.samples, run)
         self.traffic.rounds += 1
         if msg.last:
-            await self._finish(self.in_flight, msg.wait_s, run)
-            self.in_flight = None
+            # the job ends from what the ring closed: a last update that does not come
+            # within the wait (its round waits for a fellow that will never send) is
+            # given up, never a stall or an error that pauses a replica at the end
+            anchored, self.in_flight = self.in_flight, None
+            with trio.move_on_after(msg.wait_s) as waited:
+                await self.fellow.finish(anchored, run)
+            if waited.cancelled_caught:
+                log.warning("stage %d of %s: no update past version %d within %.0f s; "
+                            "its last round ends at version %d", self.net.stage,
+                            self.net.job_id, anchored, msg.wait_s, self.fellow.sync.version)
         return self.fellow.sync.version
 
     async def _finish(self, version: int, wait_s: float, run: Runner) -> None:

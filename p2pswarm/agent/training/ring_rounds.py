@@ -173,6 +173,8 @@ class RingRounds(RoundsKeeper):
         r.version = min(versions)
         if not last:
             self._in_flight[r.index] = (r.generation, r.version)
+        else:
+            await self._step_aside(r, live, owners)
         r.rounds_done = max(r.rounds_done, r.version)
         r.samples_unsent = r.steps_unsent = 0
         r.kept_position = r.stream.position
@@ -197,6 +199,23 @@ class RingRounds(RoundsKeeper):
                  staleness, "dropped" if weight == 0.0 else f"weighed {weight:g}")
         if weight == 0.0:  # too stale: the model never learns from these
             driver.job.samples = max(0, driver.job.samples - r.samples_unsent)
+
+    async def _step_aside(self, r: Replica, live: list[Replica], owners: list[int]) -> None:
+        """After ``r``'s last round: when another replica's delta waits in a round ``r``
+        never joins (one anchored on the version ``r`` ended at, as a replica placed again
+        a round behind the others leaves them), the part keepers still count ``r`` in that
+        round and would wait for it until its deadline; an empty round of ``r`` (no
+        samples, so it weighs nothing) lets that round close at once."""
+        waited = [x for x in self._driver.replicas
+                  if x is not r and x.running and not x.paused
+                  and x.sent_version >= r.version]
+        if not waited:
+            return
+        log.info("job %s: %s ended its rounds at version %d; an empty one for %s",
+                 self._driver.job.job_id, r.name, r.version,
+                 ", ".join(x.name for x in waited))
+        r.samples_unsent = 0
+        await self._send_round(r, live, owners, False)
 
     async def _send_round(self, r: Replica, live: list[Replica], owners: list[int],
                           last: bool) -> list[int]:
