@@ -9,6 +9,24 @@ from typing import Any
 import pytest
 import trio.testing
 
+# The slowest files first (real processes, long virtual runs): `--dist loadfile` hands
+# files to the two workers in collection order, so they finish together instead of one
+# running the last slow file alone while the other idles.
+SLOW_FIRST = ("test_rolling_upgrade_real.py", "test_interrupts.py", "test_field_election.py",
+              "test_serving_failover_real.py", "test_training_replicas_real.py",
+              "test_agent_training_churn.py", "test_training_takeover_real.py",
+              "test_demo.py", "test_chaos_real.py", "test_serving_live_real.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        if name in SLOW_FIRST:
+            return SLOW_FIRST.index(name)
+        return len(SLOW_FIRST) + (0 if name.endswith("_real.py") else 1)
+
+    items.sort(key=rank)  # stable: each file keeps its own order
+
 
 @pytest.fixture
 def autojump_clock() -> trio.testing.MockClock:
