@@ -57,8 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from p2pswarm.control.client import request, stream
 from p2pswarm.errors import ControlError, SwarmError
+from p2pswarm.sim.commands import ask_first
 from p2pswarm.sim.field import followed_per_term, free_address, two_leaders
 from p2pswarm.sim.processes import LocalSwarm, Say, local_swarm
 
@@ -128,16 +128,8 @@ class Field:
             streamed: bool = False) -> Any:
         """``message`` answered by the first running fellow that answers (``streamed``:
         an op that sends events before its answer, which are ignored)."""
-        last: SwarmError = ControlError("no fellow is running")
-        for name in self.running():
-            home = self.swarm.homes[name]
-            try:
-                if streamed:
-                    return stream(home, message, lambda event: None, timeout_s=timeout_s)
-                return request(home, message, timeout_s=timeout_s)
-            except SwarmError as exc:
-                last = exc
-        raise last
+        return ask_first((self.swarm.homes[n] for n in self.running()), message,
+                         timeout_s=timeout_s, streamed=streamed)
 
     def leader_now(self) -> str | None:
         """The leader every running fellow names; a fellow whose agent has not answered

@@ -11,12 +11,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, Union
 
-from p2pswarm.control.client import request
-from p2pswarm.errors import SwarmError
+from p2pswarm.control.client import request, stream
+from p2pswarm.errors import ControlError, SwarmError
 
 CLI: tuple[str, ...] = (sys.executable, "-m", "p2pswarm.cli")
 POLL_S = 0.1  # between two looks at a condition: each look costs the agents a status
@@ -132,3 +132,19 @@ def took_s(what: str, ready: Callable[[], Any], timeout_s: float = 60.0, *,
 
 __all__ = ["CLI", "POLL_S", "Sink", "cli", "hears_ctrl_c", "join", "poll", "present",
            "refused_line", "start", "status_of", "stop", "took_s"]
+
+
+def ask_first(homes: Iterable[Path], message: dict[str, Any], *, timeout_s: float = 10,
+              streamed: bool = False) -> Any:
+    """``message`` answered by the first fellow of ``homes`` that answers (``streamed``:
+    an op that sends events before its answer, which are ignored); the last error when
+    none does."""
+    last: SwarmError = ControlError("no fellow is running")
+    for home in homes:
+        try:
+            if streamed:
+                return stream(home, message, lambda event: None, timeout_s=timeout_s)
+            return request(home, message, timeout_s=timeout_s)
+        except SwarmError as exc:
+            last = exc
+    raise last

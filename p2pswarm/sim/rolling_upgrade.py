@@ -48,11 +48,11 @@ from pathlib import Path
 from typing import Any
 
 import p2pswarm
-from p2pswarm.control.client import request, stream
-from p2pswarm.errors import ControlError, SwarmError
+from p2pswarm.control.client import stream
+from p2pswarm.errors import SwarmError
 from p2pswarm.health import is_member
 from p2pswarm.sim.chaos import FELLOW_MEMORY, TERMINAL, JobWatch, job_config
-from p2pswarm.sim.commands import poll
+from p2pswarm.sim.commands import ask_first, poll
 from p2pswarm.sim.field import followed_per_term, free_address, one_leader, two_leaders
 from p2pswarm.sim.processes import LocalSwarm, Say, local_swarm
 
@@ -212,18 +212,8 @@ class Upgrade:
 
     def ask(self, message: dict[str, Any], *, avoid: Collection[str] = (),
             timeout_s: float = 30, streamed: bool = False) -> Any:
-        last: SwarmError = ControlError("no fellow is running")
-        for name in self.running():
-            if name in avoid:
-                continue
-            home = self.swarm.homes[name]
-            try:
-                if streamed:
-                    return stream(home, message, lambda event: None, timeout_s=timeout_s)
-                return request(home, message, timeout_s=timeout_s)
-            except SwarmError as exc:
-                last = exc
-        raise last
+        return ask_first((self.swarm.homes[n] for n in self.running() if n not in avoid),
+                         message, timeout_s=timeout_s, streamed=streamed)
 
     def stop(self, name: str, timeout_s: float = 30.0) -> bool:
         """SIGTERM, as `docker stop` sends: the fellow leaves. False when it had to be
