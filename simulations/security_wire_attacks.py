@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import random
 import time
@@ -48,7 +49,7 @@ import trio.lowlevel
 from p2pswarm import wire
 from p2pswarm.agent import Agent
 from p2pswarm.agent.world import AgentWorld
-from p2pswarm.config import local, split_addr
+from p2pswarm.config import SwarmConfig, local, split_addr
 from p2pswarm.errors import SwarmError
 from p2pswarm.security import DatagramSealer, Identity, Keyring, SwarmSecret
 from p2pswarm.transport.secure import SecureStream, secure_connect
@@ -224,7 +225,20 @@ async def scene() -> AsyncIterator[Scene]:
     """A victim agent on loopback (its tasks timed) and a rogue's transport beside it."""
     config = local()
     ready: list[Scene] = []
+    # What the process held before the victim (a test worker's heap, a thousand tests
+    # deep) is not the victim's: a full collection walking it would be charged to
+    # whichever victim step it fell in.
+    gc.collect()
+    gc.freeze()
+    try:
+        async with _victim_beside_rogue(config, ready) as s:
+            yield s
+    finally:
+        gc.unfreeze()
 
+
+@asynccontextmanager
+async def _victim_beside_rogue(config: SwarmConfig, ready: list[Scene]) -> AsyncIterator[Scene]:
     async with open_udp_tcp_transport("127.0.0.1:0", config.transport) as rogue_t, \
             trio.open_nursery() as nursery:
         async def victim_root(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
