@@ -234,7 +234,7 @@ def giant_frames_here(count: int = 1000) -> list[Row]:
     import random
 
     from p2pswarm.agent import Agent
-    from p2pswarm.agent.node import tune_allocator
+    from p2pswarm.agent.heap import tune_allocator
     from p2pswarm.agent.world import AgentWorld
     from p2pswarm.config import local
     from p2pswarm.security import Identity, Keyring
@@ -296,7 +296,7 @@ def throughput(baseline: dict[str, Any] | None) -> list[Row]:
     sys.path.insert(0, str(Path(__file__).parent))
     import bench_wire
 
-    from p2pswarm.agent.node import tune_allocator
+    from p2pswarm.agent.heap import tune_allocator
 
     tune_allocator()  # as every agent does at start (and bench_wire.py)
     seal_us = bench_wire.seal_open_1kib()

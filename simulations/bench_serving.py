@@ -70,7 +70,7 @@ from typing import Any
 import trio
 
 from p2pswarm.agent import Agent
-from p2pswarm.agent.node import tune_allocator
+from p2pswarm.agent.heap import tune_allocator
 from p2pswarm.agent.weights import WeightsCache, fetch
 from p2pswarm.agent.world import AgentWorld
 from p2pswarm.cards import Card

@@ -18,7 +18,7 @@ import time
 import trio
 
 from p2pswarm import wire
-from p2pswarm.agent.node import tune_allocator
+from p2pswarm.agent.heap import tune_allocator
 from p2pswarm.config import local
 from p2pswarm.security import DatagramSealer, Identity, Keyring, SwarmSecret
 from p2pswarm.transport.secure import secure_accept, secure_connect

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import random
 import signal
@@ -18,6 +17,7 @@ from p2pswarm.agent.address import advertised
 from p2pswarm.agent.admission import AdmissionSetup
 from p2pswarm.agent.agent import Agent
 from p2pswarm.agent.card_news import cached_benchmarks
+from p2pswarm.agent.heap import give_back_free_heap, tune_allocator
 from p2pswarm.agent.world import AgentWorld, Compute
 from p2pswarm.cards import benchmarks_to_dict
 from p2pswarm.config import SwarmConfig
@@ -46,28 +46,6 @@ class NodeSettings:
     services: tuple[NodeService, ...] = ()  # e.g. the HTTP API and pages
 
 
-def tune_allocator(pad_bytes: int = 64 * 1024 * 1024) -> bool:
-    """Keep freed heap memory instead of handing it back to the OS after every frame.
-
-    glibc trims the heap each time a megabyte-sized frame buffer is freed, and grows it
-    again for the next one: that costs more than sealing the frame. Padding the heap top
-    and raising the trim threshold makes 1 MiB frames 3-4x faster. No-op off glibc.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    # Setting any of these turns off glibc's adaptive mmap threshold, so set that one too:
-    # frames up to 32 MiB (glibc's ceiling) come from the heap, not from fresh mmaps.
-    return all(mallopt(option, value) == 1 for option, value in (
-        (m_mmap_threshold, 32 * 1024 * 1024),
-        (m_trim_threshold, 4 * pad_bytes),
-        (m_top_pad, pad_bytes),
-    ))
-
-
 async def run_node(settings: NodeSettings, *,
                    task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
     """Run an agent until SIGINT/SIGTERM, then leave cleanly."""
@@ -92,6 +70,7 @@ async def run_node(settings: NodeSettings, *,
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(agent.run)
+                nursery.start_soon(give_back_free_heap)
                 for service in settings.services:
                     await nursery.start(service, agent)
                 task_status.started(agent)
