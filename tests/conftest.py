@@ -9,13 +9,19 @@ from typing import Any
 import pytest
 import trio.testing
 
-# The slowest files first (real processes, long virtual runs): `--dist loadfile` hands
-# files to the two workers in collection order, so they finish together instead of one
-# running the last slow file alone while the other idles.
+# The slowest files first (real processes, long virtual runs), so the two workers finish
+# together instead of one running the last slow file alone while the other idles.
+# `--dist loadfile` hands files out in collection order only without xdist's own
+# reordering (most tests first), which would put these few-test files last.
 SLOW_FIRST = ("test_rolling_upgrade_real.py", "test_interrupts.py", "test_field_election.py",
               "test_serving_failover_real.py", "test_training_replicas_real.py",
               "test_agent_training_churn.py", "test_training_takeover_real.py",
               "test_demo.py", "test_chaos_real.py", "test_serving_live_real.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
