@@ -18,7 +18,7 @@ import trio.testing
 from p2pswarm.agent.world import Services
 from p2pswarm.sim.virtual import VirtualSwarm, cpu_card, wait_until
 from tests.cpu_swarm import start_cpu_swarm
-from tests.training_swarm import disks_under, finished, job_config, new_disk_under
+from tests.training_swarm import SMALL_LLAMA, disks_under, finished, job_config, new_disk_under
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -26,20 +26,10 @@ STEP_S = 1.0  # the virtual seconds one stage step takes
 SERVICES = Services(training_step_s=STEP_S, training_step_timeout_s=10.0,
                     training_retry_s=2.0)
 STEPS = 20
-# a llama small enough that checkpoints and job copies cost little (tiny-llama's
-# stage states with AdamW are about 150 MB)
-SMALL_MODEL = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
-    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu",
-    "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "tie_word_embeddings": True, "vocab_size": 259, "bos_token_id": 256,
-    "eos_token_id": 257, "pad_token_id": 258,
-}
 
 
 def two_replicas(**extra: Any) -> dict[str, Any]:
-    return job_config(**{"model": {"config": SMALL_MODEL}, "replicas": 2, "steps": STEPS,
+    return job_config(**{"model": {"config": SMALL_LLAMA}, "replicas": 2, "steps": STEPS,
                          "micro_batch": 2, "sync": {"inner_steps": 2, "codec": "fp16"},
                          **extra})
 

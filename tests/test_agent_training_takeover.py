@@ -29,7 +29,7 @@ from p2pswarm.wire.jobs import (
 )
 from p2pswarm.wire.orders import CallFailed, pack_doc
 from tests.cpu_swarm import start_cpu_swarm
-from tests.training_swarm import disks_under, finished, job_config, new_disk_under
+from tests.training_swarm import SMALL_LLAMA, disks_under, finished, job_config, new_disk_under
 
 STEP_S = 1.0  # the virtual seconds one stage step takes
 SERVICES = Services(training_step_s=STEP_S, training_step_timeout_s=10.0,
@@ -38,8 +38,8 @@ KILL_AT_STEP = 8
 
 
 def takeover_config() -> dict[str, Any]:
-    return job_config(replicas="auto", steps=20, micro_batch=2,
-                      sync={"inner_steps": 2, "codec": "fp16"})
+    return job_config(model={"config": SMALL_LLAMA}, replicas="auto", steps=20,
+                      micro_batch=2, sync={"inner_steps": 2, "codec": "fp16"})
 
 
 async def start_swarm(nursery: trio.Nursery) -> VirtualSwarm:
