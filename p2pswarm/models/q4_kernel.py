@@ -83,7 +83,12 @@ def cache_dir() -> Path:
 
 
 def compiler() -> list[str]:
-    return shlex.split(os.environ.get("CC") or "cc")
+    """The C compiler's command: ``$CC`` as a shell would split it, else ``cc``."""
+    value = os.environ.get("CC") or "cc"
+    try:
+        return shlex.split(value)
+    except ValueError:  # unbalanced quotes: take it as one program's name
+        return [value]
 
 
 def _cpu_signature() -> str:
@@ -174,7 +179,7 @@ def load(directory: Path | None = None, defines: tuple[str, ...] = ()) -> Q4Kern
                 return Q4Kernel(library, target, built=False)
             target.unlink(missing_ok=True)  # stale or corrupt: build it again
         failed = _build(cc, flags, target)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # RuntimeError: no home directory to cache in
         failed = str(e)
     if failed is None:
         library = _open(target)
@@ -189,4 +194,8 @@ def load(directory: Path | None = None, defines: tuple[str, ...] = ()) -> Q4Kern
 @functools.cache
 def native() -> Q4Kernel | None:
     """The process's kernel, loaded once (None where it cannot be built)."""
-    return load()
+    kernel = load()
+    if kernel is not None:
+        log.info("4-bit native kernel: %s path, %s %s", kernel.code,
+                 "built into" if kernel.built else "found in", kernel.path)
+    return kernel
