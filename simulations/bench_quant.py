@@ -16,7 +16,10 @@ Decode tokens/s is p2pswarm's median time between two tokens of a run, and
 distributed-llama's own "Prediction tokens/s". Each row reports the range over the runs.
 
     python simulations/bench_quant.py [--runs 3] [--tokens 128] [--json]
-        [--dllama /work/scratch/dllama]
+        [--dllama /work/scratch/dllama] [--dtypes f32,int4] [--fellows 1]
+
+``--dtypes`` and ``--fellows`` measure fewer systems while iterating; a figure whose
+systems were skipped says "skipped".
 """
 
 from __future__ import annotations
@@ -125,18 +128,20 @@ def write_tokenizer(source: Path, out: Path) -> None:
                               [CONFIG["eos_token_id"]])
 
 
-def measure(runs: int, tokens: int, dllama: Path | None) -> dict[str, Any]:
+def measure(runs: int, tokens: int, dllama: Path | None, dtypes: tuple[str, ...] = DTYPES,
+            fellow_counts: tuple[int, ...] = (1, 2)) -> dict[str, Any]:
     with ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="p2ps-quant-")))
         model_dir = write_model(root / "llama-68m")
         systems: dict[str, Any] = {}
-        for fellows in (1, 2):
-            for dtype in DTYPES:
+        for fellows in fellow_counts:
+            for dtype in dtypes:
                 name = f"p2pswarm {dtype}, {fellows} fellow{'s' if fellows > 1 else ''}"
                 systems[name] = P2pswarm(stack, model_dir, fellows, dtype)
         if dllama is not None:
-            systems["dllama q40, 1 process"] = Dllama(stack, root, dllama, model_dir, 1)
-            systems["dllama q40, 2 nodes"] = Dllama(stack, root, dllama, model_dir, 2)
+            for nodes in fellow_counts:
+                label = "1 process" if nodes == 1 else "2 nodes"
+                systems[f"dllama q40, {label}"] = Dllama(stack, root, dllama, model_dir, nodes)
         speeds: dict[str, list[float]] = {k: [] for k in systems}
         ids: dict[str, list[int]] = {}
         load: list[float] = []
@@ -150,7 +155,7 @@ def measure(runs: int, tokens: int, dllama: Path | None) -> dict[str, Any]:
     return {"tokens_per_s": speeds, "ratios": ratios(speeds), "targets": TARGETS,
             "same_tokens_across_stage_counts": {
                 dtype: ids[f"p2pswarm {dtype}, 1 fellow"] == ids[f"p2pswarm {dtype}, 2 fellows"]
-                for dtype in DTYPES},
+                for dtype in dtypes if len(fellow_counts) == 2},
             "load_average": [min(load), max(load)], "runs": runs, "tokens": tokens,
             "dllama": "skipped" if dllama is None else str(dllama)}
 
@@ -158,15 +163,21 @@ def measure(runs: int, tokens: int, dllama: Path | None) -> dict[str, Any]:
 def ratios(speeds: dict[str, list[float]]) -> dict[str, float | str]:
     """Ratios of medians."""
     med = {k: statistics.median(v) for k, v in speeds.items()}
-    out: dict[str, float | str] = {
-        "int8 / f32, 1 fellow": med["p2pswarm int8, 1 fellow"] / med["p2pswarm f32, 1 fellow"],
-        "int4 / f32, 1 fellow": med["p2pswarm int4, 1 fellow"] / med["p2pswarm f32, 1 fellow"],
-    }
+    f32 = med.get("p2pswarm f32, 1 fellow")
+    out: dict[str, float | str] = {}
+    for dtype in ("int8", "int4"):
+        ours = med.get(f"p2pswarm {dtype}, 1 fellow")
+        out[f"{dtype} / f32, 1 fellow"] = ours / f32 if ours and f32 else "skipped"
     for label, ours, theirs in (("1 process", "1 fellow", "dllama q40, 1 process"),
                                 ("2 nodes", "2 fellows", "dllama q40, 2 nodes")):
-        fastest = max(med[f"p2pswarm {d}, {ours}"] for d in DTYPES)
-        out[f"fastest / dllama q40, {label}"] = (fastest / med[theirs] if theirs in med
-                                                 else "skipped")
+        measured = [med[f"p2pswarm {d}, {ours}"] for d in DTYPES
+                    if f"p2pswarm {d}, {ours}" in med]
+        out[f"fastest / dllama q40, {label}"] = (max(measured) / med[theirs]
+                                                 if theirs in med and measured else "skipped")
+    fastest = {ours: max((d for d in DTYPES if f"p2pswarm {d}, {ours}" in med),
+                         key=lambda d: med[f"p2pswarm {d}, {ours}"], default="")
+               for ours in ("1 fellow", "2 fellows")}
+    out.update({f"fastest dtype, {ours}": d for ours, d in fastest.items() if d})
     return out
 
 
@@ -182,7 +193,8 @@ def table(result: dict[str, Any]) -> str:
     lines += ["", f"{'figure':<36} {'measured':>9} {'target':>7}"]
     for name, value in result["ratios"].items():
         shown = f"{value:.2f}" if isinstance(value, float) else value
-        lines.append(f"{name:<36} {shown:>9} {'>= ' + str(TARGETS[name]):>7}")
+        target = f">= {TARGETS[name]}" if name in TARGETS else ""
+        lines.append(f"{name:<36} {shown:>9} {target:>7}")
     lines.append(f"same greedy tokens, 1 vs 2 fellows: {result['same_tokens_across_stage_counts']}")
     return "\n".join(lines)
 
@@ -194,13 +206,23 @@ def main() -> None:
     parser.add_argument("--dllama", type=Path, default=None,
                         help="distributed-llama's source tree, with `dllama` built in it")
     parser.add_argument("--json", action="store_true", help="print JSON, not a table")
+    parser.add_argument("--dtypes", default=",".join(DTYPES),
+                        help=f"p2pswarm's weight dtypes to measure, of {','.join(DTYPES)}")
+    parser.add_argument("--fellows", default="1,2",
+                        help="fellow (and distributed-llama node) counts to measure: 1, 2 or 1,2")
     args = parser.parse_args()
     if args.runs < 1 or args.tokens < 2:
         parser.error("--runs must be at least 1 and --tokens at least 2")
+    dtypes = tuple(d for d in DTYPES if d in args.dtypes.split(","))
+    if not dtypes or set(args.dtypes.split(",")) - set(DTYPES):
+        parser.error(f"--dtypes takes some of {','.join(DTYPES)}, comma-separated")
+    counts = tuple(n for n in (1, 2) if str(n) in args.fellows.split(","))
+    if not counts or set(args.fellows.split(",")) - {"1", "2"}:
+        parser.error("--fellows takes 1, 2 or 1,2")
     if args.dllama is not None and not (args.dllama / "dllama").is_file():
         parser.error(f"{args.dllama}/dllama is not there: build it with `make dllama` "
                      f"in distributed-llama's source tree, or leave out --dllama")
-    result = measure(args.runs, args.tokens, args.dllama)
+    result = measure(args.runs, args.tokens, args.dllama, dtypes, counts)
     print(json.dumps(result, indent=2) if args.json else table(result))
 
 

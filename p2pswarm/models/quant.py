@@ -8,9 +8,11 @@ figures; ``simulations/bench_quant.py`` measures them again):
     int8    ``quantized::linear_dynamic`` (fbgemm:       qnnpack's dynamic linear where
             int8 activations x int8 weights, int32      PyTorch has it, else ``reference``
             accumulation), 2-3x faster than f32
-    int4    fbgemm's 4-bit embedding-bag kernel as a     ``reference``
-            matrix-vector product (below) at small
-            batches; unpack once per call at prefill
+    int4    ``native`` (``q4_kernel``: a C kernel        ``native``, else ``reference``
+            built on first use) up to 8 rows, else
+            fbgemm's 4-bit embedding-bag kernel as a
+            matrix-vector product (below); unpack
+            once per call at prefill
 
 ``reference`` dequantizes the weight into a workspace and runs ``F.linear``: correct
 everywhere, slow; it is the fallback and what the kernels are tested against.
@@ -20,7 +22,10 @@ int8: symmetric, round(w / s) in [-127, 127] with s = max|w| / 127 per output ro
 one input; each row keeps 4-bit codes and a float16 scale and offset (min/max, fbgemm's
 ``embedding_bag_4bit`` layout). Then ``y[b, j*g:(j+1)*g] = sum_k x[b, k] * row(j, k)`` is
 one embedding bag per (b, j) with the inputs as per-sample weights: fbgemm reads the
-4-bit codes directly. Outputs are padded up to a multiple of the group with zero rows.
+4-bit codes directly. The native kernel reads the same bytes: per (j, k) it multiplies
+the row's codes by ``x[k] * scale`` into the group's sums, and adds ``sum_k x[k] * offset``
+to every output of the group at the end. Outputs are padded up to a multiple of the group
+with zero rows.
 
 Bytes (``shapes/footprint.py``): the packed int8 weight is fbgemm's PackBMatrix, inputs
 rounded up to 512 and outputs to 8 on AVX2, plus three 4-byte numbers per output row
@@ -42,15 +47,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from p2pswarm.errors import ConfigError
+from p2pswarm.models import q4_kernel
 from p2pswarm.shapes.footprint import check_quant, linear_weight_bytes
 
 # relative Frobenius error of a layer's dequantized weight against the float weight;
 # Gaussian weights give about 0.005 (int8) and 0.08 (4-bit, groups of 32)
 ERROR_BOUND = {"int8": 0.05, "int4": 0.25}
 KERNELS = ("fbgemm", "qnnpack", "reference")
+INT4_KERNELS = ("native", "fbgemm", "reference")
 # at more rows than this a 4-bit call unpacks its weight once and runs one float matmul
-# (prefill); the bag kernel's cost grows with the rows, the unpack's does not
-INT4_BAG_MAX_ROWS = 8
+# (prefill); the native and bag kernels' cost grows with the rows, the unpack's does not
+INT4_BAG_MAX_ROWS = q4_kernel.MAX_ROWS
 # up to this many rows (a decode batch) an int8 call quantizes each row's activations
 # alone; prefill chunks share one scale per call
 INT8_ROWWISE_MAX_ROWS = 8
@@ -79,7 +86,10 @@ def _is_arm() -> bool:
 
 @functools.cache
 def default_kernel(scheme: str) -> str:
-    """The kernel this CPU runs ``scheme`` on (see the module docstring's table)."""
+    """The kernel this CPU runs ``scheme`` on (see the module docstring's table); for
+    4-bit, the first call builds the native kernel (or finds it in the cache)."""
+    if scheme == "int4" and q4_kernel.native() is not None:
+        return "native"
     engines = torch.backends.quantized.supported_engines
     if _is_x86() and "fbgemm" in engines:
         return "fbgemm"
@@ -228,16 +238,22 @@ class Int4Linear(nn.Module):
                  bias: torch.Tensor | None, workspace: DequantWorkspace, group_size: int,
                  kernel: str, parts: tuple[int, ...] = ()) -> None:
         super().__init__()
-        if kernel not in KERNELS:
-            raise ConfigError(f"unknown kernel {kernel!r}; use one of {KERNELS}")
+        if kernel not in INT4_KERNELS + KERNELS:
+            raise ConfigError(f"unknown kernel {kernel!r}; use one of {INT4_KERNELS}")
+        if kernel == "native" and q4_kernel.native() is None:
+            kernel = "fbgemm" if default_kernel("int8") == "fbgemm" else "reference"
         self.out_features, self.in_features = out_features, in_features
         # the outputs of the linears fused into this one (``fused``): a float weight is
         # made one part at a time, so the workspace of the largest unfused linear holds it
         self.parts = parts or (out_features,)
         self.group_size = group_size
         self.groups = -(-out_features // group_size)  # padded outputs / group
-        self.kernel = "fbgemm" if kernel == "fbgemm" else "reference"
-        self.register_buffer("packed", packed)  # uint8 (groups * in, group / 2 + 4)
+        self.kernel = kernel if kernel in ("native", "fbgemm") else "reference"
+        if packed.shape != (self.groups * in_features, group_size // 2 + 4) or (
+                packed.dtype != torch.uint8):
+            raise ConfigError(f"a 4-bit weight of {out_features}x{in_features} in groups of "
+                              f"{group_size} has packed shape {tuple(packed.shape)}")
+        self.register_buffer("packed", packed.contiguous())  # uint8 (groups * in, group / 2 + 4)
         self.bias = _bias_like(bias, workspace)
         self.workspace = workspace
         self._bags: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -333,12 +349,22 @@ class Int4Linear(nn.Module):
         batch = flat.shape[0]
         if self.kernel == "reference" or batch > INT4_BAG_MAX_ROWS or x.device.type != "cpu":
             return self._float_forward(x)
+        kernel = q4_kernel.native() if self.kernel == "native" else None
+        if kernel is not None:
+            rows = flat.detach()
+            if rows.dtype != torch.float32 or not rows.is_contiguous():
+                rows = rows.float().contiguous()
+            return self._finish(kernel.gemv(self.packed, self.groups, self.in_features,
+                                            self.group_size, rows, torch.get_num_threads()), x)
         indices, offsets = self._bag(batch)
         weights = self._bag_weights(flat)
         y: torch.Tensor = torch.ops.quantized.embedding_bag_4bit_rowwise_offsets(
             self.packed, indices, offsets, False, 0, False, weights, None, True)
-        y = y.view(batch, self.groups * self.group_size)[:, : self.out_features]
-        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return self._finish(y.view(batch, self.groups * self.group_size), x)
+
+    def _finish(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The padded outputs (rows, groups * g) as the linear's output for ``x``."""
+        y = y[:, : self.out_features].to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
