@@ -16,7 +16,14 @@ import trio.testing
 from p2pswarm.agent.world import Services
 from p2pswarm.sim.virtual import VirtualSwarm, wait_until
 from tests.cpu_swarm import start_cpu_swarm
-from tests.training_swarm import SMALL_LLAMA, disks_under, finished, job_config, leader_of, new_disk_under
+from tests.training_swarm import (
+    SMALL_LLAMA,
+    disks_under,
+    finished,
+    job_config,
+    leader_of,
+    new_disk_under,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -180,7 +187,8 @@ async def test_a_slow_replica_never_holds_the_rounds_past_their_deadline(
         autojump_clock, keeper_path) -> None:
     deadline_s = 6.0
     config = job_config(model={"config": SMALL_LLAMA}, replicas="auto", steps=24,
-                        micro_batch=2, sync={"inner_steps": 4, "codec": "fp16", "round_deadline_s": deadline_s,
+                        micro_batch=2,
+                        sync={"inner_steps": 4, "codec": "fp16", "round_deadline_s": deadline_s,
                               "staleness_bound": 1, "staleness_decay": 0.5})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)

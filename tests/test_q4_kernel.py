@@ -138,10 +138,13 @@ def test_without_a_compiler_the_other_kernels_serve(
 ) -> None:
     caplog.set_level(logging.INFO, logger="p2pswarm.models")
     for cc in ("false", str(tmp_path / "no-such-cc")):
-        monkeypatch.setenv("CC", cc)
+        monkeypatch.setattr(q4_kernel, "_environ", {"CC": cc})
         assert q4_kernel.load(tmp_path) is None
     assert len([r for r in caplog.records if "native kernel off" in r.message]) == 2
-    monkeypatch.setenv("CC", f"cc -include {tmp_path}/no-such-header.h")  # the build fails
+    monkeypatch.setattr(q4_kernel, "_environ", {})
+    q4_kernel.use_environment({"CC": f"cc -include {tmp_path}/no-such-header.h",  # it fails
+                               "HOME": "/elsewhere"})
+    assert q4_kernel.compiler()[-1].endswith("no-such-header.h")
     if q4_kernel._compiler_version(q4_kernel.compiler()) is not None:
         assert q4_kernel.load(tmp_path) is None
         assert "building it failed" in caplog.records[-1].message

@@ -13,7 +13,6 @@ import trio
 from p2pswarm.sim.virtual import VirtualSwarm
 from tests.cpu_swarm import start_cpu_swarm
 
-
 # a llama small enough that checkpoints and job copies cost little (tiny-llama's stage
 # states with AdamW are about 150 MB, and every copy is sealed, sent and written)
 SMALL_LLAMA = {

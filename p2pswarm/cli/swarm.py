@@ -23,6 +23,7 @@ from p2pswarm.cli.local_agent import ask_agent
 from p2pswarm.config import DEFAULT_PORT, split_addr
 from p2pswarm.control.requests import request_map
 from p2pswarm.errors import TokenRefused
+from p2pswarm.models import q4_kernel
 from p2pswarm.wire.control import LeaveRequest, StatusRequest
 
 if TYPE_CHECKING:
@@ -171,6 +172,7 @@ def join(
                                   own_pids=[os.getpid()])
         threads_within_cpu_quota(os.environ)
         idle_threads_sleep(os.environ)
+        q4_kernel.use_environment(os.environ)
         services: tuple[NodeService, ...] = ()
         if http_server is not None:
             from p2pswarm.http import serve_http

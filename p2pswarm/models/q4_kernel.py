@@ -23,10 +23,13 @@ import platform
 import shlex
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("p2pswarm.models")
 
@@ -58,6 +61,8 @@ class Q4Kernel:
     def gemv(self, packed: torch.Tensor, groups: int, in_features: int, group_size: int,
              x: torch.Tensor, threads: int) -> torch.Tensor:
         """``x`` (rows, in) float32 contiguous times the packed weight: (rows, groups * g)."""
+        import torch  # here: the CLI hands this module its environment before torch loads
+
         rows = x.shape[0]
         # the C side trusts these: a wrong one would read past a buffer
         if (packed.dtype != torch.uint8 or not packed.is_contiguous() or packed.device.type
@@ -77,14 +82,26 @@ class Q4Kernel:
         return y
 
 
+# ``CC`` and ``XDG_CACHE_HOME`` as the CLI hands them in (``use_environment``); the
+# defaults where nothing was handed in (a library user, a test)
+_environ: dict[str, str] = {}
+
+
+def use_environment(environ: Mapping[str, str]) -> None:
+    """Build with ``environ``'s ``CC`` and cache under its ``XDG_CACHE_HOME``."""
+    global _environ
+    _environ = {k: environ[k] for k in ("CC", "XDG_CACHE_HOME") if environ.get(k)}
+    native.cache_clear()
+
+
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = _environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "p2pswarm" / "kernels"
 
 
 def compiler() -> list[str]:
-    """The C compiler's command: ``$CC`` as a shell would split it, else ``cc``."""
-    value = os.environ.get("CC") or "cc"
+    """The C compiler's command: ``CC`` as a shell would split it, else ``cc``."""
+    value = _environ.get("CC") or "cc"
     try:
         return shlex.split(value)
     except ValueError:  # unbalanced quotes: take it as one program's name
