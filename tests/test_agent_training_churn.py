@@ -29,6 +29,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 STEP_S = 1.0  # the virtual seconds one stage step takes
+# long enough that a replica placed again after a restart trains several rounds
+CHURN_STEPS = 30
 
 
 # stage compute runs inline; each step takes STEP_S of virtual time
@@ -50,7 +52,7 @@ def keeper_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def churn_config() -> dict[str, Any]:
-    return job_config(model={"config": SMALL_LLAMA}, replicas="auto", steps=20,
+    return job_config(model={"config": SMALL_LLAMA}, replicas="auto", steps=CHURN_STEPS,
                       micro_batch=2, sync={"inner_steps": 2, "codec": "fp16"})
 
 
@@ -103,9 +105,11 @@ async def test_a_fellow_killed_and_restarted_rejoins_its_replica(autojump_clock,
     assert len([m for m in said if "was lent the moments of" in m]) == 1, said
     assert any(m.startswith(churned["victim_name"]) and "borrowed the moments of" in m
                for m in said), said
-    assert churned["step"] == 20 and len(churned["losses"]) == 20  # never restarted
+    assert churned["step"] == CHURN_STEPS and len(churned["losses"]) == CHURN_STEPS  # kept
     assert churned["rejoins"] == 1 and churned["replicas"] == 3
-    rounds = churned["rounds"]
+    # (the rounds closed at the job's last step take only the deltas still in flight: a
+    # replica that rejoined out of phase may have sent its last one a round earlier)
+    rounds = [r for r in churned["rounds"] if r["step"] < CHURN_STEPS]
     # some rounds went on without the lost replica, and later rounds had all three again
     assert any(len(r["replicas"]) == 2 for r in rounds)
     after = [r for r in rounds if r["step"] > churned["paused_at"]]
@@ -235,8 +239,8 @@ async def test_a_lone_replica_that_loses_a_fellow_waits_and_resumes_from_its_che
         autojump_clock, tmp_path: Any) -> None:
     from p2pswarm.training import JobConfig, LocalRun
 
-    config = job_config(steps=8, checkpoint={"dir": str(tmp_path / "ckpt"),
-                                             "interval_steps": 3})
+    config = job_config(model={"config": {**SMALL_LLAMA, "num_hidden_layers": 3}}, steps=8,
+                        checkpoint={"dir": str(tmp_path / "ckpt"), "interval_steps": 3})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
         disks_under(swarm, tmp_path)
@@ -291,7 +295,8 @@ async def test_equally_fast_replicas_train_as_one_process_round_for_round(
         autojump_clock, keeper_path) -> None:
     from p2pswarm.training import JobConfig, LocalRun
 
-    config = job_config(replicas=2, steps=8, sync={"inner_steps": 2, "codec": "int8"})
+    config = job_config(model={"config": SMALL_LLAMA}, replicas=2, steps=8,
+                        sync={"inner_steps": 2, "codec": "int8"})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
         leader = leader_of(swarm)
@@ -372,7 +377,8 @@ async def test_every_replica_losing_a_fellow_at_once_goes_on_from_the_checkpoint
         return await ask(link, msg, expected)
 
     monkeypatch.setattr(Link, "ask", close_first)
-    config = job_config(replicas=2, steps=8, sync={"inner_steps": 2, "codec": "fp16"},
+    config = job_config(model={"config": SMALL_LLAMA}, replicas=2, steps=8,
+                        sync={"inner_steps": 2, "codec": "fp16"},
                         checkpoint={"dir": str(tmp_path / "ckpt"), "interval_steps": 2})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, n=5)

@@ -114,8 +114,8 @@ async def test_a_lone_replica_whose_leader_died_resumes_from_its_checkpoint(
         autojump_clock, tmp_path: Any) -> None:
     from p2pswarm.training import JobConfig, LocalRun
 
-    config = job_config(steps=8, checkpoint={"dir": str(tmp_path / "ckpt"),
-                                             "interval_steps": 3})
+    config = job_config(model={"config": {**SMALL_LLAMA, "num_hidden_layers": 3}}, steps=8,
+                        checkpoint={"dir": str(tmp_path / "ckpt"), "interval_steps": 3})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
         disks_under(swarm, tmp_path)
