@@ -23,6 +23,7 @@ from p2pswarm.sim.scenario import (
     load_scenario,
     scenario_from_dict,
 )
+from tests.training_swarm import SMALL_LLAMA
 
 SMALL = {"name": "small", "nodes": 6, "duration_s": 150, "warmup_s": 20,
          "preset": "wifi", "fellows": [{"profile": "wired", "count": 2, "leader_priority": 5},
@@ -169,7 +170,8 @@ def test_scenarios_in_the_repository_load_and_bad_ones_say_why() -> None:
 
 
 def test_a_training_job_runs_through_a_crash_and_is_measured() -> None:
-    job = {"model": "tiny-llama", "seq_len": 16, "micro_batch": 2, "micro_batches": 1,
+    job = {"model": {"config": SMALL_LLAMA}, "seq_len": 16, "micro_batch": 2,
+           "micro_batches": 1,
            "steps": 16, "lr": {"peak": 0.001, "schedule": "constant"}, "seed": 3,
            "replicas": "auto", "sync": {"inner_steps": 2, "codec": "int8"}}
     d = {"name": "train-small", "nodes": 3, "duration_s": 90, "warmup_s": 20,
