@@ -209,10 +209,11 @@ async def test_a_swarm_job_exports_from_a_fellow_that_does_not_lead(autojump_clo
 
     import trio
 
-    from tests.training_swarm import finished, job_config, leader_of, start_swarm
+    from tests.training_swarm import SMALL_LLAMA, finished, job_config, leader_of, start_swarm
 
-    config = job_config(steps=2, checkpoint={"dir": str(tmp_path / "ckpt"),
-                                             "interval_steps": 2, "copies": 2})
+    config = job_config(model={"config": {**SMALL_LLAMA, "num_hidden_layers": 3}}, steps=2,
+                        checkpoint={"dir": str(tmp_path / "ckpt"), "interval_steps": 2,
+                                    "copies": 2})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery)
         leader = leader_of(swarm)
