@@ -18,6 +18,7 @@ from p2pswarm.errors import ConfigError, PlanChanged
 from p2pswarm.sim.virtual import cpu_card, wait_until
 from p2pswarm.training import JobConfig, LocalRun
 from tests.training_swarm import (
+    SMALL_LLAMA,
     disks_under,
     finished,
     job_config,
@@ -194,8 +195,8 @@ async def test_resume_continues_the_loss_trajectory_from_surviving_copies(
     """Every process stopped mid-run, the leader's checkpoint directory lost and one more
     fellow lost with its disk: ``resume`` fetches the shards from the fellows that hold
     copies and the loss trajectory goes on as if never interrupted."""
-    config = job_config(steps=6, checkpoint={"dir": str(tmp_path / "ckpt"),
-                                             "interval_steps": 3})
+    config = job_config(model={"config": {**SMALL_LLAMA, "num_hidden_layers": 3}}, steps=6,
+                        checkpoint={"dir": str(tmp_path / "ckpt"), "interval_steps": 3})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, n=4)
         disks_under(swarm, tmp_path)
