@@ -16,7 +16,13 @@ from p2pswarm.agent.training.links import receive_answer
 from p2pswarm.errors import ConfigError, RemoteProtocolError, TransportError
 from p2pswarm.training import JobConfig, LocalRun
 from p2pswarm.wire.training import Ack, DataPut, StatePart
-from tests.training_swarm import finished, job_config, leader_and_asker, start_swarm
+from tests.training_swarm import (
+    SMALL_LLAMA,
+    finished,
+    job_config,
+    leader_and_asker,
+    start_swarm,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -28,7 +34,8 @@ def _job_file(directory: Path) -> Path:
     directory.mkdir()
     (directory / "notes.txt").write_text(TEXT)
     path = directory / "job.json"
-    path.write_text(json.dumps(job_config(steps=3, data={"files": ["notes.txt"]})))
+    path.write_text(json.dumps(job_config(model={"config": SMALL_LLAMA}, steps=3,
+                                          data={"files": ["notes.txt"]})))
     return path
 
 
@@ -83,7 +90,8 @@ async def test_a_leader_without_the_data_fetches_it_and_bad_data_never_lands(
         swarm = await start_swarm(nursery, n=3)
         holder, other, _ = swarm.live()
         job = await holder.training.data.attach(
-            JobConfig.from_dict(job_config(data={"files": [str(text)]})))
+            JobConfig.from_dict(job_config(model={"config": SMALL_LLAMA},
+                                           data={"files": [str(text)]})))
         assert job.data.files == (f"sha256:{digest}",)
         assert not other.training.data.has(digest)
         here = await other.training.data.local(job)  # fetched from the holder

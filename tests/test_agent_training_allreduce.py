@@ -14,7 +14,7 @@ from p2pswarm.agent.world import Services
 from p2pswarm.sim.virtual import wait_until
 from p2pswarm.training.codec import make_codec
 from tests.cpu_swarm import start_cpu_swarm
-from tests.training_swarm import finished, job_config, leader_of
+from tests.training_swarm import SMALL_LLAMA, finished, job_config, leader_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -29,7 +29,8 @@ def ring_hosts(swarm: Any, job_id: str) -> list[Any]:
 
 async def test_four_replicas_sync_through_the_ring_bit_equal_and_bounded(
         autojump_clock) -> None:
-    config = job_config(replicas="auto", steps=16, micro_batch=2,
+    config = job_config(model={"config": SMALL_LLAMA}, replicas="auto", steps=16,
+                        micro_batch=2,
                         sync={"inner_steps": 2, "codec": "int8"})
     async with trio.open_nursery() as nursery:
         swarm = await start_cpu_swarm(nursery, 4, 7, services=SERVICES)
