@@ -143,6 +143,26 @@ class RingRounds(RoundsKeeper):
                                        if (owner + k) % n in indices)
         return list(self._owners)
 
+    def _train_on(self, r: Replica, budget_done_s: float) -> bool:
+        """Whether ``r``, its budget taken, takes one more step rather than send now.
+
+        Its stages would first wait for the update of the round its delta in flight is
+        in, which closes once every replica of the ring sent into it: while one that
+        trains has not (a slower replica, or one whose budget came out longer), ``r``
+        would idle there. So it trains on, a step at a time, until the last of them
+        sent (its delta then weighs the samples it took, as the keepers weigh every
+        delta), but for no longer than a round's deadline past its budget: past that
+        the keepers close the round without the late one anyway. A replica more than
+        a round behind (placed again, say) is not waited for; it is late either way."""
+        flying = self._in_flight.get(r.index)
+        if flying is None or flying[0] != r.generation:
+            return False  # nothing in flight: sending waits for nobody
+        if trio.current_time() - budget_done_s >= self._driver.cfg.sync.round_deadline_s:
+            return False
+        anchored = flying[1]
+        return any(anchored - 1 <= x.sent_version < anchored for x in self._driver.replicas
+                   if x is not r and x.running and not x.paused and not x.finished)
+
     def _wait_s(self) -> float:
         """The most a stage waits for a round's update: a keeper closes its part by its
         deadline; a part moving to a new keeper may take as long again."""
