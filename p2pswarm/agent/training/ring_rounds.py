@@ -6,7 +6,10 @@ tells each of its stages ``RingRound`` (``ring``), and the stages of one index a
 replicas run the sharded all-reduce among themselves (``allreduce``): each keeps a part
 of the stage, reduces that part of everyone's delta and sends its update to all. The
 answer comes once the stage applied the previous round's update and sent this round's
-delta, so a round's traffic overlaps the next round's compute.
+delta, so a round's traffic overlaps the next round's compute. A replica that took its
+budget while another has not yet sent into the round its stages would wait on trains on,
+a step at a time, rather than idle there (``_train_on``); its delta weighs the samples
+it took.
 
 The driver stays the job's memory, with one mirror ``StageKeeper`` a stage: when a
 stage reports a version its mirror lacks, the driver fetches that update's parts from it
