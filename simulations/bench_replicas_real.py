@@ -11,14 +11,16 @@ fixed window of wall time. The figure: together / (sum of each alone), target >=
 Each fellow runs one torch thread. Three fellows on a machine of fewer than three free
 cores share them, while each alone had them all: the ratio would measure the cores
 shared, not the sync. So by default each fellow's process runs in a cgroup of its own
-with the same CPU quota (``--cpu-quota``, in cores; 2/3 of a core, so three fit two
-cores) whether it trains alone or with the others. That needs cgroup v1's cpu
+with the same CPU quota (``--cpu-quota``, in cores; half a core by default, so three
+fit in two cores and leave the machine's other work half a core) and a weight over the
+machine's other processes high enough that the quota, not their load, bounds it,
+whether it trains alone or with the others. That needs cgroup v1's cpu
 controller at /sys/fs/cgroup/cpu, writable (root); where it is not, the run says so in
 one line and measures without a quota. ``--unconstrained`` measures the old way (each
 fellow takes what the machine gives it).
 
 Run:  python simulations/bench_replicas_real.py [--window-s 30] [--warmup-steps 4]
-                                                [--cpu-quota 0.667 | --unconstrained]
+                                                [--cpu-quota 0.5 | --unconstrained]
 """
 
 from __future__ import annotations
@@ -52,10 +54,11 @@ def job(replicas: int, micro_batch: int | str) -> dict[str, Any]:
 
 CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller
 PERIOD_US = 100_000
-# a fellow's cgroup weighs as this many busy processes beside the machine's others, so
-# on a busy machine the quota, not the others' load, bounds it, alone as together
-SHARES = 4096
-POLL_S = 0.5  # how often the window reads the job's count of samples
+# a fellow's cgroup weighs as 64 busy processes beside the machine's others, so on a
+# busy machine the quota, not the others' load, bounds it, alone as together (with
+# shares of one process each, three fellows under a load of 8 got about 0.4 of a core)
+SHARES = 65536
+POLL_S = 1.0  # how often the window reads the job's count of samples
 
 
 class CpuQuota:
@@ -160,8 +163,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--window-s", type=float, default=30.0)
     parser.add_argument("--warmup-steps", type=int, default=4)
-    parser.add_argument("--cpu-quota", type=float, default=round(2 / 3, 3), metavar="CORES",
-                        help="CPU time each fellow may take, in cores (default 0.667)")
+    parser.add_argument("--cpu-quota", type=float, default=0.5, metavar="CORES",
+                        help="CPU time each fellow may take, in cores (default 0.5)")
     parser.add_argument("--unconstrained", action="store_true",
                         help="no CPU quota: each fellow takes what the machine gives it")
     args = parser.parse_args()
