@@ -6,7 +6,10 @@ tells each of its stages ``RingRound`` (``ring``), and the stages of one index a
 replicas run the sharded all-reduce among themselves (``allreduce``): each keeps a part
 of the stage, reduces that part of everyone's delta and sends its update to all. The
 answer comes once the stage applied the previous round's update and sent this round's
-delta, so a round's traffic overlaps the next round's compute.
+delta, so a round's traffic overlaps the next round's compute. A replica that took its
+budget while another has not yet sent into the round its stages would wait on trains on,
+a step at a time, rather than idle there (``_train_on``); its delta weighs the samples
+it took.
 
 The driver stays the job's memory, with one mirror ``StageKeeper`` a stage: when a
 stage reports a version its mirror lacks, the driver fetches that update's parts from it
@@ -142,6 +145,26 @@ class RingRounds(RoundsKeeper):
                 self._owners[j] = next((owner + k) % n for k in range(1, n + 1)
                                        if (owner + k) % n in indices)
         return list(self._owners)
+
+    def _train_on(self, r: Replica, budget_done_s: float) -> bool:
+        """Whether ``r``, its budget taken, takes one more step rather than send now.
+
+        Its stages would first wait for the update of the round its delta in flight is
+        in, which closes once every replica of the ring sent into it: while one that
+        trains has not (a slower replica, or one whose budget came out longer), ``r``
+        would idle there. So it trains on, a step at a time, until the last of them
+        sent (its delta then weighs the samples it took, as the keepers weigh every
+        delta), but for no longer than a round's deadline past its budget: past that
+        the keepers close the round without the late one anyway. A replica more than
+        a round behind (placed again, say) is not waited for; it is late either way."""
+        flying = self._in_flight.get(r.index)
+        if flying is None or flying[0] != r.generation:
+            return False  # nothing in flight: sending waits for nobody
+        if trio.current_time() - budget_done_s >= self._driver.cfg.sync.round_deadline_s:
+            return False
+        anchored = flying[1]
+        return any(anchored - 1 <= x.sent_version < anchored for x in self._driver.replicas
+                   if x is not r and x.running and not x.paused and not x.finished)
 
     def _wait_s(self) -> float:
         """The most a stage waits for a round's update: a keeper closes its part by its

@@ -174,7 +174,6 @@ class RoundsKeeper:
         """Catch up on the updates, take this round's budget of steps, send the deltas;
         wait for the round only while it is open (never past its deadline)."""
         driver = self._driver
-        cfg = driver.cfg
         try:
             while True:
                 async with r.lock:
@@ -183,17 +182,11 @@ class RoundsKeeper:
                 if self._trained_enough():
                     break
                 while r.in_round < r.budget and not self._trained_enough():
-                    async with r.lock:
-                        await self._catch_up(r)  # a round that closed meanwhile
-                        began = trio.current_time()
-                        # the job's place, not the replica's, sets the learning rate
-                        position = driver.job.samples // self._samples_per_step()
-                        with trio.fail_after(driver.training.timings.step_timeout_s):
-                            loss = await driver.step(r, min(position, cfg.steps - 1))
-                    took = trio.current_time() - began
-                    r.step_s = took if r.step_s <= 0 else 0.5 * r.step_s + 0.5 * took
-                    r.in_round += 1
-                    self._count(r, loss)
+                    await self._one_step(r)
+                # where sending now would only wait for a slower replica, it trains on
+                budget_done_s = trio.current_time()
+                while not self._trained_enough() and self._train_on(r, budget_done_s):
+                    await self._one_step(r)
                 async with r.lock:
                     version, fresh = await self._contribute(r)
                 r.rounds_done += 1
@@ -213,6 +206,27 @@ class RoundsKeeper:
             for keeper in driver.keepers:
                 keeper.leave(r.name)
             self.wake()
+
+    async def _one_step(self, r: Replica) -> None:
+        """One step of ``r`` in its round, its speed measured, into the job's record."""
+        driver = self._driver
+        async with r.lock:
+            await self._catch_up(r)  # a round that closed meanwhile
+            began = trio.current_time()
+            # the job's place, not the replica's, sets the learning rate
+            position = driver.job.samples // self._samples_per_step()
+            with trio.fail_after(driver.training.timings.step_timeout_s):
+                loss = await driver.step(r, min(position, driver.cfg.steps - 1))
+        took = trio.current_time() - began
+        r.step_s = took if r.step_s <= 0 else 0.5 * r.step_s + 0.5 * took
+        r.in_round += 1
+        self._count(r, loss)
+
+    def _train_on(self, r: Replica, budget_done_s: float) -> bool:
+        """Whether ``r``, its budget taken at ``budget_done_s``, takes one more step
+        before it sends: never here (a fresh delta may wait for its round to close,
+        ``worth_waiting``); the all-reduce's rounds say otherwise."""
+        return False
 
     def _count(self, r: Replica, loss: float) -> None:
         """A replica's step into the job's record: the job's step is the samples trained
