@@ -377,8 +377,11 @@ async def test_every_replica_losing_a_fellow_at_once_goes_on_from_the_checkpoint
         return await ask(link, msg, expected)
 
     monkeypatch.setattr(Link, "ask", close_first)
-    config = job_config(model={"config": SMALL_LLAMA}, replicas=2, steps=8,
-                        sync={"inner_steps": 2, "codec": "fp16"},
+    # tiny-llama, not the small llama: its stage states take virtual seconds to move, so
+    # the replica lost first is still being placed again when the second is found lost
+    # (with a small model it may be back already: two rejoins, not this path)
+    steps = 8
+    config = job_config(replicas=2, steps=steps, sync={"inner_steps": 2, "codec": "fp16"},
                         checkpoint={"dir": str(tmp_path / "ckpt"), "interval_steps": 2})
     async with trio.open_nursery() as nursery:
         swarm = await start_swarm(nursery, n=5)
@@ -403,6 +406,6 @@ async def test_every_replica_losing_a_fellow_at_once_goes_on_from_the_checkpoint
     # the job went on on the fellows left, from its rounds: not failed, not from step 0
     assert record["state"] == "finished", record["reason"]
     assert closed and record["rejoins"] == 1  # the replica whose stream closed came back
-    assert record["step"] == 8 and record["paused_times"] == 1
+    assert record["step"] == steps and record["paused_times"] == 1
     assert not any("from step 0" in m for m in record["moves"])
-    assert len(record["losses"]) == 8
+    assert len(record["losses"]) == steps
