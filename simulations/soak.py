@@ -49,13 +49,16 @@ STEPS_PER_MINUTE = 10  # tiny-llama, seq 64, two replicas, on a busy two-core ma
 
 
 def proc_sample(pid: int) -> dict[str, int] | None:
-    """RSS, threads and open files of process ``pid`` from /proc; None once it is gone."""
+    """RSS, threads and open files of process ``pid`` from /proc; None once it is gone
+    (or exiting: a zombie's status has no memory lines)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if "VmRSS" not in fields:
+        return None
     return {"rss_bytes": int(fields["VmRSS"].split()[0]) * 1024,
             "threads": int(fields["Threads"]), "open_files": fds}
 
@@ -221,6 +224,9 @@ def run(args: argparse.Namespace, say: Any) -> dict[str, Any]:
         worker = threading.Thread(target=traffic.run, args=(swarm, args.request_gap),
                                   daemon=True)
         worker.start()
+        args.out.mkdir(parents=True, exist_ok=True)
+        streamed = args.out / "samples.jsonl"
+        streamed.unlink(missing_ok=True)
         began = time.monotonic()
         next_kill = began + args.restart_every * 60
         victims = names[1:]  # f0 is never killed: the longest-lived fellow
@@ -228,6 +234,8 @@ def run(args: argparse.Namespace, say: Any) -> dict[str, Any]:
         try:
             while (now := time.monotonic()) < began + args.minutes * 60:
                 samples.append({"t_s": now - began, "fellows": sample(swarm, now - began)})
+                with open(streamed, "a") as f:  # what a run cut short still leaves
+                    f.write(json.dumps(samples[-1]) + "\n")
                 watch.poll(swarm)
                 if now >= next_kill and victims:
                     victim = victims[killed % len(victims)]
