@@ -82,7 +82,9 @@ def test_three_replicas_of_own_batches_sync_by_all_reduce_and_ride_out_a_kill() 
             for r in j["rounds"]) and j, 180, tolerate=(SwarmError,))
         request(home, {"op": "job_cancel", "job_id": job_id}, timeout_s=60)
     assert back["state"] == "running" and back["rejoins"] >= 1
-    assert not back["moves"]  # the job never restarted whole
+    # the job never restarted whole: a new leader may take it over before its first step
+    # (a busy machine can cost the first leader its term), never once it trained
+    assert all(" at step 0: " in move for move in back["moves"]), back["moves"]
     losses = back["losses"]
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, losses
     print(f"batches {batches}; two rounds without the killed fellow {without_s:.1f} s "
