@@ -10,19 +10,14 @@ from typing import Any
 
 import trio
 
+from p2pswarm.models import BUILTIN_MODELS
 from p2pswarm.sim.virtual import VirtualSwarm
 from tests.cpu_swarm import start_cpu_swarm
 
 # a llama small enough that checkpoints and job copies cost little (tiny-llama's stage
 # states with AdamW are about 150 MB, and every copy is sealed, sent and written)
-SMALL_LLAMA = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
-    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu",
-    "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "tie_word_embeddings": True, "vocab_size": 259, "bos_token_id": 256,
-    "eos_token_id": 257, "pad_token_id": 258,
-}
+SMALL_LLAMA = {**BUILTIN_MODELS["tiny-llama"], "hidden_size": 64, "intermediate_size": 128,
+               "num_hidden_layers": 2, "head_dim": 16, "max_position_embeddings": 128}
 
 
 def job_config(**extra: Any) -> dict[str, Any]:
